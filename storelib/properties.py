@@ -1,0 +1,75 @@
+"""Message properties: the broker's exact parse rules (MessageDecoder.string2messageProperties).
+
+Pairs are ``name 0x01 value`` separated by ``0x02``. A segment counts only when the first 0x01 at or
+after its start lies strictly inside it with non-empty name and value; later duplicates win. 4.9.8
+writers drop the final separator, 5.x (since 5.2.0) keep it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+NAME_VALUE_SEP = "\x01"
+PROPERTY_SEP = "\x02"
+
+KEYS = "KEYS"
+TAGS = "TAGS"
+UNIQ_KEY = "UNIQ_KEY"
+DELAY = "DELAY"
+REAL_TOPIC = "REAL_TOPIC"
+REAL_QID = "REAL_QID"
+TRAN_MSG = "TRAN_MSG"
+PGROUP = "PGROUP"
+WAIT = "WAIT"
+INNER_NUM = "INNER_NUM"
+INNER_BASE = "INNER_BASE"
+INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
+INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
+CRC32 = "__CRC32#"
+CRC32_RESERVED_LEN = 20
+
+
+def parse_properties(s: str) -> dict[str, str]:
+    """Decode a properties string exactly as the broker does (store-format §3.6)."""
+    out: dict[str, str] = {}
+    n = len(s)
+    i = 0
+    while i < n:
+        end = s.find(PROPERTY_SEP, i)
+        if end < 0:
+            end = n
+        if end - i >= 3:
+            k = s.find(NAME_VALUE_SEP, i)
+            if i < k < end - 1:
+                out[s[i:k]] = s[k + 1 : end]
+        i = end + 1
+    return out
+
+
+def encode_properties(props: Mapping[str, str] | Iterable[tuple[str, str]], trailing_sep: bool = False) -> str:
+    """Serialise pairs in the given order (4.9.8 style drops the last separator, 5.x keeps it)."""
+    items = props.items() if isinstance(props, Mapping) else props
+    parts = [f"{k}{NAME_VALUE_SEP}{v}{PROPERTY_SEP}" for k, v in items if v is not None]
+    s = "".join(parts)
+    if s and not trailing_sep:
+        s = s[:-1]
+    return s
+
+
+def crc_digits(value: int) -> str:
+    """The 10 little-endian decimal digits the 5.x broker stores for a property CRC."""
+    return "".join(str((value // 10**i) % 10) for i in range(10))
+
+
+def parse_crc_digits(digits: str) -> int | None:
+    """Inverse of :func:`crc_digits`; None when the text is not 10 decimal digits."""
+    if len(digits) != 10 or not digits.isdigit():
+        return None
+    return int(digits[::-1])
+
+
+def split_keys(keys: str | None) -> list[str]:
+    """KEYS tokens as the index uses them: split on a single space, empty tokens dropped."""
+    if not keys:
+        return []
+    return [t for t in keys.split(" ") if t]
