@@ -90,12 +90,13 @@ def is_v6_host(host: str) -> bool:
 
 
 def decode_host(b: bytes | memoryview) -> str:
-    """8 or 20 host bytes → ``"ip:port"`` (IPv6 as ``"[addr]:port"``)."""
+    """8 or 20 host bytes → ``"ip:port"``; IPv6 as ``"[addr]:port"`` with Java's uncompressed address text."""
     b = bytes(b)
     port = _I32.unpack_from(b, len(b) - 4)[0]
     if len(b) == 8:
         return f"{b[0]}.{b[1]}.{b[2]}.{b[3]}:{port}"
-    return f"[{ipaddress.IPv6Address(b[:16]).compressed}]:{port}"
+    groups = struct.unpack(">8H", b[:16])
+    return "[" + ":".join(f"{g:x}" for g in groups) + f"]:{port}"  # Java getHostAddress style
 
 
 def offset_msg_id(store_host_bytes: bytes, phy_offset: int) -> str:
