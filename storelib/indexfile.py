@@ -1,0 +1,1077 @@
+"""IndexFile (``index/yyyyMMddHHmmssSSS``): layout, reader, validity checks, key extraction, builders, query.
+
+Layout (store-format.md §5): a 40-byte header, a slot table of ``hash_slot_num`` big-endian i32 (entry
+number of the newest entry of each slot), then ``index_num`` 20-byte entries (entry 0 never used).
+The geometry is not stored in the file, so every reader is given it (or infers one number from the
+file size).
+
+Two builders produce the same bytes (store-algorithms.md §6, §7.4):
+
+* :func:`build_index_files` — the vectorised rebuild used by the jobs: every entry's file number,
+  entry number, timeDiff, prevIndex, slot table and header come from column operations (a stable
+  sort by ``(file, slot)`` gives the prevIndex chains), no per-entry Python.
+* :class:`IndexFileWriter` / :class:`ScalarIndexService` — a step-by-step transcription of the
+  broker's ``putKey`` / ``buildIndex``, kept as an independent oracle and for tiny appends.
+
+File names are the broker's wall-clock creation times and cannot be reproduced; rebuilt files are
+named by :func:`index_file_name` (first entry's store time, bumped to stay strictly increasing) and
+compared with originals by order, never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from .bytesource import ByteSource, Location, open_source, resolve
+from .errors import Finding, StoreError
+from .javahash import index_hash, java_hash_array, topic_key_hashes, utf16_lengths
+
+HEADER_SIZE = 40
+SLOT_SIZE = 4
+ENTRY_SIZE = 20
+DEFAULT_HASH_SLOT_NUM = 5_000_000
+DEFAULT_INDEX_NUM = 20_000_000
+INT_MAX = 2**31 - 1
+LONG_MAX = 2**63 - 1
+TRAN_ROLLBACK = 3
+INDEX_NAME_RE = re.compile(r"^\d{17}$")
+
+_HEADER = struct.Struct(">qqqqii")
+_ENTRY = struct.Struct(">iqii")
+_I32 = struct.Struct(">i")
+
+#: One on-disk entry (20 bytes, no padding), big-endian as stored.
+ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev_index", ">i4")])
+assert ENTRY_DTYPE.itemsize == ENTRY_SIZE
+
+
+# --------------------------------------------------------------------------------------------------
+# geometry and header
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexGeometry:
+    """``maxHashSlotNum`` / ``maxIndexNum`` of the broker that wrote the files (not stored in them)."""
+
+    hash_slot_num: int = DEFAULT_HASH_SLOT_NUM
+    index_num: int = DEFAULT_INDEX_NUM
+
+    def __post_init__(self) -> None:
+        if self.hash_slot_num <= 0 or self.index_num <= 1:
+            raise ValueError(f"bad index geometry {self.hash_slot_num}/{self.index_num}")
+
+    @property
+    def file_size(self) -> int:
+        return HEADER_SIZE + SLOT_SIZE * self.hash_slot_num + ENTRY_SIZE * self.index_num
+
+    @property
+    def entries_offset(self) -> int:
+        """Byte position of entry 0 (entry n is at ``entries_offset + 20 n``)."""
+        return HEADER_SIZE + SLOT_SIZE * self.hash_slot_num
+
+    @property
+    def entries_per_file(self) -> int:
+        """Usable entries per file: ``indexNum - 1`` (entry 0 is never written)."""
+        return self.index_num - 1
+
+    def slot_pos(self, slot: int) -> int:
+        return HEADER_SIZE + SLOT_SIZE * slot
+
+    def entry_pos(self, n: int) -> int:
+        return self.entries_offset + ENTRY_SIZE * n
+
+    @classmethod
+    def infer(
+        cls,
+        file_size: int,
+        *,
+        hash_slot_num: int | None = None,
+        index_num: int | None = None,
+        file: str | None = None,
+    ) -> IndexGeometry:
+        """The geometry of a file of ``file_size`` bytes given one (or both) of the two numbers.
+
+        With neither given the broker defaults are assumed. A size that no geometry with the given
+        number explains is a ``bad_size`` StoreError naming the file.
+        """
+        if hash_slot_num is None and index_num is None:
+            hash_slot_num, index_num = DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
+        rest = file_size - HEADER_SIZE
+        if hash_slot_num is not None and index_num is None:
+            left = rest - SLOT_SIZE * hash_slot_num
+            if left > ENTRY_SIZE and left % ENTRY_SIZE == 0:
+                index_num = left // ENTRY_SIZE
+        elif index_num is not None and hash_slot_num is None:
+            left = rest - ENTRY_SIZE * index_num
+            if left > 0 and left % SLOT_SIZE == 0:
+                hash_slot_num = left // SLOT_SIZE
+        if hash_slot_num is None or index_num is None:
+            raise StoreError(
+                file, None, "bad_size",
+                f"size {file_size} fits no index geometry with hashSlotNum={hash_slot_num} indexNum={index_num}",
+            )
+        geo = cls(hash_slot_num, index_num)
+        geo.check_size(file_size, file)
+        return geo
+
+    def check_size(self, file_size: int, file: str | None = None) -> None:
+        """Raise a StoreError unless a file of ``file_size`` bytes has this geometry."""
+        if file_size < HEADER_SIZE:
+            raise StoreError(file, file_size, "truncated", f"{file_size} bytes, shorter than the 40-byte header")
+        if file_size != self.file_size:
+            kind = "truncated" if file_size < self.file_size else "bad_size"
+            raise StoreError(
+                file, min(file_size, self.file_size), kind,
+                f"size {file_size} != {self.file_size} for hashSlotNum={self.hash_slot_num} indexNum={self.index_num}",
+            )
+
+
+@dataclass
+class IndexHeader:
+    """The 40-byte header (store-format.md §5.3)."""
+
+    begin_timestamp: int = 0
+    end_timestamp: int = 0
+    begin_phy_offset: int = 0
+    end_phy_offset: int = 0
+    hash_slot_count: int = 0
+    index_count: int = 0
+
+    @classmethod
+    def from_bytes(cls, buf: bytes | memoryview, file: str | None = None) -> IndexHeader:
+        if len(buf) < HEADER_SIZE:
+            raise StoreError(file, len(buf), "truncated", f"index header needs 40 bytes, got {len(buf)}")
+        return cls(*_HEADER.unpack_from(buf, 0))
+
+    def to_bytes(self) -> bytes:
+        return _HEADER.pack(
+            self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
+            self.hash_slot_count, self.index_count,
+        )
+
+    @property
+    def loaded_index_count(self) -> int:
+        """indexCount as the broker's loader sees it (``<= 0`` read as 1)."""
+        return max(self.index_count, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# reader
+# --------------------------------------------------------------------------------------------------
+
+
+def _time_diff(t: int, begin: int) -> int:
+    """store-format.md §5.9 for one entry (Java long arithmetic, truncating division, clamping)."""
+    x = ((t - begin + 2**63) % 2**64) - 2**63  # Java long wrap-around
+    d = 0 if x < 0 else x // 1000  # negative results are clamped to 0 anyway
+    if begin <= 0:
+        return 0
+    return min(d, INT_MAX)
+
+
+def time_matched(file_begin: int, file_end: int, begin: int, end: int) -> bool:
+    """IndexFile.isTimeMatched: does [file_begin, file_end] overlap the query range (§10.3 2b)."""
+    return (
+        (begin < file_begin and end > file_end)
+        or file_begin <= begin <= file_end
+        or file_begin <= end <= file_end
+    )
+
+
+class IndexFile:
+    """Read-only view of one index file over a :mod:`storelib.bytesource` source.
+
+    Sizes read from the file (indexCount, slot values, prevIndex) are never trusted for allocation
+    or reading: everything is bounded by the geometry, which is checked against the real file size.
+    With ``strict`` a header that contradicts the geometry raises; auditors pass ``strict=False``
+    and call :meth:`validate`.
+    """
+
+    def __init__(
+        self,
+        source: ByteSource,
+        geometry: IndexGeometry | None = None,
+        *,
+        hash_slot_num: int | None = None,
+        index_num: int | None = None,
+        name: str | None = None,
+        strict: bool = True,
+    ):
+        self.source = source
+        self.path = source.path
+        self.name = name if name is not None else os.path.basename(source.path.rstrip("/"))
+        if geometry is None:
+            geometry = IndexGeometry.infer(
+                source.size, hash_slot_num=hash_slot_num, index_num=index_num, file=self.path
+            )
+        else:
+            geometry.check_size(source.size, self.path)
+        self.geometry = geometry
+        self.header = IndexHeader.from_bytes(self._read(0, HEADER_SIZE), self.path)
+        if strict:
+            self._check_header_strict()
+
+    @classmethod
+    def open(
+        cls,
+        where: str | os.PathLike | Location,
+        geometry: IndexGeometry | None = None,
+        *,
+        size: int | None = None,
+        **kw: Any,
+    ) -> IndexFile:
+        """Open a local path, URI or Location."""
+        loc = where if isinstance(where, Location) else resolve(where)
+        return cls(open_source(loc, size), geometry, **kw)
+
+    def close(self) -> None:
+        self.source.close()
+
+    def __enter__(self) -> IndexFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read(self, offset: int, length: int) -> memoryview:
+        buf = self.source.read(offset, length)
+        if len(buf) != length:
+            raise StoreError(self.path, offset + len(buf), "truncated", f"wanted {length} bytes at {offset}")
+        return buf
+
+    def _check_header_strict(self) -> None:
+        h, g = self.header, self.geometry
+        if h.index_count < 0 or h.index_count > g.index_num:
+            raise StoreError(
+                self.path, 36, "bad_header", f"indexCount {h.index_count} outside 0..{g.index_num}"
+            )
+        if h.hash_slot_count < 0 or h.hash_slot_count > min(g.hash_slot_num, max(h.index_count - 1, 0)):
+            raise StoreError(
+                self.path, 32, "bad_header",
+                f"hashSlotCount {h.hash_slot_count} impossible with indexCount {h.index_count}"
+                f" and {g.hash_slot_num} slots",
+            )
+
+    # -- raw regions ---------------------------------------------------------------------------
+
+    @property
+    def index_count(self) -> int:
+        """indexCount as loaded by the broker (``<= 0`` → 1), bounded by the geometry."""
+        return min(self.header.loaded_index_count, self.geometry.index_num)
+
+    @property
+    def entry_count(self) -> int:
+        """Number of used entries (1 .. indexCount-1)."""
+        return self.index_count - 1
+
+    def slots(self) -> np.ndarray:
+        """The whole slot table as ``>i4`` (zero-copy for local files)."""
+        g = self.geometry
+        return np.frombuffer(self._read(HEADER_SIZE, SLOT_SIZE * g.hash_slot_num), dtype=">i4")
+
+    def slot_value(self, slot: int) -> int:
+        return _I32.unpack(self._read(self.geometry.slot_pos(slot), SLOT_SIZE))[0]
+
+    def entries(self, first: int = 0, stop: int | None = None) -> np.ndarray:
+        """Raw entries ``first .. stop-1`` (entry numbers, bounded by the geometry) as ENTRY_DTYPE."""
+        g = self.geometry
+        stop = g.index_num if stop is None else min(stop, g.index_num)
+        first = max(0, min(first, stop))
+        return np.frombuffer(self._read(g.entry_pos(first), ENTRY_SIZE * (stop - first)), dtype=ENTRY_DTYPE)
+
+    def entries_array(self) -> np.ndarray:
+        """The used entries 1 .. indexCount-1 (position i holds entry number i+1)."""
+        return self.entries(1, self.index_count)
+
+    def entry(self, n: int) -> tuple[int, int, int, int]:
+        """(keyHash, phyOffset, timeDiff, prevIndex) of entry number ``n``."""
+        if not 0 <= n < self.geometry.index_num:
+            raise StoreError(self.path, None, "bad_entry", f"entry {n} outside 0..{self.geometry.index_num - 1}")
+        return _ENTRY.unpack(self._read(self.geometry.entry_pos(n), ENTRY_SIZE))
+
+    # -- chains and query ----------------------------------------------------------------------
+
+    def chain(self, slot: int) -> np.ndarray:
+        """Entry numbers of a slot's chain, newest first, with the broker's stop rules (§10.3 c).
+
+        The broker could loop forever on a corrupt cyclic chain; this walk stops after indexCount
+        steps.
+        """
+        ic = self.index_count
+        v = self.slot_value(slot)
+        out: list[int] = []
+        if v <= 0 or v > ic or ic <= 1:
+            return np.zeros(0, dtype=np.int64)
+        cur = v
+        for _ in range(ic):
+            out.append(cur)
+            prev = self.entry(cur)[3]
+            if prev <= 0 or prev > ic or prev == cur:
+                break
+            cur = prev
+        return np.asarray(out, dtype=np.int64)
+
+    def query_hash(
+        self, key_hash: int, begin_ms: int = 0, end_ms: int = LONG_MAX, max_num: int | None = None
+    ) -> list[int]:
+        """Phy offsets of entries with ``key_hash`` in the time range: isTimeMatched + selectPhyOffset.
+
+        Exactly §10.3 2b-2c (overlap test, chain walk and its stop rules) except that there is no
+        result cap unless ``max_num`` is given. Hash matches only: callers confirm against the log.
+        """
+        h = self.header
+        if not time_matched(h.begin_timestamp, h.end_timestamp, begin_ms, end_ms):
+            return []
+        ic = self.index_count
+        out: list[int] = []
+        if max_num is not None and max_num <= 0:
+            return out
+        v = self.slot_value(key_hash % self.geometry.hash_slot_num)
+        if v <= 0 or v > ic or ic <= 1:
+            return out
+        cur = v
+        for _ in range(ic):  # bound: a corrupt cyclic chain would loop forever in the broker
+            if max_num is not None and len(out) >= max_num:
+                break
+            kh, phy, td, prev = self.entry(cur)
+            if td < 0:
+                break
+            t = h.begin_timestamp + td * 1000
+            if kh == key_hash and begin_ms <= t <= end_ms:
+                out.append(phy)
+            if prev <= 0 or prev > ic or prev == cur or t < begin_ms:
+                break
+            cur = prev
+        return out
+
+    def query(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = LONG_MAX,
+              max_num: int | None = None) -> list[int]:
+        return self.query_hash(index_hash(f"{topic}#{key}"), begin_ms, end_ms, max_num)
+
+    # -- validity ------------------------------------------------------------------------------
+
+    def validate(self, *, check_tail: bool = True, chunk_entries: int = 1 << 20) -> list[Finding]:
+        """Header and structure checks an auditor reports (never raises for content problems).
+
+        Checks: indexCount within the geometry; slot values within 0..indexCount and pointing at the
+        newest entry of their own slot; keyHash non-negative; prevIndex older than its entry and in
+        the same slot; hashSlotCount = distinct slots of the entries; begin/end phy offsets equal the
+        first/last entry's; the last entry's timeDiff agrees with begin/end timestamps; with
+        ``check_tail``, no non-zero entry after indexCount-1 (read in bounded chunks).
+        """
+        f: list[Finding] = []
+        g, h, p = self.geometry, self.header, self.path
+
+        def add(kind: str, sev: str, off: int | None, detail: str, **extra: Any) -> None:
+            f.append(Finding(kind, sev, p, off, detail, extra))
+
+        if h.index_count < 0 or h.index_count > g.index_num:
+            add("index_count_beyond_geometry", "error", 36,
+                f"indexCount {h.index_count} outside 0..{g.index_num}; reading {self.index_count - 1} entries")
+        ic = self.index_count
+        ent = self.entries_array()
+        m = len(ent)
+        n = np.arange(1, m + 1, dtype=np.int64)
+        kh = ent["key_hash"].astype(np.int64)
+        prev = ent["prev_index"].astype(np.int64)
+        phy = ent["phy_offset"].astype(np.int64)
+        slots = self.slots().astype(np.int64)
+
+        neg = np.flatnonzero(kh < 0)
+        if len(neg):
+            add("negative_key_hash", "error", g.entry_pos(int(neg[0]) + 1),
+                f"{len(neg)} entries with a negative keyHash (first: entry {int(neg[0]) + 1})", count=len(neg))
+        eslot = np.where(kh >= 0, kh % g.hash_slot_num, -1)
+
+        bad = np.flatnonzero((slots < 0) | (slots > ic))
+        if len(bad):
+            add("slot_out_of_range", "error", g.slot_pos(int(bad[0])),
+                f"{len(bad)} slot values outside 0..{ic} (first: slot {int(bad[0])} = {int(slots[bad[0]])})",
+                count=len(bad))
+        # newest entry per slot, from the entries themselves
+        expect = np.zeros(g.hash_slot_num, dtype=np.int64)
+        okh = eslot >= 0
+        if m:
+            np.maximum.at(expect, eslot[okh], n[okh])
+        inrange = (slots >= 0) & (slots <= ic)
+        wrong = np.flatnonzero(inrange & (slots != expect))
+        if len(wrong):
+            s0 = int(wrong[0])
+            add("slot_not_newest_entry", "error", g.slot_pos(s0),
+                f"{len(wrong)} slots do not hold the newest entry of their slot "
+                f"(first: slot {s0} = {int(slots[s0])}, expected {int(expect[s0])})", count=len(wrong))
+
+        badp = np.flatnonzero((prev < 0) | (prev >= n))
+        if len(badp):
+            e0 = int(badp[0]) + 1
+            add("prev_index_not_older", "error", g.entry_pos(e0) + 16,
+                f"{len(badp)} entries whose prevIndex is not < the entry number (first: entry {e0}"
+                f" prevIndex {int(prev[badp[0]])})", count=len(badp))
+        okp = (prev > 0) & (prev < n)
+        cross = np.flatnonzero(okp & (eslot != eslot[np.clip(prev - 1, 0, max(m - 1, 0))]))
+        if len(cross):
+            e0 = int(cross[0]) + 1
+            add("prev_index_wrong_slot", "error", g.entry_pos(e0) + 16,
+                f"{len(cross)} entries chain to an entry of another slot (first: entry {e0})", count=len(cross))
+
+        distinct = int(len(np.unique(eslot[okh]))) if m else 0
+        if h.hash_slot_count != distinct:
+            add("hash_slot_count_mismatch", "warning", 32,
+                f"hashSlotCount {h.hash_slot_count} but the entries use {distinct} distinct slots",
+                expected=distinct)
+
+        if m:
+            if h.begin_phy_offset != int(phy[0]):
+                add("begin_phy_offset_mismatch", "warning", 16,
+                    f"beginPhyOffset {h.begin_phy_offset} but entry 1 has {int(phy[0])}", expected=int(phy[0]))
+            if h.end_phy_offset != int(phy[-1]):
+                add("end_phy_offset_mismatch", "warning", 24,
+                    f"endPhyOffset {h.end_phy_offset} but entry {m} has {int(phy[-1])}", expected=int(phy[-1]))
+            if m >= 2:
+                want = _time_diff(h.end_timestamp, h.begin_timestamp)
+                got = int(ent["time_diff"][-1])
+                if want != got:
+                    add("end_timestamp_mismatch", "warning", 8,
+                        f"last entry timeDiff {got} but (endTimestamp - beginTimestamp)/1000 = {want}",
+                        expected=want)
+        elif h.hash_slot_count == 0 and (h.begin_timestamp != h.end_timestamp or h.begin_phy_offset != h.end_phy_offset):
+            add("empty_file_header_mismatch", "warning", 0,
+                "file without entries but begin and end header fields differ")
+
+        if check_tail:
+            pos = ic
+            while pos < g.index_num:
+                stop = min(g.index_num, pos + chunk_entries)
+                raw = np.frombuffer(self._read(g.entry_pos(pos), ENTRY_SIZE * (stop - pos)), dtype=np.uint8)
+                nz = np.flatnonzero(raw)
+                if len(nz):
+                    e0 = pos + int(nz[0]) // ENTRY_SIZE
+                    add("data_beyond_index_count", "warning", g.entry_pos(e0),
+                        f"non-zero entry {e0} after indexCount {ic} (stale header or foreign data)", entry=e0)
+                    break
+                pos = stop
+        return f
+
+
+# --------------------------------------------------------------------------------------------------
+# listing and naming
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexFileRef:
+    """One file of ``index/``: its name, Location and size (from the listing, no extra request)."""
+
+    name: str
+    loc: Location
+    size: int
+
+    def open(self, geometry: IndexGeometry | None = None, **kw: Any) -> IndexFile:
+        return IndexFile(open_source(self.loc, self.size), geometry, name=self.name, **kw)
+
+
+def list_index_files(store_root: Location | str | os.PathLike, findings: list[Finding] | None = None
+                     ) -> list[IndexFileRef]:
+    """Files of ``<root>/index`` sorted by name as strings, as the broker's loader orders them.
+
+    Names that are not 17 digits (and sub-directories) are skipped and reported to ``findings``.
+    A missing ``index/`` directory is an empty list (the broker creates it).
+    """
+    root = store_root if isinstance(store_root, Location) else resolve(store_root)
+    idx = root.join("index")
+    try:
+        infos = root.fs.get_file_info(pafs.FileSelector(idx.path, allow_not_found=True))
+    except OSError as e:
+        raise StoreError("index", None, "unreadable", str(e)) from e
+    out: list[IndexFileRef] = []
+    for info in infos:
+        name = info.base_name
+        if info.type != pafs.FileType.File or not INDEX_NAME_RE.match(name):
+            if findings is not None:
+                what = "directory" if info.type == pafs.FileType.Directory else "file"
+                findings.append(Finding("foreign_index_file", "warning", f"index/{name}", None,
+                                        f"{what} name is not yyyyMMddHHmmssSSS; ignored"))
+            continue
+        out.append(IndexFileRef(name, Location(root.fs, info.path, root.local), int(info.size or 0)))
+    out.sort(key=lambda r: r.name)
+    return out
+
+
+def _zone(tz: str | timezone | None) -> Any:
+    if tz is None or tz == "UTC":
+        return timezone.utc
+    if isinstance(tz, str):
+        from zoneinfo import ZoneInfo
+
+        return ZoneInfo(tz)
+    return tz
+
+
+def index_file_name(first_ts_ms: int, tz: str | Any = "UTC", *, after: str | None = None) -> str:
+    """``yyyyMMddHHmmssSSS`` of ``first_ts_ms`` in ``tz`` (UtilAll.timeMillisToHumanString).
+
+    The broker names a file by its wall-clock creation time, which no rebuild can know; this policy
+    uses the first entry's store time instead. With ``after`` (the previous file's name) the time is
+    bumped by 1 ms until the name sorts strictly after it.
+    """
+    zone = _zone(tz)
+    ms = int(first_ts_ms)
+    if after is not None:
+        ms = max(ms, parse_index_file_name(after, zone) + 1)
+    dt = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
+    dt = dt.astimezone(zone)
+    return f"{dt.year:04d}{dt.month:02d}{dt.day:02d}{dt.hour:02d}{dt.minute:02d}{dt.second:02d}{dt.microsecond // 1000:03d}"
+
+
+def parse_index_file_name(name: str, tz: str | Any = "UTC") -> int:
+    """Epoch milliseconds of an index file name read in ``tz``."""
+    if not INDEX_NAME_RE.match(name):
+        raise StoreError(name, None, "bad_name", "index file name is not yyyyMMddHHmmssSSS")
+    zone = _zone(tz)
+    try:
+        dt = datetime(int(name[0:4]), int(name[4:6]), int(name[6:8]), int(name[8:10]), int(name[10:12]),
+                      int(name[12:14]), int(name[14:17]) * 1000, tzinfo=zone)
+    except ValueError as e:
+        raise StoreError(name, None, "bad_name", str(e)) from e
+    return (dt - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(milliseconds=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# keys from scan batches
+# --------------------------------------------------------------------------------------------------
+
+
+def _col(batch: pa.RecordBatch | pa.Table, name: str) -> pa.Array:
+    c = batch.column(name)
+    if isinstance(c, pa.ChunkedArray):
+        c = c.combine_chunks() if c.num_chunks != 1 else c.chunk(0)
+    return c
+
+
+def _str_col(batch: pa.RecordBatch | pa.Table, name: str) -> pa.Array:
+    c = _col(batch, name)
+    if not (pa.types.is_string(c.type) or pa.types.is_large_string(c.type)):
+        c = c.cast(pa.string())
+    return c
+
+
+def index_keys(batch: pa.RecordBatch | pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(row_index int64, key_hash int32) of every index key of a scan batch, in dispatch order.
+
+    Per record, non-ROLLBACK only: ``topic#UNIQ_KEY`` first (when not null), then ``topic#token``
+    for each token of KEYS split on a single U+0020, empty tokens dropped, duplicates kept
+    (store-format.md §5.6). Hashes are the non-negative index hash. Column operations only.
+    """
+    nrows = batch.num_rows
+    if nrows == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    tran = np.asarray(_col(batch, "tran_type").fill_null(0)).astype(np.int8, copy=False)
+    ok = tran != TRAN_ROLLBACK
+    topic = _str_col(batch, "topic")
+    topic_h = java_hash_array(topic)
+
+    uk = _str_col(batch, "uniq_key")
+    uvalid = ok & np.asarray(uk.is_valid())
+    urows = np.flatnonzero(uvalid)
+    uarr = uk.take(pa.array(urows))
+    u_h = java_hash_array(uarr)
+    u_l = utf16_lengths(uarr)
+
+    keys = _str_col(batch, "keys")
+    lists = pc.split_pattern(keys, " ")
+    tokens = pc.list_flatten(lists)
+    parents = np.asarray(pc.list_parent_indices(lists)).astype(np.int64)
+    keep = ok[parents] & (np.asarray(pc.binary_length(tokens)) > 0) if len(tokens) else np.zeros(0, bool)
+    kidx = np.flatnonzero(keep)
+    karr = tokens.take(pa.array(kidx))
+    trows = parents[kidx]
+    t_h = java_hash_array(karr)
+    t_l = utf16_lengths(karr)
+
+    rows = np.concatenate((urows.astype(np.int64), trows))
+    part = np.concatenate((np.zeros(len(urows), np.int64), np.ones(len(trows), np.int64)))
+    order = np.argsort(rows * 2 + part, kind="stable")
+    rows = rows[order]
+    kh = np.concatenate((u_h, t_h))[order]
+    kl = np.concatenate((u_l, t_l))[order]
+    return rows, topic_key_hashes(topic_h[rows], kh, kl)
+
+
+def index_key_rows(batch: pa.RecordBatch | pa.Table) -> dict[str, np.ndarray]:
+    """Builder input for one batch: row_index, key_hash, phy_offset (the PHYSICALOFFSET field), store_timestamp."""
+    rows, kh = index_keys(batch)
+    phy = np.asarray(_col(batch, "physical_offset_field")).astype(np.int64, copy=False)
+    ts = np.asarray(_col(batch, "store_timestamp")).astype(np.int64, copy=False)
+    return {"row_index": rows, "key_hash": kh, "phy_offset": phy[rows], "store_timestamp": ts[rows]}
+
+
+# --------------------------------------------------------------------------------------------------
+# images and the vectorised builder
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class IndexImage:
+    """The full content of one index file: header, slot table and used entries 1..count.
+
+    ``entries`` is an ENTRY_DTYPE array whose position i is entry number i+1; everything after it
+    is zero. ``name`` is the file name chosen by the naming policy (``None`` when not named).
+    """
+
+    geometry: IndexGeometry
+    header: IndexHeader
+    slots: np.ndarray
+    entries: np.ndarray
+    name: str | None = None
+    first_timestamp: int | None = None
+
+    def to_bytes(self) -> bytes:
+        g = self.geometry
+        buf = bytearray(g.file_size)
+        buf[0:HEADER_SIZE] = self.header.to_bytes()
+        buf[HEADER_SIZE:g.entries_offset] = np.asarray(self.slots, dtype=">i4").tobytes()
+        e = np.asarray(self.entries, dtype=ENTRY_DTYPE)
+        start = g.entry_pos(1)
+        buf[start:start + ENTRY_SIZE * len(e)] = e.tobytes()
+        return bytes(buf)
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write the file atomically (temp file in the same directory, then os.replace).
+
+        The zero tail is produced by extending the file (sparse where the filesystem allows).
+        """
+        path = os.fspath(path)
+        g = self.geometry
+        d = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-index-", dir=d)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(self.header.to_bytes())
+                fh.write(np.asarray(self.slots, dtype=">i4").tobytes())
+                fh.seek(g.entry_pos(1))
+                fh.write(np.asarray(self.entries, dtype=ENTRY_DTYPE).tobytes())
+                fh.truncate(g.file_size)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def state(self) -> IndexState:
+        return IndexState(replace(self.header), np.array(self.slots, dtype=np.int32), self.entries, self.name)
+
+
+@dataclass
+class IndexState:
+    """An existing last index file an incremental build continues (header, slots, entries, name)."""
+
+    header: IndexHeader
+    slots: np.ndarray
+    entries: np.ndarray = field(default_factory=lambda: np.zeros(0, ENTRY_DTYPE))
+    name: str | None = None
+
+    @classmethod
+    def from_file(cls, f: IndexFile) -> IndexState:
+        return cls(replace(f.header), f.slots().astype(np.int32), np.array(f.entries_array()), f.name)
+
+    @property
+    def entry_count(self) -> int:
+        return len(self.entries)
+
+
+def _as_arrays(key_rows: Mapping[str, Any] | pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def get(name: str) -> np.ndarray:
+        c = key_rows[name] if isinstance(key_rows, Mapping) else key_rows.column(name)
+        if isinstance(c, pa.ChunkedArray | pa.Array):
+            c = c.to_numpy()
+        return np.asarray(c)
+
+    h = get("key_hash").astype(np.int64)
+    p = get("phy_offset").astype(np.int64)
+    t = get("store_timestamp").astype(np.int64)
+    if not (len(h) == len(p) == len(t)):
+        raise ValueError("key_hash, phy_offset and store_timestamp must have the same length")
+    if len(h) and (h.min() < 0 or h.max() > INT_MAX):
+        raise ValueError("key_hash must be the non-negative index hash")
+    return h, p, t
+
+
+def build_index_files(
+    key_rows: Mapping[str, Any] | pa.Table | pa.RecordBatch,
+    *,
+    geometry: IndexGeometry,
+    prev_state: IndexState | IndexFile | None = None,
+    emit_empty: bool = True,
+    trailing_dispatch: bool = False,
+    empty_index_count: int = 0,
+    name_tz: str | Any | None = "UTC",
+) -> list[IndexImage]:
+    """Broker-exact index files for keys given in global dispatch order (store-algorithms §7.4).
+
+    ``key_rows`` holds ``key_hash`` (index hash), ``phy_offset`` (the record's PHYSICALOFFSET
+    field) and ``store_timestamp`` per key. Returns the images of every file this build writes: with
+    ``prev_state`` (the current last file) that file continued first (same bytes as a one-shot
+    build), then new files; nothing when nothing changes.
+
+    * The duplicate test of §6.1 step 2 (phyOffset < current endPhyOffset → record skipped) is
+      applied exactly: a key is kept iff its phyOffset ≥ every earlier key's (and the previous
+      state's endPhyOffset); a no-op for a clean log with increasing offsets.
+    * ``emit_empty``: records were dispatched but none had keys → the broker still has one file,
+      all-zero header (no effect when there is a ``prev_state`` or any key).
+    * ``trailing_dispatch``: a record was dispatched after the last key; if the last file is then
+      exactly full the broker has already created its (empty) successor, emitted too.
+    * ``empty_index_count``: indexCount of such an empty file on disk: 0 (4.9.8, unflushed) or 1
+      (5.x, flushed at clean shutdown, differences-4x-5x row 22).
+    * ``name_tz``: zone of the naming policy (:func:`index_file_name`); None leaves names unset.
+    """
+    g = geometry
+    E = g.entries_per_file
+    S = g.hash_slot_num
+    h, p, t = _as_arrays(key_rows)
+
+    if isinstance(prev_state, IndexFile):
+        prev_state = IndexState.from_file(prev_state)
+    prev_end_phy = prev_state.header.end_phy_offset if prev_state else 0
+    prev_end_ts = prev_state.header.end_timestamp if prev_state else 0
+
+    # §6.1 step 2: skip keys of records whose phyOffset < endPhyOffset at their dispatch
+    if len(p):
+        before = np.maximum.accumulate(np.concatenate(([prev_end_phy], p[:-1])))
+        keep = p >= before
+        if not keep.all():
+            h, p, t = h[keep], p[keep], t[keep]
+    K = len(h)
+
+    c0 = 0  # entries already in the continued file
+    continued = False
+    if prev_state is not None:
+        c0 = min(max(prev_state.header.index_count, 1) - 1, E)
+        if len(prev_state.entries) < c0:
+            raise ValueError(f"prev_state has {len(prev_state.entries)} entries, header says {c0}")
+        continued = c0 < E
+
+    images: list[IndexImage] = []
+    if K:
+        base = c0 if continued else 0
+        gk = np.arange(K, dtype=np.int64) + base
+        f = gk // E
+        n = gk % E + 1
+        nfiles = int(f[-1]) + 1
+        slot = h % S
+        # prevIndex: stable sort by (file, slot); within a group the previous entry number
+        key = f * S + slot
+        order = np.argsort(key, kind="stable")
+        ks, ns = key[order], n[order]
+        first_of_group = np.ones(K, dtype=bool)
+        first_of_group[1:] = ks[1:] != ks[:-1]
+        prev_sorted = np.empty(K, dtype=np.int64)
+        prev_sorted[1:] = ns[:-1]
+        init_old = np.zeros(K, dtype=np.int64)
+        if continued:
+            c_first = first_of_group & (f[order] == 0)
+            old = prev_state.slots.astype(np.int64)[slot[order][c_first]]
+            init_old[c_first] = np.where((old > 0) & (old <= ns[c_first]), old, 0)
+        prev_sorted[first_of_group] = init_old[first_of_group]
+        prev_index = np.empty(K, dtype=np.int64)
+        prev_index[order] = prev_sorted
+        last_of_group = np.ones(K, dtype=bool)
+        last_of_group[:-1] = ks[1:] != ks[:-1]
+
+        # file boundaries in k order
+        fstart = np.searchsorted(f, np.arange(nfiles), side="left")
+        fend = np.searchsorted(f, np.arange(nfiles), side="right")
+        first_t = t[fstart]
+        last_t = t[fend - 1]
+        # timeDiff base: entry 1 → previous file's end timestamp (the new file's initial begin);
+        # later entries → the file's begin timestamp (its entry 1)
+        file_begin_ts = first_t.copy()
+        init_begin = np.empty(nfiles, dtype=np.int64)
+        init_begin[1:] = last_t[:-1]
+        if continued:
+            init_begin[0] = prev_state.header.begin_timestamp
+            if c0 >= 1:
+                file_begin_ts[0] = prev_state.header.begin_timestamp
+        else:
+            init_begin[0] = prev_end_ts if prev_end_ts > 0 else 0
+        B = np.where(n == 1, init_begin[f], file_begin_ts[f])
+        with np.errstate(over="ignore"):
+            x = t - B
+        td = np.where(x < 0, 0, x // 1000)
+        td = np.where(B <= 0, 0, np.minimum(td, INT_MAX))
+
+        new_slots = np.bincount(f, weights=(prev_index == 0), minlength=nfiles).astype(np.int64)
+        f_sorted = f[order]
+        for fi in range(nfiles):
+            lo, hi = int(fstart[fi]), int(fend[fi])
+            is_cont = continued and fi == 0
+            if is_cont:
+                slots = prev_state.slots.astype(np.int32).copy()
+                old_e = prev_state.entries[:c0]
+            else:
+                slots = np.zeros(S, dtype=np.int32)
+                old_e = np.zeros(0, ENTRY_DTYPE)
+            sel = last_of_group & (f_sorted == fi)
+            slots[(ks[sel] - fi * S)] = ns[sel]
+            ent = np.empty(c0 + (hi - lo) if is_cont else hi - lo, dtype=ENTRY_DTYPE)
+            ent[: len(old_e)] = old_e
+            new = ent[len(old_e):]
+            new["key_hash"] = h[lo:hi]
+            new["phy_offset"] = p[lo:hi]
+            new["time_diff"] = td[lo:hi]
+            new["prev_index"] = prev_index[lo:hi]
+            if is_cont and c0 >= 1:
+                begin_ts, begin_phy = prev_state.header.begin_timestamp, prev_state.header.begin_phy_offset
+                hsc0 = prev_state.header.hash_slot_count
+            else:
+                begin_ts, begin_phy, hsc0 = int(t[lo]), int(p[lo]), (prev_state.header.hash_slot_count if is_cont else 0)
+            header = IndexHeader(
+                begin_timestamp=int(begin_ts), end_timestamp=int(t[hi - 1]),
+                begin_phy_offset=int(begin_phy), end_phy_offset=int(p[hi - 1]),
+                hash_slot_count=int(hsc0 + new_slots[fi]), index_count=int(n[hi - 1]) + 1,
+            )
+            images.append(IndexImage(g, header, slots, ent,
+                                     name=prev_state.name if is_cont else None,
+                                     first_timestamp=int(t[lo]) if not is_cont else None))
+        last_full = int(n[-1]) == E
+        last_end = (int(p[-1]), int(t[-1]))
+    else:
+        last_full = prev_state is not None and c0 >= E
+        last_end = (prev_end_phy, prev_end_ts)
+        if prev_state is None and emit_empty:
+            images.append(IndexImage(g, IndexHeader(index_count=empty_index_count),
+                                     np.zeros(S, np.int32), np.zeros(0, ENTRY_DTYPE), first_timestamp=0))
+
+    if trailing_dispatch and last_full:
+        ep, et = last_end
+        hdr = IndexHeader(
+            begin_timestamp=et if et > 0 else 0, end_timestamp=et if et > 0 else 0,
+            begin_phy_offset=ep if ep > 0 else 0, end_phy_offset=ep if ep > 0 else 0,
+            hash_slot_count=0, index_count=empty_index_count,
+        )
+        images.append(IndexImage(g, hdr, np.zeros(S, np.int32), np.zeros(0, ENTRY_DTYPE),
+                                 first_timestamp=max(et, 0)))
+
+    if name_tz is not None:
+        name_images(images, name_tz, after=prev_state.name if prev_state is not None else None)
+    return images
+
+
+def name_images(images: Sequence[IndexImage], tz: str | Any = "UTC", *, after: str | None = None) -> None:
+    """Give unnamed images names by the policy of :func:`index_file_name`, strictly increasing."""
+    last = after
+    for im in images:
+        if im.name is None:
+            ts = im.first_timestamp if im.first_timestamp is not None else im.header.begin_timestamp
+            im.name = index_file_name(ts, tz, after=last)
+        last = im.name
+
+
+# --------------------------------------------------------------------------------------------------
+# scalar reference (the broker's putKey / buildIndex, step by step)
+# --------------------------------------------------------------------------------------------------
+
+
+class IndexFileWriter:
+    """One index file in memory, written by the broker's IndexFile.putKey (store-algorithms §6.2).
+
+    Deliberately scalar and literal: it is the oracle the vectorised builder is tested against.
+    """
+
+    def __init__(self, geometry: IndexGeometry, end_phy_offset: int = 0, end_timestamp: int = 0,
+                 name: str | None = None):
+        self.geometry = geometry
+        self.name = name
+        self.buf = bytearray(geometry.file_size)
+        # IndexFile constructor: header initialised with the previous file's end values (if > 0)
+        self.header = IndexHeader()
+        if end_phy_offset > 0:
+            self.header.begin_phy_offset = end_phy_offset
+            self.header.end_phy_offset = end_phy_offset
+        if end_timestamp > 0:
+            self.header.begin_timestamp = end_timestamp
+            self.header.end_timestamp = end_timestamp
+        self._write_header(initial=True)
+        self.index_count = 1  # in memory; the on-disk field stays 0 until the first put (or a flush)
+
+    @classmethod
+    def from_state(cls, geometry: IndexGeometry, state: IndexState | IndexFile) -> IndexFileWriter:
+        """Continue an existing file (as the broker does after load)."""
+        if isinstance(state, IndexFile):
+            state = IndexState.from_file(state)
+        w = cls(geometry, name=state.name)
+        w.header = replace(state.header)
+        w.buf[0:HEADER_SIZE] = state.header.to_bytes()
+        w.buf[HEADER_SIZE:geometry.entries_offset] = np.asarray(state.slots, ">i4").tobytes()
+        e = np.asarray(state.entries, ENTRY_DTYPE).tobytes()
+        start = geometry.entry_pos(1)
+        w.buf[start:start + len(e)] = e
+        w.index_count = max(state.header.index_count, 1)
+        return w
+
+    def _write_header(self, initial: bool = False) -> None:
+        h = self.header
+        if initial:  # only the begin/end values are written at creation
+            struct.pack_into(">qqqq", self.buf, 0, h.begin_timestamp, h.end_timestamp,
+                             h.begin_phy_offset, h.end_phy_offset)
+        else:
+            self.buf[0:HEADER_SIZE] = h.to_bytes()
+
+    def is_full(self) -> bool:
+        return self.index_count >= self.geometry.index_num
+
+    def put_key(self, key: str | int, phy_offset: int, store_timestamp: int) -> bool:
+        """putKey: False when the file is full. ``key`` is ``topic#key`` or its index hash."""
+        g = self.geometry
+        cnt = self.index_count
+        if cnt >= g.index_num:
+            return False
+        kh = index_hash(key) if isinstance(key, str) else int(key)
+        slot = kh % g.hash_slot_num
+        spos = g.slot_pos(slot)
+        old = _I32.unpack_from(self.buf, spos)[0]
+        if old <= 0 or old > cnt:
+            old = 0
+        d = _time_diff(store_timestamp, self.header.begin_timestamp)
+        _ENTRY.pack_into(self.buf, g.entry_pos(cnt), kh, phy_offset, d, old)
+        _I32.pack_into(self.buf, spos, cnt)
+        if cnt <= 1:
+            self.header.begin_phy_offset = phy_offset
+            self.header.begin_timestamp = store_timestamp
+        if old == 0:
+            self.header.hash_slot_count += 1
+        self.index_count = cnt + 1
+        self.header.index_count = cnt + 1
+        self.header.end_phy_offset = phy_offset
+        self.header.end_timestamp = store_timestamp
+        self._write_header()
+        return True
+
+    def flush(self) -> None:
+        """IndexFile.flush: rewrite all header fields from memory (indexCount 1 for an empty file)."""
+        self.header.index_count = self.index_count
+        self._write_header()
+
+    def to_bytes(self) -> bytes:
+        return bytes(self.buf)
+
+    def image(self) -> IndexImage:
+        """The file as an IndexImage (entries 1..indexCount-1)."""
+        g = self.geometry
+        hdr = IndexHeader.from_bytes(self.buf)
+        slots = np.frombuffer(self.buf, ">i4", g.hash_slot_num, HEADER_SIZE).astype(np.int32)
+        ents = np.frombuffer(self.buf, ENTRY_DTYPE, self.index_count - 1, g.entry_pos(1)).copy()
+        return IndexImage(g, hdr, slots, ents, name=self.name)
+
+
+class ScalarIndexService:
+    """IndexService.buildIndex over a list of IndexFileWriters (store-algorithms §6.1, §6.3)."""
+
+    def __init__(self, geometry: IndexGeometry, files: list[IndexFileWriter] | None = None):
+        self.geometry = geometry
+        self.files: list[IndexFileWriter] = files if files is not None else []
+
+    def _last_file(self) -> IndexFileWriter:
+        if self.files and not self.files[-1].is_full():
+            return self.files[-1]
+        prev = self.files[-1] if self.files else None
+        w = IndexFileWriter(self.geometry, prev.header.end_phy_offset if prev else 0,
+                            prev.header.end_timestamp if prev else 0)
+        if prev is not None:
+            prev.flush()
+        self.files.append(w)
+        return w
+
+    def build_index(self, topic: str, uniq_key: str | None, keys: str | None, tran_type: int,
+                    phy_offset: int, store_timestamp: int) -> None:
+        f = self._last_file()
+        if phy_offset < f.header.end_phy_offset:
+            return
+        if tran_type == TRAN_ROLLBACK:
+            return
+        todo = []
+        if uniq_key is not None:
+            todo.append(f"{topic}#{uniq_key}")
+        if keys:
+            todo.extend(f"{topic}#{k}" for k in keys.split(" ") if k)
+        for key in todo:
+            self.put_key(key, phy_offset, store_timestamp)
+
+    def put_key(self, key: str | int, phy_offset: int, store_timestamp: int) -> None:
+        f = self._last_file()
+        while not f.put_key(key, phy_offset, store_timestamp):
+            f = self._last_file()
+
+
+# --------------------------------------------------------------------------------------------------
+# query over a store
+# --------------------------------------------------------------------------------------------------
+
+
+def query_index(
+    index_files: Iterable[IndexFile],
+    topic: str,
+    key: str,
+    begin_ms: int = 0,
+    end_ms: int = LONG_MAX,
+    *,
+    max_num: int | None = None,
+    confirm: Callable[[int], bool] | None = None,
+) -> list[int]:
+    """Candidate phy offsets for ``topic#key`` (IndexService.queryOffset, store-algorithms §10.3).
+
+    ``index_files`` in name order (as :func:`list_index_files` gives them); walked newest first,
+    each file's chain newest first, stopping after a file whose beginTimestamp < ``begin_ms``. No
+    cap unless ``max_num`` (the broker uses min(requested, 64)). The index compares hashes only:
+    ``confirm(phy) -> bool`` (decode the record, compare its real keys) filters collisions after
+    the walk.
+    """
+    files = list(index_files)
+    kh = index_hash(f"{topic}#{key}")
+    out: list[int] = []
+    for f in reversed(files):
+        remaining = None if max_num is None else max_num - len(out)
+        out.extend(f.query_hash(kh, begin_ms, end_ms, remaining))
+        if f.header.begin_timestamp < begin_ms:
+            break
+        if max_num is not None and len(out) >= max_num:
+            break
+    if confirm is not None:
+        out = [o for o in out if confirm(o)]
+    return out
+
+
+__all__ = [
+    "ENTRY_DTYPE",
+    "IndexFile",
+    "IndexFileRef",
+    "IndexFileWriter",
+    "IndexGeometry",
+    "IndexHeader",
+    "IndexImage",
+    "IndexState",
+    "ScalarIndexService",
+    "build_index_files",
+    "index_file_name",
+    "index_key_rows",
+    "index_keys",
+    "list_index_files",
+    "name_images",
+    "parse_index_file_name",
+    "query_index",
+    "time_matched",
+]
