@@ -730,11 +730,14 @@ def build_index_files(
 
     * The duplicate test of §6.1 step 2 (phyOffset < current endPhyOffset → record skipped) is
       applied exactly: a key is kept iff its phyOffset ≥ every earlier key's (and the previous
-      state's endPhyOffset); a no-op for a clean log with increasing offsets.
+      state's endPhyOffset) — the running maximum equals the last indexed offset because a
+      skipped key never raises it; a no-op for a clean log with increasing offsets.
     * ``emit_empty``: records were dispatched but none had keys → the broker still has one file,
-      all-zero header (no effect when there is a ``prev_state`` or any key).
+      all-zero header (no effect when there is a ``prev_state`` or any key). Pass False when
+      nothing at all was dispatched.
     * ``trailing_dispatch``: a record was dispatched after the last key; if the last file is then
-      exactly full the broker has already created its (empty) successor, emitted too.
+      exactly full the broker has already created its (empty) successor, emitted too. Keys
+      dropped by the duplicate test after the last kept key imply it.
     * ``empty_index_count``: indexCount of such an empty file on disk: 0 (4.9.8, unflushed) or 1
       (5.x, flushed at clean shutdown, differences-4x-5x row 22).
     * ``name_tz``: zone of the naming policy (:func:`index_file_name`); None leaves names unset.
@@ -750,10 +753,15 @@ def build_index_files(
     prev_end_ts = prev_state.header.end_timestamp if prev_state else 0
 
     # §6.1 step 2: skip keys of records whose phyOffset < endPhyOffset at their dispatch
-    if len(p):
+    had_rows = len(p) > 0
+    if had_rows:
         before = np.maximum.accumulate(np.concatenate(([prev_end_phy], p[:-1])))
         keep = p >= before
         if not keep.all():
+            # a dropped row after the last kept one is a record dispatched after the last key
+            kept_at = np.flatnonzero(keep)
+            if len(kept_at) == 0 or kept_at[-1] < len(keep) - 1:
+                trailing_dispatch = True
             h, p, t = h[keep], p[keep], t[keep]
     K = len(h)
 
@@ -852,7 +860,7 @@ def build_index_files(
     else:
         last_full = prev_state is not None and c0 >= E
         last_end = (prev_end_phy, prev_end_ts)
-        if prev_state is None and emit_empty:
+        if prev_state is None and (emit_empty or had_rows):
             images.append(IndexImage(g, IndexHeader(index_count=empty_index_count),
                                      np.zeros(S, np.int32), np.zeros(0, ENTRY_DTYPE), first_timestamp=0))
 
@@ -1010,6 +1018,14 @@ class ScalarIndexService:
             todo.extend(f"{topic}#{k}" for k in keys.split(" ") if k)
         for key in todo:
             self.put_key(key, phy_offset, store_timestamp)
+
+    def build_index_hashes(self, key_hashes: Sequence[int], phy_offset: int, store_timestamp: int) -> None:
+        """buildIndex for a non-ROLLBACK record whose keys are given as index hashes."""
+        f = self._last_file()
+        if phy_offset < f.header.end_phy_offset:
+            return
+        for kh in key_hashes:
+            self.put_key(int(kh), phy_offset, store_timestamp)
 
     def put_key(self, key: str | int, phy_offset: int, store_timestamp: int) -> None:
         f = self._last_file()

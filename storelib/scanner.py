@@ -143,10 +143,16 @@ def ragged_arange(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return np.repeat(starts.astype(np.int64) - excl, lens) + np.arange(total, dtype=np.int64)
 
 
+def rows_at(a: np.ndarray, offs: np.ndarray, width: int) -> np.ndarray:
+    """(n, width) uint8 copy of ``a[o:o+width]`` for every offset: one row gather on a strided view."""
+    if len(a) < width:
+        a = np.concatenate([a, np.zeros(width - len(a), np.uint8)])
+    return np.lib.stride_tricks.sliding_window_view(a, width)[offs]
+
+
 def gather_be(a: np.ndarray, offs: np.ndarray, width: int, dtype: str) -> np.ndarray:
     """Big-endian integers of ``width`` bytes at each offset of ``a``, as native int64."""
-    idx = offs[:, None] + np.arange(width, dtype=np.int64)
-    return np.ascontiguousarray(a[idx]).view(dtype).ravel().astype(np.int64)
+    return rows_at(a, offs, width).view(dtype).ravel().astype(np.int64)
 
 
 def _offsets_from_lens(lens: np.ndarray) -> np.ndarray:
@@ -155,63 +161,83 @@ def _offsets_from_lens(lens: np.ndarray) -> np.ndarray:
     return out
 
 
-def gather_strings(a: np.ndarray, starts: np.ndarray, lens: np.ndarray, binary: bool = False) -> pa.Array:
-    """Build an Arrow string (or binary) array from byte ranges of ``a``.
+def view_array(a: np.ndarray, buf, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
+    """A ``binary_view`` Arrow array whose rows point into ``buf`` (zero copy; short rows inline)."""
+    n = len(starts)
+    lens = np.maximum(lens, 0).astype(np.int64)
+    v = np.zeros((n, 4), dtype="<i4")
+    v[:, 0] = lens
+    long = lens > 12
+    if long.any():
+        v[long, 1] = rows_at(a, starts[long], 4).view("<i4").ravel()
+        v[long, 3] = starts[long]
+    short = ~long
+    if short.any():
+        g = rows_at(a, np.minimum(starts[short], max(len(a) - 12, 0)), 12).copy()
+        shift = starts[short] - np.minimum(starts[short], max(len(a) - 12, 0))
+        if shift.any():  # rows in the last 12 bytes of the buffer: realign (rare)
+            for r in np.flatnonzero(shift).tolist():
+                g[r] = np.roll(g[r], -int(shift[r]))
+        g[np.arange(12) >= lens[short, None]] = 0
+        v.view(np.uint8).reshape(n, 16)[short, 4:16] = g
+    return pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(v), pa.py_buffer(buf)])
+
+
+def gather_strings(a: np.ndarray, starts: np.ndarray, lens: np.ndarray, binary: bool = False, buf=None) -> pa.Array:
+    """Arrow string (or binary) array of byte ranges of ``a`` (copied by Arrow's C++ cast).
 
     Invalid UTF-8 is replaced with U+FFFD row by row (Java decodes the same way); such rows are rare.
     """
-    lens = np.maximum(lens, 0).astype(np.int64)
-    data = a[ragged_arange(starts, lens)]
-    offsets = _offsets_from_lens(lens)
-    typ = pa.large_binary() if binary else pa.large_string()
-    arr = pa.Array.from_buffers(typ, len(lens), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    views = view_array(a, a if buf is None else buf, starts, lens)
     if binary:
-        return arr.cast(pa.binary())
+        return views.cast(pa.binary())
     try:
-        arr.validate(full=True)
+        return views.cast(pa.string())
     except pa.ArrowInvalid:
-        fixed = []
-        for i in range(len(lens)):
-            raw = data[offsets[i] : offsets[i + 1]].tobytes()
-            fixed.append(raw.decode("utf-8", "replace"))
-        arr = pa.array(fixed, type=pa.large_string())
-    return arr.cast(pa.string())
+        raw = views.cast(pa.binary()).to_pylist()
+        return pa.array([r.decode("utf-8", "replace") for r in raw], pa.string())
 
 
-def hex_strings(a: np.ndarray, pieces: list[tuple[np.ndarray, np.ndarray]]) -> pa.Array:
-    """Upper-case hex of the concatenation of several byte ranges per row (offset msgIds)."""
-    n = len(pieces[0][0])
-    lens = sum(p[1].astype(np.int64) for p in pieces)
-    out_off = _offsets_from_lens(lens)
-    src = np.empty(int(lens.sum()), dtype=np.int64)
-    cursor = out_off[:-1].copy()
-    for starts, plens in pieces:
-        src[ragged_arange(cursor, plens)] = ragged_arange(starts, plens)
-        cursor += plens
-    raw = a[src]
-    txt = np.empty(len(raw) * 2, dtype=np.uint8)
-    txt[0::2] = _HEX[raw >> 4]
-    txt[1::2] = _HEX[raw & 15]
-    arr = pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(out_off * 2), pa.py_buffer(txt)])
-    return arr.cast(pa.string())
+def msg_id_strings(a: np.ndarray, p_sh: np.ndarray, v6: np.ndarray, phy_pos: np.ndarray) -> pa.Array:
+    """Offset msgIds: upper-case hex of store host bytes ‖ PHYSICALOFFSET field, column-wise."""
+    n = len(p_sh)
+    raw = np.concatenate([rows_at(a, p_sh, 8), rows_at(a, phy_pos, 8)], axis=1)
+    txt = np.empty((n, 32), dtype=np.uint8)
+    txt[:, 0::2] = _HEX[raw >> 4]
+    txt[:, 1::2] = _HEX[raw & 15]
+    offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
+    out = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(txt)])
+    if v6.any():
+        rows = np.flatnonzero(v6)
+        vals = [(a[p : p + 20].tobytes() + a[q : q + 8].tobytes()).hex().upper()
+                for p, q in zip(p_sh[rows].tolist(), phy_pos[rows].tolist())]
+        out = pc.replace_with_mask(out, pa.array(v6), pa.array(vals, pa.string()))
+    return out
 
 
 def host_strings(a: np.ndarray, starts: np.ndarray, v6: np.ndarray) -> pa.Array:
-    """"ip:port" strings for host fields at ``starts`` (8 bytes IPv4, 20 bytes IPv6 where ``v6``)."""
+    """"ip:port" strings for host fields at ``starts`` (8 bytes IPv4, 20 bytes IPv6 where ``v6``).
+
+    A store has few distinct hosts: format each distinct value once, then ``take`` it per row.
+    """
     n = len(starts)
     if n == 0:
         return pa.array([], pa.string())
-    octs = a[starts[:, None] + np.arange(4)]
-    port4 = gather_be(a, starts + 4, 4, ">i4")
-    parts = [pa.array(octs[:, i]).cast(pa.string()) for i in range(4)]
-    ip = pc.binary_join_element_wise(*parts, ".")
-    s = pc.binary_join_element_wise(ip, pa.array(port4).cast(pa.string()), ":")
-    if v6.any():
-        rows = np.flatnonzero(v6)
-        vals = [decode_host(a[st : st + 20].tobytes()) for st in starts[rows].tolist()]
-        mask = pa.array(v6)
-        s = pc.replace_with_mask(s, mask, pa.array(vals, pa.string()))
-    return s
+    codes = np.zeros(n, dtype=np.int64)
+    texts: list[str] = []
+    for mask, width in ((~v6, 8), (v6, 20)):
+        rows = np.flatnonzero(mask)
+        if not len(rows):
+            continue
+        raw = np.ascontiguousarray(rows_at(a, starts[rows], width))
+        keys = raw.view(">u8").ravel() if width == 8 else raw.view(np.dtype((np.void, width))).ravel()
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        codes[rows] = inverse.ravel() + len(texts)
+        if width == 8:
+            texts.extend(decode_host(int(u).to_bytes(8, "big")) for u in uniq)
+        else:
+            texts.extend(decode_host(u.tobytes()) for u in uniq)
+    return pc.take(pa.array(texts, pa.string()), pa.array(codes))
 
 
 class PropertyColumns:
@@ -255,53 +281,75 @@ class PropertyColumns:
         """map<string,string> of every valid pair, in stored order, later duplicates winning."""
         ok = self.pair_ok
         idx = np.flatnonzero(ok)
-        segs = pc.take(self._flat_bin, pa.array(idx))
-        sep = self.sep[idx]
-        names = pc.binary_slice(segs, 0, 0) if len(idx) == 0 else _slice_bin(segs, np.zeros_like(sep), sep)
-        values = _slice_bin(segs, sep + 1, self.seg_len[idx])
+        pairs = pc.split_pattern(pc.take(self.flat, pa.array(idx)), "\x01", max_splits=1)
+        names = pc.list_element(pairs, 0)
+        values = pc.list_element(pairs, 1)
         par = self.parents[idx]
         counts = np.bincount(par, minlength=self.n)
-        names_s = names.cast(pa.string())
-        values_s = values.cast(pa.string())
-        # duplicate names inside a row: rare; resolve those rows in Python (last wins, first position kept)
+        names_s = names
+        values_s = values
+        # duplicate names inside a row are rare: find the rows with a per-row bitmask of name codes
+        dup_rows = np.zeros(0, np.int64)
         if len(idx) and counts.max() > 1:
-            keyhash = java_hash_array(names_s).astype(np.int64) & 0xFFFFFFFF
-            combo = par.astype(np.int64) << 32 | keyhash
-            order = np.lexsort((np.arange(len(combo)), combo))
-            sc = combo[order]
-            dup_rows = np.unique(par[order[1:][sc[1:] == sc[:-1]]]) if len(sc) > 1 else np.zeros(0, np.int64)
-            if len(dup_rows):
-                keep = np.ones(len(idx), dtype=bool)
-                nl, vl = names_s.to_pylist(), values_s.to_pylist()
-                starts = _offsets_from_lens(counts)
-                for r in dup_rows.tolist():
-                    seen: dict[str, int] = {}
-                    for j in range(starts[r], starts[r + 1]):
-                        if nl[j] in seen:
-                            keep[j] = False
-                            vl[seen[nl[j]]] = vl[j]
-                        else:
-                            seen[nl[j]] = j
-                values_s = pa.array(vl, pa.string())
-                keep_a = pa.array(keep)
-                names_s = names_s.filter(keep_a)
-                values_s = values_s.filter(keep_a)
-                counts = np.bincount(par[keep], minlength=self.n)
+            enc = pc.dictionary_encode(names_s)
+            code = np.asarray(enc.indices, dtype=np.int64)
+            if len(enc.dictionary) <= 63:
+                bits = np.left_shift(np.uint64(1), code.astype(np.uint64))
+                present = np.zeros(self.n, dtype=np.uint64)
+                _or_reduce(present, par, bits, counts)
+                distinct = np.bitwise_count(present).astype(np.int64)
+                dup_rows = np.flatnonzero(distinct != counts)
+            else:
+                combo = par.astype(np.int64) << 32 | code
+                order = np.lexsort((np.arange(len(combo)), combo))
+                sc = combo[order]
+                dup_rows = np.unique(par[order[1:][sc[1:] == sc[:-1]]])
+        if len(dup_rows):
+            keep = np.ones(len(idx), dtype=bool)
+            nl, vl = names_s.to_pylist(), values_s.to_pylist()
+            starts = _offsets_from_lens(counts)
+            for r in dup_rows.tolist():
+                seen: dict[str, int] = {}
+                for j in range(starts[r], starts[r + 1]):
+                    if nl[j] in seen:
+                        keep[j] = False
+                        vl[seen[nl[j]]] = vl[j]
+                    else:
+                        seen[nl[j]] = j
+            values_s = pa.array(vl, pa.string())
+            keep_a = pa.array(keep)
+            names_s = names_s.filter(keep_a)
+            values_s = values_s.filter(keep_a)
+            counts = np.bincount(par[keep], minlength=self.n)
         offsets = pa.array(_offsets_from_lens(counts).astype(np.int32))
         return pa.MapArray.from_arrays(offsets, names_s, values_s)
 
 
-def _slice_bin(segs: pa.Array, start: np.ndarray, stop: np.ndarray) -> pa.Array:
-    """Per-row byte slices [start, stop) of a binary array (vectorised via buffers)."""
-    segs = segs.cast(pa.large_binary())
-    bufs = segs.buffers()
-    n = len(segs)
-    offs = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1 + segs.offset)[segs.offset :]
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-    lens = np.maximum(stop - start, 0)
-    out = data[ragged_arange(offs[:-1] + start, lens)]
-    arr = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(_offsets_from_lens(lens)), pa.py_buffer(out)])
-    return arr.cast(pa.binary())
+_TAIL_DT = {
+    w: np.dtype([("b", f"V{bhw}"), ("sts", ">i8"), ("s", f"V{shw}"), ("rc", ">i4"), ("prep", ">i8"), ("bl", ">i4")])
+    for w, (bhw, shw) in {(8, 8): (8, 8), (20, 8): (20, 8), (8, 20): (8, 20), (20, 20): (20, 20)}.items()
+}
+
+
+def _tail_fields(a: np.ndarray, st: np.ndarray, bh: np.ndarray, sh: np.ndarray, ok: np.ndarray):
+    """STORETIMESTAMP, RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLENGTH: one gather per host layout."""
+    n = len(st)
+    out = [np.zeros(n, np.int64) for _ in range(4)]
+    for (bw, sw), dt in _TAIL_DT.items():
+        rows = np.flatnonzero((bh == bw) & (sh == sw) & ok)
+        if not len(rows):
+            continue
+        rec = rows_at(a, st[rows] + 48, dt.itemsize).view(dt).ravel()
+        for o, name in zip(out, ("sts", "rc", "prep", "bl")):
+            o[rows] = rec[name]
+    return out
+
+
+def _or_reduce(out: np.ndarray, par: np.ndarray, bits: np.ndarray, counts: np.ndarray) -> None:
+    """Per-row OR of ``bits`` (rows are contiguous runs of ``par``), via reduceat over non-empty rows."""
+    nz = np.flatnonzero(counts)
+    starts = (np.cumsum(counts) - counts)[nz]
+    out[nz] = np.bitwise_or.reduceat(bits, starts)
 
 
 def tags_codes(tags: pa.Array, topics: pa.Array, store_ts: np.ndarray, delay: np.ndarray | None,
@@ -410,46 +458,59 @@ class SegmentScan:
             return
 
     def _walk(self, view: memoryview, view_base: int, pos: int):
-        """Follow the size chain from ``pos``; returns (stop kind, detail, starts, new pos, bytes needed)."""
-        starts: list[int] = []
-        append = starts.append
+        """Follow the size chain from ``pos``; returns (stop kind, detail, starts, new pos, bytes needed).
+
+        The hot loop only reads TOTALSIZE and MAGIC and checks that the record fits; everything
+        else is validated column-wise afterwards. ``starts`` are absolute file offsets.
+        """
         unpack = _PAIR.unpack_from
         seg_len, stop, rows = self.seg_len, self.stop, self.batch_rows
-        vlen = len(view)
-        vend = view_base + vlen
-        while True:
-            if pos >= stop:
-                return ("split_end" if stop < seg_len else "segment_end"), None, starts, pos, 0
-            if len(starts) >= rows:
-                return None, None, starts, pos, 0
-            left = seg_len - pos
-            if left <= 4:
-                return "invalid", ("truncated", f"{left} bytes left in the segment, no room for a record", None), starts, pos, 0
-            if pos + 8 > vend:
-                if starts:
-                    return None, None, starts, pos, 0
-                return None, None, starts, pos, 8
-            total, magic = unpack(view, pos - view_base)
-            if magic == MAGIC_V1 or magic == MAGIC_V2:
-                if total < MIN_RECORD_SIZE or total > left:
-                    return "invalid", ("bad_size", f"TOTALSIZE {total} (record must be {MIN_RECORD_SIZE}..{left} bytes here)", None), starts, pos, 0
-                if pos + total > vend:
-                    return None, None, starts, pos, (0 if starts else total)
-                append(pos)
-                pos += total
-            elif magic == BLANK_MAGIC:
-                return "blank", f"blank record, TOTALSIZE {total}", starts, pos, 0
-            elif total == 0 and magic == 0:
-                return "end_of_data", "zeros: no record written here", starts, pos, 0
+        vend = view_base + len(view)
+        rel = pos - view_base
+        rel_stop = min(stop, vend) - view_base
+        rel_end = min(vend, seg_len) - view_base
+        starts: list[int] = []
+        append = starts.append
+        cnt = 0
+        v1, v2, mn = MAGIC_V1, MAGIC_V2, MIN_RECORD_SIZE
+        while rel < rel_stop and cnt < rows and rel + 8 <= rel_end:
+            total, magic = unpack(view, rel)
+            if (magic == v1 or magic == v2) and total >= mn and rel + total <= rel_end:
+                append(rel)
+                rel += total
+                cnt += 1
             else:
-                return "invalid", ("bad_magic", f"magic 0x{magic & 0xFFFFFFFF:08X}, TOTALSIZE {total}", None), starts, pos, 0
+                break
+        pos = rel + view_base
+        if view_base:
+            starts = [x + view_base for x in starts]
+        # why did the fast loop stop?
+        if pos >= stop:
+            return ("split_end" if stop < seg_len else "segment_end"), None, starts, pos, 0
+        if cnt >= rows:
+            return None, None, starts, pos, 0
+        left = seg_len - pos
+        if left <= 4:
+            return "invalid", ("truncated", f"{left} bytes left in the segment, no room for a record", None), starts, pos, 0
+        if pos + 8 > vend:
+            return None, None, starts, pos, (0 if starts else 8)
+        total, magic = unpack(view, pos - view_base)
+        if magic == MAGIC_V1 or magic == MAGIC_V2:
+            if total < MIN_RECORD_SIZE or total > left:
+                return "invalid", ("bad_size", f"TOTALSIZE {total} (record must be {MIN_RECORD_SIZE}..{left} bytes here)", None), starts, pos, 0
+            return None, None, starts, pos, (0 if starts else total)  # does not fit the window
+        if magic == BLANK_MAGIC:
+            return "blank", f"blank record, TOTALSIZE {total}", starts, pos, 0
+        if total == 0 and magic == 0:
+            return "end_of_data", "zeros: no record written here", starts, pos, 0
+        return "invalid", ("bad_magic", f"magic 0x{magic & 0xFFFFFFFF:08X}, TOTALSIZE {total}", None), starts, pos, 0
 
     # -- the columnar decode ---------------------------------------------------------------------------
     def _decode(self, view: memoryview, view_base: int, st: np.ndarray):
         """Decode records at view offsets ``st`` into one batch; returns (batch, first bad, crc bad rows)."""
         a = np.frombuffer(view, dtype=np.uint8)
         n = len(st)
-        hdr = np.ascontiguousarray(a[st[:, None] + np.arange(48, dtype=np.int64)]).view(_HDR_DT).ravel()
+        hdr = rows_at(a, st, 48).view(_HDR_DT).ravel()
         total = hdr["total"].astype(np.int64)
         magic = hdr["magic"]
         version = np.where(magic == MAGIC_V2, 2, 1).astype(np.int64)
@@ -464,11 +525,7 @@ class SegmentScan:
         p_bl = p_rc + 12
         # every fixed field fits: min record size was checked in the walk, and hosts widen only by 24
         fixed_ok = p_bl + 4 <= rec_end
-        safe = lambda p, w: np.where(fixed_ok, p, st)  # noqa: E731 - keep gathers inside the view
-        store_ts = gather_be(a, safe(p_sts, 8), 8, ">i8")
-        reconsume = gather_be(a, safe(p_rc, 4), 4, ">i4")
-        prep = gather_be(a, safe(p_rc + 4, 8), 8, ">i8")
-        body_len = gather_be(a, safe(p_bl, 4), 4, ">i4")
+        store_ts, reconsume, prep, body_len = _tail_fields(a, st, bh, sh, fixed_ok)
         p_body = p_bl + 4
         blen = np.maximum(body_len, 0)
         p_tl = p_body + blen
@@ -497,8 +554,7 @@ class SegmentScan:
             mv = view
             bstart = p_body[:k].tolist()
             bend = (p_body[:k] + blen[:k]).tolist()
-            crcs = np.fromiter((crc32(mv[s:e]) for s, e in zip(bstart, bend)), dtype=np.int64, count=k)
-            crcs &= MASK
+            crcs = np.array([crc32(mv[s:e]) for s, e in zip(bstart, bend)], dtype=np.int64) & MASK
             crc_ok_arr = (crcs == (hdr["crc"][:k].astype(np.int64))) | (blen[:k] == 0)
             crc_bad = np.flatnonzero(~crc_ok_arr)
             if self.stop_on_crc and len(crc_bad) and (bad is None or crc_bad[0] < k):
@@ -537,7 +593,7 @@ class SegmentScan:
         cols["tags"] = tags
         cols["keys"] = props.value("KEYS")
         cols["uniq_key"] = props.value("UNIQ_KEY")
-        cols["msg_id"] = hex_strings(a, [(p_sh[sl], sh[sl]), (stk + 28, np.full(k, 8, np.int64))])
+        cols["msg_id"] = msg_id_strings(a, p_sh[sl], sh[sl] == 20, stk + 28)
         delay = np.full(k, -(2**62), dtype=np.int64)
         is_sched = np.asarray(pc.equal(topic, SCHEDULE_TOPIC).fill_null(False)) if k else np.zeros(0, bool)
         delay_col = pa.nulls(k, pa.int32())

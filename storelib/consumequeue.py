@@ -1,0 +1,948 @@
+"""ConsumeQueue files: 20-byte units as numpy, naming, fillers, tagsCode, and the broker's CQ writer.
+
+A CQ unit is ``phyOffset:i64, size:i32, tagsCode:i64`` big-endian with no header (store-format §4).
+Reading views a segment's bytes as a structured numpy array without copying (mmap for local files,
+ranged reads for remote ones). Writing reproduces ``ConsumeQueue.putMessagePositionInfo`` exactly
+(store-algorithms §5.2): a duplicate test on the physical *end*, filler units in the first segment ever
+created, the order check skipped for logical offset 0, repeats dropped and gaps *sliding* (an entry is
+written at the current position, not at ``20 × queueOffset``). The common case (consecutive offsets,
+increasing physical ends) is detected per queue and done with numpy; only irregular queues take the
+per-entry loop, which is the broker's state machine written out.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from .bytesource import ArrowFileSource, LocalSource, Location, resolve
+from .errors import Finding, StoreError, StoreLayoutError
+from .javahash import java_hash_array
+
+CQ_UNIT_SIZE = 20
+DEFAULT_CQ_SEGMENT_SIZE = 6_000_000
+FILLER_PHY_OFFSET = 0
+FILLER_SIZE = 0x7FFFFFFF
+FILLER_TAGS_CODE = 0
+FILLER_ENTRY = (FILLER_PHY_OFFSET, FILLER_SIZE, FILLER_TAGS_CODE)
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+MAX_SEGMENT_SIZE = 2**31 - 1  # a MappedFile's size is a Java int
+# messageDelayLevel default "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h" in ms
+DEFAULT_DELAY_LEVELS_MS: tuple[int, ...] = (
+    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000,
+    420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
+)
+
+CQ_DTYPE = np.dtype([("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+assert CQ_DTYPE.itemsize == CQ_UNIT_SIZE
+FILLER_BYTES = np.array([FILLER_ENTRY], dtype=CQ_DTYPE).tobytes()
+
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_ROCKSDB_NAMES = re.compile(r"^(CURRENT|IDENTITY|LOCK|MANIFEST-\d+|OPTIONS-\d+|\d+\.(sst|log))$")
+# TopicValidator (both tags): ^[%|a-zA-Z0-9_-]+$ ; '+' added for 5.x POP retry topics (%RETRY%group+topic)
+_TOPIC_CHARS = re.compile(r"^[%|a-zA-Z0-9_+\-]+$")
+MAX_TOPIC_DIR_BYTES = 255
+
+
+# ---------------------------------------------------------------------------------------------
+# names and sizes
+
+
+def file_name(offset: int) -> str:
+    """UtilAll.offset2FileName: the segment's first logical byte offset, 20 zero-padded digits."""
+    if not 0 <= offset < 10**20:
+        raise StoreError(None, offset, "bad_offset", f"segment offset {offset} cannot be a 20-digit file name")
+    return f"{offset:020d}"
+
+
+def parse_file_name(name: str) -> int | None:
+    """The offset a segment name stands for; None unless exactly 20 ASCII digits."""
+    if len(name) != 20 or not all("0" <= c <= "9" for c in name):
+        return None
+    return int(name)
+
+
+def cq_file_size(configured: int) -> int:
+    """mappedFileSizeConsumeQueue as the broker's getter returns it: rounded up to a multiple of 20."""
+    return -(-int(configured) // CQ_UNIT_SIZE) * CQ_UNIT_SIZE
+
+
+def _check_segment_size(segment_size: int) -> int:
+    s = int(segment_size)
+    if s <= 0 or s % CQ_UNIT_SIZE or s > MAX_SEGMENT_SIZE:
+        raise StoreError(None, None, "bad_segment_size",
+                         f"CQ segment size {s} must be a positive multiple of 20 below 2^31 (see cq_file_size)")
+    return s
+
+
+def _jrem(a: int, b: int) -> int:
+    """Java ``%``: the remainder takes the sign of the dividend."""
+    r = abs(a) % abs(b)
+    return -r if a < 0 else r
+
+
+def _wrap64(x: int) -> int:
+    """Java long arithmetic wraps; Python ints do not."""
+    return ((x - _I64_MIN) % 2**64) + _I64_MIN
+
+
+# ---------------------------------------------------------------------------------------------
+# unit arrays
+
+
+def view_units(buf, count: int | None = None) -> np.ndarray:
+    """The whole 20-byte units of ``buf`` as a CQ_DTYPE array sharing ``buf``'s memory (no copy).
+
+    A trailing partial unit is ignored; callers that care report it (``ConsumeQueue`` does).
+    """
+    n = len(buf) // CQ_UNIT_SIZE if count is None else count
+    if n <= 0:
+        return np.zeros(0, dtype=CQ_DTYPE)
+    return np.frombuffer(buf, dtype=CQ_DTYPE, count=n)
+
+
+def valid_mask(units: np.ndarray) -> np.ndarray:
+    """ConsumeQueue's validity rule: ``phyOffset >= 0 && size > 0`` (fillers are valid)."""
+    return (units["phy_offset"] >= 0) & (units["size"] > 0)
+
+
+def filler_mask(units: np.ndarray) -> np.ndarray:
+    """Pre-blank filler units (0, 0x7FFFFFFF, 0)."""
+    return (units["phy_offset"] == 0) & (units["size"] == FILLER_SIZE) & (units["tags_code"] == 0)
+
+
+def first_invalid(units: np.ndarray) -> int:
+    """Index of the first invalid unit (where a scan of the queue stops), or len(units)."""
+    bad = ~valid_mask(units)
+    return int(np.argmax(bad)) if bad.any() else len(units)
+
+
+def make_units(phy_offset, size, tags_code) -> np.ndarray:
+    """A native CQ_DTYPE array from three columns (handy for tests and writers)."""
+    p = np.asarray(phy_offset, dtype=np.int64)
+    out = np.empty(len(p), dtype=CQ_DTYPE)
+    out["phy_offset"] = p
+    out["size"] = np.asarray(size, dtype=np.int64).astype(np.int32)
+    out["tags_code"] = np.asarray(tags_code, dtype=np.int64)
+    return out
+
+
+def _fillers(n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=CQ_DTYPE)
+    out["size"] = FILLER_SIZE
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# tagsCode
+
+
+def tags_code(
+    tags: pa.Array,
+    topics: pa.Array,
+    store_ts,
+    delay_level: pa.Array | None,
+    delay_levels_ms: Sequence[int] | Mapping[int, int] = DEFAULT_DELAY_LEVELS_MS,
+) -> np.ndarray:
+    """CQ tagsCode per record (store-format §4.3), vectorised, int64.
+
+    Java ``String.hashCode`` of the whole TAGS value sign-extended to 64 bits (0 when absent or empty);
+    in ``SCHEDULE_TOPIC_XXXX`` with a DELAY level: level clamped to the table's max level, and if > 0
+    the delivery time STORETIMESTAMP + delay(level), or + 1000 ms when the level is missing from the
+    table. ``delay_levels_ms`` is a list (index 0 = level 1) or a {level: ms} map; an empty table
+    reproduces the 4.9.8 abnormal-recovery quirk (max level 0 → the tag hash is kept).
+    """
+    h = java_hash_array(tags).astype(np.int64)
+    if delay_level is None or len(h) == 0:
+        return h
+    if isinstance(delay_level, pa.ChunkedArray):
+        delay_level = delay_level.combine_chunks()
+    if isinstance(delay_level, pa.Array):
+        present = np.asarray(delay_level.is_valid())
+        lv = np.asarray(delay_level.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    else:
+        lv = np.asarray(delay_level, dtype=np.int64)
+        present = np.ones(len(lv), dtype=bool)
+    sched = np.asarray(pc.equal(topics, SCHEDULE_TOPIC).fill_null(False)) & present
+    if not sched.any():
+        return h
+    if isinstance(delay_levels_ms, Mapping):
+        table = {int(k): int(v) for k, v in delay_levels_ms.items()}
+    else:
+        table = {i + 1: int(v) for i, v in enumerate(delay_levels_ms)}
+    max_level = max(table) if table else 0
+    lv = np.minimum(lv, max_level)
+    use = sched & (lv > 0)
+    if not use.any():
+        return h
+    size = max_level + 1
+    delay = np.full(size, 1000, dtype=np.int64)  # level missing from the table → +1000 ms
+    for k, v in table.items():
+        if k >= 0:
+            delay[k] = v
+    ts = np.asarray(store_ts, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        return np.where(use, ts + delay[np.clip(lv, 0, max_level)], h)
+
+
+# ---------------------------------------------------------------------------------------------
+# topic and queue directories
+
+
+def safe_topic_dirname(topic: str) -> str:
+    """``topic`` itself when it is a RocketMQ topic name that is safe as one directory name.
+
+    TopicValidator allows ``^[%|a-zA-Z0-9_-]+$`` (both tags); ``+`` is accepted too for 5.x POP retry
+    topics (``%RETRY%group+topic``). Length is capped at 255 bytes (what a directory entry can hold;
+    covers 5.x V2 topics of up to 255 characters). Anything else (empty, ``.``/``..``, separators, NUL,
+    non-ASCII) raises ``StoreError(kind="bad_topic_name")``: topics read from disk are untrusted and
+    must never steer a write outside the consumequeue directory.
+    """
+    if not isinstance(topic, str):
+        raise StoreError(None, None, "bad_topic_name", f"topic {topic!r} is not a string")
+    if topic in ("", ".", ".."):
+        raise StoreError(None, None, "bad_topic_name", f"topic {topic!r} cannot be a directory name")
+    if len(topic.encode("utf-8", "surrogatepass")) > MAX_TOPIC_DIR_BYTES:
+        raise StoreError(None, None, "bad_topic_name", f"topic of {len(topic)} chars is longer than 255 bytes")
+    if not _TOPIC_CHARS.match(topic) or "\n" in topic:
+        raise StoreError(None, None, "bad_topic_name",
+                         f"topic {topic[:80]!r} has characters outside ^[%|a-zA-Z0-9_+-]+$")
+    return topic
+
+
+def parse_queue_dir(name: str) -> int | None:
+    """Java ``Integer.parseInt`` of a queue-id directory name (sign allowed, int range), else None."""
+    if not name:
+        return None
+    body = name[1:] if name[0] in "+-" else name
+    if not body or not body.isdecimal():
+        return None
+    v = int(name)
+    return v if -(2**31) <= v < 2**31 else None
+
+
+def _list(loc: Location) -> list[pafs.FileInfo]:
+    try:
+        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True, recursive=False))
+    except (OSError, pa.ArrowException) as e:
+        raise StoreError(loc.path, None, "unreadable", f"cannot list directory: {e}") from e
+    return sorted(infos, key=lambda i: i.base_name)
+
+
+def _as_location(where: Location | str | os.PathLike) -> Location:
+    return where if isinstance(where, Location) else resolve(where)
+
+
+def list_queues(store_root: Location | str | os.PathLike, findings: list[Finding] | None = None,
+                ) -> list[tuple[str, int, Location]]:
+    """Every ``consumequeue/<topic>/<queueId>`` directory as (topic, queue_id, Location), sorted.
+
+    Queue-id directories that do not parse as a Java int are ignored like the broker's loader does,
+    and reported as findings (so are stray files and unusual topic names). A RocksDB consume-queue
+    store (5.x ``storeType=defaultRocksDB``) raises ``StoreLayoutError(kind="rocksdb_consumequeue")``.
+    """
+    root = _as_location(store_root)
+    cq = root.join("consumequeue")
+    found = findings if findings is not None else []
+    out: list[tuple[str, int, Location]] = []
+    infos = _list(cq)
+    rocks = [i.base_name for i in infos if i.type == pafs.FileType.File and _ROCKSDB_NAMES.match(i.base_name)]
+    if rocks:
+        raise StoreLayoutError(cq.path, None, "rocksdb_consumequeue",
+                               f"consumequeue/ holds a RocksDB database ({', '.join(rocks[:3])}); "
+                               "file-based CQ readers do not apply (storeType=defaultRocksDB)")
+    for t in infos:
+        if t.type != pafs.FileType.Directory:
+            found.append(Finding("unexpected_file", "warning", t.path, None, "not a topic directory"))
+            continue
+        topic = t.base_name
+        try:
+            safe_topic_dirname(topic)
+        except StoreError as e:
+            found.append(Finding("unusual_topic_name", "warning", t.path, None, e.detail))
+        for q in _list(cq.join(topic)):
+            qid = parse_queue_dir(q.base_name)
+            if q.type != pafs.FileType.Directory:
+                found.append(Finding("unexpected_file", "warning", q.path, None, "not a queue-id directory"))
+                continue
+            if qid is None:
+                found.append(Finding("bad_queue_dir", "warning", q.path, None,
+                                     "queue-id directory name is not an integer; the broker ignores it"))
+                continue
+            if q.base_name != str(qid):
+                found.append(Finding("noncanonical_queue_dir", "warning", q.path, None,
+                                     f"loaded by the broker as queue {qid}"))
+            out.append((topic, qid, cq.join(topic, q.base_name)))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# reading one queue
+
+
+@dataclass(frozen=True)
+class CQSegment:
+    """One CQ file: its name, the logical byte offset it starts at, its size on disk."""
+
+    name: str
+    base: int
+    size: int
+    loc: Location
+
+    @property
+    def path(self) -> str:
+        return self.loc.path
+
+
+@dataclass(frozen=True)
+class CQRecovery:
+    """What ``ConsumeQueue.recover`` (store-algorithms §8.2) leaves in memory.
+
+    ``end``: logical byte offset after the last valid unit; ``max_physic_offset``: end (phy + size)
+    of that unit, -1 if none was scanned; ``segments``: the segments kept (later ones are deleted by
+    the broker) with their write positions.
+    """
+
+    end: int
+    max_physic_offset: int
+    segments: tuple[tuple[CQSegment, int], ...]
+
+
+class ConsumeQueue:
+    """The segments of one ``consumequeue/<topic>/<queueId>`` directory, read-only.
+
+    Problems with the files never raise: they become ``findings`` (bad names, wrong sizes, gaps).
+    Short files are read as far as they go; longer ones only up to the segment size.
+    """
+
+    def __init__(self, loc: Location | str | os.PathLike, *, segment_size: int = DEFAULT_CQ_SEGMENT_SIZE,
+                 topic: str | None = None, queue_id: int | None = None):
+        self.loc = _as_location(loc)
+        self.segment_size = _check_segment_size(segment_size)
+        self.topic = topic
+        self.queue_id = queue_id
+        self.findings: list[Finding] = []
+        self._sources: dict[str, LocalSource | ArrowFileSource] = {}
+        self._recovery: CQRecovery | None = None
+        self.segments: list[CQSegment] = self._discover()
+
+    def _discover(self) -> list[CQSegment]:
+        S = self.segment_size
+        segs: list[CQSegment] = []
+        for info in _list(self.loc):
+            if info.type == pafs.FileType.Directory:
+                self.findings.append(Finding("unexpected_directory", "info", info.path, None,
+                                             "sub-directory in a queue directory (skipped)"))
+                continue
+            base = parse_file_name(info.base_name)
+            if base is None:
+                self.findings.append(Finding("bad_file_name", "warning", info.path, None,
+                                             "not a 20-digit segment name (skipped)"))
+                continue
+            segs.append(CQSegment(info.base_name, base, int(info.size or 0), self.loc.join(info.base_name)))
+        segs.sort(key=lambda s: s.base)
+        if segs and segs[-1].size == 0:
+            self.findings.append(Finding("empty_last_segment", "warning", segs[-1].path, 0,
+                                         "zero-length last segment: 4.9.8 fails the load, 5.x deletes it"))
+            segs.pop()
+        for i, s in enumerate(segs):
+            if s.size != S:
+                kind = "short_segment" if s.size < S else "long_segment"
+                self.findings.append(Finding(kind, "error", s.path, min(s.size, S),
+                                             f"file is {s.size} bytes, segment size is {S}; the broker refuses "
+                                             "to load it", {"size": s.size, "expected": S}))
+                if s.size < S and s.size % CQ_UNIT_SIZE:
+                    self.findings.append(Finding("partial_unit", "error", s.path,
+                                                 s.size - s.size % CQ_UNIT_SIZE,
+                                                 "file ends inside a 20-byte unit"))
+            if s.base % S:
+                self.findings.append(Finding("misaligned_segment", "error", s.path, None,
+                                             f"name {s.base} is not a multiple of the segment size {S}"))
+            if i and s.base != segs[i - 1].base + S:
+                kind = "segment_gap" if s.base > segs[i - 1].base + S else "segment_overlap"
+                self.findings.append(Finding(kind, "error", s.path, None,
+                                             f"previous segment starts at {segs[i - 1].base}; expected "
+                                             f"{segs[i - 1].base + S} (broker: mappedFile queue damaged)"))
+        return segs
+
+    # -- raw access ------------------------------------------------------------------------
+
+    def _source(self, seg: CQSegment) -> LocalSource | ArrowFileSource:
+        src = self._sources.get(seg.name)
+        if src is None:
+            if seg.loc.local:
+                src = LocalSource(seg.path)
+            else:
+                src = ArrowFileSource(seg.loc.fs, seg.path, seg.size)
+            self._sources[seg.name] = src
+        return src
+
+    def readable_units(self, seg: CQSegment) -> int:
+        """Whole units of ``seg`` that exist on disk, capped at the segment size."""
+        return min(seg.size, self.segment_size) // CQ_UNIT_SIZE
+
+    def read_units(self, seg: CQSegment, first: int = 0, count: int | None = None) -> np.ndarray:
+        """Units ``[first, first+count)`` of a segment (zero copy for local files)."""
+        n = self.readable_units(seg)
+        first = max(0, min(first, n))
+        last = n if count is None else max(first, min(n, first + count))
+        if last == first:
+            return np.zeros(0, dtype=CQ_DTYPE)
+        buf = self._source(seg).read(first * CQ_UNIT_SIZE, (last - first) * CQ_UNIT_SIZE)
+        return view_units(buf)
+
+    def segment_for(self, byte_offset: int) -> CQSegment | None:
+        """The segment holding logical byte offset ``byte_offset`` (by name), if present."""
+        i = bisect.bisect_right([s.base for s in self.segments], byte_offset) - 1
+        if i < 0:
+            return None
+        s = self.segments[i]
+        return s if byte_offset < s.base + self.segment_size else None
+
+    def entry(self, n: int) -> tuple[int, int, int] | None:
+        """(phyOffset, size, tagsCode) stored at logical offset ``n``, or None if no file holds it.
+
+        Raw read: the unit may be invalid, a filler or stale data past the queue's end; compare with
+        ``min_offset``/``max_offset`` for the broker's view (store-algorithms §10.2).
+        """
+        if n < 0:
+            return None
+        seg = self.segment_for(n * CQ_UNIT_SIZE)
+        if seg is None:
+            return None
+        u = self.read_units(seg, (n * CQ_UNIT_SIZE - seg.base) // CQ_UNIT_SIZE, 1)
+        if len(u) == 0:
+            return None
+        return int(u["phy_offset"][0]), int(u["size"][0]), int(u["tags_code"][0])
+
+    def entries(self, start: int = 0, end: int | None = None, *, chunk_entries: int = 65536,
+                ) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (logical offset of the first unit, CQ_DTYPE chunk) over logical offsets [start, end).
+
+        ``end`` defaults to ``max_offset()``; a larger ``end`` reads stale units past the queue's end.
+        Offsets no file holds are skipped (the yielded offsets show the hole). Memory is bounded by
+        ``chunk_entries`` units per chunk.
+        """
+        if end is None:
+            end = self.max_offset()
+        chunk_entries = max(1, int(chunk_entries))
+        S = self.segment_size
+        for seg in self.segments:
+            lo_n = seg.base // CQ_UNIT_SIZE
+            hi_n = lo_n + self.readable_units(seg)
+            a, b = max(start, lo_n), min(end, hi_n, lo_n + S // CQ_UNIT_SIZE)
+            i = a
+            while i < b:
+                k = min(chunk_entries, b - i)
+                yield i, self.read_units(seg, i - lo_n, k)
+                i += k
+
+    # -- broker views ----------------------------------------------------------------------
+
+    def recover(self) -> CQRecovery:
+        """ConsumeQueue.recover (store-algorithms §8.2): scan from the third-last segment.
+
+        Units are valid while ``phyOffset >= 0 && size > 0``; the end is the position after the last
+        valid unit. Segments after the end are the ones the broker would delete (reported).
+        """
+        if self._recovery is not None:
+            return self._recovery
+        S = self.segment_size
+        segs = self.segments
+        if not segs:
+            self._recovery = CQRecovery(0, -1, ())
+            return self._recovery
+        index = max(0, len(segs) - 3)
+        max_phy = -1
+        while True:
+            seg = segs[index]
+            units = self.read_units(seg)
+            k = first_invalid(units)
+            if k:
+                last = units[k - 1]
+                max_phy = _wrap64(int(last["phy_offset"]) + int(last["size"]))
+            pos = k * CQ_UNIT_SIZE
+            if pos == S and index + 1 < len(segs):
+                index += 1
+                continue
+            break
+        end = seg.base + pos
+        kept: list[tuple[CQSegment, int]] = []
+        for s in segs:
+            if s.base + S <= end:
+                kept.append((s, S))
+            elif end >= s.base:
+                kept.append((s, end - s.base))
+            else:
+                self.findings.append(Finding("segment_after_end", "warning", s.path, 0,
+                                             f"queue ends at logical byte {end}; the broker deletes this file "
+                                             "on recovery"))
+        self._recovery = CQRecovery(end, max_phy, tuple(kept))
+        return self._recovery
+
+    def max_offset(self) -> int:
+        """getMaxOffsetInQueue after recovery: logical offset one past the last valid unit (fillers count)."""
+        return self.recover().end // CQ_UNIT_SIZE
+
+    def max_physic_offset(self) -> int:
+        """maxPhysicOffset after recovery: phy + size of the last valid unit scanned, -1 if none."""
+        return self.recover().max_physic_offset
+
+    def min_offset(self, commitlog_min_offset: int, *, variant: str = "4.9.8",
+                   previous_min_logic_offset: int = 0) -> int:
+        """getMinOffsetInQueue after correctMinOffset (store-algorithms §8.8), as a logical offset.
+
+        ``variant="4.9.8"``: first unit of the first segment's readable part with phyOffset ≥ M sets
+        the min; none → the previous value stays. ``variant="5.x"``: keep when already ≥ max; all
+        expired (last unit < M) → max; else reuse the previous value if still valid, or binary search
+        the first segment. ``previous_min_logic_offset`` (bytes) is the in-memory value before the call
+        (0 at broker start).
+        """
+        rec = self.recover()
+        M = int(commitlog_min_offset)
+        min_logic = int(previous_min_logic_offset)
+        if not rec.segments:
+            return min_logic // CQ_UNIT_SIZE
+        first, first_read = rec.segments[0]
+        if variant in ("4.9.8", "4"):
+            units = self.read_units(first, 0, first_read // CQ_UNIT_SIZE)
+            hit = np.flatnonzero(units["phy_offset"] >= M)
+            if len(hit):
+                min_logic = first.base + int(hit[0]) * CQ_UNIT_SIZE
+            return min_logic // CQ_UNIT_SIZE
+        if variant not in ("5.x", "5", "5.3.3"):
+            raise ValueError(f"unknown variant {variant!r}")
+        if min_logic >= rec.end:
+            return min_logic // CQ_UNIT_SIZE
+        last, last_read = rec.segments[-1]
+        if last_read >= CQ_UNIT_SIZE:
+            u = self.read_units(last, last_read // CQ_UNIT_SIZE - 1, 1)
+            if len(u) and int(u["phy_offset"][0]) < M:
+                return (last.base + last_read) // CQ_UNIT_SIZE
+        start = min_logic - first.base
+        intact = True
+        if start < 0:
+            intact, start = False, 0
+        if start >= first_read:  # selectMappedBuffer(start) returns null (or "should have been deleted")
+            return min_logic // CQ_UNIT_SIZE
+        units = self.read_units(first, start // CQ_UNIT_SIZE, (first_read - start) // CQ_UNIT_SIZE)
+        if len(units) == 0:
+            return min_logic // CQ_UNIT_SIZE
+        phy = units["phy_offset"]
+        if intact and int(phy[0]) >= M:
+            return min_logic // CQ_UNIT_SIZE
+        low, high = 0, (len(units) - 1) * CQ_UNIT_SIZE
+        while high - low > CQ_UNIT_SIZE:
+            mid = (low + high) // 2 // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+            v = int(phy[mid // CQ_UNIT_SIZE])
+            if v > M:
+                high = mid
+            elif v == M:
+                low = high = mid
+                break
+            else:
+                low = mid
+        for i in range(low, high + 1, CQ_UNIT_SIZE):
+            if int(phy[i // CQ_UNIT_SIZE]) >= M:
+                min_logic = first.base + start + i
+                break
+        return min_logic // CQ_UNIT_SIZE
+
+    def close(self) -> None:
+        for src in self._sources.values():
+            src.close()
+        self._sources.clear()
+
+    def __enter__(self) -> ConsumeQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the broker's CQ writer
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """What putMessagePositionInfo needs to know about a queue (store-algorithms §5.1).
+
+    ``last_base`` None means the queue has no segment (the next entry creates a first-create segment,
+    with fillers when its offset ≠ 0). ``backing`` is the existing file holding the last segment's
+    bytes, so a continued segment keeps what is already on disk (including stale bytes after the end).
+    """
+
+    max_physic_offset: int = -1
+    last_base: int | None = None
+    write_pos: int = 0
+    first_create: bool = False
+    min_logic_offset: int = 0
+    backing: Location | None = None
+
+    @property
+    def current(self) -> int | None:
+        """Logical byte offset of the next write into the last segment (None without segments)."""
+        return None if self.last_base is None else self.last_base + self.write_pos
+
+    @classmethod
+    def from_existing(cls, cq: ConsumeQueue) -> QueueState:
+        """The state a broker holds for ``cq`` after recovery (§8.2): last segment's write position
+        and maxPhysicOffset from the scan; loaded segments are never first-create."""
+        rec = cq.recover()
+        if not rec.segments:
+            return cls()
+        last, wpos = rec.segments[-1]
+        return cls(max_physic_offset=rec.max_physic_offset, last_base=last.base, write_pos=wpos,
+                   first_create=False, min_logic_offset=0, backing=last.loc)
+
+
+@dataclass
+class QueueImage:
+    """The CQ bytes one build wrote for one queue.
+
+    ``entries`` are the units written from logical byte offset ``start`` on, contiguously (fillers
+    included); ``segment_bases`` the segments created or written (a created segment may stay empty);
+    ``prefix`` the existing file whose bytes precede ``start`` in the first of them (continuation).
+    ``rows`` are the input row numbers of this queue in dispatch order and ``slots`` the logical offset
+    each was written at (-1: skipped as duplicate or repeat). ``state`` continues a later build.
+    """
+
+    topic: str
+    queue_id: int
+    start: int
+    entries: np.ndarray
+    segment_bases: list[int]
+    state: QueueState
+    prefix: Location | None = None
+    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    slots: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    skipped_duplicates: int = 0
+    skipped_repeats: int = 0
+    out_of_order: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.entries) * CQ_UNIT_SIZE
+
+
+_REQUIRED = ("physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type")
+
+
+def _column(records, name: str) -> pa.Array | pa.ChunkedArray:
+    try:
+        col = records.column(name)
+    except KeyError as e:
+        raise StoreError(None, None, "bad_input", f"records lack column {name!r}") from e
+    if col.null_count:
+        raise StoreError(None, None, "bad_input", f"column {name!r} has {col.null_count} nulls")
+    return col
+
+
+def _np(col, dtype) -> np.ndarray:
+    return np.asarray(col.to_numpy() if isinstance(col, pa.ChunkedArray) else col.to_numpy(zero_copy_only=False),
+                      dtype=dtype)
+
+
+class _Machine:
+    """putMessagePositionInfo for one queue, entry by entry (irregular queues only)."""
+
+    def __init__(self, st: QueueState, S: int):
+        self.S = S
+        self.max_phy = st.max_physic_offset
+        self.last_base = st.last_base
+        self.wpos = st.write_pos
+        self.first_create = st.first_create
+        self.min_logic = st.min_logic_offset
+        self.start = st.current
+        self.units: list[tuple[int, int, int]] = []
+        self.bases: list[int] = []
+        self.dups = self.repeats = self.slides = 0
+
+    def _create(self, base: int, first: bool) -> None:
+        self.last_base, self.wpos, self.first_create = base, 0, first
+        if self.start is None:
+            self.start = base
+        self.bases.append(base)
+
+    def _append(self, u: tuple[int, int, int]) -> int:
+        if self.last_base is not None and (not self.bases or self.bases[-1] != self.last_base):
+            self.bases.append(self.last_base)  # first write into a pre-existing segment
+        slot = self.last_base + self.wpos
+        self.units.append(u)
+        self.wpos += CQ_UNIT_SIZE
+        return slot
+
+    def put(self, p: int, z: int, c: int, n: int) -> int:
+        end = _wrap64(p + z)
+        if end <= self.max_phy:
+            self.dups += 1
+            return -1
+        expect = _wrap64(n * CQ_UNIT_SIZE)
+        S = self.S
+        if self.last_base is None:
+            self._create(expect - _jrem(expect, S), True)
+        elif self.wpos >= S:
+            self._create(self.last_base + S, False)
+        if self.first_create and n != 0 and self.wpos == 0:
+            self.min_logic = expect
+            until = _jrem(expect, S)
+            for _ in range(0, until, CQ_UNIT_SIZE):
+                self._append(FILLER_ENTRY)
+        if n != 0:
+            cur = self.last_base + self.wpos
+            if expect < cur:
+                self.repeats += 1
+                return -1
+            if expect != cur:
+                self.slides += 1
+        self.max_phy = end
+        return self._append((p, z, c)) // CQ_UNIT_SIZE
+
+    def state(self, backing: Location | None) -> QueueState:
+        return QueueState(self.max_phy, self.last_base, self.wpos, self.first_create, self.min_logic, backing)
+
+
+def build_consume_queues(records: pa.Table | pa.RecordBatch, *, segment_size: int = DEFAULT_CQ_SEGMENT_SIZE,
+                         state: Mapping[tuple[str, int], QueueState] | None = None,
+                         ) -> dict[tuple[str, int], QueueImage]:
+    """Run the broker's CQ writer (store-algorithms §5.2) over dispatch-ordered records.
+
+    ``records`` columns: physical_offset_field, size, tags_code, topic, queue_id, queue_offset,
+    tran_type (only NOT=0 and COMMIT=2 get entries). ``state`` maps (topic, queue_id) to the state of
+    an existing queue (``QueueState.from_existing`` or a previous image's ``state``); other queues start
+    empty. Returns one image per queue that had at least one NOT/COMMIT record.
+    """
+    S = _check_segment_size(segment_size)
+    state = state or {}
+    cols = {name: _column(records, name) for name in _REQUIRED}
+    tt = _np(cols["tran_type"], np.int64)
+    keep = np.flatnonzero((tt == 0) | (tt == 2))
+    out: dict[tuple[str, int], QueueImage] = {}
+    if len(keep) == 0:
+        return out
+    P = _np(cols["physical_offset_field"], np.int64)[keep]
+    Z = _np(cols["size"], np.int64)[keep]
+    C = _np(cols["tags_code"], np.int64)[keep]
+    N = _np(cols["queue_offset"], np.int64)[keep]
+    Q = _np(cols["queue_id"], np.int64)[keep]
+    topic = cols["topic"]
+    if isinstance(topic, pa.ChunkedArray):
+        topic = topic.combine_chunks()
+    enc = pc.dictionary_encode(topic.take(pa.array(keep)))
+    tidx = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    names = enc.dictionary.to_pylist()
+    code = (tidx << 32) | (Q & 0xFFFFFFFF)
+    order = np.argsort(code, kind="stable")
+    code_s = code[order]
+    P, Z, C, N = P[order], Z[order], C[order], N[order]
+    rows_s = keep[order]
+    starts = np.flatnonzero(np.r_[True, code_s[1:] != code_s[:-1]])
+    stops = np.r_[starts[1:], len(code_s)]
+    G = len(starts)
+    with np.errstate(over="ignore"):
+        ends = P + Z
+        expect = N * CQ_UNIT_SIZE
+
+    # per-group initial state → the fast-path test, vectorised over all rows
+    keys: list[tuple[str, int]] = []
+    init: list[QueueState] = []
+    cur0 = np.zeros(G, dtype=np.int64)
+    max0 = np.zeros(G, dtype=np.int64)
+    ok0 = np.zeros(G, dtype=bool)
+    n_first = N[starts]
+    for g in range(G):
+        c = int(code_s[starts[g]])
+        key = (names[c >> 32], int(np.int32(np.uint32(c & 0xFFFFFFFF))))
+        st = state.get(key, QueueState())
+        keys.append(key)
+        init.append(st)
+        max0[g] = st.max_physic_offset
+        n0 = int(n_first[g])
+        if st.last_base is None:
+            ok0[g] = 0 <= n0 < 2**57
+            cur0[g] = n0 * CQ_UNIT_SIZE if ok0[g] else 0
+        else:
+            cur = st.last_base + st.write_pos
+            ok0[g] = (n0 == 0 or n0 * CQ_UNIT_SIZE == cur) and not (st.first_create and st.write_pos == 0 and n0)
+            ok0[g] = ok0[g] and 0 <= st.write_pos <= S and cur < 2**62
+            cur0[g] = cur
+    grp = np.repeat(np.arange(G), stops - starts)
+    idx = np.arange(len(code_s)) - starts[grp]
+    first_row = idx == 0
+    prev_end = np.r_[np.int64(0), ends[:-1]]
+    end_ok = np.where(first_row, ends > max0[grp], ends > prev_end)
+    with np.errstate(over="ignore"):
+        slot_b = cur0[grp] + idx * CQ_UNIT_SIZE
+    off_ok = first_row | (N == 0) | (expect == slot_b)
+    bad = ~(end_ok & off_ok)
+    irregular = ~ok0
+    if bad.any():
+        irregular[np.unique(grp[bad])] = True
+
+    units_all = np.empty(len(code_s), dtype=CQ_DTYPE)
+    units_all["phy_offset"] = P
+    units_all["size"] = Z.astype(np.int32)
+    units_all["tags_code"] = C
+    for g in range(G):
+        a, b = int(starts[g]), int(stops[g])
+        st, key = init[g], keys[g]
+        prefix = st.backing
+        if irregular[g]:
+            m = _Machine(st, S)
+            slots = np.array([m.put(p, z, c, n) for p, z, c, n in zip(
+                P[a:b].tolist(), Z[a:b].tolist(), C[a:b].tolist(), N[a:b].tolist())], dtype=np.int64)
+            ents = make_units(*zip(*m.units)) if m.units else np.zeros(0, dtype=CQ_DTYPE)
+            start = m.start if m.start is not None else 0
+            img = QueueImage(key[0], key[1], start, ents, m.bases, m.state(prefix),
+                             prefix if st.last_base is not None and st.last_base in m.bases[:1] else None,
+                             rows_s[a:b], slots, m.dups, m.repeats, m.slides)
+        else:
+            c0 = int(cur0[g])
+            k = b - a
+            if st.last_base is None:
+                base0 = c0 - c0 % S
+                nfill = (c0 - base0) // CQ_UNIT_SIZE
+                ents = np.concatenate([_fillers(nfill), units_all[a:b]]) if nfill else units_all[a:b]
+                start = base0
+                min_logic = c0 if c0 else st.min_logic_offset
+            else:
+                base0 = c0 - c0 % S
+                ents = units_all[a:b]
+                start = c0
+                min_logic = st.min_logic_offset
+            end_pos = c0 + k * CQ_UNIT_SIZE
+            last_base = (end_pos - CQ_UNIT_SIZE) // S * S
+            first_create = (st.last_base is None and last_base == base0) or (
+                st.last_base is not None and last_base == st.last_base and st.first_create)
+            new_state = QueueState(int(ends[b - 1]), last_base, end_pos - last_base, first_create, min_logic,
+                                   prefix if last_base == st.last_base else None)
+            img = QueueImage(key[0], key[1], start, ents, list(range(base0, last_base + 1, S)), new_state,
+                             prefix if st.last_base is not None and base0 == st.last_base else None,
+                             rows_s[a:b], (c0 // CQ_UNIT_SIZE) + np.arange(k, dtype=np.int64))
+        if img.state.last_base is not None and img.state.last_base != st.last_base:
+            img.state = replace(img.state, backing=None)
+        out[key] = img
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def _read_prefix(loc: Location, S: int) -> bytes:
+    try:
+        if loc.local:
+            with open(loc.path, "rb") as f:
+                return f.read(S)
+        with loc.fs.open_input_file(loc.path) as f:
+            return f.read(min(S, f.size()))
+    except (OSError, pa.ArrowException):
+        return b""
+
+
+def _exists(loc: Location) -> bool:
+    try:
+        return loc.fs.get_file_info(loc.path).type == pafs.FileType.File
+    except (OSError, pa.ArrowException):
+        return False
+
+
+def write_queue_image(image: QueueImage, out_dir: Location | str | os.PathLike,
+                      segment_size: int = DEFAULT_CQ_SEGMENT_SIZE) -> list[str]:
+    """Write the segments ``image`` touches into the queue directory ``out_dir``; return their paths.
+
+    Each file is full size: units where the image wrote them, zeros after (a fresh segment), or the
+    existing bytes (a continued segment: ``image.prefix``, else the file already in ``out_dir``).
+    Local files go through a temp file + os.replace; remote ones through a temp object + move when
+    the filesystem supports it.
+    """
+    S = _check_segment_size(segment_size)
+    loc = _as_location(out_dir)
+    raw = np.ascontiguousarray(image.entries, dtype=CQ_DTYPE).tobytes()
+    written: list[str] = []
+    if loc.local:
+        os.makedirs(loc.path, exist_ok=True)
+    else:
+        loc.fs.create_dir(loc.path, recursive=True)
+    for i, base in enumerate(image.segment_bases):
+        lo, hi = max(base, image.start), min(base + S, image.end)
+        data = raw[max(0, lo - image.start): max(0, hi - image.start)] if hi > lo else b""
+        pos = lo - base if hi > lo else 0
+        target = loc.join(file_name(base))
+        prefix = b""
+        if i == 0 and image.start > base or (i == 0 and image.prefix is not None):
+            src = image.prefix if image.prefix is not None else (target if _exists(target) else None)
+            prefix = _read_prefix(src, S) if src is not None else b""
+        if prefix:
+            buf = bytearray(S)
+            buf[: len(prefix)] = prefix
+            buf[pos: pos + len(data)] = data
+            chunks: list[bytes | bytearray] = [buf]
+            fill_to = S
+            pos_first = 0
+        else:
+            chunks, fill_to, pos_first = [data], S, pos
+        _write_file(target, chunks, pos_first, fill_to)
+        written.append(target.path)
+    return written
+
+
+def _write_file(target: Location, chunks: list, pos: int, size: int) -> None:
+    """Write ``chunks`` at ``pos`` of a new file of ``size`` bytes (zeros elsewhere), atomically."""
+    tmp_name = f".{os.path.basename(target.path)}.{uuid.uuid4().hex[:12]}.tmp"
+    parent = target.path.rsplit("/", 1)[0]
+    tmp = f"{parent}/{tmp_name}"
+    if target.local:
+        try:
+            with open(tmp, "wb") as f:
+                if pos:
+                    f.seek(pos)
+                for c in chunks:
+                    f.write(c)
+                f.truncate(size)  # sparse zero tail, like the broker's freshly mapped file
+            os.replace(tmp, target.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return
+    body = bytearray(size)
+    p = pos
+    for c in chunks:
+        body[p: p + len(c)] = c
+        p += len(c)
+    fs = target.fs
+    with fs.open_output_stream(tmp) as f:
+        f.write(body)
+    try:
+        fs.move(tmp, target.path)
+    except (OSError, NotImplementedError, pa.ArrowException):
+        with fs.open_output_stream(target.path) as f:
+            f.write(body)
+        try:
+            fs.delete_file(tmp)
+        except (OSError, pa.ArrowException):
+            pass
+
+
+def write_consume_queues(images: Mapping[tuple[str, int], QueueImage], consumequeue_dir: Location | str,
+                         segment_size: int = DEFAULT_CQ_SEGMENT_SIZE) -> list[str]:
+    """Write every image under ``consumequeue_dir/<topic>/<queueId>/`` (topic names checked first)."""
+    root = _as_location(consumequeue_dir)
+    for topic, _ in images:
+        safe_topic_dirname(topic)
+    paths: list[str] = []
+    for (topic, qid), img in sorted(images.items()):
+        paths += write_queue_image(img, root.join(topic, str(qid)), segment_size)
+    return paths
