@@ -763,7 +763,8 @@ def build_consume_queues(records: pa.Table | pa.RecordBatch, *, segment_size: in
     n_first = N[starts]
     for g in range(G):
         c = int(code_s[starts[g]])
-        key = (names[c >> 32], int(np.int32(np.uint32(c & 0xFFFFFFFF))))
+        q = c & 0xFFFFFFFF
+        key = (names[c >> 32], q - 2**32 if q >= 2**31 else q)
         st = state.get(key, QueueState())
         keys.append(key)
         init.append(st)
@@ -775,7 +776,7 @@ def build_consume_queues(records: pa.Table | pa.RecordBatch, *, segment_size: in
         else:
             cur = st.last_base + st.write_pos
             ok0[g] = (n0 == 0 or n0 * CQ_UNIT_SIZE == cur) and not (st.first_create and st.write_pos == 0 and n0)
-            ok0[g] = ok0[g] and 0 <= st.write_pos <= S and cur < 2**62
+            ok0[g] = ok0[g] and 0 <= st.write_pos <= S and st.last_base % S == 0 and 0 <= cur < 2**62
             cur0[g] = cur
     grp = np.repeat(np.arange(G), stops - starts)
     idx = np.arange(len(code_s)) - starts[grp]
@@ -943,6 +944,6 @@ def write_consume_queues(images: Mapping[tuple[str, int], QueueImage], consumequ
     for topic, _ in images:
         safe_topic_dirname(topic)
     paths: list[str] = []
-    for (topic, qid), img in sorted(images.items()):
+    for (topic, qid), img in sorted(images.items(), key=lambda kv: kv[0]):
         paths += write_queue_image(img, root.join(topic, str(qid)), segment_size)
     return paths
