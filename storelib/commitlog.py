@@ -166,6 +166,27 @@ class CommitLog:
             buf = bytes(buf)
         return check_record(buf, 0, check_crc=check_crc, file=seg.display, file_offset=pos)
 
+    def record_at(self, phy_offset: int, **kw) -> pa.RecordBatch:
+        """The record starting at ``phy_offset`` as a one-row batch of the scan schema.
+
+        Raises a StoreError naming the segment and offset when no valid record starts there.
+        """
+        seg = self.segment_for(phy_offset)
+        if seg is None:
+            raise StoreError("commitlog", phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
+        pos = phy_offset - seg.base
+        src = seg.open()
+        try:
+            scan = SegmentScan(src, seg.display, seg.base, pos, pos + 1, **kw)
+            batches = [b for b in scan if b.num_rows]
+        finally:
+            src.close()
+        if not batches:
+            end = scan.end
+            why = f"{end.reason or end.kind}: {end.detail or ''}".strip() if end else "no record"
+            raise StoreError(seg.display, pos, "no_record", f"no valid message record starts here ({why})")
+        return batches[0].slice(0, 1)
+
     # -- scans --------------------------------------------------------------------------------------
     def scan_segment(self, seg: Segment, start: int = 0, end: int | None = None, **kw) -> SegmentScan:
         """A :class:`SegmentScan` over one segment (open it with ``seg.open()``; caller iterates)."""

@@ -520,17 +520,29 @@ def _zone(tz: str | timezone | None) -> Any:
     return tz
 
 
+_MAX_NAME_MS = 253_402_300_799_999 - 14 * 3_600_000  # 9999-12-31 in every zone
+
+
 def index_file_name(first_ts_ms: int, tz: str | Any = "UTC", *, after: str | None = None) -> str:
     """``yyyyMMddHHmmssSSS`` of ``first_ts_ms`` in ``tz`` (UtilAll.timeMillisToHumanString).
 
     The broker names a file by its wall-clock creation time, which no rebuild can know; this policy
     uses the first entry's store time instead. With ``after`` (the previous file's name) the time is
-    bumped by 1 ms until the name sorts strictly after it.
+    bumped by 1 ms until the name sorts strictly after it. Store times outside year 1970..9999
+    (corrupt records) are clamped; past the end, names continue as ``int(after) + 1`` (the broker
+    only sorts names, it never parses them).
     """
     zone = _zone(tz)
-    ms = int(first_ts_ms)
+    ms = min(max(int(first_ts_ms), 0), _MAX_NAME_MS)  # corrupt store times: keep a 17-digit name
     if after is not None:
-        ms = max(ms, parse_index_file_name(after, zone) + 1)
+        try:
+            ms = max(ms, parse_index_file_name(after, zone) + 1)
+        except StoreError:
+            ms = _MAX_NAME_MS + 1  # `after` is not a date: fall back to a numeric successor
+    if ms > _MAX_NAME_MS:
+        if after is None or int(after) + 1 >= 10**17:
+            raise StoreError(after, None, "bad_name", "no 17-digit index file name sorts after this one")
+        return f"{int(after) + 1:017d}"
     dt = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
     dt = dt.astimezone(zone)
     return f"{dt.year:04d}{dt.month:02d}{dt.day:02d}{dt.hour:02d}{dt.minute:02d}{dt.second:02d}{dt.microsecond // 1000:03d}"

@@ -1,0 +1,64 @@
+"""The ``rmqstore`` command: one entry point over storelib, the data sources and the Spark jobs.
+
+Each subcommand lives in ``jobs/commands/<name>.py`` with ``add_parser(subparsers)`` and ``run(args)``.
+Exit codes: 0 ok, 1 findings at or above the failure threshold, 2 could not run (bad input, missing
+store...). Errors print one line naming the file and offset, never a traceback (``--debug`` shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from storelib.errors import StoreError
+
+COMMANDS = ["info", "messages", "get", "gen", "rebuild", "audit", "recover", "expiry"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rmqstore",
+        description="Read, audit, rebuild and recover Apache RocketMQ broker store files offline.",
+        epilog="Run 'rmqstore COMMAND --help' for each command's options and an example.",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"jobs.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"jobs.commands.{name}":
+                raise
+            continue
+        mod.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except StoreError as e:
+        if args.debug:
+            raise
+        print(f"rmqstore {args.command}: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:
+        if args.debug:
+            raise
+        print(f"rmqstore {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rmqstore {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # pragma: no cover - `rmqstore messages ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""``rmqstore get``: one message by physical offset, offset msgId, queue position, or key."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from jobs.common import add_store_args, open_store, row_to_json
+from storelib.errors import StoreError
+from storelib.record import decode_msg_id
+
+EXAMPLE = """examples:
+  rmqstore get /data/store --offset 1048576
+  rmqstore get /data/store --msg-id 0A00000500002A9F0000000000000000
+  rmqstore get /data/store --queue OrderEvents:2:17
+  rmqstore get /data/store --key ORD562535 --topic OrderEvents
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("get", help="fetch messages by offset, msgId, queue position or key",
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_store_args(p)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--offset", type=int, metavar="P", help="physical offset of the record")
+    g.add_argument("--msg-id", metavar="ID", help="offset msgId (32 or 56 hex characters)")
+    g.add_argument("--queue", metavar="TOPIC:QUEUE_ID:QUEUE_OFFSET", help="consume queue position")
+    g.add_argument("--key", metavar="K", help="message key or UNIQ_KEY (needs --topic)")
+    p.add_argument("--topic", help="topic for --key")
+    p.add_argument("--begin-ms", type=int, default=0, help="--key: earliest store time (ms)")
+    p.add_argument("--end-ms", type=int, default=2**63 - 1, help="--key: latest store time (ms)")
+    p.add_argument("--with-body", action="store_true", help="include the body as base64")
+    p.set_defaults(func=run)
+
+
+def lookup(store, args) -> list[dict]:
+    """The matching records as JSON-ready dicts (several for --key)."""
+    cl = store.commitlog
+    kw = {"with_body": args.with_body, "delay_levels_ms": store.delay_levels_ms}
+    if args.offset is not None:
+        return [row_to_json(cl.record_at(args.offset, **kw).to_pylist()[0], args.with_body)]
+    if args.msg_id is not None:
+        try:
+            _, phy = decode_msg_id(args.msg_id)
+        except ValueError as e:
+            raise StoreError(None, None, "bad_msg_id", str(e)) from e
+        return [row_to_json(cl.record_at(phy, **kw).to_pylist()[0], args.with_body)]
+    if args.queue is not None:
+        from storelib.lookup import lookup_queue
+
+        topic, _, rest = args.queue.rpartition(":")
+        topic, _, qid = topic.rpartition(":")
+        if not topic:
+            raise StoreError(None, None, "bad_argument", "--queue needs TOPIC:QUEUE_ID:QUEUE_OFFSET")
+        phy = lookup_queue(store, topic, int(qid), int(rest))
+        return [row_to_json(cl.record_at(phy, **kw).to_pylist()[0], args.with_body)]
+    if not args.topic:
+        raise StoreError(None, None, "bad_argument", "--key needs --topic")
+    from storelib.lookup import lookup_key
+
+    rows = lookup_key(store, args.topic, args.key, args.begin_ms, args.end_ms, with_body=args.with_body)
+    return [row_to_json(r, args.with_body) for r in rows]
+
+
+def run(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    rows = lookup(store, args)
+    for r in rows:
+        sys.stdout.write(json.dumps(r, ensure_ascii=False) + "\n")
+    if not rows:
+        print("no message found", file=sys.stderr)
+        return 1
+    return 0

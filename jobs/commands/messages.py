@@ -1,0 +1,103 @@
+"""``rmqstore messages``: every record in commitlog order, as JSONL, a table or Parquet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from jobs.common import MESSAGE_JSON_FIELDS, add_store_args, open_store, print_table, row_to_json
+
+EXAMPLE = """example:
+  rmqstore messages /data/store --topic OrderEvents --limit 5
+  rmqstore messages /data/store --format parquet --out messages.parquet --with-body
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("messages", help="list the messages of a store in commitlog order",
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_store_args(p)
+    p.add_argument("--topic", help="only this topic")
+    p.add_argument("--queue-id", type=int, help="only this queue id")
+    p.add_argument("--from-offset", type=int, metavar="P", help="start at this physical offset")
+    p.add_argument("--to-offset", type=int, metavar="P", help="stop before this physical offset")
+    p.add_argument("--limit", type=int, metavar="N", help="at most N messages")
+    p.add_argument("--with-body", action="store_true", help="include the body (base64 in JSONL)")
+    p.add_argument("--no-crc", action="store_true", help="skip body CRC verification (crc_ok is null)")
+    p.add_argument("--format", choices=["jsonl", "table", "parquet"], default="jsonl")
+    p.add_argument("--out", metavar="F", help="output file (required for parquet; stdout otherwise)")
+    p.set_defaults(func=run)
+
+
+def filtered_batches(store, args) -> iter:
+    """Scan batches with the CLI's topic/queue/offset/limit filters applied column-wise."""
+    left = args.limit
+    for batch in store.scan(from_offset=args.from_offset, to_offset=args.to_offset, with_body=args.with_body,
+                            verify_crc=not args.no_crc):
+        mask = None
+        if args.topic is not None:
+            mask = pc.equal(batch.column("topic"), args.topic)
+        if args.queue_id is not None:
+            m = pc.equal(batch.column("queue_id"), args.queue_id)
+            mask = m if mask is None else pc.and_(mask, m)
+        if mask is not None:
+            batch = batch.filter(mask)
+        if left is not None:
+            batch = batch.slice(0, left)
+            left -= batch.num_rows
+        if batch.num_rows:
+            yield batch
+        if left is not None and left <= 0:
+            return
+
+
+def run(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    if args.format == "parquet":
+        import pyarrow.parquet as pq
+
+        if not args.out:
+            print("rmqstore messages: --format parquet needs --out FILE", file=sys.stderr)
+            return 2
+        from storelib.publish import atomic_local_file
+
+        writer = None
+        count = 0
+        with atomic_local_file(args.out) as tmp:
+            for batch in filtered_batches(store, args):
+                batch = batch.drop_columns(["properties_raw"])
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, batch.schema)
+                writer.write_batch(batch)
+                count += batch.num_rows
+            if writer is None:
+                from storelib.scanner import message_schema
+
+                schema = message_schema(args.with_body).remove(message_schema(args.with_body).get_field_index("properties_raw"))
+                writer = pq.ParquetWriter(tmp, schema)
+            writer.close()
+        print(f"wrote {count} messages to {args.out}", file=sys.stderr)
+        return 0
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        if args.format == "table":
+            cols = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "tags", "keys", "store_timestamp", "crc_ok"]
+            rows = []
+            for batch in filtered_batches(store, args):
+                rows.extend(batch.select(cols).to_pylist())
+            print_table(rows, cols, out)
+            return 0
+        for batch in filtered_batches(store, args):
+            for row in batch.to_pylist():
+                out.write(json.dumps(row_to_json(row, args.with_body), ensure_ascii=False) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+__all__ = ["add_parser", "run", "MESSAGE_JSON_FIELDS", "pa"]

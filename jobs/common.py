@@ -1,0 +1,104 @@
+"""Shared plumbing for the ``rmqstore`` subcommands: opening stores, output, progress."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from typing import Any
+
+from storelib.store import Store
+
+# JSONL field order of `rmqstore messages` (the snake_case names of the scan schema)
+MESSAGE_JSON_FIELDS = [
+    "phy_offset", "size", "magic_version", "body_crc", "crc_ok", "queue_id", "flag", "queue_offset",
+    "physical_offset_field", "sys_flag", "tran_type", "born_timestamp", "born_host", "store_timestamp",
+    "store_host", "reconsume_times", "prepared_transaction_offset", "body_len", "topic", "tags", "keys",
+    "uniq_key", "msg_id", "tags_code", "properties",
+]
+
+
+def add_store_args(p: argparse.ArgumentParser) -> None:
+    """STORE plus the options every command that opens a store accepts."""
+    p.add_argument("store", metavar="STORE", help="store root: a local path or a URI (s3://bucket/prefix, ...)")
+    p.add_argument("--broker-conf", metavar="F", help="broker.conf with the store's settings (defaults otherwise)")
+    p.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint override (e.g. http://127.0.0.1:9000)")
+    p.add_argument("--s3-region", metavar="R", help="S3 region")
+
+
+def fs_options(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    ep = getattr(args, "s3_endpoint", None)
+    if ep:
+        scheme, _, host = ep.partition("://")
+        opts["endpoint_override"] = host or scheme
+        opts["scheme"] = scheme if host else "https"
+    if getattr(args, "s3_region", None):
+        opts["region"] = args.s3_region
+    return opts
+
+
+def open_store(args: argparse.Namespace) -> Store:
+    return Store(args.store, broker_conf=getattr(args, "broker_conf", None), **fs_options(args))
+
+
+def row_to_json(row: dict[str, Any], with_body: bool = False) -> dict[str, Any]:
+    """One scanned record as the JSON object `rmqstore messages` prints."""
+    out = {k: row.get(k) for k in MESSAGE_JSON_FIELDS}
+    props = row.get("properties")
+    if props is not None and not isinstance(props, dict):
+        out["properties"] = dict(props)
+    elif props is None and row.get("properties_raw") is not None:
+        from storelib.properties import parse_properties
+
+        out["properties"] = parse_properties(row["properties_raw"])
+    if with_body:
+        body = row.get("body")
+        out["body_base64"] = base64.b64encode(body).decode("ascii") if body is not None else None
+    return out
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, ensure_ascii=False, default=str)
+    sys.stdout.write("\n")
+
+
+def human_ms(ms: int | None) -> str:
+    """Epoch milliseconds as UTC text (``-`` for 0/None)."""
+    if not ms:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str], out=None) -> None:
+    """A plain aligned text table."""
+    out = out or sys.stdout
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip() + "\n")
+    for row in cells:
+        out.write("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + "\n")
+
+
+class Progress:
+    """Progress lines on stderr (only when stderr is a terminal, or when forced)."""
+
+    def __init__(self, label: str, total: int | None = None, force: bool = False):
+        self.label, self.total, self.done = label, total, 0
+        self.enabled = force or sys.stderr.isatty()
+        self._last = 0.0
+
+    def update(self, n: int = 1, note: str = "") -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.enabled and (now - self._last > 0.5 or (self.total and self.done >= self.total)):
+            self._last = now
+            tot = f"/{self.total}" if self.total else ""
+            sys.stderr.write(f"\r{self.label}: {self.done}{tot} {note}".ljust(70))
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")

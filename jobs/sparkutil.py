@@ -1,0 +1,61 @@
+"""One way to get a SparkSession configured from ``spark-conf/spark-defaults.conf``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SPARK_CONF = REPO / "spark-conf"
+
+
+def check_java() -> None:
+    """Fail with a clear message when no Java runtime is available (Spark needs one)."""
+    if os.environ.get("JAVA_HOME") and Path(os.environ["JAVA_HOME"], "bin", "java").exists():
+        return
+    if shutil.which("java") is None:
+        raise SystemExit("rmqstore: Spark needs a Java runtime (17 or 21): install one (e.g. "
+                         "'apt-get install openjdk-17-jre-headless') or set JAVA_HOME")
+
+
+def read_defaults(path: Path = SPARK_CONF / "spark-defaults.conf") -> dict[str, str]:
+    """spark-defaults.conf as a dict (whitespace-separated key/value, # comments)."""
+    out: dict[str, str] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        k, _, v = line.partition(" ")
+        out[k] = v.strip()
+    return out
+
+
+def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[str, str] | None = None):
+    """A SparkSession with the project's defaults (respects an already active session)."""
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    b = SparkSession.builder.appName(app_name)
+    if master:
+        b = b.master(master)
+    settings = read_defaults()
+    log4j = SPARK_CONF / "log4j2.properties"
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        settings[key] = f"-Dlog4j2.configurationFile=file:{log4j}"
+    settings.update(conf or {})
+    # keep the Python workers' imports working wherever the session starts
+    settings.setdefault("spark.executorEnv.PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    for k, v in settings.items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

@@ -1,0 +1,86 @@
+"""Store: the facade over one broker store root (local path or any pyarrow filesystem URI).
+
+It only knows where things are and which settings apply; each file kind's reading and writing lives
+in its own module (commitlog, consumequeue, indexfile, checkpoint, markers, configjson).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from .bytesource import Location, resolve
+from .commitlog import CommitLog
+from .errors import Finding, StoreLayoutError
+
+
+@dataclass
+class StoreOptions:
+    """How to open a store: broker settings file/overrides and filesystem options for remote URIs."""
+
+    broker_conf: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    fs_options: dict[str, Any] = field(default_factory=dict)
+    filesystem: pafs.FileSystem | None = None
+
+
+class Store:
+    """A RocketMQ broker store root: ``commitlog/``, ``consumequeue/``, ``index/``, ``checkpoint``, ``config/``..."""
+
+    def __init__(self, root: str | os.PathLike | Location, settings: Any = None, *,
+                 broker_conf: str | None = None, filesystem: pafs.FileSystem | None = None, **fs_options: Any):
+        self.loc = root if isinstance(root, Location) else resolve(root, filesystem, **fs_options)
+        self.uri = os.fspath(root) if not isinstance(root, Location) else root.path
+        info = self.loc.fs.get_file_info(self.loc.path)
+        if info.type == pafs.FileType.NotFound:
+            raise StoreLayoutError(self.uri, None, "not_found", "store root does not exist")
+        if info.type != pafs.FileType.Directory:
+            raise StoreLayoutError(self.uri, None, "not_a_directory", "store root is not a directory")
+        if settings is None:
+            settings = self._load_settings(broker_conf)
+        self.settings = settings
+        self.findings: list[Finding] = []
+
+    @staticmethod
+    def _load_settings(broker_conf: str | None):
+        from .brokerconf import BrokerSettings, load_broker_conf
+
+        return load_broker_conf(broker_conf) if broker_conf else BrokerSettings()
+
+    @property
+    def local(self) -> bool:
+        return self.loc.local
+
+    def path(self, *parts: str) -> Location:
+        """A Location below the root."""
+        return self.loc.join(*parts)
+
+    def exists(self, *parts: str) -> bool:
+        return self.loc.fs.get_file_info(self.path(*parts).path).type != pafs.FileType.NotFound
+
+    @cached_property
+    def commitlog(self) -> CommitLog:
+        size = getattr(self.settings, "mapped_file_size_commit_log", None)
+        return CommitLog(self.path("commitlog"), size)
+
+    @property
+    def delay_levels_ms(self) -> list[int]:
+        from .scanner import DEFAULT_DELAY_LEVELS_MS
+
+        return list(getattr(self.settings, "delay_levels_ms", DEFAULT_DELAY_LEVELS_MS))
+
+    def scan(self, **kw):
+        """Every valid record in commitlog order as Arrow batches (see CommitLog.scan)."""
+        kw.setdefault("delay_levels_ms", self.delay_levels_ms)
+        return self.commitlog.scan(**kw)
+
+    def require_local(self, what: str) -> str:
+        """The local root path, or a clear error for operations that modify a store in place."""
+        if not self.local:
+            raise StoreLayoutError(self.uri, None, "remote_store",
+                                   f"{what} modifies a store in place and only works on a local path")
+        return self.loc.path

@@ -1,0 +1,79 @@
+"""Shared fixtures: the real sample stores (extracted once, copied per test when mutated), paths, Spark.
+
+The samples in ../shared are read-only: tests extract them into temp dirs. There is exactly one
+SparkSession for the whole run (``spark`` fixture), local[2] with the project's spark-conf.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("RMQSTORE_SHARED", REPO.parent / "shared"))
+SAMPLES = SHARED / "samples"
+SAMPLE_NAMES = {"4.9.8": "rocketmq-4.9.8-small", "5.3.3": "rocketmq-5.3.3-small"}
+
+
+def _extract(version: str, dest: Path) -> Path:
+    name = SAMPLE_NAMES[version]
+    with tarfile.open(SAMPLES / f"{name}.tar.gz") as tf:
+        tf.extractall(dest, filter="data")
+    return dest / name
+
+
+@pytest.fixture(scope="session")
+def samples_dir() -> Path:
+    if not SAMPLES.is_dir():
+        pytest.fail(f"shared samples not found at {SAMPLES} (set RMQSTORE_SHARED)")
+    return SAMPLES
+
+
+@pytest.fixture(scope="session")
+def sample_498(tmp_path_factory, samples_dir) -> Path:
+    """Read-only extracted 4.9.8 sample (``store/``, ``expected/``). Copy it before modifying."""
+    return _extract("4.9.8", tmp_path_factory.mktemp("s498"))
+
+
+@pytest.fixture(scope="session")
+def sample_533(tmp_path_factory, samples_dir) -> Path:
+    """Read-only extracted 5.3.3 sample (``store/``, ``expected/``). Copy it before modifying."""
+    return _extract("5.3.3", tmp_path_factory.mktemp("s533"))
+
+
+@pytest.fixture(params=["4.9.8", "5.3.3"])
+def sample(request, sample_498, sample_533) -> Path:
+    """Each sample in turn (read-only)."""
+    return sample_498 if request.param == "4.9.8" else sample_533
+
+
+@pytest.fixture
+def sample_copy(tmp_path, sample) -> Path:
+    """A private, writable copy of a sample's store root."""
+    dst = tmp_path / "store"
+    shutil.copytree(sample / "store", dst)
+    return dst
+
+
+def load_expected(sample_root: Path, name: str) -> list[dict]:
+    with open(sample_root / "expected" / name, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def broker_conf(version: str) -> Path:
+    return SAMPLES / f"{SAMPLE_NAMES[version]}.broker.conf"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one SparkSession of the test run (local[2], the project's spark-defaults)."""
+    from jobs.sparkutil import get_spark
+
+    session = get_spark(master="local[2]", app_name="rmqstore-tests")
+    yield session
+    session.stop()
