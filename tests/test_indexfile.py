@@ -624,12 +624,12 @@ def test_continuing_a_file_with_garbage_slot_values_treats_them_as_empty_like_pu
     g = IndexGeometry(4, 8)
     [img] = build_index_files({"key_hash": [3], "phy_offset": [10], "store_timestamp": [T0]}, geometry=g)
     state = img.state()
-    state.slots[:] = [0, 5, -1, 1]  # slot 1 > indexCount (2), slot 2 negative: both read as empty
-    rows = {"key_hash": [1, 2, 1, 5, 3, 2], "phy_offset": [20, 20, 30, 30, 40, 50],
-            "store_timestamp": [T0 + 10, T0 + 10, T0 + 2000, T0 + 2000, T0 + 4000, T0 + 9000]}
-    recs = [([1, 2], 20, T0 + 10), ([1, 5], 30, T0 + 2000), ([3], 40, T0 + 4000), ([2], 50, T0 + 9000)]
-    imgs = build_index_files(rows, geometry=g, prev_state=state)
+    # slot 0 = 6 and slot 1 = 5 exceed indexCount 2, slot 2 is negative: empty while > cnt at insert
+    state.slots[:] = [6, 5, -1, 1]
+    recs = [([1, 2], 20, T0 + 10), ([1, 5], 30, T0 + 2000), ([3], 40, T0 + 4000), ([4], 50, T0 + 9000)]
+    imgs = build_index_files(key_rows_of(recs), geometry=g, prev_state=state)
     oracle = run_scalar(recs, g, prev=state)
     assert [im.to_bytes() for im in imgs] == [w.to_bytes() for w in oracle]
-    # slot 1's first new entry (n=2, old 5 > 2) starts a chain; slot 1's second (n=4, old 5 > 4)... n=3
-    assert imgs[0].entries["prev_index"].tolist() == [0, 0, 0, 2, 0, 3, 3]
+    # entry 7 lands in slot 0 whose stale value 6 is now <= cnt: the broker links to it
+    assert imgs[0].entries["prev_index"].tolist() == [0, 0, 0, 2, 4, 1, 6]
+    assert imgs[0].header.hash_slot_count == 3
