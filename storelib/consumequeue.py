@@ -701,6 +701,9 @@ class _Machine:
                 self._append(FILLER_ENTRY)
         if n != 0:
             cur = self.last_base + self.wpos
+            if expect < cur:
+                self.repeats += 1
+                return -1
             if expect != cur:
                 self.slides += 1
         self.max_phy = end
