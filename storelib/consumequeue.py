@@ -633,7 +633,13 @@ class QueueImage:
 
     @property
     def end(self) -> int:
+        """Logical byte offset after the last unit written (the queue's new write position)."""
         return self.start + len(self.entries) * CQ_UNIT_SIZE
+
+    @property
+    def base(self) -> int | None:
+        """Base (file name offset) of the first segment this image touches, None if it touches none."""
+        return self.segment_bases[0] if self.segment_bases else None
 
 
 _REQUIRED = ("physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type")
@@ -731,22 +737,22 @@ def build_consume_queues(records: pa.Table | pa.RecordBatch, *, segment_size: in
     out: dict[tuple[str, int], QueueImage] = {}
     if len(keep) == 0:
         return out
-    P = _np(cols["physical_offset_field"], np.int64)[keep]
-    Z = _np(cols["size"], np.int64)[keep]
-    C = _np(cols["tags_code"], np.int64)[keep]
-    N = _np(cols["queue_offset"], np.int64)[keep]
-    Q = _np(cols["queue_id"], np.int64)[keep]
+    every = len(keep) == len(tt)
     topic = cols["topic"]
     if isinstance(topic, pa.ChunkedArray):
         topic = topic.combine_chunks()
-    enc = pc.dictionary_encode(topic.take(pa.array(keep)))
+    enc = pc.dictionary_encode(topic if every else topic.take(pa.array(keep)))
     tidx = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     names = enc.dictionary.to_pylist()
-    code = (tidx << 32) | (Q & 0xFFFFFFFF)
+    Q = _np(cols["queue_id"], np.int64)
+    code = (tidx << 32) | ((Q if every else Q[keep]) & 0xFFFFFFFF)
     order = np.argsort(code, kind="stable")
     code_s = code[order]
-    P, Z, C, N = P[order], Z[order], C[order], N[order]
-    rows_s = keep[order]
+    rows_s = order if every else keep[order]  # one gather per column: input rows in queue order
+    P = _np(cols["physical_offset_field"], np.int64)[rows_s]
+    Z = _np(cols["size"], np.int64)[rows_s]
+    C = _np(cols["tags_code"], np.int64)[rows_s]
+    N = _np(cols["queue_offset"], np.int64)[rows_s]
     starts = np.flatnonzero(np.r_[True, code_s[1:] != code_s[:-1]])
     stops = np.r_[starts[1:], len(code_s)]
     G = len(starts)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +40,6 @@ from storelib.consumequeue import (
 )
 from storelib.errors import StoreError
 
-SAMPLES = Path("/work/shared/samples")
 SAMPLE_NAMES = ["rocketmq-4.9.8-small", "rocketmq-5.3.3-small"]
 SAMPLE_CQ_SIZE = 2000  # mappedFileSizeConsumeQueue in both *.broker.conf
 
@@ -51,14 +49,9 @@ SAMPLE_CQ_SIZE = 2000  # mappedFileSizeConsumeQueue in both *.broker.conf
 
 
 @pytest.fixture(scope="module")
-def cq_samples(tmp_path_factory) -> dict[str, Path]:
-    out = {}
-    for name in SAMPLE_NAMES:
-        d = tmp_path_factory.mktemp(f"cq_{name}")
-        with tarfile.open(SAMPLES / f"{name}.tar.gz") as tf:
-            tf.extractall(d, filter="data")
-        out[name] = d / name
-    return out
+def cq_samples(sample_498, sample_533) -> dict[str, Path]:
+    """The shared read-only sample extractions (tests/conftest.py), by sample name."""
+    return {"rocketmq-4.9.8-small": sample_498, "rocketmq-5.3.3-small": sample_533}
 
 
 def records(rows, topic="T", queue_id=0) -> pa.Table:
@@ -378,7 +371,7 @@ def test_prepared_and_rollback_records_get_no_entry(tmp_path):
 def test_full_segment_rolls_to_next_file_with_zero_tail(tmp_path):
     rows = [(i * 10, 10, i, i) for i in range(12)]
     img = build_and_write(rows, 100, tmp_path)
-    assert img.segment_bases == [0, 100, 200]
+    assert img.segment_bases == [0, 100, 200] and img.base == 0 and img.end == 240
     assert sorted(p.name for p in tmp_path.iterdir()) == [file_name(0), file_name(100), file_name(200)]
     last = (tmp_path / file_name(200)).read_bytes()
     assert last == unit(100, 10, 10) + unit(110, 10, 11) + bytes(60)
