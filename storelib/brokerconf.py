@@ -50,11 +50,32 @@ _KEYS: tuple[tuple[str, str, str, Any, Any, bool], ...] = (
     ("storePathCommitLog", "store_path_commit_log", "str", None, None, True),
     ("readOnlyCommitLogStorePaths", "read_only_commit_log_store_paths", "str", None, None, True),
     ("mappedFileSizeCommitLog", "mapped_file_size_commit_log", "int", 1_073_741_824, 1_073_741_824, True),
-    ("mappedFileSizeConsumeQueue", "mapped_file_size_consume_queue_config", "int", 6_000_000, 6_000_000, True),
+    (
+        "mappedFileSizeConsumeQueue",
+        "mapped_file_size_consume_queue_config",
+        "int",
+        6_000_000,
+        6_000_000,
+        True,
+    ),
     ("enableConsumeQueueExt", "enable_consume_queue_ext", "bool", False, False, True),
-    ("mappedFileSizeConsumeQueueExt", "mapped_file_size_consume_queue_ext", "int", 50_331_648, 50_331_648, True),
+    (
+        "mappedFileSizeConsumeQueueExt",
+        "mapped_file_size_consume_queue_ext",
+        "int",
+        50_331_648,
+        50_331_648,
+        True,
+    ),
     ("bitMapLengthConsumeQueueExt", "bit_map_length_consume_queue_ext", "int", 64, 64, True),
-    ("mapperFileSizeBatchConsumeQueue", "mapper_file_size_batch_consume_queue", "int", None, 13_800_000, False),
+    (
+        "mapperFileSizeBatchConsumeQueue",
+        "mapper_file_size_batch_consume_queue",
+        "int",
+        None,
+        13_800_000,
+        False,
+    ),
     ("maxMessageSize", "max_message_size", "int", 4_194_304, 4_194_304, True),
     ("messageIndexEnable", "message_index_enable", "bool", True, True, True),
     ("maxHashSlotNum", "max_hash_slot_num", "int", 5_000_000, 5_000_000, True),
@@ -75,7 +96,14 @@ _KEYS: tuple[tuple[str, str, str, Any, Any, bool], ...] = (
     ("cleanResourceInterval", "clean_resource_interval", "int", 10_000, 10_000, True),
     ("deleteCommitLogFilesInterval", "delete_commit_log_files_interval", "int", 100, 100, True),
     ("deleteConsumeQueueFilesInterval", "delete_consume_queue_files_interval", "int", 100, 100, True),
-    ("destroyMapedFileIntervalForcibly", "destroy_maped_file_interval_forcibly", "int", 120_000, 120_000, True),
+    (
+        "destroyMapedFileIntervalForcibly",
+        "destroy_maped_file_interval_forcibly",
+        "int",
+        120_000,
+        120_000,
+        True,
+    ),
     ("redeleteHangedFileInterval", "redelete_hanged_file_interval", "int", 120_000, 120_000, True),
     ("deleteFileBatchMax", "delete_file_batch_max", "int", 10, 10, False),
     ("replicasPerDiskPartition", "replicas_per_disk_partition", "int", 1, 1, False),
@@ -87,7 +115,14 @@ _KEYS: tuple[tuple[str, str, str, Any, Any, bool], ...] = (
         0.8,
         False,
     ),
-    ("correctLogicMinOffsetForceInterval", "correct_logic_min_offset_force_interval", "int", None, 300_000, False),
+    (
+        "correctLogicMinOffsetForceInterval",
+        "correct_logic_min_offset_force_interval",
+        "int",
+        None,
+        300_000,
+        False,
+    ),
     ("flushDiskType", "flush_disk_type", "str", "ASYNC_FLUSH", "ASYNC_FLUSH", True),
     ("brokerRole", "broker_role", "str", "ASYNC_MASTER", "ASYNC_MASTER", True),
     ("flushIntervalCommitLog", "flush_interval_commit_log", "int", 500, 500, True),
@@ -97,7 +132,14 @@ _KEYS: tuple[tuple[str, str, str, Any, Any, bool], ...] = (
     ("warmMapedFileEnable", "warm_maped_file_enable", "bool", False, False, True),
     ("flushIntervalConsumeQueue", "flush_interval_consume_queue", "int", 1000, 1000, True),
     ("flushConsumeQueueLeastPages", "flush_consume_queue_least_pages", "int", 2, 2, True),
-    ("flushConsumeQueueThoroughInterval", "flush_consume_queue_thorough_interval", "int", 60_000, 60_000, True),
+    (
+        "flushConsumeQueueThoroughInterval",
+        "flush_consume_queue_thorough_interval",
+        "int",
+        60_000,
+        60_000,
+        True,
+    ),
     ("enableDLegerCommitLog", "enable_dleger_commit_log", "bool", False, False, True),
     ("duplicationEnable", "duplication_enable", "bool", False, False, True),
     ("enableMultiDispatch", "enable_multi_dispatch", "bool", False, False, True),
@@ -266,14 +308,24 @@ class BrokerSettings:
     @property
     def disk_space_warning_ratio(self) -> float:
         """Warning ratio as a fraction, per version (store-format §10, differences #27)."""
-        return _ratio(self, self.sysprop_disk_space_warning_level_ratio, self.disk_space_warning_level_ratio,
-                      0.90, (0.35, 0.90))
+        return _ratio(
+            self,
+            self.sysprop_disk_space_warning_level_ratio,
+            self.disk_space_warning_level_ratio,
+            0.90,
+            (0.35, 0.90),
+        )
 
     @property
     def disk_space_force_ratio(self) -> float:
         """Force-clean ratio as a fraction, per version."""
-        return _ratio(self, self.sysprop_disk_space_clean_forcibly_ratio, self.disk_space_clean_forcibly_ratio,
-                      0.85, (0.30, 0.85))
+        return _ratio(
+            self,
+            self.sysprop_disk_space_clean_forcibly_ratio,
+            self.disk_space_clean_forcibly_ratio,
+            0.85,
+            (0.30, 0.85),
+        )
 
     def to_properties(self) -> dict[str, str]:
         """broker.conf keys whose value differs from the version's default, plus ``extra``."""
@@ -290,8 +342,13 @@ class BrokerSettings:
         return out
 
 
-def _ratio(s: BrokerSettings, sysprop: str | None, config_pct: int | None, v4_default: float,
-           clamp: tuple[float, float]) -> float:
+def _ratio(
+    s: BrokerSettings,
+    sysprop: str | None,
+    config_pct: int | None,
+    v4_default: float,
+    clamp: tuple[float, float],
+) -> float:
     where = s.source
     if sysprop is not None and sysprop.strip() != "":
         value = _parse_double(sysprop, where, None, None, "system property")
@@ -320,8 +377,9 @@ def parse_delay_levels(text: str, *, file: str | None = None, line: int | None =
         num = tok[:-1]
         if unit is None or not re.fullmatch(r"[+-]?[0-9]+", num):
             at = f"line {line}: " if line else ""
-            raise StoreError(file, None, "bad_config",
-                             f"{at}messageDelayLevel level {i} {tok!r} is not <number><s|m|h|d>")
+            raise StoreError(
+                file, None, "bad_config", f"{at}messageDelayLevel level {i} {tok!r} is not <number><s|m|h|d>"
+            )
         out.append(int(num) * unit)
     return tuple(out)
 
@@ -502,7 +560,11 @@ def _build(
     changes["source"] = source
     out = dataclasses.replace(base, **changes)
     if out.index_file_size > _INT32[1]:
-        raise StoreError(source, None, "bad_config",
-                         f"index geometry maxHashSlotNum={out.max_hash_slot_num} maxIndexNum={out.max_index_num} "
-                         f"gives {out.index_file_size} bytes, more than a Java int")
+        raise StoreError(
+            source,
+            None,
+            "bad_config",
+            f"index geometry maxHashSlotNum={out.max_hash_slot_num} maxIndexNum={out.max_index_num} "
+            f"gives {out.index_file_size} bytes, more than a Java int",
+        )
     return out

@@ -62,7 +62,9 @@ class Checkpoint:
     def from_bytes(cls, data: bytes | memoryview, file: str | None = CHECKPOINT_FILE) -> Checkpoint:
         """Decode the first 40 bytes of a checkpoint image."""
         if len(data) < FIELDS_SIZE:
-            raise StoreError(file, len(data), "truncated", f"checkpoint needs {FIELDS_SIZE} bytes, has {len(data)}")
+            raise StoreError(
+                file, len(data), "truncated", f"checkpoint needs {FIELDS_SIZE} bytes, has {len(data)}"
+            )
         return cls(*_FMT.unpack_from(data, 0))
 
 
@@ -89,7 +91,9 @@ def read_checkpoint(where: PathOrLocation, *, strict: bool = True) -> Checkpoint
     if size is None:
         raise StoreError(loc.path, None, "missing", "no checkpoint file")
     if size < FIELDS_SIZE or (strict and size < CHECKPOINT_SIZE):
-        raise StoreError(loc.path, size, "truncated", f"checkpoint is {size} bytes, expected {CHECKPOINT_SIZE}")
+        raise StoreError(
+            loc.path, size, "truncated", f"checkpoint is {size} bytes, expected {CHECKPOINT_SIZE}"
+        )
     try:
         with loc.fs.open_input_file(loc.path) as f:
             head = f.read_at(FIELDS_SIZE, 0)

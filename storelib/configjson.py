@@ -125,7 +125,9 @@ def parse_fastjson(text: str, *, file: str | None = None) -> dict:
         )
     except _RefFound:
         pos = _find_ref(text)
-        raise _bad(file, text, pos, 'fastjson "$ref" reference: refusing to guess what it points to') from None
+        raise _bad(
+            file, text, pos, 'fastjson "$ref" reference: refusing to guess what it points to'
+        ) from None
     except json.JSONDecodeError as e:
         orig = e.pos - 3 * bisect.bisect_right(shifts, e.pos)
         raise _bad(file, text, orig, e.msg) from None
@@ -236,7 +238,9 @@ def salvage_prefix_detail(text: str, *, file: str | None = None) -> SalvageResul
                     stopped = pos
                     break
                 if key == "$ref":
-                    raise _bad(file, text, pos, 'fastjson "$ref" reference: refusing to guess what it points to')
+                    raise _bad(
+                        file, text, pos, 'fastjson "$ref" reference: refusing to guess what it points to'
+                    )
                 fr.key, pos, fr.state = key, end, "colon"
                 continue
             m = _NUMBER.match(text, pos) if c == "-" or c.isdigit() else None
@@ -360,8 +364,13 @@ def _decode(raw: bytes, path: str, findings: list[Finding]) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         findings.append(
-            Finding("config_not_utf8", "warning", path, e.start,
-                    "not valid UTF-8; decoded with replacement characters as the JVM would")
+            Finding(
+                "config_not_utf8",
+                "warning",
+                path,
+                e.start,
+                "not valid UTF-8; decoded with replacement characters as the JVM would",
+            )
         )
         return raw.decode("utf-8", "replace")
 
@@ -407,10 +416,15 @@ def load_config(root: PathOrLocation, name: str, *, use_tmp: bool = False) -> Co
         same = tmp_raw is not None and raw is not None and tmp_raw == raw
         what = {"ok": "parses", "empty": "is empty", "bad": f"does not parse ({tmp_err})"}[tmp_state]
         findings.append(
-            Finding("config_tmp_leftover", "warning", tmp.path, None,
-                    f"leftover .tmp from an interrupted 4.x persist; it {what}"
-                    + ("; same content as the file" if same else ""),
-                    {"parses": tmp_state == "ok", "same_as_file": same})
+            Finding(
+                "config_tmp_leftover",
+                "warning",
+                tmp.path,
+                None,
+                f"leftover .tmp from an interrupted 4.x persist; it {what}"
+                + ("; same content as the file" if same else ""),
+                {"parses": tmp_state == "ok", "same_as_file": same},
+            )
         )
     if state == "ok":
         return ConfigLoad(name, data, "file", loc.path, findings)
@@ -435,16 +449,26 @@ def load_config(root: PathOrLocation, name: str, *, use_tmp: bool = False) -> Co
     primary.extra["fallback"] = None
     if bstate == "bad":
         findings.append(
-            Finding("config_bak_unparseable", "error", bak.path, berr.offset if berr else None,
-                    f"{berr.detail if berr else 'unreadable'}; the broker would fail to start")
+            Finding(
+                "config_bak_unparseable",
+                "error",
+                bak.path,
+                berr.offset if berr else None,
+                f"{berr.detail if berr else 'unreadable'}; the broker would fail to start",
+            )
         )
     elif state == "missing" and bstate == "missing":
         primary.severity = "info"
         primary.detail += " and there is no .bak: the broker starts with an empty table"
     else:
         findings.append(
-            Finding("config_bak_" + bstate, "error", bak.path, None,
-                    f".bak is {bstate}: the broker would start with an empty table, losing this file's state")
+            Finding(
+                "config_bak_" + bstate,
+                "error",
+                bak.path,
+                None,
+                f".bak is {bstate}: the broker would start with an empty table, losing this file's state",
+            )
         )
     return ConfigLoad(name, None, None, None, findings)
 
@@ -452,8 +476,9 @@ def load_config(root: PathOrLocation, name: str, *, use_tmp: bool = False) -> Co
 # ---- writing ----------------------------------------------------------------------------------
 
 _ESCAPES = {i: f"\\u{i:04X}" for i in list(range(0x20)) + list(range(0x7F, 0xA0)) + [0x2028, 0x2029]}
-_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\", 0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f",
-                 0x0D: "\\r"})
+_ESCAPES.update(
+    {ord('"'): '\\"', ord("\\"): "\\\\", 0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r"}
+)
 
 
 def _quote(s: str) -> str:
@@ -611,7 +636,12 @@ def consumer_offsets(
             _note(findings, "bad_offset_key", f"offsetTable key {key!r} has no '@'", file)
             continue
         if str(key).count(TOPIC_GROUP_SEPARATOR) > 1:
-            _note(findings, "ambiguous_offset_key", f"offsetTable key {key!r} has several '@'; read as {tg}", file)
+            _note(
+                findings,
+                "ambiguous_offset_key",
+                f"offsetTable key {key!r} has several '@'; read as {tg}",
+                file,
+            )
         if not isinstance(queues, Mapping):
             _note(findings, "bad_offset_entry", f"offsetTable[{key!r}] is not a map", file)
             continue
@@ -619,7 +649,9 @@ def consumer_offsets(
         for q, off in queues.items():
             qi, oi = _as_int(q), _as_int(off)
             if qi is None or oi is None:
-                _note(findings, "bad_offset_entry", f"offsetTable[{key!r}][{q!r}]={off!r} is not int:int", file)
+                _note(
+                    findings, "bad_offset_entry", f"offsetTable[{key!r}][{q!r}]={off!r} is not int:int", file
+                )
                 continue
             m[qi] = oi
         out.setdefault(tg, {}).update(m)
@@ -634,8 +666,9 @@ def consumer_offsets(
     return out
 
 
-def delay_offsets(data: Mapping[str, Any] | None, *, findings: list[Finding] | None = None,
-                  file: str | None = None) -> dict[int, int]:
+def delay_offsets(
+    data: Mapping[str, Any] | None, *, findings: list[Finding] | None = None, file: str | None = None
+) -> dict[int, int]:
     """delayOffset.json's ``offsetTable``: {delay level: next SCHEDULE_TOPIC_XXXX queue offset to deliver}."""
     out: dict[int, int] = {}
     for lvl, off in ((data or {}).get("offsetTable") or {}).items():
@@ -680,12 +713,13 @@ class TopicConfig:
 
     @property
     def queue_type(self) -> str:
-        """"SimpleCQ" (consumequeue/) or "BatchCQ" (batchconsumequeue/, 5.x)."""
+        """ "SimpleCQ" (consumequeue/) or "BatchCQ" (batchconsumequeue/, 5.x)."""
         return self.attribute("queue.type") or "SimpleCQ"
 
 
-def topic_configs(data: Mapping[str, Any] | None, *, findings: list[Finding] | None = None,
-                  file: str | None = None) -> dict[str, TopicConfig]:
+def topic_configs(
+    data: Mapping[str, Any] | None, *, findings: list[Finding] | None = None, file: str | None = None
+) -> dict[str, TopicConfig]:
     """topics.json's ``topicConfigTable`` as {topic: TopicConfig} (missing fields take Java defaults)."""
     out: dict[str, TopicConfig] = {}
     for name, tc in ((data or {}).get("topicConfigTable") or {}).items():
@@ -713,6 +747,11 @@ def topic_configs(data: Mapping[str, Any] | None, *, findings: list[Finding] | N
             kw["attributes"] = {str(k): str(v) for k, v in tc["attributes"].items()}
         topic = tc.get("topicName") if isinstance(tc.get("topicName"), str) else str(name)
         if topic != name:
-            _note(findings, "topic_name_mismatch", f"topicConfigTable key {name!r} holds topicName {topic!r}", file)
+            _note(
+                findings,
+                "topic_name_mismatch",
+                f"topicConfigTable key {name!r} holds topicName {topic!r}",
+                file,
+            )
         out[str(name)] = TopicConfig(topic_name=topic, **kw)
     return out

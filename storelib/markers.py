@@ -192,7 +192,9 @@ def hold_lock(root: str | os.PathLike | Location) -> Iterator[str]:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
         except (BlockingIOError, PermissionError) as e:
-            raise StoreError(path, 0, "locked", "another process (a live broker?) holds the store lock") from e
+            raise StoreError(
+                path, 0, "locked", "another process (a live broker?) holds the store lock"
+            ) from e
         if os.fstat(fd).st_size == 0:
             os.pwrite(fd, LOCK_CONTENT, 0)
         yield path

@@ -19,8 +19,26 @@ from storelib.errors import StoreError
 CONF_498 = "/work/shared/samples/rocketmq-4.9.8-small.broker.conf"
 CONF_533 = "/work/shared/samples/rocketmq-5.3.3-small.broker.conf"
 
-TV10_MS = (1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000, 300000, 360000, 420000, 480000,
-           540000, 600000, 1200000, 1800000, 3600000, 7200000)
+TV10_MS = (
+    1000,
+    5000,
+    10000,
+    30000,
+    60000,
+    120000,
+    180000,
+    240000,
+    300000,
+    360000,
+    420000,
+    480000,
+    540000,
+    600000,
+    1200000,
+    1800000,
+    3600000,
+    7200000,
+)
 
 
 def test_sample_498_conf_geometry():
@@ -75,8 +93,17 @@ def test_properties_syntax():
         "last=end\\"
     )
     p = {k: v[0] for k, v in parse_properties_text(text).items()}
-    assert p == {"a": "1", "b": "2", "c": "3", "dontinued": "xy", "e": "A\tB", "f g": "h", "k": "v\\",
-                 "dup": "2", "last": "end"}
+    assert p == {
+        "a": "1",
+        "b": "2",
+        "c": "3",
+        "dontinued": "xy",
+        "e": "A\tB",
+        "f g": "h",
+        "k": "v\\",
+        "dup": "2",
+        "last": "end",
+    }
     assert parse_properties_text(text)["e"][1] == 9  # line numbers are 1-based, of the logical line start
 
 
@@ -109,15 +136,18 @@ def test_malformed_unicode_escape_is_an_error(tmp_path):
 
 
 def test_booleans_follow_java_parse_boolean():
-    s = BrokerSettings.from_properties({"messageIndexEnable": "TRUE", "enableLmq": "yes", "duplicationEnable": "true"})
+    s = BrokerSettings.from_properties(
+        {"messageIndexEnable": "TRUE", "enableLmq": "yes", "duplicationEnable": "true"}
+    )
     assert s.message_index_enable is True and s.enable_lmq is False and s.duplication_enable is True
 
 
 def test_disk_ratio_clamps_per_version():
     assert BrokerSettings.from_properties({"diskMaxUsedSpaceRatio": "5"}).disk_max_used_space_ratio == 10
     assert BrokerSettings.from_properties({"diskMaxUsedSpaceRatio": "99"}).disk_max_used_space_ratio == 95
-    s5 = BrokerSettings.from_properties({"diskSpaceWarningLevelRatio": "95", "diskSpaceCleanForciblyRatio": "10"},
-                                        version="5")
+    s5 = BrokerSettings.from_properties(
+        {"diskSpaceWarningLevelRatio": "95", "diskSpaceCleanForciblyRatio": "10"}, version="5"
+    )
     assert s5.disk_space_warning_ratio == 0.90 and s5.disk_space_force_ratio == 0.30
     s5p = s5.with_overrides({"rocketmq.broker.diskSpaceWarningLevelRatio": "0.5"})
     assert s5p.disk_space_warning_ratio == 0.5  # system property overrides the config
@@ -147,8 +177,12 @@ def test_delay_level_parsing_like_the_broker():
 
 def test_to_properties_lists_non_defaults():
     s = load_broker_conf(CONF_498)
-    assert s.to_properties() == {"mappedFileSizeCommitLog": "524288", "mappedFileSizeConsumeQueue": "2000",
-                                 "maxHashSlotNum": "200", "maxIndexNum": "800"}
+    assert s.to_properties() == {
+        "mappedFileSizeCommitLog": "524288",
+        "mappedFileSizeConsumeQueue": "2000",
+        "maxHashSlotNum": "200",
+        "maxIndexNum": "800",
+    }
     assert BrokerSettings.from_properties(s.to_properties()) == dataclasses.replace(s, source=None)
 
 

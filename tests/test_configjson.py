@@ -201,7 +201,10 @@ def test_tv12_bare_keys_and_string_with_comma_digit_colon():
         '\n\t\t"%RETRY%group_a@group_a":{0:0\n\t\t}\n\t}\n}'
     )
     assert parse_fastjson(text) == {
-        "offsetTable": {"TopicTest@group_a": {0: 250, 1: 250, 2: 249, 3: 251}, "%RETRY%group_a@group_a": {0: 0}}
+        "offsetTable": {
+            "TopicTest@group_a": {0: 250, 1: 250, 2: 249, 3: 251},
+            "%RETRY%group_a@group_a": {0: 0},
+        }
     }
     assert parse_fastjson('{"x":"a,5:b","m":{7:1}}') == {"x": "a,5:b", "m": {7: 1}}
 
@@ -253,7 +256,7 @@ def test_write_config_follows_tmp_bak_rename_sequence(tmp_path):
 
 
 def test_writer_escapes_like_fastjson():
-    s = 'q" b\\ / \n\t\b\f\r \x0b \x1f \x7f \x85 \u2028 \u2029 < > & \' 主 😀 \ufeff'
+    s = "q\" b\\ / \n\t\b\f\r \x0b \x1f \x7f \x85 \u2028 \u2029 < > & ' 主 😀 \ufeff"
     out = dump_fastjson({"e": s}, pretty=False)
     assert out == (
         '{"e":"q\\" b\\\\ / \\n\\t\\b\\f\\r \\u000B \\u001F \\u007F \\u0085 \\u2028 \\u2029 < > & \' 主 😀 \ufeff"}'
@@ -269,8 +272,12 @@ def test_consumer_offsets_typed_view_of_pretty_sample():
     data = parse_fastjson((SAMPLES / "pretty/config/consumerOffset.json").read_text())
     offs = consumer_offsets(data)
     assert offs[("TopicTest", "please_rename_unique_group_name_4")][7] == 521
-    assert offs[("ReadOnlyTopic", "GID_SLAVE_READER")] == {0: 123456789012, 1: 123456789013,
-                                                          2: 123456789014, 3: 123456789015}
+    assert offs[("ReadOnlyTopic", "GID_SLAVE_READER")] == {
+        0: 123456789012,
+        1: 123456789013,
+        2: 123456789014,
+        3: 123456789015,
+    }
     assert offs[("%RETRY%GID_ORDER_CONSUMER", "GID_ORDER_CONSUMER")] == {0: 5}
     assert len(offs) == 6
     strict = consumer_offsets(EXPECTED["pretty/config/consumerOffset.json"]["content"])
@@ -291,8 +298,9 @@ def test_topic_group_split_rule_and_findings():
     assert split_topic_group("%RETRY%a@b@a@b") == ("%RETRY%a@b", "a@b")
     assert split_topic_group("nosep") is None
     findings = []
-    offs = consumer_offsets({"offsetTable": {"nosep": {0: 1}, "T@g@x": {0: 2}, "U@h": {"x": 1}}},
-                            findings=findings)
+    offs = consumer_offsets(
+        {"offsetTable": {"nosep": {0: 1}, "T@g@x": {0: 2}, "U@h": {"x": 1}}}, findings=findings
+    )
     assert offs == {("T", "g@x"): {0: 2}, ("U", "h"): {}}
     assert sorted(f.kind for f in findings) == ["ambiguous_offset_key", "bad_offset_entry", "bad_offset_key"]
 
@@ -307,7 +315,13 @@ def test_topic_configs_of_pretty_sample():
     tcs = topic_configs(parse_fastjson((SAMPLES / "pretty/config/topics.json").read_text()))
     assert len(tcs) == 20
     ro = tcs["ReadOnlyTopic"]
-    assert (ro.perm, ro.read_queue_nums, ro.write_queue_nums, ro.readable, ro.writable) == (4, 4, 2, True, False)
+    assert (ro.perm, ro.read_queue_nums, ro.write_queue_nums, ro.readable, ro.writable) == (
+        4,
+        4,
+        2,
+        True,
+        False,
+    )
     oe = tcs["OrderEvents"]
     assert oe.order and oe.topic_filter_type == "MULTI_TAG" and oe.read_queue_nums == 16
     assert tcs["UnitTopic"].topic_sys_flag == 1
@@ -316,6 +330,8 @@ def test_topic_configs_of_pretty_sample():
 
 
 def test_topic_config_attributes_5x():
-    tcs = topic_configs({"topicConfigTable": {"B": {"topicName": "B", "attributes": {"+queue.type": "BatchCQ"}}}})
+    tcs = topic_configs(
+        {"topicConfigTable": {"B": {"topicName": "B", "attributes": {"+queue.type": "BatchCQ"}}}}
+    )
     assert tcs["B"] == TopicConfig("B", attributes={"+queue.type": "BatchCQ"})
     assert tcs["B"].queue_type == "BatchCQ"
