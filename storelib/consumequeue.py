@@ -49,7 +49,7 @@ FILLER_BYTES = np.array([FILLER_ENTRY], dtype=CQ_DTYPE).tobytes()
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _ROCKSDB_NAMES = re.compile(r"^(CURRENT|IDENTITY|LOCK|MANIFEST-\d+|OPTIONS-\d+|\d+\.(sst|log))$")
 # TopicValidator (both tags): ^[%|a-zA-Z0-9_-]+$ ; '+' added for 5.x POP retry topics (%RETRY%group+topic)
-_TOPIC_CHARS = re.compile(r"^[%|a-zA-Z0-9_+\-]+$")
+_TOPIC_CHARS = re.compile(r"[%|a-zA-Z0-9_+\-]+")
 MAX_TOPIC_DIR_BYTES = 255
 
 
@@ -213,7 +213,7 @@ def safe_topic_dirname(topic: str) -> str:
         raise StoreError(None, None, "bad_topic_name", f"topic {topic!r} cannot be a directory name")
     if len(topic.encode("utf-8", "surrogatepass")) > MAX_TOPIC_DIR_BYTES:
         raise StoreError(None, None, "bad_topic_name", f"topic of {len(topic)} chars is longer than 255 bytes")
-    if not _TOPIC_CHARS.match(topic) or "\n" in topic:
+    if not _TOPIC_CHARS.fullmatch(topic):
         raise StoreError(None, None, "bad_topic_name",
                          f"topic {topic[:80]!r} has characters outside ^[%|a-zA-Z0-9_+-]+$")
     return topic

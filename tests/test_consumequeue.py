@@ -585,7 +585,7 @@ def test_safe_topic_dirname_allows_rocketmq_topic_names(topic):
 
 
 @pytest.mark.parametrize("topic", ["", ".", "..", "../x", "a/b", "a\\b", "a\x00b", "x" * 256, "tópico",
-                                   "a b", "a.b", "a\nb", "/abs"])
+                                   "a b", "a.b", "a\nb", "abc\n", "/abs"])
 def test_safe_topic_dirname_rejects_names_that_could_escape_or_are_invalid(topic):
     with pytest.raises(StoreError) as ei:
         safe_topic_dirname(topic)
