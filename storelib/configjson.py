@@ -317,13 +317,13 @@ def salvage_prefix_detail(text: str, *, file: str | None = None) -> SalvageResul
     # unwind what is still open at the cut, innermost first
     while stack:
         fr = stack.pop()
-        if fr.has_pending or fr.state in ("colon", "value"):
+        if fr.has_pending and _whole_at_cut(fr.pending):
+            commit(fr)  # a closed string/object/array or a literal cannot have been cut short
+        elif fr.has_pending or fr.state in ("colon", "value"):
             result.dropped.append(_child_path(fr))
+            fr.has_pending = False
         if not stack:
-            if fr.obj is not root:
-                result.dropped.append(fr.path)
-            else:
-                result.incomplete.append("/")
+            result.incomplete.append("/")
             break
         parent = stack[-1]
         if fr.is_dict and fr.obj:
@@ -334,6 +334,11 @@ def salvage_prefix_detail(text: str, *, file: str | None = None) -> SalvageResul
             result.dropped.append(fr.path)
         parent.state = "sep"
     return result
+
+
+def _whole_at_cut(v: Any) -> bool:
+    """Only a number can be cut into another valid value ("10017" -> "100")."""
+    return isinstance(v, bool) or not isinstance(v, (int, float))
 
 
 def salvage_prefix(text: str, *, file: str | None = None) -> dict:

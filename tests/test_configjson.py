@@ -335,3 +335,28 @@ def test_topic_config_attributes_5x():
     )
     assert tcs["B"] == TopicConfig("B", attributes={"+queue.type": "BatchCQ"})
     assert tcs["B"].queue_type == "BatchCQ"
+
+
+@pytest.mark.parametrize(
+    ("text", "want", "dropped"),
+    [
+        ('{"a":{"b":1},"c":{"d":2}', {"a": {"b": 1}, "c": {"d": 2}}, []),
+        ('{"a":{"b":1},"s":"abc"', {"a": {"b": 1}, "s": "abc"}, []),
+        ('{"a":{"b":1},"t":true', {"a": {"b": 1}, "t": True}, []),
+        ('{"a":{"b":1},"n":12', {"a": {"b": 1}}, ["/n"]),
+        ('{"a":{"b":1},"s":"ab', {"a": {"b": 1}}, ["/s"]),
+        ('{"a":{"b":1},"l":[1,2', {"a": {"b": 1}}, ["/l/1", "/l"]),
+        ('{"a":{"b":1},"m":{', {"a": {"b": 1}}, ["/m"]),
+        ('{"a":{"b":1},"k', {"a": {"b": 1}}, []),
+        ('{"m":{0:1,1:2,2', {"m": {0: 1, 1: 2}}, []),
+    ],
+)
+def test_salvage_keeps_values_that_cannot_have_been_cut(text, want, dropped):
+    res = salvage_prefix_detail(text)
+    assert res.data == want and res.dropped == dropped and not res.complete
+
+
+def test_salvage_of_a_whole_file_is_the_parse():
+    text = (SAMPLES / "pretty/config/topics.json").read_text()
+    res = salvage_prefix_detail(text)
+    assert res.complete and res.data == parse_fastjson(text) and res.stopped_at == len(text.encode())
