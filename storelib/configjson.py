@@ -44,6 +44,9 @@ _WS = " \t\n\r"
 # A string literal (skipped as a whole) or a bare integer key right after '{' or ','.
 _SCAN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(?<=[{,])([ \t\n\r]*)(-?[0-9]+)(?=[ \t\n\r]*:)')
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_STRING_SPLIT = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")')
+_BARE_KEY = re.compile(r"([{,][ \t\n\r]*)(-?[0-9]+)(?=[ \t\n\r]*:)")
+_SEG = "\x01"  # joins the outside-of-string segments for one C-level substitution
 
 
 class _RefFound(Exception):
@@ -60,15 +63,46 @@ def _bad(file: str | None, text: str, char_pos: int | None, detail: str) -> Stor
 
 
 def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict:
-    out: dict = {}
-    for k, v in pairs:
-        if k[:1] == _KEY_MARK:
-            out[int(k[1:])] = v
-        else:
-            if k == "$ref":
-                raise _RefFound
-            out[k] = v
-    return out
+    d = dict(pairs)  # later duplicates win, as in fastjson's map put
+    if not d:
+        return d
+    if "$ref" in d:
+        raise _RefFound
+    if min(d)[:1] != _KEY_MARK:  # marked (bare) keys sort first: one C-level check per object
+        return d
+    return {(int(k[1:]) if k[:1] == _KEY_MARK else k): v for k, v in d.items()}
+
+
+def _quote_bare_keys_slow(text: str) -> tuple[str, list[int]]:
+    """Same result as _quote_bare_keys, plus where keys were widened (to map error positions back)."""
+    shifts: list[int] = []  # transformed positions after which 3 more chars were inserted
+    parts: list[str] = []
+    last = 0
+    added = 0
+    for m in _SCAN.finditer(text):
+        if m.group(2) is None:
+            continue
+        parts.append(text[last : m.start(2)])
+        parts.append('"' + _KEY_MARK + m.group(2) + '"')
+        last = m.end(2)
+        added += 3
+        shifts.append(m.end(2) + added)
+    parts.append(text[last:])
+    return "".join(parts), shifts
+
+
+def _quote_bare_keys(text: str) -> str:
+    """Wrap every bare integer key outside string literals in quotes, marked with a NUL prefix.
+
+    String literals are split out (C regex), the remaining segments are joined with a separator that
+    cannot follow '{'/',' or precede ':' and rewritten by one C-level substitution.
+    """
+    if _SEG in text:
+        return _quote_bare_keys_slow(text)[0]
+    parts = _STRING_SPLIT.split(text)
+    outside = _BARE_KEY.sub('\\1"' + _KEY_MARK + '\\2"', _SEG.join(parts[0::2])).split(_SEG)
+    parts[0::2] = outside
+    return "".join(parts)
 
 
 def _reject_constant(name: str) -> Any:
@@ -104,21 +138,7 @@ def parse_fastjson(text: str, *, file: str | None = None) -> dict:
     if text[first] != "{":
         raise _bad(file, text, first, f"top level must be an object, found {text[first]!r}")
 
-    shifts: list[int] = []  # transformed positions after which 3 more chars were inserted
-    parts: list[str] = []
-    last = 0
-    added = 0
-    for m in _SCAN.finditer(text):
-        if m.group(2) is None:
-            continue
-        s = m.start(2)
-        parts.append(text[last:s])
-        parts.append('"' + _KEY_MARK + m.group(2) + '"')
-        last = m.end(2)
-        added += 3
-        shifts.append(m.end(2) + added)
-    parts.append(text[last:])
-    quoted = "".join(parts)
+    quoted = _quote_bare_keys(text)
     try:
         data = json.loads(
             quoted, strict=False, object_pairs_hook=_pairs_hook, parse_constant=_reject_constant
@@ -128,9 +148,16 @@ def parse_fastjson(text: str, *, file: str | None = None) -> dict:
         raise _bad(
             file, text, pos, 'fastjson "$ref" reference: refusing to guess what it points to'
         ) from None
-    except json.JSONDecodeError as e:
-        orig = e.pos - 3 * bisect.bisect_right(shifts, e.pos)
-        raise _bad(file, text, orig, e.msg) from None
+    except json.JSONDecodeError:
+        # error path only: redo the rewrite keeping track of insertions to map the position back
+        slow, shifts = _quote_bare_keys_slow(text)
+        try:
+            json.loads(slow, strict=False, object_pairs_hook=_pairs_hook, parse_constant=_reject_constant)
+        except json.JSONDecodeError as e:
+            raise _bad(file, text, e.pos - 3 * bisect.bisect_right(shifts, e.pos), e.msg) from None
+        except (_RefFound, ValueError, RecursionError):
+            pass
+        raise _bad(file, text, None, "invalid JSON") from None
     except (ValueError, RecursionError) as e:
         raise _bad(file, text, None, str(e) or type(e).__name__) from None
     if not isinstance(data, dict):

@@ -360,3 +360,12 @@ def test_salvage_of_a_whole_file_is_the_parse():
     text = (SAMPLES / "pretty/config/topics.json").read_text()
     res = salvage_prefix_detail(text)
     assert res.complete and res.data == parse_fastjson(text) and res.stopped_at == len(text.encode())
+
+
+@pytest.mark.parametrize("rel", ["pretty/config/consumerFilter.json.bak", "edge/config/consumerOffset.json"])
+def test_fast_key_quoting_equals_the_scanning_recipe_on_every_prefix(rel):
+    from storelib.configjson import _quote_bare_keys, _quote_bare_keys_slow
+
+    text = (SAMPLES / rel).read_text()
+    for i in range(len(text) + 1):
+        assert _quote_bare_keys(text[:i]) == _quote_bare_keys_slow(text[:i])[0], i
