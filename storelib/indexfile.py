@@ -182,6 +182,29 @@ def _time_diff(t: int, begin: int) -> int:
     return min(d, INT_MAX)
 
 
+def _stable_argsort(keys: np.ndarray, bound: int) -> np.ndarray:
+    """Stable argsort of non-negative integer keys < ``bound``.
+
+    numpy sorts 16-bit keys stably with a radix sort; two such passes (low half, then high half)
+    beat its general stable sort on the tens of millions of slots of a default-geometry file.
+    """
+    if bound <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    if bound <= 1 << 32:
+        p1 = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+        p2 = np.argsort((keys[p1] >> 16).astype(np.uint16), kind="stable")
+        return p1[p2]
+    return np.argsort(keys, kind="stable")
+
+
+def _time_diffs(t: np.ndarray, begin: int) -> np.ndarray:
+    """Vectorised :func:`_time_diff` of many store times against one beginTimestamp, as int32."""
+    if begin <= 0:
+        return np.zeros(len(t), dtype=np.int32)
+    x = t - np.int64(begin)  # int64 arrays wrap like Java longs
+    return np.where(x < 0, 0, np.minimum(x // 1000, INT_MAX)).astype(np.int32)
+
+
 def time_matched(file_begin: int, file_end: int, begin: int, end: int) -> bool:
     """IndexFile.isTimeMatched: does [file_begin, file_end] overlap the query range (§10.3 2b)."""
     return (
@@ -384,11 +407,11 @@ class IndexFile:
         ic = self.index_count
         ent = self.entries_array()
         m = len(ent)
-        n = np.arange(1, m + 1, dtype=np.int64)
-        kh = ent["key_hash"].astype(np.int64)
-        prev = ent["prev_index"].astype(np.int64)
-        phy = ent["phy_offset"].astype(np.int64)
-        slots = self.slots().astype(np.int64)
+        n = np.arange(1, m + 1, dtype=np.int32)
+        kh = ent["key_hash"].astype(np.int32)
+        prev = ent["prev_index"].astype(np.int32)
+        phy = ent["phy_offset"]
+        slots = self.slots().astype(np.int32)
 
         neg = np.flatnonzero(kh < 0)
         if len(neg):
@@ -402,7 +425,7 @@ class IndexFile:
                 f"{len(bad)} slot values outside 0..{ic} (first: slot {int(bad[0])} = {int(slots[bad[0]])})",
                 count=len(bad))
         # newest entry per slot, from the entries themselves
-        expect = np.zeros(g.hash_slot_num, dtype=np.int64)
+        expect = np.zeros(g.hash_slot_num, dtype=np.int32)
         okh = eslot >= 0
         if m:
             np.maximum.at(expect, eslot[okh], n[okh])
@@ -427,7 +450,7 @@ class IndexFile:
             add("prev_index_wrong_slot", "error", g.entry_pos(e0) + 16,
                 f"{len(cross)} entries chain to an entry of another slot (first: entry {e0})", count=len(cross))
 
-        distinct = int(len(np.unique(eslot[okh]))) if m else 0
+        distinct = int(np.count_nonzero(np.bincount(eslot[okh], minlength=g.hash_slot_num))) if m else 0
         if h.hash_slot_count != distinct:
             add("hash_slot_count_mismatch", "warning", 32,
                 f"hashSlotCount {h.hash_slot_count} but the entries use {distinct} distinct slots",
@@ -787,87 +810,72 @@ def build_index_files(
 
     images: list[IndexImage] = []
     if K:
+        # one file at a time: memory stays bounded by one file's entries, whatever K is
         base = c0 if continued else 0
-        gk = np.arange(K, dtype=np.int64) + base
-        f = gk // E
-        n = gk % E + 1
-        nfiles = int(f[-1]) + 1
-        slot = h % S
-        # prevIndex: stable sort by (file, slot); within a group the previous entry number
-        key = f * S + slot
-        order = np.argsort(key, kind="stable")
-        ks, ns = key[order], n[order]
-        first_of_group = np.ones(K, dtype=bool)
-        first_of_group[1:] = ks[1:] != ks[:-1]
-        prev_sorted = np.empty(K, dtype=np.int64)
-        prev_sorted[1:] = ns[:-1]
-        init_old = np.zeros(K, dtype=np.int64)
-        if continued:
-            c_first = first_of_group & (f[order] == 0)
-            old = prev_state.slots.astype(np.int64)[slot[order][c_first]]
-            init_old[c_first] = np.where((old > 0) & (old <= ns[c_first]), old, 0)
-        prev_sorted[first_of_group] = init_old[first_of_group]
-        prev_index = np.empty(K, dtype=np.int64)
-        prev_index[order] = prev_sorted
-        last_of_group = np.ones(K, dtype=bool)
-        last_of_group[:-1] = ks[1:] != ks[:-1]
-
-        # file boundaries in k order
-        fstart = np.searchsorted(f, np.arange(nfiles), side="left")
-        fend = np.searchsorted(f, np.arange(nfiles), side="right")
-        first_t = t[fstart]
-        last_t = t[fend - 1]
-        # timeDiff base: entry 1 → previous file's end timestamp (the new file's initial begin);
-        # later entries → the file's begin timestamp (its entry 1)
-        file_begin_ts = first_t.copy()
-        init_begin = np.empty(nfiles, dtype=np.int64)
-        init_begin[1:] = last_t[:-1]
-        if continued:
-            init_begin[0] = prev_state.header.begin_timestamp
-            if c0 >= 1:
-                file_begin_ts[0] = prev_state.header.begin_timestamp
-        else:
-            init_begin[0] = prev_end_ts if prev_end_ts > 0 else 0
-        B = np.where(n == 1, init_begin[f], file_begin_ts[f])
-        with np.errstate(over="ignore"):
-            x = t - B
-        td = np.where(x < 0, 0, x // 1000)
-        td = np.where(B <= 0, 0, np.minimum(td, INT_MAX))
-
-        new_slots = np.bincount(f, weights=(prev_index == 0), minlength=nfiles).astype(np.int64)
-        f_sorted = f[order]
+        nfiles = (K - 1 + base) // E + 1
+        prev_file_end_ts = prev_end_ts if prev_end_ts > 0 else 0
         for fi in range(nfiles):
-            lo, hi = int(fstart[fi]), int(fend[fi])
+            lo, hi = max(0, fi * E - base), min(K, (fi + 1) * E - base)
             is_cont = continued and fi == 0
+            n0 = c0 + 1 if is_cont else 1  # entry number of the first new entry
+            m = hi - lo
+            hs, ps, ts = h[lo:hi], p[lo:hi], t[lo:hi]
+            n = np.arange(n0, n0 + m, dtype=np.int32)
+            slot = hs % S
+            # prevIndex: stable sort by slot; within a slot the previous (older) entry number
+            order = _stable_argsort(slot, S)
+            ss, ns = slot[order], n[order]
+            first = np.ones(m, dtype=bool)
+            first[1:] = ss[1:] != ss[:-1]
+            prev_sorted = np.empty(m, dtype=np.int32)
+            prev_sorted[1:] = ns[:-1]
             if is_cont:
                 slots = prev_state.slots.astype(np.int32).copy()
-                old_e = prev_state.entries[:c0]
+                old = slots[ss[first]].astype(np.int64)
+                # putKey: a slot value <= 0 or > indexCount (= n at insert) reads as empty
+                prev_sorted[first] = np.where((old > 0) & (old <= ns[first]), old, 0)
             else:
                 slots = np.zeros(S, dtype=np.int32)
-                old_e = np.zeros(0, ENTRY_DTYPE)
-            sel = last_of_group & (f_sorted == fi)
-            slots[(ks[sel] - fi * S)] = ns[sel]
-            ent = np.empty(c0 + (hi - lo) if is_cont else hi - lo, dtype=ENTRY_DTYPE)
-            ent[: len(old_e)] = old_e
-            new = ent[len(old_e):]
-            new["key_hash"] = h[lo:hi]
-            new["phy_offset"] = p[lo:hi]
-            new["time_diff"] = td[lo:hi]
-            new["prev_index"] = prev_index[lo:hi]
+                prev_sorted[first] = 0
+            prev = np.empty(m, dtype=np.int32)
+            prev[order] = prev_sorted
+            last = np.empty(m, dtype=bool)
+            last[:-1] = first[1:]
+            last[-1] = True
+            slots[ss[last]] = ns[last]  # the newest entry of each slot
+            del order, ss, ns, first, last, prev_sorted, slot
+
+            # timeDiff: entry 1 is measured from the file's initial beginTimestamp (the previous
+            # file's end), later entries from the file's beginTimestamp (its entry 1)
             if is_cont and c0 >= 1:
                 begin_ts, begin_phy = prev_state.header.begin_timestamp, prev_state.header.begin_phy_offset
-                hsc0 = prev_state.header.hash_slot_count
             else:
-                begin_ts, begin_phy, hsc0 = int(t[lo]), int(p[lo]), (prev_state.header.hash_slot_count if is_cont else 0)
+                begin_ts, begin_phy = int(ts[0]), int(ps[0])
+            init_begin = prev_state.header.begin_timestamp if is_cont else prev_file_end_ts
+            td = _time_diffs(ts, begin_ts)
+            if n0 == 1:
+                td[0] = _time_diff(int(ts[0]), init_begin)
+
+            ent = np.empty(n0 - 1 + m, dtype=ENTRY_DTYPE)
+            if is_cont:
+                ent[: n0 - 1] = prev_state.entries[: n0 - 1]
+            new = ent[n0 - 1:]
+            new["key_hash"] = hs
+            new["phy_offset"] = ps
+            new["time_diff"] = td
+            new["prev_index"] = prev
+            hsc0 = prev_state.header.hash_slot_count if is_cont else 0
             header = IndexHeader(
-                begin_timestamp=int(begin_ts), end_timestamp=int(t[hi - 1]),
-                begin_phy_offset=int(begin_phy), end_phy_offset=int(p[hi - 1]),
-                hash_slot_count=int(hsc0 + new_slots[fi]), index_count=int(n[hi - 1]) + 1,
+                begin_timestamp=int(begin_ts), end_timestamp=int(ts[-1]),
+                begin_phy_offset=int(begin_phy), end_phy_offset=int(ps[-1]),
+                hash_slot_count=int(hsc0 + np.count_nonzero(prev == 0)), index_count=int(n[-1]) + 1,
             )
             images.append(IndexImage(g, header, slots, ent,
                                      name=prev_state.name if is_cont else None,
-                                     first_timestamp=int(t[lo]) if not is_cont else None))
-        last_full = int(n[-1]) == E
+                                     first_timestamp=None if is_cont else int(ts[0])))
+            prev_file_end_ts = int(ts[-1])
+            last_n = int(n[-1])
+        last_full = last_n == E
         last_end = (int(p[-1]), int(t[-1]))
     else:
         last_full = prev_state is not None and c0 >= E

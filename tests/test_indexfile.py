@@ -633,3 +633,14 @@ def test_continuing_a_file_with_garbage_slot_values_treats_them_as_empty_like_pu
     # entry 7 lands in slot 0 whose stale value 6 is now <= cnt: the broker links to it
     assert imgs[0].entries["prev_index"].tolist() == [0, 0, 0, 2, 4, 1, 6]
     assert imgs[0].header.hash_slot_count == 3
+
+
+def test_wide_slot_table_uses_two_pass_sort_and_still_matches_scalar():
+    rng = np.random.default_rng(11)
+    g = IndexGeometry(100_003, 40)  # slots beyond 16 bits
+    pool = rng.integers(0, 2**31 - 1, 25).tolist() + [0, 100_003, 200_006, 65_536, 65_537 + 100_003]
+    recs = [(rng.choice(pool, rng.integers(0, 3)).tolist(), 10 * i, T0 + 300 * i) for i in range(120)]
+    imgs = build_index_files(key_rows_of(recs), geometry=g, trailing_dispatch=trailing(recs))
+    oracle = run_scalar(recs, g)
+    assert len(imgs) >= 4
+    assert [im.to_bytes() for im in imgs] == [w.to_bytes() for w in oracle]
