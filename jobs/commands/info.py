@@ -1,0 +1,183 @@
+"""``rmqstore info``: what is in a store: segments, messages, topics/queues, checkpoint, markers, index, config."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import pyarrow as pa
+
+from jobs.common import add_store_args, human_ms, open_store, print_json, print_table
+from storelib.checkpoint import read_checkpoint
+from storelib.configjson import consumer_offsets, load_config
+from storelib.consumequeue import ConsumeQueue, list_queues
+from storelib.errors import Finding, StoreError
+from storelib.indexfile import list_index_files
+from storelib.lookup import index_geometry
+from storelib.markers import abort_state, lock_state, what_broker_does
+
+EXAMPLE = """example:
+  rmqstore info /data/store --broker-conf /opt/rocketmq/conf/broker.conf
+  rmqstore info s3://dumps/broker-a/store --s3-endpoint http://127.0.0.1:9000 --json
+"""
+CONFIG_FILES = ["topics.json", "consumerOffset.json", "subscriptionGroup.json", "delayOffset.json"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="summarise a store (segments, topics, queues, checkpoint, markers)",
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_store_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-scan", action="store_true", help="skip the commitlog scan (no message counts)")
+    p.set_defaults(func=run)
+
+
+def _queue_stats(store) -> tuple[dict, list[dict]]:
+    """Per (topic, queue) message stats from one commitlog scan, plus per-segment results."""
+    acc: dict[tuple[str, int], list[int]] = {}
+    ends: list = []
+    cols = ["topic", "queue_id", "queue_offset", "store_timestamp", "size", "tran_type"]
+    for batch in store.scan(verify_crc=False, with_properties=False, columns=None, ends=ends):
+        t = pa.Table.from_batches([batch.select(cols)])
+        g = t.group_by(["topic", "queue_id"]).aggregate([
+            ("queue_offset", "min"), ("queue_offset", "max"), ("store_timestamp", "min"),
+            ("store_timestamp", "max"), ("size", "sum"), ("size", "count")])
+        for r in g.to_pylist():
+            k = (r["topic"], r["queue_id"])
+            a = acc.get(k)
+            v = [r["size_count"], r["queue_offset_min"], r["queue_offset_max"], r["store_timestamp_min"],
+                 r["store_timestamp_max"], r["size_sum"]]
+            if a is None:
+                acc[k] = v
+            else:
+                acc[k] = [a[0] + v[0], min(a[1], v[1]), max(a[2], v[2]), min(a[3], v[3]), max(a[4], v[4]), a[5] + v[5]]
+    return acc, [e.to_dict() for e in ends]
+
+
+def collect(store, scan: bool = True) -> dict[str, Any]:
+    """Everything `info` reports, as plain data."""
+    cl = store.commitlog
+    findings: list[Finding] = list(cl.findings)
+    out: dict[str, Any] = {"store": store.uri, "local": store.local}
+    out["segment_size"] = cl.segment_size
+    out["segments"] = [{"name": s.name, "base": s.base, "size": s.file_size, "mtime_ms": s.mtime_ms} for s in cl.segments]
+    stats: dict = {}
+    if scan:
+        stats, ends = _queue_stats(store)
+        for seg, e in zip([s for s in cl.segments if s.file_size], ends):
+            for d in out["segments"]:
+                if d["name"] == seg.name:
+                    d.update({"records": e["records"], "end": e["kind"], "end_offset": e["file_offset"],
+                              "reason": e["reason"]})
+            if e["kind"] == "invalid":
+                findings.append(Finding(e["reason"] or "invalid_record", "error", e["file"], e["file_offset"],
+                                        e["detail"] or ""))
+        out["messages"] = sum(v[0] for v in stats.values())
+        out["bytes"] = sum(v[5] for v in stats.values())
+        ts = [v[3] for v in stats.values()] + [v[4] for v in stats.values()]
+        out["first_store_ms"], out["last_store_ms"] = (min(ts), max(ts)) if ts else (None, None)
+    queues = []
+    cq_keys = set()
+    for topic, qid, loc in list_queues(store.loc, findings):
+        cq = ConsumeQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
+        try:
+            findings.extend(cq.findings)
+            q = {"topic": topic, "queue_id": qid, "cq_min_offset": cq.min_offset(cl.min_offset) if cq.segments else 0,
+                 "cq_max_offset": cq.max_offset() if cq.segments else 0}
+        finally:
+            cq.close()
+        s = stats.get((topic, qid))
+        if s:
+            q.update({"messages": s[0], "min_queue_offset": s[1], "max_queue_offset": s[2]})
+        cq_keys.add((topic, qid))
+        queues.append(q)
+    for (topic, qid), s in stats.items():
+        if (topic, qid) not in cq_keys:
+            queues.append({"topic": topic, "queue_id": qid, "cq_min_offset": None, "cq_max_offset": None,
+                           "messages": s[0], "min_queue_offset": s[1], "max_queue_offset": s[2]})
+    out["queues"] = sorted(queues, key=lambda q: (q["topic"], q["queue_id"]))
+    try:
+        cp = read_checkpoint(store.loc)
+        out["checkpoint"] = dict(cp.__dict__)
+    except StoreError as e:
+        out["checkpoint"] = None
+        findings.append(Finding(e.kind, "warning", e.file, e.offset, e.detail))
+    ab = abort_state(store.loc)
+    out["abort"] = {"exists": ab.exists, "pid": ab.pid, "meaning": what_broker_does(ab)}
+    lk = lock_state(store.loc)
+    out["lock"] = {"exists": lk.exists, "held_by_other": lk.held_by_other, "detail": lk.detail}
+    geom = index_geometry(store.settings)
+    idx = []
+    for ref in list_index_files(store.loc, findings):
+        try:
+            f = ref.open(geom, strict=False)
+        except StoreError as e:
+            findings.append(Finding(e.kind, "error", e.file, e.offset, e.detail))
+            continue
+        h = f.header
+        idx.append({"name": ref.name, "entries": f.entry_count, "begin_ms": h.begin_timestamp,
+                    "end_ms": h.end_timestamp, "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset})
+        f.close()
+    out["index_files"] = idx
+    cfg = {}
+    for name in CONFIG_FILES:
+        ld = load_config(store.loc, name)
+        findings.extend(ld.findings)
+        if ld.source is None:
+            continue
+        d = ld.data or {}
+        summary: dict[str, Any] = {"source": ld.source}
+        if name == "topics.json":
+            summary["topics"] = len(d.get("topicConfigTable") or {})
+        elif name == "consumerOffset.json":
+            offs = consumer_offsets(d)
+            summary["entries"] = len(offs)
+            summary["groups"] = len({g for _, g in offs})
+        elif name == "subscriptionGroup.json":
+            summary["groups"] = len(d.get("subscriptionGroupTable") or {})
+        elif name == "delayOffset.json":
+            summary["levels"] = len(d.get("offsetTable") or {})
+        cfg[name] = summary
+    out["config"] = cfg
+    out["findings"] = [f.to_dict() for f in findings]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    info = collect(store, scan=not args.no_scan)
+    if args.json:
+        print_json(info)
+        return 0
+    w = sys.stdout.write
+    w(f"store       {info['store']}\n")
+    segs = info["segments"]
+    w(f"commitlog   {len(segs)} segment(s) of {info['segment_size']} bytes\n")
+    if "messages" in info:
+        w(f"messages    {info['messages']} ({info['bytes']} bytes), stored {human_ms(info['first_store_ms'])} .. "
+          f"{human_ms(info['last_store_ms'])}\n")
+    cp = info["checkpoint"]
+    if cp:
+        w(f"checkpoint  physic {human_ms(cp['physic_msg_timestamp'])}  logics {human_ms(cp['logics_msg_timestamp'])}"
+          f"  index {human_ms(cp['index_msg_timestamp'])}\n")
+    w(f"abort       {'present' if info['abort']['exists'] else 'absent'}: {info['abort']['meaning']}\n")
+    lk = info["lock"]
+    w(f"lock        {'present' if lk['exists'] else 'absent'}"
+      f"{'; HELD BY A RUNNING PROCESS' if lk['held_by_other'] else ''}\n")
+    ix = info["index_files"]
+    w(f"index       {len(ix)} file(s), {sum(i['entries'] for i in ix)} entries\n")
+    for name, c in info["config"].items():
+        extra = ", ".join(f"{k} {v}" for k, v in c.items() if k != "source")
+        w(f"config      {name} (from {c['source']}){': ' + extra if extra else ''}\n")
+    w("\n")
+    print_table(segs, [c for c in ["name", "size", "records", "end", "end_offset", "reason"] if any(c in s for s in segs)])
+    w("\n")
+    print_table(info["queues"], ["topic", "queue_id", "messages", "min_queue_offset", "max_queue_offset",
+                                 "cq_min_offset", "cq_max_offset"])
+    if info["findings"]:
+        w(f"\n{len(info['findings'])} finding(s):\n")
+        for f in info["findings"]:
+            w(f"  [{f['severity']}] {f['file'] or '<store>'}{' @ ' + str(f['offset']) if f['offset'] is not None else ''}:"
+              f" {f['kind']}: {f['detail']}\n")
+    return 0

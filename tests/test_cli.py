@@ -1,0 +1,84 @@
+"""The `rmqstore` command on the real samples: info, messages (jsonl/table/parquet), get, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.cli import main
+from tests.conftest import broker_conf, load_expected
+
+
+def _version(sample) -> str:
+    return "4.9.8" if "4.9.8" in sample.name else "5.3.3"
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_info_json_counts_messages_and_queue_ranges(capsys, sample):
+    rc, out, _ = run_cli(capsys, "info", sample / "store", "--broker-conf", broker_conf(_version(sample)), "--json")
+    info = json.loads(out)
+    expected = [e for e in load_expected(sample, "messages.jsonl") if e["type"] == "msg"]
+    assert rc == 0 and info["messages"] == len(expected)
+    summary = json.loads((sample / "expected" / "export_summary.json").read_text())
+    for q in info["queues"]:
+        s = summary["afterLoad_queues"][q["topic"]][str(q["queue_id"])]
+        assert (q["cq_min_offset"], q["cq_max_offset"]) == (s["minOffset"], s["maxOffset"])
+        assert q["max_queue_offset"] + 1 == s["maxOffset"]
+    assert info["abort"]["exists"] is False and len(info["index_files"]) == 6
+
+
+def test_messages_jsonl_has_the_documented_fields(capsys, sample_498):
+    rc, out, _ = run_cli(capsys, "messages", sample_498 / "store", "--topic", "OrderEvents", "--limit", "5", "--with-body")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and len(rows) == 5 and {r["topic"] for r in rows} == {"OrderEvents"}
+    assert list(rows[0])[:4] == ["phy_offset", "size", "magic_version", "body_crc"]
+    assert "body_base64" in rows[0] and isinstance(rows[0]["properties"], dict)
+
+
+def test_messages_parquet_export_round_trips(tmp_path, capsys, sample_533):
+    out = tmp_path / "m.parquet"
+    rc, _, _ = run_cli(capsys, "messages", sample_533 / "store", "--format", "parquet", "--out", out)
+    t = pq.read_table(out)
+    assert rc == 0 and t.num_rows == 2018 and t.column("magic_version").to_pylist().count(2) == 39
+
+
+def test_get_by_msg_id_queue_and_key(capsys, sample_498):
+    store = sample_498 / "store"
+    conf = broker_conf("4.9.8")
+    rc, out, _ = run_cli(capsys, "get", store, "--msg-id", "0A00000500002A9F00000000000000F7")
+    assert rc == 0 and json.loads(out)["phy_offset"] == 247
+    cq = load_expected(sample_498, "consumequeue_entries.jsonl")[5]
+    rc, out, _ = run_cli(capsys, "get", store, "--broker-conf", conf, "--queue",
+                         f"{cq['topic']}:{cq['queueId']}:{cq['queueOffset']}")
+    assert rc == 0 and json.loads(out)["phy_offset"] == cq["phyOffset"]
+    q = load_expected(sample_498, "index_queries.jsonl")[0]
+    rc, out, _ = run_cli(capsys, "get", store, "--broker-conf", conf, "--key", q["key"], "--topic", q["topic"])
+    assert rc == 0 and [json.loads(line)["phy_offset"] for line in out.splitlines()] == sorted(q["phyOffsets"])
+
+
+def test_every_sample_index_query_is_answered_exactly(sample):
+    from storelib.lookup import lookup_key
+    from storelib.store import Store
+
+    store = Store(sample / "store", broker_conf=str(broker_conf(_version(sample))))
+    for q in load_expected(sample, "index_queries.jsonl")[::7]:
+        assert sorted(r["phy_offset"] for r in lookup_key(store, q["topic"], q["key"])) == sorted(q["phyOffsets"])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["get", "{store}", "--offset", "5"], "commitlog/00000000000000000000 @ 5: no_record"),
+    (["get", "{store}", "--msg-id", "XYZ"], "bad_msg_id"),
+    (["info", "{missing}"], "not_found"),
+    (["get", "{store}", "--queue", "../../etc:0:1"], "bad_topic_name"),
+])
+def test_errors_are_one_line_with_file_and_offset(capsys, tmp_path, sample_498, argv, needle):
+    argv = [a.format(store=sample_498 / "store", missing=tmp_path / "nope") for a in argv]
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 2 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
