@@ -258,7 +258,7 @@ class IndexFile:
     ) -> IndexFile:
         """Open a local path, URI or Location."""
         loc = where if isinstance(where, Location) else resolve(where)
-        return cls(open_source(loc, size), geometry, **kw)
+        return _open_owned(cls, open_source(loc, size), geometry, **kw)
 
     def close(self) -> None:
         self.source.close()
@@ -503,7 +503,16 @@ class IndexFileRef:
     size: int
 
     def open(self, geometry: IndexGeometry | None = None, **kw: Any) -> IndexFile:
-        return IndexFile(open_source(self.loc, self.size), geometry, name=self.name, **kw)
+        return _open_owned(IndexFile, open_source(self.loc, self.size), geometry, name=self.name, **kw)
+
+
+def _open_owned(cls: type[IndexFile], src: ByteSource, geometry: IndexGeometry | None, **kw: Any) -> IndexFile:
+    """Construct over a source we opened; close it again if the file is rejected."""
+    try:
+        return cls(src, geometry, **kw)
+    except BaseException:
+        src.close()
+        raise
 
 
 def list_index_files(store_root: Location | str | os.PathLike, findings: list[Finding] | None = None
