@@ -58,7 +58,6 @@ from .properties import (
     TRAN_MSG,
     UNIQ_KEY,
     crc_digits,
-    parse_properties,
 )
 from .record import (
     BORNHOST_V6_FLAG,
