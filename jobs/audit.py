@@ -1,0 +1,522 @@
+"""Integrity audit of a RocketMQ store, for scheduled runs: ``spark-submit jobs/audit.py STORE [options]``
+or ``rmqstore audit STORE``.
+
+Phase 1 audits every commitlog segment independently (:func:`jobs.audit_checks.audit_segment`): one
+Spark task per segment with ``--engine spark``, the same function in-process with ``--engine local``,
+so both engines give the same findings. Phase 2 runs the cross-file checks on the driver over the
+compact record tables the segments returned. Reports go to ``--report-dir`` (``audit.json`` with a
+stable schema, ``audit.html`` self-contained); the exit code is 0 (clean), 1 (findings at or above
+``--fail-on``), 2 (could not run). With ``--since STATE_FILE`` only new or changed segments are
+re-audited and earlier per-segment findings are carried forward.
+"""
+
+# ruff: noqa: E402
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import zlib
+
+if __package__ in (None, ""):  # spark-submit jobs/audit.py: make the repo importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from jobs.audit_checks import (
+    KEY_SCHEMA,
+    RECORD_SCHEMA,
+    SEVERITY_RANK,
+    AuditOptions,
+    LogView,
+    SegmentResult,
+    SegmentTask,
+    _Capped,
+    _to_ipc,
+    audit_segment,
+    check_checkpoint,
+    check_configs,
+    check_consume_queues,
+    check_consumer_offsets,
+    check_index,
+    check_markers,
+    check_queue_offsets,
+)
+from storelib.errors import Finding, StoreError
+from storelib.store import Store
+
+SCHEMA = "rmqstore.audit/1"
+STATE_SCHEMA = "rmqstore.audit-state/1"
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_FAILED = 0, 1, 2
+_HEAD = 64 * 1024
+_TAIL = 4096
+
+
+def _log(msg: str, quiet: bool = False) -> None:
+    if not quiet:
+        sys.stderr.write(msg + "\n")
+        sys.stderr.flush()
+
+
+# --------------------------------------------------------------------------------------------------
+# segment fingerprints (incremental audits)
+# --------------------------------------------------------------------------------------------------
+
+
+def _crc_range(store: Store, seg, lo: int, hi: int) -> int:
+    lo, hi = max(0, lo), min(hi, seg.file_size)
+    if hi <= lo:
+        return 0
+    with seg.open() as src:
+        return zlib.crc32(bytes(src.read(lo, hi - lo)))
+
+
+def fingerprint(store: Store, seg, data_end: int | None = None) -> dict[str, Any]:
+    """What identifies a segment's audited content: size, mtime, CRC of its head and of the bytes
+    just before the audited end (so an append after it is recognised as an append)."""
+    fp = {"size": seg.file_size, "mtime_ms": seg.mtime_ms, "head_crc": _crc_range(store, seg, 0, _HEAD)}
+    if data_end is not None:
+        fp["tail_crc"] = _crc_range(store, seg, data_end - _TAIL, data_end)
+    return fp
+
+
+def load_state(path: str | None) -> dict[str, Any]:
+    if not path or not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            st = json.load(f)
+    except (OSError, ValueError) as e:
+        raise StoreError(path, None, "bad_state", f"cannot read the audit state file: {e}") from e
+    if st.get("schema") != STATE_SCHEMA:
+        raise StoreError(path, None, "bad_state", f"not an audit state file (schema {st.get('schema')!r})")
+    return st
+
+
+def _state_dir(path: str) -> str:
+    return path + ".d"
+
+
+def _cached_result(state_path: str, entry: dict) -> SegmentResult | None:
+    """A segment's previous result (findings in the state, record/key tables in the sidecar dir)."""
+    d = _state_dir(state_path)
+    try:
+        with open(os.path.join(d, entry["name"] + ".arrow"), "rb") as f:
+            rec_ipc = f.read()
+        with open(os.path.join(d, entry["name"] + ".keys.arrow"), "rb") as f:
+            key_ipc = f.read()
+    except OSError:
+        return None
+    res = SegmentResult(**{k: v for k, v in entry["result"].items()})
+    res.records_ipc, res.keys_ipc = rec_ipc, key_ipc
+    return res
+
+
+def save_state(path: str, store: Store, results: list[SegmentResult], fps: dict[str, dict]) -> None:
+    """Write the state file and its sidecar tables atomically (temp + rename each)."""
+    from storelib.publish import atomic_local_file, write_bytes_atomic
+
+    d = _state_dir(path)
+    os.makedirs(d, exist_ok=True)
+    segs = {}
+    for r in results:
+        write_bytes_atomic(os.path.join(d, r.name + ".arrow"), r.records_ipc)
+        write_bytes_atomic(os.path.join(d, r.name + ".keys.arrow"), r.keys_ipc)
+        body = asdict(r)
+        body.pop("records_ipc")
+        body.pop("keys_ipc")
+        segs[r.name] = {"name": r.name, "fingerprint": fps[r.name], "result": body}
+    last = max((r.base + r.data_end for r in results), default=0)
+    st = {"schema": STATE_SCHEMA, "store": store.uri, "written_at_ms": int(time.time() * 1000),
+          "last_offset": last, "segments": segs}
+    with atomic_local_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        json.dump(st, f, indent=1)
+    for name in os.listdir(d):  # drop tables of segments that are gone
+        seg = name.split(".", 1)[0]
+        if seg not in segs:
+            os.unlink(os.path.join(d, name))
+
+
+def _merge(old: SegmentResult, new: SegmentResult) -> SegmentResult:
+    """An appended segment: the earlier part's result plus the new part's."""
+    keep = [f for f in old.findings if f["kind"] != "stale_bytes_after_end"]
+    out = SegmentResult(new.name, new.base, new.file_size, old.start, new.end_kind, new.data_end,
+                        old.records + new.records, old.bytes_valid + new.bytes_valid, old.crc_errors + new.crc_errors,
+                        keep + new.findings, old.regions + new.regions)
+    out.records_ipc = _to_ipc(pa.concat_tables([old.record_table(), new.record_table()]))
+    out.keys_ipc = _to_ipc(pa.concat_tables([old.key_table(), new.key_table()]))
+    ts = [t for t in (old.first_ts, new.first_ts) if t is not None]
+    out.first_ts = min(ts) if ts else None
+    ts = [t for t in (old.last_ts, new.last_ts) if t is not None]
+    out.last_ts = max(ts) if ts else None
+    out.seconds = new.seconds
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------------
+
+
+def plan(store: Store, state: dict, state_path: str | None, quiet: bool = False
+         ) -> tuple[list[SegmentTask], dict[str, SegmentResult], dict[str, SegmentResult], dict[str, dict]]:
+    """Tasks to run, results carried forward, earlier results to merge appends into, fingerprints."""
+    cl = store.commitlog
+    S = cl.segment_size
+    tasks: list[SegmentTask] = []
+    carried: dict[str, SegmentResult] = {}
+    partial: dict[str, SegmentResult] = {}
+    fps: dict[str, dict] = {}
+    prev = (state or {}).get("segments", {})
+    for seg in cl.segments:
+        if seg.file_size == 0:
+            continue
+        fp = fingerprint(store, seg)
+        old = prev.get(seg.name)
+        start = 0
+        if old and state_path:
+            ofp = old["fingerprint"]
+            cached = _cached_result(state_path, old)
+            data_end = old["result"]["data_end"]
+            same_head = ofp.get("head_crc") == fp["head_crc"] and ofp.get("size") == fp["size"]
+            tail_ok = same_head and ofp.get("tail_crc") == _crc_range(store, seg, data_end - _TAIL, data_end)
+            if cached is not None and tail_ok and ofp.get("mtime_ms") == fp["mtime_ms"]:
+                for f in cached.findings:
+                    f.setdefault("extra", {})["carried_forward"] = True
+                carried[seg.name] = cached
+                fps[seg.name] = {**fp, "tail_crc": ofp.get("tail_crc")}
+                continue
+            if cached is not None and tail_ok and old["result"]["end_kind"] == "end_of_data":
+                start = data_end  # appended after the audited end: audit only the new part
+                partial[seg.name] = cached
+        fps[seg.name] = fp
+        tasks.append(SegmentTask(seg.name, seg.base, seg.loc.path if seg.loc.local else _uri(store, seg), seg.file_size,
+                                 S, seg.loc.local, start))
+    if state_path:
+        _log(f"audit: {len(tasks)} segment(s) to audit ({sum(1 for t in tasks if t.start)} appended), "
+             f"{len(carried)} unchanged (findings carried forward)", quiet)
+    return tasks, carried, partial, fps
+
+
+def _uri(store: Store, seg) -> str:
+    u = store.uri.rstrip("/")
+    return u + "/commitlog/" + seg.name if "://" in u else seg.loc.path
+
+
+def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spark=None,
+                 quiet: bool = False) -> list[SegmentResult]:
+    """Phase 1 on the chosen engine (same function either way)."""
+    if not tasks:
+        return []
+    if engine == "spark":
+        if spark is None:
+            from jobs.sparkutil import get_spark
+
+            spark = get_spark(app_name="rmqstore-audit")
+        sc = spark.sparkContext
+        _log(f"audit: {len(tasks)} segment task(s) on Spark {sc.master}", quiet)
+        rdd = sc.parallelize(tasks, len(tasks)).map(lambda t: audit_segment(t, opts))
+        return rdd.collect()
+    out = []
+    t0 = time.monotonic()
+    done_bytes = 0
+    for i, t in enumerate(tasks):
+        out.append(audit_segment(t, opts))
+        done_bytes += t.file_size - t.start
+        el = max(time.monotonic() - t0, 1e-9)
+        _log(f"audit: segment {i + 1}/{len(tasks)} {t.name}: {out[-1].records} records, "
+             f"{len(out[-1].findings)} findings ({done_bytes / el / 1e6:.0f} MB/s)", quiet)
+    return out
+
+
+def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str = "local", spark=None,
+                since: str | None = None, fs_options: dict | None = None, verify_crc: bool = True,
+                quiet: bool = False, now_ms: int | None = None, version: str | None = None) -> dict[str, Any]:
+    """Audit a store and return the report dict (the JSON report's content)."""
+    t0 = time.monotonic()
+    fs_options = fs_options or {}
+    settings = None
+    if broker_conf or version:
+        from storelib.brokerconf import BrokerSettings, load_broker_conf
+
+        settings = load_broker_conf(broker_conf, version or "4") if broker_conf else BrokerSettings.defaults(version)
+    store = Store(store_uri, settings, broker_conf=None, **fs_options)
+    settings = store.settings
+    state = load_state(since)
+    tasks, carried, partial, fps = plan(store, state, since, quiet)
+    opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
+                        broker_version=str(getattr(settings, "version", "4")), verify_crc=verify_crc,
+                        fs_options=fs_options)
+    t1 = time.monotonic()
+    fresh = run_segments(tasks, opts, engine, spark, quiet)
+    t_seg = time.monotonic() - t1
+    results: dict[str, SegmentResult] = dict(carried)
+    for r in fresh:
+        results[r.name] = _merge(partial[r.name], r) if r.name in partial else r
+    for r in fresh:
+        if r.name in results:
+            fps[r.name]["tail_crc"] = _crc_range(store, next(s for s in store.commitlog.segments if s.name == r.name),
+                                                 results[r.name].data_end - _TAIL, results[r.name].data_end)
+    ordered = [results[s.name] for s in store.commitlog.segments if s.name in results]
+    report = cross_checks(store, ordered, settings, now_ms=now_ms if now_ms is not None else int(time.time() * 1000),
+                          quiet=quiet)
+    audited_bytes = sum(t.file_size - t.start for t in tasks)
+    report["run"] = {"engine": engine, "seconds": round(time.monotonic() - t0, 3), "segment_seconds": round(t_seg, 3),
+                     "segments_audited": len(tasks), "segments_carried": len(carried),
+                     "bytes_audited": audited_bytes,
+                     "mb_per_s": round(audited_bytes / max(t_seg, 1e-9) / 1e6, 1) if tasks else None,
+                     "messages_per_s": round(sum(r.records for r in fresh) / max(t_seg, 1e-9), 1) if tasks else None,
+                     "since": since}
+    if since:
+        save_state(since, store, ordered, fps)
+    return report
+
+
+def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, now_ms: int,
+                 quiet: bool = False) -> dict[str, Any]:
+    """Phase 2: everything that needs more than one segment or file; builds the report dict."""
+    out = _Capped()
+    cl = store.commitlog
+    S = cl.segment_size
+    root = store.loc
+    for f in cl.findings:
+        out.add(f)
+    for r in results:
+        for fd in r.findings:
+            out.add(Finding(fd["kind"], fd["severity"], fd["file"], fd["offset"], fd["detail"], fd.get("extra", {})))
+    # lost physical ranges: corrupt regions and missing segments
+    lost = [(r.base + g["start"], r.base + g["end"]) for r in results for g in r.regions]
+    for f in cl.findings:
+        if f.kind == "missing_segment":
+            lost.append((f.extra["from"], f.extra["to"]))
+    lost_arr = np.array(sorted(lost), dtype=np.int64).reshape(-1, 2)
+    recs = pa.concat_tables([r.record_table() for r in results]) if results else RECORD_SCHEMA.empty_table()
+    keys = pa.concat_tables([r.key_table() for r in results]) if results else KEY_SCHEMA.empty_table()
+    phy = recs.column("phy_offset").to_numpy()
+    size = recs.column("size").to_numpy().astype(np.int64)
+    log_end = int((phy + size).max()) if len(phy) else cl.min_offset
+    log = LogView(recs, keys, lost_arr, cl.min_offset, log_end, S)
+    # segments: unsealed middle segments
+    data_segs = [r for r in results if r.records or r.end_kind not in ("end_of_data",) or r.data_end]
+    last_data = max((r.base for r in data_segs), default=-1)
+    for r in results:
+        if r.base < last_data and r.end_kind in ("end_of_data", "invalid") and not r.regions:
+            out.add(Finding("segment_not_sealed", "error", f"commitlog/{r.name}", r.data_end,
+                            f"data ends at {r.data_end} without the end-of-file blank record, but later segments hold "
+                            "data: bytes were lost or the segment was replaced"))
+    _log("audit: cross-file checks (queue offsets, consume queues, index, checkpoint, config)", quiet)
+    facts = check_queue_offsets(log, out)
+    abort = check_markers(root, out)
+    cp = check_checkpoint(root, log, out, now_ms)
+    qstats = check_consume_queues(root, log, settings, out, facts)
+    reput_from = qstats.pop("__reput_from__", log.log_min)
+    idx = check_index(root, log, settings, out, cp, abort, reput_from)
+    loaded = check_configs(root, out)
+    consumers = check_consumer_offsets(loaded, qstats, out)
+    findings = sorted(out.done(), key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
+    return build_report(store, results, log, findings, qstats, consumers, idx, cp, settings)
+
+
+def build_report(store: Store, results: list[SegmentResult], log: LogView, findings: list[Finding], qstats: dict,
+                 consumers: list[dict], idx: dict, cp: Any, settings: Any) -> dict[str, Any]:
+    """The report dict (JSON schema ``rmqstore.audit/1``)."""
+    from jobs.audit_report import size_histogram, traffic_series
+
+    by_sev = {s: 0 for s in SEVERITY_RANK}
+    for f in findings:
+        by_sev[f.severity] = by_sev.get(f.severity, 0) + 1
+    seg_rows = []
+    worst: dict[str, str] = {}
+    for f in findings:
+        if f.file and f.file.startswith("commitlog/"):
+            name = f.file.split("/", 1)[1]
+            if SEVERITY_RANK.get(f.severity, 0) >= SEVERITY_RANK.get(worst.get(name, "info"), 0):
+                worst[name] = f.severity
+    for s in store.commitlog.segments:
+        r = next((x for x in results if x.name == s.name), None)
+        row = {"name": s.name, "base": s.base, "file_size": s.file_size,
+               "records": r.records if r else 0, "bytes_valid": r.bytes_valid if r else 0,
+               "data_end": r.data_end if r else 0, "end_kind": r.end_kind if r else "skipped",
+               "crc_errors": r.crc_errors if r else 0,
+               "bytes_lost": sum(g["end"] - g["start"] for g in (r.regions if r else [])),
+               "first_ts": r.first_ts if r else None, "last_ts": r.last_ts if r else None,
+               "worst": worst.get(s.name)}
+        seg_rows.append(row)
+    for f in findings:  # missing segments appear in the map too
+        if f.kind == "missing_segment":
+            S = log.segment_size
+            for b in range(f.extra["from"], f.extra["to"], S):
+                seg_rows.append({"name": f"{b:020d}", "base": b, "file_size": 0, "records": 0, "bytes_valid": 0,
+                                 "data_end": 0, "end_kind": "missing", "crc_errors": 0, "bytes_lost": S,
+                                 "first_ts": None, "last_ts": None, "worst": "critical"})
+    seg_rows.sort(key=lambda x: x["base"])
+    regions = [{**g, "segment": r.name, "phy_start": r.base + g["start"]} for r in results for g in r.regions]
+    queues = sorted(qstats.values(), key=lambda q: (q["topic"], q["queue_id"]))
+    return {
+        "schema": SCHEMA,
+        "store": store.uri,
+        "generated_at_ms": int(time.time() * 1000),
+        "settings": {"version": getattr(settings, "version", "4"), "commitlog_segment_size": log.segment_size,
+                     "cq_segment_size": settings.mapped_file_size_consume_queue,
+                     "hash_slot_num": settings.max_hash_slot_num, "index_num": settings.max_index_num},
+        "summary": {"findings": len(findings), "by_severity": by_sev, "records": int(log.records.num_rows),
+                    "bytes_valid": int(log.size.sum()) if len(log.size) else 0,
+                    "segments": len([s for s in seg_rows if s["end_kind"] != "missing"]),
+                    "queues": len(queues), "index_files": len(idx.get("files", [])),
+                    "bytes_lost": sum(g["bytes_lost"] for g in regions),
+                    "commitlog_min_offset": log.log_min, "commitlog_end_offset": log.log_end,
+                    "first_store_ts": int(log.ts.min()) if len(log.ts) else None,
+                    "last_store_ts": int(log.ts.max()) if len(log.ts) else None},
+        "checkpoint": asdict(cp) if cp is not None else None,
+        "segments": seg_rows,
+        "regions": regions,
+        "queues": queues,
+        "consumers": consumers,
+        "index": idx,
+        "traffic": traffic_series(log),
+        "sizes": size_histogram(log.size),
+        "findings": [_finding_json(f) for f in findings],
+    }
+
+
+def _finding_json(f: Finding) -> dict[str, Any]:
+    """Stable shape: every finding has kind, severity, file, offset, detail and extra."""
+    return {"kind": f.kind, "severity": f.severity, "file": f.file, "offset": f.offset, "detail": f.detail,
+            "extra": _jsonable(f.extra or {})}
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+def exit_code(report: dict[str, Any], fail_on: str) -> int:
+    """0 clean, 1 findings at or above ``fail_on``."""
+    th = SEVERITY_RANK[fail_on]
+    return EXIT_FINDINGS if any(SEVERITY_RANK.get(f["severity"], 0) >= th for f in report["findings"]) else EXIT_CLEAN
+
+
+def summary_text(report: dict[str, Any], fail_on: str) -> str:
+    """The one-screen summary printed at the end of a run."""
+    s = report["summary"]
+    run = report.get("run", {})
+    sev = s["by_severity"]
+    lines = [
+        f"rmqstore audit: {report['store']}",
+        f"  {s['segments']} segments, {s['records']} records ({s['bytes_valid'] / 1e6:.1f} MB), {s['queues']} queues, "
+        f"{s['index_files']} index files",
+        f"  findings: {sev.get('critical', 0)} critical, {sev.get('error', 0)} error, {sev.get('warning', 0)} warning, "
+        f"{sev.get('info', 0)} info; {s['bytes_lost']} bytes in bad regions",
+    ]
+    if run:
+        rate = f", {run['mb_per_s']} MB/s" if run.get("mb_per_s") else ""
+        lines.append(f"  engine {run['engine']}: {run['seconds']} s; {run['segments_audited']} segments audited, "
+                     f"{run['segments_carried']} carried forward{rate}")
+    shown = [f for f in report["findings"] if SEVERITY_RANK.get(f["severity"], 0) >= 1][:12]
+    for f in shown:
+        where = f["file"] or "<store>"
+        if f["offset"] is not None:
+            where += f" @ {f['offset']}"
+        lines.append(f"  [{f['severity']}] {where}: {f['kind']}: {f['detail'][:140]}")
+    more = sum(1 for f in report["findings"] if SEVERITY_RANK.get(f["severity"], 0) >= 1) - len(shown)
+    if more > 0:
+        lines.append(f"  ... {more} more (see the JSON/HTML report)")
+    code = exit_code(report, fail_on)
+    lines.append(f"  result: {'CLEAN' if code == 0 else 'FINDINGS'} (fail-on {fail_on}, exit {code})")
+    return "\n".join(lines)
+
+
+def write_reports(report: dict[str, Any], report_dir: str) -> tuple[str, str]:
+    """``audit.json`` and ``audit.html`` in ``report_dir`` (each written atomically)."""
+    from jobs.audit_report import render_html
+    from storelib.publish import write_bytes_atomic
+
+    os.makedirs(report_dir, exist_ok=True)
+    jp = os.path.join(report_dir, "audit.json")
+    hp = os.path.join(report_dir, "audit.html")
+    write_bytes_atomic(jp, json.dumps(report, indent=1, ensure_ascii=False, default=_jsonable).encode("utf-8"))
+    write_bytes_atomic(hp, render_html(report).encode("utf-8"))
+    return jp, hp
+
+
+# --------------------------------------------------------------------------------------------------
+# command line (shared with `rmqstore audit`)
+# --------------------------------------------------------------------------------------------------
+
+EXAMPLE = """examples:
+  rmqstore audit /data/store --report-dir /var/reports/audit --fail-on error
+  rmqstore audit /data/store --since /var/lib/rmq-audit.state      # only new or changed segments
+  spark-submit jobs/audit.py s3://bucket/store --engine spark --report-dir out/
+
+exit codes: 0 clean, 1 findings at or above --fail-on, 2 could not run
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from jobs.common import add_store_args
+
+    add_store_args(p)
+    p.add_argument("--engine", choices=["local", "spark"], default="local",
+                   help="where the per-segment checks run (same results)")
+    p.add_argument("--master", metavar="M", help="Spark master for --engine spark (default: spark-submit's)")
+    p.add_argument("--report-dir", metavar="D", help="write audit.json and audit.html here")
+    p.add_argument("--since", metavar="STATE_FILE",
+                   help="incremental: audit only segments new or changed since the run that wrote STATE_FILE "
+                        "(created when missing, updated after the run)")
+    p.add_argument("--fail-on", choices=list(SEVERITY_RANK), default="error",
+                   help="exit 1 when a finding has at least this severity (default error)")
+    p.add_argument("--broker-version", choices=["4", "5"], help="broker defaults to assume (default 4.x)")
+    p.add_argument("--no-crc", action="store_true", help="skip body CRC verification (faster, weaker)")
+    p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def run_args(args: argparse.Namespace) -> int:
+    from jobs.common import fs_options
+
+    spark = None
+    if args.engine == "spark" and args.master:
+        from jobs.sparkutil import get_spark
+
+        spark = get_spark(master=args.master, app_name="rmqstore-audit")
+    try:
+        report = audit_store(args.store, broker_conf=args.broker_conf, engine=args.engine, spark=spark,
+                             since=args.since, fs_options=fs_options(args), verify_crc=not args.no_crc,
+                             quiet=args.quiet, version=args.broker_version)
+    except StoreError as e:
+        print(f"rmqstore audit: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.report_dir:
+        jp, hp = write_reports(report, args.report_dir)
+        _log(f"audit: wrote {jp} and {hp}", args.quiet)
+    if args.json:
+        json.dump(report, sys.stdout, indent=1, ensure_ascii=False, default=_jsonable)
+        sys.stdout.write("\n")
+    sys.stderr.write(summary_text(report, args.fail_on) + "\n")
+    return exit_code(report, args.fail_on)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="audit.py", description=__doc__, epilog=EXAMPLE,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run_args(args)
+    except (StoreError, OSError, ValueError) as e:
+        print(f"rmqstore audit: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

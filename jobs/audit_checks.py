@@ -1,0 +1,905 @@
+"""The checks of ``rmqstore audit``: per-segment record checks (distributable) and cross-file checks.
+
+Per segment (:func:`audit_segment`, one Spark task or one local call per segment): every record is
+validated as the broker does (structure, recomputed length), its body CRC and 5.x property CRC are
+verified, its PHYSICALOFFSET field is compared with its real position, the blank end record's size
+with the bytes left, and after any bad record the scan resynchronises (:mod:`storelib.resync`) so the
+rest of the segment is still audited. It returns findings, lost regions, a compact record table (the
+columns the cross-file checks need) and the index keys of its records.
+
+Cross-file checks run on the driver over those compact tables: queue offsets per (topic, queue),
+ConsumeQueue entries against records both ways, IndexFile entries against records both ways, the
+checkpoint against the data, abort/lock markers, config/*.json and consumer offsets.
+
+Consequences are not reported twice: a CQ or index entry pointing into a region already reported as
+lost (corrupt region, missing segment) counts against that region instead of raising its own finding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storelib.bytesource import LocalSource, Location, open_source, resolve
+from storelib.errors import Finding, StoreError
+from storelib.record import INNER_BATCH_FLAG
+from storelib.resync import LostRegion, find_next_record, lost_region
+from storelib.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
+
+SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+MAX_PER_KIND = 50  # findings of one kind per file before they are summarised
+
+# compact record columns shipped from the segment tasks to the driver
+RECORD_COLUMNS = ["phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset",
+                  "tran_type", "sys_flag", "tags_code", "store_timestamp", "crc_ok"]
+RECORD_SCHEMA = pa.schema([
+    ("phy_offset", pa.int64()), ("size", pa.int32()), ("physical_offset_field", pa.int64()),
+    ("topic", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("tran_type", pa.int8()),
+    ("sys_flag", pa.int32()), ("tags_code", pa.int64()), ("store_timestamp", pa.int64()), ("crc_ok", pa.bool_()),
+])
+KEY_SCHEMA = pa.schema([("phy", pa.int64()), ("key_hash", pa.int32())])
+
+
+# --------------------------------------------------------------------------------------------------
+# per-segment work
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SegmentTask:
+    """One segment to audit: picklable (a Spark task ships it)."""
+
+    name: str
+    base: int
+    uri: str
+    file_size: int
+    segment_size: int
+    local: bool = True
+    start: int = 0  # incremental: resume at this file offset (records before it were audited)
+
+
+@dataclass
+class AuditOptions:
+    """What the segment checks need from the broker settings (plain values: picklable)."""
+
+    delay_levels_ms: list[int] = field(default_factory=lambda: list(DEFAULT_DELAY_LEVELS_MS))
+    broker_version: str = "4"
+    verify_crc: bool = True
+    fs_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SegmentResult:
+    """What one segment task returns (findings as dicts and Arrow IPC bytes keep it picklable)."""
+
+    name: str
+    base: int
+    file_size: int
+    start: int
+    end_kind: str = "end_of_data"  # blank | end_of_data | segment_end | invalid | unreadable
+    data_end: int = 0  # file offset after the last valid record (or the blank record's position)
+    records: int = 0
+    bytes_valid: int = 0
+    crc_errors: int = 0
+    findings: list[dict] = field(default_factory=list)
+    regions: list[dict] = field(default_factory=list)
+    records_ipc: bytes = b""
+    keys_ipc: bytes = b""
+    first_ts: int | None = None
+    last_ts: int | None = None
+    seconds: float = 0.0
+
+    def record_table(self) -> pa.Table:
+        return _from_ipc(self.records_ipc, RECORD_SCHEMA)
+
+    def key_table(self) -> pa.Table:
+        return _from_ipc(self.keys_ipc, KEY_SCHEMA)
+
+
+def _to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(data: bytes, schema: pa.Schema) -> pa.Table:
+    if not data:
+        return schema.empty_table()
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+class _Capped:
+    """Collects findings, at most MAX_PER_KIND per (kind, file); the rest become one summary each."""
+
+    def __init__(self) -> None:
+        self.items: list[Finding] = []
+        self.counts: dict[tuple[str, str | None], int] = defaultdict(int)
+        self.first: dict[tuple[str, str | None], Finding] = {}
+
+    def add(self, f: Finding) -> None:
+        key = (f.kind, f.file)
+        self.counts[key] += 1
+        if self.counts[key] <= MAX_PER_KIND:
+            self.items.append(f)
+            self.first.setdefault(key, f)
+
+    def extend(self, fs) -> None:
+        for f in fs:
+            self.add(f)
+
+    def done(self) -> list[Finding]:
+        out = list(self.items)
+        for key, n in self.counts.items():
+            if n > MAX_PER_KIND:
+                f0 = self.first[key]
+                out.append(Finding(f0.kind, f0.severity, f0.file, None,
+                                   f"{n - MAX_PER_KIND} more {f0.kind} findings in this file (not listed)",
+                                   {"more": n - MAX_PER_KIND, "total": n}))
+        return out
+
+
+def _open_task(task: SegmentTask, opts: AuditOptions):
+    if task.local:
+        return LocalSource(task.uri)
+    loc = resolve(task.uri, **opts.fs_options)
+    return open_source(loc, task.file_size)
+
+
+def _whole(src) -> memoryview:
+    """The whole segment as a memoryview (mmap locally; one read remotely, only after a failure)."""
+    if isinstance(src, LocalSource):
+        return src.view()
+    return src.read(0, src.size)
+
+
+def audit_segment(task: SegmentTask, opts: AuditOptions) -> SegmentResult:
+    """Audit one commitlog segment from ``task.start``; never raises for content problems."""
+    t0 = time.monotonic()
+    display = "commitlog/" + task.name
+    res = SegmentResult(task.name, task.base, task.file_size, task.start)
+    found = _Capped()
+    try:
+        src = _open_task(task, opts)
+    except StoreError as e:
+        res.end_kind = "unreadable"
+        res.findings = [Finding("segment_unreadable", "critical", display, None, e.detail).to_dict()]
+        return res
+    rec_parts: list[pa.Table] = []
+    key_parts: list[pa.Table] = []
+    regions: list[LostRegion] = []
+    bad_rows: list[tuple[int, int, bool]] = []  # (file offset, size, prop-only) of CRC failures
+    S = task.segment_size
+    try:
+        pos = task.start
+        seg_len = src.size
+        while pos < seg_len:
+            scan = SegmentScan(src, display, task.base, pos, verify_crc=opts.verify_crc, with_properties=False,
+                               delay_levels_ms=opts.delay_levels_ms)
+            for batch in scan:
+                _check_batch(batch, task, opts, display, found, bad_rows, rec_parts, key_parts)
+            end = scan.end
+            assert end is not None
+            res.end_kind, res.data_end = end.kind, end.file_offset
+            if end.kind == "blank":
+                left = seg_len - end.file_offset
+                total = int.from_bytes(bytes(src.read(end.file_offset, 4)), "big", signed=True)
+                if total != min(left, S - end.file_offset) or seg_len != S and total != S - end.file_offset:
+                    found.add(Finding("bad_blank_record", "warning", display, end.file_offset,
+                                      f"end-of-file blank record says {total} bytes, {S - end.file_offset} are left"
+                                      " (readers skip it without checking)", {"total_size": total}))
+                break
+            if end.kind in ("segment_end", "split_end"):
+                break
+            view = _whole(src)
+            if end.kind == "end_of_data":
+                r = find_next_record(view, end.file_offset, base=task.base)
+                if r.kind == "message":  # zeros inside the data: a zeroed/unwritten hole
+                    region = LostRegion(display, end.file_offset, r.pos, task.base + end.file_offset,
+                                        "zeroed", "zero bytes where a record should start; valid records follow",
+                                        "message")
+                    regions.append(region)
+                    pos = r.pos
+                    continue
+                if r.data_end > end.file_offset:
+                    found.add(Finding("stale_bytes_after_end", "info", display, end.file_offset,
+                                      f"{r.data_end - end.file_offset} non-zero bytes after the end of data hold no "
+                                      "valid record (left by an earlier truncation or a torn write)",
+                                      {"bytes": r.data_end - end.file_offset}))
+                break
+            # invalid record: report it and resynchronise
+            reason = end.reason or "invalid"
+            region, r = lost_region(view, display, task.base, end.file_offset, reason, end.detail or "")
+            regions.append(region)
+            if r.kind == "message":
+                pos = r.pos
+                continue
+            if r.kind == "blank":
+                res.end_kind, res.data_end = "blank", r.pos
+            break
+    finally:
+        src.close()
+    # classify CRC failures and lost regions: a failure followed by nothing valid is a torn tail
+    tail_dead = res.end_kind in ("end_of_data", "invalid") and not (regions and regions[-1].resumed == "message")
+    last_good_end = res.data_end
+    for off, size, prop_only in bad_rows:
+        torn = tail_dead and off + size == last_good_end and not regions
+        if torn:
+            found.add(Finding("torn_tail", "error", display, off,
+                              f"the last record ({size} bytes) fails its CRC and only zeros follow: a write torn by a "
+                              "crash; recovery truncates the commitlog here", {"size": size, "phy": task.base + off}))
+        elif prop_only:
+            found.add(Finding("prop_crc_mismatch", "error", display, off,
+                              "5.x __CRC32# property does not match the record bytes (body CRC is fine: a header "
+                              "or property byte changed)", {"phy": task.base + off}))
+        else:
+            found.add(Finding("body_crc_mismatch", "error", display, off,
+                              f"body CRC mismatch: recovery (checkCRCOnRecover) stops here and truncates the "
+                              f"commitlog at physical offset {task.base + off}", {"size": size, "phy": task.base + off}))
+    for i, rg in enumerate(regions):
+        last = i == len(regions) - 1
+        if rg.reason == "zeroed":
+            found.add(Finding("zeroed_region", "critical", display, rg.start,
+                              f"{rg.bytes_lost} zero bytes inside the data, valid records resume at {rg.end}; the broker "
+                              "stops at the zeros and loses everything after", _region_extra(rg)))
+        elif last and rg.resumed == "none":
+            found.add(Finding("torn_tail", "error", display, rg.start,
+                              f"invalid record ({rg.reason}: {rg.detail}) with nothing valid after it: {rg.bytes_lost} "
+                              "bytes lost at the end of the data", _region_extra(rg)))
+        else:
+            found.add(Finding("corrupt_region", "critical", display, rg.start,
+                              f"{rg.reason} ({rg.detail}); {rg.bytes_lost} bytes lost, valid data resumes at "
+                              f"{rg.end} ({rg.resumed}); the broker stops at the first bad record", _region_extra(rg)))
+    res.regions = [r.to_dict() for r in regions]
+    recs = pa.concat_tables(rec_parts) if rec_parts else RECORD_SCHEMA.empty_table()
+    keys = pa.concat_tables(key_parts) if key_parts else KEY_SCHEMA.empty_table()
+    res.records = recs.num_rows
+    if recs.num_rows:
+        res.bytes_valid = int(pc.sum(recs.column("size")).as_py())
+        ts = recs.column("store_timestamp")
+        res.first_ts, res.last_ts = int(pc.min(ts).as_py()), int(pc.max(ts).as_py())
+    res.crc_errors = len(bad_rows)
+    res.records_ipc = _to_ipc(recs)
+    res.keys_ipc = _to_ipc(keys)
+    res.findings = [f.to_dict() for f in found.done()]
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def _region_extra(rg: LostRegion) -> dict:
+    return {"end": rg.end, "bytes_lost": rg.bytes_lost, "phy": rg.phy_start, "reason": rg.reason,
+            "resumed": rg.resumed}
+
+
+def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, display: str, found: _Capped,
+                 bad_rows: list, rec_parts: list, key_parts: list) -> None:
+    """Column checks of one scan batch, and its compact columns for the cross-file checks."""
+    from storelib.indexfile import index_keys
+
+    phy = batch.column("phy_offset").to_numpy()
+    field_ = batch.column("physical_offset_field").to_numpy()
+    size = batch.column("size").to_numpy()
+    mism = np.flatnonzero(field_ != phy)
+    for i in mism.tolist():
+        found.add(Finding("physical_offset_mismatch", "error", display, int(phy[i]) - task.base,
+                          f"PHYSICALOFFSET field says {int(field_[i])}, the record is at {int(phy[i])}; dispatch "
+                          "trusts the field, so CQ/index entries and msgIds point to the wrong place",
+                          {"field": int(field_[i]), "phy": int(phy[i])}))
+    if opts.verify_crc:
+        crc_ok = np.asarray(batch.column("crc_ok").fill_null(True))
+        for i in np.flatnonzero(~crc_ok).tolist():
+            bad_rows.append((int(phy[i]) - task.base, int(size[i]), False))
+        pco = batch.column("prop_crc_ok")
+        if pco.null_count < len(pco):
+            bad_p = np.flatnonzero(~np.asarray(pco.fill_null(True)) & crc_ok)
+            for i in bad_p.tolist():
+                bad_rows.append((int(phy[i]) - task.base, int(size[i]), True))
+    if opts.broker_version.startswith("4"):
+        v2 = np.flatnonzero(batch.column("magic_version").to_numpy() == 2)
+        for i in v2.tolist():
+            found.add(Finding("v2_record_on_4x", "error", display, int(phy[i]) - task.base,
+                              "V2 (0xDAA320AB) record: a 4.9.8 broker treats it as corrupt and stops here"))
+    rec_parts.append(pa.Table.from_batches([batch.select(RECORD_COLUMNS)]).cast(RECORD_SCHEMA))
+    rows, kh = index_keys(batch)
+    if len(rows):
+        key_parts.append(pa.table({"phy": pa.array(field_[rows].astype(np.int64)),
+                                   "key_hash": pa.array(kh.astype(np.int32))}, schema=KEY_SCHEMA))
+
+
+# --------------------------------------------------------------------------------------------------
+# cross-file checks (driver)
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LogView:
+    """The whole commitlog as the cross-file checks see it: records in commitlog order, lost ranges."""
+
+    records: pa.Table
+    keys: pa.Table
+    lost: np.ndarray  # (k, 2) physical [start, end) ranges known lost (corrupt regions, missing segments)
+    log_min: int
+    log_end: int  # physical end of the last valid record
+    segment_size: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        r = self.records
+        self.phy = r.column("phy_offset").to_numpy()
+        self.size = r.column("size").to_numpy().astype(np.int64)
+        self.field = r.column("physical_offset_field").to_numpy()
+        self.qid = r.column("queue_id").to_numpy()
+        self.qoff = r.column("queue_offset").to_numpy()
+        self.tran = r.column("tran_type").to_numpy()
+        self.tags = r.column("tags_code").to_numpy()
+        self.ts = r.column("store_timestamp").to_numpy()
+        self.sysflag = r.column("sys_flag").to_numpy()
+        enc = pc.dictionary_encode(r.column("topic")).combine_chunks() if r.num_rows else None
+        self.topic_idx = (np.asarray(enc.indices, dtype=np.int64) if enc is not None else np.zeros(0, np.int64))
+        self.topic_names: list[str] = enc.dictionary.to_pylist() if enc is not None else []
+        self.topic_code = {t: i for i, t in enumerate(self.topic_names)}
+        # lookup by PHYSICALOFFSET field (what CQ/index entries hold): sorted copy
+        self.field_order = np.argsort(self.field, kind="stable")
+        self.field_sorted = self.field[self.field_order]
+
+    def in_lost(self, phy: np.ndarray) -> np.ndarray:
+        if not len(self.lost) or not len(phy):
+            return np.zeros(len(phy), bool)
+        i = np.searchsorted(self.lost[:, 0], phy, side="right") - 1
+        ok = i >= 0
+        j = np.clip(i, 0, None)
+        return ok & (phy < self.lost[j, 1])
+
+    def lookup_field(self, phy: np.ndarray) -> np.ndarray:
+        """Record row whose PHYSICALOFFSET field equals ``phy`` (or whose position does), -1 if none."""
+        out = np.full(len(phy), -1, np.int64)
+        if not len(self.field_sorted) or not len(phy):
+            return out
+        i = np.searchsorted(self.field_sorted, phy)
+        ic = np.clip(i, 0, len(self.field_sorted) - 1)
+        hit = self.field_sorted[ic] == phy
+        out[hit] = self.field_order[ic[hit]]
+        miss = np.flatnonzero(~hit)
+        if len(miss):
+            j = np.searchsorted(self.phy, phy[miss])
+            jc = np.clip(j, 0, len(self.phy) - 1)
+            h2 = self.phy[jc] == phy[miss]
+            out[miss[h2]] = jc[h2]
+        return out
+
+
+def _rel(root: str, path: str | None) -> str | None:
+    if path is None:
+        return None
+    r = root.rstrip("/") + "/"
+    return path[len(r):] if path.startswith(r) else path
+
+
+def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dict]:
+    """Per (topic, queue): QUEUEOFFSETs of dispatchable records contiguous and unique, in commitlog order.
+
+    Returns per-queue facts: min/max queue offset and message count in the commitlog.
+    """
+    disp = np.flatnonzero((log.tran == 0) | (log.tran == 2))
+    facts: dict[tuple[str, int], dict] = {}
+    if not len(disp):
+        return facts
+    code = (log.topic_idx[disp] << 32) | (log.qid[disp].astype(np.int64) & 0xFFFFFFFF)
+    order = disp[np.argsort(code, kind="stable")]
+    code_s = np.sort(code, kind="stable")
+    starts = np.flatnonzero(np.r_[True, code_s[1:] != code_s[:-1]])
+    stops = np.r_[starts[1:], len(code_s)]
+    q = log.qoff[order]
+    batch_rec = (log.sysflag[order] & INNER_BATCH_FLAG) != 0
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        rows = order[a:b]
+        topic = log.topic_names[int(log.topic_idx[rows[0]])]
+        qid = int(log.qid[rows[0]])
+        qq = q[a:b]
+        facts[(topic, qid)] = {"cl_min_offset": int(qq.min()), "cl_max_offset": int(qq.max()) + 1, "messages": b - a,
+                               "last_phy": int(log.phy[rows[-1]]), "first_phy": int(log.phy[rows[0]])}
+        if b - a < 2:
+            continue
+        d = np.diff(qq)
+        skip_batch = batch_rec[a:b - 1]
+        for i in np.flatnonzero(d == 0).tolist():
+            r = int(rows[i + 1])
+            out.add(Finding("duplicate_queue_offset", "error", f"commitlog/{_seg_name(log, r)}", _seg_off(log, r),
+                            f"{topic}/{qid}: QUEUEOFFSET {int(qq[i + 1])} already used by the record at "
+                            f"{int(log.phy[rows[i]])}; the broker's CQ writer drops this one as a repeat",
+                            {"topic": topic, "queue_id": qid, "queue_offset": int(qq[i + 1]), "phy": int(log.phy[r]),
+                             "first_phy": int(log.phy[rows[i]])}))
+        for i in np.flatnonzero((d < 0)).tolist():
+            r = int(rows[i + 1])
+            out.add(Finding("queue_offset_backwards", "error", f"commitlog/{_seg_name(log, r)}", _seg_off(log, r),
+                            f"{topic}/{qid}: QUEUEOFFSET {int(qq[i + 1])} after {int(qq[i])}",
+                            {"topic": topic, "queue_id": qid, "phy": int(log.phy[r])}))
+        gaps = np.flatnonzero((d > 1) & ~skip_batch)
+        for i in gaps.tolist():
+            r0, r1 = int(rows[i]), int(rows[i + 1])
+            lo, hi = int(log.phy[r0]), int(log.phy[r1])
+            if len(log.lost) and np.any((log.lost[:, 0] < hi) & (log.lost[:, 1] > lo)):
+                continue  # explained by a lost region between the two records
+            out.add(Finding("queue_offset_gap", "error", f"commitlog/{_seg_name(log, r1)}", _seg_off(log, r1),
+                            f"{topic}/{qid}: QUEUEOFFSET jumps from {int(qq[i])} to {int(qq[i + 1])} "
+                            f"({int(d[i]) - 1} offsets never written)",
+                            {"topic": topic, "queue_id": qid, "missing": int(d[i]) - 1, "phy": hi}))
+    return facts
+
+
+def _seg_name(log: LogView, row: int) -> str:
+    S = log.segment_size
+    return f"{int(log.phy[row]) // S * S:020d}"
+
+
+def _seg_off(log: LogView, row: int) -> int:
+    S = log.segment_size
+    return int(log.phy[row]) % S
+
+
+def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capped, facts: dict) -> dict:
+    """ConsumeQueue entries vs records both ways; queue min/max offsets and lag. Returns per-queue stats."""
+    from storelib.consumequeue import (CQ_UNIT_SIZE, ConsumeQueue, filler_mask, list_queues)
+
+    rootp = root.path
+    S = settings.mapped_file_size_consume_queue
+    list_findings: list[Finding] = []
+    try:
+        queues = list_queues(root, list_findings)
+    except StoreError as e:
+        out.add(Finding(e.kind, "error", _rel(rootp, e.file), e.offset, e.detail))
+        return {}
+    for f in list_findings:
+        f.file = _rel(rootp, f.file)
+        out.add(f)
+    stats: dict[tuple[str, int], dict] = {}
+    cq_max_phy = -1
+    per_queue: dict[tuple[str, int], tuple] = {}
+    for topic, qid, loc in queues:
+        cq = ConsumeQueue(loc, segment_size=S, topic=topic, queue_id=qid)
+        try:
+            for f in cq.findings:
+                f.file = _rel(rootp, f.file)
+                out.add(f)
+            ns, units, files = [], [], []
+            for seg in cq.segments:
+                u = cq.read_units(seg)
+                ns.append(seg.base // CQ_UNIT_SIZE + np.arange(len(u), dtype=np.int64))
+                units.append(np.array(u))
+                files.append((seg.base, _rel(rootp, seg.path)))
+            n = np.concatenate(ns) if ns else np.zeros(0, np.int64)
+            u = np.concatenate(units) if units else np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"),
+                                                                      ("tags_code", ">i8")])
+            cq_max = cq.max_offset()
+            mpo = cq.max_physic_offset()
+            cq_min = cq.min_offset(log.log_min) if cq.segments else 0
+        finally:
+            cq.close()
+        cq_max_phy = max(cq_max_phy, mpo)
+        per_queue[(topic, qid)] = (n, u, files, cq_max, cq_min)
+    reput_from = max(cq_max_phy, log.log_min, 0)
+
+    seen_queues = set()
+    for (topic, qid), (n, u, files, cq_max, cq_min) in per_queue.items():
+        seen_queues.add((topic, qid))
+        bases = np.array([b for b, _ in files], dtype=np.int64)
+
+        def where(k: int) -> tuple[str | None, int]:
+            byte = int(n[k]) * CQ_UNIT_SIZE
+            i = int(np.searchsorted(bases, byte, side="right")) - 1
+            return files[i][1], byte - int(bases[i])
+
+        phy = u["phy_offset"].astype(np.int64)
+        size = u["size"].astype(np.int64)
+        valid = (phy >= 0) & (size > 0)
+        filler = filler_mask(u) if len(u) else np.zeros(0, bool)
+        last_valid = int(np.flatnonzero(valid)[-1]) if valid.any() else -1
+        # holes: invalid units before the last valid one
+        holes = np.flatnonzero(~valid[: last_valid + 1])
+        if len(holes):
+            run_starts = holes[np.r_[True, np.diff(holes) > 1]]
+            run_lens = np.diff(np.r_[np.flatnonzero(np.r_[True, np.diff(holes) > 1]), len(holes)])
+            for k, ln in zip(run_starts.tolist(), run_lens.tolist()):
+                f, off = where(k)
+                out.add(Finding("cq_entry_missing", "error", f, off,
+                                f"{topic}/{qid}: {ln} invalid unit(s) at queue offset {int(n[k])} before later valid "
+                                "entries; the broker's queue ends here (recovery truncates it, later entries are lost)",
+                                {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "count": ln}))
+        chk = np.flatnonzero(valid & ~filler)
+        rows = log.lookup_field(phy[chk])
+        tcode = log.topic_code.get(topic, -1)
+        miss = rows < 0
+        mp = phy[chk][miss]
+        expired = mp < log.log_min
+        lost = log.in_lost(mp)
+        past = (mp >= log.log_end) & ~lost
+        mid = ~(past | expired | lost)
+        ks = chk[miss]
+        if past.any():
+            k0 = int(ks[past][0])
+            f, off = where(k0)
+            out.add(Finding("cq_entry_past_commitlog", "error", f, off,
+                            f"{topic}/{qid}: {int(past.sum())} entries from queue offset {int(n[k0])} point past the end "
+                            f"of the commitlog data ({log.log_end}); recovery truncates them",
+                            {"topic": topic, "queue_id": qid, "count": int(past.sum()), "queue_offset": int(n[k0])}))
+        for k in ks[mid].tolist():
+            f, off = where(k)
+            out.add(Finding("cq_entry_not_record_start", "error", f, off,
+                            f"{topic}/{qid} offset {int(n[k])}: phyOffset {int(phy[k])} is not the start of a record",
+                            {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "phy": int(phy[k])}))
+        hit = chk[~miss]
+        r = rows[~miss]
+        if len(hit):
+            bad_size = log.size[r] != size[hit]
+            bad_topic = (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
+            bad_qo = log.qoff[r] != n[hit]
+            bad_tags = log.tags[r] != u["tags_code"][hit].astype(np.int64)
+            bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
+            bad = bad_size | bad_topic | bad_qo | bad_tags | bad_tran
+            for j in np.flatnonzero(bad).tolist():
+                k, rr = int(hit[j]), int(r[j])
+                what = []
+                if bad_size[j]:
+                    what.append(f"size {int(size[k])} vs record {int(log.size[rr])}")
+                if bad_topic[j]:
+                    what.append(f"record is {log.topic_names[int(log.topic_idx[rr])]}/{int(log.qid[rr])}")
+                if bad_qo[j]:
+                    what.append(f"record QUEUEOFFSET {int(log.qoff[rr])}")
+                if bad_tags[j]:
+                    what.append(f"tagsCode {int(u['tags_code'][k])} vs record {int(log.tags[rr])}")
+                if bad_tran[j]:
+                    what.append("record is a PREPARED/ROLLBACK transaction record (never dispatched)")
+                f, off = where(k)
+                out.add(Finding("cq_entry_mismatch", "error", f, off,
+                                f"{topic}/{qid} offset {int(n[k])} → record at {int(phy[k])}: " + "; ".join(what),
+                                {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "phy": int(phy[k])}))
+        # message side: records of this queue beyond the queue's valid units
+        fact = facts.get((topic, qid))
+        lag = 0
+        behind_bytes = 0
+        if fact is not None and tcode >= 0:
+            recs = np.flatnonzero((log.topic_idx == tcode) & (log.qid == qid) & ((log.tran == 0) | (log.tran == 2)))
+            qo = log.qoff[recs]
+            last_n = int(n[last_valid]) if last_valid >= 0 else -1
+            beyond = recs[qo > last_n]
+            if len(beyond):
+                after = log.phy[beyond] >= reput_from
+                lag = len(beyond)
+                behind_bytes = int(log.size[beyond].sum())
+                if after.all():
+                    out.add(Finding("queue_behind_commitlog", "warning", f"consumequeue/{topic}/{qid}", None,
+                                    f"{len(beyond)} messages ({behind_bytes} bytes) from queue offset "
+                                    f"{int(log.qoff[beyond[0]])} are not in the consume queue yet; the broker dispatches "
+                                    f"them on start (reput from {reput_from})",
+                                    {"topic": topic, "queue_id": qid, "count": len(beyond), "bytes": behind_bytes}))
+                else:
+                    b0 = beyond[~after]
+                    out.add(Finding("cq_entries_missing_for_messages", "error", f"consumequeue/{topic}/{qid}", None,
+                                    f"{len(b0)} messages from queue offset {int(log.qoff[b0[0]])} (phy {int(log.phy[b0[0]])})"
+                                    f" have no CQ entry and lie before the reput position {reput_from}: the broker "
+                                    "never dispatches them again", {"topic": topic, "queue_id": qid, "count": len(b0)}))
+            first_n = int(n[0]) if len(n) else None
+            if first_n is not None:
+                before = recs[(qo < first_n) & (log.phy[recs] >= log.log_min)]
+                if len(before):
+                    out.add(Finding("cq_file_missing", "error", f"consumequeue/{topic}/{qid}", None,
+                                    f"{len(before)} messages with queue offsets below {first_n} are in the commitlog but "
+                                    "no CQ file holds their entries", {"topic": topic, "queue_id": qid}))
+        stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": cq_min, "max_offset": cq_max,
+                               "cl_max_offset": fact["cl_max_offset"] if fact else None,
+                               "messages": fact["messages"] if fact else 0, "lag": lag, "lag_bytes": behind_bytes}
+    for key, fact in facts.items():
+        if key in seen_queues:
+            continue
+        topic, qid = key
+        sev = "warning" if fact["first_phy"] >= reput_from else "error"
+        out.add(Finding("queue_missing" if sev == "error" else "queue_behind_commitlog", sev,
+                        f"consumequeue/{topic}/{qid}", None,
+                        f"{fact['messages']} dispatchable messages but no consume queue directory"
+                        + ("; the broker dispatches them on start" if sev == "warning" else
+                           " and they lie before the reput position: the broker never rebuilds it"),
+                        {"topic": topic, "queue_id": qid, "count": fact["messages"]}))
+        stats[key] = {"topic": topic, "queue_id": qid, "min_offset": 0, "max_offset": 0,
+                      "cl_max_offset": fact["cl_max_offset"], "messages": fact["messages"], "lag": fact["messages"],
+                      "lag_bytes": 0}
+    stats["__reput_from__"] = reput_from  # type: ignore[index]
+    return stats
+
+
+def check_index(root: Location, log: LogView, settings: Any, out: _Capped, checkpoint: Any, abort: bool,
+                reput_from: int) -> dict:
+    """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete."""
+    from storelib.indexfile import IndexGeometry, list_index_files
+
+    rootp = root.path
+    lf: list[Finding] = []
+    refs = list_index_files(root, lf)
+    for f in lf:
+        out.add(f)
+    info: dict[str, Any] = {"files": []}
+    if not refs:
+        return info
+    g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
+    # record key codes: (rank of the record by PHYSICALOFFSET field) << 31 | hash
+    kphy = log.keys.column("phy").to_numpy()
+    khash = log.keys.column("key_hash").to_numpy().astype(np.int64)
+    krow = log.lookup_field(kphy)
+    rank = np.empty(len(log.field_order), np.int64)
+    rank[log.field_order] = np.arange(len(log.field_order))
+    kcode = np.where(krow >= 0, (rank[np.clip(krow, 0, None)] << 31) | khash, -1) if len(krow) else np.zeros(0, np.int64)
+    all_codes: list[np.ndarray] = []
+    wrong_phy: list[np.ndarray] = []
+    max_end_phy = -1
+    idx_ts = checkpoint.index_msg_timestamp if checkpoint is not None else None
+    for ref in refs:
+        display = f"index/{ref.name}"
+        try:
+            f = ref.open(g, strict=False)
+        except StoreError as e:
+            out.add(Finding("index_bad_size" if e.kind in ("bad_size", "truncated") else e.kind, "error", display,
+                            e.offset, e.detail))
+            continue
+        try:
+            h = f.header
+            vf = f.validate()
+            ent = np.array(f.entries_array())
+        finally:
+            f.close()
+        info["files"].append({"name": ref.name, "entries": len(ent), "begin_ts": h.begin_timestamp,
+                              "end_ts": h.end_timestamp, "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset})
+        if len(ent):
+            max_end_phy = max(max_end_phy, int(ent["phy_offset"].max()))
+        if idx_ts is not None and h.end_timestamp > idx_ts:
+            sev = "warning" if abort else "info"
+            out.add(Finding("index_deleted_on_abnormal_start", sev, display, 8,
+                            f"endTimestamp {h.end_timestamp} > checkpoint indexMsgTimestamp {idx_ts}: "
+                            + ("the abort file is present, so the next start deletes this file and re-indexes only "
+                               "from the recovery start segment" if abort else
+                               "an abnormal start (abort file) would delete this file"),
+                            {"end_timestamp": h.end_timestamp, "index_msg_timestamp": idx_ts}))
+        m = len(ent)
+        e_phy = ent["phy_offset"].astype(np.int64)
+        e_kh = ent["key_hash"].astype(np.int64)
+        e_n = np.arange(1, m + 1)
+        rows = log.lookup_field(e_phy)
+        found = rows >= 0
+        codes = np.where(found, (rank[np.clip(rows, 0, None)] << 31) | np.clip(e_kh, 0, None), -2)
+        all_codes.append(codes[found])
+        consequences: list[str] = []
+        ok_code = np.isin(codes, kcode) if len(kcode) else np.zeros(m, bool)
+        wrong = np.flatnonzero(found & ~ok_code)
+        wrong_phy.append(e_phy[wrong])
+        miss = np.flatnonzero(~found)
+        mp = e_phy[miss]
+        expired = mp < log.log_min
+        lost = log.in_lost(mp)
+        past = (mp >= log.log_end) & ~lost
+        for k in miss[~(expired | lost | past)].tolist():
+            out.add(Finding("index_entry_bad_offset", "error", display, g.entry_pos(int(e_n[k])),
+                            f"entry {int(e_n[k])}: phyOffset {int(e_phy[k])} is not the start of a record",
+                            {"entry": int(e_n[k]), "phy": int(e_phy[k])}))
+        if past.any():
+            k0 = int(miss[past][0])
+            out.add(Finding("index_entry_past_commitlog", "error", display, g.entry_pos(int(e_n[k0])),
+                            f"{int(past.sum())} entries point past the end of the commitlog data ({log.log_end})",
+                            {"count": int(past.sum())}))
+        if len(wrong):
+            consequences = ["slot_not_newest_entry", "prev_index_wrong_slot", "hash_slot_count_mismatch",
+                            "index_chain_broken"]
+        for k in wrong.tolist():
+            out.add(Finding("index_entry_wrong_hash", "error", display, g.entry_pos(int(e_n[k])),
+                            f"entry {int(e_n[k])}: keyHash {int(e_kh[k])} is not the hash of any key of the record at "
+                            f"{int(e_phy[k])}; a query for the real key cannot find it (slot chains disagree as a "
+                            "consequence)", {"entry": int(e_n[k]), "phy": int(e_phy[k]), "key_hash": int(e_kh[k])}))
+        # chain structure: the broker links each entry to the previous entry of its slot
+        if m and not len(wrong):
+            slot = np.where(e_kh >= 0, e_kh % g.hash_slot_num, -1)
+            order = np.lexsort((e_n, slot))
+            ss = slot[order]
+            first = np.r_[True, ss[1:] != ss[:-1]]
+            exp_prev = np.where(first, 0, np.r_[0, e_n[order][:-1]])
+            got = ent["prev_index"].astype(np.int64)[order]
+            brk = np.flatnonzero(exp_prev != got)
+            if len(brk):
+                k = int(order[brk[0]])
+                out.add(Finding("index_chain_broken", "error", display, g.entry_pos(int(e_n[k])) + 16,
+                                f"{len(brk)} entries whose prevIndex is not the previous entry of their slot (first: "
+                                f"entry {int(e_n[k])}); entries off the chain cannot be found by queries",
+                                {"count": len(brk)}))
+        for vfi in vf:
+            if vfi.kind in consequences:
+                continue
+            vfi.file = display
+            if vfi.kind == "slot_not_newest_entry" and not len(wrong):
+                consequences.append("index_chain_broken")
+            out.add(vfi)
+    # every keyed message findable
+    if getattr(settings, "message_index_enable", True) and len(kcode):
+        have = np.unique(np.concatenate(all_codes)) if all_codes else np.zeros(0, np.int64)
+        missing = np.flatnonzero(~np.isin(kcode, have) & (kcode >= 0))
+        if len(missing):
+            mphy = kphy[missing]
+            first_begin = min((fi["begin_phy"] for fi in info["files"]), default=0)
+            explained = log.in_lost(mphy) | (mphy < log.log_min)
+            if wrong_phy:
+                wp = np.concatenate(wrong_phy)
+                explained |= np.isin(mphy, wp)
+            behind = ~explained & (mphy > max_end_phy)
+            real = ~explained & ~behind
+            if behind.any():
+                out.add(Finding("index_behind_commitlog", "warning", "index", None,
+                                f"{int(behind.sum())} keys of messages after the last indexed message "
+                                f"({max_end_phy}) are not indexed yet; the broker indexes them when it dispatches",
+                                {"count": int(behind.sum())}))
+            for j in np.flatnonzero(real).tolist():
+                p = int(mphy[j])
+                S = log.segment_size
+                sev = "warning" if p < first_begin else "error"
+                out.add(Finding("index_key_missing", sev, f"commitlog/{p // S * S:020d}", p % S,
+                                f"a key of the message at {p} (hash {int(khash[missing[j]])}) is not findable "
+                                "through any index file", {"phy": p, "key_hash": int(khash[missing[j]])}))
+    info["max_end_phy"] = max_end_phy
+    return info
+
+
+def check_checkpoint(root: Location, log: LogView, out: _Capped, now_ms: int):
+    """Checkpoint timestamps within the data's store-time range (and not in the future)."""
+    from storelib.checkpoint import read_checkpoint
+
+    try:
+        cp = read_checkpoint(root, strict=False)
+    except StoreError as e:
+        sev = "warning" if e.kind == "missing" else "error"
+        out.add(Finding("checkpoint_" + e.kind, sev, "checkpoint", e.offset, e.detail))
+        return None
+    if len(log.ts) == 0:
+        return cp
+    lo, hi = int(log.ts.min()), int(log.ts.max())
+    for name, off in (("physic_msg_timestamp", 0), ("logics_msg_timestamp", 8), ("index_msg_timestamp", 16)):
+        v = getattr(cp, name)
+        if v > now_ms + 60_000:
+            out.add(Finding("checkpoint_in_future", "error", "checkpoint", off,
+                            f"{name} {v} is after the current time {now_ms}", {"field": name, "value": v}))
+        elif v > hi:
+            out.add(Finding("checkpoint_ahead_of_data", "error", "checkpoint", off,
+                            f"{name} {v} is after the newest store timestamp in the commitlog ({hi}): the checkpoint "
+                            "claims data that is not there; abnormal recovery would trust segments it should re-check",
+                            {"field": name, "value": v, "data_max": hi}))
+        elif 0 < v < lo and name != "index_msg_timestamp":
+            out.add(Finding("checkpoint_behind_data", "info", "checkpoint", off,
+                            f"{name} {v} is before the oldest store timestamp ({lo}): abnormal recovery would re-scan "
+                            "from the first segment", {"field": name, "value": v, "data_min": lo}))
+    if cp.confirm_phy_offset and cp.confirm_phy_offset > log.log_end:
+        out.add(Finding("confirm_offset_past_data", "warning", "checkpoint", 32,
+                        f"confirmPhyOffset {cp.confirm_phy_offset} is past the end of the data ({log.log_end})"))
+    return cp
+
+
+def check_markers(root: Location, out: _Capped) -> bool:
+    """abort / lock markers; returns whether the abort file exists."""
+    from storelib.markers import abort_state, lock_state, what_broker_does
+
+    ab = abort_state(root)
+    if ab.exists:
+        out.add(Finding("abort_present", "warning", "abort", None,
+                        "the broker was not shut down cleanly: " + what_broker_does(ab), {"pid": ab.pid}))
+    try:
+        lk = lock_state(root)
+    except StoreError:
+        return ab.exists
+    if lk.held_by_other:
+        out.add(Finding("broker_running", "critical", "lock", 0,
+                        f"another process{f' (pid {lk.holder_pid})' if lk.holder_pid else ''} holds the store lock: "
+                        "a live broker is writing this store; the audit saw a moving target"))
+    elif lk.exists and not lk.content_ok:
+        out.add(Finding("lock_content", "info", "lock", 0, "lock file does not hold the 4 bytes 'lock'"))
+    return ab.exists
+
+
+CONFIG_FILES = ["topics.json", "consumerOffset.json", "subscriptionGroup.json", "delayOffset.json",
+                "consumerFilter.json", "lmqConsumerOffset.json"]
+
+
+def check_configs(root: Location, out: _Capped) -> dict[str, Any]:
+    """config/*.json readable (fastjson quirks), ``.bak`` agreeing or older; returns the loaded data."""
+    from storelib.configjson import load_config
+    from storelib.smallfile_io import read_small
+
+    loaded: dict[str, Any] = {}
+    for name in CONFIG_FILES:
+        loc = root.join("config", name)
+        present = [root.fs.get_file_info(p).type.name != "NotFound" for p in (loc.path, loc.path + ".bak",
+                                                                                   loc.path + ".tmp")]
+        if not any(present):
+            continue
+        ld = load_config(root, name)
+        for f in ld.findings:
+            f.file = _rel(root.path, f.file)
+            if f.kind in ("config_unparseable", "config_empty") and f.severity == "warning":
+                f.severity = "error" if ld.source is None else "warning"
+            if f.kind == "config_missing" and ld.source == "bak":
+                f.severity = "warning"
+            out.add(f)
+        loaded[name] = ld.data
+        if ld.source == "file" and present[1]:
+            try:
+                from storelib.configjson import parse_fastjson
+
+                raw = read_small(Location(loc.fs, loc.path + ".bak", loc.local))
+                bak = parse_fastjson(raw.decode("utf-8", "replace")) if raw else None
+            except StoreError:
+                bak = None
+            if bak is not None and ld.data is not None:
+                _compare_bak(name, ld.data, bak, out)
+    return loaded
+
+
+def _compare_bak(name: str, data: dict, bak: dict, out: _Capped) -> None:
+    dv, bv = data.get("dataVersion") or {}, bak.get("dataVersion") or {}
+    if isinstance(dv, dict) and isinstance(bv, dict) and dv.get("counter") is not None and bv.get("counter") is not None:
+        try:
+            if int(bv["counter"]) > int(dv["counter"]):
+                out.add(Finding("config_bak_newer", "warning", f"config/{name}.bak", None,
+                                f".bak dataVersion counter {bv['counter']} is newer than the file's {dv['counter']}: "
+                                "the last persist may have been lost"))
+        except (TypeError, ValueError):
+            pass
+        return
+    if name in ("consumerOffset.json", "lmqConsumerOffset.json"):
+        from storelib.configjson import consumer_offsets
+
+        a, b = consumer_offsets(data), consumer_offsets(bak)
+        newer = [(k, q) for k, qs in b.items() for q, o in qs.items() if a.get(k, {}).get(q, o) < o]
+        if newer:
+            (tg, q) = newer[0]
+            out.add(Finding("config_bak_newer", "warning", f"config/{name}.bak", None,
+                            f"{len(newer)} offsets in .bak are ahead of the file (first: {tg[0]}@{tg[1]} queue {q}): "
+                            "offsets only move forward, so the file looks older than its backup"))
+
+
+def check_consumer_offsets(loaded: dict, qstats: dict, out: _Capped) -> list[dict]:
+    """Consumer offsets within their queues' [min, max]; returns per-group lag rows for the report."""
+    from storelib.configjson import consumer_offsets, delay_offsets
+
+    rows: list[dict] = []
+    for name in ("consumerOffset.json", "lmqConsumerOffset.json"):
+        data = loaded.get(name)
+        if not data:
+            continue
+        for (topic, group), qs in consumer_offsets(data, include_lmq=name.startswith("lmq")).items():
+            for qid, off in sorted(qs.items()):
+                st = qstats.get((topic, qid))
+                where = f"config/{name}"
+                ex = {"topic": topic, "group": group, "queue_id": qid, "offset": off}
+                if st is None:
+                    out.add(Finding("consumer_offset_unknown_queue", "warning", where, None,
+                                    f"{group} has offset {off} for {topic}/{qid}, which has no consume queue", ex))
+                    continue
+                mx, mn = st["max_offset"], st["min_offset"]
+                rows.append({**ex, "max_offset": mx, "lag": max(0, mx - off)})
+                if off > mx:
+                    out.add(Finding("consumer_offset_past_queue", "error", where, None,
+                                    f"{group} on {topic}/{qid}: offset {off} is past the queue's max offset {mx}",
+                                    {**ex, "max_offset": mx}))
+                elif off < mn:
+                    out.add(Finding("consumer_offset_below_min", "warning", where, None,
+                                    f"{group} on {topic}/{qid}: offset {off} is below the queue's min offset {mn}: "
+                                    f"{mn - off} messages expired before they were consumed", {**ex, "min_offset": mn}))
+    d = loaded.get("delayOffset.json")
+    if d:
+        for level, off in delay_offsets(d).items():
+            st = qstats.get(("SCHEDULE_TOPIC_XXXX", level - 1))
+            if st is not None and off > st["max_offset"]:
+                out.add(Finding("delay_offset_past_queue", "error", "config/delayOffset.json", None,
+                                f"delay level {level}: offset {off} is past SCHEDULE_TOPIC_XXXX/{level - 1} max "
+                                f"{st['max_offset']}", {"level": level, "offset": off}))
+    return rows
+
+
+def severity_at_least(sev: str, threshold: str) -> bool:
+    return SEVERITY_RANK.get(sev, 0) >= SEVERITY_RANK[threshold]

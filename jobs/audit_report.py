@@ -1,0 +1,234 @@
+"""Audit report rendering: data series for the charts, and one self-contained HTML page.
+
+The page has no external resource (inline CSS and SVG, no script needed), so it can be mailed,
+archived next to the JSON, or opened from a scheduler's artifact store. Sections: summary, findings
+table, per-segment health map, traffic per topic over time, message size distribution, queue lag.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+import numpy as np
+
+COLORS = {"critical": "#8b0000", "error": "#d9480f", "warning": "#f59f00", "info": "#4dabf7", None: "#2f9e44"}
+PALETTE = ["#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00", "#0ca678", "#d6336c", "#5c940d", "#495057"]
+MAX_TOPICS = 8
+
+
+def traffic_series(log: Any, buckets: int = 60) -> dict[str, Any]:
+    """Messages per topic per time bucket (top topics by volume, the rest as 'other')."""
+    ts = log.ts
+    if not len(ts):
+        return {"bucket_ms": 0, "start_ms": None, "topics": {}}
+    lo, hi = int(ts.min()), int(ts.max())
+    span = max(hi - lo, 1)
+    nice = [1000, 5000, 10_000, 60_000, 300_000, 600_000, 3_600_000, 6 * 3_600_000, 86_400_000, 7 * 86_400_000]
+    bucket = next((b for b in nice if span / b <= buckets), nice[-1] * (span // (nice[-1] * buckets) + 1))
+    start = lo - lo % bucket
+    nb = int((hi - start) // bucket) + 1
+    b = ((ts - start) // bucket).astype(np.int64)
+    t = log.topic_idx
+    counts = np.bincount(t, minlength=len(log.topic_names)) if len(t) else np.zeros(0, np.int64)
+    top = np.argsort(-counts, kind="stable")[:MAX_TOPICS]
+    series: dict[str, list[int]] = {}
+    for ti in top.tolist():
+        series[log.topic_names[ti]] = np.bincount(b[t == ti], minlength=nb).tolist()
+    rest = ~np.isin(t, top)
+    if rest.any():
+        series["(other topics)"] = np.bincount(b[rest], minlength=nb).tolist()
+    return {"bucket_ms": int(bucket), "start_ms": int(start), "topics": series}
+
+
+def size_histogram(sizes: np.ndarray) -> dict[str, Any]:
+    """Record sizes (TOTALSIZE) in power-of-two buckets: bucket k holds sizes in [2^k, 2^(k+1))."""
+    if not len(sizes):
+        return {"buckets": []}
+    k = np.floor(np.log2(np.maximum(sizes, 1))).astype(np.int64)
+    c = np.bincount(k)
+    return {"buckets": [{"from": 1 << i, "to": (1 << (i + 1)) - 1, "count": int(n)} for i, n in enumerate(c) if n],
+            "min": int(sizes.min()), "max": int(sizes.max()), "mean": float(sizes.mean()),
+            "p50": float(np.percentile(sizes, 50)), "p99": float(np.percentile(sizes, 99))}
+
+
+def _e(x: Any) -> str:
+    return html.escape("" if x is None else str(x))
+
+
+def _ms(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + "Z"
+
+
+def _summary(rep: dict) -> str:
+    s = rep["summary"]
+    sev = s["by_severity"]
+    run = rep.get("run") or {}
+    worst = next((k for k in ("critical", "error", "warning", "info") if sev.get(k)), None)
+    status = "CLEAN" if worst in (None, "info") else worst.upper()
+    cells = [("status", f'<b style="color:{COLORS[worst if worst != "info" else None]}">{status}</b>'),
+             ("records", f"{s['records']:,}"), ("valid bytes", f"{s['bytes_valid']:,}"),
+             ("segments", s["segments"]), ("queues", s["queues"]), ("index files", s["index_files"]),
+             ("bytes in bad regions", f"{s['bytes_lost']:,}"),
+             ("store time range", f"{_ms(s['first_store_ts'])} … {_ms(s['last_store_ts'])}"),
+             ("commitlog offsets", f"{s['commitlog_min_offset']:,} … {s['commitlog_end_offset']:,}")]
+    for k in ("critical", "error", "warning", "info"):
+        cells.append((k, f'<span class="sev {k}">{sev.get(k, 0)}</span>'))
+    if run:
+        cells.append(("engine", f"{_e(run.get('engine'))}, {run.get('seconds')} s, {run.get('mb_per_s') or '-'} MB/s; "
+                                f"{run.get('segments_audited')} audited / {run.get('segments_carried')} carried"))
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in cells)
+    return f'<section id="summary"><h2>Summary</h2><table class="kv">{rows}</table></section>'
+
+
+def _findings(rep: dict) -> str:
+    rows = []
+    for f in rep["findings"]:
+        rows.append(f'<tr class="{_e(f["severity"])}"><td><span class="sev {_e(f["severity"])}">{_e(f["severity"])}'
+                    f'</span></td><td>{_e(f["kind"])}</td><td class="mono">{_e(f["file"])}</td>'
+                    f'<td class="num">{_e(f["offset"])}</td><td>{_e(f["detail"])}</td></tr>')
+    body = "".join(rows) or '<tr><td colspan="5">No findings.</td></tr>'
+    return ('<section id="findings"><h2>Findings</h2><table class="grid"><thead><tr><th>severity</th><th>kind</th>'
+            f'<th>file</th><th>offset</th><th>detail</th></tr></thead><tbody>{body}</tbody></table></section>')
+
+
+def _health_map(rep: dict) -> str:
+    cells = []
+    for s in rep["segments"]:
+        color = COLORS.get(s.get("worst"), COLORS[None])
+        if s["end_kind"] == "missing":
+            color = "#212529"
+        elif not s["records"] and not s.get("worst"):
+            color = "#dee2e6"
+        fill = s["data_end"] / s["file_size"] if s["file_size"] else 0
+        tip = (f"{s['name']}: {s['records']} records, {s['bytes_valid']} bytes, end {s['end_kind']} at {s['data_end']}, "
+               f"{s['crc_errors']} CRC errors, {s['bytes_lost']} bytes lost, worst {s.get('worst') or 'none'}")
+        cells.append(f'<div class="cell" style="background:{color}" title="{_e(tip)}">'
+                     f'<div class="fill" style="height:{100 - min(100, fill * 100):.0f}%"></div>'
+                     f'<span>{_e(s["name"][-8:])}</span></div>')
+    legend = "".join(f'<span class="lg" style="background:{c}"></span>{_e(k or "healthy")} '
+                     for k, c in COLORS.items()) + '<span class="lg" style="background:#212529"></span>missing ' \
+        '<span class="lg" style="background:#dee2e6"></span>empty'
+    return (f'<section id="health"><h2>Segment health map</h2><p class="note">One cell per commitlog segment, '
+            f'coloured by its worst finding; the pale top shows the unused part. {legend}</p>'
+            f'<div class="map">{"".join(cells)}</div></section>')
+
+
+def _traffic(rep: dict) -> str:
+    tr = rep["traffic"]
+    topics = tr.get("topics") or {}
+    if not topics:
+        return '<section id="traffic"><h2>Traffic per topic over time</h2><p>No messages.</p></section>'
+    W, H, L, B = 900, 260, 50, 30
+    nb = len(next(iter(topics.values())))
+    stack = np.zeros(nb)
+    total = np.sum([np.asarray(v) for v in topics.values()], axis=0)
+    ymax = max(int(total.max()), 1)
+    bw = (W - L - 10) / nb
+    bars = []
+    for i, (name, vals) in enumerate(topics.items()):
+        v = np.asarray(vals, dtype=float)
+        col = PALETTE[i % len(PALETTE)]
+        for j in np.flatnonzero(v).tolist():
+            y0 = H - B - (stack[j] + v[j]) / ymax * (H - B - 10)
+            h = v[j] / ymax * (H - B - 10)
+            bars.append(f'<rect x="{L + j * bw:.1f}" y="{y0:.1f}" width="{max(bw - 1, 1):.1f}" height="{h:.1f}" '
+                        f'fill="{col}"><title>{_e(name)}: {int(v[j])}</title></rect>')
+        stack += v
+    axis = (f'<line x1="{L}" y1="{H - B}" x2="{W - 10}" y2="{H - B}" stroke="#333"/>'
+            f'<text x="{L - 5}" y="18" text-anchor="end" font-size="11">{ymax}</text>'
+            f'<text x="{L}" y="{H - 10}" font-size="11">{_ms(tr["start_ms"])}</text>'
+            f'<text x="{W - 10}" y="{H - 10}" text-anchor="end" font-size="11">'
+            f'{_ms(tr["start_ms"] + tr["bucket_ms"] * nb)}</text>')
+    legend = "".join(f'<span class="lg" style="background:{PALETTE[i % len(PALETTE)]}"></span>{_e(n)} '
+                     for i, n in enumerate(topics))
+    return (f'<section id="traffic"><h2>Traffic per topic over time</h2><p class="note">Messages per '
+            f'{tr["bucket_ms"] // 1000} s by store time. {legend}</p>'
+            f'<svg width="{W}" height="{H}" role="img">{axis}{"".join(bars)}</svg></section>')
+
+
+def _sizes(rep: dict) -> str:
+    sz = rep["sizes"]
+    bk = sz.get("buckets") or []
+    if not bk:
+        return '<section id="sizes"><h2>Message size distribution</h2><p>No messages.</p></section>'
+    W, H, B = 900, 220, 40
+    cmax = max(b["count"] for b in bk)
+    bw = (W - 20) / len(bk)
+    bars = []
+    for i, b in enumerate(bk):
+        h = b["count"] / cmax * (H - B - 10)
+        bars.append(f'<rect x="{10 + i * bw:.1f}" y="{H - B - h:.1f}" width="{bw - 4:.1f}" height="{h:.1f}" '
+                    f'fill="#1c7ed6"><title>{b["from"]}–{b["to"]} bytes: {b["count"]}</title></rect>'
+                    f'<text x="{10 + i * bw + bw / 2:.1f}" y="{H - B + 14}" font-size="10" text-anchor="middle">'
+                    f'{_human(b["from"])}</text>'
+                    f'<text x="{10 + i * bw + bw / 2:.1f}" y="{H - B - h - 3:.1f}" font-size="10" '
+                    f'text-anchor="middle">{b["count"]}</text>')
+    note = f'min {sz["min"]}, p50 {sz["p50"]:.0f}, p99 {sz["p99"]:.0f}, max {sz["max"]} bytes (TOTALSIZE)'
+    return (f'<section id="sizes"><h2>Message size distribution</h2><p class="note">{note}</p>'
+            f'<svg width="{W}" height="{H}" role="img">{"".join(bars)}</svg></section>')
+
+
+def _human(n: int) -> str:
+    for unit in ("", "K", "M", "G"):
+        if n < 1024:
+            return f"{n}{unit}"
+        n //= 1024
+    return f"{n}T"
+
+
+def _lag(rep: dict) -> str:
+    rows = []
+    lagmax = max([q.get("lag") or 0 for q in rep["queues"]] + [c.get("lag") or 0 for c in rep["consumers"]] + [1])
+    for q in rep["queues"]:
+        w = (q.get("lag") or 0) / lagmax * 200
+        rows.append(f'<tr><td>{_e(q["topic"])}</td><td class="num">{q["queue_id"]}</td><td class="num">{q["min_offset"]}'
+                    f'</td><td class="num">{q["max_offset"]}</td><td class="num">{_e(q.get("cl_max_offset"))}</td>'
+                    f'<td class="num">{q.get("lag") or 0}</td><td><div class="bar" style="width:{w:.0f}px"></div></td></tr>')
+    crow = []
+    for c in rep["consumers"]:
+        w = (c.get("lag") or 0) / lagmax * 200
+        crow.append(f'<tr><td>{_e(c["group"])}</td><td>{_e(c["topic"])}</td><td class="num">{c["queue_id"]}</td>'
+                    f'<td class="num">{c["offset"]}</td><td class="num">{c["max_offset"]}</td>'
+                    f'<td class="num">{c["lag"]}</td><td><div class="bar" style="width:{w:.0f}px"></div></td></tr>')
+    qt = ('<h3>Consume queues behind the commitlog</h3><table class="grid"><thead><tr><th>topic</th><th>queue</th>'
+          '<th>CQ min</th><th>CQ max</th><th>commitlog max</th><th>lag</th><th></th></tr></thead><tbody>'
+          + ("".join(rows) or '<tr><td colspan="7">No queues.</td></tr>') + "</tbody></table>")
+    ct = ('<h3>Consumer lag (config/consumerOffset.json)</h3><table class="grid"><thead><tr><th>group</th>'
+          '<th>topic</th><th>queue</th><th>offset</th><th>CQ max</th><th>lag</th><th></th></tr></thead><tbody>'
+          + ("".join(crow) or '<tr><td colspan="7">No consumer offsets.</td></tr>') + "</tbody></table>")
+    return f'<section id="lag"><h2>Queue lag</h2>{qt}{ct}</section>'
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#212529;background:#fff}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;border-bottom:2px solid #dee2e6;padding-bottom:4px;margin-top:28px}
+h3{font-size:15px} .note{color:#495057;font-size:13px} .mono{font-family:ui-monospace,monospace;font-size:12px}
+table{border-collapse:collapse;font-size:13px} td,th{padding:3px 8px;border-bottom:1px solid #e9ecef;text-align:left;
+vertical-align:top} table.kv th{width:190px;color:#495057;font-weight:600} .num{text-align:right}
+table.grid thead th{background:#f1f3f5;position:sticky;top:0} .sev{display:inline-block;padding:1px 6px;border-radius:3px;
+color:#fff;font-size:12px} .sev.critical{background:#8b0000}.sev.error{background:#d9480f}.sev.warning{background:#f59f00}
+.sev.info{background:#4dabf7} .map{display:flex;flex-wrap:wrap;gap:4px;max-width:1000px} .cell{position:relative;
+width:64px;height:44px;border-radius:3px;overflow:hidden} .cell .fill{position:absolute;top:0;left:0;right:0;
+background:rgba(255,255,255,.55)} .cell span{position:absolute;bottom:2px;left:3px;font-size:10px;color:#fff;
+text-shadow:0 0 2px #000;font-family:ui-monospace,monospace} .lg{display:inline-block;width:11px;height:11px;margin:0 3px 0 10px;
+vertical-align:middle;border-radius:2px} .bar{height:10px;background:#e8590c;border-radius:2px}
+"""
+
+
+def render_html(rep: dict) -> str:
+    """The self-contained HTML page for a report dict."""
+    title = f"rmqstore audit — {rep['store']}"
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>"
+            f"<h1>{_e(title)}</h1><p class=\"note\">Generated {_ms(rep['generated_at_ms'])} · schema "
+            f"{_e(rep['schema'])} · broker {_e(rep['settings']['version'])}.x settings, commitlog segment "
+            f"{rep['settings']['commitlog_segment_size']:,} bytes</p>"
+            + _summary(rep) + _findings(rep) + _health_map(rep) + _traffic(rep) + _sizes(rep) + _lag(rep)
+            + "</body></html>")
+
+
+__all__ = ["render_html", "size_histogram", "traffic_series"]

@@ -1,0 +1,20 @@
+"""``rmqstore audit``: integrity audit of a store (CRCs, structure, cross-file consistency) with reports."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from jobs.audit import EXAMPLE, add_arguments
+
+    p = sub.add_parser("audit", help="integrity audit: CRCs, structure, CQ/index/checkpoint/config consistency",
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs.audit import run_args
+
+    return run_args(args)
