@@ -1,0 +1,493 @@
+"""``spark.read.format("rocketmq")``: the commitlog as a DataFrame, one row per message record.
+
+The rows are exactly what :class:`storelib.scanner.SegmentScan` decodes (the columns and names of
+``rmqstore messages``, ``body`` as binary only with ``withBody``), plus ``segment`` (the segment file
+name) and ``_corrupt``. Work is planned by :func:`storelib.splits.plan_splits` (at least one unit per
+segment, big segments cut at verified record starts) and each unit is read into Arrow record batches.
+
+Everything below :class:`RocketMQDataSource` works without Spark: :func:`read_messages` returns the
+same rows as a pyarrow Table (or pandas DataFrame) for notebooks and tools.
+
+Modes, as Spark's own file sources: ``PERMISSIVE`` (default) turns a record that fails the broker's
+validation into a row with null message columns, ``phy_offset`` = where it starts and ``_corrupt`` =
+the reason, then goes on at the next verified record start in the unit (or the next unit/segment);
+``DROPMALFORMED`` does the same without the row; ``FAILFAST`` raises a ``CorruptRecordError`` naming
+the segment file and byte offset. A body CRC mismatch is not malformed: the row has ``crc_ok = false``.
+A zero-filled region or a blank record ends a segment's data, as for the broker.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    EqualTo,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+
+from storelib.bytesource import Location, open_source, resolve
+from storelib.commitlog import CommitLog, Split
+from storelib.errors import CorruptRecordError
+from storelib.scanner import DEFAULT_DELAY_LEVELS_MS, MESSAGE_SCHEMA, SegmentScan
+from storelib.splits import DEFAULT_MAX_SPLIT_BYTES, find_record_start, plan_splits, prune_by_time
+
+# the columns of `rmqstore messages` (jobs.common.MESSAGE_JSON_FIELDS; datasources may not import jobs)
+MESSAGE_COLUMNS = [
+    "phy_offset", "size", "magic_version", "body_crc", "crc_ok", "queue_id", "flag", "queue_offset",
+    "physical_offset_field", "sys_flag", "tran_type", "born_timestamp", "born_host", "store_timestamp",
+    "store_host", "reconsume_times", "prepared_transaction_offset", "body_len", "topic", "tags", "keys",
+    "uniq_key", "msg_id", "tags_code", "properties",
+]
+EXTRA_COLUMNS = ["segment", "_corrupt"]
+MODES = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
+# columns a pushed filter may test (scalar columns of the schema); pruning uses the first three
+PUSHABLE = {"phy_offset", "store_timestamp", "segment", "topic", "queue_id", "queue_offset", "tags", "keys",
+            "uniq_key", "msg_id", "tran_type", "magic_version", "size", "body_len", "sys_flag",
+            "born_timestamp", "flag", "tags_code", "crc_ok", "store_host", "born_host"}
+
+_ARROW_DDL = {pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INT", pa.int64(): "BIGINT",
+              pa.bool_(): "BOOLEAN", pa.string(): "STRING", pa.binary(): "BINARY", pa.float64(): "DOUBLE"}
+
+
+def output_schema(with_body: bool = False) -> pa.Schema:
+    """Arrow schema of the rows: message columns (all nullable: corrupt rows), ``body``, ``segment``, ``_corrupt``."""
+    names = MESSAGE_COLUMNS + (["body"] if with_body else [])
+    fields = [MESSAGE_SCHEMA.field(n).with_nullable(True) for n in names]
+    fields += [pa.field("segment", pa.string()), pa.field("_corrupt", pa.string())]
+    return pa.schema(fields)
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """A Spark DDL string for an Arrow schema of the types used here."""
+
+    def t(typ: pa.DataType) -> str:
+        if pa.types.is_map(typ):
+            return f"MAP<{t(typ.key_type)}, {t(typ.item_type)}>"
+        if typ in _ARROW_DDL:
+            return _ARROW_DDL[typ]
+        raise TypeError(f"no Spark type for {typ}")
+
+    return ", ".join(f"`{f.name}` {t(f.type)}" for f in schema)
+
+
+# ------------------------------------------------------------------------------------------------
+# options
+
+
+def _norm(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Option names case- and underscore-insensitive (``withBody`` == ``with_body`` == ``withbody``)."""
+    return {str(k).lower().replace("_", ""): v for k, v in options.items() if v is not None}
+
+
+def _bool(name: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("true", "1", "yes", "on"):
+        return True
+    if s in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"option {name}: expected true/false, got {v!r}")
+
+
+def _int(name: str, v: Any) -> int:
+    try:
+        return int(str(v).strip())
+    except ValueError:
+        raise ValueError(f"option {name}: expected an integer, got {v!r}") from None
+
+
+def parse_time(name: str, v: Any) -> int:
+    """Epoch milliseconds from an integer or an ISO-8601 date/time (UTC unless it carries a zone)."""
+    if isinstance(v, int):
+        return v
+    if isinstance(v, _dt.datetime):
+        d = v
+    else:
+        s = str(v).strip()
+        if s.lstrip("-").isdigit():
+            return int(s)
+        try:
+            d = _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"option {name}: expected epoch ms or an ISO date/time, got {v!r}") from None
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=_dt.timezone.utc)
+    return int(d.timestamp() * 1000)
+
+
+def _bytes(name: str, v: Any) -> int:
+    """A byte count: plain integer or with a k/m/g suffix (binary units)."""
+    s = str(v).strip().lower().rstrip("b")
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:], 1)
+    n = _int(name, s[:-1] if mult > 1 else s) * mult
+    if n <= 0:
+        raise ValueError(f"option {name}: must be positive, got {v!r}")
+    return n
+
+
+@dataclass(frozen=True)
+class StoreOpen:
+    """How to reach a store from any process: its path/URI, broker.conf and filesystem options."""
+
+    path: str
+    broker_conf: str | None = None
+    fs_options: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> StoreOpen:
+        o = _norm(options)
+        path = o.get("path")
+        if not path:
+            raise ValueError("the store path is required: spark.read.format(...).load(STORE)")
+        fs = tuple(sorted((k[len("fs."):], str(v)) for k, v in options.items() if str(k).lower().startswith("fs.")))
+        return cls(str(path), o.get("brokerconf"), fs)
+
+    def location(self) -> Location:
+        return resolve(self.path, **dict(self.fs_options))
+
+    def settings(self):
+        return _settings(self.broker_conf)
+
+
+@functools.lru_cache(maxsize=8)
+def _settings(broker_conf: str | None):
+    from storelib.brokerconf import BrokerSettings, load_broker_conf
+
+    return load_broker_conf(broker_conf) if broker_conf else BrokerSettings()
+
+
+@dataclass(frozen=True)
+class Pred:
+    """One SQL predicate ``column op value`` (op: = < <= > >= in); rows where it is null are dropped."""
+
+    column: str
+    op: str
+    value: Any
+
+    def mask(self, batch: pa.RecordBatch) -> pa.Array:
+        col = batch.column(self.column)
+        if self.op == "in":
+            return pc.is_in(col, value_set=pa.array(list(self.value), type=col.type))
+        fn = {"=": pc.equal, "<": pc.less, "<=": pc.less_equal, ">": pc.greater, ">=": pc.greater_equal}[self.op]
+        return fn(col, pa.scalar(self.value, type=col.type))
+
+
+def _int_range(preds: list[Pred], column: str) -> tuple[int | None, int | None]:
+    """Inclusive integer bounds implied by the predicates on ``column`` (None = unbounded)."""
+    lo: int | None = None
+    hi: int | None = None
+
+    def up(v: int) -> None:
+        nonlocal lo
+        lo = v if lo is None else max(lo, v)
+
+    def down(v: int) -> None:
+        nonlocal hi
+        hi = v if hi is None else min(hi, v)
+
+    for p in preds:
+        if p.column != column:
+            continue
+        vals = list(p.value) if p.op == "in" else [p.value]
+        if not vals or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+            continue
+        if p.op in ("=", "in"):
+            up(min(vals))
+            down(max(vals))
+        elif p.op == ">":
+            up(p.value + 1)
+        elif p.op == ">=":
+            up(p.value)
+        elif p.op == "<":
+            down(p.value - 1)
+        elif p.op == "<=":
+            down(p.value)
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class MessageReadOptions:
+    """The ``rocketmq`` source options, parsed and checked once (names as Spark options)."""
+
+    store: StoreOpen
+    with_body: bool = False
+    verify_crc: bool = True
+    topics: tuple[str, ...] | None = None
+    from_offset: int | None = None
+    to_offset: int | None = None  # exclusive
+    from_time: int | None = None
+    to_time: int | None = None  # exclusive
+    max_split_bytes: int = DEFAULT_MAX_SPLIT_BYTES
+    min_partitions: int = 1
+    mode: str = "PERMISSIVE"
+    time_pruning: bool = True
+    batch_rows: int = 65536
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> MessageReadOptions:
+        o = _norm(options)
+        known = {"path", "withbody", "verifycrc", "brokerconf", "topics", "fromoffset", "tooffset", "fromtime",
+                 "totime", "maxsplitbytes", "minpartitions", "mode", "timepruning", "batchrows"}
+        unknown = sorted(k for k in o if k not in known and not k.startswith("fs."))
+        if unknown:
+            raise ValueError(f"unknown rocketmq option(s): {', '.join(unknown)}")
+        mode = str(o.get("mode", "PERMISSIVE")).upper()
+        if mode not in MODES:
+            raise ValueError(f"option mode: expected one of {', '.join(MODES)}, got {o['mode']!r}")
+        topics = o.get("topics")
+        if topics is not None and not isinstance(topics, (list, tuple)):
+            topics = [t.strip() for t in str(topics).split(",") if t.strip()]
+        return cls(
+            store=StoreOpen.parse(options),
+            with_body=_bool("withBody", o.get("withbody", False)),
+            verify_crc=_bool("verifyCrc", o.get("verifycrc", True)),
+            topics=tuple(topics) if topics is not None else None,
+            from_offset=_int("fromOffset", o["fromoffset"]) if "fromoffset" in o else None,
+            to_offset=_int("toOffset", o["tooffset"]) if "tooffset" in o else None,
+            from_time=parse_time("fromTime", o["fromtime"]) if "fromtime" in o else None,
+            to_time=parse_time("toTime", o["totime"]) if "totime" in o else None,
+            max_split_bytes=_bytes("maxSplitBytes", o.get("maxsplitbytes", DEFAULT_MAX_SPLIT_BYTES)),
+            min_partitions=max(1, _int("minPartitions", o.get("minpartitions", 1))),
+            mode=mode,
+            time_pruning=_bool("timePruning", o.get("timepruning", True)),
+            batch_rows=max(1, _int("batchRows", o.get("batchrows", 65536))),
+        )
+
+    def option_preds(self) -> tuple[list[Pred], list[Pred]]:
+        """(predicates on every row, predicates on message rows only) from the options.
+
+        Offsets apply to corrupt rows too (they have one); topic and time do not (unknown for them).
+        """
+        every: list[Pred] = []
+        msg: list[Pred] = []
+        if self.from_offset is not None:
+            every.append(Pred("phy_offset", ">=", self.from_offset))
+        if self.to_offset is not None:
+            every.append(Pred("phy_offset", "<", self.to_offset))
+        if self.from_time is not None:
+            msg.append(Pred("store_timestamp", ">=", self.from_time))
+        if self.to_time is not None:
+            msg.append(Pred("store_timestamp", "<", self.to_time))
+        if self.topics is not None:
+            msg.append(Pred("topic", "in", self.topics))
+        return every, msg
+
+
+# ------------------------------------------------------------------------------------------------
+# planning and reading (no Spark)
+
+
+def open_commitlog(store: StoreOpen) -> CommitLog:
+    """The store's commitlog; the segment size comes from broker.conf when given, else from the files."""
+    size = store.settings().mapped_file_size_commit_log if store.broker_conf else None
+    return CommitLog(store.location().join("commitlog"), size)
+
+
+def plan(opts: MessageReadOptions, pushed: list[Pred] = ()) -> list[Split]:
+    """The scan units for these options and pushed predicates, pruned by offset, segment and time."""
+    every, msg = opts.option_preds()
+    preds = [*every, *msg, *pushed]
+    lo, hi = _int_range(preds, "phy_offset")
+    segments = None
+    for p in pushed:
+        if p.column == "segment" and p.op in ("=", "in"):
+            names = {p.value} if p.op == "=" else set(p.value)
+            segments = names if segments is None else segments & names
+    t_lo, t_hi = _int_range([*msg, *pushed], "store_timestamp")
+    use_time = opts.time_pruning and (t_lo is not None or t_hi is not None)
+    cl = open_commitlog(opts.store)
+    planned = plan_splits(cl, opts.max_split_bytes, min_splits=opts.min_partitions, from_offset=lo,
+                          to_offset=None if hi is None else hi + 1, segments=segments, with_timestamps=use_time)
+    if use_time:
+        planned = prune_by_time(planned, t_lo, t_hi)
+    return [p.split for p in planned]
+
+
+def _filter(batch: pa.RecordBatch, preds: list[Pred]) -> pa.RecordBatch:
+    if not preds or batch.num_rows == 0:
+        return batch
+    mask = None
+    for p in preds:
+        m = p.mask(batch)
+        mask = m if mask is None else pc.and_kleene(mask, m)
+    return batch.filter(mask)
+
+
+def _corrupt_row(schema: pa.Schema, phy: int, segment: str, reason: str) -> pa.RecordBatch:
+    cols = []
+    for f in schema:
+        if f.name == "phy_offset":
+            cols.append(pa.array([phy], pa.int64()))
+        elif f.name == "segment":
+            cols.append(pa.array([segment], pa.string()))
+        elif f.name == "_corrupt":
+            cols.append(pa.array([reason], pa.string()))
+        else:
+            cols.append(pa.nulls(1, f.type))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) -> Iterator[pa.RecordBatch]:
+    """The rows of one scan unit as record batches of :func:`output_schema` (after all predicates)."""
+    schema = output_schema(opts.with_body)
+    every, msg = opts.option_preds()
+    msg_preds = [*every, *msg, *pushed]
+    bad_preds = [*every, *pushed]
+    settings = opts.store.settings()
+    delays = list(getattr(settings, "delay_levels_ms", DEFAULT_DELAY_LEVELS_MS))
+    seg_loc = opts.store.location().join("commitlog", split.segment_name)
+    display = "commitlog/" + split.segment_name
+    names = MESSAGE_COLUMNS + (["body"] if opts.with_body else [])
+    src = open_source(seg_loc, split.file_size)
+    try:
+        seg_len = src.size
+        pos = split.start
+        end = min(split.end, seg_len)
+        while pos < end:
+            scan = SegmentScan(src, display, split.segment_base, pos, end, verify_crc=opts.verify_crc,
+                               with_body=opts.with_body, delay_levels_ms=delays, batch_rows=opts.batch_rows)
+            for batch in scan:
+                n = batch.num_rows
+                if not n:
+                    continue
+                cols = [batch.column(c) for c in names]
+                cols.append(pa.repeat(pa.scalar(split.segment_name), n))
+                cols.append(pa.nulls(n, pa.string()))
+                out = _filter(pa.RecordBatch.from_arrays(cols, schema=schema), msg_preds)
+                if out.num_rows:
+                    yield out
+            e = scan.end
+            if e is None or e.kind != "invalid":
+                return
+            nxt = find_record_start(src, split.segment_base, e.file_offset + 1, end)
+            where = f"{e.reason}: {e.detail}".rstrip(": ")
+            resumed = (f"resumed at physical offset {split.segment_base + nxt}" if nxt is not None
+                       else "nothing valid follows in this unit")
+            if opts.mode == "FAILFAST":
+                if _filter(_corrupt_row(schema, e.phy_offset, split.segment_name, where), bad_preds).num_rows:
+                    raise CorruptRecordError(display, e.file_offset, e.reason or "invalid",
+                                             f"{e.detail} (physical offset {e.phy_offset}; mode FAILFAST)")
+            elif opts.mode == "PERMISSIVE":
+                row = _filter(_corrupt_row(schema, e.phy_offset, split.segment_name, f"{where} ({resumed})"),
+                              bad_preds)
+                if row.num_rows:
+                    yield row
+            if nxt is None:
+                return
+            pos = nxt
+    finally:
+        src.close()
+
+
+def read_messages(store: str, *, as_pandas: bool = False, **options: Any) -> pa.Table | Any:
+    """The ``rocketmq`` rows without Spark: every unit read in order into one pyarrow Table.
+
+    Options are the data source's (``withBody=True``, ``mode="FAILFAST"``, ``topics="A,B"``, ... in
+    camelCase or snake_case). ``as_pandas`` returns a pandas DataFrame.
+    """
+    opts = MessageReadOptions.parse({**options, "path": store})
+    batches = [b for s in plan(opts) for b in read_split(opts, s)]
+    table = pa.Table.from_batches(batches, schema=output_schema(opts.with_body))
+    return table.to_pandas() if as_pandas else table
+
+
+# ------------------------------------------------------------------------------------------------
+# Spark
+
+
+class SplitPartition(InputPartition):
+    """One scan unit (a picklable :class:`storelib.commitlog.Split`)."""
+
+    def __init__(self, split: Split | None):
+        super().__init__(split)
+        self.split = split
+
+
+def filter_to_pred(f: Any) -> Pred | None:
+    """A pushed Spark filter as a :class:`Pred`, or None when this source does not evaluate it."""
+    ops = {EqualTo: "=", GreaterThan: ">", GreaterThanOrEqual: ">=", LessThan: "<", LessThanOrEqual: "<="}
+    attr = getattr(f, "attribute", ())
+    if len(attr) != 1 or attr[0] not in PUSHABLE:
+        return None
+    if type(f) in ops:
+        v = f.value
+        if v is None or isinstance(v, (list, tuple, dict, bytes, float)):
+            return None
+        return Pred(attr[0], ops[type(f)], v)
+    if isinstance(f, In):
+        vals = tuple(f.value)
+        if not vals or any(v is None or isinstance(v, (list, tuple, dict, bytes, float)) for v in vals):
+            return None
+        return Pred(attr[0], "in", vals)
+    return None
+
+
+class RocketMQReader(DataSourceReader):
+    """Plans units once on the driver side; each Spark task reads one unit into Arrow batches."""
+
+    def __init__(self, opts: MessageReadOptions):
+        self.opts = opts
+        self.pushed: list[Pred] = []
+
+    def partitions(self) -> list[InputPartition]:
+        splits = plan(self.opts, self.pushed)
+        return [SplitPartition(s) for s in splits] or [SplitPartition(None)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        split = getattr(partition, "split", None)
+        if split is None:
+            return iter(())
+        return read_split(self.opts, split, self.pushed)
+
+
+class RocketMQPushdownReader(RocketMQReader):
+    """The reader with filter pushdown (needs ``spark.sql.python.filterPushdown.enabled``)."""
+
+    def pushFilters(self, filters: list) -> list:  # noqa: N802 (Spark's name)
+        rest = []
+        for f in filters:
+            p = filter_to_pred(f)
+            if p is None:
+                rest.append(f)
+            else:
+                self.pushed.append(p)
+        return rest
+
+
+class RocketMQDataSource(DataSource):
+    """``spark.read.format("rocketmq").load(STORE)``: commitlog messages (options: module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rocketmq"
+
+    def schema(self) -> str:
+        return spark_ddl(output_schema(MessageReadOptions.parse(self.options).with_body))
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return RocketMQReader(MessageReadOptions.parse(self.options))
+
+
+class RocketMQPushdownDataSource(RocketMQDataSource):
+    """The same source, pushing offset/time/topic/segment filters into planning and reading."""
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return RocketMQPushdownReader(MessageReadOptions.parse(self.options))
+
+
+__all__ = ["MESSAGE_COLUMNS", "MessageReadOptions", "Pred", "RocketMQDataSource", "RocketMQPushdownDataSource",
+           "output_schema", "plan", "read_messages", "read_split", "spark_ddl"]
