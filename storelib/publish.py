@@ -48,3 +48,105 @@ def _fsync_dir(d: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# output trees: staging + manifest last
+
+MANIFEST_NAME = "rebuild-manifest.json"
+
+
+def _loc(where):
+    from .bytesource import Location, resolve
+
+    return where if isinstance(where, Location) else resolve(where)
+
+
+def tree_files(root) -> list[str]:
+    """Relative paths ("a/b/c") of every file under a Location or path, sorted (temp files skipped)."""
+    import pyarrow.fs as pafs
+
+    loc = _loc(root)
+    infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True, recursive=True))
+    base = loc.path.rstrip("/") + "/"
+    out = []
+    for i in infos:
+        if i.type == pafs.FileType.File and not i.base_name.endswith(".tmp"):
+            out.append(i.path[len(base):] if i.path.startswith(base) else i.base_name)
+    return sorted(out)
+
+
+def is_published(dest, manifest_name: str = MANIFEST_NAME) -> bool:
+    """An output tree is complete only when its manifest exists (it is always written last)."""
+    import pyarrow.fs as pafs
+
+    loc = _loc(dest)
+    return loc.fs.get_file_info(loc.join(manifest_name).path).type == pafs.FileType.File
+
+
+def read_manifest(dest, manifest_name: str = MANIFEST_NAME) -> dict | None:
+    """The manifest of a published tree, None when there is none (an incomplete tree)."""
+    import json
+
+    loc = _loc(dest)
+    if not is_published(loc, manifest_name):
+        return None
+    with loc.fs.open_input_stream(loc.join(manifest_name).path) as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
+def _manifest_bytes(manifest: dict) -> bytes:
+    import json
+
+    return (json.dumps(manifest, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def publish_tree(staging, dest, manifest: dict, *, manifest_name: str = MANIFEST_NAME) -> str:
+    """Publish the finished tree ``staging`` at ``dest`` with ``manifest`` as its completion marker.
+
+    Local staging and destination on one filesystem: the manifest is written into the staging tree,
+    then the tree is renamed into place (an existing ``dest`` is first renamed aside and removed
+    after). Otherwise (remote ``dest`` or different filesystems): any manifest at ``dest`` is deleted
+    first, every file is copied, and the manifest is written LAST; readers must treat a tree
+    without manifest as incomplete (:func:`is_published`). Returns the destination path.
+    """
+    import shutil
+    import uuid
+
+    import pyarrow.fs as pafs
+
+    src, dst = _loc(staging), _loc(dest)
+    data = _manifest_bytes(manifest)
+    if src.local and dst.local and _same_device(src.path, os.path.dirname(os.path.abspath(dst.path))):
+        write_bytes_atomic(os.path.join(src.path, manifest_name), data)
+        old = None
+        if os.path.lexists(dst.path):
+            old = f"{dst.path}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(dst.path, old)
+        os.rename(src.path, dst.path)
+        _fsync_dir(os.path.dirname(os.path.abspath(dst.path)))
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return dst.path
+    fs = dst.fs
+    mpath = dst.join(manifest_name).path
+    if fs.get_file_info(mpath).type == pafs.FileType.File:
+        fs.delete_file(mpath)
+    fs.create_dir(dst.path, recursive=True)
+    for rel in tree_files(src):
+        if rel == manifest_name:
+            continue
+        target = dst.join(*rel.split("/"))
+        fs.create_dir(target.path.rsplit("/", 1)[0], recursive=True)
+        pafs.copy_files(src.join(*rel.split("/")).path, target.path, source_filesystem=src.fs,
+                        destination_filesystem=fs)
+    with fs.open_output_stream(mpath) as f:
+        f.write(data)
+    return dst.path
+
+
+def _same_device(a: str, b: str) -> bool:
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False

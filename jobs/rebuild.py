@@ -1,0 +1,971 @@
+"""Rebuild ConsumeQueue and IndexFile files from the commitlog, byte-identical to the broker.
+
+Runnable with ``spark-submit --properties-file spark-conf/spark-defaults.conf jobs/rebuild.py STORE
+--out DIR`` and importable (``rmqstore rebuild`` calls :func:`rebuild`).
+
+The target is store-algorithms §7.1: what a broker writes when started on the commitlog with empty
+``consumequeue/`` and ``index/`` and no abort file. The recovery walk (storelib.recovery) fixes the
+valid end (processOffset) and which records reput dispatches; then:
+
+* engine ``local``: storelib.dispatch.dispatch_store in this process;
+* engine ``spark``: phase A parses every segment on an executor (one task per segment; inside the
+  recovery window with CRC checks, so the walk itself is distributed) into Arrow columns of what
+  dispatch needs plus the index keys; the driver finishes the walk from the per-segment ends.
+  Phase B shuffles CQ rows by queue and each task runs build_consume_queues for its queues and writes
+  their files. Phase C numbers the index keys globally (prefix sums of per-segment counts), and each
+  index file is built by one task (build_index_files, continuing from the previous file's last
+  entry). Both engines produce the same bytes.
+
+Index file names are not derivable (the broker uses the wall clock at creation): the policy is
+``yyyyMMddHHmmssSSS`` of the file's first entry's store time in UTC (the empty successor of a full
+last file: the last entry's time), bumped by 1 ms to stay strictly increasing
+(storelib.indexfile.index_file_name). Compare index files by order, not by name.
+
+Output goes to a staging directory next to the destination and is published atomically with a
+manifest (``rebuild-manifest.json``: counts, per-file sha256, source fingerprint, settings, the
+recovery walk); a directory without a manifest is never complete. ``--in-place`` writes into the
+source store only after moving what it replaces into ``rebuild-backup-<time>/``. ``--incremental``
+dispatches only what the store's consume queues lack (from their max physical offset, as reput does),
+continuing the last CQ segments and the last index file; only changed or new files are output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from storelib.brokerconf import BrokerSettings, load_broker_conf
+from storelib.bytesource import Location, open_source, resolve
+from storelib.checkpoint import Checkpoint, read_checkpoint
+from storelib.commitlog import Split
+from storelib.consumequeue import build_consume_queues, write_consume_queues
+from storelib.dispatch import dispatch_store, index_geometry
+from storelib.errors import StoreError
+from storelib.indexfile import (
+    ENTRY_DTYPE,
+    IndexGeometry,
+    IndexHeader,
+    IndexImage,
+    IndexState,
+    build_index_files,
+    index_file_name,
+    index_key_rows,
+    list_index_files,
+)
+from storelib.javahash import java_hash_array
+from storelib.publish import (
+    MANIFEST_NAME,
+    _fsync_dir,
+    publish_tree,
+    read_manifest,
+    tree_files,
+    write_bytes_atomic,
+)
+from storelib.recovery import (
+    RecoveryResult,
+    SegmentTask,
+    WalkPlan,
+    finish_walk,
+    iter_task,
+    plan_recovery,
+    rebuild_target,
+    recovery_walk,
+    store_inputs,
+)
+from storelib.store import Store
+
+WHAT = ("consumequeue", "index")
+CQ_COLS = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type"]
+SCAN_COLS = ["phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset", "tran_type",
+             "store_timestamp", "tags_code", "uniq_key", "keys"]
+STAGING_TAG = ".rebuild-staging-"
+
+
+@dataclass
+class RebuildConfig:
+    """Everything one rebuild needs (the CLI and spark-submit arguments)."""
+
+    store: str
+    out: str | None = None
+    what: tuple[str, ...] = WHAT
+    broker_conf: str | None = None
+    broker_version: str = "auto"  # "4", "5" or "auto"
+    engine: str = "local"  # "local" | "spark"
+    master: str | None = None
+    in_place: bool = False
+    incremental: bool = False
+    partitions: int | None = None
+    fs_options: dict[str, Any] = field(default_factory=dict)
+    progress: bool = True
+    name_tz: str = "UTC"
+
+
+class Reporter:
+    """Stage and segment progress lines on stderr."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.t0 = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        if self.enabled:
+            sys.stderr.write(f"rebuild [{time.monotonic() - self.t0:7.1f}s] {text}\n")
+            sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# settings, fingerprint, hashing
+
+
+def detect_version(root: Location) -> str:
+    """"5" when the store has 5.x-only files (``abort.bak``, ``compaction/``, ``timerwheel/``,
+    ``rocksdbstore/``, a non-zero checkpoint confirm/master-flushed offset), else "4"."""
+    for name in ("abort.bak", "compaction", "timerwheel", "timerlog", "rocksdbstore", "batchconsumequeue"):
+        if root.fs.get_file_info(root.join(name).path).type != pafs.FileType.NotFound:
+            return "5"
+    with contextlib.suppress(StoreError, OSError):
+        cp = read_checkpoint(root, strict=False)
+        if cp.confirm_phy_offset or cp.master_flushed_offset:
+            return "5"
+    return "4"
+
+
+def load_settings(cfg: RebuildConfig, root: Location) -> BrokerSettings:
+    version = cfg.broker_version if cfg.broker_version in ("4", "5") else detect_version(root)
+    if cfg.broker_conf:
+        return load_broker_conf(cfg.broker_conf, version)
+    return BrokerSettings.defaults(version)
+
+
+def _sha256(loc: Location) -> tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    with loc.fs.open_input_stream(loc.path) as f:
+        while True:
+            b = f.read(8 << 20)
+            if not b:
+                break
+            h.update(b)
+            n += len(b)
+    return h.hexdigest(), n
+
+
+def hash_tree(root: Location, rels: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+    """{relative path: {size, sha256}} for files under ``root`` (threads: hashing releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rels = sorted(rels) if rels is not None else [r for r in tree_files(root) if r != MANIFEST_NAME]
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2))) as ex:
+        res = list(ex.map(lambda r: _sha256(root.join(*r.split("/"))), rels))
+    return {r: {"size": n, "sha256": h} for r, (h, n) in zip(rels, res)}
+
+
+def store_fingerprint(store: Store) -> dict[str, Any]:
+    """What identifies the source: each segment's name, size, mtime and sha256 of its first 64 KiB, the
+    checkpoint bytes; plus a digest over all of it."""
+    segs = []
+    for s in store.commitlog.segments:
+        with s.open() as src:
+            head = bytes(src.read(0, min(65536, s.file_size))) if s.file_size else b""
+        segs.append({"name": s.name, "size": s.file_size, "mtime_ms": s.mtime_ms,
+                     "head_sha256": hashlib.sha256(head).hexdigest()})
+    cp = None
+    with contextlib.suppress(StoreError, OSError):
+        c = read_checkpoint(store.loc, strict=False)
+        cp = c.__dict__
+    digest = hashlib.sha256(repr((segs, cp)).encode()).hexdigest()
+    return {"uri": store.uri, "segments": segs, "checkpoint": cp, "digest": digest}
+
+
+# ---------------------------------------------------------------------------------------------
+# destinations
+
+
+def _check_not_inside(out: Location, root: Location) -> None:
+    if not (out.local and root.local):
+        if out.fs.type_name == root.fs.type_name and (out.path + "/").startswith(root.path.rstrip("/") + "/"):
+            raise StoreError(out.path, None, "bad_output", "the output is inside the source store (use --in-place)")
+        return
+    o, r = os.path.realpath(out.path), os.path.realpath(root.path)
+    if o == r or o.startswith(r + os.sep):
+        raise StoreError(out.path, None, "bad_output", "the output is inside the source store (use --in-place)")
+    if r.startswith(o + os.sep):
+        raise StoreError(out.path, None, "bad_output", "the output directory contains the source store")
+
+
+def _check_dest(out: Location) -> None:
+    """A destination must be absent, empty, or a previous rebuild output (which is then replaced)."""
+    info = out.fs.get_file_info(out.path)
+    if info.type == pafs.FileType.NotFound:
+        return
+    if info.type != pafs.FileType.Directory:
+        raise StoreError(out.path, None, "bad_output", "output exists and is not a directory")
+    files = tree_files(out)
+    if files and read_manifest(out) is None:
+        raise StoreError(out.path, None, "bad_output",
+                         "output directory is not empty and holds no rebuild manifest; refusing to replace it")
+
+
+def _remove_stale_staging(parent: str, prefix: str) -> None:
+    """Staging directories of crashed runs (never published) are removed."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            if name.startswith(prefix):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _make_staging(cfg: RebuildConfig, root: Location, out: Location | None) -> Location:
+    tag = f"{uuid.uuid4().hex[:10]}"
+    if cfg.in_place:
+        _remove_stale_staging(root.path, STAGING_TAG)
+        path = os.path.join(root.path, STAGING_TAG + tag)
+        os.makedirs(path)
+        return resolve(path)
+    assert out is not None
+    if out.local:
+        parent = os.path.dirname(os.path.abspath(out.path))
+        os.makedirs(parent, exist_ok=True)
+        prefix = "." + os.path.basename(out.path) + STAGING_TAG
+        _remove_stale_staging(parent, prefix)
+        path = os.path.join(parent, prefix + tag)
+        os.makedirs(path)
+        return resolve(path)
+    if cfg.engine == "spark":  # executors write straight to the remote filesystem
+        st = Location(out.fs, out.path.rstrip("/") + STAGING_TAG + tag, False)
+        out.fs.create_dir(st.path, recursive=True)
+        return st
+    return resolve(tempfile.mkdtemp(prefix="rmqstore" + STAGING_TAG))
+
+
+def _drop_staging(st: Location) -> None:
+    if st.local:
+        shutil.rmtree(st.path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError, pa.ArrowException):
+            st.fs.delete_dir(st.path)
+
+
+# ---------------------------------------------------------------------------------------------
+# index file writing (local or any pyarrow filesystem)
+
+
+def write_index_image(image: IndexImage, loc: Location) -> None:
+    if loc.local:
+        os.makedirs(os.path.dirname(loc.path), exist_ok=True)
+        image.write(loc.path)
+        return
+    g = image.geometry
+    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
+    tmp = loc.path + f".{uuid.uuid4().hex[:8]}.tmp"
+    with loc.fs.open_output_stream(tmp) as f:
+        f.write(image.header.to_bytes())
+        f.write(np.asarray(image.slots, dtype=">i4").tobytes())
+        ent = np.asarray(image.entries, dtype=ENTRY_DTYPE).tobytes()
+        f.write(ent)
+        left = g.file_size - g.entry_pos(1) - len(ent)
+        zeros = bytes(min(left, 8 << 20))
+        while left > 0:
+            f.write(zeros[: min(left, len(zeros))])
+            left -= len(zeros)
+    try:
+        loc.fs.move(tmp, loc.path)
+    except (OSError, NotImplementedError, pa.ArrowException):
+        pafs.copy_files(tmp, loc.path, source_filesystem=loc.fs, destination_filesystem=loc.fs)
+        loc.fs.delete_file(tmp)
+
+
+def _full_state(geometry: IndexGeometry, end_phy: int, end_ts: int) -> IndexState:
+    """A stand-in for a previous, full index file: what build_index_files needs to start the next one
+    (its end offset/time for the first entry's timeDiff and the duplicate test; no entries are read)."""
+    E = geometry.entries_per_file
+    hdr = IndexHeader(end_timestamp=end_ts, end_phy_offset=end_phy, index_count=E + 1)
+    return IndexState(hdr, np.zeros(0, np.int32), np.broadcast_to(np.zeros(1, ENTRY_DTYPE), (E,)))
+
+
+# ---------------------------------------------------------------------------------------------
+# the Spark engine: executor-side functions (module level so that they pickle by reference)
+
+
+def _queue_partition(table: pa.Table, parts: int) -> np.ndarray:
+    """Deterministic partition of each CQ row by (topic, queue id) (Java hash; the same on every worker)."""
+    topic = table.column("topic").combine_chunks()
+    h = java_hash_array(topic).astype(np.int64)
+    q = np.asarray(table.column("queue_id")).astype(np.int64)
+    return ((h * 31 + q) % parts + parts) % parts
+
+
+def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> tuple[int, dict[str, Any], dict[int, pa.Table], tuple]:
+    """Parse one segment (the walk's view of it) into CQ rows per queue partition and index keys."""
+    idx, split, crc = item
+    loc = resolve(split.uri, **ctx["fs_options"])
+    plan: WalkPlan = ctx["plan"]
+    task = SegmentTask(idx, split.segment_base, split.segment_name, split.start, crc)
+    ends: list = []
+    cq_tables: list[pa.Table] = []
+    hs, ps, ts, rs = [], [], [], []
+    rows = 0
+    last_key_row = -1
+    cols = SCAN_COLS + (["prop_crc_ok"] if plan.prop_crc and crc else [])
+    with open_source(loc, split.file_size) as src:
+        for batch in iter_task(plan, task, src, delay_levels_ms=ctx["delay_levels"], ends=ends,
+                               with_properties=False, columns=cols):
+            if batch.num_rows == 0:
+                continue
+            if ctx["do_cq"]:
+                cq_tables.append(pa.Table.from_batches([batch.select(CQ_COLS)]))
+            if ctx["do_index"]:
+                kr = index_key_rows(batch)
+                if len(kr["row_index"]):
+                    last_key_row = rows + int(kr["row_index"][-1])
+                hs.append(kr["key_hash"])
+                ps.append(kr["phy_offset"])
+                ts.append(kr["store_timestamp"])
+                rs.append(kr["row_index"] + rows)
+            rows += batch.num_rows
+    parts: dict[int, pa.Table] = {}
+    cq_rows = 0
+    if cq_tables:
+        t = pa.concat_tables(cq_tables)
+        tt = np.asarray(t.column("tran_type"))
+        keep = np.flatnonzero((tt == 0) | (tt == 2))
+        if len(keep) < t.num_rows:
+            t = t.take(pa.array(keep))
+        cq_rows = t.num_rows
+        if cq_rows:
+            P = ctx["parts"]
+            part = _queue_partition(t, P)
+            order = np.argsort(part, kind="stable")
+            sp = part[order]
+            cuts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1], True])
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                parts[int(sp[a])] = t.take(pa.array(order[a:b]))
+    h = np.concatenate(hs).astype(np.int32) if hs else np.zeros(0, np.int32)
+    p = np.concatenate(ps).astype(np.int64) if ps else np.zeros(0, np.int64)
+    tsa = np.concatenate(ts).astype(np.int64) if ts else np.zeros(0, np.int64)
+    ra = np.concatenate(rs).astype(np.int64) if rs else np.zeros(0, np.int64)
+    mono = bool(len(p) < 2 or np.all(p[1:] >= np.maximum.accumulate(p)[:-1]))
+    meta = {
+        "idx": idx, "end": ends[0], "rows": rows, "cq_rows": cq_rows, "n_keys": len(h),
+        "p_first": int(p[0]) if len(p) else None, "p_max": int(p.max()) if len(p) else None,
+        "monotone": mono, "last_key_row": last_key_row,
+        "last_key": (int(p[-1]), int(tsa[-1])) if len(p) else None,
+    }
+    return idx, meta, parts, (h, p, tsa, ra)
+
+
+def _kept(keys: tuple, m_before: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The §6.1 step 2 duplicate test within one segment, given the running max before it:
+    (hash, phy, time, record row) of the keys the broker indexes."""
+    h, p, t, r = keys
+    if len(p) == 0:
+        return h, p, t, r
+    before = np.maximum.accumulate(np.concatenate(([m_before], p[:-1])))
+    idx = np.flatnonzero(p >= before)
+    return h[idx], p[idx], t[idx], r[idx]
+
+
+def _keys(rec: tuple, m_before: dict[int, int] | None) -> tuple:
+    return rec[3] if m_before is None else _kept(rec[3], m_before[rec[0]])
+
+
+def count_kept(m_before: dict[int, int], rec: tuple) -> tuple[int, int, int, tuple[int, int] | None]:
+    """(segment, kept keys, record row of the last kept key, its (phy, time)) — slow path only."""
+    h, p, t, r = _keys(rec, m_before)
+    if len(p) == 0:
+        return rec[0], 0, -1, None
+    return rec[0], len(p), int(r[-1]), (int(p[-1]), int(t[-1]))
+
+
+def first_times(E: int, offsets: dict[int, int], m_before: dict[int, int] | None, rec: tuple) -> list[tuple[int, int]]:
+    """(file number, store time of its first entry) for files whose first key is in this segment."""
+    idx = rec[0]
+    h, p, t, _ = _keys(rec, m_before)
+    o = offsets[idx]
+    out = []
+    f = -(-o // E)
+    while f * E < o + len(p):
+        out.append((f, int(t[f * E - o])))
+        f += 1
+    return out
+
+
+def emit_keys(E: int, nfiles: int, offsets: dict[int, int], m_before: dict[int, int] | None,
+              rec: tuple) -> Iterator[tuple[int, tuple]]:
+    """Index keys of one segment cut into per-file chunks (plus the last key before each file start)."""
+    idx = rec[0]
+    h, p, t, _ = _keys(rec, m_before)
+    o = offsets[idx]
+    n = len(p)
+    if n == 0:
+        return
+    f = o // E
+    while f * E < o + n:
+        a, b = max(f * E, o) - o, min((f + 1) * E, o + n) - o
+        yield f, ("k", o + a, h[a:b], p[a:b], t[a:b])
+        last = (f + 1) * E - 1
+        if o <= last < o + n and f + 1 < nfiles:
+            yield f + 1, ("prev", int(p[last - o]), int(t[last - o]))
+        f += 1
+
+
+def phase_b(ctx: dict[str, Any], items: Iterable[tuple[int, tuple[int, pa.Table]]]) -> Iterator[dict[str, Any]]:
+    """Build and write the consume queues of one partition (its queues' rows in dispatch order)."""
+    chunks = sorted((v for _, v in items), key=lambda x: x[0])
+    if not chunks:
+        return
+    table = pa.concat_tables([c[1] for c in chunks])
+    images = build_consume_queues(table, segment_size=ctx["cq_size"])
+    staging: Location = ctx["staging"]
+    root = staging.join("consumequeue")
+    paths = write_consume_queues(images, root, ctx["cq_size"])
+    base = staging.path.rstrip("/") + "/"
+    files = {}
+    for path in paths:
+        rel = path[len(base):]
+        h, n = _sha256(staging.join(*rel.split("/")))
+        files[rel] = {"size": n, "sha256": h}
+    yield {"queues": len(images), "cq_records": table.num_rows, "files": files}
+
+
+def phase_c(ctx: dict[str, Any], names: list[str], f: int, items: Iterable[tuple[int, tuple]]) -> Iterator[dict[str, Any]]:
+    """Build and write index file ``f`` from its keys (in global order) and the previous file's last key."""
+    ks = []
+    prev = None
+    for _, v in items:
+        if v[0] == "k":
+            ks.append(v)
+        else:
+            prev = (v[1], v[2])
+    if not ks:
+        return
+    ks.sort(key=lambda v: v[1])
+    key_rows = {"key_hash": np.concatenate([v[2] for v in ks]), "phy_offset": np.concatenate([v[3] for v in ks]),
+                "store_timestamp": np.concatenate([v[4] for v in ks])}
+    g: IndexGeometry = ctx["geometry"]
+    if f > 0 and prev is None:
+        raise StoreError("index", None, "internal", f"index file {f}: previous file's last key is missing")
+    state = _full_state(g, prev[0], prev[1]) if f > 0 else None
+    images = build_index_files(key_rows, geometry=g, prev_state=state, emit_empty=False, trailing_dispatch=False,
+                               empty_index_count=ctx["empty_index_count"], name_tz=None)
+    if len(images) != 1:
+        raise StoreError("index", None, "internal", f"index file {f}: built {len(images)} images")
+    im = images[0]
+    im.name = names[f]
+    staging: Location = ctx["staging"]
+    loc = staging.join("index", im.name)
+    write_index_image(im, loc)
+    h, n = _sha256(loc)
+    yield {"file": f, "rel": f"index/{im.name}", "size": n, "sha256": h, "keys": len(key_rows["key_hash"])}
+
+
+# ---------------------------------------------------------------------------------------------
+# engines
+
+
+@dataclass
+class EngineResult:
+    recovery: RecoveryResult
+    records: int = 0
+    cq_records: int = 0
+    queues: int = 0
+    index_keys: int = 0
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    findings: list[Any] = field(default_factory=list)
+
+
+def _check_supported(res: RecoveryResult) -> None:
+    if not res.supported:
+        why = "; ".join(str(f) for f in res.findings if f.severity == "critical")
+        raise StoreError("commitlog", None, "unsupported", f"the broker's dispatch cannot be reproduced: {why}")
+
+
+def run_local(store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...], say: Reporter,
+              name_tz: str = "UTC") -> EngineResult:
+    say("walk: recovery window (store-algorithms §7.1)")
+    res = rebuild_target(store, version=settings.version)
+    _check_supported(res)
+    say(f"walk: processOffset {res.process_offset} ({res.start_reason})")
+    n = len(store.commitlog.segments)
+    done = {"seg": -1}
+    S = store.commitlog.segment_size
+
+    def prog(phy: int) -> None:
+        i = phy // S
+        if i != done["seg"]:
+            done["seg"] = i
+            say(f"dispatch: segment {min(i + 1, n)}/{n}")
+
+    out = staging
+    d = dispatch_store(store.loc, settings, from_offset=None, to_offset=res.process_offset, out_root=out, what=what,
+                       name_tz=name_tz, commitlog=store.commitlog, progress=prog)
+    if d.unsupported:
+        raise StoreError("commitlog", None, "unsupported", "; ".join(str(f) for f in d.findings))
+    say(f"dispatch: {d.records} records, {d.cq_records} CQ entries, {d.index_keys} index keys; hashing outputs")
+    files = hash_tree(staging)
+    queues = len({tuple(r.split("/")[1:3]) for r in files if r.startswith("consumequeue/")})
+    return EngineResult(res, d.records, d.cq_records, queues, d.index_keys, files, list(d.findings))
+
+
+def _package_zip() -> str:
+    """storelib + jobs as a zip for sc.addPyFile (executors on other machines import them from it)."""
+    import zipfile
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(tempfile.mkdtemp(prefix="rmqstore-pyfiles-"), "rmqstore_pkgs.zip")
+    with zipfile.ZipFile(path, "w") as z:
+        for pkg in ("storelib", "jobs"):
+            for dirpath, _, names in os.walk(os.path.join(repo, pkg)):
+                for nm in names:
+                    if nm.endswith(".py"):
+                        full = os.path.join(dirpath, nm)
+                        z.write(full, os.path.relpath(full, repo))
+    return path
+
+
+def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
+              say: Reporter, fs_options: dict[str, Any], partitions: int | None = None,
+              name_tz: str = "UTC") -> EngineResult:
+    from pyspark import StorageLevel
+
+    sc = spark.sparkContext
+    inputs = store_inputs(store, version=settings.version, last_exit_ok=True, cq_max_phy_offset=-1,
+                          checkpoint=Checkpoint())
+    plan = plan_recovery(inputs, store.commitlog.segments)
+    tasks = plan.tasks
+    P = partitions or max(2, sc.defaultParallelism * 2)
+    do_index = "index" in what and bool(settings.message_index_enable)
+    g = index_geometry(settings)
+    ctx = {"plan": plan, "fs_options": fs_options, "delay_levels": list(settings.delay_levels_ms),
+           "do_cq": "consumequeue" in what, "do_index": do_index, "parts": P,
+           "cq_size": int(settings.mapped_file_size_consume_queue), "staging": staging, "geometry": g,
+           "empty_index_count": 1 if settings.version == "5" else 0}
+    if not tasks:
+        res = finish_walk(plan, {})
+        return EngineResult(res)
+    items = []
+    for t in tasks:
+        seg = plan.segments[t.index]
+        uri = seg.loc.path if seg.loc.local else f"{seg.loc.fs.type_name}://{seg.loc.path}"
+        items.append((t.index, Split(seg.base, seg.name, uri, t.start, seg.file_size, seg.file_size), t.crc))
+    say(f"phase A: parsing {len(items)} segment(s) on executors")
+    rdd = sc.parallelize(items, len(items)).map(partial(phase_a, ctx)).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        metas = {m["idx"]: m for m in rdd.map(lambda r: r[1]).collect()}
+        say(f"phase A: {len(metas)}/{len(items)} segments parsed, {sum(m['rows'] for m in metas.values())} records")
+        res = finish_walk(plan, {i: m["end"] for i, m in metas.items()})
+        _check_supported(res)
+        say(f"walk: processOffset {res.process_offset} ({res.start_reason})")
+        base_to_idx = {s.base: i for i, s in enumerate(plan.segments)}
+        inc = sorted({base_to_idx[d.base] for d in res.dispatch})
+        for d in res.dispatch:  # a full rebuild dispatches whole segment scans
+            m = metas[base_to_idx[d.base]]
+            if d.start != 0 or d.end != m["end"].file_offset:
+                raise StoreError("commitlog/" + d.name, d.end, "internal", "dispatch range is not a whole scan")
+        inc_set = set(inc)
+        sel = rdd.filter(lambda r: r[0] in inc_set)
+        out = EngineResult(res, records=sum(metas[i]["rows"] for i in inc))
+        files: dict[str, dict[str, Any]] = {}
+        if ctx["do_cq"]:
+            say(f"phase B: consume queues in {P} partition(s)")
+            stats = (sel.flatMap(lambda r: [(p, (r[0], t)) for p, t in r[2].items()])
+                     .partitionBy(P, lambda k: k).mapPartitions(partial(phase_b, ctx)).collect())
+            for s in stats:
+                files.update(s["files"])
+                out.queues += s["queues"]
+                out.cq_records += s["cq_records"]
+            say(f"phase B: {out.queues} queues, {out.cq_records} entries, {len(files)} files")
+        if do_index:
+            files.update(_spark_index(sc, sel, metas, inc, ctx, out, say, name_tz))
+        out.files = dict(sorted(files.items()))
+        return out
+    finally:
+        rdd.unpersist()
+
+
+def _spark_index(sc, sel, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any], out: EngineResult,
+                 say: Reporter, name_tz: str) -> dict[str, dict[str, Any]]:
+    g: IndexGeometry = ctx["geometry"]
+    E = g.entries_per_file
+    staging: Location = ctx["staging"]
+    # §6.1 step 2 duplicate test: a running max over keyed phy offsets (fast path: already increasing)
+    run = 0
+    m_before: dict[int, int] = {}
+    fast = True
+    for i in inc:
+        m = metas[i]
+        m_before[i] = run
+        if m["n_keys"]:
+            if not m["monotone"] or m["p_first"] < run:
+                fast = False
+            run = max(run, m["p_max"])
+    counts: dict[int, int] = {}
+    last_key_seg = None
+    last_key = None
+    last_row_of_last = -1
+    if fast:
+        for i in inc:
+            counts[i] = metas[i]["n_keys"]
+            if counts[i]:
+                last_key_seg, last_key, last_row_of_last = i, metas[i]["last_key"], metas[i]["last_key_row"]
+        mb = None
+    else:
+        say("phase C: PHYSICALOFFSET fields are not increasing: applying the broker's duplicate test")
+        got = {i: (c, lr, lk) for i, c, lr, lk in sel.map(partial(count_kept, m_before)).collect()}
+        for i in inc:
+            counts[i] = got[i][0]
+            if counts[i]:
+                last_key_seg, last_row_of_last, last_key = i, got[i][1], got[i][2]
+        mb = m_before
+    offsets: dict[int, int] = {}
+    K = 0
+    for i in inc:
+        offsets[i] = K
+        K += counts[i]
+    out.index_keys = K
+    rows_total = out.records
+    if last_key_seg is None:
+        trailing = False
+    else:
+        later_rows = sum(metas[i]["rows"] for i in inc if i > last_key_seg)
+        trailing = later_rows > 0 or last_row_of_last < metas[last_key_seg]["rows"] - 1
+    nfiles = -(-K // E) if K else 0
+    files: dict[str, dict[str, Any]] = {}
+    extra: list[IndexImage] = []
+    if K == 0:
+        if rows_total:
+            extra = build_index_files({"key_hash": [], "phy_offset": [], "store_timestamp": []}, geometry=g,
+                                      emit_empty=True, empty_index_count=ctx["empty_index_count"], name_tz=None)
+    elif trailing and K % E == 0:
+        extra = build_index_files({"key_hash": [], "phy_offset": [], "store_timestamp": []}, geometry=g,
+                                  prev_state=_full_state(g, last_key[0], last_key[1]), emit_empty=False,
+                                  trailing_dispatch=True, empty_index_count=ctx["empty_index_count"], name_tz=None)
+    firsts: dict[int, int] = {}
+    if nfiles:
+        say(f"phase C: {K} index keys → {nfiles} index file(s)")
+        firsts = dict(sel.flatMap(partial(first_times, E, offsets, mb)).collect())
+    names: list[str] = []
+    last = None
+    for f in range(nfiles):
+        last = index_file_name(firsts[f], name_tz, after=last)
+        names.append(last)
+    for im in extra:
+        im.name = index_file_name(im.first_timestamp or 0, name_tz, after=last)
+        last = im.name
+    if nfiles:
+        stats = (sel.flatMap(partial(emit_keys, E, nfiles, offsets, mb)).partitionBy(nfiles, lambda k: k)
+                 .mapPartitionsWithIndex(lambda f, it: phase_c(ctx, names, f, it)).collect())
+        for s in stats:
+            files[s["rel"]] = {"size": s["size"], "sha256": s["sha256"]}
+    for im in extra:
+        loc = staging.join("index", im.name)
+        write_index_image(im, loc)
+        h, n = _sha256(loc)
+        files[f"index/{im.name}"] = {"size": n, "sha256": h}
+    say(f"phase C: {len(files)} index file(s) written")
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# incremental (reput over what the store's consume queues lack)
+
+
+def _seed_incremental(root: Location, staging: Location, settings: BrokerSettings, what: tuple[str, ...]
+                      ) -> dict[str, tuple[int, int]]:
+    """Hard-link (or copy) the files an incremental dispatch continues into staging: the last three
+    segments of each queue (enough for the broker's CQ recovery) and the last index file. Writers
+    replace files (temp + rename), so a link never lets them modify the source. Returns the seeded
+    files' (device, inode) to tell unchanged ones apart afterwards."""
+    from storelib.consumequeue import ConsumeQueue, list_queues
+
+    seeded: dict[str, tuple[int, int]] = {}
+
+    def link(src: str, rel: str) -> None:
+        dst = os.path.join(staging.path, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+        st = os.stat(dst)
+        seeded[rel] = (st.st_dev, st.st_ino)
+
+    cq_size = int(settings.mapped_file_size_consume_queue)
+    for topic, qid, loc in list_queues(root):
+        with ConsumeQueue(loc, segment_size=cq_size, topic=topic, queue_id=qid) as cq:
+            for seg in cq.segments[-3:]:
+                link(seg.path, f"consumequeue/{topic}/{os.path.basename(loc.path)}/{seg.name}")
+    if "index" in what:
+        refs = list_index_files(root)
+        if refs:
+            link(refs[-1].loc.path, f"index/{refs[-1].name}")
+    return seeded
+
+
+def run_incremental(store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
+                    say: Reporter, name_tz: str = "UTC") -> tuple[EngineResult, list[str]]:
+    if not store.local:
+        raise StoreError(store.uri, None, "unsupported", "--incremental needs a local store")
+    inputs = store_inputs(store, version=settings.version, last_exit_ok=True)
+    res = recovery_walk(store, inputs)
+    _check_supported(res)
+    if inputs.cq_max_phy_offset > res.process_offset:
+        raise StoreError("consumequeue", None, "cq_ahead",
+                         f"consume queues reach physical offset {inputs.cq_max_phy_offset}, past the valid commitlog "
+                         f"end {res.process_offset}: the broker would truncate them; run a full rebuild")
+    say(f"incremental: consume queues end at {inputs.cq_max_phy_offset}, commitlog at {res.process_offset}")
+    seeded = _seed_incremental(store.loc, staging, settings, what)
+    d = dispatch_store(store.loc, settings, from_offset=None, to_offset=res.process_offset, out_root=staging,
+                       what=what, name_tz=name_tz, commitlog=store.commitlog)
+    if d.unsupported:
+        raise StoreError("commitlog", None, "unsupported", "; ".join(str(f) for f in d.findings))
+    changed = []
+    for rel in tree_files(staging):
+        p = os.path.join(staging.path, rel)
+        st = os.stat(p)
+        if seeded.get(rel) == (st.st_dev, st.st_ino):
+            os.unlink(p)  # untouched: not part of the output
+        else:
+            changed.append(rel)
+    for dirpath, _dirs, _ in sorted(os.walk(staging.path), reverse=True):  # drop empty seeded dirs
+        if dirpath != staging.path and not os.listdir(dirpath):
+            os.rmdir(dirpath)
+    say(f"incremental: dispatched {d.records} records from {d.from_offset}; {len(changed)} file(s) changed")
+    files = hash_tree(staging, changed)
+    queues = len({tuple(r.split("/")[1:3]) for r in changed if r.startswith("consumequeue/")})
+    return EngineResult(res, d.records, d.cq_records, queues, d.index_keys, files, list(d.findings)), changed
+
+
+# ---------------------------------------------------------------------------------------------
+# publishing
+
+
+def _publish_in_place(root: Location, staging: Location, manifest: dict[str, Any], what: tuple[str, ...],
+                      changed: list[str] | None) -> str:
+    """Move the staged output into the store, after moving what it replaces into a backup directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+    backup = os.path.join(root.path, f"rebuild-backup-{stamp}")
+    os.makedirs(backup)
+    manifest["backup"] = backup
+    # the manifest of the store goes stale first: a crash in between never leaves a manifest that
+    # describes files which are not there
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(os.path.join(root.path, MANIFEST_NAME), os.path.join(backup, MANIFEST_NAME))
+    if changed is None:  # full: whole directories
+        for w in what:
+            cur = os.path.join(root.path, w)
+            if os.path.lexists(cur):
+                os.rename(cur, os.path.join(backup, w))
+            src = os.path.join(staging.path, w)
+            if os.path.isdir(src):
+                os.rename(src, cur)
+            else:
+                os.makedirs(cur)
+    else:
+        for rel in changed:
+            cur = os.path.join(root.path, rel)
+            if os.path.lexists(cur):
+                os.makedirs(os.path.dirname(os.path.join(backup, rel)), exist_ok=True)
+                shutil.copy2(cur, os.path.join(backup, rel))
+            os.makedirs(os.path.dirname(cur), exist_ok=True)
+            os.replace(os.path.join(staging.path, rel), cur)
+    _fsync_dir(root.path)
+    import json
+
+    write_bytes_atomic(os.path.join(backup, "rebuild-manifest.json"),
+                       json.dumps(manifest, indent=2, ensure_ascii=False).encode())
+    write_bytes_atomic(os.path.join(root.path, MANIFEST_NAME), json.dumps(manifest, indent=2, ensure_ascii=False).encode())
+    shutil.rmtree(staging.path, ignore_errors=True)
+    return root.path
+
+
+# ---------------------------------------------------------------------------------------------
+# the job
+
+
+def rebuild(cfg: RebuildConfig, spark=None) -> dict[str, Any]:
+    """Run one rebuild; returns the manifest (also written next to the output)."""
+    what = tuple(cfg.what)
+    for w in what:
+        if w not in WHAT:
+            raise StoreError(None, None, "bad_value", f"--what must be among {','.join(WHAT)}, not {w!r}")
+    if cfg.in_place == bool(cfg.out):
+        raise StoreError(None, None, "bad_value", "give exactly one of --out DIR and --in-place")
+    say = Reporter(cfg.progress)
+    t0 = time.time()
+    root = resolve(cfg.store, **cfg.fs_options)
+    settings = load_settings(cfg, root)
+    store = Store(root, settings)
+    out = None
+    if cfg.in_place:
+        if not store.local:
+            raise StoreError(store.uri, None, "remote_store", "--in-place needs a local store")
+        from storelib.markers import lock_state
+
+        if lock_state(store.loc).held_by_other:
+            raise StoreError("lock", None, "broker_running", "a live broker holds the store lock; stop it first")
+    else:
+        out = resolve(cfg.out, **cfg.fs_options)
+        _check_not_inside(out, root)
+        _check_dest(out)
+    say(f"store {store.uri}: {len(store.commitlog.segments)} segment(s), broker {settings.version}.x settings, "
+        f"engine {cfg.engine}{' (incremental)' if cfg.incremental else ''}")
+    for f in store.commitlog.findings:
+        say(f"note: {f}")
+    staging = _make_staging(cfg, root, out)
+    try:
+        changed = None
+        if cfg.incremental:
+            er, changed = run_incremental(store, settings, staging, what, say, cfg.name_tz)
+        elif cfg.engine == "spark":
+            own = spark is None
+            if own:
+                from jobs.sparkutil import get_spark
+
+                spark = get_spark(cfg.master, app_name="rmqstore-rebuild")
+            spark.sparkContext.addPyFile(_package_zip())
+            er = run_spark(spark, store, settings, staging, what, say, cfg.fs_options, cfg.partitions, cfg.name_tz)
+        elif cfg.engine == "local":
+            er = run_local(store, settings, staging, what, say, cfg.name_tz)
+        else:
+            raise StoreError(None, None, "bad_value", f"engine must be local or spark, not {cfg.engine!r}")
+        elapsed = time.time() - t0
+        manifest = {
+            "tool": "rmqstore rebuild",
+            "mode": "incremental" if cfg.incremental else "full",
+            "engine": "local" if cfg.incremental else cfg.engine,
+            "created_ms": int(time.time() * 1000),
+            "source": store_fingerprint(store),
+            "settings": {
+                "broker_version": settings.version, "what": list(what),
+                "mapped_file_size_commit_log": store.commitlog.segment_size,
+                "mapped_file_size_consume_queue": int(settings.mapped_file_size_consume_queue),
+                "max_hash_slot_num": int(settings.max_hash_slot_num), "max_index_num": int(settings.max_index_num),
+                "message_delay_level": settings.message_delay_level,
+                "message_index_enable": bool(settings.message_index_enable),
+                "index_name_policy": f"first entry store time, yyyyMMddHHmmssSSS in {cfg.name_tz}, +1 ms to stay "
+                                     "strictly increasing",
+                "broker_conf": cfg.broker_conf,
+            },
+            "recovery": er.recovery.summary(),
+            "counts": {"records": er.records, "cq_records": er.cq_records, "queues": er.queues,
+                       "index_keys": er.index_keys,
+                       "cq_files": sum(1 for r in er.files if r.startswith("consumequeue/")),
+                       "index_files": sum(1 for r in er.files if r.startswith("index/"))},
+            "findings": [str(f) for f in er.findings],
+            "elapsed_s": round(elapsed, 3),
+            "files": er.files,
+        }
+        say("publishing")
+        if cfg.in_place:
+            dest = _publish_in_place(root, staging, manifest, what, changed)
+        else:
+            assert out is not None
+            dest = publish_tree(staging, out, manifest)
+            if not (staging.local and out.local):
+                _drop_staging(staging)
+        manifest["published"] = dest
+        return manifest
+    except BaseException:
+        _drop_staging(staging)
+        raise
+
+
+def summary_text(m: dict[str, Any]) -> str:
+    """The one-screen summary printed at the end."""
+    c, r = m["counts"], m["recovery"]
+    el = m["elapsed_s"] or 1e-9
+    lines = [
+        f"rmqstore rebuild ({m['mode']}, engine {m['engine']}, broker {m['settings']['broker_version']}.x)",
+        f"  source          {m['source']['uri']} ({len(m['source']['segments'])} segment(s))",
+        f"  recovery        {r['mode']}, window from {r['window_start']} ({r['start_reason']})",
+        f"  valid end       processOffset {r['process_offset']}"
+        + (f"; stopped by {r['failure']['reason']} in {r['failure']['segment']} @ {r['failure']['offset']}"
+           if r["failure"] else ""),
+        f"  records         {c['records']} dispatched ({c['records'] / el:,.0f} msg/s)",
+        f"  consume queues  {c['queues']} queue(s), {c['cq_records']} entries, {c['cq_files']} file(s)",
+        f"  index           {c['index_keys']} key(s), {c['index_files']} file(s)",
+        f"  output          {m['published']} (manifest {MANIFEST_NAME})",
+        f"  elapsed         {m['elapsed_s']:.2f} s",
+    ]
+    if m.get("backup"):
+        lines.append(f"  backup          {m['backup']}")
+    for f in m["findings"][:5]:
+        lines.append(f"  finding         {f}")
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", metavar="STORE", help="store root: local path or URI (s3://bucket/prefix, ...)")
+    p.add_argument("--out", metavar="DIR", help="output directory (local path or URI); published atomically")
+    p.add_argument("--in-place", action="store_true",
+                   help="replace the store's own files (after moving them into rebuild-backup-<time>/)")
+    p.add_argument("--what", default="consumequeue,index", help="consumequeue,index (default both)")
+    p.add_argument("--broker-conf", metavar="F", help="broker.conf with the store's settings")
+    p.add_argument("--broker-version", choices=["4", "5", "auto"], default="auto",
+                   help="broker version of the store (auto: 5 when 5.x-only files are present)")
+    p.add_argument("--engine", choices=["local", "spark"],
+                   help="local (one process) or spark (default: spark under spark-submit, else local)")
+    p.add_argument("--master", metavar="URL", help="Spark master (spark engine), e.g. local[4], spark://host:7077")
+    p.add_argument("--incremental", action="store_true",
+                   help="only dispatch what the store's consume queues lack (continues the last files)")
+    p.add_argument("--partitions", type=int, help="spark engine: consume-queue partitions")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON instead of the summary")
+    p.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint override")
+    p.add_argument("--s3-region", metavar="R", help="S3 region")
+
+
+def config_from_args(args: argparse.Namespace) -> RebuildConfig:
+    from jobs.common import fs_options
+
+    return RebuildConfig(store=args.store, out=args.out, what=tuple(w.strip() for w in args.what.split(",") if w.strip()),
+                         broker_conf=args.broker_conf, broker_version=args.broker_version,
+                         engine=args.engine or "local",
+                         master=args.master, in_place=args.in_place, incremental=args.incremental,
+                         partitions=args.partitions, fs_options=fs_options(args), progress=not args.quiet)
+
+
+def run_args(args: argparse.Namespace) -> int:
+    import json
+
+    m = rebuild(config_from_args(args))
+    if args.json:
+        print(json.dumps({k: v for k, v in m.items() if k != "files"}, indent=2, ensure_ascii=False))
+    else:
+        print(summary_text(m))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rebuild.py", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    if args.engine is None and os.environ.get("PYSPARK_GATEWAY_PORT"):
+        args.engine = "spark"  # under spark-submit
+    try:
+        return run_args(args)
+    except StoreError as e:
+        print(f"rebuild: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from jobs.rebuild import main as _main  # functions pickle by reference to the importable module
+
+    sys.exit(_main())
