@@ -46,6 +46,7 @@ from jobs.audit_checks import (
     check_index,
     check_markers,
     check_queue_offsets,
+    report_abort,
 )
 from storelib.errors import Finding, StoreError
 from storelib.store import Store
@@ -76,13 +77,12 @@ def _crc_range(store: Store, seg, lo: int, hi: int) -> int:
         return zlib.crc32(bytes(src.read(lo, hi - lo)))
 
 
-def fingerprint(store: Store, seg, data_end: int | None = None) -> dict[str, Any]:
-    """What identifies a segment's audited content: size, mtime, CRC of its head and of the bytes
-    just before the audited end (so an append after it is recognised as an append)."""
-    fp = {"size": seg.file_size, "mtime_ms": seg.mtime_ms, "head_crc": _crc_range(store, seg, 0, _HEAD)}
-    if data_end is not None:
-        fp["tail_crc"] = _crc_range(store, seg, data_end - _TAIL, data_end)
-    return fp
+def fingerprint(store: Store, seg, data_end: int) -> dict[str, Any]:
+    """What identifies a segment's audited content: size, mtime, CRC of its head and of the bytes just
+    before the audited end (both within the audited part, so an append after it is recognised)."""
+    head = min(_HEAD, data_end)
+    return {"size": seg.file_size, "mtime_ms": seg.mtime_ms, "head_len": head,
+            "head_crc": _crc_range(store, seg, 0, head), "tail_crc": _crc_range(store, seg, data_end - _TAIL, data_end)}
 
 
 def load_state(path: str | None) -> dict[str, Any]:
@@ -176,25 +176,24 @@ def plan(store: Store, state: dict, state_path: str | None, quiet: bool = False
     for seg in cl.segments:
         if seg.file_size == 0:
             continue
-        fp = fingerprint(store, seg)
         old = prev.get(seg.name)
         start = 0
         if old and state_path:
             ofp = old["fingerprint"]
             cached = _cached_result(state_path, old)
             data_end = old["result"]["data_end"]
-            same_head = ofp.get("head_crc") == fp["head_crc"] and ofp.get("size") == fp["size"]
-            tail_ok = same_head and ofp.get("tail_crc") == _crc_range(store, seg, data_end - _TAIL, data_end)
-            if cached is not None and tail_ok and ofp.get("mtime_ms") == fp["mtime_ms"]:
+            same = (cached is not None and ofp.get("size") == seg.file_size
+                    and ofp.get("head_crc") == _crc_range(store, seg, 0, ofp.get("head_len", 0))
+                    and ofp.get("tail_crc") == _crc_range(store, seg, data_end - _TAIL, data_end))
+            if same and ofp.get("mtime_ms") == seg.mtime_ms:
                 for f in cached.findings:
                     f.setdefault("extra", {})["carried_forward"] = True
                 carried[seg.name] = cached
-                fps[seg.name] = {**fp, "tail_crc": ofp.get("tail_crc")}
+                fps[seg.name] = ofp
                 continue
-            if cached is not None and tail_ok and old["result"]["end_kind"] == "end_of_data":
+            if same and old["result"]["end_kind"] == "end_of_data":
                 start = data_end  # appended after the audited end: audit only the new part
                 partial[seg.name] = cached
-        fps[seg.name] = fp
         tasks.append(SegmentTask(seg.name, seg.base, seg.loc.path if seg.loc.local else _uri(store, seg), seg.file_size,
                                  S, seg.loc.local, start))
     if state_path:
@@ -258,10 +257,10 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     results: dict[str, SegmentResult] = dict(carried)
     for r in fresh:
         results[r.name] = _merge(partial[r.name], r) if r.name in partial else r
-    for r in fresh:
-        if r.name in results:
-            fps[r.name]["tail_crc"] = _crc_range(store, next(s for s in store.commitlog.segments if s.name == r.name),
-                                                 results[r.name].data_end - _TAIL, results[r.name].data_end)
+    if since:
+        by_name = {s.name: s for s in store.commitlog.segments}
+        for r in fresh:
+            fps[r.name] = fingerprint(store, by_name[r.name], results[r.name].data_end)
     ordered = [results[s.name] for s in store.commitlog.segments if s.name in results]
     report = cross_checks(store, ordered, settings, now_ms=now_ms if now_ms is not None else int(time.time() * 1000),
                           quiet=quiet)
@@ -315,7 +314,8 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, n
     cp = check_checkpoint(root, log, out, now_ms)
     qstats = check_consume_queues(root, log, settings, out, facts)
     reput_from = qstats.pop("__reput_from__", log.log_min)
-    idx = check_index(root, log, settings, out, cp, abort, reput_from)
+    idx = check_index(root, log, settings, out, cp, abort.exists, reput_from)
+    report_abort(abort, idx, out)
     loaded = check_configs(root, out)
     consumers = check_consumer_offsets(loaded, qstats, out)
     findings = sorted(out.done(), key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))

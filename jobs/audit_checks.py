@@ -43,7 +43,7 @@ RECORD_SCHEMA = pa.schema([
     ("topic", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("tran_type", pa.int8()),
     ("sys_flag", pa.int32()), ("tags_code", pa.int64()), ("store_timestamp", pa.int64()), ("crc_ok", pa.bool_()),
 ])
-KEY_SCHEMA = pa.schema([("phy", pa.int64()), ("key_hash", pa.int32())])
+KEY_SCHEMA = pa.schema([("pos", pa.int64()), ("phy", pa.int64()), ("key_hash", pa.int32())])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -308,7 +308,8 @@ def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, d
     rec_parts.append(pa.Table.from_batches([batch.select(RECORD_COLUMNS)]).cast(RECORD_SCHEMA))
     rows, kh = index_keys(batch)
     if len(rows):
-        key_parts.append(pa.table({"phy": pa.array(field_[rows].astype(np.int64)),
+        key_parts.append(pa.table({"pos": pa.array(phy[rows].astype(np.int64)),
+                                   "phy": pa.array(field_[rows].astype(np.int64)),
                                    "key_hash": pa.array(kh.astype(np.int32))}, schema=KEY_SCHEMA))
 
 
@@ -414,7 +415,7 @@ def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dic
                             f"{int(log.phy[rows[i]])}; the broker's CQ writer drops this one as a repeat",
                             {"topic": topic, "queue_id": qid, "queue_offset": int(qq[i + 1]), "phy": int(log.phy[r]),
                              "first_phy": int(log.phy[rows[i]])}))
-        for i in np.flatnonzero((d < 0)).tolist():
+        for i in np.flatnonzero(d < 0).tolist():
             r = int(rows[i + 1])
             out.add(Finding("queue_offset_backwards", "error", f"commitlog/{_seg_name(log, r)}", _seg_off(log, r),
                             f"{topic}/{qid}: QUEUEOFFSET {int(qq[i + 1])} after {int(qq[i])}",
@@ -444,7 +445,7 @@ def _seg_off(log: LogView, row: int) -> int:
 
 def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capped, facts: dict) -> dict:
     """ConsumeQueue entries vs records both ways; queue min/max offsets and lag. Returns per-queue stats."""
-    from storelib.consumequeue import (CQ_UNIT_SIZE, ConsumeQueue, filler_mask, list_queues)
+    from storelib.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, filler_mask, list_queues
 
     rootp = root.path
     S = settings.mapped_file_size_consume_queue
@@ -489,7 +490,7 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
         seen_queues.add((topic, qid))
         bases = np.array([b for b, _ in files], dtype=np.int64)
 
-        def where(k: int) -> tuple[str | None, int]:
+        def where(k: int, n=n, bases=bases, files=files) -> tuple[str | None, int]:
             byte = int(n[k]) * CQ_UNIT_SIZE
             i = int(np.searchsorted(bases, byte, side="right")) - 1
             return files[i][1], byte - int(bases[i])
@@ -591,6 +592,7 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
                                     f"{len(before)} messages with queue offsets below {first_n} are in the commitlog but "
                                     "no CQ file holds their entries", {"topic": topic, "queue_id": qid}))
         stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": cq_min, "max_offset": cq_max,
+                               "raw_max_offset": int(n[last_valid]) + 1 if last_valid >= 0 else cq_max,
                                "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                "messages": fact["messages"] if fact else 0, "lag": lag, "lag_bytes": behind_bytes}
     for key, fact in facts.items():
@@ -616,7 +618,6 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
     """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete."""
     from storelib.indexfile import IndexGeometry, list_index_files
 
-    rootp = root.path
     lf: list[Finding] = []
     refs = list_index_files(root, lf)
     for f in lf:
@@ -626,9 +627,11 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
         return info
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
     # record key codes: (rank of the record by PHYSICALOFFSET field) << 31 | hash
-    kphy = log.keys.column("phy").to_numpy()
+    kphy = log.keys.column("pos").to_numpy()
     khash = log.keys.column("key_hash").to_numpy().astype(np.int64)
-    krow = log.lookup_field(kphy)
+    krow = np.searchsorted(log.phy, kphy) if len(kphy) else np.zeros(0, np.int64)
+    if len(krow):
+        krow = np.where(log.phy[np.clip(krow, 0, len(log.phy) - 1)] == kphy, krow, -1)
     rank = np.empty(len(log.field_order), np.int64)
     rank[log.field_order] = np.arange(len(log.field_order))
     kcode = np.where(krow >= 0, (rank[np.clip(krow, 0, None)] << 31) | khash, -1) if len(krow) else np.zeros(0, np.int64)
@@ -655,8 +658,8 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
         if len(ent):
             max_end_phy = max(max_end_phy, int(ent["phy_offset"].max()))
         if idx_ts is not None and h.end_timestamp > idx_ts:
-            sev = "warning" if abort else "info"
-            out.add(Finding("index_deleted_on_abnormal_start", sev, display, 8,
+            info.setdefault("deleted_on_abnormal_start", []).append(ref.name)
+            out.add(Finding("index_deleted_on_abnormal_start", "info", display, 8,
                             f"endTimestamp {h.end_timestamp} > checkpoint indexMsgTimestamp {idx_ts}: "
                             + ("the abort file is present, so the next start deletes this file and re-indexes only "
                                "from the recovery start segment" if abort else
@@ -780,14 +783,11 @@ def check_checkpoint(root: Location, log: LogView, out: _Capped, now_ms: int):
     return cp
 
 
-def check_markers(root: Location, out: _Capped) -> bool:
-    """abort / lock markers; returns whether the abort file exists."""
-    from storelib.markers import abort_state, lock_state, what_broker_does
+def check_markers(root: Location, out: _Capped):
+    """lock marker (a live broker?); returns the abort state (reported by :func:`report_abort`)."""
+    from storelib.markers import abort_state, lock_state
 
     ab = abort_state(root)
-    if ab.exists:
-        out.add(Finding("abort_present", "warning", "abort", None,
-                        "the broker was not shut down cleanly: " + what_broker_does(ab), {"pid": ab.pid}))
     try:
         lk = lock_state(root)
     except StoreError:
@@ -798,7 +798,21 @@ def check_markers(root: Location, out: _Capped) -> bool:
                         "a live broker is writing this store; the audit saw a moving target"))
     elif lk.exists and not lk.content_ok:
         out.add(Finding("lock_content", "info", "lock", 0, "lock file does not hold the 4 bytes 'lock'"))
-    return ab.exists
+    return ab
+
+
+def report_abort(ab, idx_info: dict, out: _Capped) -> None:
+    """An abort file: say what the next broker start does, including the index files it deletes."""
+    from storelib.markers import what_broker_does
+
+    if not ab.exists:
+        return
+    dele = idx_info.get("deleted_on_abnormal_start", [])
+    more = (f"; {len(dele)} index file(s) would be deleted ({', '.join(dele[:5])}"
+            f"{'…' if len(dele) > 5 else ''})" if dele else "")
+    out.add(Finding("abort_present", "warning", "abort", None,
+                    "the broker was not shut down cleanly: " + what_broker_does(ab) + more,
+                    {"pid": ab.pid, "index_files_deleted": dele}))
 
 
 CONFIG_FILES = ["topics.json", "consumerOffset.json", "subscriptionGroup.json", "delayOffset.json",
@@ -855,11 +869,11 @@ def _compare_bak(name: str, data: dict, bak: dict, out: _Capped) -> None:
 
         a, b = consumer_offsets(data), consumer_offsets(bak)
         newer = [(k, q) for k, qs in b.items() for q, o in qs.items() if a.get(k, {}).get(q, o) < o]
-        if newer:
+        if newer:  # offsets can be reset by an admin, so this is a note, not a warning
             (tg, q) = newer[0]
-            out.add(Finding("config_bak_newer", "warning", f"config/{name}.bak", None,
+            out.add(Finding("config_bak_offsets_ahead", "info", f"config/{name}.bak", None,
                             f"{len(newer)} offsets in .bak are ahead of the file (first: {tg[0]}@{tg[1]} queue {q}): "
-                            "offsets only move forward, so the file looks older than its backup"))
+                            "unless offsets were reset, the file looks older than its backup"))
 
 
 def check_consumer_offsets(loaded: dict, qstats: dict, out: _Capped) -> list[dict]:
@@ -882,7 +896,9 @@ def check_consumer_offsets(loaded: dict, qstats: dict, out: _Capped) -> list[dic
                     continue
                 mx, mn = st["max_offset"], st["min_offset"]
                 rows.append({**ex, "max_offset": mx, "lag": max(0, mx - off)})
-                if off > mx:
+                # a hole in the queue (reported as cq_entry_missing) lowers the broker's max: compare with
+                # the units actually on disk so the hole is not reported twice
+                if off > max(mx, st.get("raw_max_offset", mx)):
                     out.add(Finding("consumer_offset_past_queue", "error", where, None,
                                     f"{group} on {topic}/{qid}: offset {off} is past the queue's max offset {mx}",
                                     {**ex, "max_offset": mx}))

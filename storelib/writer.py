@@ -390,8 +390,8 @@ class StoreWriter:
         level = _parse_java_int(props[DELAY], "DELAY")
         if level <= 0:
             return topic, qid
-        level = min(level, len(self.delay_levels))
-        if str(level) != props[DELAY]:
+        if level > len(self.delay_levels):  # the broker clamps and rewrites the property
+            level = len(self.delay_levels)
             props[DELAY] = str(level)
         props[REAL_TOPIC] = topic
         props[REAL_QID] = str(qid)
