@@ -549,19 +549,30 @@ class FileLayout:
 # driver
 
 
-def iter_plans(g: Generator) -> Iterator[RecordPlan]:
-    """Plan chunks until the configured message count or commitlog size is reached."""
+def iter_plans(g: Generator, written: Callable[[], int] | None = None) -> Iterator[RecordPlan]:
+    """Plan chunks until the configured message count, or (``written()`` bytes) the size, is reached.
+
+    With a size target the chunk shrinks as the target nears (by the average record size so far), so
+    the store overshoots it by about one record rather than one chunk.
+    """
     cfg = g.cfg
     done = 0
+    records = 0
     while True:
+        n = cfg.chunk_ops
         if cfg.messages is not None:
-            left = cfg.messages - done
+            n = min(n, cfg.messages - done)
+        if cfg.size is not None and written is not None:
+            left = cfg.size - written()
             if left <= 0:
                 return
-            n = min(cfg.chunk_ops, left)
-        else:
-            n = cfg.chunk_ops
-        yield g.plan_chunk(n)
+            avg = written() / records if records else 1500.0
+            n = min(n, max(64, int(left / avg) + 1))
+        if n <= 0:
+            return
+        plan = g.plan_chunk(n)
+        records += len(plan)
+        yield plan
         done += n
 
 
@@ -593,15 +604,13 @@ def generate(out: str | os.PathLike, cfg: GenConfig, settings: Any = None, *,
     counts = np.zeros(4, dtype=np.int64)
     last_ts = 0
     try:
-        for plan in iter_plans(g):
+        for plan in iter_plans(g, lambda: lay.bytes):
             encode_chunk(g, plan, lay)
             res.records += len(plan)
             counts += np.bincount(plan.rtype, minlength=4)
             last_ts = int(plan.store_ts[-1])
             if progress is not None:
                 progress(lay.bytes, res.records)
-            if cfg.size is not None and lay.bytes >= cfg.size:
-                break
     finally:
         lay.close()
     res.bytes = lay.bytes
