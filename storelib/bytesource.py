@@ -3,21 +3,37 @@
 Every reader in storelib takes a :class:`ByteSource`, so a segment on S3, GCS, HDFS or a mounted
 share is scanned by the same code as a local one. Local files are mapped read-only (zero copy, the
 fast path); remote files are read in large sequential windows so a scan streams at network speed
-without ever holding a whole segment in memory.
+without ever holding a whole segment in memory: a sequential reader turns on :meth:`ArrowFileSource.read_ahead`,
+which fetches the next window in a background thread while the current one is decoded (double
+buffering: the source holds at most the window being decoded and the one being fetched).
+
+Remote stores and credentials: any URI pyarrow understands (``s3://bucket/prefix/store``, ``gs://``,
+``hdfs://host:port/path``, ``file://``), a ``pyarrow.fs.FileSystem`` object, or an fsspec filesystem
+object (wrapped with ``PyFileSystem(FSSpecHandler(fs))``). For S3, credentials, region and endpoint come
+from the environment as pyarrow's AWS SDK reads them (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL`` for S3-compatible
+servers, ``~/.aws`` profiles) or from explicit options (:func:`filesystem_options`: ``endpoint``,
+``region``, ``access_key``, ``secret_key``, ``session_token``, ``anonymous``...), which the ``rmqstore``
+flags ``--s3-endpoint``/``--s3-region`` and the Spark data source options fill in.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+import numpy as np
 import pyarrow.fs as pafs
 
 from .errors import StoreError
 
 DEFAULT_WINDOW = 64 * 1024 * 1024
+# room in front of each read-ahead buffer for the unread tail of the previous window (the part of a
+# record that straddled the window end), so a sequential window is served without copying it
+READ_AHEAD_RESERVE = 8 * 1024 * 1024
 
 
 class ByteSource(Protocol):
@@ -78,16 +94,26 @@ class LocalSource:
 
 
 class ArrowFileSource:
-    """A file on any ``pyarrow.fs`` filesystem, read with ranged requests."""
+    """A file on any ``pyarrow.fs`` filesystem, read with ranged requests (never read whole)."""
 
     def __init__(self, fs: pafs.FileSystem, path: str, size: int | None = None):
         self.fs = fs
         self.path = path
         try:
             self._f = fs.open_input_file(path)
+            self.size = self._f.size() if size is None else size
         except OSError as e:
             raise StoreError(path, None, "unreadable", str(e)) from e
-        self.size = self._f.size() if size is None else size
+        self._ahead: _ReadAhead | None = None
+
+    def read_ahead(self, window: int = DEFAULT_WINDOW) -> None:
+        """Sequential mode: while window k is used, window k+1 is fetched in a background thread.
+
+        For scans that read the file front to back in ``window``-sized steps (SegmentScan); random
+        reads should not turn it on (it would fetch a window nobody asks for).
+        """
+        if self._ahead is None and self.size > window:
+            self._ahead = _ReadAhead(self, window)
 
     def read(self, offset: int, length: int) -> memoryview:
         if offset < 0:
@@ -95,9 +121,24 @@ class ArrowFileSource:
         length = max(0, min(length, self.size - offset))
         if length == 0:
             return memoryview(b"")
-        return memoryview(self._f.read_at(length, offset))
+        if self._ahead is not None:
+            return self._ahead.read(offset, length)
+        return self._read_at(offset, length)
+
+    def _read_at(self, offset: int, length: int) -> memoryview:
+        try:
+            data = self._f.read_at(length, offset)
+        except OSError as e:
+            raise StoreError(self.path, offset, "unreadable", str(e)) from e
+        if len(data) < length:
+            raise StoreError(self.path, offset + len(data), "truncated",
+                             f"file ended early: read {len(data)} of {length} bytes")
+        return memoryview(data)
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
         self._f.close()
 
     def __enter__(self) -> ArrowFileSource:
@@ -105,6 +146,89 @@ class ArrowFileSource:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _ReadAhead:
+    """Double-buffered sequential reads of one ArrowFileSource.
+
+    After serving window ``[a, b)`` it fetches ``[b, b + window)`` in one background thread (pyarrow
+    releases the GIL while the bytes arrive) into a fresh buffer with :data:`READ_AHEAD_RESERVE`
+    free bytes in front. The next sequential request starts a little before ``b`` (at the first
+    record that did not fit); that short tail is copied into the reserve, so the window is served
+    as a zero-copy slice. Anything else (a jump, a record longer than the reserve) is a plain
+    ranged read and restarts the pipeline. Memory: the served window plus at most one in flight.
+    """
+
+    def __init__(self, src: ArrowFileSource, window: int):
+        self.src = src
+        self.window = window
+        self._f = src.fs.open_input_file(src.path)  # the worker's own handle (seek + readinto)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rmqstore-readahead")
+        self._cur: memoryview | None = None
+        self._cur_start = 0
+        self._next: tuple[int, int, np.ndarray, Future] | None = None
+        self.prefetched = 0  # windows served from the read-ahead buffer
+        self.direct = 0  # windows read synchronously (first window, jumps, oversized records)
+
+    def _fill(self, start: int, out: memoryview) -> int:
+        self._f.seek(start)
+        got = 0
+        while got < len(out):
+            n = self._f.readinto(out[got:])
+            if not n:
+                break
+            got += n
+        return got
+
+    def _schedule(self, start: int) -> None:
+        if start >= self.src.size:
+            return
+        n = min(self.window, self.src.size - start)
+        buf = np.empty(READ_AHEAD_RESERVE + n, dtype=np.uint8)  # untouched reserve pages cost no RSS
+        fut = self._pool.submit(self._fill, start, memoryview(buf)[READ_AHEAD_RESERVE:])
+        self._next = (start, n, buf, fut)
+
+    def _drop_next(self) -> None:
+        if self._next is not None:
+            self._next[3].cancel()  # an in-flight fill finishes in the worker and is discarded
+            self._next = None
+
+    def read(self, offset: int, length: int) -> memoryview:
+        nxt = self._next
+        if nxt is not None:
+            start, n, buf, fut = nxt
+            cur = self._cur
+            tail = start - offset
+            if (cur is not None and self._cur_start + len(cur) == start and 0 <= tail <= READ_AHEAD_RESERVE
+                    and offset >= self._cur_start and offset + length <= start + n):
+                try:
+                    got = fut.result()
+                except OSError as e:
+                    raise StoreError(self.src.path, start, "unreadable", str(e)) from e
+                if got < n:
+                    raise StoreError(self.src.path, start + got, "truncated",
+                                     f"file ended early: read {got} of {n} bytes")
+                r = READ_AHEAD_RESERVE
+                if tail:
+                    buf[r - tail : r] = np.frombuffer(cur, np.uint8, tail, offset - self._cur_start)
+                data = memoryview(buf)[r - tail : r + n]
+                self._next = None
+                self._cur, self._cur_start = data, offset
+                self._schedule(start + n)
+                self.prefetched += 1
+                return data[:length]
+            self._drop_next()
+        data = self.src._read_at(offset, length)
+        self.direct += 1
+        self._cur, self._cur_start = data, offset
+        self._schedule(offset + length)
+        return data
+
+    def close(self) -> None:
+        self._drop_next()
+        self._cur = None
+        self._pool.submit(self._f.close)  # after any in-flight fill: the handle is the worker's
+        self._pool.shutdown(wait=False)
 
 
 @dataclass(frozen=True)
@@ -119,25 +243,90 @@ class Location:
         return Location(self.fs, "/".join([self.path.rstrip("/"), *parts]), self.local)
 
 
-def resolve(uri: str | os.PathLike, filesystem: pafs.FileSystem | None = None, **fs_options: object) -> Location:
+_BOOL_OPTIONS = {"anonymous", "background_writes", "allow_bucket_creation", "allow_bucket_deletion",
+                 "force_virtual_addressing", "check_directory_existence_before_creation"}
+_FLOAT_OPTIONS = {"connect_timeout", "request_timeout"}
+
+
+def filesystem_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """Normalise user-facing filesystem options (CLI flags, Spark data source options) for pyarrow.
+
+    ``endpoint``/``endpoint_url``/``s3_endpoint`` take a URL (``http://127.0.0.1:9000``) and become
+    ``endpoint_override`` + ``scheme``; ``access_key_id``/``secret_access_key`` are aliases;
+    ``fs.``/``s3.`` prefixes are dropped; "true"/"false" strings become booleans. None values are
+    left out, so an unset option falls back to pyarrow's environment defaults.
+    """
+    out: dict[str, Any] = {}
+    for k, v in (options or {}).items():
+        if v is None:
+            continue
+        k = k.lower()
+        for p in ("fs.", "s3.", "s3_", "fs_"):
+            if k.startswith(p) and k not in ("s3_endpoint",):
+                k = k[len(p):]
+        k = {"access_key_id": "access_key", "secret_access_key": "secret_key", "aws_access_key_id": "access_key",
+             "aws_secret_access_key": "secret_key", "token": "session_token", "s3_endpoint": "endpoint",
+             "endpoint_url": "endpoint", "s3_region": "region"}.get(k, k)
+        if k == "endpoint":
+            scheme, sep, host = str(v).partition("://")
+            out["endpoint_override"] = host.rstrip("/") if sep else scheme
+            out.setdefault("scheme", scheme if sep else "https")
+            continue
+        if k in _BOOL_OPTIONS and isinstance(v, str):
+            v = v.strip().lower() in ("1", "true", "yes", "on")
+        elif k in _FLOAT_OPTIONS and isinstance(v, str):
+            v = float(v)
+        out[k] = v
+    return out
+
+
+def _as_arrow_fs(filesystem: Any) -> pafs.FileSystem:
+    """A pyarrow filesystem as is; an fsspec filesystem object wrapped for pyarrow."""
+    if isinstance(filesystem, pafs.FileSystem):
+        return filesystem
+    if hasattr(filesystem, "protocol") and hasattr(filesystem, "open"):
+        return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem))
+    raise TypeError(f"not a pyarrow.fs or fsspec filesystem: {type(filesystem).__name__}")
+
+
+def _fs_path(s: str) -> str:
+    """The filesystem path of a URI (``s3://bucket/key`` -> ``bucket/key``), a plain path unchanged."""
+    return s.split("://", 1)[1] if "://" in s else s
+
+
+def resolve(uri: str | os.PathLike, filesystem: Any = None, **fs_options: Any) -> Location:
     """Turn a path or URI (``s3://bucket/prefix``, ``gs://``, ``hdfs://``, ``file://``) into a Location.
 
-    ``fs_options`` (endpoint_override, region, access_key, secret_key, scheme...) are passed to the
-    filesystem constructor for S3; otherwise pyarrow picks credentials up from the environment.
+    ``filesystem``: a ``pyarrow.fs.FileSystem`` or fsspec filesystem to use (``uri`` is then a path
+    on it; a scheme prefix is dropped). ``fs_options`` (see :func:`filesystem_options`) configure the
+    S3/GCS filesystem built for the URI; without them pyarrow reads credentials, region and endpoint
+    from the environment.
     """
     s = os.fspath(uri)
     if filesystem is not None:
-        local = isinstance(filesystem, pafs.LocalFileSystem)
-        return Location(filesystem, os.path.abspath(s) if local else s, local)
+        fs = _as_arrow_fs(filesystem)
+        local = isinstance(fs, pafs.LocalFileSystem)
+        return Location(fs, os.path.abspath(_fs_path(s)) if local else _fs_path(s).rstrip("/"), local)
     if "://" not in s:
         return Location(pafs.LocalFileSystem(), os.path.abspath(s), True)
     scheme, rest = s.split("://", 1)
+    scheme = scheme.lower()
     if scheme == "file":
         return Location(pafs.LocalFileSystem(), os.path.abspath("/" + rest.lstrip("/")), True)
-    if scheme in ("s3", "s3a") and fs_options:
-        opts = {k: v for k, v in fs_options.items() if v is not None}
-        return Location(pafs.S3FileSystem(**opts), rest.rstrip("/"), False)
-    fs, path = pafs.FileSystem.from_uri(s.replace("s3a://", "s3://", 1))
+    opts = filesystem_options(fs_options)
+    try:
+        if scheme in ("s3", "s3a", "s3n"):
+            if opts and "?" not in rest:
+                env_ep = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+                if env_ep and "endpoint_override" not in opts:  # as from_uri does, which we bypass here
+                    opts = {**filesystem_options({"endpoint": env_ep}), **opts}
+                return Location(pafs.S3FileSystem(**opts), rest.rstrip("/"), False)
+            s = "s3://" + rest  # from_uri: environment credentials/endpoint, bucket region lookup
+        elif scheme in ("gs", "gcs") and opts:
+            return Location(pafs.GcsFileSystem(**opts), rest.rstrip("/"), False)
+        fs, path = pafs.FileSystem.from_uri(s)
+    except (OSError, TypeError, ValueError) as e:
+        raise StoreError(s, None, "bad_location", f"cannot open filesystem: {e}") from e
     return Location(fs, path.rstrip("/"), isinstance(fs, pafs.LocalFileSystem))
 
 

@@ -366,6 +366,326 @@ def tags_codes(tags: pa.Array, topics: pa.Array, store_ts: np.ndarray, delay: np
     return h
 
 
+# --------------------------------------------------------------------------------------------------
+# fast paths (see docs in each): vectorised size-chain walk, strings by one Arrow ``take`` over a
+# token array laid on the source buffer, property parsing over byte events with numpy
+# --------------------------------------------------------------------------------------------------
+
+_MAGIC3 = bytes([0xDA, 0xA3, 0x20])  # first three bytes of both message magics (V1 ...A7, V2 ...AB)
+_HEX2 = np.array([ord("0123456789ABCDEF"[i >> 4]) | ord("0123456789ABCDEF"[i & 15]) << 8 for i in range(256)],
+                 dtype="<u2")
+_SCHED_B = np.frombuffer(SCHEDULE_TOPIC.encode(), np.uint8)
+_U64 = np.uint64
+_MIX1 = _U64(0x9E3779B97F4A7C15)
+_MIX2 = _U64(0xC2B2AE3D27D4EB4F)
+
+
+def name_key(name: str) -> int:
+    """The numpy name key of a property name of at most 8 bytes: its bytes, zero-padded, big-endian."""
+    b = name.encode()
+    assert 0 < len(b) <= 8
+    return int.from_bytes(b.ljust(8, b"\0"), "big")
+
+
+def magic_candidates(pbuf: pa.Buffer, a: np.ndarray, lo: int, hi: int, end: int) -> np.ndarray:
+    """Offsets ``p`` in ``[lo, hi)`` with a message magic at ``p+4`` and ``p+8 <= end``, ascending (int64).
+
+    One C++ pass (Arrow ``split_pattern`` over a zero-copy binary scalar of the buffer) finds every
+    occurrence of the magics' common 3-byte prefix; the fourth byte is checked with numpy. A superset
+    of the record starts: magic bytes inside bodies are found too and dropped by the chain walk.
+    """
+    r0 = lo + 4
+    r1 = min(hi + 4 + 3, end)
+    if r1 - r0 < 4:
+        return np.zeros(0, np.int64)
+    span = r1 - r0
+    one = pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(np.array([0, span], np.int32)),
+                                                 pbuf.slice(r0, span)])
+    flat = pc.split_pattern(one, _MAGIC3).values
+    k = len(flat)
+    if k <= 1:
+        return np.zeros(0, np.int64)
+    off = np.frombuffer(flat.buffers()[1], np.int32, count=k + 1, offset=4 * flat.offset)
+    q = r0 + off[1:k].astype(np.int64) + 3 * np.arange(k - 1, dtype=np.int64)
+    q = q[(q < hi + 4) & (q + 3 < end)]
+    m4 = a[q + 3]
+    return q[(m4 == 0xA7) | (m4 == 0xAB)] - 4
+
+
+def chain_starts(a: np.ndarray, p: np.ndarray, rel: int, rel_end: int, max_steps: int) -> tuple[np.ndarray, int, bool]:
+    """Follow the size chain from ``rel`` over candidate starts ``p``: (record starts, next position, ok).
+
+    A record is a candidate with ``MIN_RECORD_SIZE <= TOTALSIZE`` that fits before ``rel_end`` (the
+    scalar walk's test); its successor must be the candidate at ``start + TOTALSIZE``. Runs of
+    consecutive candidates that link up are taken whole; only false candidates (magic bytes inside a
+    body) cost a Python step. ``ok`` is False when more than ``max_steps`` were needed.
+    """
+    if not len(p) or p[0] != rel:
+        return np.zeros(0, np.int64), rel, True
+    total = rows_at(a, p, 4).view(">i4").ravel().astype(np.int64)
+    nxt = p + total
+    valid = (total >= MIN_RECORD_SIZE) & (nxt <= rel_end)
+    step = valid.copy()
+    step[:-1] &= nxt[:-1] == p[1:]
+    step[-1] = False
+    brk = np.flatnonzero(~step)
+    parts = []
+    i, pos, steps = 0, rel, 0
+    while True:
+        j = int(brk[np.searchsorted(brk, i)])
+        if valid[j]:
+            parts.append(p[i : j + 1])
+            pos = int(nxt[j])
+            k = int(np.searchsorted(p, pos))
+            if k < len(p) and p[k] == pos:
+                i = k
+                steps += 1
+                if steps > max_steps:
+                    break
+                continue
+        else:
+            if j > i:
+                parts.append(p[i:j])
+            pos = int(p[j])
+        break
+    starts = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return starts, pos, steps <= max_steps
+
+
+def take_ranges(buf: pa.Buffer, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
+    """Binary array of the byte ranges ``[s, s+l)`` of ``buf`` (ascending, non-overlapping), copied.
+
+    The ranges and the gaps between them form one zero-copy token array over ``buf``; a single Arrow
+    ``take`` of the even tokens copies the ranges out (much cheaper than building views row by row).
+    """
+    n = len(starts)
+    if n == 0:
+        return pa.array([], pa.binary())
+    base = int(starts[0])
+    toff = np.empty(2 * n, np.int64)
+    toff[0::2] = starts
+    toff[1::2] = starts + lens
+    toff -= base
+    if toff[-1] < 2**31:
+        typ, toff = pa.binary(), toff.astype(np.int32)
+    else:  # pragma: no cover - batches spanning 2 GiB
+        typ = pa.large_binary()
+    tokens = pa.Array.from_buffers(typ, 2 * n - 1, [None, pa.py_buffer(toff), buf.slice(base)])
+    out = tokens.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int64)))
+    return out.cast(pa.binary()) if typ != pa.binary() else out
+
+
+def _string_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets int64 rebased to 0, data uint8 from the first offset) of a binary/string array."""
+    n = len(arr)
+    bufs = arr.buffers()
+    off = np.frombuffer(bufs[1], np.int32, count=n + 1, offset=4 * arr.offset).astype(np.int64)
+    lo, hi = int(off[0]), int(off[-1])
+    data = np.frombuffer(bufs[2], np.uint8)[lo:hi] if bufs[2] is not None and hi > lo else np.zeros(0, np.uint8)
+    return off - lo, data
+
+
+def as_utf8(binary: pa.Array) -> tuple[pa.Array, bool]:
+    """(string array, clean) of a binary array: zero-copy when valid UTF-8 (ASCII checked with numpy).
+
+    Rows with invalid UTF-8 are decoded with U+FFFD replacement (as Java does); ``clean`` is False then.
+    """
+    if len(binary) == 0:
+        return binary.view(pa.string()), True
+    _, data = _string_parts(binary)
+    s = binary.view(pa.string())
+    if not len(data) or int(data.max()) < 0x80:
+        return s, True
+    try:
+        s.validate(full=True)
+        return s, True
+    except pa.ArrowInvalid:
+        raw = binary.to_pylist()
+        return pa.array([None if r is None else r.decode("utf-8", "replace") for r in raw], pa.string()), False
+
+
+class FastProperties:
+    """Property parsing over the bytes of a clean (valid UTF-8) binary properties column, with numpy.
+
+    Finds every 0x01/0x02 byte once, adds a virtual separator at each row end, and derives for each
+    segment its first 0x01 — the broker's rule (a pair counts when that 0x01 is strictly inside the
+    segment with non-empty name and value; the last valid occurrence of a name wins) becomes a few
+    array operations over ~one event per separator. Names are identified by their first 8 bytes
+    (exact for the names looked up, all at most 8 bytes); map keys/values are copied with one Arrow
+    ``take`` each from a token array laid over the properties bytes.
+    """
+
+    def __init__(self, raw: pa.Array):
+        n = self.n = len(raw)
+        off, d = _string_parts(raw)
+        self.data_buf = raw.buffers()[2]
+        self.data_base = int(np.frombuffer(raw.buffers()[1], np.int32, count=1, offset=4 * raw.offset)[0]) if n else 0
+        self.d = d
+        m = d <= 2
+        e = np.flatnonzero(m)
+        c = d[e]
+        if len(c) and not c.all():
+            nz = c != 0
+            e, c = e[nz], c[nz]
+        ins = np.searchsorted(e, off[1:], "left")
+        vidx = ins + np.arange(n)
+        E = len(e) + n
+        e2 = np.empty(E, np.int64)
+        c2 = np.empty(E, np.uint8)
+        keep = np.ones(E, bool)
+        keep[vidx] = False
+        e2[keep] = e
+        c2[keep] = c
+        e2[vidx] = off[1:]
+        c2[vidx] = 3
+        sep = c2 >= 2
+        prev_sep = np.empty(E, bool)
+        if E:
+            prev_sep[0] = True
+            prev_sep[1:] = sep[:-1]
+        first = np.flatnonzero((c2 == 1) & prev_sep)
+        prev = first - 1
+        seg_start = np.where(first > 0, e2[prev] + (c2[prev] == 2), 0)
+        nx = first + 1
+        multi = c2[nx] == 1
+        if multi.any():  # 0x01 inside a value: the segment ends at the next separator
+            sep_idx = np.flatnonzero(sep)
+            nx[multi] = sep_idx[np.searchsorted(sep_idx, first[multi])]
+        seg_end = e2[nx]
+        p1 = e2[first]
+        ok = (p1 > seg_start) & (p1 < seg_end - 1)
+        rows = np.cumsum(c2 == 3)[first]
+        sel = np.flatnonzero(ok)
+        self.s, self.p1, self.e, self.row = seg_start[sel], p1[sel], seg_end[sel], rows[sel]
+        P = self.P = len(sel)
+        self.nl = self.p1 - self.s
+        if P:
+            dp = d if len(d) >= 8 else np.concatenate([d, np.zeros(8, np.uint8)])
+            s8 = np.minimum(self.s, len(dp) - 8)
+            raw8 = rows_at(dp, s8, 8)
+            shift8 = self.s - s8
+            if shift8.any():  # names in the last 8 bytes of the buffer (rare): realign
+                for r in np.flatnonzero(shift8).tolist():
+                    raw8[r] = np.roll(raw8[r], -int(shift8[r]))
+            k = raw8.view(">u8").ravel().astype(_U64)
+            sh = ((8 - np.minimum(self.nl, 8)) * 8).astype(_U64)
+            self.key = (k >> sh) << sh
+        else:
+            self.key = np.zeros(0, _U64)
+        self._tokens: pa.Array | None = None
+
+    def tokens(self) -> pa.Array:
+        """Token array over the properties bytes: per pair name, 0x01, value, gap (4 tokens)."""
+        if self._tokens is None:
+            t = np.empty(4 * self.P, np.int64)
+            t[0::4], t[1::4], t[2::4], t[3::4] = self.s, self.p1, self.p1 + 1, self.e
+            t += self.data_base
+            self._tokens = pa.Array.from_buffers(pa.binary(), max(4 * self.P - 1, 0),
+                                                 [None, pa.py_buffer(t.astype(np.int32)), self.data_buf])
+        return self._tokens
+
+    def last_pair(self, name: str) -> np.ndarray:
+        """Per row, the index of the pair holding the last valid occurrence of ``name``, or -1."""
+        L = len(name.encode())
+        hits = np.flatnonzero((self.key == _U64(name_key(name))) & (self.nl == L))
+        out = np.full(self.n, -1, np.int64)
+        if len(hits):
+            r = self.row[hits]
+            last = np.ones(len(hits), bool)
+            last[:-1] = r[:-1] != r[1:]
+            out[r[last]] = hits[last]
+        return out
+
+    def value(self, name: str) -> pa.Array:
+        """The value of property ``name`` per row (null when absent)."""
+        idx = self.last_pair(name)
+        if not self.P:
+            return pa.nulls(self.n, pa.string())
+        miss = idx < 0
+        take = pa.array(4 * np.where(miss, 0, idx) + 2, mask=miss if miss.any() else None)
+        return self.tokens().take(take).view(pa.string())
+
+    def value_ranges(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(start, length) in ``self.d`` of the values of the given pair indices."""
+        return self.p1[pairs] + 1, self.e[pairs] - self.p1[pairs] - 1
+
+    def as_map(self) -> pa.Array:
+        """map<string,string> of every valid pair in stored order; a repeated name keeps its first
+        position and its last value (rows with repeats are found exactly and fixed in Python)."""
+        P, n = self.P, self.n
+        counts = np.bincount(self.row, minlength=n) if P else np.zeros(n, np.int64)
+        if not P:
+            return pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()),
+                                           pa.array([], pa.string()))
+        last8 = np.zeros(P, _U64)
+        long = np.flatnonzero(self.nl > 8)
+        if len(long):
+            last8[long] = rows_at(self.d, self.p1[long] - 8, 8).view(">u8").ravel()
+        with np.errstate(over="ignore"):
+            h = self.key ^ (last8 * _MIX1) ^ (self.nl.astype(_U64) * _MIX2)
+        enc = pc.dictionary_encode(pa.array(h))
+        code = np.asarray(enc.indices).astype(np.int64)
+        if len(enc.dictionary) <= 64:
+            bits = np.left_shift(_U64(1), code.astype(_U64))
+            present = np.zeros(n, _U64)
+            _or_reduce(present, self.row, bits, counts)
+            dup_rows = np.flatnonzero(np.bitwise_count(present).astype(np.int64) != counts)
+        else:
+            combo = self.row << 32 | code
+            order = np.lexsort((np.arange(P), combo))
+            sc = combo[order]
+            dup_rows = np.unique(self.row[order[1:][sc[1:] == sc[:-1]]])
+        name_idx = 4 * np.arange(P, dtype=np.int64)
+        value_idx = name_idx + 2
+        if len(dup_rows):
+            keep = np.ones(P, bool)
+            starts = _offsets_from_lens(counts)
+            d = self.d
+            for r in dup_rows.tolist():
+                seen: dict[bytes, int] = {}
+                for j in range(int(starts[r]), int(starts[r + 1])):
+                    nm = d[self.s[j] : self.p1[j]].tobytes()
+                    if nm in seen:
+                        keep[j] = False
+                        value_idx[seen[nm]] = value_idx[j]
+                    else:
+                        seen[nm] = j
+            name_idx, value_idx = name_idx[keep], value_idx[keep]
+            counts = np.bincount(self.row[keep], minlength=n)
+        tok = self.tokens()
+        keys = tok.take(pa.array(name_idx)).view(pa.string())
+        items = tok.take(pa.array(value_idx)).view(pa.string())
+        return pa.MapArray.from_arrays(pa.array(_offsets_from_lens(counts).astype(np.int32)), keys, items)
+
+
+def fast_host_strings(a: np.ndarray, starts: np.ndarray, v6: np.ndarray) -> pa.Array:
+    """``host_strings`` with hash-based distinct detection (Arrow dictionary_encode) for IPv4 rows."""
+    n = len(starts)
+    if n == 0 or v6.any():
+        return host_strings(a, starts, v6)
+    keys = np.ascontiguousarray(rows_at(a, starts, 8)).view(">u8").ravel()
+    enc = pc.dictionary_encode(pa.array(keys.astype(np.uint64)))
+    texts = [decode_host(int(u).to_bytes(8, "big")) for u in enc.dictionary.to_pylist()]
+    if len(texts) == 1:
+        b = texts[0].encode()
+        offs = np.arange(0, len(b) * (n + 1), len(b), dtype=np.int32)
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offs), pa.py_buffer(b * n)])
+    return pa.array(texts, pa.string()).take(enc.indices)
+
+
+def fast_msg_ids(a: np.ndarray, p_sh: np.ndarray, v6: np.ndarray, phy_pos: np.ndarray) -> pa.Array:
+    """Offset msgIds (upper-case hex of store host ‖ PHYSICALOFFSET field): one 256-entry table lookup."""
+    n = len(p_sh)
+    if n == 0 or v6.any():
+        return msg_id_strings(a, p_sh, v6, phy_pos)
+    raw = np.empty((n, 16), np.uint8)
+    raw[:, :8] = rows_at(a, p_sh, 8)
+    raw[:, 8:] = rows_at(a, phy_pos, 8)
+    txt = _HEX2[raw]
+    offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(txt)])
+
+
 class SegmentScan:
     """Decode the records of one segment, or of ``[start, end)`` of it, into Arrow batches.
 
@@ -417,6 +737,9 @@ class SegmentScan:
         crc_errors = 0
         first_crc: int | None = None
         local = isinstance(self.source, LocalSource)
+        if not local and self.stop - self.start > self.window and hasattr(self.source, "read_ahead"):
+            # remote sequential scan: window k+1 is fetched in the background while k is decoded
+            self.source.read_ahead(self.window)
         view_base = 0
         view = self.source.view() if local else memoryview(b"")
         while True:
