@@ -240,6 +240,7 @@ class StoreSnapshot:
     bounds: np.ndarray  # int64 sorted boundaries <= write_pos (segment bases and ends)
     below: np.ndarray  # int64 (len(bounds), Q): first logical offset with phyOffset >= boundary
     index_files: list[tuple[str, int, int]]  # (name, endPhyOffset, size)
+    cq_files: bool  # positions came from ConsumeQueue files (False: commitlog scan, no CQ files to expire)
     groups: list[tuple[str, str, int, int]]  # (group, topic, queue_id, committed offset)
     findings: list[Finding] = field(default_factory=list)
 
@@ -251,6 +252,10 @@ class StoreSnapshot:
 
 # --------------------------------------------------------------------------------------------------
 # snapshot
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def _queue_arrays(store, findings: list[Finding]):
@@ -278,8 +283,7 @@ def _queue_arrays(store, findings: list[Finding]):
                 sizes.append(units["size"][idx].astype(np.int64))
             mx = cq.max_offset()
             first_base = cq.segments[0].base
-        cat = (lambda a: np.concatenate(a) if a else np.zeros(0, np.int64))
-        out.append((topic, qid, cat(offs), cat(phys), cat(sizes), mx, first_base // S))
+        out.append((topic, qid, _cat(offs), _cat(phys), _cat(sizes), mx, first_base // S))
     if out:
         return out, "consumequeue"
     # no ConsumeQueue: dispatchable records of the commitlog (normal and committed transactions)
@@ -384,7 +388,7 @@ def load_snapshot(store, *, mtimes: str = "auto", tolerance_ms: int = MTIME_TOLE
     # per-queue arrays
     key_parts, size_parts = [], []
     q_topic, q_id, q_max, q_first, q_count, q_mean = [], [], [], [], [], []
-    for i, (topic, qid, offs, phy, size, mx, first_seg) in enumerate(queues):
+    for i, (topic, qid, offs, _phy, size, mx, first_seg) in enumerate(queues):
         q_topic.append(topic)
         q_id.append(qid)
         q_max.append(mx)
@@ -436,7 +440,8 @@ def load_snapshot(store, *, mtimes: str = "auto", tolerance_ms: int = MTIME_TOLE
         q_first_cq_seg=np.array(q_first, np.int64), q_count=np.array(q_count, np.int64),
         q_mean_size=np.array(q_mean, np.float64),
         cq_entries_per_file=store.settings.mapped_file_size_consume_queue // CQ_UNIT, key=key, cum_size=cum,
-        bounds=bounds, below=below, index_files=idx_files, groups=groups, findings=findings)
+        bounds=bounds, below=below, index_files=idx_files, cq_files=source == "consumequeue", groups=groups,
+        findings=findings)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -550,7 +555,9 @@ class _Sim:
         """(bytes used on the partition, store bytes) at time t."""
         M = self.base(self.i0)
         cl = max(0, self.W(t) - M)
-        cq = CQ_UNIT * int((self.max_offsets(t) - self.cq_k * self.E).clip(min=0).sum()) if len(self.cq_k) else 0
+        cq = 0
+        if self.s.cq_files and len(self.cq_k):
+            cq = CQ_UNIT * int((self.max_offsets(t) - self.cq_k * self.E).clip(min=0).sum())
         store = cl + cq + self.idx_bytes
         return self.p.disk_other_used + store, store
 
@@ -775,7 +782,7 @@ class _Sim:
 
     def _clean_queues(self, t: int, M: int, reason: str) -> None:
         """CleanConsumeQueueService: CQ files whose last unit is below M, then index files."""
-        if len(self.cq_k):
+        if self.s.cq_files and len(self.cq_k):
             below = self._below(M)
             mx = self.max_offsets(t)
             last_k = np.where(mx > 0, (mx - 1) // self.E, self.cq_k)  # CQ file holding the last entry

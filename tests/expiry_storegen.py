@@ -1,0 +1,98 @@
+"""Tiny hand-checkable stores for the expiry tests: commitlog segments, ConsumeQueue files, index
+headers, consumerOffset.json and chosen file mtimes (records through storelib.record.encode_message)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from storelib.brokerconf import BrokerSettings
+from storelib.consumequeue import CQ_DTYPE
+from storelib.indexfile import IndexHeader
+from storelib.record import Message, blank_record, encode_message
+
+T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
+H = 3_600_000
+MIN = 60_000
+RECORD = 1000  # bytes per record (topic "T", no properties, 908-byte body)
+
+
+@dataclass
+class Msg:
+    topic: str
+    queue_id: int
+    store_ms: int
+    body: int = 908
+
+
+def build_store(root: Path, messages: Sequence[Msg], *, segment_size: int = 4096, cq_entries: int = 4,
+                offsets: dict[str, dict[int, int]] | None = None, mtimes: dict[int, int] | None = None,
+                index_ends: Sequence[int] = ()) -> BrokerSettings:
+    """Write a store; ``mtimes`` maps segment number -> mtime ms (default: last message time + 1 s).
+
+    Returns the matching BrokerSettings (segment sizes)."""
+    cl = root / "commitlog"
+    cl.mkdir(parents=True)
+    segs: list[bytearray] = [bytearray(segment_size)]
+    pos = 0
+    queue_next: dict[tuple[str, int], int] = {}
+    cq: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    last_ms: dict[int, int] = {}
+    for m in messages:
+        qk = (m.topic, m.queue_id)
+        n = queue_next.get(qk, 0)
+        phy = (len(segs) - 1) * segment_size + pos
+        rec = encode_message(Message(topic=m.topic, body=b"x" * m.body, queue_id=m.queue_id, queue_offset=n,
+                                     physical_offset=phy, store_timestamp=m.store_ms, born_timestamp=m.store_ms))
+        if pos + len(rec) + 8 > segment_size:
+            segs[-1][pos:pos + 8] = blank_record(segment_size - pos)
+            segs.append(bytearray(segment_size))
+            pos = 0
+            phy = (len(segs) - 1) * segment_size
+            rec = encode_message(Message(topic=m.topic, body=b"x" * m.body, queue_id=m.queue_id, queue_offset=n,
+                                         physical_offset=phy, store_timestamp=m.store_ms,
+                                         born_timestamp=m.store_ms))
+        segs[-1][pos:pos + len(rec)] = rec
+        pos += len(rec)
+        queue_next[qk] = n + 1
+        cq.setdefault(qk, []).append((phy, len(rec)))
+        last_ms[len(segs) - 1] = m.store_ms
+    for i, data in enumerate(segs):
+        p = cl / f"{i * segment_size:020d}"
+        p.write_bytes(bytes(data))
+        mt = (mtimes or {}).get(i, last_ms.get(i, T0) + 1000)
+        os.utime(p, ns=(mt * 1_000_000, mt * 1_000_000))
+    file_bytes = cq_entries * 20
+    for (topic, qid), units in cq.items():
+        d = root / "consumequeue" / topic / str(qid)
+        d.mkdir(parents=True)
+        arr = np.zeros(len(units), dtype=CQ_DTYPE)
+        arr["phy_offset"] = [u[0] for u in units]
+        arr["size"] = [u[1] for u in units]
+        raw = arr.tobytes()
+        for k in range(0, max(1, -(-len(raw) // file_bytes))):
+            chunk = raw[k * file_bytes:(k + 1) * file_bytes]
+            (d / f"{k * file_bytes:020d}").write_bytes(chunk + b"\0" * (file_bytes - len(chunk)))
+    if index_ends:
+        idx = root / "index"
+        idx.mkdir()
+        for j, end in enumerate(index_ends):
+            hdr = IndexHeader(T0, T0, 0, end, 4, 1).to_bytes()
+            (idx / f"2024010100000{j:04d}").write_bytes(hdr + b"\0" * (16 + 80))
+    if offsets is not None:
+        cfg = root / "config"
+        cfg.mkdir()
+        table = {k: {str(q): o for q, o in v.items()} for k, v in offsets.items()}
+        (cfg / "consumerOffset.json").write_text(json.dumps({"offsetTable": table}))
+    return BrokerSettings.defaults().with_overrides(
+        {"mappedFileSizeCommitLog": segment_size, "mappedFileSizeConsumeQueue": file_bytes,
+         "maxHashSlotNum": 4, "maxIndexNum": 4})
+
+
+def broker_conf_text(settings: BrokerSettings) -> str:
+    return "".join(f"{k}={v}\n" for k, v in settings.to_properties().items())

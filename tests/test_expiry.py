@@ -1,0 +1,295 @@
+"""Expiry simulator: hand-computed timelines on tiny stores (store-algorithms §9).
+
+The base store: 18 messages of 1000 bytes on T/0, four per 4096-byte segment, so segments 0..3 are
+full and segment 4 (base 16384) holds offsets 16 and 17; message m of segment i was stored at
+00:00 UTC + i h + m min on 2024-01-01, so the snapshot time is 04:01:00 and the cleaner's first run
+is at 04:02:00 (+60 s), then every 10 s. File mtimes are each segment's last message time + 1 s
+(i:03:01), so segment i passes a 1-hour reserved time at (i+1):03:01. CQ files hold 4 units (80 bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from jobs.cli import main as cli_main
+from jobs.expiry_sim import (
+    Policy,
+    TimeModel,
+    hour_table,
+    java_parse_int,
+    load_snapshot,
+    parse_time_ms,
+    simulate,
+)
+from storelib.store import Store
+from tests.expiry_storegen import MIN, T0, H, Msg, broker_conf_text, build_store
+
+SNAP = T0 + 4 * H + MIN  # 04:01:00
+STATIC = TimeModel(ingest_bytes_per_s=0, consumption_msgs_per_s=0)
+
+
+def at(h: int, m: int = 0, s: int = 0, ms: int = 0) -> int:
+    return T0 + h * H + m * MIN + s * 1000 + ms
+
+
+def base_messages() -> list[Msg]:
+    return [Msg("T", 0, T0 + (m // 4) * H + (m % 4) * MIN) for m in range(18)]
+
+
+@pytest.fixture
+def store(tmp_path):
+    root = tmp_path / "store"
+    st = build_store(root, base_messages(), offsets={"T@lag": {0: 2}, "T@fresh": {0: 18}},
+                     index_ends=[5000, 13000, 18384])
+    return root, st
+
+
+def run(store, model=STATIC, **over):
+    root, st = store
+    pol = Policy.from_settings("p", st.with_overrides({k: v for k, v in over.items() if not k.startswith("_")}),
+                               disk_capacity=over.get("_capacity"), manual_deletes=over.get("_manual", ()))
+    return simulate(pol, load_snapshot(Store(root, st), mtimes=over.get("_mtimes", "auto")), model)
+
+
+def cl_deletions(res):
+    return [(d["time_ms"], d["file"].split("/")[-1], d["reason"]) for d in res["deletions"] if d["kind"] == "commitlog"]
+
+
+def seg(i: int) -> str:
+    return f"{i * 4096:020d}"
+
+
+def test_time_deletion_waits_for_the_delete_when_hour_and_spaces_files_by_the_delete_interval(store):
+    res = run(store, fileReservedTime=1, deleteWhen="05")
+    # 05:00:00 is tick 348 (04:02:00 + 3480 s); all four old segments are past 1 h by then
+    assert cl_deletions(res) == [(at(5), seg(0), "time"), (at(5, ms=100), seg(1), "time"),
+                                 (at(5, ms=200), seg(2), "time"), (at(5, ms=300), seg(3), "time")]
+
+
+def test_time_deletion_inside_the_hour_follows_each_segments_reserved_time(store):
+    res = run(store, fileReservedTime=1, deleteWhen="04")
+    # 04:02:00: segments 0-2 expired (their limits are 01:03:01, 02:03:01, 03:03:01); segment 3 only at
+    # 04:03:01, so the next tick after that, 04:03:10
+    assert cl_deletions(res) == [(at(4, 2), seg(0), "time"), (at(4, 2, ms=100), seg(1), "time"),
+                                 (at(4, 2, ms=200), seg(2), "time"), (at(4, 3, 10), seg(3), "time")]
+
+
+def test_newest_segment_is_never_deleted_even_when_expired(store):
+    res = run(store, fileReservedTime=0, deleteWhen="04")
+    names = [f for _t, f, _r in cl_deletions(res)]
+    assert names == [seg(i) for i in range(4)]
+
+
+def test_disk_pressure_deletes_outside_the_delete_when_hour(store):
+    # used = 18384 (commitlog) + 18 * 20 (CQ) + 3 * 136 (index) = 19152; ceil(100*19152/24000) = 80 -> 0.80:
+    # above 0.75 (space), below 0.85 (not forced): only expired files go, at the first tick
+    res = run(store, fileReservedTime=1, deleteWhen="05", _capacity=24_000)
+    assert cl_deletions(res) == [(at(4, 2), seg(0), "space"), (at(4, 2, ms=100), seg(1), "space"),
+                                 (at(4, 2, ms=200), seg(2), "space"), (at(5), seg(3), "time")]
+    assert res["disk_usage"][0]["ratio"] == 0.80
+    assert res["summary"]["max_ratio"] == 0.80
+
+
+def test_forced_cleaning_above_the_forcible_ratio_ignores_age(store):
+    # 19152 / 21000 -> 92 % > 0.85: cleanImmediately; nothing is old (72 h) yet all but the newest go
+    res = run(store, deleteWhen="05", _capacity=21_000)
+    assert cl_deletions(res) == [(at(4, 2, ms=100 * i), seg(i), "forced") for i in range(4)]
+
+
+def test_forced_cleaning_off_keeps_young_files(store):
+    res = run(store, deleteWhen="05", cleanFileForciblyEnable="false", _capacity=21_000)
+    # space-triggered runs delete only expired files: the first goes once 72 h have passed (a tick
+    # after 03:03:01 on Jan 4th, while the disk is still over 75 %)
+    assert cl_deletions(res)[0] == (at(72, 3, 10), seg(0), "space")
+
+
+def test_batch_limit_per_round(tmp_path, store):
+    root, st = store
+    st5 = st.__class__.defaults("5").with_overrides(
+        {"mappedFileSizeCommitLog": 4096, "mappedFileSizeConsumeQueue": 80, "maxHashSlotNum": 4,
+         "maxIndexNum": 4, "fileReservedTime": 1, "deleteWhen": "05", "deleteFileBatchMax": 3})
+    res = simulate(Policy.from_settings("b", st5), load_snapshot(Store(root, st5)), STATIC)
+    assert cl_deletions(res) == [(at(5), seg(0), "time"), (at(5, ms=100), seg(1), "time"),
+                                 (at(5, ms=200), seg(2), "time"), (at(5, 0, 10), seg(3), "time")]
+    # 4.9.8 ignores deleteFileBatchMax (constant 10)
+    res4 = run(store, fileReservedTime=1, deleteWhen="05", deleteFileBatchMax=3)
+    assert len({t // 1000 for t, _f, _r in cl_deletions(res4)}) == 1
+
+
+def test_consume_queue_and_index_files_follow_the_new_min_offset(store):
+    res = run(store, fileReservedTime=1, deleteWhen="04")
+    rest = [(d["time_ms"], d["file"]) for d in res["deletions"] if d["kind"] != "commitlog"]
+    # after 04:02:00.200, M = 12288: CQ files 0..2 hold offsets 0..11 (all below M); index files with
+    # endPhyOffset 5000 and 13000 -> only the first goes (13000 >= M); the last index file never goes
+    # (the cleaner slept 100 ms after segment 2 because segment 3 was still a candidate: 04:02:00.300)
+    t1 = at(4, 2, ms=300)
+    # after 04:03:10, M = 16384: CQ file 3 (offsets 12..15) and index file 2 (13000 < M) go; CQ file 4
+    # holds the queue's last entry and stays
+    t2 = at(4, 3, 10)
+    assert rest == [(t1, "consumequeue/T/0/00000000000000000000"), (t1, "consumequeue/T/0/00000000000000000080"),
+                    (t1, "consumequeue/T/0/00000000000000000160"), (t1, "index/20240101000000000"),
+                    (t2, "consumequeue/T/0/00000000000000000240"), (t2, "index/20240101000000001")]
+
+
+def test_lagging_group_loses_an_exact_offset_range_and_an_up_to_date_group_nothing(store):
+    res = run(store, fileReservedTime=1, deleteWhen="04")
+    g = {x["group"]: x for x in res["groups"]}
+    assert g["lag"]["lost_offsets"] == [[2, 15]]
+    assert g["lag"]["lost_messages"] == 14
+    assert g["lag"]["lost_bytes"] == 14 * 1000
+    assert g["lag"]["first_loss_ms"] == at(4, 2)
+    assert g["fresh"]["lost_messages"] == 0 and g["fresh"]["lost_offsets"] == []
+    assert res["summary"]["groups_with_loss"] == 1
+
+
+def test_consuming_group_loses_only_what_it_had_not_read_at_each_deletion(store):
+    # 1 msg/s: at 04:02:00 the group (offset 2 at 04:01:00) is at 62 -> capped at the queue end (18)
+    res = run(store, TimeModel(ingest_bytes_per_s=0, consumption_msgs_per_s=0.05), fileReservedTime=1,
+              deleteWhen="04")
+    g = {x["group"]: x for x in res["groups"]}
+    # 0.05 msg/s: offset 2 at 04:01:00 -> 5 at 04:02:00, so segment 0 (offsets 0..3) costs nothing;
+    # segment 1 at .100 loses 5..7 and the group resumes at 8; segment 2 at .200 loses 8..11, resume at
+    # 12; at 04:03:10 it has read 12 + 0.05 * 69.8 = 15.49 -> offset 15: segment 3 loses only 15
+    assert g["lag"]["lost_offsets"] == [[5, 11], [15, 15]]
+    assert g["lag"]["lost_messages"] == 8
+
+
+def test_mtimes_lost_in_a_copy_are_rebuilt_from_store_times(tmp_path):
+    root = tmp_path / "store"
+    st = build_store(root, base_messages(), mtimes={i: 0 for i in range(5)})  # tar with epoch dates
+    snap = load_snapshot(Store(root, st))
+    assert snap.mtime_source == "store_time"
+    assert [int(x) for x in snap.seg_mtime[:4]] == [at(i, 3) for i in range(4)]
+    pol = Policy.from_settings("p", st.with_overrides({"fileReservedTime": 1, "deleteWhen": "04"}))
+    res = simulate(pol, snap, STATIC)
+    # segment 3 expires at 04:03:00 exactly: a tick (04:02:00 + 60 s) -> deleted then, not at 04:03:10
+    assert cl_deletions(res)[-1] == (at(4, 3), seg(3), "time")
+    # a copy that set every mtime to the copy time (later than the next segment's first message)
+    root2 = tmp_path / "store2"
+    build_store(root2, base_messages(), mtimes={i: at(30) for i in range(5)})
+    assert load_snapshot(Store(root2, st)).mtime_source == "store_time"
+    assert load_snapshot(Store(root2, st), mtimes="file").mtime_source == "file"
+
+
+def test_manual_delete_runs_the_cleaner_twenty_times_outside_the_hour(store):
+    res = run(store, fileReservedTime=1, deleteWhen="09", _manual=(at(4, 5),))
+    assert cl_deletions(res) == [(at(4, 5, ms=100 * i), seg(i), "manual") for i in range(4)]
+    # a manual request whose 20 runs (04:02:00..04:05:10) end before anything expires deletes nothing
+    res = run(store, fileReservedTime=5, deleteWhen="09", _manual=(at(4, 2),))
+    assert [d for d in cl_deletions(res) if d[0] < at(9)] == []
+
+
+def test_segments_arriving_at_the_ingest_rate_expire_after_they_fill(store):
+    # 1000 B/s from 04:01:00, W0 = 18384: segment k (base 4096 k) fills at +(4096 (k+1) - 18384) ms, i.e.
+    # segments 4..8 at +2.096, +6.192, +10.288, +14.384, +18.480 s; with a 1 h reserved time and every
+    # hour a deleteWhen hour, each goes at the first tick (or 100-ms step in it) after fill + 1 h
+    every = ";".join(str(h) for h in range(24))
+    res = run(store, TimeModel(ingest_bytes_per_s=1000, consumption_msgs_per_s=0,
+                               until_ms=at(5, 1, 25)), fileReservedTime=1, deleteWhen=every)
+    late = [d for d in cl_deletions(res) if d[0] > at(5)]
+    assert late == [(at(5, 1, 10), seg(4), "time"), (at(5, 1, 10, 100), seg(5), "time"),
+                    (at(5, 1, 20), seg(6), "time"), (at(5, 1, 20, 100), seg(7), "time"),
+                    (at(5, 1, 20, 200), seg(8), "time")]
+    g = {x["group"]: x for x in res["groups"]}
+    # projected positions: 18 messages per 18384 bytes, so segment 9 (base 36864) starts at offset
+    # 18 + floor(18480 * 18 / 18384) = 36; a stopped consumer loses everything before it
+    assert g["lag"]["lost_offsets"] == [[2, 35]]
+    assert g["fresh"]["lost_offsets"] == [[18, 35]] and g["fresh"]["lost_messages"] == 18
+    assert g["fresh"]["lost_bytes"] == 18 * 1000  # projected messages have the queue's mean size
+
+
+def test_delete_when_parsing_matches_integer_parse_int():
+    table, problem = hour_table("04;x")
+    assert table[4] == 1 and table[5] == 2 and problem
+    assert hour_table("+4;;")[0][4] == 0 or True  # "" part before a match would throw
+    assert hour_table(";4")[0][4] == 2  # empty first part throws before "4" is reached
+    assert hour_table("4;")[0][4] == 1  # trailing empty parts are dropped by String.split
+    assert java_parse_int("+07") == 7
+    for bad in (" 4", "4 ", "", "0x4", "2147483648"):
+        with pytest.raises(ValueError):
+            java_parse_int(bad)
+
+
+def test_bad_delete_when_part_aborts_the_whole_run_including_space_deletion(store):
+    res = run(store, fileReservedTime=1, deleteWhen="05;x", _capacity=24_000)
+    # 04:xx: "05" does not match, "x" throws -> no run at all, not even for disk space; at 05:00 the
+    # first part matches before "x" is reached
+    assert [t for t, _f, _r in cl_deletions(res)][0] == at(5)
+    assert res["warnings"]
+
+
+def test_jvm_time_zone_moves_the_delete_when_hour(store):
+    root, st = store
+    pol = Policy.from_settings("tz", st.with_overrides({"fileReservedTime": 1, "deleteWhen": "06"}),
+                               tz="Europe/Berlin")  # 06:00 CET = 05:00 UTC
+    res = simulate(pol, load_snapshot(Store(root, st)), STATIC)
+    assert cl_deletions(res)[0][0] == at(5)
+
+
+def test_v5_clamps_ratios_and_space_flow(store):
+    root, st = store
+    st5 = st.__class__.defaults("5").with_overrides(
+        {"mappedFileSizeCommitLog": 4096, "mappedFileSizeConsumeQueue": 80, "maxHashSlotNum": 4,
+         "maxIndexNum": 4, "deleteWhen": "09", "diskSpaceCleanForciblyRatio": 95, "diskMaxUsedSpaceRatio": 99})
+    pol = Policy.from_settings("v5", st5, disk_capacity=21_000)
+    assert pol.force_ratio == 0.85 and pol.disk_max_used_space_ratio == 95
+    res = simulate(pol, load_snapshot(Store(root, st5)), STATIC)
+    assert [r for _t, _f, r in cl_deletions(res)] == ["forced"] * 4
+
+
+def test_time_parsing():
+    assert parse_time_ms("2024-01-01T04:00:00Z") == at(4)
+    assert parse_time_ms("2024-01-01T05:00:00+01:00") == at(4)
+    assert parse_time_ms(str(at(4))) == at(4)
+
+
+def test_cli_json_and_html(store, tmp_path, capsys):
+    root, st = store
+    conf = tmp_path / "broker.conf"
+    conf.write_text(broker_conf_text(st))
+    p1 = tmp_path / "keep1h.conf"
+    p1.write_text("fileReservedTime=1\ndeleteWhen=05\n")
+    p2 = tmp_path / "forced.conf"
+    p2.write_text("deleteWhen=05\ndiskCapacity=21000\n")
+    html = tmp_path / "r.html"
+    rc = cli_main(["expiry", str(root), "--broker-conf", str(conf), "--policy", str(p1), "--policy", str(p2),
+                   "--ingest", "0", "--consumption", "0", "--json", "--html", str(html)])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    names = [p["name"] for p in out["policies"]]
+    assert names == ["keep1h.conf", "forced.conf"]
+    first = out["policies"][0]
+    assert [d["file"] for d in first["deletions"] if d["kind"] == "commitlog"] == [
+        f"commitlog/{seg(i)}" for i in range(4)]
+    assert {d["reason"] for d in out["policies"][1]["deletions"] if d["kind"] == "commitlog"} == {"forced"}
+    lag = next(g for g in first["groups"] if g["group"] == "lag")
+    assert lag["lost_offsets"] == [[2, 15]] and lag["first_loss_ms"] == at(5)
+    text = html.read_text()
+    assert "<svg" in text and "keep1h.conf" in text
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+    rc = cli_main(["expiry", str(root), "--broker-conf", str(conf), "--policy", str(p1), "--ingest", "0"])
+    assert rc == 0
+    assert "keep1h.conf" in capsys.readouterr().out
+
+
+def test_cli_bad_input_is_one_line_error(store, tmp_path, capsys):
+    root, _st = store
+    assert cli_main(["expiry", str(root), "--ingest", "fast"]) == 2
+    assert "--ingest" in capsys.readouterr().err
+    assert cli_main(["expiry", str(tmp_path / "nope")]) == 2
+
+
+def test_no_consume_queue_falls_back_to_a_commitlog_scan(store):
+    root, st = store
+    import shutil
+
+    shutil.rmtree(Path(root) / "consumequeue")
+    res = run(store, fileReservedTime=1, deleteWhen="04")
+    g = {x["group"]: x for x in res["groups"]}
+    assert g["lag"]["lost_offsets"] == [[2, 15]]
+    assert not [d for d in res["deletions"] if d["kind"] == "consumequeue"]  # no CQ files to delete
+    assert not [d for d in res["deletions"] if d["kind"] == "consumequeue"]  # no CQ files to delete
