@@ -890,8 +890,8 @@ def check_consumer_offsets(loaded: dict, qstats: dict, out: _Capped) -> list[dic
                 st = qstats.get((topic, qid))
                 where = f"config/{name}"
                 ex = {"topic": topic, "group": group, "queue_id": qid, "offset": off}
-                if st is None:
-                    out.add(Finding("consumer_offset_unknown_queue", "warning", where, None,
+                if st is None:  # offset 0 on a queue never written (e.g. %RETRY% of a subscribed group) is normal
+                    out.add(Finding("consumer_offset_unknown_queue", "info" if off == 0 else "warning", where, None,
                                     f"{group} has offset {off} for {topic}/{qid}, which has no consume queue", ex))
                     continue
                 mx, mn = st["max_offset"], st["min_offset"]

@@ -167,6 +167,22 @@ def test_shared_sample_stores_report_clean(version, sample_498, sample_533):
     assert rep["summary"]["records"] == (2000 if version == "4.9.8" else 2018)
 
 
+@pytest.mark.parametrize("version", ["4", "5"])
+def test_store_from_storelib_gen_reports_clean(version, tmp_path):
+    from storelib.brokerconf import BrokerSettings
+    from storelib.gen import GenConfig, generate
+
+    keys = {"mappedFileSizeCommitLog": 256 * 1024, "mappedFileSizeConsumeQueue": 2000, "maxHashSlotNum": 500,
+            "maxIndexNum": 2000, "enabledAppendPropCRC": version == "5"}
+    s = BrokerSettings.defaults(version).with_overrides(keys)
+    generate(tmp_path / "g", GenConfig(messages=3000, version=version, seed=5), s)
+    conf = tmp_path / "broker.conf"
+    conf.write_text("".join(f"{k}={str(v).lower()}\n" for k, v in keys.items()))
+    rep = audit_store(str(tmp_path / "g"), broker_conf=str(conf), version=version, quiet=True)
+    assert serious(rep) == set()
+    assert rep["summary"]["records"] > 3000
+
+
 # --------------------------------------------------------------------------------------------------
 # commitlog corruption
 # --------------------------------------------------------------------------------------------------
