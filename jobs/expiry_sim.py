@@ -677,28 +677,31 @@ class _Sim:
         self._sample(self.until)
 
     def run_tick(self, T: int) -> None:
+        """One run of the clean task at tick T: commit-log cleaner, then the queue/index cleaner."""
         while self.manual_pending and self.manual_pending[0] <= T:
             self.manual_pending.pop(0)
             self.manual_count = MANUAL_DELETE_RUNS
         outcome = self.table[self.hour(T)]
         moved_by: str | None = None
         t_last = T
-        if outcome != _ERROR:
+        before = len(self.deletions)
+        pre = phys = None
+        if outcome != _ERROR:  # otherwise isTimeToDelete throws: the whole run is lost
             phys, space, clean_imm = self.ratios(T)
             time_up = outcome == _TRUE
             manual = self.manual_count > 0
             if time_up or space or manual:
                 if manual:
                     self.manual_count -= 1
-                before = len(self.deletions)
-                self._sample(T, phys)
+                pre = self.used(T)
                 t_last, moved_by = self._delete_commitlog(T, time_up, space, clean_imm)
-                if len(self.deletions) > before:
-                    self._sample(t_last)
         M = self.base(self.i0)
         if M > self.last_phys_min:
             self.last_phys_min = M
             self._clean_queues(t_last, M, moved_by or "startup")
+        if len(self.deletions) > before:
+            self._sample(T, phys, used=pre)
+            self._sample(t_last)
 
     def _delete_commitlog(self, T: int, time_up: bool, space: bool, clean_imm: bool) -> tuple[int, str | None]:
         """MappedFileQueue.deleteExpiredFileByTime on the segment list as it is at tick T."""
@@ -801,8 +804,8 @@ class _Sim:
                 self.idx_bytes -= size
                 self.idx_first += 1
 
-    def _sample(self, t: int, phys: float | None = None) -> None:
-        used, store = self.used(t)
+    def _sample(self, t: int, phys: float | None = None, used: tuple[int, int] | None = None) -> None:
+        used, store = used or self.used(t)
         if phys is None and self.p.disk_capacity is not None:
             phys = -(-100 * used // self.p.disk_capacity) / 100
         if phys is not None:

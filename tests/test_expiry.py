@@ -292,4 +292,35 @@ def test_no_consume_queue_falls_back_to_a_commitlog_scan(store):
     g = {x["group"]: x for x in res["groups"]}
     assert g["lag"]["lost_offsets"] == [[2, 15]]
     assert not [d for d in res["deletions"] if d["kind"] == "consumequeue"]  # no CQ files to delete
-    assert not [d for d in res["deletions"] if d["kind"] == "consumequeue"]  # no CQ files to delete
+
+
+def _ticking(policy, snap, model):
+    """The broker's literal schedule: every tick run, no skipping (the oracle for the event jumps)."""
+    from jobs.expiry_sim import _Sim
+
+    sim = _Sim(policy, snap, model)
+    sim._sample(sim.start)
+    for k in range(sim.kmax + 1):
+        sim.run_tick(sim.tick(k))
+    sim._sample(sim.until)
+    return sim.result()
+
+
+@pytest.mark.parametrize("over", [
+    {"fileReservedTime": 1, "deleteWhen": "05;17"},
+    {"fileReservedTime": 0, "deleteWhen": "04;x"},
+    {"fileReservedTime": 2, "deleteWhen": "9", "_capacity": 40_000},
+    {"fileReservedTime": 72, "deleteWhen": "05", "_capacity": 30_000},
+    {"fileReservedTime": 1, "deleteWhen": "23", "diskMaxUsedSpaceRatio": 50, "_capacity": 60_000,
+     "cleanFileForciblyEnable": "false"},
+    {"fileReservedTime": 3, "deleteWhen": "05", "_manual": (at(4, 30), at(7, 0, 5))},
+])
+def test_event_jumps_equal_running_every_tick(store, over):
+    root, st = store
+    pol = Policy.from_settings("p", st.with_overrides({k: v for k, v in over.items() if not k.startswith("_")}),
+                               disk_capacity=over.get("_capacity"), manual_deletes=over.get("_manual", ()))
+    snap = load_snapshot(Store(root, st))
+    model = TimeModel(ingest_bytes_per_s=2.5, consumption_msgs_per_s=0.001, until_ms=at(30))
+    fast = simulate(pol, snap, model)
+    assert fast == _ticking(pol, snap, model)
+    assert fast["summary"]["commitlog_deleted"] > 0
