@@ -245,7 +245,7 @@ class StoreWriter:
                 continue
             b = batch.take(keep)
             enc = pc.dictionary_encode(b.column("topic"))
-            codes = np.asarray(enc.indices).astype(np.int64) << 32 | (np.asarray(b.column("queue_id")) & 0xFFFFFFFF)
+            codes = np.asarray(enc.indices).astype(np.int64) << 32 | (np.asarray(b.column("queue_id")).astype(np.int64) & 0xFFFFFFFF)
             rev = codes[::-1]
             uniq, idx = np.unique(rev, return_index=True)
             lastrow = len(codes) - 1 - idx
