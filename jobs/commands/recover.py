@@ -1,0 +1,115 @@
+"""``rmqstore recover``: replay the broker's start-up recovery offline.
+
+Modes (exactly one): ``--plan`` (default, read-only: prints the plan and writes it as JSON),
+``--apply --backup DIR`` (carry the plan out with backups; crash-safe, rerun to finish),
+``--restore DIR`` (undo an apply byte for byte), ``--salvage OUT`` (export every intact message a
+start-up would drop, the byte ranges lost, and salvaged config JSON).
+
+Exit codes: 0 nothing to do / done, 1 (plan) the start-up would change or lose something,
+2 could not run (bad input, live broker, unsupported store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from jobs.common import fs_options, print_json
+from storelib.brokerconf import BrokerSettings, load_broker_conf
+from storelib.errors import StoreError
+from storelib.store import Store
+
+EXAMPLE = """examples:
+  rmqstore recover /data/store --broker-conf broker.conf            # plan (read-only)
+  rmqstore recover /data/store --plan --plan-file plan.json --json
+  rmqstore recover /data/store --apply --backup /backups/recover-1   # rerun the same line after a crash
+  rmqstore recover --restore /backups/recover-1                      # undo it
+  rmqstore recover /data/store --salvage /tmp/salvaged               # messages the broker would drop
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("recover", help="plan / apply / undo the broker's start-up recovery offline; salvage",
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("store", metavar="STORE", nargs="?", help="store root (local path for --apply)")
+    p.add_argument("--broker-conf", metavar="F", help="broker.conf with the store's settings (defaults otherwise)")
+    p.add_argument("--broker-version", choices=["4", "5"], default=None,
+                   help="recovery rules: 4 = 4.9.x (default), 5 = 5.x")
+    p.add_argument("--s3-endpoint", metavar="URL", help=argparse.SUPPRESS)
+    p.add_argument("--s3-region", metavar="R", help=argparse.SUPPRESS)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--plan", action="store_true", help="compute and print the plan (default)")
+    mode.add_argument("--apply", action="store_true", help="carry the plan out (needs --backup)")
+    mode.add_argument("--restore", metavar="DIR", help="restore the store from an apply's backup directory")
+    mode.add_argument("--salvage", metavar="OUT", help="export what a start-up would lose into OUT")
+    p.add_argument("--backup", metavar="DIR", help="backup + journal directory for --apply (outside the store)")
+    p.add_argument("--plan-file", metavar="F", default="recover-plan.json",
+                   help="where --plan writes the JSON plan (default: ./recover-plan.json; '-' for none)")
+    p.add_argument("--force", action="store_true", help="apply even when the plan is marked unsupported")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+    p.set_defaults(func=run)
+
+
+def _open(args: argparse.Namespace) -> Store:
+    if not args.store:
+        raise StoreError(None, None, "bad_args", "STORE is required")
+    version = args.broker_version or "4"
+    settings = load_broker_conf(args.broker_conf, version) if args.broker_conf else BrokerSettings.defaults(version)
+    return Store(args.store, settings, **fs_options(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs import recover as rc
+
+    if args.restore:
+        actions = rc.restore(args.restore, os.path.abspath(args.store) if args.store else None)
+        if args.json:
+            print_json({"restored": actions})
+        else:
+            changed = [a for a in actions if a["action"] not in ("unchanged", "absent")]
+            print(f"restored from {args.restore}: {len(changed)} change(s) undone ({len(actions)} recorded)")
+        return 0
+    store = _open(args)
+    if args.apply:
+        if not args.backup:
+            raise StoreError(None, None, "bad_args", "--apply needs --backup DIR")
+
+        def progress(msg: str) -> None:
+            if sys.stderr.isatty():
+                sys.stderr.write(f"\r{msg[:78]}".ljust(79))
+
+        res = rc.apply(store, args.backup, version=args.broker_version, force=args.force, progress=progress)
+        if args.json:
+            print_json({"steps": res.steps, "done_before": res.done_before, "resumed": res.resumed,
+                        "already_complete": res.already_complete, "plan": res.plan})
+        else:
+            if res.already_complete:
+                print(f"already applied (backup {args.backup})")
+            else:
+                print("\n".join(rc.summary_lines(res.plan)))
+                print(f"applied {res.steps - res.done_before} step(s)"
+                      + (f" (resumed after {res.done_before})" if res.resumed else "")
+                      + f"; backup and manifest in {args.backup} (undo: rmqstore recover --restore {args.backup})")
+        return 0
+    sim = rc.simulate(store, args.broker_version)
+    if args.salvage:
+        rep = rc.salvage(sim, args.salvage)
+        if args.json:
+            print_json(rep)
+        else:
+            print(f"salvaged {rep['messages']} intact message(s) into {args.salvage}; "
+                  f"{len(rep['lost_ranges'])} lost byte range(s), {rep['bytes_unreadable']} bytes unreadable; "
+                  f"{sum(len(c['changes']) for c in rep['config'])} config change(s)")
+        return 0
+    plan = sim.plan
+    if args.plan_file and args.plan_file != "-":
+        rc.write_json_atomic(args.plan_file, plan)
+    if args.json:
+        sys.stdout.write(json.dumps(plan, indent=2, default=str) + "\n")
+    else:
+        print("\n".join(rc.summary_lines(plan)))
+        if args.plan_file and args.plan_file != "-":
+            print(f"plan written to {args.plan_file}")
+    return 1 if plan["changes"] else 0

@@ -1,0 +1,1237 @@
+"""Offline replay of the broker's start-up recovery: plan it, apply it with backups, salvage the rest.
+
+One simulation (:func:`simulate`) follows what a broker does at start-up (store-algorithms §8), in
+the broker's order, on in-memory models of the files it changes:
+
+1. load (§8.1): ``abort`` decides normal/abnormal; with an abnormal last exit, index files whose
+   endTimestamp > checkpoint.indexMsgTimestamp are deleted;
+2. ConsumeQueue.recover per queue (§8.2): the recovered end, maxPhysicOffset, later files deleted;
+   the store's maxPhyOffsetOfConsumeQueue;
+3. the commitlog recovery walk (:mod:`storelib.recovery`): start segment and why, CRC window,
+   processOffset, failing record, segments deleted / truncated;
+4. records dispatched *during* recovery (abnormal both versions, 5.x normal) go into the CQ models
+   (the broker's CQ writer, ``build_consume_queues``) and the index (``build_index_files``);
+5. truncateDirtyLogicFiles(processOffset) per queue when maxPhyOffsetOfConsumeQueue >= processOffset
+   (§8.6, including the "first entry only" rule and the provisional maxPhysicOffset of emptied queues);
+6. 4.9.8: the reput from max(maxPhysicOffset over queues, commitlog min offset) (§8.9) — same writers;
+7. lost messages: every record a start-up drops (after processOffset; 4.9.8 reput skipping the rest of
+   a segment after an undecodable record), found by resynchronising over corrupt regions
+   (:mod:`storelib.resync`).
+
+``--plan`` turns the simulation into a JSON document (schema ``rmqstore.recover.plan/1``).
+
+``--apply`` carries it out without a broker, crash-safely (see :func:`apply`): all new file contents
+are first *staged* in the backup directory, then each step backs up what it touches
+(:class:`storelib.backup.Backup`) and performs one idempotent operation, and is marked done in a
+journal. A rerun after a kill continues from the journal with the staged plan (never re-plans from
+a half-changed store).
+
+Truncating the commitlog offline: the broker only moves its write position and leaves the bytes after
+processOffset on disk (the next start would find them again only if they were valid, which they are
+not — except that a *later* corruption fix or a different window could resurrect them). Offline there
+is no write position to move, so apply **zeroes** the segment from processOffset to its end (in place,
+zeros written front to back, so at every instant the record at processOffset is invalid and a broker
+started mid-way sees the same valid end). ConsumeQueue tails after the new write position are zeroed
+the same way (stale units would otherwise be recovered as valid on the next start). The exact
+original bytes are in the backup, so ``--restore`` is byte-identical.
+
+The checkpoint is rewritten so it never claims more than the store holds: physicMsgTimestamp = store
+time of the last valid record, logicsMsgTimestamp = store time of the last record with a CQ entry in
+that segment (else min(old, physic)), indexMsgTimestamp = min(old, physic); 5.x also sets
+confirmPhyOffset to the start of the last valid record (as its recovery does); bytes 24.. are kept
+for 4.9.8 (it never writes them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storelib.backup import Backup
+from storelib.backup import restore as backup_restore
+from storelib.bytesource import LocalSource
+from storelib.checkpoint import CHECKPOINT_SIZE, RECOVERY_SAFETY_MS, Checkpoint, read_checkpoint
+from storelib.commitlog import Segment
+from storelib.consumequeue import (
+    CQ_DTYPE,
+    CQ_UNIT_SIZE,
+    ConsumeQueue,
+    QueueState,
+    build_consume_queues,
+    file_name,
+    list_queues,
+    parse_file_name,
+)
+from storelib.dispatch import DISPATCH_COLUMNS, index_geometry
+from storelib.errors import Finding, StoreError
+from storelib.indexfile import (
+    HEADER_SIZE,
+    IndexHeader,
+    IndexImage,
+    IndexState,
+    build_index_files,
+    index_key_rows,
+    list_index_files,
+)
+from storelib.markers import ABORT_FILE, LOCK_FILE, abort_state, lock_state
+from storelib.recovery import (
+    DispatchRange,
+    RecoveryResult,
+    finish_walk,
+    plan_recovery,
+    run_tasks,
+    store_inputs,
+)
+from storelib.resync import find_next_record, lost_region
+from storelib.scanner import SegmentScan
+from storelib.smallfile_io import atomic_write, read_small
+
+PLAN_SCHEMA = "rmqstore.recover.plan/1"
+MARKER = ".rmqstore-recover"  # in the store root while an apply is under way (names the backup dir)
+JOURNAL = "journal.jsonl"
+PLAN_FILE = "plan.json"
+STEPS_FILE = "steps.json"
+STAGED = "staged"
+CRASH_ENV = "RMQSTORE_RECOVER_CRASH_AT"  # tests: SIGKILL this process at the k-th hook point
+_ZERO_CHUNK = 4 * 1024 * 1024
+LOST_COLUMNS = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "keys", "uniq_key", "tags",
+                "store_timestamp", "crc_ok"]
+
+# in-process crash injection for tests: called with a label at every hook point
+CRASH_HOOK: Callable[[int, str], None] | None = None
+_hook_count = 0
+
+
+def _hook(label: str) -> None:
+    """A point where a kill must leave a store that a rerun can finish (tests crash here)."""
+    global _hook_count
+    _hook_count += 1
+    k = os.environ.get(CRASH_ENV)
+    if k and int(k) == _hook_count:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if CRASH_HOOK is not None:
+        CRASH_HOOK(_hook_count, label)
+
+
+def _wrap64(x: int) -> int:
+    return ((x + 2**63) % 2**64) - 2**63
+
+
+# ---------------------------------------------------------------------------------------------
+# ConsumeQueue models
+
+
+@dataclass
+class _Seg:
+    """One CQ segment as the simulated broker sees it: the file's bytes (or zeros) plus units written."""
+
+    file: str | None  # path of the on-disk file whose bytes it starts from; None = new (zeros)
+    overlays: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (byte pos, units)
+
+    def units(self, S: int) -> np.ndarray:
+        out = np.zeros(S // CQ_UNIT_SIZE, dtype=CQ_DTYPE)
+        if self.file is not None:
+            raw = np.fromfile(self.file, dtype=np.uint8, count=S)
+            n = len(raw) // CQ_UNIT_SIZE
+            out[:n] = raw[: n * CQ_UNIT_SIZE].view(CQ_DTYPE)
+        for pos, u in self.overlays:
+            i = pos // CQ_UNIT_SIZE
+            out[i: i + len(u)] = u
+        return out
+
+
+@dataclass
+class QueueReport:
+    """Per-queue outcome (plan JSON ``consume_queues.queues[]``)."""
+
+    topic: str
+    queue_id: int
+    recovered_max_offset: int
+    recovered_max_phy_offset: int
+    files_deleted_on_load: list[str] = field(default_factory=list)
+    truncated_max_offset: int | None = None
+    entries_truncated: int = 0
+    files_deleted_on_truncate: list[str] = field(default_factory=list)
+    entries_added: int = 0
+    added_from: int | None = None
+    added_by: list[str] = field(default_factory=list)
+    final_min_offset: int = 0
+    final_max_offset: int = 0
+    final_max_phy_offset: int = -1
+
+
+class _QueueSim:
+    """One consume queue through recover → recovery dispatch → truncation → reput."""
+
+    def __init__(self, topic: str, qid: int, root: str, S: int, cq: ConsumeQueue | None):
+        self.topic, self.qid, self.S = topic, qid, S
+        self.rel_dir = f"consumequeue/{topic}/{qid}"
+        self.dir = os.path.join(root, "consumequeue", topic, str(qid))
+        self.disk: dict[int, str] = {}
+        if os.path.isdir(self.dir):
+            for name in os.listdir(self.dir):
+                b = parse_file_name(name)
+                if b is not None and os.path.isfile(os.path.join(self.dir, name)):
+                    self.disk[b] = os.path.join(self.dir, name)
+        self.model: dict[int, _Seg] = {}
+        if cq is not None:
+            rec = cq.recover()
+            for seg, _ in rec.segments:
+                self.model[seg.base] = _Seg(seg.path)
+            self.state = QueueState.from_existing(cq)
+            self.state = replace(self.state, backing=None)
+            self.report = QueueReport(topic, qid, rec.end // CQ_UNIT_SIZE, rec.max_physic_offset)
+            self.report.files_deleted_on_load = sorted(file_name(b) for b in self.disk if b not in self.model)
+        else:
+            self.state = QueueState()
+            self.report = QueueReport(topic, qid, 0, -1)
+
+    # -- writes ---------------------------------------------------------------------------------
+    def put(self, img, by: str) -> None:
+        """Overlay the units a build_consume_queues image wrote."""
+        S = self.S
+        for base in img.segment_bases:
+            if base not in self.model:
+                self.model[base] = _Seg(None)
+        ents = img.entries
+        for base in img.segment_bases:
+            lo, hi = max(base, img.start), min(base + S, img.end)
+            if hi > lo:
+                self.model[base].overlays.append((lo - base, ents[(lo - img.start) // CQ_UNIT_SIZE:
+                                                                  (hi - img.start) // CQ_UNIT_SIZE].copy()))
+        self.state = replace(img.state, backing=None)
+        written = img.slots[img.slots >= 0]
+        if len(written):
+            self.report.entries_added += len(written)
+            first = int(written.min())
+            self.report.added_from = first if self.report.added_from is None else min(self.report.added_from, first)
+            if by not in self.report.added_by:
+                self.report.added_by.append(by)
+
+    def truncate(self, P: int) -> None:
+        """truncateDirtyLogicFiles(P) (store-algorithms §8.6), on the model."""
+        S = self.S
+        max_phy = P
+        state = QueueState(max_physic_offset=P)
+        deleted: list[str] = []
+        while self.model:
+            last = max(self.model)
+            u = self.model[last].units(S)
+            if int(u["phy_offset"][0]) >= P:
+                del self.model[last]
+                deleted.append(file_name(last))
+                continue
+            rest = u[1:]
+            ok = (rest["phy_offset"] >= 0) & (rest["size"] > 0) & (rest["phy_offset"] < P)
+            k = int(np.argmax(~ok)) if (~ok).any() else len(rest)
+            n = 1 + k
+            lu = u[n - 1]
+            max_phy = _wrap64(int(lu["phy_offset"]) + int(lu["size"]))
+            state = QueueState(max_physic_offset=max_phy, last_base=last, write_pos=n * CQ_UNIT_SIZE)
+            break
+        self.state = state
+        self.report.files_deleted_on_truncate = deleted
+        self.report.truncated_max_offset = self.max_offset()
+        self.report.entries_truncated = max(0, self.report.recovered_max_offset - self.report.truncated_max_offset)
+
+    def destroy(self) -> None:
+        """ConsumeQueue.destroy (no commitlog segment left)."""
+        self.report.files_deleted_on_truncate = sorted(file_name(b) for b in self.model)
+        self.model.clear()
+        self.state = QueueState()
+        self.report.truncated_max_offset = 0
+        self.report.entries_truncated = self.report.recovered_max_offset
+
+    # -- results --------------------------------------------------------------------------------
+    def max_offset(self) -> int:
+        st = self.state
+        return 0 if st.last_base is None else (st.last_base + st.write_pos) // CQ_UNIT_SIZE
+
+    def min_offset(self, commitlog_min: int) -> int:
+        """correctMinOffset 4.9.8 on the final model: first unit of the first segment with phy >= M
+        (fillers have phy 0, so they count only when M = 0, as in the broker); 0 when none does."""
+        if not self.model:
+            return 0
+        first = min(self.model)
+        end = self.S if first != self.state.last_base else self.state.write_pos
+        u = self.model[first].units(self.S)[: end // CQ_UNIT_SIZE]
+        hit = np.flatnonzero(u["phy_offset"] >= commitlog_min)
+        return (first + int(hit[0]) * CQ_UNIT_SIZE) // CQ_UNIT_SIZE if len(hit) else 0
+
+    def outputs(self) -> Iterable[tuple[str, bytes | None]]:
+        """(relative path, new full content or None to delete) for every file that changes."""
+        S = self.S
+        last = self.state.last_base
+        for base in sorted(self.model):
+            seg = self.model[base]
+            u = seg.units(S)
+            if base == last:
+                u[self.state.write_pos // CQ_UNIT_SIZE:] = np.zeros(1, dtype=CQ_DTYPE)
+            data = u.tobytes()
+            path = self.disk.get(base)
+            if path is not None and os.path.getsize(path) == S:
+                with open(path, "rb") as f:
+                    if f.read() == data:
+                        continue
+            yield f"{self.rel_dir}/{file_name(base)}", data
+        for base in sorted(self.disk):
+            if base not in self.model:
+                yield f"{self.rel_dir}/{file_name(base)}", None
+
+
+# ---------------------------------------------------------------------------------------------
+# the simulation
+
+
+@dataclass
+class Simulation:
+    """Everything a start-up would do to one store, computed read-only."""
+
+    store: Any
+    version: str
+    plan: dict
+    walk: RecoveryResult
+    queues: dict[tuple[str, int], _QueueSim]
+    index_delete: list[str]
+    index_images: list[IndexImage]
+    checkpoint_bytes: bytes | None
+    commitlog_zero_from: tuple[str, int] | None
+    commitlog_delete: list[str]
+    lost_ranges: list[tuple[Segment, int, str]]  # (segment, file offset, why) where lost data starts
+
+
+def _read_ranges(store, ranges: Iterable[DispatchRange], delay_levels: list[int]) -> pa.Table:
+    """The dispatch columns of every record in ``ranges`` (PHYSICALOFFSET filter for 5.x ``after``)."""
+    by_base = {s.base: s for s in store.commitlog.segments}
+    batches: list[pa.RecordBatch] = []
+    for d in ranges:
+        seg = by_base[d.base]
+        with seg.open() as src:
+            scan = SegmentScan(src, seg.display, seg.base, d.start, d.end, verify_crc=False, with_properties=False,
+                               delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS)
+            for b in scan:
+                if d.after is not None and b.num_rows:
+                    b = b.filter(pc.greater(b.column("physical_offset_field"), d.after))
+                if b.num_rows:
+                    batches.append(b)
+    if not batches:
+        from storelib.scanner import message_schema
+
+        full = message_schema(False, False)
+        schema = pa.schema([full.field(c) for c in DISPATCH_COLUMNS])
+        return schema.empty_table()
+    return pa.Table.from_batches(batches)
+
+
+def _last_records(store, P: int) -> tuple[int, int, int] | None:
+    """(start, store time, store time of the last CQ-able record or 0) of the last record before P."""
+    segs = [s for s in store.commitlog.segments if s.base < P and s.file_size > 0]
+    for seg in reversed(segs):
+        with seg.open() as src:
+            scan = SegmentScan(src, seg.display, seg.base, 0, P - seg.base, verify_crc=False, with_properties=False,
+                               columns=["phy_offset", "store_timestamp", "tran_type"])
+            last = None
+            last_cq = 0
+            for b in scan:
+                if b.num_rows:
+                    last = (int(b.column("phy_offset")[-1].as_py()), int(b.column("store_timestamp")[-1].as_py()))
+                    tt = np.asarray(b.column("tran_type"))
+                    cq = np.flatnonzero((tt == 0) | (tt == 2))
+                    if len(cq):
+                        last_cq = int(b.column("store_timestamp")[int(cq[-1])].as_py())
+            if last is not None:
+                return last[0], last[1], last_cq
+    return None
+
+
+def _index_header(ref) -> IndexHeader | None:
+    try:
+        with ref.loc.fs.open_input_file(ref.loc.path) as f:
+            return IndexHeader.from_bytes(f.read_at(HEADER_SIZE, 0), "index/" + ref.name)
+    except (OSError, StoreError):
+        return None
+
+
+def _segment_dict(s: Segment) -> dict:
+    return {"name": s.name, "base": s.base, "size": s.file_size}
+
+
+def simulate(store, version: str | None = None, *, lost: bool = True) -> Simulation:
+    """Replay a broker start-up on ``store`` (read-only); see the module docstring for the order."""
+    settings = store.settings
+    version = version or ("5" if str(getattr(settings, "version", "4")).startswith("5") else "4")
+    root = store.loc.path
+    findings: list[Finding] = list(store.commitlog.findings)
+    cl = store.commitlog
+    Scq = int(settings.mapped_file_size_consume_queue)
+    delay_levels = list(settings.delay_levels_ms)
+
+    abort = abort_state(store.loc)
+    lock = lock_state(store.loc)
+    last_exit_ok = abort.last_exit_ok
+    if store.exists("checkpoint"):
+        cp = read_checkpoint(store.loc, strict=False)
+    else:
+        cp = Checkpoint()
+        findings.append(Finding("checkpoint_missing", "warning", "checkpoint", None,
+                                "no checkpoint file: every timestamp reads as 0"))
+
+    # §8.1 step 5: index files newer than the index checkpoint are deleted after an abnormal exit
+    refs = list_index_files(store.loc, findings)
+    idx_rows: list[dict] = []
+    index_delete: list[str] = []
+    for r in refs:
+        h = _index_header(r)
+        delete = (not last_exit_ok) and h is not None and h.end_timestamp > cp.index_msg_timestamp
+        if delete:
+            index_delete.append(r.name)
+        idx_rows.append({"name": r.name, "end_timestamp": None if h is None else h.end_timestamp,
+                         "end_phy_offset": None if h is None else h.end_phy_offset,
+                         "index_count": None if h is None else h.index_count,
+                         "action": "delete" if delete else "keep"})
+
+    # §8.2 ConsumeQueue.recover per queue
+    queues: dict[tuple[str, int], _QueueSim] = {}
+    for topic, qid, loc in list_queues(store.loc, findings):
+        with ConsumeQueue(loc, segment_size=Scq, topic=topic, queue_id=qid) as cq:
+            findings.extend(cq.findings)
+            queues[(topic, qid)] = _QueueSim(topic, qid, root, Scq, cq)
+    cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1])
+
+    # §8.3/8.4 the commitlog walk
+    inputs = store_inputs(store, version=version, last_exit_ok=last_exit_ok, cq_max_phy_offset=cq_max,
+                          checkpoint=cp)
+    wplan = plan_recovery(inputs, cl.segments)
+    walk = finish_walk(wplan, run_tasks(wplan, delay_levels_ms=delay_levels))
+    findings.extend(walk.findings)
+    P = walk.process_offset
+    segs = list(wplan.segments)
+
+    # recovery dispatch (abnormal both versions; 5.x normal), then CQ truncation
+    rec_ranges = [d for d in walk.dispatch if d.by == "recovery"]
+    t_rec = _read_ranges(store, rec_ranges, [] if walk.delay_levels_quirk else delay_levels)
+    _cq_dispatch(queues, t_rec, root, Scq, "recovery")
+    if not segs:
+        for q in queues.values():
+            q.destroy()
+    elif walk.truncate_consume_queues:
+        for q in queues.values():
+            q.truncate(P)
+
+    # 4.9.8 reput (§8.9): from the queues' maxPhysicOffset after recovery
+    reput: dict[str, Any] = {"from": None, "to": P, "ranges": []}
+    t_rep = t_rec.schema.empty_table()
+    reput_walk = None
+    if version == "4" and segs:
+        reput_from = max([q.state.max_physic_offset for q in queues.values()] + [segs[0].base, 0])
+        reput["from"] = reput_from
+        if reput_from < P:
+            p2 = replace(wplan, reput_from=reput_from)
+            reput_walk = finish_walk(p2, run_tasks(p2, delay_levels_ms=delay_levels))
+            rr = [d for d in reput_walk.dispatch if d.by == "reput"]
+            reput["ranges"] = [_range_dict(d) for d in rr]
+            findings.extend(f for f in reput_walk.findings if f.kind.startswith("reput"))
+            t_rep = _read_ranges(store, rr, delay_levels)
+            _cq_dispatch(queues, t_rep, root, Scq, "reput")
+        elif reput_from > P:
+            findings.append(Finding("reput_from_beyond_end", "warning", None, None,
+                                    f"the consume queues' maxPhysicOffset {reput_from} is past processOffset {P}: "
+                                    "reput dispatches nothing until the commitlog grows past it"))
+    if version == "5":
+        reput["from"] = P
+
+    # index: load remaining files, continue the last one with every dispatched record's keys
+    geometry = index_geometry(settings)
+    index_images: list[IndexImage] = []
+    keys_added = 0
+    dispatched = t_rec.num_rows + t_rep.num_rows
+    if getattr(settings, "message_index_enable", True) and dispatched:
+        remaining = [r for r in refs if r.name not in index_delete]
+        prev = None
+        if remaining:
+            f = remaining[-1].open(geometry)
+            try:
+                prev = IndexState.from_file(f)
+            finally:
+                f.close()
+        parts = [index_key_rows(t) for t in (t_rec, t_rep) if t.num_rows]
+        kr = {k: np.concatenate([p[k] for p in parts]) for k in ("key_hash", "phy_offset", "store_timestamp")}
+        last_key_row = -1
+        base_row = 0
+        for t, p in zip([t for t in (t_rec, t_rep) if t.num_rows], parts):
+            if len(p["row_index"]):
+                last_key_row = base_row + int(p["row_index"][-1])
+            base_row += t.num_rows
+        index_images = build_index_files(
+            kr, geometry=geometry, prev_state=prev, emit_empty=True, trailing_dispatch=last_key_row < base_row - 1,
+            empty_index_count=1 if version == "5" else 0, name_tz="UTC")
+        cont = prev is not None and index_images and index_images[0].name == prev.name
+        before = prev.entry_count if cont else 0
+        keys_added = sum(len(im.entries) for im in index_images) - before
+
+    # commitlog changes
+    S = cl.segment_size
+    zero_from = None
+    if walk.truncate is not None:
+        base, pos = walk.truncate
+        seg = next(s for s in segs if s.base == base)
+        if _has_nonzero(seg.path, pos):
+            zero_from = (seg.name, pos)
+    delete_names = [s.name for s in segs if s.base in set(walk.delete_segments)]
+    delete_names += [s.name for s in cl.segments if s.file_size == 0 and s.name not in delete_names]
+
+    # lost data ranges: after processOffset, and (4.9.8) what reput skips
+    lost_ranges: list[tuple[Segment, int, str]] = []
+    for s in segs:
+        if s.base + S > P:
+            lost_ranges.append((s, max(0, P - s.base), "after_process_offset"))
+    if reput_walk is not None:
+        for o in reput_walk.segments:
+            if not o.crc_checked and o.end_kind == "invalid" and not (o.size and o.size > 0):
+                seg = next(s for s in segs if s.base == o.base)
+                if seg.base + S <= P:
+                    lost_ranges.append((seg, o.end_offset, "reput_skipped_rest_of_segment"))
+
+    # checkpoint after
+    last = _last_records(store, P) if segs else None
+    if last is None:
+        new_cp = replace(cp, physic_msg_timestamp=0, logics_msg_timestamp=0, index_msg_timestamp=0)
+    else:
+        start, t_last, t_cq = last
+        new_cp = replace(cp, physic_msg_timestamp=t_last,
+                         logics_msg_timestamp=t_cq if t_cq else min(cp.logics_msg_timestamp, t_last),
+                         index_msg_timestamp=min(cp.index_msg_timestamp, t_last))
+        if version == "5":
+            new_cp = replace(new_cp, confirm_phy_offset=start)
+    cp_bytes = _checkpoint_image(store, new_cp, version)
+
+    sim = Simulation(store, version, {}, walk, queues, index_delete, index_images, cp_bytes, zero_from,
+                     delete_names, lost_ranges)
+    sim.plan = _plan_dict(sim, settings=settings, abort=abort, lock=lock, cp=cp, new_cp=new_cp, inputs=inputs,
+                          idx_rows=idx_rows, reput=reput, t_rec=t_rec, t_rep=t_rep, keys_added=keys_added,
+                          findings=findings, lost=lost)
+    return sim
+
+
+def _range_dict(d: DispatchRange) -> dict:
+    return {"segment": d.name, "from": d.phy_start, "to": d.phy_end, "by": d.by,
+            "only_physical_offset_above": d.after}
+
+
+def _has_nonzero(path: str, pos: int) -> bool:
+    with open(path, "rb") as f:
+        f.seek(pos)
+        while True:
+            b = f.read(_ZERO_CHUNK)
+            if not b:
+                return False
+            if np.frombuffer(b, dtype=np.uint8).any():
+                return True
+
+
+def _checkpoint_image(store, cp: Checkpoint, version: str) -> bytes:
+    """The new 4096-byte checkpoint: fields patched into the existing page (4.9.8 keeps bytes 24..)."""
+    old = read_small(store.path("checkpoint"), 1 << 20)
+    page = bytearray(old[:CHECKPOINT_SIZE]) if old else bytearray(CHECKPOINT_SIZE)
+    if len(page) < CHECKPOINT_SIZE:
+        page += bytes(CHECKPOINT_SIZE - len(page))
+    n = 40 if version == "5" else 24
+    page[:n] = cp.to_bytes()[:n]
+    return bytes(page)
+
+
+def _cq_dispatch(queues: dict[tuple[str, int], _QueueSim], table: pa.Table, root: str, S: int, by: str) -> None:
+    if table.num_rows == 0:
+        return
+    states = {k: q.state for k, q in queues.items()}
+    images = build_consume_queues(table, segment_size=S, state=states)
+    for key, img in images.items():
+        q = queues.get(key)
+        if q is None:
+            q = queues[key] = _QueueSim(key[0], key[1], root, S, None)
+        q.put(img, by)
+
+
+def _plan_dict(sim: Simulation, *, settings, abort, lock, cp: Checkpoint, new_cp: Checkpoint, inputs, idx_rows,
+               reput, t_rec, t_rep, keys_added, findings, lost) -> dict:
+    store, walk = sim.store, sim.walk
+    cl = store.commitlog
+    S = cl.segment_size
+    fail = walk.failure
+    segs_max = max([s.base + s.file_size for s in cl.segments] + [0])
+    qreps = []
+    commitlog_min = cl.segments[0].base if cl.segments else 0
+    remaining = [s for s in cl.segments if s.name not in sim.commitlog_delete]
+    commitlog_min = remaining[0].base if remaining else 0
+    for key in sorted(sim.queues):
+        q = sim.queues[key]
+        r = q.report
+        r.final_max_offset = q.max_offset()
+        r.final_max_phy_offset = q.state.max_physic_offset
+        r.final_min_offset = min(q.min_offset(commitlog_min), r.final_max_offset)
+        qreps.append(r.__dict__.copy())
+    files = [{"path": rel, "action": "write" if data is not None else "delete"}
+             for q in sim.queues.values() for rel, data in q.outputs()]
+    lost_doc = scan_lost(sim, with_body=False) if lost else None
+    plan = {
+        "schema": PLAN_SCHEMA,
+        "store": store.loc.path,
+        "version": "5.x" if sim.version == "5" else "4.9.x",
+        "created_ms": int(time.time() * 1000),
+        "last_exit": {
+            "clean": abort.last_exit_ok, "abort_file": abort.exists, "abort_content": abort.content,
+            "recovery": walk.mode,
+            "lock": {"exists": lock.exists, "held_by_other": lock.held_by_other, "holder_pid": lock.holder_pid},
+        },
+        "checkpoint": {
+            "physic_msg_timestamp": cp.physic_msg_timestamp, "logics_msg_timestamp": cp.logics_msg_timestamp,
+            "index_msg_timestamp": cp.index_msg_timestamp, "master_flushed_offset": cp.master_flushed_offset,
+            "confirm_phy_offset": cp.confirm_phy_offset, "safety_margin_ms": RECOVERY_SAFETY_MS,
+            "min_timestamp": cp.min_timestamp(), "min_timestamp_index": cp.min_timestamp_index(),
+            "message_index_enable": inputs.message_index_enable, "message_index_safe": inputs.message_index_safe,
+            "trusted_up_to": cp.min_timestamp_index() if inputs.message_index_enable and inputs.message_index_safe
+            else cp.min_timestamp(),
+        },
+        "commitlog": {
+            "segment_size": S,
+            "segments": [_segment_dict(s) for s in cl.segments],
+            "min_offset": cl.segments[0].base if cl.segments else 0,
+            "start_segment": None if walk.start_base is None else file_name_cl(walk.start_base),
+            "start_base": walk.start_base,
+            "start_reason": walk.start_reason,
+            "crc_window": {"from": walk.window_start, "to": walk.process_offset, "crc_checked": walk.crc_checked,
+                           "segments": [o.name for o in walk.segments if o.crc_checked]},
+            "process_offset": walk.process_offset,
+            "failure": None if fail is None else {
+                "segment": fail.name, "file_offset": fail.end_offset, "phy_offset": fail.base + fail.end_offset,
+                "reason": fail.reason, "detail": fail.detail},
+            "delete_segments": sim.commitlog_delete,
+            "truncate": None if walk.truncate is None else {
+                "segment": file_name_cl(walk.truncate[0]), "wrote_position": walk.truncate[1],
+                "bytes_after": S - walk.truncate[1],
+                "zero_tail": sim.commitlog_zero_from is not None},
+            "bytes_dropped": max(0, segs_max - walk.process_offset) if cl.segments else 0,
+            "supported": walk.supported,
+        },
+        "consume_queues": {
+            "max_phy_offset": walk.cq_max_phy_offset,
+            "truncate_at_process_offset": walk.truncate_consume_queues,
+            "queues": qreps,
+            "files": files,
+            "totals": {
+                "queues": len(qreps),
+                "entries_truncated": sum(r["entries_truncated"] for r in qreps),
+                "entries_added": sum(r["entries_added"] for r in qreps),
+                "files_written": sum(1 for f in files if f["action"] == "write"),
+                "files_deleted": sum(1 for f in files if f["action"] == "delete"),
+            },
+        },
+        "dispatch": {
+            "recovery": [_range_dict(d) for d in walk.dispatch if d.by == "recovery"],
+            "recovery_records": t_rec.num_rows,
+            "delay_levels_quirk": walk.delay_levels_quirk,
+            "reput": reput,
+            "reput_records": t_rep.num_rows,
+        },
+        "index": {
+            "files": idx_rows,
+            "deleted": sim.index_delete,
+            "written": [im.name for im in sim.index_images],
+            "entries_added": keys_added,
+        },
+        "checkpoint_after": {
+            "physic_msg_timestamp": new_cp.physic_msg_timestamp, "logics_msg_timestamp": new_cp.logics_msg_timestamp,
+            "index_msg_timestamp": new_cp.index_msg_timestamp, "confirm_phy_offset": new_cp.confirm_phy_offset,
+        },
+        "abort_remove": abort.exists,
+        "lost": lost_doc,
+        "findings": [f.to_dict() for f in findings],
+    }
+    plan["changes"] = bool(
+        plan["commitlog"]["delete_segments"] or sim.commitlog_zero_from or files or sim.index_delete
+        or sim.index_images or abort.exists or (lost_doc and lost_doc["totals"]["messages"]))
+    return plan
+
+
+def file_name_cl(offset: int) -> str:
+    return f"{offset:020d}"
+
+
+# ---------------------------------------------------------------------------------------------
+# lost messages and salvage scans
+
+
+def _scan_from(seg: Segment, start: int, why: str, *, with_body: bool, delay_levels: list[int],
+               batches: list[pa.Table], regions: list[dict]) -> None:
+    """Every structurally valid record from ``start`` to the segment's end, resynchronising after
+    each corrupt region (records with a bad body CRC are kept, flagged ``crc_ok=false``)."""
+    src = seg.open()
+    try:
+        view = src.view() if isinstance(src, LocalSource) else memoryview(bytes(src.read(0, src.size)))
+        n = len(view)
+        pos = start
+        while pos < n:
+            scan = SegmentScan(src, seg.display, seg.base, pos, verify_crc=True, stop_on_crc=False,
+                               with_body=with_body, with_properties=True, delay_levels_ms=delay_levels)
+            for b in scan:
+                if b.num_rows:
+                    batches.append(pa.Table.from_batches([b]).append_column("why", pa.array([why] * b.num_rows)))
+            e = scan.end
+            assert e is not None
+            if e.kind in ("segment_end", "split_end", "blank"):
+                return
+            if e.kind == "end_of_data":
+                r = find_next_record(view, e.file_offset, base=seg.base)
+                if r.kind == "message":
+                    regions.append({"file": seg.display, "start": e.file_offset, "end": r.pos,
+                                    "phy_start": seg.base + e.file_offset, "bytes_lost": r.pos - e.file_offset,
+                                    "reason": "zeroed", "detail": "zeros inside the data", "resumed": "message",
+                                    "why": why})
+                    pos = r.pos
+                    continue
+                return
+            region, r = lost_region(view, seg.display, seg.base, e.file_offset, e.reason or "invalid", e.detail or "")
+            d = region.to_dict()
+            d["why"] = why
+            regions.append(d)
+            if r.kind != "message":
+                return
+            pos = r.pos
+    finally:
+        with contextlib.suppress(Exception):
+            del view
+        src.close()
+
+
+def _lost_table(sim: Simulation, with_body: bool) -> tuple[pa.Table | None, list[dict]]:
+    batches: list[pa.Table] = []
+    regions: list[dict] = []
+    delay = list(sim.store.settings.delay_levels_ms)
+    for seg, start, why in sim.lost_ranges:
+        if seg.file_size:
+            _scan_from(seg, start, why, with_body=with_body, delay_levels=delay, batches=batches, regions=regions)
+    table = pa.concat_tables(batches) if batches else None
+    if table is not None:
+        bad = table.filter(pc.equal(table.column("crc_ok"), False))
+        for ph, sz, why in zip(bad.column("phy_offset").to_pylist(), bad.column("size").to_pylist(),
+                               bad.column("why").to_pylist()):
+            seg_base = ph - ph % sim.store.commitlog.segment_size
+            regions.append({"file": "commitlog/" + file_name_cl(seg_base), "start": ph - seg_base,
+                            "end": ph - seg_base + sz, "phy_start": ph, "bytes_lost": sz, "reason": "crc_mismatch",
+                            "detail": "body CRC does not match: record not salvaged", "resumed": "message",
+                            "why": why})
+    regions.sort(key=lambda r: r["phy_start"])
+    return table, regions
+
+
+def scan_lost(sim: Simulation, *, with_body: bool = False) -> dict:
+    """The plan's ``lost`` section: every record a start-up drops, corrupt byte ranges, totals."""
+    table, regions = _lost_table(sim, with_body)
+    msgs: list[dict] = []
+    if table is not None:
+        t = table.select(LOST_COLUMNS + ["why"])
+        msgs = [dict(r, intact=bool(r.pop("crc_ok"))) for r in t.to_pylist()]
+    intact = [m for m in msgs if m["intact"]]
+    by_topic: dict[str, int] = {}
+    for m in msgs:
+        by_topic[m["topic"]] = by_topic.get(m["topic"], 0) + 1
+    return {
+        "messages": msgs,
+        "ranges": regions,
+        "totals": {"messages": len(msgs), "intact": len(intact), "corrupt": len(msgs) - len(intact),
+                   "bytes": sum(m["size"] for m in msgs), "bytes_unreadable": sum(r["bytes_lost"] for r in regions),
+                   "by_topic": dict(sorted(by_topic.items()))},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# plan output
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    atomic_write(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8"))
+
+
+def summary_lines(plan: dict) -> list[str]:
+    """A human summary of a plan."""
+    c = plan["commitlog"]
+    cq = plan["consume_queues"]
+    lost = plan.get("lost") or {"totals": {"messages": 0, "intact": 0, "bytes": 0}}
+    out = [
+        f"store {plan['store']} ({plan['version']} rules)",
+        f"last exit: {'clean' if plan['last_exit']['clean'] else 'ABNORMAL (abort file)'} -> "
+        f"{plan['last_exit']['recovery']} recovery",
+        f"checkpoint: physic {plan['checkpoint']['physic_msg_timestamp']} logics "
+        f"{plan['checkpoint']['logics_msg_timestamp']} index {plan['checkpoint']['index_msg_timestamp']} "
+        f"(trusted up to {plan['checkpoint']['trusted_up_to']}, margin {plan['checkpoint']['safety_margin_ms']} ms)",
+        f"start segment: {c['start_segment']} ({c['start_reason']})",
+        f"CRC window: {c['crc_window']['from']} .. {c['crc_window']['to']}",
+        f"processOffset: {c['process_offset']}" + (
+            f"  (stopped by {c['failure']['reason']} at {c['failure']['segment']} @ {c['failure']['file_offset']})"
+            if c["failure"] else ""),
+    ]
+    if c["truncate"]:
+        out.append(f"commitlog: {c['truncate']['segment']} wrote position -> {c['truncate']['wrote_position']}; "
+                   f"{len(c['delete_segments'])} segment(s) deleted")
+    t = cq["totals"]
+    out.append(f"consume queues: {t['queues']} queue(s), max phy offset {cq['max_phy_offset']}, "
+               f"{t['entries_truncated']} entr(ies) truncated, {t['entries_added']} added "
+               f"({t['files_written']} file(s) written, {t['files_deleted']} deleted)")
+    rp = plan["dispatch"]["reput"]
+    out.append(f"dispatch: {plan['dispatch']['recovery_records']} record(s) during recovery, reput from {rp['from']} "
+               f"to {rp['to']}: {plan['dispatch']['reput_records']} record(s)")
+    ix = plan["index"]
+    out.append(f"index: {len(ix['deleted'])} file(s) deleted, {len(ix['written'])} written, "
+               f"{ix['entries_added']} entr(ies) added")
+    lt = lost["totals"]
+    out.append(f"lost: {lt['messages']} message(s) ({lt.get('intact', 0)} intact, salvageable), {lt['bytes']} bytes")
+    for q in cq["queues"]:
+        if q["entries_truncated"] or q["entries_added"] or q["files_deleted_on_load"]:
+            out.append(f"  {q['topic']}/{q['queue_id']}: max {q['recovered_max_offset']} -> {q['final_max_offset']}"
+                       f" (-{q['entries_truncated']} +{q['entries_added']})")
+    for f in plan["findings"]:
+        if f["severity"] in ("error", "critical"):
+            out.append(f"  [{f['severity']}] {f['file'] or '<store>'}: {f['kind']}: {f['detail']}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# apply
+
+
+def _journal_events(bdir: str) -> list[dict]:
+    path = os.path.join(bdir, JOURNAL)
+    out: list[dict] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # torn last line
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def _journal(bdir: str, obj: dict) -> None:
+    path = os.path.join(bdir, JOURNAL)
+    with open(path, "ab") as f:
+        f.write((json.dumps(obj, sort_keys=True) + "\n").encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _repair_journal(bdir: str) -> None:
+    path = os.path.join(bdir, JOURNAL)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return
+    if data and not data.endswith(b"\n"):
+        atomic_write(path, data[: data.rfind(b"\n") + 1])
+
+
+@contextlib.contextmanager
+def _store_lock(root: str):
+    """Hold the broker's lock on byte 0 of ``lock`` (when the file exists; never creates or writes it)."""
+    path = os.path.join(root, LOCK_FILE)
+    if not os.path.exists(path):
+        yield
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
+        except (BlockingIOError, PermissionError) as e:
+            raise StoreError(path, 0, "locked", "another process (a live broker?) holds the store lock") from e
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_offline(store) -> str:
+    """The local root of a store no live broker holds; StoreError otherwise."""
+    root = store.require_local("recover --apply")
+    ls = lock_state(store.loc)
+    if ls.held_by_other:
+        raise StoreError(os.path.join(root, LOCK_FILE), 0, "locked",
+                         f"a live broker holds the store lock ({ls.detail}); stop it first")
+    return root
+
+
+def _stage(sim: Simulation, bdir: str) -> list[dict]:
+    """Write every new file content under ``bdir/staged`` and return the ordered step list."""
+    sdir = os.path.join(bdir, STAGED)
+    if os.path.exists(sdir):
+        shutil.rmtree(sdir)
+    os.makedirs(sdir)
+    steps: list[dict] = [{"op": "marker_create", "rel": MARKER}]
+
+    def staged_path(rel: str) -> str:
+        p = os.path.join(sdir, *rel.split("/"))
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        return p
+
+    for name in sim.index_delete:
+        steps.append({"op": "delete", "rel": f"index/{name}"})
+    if sim.commitlog_zero_from is not None:
+        name, pos = sim.commitlog_zero_from
+        steps.append({"op": "zero_tail", "rel": f"commitlog/{name}", "from": pos})
+    for name in sim.commitlog_delete:
+        steps.append({"op": "delete", "rel": f"commitlog/{name}"})
+    installs: list[dict] = []
+    for key in sorted(sim.queues):
+        for rel, data in sim.queues[key].outputs():
+            if data is None:
+                steps.append({"op": "delete", "rel": rel})
+            else:
+                p = staged_path(rel)
+                with open(p, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                installs.append({"op": "install", "rel": rel})
+    steps += installs
+    for im in sim.index_images:
+        rel = f"index/{im.name}"
+        im.write(staged_path(rel))
+        steps.append({"op": "install", "rel": rel})
+    if sim.checkpoint_bytes is not None:
+        old = read_small(sim.store.path("checkpoint"), 1 << 20)
+        if old != sim.checkpoint_bytes:
+            p = staged_path("checkpoint")
+            with open(p, "wb") as f:
+                f.write(sim.checkpoint_bytes)
+                f.flush()
+                os.fsync(f.fileno())
+            steps.append({"op": "install", "rel": "checkpoint"})
+    if sim.plan["abort_remove"]:
+        steps.append({"op": "delete", "rel": ABORT_FILE})
+    steps.append({"op": "marker_remove", "rel": MARKER})
+    for i, s in enumerate(steps):
+        s["id"] = i
+    return steps
+
+
+def _zero_tail(path: str, pos: int) -> None:
+    """Zero ``path`` from ``pos`` to its end, in place, front to back (idempotent), then fsync."""
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        zeros = bytes(_ZERO_CHUNK)
+        p = pos
+        while p < size:
+            n = min(_ZERO_CHUNK, size - p)
+            os.pwrite(fd, zeros[:n], p)
+            p += n
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _install(src: str, dst: str) -> None:
+    d = os.path.dirname(dst)
+    tmp = os.path.join(d, "." + os.path.basename(dst) + ".rmqtmp")
+    shutil.copyfile(src, tmp)
+    try:
+        mode = os.stat(dst).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o644
+    os.chmod(tmp, mode)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dst)
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _run_step(step: dict, root: str, bdir: str, backup: Backup) -> None:
+    op, rel = step["op"], step["rel"]
+    path = backup.path(rel)
+    if op == "marker_create":
+        backup.save(rel)
+        _hook(f"{step['id']}:saved")
+        atomic_write(path, bdir.encode("utf-8"))
+        return
+    if op == "marker_remove":
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    if op == "delete":
+        backup.save(rel, link_ok=True)
+        _hook(f"{step['id']}:saved")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    if op == "zero_tail":
+        backup.save(rel)
+        _hook(f"{step['id']}:saved")
+        _zero_tail(path, int(step["from"]))
+        return
+    if op == "install":
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        if parent:
+            backup.makedirs(parent)
+        backup.save(rel, link_ok=True)
+        _hook(f"{step['id']}:saved")
+        _install(os.path.join(bdir, STAGED, *rel.split("/")), path)
+        return
+    raise StoreError(os.path.join(bdir, STEPS_FILE), None, "bad_journal", f"unknown step {op!r}")
+
+
+@dataclass
+class ApplyResult:
+    plan: dict
+    steps: int
+    done_before: int
+    resumed: bool
+    already_complete: bool
+
+
+def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, force: bool = False,
+          progress: Callable[[str], None] | None = None) -> ApplyResult:
+    """Carry out the recovery plan on a local, stopped store, with backups (crash-safe, resumable).
+
+    Order: the plan and every new file are written to ``backup_dir`` first (``plan.json``,
+    ``staged/``, ``steps.json``, then the journal's ``staged`` event); until then the store is
+    untouched and a rerun starts over. Then each step: back the file up (manifest fsynced), do one
+    idempotent operation, journal it done. A rerun reads the journal and continues.
+    """
+    global _hook_count
+    _hook_count = 0
+    root = check_offline(store)
+    bdir = os.path.abspath(os.fspath(backup_dir))
+    os.makedirs(bdir, exist_ok=True)
+    _repair_journal(bdir)
+    events = _journal_events(bdir)
+    staged = any(e.get("event") == "staged" for e in events)
+    marker = os.path.join(root, MARKER)
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8", errors="replace") as f:
+            other = f.read().strip()
+        if os.path.abspath(other) != bdir:
+            raise StoreError(marker, None, "apply_in_progress",
+                             f"an interrupted recover --apply used backup directory {other}: rerun with that one")
+        if not staged:
+            raise StoreError(marker, None, "bad_journal", f"{bdir} has no staged plan but the store is marked")
+    with _store_lock(root):
+        if any(e.get("event") == "complete" for e in events):
+            with open(os.path.join(bdir, PLAN_FILE), encoding="utf-8") as f:
+                plan = json.load(f)
+            return ApplyResult(plan, 0, 0, True, True)
+        if not staged:
+            if events or os.path.exists(os.path.join(bdir, "manifest.jsonl")):
+                # a previous run died before staging finished: the store is untouched, start over
+                for name in (JOURNAL, "manifest.jsonl", STEPS_FILE, PLAN_FILE):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(bdir, name))
+                shutil.rmtree(os.path.join(bdir, "files"), ignore_errors=True)
+            sim = simulate(store, version)
+            if not sim.walk.supported and not force:
+                raise StoreError(store.uri, None, "unsupported",
+                                 "the broker's recovery cannot be reproduced exactly here (see the plan's findings); "
+                                 "use --force to apply anyway")
+            write_json_atomic(os.path.join(bdir, PLAN_FILE), sim.plan)
+            _hook("planned")
+            steps = _stage(sim, bdir)
+            write_json_atomic(os.path.join(bdir, STEPS_FILE), steps)
+            _journal(bdir, {"event": "staged", "steps": len(steps)})
+            _hook("staged")
+            plan = sim.plan
+            done: set[int] = set()
+            resumed = False
+        else:
+            with open(os.path.join(bdir, PLAN_FILE), encoding="utf-8") as f:
+                plan = json.load(f)
+            with open(os.path.join(bdir, STEPS_FILE), encoding="utf-8") as f:
+                steps = json.load(f)
+            done = {int(e["id"]) for e in events if e.get("event") == "done"}
+            resumed = True
+        if os.path.abspath(plan["store"]) != os.path.abspath(root):
+            raise StoreError(bdir, None, "wrong_store", f"this backup directory belongs to {plan['store']}")
+        backup = Backup(bdir, root)
+        before = len(done)
+        for step in steps:
+            if step["id"] in done:
+                continue
+            if progress:
+                progress(f"{step['op']} {step['rel']}")
+            _run_step(step, root, bdir, backup)
+            _hook(f"{step['id']}:op")
+            _journal(bdir, {"event": "done", "id": step["id"]})
+            _hook(f"{step['id']}:done")
+        _journal(bdir, {"event": "complete"})
+        shutil.rmtree(os.path.join(bdir, STAGED), ignore_errors=True)
+    return ApplyResult(plan, len(steps), before, resumed, False)
+
+
+def restore(backup_dir: str | os.PathLike, root: str | os.PathLike | None = None) -> list[dict]:
+    """Undo an apply (complete or interrupted) from its backup directory: the store becomes
+    byte-identical to what it was before, and the backup's journal is marked restored."""
+    bdir = os.path.abspath(os.fspath(backup_dir))
+    actions = backup_restore(bdir, root)
+    _repair_journal(bdir)
+    _journal(bdir, {"event": "restored"})
+    return actions
+
+
+# ---------------------------------------------------------------------------------------------
+# salvage
+
+RESEND_TOPIC_PROPS = {"SCHEDULE_TOPIC_XXXX": ("REAL_TOPIC", "REAL_QID"),
+                      "RMQ_SYS_TRANS_HALF_TOPIC": ("REAL_TOPIC", "REAL_QID")}
+
+
+def salvage(sim: Simulation, out_dir: str | os.PathLike) -> dict:
+    """Export every intact message a start-up would lose (Parquet + JSONL, all properties and the body),
+    the exact byte ranges lost, and salvaged config JSON (offsets clamped to the recovered queues)."""
+    import pyarrow.parquet as pq
+
+    from jobs.common import row_to_json
+    from storelib.publish import atomic_local_file
+
+    out = os.path.abspath(os.fspath(out_dir))
+    os.makedirs(out, exist_ok=True)
+    table, regions = _lost_table(sim, with_body=True)
+    if table is not None:
+        table = table.filter(pc.equal(table.column("crc_ok"), True))
+    n = 0 if table is None else table.num_rows
+    if table is not None and n:
+        resend_t, resend_q = [], []
+        for topic, qid, props in zip(table.column("topic").to_pylist(), table.column("queue_id").to_pylist(),
+                                     table.column("properties").to_pylist()):
+            p = dict(props or [])
+            names = RESEND_TOPIC_PROPS.get(topic)
+            if names and names[0] in p:
+                resend_t.append(p[names[0]])
+                q = p.get(names[1], "")
+                resend_q.append(int(q) if q.lstrip("-").isdigit() else qid)
+            else:
+                resend_t.append(topic)
+                resend_q.append(qid)
+        table = table.append_column("resend_topic", pa.array(resend_t, pa.string()))
+        table = table.append_column("resend_queue_id", pa.array(resend_q, pa.int32()))
+        with atomic_local_file(os.path.join(out, "messages.parquet")) as tmp:
+            pq.write_table(table, tmp)
+        with atomic_local_file(os.path.join(out, "messages.jsonl")) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            for row in table.to_pylist():
+                obj = row_to_json(row, with_body=True)
+                obj.update({"why": row["why"], "resend_topic": row["resend_topic"],
+                            "resend_queue_id": row["resend_queue_id"]})
+                f.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+    cfg = salvage_config(sim, os.path.join(out, "config"))
+    report = {
+        "schema": "rmqstore.recover.salvage/1",
+        "store": sim.store.loc.path,
+        "process_offset": sim.walk.process_offset,
+        "messages": n,
+        "files": ["messages.parquet", "messages.jsonl"] if n else [],
+        "lost_ranges": regions,
+        "bytes_unreadable": sum(r["bytes_lost"] for r in regions),
+        "config": cfg,
+    }
+    write_json_atomic(os.path.join(out, "salvage-report.json"), report)
+    return report
+
+
+def _parse_candidate(path: str) -> tuple[str, dict | None, Any]:
+    """('ok'|'salvaged'|'missing'|'empty'|'bad', data, detail) for one config text."""
+    from storelib.configjson import parse_fastjson, salvage_prefix_detail
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return "missing", None, None
+    if not raw.strip(b"\x00 \t\r\n"):
+        return "empty", None, None
+    text = raw.decode("utf-8", "replace")
+    try:
+        return "ok", parse_fastjson(text, file=path), None
+    except StoreError as e:
+        try:
+            s = salvage_prefix_detail(text, file=path)
+        except StoreError:
+            return "bad", None, str(e)
+        if s.data:
+            return "salvaged", s.data, {"error": str(e), "stopped_at": s.stopped_at, "incomplete": s.incomplete,
+                                        "dropped": s.dropped}
+        return "bad", None, str(e)
+
+
+def salvage_config(sim: Simulation, out_dir: str) -> list[dict]:
+    """For each ``config/*.json``: the newest valid of the file and its .bak (or a repaired prefix),
+    consumer offsets clamped to the recovered queue ranges; written to ``out_dir``, changes listed."""
+    from storelib.configjson import dump_fastjson, split_topic_group
+
+    cdir = os.path.join(sim.store.loc.path, "config")
+    if not os.path.isdir(cdir):
+        return []
+    names = sorted({n[:-4] if n.endswith(".bak") else n for n in os.listdir(cdir)
+                    if n.endswith(".json") or n.endswith(".json.bak")})
+    ranges = {(q.topic, q.qid): (q.report.final_min_offset, q.report.final_max_offset) for q in sim.queues.values()}
+    reports: list[dict] = []
+    for name in names:
+        cands = []
+        for suffix in ("", ".bak"):
+            p = os.path.join(cdir, name + suffix)
+            state, data, detail = _parse_candidate(p)
+            mtime = os.stat(p).st_mtime_ns if os.path.exists(p) else -1
+            cands.append({"file": name + suffix, "state": state, "data": data, "detail": detail, "mtime_ns": mtime})
+        valid = [c for c in cands if c["state"] == "ok"]
+        repaired = [c for c in cands if c["state"] == "salvaged"]
+        pick = max(valid, key=lambda c: c["mtime_ns"]) if valid else (
+            max(repaired, key=lambda c: c["mtime_ns"]) if repaired else None)
+        rep: dict[str, Any] = {"name": name,
+                               "candidates": [{k: c[k] for k in ("file", "state", "detail", "mtime_ns")} for c in cands],
+                               "chosen": pick["file"] if pick else None, "repaired": bool(pick and pick in repaired),
+                               "changes": []}
+        if pick is None:
+            reports.append(rep)
+            continue
+        data = pick["data"]
+        if name in ("consumerOffset.json", "lmqConsumerOffset.json") and isinstance(data.get("offsetTable"), dict):
+            for key, qmap in data["offsetTable"].items():
+                tg = split_topic_group(str(key))
+                if tg is None or not isinstance(qmap, dict):
+                    continue
+                for q, off in list(qmap.items()):
+                    try:
+                        qi, oi = int(q), int(off)
+                    except (TypeError, ValueError):
+                        continue
+                    lo, hi = ranges.get((tg[0], qi), (0, 0))
+                    new = min(max(oi, lo), hi)
+                    if new != oi:
+                        qmap[q] = new
+                        rep["changes"].append({"key": key, "topic": tg[0], "group": tg[1], "queue_id": qi,
+                                               "old": oi, "new": new, "queue_range": [lo, hi],
+                                               "why": "above the recovered max offset" if oi > hi
+                                               else "below the recovered min offset"})
+        os.makedirs(out_dir, exist_ok=True)
+        atomic_write(os.path.join(out_dir, name), dump_fastjson(data).encode("utf-8"))
+        reports.append(rep)
+    return reports
+
+
+__all__ = ["PLAN_SCHEMA", "ApplyResult", "Simulation", "apply", "check_offline", "restore", "salvage",
+           "salvage_config", "scan_lost", "simulate", "summary_lines", "write_json_atomic"]
