@@ -368,8 +368,13 @@ def _segment_dict(s: Segment) -> dict:
     return {"name": s.name, "base": s.base, "size": s.file_size}
 
 
-def simulate(store, version: str | None = None, *, lost: bool = True) -> Simulation:
-    """Replay a broker start-up on ``store`` (read-only); see the module docstring for the order."""
+def simulate(store, version: str | None = None, *, lost: bool = True, complete_index: bool = True) -> Simulation:
+    """Replay a broker start-up on ``store`` (read-only); see the module docstring for the order.
+
+    ``complete_index`` (a named deviation, default on): after an abnormal exit also re-index records
+    before the recovery start segment whose index file was deleted, which the broker leaves out of
+    the index. The plan reports both counts (``index.entries_added`` is the broker's).
+    """
     settings = store.settings
     version = version or ("5" if str(getattr(settings, "version", "4")).startswith("5") else "4")
     root = store.loc.path
@@ -455,9 +460,9 @@ def simulate(store, version: str | None = None, *, lost: bool = True) -> Simulat
     # index: load remaining files, continue the last one with every dispatched record's keys
     geometry = index_geometry(settings)
     index_images: list[IndexImage] = []
-    keys_added = 0
-    dispatched = t_rec.num_rows + t_rep.num_rows
-    if getattr(settings, "message_index_enable", True) and dispatched:
+    keys_added = keys_extra = 0
+    t_extra = t_rec.schema.empty_table()
+    if getattr(settings, "message_index_enable", True) and (t_rec.num_rows + t_rep.num_rows):
         remaining = [r for r in refs if r.name not in index_delete]
         prev = None
         if remaining:
@@ -466,20 +471,21 @@ def simulate(store, version: str | None = None, *, lost: bool = True) -> Simulat
                 prev = IndexState.from_file(f)
             finally:
                 f.close()
-        parts = [index_key_rows(t) for t in (t_rec, t_rep) if t.num_rows]
-        kr = {k: np.concatenate([p[k] for p in parts]) for k in ("key_hash", "phy_offset", "store_timestamp")}
-        last_key_row = -1
-        base_row = 0
-        for t, p in zip([t for t in (t_rec, t_rep) if t.num_rows], parts):
-            if len(p["row_index"]):
-                last_key_row = base_row + int(p["row_index"][-1])
-            base_row += t.num_rows
-        index_images = build_index_files(
-            kr, geometry=geometry, prev_state=prev, emit_empty=True, trailing_dispatch=last_key_row < base_row - 1,
-            empty_index_count=1 if version == "5" else 0, name_tz="UTC")
-        cont = prev is not None and index_images and index_images[0].name == prev.name
-        before = prev.entry_count if cont else 0
-        keys_added = sum(len(im.entries) for im in index_images) - before
+        index_images, keys_added = _build_index(prev, (t_rec, t_rep), geometry, version)
+        # deviation (named, on by default): the broker re-indexes only from the recovery start segment, so keys
+        # of earlier records that were in a deleted index file are lost from the index (store-algorithms §8.4);
+        # complete_index re-adds them from the end of the last kept index file
+        idx_from = max(prev.header.end_phy_offset if prev is not None else 0, segs[0].base if segs else 0)
+        start_base = walk.start_base if walk.start_base is not None else P
+        if complete_index and index_delete and segs and idx_from < start_base:
+            p3 = replace(wplan, reput_from=idx_from)
+            w3 = finish_walk(p3, run_tasks(p3, delay_levels_ms=delay_levels))
+            extra = [replace(d, end=min(d.end, start_base - d.base)) for d in w3.dispatch
+                     if d.by == "reput" and d.phy_start < start_base]
+            t_extra = _read_ranges(store, extra, delay_levels)
+            if t_extra.num_rows:
+                index_images, total = _build_index(prev, (t_extra, t_rec, t_rep), geometry, version)
+                keys_extra = total - keys_added
 
     # commitlog changes
     S = cl.segment_size
@@ -521,8 +527,28 @@ def simulate(store, version: str | None = None, *, lost: bool = True) -> Simulat
                      delete_names, lost_ranges)
     sim.plan = _plan_dict(sim, settings=settings, abort=abort, lock=lock, cp=cp, new_cp=new_cp, inputs=inputs,
                           idx_rows=idx_rows, reput=reput, t_rec=t_rec, t_rep=t_rep, keys_added=keys_added,
+                          keys_extra=keys_extra, extra_records=t_extra.num_rows, complete_index=complete_index,
                           findings=findings, lost=lost)
     return sim
+
+
+def _build_index(prev: IndexState | None, tables, geometry, version: str) -> tuple[list[IndexImage], int]:
+    """Index images after dispatching ``tables`` (in order) onto the last kept file; keys added."""
+    tables = [t for t in tables if t.num_rows]
+    parts = [index_key_rows(t) for t in tables]
+    kr = {k: np.concatenate([p[k] for p in parts]) for k in ("key_hash", "phy_offset", "store_timestamp")}
+    last_key_row = -1
+    base_row = 0
+    for t, p in zip(tables, parts):
+        if len(p["row_index"]):
+            last_key_row = base_row + int(p["row_index"][-1])
+        base_row += t.num_rows
+    images = build_index_files(kr, geometry=geometry, prev_state=prev, emit_empty=True,
+                               trailing_dispatch=last_key_row < base_row - 1,
+                               empty_index_count=1 if version == "5" else 0, name_tz="UTC")
+    cont = prev is not None and images and images[0].name == prev.name
+    before = prev.entry_count if cont else 0
+    return images, sum(len(im.entries) for im in images) - before
 
 
 def _range_dict(d: DispatchRange) -> dict:
@@ -565,7 +591,7 @@ def _cq_dispatch(queues: dict[tuple[str, int], _QueueSim], table: pa.Table, root
 
 
 def _plan_dict(sim: Simulation, *, settings, abort, lock, cp: Checkpoint, new_cp: Checkpoint, inputs, idx_rows,
-               reput, t_rec, t_rep, keys_added, findings, lost) -> dict:
+               reput, t_rec, t_rep, keys_added, keys_extra, extra_records, complete_index, findings, lost) -> dict:
     store, walk = sim.store, sim.walk
     cl = store.commitlog
     S = cl.segment_size
@@ -650,6 +676,9 @@ def _plan_dict(sim: Simulation, *, settings, abort, lock, cp: Checkpoint, new_cp
             "deleted": sim.index_delete,
             "written": [im.name for im in sim.index_images],
             "entries_added": keys_added,
+            "complete_index": complete_index,
+            "extra_records_indexed": extra_records,
+            "entries_the_broker_would_lose": keys_extra,
         },
         "checkpoint_after": {
             "physic_msg_timestamp": new_cp.physic_msg_timestamp, "logics_msg_timestamp": new_cp.logics_msg_timestamp,
