@@ -482,6 +482,9 @@ class _Sim:
         self.bound_row = {int(b): i for i, b in enumerate(snap.bounds)}
         self.E = snap.cq_entries_per_file
         self.cq_k = snap.q_first_cq_seg.copy()
+        self.n0 = int(snap.q_max_offset.sum())
+        self.mpb_total = float(self.mpb.sum())
+        self.cq_base_sum = int((self.cq_k * self.E).sum())
         self.idx_first = 0
         self.idx_bytes = sum(f[2] for f in snap.index_files)
         self.last_phys_min = 0
@@ -500,15 +503,24 @@ class _Sim:
             rate = np.full(len(self.pairs), float(model.consumption_msgs_per_s))
             self.consumption = f"{model.consumption_msgs_per_s} messages/s per queue"
         self.c_rate = rate.astype(np.float64)
-        self.c_base = np.array([o for (*_x, o) in self.pairs], np.float64)
-        self.t_base = np.full(len(self.pairs), float(self.t_snap))
         self.lost_msgs = np.zeros(len(self.pairs), np.int64)
         self.lost_bytes = np.zeros(len(self.pairs), np.int64)
-        self.first_loss = [None] * len(self.pairs)
+        self.first_loss: list[int | None] = [None] * len(self.pairs)
         self.ranges: list[list[list[int]]] = [[] for _ in self.pairs]
-        if len(self.pairs) and (self.pq >= 0).any():
+        # the pairs whose queue is in the store, as flat per-pair arrays (no per-queue gathers per deletion)
+        self.lp = np.flatnonzero(self.pq >= 0)
+        lq = self.pq[self.lp]
+        self.l_rate = self.c_rate[self.lp]
+        self.l_max0 = snap.q_max_offset[lq]
+        self.l_mpb = self.mpb[lq]
+        self.l_mean = snap.q_mean_size[lq]
+        self.l_key = lq.astype(np.int64) << _KEY_SHIFT
+        self.l_below = snap.below[:, lq]
+        self.c_base = np.array([self.pairs[j][3] for j in self.lp], np.float64)
+        self.t_base = float(self.t_snap)
+        if len(self.lp):
             # losses before the simulation starts are not the policy's doing: start at the min offset
-            self._jump(self.t_snap, self._below(int(snap.seg_base[0])))
+            self._jump(self.t_snap, self._below_pairs(int(snap.seg_base[0])))
         self.deletions: list[dict[str, Any]] = []
         self.disk: list[dict[str, Any]] = []
         self.max_ratio: float | None = None
@@ -552,12 +564,17 @@ class _Sim:
         return self._proj(max(self.W(t), self.W0))
 
     def used(self, t: int) -> tuple[int, int]:
-        """(bytes used on the partition, store bytes) at time t."""
+        """(bytes used on the partition, store bytes) at time t.
+
+        CQ bytes are 20 per live unit, with the projected unit count taken over all queues at once
+        (a disk model: it differs from the per-queue sum by less than one unit per queue).
+        """
         M = self.base(self.i0)
         cl = max(0, self.W(t) - M)
         cq = 0
-        if self.s.cq_files and len(self.cq_k):
-            cq = CQ_UNIT * int((self.max_offsets(t) - self.cq_k * self.E).clip(min=0).sum())
+        if self.s.cq_files:
+            units = self.n0 + math.floor((max(self.W(t), self.W0) - self.W0) * self.mpb_total) - self.cq_base_sum
+            cq = CQ_UNIT * max(0, units)
         store = cl + cq + self.idx_bytes
         return self.p.disk_other_used + store, store
 
@@ -707,7 +724,7 @@ class _Sim:
         """MappedFileQueue.deleteExpiredFileByTime on the segment list as it is at tick T."""
         clean_at_once = self.p.clean_file_forcibly_enable and clean_imm
         # the list snapshot: segments i0 .. last, where last = newest segment at T
-        last = self.i0
+        last = max(self.i0, self.n_exist - 1)  # older existing segments all have newer ones after them
         while self.fill_time(last) <= T:
             last += 1
         now, i, n = T, self.i0, 0
@@ -729,46 +746,43 @@ class _Sim:
             i += 1
         return now, reason
 
+    def _below_pairs(self, x: int) -> np.ndarray:
+        """_below(x) for the live pairs' queues."""
+        if x > self.W0:
+            return self.l_max0 + np.floor((x - self.W0) * self.l_mpb).astype(np.int64)
+        row = self.bound_row.get(x)
+        return self.l_below[row] if row is not None else self.l_max0
+
     def _consumed(self, t: int) -> np.ndarray:
-        c = np.floor(self.c_base + self.c_rate * (t - self.t_base) / 1000.0).astype(np.int64)
-        mx = self.max_offsets(t)
-        return np.minimum(c, np.where(self.pq >= 0, mx[np.maximum(self.pq, 0)], c)) if len(mx) else c
+        """Committed offsets of the live pairs at t (never past the queue's end)."""
+        c = np.floor(self.c_base + self.l_rate * ((t - self.t_base) / 1000.0)).astype(np.int64)
+        cap = self.l_max0 + np.floor((max(self.W(t), self.W0) - self.W0) * self.l_mpb).astype(np.int64)
+        return np.minimum(c, cap)
 
     def _jump(self, t: int, below: np.ndarray) -> None:
         """Consumers behind the queue's new min offset resume there."""
-        c = self._consumed(t)
-        m = self.pq >= 0
-        newc = np.where(m, np.maximum(c, below[np.maximum(self.pq, 0)]), c)
-        self.c_base = newc.astype(np.float64)
-        self.t_base = np.full(len(self.pairs), float(t))
+        self.c_base = np.maximum(self._consumed(t), below).astype(np.float64)
+        self.t_base = float(t)
 
     def _lose(self, i: int, t: int) -> None:
         """Segment i deleted at t: per pair, the offsets in it at or past the committed offset."""
-        if not len(self.pairs):
+        if not len(self.lp):
             return
-        a, b = self.base(i), self.base(i) + self.S
-        lo_q, hi_q = self._below(a), self._below(b)
-        m = self.pq >= 0
-        q = np.maximum(self.pq, 0)
-        c = self._consumed(t)
-        start = np.maximum(c, lo_q[q])
-        end = hi_q[q]
-        hit = np.flatnonzero(m & (start < end))
+        a = self.base(i)
+        lo, hi = self._below_pairs(a), self._below_pairs(a + self.S)
+        start = np.maximum(self._consumed(t), lo)
+        hit = np.flatnonzero(start < hi)
         if len(hit):
-            qmax = self.s.q_max_offset[q[hit]]
-            s_, e_ = start[hit], end[hit]
+            s_, e_, qmax = start[hit], hi[hit], self.l_max0[hit]
             # existing entries: count and bytes from the sorted (queue, offset) key
-            ex_s, ex_e = np.minimum(s_, qmax), np.minimum(e_, qmax)
-            kq = q[hit].astype(np.int64) << _KEY_SHIFT
-            i1 = np.searchsorted(self.s.key, kq | ex_s, "left")
-            i2 = np.searchsorted(self.s.key, kq | ex_e, "left")
-            cnt = i2 - i1
-            byt = self.s.cum_size[i2] - self.s.cum_size[i1]
-            # projected entries past the snapshot
+            kq = self.l_key[hit]
+            i1 = np.searchsorted(self.s.key, kq | np.minimum(s_, qmax), "left")
+            i2 = np.searchsorted(self.s.key, kq | np.minimum(e_, qmax), "left")
+            # projected entries past the snapshot have the queue's mean size
             fut = np.maximum(0, e_ - np.maximum(s_, qmax))
-            cnt = cnt + fut
-            byt = byt + np.rint(fut * self.s.q_mean_size[q[hit]]).astype(np.int64)
-            for j, h in enumerate(hit):
+            cnt = (i2 - i1) + fut
+            byt = (self.s.cum_size[i2] - self.s.cum_size[i1]) + np.rint(fut * self.l_mean[hit]).astype(np.int64)
+            for j, h in enumerate(self.lp[hit].tolist()):
                 if cnt[j] <= 0:
                     continue
                 self.lost_msgs[h] += int(cnt[j])
@@ -781,7 +795,7 @@ class _Sim:
                     rr[-1][1] = max(rr[-1][1], hi_)
                 else:
                     rr.append([lo_, hi_])
-        self._jump(t, hi_q)
+        self._jump(t, hi)
 
     def _clean_queues(self, t: int, M: int, reason: str) -> None:
         """CleanConsumeQueueService: CQ files whose last unit is below M, then index files."""
@@ -796,6 +810,7 @@ class _Sim:
                     self.deletions.append({"time_ms": t, "file": d + offset_to_file_name(kk * self.E * CQ_UNIT),
                                            "kind": "consumequeue", "reason": reason})
             self.cq_k = new_k
+            self.cq_base_sum = int((self.cq_k * self.E).sum())
         files = self.s.index_files
         if self.idx_first < len(files) and files[self.idx_first][1] < M:
             while self.idx_first < len(files) - 1 and files[self.idx_first][1] < M:
