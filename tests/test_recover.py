@@ -293,25 +293,46 @@ def test_cq_truncation_first_entry_rule_keeps_a_zero_first_unit(tmp_path):
 def _scenario(tmp_path, name="s"):
     base = tmp_path / name
     base.mkdir()
-    cs = _crafted(4)
-    bad = [p for p in cs.placed if p.segment == 3][2]
-    cs.corrupt(bad.phy, 4, 0)  # bad magic inside the window: later records lost, segment 4 deleted
+    cs = _crafted(3)
+    bad = [p for p in cs.placed if p.segment == 2][2]
+    cs.corrupt(bad.phy, 4, 0)  # bad magic inside the window: later records lost, segment 3 deleted
     store = _write(base, cs, abort=True)
     return store, cs, bad
 
 
-def test_kill_at_every_step_then_rerun_gives_the_uninterrupted_result(tmp_path):
-    store, _, _ = _scenario(tmp_path, "ref")
-    orig = _tree(store.loc.path)
-    res = _apply(store, tmp_path / "ref-bk")
-    want = _tree(store.loc.path)
-    assert want != orig and res.steps > 4
-    hooks = rc._hook_count
-    for k in range(1, hooks + 1):
-        s, _, _ = _scenario(tmp_path, f"k{k}")
+def _copy_store(store: Store, dst) -> Store:
+    shutil.copytree(store.loc.path, dst, copy_function=shutil.copy2)
+    return Store(str(dst), store.settings)
 
-        class Crash(BaseException):
-            pass
+
+def test_crash_at_every_kind_of_hook_then_rerun_gives_the_uninterrupted_result(tmp_path):
+    proto, _, _ = _scenario(tmp_path, "proto")
+    ref = _copy_store(proto, tmp_path / "ref")
+    orig = _tree(ref.loc.path)
+    labels: list[str] = []
+    rc.CRASH_HOOK = lambda n, label: labels.append(label)
+    try:
+        res = _apply(ref, tmp_path / "ref-bk")
+    finally:
+        rc.CRASH_HOOK = None
+    want = _tree(ref.loc.path)
+    assert want != orig and res.steps > 6 and len(labels) == rc._hook_count
+    steps = {s["id"]: s["op"] + ":" + s["rel"].split("/")[0]
+             for s in json.load(open(tmp_path / "ref-bk" / rc.STEPS_FILE))}
+    # one crash point per (operation kind, phase): after the backup, after the operation (+ the very last point)
+    kinds: dict[str, int] = {}
+    for n, label in enumerate(labels, 1):
+        sid, _, phase = label.partition(":")
+        kind = f"{steps[int(sid)]}:{phase}" if sid.isdigit() else label
+        if phase != "done" or n == len(labels):  # a step's "done" point is the next step's start
+            kinds.setdefault(kind, n)
+    assert len(kinds) >= 10
+
+    class Crash(BaseException):
+        pass
+
+    for kind, k in sorted(kinds.items(), key=lambda kv: kv[1]):
+        s = _copy_store(proto, tmp_path / f"k{k}")
 
         def crash(n, label, k=k):
             if n == k:
@@ -323,33 +344,29 @@ def test_kill_at_every_step_then_rerun_gives_the_uninterrupted_result(tmp_path):
                 _apply(s, tmp_path / f"k{k}-bk")
         finally:
             rc.CRASH_HOOK = None
-        r2 = _apply(_reopen(s), tmp_path / f"k{k}-bk")
-        assert _tree(s.loc.path) == want, f"crash at hook {k}"
-        assert r2.resumed or k <= 2
+        _apply(_reopen(s), tmp_path / f"k{k}-bk")
+        assert _tree(s.loc.path) == want, f"crash at {kind}"
         rc.restore(tmp_path / f"k{k}-bk")
-        assert _tree(s.loc.path) == _tree_orig_of(orig), f"restore after crash at hook {k}"
+        assert _tree(s.loc.path) == orig, f"restore after a crash at {kind}"
 
 
-def _tree_orig_of(orig):
-    return orig
-
-
-@pytest.mark.parametrize("k", [3, 7])
-def test_sigkill_during_apply_then_rerun_matches_and_restore_is_byte_identical(tmp_path, k):
-    store, _, _ = _scenario(tmp_path, "ref")
-    _apply(store, tmp_path / "ref-bk")
-    want = _tree(store.loc.path)
-    s, _, _ = _scenario(tmp_path, "victim")
+def test_sigkill_during_apply_then_rerun_matches_and_restore_is_byte_identical(tmp_path):
+    proto, _, _ = _scenario(tmp_path, "proto")
+    ref = _copy_store(proto, tmp_path / "ref")
+    _apply(ref, tmp_path / "ref-bk")
+    want = _tree(ref.loc.path)
+    s = _copy_store(proto, tmp_path / "victim")
     orig = _tree(s.loc.path)
-    conf = _conf_file(tmp_path / "victim", "4")
+    conf = _conf_file(tmp_path / "proto", "4")
     cmd = [sys.executable, "-m", "jobs.cli", "recover", s.loc.path, "--broker-conf", conf, "--apply",
            "--backup", str(tmp_path / "bk")]
-    env = dict(os.environ, **{rc.CRASH_ENV: str(k)})
+    env = dict(os.environ, **{rc.CRASH_ENV: "9"})  # mid-way: some steps done, one backed up but not applied
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True)
     assert p.returncode == -9
-    assert _tree(s.loc.path) != want
+    assert _tree(s.loc.path) not in (want, orig)
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+    assert "resumed" in p.stdout
     assert _tree(s.loc.path) == want
     p = subprocess.run([sys.executable, "-m", "jobs.cli", "recover", "--restore", str(tmp_path / "bk")], cwd=REPO,
                        capture_output=True, text=True)
