@@ -34,6 +34,8 @@ DEFAULT_WINDOW = 64 * 1024 * 1024
 # room in front of each read-ahead buffer for the unread tail of the previous window (the part of a
 # record that straddled the window end), so a sequential window is served without copying it
 READ_AHEAD_RESERVE = 8 * 1024 * 1024
+# reads at least this long, back to back, turn read-ahead on by themselves (random access reads less)
+AUTO_READ_AHEAD_MIN = 1024 * 1024
 
 
 class ByteSource(Protocol):
@@ -105,6 +107,7 @@ class ArrowFileSource:
         except OSError as e:
             raise StoreError(path, None, "unreadable", str(e)) from e
         self._ahead: _ReadAhead | None = None
+        self._last = (0, 0)  # the previous read (offset, length), to spot an undeclared sequential reader
 
     def read_ahead(self, window: int = DEFAULT_WINDOW) -> None:
         """Sequential mode: while window k is used, window k+1 is fetched in a background thread.
@@ -123,6 +126,12 @@ class ArrowFileSource:
             return memoryview(b"")
         if self._ahead is not None:
             return self._ahead.read(offset, length)
+        last, self._last = self._last, (offset, length)
+        if (length >= AUTO_READ_AHEAD_MIN and last[1] >= AUTO_READ_AHEAD_MIN and offset + length < self.size
+                and last[0] + last[1] - READ_AHEAD_RESERVE <= offset <= last[0] + last[1]):
+            self.read_ahead(length)  # two big back-to-back windows: a sequential reader that did not say so
+            if self._ahead is not None:
+                return self._ahead.read(offset, length)
         return self._read_at(offset, length)
 
     def _read_at(self, offset: int, length: int) -> memoryview:
@@ -211,12 +220,14 @@ class _ReadAhead:
                 r = READ_AHEAD_RESERVE
                 if tail:
                     buf[r - tail : r] = np.frombuffer(cur, np.uint8, tail, offset - self._cur_start)
-                data = memoryview(buf)[r - tail : r + n]
+                data = memoryview(buf)[r - tail : r - tail + length]
                 self._next = None
                 self._cur, self._cur_start = data, offset
-                self._schedule(start + n)
+                # continue from the end of what was served: the next window then starts at most one
+                # straddling record before it (re-fetching those few bytes keeps the tail bounded)
+                self._schedule(offset + length)
                 self.prefetched += 1
-                return data[:length]
+                return data
             self._drop_next()
         data = self.src._read_at(offset, length)
         self.direct += 1

@@ -177,6 +177,7 @@ class CommitLog:
         pos = phy_offset - seg.base
         src = seg.open()
         try:
+            kw.setdefault("window", 1 << 16)  # remote: one small ranged read, grown only for a long record
             scan = SegmentScan(src, seg.display, seg.base, pos, pos + 1, **kw)
             batches = [b for b in scan if b.num_rows]
         finally:

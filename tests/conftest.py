@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.s3server import s3_server  # noqa: F401  (the loopback S3 server fixture)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RMQSTORE_SHARED", REPO.parent / "shared"))
 SAMPLES = SHARED / "samples"

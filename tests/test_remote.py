@@ -1,0 +1,374 @@
+"""Stores on remote filesystems: the same results from s3:// (a real loopback S3 server) as from the local path.
+
+The S3 server is moto's standalone server (``tests/s3server.py``), started once per session. Stores are
+uploaded with ``pyarrow.fs.copy_files``; every command is run in-process through ``jobs.cli.main``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow.fs as pafs
+import pytest
+
+from jobs.cli import main as cli_main
+from storelib.bytesource import (
+    READ_AHEAD_RESERVE,
+    ArrowFileSource,
+    Location,
+    filesystem_options,
+    open_source,
+    resolve,
+)
+from storelib.errors import StoreError
+from storelib.scanner import SegmentScan
+from storelib.store import Store
+from tests.conftest import broker_conf
+
+# ------------------------------------------------------------------------------------------------
+# helpers and fixtures
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_main([str(a) for a in argv])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _gen_store(dest: Path) -> tuple[Path, Path] | None:
+    """A small generated 5.x store with 1 MiB segments (storelib.gen), plus its broker.conf."""
+    try:
+        import dataclasses
+
+        from storelib.brokerconf import BrokerSettings
+        from storelib.gen import GenConfig, generate
+    except ImportError:
+        return None
+    # small segments and index files: several segments per store, and no 400 MB sparse index to upload
+    settings = dataclasses.replace(BrokerSettings.defaults("5"), mapped_file_size_commit_log=1 << 20,
+                                   max_hash_slot_num=4096, max_index_num=16384,
+                                   mapped_file_size_consume_queue_config=20 * 2000)
+    generate(dest / "store", GenConfig(messages=4000, version="5", seed=11), settings)
+    conf = dest / "broker.conf"
+    conf.write_text("mappedFileSizeCommitLog=1048576\nmaxHashSlotNum=4096\nmaxIndexNum=16384\nmappedFileSizeConsumeQueue=40000\n")
+    return dest / "store", conf
+
+
+@pytest.fixture(scope="session")
+def stores(s3_server, sample_498, sample_533, tmp_path_factory) -> dict[str, dict]:
+    """name -> {local, uri, conf}: both shared samples and a generated store, each also on S3."""
+    bucket = s3_server.new_bucket("stores")
+    out = {
+        "4.9.8": {"local": sample_498 / "store", "conf": broker_conf("4.9.8")},
+        "5.3.3": {"local": sample_533 / "store", "conf": broker_conf("5.3.3")},
+    }
+    gen = _gen_store(tmp_path_factory.mktemp("gen"))
+    if gen is not None:
+        out["generated"] = {"local": gen[0], "conf": gen[1]}
+    for name, d in out.items():
+        d["uri"] = s3_server.upload(d["local"], f"{bucket}/dumps/{name}/store")
+    return out
+
+
+STORE_NAMES = ["4.9.8", "5.3.3", "generated"]
+
+
+@pytest.fixture(params=STORE_NAMES)
+def store_pair(request, stores) -> dict:
+    if request.param not in stores:
+        pytest.skip("storelib.gen not available")
+    return stores[request.param]
+
+
+def _normalise(obj, roots: list[str]):
+    """Drop what legitimately differs between a local and an S3 copy (root path, mtimes, lock probe)."""
+    if isinstance(obj, dict):
+        return {k: _normalise(v, roots) for k, v in obj.items() if k not in ("store", "local", "mtime_ms", "lock")}
+    if isinstance(obj, list):
+        return [_normalise(v, roots) for v in obj]
+    if isinstance(obj, str):
+        for r in roots:
+            obj = obj.replace(r, "<root>")
+        return obj
+    return obj
+
+
+# ------------------------------------------------------------------------------------------------
+# rmqstore commands: s3:// gives the same answers as the local path
+
+
+def test_info_json_same_from_s3_as_local(store_pair, s3_server):
+    local, uri, conf = store_pair["local"], store_pair["uri"], store_pair["conf"]
+    rc_l, out_l, err_l = run_cli(["info", local, "--json", "--broker-conf", conf])
+    rc_r, out_r, err_r = run_cli(["info", uri, "--json", "--broker-conf", conf, *s3_server.cli_args()])
+    assert rc_l == rc_r == 0, (err_l, err_r)
+    jl, jr = json.loads(out_l), json.loads(out_r)
+    assert jr["local"] is False and jr["store"] == uri
+    assert [s["size"] for s in jr["segments"]] == [s["size"] for s in jl["segments"]]
+    assert all(isinstance(s["mtime_ms"], int) and s["mtime_ms"] > 0 for s in jr["segments"])
+    roots = [str(local), uri.removeprefix("s3://")]
+    assert _normalise(jr, roots) == _normalise(jl, roots)
+
+
+def test_info_finds_the_store_from_environment_endpoint_without_flags(stores, s3_server):
+    """AWS_ENDPOINT_URL + AWS_* credentials (set by the fixture) are enough, as pyarrow documents."""
+    d = stores["4.9.8"]
+    rc, out, err = run_cli(["info", d["uri"], "--json", "--no-scan", "--broker-conf", d["conf"]])
+    assert rc == 0, err
+    assert len(json.loads(out)["segments"]) == len(os.listdir(d["local"] / "commitlog"))
+
+
+@pytest.mark.parametrize("extra", [[], ["--with-body", "--no-crc"], ["--topic", "TopicTest", "--limit", "7"]])
+def test_messages_jsonl_same_from_s3_as_local(store_pair, s3_server, extra):
+    local, uri, conf = store_pair["local"], store_pair["uri"], store_pair["conf"]
+    rc_l, out_l, _ = run_cli(["messages", local, "--broker-conf", conf, *extra])
+    rc_r, out_r, err = run_cli(["messages", uri, "--broker-conf", conf, *s3_server.cli_args(), *extra])
+    assert rc_r == rc_l == 0, err
+    assert out_r == out_l
+    if not extra:
+        assert out_l.count("\n") > 100
+
+
+def test_messages_parquet_from_s3_matches_local(stores, s3_server, tmp_path):
+    import pyarrow.parquet as pq
+
+    d = stores["5.3.3"]
+    assert run_cli(["messages", d["local"], "--format", "parquet", "--out", tmp_path / "l.parquet"])[0] == 0
+    assert run_cli(["messages", d["uri"], "--format", "parquet", "--out", tmp_path / "r.parquet",
+                    *s3_server.cli_args()])[0] == 0
+    assert pq.read_table(tmp_path / "r.parquet").equals(pq.read_table(tmp_path / "l.parquet"))
+
+
+def _get_probes(local: Path, conf: Path) -> list[list[str]]:
+    """get arguments for a few real messages of the store: by offset, msgId, queue position and key."""
+    rc, out, _ = run_cli(["messages", local, "--broker-conf", conf])
+    rows = [json.loads(line) for line in out.splitlines()]
+    normal = [r for r in rows if not r["topic"].startswith(("RMQ_SYS", "SCHEDULE_TOPIC", "rmq_sys"))]
+    picks = [normal[0], normal[len(normal) // 2], normal[-1]]
+    probes: list[list[str]] = []
+    for r in picks:
+        probes.append(["--offset", str(r["phy_offset"])])
+        probes.append(["--msg-id", r["msg_id"]])
+        probes.append(["--queue", f"{r['topic']}:{r['queue_id']}:{r['queue_offset']}"])
+    keyed = [r for r in normal if r["keys"]]
+    for r in (keyed[:1] + keyed[-1:]):
+        probes.append(["--key", r["keys"].split(" ")[0], "--topic", r["topic"]])
+    uniq = [r for r in normal if r["uniq_key"]]
+    if uniq:
+        probes.append(["--key", uniq[len(uniq) // 3]["uniq_key"], "--topic", uniq[len(uniq) // 3]["topic"]])
+    return probes
+
+
+def test_get_same_from_s3_as_local(store_pair, s3_server):
+    local, uri, conf = store_pair["local"], store_pair["uri"], store_pair["conf"]
+    probes = _get_probes(local, conf)
+    assert len(probes) >= 10
+    for probe in probes:
+        rc_l, out_l, err_l = run_cli(["get", local, "--broker-conf", conf, "--with-body", *probe])
+        rc_r, out_r, err_r = run_cli(["get", uri, "--broker-conf", conf, "--with-body", *s3_server.cli_args(),
+                                      *probe])
+        assert rc_l == 0, (probe, err_l)
+        assert (rc_r, out_r) == (rc_l, out_l), (probe, err_r)
+
+
+def test_get_missing_offset_gives_same_one_line_error_from_s3(stores, s3_server):
+    d = stores["4.9.8"]
+    rc_l, _, err_l = run_cli(["get", d["local"], "--offset", "13"])
+    rc_r, _, err_r = run_cli(["get", d["uri"], "--offset", "13", *s3_server.cli_args()])
+    assert rc_l == rc_r == 2
+    assert err_r.count("\n") == 1 and "Traceback" not in err_r
+    assert re.sub(r"\S*store/", "", err_r) == re.sub(r"\S*store/", "", err_l)
+
+
+# ------------------------------------------------------------------------------------------------
+# storelib on S3
+
+
+def test_store_scan_from_s3_equals_local_with_small_windows(store_pair, s3_server):
+    """Whole-store scans through ranged reads (windows far smaller than a segment) match mmap scans."""
+    local, uri = store_pair["local"], store_pair["uri"]
+    s_l = Store(local)
+    s_r = Store(uri, **s3_server.fs_options())
+    assert not s_r.local
+    for kw in ({"with_body": True}, {"verify_crc": True, "stop_on_crc": True}):
+        t_l = s_l.commitlog.read_table(**kw)
+        t_r = s_r.commitlog.read_table(window=256 * 1024, **kw)
+        assert t_r.num_rows == t_l.num_rows > 0
+        assert t_r.equals(t_l)
+
+
+def test_segment_listing_sizes_and_mtimes_come_from_s3(stores, s3_server):
+    d = stores["5.3.3"]
+    cl = Store(d["uri"], **s3_server.fs_options()).commitlog
+    names = sorted(os.listdir(d["local"] / "commitlog"))
+    assert [s.name for s in cl.segments] == names
+    assert [s.file_size for s in cl.segments] == [os.path.getsize(d["local"] / "commitlog" / n) for n in names]
+    assert all(s.mtime_ms and s.mtime_ms > 1_600_000_000_000 for s in cl.segments)
+
+
+def test_record_at_on_s3_reads_a_small_range_not_a_window(stores, s3_server, monkeypatch):
+    """Random access (get) must not download a 64 MB scan window per message."""
+    d = stores["4.9.8"]
+    store = Store(d["uri"], **s3_server.fs_options())
+    seg = store.commitlog.segments[0]
+    sizes: list[int] = []
+    orig = ArrowFileSource._read_at
+
+    def spy(self, offset, length):
+        sizes.append(length)
+        return orig(self, offset, length)
+
+    monkeypatch.setattr(ArrowFileSource, "_read_at", spy)
+    row = store.commitlog.record_at(seg.base).to_pylist()[0]
+    assert row["phy_offset"] == seg.base
+    assert sizes and max(sizes) <= 1 << 20
+
+
+def test_read_ahead_serves_windows_from_s3_in_the_background(stores, s3_server):
+    d = stores["5.3.3"]
+    store = Store(d["uri"], **s3_server.fs_options())
+    seg = store.commitlog.segments[0]
+    src = seg.open()
+    try:
+        scan = SegmentScan(src, seg.display, seg.base, window=16 * 1024)
+        n = sum(b.num_rows for b in scan)
+        ahead = src._ahead
+        assert ahead is not None and ahead.prefetched >= 10 and ahead.direct <= 3
+    finally:
+        src.close()
+    with open_source(Location(pafs.LocalFileSystem(), str(d["local"] / "commitlog" / seg.name), True)) as ls:
+        assert n == sum(b.num_rows for b in SegmentScan(ls, seg.display, seg.base))
+
+
+def test_in_place_writes_on_s3_store_give_one_line_error(stores, s3_server):
+    store = Store(stores["4.9.8"]["uri"], **s3_server.fs_options())
+    with pytest.raises(StoreError) as ei:
+        store.require_local("recover --apply")
+    msg = str(ei.value)
+    assert "\n" not in msg and "local path" in msg and "recover --apply" in msg
+
+
+def test_missing_s3_store_is_a_clear_error(s3_server):
+    bucket = s3_server.new_bucket("empty")
+    rc, _, err = run_cli(["info", f"s3://{bucket}/no/such/store", *s3_server.cli_args()])
+    assert rc == 2 and "does not exist" in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# byte sources without a server (LocalFileSystem behind the ranged-read path)
+
+
+def _remote_local(path: Path) -> Location:
+    """A local file reached through pyarrow ranged reads, as a remote one would be."""
+    return Location(pafs.LocalFileSystem(), str(path), False)
+
+
+@pytest.fixture
+def pattern_file(tmp_path) -> tuple[Path, bytes]:
+    data = np.random.default_rng(5).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    p = tmp_path / "blob"
+    p.write_bytes(data)
+    return p, data
+
+
+def test_read_ahead_returns_exact_bytes_for_sequential_overlapping_windows(pattern_file):
+    p, data = pattern_file
+    with ArrowFileSource(pafs.LocalFileSystem(), str(p)) as src:
+        src.read_ahead(10_000)
+        pos, rng = 0, np.random.default_rng(1)
+        while True:
+            got = src.read(pos, 10_000)
+            assert bytes(got) == data[pos : pos + 10_000]
+            if pos + len(got) >= len(data):
+                break
+            pos += len(got) - int(rng.integers(0, 900))  # the next window starts at the straddling record
+        assert src._ahead.prefetched >= 25 and src._ahead.direct == 1
+
+
+def test_read_ahead_falls_back_to_a_ranged_read_on_jumps_and_long_records(pattern_file):
+    p, data = pattern_file
+    with ArrowFileSource(pafs.LocalFileSystem(), str(p)) as src:
+        src.read_ahead(10_000)
+        for off, n in [(0, 10_000), (250_000, 10_000), (5, 10_000), (9_990, 40_000), (50_000, 10_000),
+                       (59_999, 10_000), (299_990, 10_000), (299_999, 5)]:
+            assert bytes(src.read(off, n)) == data[off : off + n]
+        assert src.read(len(data), 10) == b""
+
+
+def test_read_ahead_tail_longer_than_reserve_is_still_correct(tmp_path):
+    w = READ_AHEAD_RESERVE // 2
+    data = np.random.default_rng(2).integers(0, 256, READ_AHEAD_RESERVE * 3, dtype=np.uint8).tobytes()
+    p = tmp_path / "big"
+    p.write_bytes(data)
+    with ArrowFileSource(pafs.LocalFileSystem(), str(p)) as src:
+        src.read_ahead(w)
+        a = src.read(0, READ_AHEAD_RESERVE + w)  # bigger than a window: direct
+        b = src.read(10, READ_AHEAD_RESERVE + w)  # tail > reserve: direct again
+        assert bytes(a) == data[: READ_AHEAD_RESERVE + w] and bytes(b) == data[10 : 10 + READ_AHEAD_RESERVE + w]
+
+
+def test_ranged_source_reports_a_file_shorter_than_its_listing(pattern_file):
+    p, data = pattern_file
+    with ArrowFileSource(pafs.LocalFileSystem(), str(p), size=len(data) + 100) as src:
+        with pytest.raises(StoreError) as ei:
+            src.read(len(data) - 10, 50)
+        assert ei.value.kind == "truncated" and str(p) in str(ei.value)
+
+
+def test_scan_through_ranged_reads_equals_mmap_scan_on_samples(sample):
+    root = sample / "store" / "commitlog"
+    from storelib.commitlog import CommitLog
+
+    t_l = CommitLog(str(root)).read_table(with_body=True)
+    for w in (20_000, 200_000):
+        t_r = CommitLog(_remote_local(root)).read_table(with_body=True, window=w)
+        assert t_r.equals(t_l)
+
+
+# ------------------------------------------------------------------------------------------------
+# resolving locations
+
+
+def test_filesystem_options_normalise_cli_and_spark_spellings():
+    assert filesystem_options({"endpoint": "http://127.0.0.1:9000", "region": "eu-west-1", "x": None}) == {
+        "endpoint_override": "127.0.0.1:9000", "scheme": "http", "region": "eu-west-1"}
+    assert filesystem_options({"fs.access_key_id": "A", "s3.secret_access_key": "B", "anonymous": "false",
+                               "connect_timeout": "2.5"}) == {
+        "access_key": "A", "secret_key": "B", "anonymous": False, "connect_timeout": 2.5}
+    assert filesystem_options({"endpoint_url": "minio:9000"}) == {"endpoint_override": "minio:9000",
+                                                                   "scheme": "https"}
+
+
+def test_resolve_plain_paths_file_uris_and_explicit_filesystems(tmp_path):
+    assert resolve(tmp_path) == Location(pafs.LocalFileSystem(), str(tmp_path), True)
+    assert resolve(f"file://{tmp_path}").path == str(tmp_path)
+    s3 = pafs.S3FileSystem(anonymous=True, region="us-east-1")
+    loc = resolve("s3://bucket/dumps/store/", filesystem=s3)
+    assert (loc.path, loc.local) == ("bucket/dumps/store", False)
+    assert loc.join("commitlog", "0").path == "bucket/dumps/store/commitlog/0"
+
+
+def test_resolve_bad_uri_is_a_store_error():
+    with pytest.raises(StoreError):
+        resolve("nosuchscheme://x/y")
+
+
+def test_fsspec_filesystem_objects_are_wrapped(sample_498):
+    fsspec = pytest.importorskip("fsspec")
+    mem = fsspec.filesystem("memory")
+    src = sample_498 / "store"
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            mem.pipe(f"/s498/{p.relative_to(src)}", p.read_bytes())
+    store = Store("/s498", filesystem=mem)
+    assert not store.local and isinstance(store.loc.fs, pafs.PyFileSystem)
+    t_r = store.commitlog.read_table(window=8192)
+    t_l = Store(src).commitlog.read_table()
+    assert t_r.equals(t_l)
