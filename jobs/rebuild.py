@@ -541,6 +541,17 @@ def _package_zip() -> str:
     return path
 
 
+_SHIPPED: set[str] = set()
+
+
+def _ship_code(sc) -> None:
+    """Ship storelib + jobs to the executors once per Spark application."""
+    app = sc.applicationId
+    if app not in _SHIPPED:
+        sc.addPyFile(_package_zip())
+        _SHIPPED.add(app)
+
+
 def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
               say: Reporter, fs_options: dict[str, Any], partitions: int | None = None,
               name_tz: str = "UTC") -> EngineResult:
@@ -841,7 +852,7 @@ def rebuild(cfg: RebuildConfig, spark=None) -> dict[str, Any]:
                 from jobs.sparkutil import get_spark
 
                 spark = get_spark(cfg.master, app_name="rmqstore-rebuild")
-            spark.sparkContext.addPyFile(_package_zip())
+            _ship_code(spark.sparkContext)
             er = run_spark(spark, store, settings, staging, what, say, cfg.fs_options, cfg.partitions, cfg.name_tz)
         elif cfg.engine == "local":
             er = run_local(store, settings, staging, what, say, cfg.name_tz)

@@ -212,9 +212,9 @@ def test_generated_store_matches_cq_expectations_and_scalar_index_oracle(tmp_pat
 @pytest.mark.spark
 @pytest.mark.parametrize("version", ["4", "5"])
 def test_generated_store_spark_engine_is_identical_to_local(tmp_path, version, with_spark):
-    rich_store(tmp_path / "store", version)
+    rich_store(tmp_path / "store", version, n=700)
     conf = write_conf(tmp_path, mappedFileSizeCommitLog=S, mappedFileSizeConsumeQueue=400, maxHashSlotNum=64,
-                      maxIndexNum=500)
+                      maxIndexNum=6000)
     a = run(tmp_path / "store", tmp_path / "local", conf, broker_version=version)
     b = run(tmp_path / "store", tmp_path / "spark", conf, broker_version=version, engine="spark", partitions=3)
     assert_same_output(tmp_path / "local", tmp_path / "spark")
@@ -228,7 +228,7 @@ def _keys_store(root: Path, n_keyed: int, trailing: int, *, corrupt_phy: bool = 
     for _ in range(trailing):
         cs.append(msg("T", 0, keys=None, tags="x"))
     if corrupt_phy:  # PHYSICALOFFSET fields going backwards (not CRC-covered): the duplicate test fires
-        for p in cs.placed[5:9]:
+        for p in cs.placed[40:44]:
             cs.put_raw((p.phy - 3000).to_bytes(8, "big"), segment=p.segment, offset=p.file_offset + 28)
     cs.write(root)
     return cs
