@@ -37,6 +37,7 @@ def read_defaults(path: Path = SPARK_CONF / "spark-defaults.conf") -> dict[str, 
 def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[str, str] | None = None):
     """A SparkSession with the project's defaults (respects an already active session)."""
     check_java()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # offline jobs: never bind a public interface
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

@@ -8,12 +8,12 @@ cd "$ROOT"
 STORE="${1:-$ROOT/demo-store}"
 OUT="${2:-$ROOT/out}"
 if [ ! -d "$STORE/commitlog" ]; then
-  rmqstore gen "$STORE" --messages 200000 --seed 7
+  rmqstore gen "$STORE" --messages 200000 --seed 7 --segment-size 64MB
 fi
 rmqstore info "$STORE"
 rm -rf "$OUT/rebuild"
 rmqstore rebuild "$STORE" --out "$OUT/rebuild" --engine spark --master 'local[2]'
 rc=0
 rmqstore audit "$STORE" --engine spark --report-dir "$OUT/audit" || rc=$?
-echo "audit exit code: $rc (0 clean, 1 findings, 2 could not run); report: $OUT/audit/report.html"
+echo "audit exit code: $rc (0 clean, 1 findings, 2 could not run); report: $OUT/audit/audit.html"
 exit "$rc"
