@@ -21,22 +21,32 @@ PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 def register(spark: Any, *, pushdown: bool | None = None) -> bool:
     """Register every source on ``spark``; returns whether filter pushdown is active.
 
-    With ``pushdown`` None (default) pushdown is used when the session allows turning
-    ``spark.sql.python.filterPushdown.enabled`` on (this call sets it); ``False`` registers the
-    plain reader, which still applies the ``fromOffset``/``toOffset``/``fromTime``/``toTime``/``topics``
-    options itself. With pushdown on, turning that setting off later makes reads fail (Spark refuses
-    readers that implement pushFilters then), so call ``register(spark, pushdown=False)`` again.
+    ``pushdown`` None (default): use pushdown only when this Spark supports it for Python data sources
+    **and** isolates it per scan; this call turns ``spark.sql.python.filterPushdown.enabled`` on and
+    runs a two-query probe (:func:`datasources.commitlog_source.pushdown_is_isolated`): Spark 4.3
+    leaks a filtered scan's reader into later scans of the same DataFrame, which would silently drop
+    rows. ``True`` forces pushdown (only safe with a fresh DataFrame per filtered query on such a
+    Spark), ``False`` registers the plain reader. Without pushdown the reader still prunes and filters
+    by its options (``fromOffset``/``toOffset``/``fromTime``/``toTime``/``topics``) and Spark applies
+    SQL filters after the scan.
     """
-    from .commitlog_source import RocketMQDataSource, RocketMQPushdownDataSource
+    from .commitlog_source import RocketMQDataSource, RocketMQPushdownDataSource, pushdown_is_isolated
     from .consumequeue_source import ConsumeQueueDataSource
     from .index_source import CheckpointDataSource, IndexDataSource, SegmentsDataSource
 
     if pushdown is not False:
         try:
+            before = spark.conf.get(PUSHDOWN_CONF)
             spark.conf.set(PUSHDOWN_CONF, "true")
-            pushdown = str(spark.conf.get(PUSHDOWN_CONF)).lower() == "true"
+            supported = str(spark.conf.get(PUSHDOWN_CONF)).lower() == "true"
         except Exception:  # an older Spark without the setting, or a locked session
-            pushdown = False
+            before, supported = None, False
+        if pushdown is None:
+            pushdown = supported and pushdown_is_isolated(spark)
+        else:
+            pushdown = supported
+        if not pushdown and before is not None:
+            spark.conf.set(PUSHDOWN_CONF, before)  # leave the session as it was
     messages = RocketMQPushdownDataSource if pushdown else RocketMQDataSource
     for ds in (messages, ConsumeQueueDataSource, IndexDataSource, CheckpointDataSource, SegmentsDataSource):
         spark.dataSource.register(ds)

@@ -30,7 +30,7 @@ from .record import BLANK_MAGIC, BORNHOST_V6_FLAG, MAGIC_V1, MAGIC_V2
 from .scanner import MIN_RECORD_SIZE
 
 DEFAULT_MAX_SPLIT_BYTES = 64 * 1024 * 1024
-MIN_SPLIT_BYTES = 1024 * 1024
+MIN_SPLIT_BYTES = 64 * 1024  # floor when min_splits lowers the step
 SEARCH_WINDOW = 1024 * 1024
 # how far past a nominal cut a record start is looked for: a record is at most maxMessageSize (4 MiB by
 # default) plus its header, so data without a start in this range is zeros or garbage (no cut there)
