@@ -412,13 +412,14 @@ def magic_candidates(pbuf: pa.Buffer, a: np.ndarray, lo: int, hi: int, end: int)
     return q[(m4 == 0xA7) | (m4 == 0xAB)] - 4
 
 
-def chain_starts(a: np.ndarray, p: np.ndarray, rel: int, rel_end: int, max_steps: int) -> tuple[np.ndarray, int, bool]:
+def chain_starts(a: np.ndarray, p: np.ndarray, rel: int, rel_end: int, slack: int = 64) -> tuple[np.ndarray, int, bool]:
     """Follow the size chain from ``rel`` over candidate starts ``p``: (record starts, next position, ok).
 
     A record is a candidate with ``MIN_RECORD_SIZE <= TOTALSIZE`` that fits before ``rel_end`` (the
     scalar walk's test); its successor must be the candidate at ``start + TOTALSIZE``. Runs of
     consecutive candidates that link up are taken whole; only false candidates (magic bytes inside a
-    body) cost a Python step. ``ok`` is False when more than ``max_steps`` were needed.
+    body) cost a Python step. ``ok`` is False (and the walk stops early) once the steps exceed
+    ``slack`` plus one per 8 records: the scalar walk is cheaper on such data.
     """
     if not len(p) or p[0] != rel:
         return np.zeros(0, np.int64), rel, True
@@ -430,17 +431,18 @@ def chain_starts(a: np.ndarray, p: np.ndarray, rel: int, rel_end: int, max_steps
     step[-1] = False
     brk = np.flatnonzero(~step)
     parts = []
-    i, pos, steps = 0, rel, 0
+    i, pos, steps, found = 0, rel, 0, 0
     while True:
         j = int(brk[np.searchsorted(brk, i)])
         if valid[j]:
             parts.append(p[i : j + 1])
+            found += j + 1 - i
             pos = int(nxt[j])
             k = int(np.searchsorted(p, pos))
             if k < len(p) and p[k] == pos:
                 i = k
                 steps += 1
-                if steps > max_steps:
+                if steps > slack + found // 8:
                     break
                 continue
         else:
@@ -448,8 +450,10 @@ def chain_starts(a: np.ndarray, p: np.ndarray, rel: int, rel_end: int, max_steps
                 parts.append(p[i:j])
             pos = int(p[j])
         break
+    if not parts:
+        return np.zeros(0, np.int64), pos, True
     starts = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    return starts, pos, steps <= max_steps
+    return starts, pos, steps <= slack + found // 8
 
 
 def take_ranges(buf: pa.Buffer, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
@@ -686,6 +690,27 @@ def fast_msg_ids(a: np.ndarray, p_sh: np.ndarray, v6: np.ndarray, phy_pos: np.nd
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(txt)])
 
 
+_PROP_COLUMNS = frozenset({"tags", "keys", "uniq_key", "tags_code", "properties", "properties_raw", "prop_crc_ok"})
+CRC32_NAME = "__CRC32#"
+
+
+class _ViewCache:
+    """numpy and Arrow views of the current source view (made once per view, not per batch)."""
+
+    def __init__(self) -> None:
+        self._view = None
+        self._a: np.ndarray | None = None
+        self._buf: pa.Buffer | None = None
+
+    def get(self, view) -> tuple[np.ndarray, pa.Buffer]:
+        if view is not self._view:
+            self._view = view
+            self._a = np.frombuffer(view, dtype=np.uint8)
+            self._buf = pa.py_buffer(view)
+        assert self._a is not None and self._buf is not None
+        return self._a, self._buf
+
+
 class SegmentScan:
     """Decode the records of one segment, or of ``[start, end)`` of it, into Arrow batches.
 
@@ -729,6 +754,9 @@ class SegmentScan:
         if columns is not None:
             self.schema = pa.schema([self.schema.field(c) for c in columns])
         self.end: SegmentEnd | None = None
+        self._need = frozenset(self.schema.names)
+        self._vectorised = True  # candidate-based walk; off after a window full of false candidates
+        self._avg = 512.0  # running average record size (sizes the walk's search chunks)
 
     # -- the walk ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[pa.RecordBatch]:
@@ -742,14 +770,16 @@ class SegmentScan:
             self.source.read_ahead(self.window)
         view_base = 0
         view = self.source.view() if local else memoryview(b"")
+        views = _ViewCache()
         while True:
             if not local and (pos - view_base + 8 > len(view) or pos + 8 > view_base + len(view)):
                 view_base = pos
                 view = self.source.read(pos, self.window)
-            stop_kind, stop_detail, starts, pos, need = self._walk(view, view_base, pos)
-            if starts:
-                st = np.asarray(starts, dtype=np.int64) - view_base
-                batch, bad, crc_bad = self._decode(view, view_base, st)
+            a, pbuf = views.get(view)
+            stop_kind, stop_detail, starts, pos, need = self._walk(view, view_base, pos, a, pbuf)
+            if len(starts):
+                st = starts - view_base
+                batch, bad, crc_bad = self._decode(view, view_base, st, a, pbuf)
                 if crc_bad is not None and len(crc_bad):
                     crc_errors += len(crc_bad)
                     if first_crc is None:
@@ -780,21 +810,45 @@ class SegmentScan:
                                       records, crc_errors, first_crc)
             return
 
-    def _walk(self, view: memoryview, view_base: int, pos: int):
+    def _walk(self, view: memoryview, view_base: int, pos: int, a: np.ndarray | None = None,
+              pbuf: pa.Buffer | None = None):
         """Follow the size chain from ``pos``; returns (stop kind, detail, starts, new pos, bytes needed).
 
-        The hot loop only reads TOTALSIZE and MAGIC and checks that the record fits; everything
-        else is validated column-wise afterwards. ``starts`` are absolute file offsets.
+        First vectorised (:func:`magic_candidates` + :func:`chain_starts`, chunk by chunk), then the
+        scalar loop, which only reads TOTALSIZE and MAGIC and checks that the record fits: it finishes
+        whatever the vectorised pass left (nothing, normally) and is the whole walk when that pass is
+        off. Everything else is validated column-wise afterwards. ``starts`` are absolute file offsets.
         """
-        unpack = _PAIR.unpack_from
         seg_len, stop, rows = self.seg_len, self.stop, self.batch_rows
         vend = view_base + len(view)
         rel = pos - view_base
         rel_stop = min(stop, vend) - view_base
         rel_end = min(vend, seg_len) - view_base
-        starts: list[int] = []
-        append = starts.append
+        parts: list[np.ndarray] = []
         cnt = 0
+        if self._vectorised and a is not None and pbuf is not None:
+            while cnt < rows and rel < rel_stop and rel + 8 <= rel_end:
+                want = rows - cnt
+                chunk = int(min(max(want * self._avg * 1.1 + 4096, 1 << 20), 64 << 20))
+                hi = min(rel_stop, rel + chunk)
+                cand = magic_candidates(pbuf, a, rel, hi, rel_end)
+                got, new_rel, ok = chain_starts(a, cand, rel, rel_end)
+                if len(got) > want:
+                    new_rel = int(got[want])
+                    got = got[:want]
+                if len(got):
+                    parts.append(got)
+                    cnt += len(got)
+                    self._avg = 0.5 * self._avg + 0.5 * (new_rel - rel) / len(got)
+                    rel = new_rel
+                if not ok:  # bodies full of magic bytes: the scalar loop is cheaper here
+                    self._vectorised = False
+                    break
+                if not len(got) or rel < hi:
+                    break
+        unpack = _PAIR.unpack_from
+        tail: list[int] = []
+        append = tail.append
         v1, v2, mn = MAGIC_V1, MAGIC_V2, MIN_RECORD_SIZE
         while rel < rel_stop and cnt < rows and rel + 8 <= rel_end:
             total, magic = unpack(view, rel)
@@ -804,10 +858,13 @@ class SegmentScan:
                 cnt += 1
             else:
                 break
-        pos = rel + view_base
+        if tail:
+            parts.append(np.asarray(tail, dtype=np.int64))
+        starts = (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts else np.zeros(0, np.int64)
         if view_base:
-            starts = [x + view_base for x in starts]
-        # why did the fast loop stop?
+            starts = starts + view_base
+        pos = rel + view_base
+        # why did the walk stop?
         if pos >= stop:
             return ("split_end" if stop < seg_len else "segment_end"), None, starts, pos, 0
         if cnt >= rows:
@@ -816,12 +873,12 @@ class SegmentScan:
         if left <= 4:
             return "invalid", ("truncated", f"{left} bytes left in the segment, no room for a record", None), starts, pos, 0
         if pos + 8 > vend:
-            return None, None, starts, pos, (0 if starts else 8)
+            return None, None, starts, pos, (0 if len(starts) else 8)
         total, magic = unpack(view, pos - view_base)
         if magic == MAGIC_V1 or magic == MAGIC_V2:
             if total < MIN_RECORD_SIZE or total > left:
                 return "invalid", ("bad_size", f"TOTALSIZE {total} (record must be {MIN_RECORD_SIZE}..{left} bytes here)", None), starts, pos, 0
-            return None, None, starts, pos, (0 if starts else total)  # does not fit the window
+            return None, None, starts, pos, (0 if len(starts) else total)  # does not fit the window
         if magic == BLANK_MAGIC:
             return "blank", f"blank record, TOTALSIZE {total}", starts, pos, 0
         if total == 0 and magic == 0:
@@ -829,33 +886,47 @@ class SegmentScan:
         return "invalid", ("bad_magic", f"magic 0x{magic & 0xFFFFFFFF:08X}, TOTALSIZE {total}", None), starts, pos, 0
 
     # -- the columnar decode ---------------------------------------------------------------------------
-    def _decode(self, view: memoryview, view_base: int, st: np.ndarray):
-        """Decode records at view offsets ``st`` into one batch; returns (batch, first bad, crc bad rows)."""
-        a = np.frombuffer(view, dtype=np.uint8)
+    def _decode(self, view: memoryview, view_base: int, st: np.ndarray, a: np.ndarray | None = None,
+                pbuf: pa.Buffer | None = None):
+        """Decode records at view offsets ``st`` into one batch; returns (batch, first bad, crc bad rows).
+
+        Only the requested columns are built; what decides validity (structure, CRC, the DELAY of
+        SCHEDULE_TOPIC_XXXX records) is always computed.
+        """
+        if a is None or pbuf is None:
+            a, pbuf = _ViewCache().get(view)
+        need = self._need
         n = len(st)
         hdr = rows_at(a, st, 48).view(_HDR_DT).ravel()
         total = hdr["total"].astype(np.int64)
         magic = hdr["magic"]
-        version = np.where(magic == MAGIC_V2, 2, 1).astype(np.int64)
+        v2 = magic == MAGIC_V2
         sysflag = hdr["sysflag"].astype(np.int64)
+        hv6 = sysflag & (BORNHOST_V6_FLAG | STOREHOST_V6_FLAG)
+        all_v4 = not hv6.any()
         bh = np.where(sysflag & BORNHOST_V6_FLAG, 20, 8)
         sh = np.where(sysflag & STOREHOST_V6_FLAG, 20, 8)
         rec_end = st + total
         p_bh = st + 48
-        p_sts = p_bh + bh
-        p_sh = p_sts + 8
-        p_rc = p_sh + sh
-        p_bl = p_rc + 12
+        p_sh = p_bh + bh + 8
+        p_bl = p_sh + sh + 12
         # every fixed field fits: min record size was checked in the walk, and hosts widen only by 24
         fixed_ok = p_bl + 4 <= rec_end
-        store_ts, reconsume, prep, body_len = _tail_fields(a, st, bh, sh, fixed_ok)
+        if all_v4:
+            rec = rows_at(a, st + 48, 40).view(_TAIL_DT[(8, 8)]).ravel()
+            store_ts, reconsume, prep, body_len = (rec[f].astype(np.int64) for f in ("sts", "rc", "prep", "bl"))
+        else:
+            store_ts, reconsume, prep, body_len = _tail_fields(a, st, bh, sh, fixed_ok)
         p_body = p_bl + 4
         blen = np.maximum(body_len, 0)
         p_tl = p_body + blen
-        tl = version  # 1 or 2 bytes of topic length
+        tl = np.where(v2, 2, 1)
         ok = fixed_ok & (p_tl + tl <= rec_end)
         p_tl_s = np.where(ok, p_tl, st)
-        topic_len = np.where(tl == 2, gather_be(a, p_tl_s, 2, ">i2"), gather_be(a, p_tl_s, 1, ">i1"))
+        if v2.any():
+            topic_len = np.where(v2, gather_be(a, p_tl_s, 2, ">i2"), gather_be(a, p_tl_s, 1, ">i1"))
+        else:
+            topic_len = a[p_tl_s].view(np.int8).astype(np.int64)
         p_topic = p_tl + tl
         ok &= (topic_len >= 0) & (p_topic + topic_len + 2 <= rec_end)
         p_pl = np.where(ok, p_topic + topic_len, st)
@@ -885,47 +956,31 @@ class SegmentScan:
                 b = self.base + view_base + int(st[k])
                 bad = (k, "crc_mismatch", f"body CRC mismatch at physical offset {b}", None)
                 crc_bad = crc_bad[:0]
-            crc_ok = np.concatenate([crc_ok_arr, np.ones(n - len(crc_ok_arr), bool)])
+            crc_ok = crc_ok_arr[:k]
         sl = slice(0, k)
         stk = st[:k]
-        cols: dict[str, pa.Array] = {}
-        cols["phy_offset"] = pa.array(self.base + view_base + stk)
-        cols["size"] = pa.array(total[sl].astype(np.int32))
-        cols["magic_version"] = pa.array(version[sl].astype(np.int8))
-        cols["body_crc"] = pa.array(hdr["crc"][sl].astype(np.int32))
-        cols["crc_ok"] = pa.array(crc_ok[sl]) if crc_ok is not None else pa.nulls(k, pa.bool_())
-        cols["queue_id"] = pa.array(hdr["qid"][sl].astype(np.int32))
-        cols["flag"] = pa.array(hdr["flag"][sl].astype(np.int32))
-        cols["queue_offset"] = pa.array(hdr["qoff"][sl].astype(np.int64))
-        phy_field = hdr["phy"][sl].astype(np.int64)
-        cols["physical_offset_field"] = pa.array(phy_field)
-        cols["sys_flag"] = pa.array(sysflag[sl].astype(np.int32))
-        cols["tran_type"] = pa.array(((sysflag[sl] & 0xC) >> 2).astype(np.int8))
-        cols["born_timestamp"] = pa.array(hdr["born"][sl].astype(np.int64))
-        cols["born_host"] = host_strings(a, p_bh[sl], bh[sl] == 20)
-        cols["store_timestamp"] = pa.array(store_ts[sl])
-        cols["store_host"] = host_strings(a, p_sh[sl], sh[sl] == 20)
-        cols["reconsume_times"] = pa.array(reconsume[sl].astype(np.int32))
-        cols["prepared_transaction_offset"] = pa.array(prep[sl])
-        cols["body_len"] = pa.array(body_len[sl].astype(np.int32))
-        topic = gather_strings(a, p_topic[sl], topic_len[sl])
-        cols["topic"] = topic
-        raw = gather_strings(a, p_props[sl], plen[sl])
-        props = PropertyColumns(raw)
-        tags = props.value("TAGS")
-        cols["tags"] = tags
-        cols["keys"] = props.value("KEYS")
-        cols["uniq_key"] = props.value("UNIQ_KEY")
-        cols["msg_id"] = msg_id_strings(a, p_sh[sl], sh[sl] == 20, stk + 28)
-        delay = np.full(k, -(2**62), dtype=np.int64)
-        is_sched = np.asarray(pc.equal(topic, SCHEDULE_TOPIC).fill_null(False)) if k else np.zeros(0, bool)
+        # SCHEDULE_TOPIC_XXXX rows: their DELAY decides validity, so they are found whatever is asked
+        sched_cand = np.flatnonzero(topic_len[sl] == len(_SCHED_B))
+        is_sched = np.zeros(k, bool)
+        if len(sched_cand):
+            eq = (rows_at(a, p_topic[sched_cand], len(_SCHED_B)) == _SCHED_B).all(axis=1)
+            is_sched[sched_cand[eq]] = True
+        any_sched = bool(is_sched.any())
+        props: FastProperties | PropertyColumns | None = None
+        raw = None
+        if any_sched or need & _PROP_COLUMNS:
+            raw_b = take_ranges(pbuf, p_props[sl], plen[sl])
+            raw, clean = as_utf8(raw_b)
+            props = FastProperties(raw_b) if clean else PropertyColumns(raw)
+        delay = None
         delay_col = pa.nulls(k, pa.int32())
-        if is_sched.any():
-            dv = props.value("DELAY").to_pylist()
+        if any_sched:
+            assert props is not None
+            delay = np.full(k, -(2**62), dtype=np.int64)
             rows = np.flatnonzero(is_sched)
+            dv = props.value("DELAY").take(pa.array(rows)).to_pylist()
             bad_delay = None
-            for r in rows.tolist():
-                text = dv[r]
+            for r, text in zip(rows.tolist(), dv):
                 if text is None:
                     continue
                 if not _JAVA_INT.fullmatch(text) or not (-(2**31) <= int(text) < 2**31):
@@ -933,27 +988,102 @@ class SegmentScan:
                     break
                 delay[r] = int(text)
             if bad_delay is not None:  # the broker fails the whole record (NumberFormatException → -1)
-                why = (bad_delay, "parse_error", f"DELAY {dv[bad_delay]!r} is not a Java int", None)
+                why = (bad_delay, "parse_error", f"DELAY {dv[list(rows).index(bad_delay)]!r} is not a Java int", None)
                 if bad_delay == 0:
                     return pa.RecordBatch.from_pylist([], schema=self.schema), why, crc_bad
-                batch, _, crc_bad2 = self._decode(view, view_base, st[:bad_delay])
+                batch, _, crc_bad2 = self._decode(view, view_base, st[:bad_delay], a, pbuf)
                 return batch, why, crc_bad2
             dmask = delay > -(2**62)
             delay_col = pa.array(np.where(dmask, delay, 0).astype(np.int32), mask=~dmask)
-        cols["tags_code"] = pa.array(tags_codes(tags, topic, store_ts[sl], delay, self.delay_levels_ms))
-        if self.with_properties:
+
+        cols: dict[str, pa.Array] = {}
+        if "phy_offset" in need:
+            cols["phy_offset"] = pa.array(self.base + view_base + stk)
+        if "size" in need:
+            cols["size"] = pa.array(total[sl].astype(np.int32))
+        if "magic_version" in need:
+            cols["magic_version"] = pa.array(np.where(v2[sl], 2, 1).astype(np.int8))
+        if "body_crc" in need:
+            cols["body_crc"] = pa.array(hdr["crc"][sl].astype(np.int32))
+        if "crc_ok" in need:
+            cols["crc_ok"] = pa.array(crc_ok) if crc_ok is not None else pa.nulls(k, pa.bool_())
+        if "queue_id" in need:
+            cols["queue_id"] = pa.array(hdr["qid"][sl].astype(np.int32))
+        if "flag" in need:
+            cols["flag"] = pa.array(hdr["flag"][sl].astype(np.int32))
+        if "queue_offset" in need:
+            cols["queue_offset"] = pa.array(hdr["qoff"][sl].astype(np.int64))
+        if "physical_offset_field" in need:
+            cols["physical_offset_field"] = pa.array(hdr["phy"][sl].astype(np.int64))
+        if "sys_flag" in need:
+            cols["sys_flag"] = pa.array(sysflag[sl].astype(np.int32))
+        if "tran_type" in need:
+            cols["tran_type"] = pa.array(((sysflag[sl] & 0xC) >> 2).astype(np.int8))
+        if "born_timestamp" in need:
+            cols["born_timestamp"] = pa.array(hdr["born"][sl].astype(np.int64))
+        if "born_host" in need:
+            cols["born_host"] = fast_host_strings(a, p_bh[sl], bh[sl] == 20)
+        if "store_timestamp" in need:
+            cols["store_timestamp"] = pa.array(store_ts[sl])
+        if "store_host" in need:
+            cols["store_host"] = fast_host_strings(a, p_sh[sl], sh[sl] == 20)
+        if "reconsume_times" in need:
+            cols["reconsume_times"] = pa.array(reconsume[sl].astype(np.int32))
+        if "prepared_transaction_offset" in need:
+            cols["prepared_transaction_offset"] = pa.array(prep[sl])
+        if "body_len" in need:
+            cols["body_len"] = pa.array(body_len[sl].astype(np.int32))
+        if "topic" in need:
+            cols["topic"] = as_utf8(take_ranges(pbuf, p_topic[sl], topic_len[sl]))[0]
+        tags = None
+        if props is not None and ("tags" in need or "tags_code" in need):
+            tags = props.value("TAGS")
+            cols["tags"] = tags
+        if "keys" in need:
+            cols["keys"] = props.value("KEYS")
+        if "uniq_key" in need:
+            cols["uniq_key"] = props.value("UNIQ_KEY")
+        if "msg_id" in need:
+            cols["msg_id"] = fast_msg_ids(a, p_sh[sl], sh[sl] == 20, stk + 28)
+        if "tags_code" in need:
+            cols["tags_code"] = pa.array(tags_codes(tags, None, store_ts[sl], delay, self.delay_levels_ms))
+        if "properties" in need:
             cols["properties"] = props.as_map()
-        cols["properties_raw"] = raw
-        cols["prop_crc_ok"] = self._prop_crc(view, stk, total[sl], props.value("__CRC32#"))
-        cols["delay_level"] = delay_col
-        if self.with_body:
-            cols["body"] = gather_strings(a, p_body[sl], blen[sl], binary=True)
+        if "properties_raw" in need:
+            cols["properties_raw"] = raw
+        if "prop_crc_ok" in need:
+            cols["prop_crc_ok"] = self._prop_crc(view, stk, total[sl], props)
+        if "delay_level" in need:
+            cols["delay_level"] = delay_col
+        if "body" in need:
+            cols["body"] = take_ranges(pbuf, p_body[sl], blen[sl])
         batch = pa.RecordBatch.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
         return batch, bad, crc_bad
 
-    def _prop_crc(self, view: memoryview, st: np.ndarray, total: np.ndarray, values: pa.Array) -> pa.Array:
+    def _prop_crc(self, view: memoryview, st: np.ndarray, total: np.ndarray, props) -> pa.Array:
         """5.x ``__CRC32#`` check: stored digits (least significant first) vs CRC of the record minus 20."""
         k = len(st)
+        if isinstance(props, FastProperties):
+            idx = props.last_pair(CRC32_NAME)
+            present = idx >= 0
+            if not present.any():
+                return pa.nulls(k, pa.bool_())
+            rows = np.flatnonzero(present)
+            vs, vl = props.value_ranges(idx[rows])
+            out = np.zeros(k, dtype=bool)
+            ten = np.flatnonzero(vl == 10)
+            if len(ten):
+                dig = rows_at(props.d, vs[ten], 10).astype(np.int64) - 48
+                digit_ok = ((dig >= 0) & (dig <= 9)).all(axis=1)
+                stored = (dig * (10 ** np.arange(10, dtype=np.int64))).sum(axis=1)
+                r = rows[ten[digit_ok]]
+                stored = stored[digit_ok]
+                s0 = st[r].tolist()
+                s1 = (st[r] + total[r] - 20).tolist()
+                crcs = np.array([crc32(view[x:y]) for x, y in zip(s0, s1)], dtype=np.int64) & MASK
+                out[r] = (stored == 0) | (stored == crcs)
+            return pa.array(out, mask=~present)
+        values = props.value(CRC32_NAME)
         present = np.asarray(values.is_valid()) if k else np.zeros(0, bool)
         if not present.any():
             return pa.nulls(k, pa.bool_())
