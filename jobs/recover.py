@@ -1037,7 +1037,7 @@ class ApplyResult:
 
 
 def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, force: bool = False,
-          progress: Callable[[str], None] | None = None) -> ApplyResult:
+          progress: Callable[[str], None] | None = None, complete_index: bool = True) -> ApplyResult:
     """Carry out the recovery plan on a local, stopped store, with backups (crash-safe, resumable).
 
     Order: the plan and every new file are written to ``backup_dir`` first (``plan.json``,
@@ -1074,7 +1074,7 @@ def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, f
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(bdir, name))
                 shutil.rmtree(os.path.join(bdir, "files"), ignore_errors=True)
-            sim = simulate(store, version)
+            sim = simulate(store, version, complete_index=complete_index)
             if not sim.walk.supported and not force:
                 raise StoreError(store.uri, None, "unsupported",
                                  "the broker's recovery cannot be reproduced exactly here (see the plan's findings); "

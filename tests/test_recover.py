@@ -240,6 +240,9 @@ def test_index_files_newer_than_the_checkpoint_are_deleted_on_an_abnormal_start(
     plan = rc.simulate(_reopen(store)).plan
     assert plan["index"]["deleted"] == [n for n, e in zip(names, ends) if e > idx_ts]
     assert [f["action"] for f in plan["index"]["files"]] == ["delete" if e > idx_ts else "keep" for e in ends]
+    exact = rc.simulate(_reopen(store), complete_index=False).plan
+    assert plan["index"]["complete_index"] is True and exact["index"]["complete_index"] is False
+    assert exact["index"]["entries_added"] <= plan["index"]["entries_added"]
 
 
 def test_empty_preallocated_last_segment_is_deleted_and_counts_in_the_window(tmp_path):

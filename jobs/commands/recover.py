@@ -47,6 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backup", metavar="DIR", help="backup + journal directory for --apply (outside the store)")
     p.add_argument("--plan-file", metavar="F", default="recover-plan.json",
                    help="where --plan writes the JSON plan (default: ./recover-plan.json; '-' for none)")
+    p.add_argument("--broker-exact-index", action="store_true",
+                   help="after an abnormal exit, re-index only what the broker would (it loses keys of deleted index "
+                        "files before the recovery start); default: re-add them too, so the index stays complete")
     p.add_argument("--force", action="store_true", help="apply even when the plan is marked unsupported")
     p.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     p.set_defaults(func=run)
@@ -80,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
             if sys.stderr.isatty():
                 sys.stderr.write(f"\r{msg[:78]}".ljust(79))
 
-        res = rc.apply(store, args.backup, version=args.broker_version, force=args.force, progress=progress)
+        res = rc.apply(store, args.backup, version=args.broker_version, force=args.force, progress=progress,
+                       complete_index=not args.broker_exact_index)
         if args.json:
             print_json({"steps": res.steps, "done_before": res.done_before, "resumed": res.resumed,
                         "already_complete": res.already_complete, "plan": res.plan})
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                       + (f" (resumed after {res.done_before})" if res.resumed else "")
                       + f"; backup and manifest in {args.backup} (undo: rmqstore recover --restore {args.backup})")
         return 0
-    sim = rc.simulate(store, args.broker_version)
+    sim = rc.simulate(store, args.broker_version, complete_index=not args.broker_exact_index)
     if args.salvage:
         rep = rc.salvage(sim, args.salvage)
         if args.json:
