@@ -544,6 +544,21 @@ def _package_zip() -> str:
 _SHIPPED: set[str] = set()
 
 
+def _session(master: str | None):
+    """Under spark-submit: the session it configured (--master, --properties-file, --conf win);
+    otherwise one from spark-conf/spark-defaults.conf (jobs.sparkutil)."""
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        from pyspark.sql import SparkSession
+
+        b = SparkSession.builder.appName("rmqstore-rebuild")
+        if master:
+            b = b.master(master)
+        return b.getOrCreate()
+    from jobs.sparkutil import get_spark
+
+    return get_spark(master, app_name="rmqstore-rebuild")
+
+
 def _ship_code(sc) -> None:
     """Ship storelib + jobs to the executors once per Spark application."""
     app = sc.applicationId
@@ -847,11 +862,8 @@ def rebuild(cfg: RebuildConfig, spark=None) -> dict[str, Any]:
         if cfg.incremental:
             er, changed = run_incremental(store, settings, staging, what, say, cfg.name_tz)
         elif cfg.engine == "spark":
-            own = spark is None
-            if own:
-                from jobs.sparkutil import get_spark
-
-                spark = get_spark(cfg.master, app_name="rmqstore-rebuild")
+            if spark is None:
+                spark = _session(cfg.master)
             _ship_code(spark.sparkContext)
             er = run_spark(spark, store, settings, staging, what, say, cfg.fs_options, cfg.partitions, cfg.name_tz)
         elif cfg.engine == "local":
