@@ -43,6 +43,9 @@ RECORD_SCHEMA = pa.schema([
     ("topic", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("tran_type", pa.int8()),
     ("sys_flag", pa.int32()), ("tags_code", pa.int64()), ("store_timestamp", pa.int64()), ("crc_ok", pa.bool_()),
 ])
+# what the segment checks read from a scan (nothing else is decoded)
+SCAN_COLUMNS = ["phy_offset", "size", "magic_version", "crc_ok", "queue_id", "queue_offset", "physical_offset_field",
+                "sys_flag", "tran_type", "store_timestamp", "topic", "keys", "uniq_key", "tags_code", "prop_crc_ok"]
 KEY_SCHEMA = pa.schema([("pos", pa.int64()), ("phy", pa.int64()), ("key_hash", pa.int32())])
 
 
@@ -62,6 +65,7 @@ class SegmentTask:
     segment_size: int
     local: bool = True
     start: int = 0  # incremental: resume at this file offset (records before it were audited)
+    end: int | None = None  # a split: only records starting before this file offset (None: to the end)
 
 
 @dataclass
@@ -159,17 +163,63 @@ def _whole(src) -> memoryview:
     return src.read(0, src.size)
 
 
-def audit_segment(task: SegmentTask, opts: AuditOptions) -> SegmentResult:
-    """Audit one commitlog segment from ``task.start``; never raises for content problems."""
+@dataclass
+class PartResult:
+    """What one split task returns: the raw outcome of its records, merged per segment by
+    :func:`finish_segment` (which does what needs the whole segment: CRC/region classification, caps).
+
+    ``exit_pos`` is where the scan left the split (the next record start at or after ``end``, or the
+    resync target); the parts of a segment chain like one scan exactly when each part's ``exit_pos`` is
+    the next part's start. ``None``: the scan stopped for good (blank end record, end of data, nothing
+    valid after a bad record).
+    """
+
+    name: str
+    start: int
+    end: int | None
+    end_kind: str = "end_of_data"
+    data_end: int = 0
+    exit_pos: int | None = None
+    unreadable: str | None = None
+    items: list[Finding] = field(default_factory=list)  # scan-time findings, first MAX_PER_KIND per kind
+    counts: dict[tuple[str, str | None], int] = field(default_factory=dict)
+    bad_rows: list[tuple[int, int, bool]] = field(default_factory=list)
+    regions: list[LostRegion] = field(default_factory=list)
+    records_ipc: bytes = b""
+    keys_ipc: bytes = b""
+    seconds: float = 0.0
+
+
+def _zero_tail(view: memoryview, start: int, chunk: int = 64 << 20) -> bool:
+    """Are all bytes from ``start`` to the end zero? (the unwritten tail of the last segment: checked at
+    memory speed before the byte-wise resync search, which would find nothing there anyway)."""
+    n = len(view)
+    a = np.frombuffer(view, dtype=np.uint8)
+    lo = start
+    head = min(n, (lo + 7) // 8 * 8)
+    if a[lo:head].any():
+        return False
+    lo = head
+    while lo + 8 <= n:
+        hi = min(n - (n - lo) % 8, lo + chunk)
+        if a[lo:hi].view(np.uint64).any():
+            return False
+        lo = hi
+    return not a[lo:n].any()
+
+
+def audit_part(task: SegmentTask, opts: AuditOptions) -> PartResult:
+    """Audit the records of ``task`` that start in ``[task.start, task.end)`` (the whole rest of the
+    segment when ``end`` is None); never raises for content problems."""
     t0 = time.monotonic()
     display = "commitlog/" + task.name
-    res = SegmentResult(task.name, task.base, task.file_size, task.start)
+    res = PartResult(task.name, task.start, task.end)
     found = _Capped()
     try:
         src = _open_task(task, opts)
     except StoreError as e:
         res.end_kind = "unreadable"
-        res.findings = [Finding("segment_unreadable", "critical", display, None, e.detail).to_dict()]
+        res.unreadable = e.detail
         return res
     rec_parts: list[pa.Table] = []
     key_parts: list[pa.Table] = []
@@ -179,14 +229,18 @@ def audit_segment(task: SegmentTask, opts: AuditOptions) -> SegmentResult:
     try:
         pos = task.start
         seg_len = src.size
-        while pos < seg_len:
-            scan = SegmentScan(src, display, task.base, pos, verify_crc=opts.verify_crc, with_properties=False,
-                               delay_levels_ms=opts.delay_levels_ms)
+        stop = seg_len if task.end is None else min(task.end, seg_len)
+        res.exit_pos = pos
+        while pos < stop:
+            scan = SegmentScan(src, display, task.base, pos, None if task.end is None else stop,
+                               verify_crc=opts.verify_crc, with_properties=False,
+                               delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS)
             for batch in scan:
                 _check_batch(batch, task, opts, display, found, bad_rows, rec_parts, key_parts)
             end = scan.end
             assert end is not None
             res.end_kind, res.data_end = end.kind, end.file_offset
+            res.exit_pos = None
             if end.kind == "blank":
                 left = seg_len - end.file_offset
                 total = int.from_bytes(bytes(src.read(end.file_offset, 4)), "big", signed=True)
@@ -196,16 +250,19 @@ def audit_segment(task: SegmentTask, opts: AuditOptions) -> SegmentResult:
                                       " (readers skip it without checking)", {"total_size": total}))
                 break
             if end.kind in ("segment_end", "split_end"):
+                res.exit_pos = end.file_offset
                 break
             view = _whole(src)
             if end.kind == "end_of_data":
+                if _zero_tail(view, end.file_offset):
+                    break  # nothing but zeros up to the segment end: no record, no stale bytes
                 r = find_next_record(view, end.file_offset, base=task.base)
                 if r.kind == "message":  # zeros inside the data: a zeroed/unwritten hole
                     region = LostRegion(display, end.file_offset, r.pos, task.base + end.file_offset,
                                         "zeroed", "zero bytes where a record should start; valid records follow",
                                         "message")
                     regions.append(region)
-                    pos = r.pos
+                    pos = res.exit_pos = r.pos
                     continue
                 if r.data_end > end.file_offset:
                     found.add(Finding("stale_bytes_after_end", "info", display, end.file_offset,
@@ -218,13 +275,55 @@ def audit_segment(task: SegmentTask, opts: AuditOptions) -> SegmentResult:
             region, r = lost_region(view, display, task.base, end.file_offset, reason, end.detail or "")
             regions.append(region)
             if r.kind == "message":
-                pos = r.pos
+                pos = res.exit_pos = r.pos
                 continue
             if r.kind == "blank":
                 res.end_kind, res.data_end = "blank", r.pos
             break
     finally:
         src.close()
+    res.items, res.counts = found.items, dict(found.counts)
+    res.bad_rows, res.regions = bad_rows, regions
+    res.records_ipc = _to_ipc(pa.concat_tables(rec_parts) if rec_parts else RECORD_SCHEMA.empty_table())
+    res.keys_ipc = _to_ipc(pa.concat_tables(key_parts) if key_parts else KEY_SCHEMA.empty_table())
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def parts_chain(parts: list[PartResult]) -> bool:
+    """Do the parts of one segment (in order) chain like one scan? Each part must leave its range
+    exactly at the next part's start; otherwise (corruption across a boundary, a cut the whole-segment
+    scan would not reach) the segment is audited again as one task."""
+    return all(a.exit_pos is not None and a.exit_pos == b.start for a, b in zip(parts, parts[1:]))
+
+
+def audit_segment(task: SegmentTask, opts: AuditOptions) -> SegmentResult:
+    """Audit one commitlog segment from ``task.start``; never raises for content problems."""
+    whole = SegmentTask(task.name, task.base, task.uri, task.file_size, task.segment_size, task.local, task.start)
+    return finish_segment(whole, [audit_part(whole, opts)])
+
+
+def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
+    """One segment's result from its parts (in order, chaining: :func:`parts_chain`): what needs the
+    whole segment — classifying CRC failures and lost regions, the per-kind caps — happens here."""
+    display = "commitlog/" + task.name
+    res = SegmentResult(task.name, task.base, task.file_size, task.start)
+    bad = next((p for p in parts if p.unreadable is not None), None)
+    if bad is not None:
+        res.end_kind = "unreadable"
+        res.findings = [Finding("segment_unreadable", "critical", display, None, bad.unreadable).to_dict()]
+        return res
+    found = _Capped()
+    for p in parts:  # replay the scan-time findings: same caps and order as one scan
+        kept: dict[tuple[str, str | None], int] = defaultdict(int)
+        for f in p.items:
+            found.add(f)
+            kept[(f.kind, f.file)] += 1
+        for key, n in p.counts.items():
+            found.counts[key] += n - kept[key]
+    regions = [rg for p in parts for rg in p.regions]
+    bad_rows = [b for p in parts for b in p.bad_rows]
+    res.end_kind, res.data_end = parts[-1].end_kind, parts[-1].data_end
     # classify CRC failures and lost regions: a failure followed by nothing valid is a torn tail
     tail_dead = res.end_kind in ("end_of_data", "invalid") and not (regions and regions[-1].resumed == "message")
     last_good_end = res.data_end
@@ -257,18 +356,21 @@ def audit_segment(task: SegmentTask, opts: AuditOptions) -> SegmentResult:
                               f"{rg.reason} ({rg.detail}); {rg.bytes_lost} bytes lost, valid data resumes at "
                               f"{rg.end} ({rg.resumed}); the broker stops at the first bad record", _region_extra(rg)))
     res.regions = [r.to_dict() for r in regions]
-    recs = pa.concat_tables(rec_parts) if rec_parts else RECORD_SCHEMA.empty_table()
-    keys = pa.concat_tables(key_parts) if key_parts else KEY_SCHEMA.empty_table()
+    if len(parts) == 1:
+        res.records_ipc, res.keys_ipc = parts[0].records_ipc, parts[0].keys_ipc
+        recs = res.record_table()
+    else:
+        recs = pa.concat_tables([_from_ipc(p.records_ipc, RECORD_SCHEMA) for p in parts])
+        res.records_ipc = _to_ipc(recs)
+        res.keys_ipc = _to_ipc(pa.concat_tables([_from_ipc(p.keys_ipc, KEY_SCHEMA) for p in parts]))
     res.records = recs.num_rows
     if recs.num_rows:
         res.bytes_valid = int(pc.sum(recs.column("size")).as_py())
         ts = recs.column("store_timestamp")
         res.first_ts, res.last_ts = int(pc.min(ts).as_py()), int(pc.max(ts).as_py())
     res.crc_errors = len(bad_rows)
-    res.records_ipc = _to_ipc(recs)
-    res.keys_ipc = _to_ipc(keys)
     res.findings = [f.to_dict() for f in found.done()]
-    res.seconds = time.monotonic() - t0
+    res.seconds = sum(p.seconds for p in parts)
     return res
 
 
