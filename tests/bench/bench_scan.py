@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import re
 import resource
 import shutil
@@ -52,6 +53,18 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _rss_anon_mb() -> float:
+    """Current anonymous RSS (heap: what batches and temporaries use), from /proc (Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
 # ------------------------------------------------------------------------------------------------
 # store
 # ------------------------------------------------------------------------------------------------
@@ -59,7 +72,7 @@ def peak_rss_mb() -> float:
 
 def _templates(n: int, record_size: int, rng: np.random.Generator) -> tuple[list[bytes], np.ndarray, np.ndarray]:
     """``n`` distinct ~``record_size`` B records; returns (records, group code, UNIQ_KEY value pos)."""
-    topics = [f"TopicTest{i:02d}" for i in range(16)] + ["order-events", "payment.events.v2", "%RETRY%cg_a"]
+    topics = [f"TopicTest{i:02d}" for i in range(16)] + ["order-events", "payment_events_v2", "%RETRY%cg_a"]
     tags_pool = ["TagA", "TagB", "TagC", "order", "pay", "*", "refund||audit"]
     out, group, upos = [], [], []
     for i in range(n):
@@ -151,14 +164,14 @@ def build_store(root: Path, size: int, segment_size: int, record_size: int = 500
 # ------------------------------------------------------------------------------------------------
 
 
-def floor_walk(cl_dir: Path) -> tuple[int, int, float]:
-    """(a) size-chain walk + one CRC call per body, two unpacks per record. Returns (msgs, bytes, s)."""
+def floor_walk(cl_dir: Path) -> tuple[int, int, float, float]:
+    """(a) size-chain walk + one CRC call per body, two unpacks per record: (msgs, bytes, wall s, cpu s)."""
     import mmap
 
     pair = struct.Struct(">ii").unpack_from
     i32 = struct.Struct(">i").unpack_from
     msgs = nbytes = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for p in sorted(cl_dir.iterdir()):
         with open(p, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             mv = memoryview(mm)
@@ -177,54 +190,48 @@ def floor_walk(cl_dir: Path) -> tuple[int, int, float]:
             nbytes += pos
             assert bad == 0
             mv.release()
-    return msgs, nbytes, time.perf_counter() - t0
+    return msgs, nbytes, time.perf_counter() - t0, time.process_time() - c0
 
 
-def full_scan(root: Path, **kw) -> tuple[int, float]:
-    """(b) every record of the store through storelib's scanner with CRC check. Returns (msgs, s)."""
+def full_scan(root: Path, **kw) -> tuple[int, float, float]:
+    """(b) every record of the store through storelib's scanner with CRC check: (msgs, wall s, cpu s)."""
     cl = CommitLog(str(root / "commitlog"))
     msgs = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ends: list = []
     for batch in cl.scan(verify_crc=True, ends=ends, **kw):
         msgs += batch.num_rows
-    dt = time.perf_counter() - t0
+    dt, ct = time.perf_counter() - t0, time.process_time() - c0
     assert all(e.kind in ("blank", "segment_end") and e.crc_errors == 0 for e in ends), ends
-    return msgs, dt
+    return msgs, dt, ct
 
 
 def rebuild(root: Path) -> tuple[int, float, str, dict]:
     """(c) single-process ConsumeQueue + IndexFile rebuild from the store (images in memory)."""
     try:
-        from storelib import dispatch  # noqa: F401
+        from storelib import dispatch
         have_dispatch = hasattr(dispatch, "dispatch_store")
     except ImportError:
         have_dispatch = False
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if have_dispatch:
         msgs, extra = _rebuild_dispatch(root)
-        how = "storelib.dispatch.dispatch_store"
+        how = "storelib.dispatch.dispatch_store, files written to a temp dir"
     else:
         msgs, extra = _rebuild_direct(root)
-        how = "scan → build_consume_queues + index_keys/build_index_files"
+        how = "scan → build_consume_queues + index_keys/build_index_files, in memory"
+    extra["cpu_s"] = round(time.process_time() - c0, 2)
     return msgs, time.perf_counter() - t0, how, extra
 
 
 def _rebuild_dispatch(root: Path) -> tuple[int, dict]:
-    import inspect
+    from storelib.dispatch import dispatch_store
 
-    from storelib import dispatch
-
-    out = Path(tempfile.mkdtemp(prefix="bench-dispatch-", dir=root))
+    out = Path(tempfile.mkdtemp(prefix="bench-dispatch-"))
     try:
-        fn = dispatch.dispatch_store
-        params = inspect.signature(fn).parameters
-        kw = {}
-        if "out" in params:
-            kw["out"] = str(out)
-        res = fn(str(root), **kw)
-        msgs = getattr(res, "messages", None) or getattr(res, "records", None) or 0
-        return int(msgs), {"result": type(res).__name__}
+        res = dispatch_store(str(root), out_root=str(out))
+        return int(res.records), {"cq_records": res.cq_records, "index_keys": res.index_keys,
+                                  "cq_files": len(res.cq_files), "index_files": len(res.index_files)}
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -261,11 +268,11 @@ def _rebuild_direct(root: Path) -> tuple[int, dict]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _line(name: str, msgs: int, nbytes: int, dt: float, floor: float | None = None) -> str:
-    s = (f"{name:<44} {dt:7.2f} s  {nbytes / dt / 1e6:8.0f} MB/s  {msgs / dt / 1e6:6.2f} M msg/s"
-         f"  {dt / msgs * 1e6:6.3f} µs/msg")
+def _line(name: str, msgs: int, nbytes: int, dt: float, cpu: float, floor: float | None = None) -> str:
+    s = (f"{name:<42} {dt:6.2f} s  {nbytes / dt / 1e6:6.0f} MB/s  {msgs / dt / 1e6:5.2f} M msg/s"
+         f"  {dt / msgs * 1e6:6.3f} µs/msg  (cpu {cpu / msgs * 1e6:6.3f} µs/msg)")
     if floor is not None:
-        s += f"  ratio to floor {floor / dt:5.2f}"
+        s += f"  ratio to floor {floor / dt:4.2f}"
     return s
 
 
@@ -289,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
                     len(list(cl_dir.iterdir()))}
             print(f"reusing store at {root}")
         else:
-            info = build_store(root, args.size, args.segment_size, args.record_size)
+            import multiprocessing as mp
+
+            with mp.get_context("fork").Pool(1) as pool:  # the builder's ~3 GB stay out of our RSS
+                info = pool.apply(build_store, (root, args.size, args.segment_size, args.record_size))
             print(f"built store at {root} in {time.perf_counter() - t0:.1f} s: {info['messages']:,} messages, "
                   f"{info['bytes'] / 1e6:.0f} MB in {info['segments']} segment(s), "
                   f"avg record {info['avg_record']:.0f} B")
@@ -297,23 +307,26 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         rss0 = peak_rss_mb()
 
+        print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
+              "(wall times are only meaningful on an idle machine)")
         fl = min((floor_walk(cl_dir) for _ in range(args.repeat)), key=lambda r: r[2])
-        msgs, nbytes, t_floor = fl
-        print(_line("(a) floor: size-chain walk + CRC per body", msgs, nbytes, t_floor))
+        msgs, nbytes, t_floor, c_floor = fl
+        print(_line("(a) floor: size-chain walk + CRC per body", msgs, nbytes, t_floor, c_floor))
         rss_a = peak_rss_mb()
 
         full = min((full_scan(root) for _ in range(args.repeat)), key=lambda r: r[1])
         assert full[0] == msgs, (full[0], msgs)
-        print(_line("(b) storelib scan, CRC, all columns", msgs, nbytes, full[1], t_floor))
+        print(_line("(b) storelib scan, CRC, all columns", msgs, nbytes, full[1], full[2], t_floor))
         rss_b = peak_rss_mb()
         lean = min((full_scan(root, columns=DISPATCH_COLUMNS) for _ in range(args.repeat)), key=lambda r: r[1])
-        print(_line("(b') storelib scan, CRC, dispatch columns", msgs, nbytes, lean[1], t_floor))
+        print(_line("(b') same, dispatch columns only", msgs, nbytes, lean[1], lean[2], t_floor))
         if not args.skip_rebuild:
             rmsgs, dt, how, extra = rebuild(root)
             print(f"(c) CQ + index rebuild ({how}): {dt:.2f} s, {rmsgs / dt / 1e3:.0f} k msg/s  {extra}")
         rss_c = peak_rss_mb()
-        print(f"peak RSS: before {rss0:.0f} MB, after (a) {rss_a:.0f} MB, after (b) {rss_b:.0f} MB, "
-              f"after (c) {rss_c:.0f} MB")
+        print(f"peak RSS (ru_maxrss, includes mapped segment pages the scan touched): start {rss0:.0f} MB, "
+              f"after (a) {rss_a:.0f} MB, after (b) {rss_b:.0f} MB, after (c) {rss_c:.0f} MB; "
+              f"anonymous RSS now {_rss_anon_mb():.0f} MB; load average after: {os.getloadavg()[0]:.1f}")
         print(f"targets: (b) >= 1.20 M msg/s: {'MET' if msgs / full[1] >= 1.2e6 else 'missed'}"
               + ("" if args.skip_rebuild else f"; (c) >= 450 k msg/s: {'MET' if rmsgs / dt >= 450e3 else 'missed'}"))
     finally:
