@@ -373,7 +373,7 @@ def test_forced_pushdown_prunes_units_and_filters_exactly(rmq_spark, sample_498)
 @pytest.mark.spark
 def test_spark_modes_on_a_corrupted_store(rmq_spark, corrupt_store):
     store, bad, rows = corrupt_store
-    rd = rmq_spark.read.format("rocketmq").option("maxSplitBytes", "32k")
+    rd = rmq_spark.read.format("rocketmq").option("maxSplitBytes", "256k")
     perm = rd.load(str(store))
     corrupt = perm.filter("_corrupt IS NOT NULL").orderBy("phy_offset").collect()
     assert [r.phy_offset for r in corrupt] == bad and corrupt[0]._corrupt.startswith("bad_magic")

@@ -1,0 +1,64 @@
+"""notebooks/explore_store.ipynb runs headless against a small store without a cell error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from tests.conftest import broker_conf
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore_store.ipynb"
+
+
+def test_notebook_is_committed_without_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(not c.outputs and c.execution_count is None for c in code)
+    assert any("parameters" in c.metadata.get("tags", []) for c in code)
+
+
+@pytest.fixture
+def executed(sample_498, monkeypatch) -> nbformat.NotebookNode:
+    monkeypatch.setenv("RMQSTORE_NOTEBOOK_STORE", str(sample_498 / "store"))
+    monkeypatch.setenv("RMQSTORE_NOTEBOOK_BROKER_CONF", str(broker_conf("4.9.8")))
+    monkeypatch.setenv("RMQSTORE_NOTEBOOK_SPARK", "0")  # the SQL cell runs below on the test session
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend emits PNGs
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    return nb
+
+
+def _text(nb) -> str:
+    out = []
+    for c in nb.cells:
+        for o in c.get("outputs", []):
+            out.append(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")))
+    return "\n".join(out)
+
+
+def test_notebook_executes_every_cell_on_the_sample(executed):
+    text = _text(executed)
+    assert "4 segment(s), 2000 message(s), 0 corrupt record(s)" in text
+    assert "message(s)" in text and "msgId" in text
+    assert any(o.get("data", {}).get("image/png") for c in executed.cells for o in c.get("outputs", []))
+
+
+@pytest.mark.spark
+def test_notebook_spark_sql_cell_runs_on_the_session(spark, sample_498):
+    """The notebook's SQL cell, executed with the test session (the only SparkSession of the run)."""
+    import datasources as ds
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cell = next(c for c in nb.cells if "spark-sql" in c.metadata.get("tags", []))
+    store = str(sample_498 / "store")
+    msgs = ds.read_messages(store).to_pandas()
+    shown = []
+    env = {"spark": spark, "ds": ds, "STORE": store, "BROKER_CONF": str(broker_conf("4.9.8")),
+           "good": msgs[msgs["_corrupt"].isna()], "display": shown.append}
+    exec(compile(cell.source, "explore_store.ipynb[spark-sql]", "exec"), env)
+    assert len(shown) == 1 and shown[0]["messages"].sum() == 2000
+    assert (shown[0]["with_cq_unit"] == shown[0]["messages"]).all()
