@@ -47,13 +47,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from storelib.brokerconf import BrokerSettings, load_broker_conf
 from storelib.bytesource import Location, open_source, resolve
 from storelib.checkpoint import Checkpoint, read_checkpoint
 from storelib.commitlog import Split
-from storelib.consumequeue import build_consume_queues, write_consume_queues
+from storelib.consumequeue import build_consume_queues, safe_topic_dirname, write_consume_queues
 from storelib.dispatch import dispatch_store, index_geometry
 from storelib.errors import StoreError
 from storelib.indexfile import (
@@ -305,6 +306,9 @@ def _full_state(geometry: IndexGeometry, end_phy: int, end_ts: int) -> IndexStat
 # the Spark engine: executor-side functions (module level so that they pickle by reference)
 
 
+WORK = "_work"  # intermediate files inside staging (removed before publishing)
+
+
 def _queue_partition(table: pa.Table, parts: int) -> np.ndarray:
     """Deterministic partition of each CQ row by (topic, queue id) (Java hash; the same on every worker)."""
     topic = table.column("topic").combine_chunks()
@@ -313,11 +317,36 @@ def _queue_partition(table: pa.Table, parts: int) -> np.ndarray:
     return ((h * 31 + q) % parts + parts) % parts
 
 
-def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> tuple[int, dict[str, Any], dict[int, pa.Table], tuple]:
-    """Parse one segment (the walk's view of it) into CQ rows per queue partition and index keys."""
+def _write_ipc(loc: Location, table: pa.Table) -> None:
+    if loc.local:
+        os.makedirs(os.path.dirname(loc.path), exist_ok=True)
+    with loc.fs.open_output_stream(loc.path) as f, pa.ipc.new_file(f, table.schema) as w:
+        w.write_table(table)
+
+
+def _read_ipc(loc: Location) -> pa.Table:
+    if loc.local:
+        with pa.memory_map(loc.path) as f:
+            return pa.ipc.open_file(f).read_all()
+    with loc.fs.open_input_file(loc.path) as f:
+        return pa.ipc.open_file(f).read_all()
+
+
+def _cq_part(staging: Location, idx: int, p: int) -> Location:
+    return staging.join(WORK, f"cq-{idx:06d}-{p:05d}.arrow")
+
+
+def _keys_file(staging: Location, idx: int) -> Location:
+    return staging.join(WORK, f"keys-{idx:06d}.arrow")
+
+
+def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> dict[str, Any]:
+    """Parse one segment (the walk's view of it): CQ rows per queue partition and the index keys go to
+    files under staging/_work; returns the segment's small summary (its scan end, counts, key stats)."""
     idx, split, crc = item
     loc = resolve(split.uri, **ctx["fs_options"])
     plan: WalkPlan = ctx["plan"]
+    staging: Location = ctx["staging"]
     task = SegmentTask(idx, split.segment_base, split.segment_name, split.start, crc)
     ends: list = []
     cq_tables: list[pa.Table] = []
@@ -341,8 +370,9 @@ def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> tuple[int, di
                 ts.append(kr["store_timestamp"])
                 rs.append(kr["row_index"] + rows)
             rows += batch.num_rows
-    parts: dict[int, pa.Table] = {}
+    parts: list[int] = []
     cq_rows = 0
+    topics: list[str] = []
     if cq_tables:
         t = pa.concat_tables(cq_tables)
         tt = np.asarray(t.column("tran_type"))
@@ -350,6 +380,7 @@ def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> tuple[int, di
         if len(keep) < t.num_rows:
             t = t.take(pa.array(keep))
         cq_rows = t.num_rows
+        topics = pc.unique(t.column("topic")).to_pylist()
         if cq_rows:
             P = ctx["parts"]
             part = _queue_partition(t, P)
@@ -357,19 +388,22 @@ def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> tuple[int, di
             sp = part[order]
             cuts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1], True])
             for a, b in zip(cuts[:-1], cuts[1:]):
-                parts[int(sp[a])] = t.take(pa.array(order[a:b]))
+                p = int(sp[a])
+                _write_ipc(_cq_part(staging, idx, p), t.take(pa.array(order[a:b])))
+                parts.append(p)
     h = np.concatenate(hs).astype(np.int32) if hs else np.zeros(0, np.int32)
-    p = np.concatenate(ps).astype(np.int64) if ps else np.zeros(0, np.int64)
+    p_ = np.concatenate(ps).astype(np.int64) if ps else np.zeros(0, np.int64)
     tsa = np.concatenate(ts).astype(np.int64) if ts else np.zeros(0, np.int64)
     ra = np.concatenate(rs).astype(np.int64) if rs else np.zeros(0, np.int64)
-    mono = bool(len(p) < 2 or np.all(p[1:] >= np.maximum.accumulate(p)[:-1]))
-    meta = {
-        "idx": idx, "end": ends[0], "rows": rows, "cq_rows": cq_rows, "n_keys": len(h),
-        "p_first": int(p[0]) if len(p) else None, "p_max": int(p.max()) if len(p) else None,
+    if ctx["do_index"] and len(h):
+        _write_ipc(_keys_file(staging, idx), pa.table({"h": h, "p": p_, "t": tsa, "r": ra}))
+    mono = bool(len(p_) < 2 or np.all(p_[1:] >= np.maximum.accumulate(p_)[:-1]))
+    return {
+        "idx": idx, "end": ends[0], "rows": rows, "cq_rows": cq_rows, "n_keys": len(h), "topics": topics,
+        "parts": parts, "p_first": int(p_[0]) if len(p_) else None, "p_max": int(p_.max()) if len(p_) else None,
         "monotone": mono, "last_key_row": last_key_row,
-        "last_key": (int(p[-1]), int(tsa[-1])) if len(p) else None,
+        "last_key": (int(p_[-1]), int(tsa[-1])) if len(p_) else None,
     }
-    return idx, meta, parts, (h, p, tsa, ra)
 
 
 def _kept(keys: tuple, m_before: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -383,22 +417,24 @@ def _kept(keys: tuple, m_before: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return h[idx], p[idx], t[idx], r[idx]
 
 
-def _keys(rec: tuple, m_before: dict[int, int] | None) -> tuple:
-    return rec[3] if m_before is None else _kept(rec[3], m_before[rec[0]])
+def _load_keys(ctx: dict[str, Any], idx: int, m_before: dict[int, int] | None) -> tuple:
+    tb = _read_ipc(_keys_file(ctx["staging"], idx))
+    keys = tuple(np.asarray(tb.column(c)) for c in ("h", "p", "t", "r"))
+    return keys if m_before is None else _kept(keys, m_before[idx])
 
 
-def count_kept(m_before: dict[int, int], rec: tuple) -> tuple[int, int, int, tuple[int, int] | None]:
+def count_kept(ctx: dict[str, Any], m_before: dict[int, int], idx: int) -> tuple[int, int, int, tuple[int, int] | None]:
     """(segment, kept keys, record row of the last kept key, its (phy, time)) — slow path only."""
-    h, p, t, r = _keys(rec, m_before)
+    h, p, t, r = _load_keys(ctx, idx, m_before)
     if len(p) == 0:
-        return rec[0], 0, -1, None
-    return rec[0], len(p), int(r[-1]), (int(p[-1]), int(t[-1]))
+        return idx, 0, -1, None
+    return idx, len(p), int(r[-1]), (int(p[-1]), int(t[-1]))
 
 
-def first_times(E: int, offsets: dict[int, int], m_before: dict[int, int] | None, rec: tuple) -> list[tuple[int, int]]:
-    """(file number, store time of its first entry) for files whose first key is in this segment."""
-    idx = rec[0]
-    h, p, t, _ = _keys(rec, m_before)
+def first_times(ctx: dict[str, Any], E: int, offsets: dict[int, int], m_before: dict[int, int] | None,
+                idx: int) -> list[tuple[int, int]]:
+    """(file number, store time of its first entry) for files whose first key is in segment ``idx``."""
+    h, p, t, _ = _load_keys(ctx, idx, m_before)
     o = offsets[idx]
     out = []
     f = -(-o // E)
@@ -408,73 +444,61 @@ def first_times(E: int, offsets: dict[int, int], m_before: dict[int, int] | None
     return out
 
 
-def emit_keys(E: int, nfiles: int, offsets: dict[int, int], m_before: dict[int, int] | None,
-              rec: tuple) -> Iterator[tuple[int, tuple]]:
-    """Index keys of one segment cut into per-file chunks (plus the last key before each file start)."""
-    idx = rec[0]
-    h, p, t, _ = _keys(rec, m_before)
-    o = offsets[idx]
-    n = len(p)
-    if n == 0:
-        return
-    f = o // E
-    while f * E < o + n:
-        a, b = max(f * E, o) - o, min((f + 1) * E, o + n) - o
-        yield f, ("k", o + a, h[a:b], p[a:b], t[a:b])
-        last = (f + 1) * E - 1
-        if o <= last < o + n and f + 1 < nfiles:
-            yield f + 1, ("prev", int(p[last - o]), int(t[last - o]))
-        f += 1
-
-
-def phase_b(ctx: dict[str, Any], items: Iterable[tuple[int, tuple[int, pa.Table]]]) -> Iterator[dict[str, Any]]:
-    """Build and write the consume queues of one partition (its queues' rows in dispatch order)."""
-    chunks = sorted((v for _, v in items), key=lambda x: x[0])
-    if not chunks:
-        return
-    table = pa.concat_tables([c[1] for c in chunks])
-    images = build_consume_queues(table, segment_size=ctx["cq_size"])
+def phase_b(ctx: dict[str, Any], job: tuple[int, list[int]]) -> dict[str, Any]:
+    """Build and write the consume queues of partition ``p`` from its per-segment parts, in dispatch order."""
+    p, segs = job
     staging: Location = ctx["staging"]
-    root = staging.join("consumequeue")
-    paths = write_consume_queues(images, root, ctx["cq_size"])
+    tables = [_read_ipc(_cq_part(staging, i, p)) for i in sorted(segs)]
+    if not tables:
+        return {"queues": 0, "cq_records": 0, "files": {}}
+    table = pa.concat_tables(tables)
+    images = build_consume_queues(table, segment_size=ctx["cq_size"])
+    paths = write_consume_queues(images, staging.join("consumequeue"), ctx["cq_size"])
     base = staging.path.rstrip("/") + "/"
     files = {}
     for path in paths:
         rel = path[len(base):]
         h, n = _sha256(staging.join(*rel.split("/")))
         files[rel] = {"size": n, "sha256": h}
-    yield {"queues": len(images), "cq_records": table.num_rows, "files": files}
+    return {"queues": len(images), "cq_records": table.num_rows, "files": files}
 
 
-def phase_c(ctx: dict[str, Any], names: list[str], f: int, items: Iterable[tuple[int, tuple]]) -> Iterator[dict[str, Any]]:
-    """Build and write index file ``f`` from its keys (in global order) and the previous file's last key."""
-    ks = []
+def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, int], counts: dict[int, int],
+            m_before: dict[int, int] | None, f: int) -> dict[str, Any]:
+    """Build and write index file ``f``: keys ``[f*E, (f+1)*E)`` in global order, read from the segments
+    that hold them, continuing from the previous file's last key (entry 1's timeDiff)."""
+    lo, hi = f * E, (f + 1) * E
+    parts_h, parts_p, parts_t = [], [], []
     prev = None
-    for _, v in items:
-        if v[0] == "k":
-            ks.append(v)
-        else:
-            prev = (v[1], v[2])
-    if not ks:
-        return
-    ks.sort(key=lambda v: v[1])
-    key_rows = {"key_hash": np.concatenate([v[2] for v in ks]), "phy_offset": np.concatenate([v[3] for v in ks]),
-                "store_timestamp": np.concatenate([v[4] for v in ks])}
+    for idx in sorted(offsets):
+        o, c = offsets[idx], counts[idx]
+        if c == 0 or o + c <= lo - 1 or o >= hi:
+            continue
+        h, p, t, _ = _load_keys(ctx, idx, m_before)
+        a, b = max(lo, o) - o, min(hi, o + c) - o
+        if b > a:
+            parts_h.append(h[a:b])
+            parts_p.append(p[a:b])
+            parts_t.append(t[a:b])
+        if f > 0 and o <= lo - 1 < o + c:
+            prev = (int(p[lo - 1 - o]), int(t[lo - 1 - o]))
+    key_rows = {"key_hash": np.concatenate(parts_h), "phy_offset": np.concatenate(parts_p),
+                "store_timestamp": np.concatenate(parts_t)}
     g: IndexGeometry = ctx["geometry"]
     if f > 0 and prev is None:
         raise StoreError("index", None, "internal", f"index file {f}: previous file's last key is missing")
-    state = _full_state(g, prev[0], prev[1]) if f > 0 else None
+    state = _full_state(g, prev[0], prev[1]) if prev is not None else None
     images = build_index_files(key_rows, geometry=g, prev_state=state, emit_empty=False, trailing_dispatch=False,
                                empty_index_count=ctx["empty_index_count"], name_tz=None)
     if len(images) != 1:
         raise StoreError("index", None, "internal", f"index file {f}: built {len(images)} images")
     im = images[0]
     im.name = names[f]
-    staging: Location = ctx["staging"]
-    loc = staging.join("index", im.name)
+    loc = ctx["staging"].join("index", im.name)
     write_index_image(im, loc)
     h, n = _sha256(loc)
-    yield {"file": f, "rel": f"index/{im.name}", "size": n, "sha256": h, "keys": len(key_rows["key_hash"])}
+    return {"file": f, "rel": f"index/{im.name}", "size": n, "sha256": h, "keys": len(key_rows["key_hash"])}
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -567,11 +591,54 @@ def _ship_code(sc) -> None:
         _SHIPPED.add(app)
 
 
+@contextlib.contextmanager
+def _task_progress(sc, say: Reporter, label: str, total: int, every: float = 2.0) -> Iterator[None]:
+    """Report completed tasks of the running stage while a Spark action runs."""
+    import threading
+
+    stop = threading.Event()
+
+    def loop() -> None:
+        st = sc.statusTracker()
+        last = -1
+        while not stop.wait(every):
+            done = 0
+            for sid in st.getActiveStageIds():
+                info = st.getStageInfo(sid)
+                if info is not None:
+                    done = max(done, info.numCompletedTasks)
+            if done != last:
+                say(f"{label}: {done}/{total} done")
+                last = done
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join(5)
+
+
+def _spark_errors(fn):
+    """Run a Spark action; a failed job becomes one StoreError line (the executor's last exception line)."""
+    try:
+        return fn()
+    except Exception as e:  # py4j / pyspark exceptions: keep the Python error text, drop the JVM trace
+        name = type(e).__name__
+        if name not in ("Py4JJavaError", "PythonException", "SparkException") and "pyspark" not in type(e).__module__:
+            raise
+        text = str(e)
+        lines = [ln.strip() for ln in text.splitlines() if "Error" in ln or "StoreError" in ln]
+        detail = lines[-1] if lines else text.splitlines()[0] if text else name
+        raise StoreError(None, None, "spark_job_failed", detail[:500]) from e
+
+
 def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
               say: Reporter, fs_options: dict[str, Any], partitions: int | None = None,
               name_tz: str = "UTC") -> EngineResult:
-    from pyspark import StorageLevel
-
+    """Phases A/B/C on Spark; intermediates are exchanged through files in ``staging/_work`` (no Spark
+    shuffle or cache of Python objects), which every executor reads and writes itself."""
     sc = spark.sparkContext
     inputs = store_inputs(store, version=settings.version, last_exit_ok=True, cq_max_phy_offset=-1,
                           checkpoint=Checkpoint())
@@ -585,17 +652,17 @@ def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, 
            "cq_size": int(settings.mapped_file_size_consume_queue), "staging": staging, "geometry": g,
            "empty_index_count": 1 if settings.version == "5" else 0}
     if not tasks:
-        res = finish_walk(plan, {})
-        return EngineResult(res)
+        return EngineResult(finish_walk(plan, {}))
     items = []
     for t in tasks:
         seg = plan.segments[t.index]
         uri = seg.loc.path if seg.loc.local else f"{seg.loc.fs.type_name}://{seg.loc.path}"
         items.append((t.index, Split(seg.base, seg.name, uri, t.start, seg.file_size, seg.file_size), t.crc))
     say(f"phase A: parsing {len(items)} segment(s) on executors")
-    rdd = sc.parallelize(items, len(items)).map(partial(phase_a, ctx)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        metas = {m["idx"]: m for m in rdd.map(lambda r: r[1]).collect()}
+        with _task_progress(sc, say, "phase A: segments", len(items)):
+            metas = {m["idx"]: m for m in _spark_errors(
+                sc.parallelize(items, len(items)).map(partial(phase_a, ctx)).collect)}
         say(f"phase A: {len(metas)}/{len(items)} segments parsed, {sum(m['rows'] for m in metas.values())} records")
         res = finish_walk(plan, {i: m["end"] for i, m in metas.items()})
         _check_supported(res)
@@ -606,32 +673,36 @@ def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, 
             m = metas[base_to_idx[d.base]]
             if d.start != 0 or d.end != m["end"].file_offset:
                 raise StoreError("commitlog/" + d.name, d.end, "internal", "dispatch range is not a whole scan")
-        inc_set = set(inc)
-        sel = rdd.filter(lambda r: r[0] in inc_set)
+        for i in inc:  # untrusted names never reach an executor's makedirs
+            for topic in metas[i]["topics"]:
+                safe_topic_dirname(topic)
         out = EngineResult(res, records=sum(metas[i]["rows"] for i in inc))
         files: dict[str, dict[str, Any]] = {}
         if ctx["do_cq"]:
-            say(f"phase B: consume queues in {P} partition(s)")
-            stats = (sel.flatMap(lambda r: [(p, (r[0], t)) for p, t in r[2].items()])
-                     .partitionBy(P, lambda k: k).mapPartitions(partial(phase_b, ctx)).collect())
-            for s in stats:
-                files.update(s["files"])
-                out.queues += s["queues"]
-                out.cq_records += s["cq_records"]
+            jobs = [(p, [i for i in inc if p in metas[i]["parts"]]) for p in range(P)]
+            jobs = [j for j in jobs if j[1]]
+            say(f"phase B: consume queues in {len(jobs)} partition(s)")
+            if jobs:
+                stats = _spark_errors(sc.parallelize(jobs, len(jobs)).map(partial(phase_b, ctx)).collect)
+                for s in stats:
+                    files.update(s["files"])
+                    out.queues += s["queues"]
+                    out.cq_records += s["cq_records"]
             say(f"phase B: {out.queues} queues, {out.cq_records} entries, {len(files)} files")
         if do_index:
-            files.update(_spark_index(sc, sel, metas, inc, ctx, out, say, name_tz))
+            files.update(_spark_index(sc, metas, inc, ctx, out, say, name_tz))
         out.files = dict(sorted(files.items()))
         return out
     finally:
-        rdd.unpersist()
+        _drop_staging(staging.join(WORK))
 
 
-def _spark_index(sc, sel, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any], out: EngineResult,
+def _spark_index(sc, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any], out: EngineResult,
                  say: Reporter, name_tz: str) -> dict[str, dict[str, Any]]:
     g: IndexGeometry = ctx["geometry"]
     E = g.entries_per_file
     staging: Location = ctx["staging"]
+    keyed = [i for i in inc if metas[i]["n_keys"]]
     # §6.1 step 2 duplicate test: a running max over keyed phy offsets (fast path: already increasing)
     run = 0
     m_before: dict[int, int] = {}
@@ -643,20 +714,20 @@ def _spark_index(sc, sel, metas: dict[int, dict], inc: list[int], ctx: dict[str,
             if not m["monotone"] or m["p_first"] < run:
                 fast = False
             run = max(run, m["p_max"])
-    counts: dict[int, int] = {}
+    counts: dict[int, int] = {i: 0 for i in inc}
     last_key_seg = None
     last_key = None
     last_row_of_last = -1
+    mb = None
     if fast:
-        for i in inc:
+        for i in keyed:
             counts[i] = metas[i]["n_keys"]
-            if counts[i]:
-                last_key_seg, last_key, last_row_of_last = i, metas[i]["last_key"], metas[i]["last_key_row"]
-        mb = None
+            last_key_seg, last_key, last_row_of_last = i, metas[i]["last_key"], metas[i]["last_key_row"]
     else:
         say("phase C: PHYSICALOFFSET fields are not increasing: applying the broker's duplicate test")
-        got = {i: (c, lr, lk) for i, c, lr, lk in sel.map(partial(count_kept, m_before)).collect()}
-        for i in inc:
+        got = {i: (c, lr, lk) for i, c, lr, lk in _spark_errors(
+            sc.parallelize(keyed, max(1, len(keyed))).map(partial(count_kept, ctx, m_before)).collect)}
+        for i in keyed:
             counts[i] = got[i][0]
             if counts[i]:
                 last_key_seg, last_row_of_last, last_key = i, got[i][1], got[i][2]
@@ -667,7 +738,6 @@ def _spark_index(sc, sel, metas: dict[int, dict], inc: list[int], ctx: dict[str,
         offsets[i] = K
         K += counts[i]
     out.index_keys = K
-    rows_total = out.records
     if last_key_seg is None:
         trailing = False
     else:
@@ -676,29 +746,32 @@ def _spark_index(sc, sel, metas: dict[int, dict], inc: list[int], ctx: dict[str,
     nfiles = -(-K // E) if K else 0
     files: dict[str, dict[str, Any]] = {}
     extra: list[IndexImage] = []
+    empty = {"key_hash": [], "phy_offset": [], "store_timestamp": []}
     if K == 0:
-        if rows_total:
-            extra = build_index_files({"key_hash": [], "phy_offset": [], "store_timestamp": []}, geometry=g,
-                                      emit_empty=True, empty_index_count=ctx["empty_index_count"], name_tz=None)
+        if out.records:
+            extra = build_index_files(empty, geometry=g, emit_empty=True, empty_index_count=ctx["empty_index_count"],
+                                      name_tz=None)
     elif trailing and K % E == 0:
-        extra = build_index_files({"key_hash": [], "phy_offset": [], "store_timestamp": []}, geometry=g,
-                                  prev_state=_full_state(g, last_key[0], last_key[1]), emit_empty=False,
-                                  trailing_dispatch=True, empty_index_count=ctx["empty_index_count"], name_tz=None)
-    firsts: dict[int, int] = {}
-    if nfiles:
-        say(f"phase C: {K} index keys → {nfiles} index file(s)")
-        firsts = dict(sel.flatMap(partial(first_times, E, offsets, mb)).collect())
+        extra = build_index_files(empty, geometry=g, prev_state=_full_state(g, last_key[0], last_key[1]),
+                                  emit_empty=False, trailing_dispatch=True, empty_index_count=ctx["empty_index_count"],
+                                  name_tz=None)
     names: list[str] = []
     last = None
-    for f in range(nfiles):
-        last = index_file_name(firsts[f], name_tz, after=last)
-        names.append(last)
+    if nfiles:
+        say(f"phase C: {K} index keys → {nfiles} index file(s)")
+        with_keys = [i for i in keyed if counts[i]]
+        firsts = dict(pair for lst in _spark_errors(
+            sc.parallelize(with_keys, len(with_keys)).map(partial(first_times, ctx, E, offsets, mb)).collect)
+            for pair in lst)
+        for f in range(nfiles):
+            last = index_file_name(firsts[f], name_tz, after=last)
+            names.append(last)
     for im in extra:
         im.name = index_file_name(im.first_timestamp or 0, name_tz, after=last)
         last = im.name
     if nfiles:
-        stats = (sel.flatMap(partial(emit_keys, E, nfiles, offsets, mb)).partitionBy(nfiles, lambda k: k)
-                 .mapPartitionsWithIndex(lambda f, it: phase_c(ctx, names, f, it)).collect())
+        stats = _spark_errors(sc.parallelize(range(nfiles), nfiles).map(
+            partial(phase_c, ctx, names, E, offsets, counts, mb)).collect)
         for s in stats:
             files[s["rel"]] = {"size": s["size"], "sha256": s["sha256"]}
     for im in extra:
@@ -708,6 +781,7 @@ def _spark_index(sc, sel, metas: dict[int, dict], inc: list[int], ctx: dict[str,
         files[f"index/{im.name}"] = {"size": n, "sha256": h}
     say(f"phase C: {len(files)} index file(s) written")
     return files
+
 
 
 # ---------------------------------------------------------------------------------------------

@@ -260,7 +260,8 @@ def test_crc_failure_inside_the_window_ends_dispatch_in_both_engines(tmp_path, w
     victim = [p for p in cs.placed if p.segment == 1][3]
     cs.corrupt(victim.phy, cs.body_pos(victim) + 1)
     cs.write(tmp_path / "store")
-    conf = write_conf(tmp_path, mappedFileSizeCommitLog=S, enabledAppendPropCRC="true")
+    conf = write_conf(tmp_path, mappedFileSizeCommitLog=S, enabledAppendPropCRC="true", maxHashSlotNum=64,
+                      maxIndexNum=6000)
     a = run(tmp_path / "store", tmp_path / "local", conf, broker_version="5")
     run(tmp_path / "store", tmp_path / "spark", conf, broker_version="5", engine="spark")
     assert a["recovery"]["process_offset"] == victim.phy
@@ -269,13 +270,18 @@ def test_crc_failure_inside_the_window_ends_dispatch_in_both_engines(tmp_path, w
     assert_same_output(tmp_path / "local", tmp_path / "spark")
 
 
-def test_unsafe_topic_name_from_disk_is_a_typed_error_and_nothing_is_published(tmp_path):
+@pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=pytest.mark.spark)])
+def test_unsafe_topic_name_from_disk_is_a_typed_error_and_nothing_is_published(tmp_path, engine, request):
+    if engine == "spark":
+        request.getfixturevalue("with_spark")
     cs = CraftedStore(8192)
+    cs.append(msg("Fine", 0))
     cs.append(msg("../../etc", 0))
     cs.write(tmp_path / "store")
     with pytest.raises(StoreError) as e:
-        run(tmp_path / "store", tmp_path / "out", write_conf(tmp_path, mappedFileSizeCommitLog=8192))
+        run(tmp_path / "store", tmp_path / "out", write_conf(tmp_path, mappedFileSizeCommitLog=8192), engine=engine)
     assert e.value.kind == "bad_topic_name"
+    assert not (tmp_path.parent / "etc").exists()
     assert not (tmp_path / "out").exists()
     assert [p for p in tmp_path.iterdir() if "staging" in p.name] == []
 
