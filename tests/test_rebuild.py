@@ -388,10 +388,10 @@ def test_cli_rebuild_prints_a_summary(tmp_path, sample_498, capsys):
 
 def test_killed_midway_leaves_the_source_untouched_nothing_published_and_a_rerun_succeeds(tmp_path):
     rich_store(tmp_path / "store", "4", n=1500)
-    conf = write_conf(tmp_path, mappedFileSizeCommitLog=S)
+    conf = write_conf(tmp_path, mappedFileSizeCommitLog=S, maxHashSlotNum=64, maxIndexNum=6000)
     before = tree_digest(tmp_path / "store")
     out = tmp_path / "out"
-    env = dict(os.environ, RMQSTORE_REBUILD_TEST_DELAY_S="0.5", PYTHONPATH=str(REPO))
+    env = dict(os.environ, RMQSTORE_REBUILD_TEST_DELAY_S="0.3", PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", "rebuild", str(tmp_path / "store"), "--out", str(out),
                              "--broker-conf", conf], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
                             cwd=REPO, text=True)
