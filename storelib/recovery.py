@@ -23,6 +23,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pyarrow as pa
 
 from .checkpoint import Checkpoint
@@ -343,10 +344,10 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     end: SegmentEnd | None = None
     for batch in scan:
         if prop and batch.num_rows:
-            ok = batch.column("prop_crc_ok")
-            bad = [i for i, v in enumerate(ok.to_pylist()) if v is not True]
-            if bad:
-                k = bad[0]
+            ok = np.asarray(batch.column("prop_crc_ok").fill_null(False), dtype=bool)
+            bad = np.flatnonzero(~ok)
+            if len(bad):
+                k = int(bad[0])
                 phy = int(batch.column("phy_offset")[k].as_py())
                 if k:
                     yield batch.slice(0, k)
