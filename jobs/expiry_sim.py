@@ -48,6 +48,7 @@ MANUAL_DELETE_RUNS = 20  # executeDeleteFilesManually sets the counter to 20
 DELETE_FILES_BATCH_MAX_4 = 10  # 4.9.8 constant
 DEFAULT_HORIZON_MS = 7 * 24 * HOUR_MS
 MTIME_TOLERANCE_MS = 60_000
+MAX_NEW_SEGMENTS = 100_000  # beyond this the timeline is not worth computing (or reading)
 CQ_UNIT = 20
 _KEY_SHIFT = 40  # queue index << 40 | logical offset: one sorted key over every queue
 
@@ -465,6 +466,14 @@ class _Sim:
             raise ValueError(f"--from {self.start} is before the store's snapshot time {self.t_snap} "
                              "(the store's state is only known from then on)")
         self.until = self.start + DEFAULT_HORIZON_MS if model.until_ms is None else int(model.until_ms)
+        if self.until < self.start:
+            raise ValueError("--until is before the simulation start")
+        new_segments = self.R * (self.until - self.t_snap) / 1000.0 / snap.segment_size
+        if new_segments > MAX_NEW_SEGMENTS:
+            raise ValueError(
+                f"{self.ingest_source} ingest of {self.R:.0f} bytes/s would write {new_segments:.0f} new "
+                f"{snap.segment_size}-byte segments before the end of the simulation (a store written in a "
+                f"burst?); give --ingest BYTES_PER_S or an earlier --until")
         self.P = policy.clean_resource_interval
         self.T0 = self.start + FIRST_RUN_DELAY_MS
         self.kmax = (self.until - self.T0) // self.P if self.until >= self.T0 else -1
@@ -544,6 +553,19 @@ class _Sim:
         if self.R <= 0:
             return math.inf
         return float(self.t_snap + math.ceil((end - self.W0) * 1000.0 / self.R))
+
+    def newest(self, T: int) -> int:
+        """Index of the newest segment at T (the first one the write position has not left)."""
+        lo = max(self.i0, self.n_exist - 1)  # older existing segments all have newer ones after them
+        if self.fill_time(lo) > T:
+            return lo
+        # segment i >= n_exist - 1 ends at last_exist_base + (i - n_exist + 2) * S: start from the guess
+        i = max(lo, self.n_exist - 2 + (self.W(T) - self.last_exist_base) // self.S)
+        while self.fill_time(i) <= T:
+            i += 1
+        while i > lo and self.fill_time(i - 1) > T:
+            i -= 1
+        return i
 
     def mtime(self, i: int) -> float:
         return float(self.s.seg_mtime[i]) if i < self.n_exist - 1 else self.fill_time(i)
@@ -724,9 +746,7 @@ class _Sim:
         """MappedFileQueue.deleteExpiredFileByTime on the segment list as it is at tick T."""
         clean_at_once = self.p.clean_file_forcibly_enable and clean_imm
         # the list snapshot: segments i0 .. last, where last = newest segment at T
-        last = max(self.i0, self.n_exist - 1)  # older existing segments all have newer ones after them
-        while self.fill_time(last) <= T:
-            last += 1
+        last = self.newest(T)
         now, i, n = T, self.i0, 0
         reason = None
         while i < last:

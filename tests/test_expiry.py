@@ -353,3 +353,21 @@ def test_spark_grid_equals_each_policy_run_alone(tmp_path, spark):
     assert reasons >= {"time", "space", "forced"}
     assert len({json.dumps(r["summary"]) for r in alone}) > 20
     assert any(r["summary"]["lost_messages"] for r in alone)
+
+
+def test_real_sample_copy_has_lost_mtimes_and_bursts_are_refused(sample_498):
+    from storelib.brokerconf import load_broker_conf
+    from tests.conftest import broker_conf
+
+    st = load_broker_conf(str(broker_conf("4.9.8")))
+    snap = load_snapshot(Store(sample_498 / "store", st))
+    # the tarball carries 1970 dates: every closed segment's time comes from its last message
+    assert snap.mtime_source == "store_time"
+    assert all(m > 1_600_000_000_000 for m in snap.seg_mtime)
+    pol = Policy.from_settings("p", st.with_overrides({"deleteWhen": "04"}), disk_capacity=3_000_000)
+    with pytest.raises(ValueError, match="ingest"):
+        simulate(pol, snap)  # written in about a second: the observed rate is not a forecast
+    res = simulate(pol, snap, TimeModel(ingest_bytes_per_s=100, until_ms=snap.last_store_ms + 2 * 24 * H))
+    assert res["summary"]["by_reason"]["forced"] > 0
+    assert all(d["file"] != "commitlog/" + f"{int(snap.seg_base[-1]):020d}" or d["time_ms"] > snap.last_store_ms
+               for d in res["deletions"])
