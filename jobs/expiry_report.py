@@ -51,7 +51,7 @@ def _svg(fig) -> str:
     return text[text.find("<svg"):]
 
 
-def _plots(policies: list[dict[str, Any]]) -> dict[str, str]:
+def _plots(policies: list[dict[str, Any]], start_ms: int | None = None) -> dict[str, str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,12 +61,12 @@ def _plots(policies: list[dict[str, Any]]) -> dict[str, str]:
     shown = policies[:12]
     if shown:
         fig, ax = plt.subplots(figsize=(9, 3.6))
+        t0 = start_ms if start_ms is not None else min(
+            (p["disk_usage"][0]["time_ms"] for p in shown if p["disk_usage"]), default=0)
         for p in shown:
             d = p["disk_usage"]
-            ax.plot([x["time_ms"] / 3.6e6 for x in d], [x["used_bytes"] for x in d], label=p["name"], lw=1.2)
-        t0 = min((p["disk_usage"][0]["time_ms"] for p in shown if p["disk_usage"]), default=0) / 3.6e6
-        ax.set_xlim(left=t0)
-        ax.set_xlabel("hours since epoch (UTC)")
+            ax.plot([(x["time_ms"] - t0) / 3.6e6 for x in d], [x["used_bytes"] for x in d], label=p["name"], lw=1.2)
+        ax.set_xlabel(f"hours since {_t(t0)}")
         ax.set_ylabel("bytes used")
         ax.set_title("Disk usage over time" + (" (first 12 policies)" if len(policies) > 12 else ""))
         ax.legend(fontsize=7, loc="best")
@@ -94,7 +94,7 @@ def render_html(report: dict[str, Any]) -> str:
     """The whole report as one HTML document (plots inline)."""
     sim = report.get("simulation", {})
     policies = report["policies"]
-    plots = _plots(policies)
+    plots = _plots(policies, sim.get("start_ms"))
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>rmqstore expiry simulation</title>",
         "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"

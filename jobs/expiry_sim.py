@@ -26,6 +26,17 @@ Model (all stated in the report, see :func:`simulate`):
   the store's written bytes (commitlog from min offset to the write position, 20 bytes per live CQ
   unit, live index files) — block usage of sparse, mmap-written files. Without a capacity no disk
   pressure is modelled (ratios are reported as null).
+
+Timeline conventions: a commitlog file's ``reason`` is "time" when it was past fileReservedTime and
+the run was triggered by the deleteWhen hour, "space" when past it but triggered by disk usage,
+"manual" when past it in a run triggered only by an admin request, "forced" when it was not past it
+and went because cleanImmediately (cleanFileForciblyEnable and a ratio above the forcible/warning
+level). Files of one run are ``deleteCommitLogFilesInterval`` (100 ms) apart, as the cleaner sleeps
+between them; CQ and index files deleted in the same tick carry the time the commit-log cleaner
+finished and its last reason ("startup" for the first run's catch-up when nothing was deleted). Both
+versions clean the commit log then the queues on each tick (4.9.8: one task; 5.x: two executors on the
+same schedule, differences #30). Every destroy succeeds (no reader holds a file offline), so the
+hanged-file retry never has work.
 """
 
 from __future__ import annotations
