@@ -817,7 +817,7 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
         # chain structure: the broker links each entry to the previous entry of its slot
         if m and not len(wrong):
             slot = np.where(e_kh >= 0, e_kh % g.hash_slot_num, -1)
-            order = np.lexsort((e_n, slot))
+            order = np.argsort(slot, kind="stable")  # == lexsort((e_n, slot)): e_n ascends
             ss = slot[order]
             first = np.r_[True, ss[1:] != ss[:-1]]
             exp_prev = np.where(first, 0, np.r_[0, e_n[order][:-1]])

@@ -7,8 +7,8 @@ delays, IPv6 hosts, compressed bodies; CQ and index dispatched). Each engine run
 (page cache) and the measured pass. Printed per engine: wall seconds of the per-segment phase, MB/s and
 messages/s over the bytes of the records scanned (``MB_per_s``; ``file_MB_per_s`` divides the file bytes,
 which include the unwritten tail of the last segment), the same over the whole run including the
-cross-file checks, peak RSS of the process tree (driver, JVM, Python workers) during the measured pass,
-the machine load, and whether both engines produced the same findings. Target: Spark local[2] >= 1.0
+cross-file checks, peak RSS and CPU seconds of the process tree (driver, JVM, Python workers) during
+the measured pass, the machine load, and whether both engines produced the same findings. Target: Spark local[2] >= 1.0
 GB/s for the full audit with CRC.
 """
 
@@ -28,9 +28,20 @@ from tests.bench.bench_scan import parse_size
 
 def _tree_rss(root_pid: int) -> int:
     """Resident bytes of ``root_pid`` and all its descendants (Linux /proc)."""
+    return _tree(root_pid)[0]
+
+
+def _tree_cpu(root_pid: int) -> float:
+    """CPU seconds (user + system, reaped children included) of ``root_pid`` and its descendants."""
+    return _tree(root_pid)[1]
+
+
+def _tree(root_pid: int) -> tuple[int, float]:
     kids: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
+    cpu: dict[int, float] = {}
     page = os.sysconf("SC_PAGE_SIZE")
+    tick = os.sysconf("SC_CLK_TCK")
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -41,12 +52,14 @@ def _tree_rss(root_pid: int) -> int:
             continue
         kids.setdefault(int(fields[1]), []).append(int(d))
         rss[int(d)] = int(fields[21]) * page
-    total, todo = 0, [root_pid]
+        cpu[int(d)] = sum(int(x) for x in fields[11:15]) / tick
+    total, secs, todo = 0, 0.0, [root_pid]
     while todo:
         p = todo.pop()
         total += rss.get(p, 0)
+        secs += cpu.get(p, 0.0)
         todo.extend(kids.get(p, []))
-    return total
+    return total, secs
 
 
 class PeakRss:
@@ -63,6 +76,7 @@ class PeakRss:
             self._stop.wait(self.every)
 
     def __enter__(self) -> PeakRss:
+        self.cpu0 = _tree_cpu(os.getpid())
         self._t.start()
         return self
 
@@ -70,6 +84,7 @@ class PeakRss:
         self._stop.set()
         self._t.join()
         self.peak = max(self.peak, _tree_rss(os.getpid()))
+        self.cpu = _tree_cpu(os.getpid()) - self.cpu0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                                "MB_per_s_incl_cross_checks": round(scanned / wall / 1e6, 1),
                                "messages_per_s_incl_cross_checks": round(n / wall),
                                "peak_rss_MB": round(mem.peak / 1e6), "load_1min_at_start": round(load, 2),
+                               "cpu_seconds": round(mem.cpu, 1),
+                               # record MB per CPU-second of the whole run (driver, JVM, workers): a figure
+                               # the machine's load barely moves, unlike the wall-clock ones above
+                               "MB_per_cpu_second": round(scanned / max(mem.cpu, 1e-9) / 1e6, 1),
                                "findings": rep["summary"]["by_severity"]}
             reports[engine] = rep["findings"]
             print(f"{engine:6s}: {json.dumps(results[engine])}", file=sys.stderr)
