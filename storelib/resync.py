@@ -171,24 +171,27 @@ def find_next_record(buf, start: int, *, base: int = 0, limit: int | None = None
             if p < start:
                 continue
             if is_blank:
-                return Resync(start, p, "blank", max(data_end, _last_nonzero(a, lo, p)), False)
+                return Resync(start, p, "blank", max(data_end, _last_nonzero(a, lo, p, data_end)), False)
             size = _valid_at(mv, p, check_crc)
             if not size:
                 continue
             phy_match = struct.unpack_from(">q", mv, p + 28)[0] == base + p
             if phy_match or _chain_ok(mv, p + size, confirm, check_crc):
                 return Resync(start, p, "message", p, phy_match)
-        data_end = max(data_end, _last_nonzero(a, lo, hi))
+        data_end = _last_nonzero(a, lo, hi, data_end)
         lo = hi
     return Resync(start, limit, "none", data_end, False)
 
 
-def _last_nonzero(a: np.ndarray, lo: int, hi: int) -> int:
-    """Position after the last non-zero byte of ``a[lo:hi]`` (``lo`` when all zero)."""
+def _last_nonzero(a: np.ndarray, lo: int, hi: int, default: int) -> int:
+    """Position after the last non-zero byte of ``a[lo:hi]``, or ``default`` when it is all zeros.
+
+    An all-zero window says nothing about where data ended, so it must not move ``data_end``.
+    """
     if hi <= lo:
-        return lo
+        return default
     nz = np.flatnonzero(a[lo:hi])
-    return lo + int(nz[-1]) + 1 if len(nz) else lo
+    return max(default, lo + int(nz[-1]) + 1) if len(nz) else default
 
 
 def lost_region(buf, file: str, base: int, start: int, reason: str, detail: str = "", **kw) -> tuple[LostRegion, Resync]:

@@ -92,3 +92,13 @@ def test_clean_segment_has_no_regions_and_valid_start_is_returned_as_is():
     buf, st = segment()
     assert scan_regions(bytes(buf), "f") == []
     assert find_next_record(buf, st[5]).pos == st[5]
+
+
+def test_data_end_is_not_moved_by_all_zero_windows_after_stale_bytes():
+    """Stale bytes followed by a zero tail longer than one window: data_end is the end of the stale bytes."""
+    from storelib.resync import find_next_record
+
+    buf = bytearray(3 * 1024 * 1024)
+    buf[100:200] = b"\x07" * 100  # garbage that is not a record
+    r = find_next_record(bytes(buf), 0, base=0, window=256 * 1024)
+    assert r.kind == "none" and r.data_end == 200
