@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     results = run_grid(spark, args.stores, policies, model, base, mtimes=args.mtimes,
                        summary_only=args.summary_only)
     if args.out:
-        from storelib.publish import write_bytes_atomic
+        from jobs.expiry_report import write_text_atomic
 
-        write_bytes_atomic(args.out, "".join(json.dumps(r) + "\n" for r in results).encode("utf-8"))
+        write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in results))
     for store in args.stores:
         mine = [r for r in results if r["store"] == store]
         print(f"\n{store}: {len(mine)} policies")

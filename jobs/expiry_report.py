@@ -11,7 +11,7 @@ import io
 import time
 from typing import Any
 
-from storelib.publish import write_bytes_atomic
+from storelib.publish import atomic_local_file
 
 COMPARE_COLUMNS = ["policy", "reserved_h", "deleteWhen", "max_used%", "capacity", "deleted", "time", "space",
                    "forced", "manual", "first_deletion", "lost_msgs", "lost_bytes", "groups_lost", "first_loss",
@@ -130,6 +130,12 @@ def render_html(report: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def write_text_atomic(path: str, text: str) -> None:
+    """Temp file + rename, world-readable like any report (mkstemp alone would leave 0600)."""
+    with atomic_local_file(path, 0o644) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
 def write_html(path: str, report: dict[str, Any]) -> None:
     """Render and write the report atomically."""
-    write_bytes_atomic(path, render_html(report).encode("utf-8"))
+    write_text_atomic(path, render_html(report))

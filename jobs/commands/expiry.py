@@ -120,9 +120,9 @@ def run(args: argparse.Namespace) -> int:
     report = {"simulation": describe(snap, model, policies[0]),
               "policies": [simulate(p, snap, model) for p in policies]}
     if args.out:
-        from storelib.publish import write_bytes_atomic
+        from jobs.expiry_report import write_text_atomic
 
-        write_bytes_atomic(args.out, json.dumps(report, ensure_ascii=False).encode("utf-8"))
+        write_text_atomic(args.out, json.dumps(report, ensure_ascii=False))
     if args.html:
         write_html(args.html, report)
     if args.json:
