@@ -264,6 +264,9 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spar
 
             spark = get_spark(app_name="rmqstore-audit")
         sc = spark.sparkContext
+        from jobs.sparkutil import ship_code
+
+        ship_code(sc)
         _log(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on Spark {sc.master}", quiet)
         parts = sc.parallelize(units, len(units)).map(lambda t: audit_part(t, opts)).collect()
         return _finish(tasks, parts, opts, quiet)

@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                       ingest_bytes_per_s=_rate(args.ingest, "ingest"),
                       consumption_msgs_per_s=_rate(args.consumption, "consumption"))
     spark = get_spark(args.master, app_name="rmqstore-expiry")
+    from jobs.sparkutil import ship_code
+
+    ship_code(spark.sparkContext)
     results = run_grid(spark, args.stores, policies, model, base, mtimes=args.mtimes,
                        summary_only=args.summary_only)
     if args.out:

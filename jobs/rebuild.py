@@ -549,46 +549,16 @@ def run_local(store: Store, settings: BrokerSettings, staging: Location, what: t
     return EngineResult(res, d.records, d.cq_records, queues, d.index_keys, files, list(d.findings))
 
 
-def _package_zip() -> str:
-    """storelib + jobs as a zip for sc.addPyFile (executors on other machines import them from it)."""
-    import zipfile
-
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.path.join(tempfile.mkdtemp(prefix="rmqstore-pyfiles-"), "rmqstore_pkgs.zip")
-    with zipfile.ZipFile(path, "w") as z:
-        for pkg in ("storelib", "jobs"):
-            for dirpath, _, names in os.walk(os.path.join(repo, pkg)):
-                for nm in names:
-                    if nm.endswith(".py"):
-                        full = os.path.join(dirpath, nm)
-                        z.write(full, os.path.relpath(full, repo))
-    return path
-
-
-_SHIPPED: set[str] = set()
-
-
 def _session(master: str | None):
-    """Under spark-submit: the session it configured (--master, --properties-file, --conf win);
-    otherwise one from spark-conf/spark-defaults.conf (jobs.sparkutil)."""
-    if os.environ.get("PYSPARK_GATEWAY_PORT"):
-        from pyspark.sql import SparkSession
-
-        b = SparkSession.builder.appName("rmqstore-rebuild")
-        if master:
-            b = b.master(master)
-        return b.getOrCreate()
     from jobs.sparkutil import get_spark
 
     return get_spark(master, app_name="rmqstore-rebuild")
 
 
 def _ship_code(sc) -> None:
-    """Ship storelib + jobs to the executors once per Spark application."""
-    app = sc.applicationId
-    if app not in _SHIPPED:
-        sc.addPyFile(_package_zip())
-        _SHIPPED.add(app)
+    from jobs.sparkutil import ship_code
+
+    ship_code(sc)
 
 
 @contextlib.contextmanager

@@ -35,7 +35,18 @@ def read_defaults(path: Path = SPARK_CONF / "spark-defaults.conf") -> dict[str, 
 
 
 def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[str, str] | None = None):
-    """A SparkSession with the project's defaults (respects an already active session)."""
+    """A SparkSession with the project's defaults (respects an already active session).
+
+    Under spark-submit the session is the one spark-submit configured (its --master, --properties-file
+    and --conf win): re-applying spark-defaults.conf there would override the user's settings.
+    """
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        from pyspark.sql import SparkSession
+
+        b = SparkSession.builder.appName(app_name)
+        if master:
+            b = b.master(master)
+        return b.getOrCreate()
     check_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # offline jobs: never bind a public interface
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -60,3 +71,30 @@ def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+_SHIPPED: set[str] = set()
+
+
+def _package_zip() -> str:
+    """storelib + datasources + jobs as one zip for ``addPyFile`` (executors on other hosts import it)."""
+    import tempfile
+    import zipfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="rmqstore-pyfiles-"), "rmqstore_pkgs.zip")
+    with zipfile.ZipFile(path, "w") as z:
+        for pkg in ("storelib", "datasources", "jobs"):
+            for dirpath, _, names in os.walk(REPO / pkg):
+                for nm in names:
+                    if nm.endswith(".py"):
+                        full = os.path.join(dirpath, nm)
+                        z.write(full, os.path.relpath(full, REPO))
+    return path
+
+
+def ship_code(sc) -> None:
+    """Ship our packages to the executors once per Spark application (a real cluster has no checkout)."""
+    app = sc.applicationId
+    if app not in _SHIPPED:
+        sc.addPyFile(_package_zip())
+        _SHIPPED.add(app)
