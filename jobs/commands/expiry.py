@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from jobs.common import add_store_args, fs_options, print_json, print_table
+from jobs.expiry_report import _ranges_text
 from storelib.brokerconf import BrokerSettings, load_broker_conf, parse_properties_text
 from storelib.errors import StoreError
 
@@ -138,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
         lost = [g for g in p["groups"] if g["lost_messages"]]
         if lost:
             print(f"\n{p['name']}: unconsumed messages deleted")
-            rows = [dict(g, lost_offsets=" ".join(f"[{a},{b}]" for a, b in g["lost_offsets"])) for g in lost]
+            rows = [dict(g, lost_offsets=_ranges_text(g["lost_offsets"], 4)) for g in lost]
             print_table(rows, ["group", "topic", "queue_id", "lost_messages", "lost_bytes", "lost_offsets",
                                "first_loss_ms"])
     return 0
+
+
