@@ -495,11 +495,27 @@ def summary_text(report: dict[str, Any], fail_on: str) -> str:
     return "\n".join(lines)
 
 
-def write_reports(report: dict[str, Any], report_dir: str) -> tuple[str, str]:
-    """``audit.json`` and ``audit.html`` in ``report_dir`` (each written atomically)."""
+def write_reports(report: dict[str, Any], report_dir: str, fs_options: dict | None = None) -> tuple[str, str]:
+    """``audit.json`` and ``audit.html`` in ``report_dir`` (each written atomically).
+
+    A URI (``s3://bucket/reports/run``) is published with ``storelib.publish.publish_tree``: staging
+    prefix, then the files, then ``audit-manifest.json`` last (no manifest = incomplete report).
+    """
     from jobs.audit_report import render_html
     from storelib.publish import write_bytes_atomic
 
+    if "://" in report_dir and not report_dir.startswith("file://"):
+        import tempfile
+
+        from storelib.bytesource import resolve
+        from storelib.publish import publish_tree
+
+        with tempfile.TemporaryDirectory(prefix="rmqstore-audit-") as tmp:
+            write_reports(report, tmp)
+            publish_tree(tmp, resolve(report_dir, **(fs_options or {})),
+                         {"kind": "audit", "files": ["audit.html", "audit.json"]}, manifest_name="audit-manifest.json")
+        base = report_dir.rstrip("/")
+        return base + "/audit.json", base + "/audit.html"
     os.makedirs(report_dir, exist_ok=True)
     jp = os.path.join(report_dir, "audit.json")
     hp = os.path.join(report_dir, "audit.html")
@@ -556,7 +572,7 @@ def run_args(args: argparse.Namespace) -> int:
         print(f"rmqstore audit: {e}", file=sys.stderr)
         return EXIT_FAILED
     if args.report_dir:
-        jp, hp = write_reports(report, args.report_dir)
+        jp, hp = write_reports(report, args.report_dir, fs_options(args))
         _log(f"audit: wrote {jp} and {hp}", args.quiet)
     if args.json:
         json.dump(report, sys.stdout, indent=1, ensure_ascii=False, default=_jsonable)

@@ -58,10 +58,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
 from storelib.backup import Backup
 from storelib.backup import restore as backup_restore
-from storelib.bytesource import LocalSource
+from storelib.bytesource import LocalSource, Location
 from storelib.checkpoint import CHECKPOINT_SIZE, RECOVERY_SAFETY_MS, Checkpoint, read_checkpoint
 from storelib.commitlog import Segment
 from storelib.consumequeue import (
@@ -139,17 +140,27 @@ class _Seg:
 
     file: str | None  # path of the on-disk file whose bytes it starts from; None = new (zeros)
     overlays: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (byte pos, units)
+    fs: Any = None  # the file's pyarrow filesystem when the store is remote (None: local path)
 
     def units(self, S: int) -> np.ndarray:
         out = np.zeros(S // CQ_UNIT_SIZE, dtype=CQ_DTYPE)
         if self.file is not None:
-            raw = np.fromfile(self.file, dtype=np.uint8, count=S)
+            raw = np.frombuffer(_read_upto(self.fs, self.file, S), dtype=np.uint8)
             n = len(raw) // CQ_UNIT_SIZE
             out[:n] = raw[: n * CQ_UNIT_SIZE].view(CQ_DTYPE)
         for pos, u in self.overlays:
             i = pos // CQ_UNIT_SIZE
             out[i: i + len(u)] = u
         return out
+
+
+def _read_upto(fs: Any, path: str, n: int) -> bytes:
+    """Up to ``n`` bytes from the start of a file: a local path, or a path on a remote store's filesystem."""
+    if fs is None:
+        with open(path, "rb") as f:
+            return f.read(n)
+    with fs.open_input_file(path) as f:
+        return f.read(min(n, f.size()))
 
 
 @dataclass
@@ -175,21 +186,22 @@ class QueueReport:
 class _QueueSim:
     """One consume queue through recover → recovery dispatch → truncation → reput."""
 
-    def __init__(self, topic: str, qid: int, root: str, S: int, cq: ConsumeQueue | None):
+    def __init__(self, topic: str, qid: int, root: Location, S: int, cq: ConsumeQueue | None):
         self.topic, self.qid, self.S = topic, qid, S
         self.rel_dir = f"consumequeue/{topic}/{qid}"
-        self.dir = os.path.join(root, "consumequeue", topic, str(qid))
+        qloc = root.join("consumequeue", topic, str(qid))
+        self.fs = None if qloc.local else qloc.fs  # a remote store (plan only) is read through its fs
+        self.dir = qloc.path
         self.disk: dict[int, str] = {}
-        if os.path.isdir(self.dir):
-            for name in os.listdir(self.dir):
-                b = parse_file_name(name)
-                if b is not None and os.path.isfile(os.path.join(self.dir, name)):
-                    self.disk[b] = os.path.join(self.dir, name)
+        for info in qloc.fs.get_file_info(pafs.FileSelector(qloc.path, allow_not_found=True)):
+            b = parse_file_name(info.base_name)
+            if b is not None and info.type == pafs.FileType.File:
+                self.disk[b] = info.path
         self.model: dict[int, _Seg] = {}
         if cq is not None:
             rec = cq.recover()
             for seg, _ in rec.segments:
-                self.model[seg.base] = _Seg(seg.path)
+                self.model[seg.base] = _Seg(seg.path, fs=self.fs)
             self.state = QueueState.from_existing(cq)
             self.state = replace(self.state, backing=None)
             self.report = QueueReport(topic, qid, rec.end // CQ_UNIT_SIZE, rec.max_physic_offset)
@@ -281,10 +293,8 @@ class _QueueSim:
                 u[self.state.write_pos // CQ_UNIT_SIZE:] = np.zeros(1, dtype=CQ_DTYPE)
             data = u.tobytes()
             path = self.disk.get(base)
-            if path is not None and os.path.getsize(path) == S:
-                with open(path, "rb") as f:
-                    if f.read() == data:
-                        continue
+            if path is not None and _read_upto(self.fs, path, S + 1) == data:
+                continue
             yield f"{self.rel_dir}/{file_name(base)}", data
         for base in sorted(self.disk):
             if base not in self.model:
@@ -377,7 +387,7 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
     """
     settings = store.settings
     version = version or ("5" if str(getattr(settings, "version", "4")).startswith("5") else "4")
-    root = store.loc.path
+    root = store.loc
     findings: list[Finding] = list(store.commitlog.findings)
     cl = store.commitlog
     Scq = int(settings.mapped_file_size_consume_queue)
@@ -493,7 +503,7 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
     if walk.truncate is not None:
         base, pos = walk.truncate
         seg = next(s for s in segs if s.base == base)
-        if _has_nonzero(seg.path, pos):
+        if _has_nonzero(seg, pos):
             zero_from = (seg.name, pos)
     delete_names = [s.name for s in segs if s.base in set(walk.delete_segments)]
     delete_names += [s.name for s in cl.segments if s.file_size == 0 and s.name not in delete_names]
@@ -556,15 +566,17 @@ def _range_dict(d: DispatchRange) -> dict:
             "only_physical_offset_above": d.after}
 
 
-def _has_nonzero(path: str, pos: int) -> bool:
-    with open(path, "rb") as f:
-        f.seek(pos)
-        while True:
-            b = f.read(_ZERO_CHUNK)
-            if not b:
-                return False
-            if np.frombuffer(b, dtype=np.uint8).any():
+def _has_nonzero(seg: Segment, pos: int) -> bool:
+    """Any non-zero byte from ``pos`` to the end of the segment (local mmap or ranged remote reads)."""
+    with seg.open() as src:
+        while pos < src.size:
+            b = src.read(pos, _ZERO_CHUNK)
+            n, nonzero = len(b), bool(np.frombuffer(b, dtype=np.uint8).any())
+            b.release()
+            if nonzero:
                 return True
+            pos += n
+        return False
 
 
 def _checkpoint_image(store, cp: Checkpoint, version: str) -> bytes:
@@ -578,7 +590,8 @@ def _checkpoint_image(store, cp: Checkpoint, version: str) -> bytes:
     return bytes(page)
 
 
-def _cq_dispatch(queues: dict[tuple[str, int], _QueueSim], table: pa.Table, root: str, S: int, by: str) -> None:
+def _cq_dispatch(queues: dict[tuple[str, int], _QueueSim], table: pa.Table, root: Location, S: int,
+                 by: str) -> None:
     if table.num_rows == 0:
         return
     states = {k: q.state for k, q in queues.items()}

@@ -54,6 +54,7 @@ def _fsync_dir(d: str) -> None:
 # output trees: staging + manifest last
 
 MANIFEST_NAME = "rebuild-manifest.json"
+PUBLISHING_MARKER = ".rmqstore-publishing"  # present at a remote destination while a publish runs
 
 
 def _loc(where):
@@ -106,14 +107,13 @@ def publish_tree(staging, dest, manifest: dict, *, manifest_name: str = MANIFEST
 
     Local staging and destination on one filesystem: the manifest is written into the staging tree,
     then the tree is renamed into place (an existing ``dest`` is first renamed aside and removed
-    after). Otherwise (remote ``dest`` or different filesystems): any manifest at ``dest`` is deleted
-    first, every file is copied, and the manifest is written LAST; readers must treat a tree
-    without manifest as incomplete (:func:`is_published`). Returns the destination path.
+    after). Otherwise (remote ``dest`` or different filesystems) see :func:`_publish_remote`: staging
+    prefix, move into place, manifest LAST; readers must treat a tree without manifest as
+    incomplete (:func:`is_published`, :func:`is_partial`). Returns the destination path.
     """
     import shutil
     import uuid
 
-    import pyarrow.fs as pafs
 
     src, dst = _loc(staging), _loc(dest)
     data = _manifest_bytes(manifest)
@@ -128,21 +128,66 @@ def publish_tree(staging, dest, manifest: dict, *, manifest_name: str = MANIFEST
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return dst.path
+    _publish_remote(src, dst, data, manifest_name)
+    return dst.path
+
+
+def _publish_remote(src, dst, data: bytes, manifest_name: str) -> None:
+    """Staging prefix on the destination filesystem, move into place, stale files out, manifest LAST.
+
+    Object stores have no directory rename: the files are first uploaded under a sibling staging
+    prefix (``<dest>.publish-<id>``; skipped when ``src`` already is on that filesystem), so ``dest``
+    only changes once every byte has arrived; then each file is moved (S3: server-side copy +
+    delete), files of a previous output that the new one lacks are deleted, and the manifest is
+    written. A ``PUBLISHING_MARKER`` file marks ``dest`` as being replaced until the manifest exists.
+    """
+    import uuid
+
+    import pyarrow.fs as pafs
+
+    from .bytesource import Location
+
     fs = dst.fs
     mpath = dst.join(manifest_name).path
-    if fs.get_file_info(mpath).type == pafs.FileType.File:
-        fs.delete_file(mpath)
+    marker = dst.join(PUBLISHING_MARKER).path
     fs.create_dir(dst.path, recursive=True)
-    for rel in tree_files(src):
-        if rel == manifest_name:
-            continue
-        target = dst.join(*rel.split("/"))
-        fs.create_dir(target.path.rsplit("/", 1)[0], recursive=True)
-        pafs.copy_files(src.join(*rel.split("/")).path, target.path, source_filesystem=src.fs,
-                        destination_filesystem=fs)
-    with fs.open_output_stream(mpath) as f:
-        f.write(data)
-    return dst.path
+    with fs.open_output_stream(marker) as f:
+        f.write(b"publish in progress; this tree is incomplete until " + manifest_name.encode() + b" exists\n")
+    if fs.get_file_info(mpath).type == pafs.FileType.File:
+        fs.delete_file(mpath)  # the old output stops counting as complete before any of it changes
+    same_fs = not src.local and src.fs.equals(fs)
+    stage = src
+    if not same_fs:
+        stage = Location(fs, f"{dst.path.rstrip('/')}.publish-{uuid.uuid4().hex[:10]}", False)
+        fs.create_dir(stage.path, recursive=True)
+    try:
+        if not same_fs:
+            pafs.copy_files(src.path, stage.path, source_filesystem=src.fs, destination_filesystem=fs,
+                            use_threads=True)
+        new = [rel for rel in tree_files(stage) if rel not in (manifest_name, PUBLISHING_MARKER)]
+        for rel in new:
+            target = dst.join(*rel.split("/")).path
+            fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+            fs.move(stage.join(*rel.split("/")).path, target)
+        keep = set(new) | {PUBLISHING_MARKER}
+        for rel in tree_files(dst):
+            if rel not in keep:
+                fs.delete_file(dst.join(*rel.split("/")).path)
+        with fs.open_output_stream(mpath) as f:  # one PUT: the object appears only when complete
+            f.write(data)
+        fs.delete_file(marker)
+    finally:
+        if not same_fs:
+            with contextlib.suppress(OSError):
+                fs.delete_dir(stage.path)
+
+
+def is_partial(dest) -> bool:
+    """True when a publish into ``dest`` started and did not finish (safe to replace, never to read)."""
+    import pyarrow.fs as pafs
+
+    loc = _loc(dest)
+    return loc.fs.get_file_info(loc.join(PUBLISHING_MARKER).path).type == pafs.FileType.File
 
 
 def _same_device(a: str, b: str) -> bool:

@@ -86,6 +86,7 @@ class S3Server:
     def download(self, src: str, local_dir: str | os.PathLike) -> Path:
         """Copy ``s3://bucket/prefix`` (a tree) to a local directory."""
         src = src.removeprefix("s3://").strip("/")
+        os.makedirs(local_dir, exist_ok=True)
         pafs.copy_files(src, os.fspath(local_dir), source_filesystem=self.filesystem(),
                         destination_filesystem=pafs.LocalFileSystem())
         return Path(local_dir)

@@ -90,7 +90,7 @@ def store_pair(request, stores) -> dict:
 def _normalise(obj, roots: list[str]):
     """Drop what legitimately differs between a local and an S3 copy (root path, mtimes, lock probe)."""
     if isinstance(obj, dict):
-        return {k: _normalise(v, roots) for k, v in obj.items() if k not in ("store", "local", "mtime_ms", "lock")}
+        return {k: _normalise(v, roots) for k, v in obj.items() if k not in ("store", "local", "mtime_ms", "lock", "created_ms")}
     if isinstance(obj, list):
         return [_normalise(v, roots) for v in obj]
     if isinstance(obj, str):
@@ -372,3 +372,150 @@ def test_fsspec_filesystem_objects_are_wrapped(sample_498):
     t_r = store.commitlog.read_table(window=8192)
     t_l = Store(src).commitlog.read_table()
     assert t_r.equals(t_l)
+
+
+# ------------------------------------------------------------------------------------------------
+# jobs and outputs on S3
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_rebuild_from_s3_to_s3_is_byte_identical_to_a_local_rebuild(stores, s3_server, tmp_path):
+    from storelib.publish import MANIFEST_NAME, is_partial, is_published, read_manifest
+
+    d = stores["generated"] if "generated" in stores else stores["5.3.3"]
+    out_uri = f"s3://{s3_server.new_bucket('rebuilt')}/out/store"
+    rc_l, _, err_l = run_cli(["rebuild", d["local"], "--out", tmp_path / "local-out", "--broker-conf", d["conf"],
+                              "--quiet"])
+    rc_r, _, err_r = run_cli(["rebuild", d["uri"], "--out", out_uri, "--broker-conf", d["conf"], "--quiet"])
+    assert rc_l == 0 and rc_r == 0, (err_l, err_r)
+    assert is_published(out_uri) and not is_partial(out_uri)
+    s3_server.download(out_uri, tmp_path / "s3-out")
+    got, want = _tree_bytes(tmp_path / "s3-out"), _tree_bytes(tmp_path / "local-out")
+    got.pop(MANIFEST_NAME), want.pop(MANIFEST_NAME)
+    assert sorted(got) == sorted(want) and any(k.startswith("consumequeue/") for k in want)
+    assert got == want
+    m = read_manifest(out_uri)
+    assert m is not None and m["counts"]["cq_records"] > 0
+    # no staging prefix is left beside the output
+    fs = s3_server.filesystem()
+    bucket_root = out_uri.removeprefix("s3://").split("/", 1)[0]
+    names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(bucket_root + "/out"))]
+    assert names == ["store"]
+
+
+def test_interrupted_publish_to_s3_leaves_no_manifest_and_is_not_complete(s3_server, tmp_path, monkeypatch):
+    from storelib import publish
+
+    staging = tmp_path / "staging"
+    for rel in ("consumequeue/T/0/00000000000000000000", "index/20240101000000000", "checkpoint"):
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        (staging / rel).write_bytes(rel.encode() * 100)
+    fsspec_arrow = pytest.importorskip("fsspec.implementations.arrow")
+    # the S3 filesystem seen through a Python handler, so that one call can be made to fail
+    wrapped = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec_arrow.ArrowFSWrapper(s3_server.filesystem())))
+    loc = resolve(f"{s3_server.new_bucket('pub')}/out", filesystem=wrapped)
+    publish.publish_tree(str(staging), loc, {"n": 1})
+    assert publish.read_manifest(loc) == {"n": 1}
+
+    (staging / "index" / "20240101000000000").unlink()  # the new output has one file less
+    real_move = pafs.FSSpecHandler.move
+    calls = []
+
+    def dies_on_second_move(self, src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError("connection reset (simulated)")
+        return real_move(self, src, dst)
+
+    monkeypatch.setattr(pafs.FSSpecHandler, "move", dies_on_second_move)
+    with pytest.raises(OSError):
+        publish.publish_tree(str(staging), loc, {"n": 2})
+    assert not publish.is_published(loc) and publish.read_manifest(loc) is None
+    assert publish.is_partial(loc)
+    monkeypatch.undo()
+    publish.publish_tree(str(staging), loc, {"n": 2})
+    assert publish.read_manifest(loc) == {"n": 2} and not publish.is_partial(loc)
+    files = publish.tree_files(loc)
+    assert "index/20240101000000000" not in files  # a file of the previous output is not left behind
+    assert sorted(files) == sorted(["consumequeue/T/0/00000000000000000000", "checkpoint", publish.MANIFEST_NAME])
+
+
+def test_rebuild_in_place_on_s3_is_a_one_line_error(stores, s3_server):
+    rc, _, err = run_cli(["rebuild", stores["4.9.8"]["uri"], "--in-place", "--quiet"])
+    assert rc == 2 and err.count("\n") == 1 and "local" in err
+
+
+def test_recover_apply_on_s3_is_a_one_line_error(stores, s3_server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = run_cli(["recover", stores["4.9.8"]["uri"], "--apply", "--backup", tmp_path / "b"])
+    assert rc == 2 and err.count("\n") == 1 and "local" in err
+
+
+def test_recover_plan_same_from_s3_as_local(store_pair, s3_server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --plan also writes ./recover-plan.json
+    local, uri, conf = store_pair["local"], store_pair["uri"], store_pair["conf"]
+    rc_l, out_l, err_l = run_cli(["recover", local, "--plan", "--json", "--broker-conf", conf])
+    rc_r, out_r, err_r = run_cli(["recover", uri, "--plan", "--json", "--broker-conf", conf])
+    assert rc_l == rc_r and rc_l in (0, 1), (err_l, err_r)
+    roots = [str(local), uri.removeprefix("s3://"), uri]
+    assert _normalise(json.loads(out_r), roots) == _normalise(json.loads(out_l), roots)
+
+
+def test_audit_same_from_s3_as_local_and_report_to_s3(store_pair, s3_server, tmp_path):
+    local, uri, conf = store_pair["local"], store_pair["uri"], store_pair["conf"]
+    rep = f"s3://{s3_server.new_bucket('audit')}/reports/run1"
+    rc_l, _, err_l = run_cli(["audit", local, "--broker-conf", conf, "--report-dir", tmp_path / "rl", "--quiet"])
+    rc_r, _, err_r = run_cli(["audit", uri, "--broker-conf", conf, "--report-dir", rep, "--quiet",
+                              *s3_server.cli_args()])
+    assert rc_l == rc_r and rc_l in (0, 1), (err_l, err_r)
+    s3_server.download(rep, tmp_path / "rr")
+    jl = json.loads((tmp_path / "rl" / "audit.json").read_text())
+    jr = json.loads((tmp_path / "rr" / "audit.json").read_text())
+    roots = [str(local), uri.removeprefix("s3://"), uri]
+    drop = ("generated_at_ms", "run")
+    strip = lambda j: {k: v for k, v in _normalise(j, roots).items() if k not in drop}  # noqa: E731
+    assert strip(jr) == strip(jl)
+    assert jr["run"]["segments_audited"] == jl["run"]["segments_audited"] > 0
+    from storelib.publish import is_published
+
+    assert is_published(resolve(rep), "audit-manifest.json")
+
+
+def test_expiry_same_from_s3_as_local_using_store_times(store_pair, s3_server):
+    """S3 object times are upload times: with store-time mtimes both runs simulate the same thing."""
+    local, uri, conf = store_pair["local"], store_pair["uri"], store_pair["conf"]
+    args = ["--broker-conf", conf, "--json", "--mtimes", "store-time", "--ingest", "0", "--consumption", "0"]
+    rc_l, out_l, err_l = run_cli(["expiry", local, *args])
+    rc_r, out_r, err_r = run_cli(["expiry", uri, *args, *s3_server.cli_args()])
+    assert rc_l == rc_r == 0, (err_l, err_r)
+    roots = [str(local), uri.removeprefix("s3://"), uri]
+    assert _normalise(json.loads(out_r), roots) == _normalise(json.loads(out_l), roots)
+
+
+def test_expiry_on_s3_says_upload_times_are_not_usable_and_uses_store_times(stores, s3_server):
+    d = stores["4.9.8"]
+    rc, out, err = run_cli(["expiry", d["uri"], "--broker-conf", d["conf"], "--json", "--ingest", "0",
+                            "--consumption", "0", *s3_server.cli_args()])
+    assert rc == 0, err
+    sim = json.loads(out)["simulation"]
+    assert "store_time" in json.dumps(sim.get("mtime_source"))
+    assert "mtime_reconstructed" in out
+
+
+@pytest.mark.spark
+def test_spark_data_source_reads_s3_with_filesystem_options(stores, s3_server, spark):
+    from datasources import register
+
+    register(spark)
+    d = stores["5.3.3"]
+    o = s3_server.fs_options()
+    opts = {"fs.endpoint": s3_server.endpoint, "fs.region": o["region"], "fs.access_key": o["access_key"],
+            "fs.secret_key": o["secret_key"], "maxSplitBytes": "128k", "brokerConf": str(d["conf"])}
+    got = spark.read.format("rocketmq").options(**opts).load(d["uri"]).drop("_corrupt")
+    want = spark.read.format("rocketmq").options(maxSplitBytes="128k", brokerConf=str(d["conf"])).load(
+        str(d["local"])).drop("_corrupt")
+    assert got.count() == want.count() > 1000
+    assert got.orderBy("phy_offset").collect() == want.orderBy("phy_offset").collect()
