@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -109,14 +110,19 @@ class ArrowFileSource:
         self._ahead: _ReadAhead | None = None
         self._last = (0, 0)  # the previous read (offset, length), to spot an undeclared sequential reader
 
-    def read_ahead(self, window: int = DEFAULT_WINDOW) -> None:
+    def read_ahead(self, window: int = DEFAULT_WINDOW, then: tuple[str, int] | None = None) -> None:
         """Sequential mode: while window k is used, window k+1 is fetched in a background thread.
 
         For scans that read the file front to back in ``window``-sized steps (SegmentScan); random
-        reads should not turn it on (it would fetch a window nobody asks for).
+        reads should not turn it on (it would fetch a window nobody asks for). ``then`` = (path, size)
+        of the file the reader opens next on the same filesystem (the next commitlog segment): its
+        first window is fetched while this file's last one is used, so the stream does not stall
+        at file boundaries.
         """
-        if self._ahead is None and self.size > window:
+        if self._ahead is None and (self.size > window or then is not None or _handoff_waiting(self.fs, self.path)):
             self._ahead = _ReadAhead(self, window)
+        if self._ahead is not None and then is not None:
+            self._ahead.then = then
 
     def read(self, offset: int, length: int) -> memoryview:
         if offset < 0:
@@ -125,6 +131,9 @@ class ArrowFileSource:
         if length == 0:
             return memoryview(b"")
         if self._ahead is not None:
+            return self._ahead.read(offset, length)
+        if offset == 0 and _handoff_waiting(self.fs, self.path):  # a previous file's reader fetched us
+            self.read_ahead(length)
             return self._ahead.read(offset, length)
         last, self._last = self._last, (offset, length)
         if (length >= AUTO_READ_AHEAD_MIN and last[1] >= AUTO_READ_AHEAD_MIN and offset + length < self.size
@@ -176,6 +185,11 @@ class _ReadAhead:
         self._cur: memoryview | None = None
         self._cur_start = 0
         self._next: tuple[int, int, np.ndarray, Future] | None = None
+        self.then: tuple[str, int] | None = None
+        adopted = _handoff_take(src.fs, src.path)
+        if adopted is not None:  # the first window is already on its way
+            self._cur, self._cur_start = memoryview(b""), 0
+            self._next = (0, adopted[0], adopted[1], adopted[2])
         self.prefetched = 0  # windows served from the read-ahead buffer
         self.direct = 0  # windows read synchronously (first window, jumps, oversized records)
 
@@ -191,11 +205,21 @@ class _ReadAhead:
 
     def _schedule(self, start: int) -> None:
         if start >= self.src.size:
+            self._hand_off()
             return
         n = min(self.window, self.src.size - start)
         buf = np.empty(READ_AHEAD_RESERVE + n, dtype=np.uint8)  # untouched reserve pages cost no RSS
         fut = self._pool.submit(self._fill, start, memoryview(buf)[READ_AHEAD_RESERVE:])
         self._next = (start, n, buf, fut)
+        if start + n >= self.src.size and n <= READ_AHEAD_RESERVE:
+            # a short last piece (often never asked for: the scan stops at the blank record before
+            # it): the next file's first window goes out now, memory stays ~2 windows
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        if self.then is not None:
+            _handoff_start(self.src.fs, self.then[0], self.then[1], self.window)
+            self.then = None
 
     def _drop_next(self) -> None:
         if self._next is not None:
@@ -240,6 +264,48 @@ class _ReadAhead:
         self._cur = None
         self._pool.submit(self._f.close)  # after any in-flight fill: the handle is the worker's
         self._pool.shutdown(wait=False)
+
+
+# first windows of files a sequential reader will open next: (fs id, path) -> (n, buffer, future)
+_HANDOFF: dict[tuple[int, str], tuple[int, np.ndarray, Future]] = {}
+_HANDOFF_LOCK = threading.Lock()
+_HANDOFF_POOL: ThreadPoolExecutor | None = None
+_HANDOFF_MAX = 2  # an abandoned scan leaves at most this many windows behind
+
+
+def _fetch_start(fs: pafs.FileSystem, path: str, out: memoryview) -> int:
+    with fs.open_input_file(path) as f:
+        got = 0
+        while got < len(out):
+            n = f.readinto(out[got:])
+            if not n:
+                break
+            got += n
+        return got
+
+
+def _handoff_start(fs: pafs.FileSystem, path: str, size: int, window: int) -> None:
+    global _HANDOFF_POOL
+    n = min(window, size)
+    if n <= 0:
+        return
+    buf = np.empty(READ_AHEAD_RESERVE + n, dtype=np.uint8)
+    with _HANDOFF_LOCK:
+        if _HANDOFF_POOL is None:
+            _HANDOFF_POOL = ThreadPoolExecutor(1, thread_name_prefix="rmqstore-handoff")
+        fut = _HANDOFF_POOL.submit(_fetch_start, fs, path, memoryview(buf)[READ_AHEAD_RESERVE:])
+        _HANDOFF[(id(fs), path)] = (n, buf, fut)
+        while len(_HANDOFF) > _HANDOFF_MAX:
+            _HANDOFF.pop(next(iter(_HANDOFF)))[2].cancel()
+
+
+def _handoff_waiting(fs: pafs.FileSystem, path: str) -> bool:
+    return (id(fs), path) in _HANDOFF
+
+
+def _handoff_take(fs: pafs.FileSystem, path: str) -> tuple[int, np.ndarray, Future] | None:
+    with _HANDOFF_LOCK:
+        return _HANDOFF.pop((id(fs), path), None)
 
 
 @dataclass(frozen=True)

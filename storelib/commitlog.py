@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from .bytesource import Location, open_source, resolve
+from .bytesource import DEFAULT_WINDOW, Location, open_source, resolve
 from .errors import Finding, StoreError
 from .record import RecordCheck, check_record
 from .scanner import SegmentEnd, SegmentScan, message_schema
@@ -201,7 +201,7 @@ class CommitLog:
         and the scan goes on with the next segment (so one bad record loses at most the rest of its
         segment, not the store). ``ends`` collects each segment's :class:`SegmentEnd`.
         """
-        for seg in self.segments:
+        for i, seg in enumerate(self.segments):
             if seg.file_size == 0:
                 continue
             if to_offset is not None and seg.base >= to_offset:
@@ -210,6 +210,9 @@ class CommitLog:
                 continue
             src = seg.open()
             try:
+                nxt = self.segments[i + 1] if i + 1 < len(self.segments) else None
+                if nxt is not None and hasattr(src, "read_ahead"):  # remote: no stall between segments
+                    src.read_ahead(kw.get("window", DEFAULT_WINDOW), then=(nxt.path, nxt.file_size))
                 scan = SegmentScan(src, seg.display, seg.base, **kw)
                 for batch in scan:
                     if from_offset is not None or to_offset is not None:

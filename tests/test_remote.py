@@ -519,3 +519,24 @@ def test_spark_data_source_reads_s3_with_filesystem_options(stores, s3_server, s
         str(d["local"])).drop("_corrupt")
     assert got.count() == want.count() > 1000
     assert got.orderBy("phy_offset").collect() == want.orderBy("phy_offset").collect()
+
+
+def test_commitlog_scan_hands_the_next_segments_first_window_over_without_a_stall(sample_533, monkeypatch):
+    from storelib.commitlog import CommitLog
+
+    counts: list[tuple[int, int]] = []
+    real_close = ArrowFileSource.close
+
+    def counting_close(self):
+        if self._ahead is not None:
+            counts.append((self._ahead.prefetched, self._ahead.direct))
+        real_close(self)
+
+    monkeypatch.setattr(ArrowFileSource, "close", counting_close)
+    root = sample_533 / "store" / "commitlog"
+    cl = CommitLog(_remote_local(root))
+    assert len(cl.segments) >= 3
+    got = cl.read_table(window=64 * 1024)
+    assert got.equals(CommitLog(str(root)).read_table())
+    assert len(counts) == len(cl.segments)
+    assert counts[0][1] == 1 and all(direct == 0 for _, direct in counts[1:])  # only the very first read waits

@@ -82,32 +82,33 @@ def build(root: Path, size: int, segment_size: int) -> dict:
 
 
 def scan(loc, segment_size: int) -> tuple[int, int, float, dict]:
-    """Full scan with CRC check; returns (messages, bytes, seconds, read-ahead counters)."""
+    """Full scan with CRC check (``CommitLog.scan``); returns (messages, bytes, seconds, read-ahead counters)."""
+    from storelib.bytesource import ArrowFileSource
     from storelib.commitlog import CommitLog
 
-    cl = CommitLog(loc, segment_size)
     stats = {"prefetched": 0, "direct": 0}
-    msgs = 0
-    ends: list = []
-    t0 = time.perf_counter()
-    for seg in cl.segments:
-        src = seg.open()
-        try:
-            from storelib.scanner import SegmentScan
+    real_close = ArrowFileSource.close
 
-            sc = SegmentScan(src, seg.display, seg.base, verify_crc=True)
-            for b in sc:
-                msgs += b.num_rows
-            ends.append(sc.end)
-            ahead = getattr(src, "_ahead", None)
-            if ahead is not None:
-                stats["prefetched"] += ahead.prefetched
-                stats["direct"] += ahead.direct
-        finally:
-            src.close()
-    dt = time.perf_counter() - t0
-    bad = [e for e in ends if e is None or e.kind not in ("blank", "segment_end", "end_of_data") or e.crc_errors]
-    assert not bad, bad
+    def counting_close(self) -> None:  # read the read-ahead counters before the source goes
+        ahead = self._ahead
+        if ahead is not None:
+            stats["prefetched"] += ahead.prefetched
+            stats["direct"] += ahead.direct
+        real_close(self)
+
+    ArrowFileSource.close = counting_close
+    try:
+        cl = CommitLog(loc, segment_size)
+        msgs = 0
+        ends: list = []
+        t0 = time.perf_counter()
+        for b in cl.scan(verify_crc=True, ends=ends):
+            msgs += b.num_rows
+        dt = time.perf_counter() - t0
+    finally:
+        ArrowFileSource.close = real_close
+    bad = [e for e in ends if e.kind not in ("blank", "segment_end", "end_of_data") or e.crc_errors]
+    assert not bad and len(ends) == len(cl.segments), bad
     return msgs, sum(s.file_size for s in cl.segments), dt, stats
 
 
