@@ -24,8 +24,10 @@ def add_store_args(p: argparse.ArgumentParser) -> None:
     """STORE plus the options every command that opens a store accepts."""
     p.add_argument("store", metavar="STORE", help="store root: a local path or a URI (s3://bucket/prefix, ...)")
     p.add_argument("--broker-conf", metavar="F", help="broker.conf with the store's settings (defaults otherwise)")
-    p.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint override (e.g. http://127.0.0.1:9000)")
-    p.add_argument("--s3-region", metavar="R", help="S3 region")
+    p.add_argument("--s3-endpoint", metavar="URL",
+                   help="S3-compatible endpoint (e.g. http://127.0.0.1:9000; default: AWS_ENDPOINT_URL or AWS). "
+                        "Credentials come from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN] or ~/.aws")
+    p.add_argument("--s3-region", metavar="R", help="S3 region (default: AWS_REGION / AWS_DEFAULT_REGION)")
 
 
 def fs_options(args: argparse.Namespace) -> dict[str, Any]:
