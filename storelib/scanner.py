@@ -362,7 +362,7 @@ def _tail_fields(a: np.ndarray, st: np.ndarray, bh: np.ndarray, sh: np.ndarray, 
     return out
 
 
-def _or_reduce(out: np.ndarray, par: np.ndarray, bits: np.ndarray, counts: np.ndarray) -> None:
+def _or_reduce(out: np.ndarray, par: np.ndarray | None, bits: np.ndarray, counts: np.ndarray) -> None:
     """Per-row OR of ``bits`` (rows are contiguous runs of ``par``), via reduceat over non-empty rows."""
     nz = np.flatnonzero(counts)
     starts = (np.cumsum(counts) - counts)[nz]
@@ -456,7 +456,134 @@ def as_utf8(binary: pa.Array) -> tuple[pa.Array, bool]:
 
 
 class FastProperties:
-    """Property parsing over the bytes of a clean (valid UTF-8) binary properties column, with numpy.
+    """Property lookups and the full map over the bytes of a clean (valid UTF-8) binary properties column.
+
+    Segments (the text between 0x02 separators, per row) come from one numpy pass that finds every
+    0x02; a segment is named ``N`` when it starts with ``N`` + 0x01 (its first 0x01 then ends the
+    name), and counts when its value is non-empty (the broker's rule: first 0x01 strictly inside the
+    segment, non-empty name and value; the last valid occurrence of a name wins). A name lookup is a
+    compare of the segments' first 8 bytes against the name's, so the dispatch columns (TAGS, KEYS,
+    UNIQ_KEY) never parse the other pairs; the 0x01 positions of every segment are only found when
+    the full map is asked for (then :class:`SplitProperties` parses every pair). Values are copied
+    with one Arrow ``take`` over a token array laid on the bytes.
+    """
+
+    def __init__(self, raw: pa.Array):
+        self.raw = raw
+        n = self.n = len(raw)
+        ro, d = _string_parts(raw)
+        self.ro, self.d = ro, d
+        self.data_buf = raw.buffers()[2]
+        self.data_base = int(np.frombuffer(raw.buffers()[1], np.int32, count=1, offset=4 * raw.offset)[0]) if n else 0
+        e2 = np.flatnonzero(d == 2)
+        idx = np.searchsorted(e2, ro)  # separators before each row boundary
+        m = len(e2) + n  # segments: one per row plus one per separator
+        first = idx[:-1] + np.arange(n, dtype=np.int64)  # each row's first segment
+        S = np.empty(m, np.int64)
+        if len(e2):
+            other = np.ones(m, bool)
+            other[first] = False
+            S[other] = e2 + 1
+        S[first] = ro[:-1]
+        E = np.empty(m, np.int64)
+        if m:
+            E[:-1] = S[1:] - 1  # a segment ends at the separator before the next one ...
+            E[first[1:] - 1] = ro[1:-1]  # ... or where its row ends
+            E[-1] = ro[-1]
+        self.S, self.E, self.first, self.m = S, E, first, m
+        self.cnt = np.diff(idx) + 1
+        self._row: np.ndarray | None = None
+        self._key: np.ndarray | None = None
+
+    @property
+    def seg_row(self) -> np.ndarray:
+        if self._row is None:
+            self._row = np.repeat(np.arange(self.n, dtype=np.int64), self.cnt)
+        return self._row
+
+    @property
+    def key8(self) -> np.ndarray:
+        """First 8 bytes of every segment as a little-endian uint64 (zero past the data end)."""
+        if self._key is None:
+            d, S = self.d, self.S
+            if len(d) >= 8:
+                s8 = np.minimum(S, len(d) - 8)
+                k = _overlapping(d, "<u8")[s8]
+                late = np.flatnonzero(s8 != S)
+            else:
+                k = np.zeros(len(S), np.uint64)
+                late = np.arange(len(S))
+            if len(late):  # segments starting in the last 8 bytes: exact bytes, zero padded
+                tail = np.zeros(16, np.uint8)
+                lo = max(len(d) - 8, 0)
+                tail[: len(d) - lo] = d[lo:]
+                k[late] = _overlapping(tail, "<u8")[S[late] - lo]
+            self._key = k
+        return self._key
+
+    def last_pair(self, name: str) -> np.ndarray:
+        """Per row, the segment holding the last valid occurrence of ``name`` (its index), or -1."""
+        pat = name.encode() + b"\x01"
+        L = len(pat)
+        key = self.key8
+        if L <= 8:
+            mask = (1 << (8 * L)) - 1
+            want = int.from_bytes(pat, "little")
+            hits = np.flatnonzero((key & _U64(mask)) == _U64(want)) if L < 8 else np.flatnonzero(key == _U64(want))
+        else:
+            hits = np.flatnonzero(key == _U64(int.from_bytes(pat[:8], "little")))
+            if len(hits):
+                s = self.S[hits] + 8
+                fits = s + (L - 8) <= len(self.d)
+                hits, s = hits[fits], s[fits]
+                if len(hits):
+                    rest = np.frombuffer(pat[8:], np.uint8)
+                    hits = hits[(rows_at(self.d, s, L - 8) == rest).all(axis=1)]
+        out = np.full(self.n, -1, np.int64)
+        if len(hits):
+            hits = hits[self.E[hits] - self.S[hits] > L]  # non-empty value, inside the segment
+            if len(hits):
+                r = self.seg_row[hits]
+                last = np.ones(len(hits), bool)
+                last[:-1] = r[:-1] != r[1:]
+                out[r[last]] = hits[last]
+        return out
+
+    def value_span(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows holding ``name``, value starts in ``d``, value lengths) for the last valid occurrences."""
+        idx = self.last_pair(name)
+        rows = np.flatnonzero(idx >= 0)
+        seg = idx[rows]
+        vs = self.S[seg] + len(name.encode()) + 1
+        return rows, vs, self.E[seg] - vs
+
+    def value(self, name: str) -> pa.Array:
+        """The value of property ``name`` per row (null when absent)."""
+        rows, vs, vl = self.value_span(name)
+        n = self.n
+        if not len(rows):
+            return pa.nulls(n, pa.string())
+        tok = np.empty(2 * len(rows), np.int64)
+        tok[0::2] = vs
+        tok[1::2] = vs + vl
+        tok += self.data_base
+        tokens = pa.Array.from_buffers(pa.binary(), 2 * len(rows) - 1,
+                                       [None, pa.py_buffer(tok.astype(np.int32)), self.data_buf])
+        if len(rows) == n:
+            return tokens.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int64))).view(pa.string())
+        ix = np.zeros(n, np.int64)
+        ix[rows] = np.arange(0, 2 * len(rows), 2, dtype=np.int64)
+        miss = np.ones(n, bool)
+        miss[rows] = False
+        return tokens.take(pa.array(ix, mask=miss)).view(pa.string())
+
+    def as_map(self) -> pa.Array:
+        """map<string,string> of every valid pair (see :class:`SplitProperties`, which parses every pair)."""
+        return SplitProperties(self.raw).as_map()
+
+
+class SplitProperties:
+    """Full property parsing (for the map) over the bytes of a clean (valid UTF-8) binary properties column.
 
     Arrow splits every row on 0x02 and finds the first 0x01 of each segment (C++); the broker's rule
     (a pair counts when that 0x01 is strictly inside the segment with non-empty name and value; the
@@ -532,6 +659,13 @@ class FastProperties:
     def value_ranges(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(start, length) in ``self.d`` of the values of the given pair indices."""
         return self.p1[pairs] + 1, self.e[pairs] - self.p1[pairs] - 1
+
+    def value_span(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows holding ``name``, value starts in ``d``, value lengths) for the last valid occurrences."""
+        idx = self.last_pair(name)
+        rows = np.flatnonzero(idx >= 0)
+        vs, vl = self.value_ranges(idx[rows])
+        return rows, vs, vl
 
     def as_map(self) -> pa.Array:
         """map<string,string> of every valid pair in stored order; a repeated name keeps its first
@@ -891,12 +1025,17 @@ class SegmentScan:
             eq = (rows_at(a, p_topic[sched_cand], len(_SCHED_B)) == _SCHED_B).all(axis=1)
             is_sched[sched_cand[eq]] = True
         any_sched = bool(is_sched.any())
-        props: FastProperties | PropertyColumns | None = None
+        props: FastProperties | SplitProperties | PropertyColumns | None = None
         raw = None
         if any_sched or need & _PROP_COLUMNS:
             raw_b = take_ranges(pbuf, p_props[sl], plen[sl])
             raw, clean = as_utf8(raw_b)
-            props = FastProperties(raw_b) if clean else PropertyColumns(raw)
+            if not clean:
+                props = PropertyColumns(raw)
+            elif "properties" in need:  # every pair is parsed anyway: look names up in that parse
+                props = SplitProperties(raw_b)
+            else:
+                props = FastProperties(raw_b)
         delay = None
         delay_col = pa.nulls(k, pa.int32())
         if any_sched:
@@ -1000,13 +1139,12 @@ class SegmentScan:
     def _prop_crc(self, view: memoryview, st: np.ndarray, total: np.ndarray, props) -> pa.Array:
         """5.x ``__CRC32#`` check: stored digits (least significant first) vs CRC of the record minus 20."""
         k = len(st)
-        if isinstance(props, FastProperties):
-            idx = props.last_pair(CRC32_NAME)
-            present = idx >= 0
-            if not present.any():
+        if isinstance(props, (FastProperties, SplitProperties)):
+            rows, vs, vl = props.value_span(CRC32_NAME)
+            if not len(rows):
                 return pa.nulls(k, pa.bool_())
-            rows = np.flatnonzero(present)
-            vs, vl = props.value_ranges(idx[rows])
+            present = np.zeros(k, bool)
+            present[rows] = True
             out = np.zeros(k, dtype=bool)
             ten = np.flatnonzero(vl == 10)
             if len(ten):

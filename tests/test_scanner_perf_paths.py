@@ -23,6 +23,7 @@ from storelib.scanner import (
     FastProperties,
     PropertyColumns,
     SegmentScan,
+    SplitProperties,
     as_utf8,
     message_schema,
     take_ranges,
@@ -174,9 +175,12 @@ def test_fast_property_parse_matches_broker_rules_on_random_strings():
     arr = pa.array([r.encode() for r in raws], pa.binary())
     fp = FastProperties(arr)
     maps = fp.as_map().to_pylist()
-    for name in ("TAGS", "KEYS", "UNIQ_KEY", "DELAY", "__CRC32#"):
-        got = fp.value(name).to_pylist()
-        assert got == [parse_properties(r).get(name) for r in raws], name
+    sp = SplitProperties(arr)
+    for name in ("TAGS", "KEYS", "UNIQ_KEY", "DELAY", "__CRC32#", "LONG_PROPERTY_NAME_ABCDEFGH", "a", "x"):
+        want = [parse_properties(r).get(name) for r in raws]
+        assert fp.value(name).to_pylist() == want, name
+        if len(name) <= 8:  # the split parser identifies names by their first 8 bytes
+            assert sp.value(name).to_pylist() == want, name
     for r, m in zip(raws, maps):
         assert dict(m) == parse_properties(r)
         assert [k for k, _ in m] == list(parse_properties(r))  # first position kept, no repeats
