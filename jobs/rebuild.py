@@ -72,6 +72,7 @@ from storelib.javahash import java_hash_array
 from storelib.publish import (
     MANIFEST_NAME,
     _fsync_dir,
+    is_partial,
     publish_tree,
     read_manifest,
     tree_files,
@@ -214,14 +215,18 @@ def _check_not_inside(out: Location, root: Location) -> None:
 
 
 def _check_dest(out: Location) -> None:
-    """A destination must be absent, empty, or a previous rebuild output (which is then replaced)."""
+    """A destination must be absent, empty, a previous rebuild output, or one whose publish was interrupted.
+
+    The last two are replaced (an interrupted publish carries the publishing marker and no manifest, so
+    it can never be mistaken for a complete output; rerunning completes it).
+    """
     info = out.fs.get_file_info(out.path)
     if info.type == pafs.FileType.NotFound:
         return
     if info.type != pafs.FileType.Directory:
         raise StoreError(out.path, None, "bad_output", "output exists and is not a directory")
     files = tree_files(out)
-    if files and read_manifest(out) is None:
+    if files and read_manifest(out) is None and not is_partial(out):
         raise StoreError(out.path, None, "bad_output",
                          "output directory is not empty and holds no rebuild manifest; refusing to replace it")
 

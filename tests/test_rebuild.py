@@ -512,3 +512,21 @@ def test_standalone_cluster_run_matches_local(tmp_path, standalone_cluster):
     # the work really ran on the workers' executors
     apps = list((tmp_path / "work").glob("app-*/*"))
     assert len(apps) >= 2
+
+
+def test_destination_of_an_interrupted_publish_is_replaced_but_a_foreign_directory_is_refused(tmp_path):
+    from jobs.rebuild import _check_dest
+    from storelib.bytesource import resolve
+    from storelib.errors import StoreError
+    from storelib.publish import PUBLISHING_MARKER
+
+    partial = tmp_path / "partial"
+    (partial / "index").mkdir(parents=True)
+    (partial / "index" / "20240101000000000").write_bytes(b"x")
+    (partial / PUBLISHING_MARKER).write_bytes(b"")
+    _check_dest(resolve(str(partial)))  # no manifest, but marked as being published: a rerun completes it
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="holds no rebuild manifest"):
+        _check_dest(resolve(str(foreign)))
