@@ -108,6 +108,16 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM when the test process dies, even by SIGKILL (no teardown runs then)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the fixture's teardown is the only guard
+        pass
+
+
 def start_s3_server(timeout: float = 60.0, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, S3Server]:
     """Start moto's server on a free loopback port and wait until it answers (tries three ports)."""
     last = ""
@@ -117,7 +127,7 @@ def start_s3_server(timeout: float = 60.0, extra_env: dict[str, str] | None = No
         log = tempfile.TemporaryFile()
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
             if _answers(f"http://127.0.0.1:{port}/moto-api/"):
