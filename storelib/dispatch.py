@@ -62,9 +62,12 @@ import pyarrow as pa
 from .bytesource import Location, resolve
 from .commitlog import CommitLog, Segment
 from .consumequeue import (
+    CQ_DTYPE,
     ConsumeQueue,
+    QueueImage,
     QueueState,
     build_consume_queues,
+    file_name,
     list_queues,
     safe_topic_dirname,
     write_queue_image,
@@ -179,6 +182,11 @@ class _Dispatcher:
         self.keys: list[dict[str, np.ndarray]] = []
         self.rows = 0
         self.any_dispatched = False
+        # the newest index image is written once, when a later one follows it or at the end: its
+        # state (slots + entries) is held for continuation anyway, and rewriting a file of up to
+        # 420 MB after every chunk cost more than building it
+        self.pending_index: Any = None
+        self._cq_seen: set[str] = set()
 
     def add(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -216,7 +224,13 @@ class _Dispatcher:
         for key, img in sorted(images.items(), key=lambda kv: kv[0]):
             topic, qid = key
             safe_topic_dirname(topic)
-            self.result.cq_files += write_queue_image(img, root.join(topic, str(qid)), self.cq_size)
+            qdir = root.join(topic, str(qid))
+            if qdir.local:
+                files = _write_queue_image_local(img, qdir.path, self.cq_size)
+            else:
+                files = write_queue_image(img, qdir, self.cq_size)
+            self.result.cq_files += [f for f in files if f not in self._cq_seen]
+            self._cq_seen.update(files)
             self.qstate[key] = img.state
 
     def _flush_index(self) -> None:
@@ -248,12 +262,104 @@ class _Dispatcher:
         d = self.out.join("index")
         if not d.local:
             raise StoreError(d.path, None, "unsupported", "index files are only written to local paths")
-        os.makedirs(d.path, exist_ok=True)
-        for im in images:
-            path = os.path.join(d.path, im.name)
-            im.write(path)
-            self.result.index_files.append(path)
+        if self.pending_index is not None and images[0].name != self.pending_index.name:
+            self._write_index(self.pending_index)
+        for im in images[:-1]:
+            self._write_index(im)
+        self.pending_index = images[-1]
         self.istate = images[-1].state()
+
+    def _write_index(self, im: Any) -> None:
+        d = self.out.join("index")
+        os.makedirs(d.path, exist_ok=True)
+        path = os.path.join(d.path, im.name)
+        im.write(path)
+        if path not in self.result.index_files:
+            self.result.index_files.append(path)
+
+    def finish(self) -> None:
+        """Flush what is accumulated and write the pending index file."""
+        self.flush()
+        if self.pending_index is not None:
+            self._write_index(self.pending_index)
+            self.pending_index = None
+
+
+def _data_prefix(path: str, size: int) -> bytes:
+    """The bytes of ``path`` up to its first hole (all of it where holes are not reported).
+
+    A continued CQ segment written by this module is data followed by a sparse zero tail: reading
+    only the data (SEEK_HOLE) keeps a chunked dispatch from re-reading and re-writing whole 6 MB
+    segments of zeros after every chunk. Bytes in a hole are zeros, so nothing is lost.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        try:
+            end = os.lseek(fd, 0, os.SEEK_HOLE)
+            try:  # data after the first hole (a file written otherwise): read it all
+                if os.lseek(fd, end, os.SEEK_DATA) < size:
+                    end = size
+            except OSError:  # ENXIO: no data after the hole
+                pass
+        except (OSError, AttributeError):
+            end = size
+        os.lseek(fd, 0, os.SEEK_SET)
+        chunks, got = [], 0
+        while got < min(end, size):
+            b = os.read(fd, min(end, size) - got)
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _write_queue_image_local(image: QueueImage, out_dir: str, segment_size: int) -> list[str]:
+    """:func:`storelib.consumequeue.write_queue_image` for a local directory, same bytes: each file
+    full size (zeros sparse), a continued segment keeps the existing bytes (read up to the first hole
+    only); temp file + os.replace."""
+    S = segment_size
+    raw = np.ascontiguousarray(image.entries, dtype=CQ_DTYPE).tobytes()
+    os.makedirs(out_dir, exist_ok=True)
+    written: list[str] = []
+    for i, base in enumerate(image.segment_bases):
+        lo, hi = max(base, image.start), min(base + S, image.end)
+        data = raw[max(0, lo - image.start): max(0, hi - image.start)] if hi > lo else b""
+        pos = lo - base if hi > lo else 0
+        target = os.path.join(out_dir, file_name(base))
+        prefix = b""
+        if i == 0 and image.start > base or (i == 0 and image.prefix is not None):
+            src = image.prefix.path if image.prefix is not None and image.prefix.local else None
+            if image.prefix is not None and not image.prefix.local:
+                return written + write_queue_image(image, resolve(out_dir), segment_size)
+            prefix = _data_prefix(src or target, S)
+        tmp = os.path.join(out_dir, f".{file_name(base)}.{os.getpid()}.{i}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                if prefix:
+                    f.write(prefix[:pos])
+                    if len(prefix) < pos:
+                        f.seek(pos)
+                    f.write(data)
+                    if len(prefix) > pos + len(data):
+                        f.write(prefix[pos + len(data):])
+                else:
+                    if pos:
+                        f.seek(pos)
+                    f.write(data)
+                f.truncate(S)
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        written.append(target)
+    return written
 
 
 def _existing_queue_states(out: Location, cq_size: int, findings: list[Finding]) -> dict[tuple[str, int], QueueState]:
@@ -395,7 +501,7 @@ def dispatch_store(
                                 {"phy_offset": e.phy_offset, "next": seg.base + S}))
         pos = seg.base + S
         i += 1
-    disp.flush()
+    disp.finish()
     result.end_offset = pos
     result.queue_states = disp.qstate
     result.index_state = disp.istate

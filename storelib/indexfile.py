@@ -36,7 +36,7 @@ import pyarrow.fs as pafs
 
 from .bytesource import ByteSource, Location, open_source, resolve
 from .errors import Finding, StoreError
-from .javahash import index_hash, java_hash_array, topic_key_hashes, utf16_lengths
+from .javahash import index_hash, java_hash_array, java_hashes, topic_key_hashes
 
 HEADER_SIZE = 40
 SLOT_SIZE = 4
@@ -627,12 +627,10 @@ def index_keys(batch: pa.RecordBatch | pa.Table) -> tuple[np.ndarray, np.ndarray
     topic = _str_col(batch, "topic")
     topic_h = java_hash_array(topic)
 
+    # hash every value once (nulls give 0) and pick the rows, instead of copying the picked rows out
     uk = _str_col(batch, "uniq_key")
-    uvalid = ok & np.asarray(uk.is_valid())
-    urows = np.flatnonzero(uvalid)
-    uarr = uk.take(pa.array(urows))
-    u_h = java_hash_array(uarr)
-    u_l = utf16_lengths(uarr)
+    urows = np.flatnonzero(ok & np.asarray(uk.is_valid()))
+    u_h, u_l = java_hashes(uk)
 
     keys = _str_col(batch, "keys")
     lists = pc.split_pattern(keys, " ")
@@ -640,17 +638,15 @@ def index_keys(batch: pa.RecordBatch | pa.Table) -> tuple[np.ndarray, np.ndarray
     parents = np.asarray(pc.list_parent_indices(lists)).astype(np.int64)
     keep = ok[parents] & (np.asarray(pc.binary_length(tokens)) > 0) if len(tokens) else np.zeros(0, bool)
     kidx = np.flatnonzero(keep)
-    karr = tokens.take(pa.array(kidx))
     trows = parents[kidx]
-    t_h = java_hash_array(karr)
-    t_l = utf16_lengths(karr)
+    t_h, t_l = java_hashes(tokens)
 
     rows = np.concatenate((urows.astype(np.int64), trows))
     part = np.concatenate((np.zeros(len(urows), np.int64), np.ones(len(trows), np.int64)))
     order = np.argsort(rows * 2 + part, kind="stable")
     rows = rows[order]
-    kh = np.concatenate((u_h, t_h))[order]
-    kl = np.concatenate((u_l, t_l))[order]
+    kh = np.concatenate((u_h[urows], t_h[kidx]))[order]
+    kl = np.concatenate((u_l[urows], t_l[kidx]))[order]
     return rows, topic_key_hashes(topic_h[rows], kh, kl)
 
 

@@ -2,8 +2,11 @@
 
 tagsCode and every IndexFile key hash is this function; computing it per message in Python would
 dominate a scan, so the vectorised form works on an Arrow string array's data buffer with numpy:
-h = sum(u_i * 31^(L-1-i)) mod 2^32, which uint32 arithmetic wraps for free. Rows with non-ASCII text
-(UTF-16 units differ from bytes) are recomputed exactly in Python; they are rare.
+h = sum(u_i * 31^(L-1-i)) mod 2^32, which uint32 arithmetic wraps for free. Since 31 is odd it has an
+inverse mod 2^32, so with one running sum over the whole buffer ``C[k] = sum_{j<k} u_j * 31^-j`` every
+row is ``(C[end] - C[start]) * 31^(end-1)``: one multiply by a contiguous power table and one cumsum
+per byte, two gathers and a multiply per row (no per-byte exponent gather). Rows with non-ASCII text
+(UTF-16 units differ from bytes) are recomputed exactly over their UTF-16 units; they are rare.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import pyarrow as pa
 
 INT_MIN = -(2**31)
 _POW_CACHE: list[np.ndarray] = [np.ones(1, dtype=np.uint32)]
+_INV31 = pow(31, -1, 1 << 32)
+_INV_CACHE: list[np.ndarray] = [np.ones(1, dtype=np.uint32)]
 
 
 def java_string_hash(s: str) -> int:
@@ -47,6 +52,35 @@ def pow31(n: int) -> np.ndarray:
         _POW_CACHE[0] = new
         table = new
     return table[: n + 1]
+
+
+def inv_pow31(n: int) -> np.ndarray:
+    """``31**-k mod 2**32`` for k in [0, n] as uint32 (cached, grown on demand)."""
+    table = _INV_CACHE[0]
+    if len(table) <= n:
+        size = max(n + 1, 2 * len(table), 1 << 16)
+        new = np.empty(size, dtype=np.uint32)
+        new[0] = 1
+        new[1:] = np.cumprod(np.full(size - 1, _INV31, np.uint32), dtype=np.uint32)
+        _INV_CACHE[0] = new
+        table = new
+    return table[: n + 1]
+
+
+def hash_units(units: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """hashCode (uint32) of each row ``units[offsets[r]:offsets[r+1]]`` (bytes or UTF-16 code units).
+
+    ``offsets`` are int64, start at 0 and end at ``len(units)``.
+    """
+    n = len(units)
+    p, inv = pow31(n), inv_pow31(n)
+    with np.errstate(over="ignore"):
+        w = units.astype(np.uint32, copy=False) * inv[:n]
+        cs = np.empty(n + 1, np.uint32)
+        cs[0] = 0
+        np.cumsum(w, dtype=np.uint32, out=cs[1:])
+        ends = offsets[1:]
+        return (cs[ends] - cs[offsets[:-1]]) * p[np.maximum(ends - 1, 0)]
 
 
 def _as_string_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -84,39 +118,47 @@ def utf16_lengths(arr: pa.Array) -> np.ndarray:
     return out
 
 
+def java_hashes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(``String.hashCode`` int32, ``String.length`` int64) of every string of ``arr`` in one pass.
+
+    Nulls give (0, 0). Rows with non-ASCII bytes are decoded (``errors="replace"``) and hashed over
+    their UTF-16 units; their lengths use :func:`utf16_lengths`' byte classification.
+    """
+    offsets, data, valid = _as_string_parts(arr)
+    n = len(offsets) - 1
+    if n <= 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    seg = data[lo:hi]
+    rel = offsets - lo
+    h = hash_units(seg, rel)
+    len16 = np.diff(rel)
+    if hi > lo and int(seg.max()) >= 0x80:
+        rows = np.unique(np.searchsorted(rel[1:], np.flatnonzero(seg >= 0x80), side="right"))
+        enc = [bytes(seg[rel[r] : rel[r + 1]]).decode("utf-8", "replace").encode("utf-16-be", "surrogatepass")
+               for r in rows.tolist()]
+        uoff = np.zeros(len(enc) + 1, np.int64)
+        np.cumsum([len(e) // 2 for e in enc], out=uoff[1:])
+        h[rows] = hash_units(np.frombuffer(b"".join(enc), dtype=">u2").astype(np.uint32), uoff)
+        starts, lens = rel[rows], rel[rows + 1] - rel[rows]
+        b = seg[np.repeat(starts - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))]
+        unit = ((b & 0xC0) != 0x80).astype(np.int64) + (b >= 0xF0)
+        bounds = np.r_[0, np.cumsum(lens)]
+        cu = np.r_[0, np.cumsum(unit)]
+        len16[rows] = cu[bounds[1:]] - cu[bounds[:-1]]
+    if valid is not None:
+        h[~valid] = 0
+        len16[~valid] = 0
+    return h.view(np.int32), len16
+
+
 def java_hash_array(arr: pa.Array) -> np.ndarray:
     """Java ``String.hashCode`` of every string in ``arr`` (UTF-8 Arrow strings) as int32.
 
     Nulls hash to 0 (callers decide what a missing value means). Non-ASCII rows are decoded and
     hashed exactly over UTF-16 units.
     """
-    offsets, data, valid = _as_string_parts(arr)
-    n = len(offsets) - 1
-    if n <= 0:
-        return np.zeros(0, dtype=np.int32)
-    lo, hi = int(offsets[0]), int(offsets[-1])
-    seg = data[lo:hi]
-    lens = np.diff(offsets)
-    out = np.zeros(n, dtype=np.uint32)
-    if hi > lo:
-        maxlen = int(lens.max())
-        table = pow31(maxlen)
-        ends = offsets[1:] - lo
-        exps = np.repeat(ends - 1, lens) - np.arange(hi - lo, dtype=np.int64)
-        with np.errstate(over="ignore"):
-            terms = seg.astype(np.uint32) * table[exps]
-            cs = np.concatenate((np.zeros(1, np.uint32), np.cumsum(terms, dtype=np.uint32)))
-            rel = offsets - lo
-            out = cs[rel[1:]] - cs[rel[:-1]]
-        nonascii = np.flatnonzero(seg >= 0x80)
-        if len(nonascii):
-            rows = np.unique(np.searchsorted(offsets[1:] - lo, nonascii, side="right"))
-            for r in rows.tolist():
-                s = bytes(seg[offsets[r] - lo : offsets[r + 1] - lo]).decode("utf-8", "replace")
-                out[r] = java_string_hash(s) & 0xFFFFFFFF
-    if valid is not None:
-        out[~valid] = 0
-    return out.view(np.int32)
+    return java_hashes(arr)[0]
 
 
 def combine_hash(prefix_hash: np.ndarray, suffix_hash: np.ndarray, suffix_len16: np.ndarray) -> np.ndarray:
