@@ -29,6 +29,7 @@ from storelib.publish import MANIFEST_NAME, publish_tree, read_manifest
 from storelib.store import Store
 from tests.conftest import REPO, broker_conf, load_expected
 from tests.rebuild_storegen import CraftedStore, msg
+from tests.s3server import _die_with_parent
 
 S = 64 * 1024
 
@@ -443,7 +444,7 @@ def standalone_cluster(tmp_path):
         log = open(tmp_path / f"{name}.log", "w")
         logs.append(log)
         procs.append(subprocess.Popen([str(spark_class), *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+                                      start_new_session=True, preexec_fn=_die_with_parent))
 
     try:
         start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
