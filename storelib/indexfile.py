@@ -36,7 +36,7 @@ import pyarrow.fs as pafs
 
 from .bytesource import ByteSource, Location, open_source, resolve
 from .errors import Finding, StoreError
-from .javahash import index_hash, java_hash_array, java_hashes, topic_key_hashes
+from .javahash import index_hash, java_hashes, java_hashes_repeated, topic_key_hashes
 
 HEADER_SIZE = 40
 SLOT_SIZE = 4
@@ -625,7 +625,7 @@ def index_keys(batch: pa.RecordBatch | pa.Table) -> tuple[np.ndarray, np.ndarray
     tran = np.asarray(_col(batch, "tran_type").fill_null(0)).astype(np.int8, copy=False)
     ok = tran != TRAN_ROLLBACK
     topic = _str_col(batch, "topic")
-    topic_h = java_hash_array(topic)
+    topic_h = java_hashes_repeated(topic)[0]  # few distinct topics: each hashed once
 
     # hash every value once (nulls give 0) and pick the rows, instead of copying the picked rows out
     uk = _str_col(batch, "uniq_key")

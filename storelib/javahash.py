@@ -161,6 +161,24 @@ def java_hash_array(arr: pa.Array) -> np.ndarray:
     return java_hashes(arr)[0]
 
 
+def java_hashes_repeated(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`java_hashes` for columns with few distinct values (topics, tags): each distinct value
+    is hashed once (Arrow's hash table finds them) and the results are gathered per row."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if len(arr) == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    enc = arr.dictionary_encode()
+    dh, dl = java_hashes(enc.dictionary)
+    idx = enc.indices
+    if idx.null_count:
+        codes = np.asarray(idx.fill_null(len(dh)))
+        dh, dl = np.append(dh, np.int32(0)), np.append(dl, 0)
+    else:
+        codes = np.asarray(idx)
+    return dh[codes], dl[codes]
+
+
 def combine_hash(prefix_hash: np.ndarray, suffix_hash: np.ndarray, suffix_len16: np.ndarray) -> np.ndarray:
     """hashCode(a + b) from hashCode(a), hashCode(b) and len16(b): h(a)*31^len(b) + h(b) mod 2^32."""
     table = pow31(int(suffix_len16.max()) if len(suffix_len16) else 0)

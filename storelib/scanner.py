@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from .bytesource import DEFAULT_WINDOW, LocalSource
 from .crc import MASK, crc32
-from .javahash import java_hash_array
+from .javahash import java_hashes_repeated
 from .record import (
     BLANK_MAGIC,
     BORNHOST_V6_FLAG,
@@ -372,7 +372,7 @@ def _or_reduce(out: np.ndarray, par: np.ndarray | None, bits: np.ndarray, counts
 def tags_codes(tags: pa.Array, topics: pa.Array, store_ts: np.ndarray, delay: np.ndarray | None,
                delay_levels_ms: list[int]) -> np.ndarray:
     """CQ tagsCode per record (store-format §4.3): hash of TAGS, or the delivery time for delay records."""
-    h = java_hash_array(tags).astype(np.int64)  # sign-extended: int32 → int64
+    h = java_hashes_repeated(tags)[0].astype(np.int64)  # few distinct tags; sign-extended: int32 → int64
     if delay is not None:
         max_level = len(delay_levels_ms)
         lv = np.minimum(delay, max_level)
@@ -456,15 +456,15 @@ def as_utf8(binary: pa.Array) -> tuple[pa.Array, bool]:
 
 
 class FastProperties:
-    """Property lookups and the full map over the bytes of a clean (valid UTF-8) binary properties column.
+    """Named property values over the bytes of a clean (valid UTF-8) binary properties column.
 
-    Segments (the text between 0x02 separators, per row) come from one numpy pass that finds every
-    0x02; a segment is named ``N`` when it starts with ``N`` + 0x01 (its first 0x01 then ends the
-    name), and counts when its value is non-empty (the broker's rule: first 0x01 strictly inside the
-    segment, non-empty name and value; the last valid occurrence of a name wins). A name lookup is a
-    compare of the segments' first 8 bytes against the name's, so the dispatch columns (TAGS, KEYS,
-    UNIQ_KEY) never parse the other pairs; the 0x01 positions of every segment are only found when
-    the full map is asked for (then :class:`SplitProperties` parses every pair). Values are copied
+    One numpy pass finds every 0x02. A segment (text between separators, per row) starts at a row
+    start or right after a 0x02; it is named ``N`` when it starts with ``N`` + 0x01 (its first 0x01
+    then ends the name) and counts when its value (up to the next 0x02 or the row end) is non-empty:
+    the broker's rule (first 0x01 strictly inside the segment, non-empty name and value; the last
+    valid occurrence of a name wins). A lookup compares the first 8 bytes of every segment with the
+    name's, so the dispatch columns (TAGS, KEYS, UNIQ_KEY) never parse the other pairs; the map
+    (:meth:`as_map`) is built by :class:`SplitProperties`, which parses every pair. Values are copied
     with one Arrow ``take`` over a token array laid on the bytes.
     """
 
@@ -475,87 +475,75 @@ class FastProperties:
         self.ro, self.d = ro, d
         self.data_buf = raw.buffers()[2]
         self.data_base = int(np.frombuffer(raw.buffers()[1], np.int32, count=1, offset=4 * raw.offset)[0]) if n else 0
-        e2 = np.flatnonzero(d == 2)
-        idx = np.searchsorted(e2, ro)  # separators before each row boundary
-        m = len(e2) + n  # segments: one per row plus one per separator
-        first = idx[:-1] + np.arange(n, dtype=np.int64)  # each row's first segment
-        S = np.empty(m, np.int64)
-        if len(e2):
-            other = np.ones(m, bool)
-            other[first] = False
-            S[other] = e2 + 1
-        S[first] = ro[:-1]
-        E = np.empty(m, np.int64)
-        if m:
-            E[:-1] = S[1:] - 1  # a segment ends at the separator before the next one ...
-            E[first[1:] - 1] = ro[1:-1]  # ... or where its row ends
-            E[-1] = ro[-1]
-        self.S, self.E, self.first, self.m = S, E, first, m
-        self.cnt = np.diff(idx) + 1
-        self._row: np.ndarray | None = None
-        self._key: np.ndarray | None = None
+        self.e2 = np.flatnonzero(d == 2)
+        self._k_row: np.ndarray | None = None
+        self._k_sep: np.ndarray | None = None
 
-    @property
-    def seg_row(self) -> np.ndarray:
-        if self._row is None:
-            self._row = np.repeat(np.arange(self.n, dtype=np.int64), self.cnt)
-        return self._row
-
-    @property
-    def key8(self) -> np.ndarray:
-        """First 8 bytes of every segment as a little-endian uint64 (zero past the data end)."""
-        if self._key is None:
-            d, S = self.d, self.S
-            if len(d) >= 8:
-                s8 = np.minimum(S, len(d) - 8)
-                k = _overlapping(d, "<u8")[s8]
-                late = np.flatnonzero(s8 != S)
-            else:
-                k = np.zeros(len(S), np.uint64)
-                late = np.arange(len(S))
-            if len(late):  # segments starting in the last 8 bytes: exact bytes, zero padded
-                tail = np.zeros(16, np.uint8)
-                lo = max(len(d) - 8, 0)
-                tail[: len(d) - lo] = d[lo:]
-                k[late] = _overlapping(tail, "<u8")[S[late] - lo]
-            self._key = k
-        return self._key
-
-    def last_pair(self, name: str) -> np.ndarray:
-        """Per row, the segment holding the last valid occurrence of ``name`` (its index), or -1."""
-        pat = name.encode() + b"\x01"
-        L = len(pat)
-        key = self.key8
-        if L <= 8:
-            mask = (1 << (8 * L)) - 1
-            want = int.from_bytes(pat, "little")
-            hits = np.flatnonzero((key & _U64(mask)) == _U64(want)) if L < 8 else np.flatnonzero(key == _U64(want))
+    def _key8(self, pos: np.ndarray) -> np.ndarray:
+        """The 8 bytes at each position of ``d`` as a little-endian uint64 (zero past the end)."""
+        d = self.d
+        if len(d) >= 8:
+            s8 = np.minimum(pos, len(d) - 8)
+            k = _overlapping(d, "<u8")[s8]
+            late = np.flatnonzero(s8 != pos)
         else:
-            hits = np.flatnonzero(key == _U64(int.from_bytes(pat[:8], "little")))
+            k = np.zeros(len(pos), np.uint64)
+            late = np.arange(len(pos))
+        if len(late):  # positions in the last 8 bytes: exact bytes, zero padded
+            tail = np.zeros(16, np.uint8)
+            lo = max(len(d) - 8, 0)
+            tail[: len(d) - lo] = d[lo:]
+            k[late] = _overlapping(tail, "<u8")[pos[late] - lo]
+        return k
+
+    def _match(self, keys: np.ndarray, pos: np.ndarray, pat: bytes) -> np.ndarray:
+        """Indices of the positions where ``pat`` (name + 0x01) starts."""
+        L = len(pat)
+        if L < 8:
+            return np.flatnonzero((keys & _U64((1 << (8 * L)) - 1)) == _U64(int.from_bytes(pat, "little")))
+        hits = np.flatnonzero(keys == _U64(int.from_bytes(pat[:8], "little")))
+        if L > 8 and len(hits):
+            s = pos[hits] + 8
+            fits = s + (L - 8) <= len(self.d)
+            hits, s = hits[fits], s[fits]
             if len(hits):
-                s = self.S[hits] + 8
-                fits = s + (L - 8) <= len(self.d)
-                hits, s = hits[fits], s[fits]
-                if len(hits):
-                    rest = np.frombuffer(pat[8:], np.uint8)
-                    hits = hits[(rows_at(self.d, s, L - 8) == rest).all(axis=1)]
-        out = np.full(self.n, -1, np.int64)
-        if len(hits):
-            hits = hits[self.E[hits] - self.S[hits] > L]  # non-empty value, inside the segment
-            if len(hits):
-                r = self.seg_row[hits]
-                last = np.ones(len(hits), bool)
-                last[:-1] = r[:-1] != r[1:]
-                out[r[last]] = hits[last]
-        return out
+                hits = hits[(rows_at(self.d, s, L - 8) == np.frombuffer(pat[8:], np.uint8)).all(axis=1)]
+        return hits
 
     def value_span(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows holding ``name``, value starts in ``d``, value lengths) for the last valid occurrences."""
-        idx = self.last_pair(name)
-        rows = np.flatnonzero(idx >= 0)
-        seg = idx[rows]
-        vs = self.S[seg] + len(name.encode()) + 1
-        return rows, vs, self.E[seg] - vs
+        pat = name.encode() + b"\x01"
+        L = len(pat)
+        n, ro, e2 = self.n, self.ro, self.e2
+        if self._k_row is None:
+            self._k_row = self._key8(ro[:-1])
+            self._k_sep = self._key8(e2 + 1)
+        assert self._k_sep is not None
+        start = np.full(n, -1, np.int64)
+        end = np.zeros(n, np.int64)
+        nsep = len(e2)
+        hr = self._match(self._k_row, ro[:-1], pat)  # segments at row starts
+        if len(hr):
+            s = ro[hr]
+            j = np.searchsorted(e2, s)
+            e = np.minimum(np.where(j < nsep, e2[np.minimum(j, max(nsep - 1, 0))] if nsep else 0, ro[-1]), ro[hr + 1])
+            ok = e - s > L
+            start[hr[ok]], end[hr[ok]] = s[ok], e[ok]
+        hs = self._match(self._k_sep, e2 + 1, pat)  # segments after a separator: later in their row
+        if len(hs):
+            s = e2[hs] + 1
+            r = np.searchsorted(ro, e2[hs], side="right") - 1  # the row holding the separator
+            nxt = np.where(hs + 1 < nsep, e2[np.minimum(hs + 1, nsep - 1)], ro[-1])
+            e = np.minimum(nxt, ro[r + 1])
+            ok = e - s > L
+            r, s, e = r[ok], s[ok], e[ok]
+            if len(r):
+                last = np.ones(len(r), bool)
+                last[:-1] = r[:-1] != r[1:]
+                start[r[last]], end[r[last]] = s[last], e[last]
+        rows = np.flatnonzero(start >= 0)
+        vs = start[rows] + L
+        return rows, vs, end[rows] - vs
 
     def value(self, name: str) -> pa.Array:
         """The value of property ``name`` per row (null when absent)."""
@@ -566,7 +554,8 @@ class FastProperties:
         tok = np.empty(2 * len(rows), np.int64)
         tok[0::2] = vs
         tok[1::2] = vs + vl
-        tok += self.data_base
+        if self.data_base:
+            tok += self.data_base
         tokens = pa.Array.from_buffers(pa.binary(), 2 * len(rows) - 1,
                                        [None, pa.py_buffer(tok.astype(np.int32)), self.data_buf])
         if len(rows) == n:
