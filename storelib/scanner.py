@@ -392,15 +392,6 @@ _HEX2 = np.array([ord("0123456789ABCDEF"[i >> 4]) | ord("0123456789ABCDEF"[i & 1
                  dtype="<u2")
 _SCHED_B = np.frombuffer(SCHEDULE_TOPIC.encode(), np.uint8)
 _U64 = np.uint64
-_MIX1 = _U64(0x9E3779B97F4A7C15)
-_MIX2 = _U64(0xC2B2AE3D27D4EB4F)
-
-
-def name_key(name: str) -> int:
-    """The numpy name key of a property name of at most 8 bytes: its bytes, zero-padded, big-endian."""
-    b = name.encode()
-    assert 0 < len(b) <= 8
-    return int.from_bytes(b.ljust(8, b"\0"), "big")
 
 
 def take_ranges(buf: pa.Buffer, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
@@ -576,9 +567,9 @@ class SplitProperties:
 
     Arrow splits every row on 0x02 and finds the first 0x01 of each segment (C++); the broker's rule
     (a pair counts when that 0x01 is strictly inside the segment with non-empty name and value; the
-    last valid occurrence of a name wins) is then a few numpy operations per segment. Names are identified by their first 8 bytes
-    (exact for the names looked up, all at most 8 bytes); map keys/values are copied with one Arrow
-    ``take`` each from a token array laid over the split segments' bytes.
+    last valid occurrence of a name wins) is then a few numpy operations per segment. Names are
+    copied out once (they are the map's keys) and identified by Arrow's hash table (exact, any
+    length); values are copied with one Arrow ``take`` from a token array laid over the segments.
     """
 
     def __init__(self, raw: pa.Array):
@@ -586,8 +577,7 @@ class SplitProperties:
         lists = pc.split_pattern(raw, b"\x02")  # segments (C++), then the first 0x01 of each
         flat = lists.values
         m = len(flat)
-        loff = np.frombuffer(lists.buffers()[1], np.int32, count=n + 1, offset=4 * lists.offset).astype(np.int64)
-        seg_row = np.repeat(np.arange(n, dtype=np.int64), np.diff(loff))
+        loff = np.frombuffer(lists.buffers()[1], np.int32, count=n + 1, offset=4 * lists.offset)
         fo, d = _string_parts(flat)
         self.data_buf = flat.buffers()[2]
         self.data_base = int(np.frombuffer(flat.buffers()[1], np.int32, count=1, offset=4 * flat.offset)[0]) if m else 0
@@ -596,39 +586,41 @@ class SplitProperties:
         pos = np.asarray(pc.find_substring(flat, b"\x01")).astype(np.int64) if m else np.zeros(0, np.int64)
         ok = (pos > 0) & (pos < seg_e - seg_s - 1)
         sel = np.flatnonzero(ok)
-        self.s, self.e, self.row = seg_s[sel], seg_e[sel], seg_row[sel]
+        self.s, self.e = seg_s[sel], seg_e[sel]
+        self.row = np.searchsorted(loff[1:], sel, side="right") if n else np.zeros(0, np.int64)
         self.p1 = self.s + pos[sel]
-        P = self.P = len(sel)
-        self.nl = self.p1 - self.s
-        if P:
-            dp = d if len(d) >= 8 else np.concatenate([d, np.zeros(8, np.uint8)])
-            s8 = np.minimum(self.s, len(dp) - 8)
-            k = _overlapping(dp, ">u8")[s8].astype(_U64)
-            late = np.flatnonzero(s8 != self.s)
-            for r in late.tolist():  # names in the last 8 bytes of the buffer (rare): exact bytes
-                b = d[self.s[r] : self.s[r] + 8].tobytes()
-                k[r] = int.from_bytes(b.ljust(8, b"\0"), "big")
-            sh = ((8 - np.minimum(self.nl, 8)) * 8).astype(_U64)
-            self.key = (k >> sh) << sh
-        else:
-            self.key = np.zeros(0, _U64)
+        self.P = len(sel)
         self._tokens: pa.Array | None = None
+        self._names: tuple[pa.Array, np.ndarray, dict[str, int], int] | None = None
 
     def tokens(self) -> pa.Array:
         """Token array over the properties bytes: per pair name, 0x01, value, gap (4 tokens)."""
         if self._tokens is None:
-            t = np.empty(4 * self.P, np.int64)
-            t[0::4], t[1::4], t[2::4], t[3::4] = self.s, self.p1, self.p1 + 1, self.e
-            t += self.data_base
+            t = np.empty(4 * self.P, np.int32)
+            t[0::4], t[1::4], t[2::4], t[3::4] = self.s, self.p1, self.p1, self.e
+            t[2::4] += 1
+            if self.data_base:
+                t += self.data_base
             self._tokens = pa.Array.from_buffers(pa.binary(), max(4 * self.P - 1, 0),
-                                                 [None, pa.py_buffer(t.astype(np.int32)), self.data_buf])
+                                                 [None, pa.py_buffer(t), self.data_buf])
         return self._tokens
+
+    def names(self) -> tuple[pa.Array, np.ndarray, dict[str, int], int]:
+        """(name of every pair, its code, code by name, number of distinct names)."""
+        if self._names is None:
+            keys = self.tokens().take(pa.array(np.arange(0, 4 * self.P, 4, dtype=np.int64))).view(pa.string())
+            enc = pc.dictionary_encode(keys)
+            dic = enc.dictionary.to_pylist()
+            self._names = (keys, np.asarray(enc.indices), {k: i for i, k in enumerate(dic)}, len(dic))
+        return self._names
 
     def last_pair(self, name: str) -> np.ndarray:
         """Per row, the index of the pair holding the last valid occurrence of ``name``, or -1."""
-        L = len(name.encode())
-        hits = np.flatnonzero((self.key == _U64(name_key(name))) & (self.nl == L))
         out = np.full(self.n, -1, np.int64)
+        code = self.names()[2].get(name) if self.P else None
+        if code is None:
+            return out
+        hits = np.flatnonzero(self.names()[1] == code)
         if len(hits):
             r = self.row[hits]
             last = np.ones(len(hits), bool)
@@ -639,69 +631,54 @@ class SplitProperties:
     def value(self, name: str) -> pa.Array:
         """The value of property ``name`` per row (null when absent)."""
         idx = self.last_pair(name)
-        if not self.P:
-            return pa.nulls(self.n, pa.string())
         miss = idx < 0
+        if miss.all():
+            return pa.nulls(self.n, pa.string())
         take = pa.array(4 * np.where(miss, 0, idx) + 2, mask=miss if miss.any() else None)
         return self.tokens().take(take).view(pa.string())
-
-    def value_ranges(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(start, length) in ``self.d`` of the values of the given pair indices."""
-        return self.p1[pairs] + 1, self.e[pairs] - self.p1[pairs] - 1
 
     def value_span(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows holding ``name``, value starts in ``d``, value lengths) for the last valid occurrences."""
         idx = self.last_pair(name)
         rows = np.flatnonzero(idx >= 0)
-        vs, vl = self.value_ranges(idx[rows])
-        return rows, vs, vl
+        pairs = idx[rows]
+        return rows, self.p1[pairs] + 1, self.e[pairs] - self.p1[pairs] - 1
 
     def as_map(self) -> pa.Array:
         """map<string,string> of every valid pair in stored order; a repeated name keeps its first
         position and its last value (rows with repeats are found exactly and fixed in Python)."""
         P, n = self.P, self.n
-        counts = np.bincount(self.row, minlength=n) if P else np.zeros(n, np.int64)
         if not P:
             return pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()),
                                            pa.array([], pa.string()))
-        last8 = np.zeros(P, _U64)
-        long = np.flatnonzero(self.nl > 8)
-        if len(long):
-            last8[long] = rows_at(self.d, self.p1[long] - 8, 8).view(">u8").ravel()
-        with np.errstate(over="ignore"):
-            h = self.key ^ (last8 * _MIX1) ^ (self.nl.astype(_U64) * _MIX2)
-        enc = pc.dictionary_encode(pa.array(h))
-        code = np.asarray(enc.indices).astype(np.int64)
-        if len(enc.dictionary) <= 64:
+        counts = np.bincount(self.row, minlength=n)
+        keys, code, _, distinct = self.names()
+        if distinct <= 64:
             bits = np.left_shift(_U64(1), code.astype(_U64))
             present = np.zeros(n, _U64)
             _or_reduce(present, self.row, bits, counts)
             dup_rows = np.flatnonzero(np.bitwise_count(present).astype(np.int64) != counts)
         else:
-            combo = self.row << 32 | code
+            combo = self.row << 32 | code.astype(np.int64)
             order = np.lexsort((np.arange(P), combo))
             sc = combo[order]
             dup_rows = np.unique(self.row[order[1:][sc[1:] == sc[:-1]]])
-        name_idx = 4 * np.arange(P, dtype=np.int64)
-        value_idx = name_idx + 2
+        value_idx = 4 * np.arange(P, dtype=np.int64) + 2
         if len(dup_rows):
             keep = np.ones(P, bool)
             starts = _offsets_from_lens(counts)
-            d = self.d
             for r in dup_rows.tolist():
-                seen: dict[bytes, int] = {}
+                seen: dict[int, int] = {}
                 for j in range(int(starts[r]), int(starts[r + 1])):
-                    nm = d[self.s[j] : self.p1[j]].tobytes()
-                    if nm in seen:
+                    c = int(code[j])
+                    if c in seen:
                         keep[j] = False
-                        value_idx[seen[nm]] = value_idx[j]
+                        value_idx[seen[c]] = value_idx[j]
                     else:
-                        seen[nm] = j
-            name_idx, value_idx = name_idx[keep], value_idx[keep]
+                        seen[c] = j
+            keys, value_idx = keys.filter(pa.array(keep)), value_idx[keep]
             counts = np.bincount(self.row[keep], minlength=n)
-        tok = self.tokens()
-        keys = tok.take(pa.array(name_idx)).view(pa.string())
-        items = tok.take(pa.array(value_idx)).view(pa.string())
+        items = self.tokens().take(pa.array(value_idx)).view(pa.string())
         return pa.MapArray.from_arrays(pa.array(_offsets_from_lens(counts).astype(np.int32)), keys, items)
 
 
