@@ -75,7 +75,8 @@ def hash_units(units: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     n = len(units)
     p, inv = pow31(n), inv_pow31(n)
     with np.errstate(over="ignore"):
-        w = units.astype(np.uint32, copy=False) * inv[:n]
+        w = units.astype(np.uint32)  # a fresh copy: multiplied in place (one temporary less)
+        w *= inv[:n]
         cs = np.empty(n + 1, np.uint32)
         cs[0] = 0
         np.cumsum(w, dtype=np.uint32, out=cs[1:])
@@ -118,6 +119,29 @@ def utf16_lengths(arr: pa.Array) -> np.ndarray:
     return out
 
 
+_FIXED_MAX = 256
+
+
+def _fixed_width_hashes(seg: np.ndarray, lens: np.ndarray) -> np.ndarray | None:
+    """Hashes when every non-empty row has the same byte length L (UNIQ_KEYs: 32 hex digits): the
+    bytes are then an (rows, L) matrix and the hash one integer matrix-vector product by the powers
+    of 31 (uint32 wraps like Java ints), ~5x cheaper than the running sum. None otherwise."""
+    if not len(seg):
+        return None
+    nz = lens > 0
+    L = int(lens.max())
+    if L > _FIXED_MAX or not (lens[nz] == L).all():
+        return None
+    weights = pow31(L - 1)[::-1]
+    with np.errstate(over="ignore"):
+        hv = np.einsum("ij,j->i", seg.reshape(-1, L).astype(np.uint32), weights)
+    if nz.all():
+        return hv.astype(np.uint32, copy=False)
+    out = np.zeros(len(lens), np.uint32)
+    out[nz] = hv
+    return out
+
+
 def java_hashes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(``String.hashCode`` int32, ``String.length`` int64) of every string of ``arr`` in one pass.
 
@@ -131,8 +155,10 @@ def java_hashes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     lo, hi = int(offsets[0]), int(offsets[-1])
     seg = data[lo:hi]
     rel = offsets - lo
-    h = hash_units(seg, rel)
     len16 = np.diff(rel)
+    h = _fixed_width_hashes(seg, len16)
+    if h is None:
+        h = hash_units(seg, rel)
     if hi > lo and int(seg.max()) >= 0x80:
         rows = np.unique(np.searchsorted(rel[1:], np.flatnonzero(seg >= 0x80), side="right"))
         enc = [bytes(seg[rel[r] : rel[r + 1]]).decode("utf-8", "replace").encode("utf-16-be", "surrogatepass")
