@@ -52,6 +52,7 @@ from jobs.audit_checks import (
     parts_chain,
     report_abort,
 )
+from storelib.bytesource import resolve
 from storelib.errors import Finding, StoreError
 from storelib.store import Store
 
@@ -285,7 +286,7 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spar
 def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str = "local", spark=None,
                 since: str | None = None, fs_options: dict | None = None, verify_crc: bool = True,
                 quiet: bool = False, now_ms: int | None = None, version: str | None = None,
-                split_bytes: int | None = None) -> dict[str, Any]:
+                split_bytes: int | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Audit a store and return the report dict (the JSON report's content).
 
     ``split_bytes``: cut segments into tasks of about this size at record starts (default: 128 MiB on
@@ -296,12 +297,10 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     """
     t0 = time.monotonic()
     fs_options = fs_options or {}
-    settings = None
-    if broker_conf or version:
-        from storelib.brokerconf import BrokerSettings, load_broker_conf
+    from storelib.store import load_settings
 
-        settings = load_broker_conf(broker_conf, version or "4") if broker_conf else BrokerSettings.defaults(version)
-    store = Store(store_uri, settings, broker_conf=None, **fs_options)
+    loc = resolve(store_uri, **fs_options)
+    store = Store(loc, load_settings(broker_conf, version or "4", overrides, loc), uri=store_uri)
     settings = store.settings
     state = load_state(since)
     tasks, carried, partial, fps = plan(store, state, since, quiet)
@@ -557,7 +556,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_args(args: argparse.Namespace) -> int:
-    from jobs.common import fs_options
+    from jobs.common import fs_options, overrides
 
     spark = None
     if args.engine == "spark" and args.master:
@@ -567,7 +566,7 @@ def run_args(args: argparse.Namespace) -> int:
     try:
         report = audit_store(args.store, broker_conf=args.broker_conf, engine=args.engine, spark=spark,
                              since=args.since, fs_options=fs_options(args), verify_crc=not args.no_crc,
-                             quiet=args.quiet, version=args.broker_version)
+                             quiet=args.quiet, version=args.broker_version, overrides=overrides(args))
     except StoreError as e:
         print(f"rmqstore audit: {e}", file=sys.stderr)
         return EXIT_FAILED

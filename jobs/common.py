@@ -9,7 +9,9 @@ import sys
 import time
 from typing import Any
 
-from storelib.store import Store
+from storelib.bytesource import resolve
+from storelib.errors import StoreError
+from storelib.store import Store, load_settings
 
 # JSONL field order of `rmqstore messages` (the snake_case names of the scan schema)
 MESSAGE_JSON_FIELDS = [
@@ -20,10 +22,24 @@ MESSAGE_JSON_FIELDS = [
 ]
 
 
-def add_store_args(p: argparse.ArgumentParser) -> None:
+def add_store_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     """STORE plus the options every command that opens a store accepts."""
-    p.add_argument("store", metavar="STORE", help="store root: a local path or a URI (s3://bucket/prefix, ...)")
-    p.add_argument("--broker-conf", metavar="F", help="broker.conf with the store's settings (defaults otherwise)")
+    if store:
+        p.add_argument("store", metavar="STORE", help="store root: a local path or a URI (s3://bucket/prefix, ...)")
+    add_settings_args(p)
+    add_fs_args(p)
+
+
+def add_settings_args(p: argparse.ArgumentParser, conf: bool = True) -> None:
+    """--broker-conf and --set: where the broker's store settings come from."""
+    if conf:
+        p.add_argument("--broker-conf", metavar="F", help="broker.conf with the store's settings (defaults otherwise)")
+    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="set",
+                   help="override one broker setting, e.g. --set mappedFileSizeCommitLog=524288 (repeatable)")
+
+
+def add_fs_args(p: argparse.ArgumentParser) -> None:
+    """Filesystem options for remote stores."""
     p.add_argument("--s3-endpoint", metavar="URL",
                    help="S3-compatible endpoint (e.g. http://127.0.0.1:9000; default: AWS_ENDPOINT_URL or AWS). "
                         "Credentials come from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN] or ~/.aws")
@@ -42,8 +58,26 @@ def fs_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
-def open_store(args: argparse.Namespace) -> Store:
-    return Store(args.store, broker_conf=getattr(args, "broker_conf", None), **fs_options(args))
+def overrides(args: argparse.Namespace) -> dict[str, str]:
+    """``--set KEY=VALUE`` options as a dict (a malformed one is a one-line error)."""
+    out: dict[str, str] = {}
+    for item in getattr(args, "set", None) or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise StoreError(None, None, "bad_argument", f"--set needs KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def settings_from_args(args: argparse.Namespace, root=None, version: str | None = None):
+    """Broker settings from --broker-conf, --broker-version and --set (storelib.store.load_settings)."""
+    v = getattr(args, "broker_version", None) or version
+    return load_settings(getattr(args, "broker_conf", None), v, overrides(args), root)
+
+
+def open_store(args: argparse.Namespace, version: str | None = "4") -> Store:
+    loc = resolve(args.store, **fs_options(args))
+    return Store(loc, settings_from_args(args, loc, version), uri=args.store)
 
 
 def row_to_json(row: dict[str, Any], with_body: bool = False) -> dict[str, Any]:

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # spark-submit jobs/expiry.py: make the repo impo
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobs.expiry_sim import Policy, TimeModel, load_snapshot, parse_time_ms, simulate
-from storelib.brokerconf import BrokerSettings, load_broker_conf
+from storelib.brokerconf import BrokerSettings
 
 
 def grid_policies(base: BrokerSettings, reserved: list[int], delete_when: list[str], max_ratio: list[int],
@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="expiry.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stores", nargs="+", metavar="STORE")
-    p.add_argument("--broker-conf", metavar="F")
+    from jobs.common import add_settings_args
+
+    add_settings_args(p)
     p.add_argument("--broker-version", choices=["4", "5"], default="4")
     p.add_argument("--reserved", type=_ints, default=[72], help="fileReservedTime hours, comma-separated")
     p.add_argument("--delete-when", action="append", help="a deleteWhen value (repeat for several)")
@@ -111,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     from jobs.sparkutil import get_spark
 
     args = build_parser().parse_args(argv)
-    base = (load_broker_conf(args.broker_conf, args.broker_version) if args.broker_conf
-            else BrokerSettings.defaults(args.broker_version))
+    from jobs.common import settings_from_args
+
+    base = settings_from_args(args, version="4")
     policies = grid_policies(base, args.reserved, args.delete_when or [base.delete_when], args.max_ratio,
                              args.capacity, tz=args.tz, disk_other_used=int(args.disk_other_used))
     model = TimeModel(start_ms=parse_time_ms(args.start) if args.start else None,

@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from storelib.brokerconf import BrokerSettings, load_broker_conf
+from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import Location, open_source, resolve
 from storelib.checkpoint import Checkpoint, read_checkpoint
 from storelib.commitlog import Split
@@ -90,6 +90,7 @@ from storelib.recovery import (
     store_inputs,
 )
 from storelib.store import Store
+from storelib.store import load_settings as store_settings
 
 WHAT = ("consumequeue", "index")
 CQ_COLS = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type"]
@@ -107,6 +108,7 @@ class RebuildConfig:
     what: tuple[str, ...] = WHAT
     broker_conf: str | None = None
     broker_version: str = "auto"  # "4", "5" or "auto"
+    overrides: dict = field(default_factory=dict)  # broker.conf key -> value (--set)
     engine: str = "local"  # "local" | "spark"
     master: str | None = None
     in_place: bool = False
@@ -138,24 +140,8 @@ class Reporter:
 # settings, fingerprint, hashing
 
 
-def detect_version(root: Location) -> str:
-    """"5" when the store has 5.x-only files (``abort.bak``, ``compaction/``, ``timerwheel/``,
-    ``rocksdbstore/``, a non-zero checkpoint confirm/master-flushed offset), else "4"."""
-    for name in ("abort.bak", "compaction", "timerwheel", "timerlog", "rocksdbstore", "batchconsumequeue"):
-        if root.fs.get_file_info(root.join(name).path).type != pafs.FileType.NotFound:
-            return "5"
-    with contextlib.suppress(StoreError, OSError):
-        cp = read_checkpoint(root, strict=False)
-        if cp.confirm_phy_offset or cp.master_flushed_offset:
-            return "5"
-    return "4"
-
-
 def load_settings(cfg: RebuildConfig, root: Location) -> BrokerSettings:
-    version = cfg.broker_version if cfg.broker_version in ("4", "5") else detect_version(root)
-    if cfg.broker_conf:
-        return load_broker_conf(cfg.broker_conf, version)
-    return BrokerSettings.defaults(version)
+    return store_settings(cfg.broker_conf, cfg.broker_version, cfg.overrides, root)
 
 
 def _sha256(loc: Location) -> tuple[str, int]:
@@ -991,7 +977,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--in-place", action="store_true",
                    help="replace the store's own files (after moving them into rebuild-backup-<time>/)")
     p.add_argument("--what", default="consumequeue,index", help="consumequeue,index (default both)")
-    p.add_argument("--broker-conf", metavar="F", help="broker.conf with the store's settings")
+    from jobs.common import add_fs_args, add_settings_args
+
+    add_settings_args(p)
     p.add_argument("--broker-version", choices=["4", "5", "auto"], default="auto",
                    help="broker version of the store (auto: 5 when 5.x-only files are present)")
     p.add_argument("--engine", choices=["local", "spark"],
@@ -1002,15 +990,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=int, help="spark engine: consume-queue partitions")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON instead of the summary")
-    p.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint override")
-    p.add_argument("--s3-region", metavar="R", help="S3 region")
+    add_fs_args(p)
 
 
 def config_from_args(args: argparse.Namespace) -> RebuildConfig:
-    from jobs.common import fs_options
+    from jobs.common import fs_options, overrides
 
     return RebuildConfig(store=args.store, out=args.out, what=tuple(w.strip() for w in args.what.split(",") if w.strip()),
-                         broker_conf=args.broker_conf, broker_version=args.broker_version,
+                         broker_conf=args.broker_conf, broker_version=args.broker_version, overrides=overrides(args),
                          engine=args.engine or "local",
                          master=args.master, in_place=args.in_place, incremental=args.incremental,
                          partitions=args.partitions, fs_options=fs_options(args), progress=not args.quiet)

@@ -13,9 +13,40 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from .brokerconf import BrokerSettings, load_broker_conf
 from .bytesource import Location, resolve
+from .checkpoint import read_checkpoint
 from .commitlog import CommitLog
-from .errors import Finding, StoreLayoutError
+from .errors import Finding, StoreError, StoreLayoutError
+
+FIVE_X_ONLY = ("abort.bak", "compaction", "timerwheel", "timerlog", "rocksdbstore", "batchconsumequeue")
+
+
+def detect_version(root: Location) -> str:
+    """"5" when the store has 5.x-only files or a non-zero 5.x checkpoint field, else "4"."""
+    for name in FIVE_X_ONLY:
+        if root.fs.get_file_info(root.join(name).path).type != pafs.FileType.NotFound:
+            return "5"
+    try:
+        cp = read_checkpoint(root, strict=False)
+        if cp.confirm_phy_offset or cp.master_flushed_offset:
+            return "5"
+    except (StoreError, OSError):
+        pass
+    return "4"
+
+
+def load_settings(broker_conf: str | None = None, version: str | None = "4",
+                  overrides: dict[str, Any] | None = None, root: Location | None = None) -> BrokerSettings:
+    """The one way every command gets its broker settings.
+
+    ``broker_conf`` (a broker.conf, or the broker's defaults) for ``version`` ("4", "5", or "auto"/None:
+    detected from ``root``), then ``overrides`` (broker.conf key → value, e.g. from ``--set``).
+    """
+    if version in (None, "auto"):
+        version = detect_version(root) if root is not None else "4"
+    settings = load_broker_conf(broker_conf, version) if broker_conf else BrokerSettings.defaults(version)
+    return settings.with_overrides(overrides) if overrides else settings
 
 
 @dataclass
@@ -32,9 +63,12 @@ class Store:
     """A RocketMQ broker store root: ``commitlog/``, ``consumequeue/``, ``index/``, ``checkpoint``, ``config/``..."""
 
     def __init__(self, root: str | os.PathLike | Location, settings: Any = None, *,
-                 broker_conf: str | None = None, filesystem: pafs.FileSystem | None = None, **fs_options: Any):
+                 broker_conf: str | None = None, filesystem: pafs.FileSystem | None = None, uri: str | None = None,
+                 **fs_options: Any):
+        """``root`` is a path/URI, or an already resolved Location (then ``uri`` names it as the user wrote it,
+        which is also what tasks on other processes reopen)."""
         self.loc = root if isinstance(root, Location) else resolve(root, filesystem, **fs_options)
-        self.uri = os.fspath(root) if not isinstance(root, Location) else root.path
+        self.uri = uri or (os.fspath(root) if not isinstance(root, Location) else root.path)
         info = self.loc.fs.get_file_info(self.loc.path)
         if info.type == pafs.FileType.NotFound:
             raise StoreLayoutError(self.uri, None, "not_found", "store root does not exist")
@@ -47,9 +81,7 @@ class Store:
 
     @staticmethod
     def _load_settings(broker_conf: str | None):
-        from .brokerconf import BrokerSettings, load_broker_conf
-
-        return load_broker_conf(broker_conf) if broker_conf else BrokerSettings()
+        return load_settings(broker_conf)
 
     @property
     def local(self) -> bool:

@@ -82,3 +82,17 @@ def test_errors_are_one_line_with_file_and_offset(capsys, tmp_path, sample_498, 
     argv = [a.format(store=sample_498 / "store", missing=tmp_path / "nope") for a in argv]
     rc, out, err = run_cli(capsys, *argv)
     assert rc == 2 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_set_overrides_each_broker_setting_like_a_broker_conf(capsys, sample_498):
+    store = sample_498 / "store"
+    _, by_conf, _ = run_cli(capsys, "info", store, "--broker-conf", broker_conf("4.9.8"), "--json")
+    rc, by_set, _ = run_cli(capsys, "info", store, "--json", "--set", "mappedFileSizeCommitLog=524288",
+                            "--set", "mappedFileSizeConsumeQueue=2000", "--set", "maxHashSlotNum=200",
+                            "--set", "maxIndexNum=800")
+    a, b = json.loads(by_conf), json.loads(by_set)
+    assert rc == 0 and a["queues"] == b["queues"] and a["index_files"] == b["index_files"]
+    rc, _, err = run_cli(capsys, "info", store, "--set", "maxIndexNum")
+    assert rc == 2 and "--set needs KEY=VALUE" in err
+    rc, _, err = run_cli(capsys, "info", store, "--set", "maxIndexNum=lots")
+    assert rc == 2 and "maxIndexNum" in err and "Traceback" not in err

@@ -6,7 +6,7 @@ import argparse
 import re
 import sys
 
-from jobs.common import Progress, print_json, print_table
+from jobs.common import Progress, add_settings_args, print_json, print_table
 
 EXAMPLE = """example:
   rmqstore gen /tmp/store --messages 100000 --topics 6 --queues 8 --seed 42
@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--version", choices=["4", "5"], default="4", help="broker line to emulate (4.9.8 or 5.3.3)")
     p.add_argument("--segment-size", type=parse_size, metavar="BYTES", help="commitlog segment size")
-    p.add_argument("--broker-conf", metavar="F", help="broker.conf with store settings (segment sizes, index ...)")
+    add_settings_args(p)
     p.add_argument("--ipv6-ratio", type=_ratio, default=0.03)
     p.add_argument("--tx-ratio", type=_ratio, default=0.02, help="share of transactional sends")
     p.add_argument("--delay-ratio", type=_ratio, default=0.02, help="share of delayed messages")
@@ -53,11 +53,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from storelib.brokerconf import BrokerSettings, load_broker_conf
+    from jobs.common import settings_from_args
     from storelib.gen import GenConfig, generate
 
-    settings = load_broker_conf(args.broker_conf, args.version) if args.broker_conf \
-        else BrokerSettings.defaults(args.version)
+    settings = settings_from_args(args, version=args.version)
     if args.segment_size:
         settings = settings.with_overrides({"mappedFileSizeCommitLog": args.segment_size})
     if args.messages is not None and args.messages <= 0 or args.topics <= 0 or args.queues <= 0:

@@ -16,8 +16,7 @@ import json
 import os
 import sys
 
-from jobs.common import fs_options, print_json
-from storelib.brokerconf import BrokerSettings, load_broker_conf
+from jobs.common import add_fs_args, add_settings_args, open_store, print_json
 from storelib.errors import StoreError
 from storelib.store import Store
 
@@ -34,11 +33,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("recover", help="plan / apply / undo the broker's start-up recovery offline; salvage",
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("store", metavar="STORE", nargs="?", help="store root (local path for --apply)")
-    p.add_argument("--broker-conf", metavar="F", help="broker.conf with the store's settings (defaults otherwise)")
+    add_settings_args(p)
     p.add_argument("--broker-version", choices=["4", "5"], default=None,
                    help="recovery rules: 4 = 4.9.x (default), 5 = 5.x")
-    p.add_argument("--s3-endpoint", metavar="URL", help=argparse.SUPPRESS)
-    p.add_argument("--s3-region", metavar="R", help=argparse.SUPPRESS)
+    add_fs_args(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--plan", action="store_true", help="compute and print the plan (default)")
     mode.add_argument("--apply", action="store_true", help="carry the plan out (needs --backup)")
@@ -58,9 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _open(args: argparse.Namespace) -> Store:
     if not args.store:
         raise StoreError(None, None, "bad_args", "STORE is required")
-    version = args.broker_version or "4"
-    settings = load_broker_conf(args.broker_conf, version) if args.broker_conf else BrokerSettings.defaults(version)
-    return Store(args.store, settings, **fs_options(args))
+    return open_store(args, version="4")
 
 
 def run(args: argparse.Namespace) -> int:
