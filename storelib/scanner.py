@@ -1,9 +1,13 @@
 """The columnar batch decoder: one commitlog segment (or a split of it) → Arrow record batches.
 
 Every scan in the project goes through :class:`SegmentScan`. Per-message Python work is limited to
-the size-chain walk (``struct.unpack_from`` in a tight loop) and one CRC call per body; every field
-is then extracted with numpy over arrays of record offsets, strings are gathered into Arrow buffers,
-and property lookups, hashes and host formatting are column operations.
+the size-chain walk (one ``struct.unpack_from`` of TOTALSIZE per record) and one CRC call per body;
+every field is then extracted with numpy over arrays of record offsets (the 88 fixed bytes of the
+common IPv4/IPv4 layout in one item gather), strings are gathered into Arrow buffers, and property
+lookups, hashes and host formatting are column operations. Only the requested columns are built:
+the dispatch columns look up TAGS/KEYS/UNIQ_KEY by comparing the first bytes of every property
+segment (:class:`FastProperties`); every pair is parsed only when the ``properties`` map is asked
+for (:class:`SplitProperties`).
 
 The scan stops at the first record that fails the broker's validation (CommitLog.
 checkMessageAndReturnSize), exactly where the broker would, and reports why in :attr:`SegmentScan.end`.

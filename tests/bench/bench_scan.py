@@ -14,6 +14,9 @@ prints, over the same bytes and page-cache state:
 (c) storelib's single-process ConsumeQueue + IndexFile rebuild from that store, messages/s;
 
 plus peak RSS (``resource.getrusage``), which stays flat because batches stream.
+
+Every line gives wall and CPU time (``time.process_time``); best-of-N picks the lowest CPU time, and
+the targets are checked on both, because other work on a shared machine inflates wall time only.
 """
 
 from __future__ import annotations
@@ -270,7 +273,7 @@ def _rebuild_direct(root: Path) -> tuple[int, dict]:
 
 def _line(name: str, msgs: int, nbytes: int, dt: float, cpu: float, floor: float | None = None) -> str:
     s = (f"{name:<42} {dt:6.2f} s  {nbytes / dt / 1e6:6.0f} MB/s  {msgs / dt / 1e6:5.2f} M msg/s"
-         f"  {dt / msgs * 1e6:6.3f} µs/msg  (cpu {cpu / msgs * 1e6:6.3f} µs/msg)")
+         f"  {dt / msgs * 1e6:6.3f} µs/msg  (cpu {cpu / msgs * 1e6:6.3f} µs/msg, {msgs / cpu / 1e6:5.2f} M msg/s)")
     if floor is not None:
         s += f"  ratio to floor {floor / dt:4.2f}"
     return s
@@ -309,26 +312,32 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
               "(wall times are only meaningful on an idle machine)")
-        fl = min((floor_walk(cl_dir) for _ in range(args.repeat)), key=lambda r: r[2])
+        fl = min((floor_walk(cl_dir) for _ in range(args.repeat)), key=lambda r: r[3])
         msgs, nbytes, t_floor, c_floor = fl
         print(_line("(a) floor: size-chain walk + CRC per body", msgs, nbytes, t_floor, c_floor))
         rss_a = peak_rss_mb()
 
-        full = min((full_scan(root) for _ in range(args.repeat)), key=lambda r: r[1])
+        full = min((full_scan(root) for _ in range(args.repeat)), key=lambda r: r[2])
         assert full[0] == msgs, (full[0], msgs)
         print(_line("(b) storelib scan, CRC, all columns", msgs, nbytes, full[1], full[2], t_floor))
         rss_b = peak_rss_mb()
-        lean = min((full_scan(root, columns=DISPATCH_COLUMNS) for _ in range(args.repeat)), key=lambda r: r[1])
+        lean = min((full_scan(root, columns=DISPATCH_COLUMNS) for _ in range(args.repeat)), key=lambda r: r[2])
         print(_line("(b') same, dispatch columns only", msgs, nbytes, lean[1], lean[2], t_floor))
         if not args.skip_rebuild:
             rmsgs, dt, how, extra = rebuild(root)
-            print(f"(c) CQ + index rebuild ({how}): {dt:.2f} s, {rmsgs / dt / 1e3:.0f} k msg/s  {extra}")
+            print(f"(c) CQ + index rebuild ({how}): {dt:.2f} s, {rmsgs / dt / 1e3:.0f} k msg/s  "
+                  f"(cpu {extra['cpu_s'] / rmsgs * 1e6:.3f} µs/msg, {rmsgs / extra['cpu_s'] / 1e3:.0f} k msg/s)  {extra}")
         rss_c = peak_rss_mb()
         print(f"peak RSS (ru_maxrss, includes mapped segment pages the scan touched): start {rss0:.0f} MB, "
               f"after (a) {rss_a:.0f} MB, after (b) {rss_b:.0f} MB, after (c) {rss_c:.0f} MB; "
               f"anonymous RSS now {_rss_anon_mb():.0f} MB; load average after: {os.getloadavg()[0]:.1f}")
-        print(f"targets: (b) >= 1.20 M msg/s: {'MET' if msgs / full[1] >= 1.2e6 else 'missed'}"
-              + ("" if args.skip_rebuild else f"; (c) >= 450 k msg/s: {'MET' if rmsgs / dt >= 450e3 else 'missed'}"))
+        def verdict(rate: float, target: float) -> str:
+            return "MET" if rate >= target else "missed"
+
+        print(f"targets (wall / cpu): (b) >= 1.20 M msg/s: {verdict(msgs / full[1], 1.2e6)} / "
+              f"{verdict(msgs / full[2], 1.2e6)}"
+              + ("" if args.skip_rebuild else f"; (c) >= 450 k msg/s: {verdict(rmsgs / dt, 450e3)} / "
+                 f"{verdict(rmsgs / extra['cpu_s'], 450e3)}"))
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
