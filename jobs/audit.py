@@ -124,14 +124,15 @@ def _cached_result(state_path: str, entry: dict) -> SegmentResult | None:
 
 def save_state(path: str, store: Store, results: list[SegmentResult], fps: dict[str, dict]) -> None:
     """Write the state file and its sidecar tables atomically (temp + rename each)."""
-    from storelib.publish import atomic_local_file, write_bytes_atomic
+    from storelib.publish import atomic_local_file
+    from storelib.smallfile_io import atomic_write
 
     d = _state_dir(path)
     os.makedirs(d, exist_ok=True)
     segs = {}
     for r in results:
-        write_bytes_atomic(os.path.join(d, r.name + ".arrow"), r.records_ipc)
-        write_bytes_atomic(os.path.join(d, r.name + ".keys.arrow"), r.keys_ipc)
+        atomic_write(os.path.join(d, r.name + ".arrow"), r.records_ipc)
+        atomic_write(os.path.join(d, r.name + ".keys.arrow"), r.keys_ipc)
         body = asdict(r)
         body.pop("records_ipc")
         body.pop("keys_ipc")
@@ -501,7 +502,7 @@ def write_reports(report: dict[str, Any], report_dir: str, fs_options: dict | No
     prefix, then the files, then ``audit-manifest.json`` last (no manifest = incomplete report).
     """
     from jobs.audit_report import render_html
-    from storelib.publish import write_bytes_atomic
+    from storelib.smallfile_io import atomic_write
 
     if "://" in report_dir and not report_dir.startswith("file://"):
         import tempfile
@@ -518,8 +519,8 @@ def write_reports(report: dict[str, Any], report_dir: str, fs_options: dict | No
     os.makedirs(report_dir, exist_ok=True)
     jp = os.path.join(report_dir, "audit.json")
     hp = os.path.join(report_dir, "audit.html")
-    write_bytes_atomic(jp, json.dumps(report, indent=1, ensure_ascii=False, default=_jsonable).encode("utf-8"))
-    write_bytes_atomic(hp, render_html(report).encode("utf-8"))
+    atomic_write(jp, json.dumps(report, indent=1, ensure_ascii=False, default=_jsonable).encode("utf-8"))
+    atomic_write(hp, render_html(report).encode("utf-8"))
     return jp, hp
 
 

@@ -71,12 +71,10 @@ from storelib.indexfile import (
 from storelib.javahash import java_hash_array
 from storelib.publish import (
     MANIFEST_NAME,
-    _fsync_dir,
     is_partial,
     publish_tree,
     read_manifest,
     tree_files,
-    write_bytes_atomic,
 )
 from storelib.recovery import (
     RecoveryResult,
@@ -89,6 +87,7 @@ from storelib.recovery import (
     recovery_walk,
     store_inputs,
 )
+from storelib.smallfile_io import atomic_write, fsync_dir
 from storelib.store import Store
 from storelib.store import load_settings as store_settings
 
@@ -848,12 +847,12 @@ def _publish_in_place(root: Location, staging: Location, manifest: dict[str, Any
                 shutil.copy2(cur, os.path.join(backup, rel))
             os.makedirs(os.path.dirname(cur), exist_ok=True)
             os.replace(os.path.join(staging.path, rel), cur)
-    _fsync_dir(root.path)
+    fsync_dir(root.path)
     import json
 
-    write_bytes_atomic(os.path.join(backup, "rebuild-manifest.json"),
+    atomic_write(os.path.join(backup, "rebuild-manifest.json"),
                        json.dumps(manifest, indent=2, ensure_ascii=False).encode())
-    write_bytes_atomic(os.path.join(root.path, MANIFEST_NAME), json.dumps(manifest, indent=2, ensure_ascii=False).encode())
+    atomic_write(os.path.join(root.path, MANIFEST_NAME), json.dumps(manifest, indent=2, ensure_ascii=False).encode())
     shutil.rmtree(staging.path, ignore_errors=True)
     return root.path
 

@@ -97,7 +97,7 @@ from storelib.recovery import (
 )
 from storelib.resync import find_next_record, lost_region
 from storelib.scanner import SegmentScan
-from storelib.smallfile_io import atomic_write, read_small
+from storelib.smallfile_io import atomic_write, fsync_dir, read_small
 
 PLAN_SCHEMA = "rmqstore.recover.plan/1"
 MARKER = ".rmqstore-recover"  # in the store root while an apply is under way (names the backup dir)
@@ -998,12 +998,7 @@ def _install(src: str, dst: str) -> None:
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, dst)
-    with contextlib.suppress(OSError):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    fsync_dir(d)
 
 
 def _run_step(step: dict, root: str, bdir: str, backup: Backup) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from .errors import StoreError
+from .smallfile_io import fsync_dir
 
 MANIFEST = "manifest.jsonl"
 FILES_DIR = "files"
@@ -50,15 +51,6 @@ class BackupEntry:
     sha256: str | None = None
     mode: int | None = None
     mtime_ns: int | None = None
-
-
-def _fsync_dir(d: str) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _check_rel(rel: str) -> str:
@@ -155,7 +147,7 @@ class Backup:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.manifest)
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
 
     def _append(self, obj: dict) -> None:
         line = json.dumps(obj, sort_keys=True) + "\n"
@@ -163,7 +155,7 @@ class Backup:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     def path(self, rel: str) -> str:
         return os.path.join(self.root, *_check_rel(rel).split("/"))
@@ -202,7 +194,7 @@ class Backup:
             if digest is None:
                 digest = _copy_fsync(src, part)
             os.replace(part, dst)
-            _fsync_dir(os.path.dirname(dst))
+            fsync_dir(os.path.dirname(dst))
             entry = BackupEntry(rel, True, "file", st.st_size, digest, st.st_mode & 0o7777, st.st_mtime_ns)
         self._append(asdict(entry))
         self.entries[rel] = entry
@@ -267,7 +259,7 @@ def restore(backup_dir: str | os.PathLike, root: str | os.PathLike | None = None
                 tmp = os.path.join(d, "." + os.path.basename(target) + ".restore.part")
                 _copy_fsync(copy, tmp)
                 os.replace(tmp, target)
-                _fsync_dir(d)
+                fsync_dir(d)
                 act = "restored"
             os.chmod(target, e.mode if e.mode is not None else 0o644)
             if e.mtime_ns is not None:
@@ -275,7 +267,7 @@ def restore(backup_dir: str | os.PathLike, root: str | os.PathLike | None = None
         else:
             if os.path.lexists(target):
                 os.unlink(target)
-                _fsync_dir(d)
+                fsync_dir(d)
                 act = "removed"
             else:
                 act = "absent"

@@ -12,6 +12,8 @@ import os
 import tempfile
 from collections.abc import Iterator
 
+from .smallfile_io import atomic_write, fsync_dir
+
 
 @contextlib.contextmanager
 def atomic_local_file(path: str | os.PathLike, mode: int | None = None) -> Iterator[str]:
@@ -28,26 +30,11 @@ def atomic_local_file(path: str | os.PathLike, mode: int | None = None) -> Itera
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
-        _fsync_dir(d)
+        fsync_dir(d)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file and an atomic rename."""
-    with atomic_local_file(path) as tmp, open(tmp, "wb") as f:
-        f.write(data)
-
-
-def _fsync_dir(d: str) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,13 +105,13 @@ def publish_tree(staging, dest, manifest: dict, *, manifest_name: str = MANIFEST
     src, dst = _loc(staging), _loc(dest)
     data = _manifest_bytes(manifest)
     if src.local and dst.local and _same_device(src.path, os.path.dirname(os.path.abspath(dst.path))):
-        write_bytes_atomic(os.path.join(src.path, manifest_name), data)
+        atomic_write(os.path.join(src.path, manifest_name), data)
         old = None
         if os.path.lexists(dst.path):
             old = f"{dst.path}.old-{uuid.uuid4().hex[:8]}"
             os.rename(dst.path, old)
         os.rename(src.path, dst.path)
-        _fsync_dir(os.path.dirname(os.path.abspath(dst.path)))
+        fsync_dir(os.path.dirname(os.path.abspath(dst.path)))
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return dst.path

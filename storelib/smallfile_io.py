@@ -82,7 +82,8 @@ def local_path(where: PathOrLocation) -> str:
     return os.path.abspath(s)
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """fsync a directory so a rename inside it is durable (best effort: some filesystems refuse)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -130,4 +131,4 @@ def atomic_write(path: str, data: bytes) -> None:
         except OSError:
             pass
         raise StoreError(path, None, "write_failed", str(e)) from e
-    _fsync_dir(directory)
+    fsync_dir(directory)
