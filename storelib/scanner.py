@@ -599,7 +599,7 @@ class SplitProperties:
         ok = (pos > 0) & (pos < seg_e - seg_s - 1)
         sel = np.flatnonzero(ok)
         self.s, self.e = seg_s[sel], seg_e[sel]
-        self.row = np.searchsorted(loff[1:], sel, side="right") if n else np.zeros(0, np.int64)
+        self.row = np.repeat(np.arange(n, dtype=np.int64), np.diff(loff))[sel]
         self.p1 = self.s + pos[sel]
         self.P = len(sel)
         self._tokens: pa.Array | None = None
@@ -694,19 +694,24 @@ class SplitProperties:
         return pa.MapArray.from_arrays(pa.array(_offsets_from_lens(counts).astype(np.int32)), keys, items)
 
 
-def _host_codes(a: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, list[int]]:
-    """Per row, the code of its IPv4 host (8 bytes at ``starts``) and the distinct hosts (hash-based)."""
-    keys = _overlapping(a, ">u8")[starts].astype(np.uint64) if len(a) >= 8 else np.zeros(0, np.uint64)
-    enc = pc.dictionary_encode(pa.array(keys))
+HostCodes = tuple[np.ndarray, list[int]]
+
+
+def _host_codes(a: np.ndarray, starts: np.ndarray, keys: np.ndarray | None = None) -> HostCodes:
+    """Per row, the code of its IPv4 host (8 bytes at ``starts``, or the given big-endian ``keys``) and
+    the distinct hosts (hash-based)."""
+    if keys is None:
+        keys = _overlapping(a, ">u8")[starts] if len(a) >= 8 else np.zeros(0, np.uint64)
+    enc = pc.dictionary_encode(pa.array(keys.astype(np.uint64)))
     return np.asarray(enc.indices), enc.dictionary.to_pylist()
 
 
-def fast_host_strings(a: np.ndarray, starts: np.ndarray, v6: np.ndarray) -> pa.Array:
+def fast_host_strings(a: np.ndarray, starts: np.ndarray, v6: np.ndarray, codes: HostCodes | None = None) -> pa.Array:
     """``host_strings`` with hash-based distinct detection (Arrow dictionary_encode) for IPv4 rows."""
     n = len(starts)
     if n == 0 or v6.any():
         return host_strings(a, starts, v6)
-    codes, uniq = _host_codes(a, starts)
+    codes, uniq = codes if codes is not None else _host_codes(a, starts)
     texts = [decode_host(int(u).to_bytes(8, "big")) for u in uniq]
     if len(texts) == 1:
         b = texts[0].encode()
@@ -715,17 +720,19 @@ def fast_host_strings(a: np.ndarray, starts: np.ndarray, v6: np.ndarray) -> pa.A
     return pa.array(texts, pa.string()).take(pa.array(codes))
 
 
-def fast_msg_ids(a: np.ndarray, p_sh: np.ndarray, v6: np.ndarray, phy_pos: np.ndarray) -> pa.Array:
+def fast_msg_ids(a: np.ndarray, p_sh: np.ndarray, v6: np.ndarray, phy_pos: np.ndarray,
+                 codes: HostCodes | None = None, phy_bytes: np.ndarray | None = None) -> pa.Array:
     """Offset msgIds (upper-case hex of store host ‖ PHYSICALOFFSET field): the host part once per
-    distinct host, the offset part with one 256-entry table lookup per byte."""
+    distinct host, the offset part with one 256-entry table lookup per byte. ``codes`` (store host
+    codes) and ``phy_bytes`` ((n, 8) field bytes) may be passed when already at hand."""
     n = len(p_sh)
     if n == 0 or v6.any():
         return msg_id_strings(a, p_sh, v6, phy_pos)
-    codes, uniq = _host_codes(a, p_sh)
+    codes, uniq = codes if codes is not None else _host_codes(a, p_sh)
     host_hex = _HEX2[np.array(uniq, dtype=">u8").view(np.uint8).reshape(-1, 8)].view(np.uint8).reshape(-1, 16)
     txt = np.empty((n, 32), np.uint8)
     txt[:, :16] = host_hex[0] if len(uniq) == 1 else host_hex[codes]
-    txt[:, 16:] = _HEX2[rows_at(a, phy_pos, 8)].view(np.uint8).reshape(n, 16)
+    txt[:, 16:] = _HEX2[rows_at(a, phy_pos, 8) if phy_bytes is None else phy_bytes].view(np.uint8).reshape(n, 16)
     offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(txt)])
 
@@ -1073,14 +1080,18 @@ class SegmentScan:
         v6b = np.zeros(k, bool) if all_v4 else bh[sl] == 20
         v6s = np.zeros(k, bool) if all_v4 else sh[sl] == 20
         if "born_host" in need:
-            cols["born_host"] = fast_host_strings(a, p_bh[sl], v6b)
+            cols["born_host"] = fast_host_strings(
+                a, p_bh[sl], v6b, _host_codes(a, p_bh[sl], h["bhost"].view(">u8")) if all_v4 else None)
+        sh_codes = None
+        if all_v4 and ("store_host" in need or "msg_id" in need):
+            sh_codes = _host_codes(a, p_sh[sl], h["shost"].view(">u8"))
         store_ts = None
         if "store_timestamp" in need or "tags_code" in need:
             store_ts = tail("sts", 0).astype(np.int64)
         if "store_timestamp" in need:
             cols["store_timestamp"] = pa.array(store_ts)
         if "store_host" in need:
-            cols["store_host"] = fast_host_strings(a, p_sh[sl], v6s)
+            cols["store_host"] = fast_host_strings(a, p_sh[sl], v6s, sh_codes)
         if "reconsume_times" in need:
             cols["reconsume_times"] = pa.array(tail("rc", 1).astype(np.int32))
         if "prepared_transaction_offset" in need:
@@ -1098,7 +1109,8 @@ class SegmentScan:
         if "uniq_key" in need:
             cols["uniq_key"] = props.value("UNIQ_KEY")
         if "msg_id" in need:
-            cols["msg_id"] = fast_msg_ids(a, p_sh[sl], v6s, stk + 28)
+            phy_b = raw88[:k].view(np.uint8).reshape(-1, 88)[:, 28:36] if all_v4 else None
+            cols["msg_id"] = fast_msg_ids(a, p_sh[sl], v6s, stk + 28, sh_codes, phy_b)
         if "tags_code" in need:
             cols["tags_code"] = pa.array(tags_codes(tags, None, store_ts, delay, self.delay_levels_ms))
         if "properties" in need:
