@@ -67,11 +67,31 @@ def inv_pow31(n: int) -> np.ndarray:
     return table[: n + 1]
 
 
+_BLOCK = 1 << 22  # units per running sum: bounds the power tables (16 MiB each) whatever the input
+
+
 def hash_units(units: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """hashCode (uint32) of each row ``units[offsets[r]:offsets[r+1]]`` (bytes or UTF-16 code units).
 
-    ``offsets`` are int64, start at 0 and end at ``len(units)``.
+    ``offsets`` are int64, start at 0 and end at ``len(units)``. Inputs over ``_BLOCK`` units are
+    hashed in blocks of whole rows, so the cached power tables stay bounded by the block size or the
+    longest row.
     """
+    n = len(units)
+    if n > _BLOCK and len(offsets) > 2:
+        out = np.empty(len(offsets) - 1, np.uint32)
+        r0 = 0
+        while r0 < len(offsets) - 1:
+            r1 = int(np.searchsorted(offsets, offsets[r0] + _BLOCK, side="right")) - 1
+            r1 = max(r1, r0 + 1)  # at least one row (a row longer than the block)
+            o0 = int(offsets[r0])
+            out[r0:r1] = _hash_block(units[o0 : int(offsets[r1])], offsets[r0 : r1 + 1] - o0)
+            r0 = r1
+        return out
+    return _hash_block(units, offsets)
+
+
+def _hash_block(units: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     n = len(units)
     p, inv = pow31(n), inv_pow31(n)
     with np.errstate(over="ignore"):

@@ -109,3 +109,15 @@ def test_index_keys_match_the_scalar_key_rules():
         wr, wh = _reference_index_keys(topics[33:233], uniq[33:233], keys[33:233], tran[33:233])
         assert r2.tolist() == wr and h2.tolist() == wh
     assert np.asarray(rows).dtype == np.int64
+
+
+def test_long_inputs_are_hashed_in_blocks_with_the_same_result(monkeypatch):
+    import storelib.javahash as jh
+
+    rng = random.Random(5)
+    words = _words(rng, 300)
+    want = java_hashes(pa.array(words, pa.string()))
+    monkeypatch.setattr(jh, "_BLOCK", 64)  # many blocks, and rows longer than a block
+    got = java_hashes(pa.array(words + ["z" * 200], pa.string()))
+    assert got[0][:-1].tolist() == want[0].tolist() and got[1][:-1].tolist() == want[1].tolist()
+    assert int(got[0][-1]) == java_string_hash("z" * 200)
