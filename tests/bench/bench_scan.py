@@ -210,33 +210,34 @@ def full_scan(root: Path, **kw) -> tuple[int, float, float]:
 
 
 def rebuild(root: Path) -> tuple[int, float, str, dict]:
-    """(c) single-process ConsumeQueue + IndexFile rebuild from the store (images in memory)."""
+    """(c) single-process ConsumeQueue + IndexFile rebuild from the store (files in a temp dir, removed
+    after the clock stops)."""
     try:
         from storelib import dispatch
         have_dispatch = hasattr(dispatch, "dispatch_store")
     except ImportError:
         have_dispatch = False
-    t0, c0 = time.perf_counter(), time.process_time()
-    if have_dispatch:
-        msgs, extra = _rebuild_dispatch(root)
-        how = "storelib.dispatch.dispatch_store, files written to a temp dir"
-    else:
-        msgs, extra = _rebuild_direct(root)
-        how = "scan → build_consume_queues + index_keys/build_index_files, in memory"
-    extra["cpu_s"] = round(time.process_time() - c0, 2)
-    return msgs, time.perf_counter() - t0, how, extra
-
-
-def _rebuild_dispatch(root: Path) -> tuple[int, dict]:
-    from storelib.dispatch import dispatch_store
-
     out = Path(tempfile.mkdtemp(prefix="bench-dispatch-"))
     try:
-        res = dispatch_store(str(root), out_root=str(out))
-        return int(res.records), {"cq_records": res.cq_records, "index_keys": res.index_keys,
-                                  "cq_files": len(res.cq_files), "index_files": len(res.index_files)}
+        t0, c0 = time.perf_counter(), time.process_time()
+        if have_dispatch:
+            msgs, extra = _rebuild_dispatch(root, out)
+            how = "storelib.dispatch.dispatch_store, files written to a temp dir"
+        else:
+            msgs, extra = _rebuild_direct(root)
+            how = "scan → build_consume_queues + index_keys/build_index_files, in memory"
+        extra["cpu_s"] = round(time.process_time() - c0, 2)
+        return msgs, time.perf_counter() - t0, how, extra
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _rebuild_dispatch(root: Path, out: Path) -> tuple[int, dict]:
+    from storelib.dispatch import dispatch_store
+
+    res = dispatch_store(str(root), out_root=str(out))
+    return int(res.records), {"cq_records": res.cq_records, "index_keys": res.index_keys,
+                              "cq_files": len(res.cq_files), "index_files": len(res.index_files)}
 
 
 def _rebuild_direct(root: Path) -> tuple[int, dict]:
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-size", type=int, default=500, help="average record size in bytes")
     ap.add_argument("--dir", type=Path, default=None, help="build the store here (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the store (reused by a later --dir run)")
-    ap.add_argument("--repeat", type=int, default=2, help="best of N for (a) and (b)")
+    ap.add_argument("--repeat", type=int, default=2, help="best of N (by CPU time) for (a), (b) and (c)")
     ap.add_argument("--skip-rebuild", action="store_true")
     args = ap.parse_args(argv)
 
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         lean = min((full_scan(root, columns=DISPATCH_COLUMNS) for _ in range(args.repeat)), key=lambda r: r[2])
         print(_line("(b') same, dispatch columns only", msgs, nbytes, lean[1], lean[2], t_floor))
         if not args.skip_rebuild:
-            rmsgs, dt, how, extra = rebuild(root)
+            rmsgs, dt, how, extra = min((rebuild(root) for _ in range(args.repeat)), key=lambda r: r[3]["cpu_s"])
             print(f"(c) CQ + index rebuild ({how}): {dt:.2f} s, {rmsgs / dt / 1e3:.0f} k msg/s  "
                   f"(cpu {extra['cpu_s'] / rmsgs * 1e6:.3f} µs/msg, {rmsgs / extra['cpu_s'] / 1e3:.0f} k msg/s)  {extra}")
         rss_c = peak_rss_mb()
