@@ -382,7 +382,7 @@ def _region_extra(rg: LostRegion) -> dict:
 def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, display: str, found: _Capped,
                  bad_rows: list, rec_parts: list, key_parts: list) -> None:
     """Column checks of one scan batch, and its compact columns for the cross-file checks."""
-    from jobs.audit_keys import audit_index_keys
+    from storelib.indexfile import index_keys
 
     phy = batch.column("phy_offset").to_numpy()
     field_ = batch.column("physical_offset_field").to_numpy()
@@ -408,7 +408,7 @@ def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, d
             found.add(Finding("v2_record_on_4x", "error", display, int(phy[i]) - task.base,
                               "V2 (0xDAA320AB) record: a 4.9.8 broker treats it as corrupt and stops here"))
     rec_parts.append(pa.Table.from_batches([batch.select(RECORD_COLUMNS)]).cast(RECORD_SCHEMA))
-    rows, kh = audit_index_keys(batch)  # == storelib.indexfile.index_keys, cheaper hashing
+    rows, kh = index_keys(batch)
     if len(rows):
         key_parts.append(pa.table({"pos": pa.array(phy[rows].astype(np.int64)),
                                    "phy": pa.array(field_[rows].astype(np.int64)),

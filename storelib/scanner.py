@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .brokerconf import DEFAULT_DELAY_LEVEL, parse_delay_levels
 from .bytesource import DEFAULT_WINDOW, LocalSource
 from .crc import MASK, crc32
 from .javahash import java_hashes_repeated
@@ -39,21 +40,7 @@ from .record import (
     decode_host,
 )
 
-DEFAULT_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_delay_levels(text: str) -> list[int]:
-    """messageDelayLevel text → delay in ms per level (index 0 is level 1)."""
-    out = []
-    for part in text.split(" "):
-        if not part:
-            continue
-        out.append(int(part[:-1]) * _UNIT_MS[part[-1]])
-    return out
-
-
-DEFAULT_DELAY_LEVELS_MS = parse_delay_levels(DEFAULT_DELAY_LEVEL)
+DEFAULT_DELAY_LEVELS_MS = list(parse_delay_levels(DEFAULT_DELAY_LEVEL))
 MIN_RECORD_SIZE = 91  # IPv4/IPv4 V1 record with empty body, topic and properties
 
 MESSAGE_FIELDS: list[pa.Field] = [

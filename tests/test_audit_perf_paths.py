@@ -207,44 +207,8 @@ def _key_batch(rows: list[tuple[str, str | None, str | None, int]]) -> pa.Record
         "tran_type": pa.array([r[3] for r in rows], pa.int8())})
 
 
-def test_audit_index_keys_equal_storelib_index_keys_on_tricky_text():
-    from jobs.audit_keys import audit_index_keys
-    from storelib.indexfile import index_keys
-
-    rows = [("T", "7F00000100002A9F0000000000000001", "a b  c ", 0),
-            ("Topic-é", "ключ", "訂單-1 😀x  y", 0),
-            ("T", None, None, 3),  # rollback: no keys
-            ("T", "u", "z", 3),
-            ("T", None, "", 1),
-            ("T", "", " ", 2),
-            ("Ω", "x" * 3000, " ".join(["k" * 700, "ü" * 5, "𝔘"]), 0),
-            ("T", "abc", "tok tok", 0)]
-    rng = np.random.default_rng(5)
-    alphabet = list("abcXYZ019 -_") + ["é", "ß", "中", "😀", " "]
-    for _ in range(300):
-        def s(n: int) -> str:
-            return "".join(rng.choice(alphabet, n))
-        rows.append((s(int(rng.integers(1, 12))), s(int(rng.integers(0, 40))) if rng.random() < 0.9 else None,
-                     s(int(rng.integers(0, 60))) if rng.random() < 0.8 else None, int(rng.integers(0, 4))))
-    b = _key_batch(rows)
-    r1, h1 = index_keys(b)
-    r2, h2 = audit_index_keys(b)
-    assert np.array_equal(r1, r2) and np.array_equal(h1, h2) and len(r1) > 300
-    # sliced batches (non-zero array offsets) and invalid UTF-8 bytes (decoded with replacement)
-    r1, h1 = index_keys(b.slice(7, 100))
-    r2, h2 = audit_index_keys(b.slice(7, 100))
-    assert np.array_equal(r1, r2) and np.array_equal(h1, h2)
-    raw = pa.array([b"ok\xff\xfe", b"\x80\x80 a", b"plain"], pa.binary()).view(pa.string())
-    bad = pa.RecordBatch.from_pydict({"topic": pa.array(["T"] * 3), "uniq_key": raw, "keys": raw,
-                                      "tran_type": pa.array([0, 0, 0], pa.int8())})
-    r1, h1 = index_keys(bad)
-    r2, h2 = audit_index_keys(bad)
-    assert np.array_equal(r1, r2) and np.array_equal(h1, h2)
-
-
 def test_java_hashes_match_java_string_hash():
-    from jobs.audit_keys import java_hashes
-    from storelib.javahash import java_string_hash
+    from storelib.javahash import java_hashes, java_string_hash
 
     words = ["", "a", "hello world", "é", "😀", "x" * 5000, "Topic#7F000001", None]
     h, n = java_hashes(pa.array(words, pa.string()))
