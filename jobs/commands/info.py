@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs.common import add_store_args, human_ms, open_store, print_json, print_table
+from jobs.common import Progress, add_store_args, human_ms, open_store, print_json, print_table
 from storelib.checkpoint import read_checkpoint
 from storelib.configjson import consumer_offsets, load_config
 from storelib.consumequeue import ConsumeQueue, list_queues
@@ -38,7 +38,11 @@ def _queue_stats(store) -> tuple[dict, list[dict]]:
     acc: dict[tuple[str, int], list[int]] = {}
     ends: list = []
     cols = ["topic", "queue_id", "queue_offset", "store_timestamp", "size", "tran_type"]
-    for batch in store.scan(verify_crc=False, with_properties=False, columns=None, ends=ends):
+    progress = Progress("info: scanning commitlog", total=len(store.commitlog.segments))
+    records = 0
+    for batch in store.scan(verify_crc=False, with_properties=False, columns=cols, ends=ends):
+        records += batch.num_rows
+        progress.update(len(ends) - progress.done, f"segments, {records} records")
         t = pa.Table.from_batches([batch.select(cols)])
         g = t.group_by(["topic", "queue_id"]).aggregate([
             ("queue_offset", "min"), ("queue_offset", "max"), ("store_timestamp", "min"),
@@ -52,6 +56,8 @@ def _queue_stats(store) -> tuple[dict, list[dict]]:
                 acc[k] = v
             else:
                 acc[k] = [a[0] + v[0], min(a[1], v[1]), max(a[2], v[2]), min(a[3], v[3]), max(a[4], v[4]), a[5] + v[5]]
+    progress.update(len(ends) - progress.done, f"segments, {records} records")
+    progress.close()
     return acc, [e.to_dict() for e in ends]
 
 

@@ -9,7 +9,7 @@ import sys
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.common import MESSAGE_JSON_FIELDS, add_store_args, open_store, print_table, row_to_json
+from jobs.common import MESSAGE_JSON_FIELDS, Progress, add_store_args, open_store, print_table, row_to_json
 
 EXAMPLE = """example:
   rmqstore messages /data/store --topic OrderEvents --limit 5
@@ -34,8 +34,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def filtered_batches(store, args) -> iter:
-    """Scan batches with the CLI's topic/queue/offset/limit filters applied column-wise."""
+    """Scan batches with the CLI's topic/queue/offset/limit filters applied column-wise.
+
+    Progress (messages written) goes to stderr when it is a terminal.
+    """
     left = args.limit
+    progress = Progress("messages", force=False)
+    try:
+        yield from _filtered(store, args, left, progress)
+    finally:
+        progress.close()
+
+
+def _filtered(store, args, left, progress) -> iter:
     for batch in store.scan(from_offset=args.from_offset, to_offset=args.to_offset, with_body=args.with_body,
                             verify_crc=not args.no_crc):
         mask = None
@@ -50,6 +61,7 @@ def filtered_batches(store, args) -> iter:
             batch = batch.slice(0, left)
             left -= batch.num_rows
         if batch.num_rows:
+            progress.update(batch.num_rows, "messages")
             yield batch
         if left is not None and left <= 0:
             return
