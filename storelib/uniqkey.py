@@ -8,7 +8,6 @@ timestamp) and step back one month when the result would not be before it.
 
 from __future__ import annotations
 
-import calendar
 import ipaddress
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
@@ -53,4 +52,3 @@ def decode_uniq_key(text: str) -> UniqKey | None:
     )
 
 
-__all__ = ["UniqKey", "decode_uniq_key", "calendar"]

@@ -53,7 +53,9 @@ def test_get_by_msg_id_queue_and_key(capsys, sample_498):
     store = sample_498 / "store"
     conf = broker_conf("4.9.8")
     rc, out, _ = run_cli(capsys, "get", store, "--msg-id", "0A00000500002A9F00000000000000F7")
-    assert rc == 0 and json.loads(out)["phy_offset"] == 247
+    row = json.loads(out)
+    assert rc == 0 and row["phy_offset"] == 247
+    assert row["uniq_key_decoded"]["client_ip"] == "192.168.1.14" and row["uniq_key_decoded"]["pid"] == 4242
     cq = load_expected(sample_498, "consumequeue_entries.jsonl")[5]
     rc, out, _ = run_cli(capsys, "get", store, "--broker-conf", conf, "--queue",
                          f"{cq['topic']}:{cq['queueId']}:{cq['queueOffset']}")

@@ -9,6 +9,7 @@ import sys
 from jobs.common import add_store_args, open_store, row_to_json
 from storelib.errors import StoreError
 from storelib.record import decode_msg_id
+from storelib.uniqkey import decode_uniq_key
 
 EXAMPLE = """examples:
   rmqstore get /data/store --offset 1048576
@@ -63,9 +64,18 @@ def lookup(store, args) -> list[dict]:
     return [row_to_json(r, args.with_body) for r in rows]
 
 
+def with_uniq_key_info(row: dict) -> dict:
+    """Add the decoded client message id (client IP, pid, approximate creation time) when it has one."""
+    k = decode_uniq_key(row["uniq_key"]) if row.get("uniq_key") else None
+    if k is not None:
+        row["uniq_key_decoded"] = {"client_ip": k.client_ip, "pid": k.pid, "counter": k.counter,
+                                   "created_ms": k.created_ms(row["store_timestamp"])}
+    return row
+
+
 def run(args: argparse.Namespace) -> int:
     store = open_store(args)
-    rows = lookup(store, args)
+    rows = [with_uniq_key_info(r) for r in lookup(store, args)]
     for r in rows:
         sys.stdout.write(json.dumps(r, ensure_ascii=False) + "\n")
     if not rows:
