@@ -79,7 +79,14 @@ class CommitLog:
         self.loc = resolve(loc) if isinstance(loc, str) else loc
         self.findings: list[Finding] = []
         self.segments: list[Segment] = []
+        kind = self.loc.fs.get_file_info(self.loc.path).type
+        if kind == pafs.FileType.NotFound:
+            self.findings.append(Finding("no_commitlog_dir", "error", "commitlog", None,
+                                         "no commitlog/ directory: not a broker store root (or the wrong path)"))
         infos = list_files(self.loc)
+        if kind == pafs.FileType.Directory and not any(i.type == pafs.FileType.File for i in infos):
+            self.findings.append(Finding("no_commitlog_segments", "warning", "commitlog", None,
+                                         "commitlog/ holds no segment files: the store has no messages"))
         for info in infos:
             if info.type == pafs.FileType.Directory:
                 self.findings.append(Finding("unexpected_directory", "info", "commitlog/" + info.base_name, None,

@@ -100,3 +100,11 @@ def test_corrupt_copy_is_read_from_a_copy_not_modified(tmp_path):
     ends = []
     rows = CommitLog(str(bad), SEG).read_table(ends=ends).num_rows
     assert rows == 10 and ends[1].kind == "invalid" and ends[1].file_offset == 0
+
+
+def test_missing_commitlog_dir_is_an_error_and_an_empty_one_a_warning(tmp_path):
+    cl = CommitLog(str(tmp_path / "commitlog"))
+    assert [(f.kind, f.severity) for f in cl.findings] == [("no_commitlog_dir", "error")] and cl.segments == []
+    (tmp_path / "commitlog").mkdir()
+    cl = CommitLog(str(tmp_path / "commitlog"))
+    assert [(f.kind, f.severity) for f in cl.findings] == [("no_commitlog_segments", "warning")]
