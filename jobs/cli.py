@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rmqstore {args.command}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `rmqstore messages ... | head`
+        return 0
     except (OSError, ValueError) as e:
         if args.debug:
             raise
@@ -56,8 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"rmqstore {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # pragma: no cover - `rmqstore messages ... | head`
-        return 0
 
 
 if __name__ == "__main__":

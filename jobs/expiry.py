@@ -113,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     from jobs.sparkutil import get_spark
 
     args = build_parser().parse_args(argv)
-    from jobs.common import settings_from_args
+    from jobs.common import fs_options, settings_from_args
+    from storelib.bytesource import resolve
 
-    base = settings_from_args(args, version="4")
+    # the first store names the segment size when no --broker-conf/--set does (a grid shares settings)
+    base = settings_from_args(args, resolve(args.stores[0], **fs_options(args)) if args.stores else None, version="4")
     policies = grid_policies(base, args.reserved, args.delete_when or [base.delete_when], args.max_ratio,
                              args.capacity, tz=args.tz, disk_other_used=int(args.disk_other_used))
     model = TimeModel(start_ms=parse_time_ms(args.start) if args.start else None,

@@ -6,6 +6,7 @@ in its own module (commitlog, consumequeue, indexfile, checkpoint, markers, conf
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -46,7 +47,46 @@ def load_settings(broker_conf: str | None = None, version: str | None = "4",
     if version in (None, "auto"):
         version = detect_version(root) if root is not None else "4"
     settings = load_broker_conf(broker_conf, version) if broker_conf else BrokerSettings.defaults(version)
-    return settings.with_overrides(overrides) if overrides else settings
+    if overrides:
+        settings = settings.with_overrides(overrides)
+    explicit = set(overrides or ()) | _conf_keys(broker_conf)
+    if root is not None and not explicit & {"mappedFileSizeCommitLog", "mapped_file_size_commit_log"}:
+        size = _segment_file_size(root.join("commitlog"))
+        if size and size != settings.mapped_file_size_commit_log:
+            settings = dataclasses.replace(
+                settings.with_overrides({"mappedFileSizeCommitLog": size}),
+                source=f"{settings.source or 'defaults'}; {INFERRED_NOTE} {size}")
+    return settings
+
+
+INFERRED_NOTE = "mappedFileSizeCommitLog inferred from the segment files:"
+
+
+def _conf_keys(broker_conf: str | None) -> set[str]:
+    if not broker_conf:
+        return set()
+    from .brokerconf import parse_properties_text
+    from .smallfile_io import as_location, read_small
+
+    data = read_small(as_location(broker_conf))
+    return set(parse_properties_text(data.decode("utf-8", "replace"))) if data else set()
+
+
+def _segment_file_size(loc: Location) -> int | None:
+    """The size shared by the commitlog's segment files (None when there are none or they disagree).
+
+    Lets a store copied without its broker.conf be read with the segment size it was written with;
+    the caller reports that the size was inferred.
+    """
+    import re
+
+    try:
+        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
+    except OSError:
+        return None
+    sizes = [int(i.size or 0) for i in infos if i.type == pafs.FileType.File and re.fullmatch(r"[0-9]{20}", i.base_name)]
+    full = {s for s in sizes if s > 0}
+    return full.pop() if len(full) == 1 else None
 
 
 @dataclass
@@ -97,7 +137,13 @@ class Store:
     @cached_property
     def commitlog(self) -> CommitLog:
         size = getattr(self.settings, "mapped_file_size_commit_log", None)
-        return CommitLog(self.path("commitlog"), size)
+        cl = CommitLog(self.path("commitlog"), size)
+        source = getattr(self.settings, "source", None) or ""
+        if INFERRED_NOTE in source:
+            cl.findings.insert(0, Finding("segment_size_inferred", "info", "commitlog", None,
+                                          f"no broker.conf or --set gave mappedFileSizeCommitLog: using {size} bytes, "
+                                          "the size of the segment files"))
+        return cl
 
     @property
     def delay_levels_ms(self) -> list[int]:

@@ -98,3 +98,14 @@ def test_set_overrides_each_broker_setting_like_a_broker_conf(capsys, sample_498
     assert rc == 2 and "--set needs KEY=VALUE" in err
     rc, _, err = run_cli(capsys, "info", store, "--set", "maxIndexNum=lots")
     assert rc == 2 and "maxIndexNum" in err and "Traceback" not in err
+
+
+def test_segment_size_is_inferred_from_the_files_without_broker_conf_but_an_explicit_value_wins(capsys, sample_498):
+    store = sample_498 / "store"
+    rc, out, _ = run_cli(capsys, "info", store, "--json")
+    info = json.loads(out)
+    assert rc == 0 and info["segment_size"] == 524288 and info["messages"] == 2000
+    assert "segment_size_inferred" in [f["kind"] for f in info["findings"]]
+    rc, out, _ = run_cli(capsys, "info", store, "--json", "--set", "mappedFileSizeCommitLog=1073741824")
+    kinds = [f["kind"] for f in json.loads(out)["findings"]]
+    assert "segment_size_inferred" not in kinds and "wrong_segment_size" in kinds

@@ -12,6 +12,7 @@ from typing import Any
 from jobs.common import add_store_args, fs_options, print_json, print_table, settings_from_args
 from jobs.expiry_report import _ranges_text
 from storelib.brokerconf import BrokerSettings, parse_properties_text
+from storelib.bytesource import resolve
 from storelib.errors import StoreError
 
 EXAMPLE = """example:
@@ -87,7 +88,7 @@ def load_policy(path: str, base: BrokerSettings) -> BrokerSettings:
 def build_policies(args: argparse.Namespace) -> tuple[BrokerSettings, list]:
     from jobs.expiry_sim import Policy, parse_time_ms
 
-    base = settings_from_args(args, version="4")
+    base = settings_from_args(args, resolve(args.store, **fs_options(args)), version="4")
     manual = tuple(parse_time_ms(t) for t in args.manual_delete)
     cap = int(args.disk_capacity) if args.disk_capacity is not None else None
     kw: dict[str, Any] = {"disk_capacity": cap, "disk_other_used": int(args.disk_other_used), "tz": args.tz,
