@@ -206,15 +206,11 @@ def check_record(
     if reason is not None:
         return RecordCheck("invalid", -1, reason, msg)
     assert msg is not None
-    props_len = _props_len_of(msg)
-    expect = record_length(msg.sys_flag, len(msg.body), len(msg.topic.encode("utf-8", "surrogatepass")), props_len, version)
+    body_len, topic_len, props_len = msg._raw_lens  # type: ignore[attr-defined]
+    expect = record_length(msg.sys_flag, body_len, topic_len, props_len, version)
     if expect != total:
         return RecordCheck("invalid", total, f"length_mismatch: TOTALSIZE {total}, fields add up to {expect}", msg)
     return RecordCheck("message", total, None, msg, prop_crc_ok)
-
-
-def _props_len_of(msg: Message) -> int:
-    return len((msg.properties_raw or "").encode("utf-8", "surrogateescape")) if msg.properties_raw else 0
 
 
 def _decode_fields(buf, pos: int, n: int, version: int, check_crc: bool):
@@ -268,6 +264,8 @@ def _decode_fields(buf, pos: int, n: int, version: int, check_crc: bool):
         properties=props, body_crc=crc, magic_version=version, properties_raw=raw or None,
     )
     msg._store_host_bytes = store_host  # type: ignore[attr-defined]
+    # the stored lengths (not the decoded text's, which U+FFFD replacement may change) decide validity
+    msg._raw_lens = (max(body_len, 0), topic_len, max(props_len, 0))  # type: ignore[attr-defined]
     reason = None
     if check_crc and body_len > 0 and body_crc(body) != crc:
         reason = f"crc_mismatch: BODYCRC {crc}, body hashes to {body_crc(body)}"

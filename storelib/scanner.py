@@ -894,7 +894,7 @@ class SegmentScan:
         if cnt >= rows:
             return None, None, starts, pos, 0
         left = seg_len - pos
-        if left <= 4:
+        if left < 8:  # TOTALSIZE and MAGIC do not fit: the broker's read of MAGIC fails (-1)
             return "invalid", ("truncated", f"{left} bytes left in the segment, no room for a record", None), starts, pos, 0
         if pos + 8 > vend:
             return None, None, starts, pos, (0 if len(starts) else 8)
