@@ -62,6 +62,14 @@ def sample_copy(tmp_path, sample) -> Path:
     return dst
 
 
+def extract_members(tmp_path: Path, name: str, members: list[str]) -> Path:
+    """Extract only some members of a sample tarball (``<name>/<member>``) into ``tmp_path``."""
+    with tarfile.open(SAMPLES / f"{name}.tar.gz") as tf:
+        for m in members:
+            tf.extract(f"{name}/{m}", tmp_path, filter="data")
+    return tmp_path / name
+
+
 def load_expected(sample_root: Path, name: str) -> list[dict]:
     with open(sample_root / "expected" / name, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

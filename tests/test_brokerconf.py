@@ -15,9 +15,10 @@ from storelib.brokerconf import (
 )
 from storelib.bytesource import Location
 from storelib.errors import StoreError
+from tests.conftest import SAMPLES
 
-CONF_498 = "/work/shared/samples/rocketmq-4.9.8-small.broker.conf"
-CONF_533 = "/work/shared/samples/rocketmq-5.3.3-small.broker.conf"
+CONF_498 = str(SAMPLES / "rocketmq-4.9.8-small.broker.conf")
+CONF_533 = str(SAMPLES / "rocketmq-5.3.3-small.broker.conf")
 
 TV10_MS = (
     1000,

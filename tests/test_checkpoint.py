@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -12,15 +11,8 @@ import pytest
 from storelib.bytesource import Location
 from storelib.checkpoint import CHECKPOINT_SIZE, Checkpoint, read_checkpoint, write_checkpoint
 from storelib.errors import StoreError
-
-SAMPLES = Path("/work/shared/samples")
-
-
-def _extract(tmp_path: Path, name: str, members: list[str]) -> Path:
-    with tarfile.open(SAMPLES / f"{name}.tar.gz") as tf:
-        for m in members:
-            tf.extract(f"{name}/{m}", tmp_path, filter="data")
-    return tmp_path / name
+from tests.conftest import SAMPLES
+from tests.conftest import extract_members as _extract
 
 
 def test_checkpoint_533_matches_java_export(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
@@ -25,8 +24,9 @@ from storelib.configjson import (
     write_config,
 )
 from storelib.errors import StoreError
+from tests.conftest import SAMPLES as _SHARED_SAMPLES
 
-SAMPLES = Path("/work/shared/samples/fastjson-config")
+SAMPLES = _SHARED_SAMPLES / "fastjson-config"
 EXPECTED = json.loads((SAMPLES / "expected.json").read_text())["files"]
 PARSEABLE = sorted(k for k, v in EXPECTED.items() if v["parses"])
 BROKEN = sorted(k for k, v in EXPECTED.items() if not v["parses"])

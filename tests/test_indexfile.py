@@ -35,8 +35,8 @@ from storelib.indexfile import (
     query_index,
 )
 from storelib.javahash import index_hash, java_string_hash
+from tests.conftest import SAMPLES
 
-SAMPLES = Path("/work/shared/samples")
 T0 = 1_700_000_000_123
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -21,15 +20,7 @@ from storelib.markers import (
     what_broker_does,
     write_abort,
 )
-
-SAMPLES = Path("/work/shared/samples")
-
-
-def _extract(tmp_path: Path, name: str, members: list[str]) -> Path:
-    with tarfile.open(SAMPLES / f"{name}.tar.gz") as tf:
-        for m in members:
-            tf.extract(f"{name}/{m}", tmp_path, filter="data")
-    return tmp_path / name
+from tests.conftest import extract_members as _extract
 
 
 def test_sample_533_has_only_abort_bak_so_last_exit_was_clean(tmp_path):
