@@ -182,19 +182,19 @@ def _time_diff(t: int, begin: int) -> int:
     return min(d, INT_MAX)
 
 
-def _stable_argsort(keys: np.ndarray, bound: int) -> np.ndarray:
-    """Stable argsort of non-negative integer keys < ``bound``.
+def _slot_chains(slot: np.ndarray, n0: int) -> tuple[np.ndarray, np.ndarray]:
+    """Entries grouped by slot, oldest first: (slot, entry number) pairs sorted by slot then number.
 
-    numpy sorts 16-bit keys stably with a radix sort; two such passes (low half, then high half)
-    beat its general stable sort on the tens of millions of slots of a default-geometry file.
+    Entry ``n0 + i`` has slot ``slot[i]``; both fit in 31 bits, so (slot << bits) | number is one
+    int64 whose plain sort (numpy's SIMD sort, no index indirection) is the stable sort by slot,
+    several times faster than a stable argsort plus two gathers on a default-geometry file.
     """
-    if bound <= 1 << 16:
-        return np.argsort(keys.astype(np.uint16), kind="stable")
-    if bound <= 1 << 32:
-        p1 = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
-        p2 = np.argsort((keys[p1] >> 16).astype(np.uint16), kind="stable")
-        return p1[p2]
-    return np.argsort(keys, kind="stable")
+    m = len(slot)
+    bits = max(1, int(n0 + m).bit_length())
+    comp = slot.astype(np.int64) << bits
+    comp |= np.arange(n0, n0 + m, dtype=np.int64)
+    comp.sort()
+    return comp >> bits, (comp & ((1 << bits) - 1)).astype(np.int32)
 
 
 def _time_diffs(t: np.ndarray, begin: int) -> np.ndarray:
@@ -825,11 +825,9 @@ def build_index_files(
             n0 = c0 + 1 if is_cont else 1  # entry number of the first new entry
             m = hi - lo
             hs, ps, ts = h[lo:hi], p[lo:hi], t[lo:hi]
-            n = np.arange(n0, n0 + m, dtype=np.int32)
             slot = hs % S
-            # prevIndex: stable sort by slot; within a slot the previous (older) entry number
-            order = _stable_argsort(slot, S)
-            ss, ns = slot[order], n[order]
+            # prevIndex: entries sorted by (slot, number); within a slot the previous (older) number
+            ss, ns = _slot_chains(slot, n0)
             first = np.ones(m, dtype=bool)
             first[1:] = ss[1:] != ss[:-1]
             prev_sorted = np.empty(m, dtype=np.int32)
@@ -843,12 +841,12 @@ def build_index_files(
                 slots = np.zeros(S, dtype=np.int32)
                 prev_sorted[first] = 0
             prev = np.empty(m, dtype=np.int32)
-            prev[order] = prev_sorted
+            prev[ns - n0] = prev_sorted
             last = np.empty(m, dtype=bool)
             last[:-1] = first[1:]
             last[-1] = True
             slots[ss[last]] = ns[last]  # the newest entry of each slot
-            del order, ss, ns, first, last, prev_sorted, slot
+            del ss, ns, first, last, prev_sorted, slot
 
             # timeDiff: entry 1 is measured from the file's initial beginTimestamp (the previous
             # file's end), later entries from the file's beginTimestamp (its entry 1)
@@ -873,13 +871,13 @@ def build_index_files(
             header = IndexHeader(
                 begin_timestamp=int(begin_ts), end_timestamp=int(ts[-1]),
                 begin_phy_offset=int(begin_phy), end_phy_offset=int(ps[-1]),
-                hash_slot_count=int(hsc0 + np.count_nonzero(prev == 0)), index_count=int(n[-1]) + 1,
+                hash_slot_count=int(hsc0 + np.count_nonzero(prev == 0)), index_count=n0 + m,
             )
             images.append(IndexImage(g, header, slots, ent,
                                      name=prev_state.name if is_cont else None,
                                      first_timestamp=None if is_cont else int(ts[0])))
             prev_file_end_ts = int(ts[-1])
-            last_n = int(n[-1])
+            last_n = n0 + m - 1
         last_full = last_n == E
         last_end = (int(p[-1]), int(t[-1]))
     else:
