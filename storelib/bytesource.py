@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .errors import StoreError
 
 DEFAULT_WINDOW = 64 * 1024 * 1024
+FILL_CHUNK = 16 * 1024 * 1024  # bytes per ranged request of a read-ahead fill
 # room in front of each read-ahead buffer for the unread tail of the previous window (the part of a
 # record that straddled the window end), so a sequential window is served without copying it
 READ_AHEAD_RESERVE = 8 * 1024 * 1024
@@ -194,14 +196,9 @@ class _ReadAhead:
         self.direct = 0  # windows read synchronously (first window, jumps, oversized records)
 
     def _fill(self, start: int, out: memoryview) -> int:
-        self._f.seek(start)
-        got = 0
-        while got < len(out):
-            n = self._f.readinto(out[got:])
-            if not n:
-                break
-            got += n
-        return got
+        # chunks one after another on one connection: a second connection fetching every other
+        # chunk measured slower on two cores (0.73 vs 0.81 of the local rate), the scan needs the CPU
+        return _fill_from(self._f, start, out)
 
     def _schedule(self, start: int) -> None:
         if start >= self.src.size:
@@ -273,15 +270,25 @@ _HANDOFF_POOL: ThreadPoolExecutor | None = None
 _HANDOFF_MAX = 2  # an abandoned scan leaves at most this many windows behind
 
 
+def _fill_from(f: pa.NativeFile, start: int, out: memoryview) -> int:
+    """Read ``[start, start + len(out))`` of ``f`` into ``out``; returns the bytes read (short at EOF).
+
+    One ranged request per :data:`FILL_CHUNK`: on S3 a 16 MiB GET streamed into place measured ~1.6x
+    faster than one 64 MiB GET of the same bytes (pyarrow 26 against a sendfile server on loopback).
+    """
+    f.seek(start)
+    got = 0
+    while got < len(out):
+        n = f.readinto(out[got : got + FILL_CHUNK])
+        if not n:
+            break
+        got += n
+    return got
+
+
 def _fetch_start(fs: pafs.FileSystem, path: str, out: memoryview) -> int:
     with fs.open_input_file(path) as f:
-        got = 0
-        while got < len(out):
-            n = f.readinto(out[got:])
-            if not n:
-                break
-            got += n
-        return got
+        return _fill_from(f, 0, out)
 
 
 def _handoff_start(fs: pafs.FileSystem, path: str, size: int, window: int) -> None:

@@ -292,6 +292,44 @@ def test_read_ahead_returns_exact_bytes_for_sequential_overlapping_windows(patte
         assert src._ahead.prefetched >= 25 and src._ahead.direct == 1
 
 
+def test_read_ahead_fills_a_window_with_one_ranged_request_per_fill_chunk(pattern_file, monkeypatch):
+    import storelib.bytesource as bs
+
+    p, data = pattern_file
+    monkeypatch.setattr(bs, "FILL_CHUNK", 4096)
+    sizes: list[int] = []
+    real = bs._fill_from
+
+    def spy(f, start, out):
+        wrapped = _CountingFile(f, sizes)
+        return real(wrapped, start, out)
+
+    monkeypatch.setattr(bs, "_fill_from", spy)
+    with ArrowFileSource(pafs.LocalFileSystem(), str(p)) as src:
+        src.read_ahead(10_000)
+        pos = 0
+        while pos < len(data):
+            got = src.read(pos, 10_000)
+            assert bytes(got) == data[pos : pos + 10_000]
+            pos += len(got)
+        assert src._ahead.prefetched >= 25
+    assert sizes and max(sizes) <= 4096 and sum(s > 0 for s in sizes) > 2 * 25
+
+
+class _CountingFile:
+    """A NativeFile stand-in that records how many bytes each readinto asked for."""
+
+    def __init__(self, f, sizes: list[int]):
+        self._f, self._sizes = f, sizes
+
+    def seek(self, pos: int) -> None:
+        self._f.seek(pos)
+
+    def readinto(self, out) -> int:
+        self._sizes.append(len(out))
+        return self._f.readinto(out)
+
+
 def test_read_ahead_falls_back_to_a_ranged_read_on_jumps_and_long_records(pattern_file):
     p, data = pattern_file
     with ArrowFileSource(pafs.LocalFileSystem(), str(p)) as src:
