@@ -15,9 +15,10 @@ The two servers:
 
 - ``moto``: moto's standalone server, the one the tests use (``tests/s3server.py``). It answers every
   ranged GET by reading the *whole object* (``moto/s3/models.py`` ``value`` reads the object from its
-  temp file into one bytes; ``responses.py`` ``_handle_range_header`` then slices the range out), so a
-  64 MiB window of a 1 GiB segment costs it a 1 GiB read plus the 64 MiB slice; its numbers measure moto as much as our client, and get worse the larger
-  the segment (hence the 128 MiB default rather than 1 GiB).
+  temp file into one bytes; ``responses.py`` ``_handle_range_header`` then slices the range out), so
+  each 16 MiB request of a read-ahead window (``storelib.bytesource.FILL_CHUNK``) costs it a read of
+  the whole 128 MiB segment: its numbers measure moto, and get worse the larger the segment (hence
+  the 128 MiB default rather than 1 GiB).
 - ``dir``: ``tests/s3dir.py``, a small S3-compatible server over a directory (the store is hard-linked
   into its root). It serves a range with ``sendfile`` from the page cache, at the cost of the range,
   as real S3 and MinIO do; this is the number that says what our client does. Neither real S3 nor
