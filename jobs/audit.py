@@ -14,11 +14,16 @@ re-audited and earlier per-segment findings are carried forward.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
+import uuid
 import zlib
+from collections.abc import Iterator
 
 if __package__ in (None, ""):  # spark-submit jobs/audit.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,8 +42,8 @@ from jobs.audit_checks import (
     PartResult,
     SegmentResult,
     SegmentTask,
+    TableSink,
     _Capped,
-    _to_ipc,
     audit_part,
     audit_segment,
     check_checkpoint,
@@ -131,8 +136,9 @@ def save_state(path: str, store: Store, results: list[SegmentResult], fps: dict[
     os.makedirs(d, exist_ok=True)
     segs = {}
     for r in results:
-        atomic_write(os.path.join(d, r.name + ".arrow"), r.records_ipc)
-        atomic_write(os.path.join(d, r.name + ".keys.arrow"), r.keys_ipc)
+        rec_ipc, key_ipc = r.ipc_bytes()
+        atomic_write(os.path.join(d, r.name + ".arrow"), rec_ipc)
+        atomic_write(os.path.join(d, r.name + ".keys.arrow"), key_ipc)
         body = asdict(r)
         body.pop("records_ipc")
         body.pop("keys_ipc")
@@ -154,8 +160,8 @@ def _merge(old: SegmentResult, new: SegmentResult) -> SegmentResult:
     out = SegmentResult(new.name, new.base, new.file_size, old.start, new.end_kind, new.data_end,
                         old.records + new.records, old.bytes_valid + new.bytes_valid, old.crc_errors + new.crc_errors,
                         keep + new.findings, old.regions + new.regions)
-    out.records_ipc = _to_ipc(pa.concat_tables([old.record_table(), new.record_table()]))
-    out.keys_ipc = _to_ipc(pa.concat_tables([old.key_table(), new.key_table()]))
+    out.set_tables(pa.concat_tables([old.record_table(), new.record_table()]),
+                   pa.concat_tables([old.key_table(), new.key_table()]))
     ts = [t for t in (old.first_ts, new.first_ts) if t is not None]
     out.first_ts = min(ts) if ts else None
     ts = [t for t in (old.last_ts, new.last_ts) if t is not None]
@@ -250,11 +256,57 @@ def _finish(tasks: list[SegmentTask], parts: list[PartResult], opts: AuditOption
     return out
 
 
+def is_local_master(master: str) -> bool:
+    """Do the executors of this Spark master run on the driver's machine (and see its filesystem)?"""
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
+TRANSFERS = ("auto", "files", "collect")
+
+
+@contextlib.contextmanager
+def table_sink(master: str, work_dir: str | None, transfer: str, fs_options: dict[str, Any],
+               quiet: bool = False) -> Iterator[TableSink | None]:
+    """Where the Spark tasks put their tables: a fresh directory (under ``work_dir``, or a temp dir when
+    the master is local), removed when the block ends however it ends; None: in-band collect.
+
+    ``transfer``: ``auto`` (files when ``work_dir`` is given or the master is local, else collect),
+    ``files`` (fails without a reachable directory), ``collect`` (always in-band)."""
+    if transfer not in TRANSFERS:
+        raise ValueError(f"transfer must be one of {TRANSFERS}, not {transfer!r}")
+    local = is_local_master(master)
+    if transfer == "collect" or (work_dir is None and not local):
+        if transfer == "files":
+            raise ValueError(f"Spark master {master} runs executors on other hosts: give a --work-dir they share")
+        yield None
+        return
+    name = f"rmqstore-audit-{uuid.uuid4().hex[:12]}"
+    if work_dir is None:
+        path = tempfile.mkdtemp(prefix=name + "-")
+        loc = resolve(path)
+    else:
+        loc = resolve(work_dir, **fs_options).join(name)
+        loc.fs.create_dir(loc.path, recursive=True)
+        path = work_dir.rstrip("/") + "/" + name if "://" in work_dir else loc.path
+    _log(f"audit: task tables go through {path}", quiet)
+    try:
+        yield TableSink(path, fs_options if "://" in path else {})
+    finally:
+        if loc.local:
+            shutil.rmtree(loc.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                loc.fs.delete_dir(loc.path)
+
+
 def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spark=None,
-                 quiet: bool = False, store: Store | None = None, split_bytes: int | None = None
-                 ) -> list[SegmentResult]:
+                 quiet: bool = False, store: Store | None = None, split_bytes: int | None = None,
+                 work_dir: str | None = None, transfer: str = "auto") -> list[SegmentResult]:
     """Phase 1 on the chosen engine (same functions either way). With ``split_bytes`` (default for Spark:
-    128 MiB) segments are cut at record starts into split tasks whose results are merged per segment."""
+    128 MiB) segments are cut at record starts into split tasks whose results are merged per segment.
+
+    On Spark the tasks' tables come back through files (:func:`table_sink`) or in-band with the
+    results; the driver maps the files and removes them before returning."""
     if not tasks:
         return []
     if split_bytes is None and engine == "spark":
@@ -270,13 +322,17 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spar
 
         ship_code(sc)
         _log(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on Spark {sc.master}", quiet)
-        parts = sc.parallelize(units, len(units)).map(lambda t: audit_part(t, opts)).collect()
-        return _finish(tasks, parts, opts, quiet)
+        with table_sink(sc.master, work_dir, transfer, opts.fs_options, quiet) as sink:
+            parts = sc.parallelize(units, len(units)).map(lambda t: audit_part(t, opts, sink)).collect()
+            if sink is not None:
+                for p in parts:
+                    p.load_tables(sink.fs_options)
+            return _finish(tasks, parts, opts, quiet)
     parts = []
     t0 = time.monotonic()
     done_bytes = 0
     for i, t in enumerate(units):
-        parts.append(audit_part(t, opts))
+        parts.append(audit_part(t, opts, keep_tables=True))
         done_bytes += (t.end if t.end is not None else t.file_size) - t.start
         el = max(time.monotonic() - t0, 1e-9)
         _log(f"audit: task {i + 1}/{len(units)} {t.name}@{t.start}: {len(parts[-1].items)} findings "
@@ -287,8 +343,14 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spar
 def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str = "local", spark=None,
                 since: str | None = None, fs_options: dict | None = None, verify_crc: bool = True,
                 quiet: bool = False, now_ms: int | None = None, version: str | None = None,
-                split_bytes: int | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+                split_bytes: int | None = None, overrides: dict[str, Any] | None = None,
+                work_dir: str | None = None, transfer: str = "auto", threads: bool = True) -> dict[str, Any]:
     """Audit a store and return the report dict (the JSON report's content).
+
+    ``work_dir`` (Spark): a directory or URI the driver and every executor reach, where the tasks leave
+    their record tables (default: a temp dir when the master is local, else they come back in-band);
+    ``transfer`` forces ``files`` or ``collect`` (see :func:`table_sink`). ``threads=False`` runs the
+    cross-file checks one after the other (same findings).
 
     ``split_bytes``: cut segments into tasks of about this size at record starts (default: 128 MiB on
     Spark, whole segments locally); the findings are the same either way.
@@ -309,7 +371,8 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
                         broker_version=str(getattr(settings, "version", "4")), verify_crc=verify_crc,
                         fs_options=fs_options)
     t1 = time.monotonic()
-    fresh = run_segments(tasks, opts, engine, spark, quiet, store=store, split_bytes=split_bytes)
+    fresh = run_segments(tasks, opts, engine, spark, quiet, store=store, split_bytes=split_bytes,
+                         work_dir=work_dir, transfer=transfer)
     t_seg = time.monotonic() - t1
     results: dict[str, SegmentResult] = dict(carried)
     for r in fresh:
@@ -548,6 +611,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", metavar="STATE_FILE",
                    help="incremental: audit only segments new or changed since the run that wrote STATE_FILE "
                         "(created when missing, updated after the run)")
+    p.add_argument("--work-dir", metavar="DIR",
+                   help="--engine spark: a directory or URI the driver and every executor can reach, where the "
+                        "tasks leave their record tables (a subdirectory, removed after the run); default: a temp "
+                        "dir with a local master, else the tables come back through Spark")
     p.add_argument("--fail-on", choices=list(SEVERITY_RANK), default="error",
                    help="exit 1 when a finding has at least this severity (default error)")
     p.add_argument("--broker-version", choices=["4", "5"], help="broker defaults to assume (default 4.x)")
@@ -567,7 +634,8 @@ def run_args(args: argparse.Namespace) -> int:
     try:
         report = audit_store(args.store, broker_conf=args.broker_conf, engine=args.engine, spark=spark,
                              since=args.since, fs_options=fs_options(args), verify_crc=not args.no_crc,
-                             quiet=args.quiet, version=args.broker_version, overrides=overrides(args))
+                             quiet=args.quiet, version=args.broker_version, overrides=overrides(args),
+                             work_dir=args.work_dir)
     except StoreError as e:
         print(f"rmqstore audit: {e}", file=sys.stderr)
         return EXIT_FAILED

@@ -17,7 +17,9 @@ lost (corrupt region, missing segment) counts against that region instead of rai
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,11 +101,26 @@ class SegmentResult:
     last_ts: int | None = None
     seconds: float = 0.0
 
+    # The tables may instead be held in memory (``_tables``, not a dataclass field, so ``asdict`` and the
+    # state file never see them): in-process parts and per-task table files skip an IPC round trip.
+
     def record_table(self) -> pa.Table:
-        return _from_ipc(self.records_ipc, RECORD_SCHEMA)
+        t = getattr(self, "_tables", None)
+        return t[0] if t is not None else _from_ipc(self.records_ipc, RECORD_SCHEMA)
 
     def key_table(self) -> pa.Table:
-        return _from_ipc(self.keys_ipc, KEY_SCHEMA)
+        t = getattr(self, "_tables", None)
+        return t[1] if t is not None else _from_ipc(self.keys_ipc, KEY_SCHEMA)
+
+    def set_tables(self, records: pa.Table, keys: pa.Table) -> None:
+        self._tables = (records, keys)
+        self.records_ipc = self.keys_ipc = b""
+
+    def ipc_bytes(self) -> tuple[bytes, bytes]:
+        """The record and key tables as Arrow IPC stream bytes (what the ``--since`` sidecar files hold)."""
+        if getattr(self, "_tables", None) is None:
+            return self.records_ipc, self.keys_ipc
+        return _to_ipc(self.record_table()), _to_ipc(self.key_table())
 
 
 def _to_ipc(table: pa.Table) -> bytes:
@@ -187,7 +204,70 @@ class PartResult:
     regions: list[LostRegion] = field(default_factory=list)
     records_ipc: bytes = b""
     keys_ipc: bytes = b""
+    records_path: str | None = None  # the tables as files in a TableSink (then the *_ipc fields are empty)
+    keys_path: str | None = None
     seconds: float = 0.0
+
+    def tables(self) -> tuple[pa.Table, pa.Table]:
+        """The record and key tables: held in memory, or decoded from the IPC bytes (zero-copy)."""
+        t = getattr(self, "_tables", None)
+        if t is not None:
+            return t
+        return _from_ipc(self.records_ipc, RECORD_SCHEMA), _from_ipc(self.keys_ipc, KEY_SCHEMA)
+
+    def load_tables(self, fs_options: dict[str, Any] | None = None) -> None:
+        """Driver side: map the tables a task wrote to a :class:`TableSink` (before its dir is removed)."""
+        self._tables = (read_table_file(self.records_path, RECORD_SCHEMA, fs_options),
+                        read_table_file(self.keys_path, KEY_SCHEMA, fs_options))
+
+
+@dataclass(frozen=True)
+class TableSink:
+    """A work directory (local path or URI every executor and the driver can reach) where split tasks
+    leave their record/key tables as Arrow IPC files, so a task returns only its small result through
+    Spark (a ~150 MB collect of pickled bytes through the JVM costs seconds; a memory-mapped file
+    nothing). File names are unique per task attempt (a retried task never collides with the files of
+    an earlier attempt, which the driver never reads and removes with the directory)."""
+
+    dir: str
+    fs_options: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, stem: str, table: pa.Table) -> str | None:
+        """Write ``table`` as an IPC file; returns its path/URI (None for an empty table: nothing written)."""
+        if table.num_rows == 0:
+            return None
+        name = f"{stem}-{uuid.uuid4().hex}.arrow"
+        loc = resolve(self.dir, **self.fs_options)
+        if loc.local:  # temp + rename: the file appears under its name only when complete
+            path = os.path.join(loc.path, name)
+            tmp = os.path.join(loc.path, "." + name + ".tmp")
+            try:
+                with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+                    w.write_table(table)
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+            return path
+        # object stores: one output stream = one PUT, the object appears only when complete
+        with loc.fs.open_output_stream(loc.join(name).path) as f, pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
+        return self.dir.rstrip("/") + "/" + name
+
+
+def read_table_file(path: str | None, schema: pa.Schema, fs_options: dict[str, Any] | None = None) -> pa.Table:
+    """A table written by :meth:`TableSink.write`: memory-mapped (zero-copy) when local, read whole otherwise."""
+    if path is None:
+        return schema.empty_table()
+    loc = resolve(path, **(fs_options or {}))
+    try:
+        if loc.local:  # the mapping outlives the file's removal (the buffers keep it alive)
+            return pa.ipc.open_file(pa.memory_map(loc.path)).read_all()
+        with loc.fs.open_input_file(loc.path) as f:
+            return pa.ipc.open_file(f.read_buffer()).read_all()
+    except (OSError, pa.ArrowInvalid) as e:
+        raise StoreError(path, None, "work_file_unreadable", f"cannot read a task's table file: {e}") from e
 
 
 def _zero_tail(view: memoryview, start: int, chunk: int = 64 << 20) -> bool:
@@ -208,9 +288,13 @@ def _zero_tail(view: memoryview, start: int, chunk: int = 64 << 20) -> bool:
     return not a[lo:n].any()
 
 
-def audit_part(task: SegmentTask, opts: AuditOptions) -> PartResult:
+def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = None,
+               keep_tables: bool = False) -> PartResult:
     """Audit the records of ``task`` that start in ``[task.start, task.end)`` (the whole rest of the
-    segment when ``end`` is None); never raises for content problems."""
+    segment when ``end`` is None); never raises for content problems.
+
+    The tables go to ``sink`` files when given, stay in memory with ``keep_tables`` (in-process
+    callers), else travel as IPC bytes in the result (Spark's in-band collect)."""
     t0 = time.monotonic()
     display = "commitlog/" + task.name
     res = PartResult(task.name, task.start, task.end)
@@ -284,8 +368,15 @@ def audit_part(task: SegmentTask, opts: AuditOptions) -> PartResult:
         src.close()
     res.items, res.counts = found.items, dict(found.counts)
     res.bad_rows, res.regions = bad_rows, regions
-    res.records_ipc = _to_ipc(pa.concat_tables(rec_parts) if rec_parts else RECORD_SCHEMA.empty_table())
-    res.keys_ipc = _to_ipc(pa.concat_tables(key_parts) if key_parts else KEY_SCHEMA.empty_table())
+    recs = pa.concat_tables(rec_parts) if rec_parts else RECORD_SCHEMA.empty_table()
+    keys = pa.concat_tables(key_parts) if key_parts else KEY_SCHEMA.empty_table()
+    if sink is not None:
+        stem = f"{task.name}-{task.start}"
+        res.records_path, res.keys_path = sink.write(stem + ".records", recs), sink.write(stem + ".keys", keys)
+    elif keep_tables:
+        res._tables = (recs, keys)
+    else:
+        res.records_ipc, res.keys_ipc = _to_ipc(recs), _to_ipc(keys)
     res.seconds = time.monotonic() - t0
     return res
 
@@ -300,7 +391,7 @@ def parts_chain(parts: list[PartResult]) -> bool:
 def audit_segment(task: SegmentTask, opts: AuditOptions) -> SegmentResult:
     """Audit one commitlog segment from ``task.start``; never raises for content problems."""
     whole = SegmentTask(task.name, task.base, task.uri, task.file_size, task.segment_size, task.local, task.start)
-    return finish_segment(whole, [audit_part(whole, opts)])
+    return finish_segment(whole, [audit_part(whole, opts, keep_tables=True)])
 
 
 def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
@@ -356,13 +447,9 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
                               f"{rg.reason} ({rg.detail}); {rg.bytes_lost} bytes lost, valid data resumes at "
                               f"{rg.end} ({rg.resumed}); the broker stops at the first bad record", _region_extra(rg)))
     res.regions = [r.to_dict() for r in regions]
-    if len(parts) == 1:
-        res.records_ipc, res.keys_ipc = parts[0].records_ipc, parts[0].keys_ipc
-        recs = res.record_table()
-    else:
-        recs = pa.concat_tables([_from_ipc(p.records_ipc, RECORD_SCHEMA) for p in parts])
-        res.records_ipc = _to_ipc(recs)
-        res.keys_ipc = _to_ipc(pa.concat_tables([_from_ipc(p.keys_ipc, KEY_SCHEMA) for p in parts]))
+    tabs = [p.tables() for p in parts]  # chunks of the parts' tables, no copy
+    recs = tabs[0][0] if len(tabs) == 1 else pa.concat_tables([t[0] for t in tabs])
+    res.set_tables(recs, tabs[0][1] if len(tabs) == 1 else pa.concat_tables([t[1] for t in tabs]))
     res.records = recs.num_rows
     if recs.num_rows:
         res.bytes_valid = int(pc.sum(recs.column("size")).as_py())
