@@ -14,7 +14,8 @@ valid end (processOffset) and which records reput dispatches; then:
   Phase B shuffles CQ rows by queue and each task runs build_consume_queues for its queues and writes
   their files. Phase C numbers the index keys globally (prefix sums of per-segment counts), and each
   index file is built by one task (build_index_files, continuing from the previous file's last
-  entry). Both engines produce the same bytes.
+  entry). Phases B and C are independent and run as one Spark job, index files first, so the
+  consume-queue tasks use the cores an index file leaves free. Both engines produce the same bytes.
 
 Index file names are not derivable (the broker uses the wall clock at creation): the policy is
 ``yyyyMMddHHmmssSSS`` of the file's first entry's store time in UTC (the empty successor of a full
@@ -485,10 +486,24 @@ def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, in
     im = images[0]
     im.name = names[f]
     loc = ctx["staging"].join("index", im.name)
-    write_index_image(im, loc)
-    h, n = _sha256(loc)
-    return {"file": f, "rel": f"index/{im.name}", "size": n, "sha256": h, "keys": len(key_rows["key_hash"])}
+    from concurrent.futures import ThreadPoolExecutor
 
+    with ThreadPoolExecutor(1) as ex:  # hash the image while it is written (hashlib releases the GIL)
+        digest = ex.submit(im.sha256)
+        write_index_image(im, loc)
+        h = digest.result()
+    return {"file": f, "rel": f"index/{im.name}", "size": im.geometry.file_size, "sha256": h,
+            "keys": len(key_rows["key_hash"])}
+
+
+
+def phase_bc(ctx: dict[str, Any], index_args: tuple | None, item: tuple[str, Any]) -> tuple[str, dict[str, Any]]:
+    """One task of the combined phase B/C job: a consume-queue partition or an index file."""
+    kind, arg = item
+    if kind == "cq":
+        return kind, phase_b(ctx, arg)
+    names, E, offsets, counts, m_before = index_args
+    return kind, phase_c(ctx, names, E, offsets, counts, m_before, arg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -638,30 +653,67 @@ def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, 
                 safe_topic_dirname(topic)
         out = EngineResult(res, records=sum(metas[i]["rows"] for i in inc))
         files: dict[str, dict[str, Any]] = {}
+        cq_jobs: list[tuple[int, list[int]]] = []
         if ctx["do_cq"]:
-            jobs = [(p, [i for i in inc if p in metas[i]["parts"]]) for p in range(P)]
-            jobs = [j for j in jobs if j[1]]
-            say(f"phase B: consume queues in {len(jobs)} partition(s)")
-            if jobs:
-                stats = _spark_errors(sc.parallelize(jobs, len(jobs)).map(partial(phase_b, ctx)).collect)
-                for s in stats:
-                    files.update(s["files"])
-                    out.queues += s["queues"]
-                    out.cq_records += s["cq_records"]
-            say(f"phase B: {out.queues} queues, {out.cq_records} entries, {len(files)} files")
-        if do_index:
-            files.update(_spark_index(sc, metas, inc, ctx, out, say, name_tz))
+            cq_jobs = [(p, [i for i in inc if p in metas[i]["parts"]]) for p in range(P)]
+            cq_jobs = [j for j in cq_jobs if j[1]]
+        ix = _index_plan(sc, metas, inc, ctx, out, say, name_tz) if do_index else None
+        # phases B and C are independent: one Spark job runs both, index files first (one long task
+        # per file) so the consume-queue tasks fill the other cores around them
+        work: list[tuple[str, Any]] = [("index", f) for f in range(ix.nfiles if ix else 0)]
+        work += [("cq", j) for j in cq_jobs]
+        if ctx["do_cq"]:
+            say(f"phase B: consume queues in {len(cq_jobs)} partition(s)")
+        if ix is not None and ix.nfiles:
+            say(f"phase C: {ix.keys} index keys → {ix.nfiles} index file(s)")
+        results = []
+        if work:
+            with _task_progress(sc, say, "phases B/C: tasks", len(work)):
+                results = _spark_errors(sc.parallelize(work, len(work)).map(
+                    partial(phase_bc, ctx, ix.job_args() if ix else None)).collect)
+        for kind, s in results:
+            if kind == "cq":
+                files.update(s["files"])
+                out.queues += s["queues"]
+                out.cq_records += s["cq_records"]
+            else:
+                files[s["rel"]] = {"size": s["size"], "sha256": s["sha256"]}
+        if ctx["do_cq"]:
+            say(f"phase B: {out.queues} queues, {out.cq_records} entries, "
+                f"{sum(1 for r in files if r.startswith('consumequeue/'))} files")
+        if ix is not None:
+            files.update(_write_extra_index(ix, staging))
+            say(f"phase C: {sum(1 for r in files if r.startswith('index/'))} index file(s) written")
         out.files = dict(sorted(files.items()))
         return out
     finally:
         _drop_staging(staging.join(WORK))
 
 
-def _spark_index(sc, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any], out: EngineResult,
-                 say: Reporter, name_tz: str) -> dict[str, dict[str, Any]]:
+@dataclass
+class IndexPlan:
+    """Where each index file's keys come from (global key numbering) and the files' names."""
+
+    E: int
+    offsets: dict[int, int]
+    counts: dict[int, int]
+    m_before: dict[int, int] | None
+    names: list[str]
+    extra: list[IndexImage]
+    keys: int
+
+    @property
+    def nfiles(self) -> int:
+        return len(self.names)
+
+    def job_args(self) -> tuple:
+        return self.names, self.E, self.offsets, self.counts, self.m_before
+
+
+def _index_plan(sc, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any], out: EngineResult,
+                say: Reporter, name_tz: str) -> IndexPlan:
     g: IndexGeometry = ctx["geometry"]
     E = g.entries_per_file
-    staging: Location = ctx["staging"]
     keyed = [i for i in inc if metas[i]["n_keys"]]
     # §6.1 step 2 duplicate test: a running max over keyed phy offsets (fast path: already increasing)
     run = 0
@@ -704,7 +756,6 @@ def _spark_index(sc, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any]
         later_rows = sum(metas[i]["rows"] for i in inc if i > last_key_seg)
         trailing = later_rows > 0 or last_row_of_last < metas[last_key_seg]["rows"] - 1
     nfiles = -(-K // E) if K else 0
-    files: dict[str, dict[str, Any]] = {}
     extra: list[IndexImage] = []
     empty = {"key_hash": [], "phy_offset": [], "store_timestamp": []}
     if K == 0:
@@ -718,30 +769,31 @@ def _spark_index(sc, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any]
     names: list[str] = []
     last = None
     if nfiles:
-        say(f"phase C: {K} index keys → {nfiles} index file(s)")
         with_keys = [i for i in keyed if counts[i]]
-        firsts = dict(pair for lst in _spark_errors(
-            sc.parallelize(with_keys, len(with_keys)).map(partial(first_times, ctx, E, offsets, mb)).collect)
-            for pair in lst)
+        if ctx["staging"].local:  # memory-mapped key files: the driver reads one time per file itself
+            firsts = dict(pair for i in with_keys for pair in first_times(ctx, E, offsets, mb, i))
+        else:
+            firsts = dict(pair for lst in _spark_errors(
+                sc.parallelize(with_keys, len(with_keys)).map(partial(first_times, ctx, E, offsets, mb)).collect)
+                for pair in lst)
         for f in range(nfiles):
             last = index_file_name(firsts[f], name_tz, after=last)
             names.append(last)
     for im in extra:
         im.name = index_file_name(im.first_timestamp or 0, name_tz, after=last)
         last = im.name
-    if nfiles:
-        stats = _spark_errors(sc.parallelize(range(nfiles), nfiles).map(
-            partial(phase_c, ctx, names, E, offsets, counts, mb)).collect)
-        for s in stats:
-            files[s["rel"]] = {"size": s["size"], "sha256": s["sha256"]}
-    for im in extra:
+    return IndexPlan(E, offsets, counts, mb, names, extra, K)
+
+
+def _write_extra_index(ix: IndexPlan, staging: Location) -> dict[str, dict[str, Any]]:
+    """The empty successor/only file the broker would have (built on the driver, no keys)."""
+    files = {}
+    for im in ix.extra:
         loc = staging.join("index", im.name)
         write_index_image(im, loc)
         h, n = _sha256(loc)
         files[f"index/{im.name}"] = {"size": n, "sha256": h}
-    say(f"phase C: {len(files)} index file(s) written")
     return files
-
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ compared with originals by order, never by name.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import struct
@@ -687,6 +688,31 @@ class IndexImage:
         start = g.entry_pos(1)
         buf[start:start + ENTRY_SIZE * len(e)] = e.tobytes()
         return bytes(buf)
+
+    def sha256(self) -> str:
+        """Hex SHA-256 of the file :meth:`write` produces, computed from memory (no read-back)."""
+        g = self.geometry
+        h = hashlib.sha256(self.header.to_bytes())
+        h.update(np.asarray(self.slots, dtype=">i4").tobytes())
+        ent = np.asarray(self.entries, dtype=ENTRY_DTYPE)
+        zeros = bytes(min(g.file_size, 8 << 20))
+        done = HEADER_SIZE + 4 * len(self.slots)
+
+        def pad(upto: int) -> int:
+            left = upto - done
+            while left > 0:
+                k = min(left, len(zeros))
+                h.update(zeros[:k])
+                left -= k
+            return upto
+
+        done = pad(g.entry_pos(1))
+        step = 1 << 20  # entries per update: bounded temporaries whatever the file size
+        for a in range(0, len(ent), step):
+            h.update(ent[a : a + step].tobytes())
+        done += ENTRY_SIZE * len(ent)
+        pad(g.file_size)
+        return h.hexdigest()
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the file atomically (temp file in the same directory, then os.replace).

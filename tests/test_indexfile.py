@@ -644,3 +644,19 @@ def test_wide_slot_table_uses_two_pass_sort_and_still_matches_scalar():
     oracle = run_scalar(recs, g)
     assert len(imgs) >= 3
     assert [im.to_bytes() for im in imgs] == [w.to_bytes() for w in oracle]
+
+
+@pytest.mark.parametrize("n_keys", [0, 3, 10, 25])
+def test_index_image_sha256_from_memory_equals_the_written_files_hash(tmp_path, n_keys):
+    import hashlib
+
+    g = IndexGeometry(7, 10)  # 10 entries per file: 25 keys give full, full and partial files
+    rng = np.random.default_rng(n_keys)
+    rows = {"key_hash": rng.integers(0, 2**31 - 1, n_keys), "phy_offset": np.arange(n_keys) * 100,
+            "store_timestamp": 1_700_000_000_000 + np.arange(n_keys) * 1500}
+    images = build_index_files(rows, geometry=g, emit_empty=True, name_tz=None)
+    assert images
+    for i, im in enumerate(images):
+        path = tmp_path / f"f{i}"
+        im.write(path)
+        assert im.sha256() == hashlib.sha256(path.read_bytes()).hexdigest()
