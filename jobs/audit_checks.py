@@ -155,6 +155,20 @@ class _Capped:
         for f in fs:
             self.add(f)
 
+    def replay(self, items: list[Finding], counts: dict[tuple[str, str | None], int]) -> None:
+        """Add what another collector kept (``items``) and counted (``counts``) as if its findings had been
+        added here one by one, in its order: same kept findings, same totals, same summaries."""
+        kept: dict[tuple[str, str | None], int] = defaultdict(int)
+        for f in items:
+            self.add(f)
+            kept[(f.kind, f.file)] += 1
+        for key, n in counts.items():
+            self.counts[key] += n - kept[key]
+
+    def absorb(self, other: _Capped) -> None:
+        """Merge a collector filled elsewhere (a concurrent check), as :meth:`replay`."""
+        self.replay(other.items, other.counts)
+
     def done(self) -> list[Finding]:
         out = list(self.items)
         for key, n in self.counts.items():
@@ -406,12 +420,7 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
         return res
     found = _Capped()
     for p in parts:  # replay the scan-time findings: same caps and order as one scan
-        kept: dict[tuple[str, str | None], int] = defaultdict(int)
-        for f in p.items:
-            found.add(f)
-            kept[(f.kind, f.file)] += 1
-        for key, n in p.counts.items():
-            found.counts[key] += n - kept[key]
+        found.replay(p.items, p.counts)
     regions = [rg for p in parts for rg in p.regions]
     bad_rows = [b for p in parts for b in p.bad_rows]
     res.end_kind, res.data_end = parts[-1].end_kind, parts[-1].data_end
@@ -536,6 +545,7 @@ class LogView:
         # lookup by PHYSICALOFFSET field (what CQ/index entries hold): sorted copy
         self.field_order = np.argsort(self.field, kind="stable")
         self.field_sorted = self.field[self.field_order]
+        self.field_unique = not bool(np.any(self.field_sorted[1:] == self.field_sorted[:-1]))
         # dispatchable record rows per (topic, queue), commitlog order (filled by check_queue_offsets)
         self.queue_rows: dict[tuple[str, int], np.ndarray] = {}
 
@@ -547,10 +557,20 @@ class LogView:
         j = np.clip(i, 0, None)
         return ok & (phy < self.lost[j, 1])
 
-    def lookup_field(self, phy: np.ndarray) -> np.ndarray:
-        """Record row whose PHYSICALOFFSET field equals ``phy`` (or whose position does), -1 if none."""
+    def lookup_field(self, phy: np.ndarray, hint: np.ndarray | None = None) -> np.ndarray:
+        """Record row whose PHYSICALOFFSET field equals ``phy`` (or whose position does), -1 if none.
+
+        ``hint``: a guessed row per value; where that row's field equals the value and fields are unique,
+        it is the answer (checked, so a wrong guess costs only the search it did not save)."""
         out = np.full(len(phy), -1, np.int64)
         if not len(self.field_sorted) or not len(phy):
+            return out
+        if hint is not None and self.field_unique:
+            ok = self.field[hint] == phy
+            out[ok] = hint[ok]
+            rest = np.flatnonzero(~ok)
+            if len(rest):
+                out[rest] = self.lookup_field(phy[rest])
             return out
         i = np.searchsorted(self.field_sorted, phy)
         ic = np.clip(i, 0, len(self.field_sorted) - 1)
@@ -574,6 +594,37 @@ def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     return sorted_set[np.minimum(i, len(sorted_set) - 1)] == values
 
 
+def _queue_hint(log: LogView, key: tuple[str, int], qoffs: np.ndarray) -> np.ndarray | None:
+    """Guessed record rows of a queue's CQ units: its record with the same queue offset (a clean queue
+    has exactly one), for :meth:`LogView.lookup_field`."""
+    recs = log.queue_rows.get(key)
+    if recs is None or not len(recs) or not len(qoffs):
+        return None
+    qo = log.qoff[recs]
+    if not bool(np.all(qo[1:] > qo[:-1])):
+        return None
+    return recs[np.minimum(np.searchsorted(qo, qoffs), len(recs) - 1)]
+
+
+def _lookup_repeats(log: LogView, phy: np.ndarray) -> np.ndarray:
+    """``log.lookup_field(phy)`` for queries in ascending order with repeats (index entries: a record's
+    keys are consecutive): each distinct value is looked up once."""
+    if len(phy) < 2 or not bool(np.all(phy[1:] >= phy[:-1])):
+        return log.lookup_field(phy)
+    starts = np.flatnonzero(np.r_[True, phy[1:] != phy[:-1]])
+    return np.repeat(log.lookup_field(phy[starts]), np.diff(np.r_[starts, len(phy)]))
+
+
+def _run_of(sorted_vals: np.ndarray, sorted_set: np.ndarray) -> bool:
+    """Is ``sorted_vals`` a contiguous run of ``sorted_set`` (so every value is a member)? A sufficient,
+    cheap test of ``_member(vals, set).all()`` for the common case: an index file's entries are the keys
+    of a range of records, exactly."""
+    if not len(sorted_vals):
+        return True
+    i = int(np.searchsorted(sorted_set, sorted_vals[0]))
+    return bool(np.array_equal(sorted_set[i:i + len(sorted_vals)], sorted_vals))
+
+
 def _rel(root: str, path: str | None) -> str | None:
     if path is None:
         return None
@@ -591,8 +642,9 @@ def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dic
     if not len(disp):
         return facts
     code = (log.topic_idx[disp] << 32) | (log.qid[disp].astype(np.int64) & 0xFFFFFFFF)
-    order = disp[np.argsort(code, kind="stable")]
-    code_s = np.sort(code, kind="stable")
+    o = _stable_group_order(code)
+    order = disp[o]
+    code_s = code[o]
     starts = np.flatnonzero(np.r_[True, code_s[1:] != code_s[:-1]])
     stops = np.r_[starts[1:], len(code_s)]
     q = log.qoff[order]
@@ -634,6 +686,19 @@ def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dic
     return facts
 
 
+def _stable_group_order(code: np.ndarray) -> np.ndarray:
+    """``np.argsort(code, kind="stable")`` for a column of few distinct values (topic/queue codes): their
+    dense ranks fit 16 bits, where numpy's stable argsort is a radix sort (several times faster)."""
+    if len(code) > 1:
+        lo, hi = int(code.min()), int(code.max())
+        if hi - lo < 1 << 16:
+            return np.argsort((code - lo).astype(np.uint16), kind="stable")
+        uniq, inv = np.unique(code, return_inverse=True)
+        if len(uniq) <= 1 << 16:
+            return np.argsort(inv.astype(np.uint16), kind="stable")
+    return np.argsort(code, kind="stable")
+
+
 def _seg_name(log: LogView, row: int) -> str:
     S = log.segment_size
     return f"{int(log.phy[row]) // S * S:020d}"
@@ -672,11 +737,12 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
             for seg in cq.segments:
                 u = cq.read_units(seg)
                 ns.append(seg.base // CQ_UNIT_SIZE + np.arange(len(u), dtype=np.int64))
-                units.append(np.array(u))
+                units.append(u)
                 files.append((seg.base, _rel(rootp, seg.path)))
-            n = np.concatenate(ns) if ns else np.zeros(0, np.int64)
-            u = np.concatenate(units) if units else np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"),
-                                                                      ("tags_code", ">i8")])
+            n = ns[0] if len(ns) == 1 else np.concatenate(ns) if ns else np.zeros(0, np.int64)
+            # one copy out of the mapped files (they are closed below)
+            u = (np.array(units[0]) if len(units) == 1 else np.concatenate(units) if units
+                 else np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")]))
             cq_max = cq.max_offset()
             mpo = cq.max_physic_offset()
             cq_min = cq.min_offset(log.log_min) if cq.segments else 0
@@ -713,7 +779,7 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
                                 "entries; the broker's queue ends here (recovery truncates it, later entries are lost)",
                                 {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "count": ln}))
         chk = np.flatnonzero(valid & ~filler)
-        rows = log.lookup_field(phy[chk])
+        rows = log.lookup_field(phy[chk], _queue_hint(log, (topic, qid), n[chk]))
         tcode = log.topic_code.get(topic, -1)
         miss = rows < 0
         mp = phy[chk][miss]
@@ -814,9 +880,10 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
     return stats
 
 
-def check_index(root: Location, log: LogView, settings: Any, out: _Capped, checkpoint: Any, abort: bool,
-                reput_from: int) -> dict:
-    """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete."""
+def check_index(root: Location, log: LogView, settings: Any, out: _Capped, checkpoint: Any, abort: bool) -> dict:
+    """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
+
+    Needs nothing from the consume-queue checks, so it runs beside them (:func:`jobs.audit.cross_checks`)."""
     from storelib.indexfile import IndexGeometry, list_index_files
 
     lf: list[Finding] = []
@@ -837,7 +904,8 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
     rank[log.field_order] = np.arange(len(log.field_order))
     kcode = np.where(krow >= 0, (rank[np.clip(krow, 0, None)] << 31) | khash, -1) if len(krow) else np.zeros(0, np.int64)
     kcode_sorted = np.sort(kcode)
-    all_codes: list[np.ndarray] = []
+    kpos = kcode_sorted[np.searchsorted(kcode_sorted, 0):]  # codes of keys whose record was found
+    all_codes: list[np.ndarray] = []  # per file: its entries' codes (entries pointing at a record), sorted
     wrong_phy: list[np.ndarray] = []
     max_end_phy = -1
     idx_ts = checkpoint.index_msg_timestamp if checkpoint is not None else None
@@ -871,13 +939,16 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
         e_phy = ent["phy_offset"].astype(np.int64)
         e_kh = ent["key_hash"].astype(np.int64)
         e_n = np.arange(1, m + 1)
-        rows = log.lookup_field(e_phy)
+        rows = _lookup_repeats(log, e_phy)
         found = rows >= 0
         codes = np.where(found, (rank[np.clip(rows, 0, None)] << 31) | np.clip(e_kh, 0, None), -2)
-        all_codes.append(codes[found])
+        cs = np.sort(codes[found])
+        all_codes.append(cs)
         consequences: list[str] = []
-        ok_code = _member(codes, kcode_sorted)
-        wrong = np.flatnonzero(found & ~ok_code)
+        if _run_of(cs, kpos):  # every entry's code is a key's code: nothing to look up one by one
+            wrong = np.zeros(0, np.int64)
+        else:
+            wrong = np.flatnonzero(found & ~_member(codes, kcode_sorted))
         wrong_phy.append(e_phy[wrong])
         miss = np.flatnonzero(~found)
         mp = e_phy[miss]
@@ -904,11 +975,17 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
         # chain structure: the broker links each entry to the previous entry of its slot
         if m and not len(wrong):
             slot = np.where(e_kh >= 0, e_kh % g.hash_slot_num, -1)
-            order = np.argsort(slot, kind="stable")  # == lexsort((e_n, slot)): e_n ascends
-            ss = slot[order]
-            first = np.r_[True, ss[1:] != ss[:-1]]
-            exp_prev = np.where(first, 0, np.r_[0, e_n[order][:-1]])
-            got = ent["prev_index"].astype(np.int64)[order]
+            # entries grouped by slot, entry number ascending: one sort of (slot << 32 | entry number)
+            # (== a stable argsort by slot, several times faster); slot -1 (negative hash) sorts first
+            sk = np.sort((slot << 32) | e_n)
+            ss = sk >> 32
+            n_s = sk & 0xFFFFFFFF
+            order = n_s - 1
+            exp_prev = np.empty_like(n_s)
+            exp_prev[0] = 0
+            exp_prev[1:] = n_s[:-1]
+            exp_prev[1:][ss[1:] != ss[:-1]] = 0  # the first entry of its slot has no previous one
+            got = ent["prev_index"][order].astype(np.int64)
             brk = np.flatnonzero(exp_prev != got)
             if len(brk):
                 k = int(order[brk[0]])
@@ -925,8 +1002,14 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
             out.add(vfi)
     # every keyed message findable
     if getattr(settings, "message_index_enable", True) and len(kcode):
-        have = np.sort(np.concatenate(all_codes)) if all_codes else np.zeros(0, np.int64)
-        missing = np.flatnonzero(~_member(kcode, have) & (kcode >= 0))
+        if len(all_codes) == 1:
+            have = all_codes[0]
+        else:  # sorted runs: the stable sort (timsort) merges them
+            have = np.sort(np.concatenate(all_codes), kind="stable") if all_codes else np.zeros(0, np.int64)
+        if np.array_equal(kpos, have):  # every key's code is some entry's: none missing
+            missing = np.zeros(0, np.int64)
+        else:
+            missing = np.flatnonzero(~_member(kcode, have) & (kcode >= 0))
         if len(missing):
             mphy = kphy[missing]
             first_begin = min((fi["begin_phy"] for fi in info["files"]), default=0)
@@ -993,7 +1076,7 @@ def check_markers(root: Location, out: _Capped):
     try:
         lk = lock_state(root)
     except StoreError:
-        return ab.exists
+        return ab
     if lk.held_by_other:
         out.add(Finding("broker_running", "critical", "lock", 0,
                         f"another process{f' (pid {lk.holder_pid})' if lk.holder_pid else ''} holds the store lock: "
