@@ -324,11 +324,17 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spar
         ship_code(sc)
         _log(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on Spark {sc.master}", quiet)
         with table_sink(sc.master, work_dir, transfer, opts.fs_options, quiet) as sink:
+            t0 = time.monotonic()
             parts = sc.parallelize(units, len(units)).map(lambda t: audit_part(t, opts, sink)).collect()
+            t1 = time.monotonic()
             if sink is not None:
                 for p in parts:
                     p.load_tables(sink.fs_options)
-            return _finish(tasks, parts, opts, quiet)
+            out = _finish(tasks, parts, opts, quiet)
+            _log(f"audit: Spark tasks {t1 - t0:.2f} s (task time {sum(p.seconds for p in parts):.2f} s), tables "
+                 f"{'mapped from files' if sink is not None else 'in-band'}, merged in {time.monotonic() - t1:.2f} s",
+                 quiet)
+            return out
     parts = []
     t0 = time.monotonic()
     done_bytes = 0
