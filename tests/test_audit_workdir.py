@@ -202,3 +202,20 @@ def test_capped_absorb_equals_adding_in_order():
         merged.absorb(c)
     key = [(f.kind, f.file, f.offset, f.detail, f.extra) for f in one.done()]
     assert [(f.kind, f.file, f.offset, f.detail, f.extra) for f in merged.done()] == key
+
+
+def test_work_dir_on_s3_round_trips_tables_and_is_removed(s3_server):
+    """A ``--work-dir`` URI (what a cluster passes): the tables go there as objects and are read back;
+    the run's prefix is deleted when the block ends."""
+    import pyarrow.fs as pafs
+
+    bucket = s3_server.new_bucket("work")
+    opts = s3_server.fs_options()
+    t = pa.table({"pos": [5], "phy": [5], "key_hash": [1]}, schema=KEY_SCHEMA)
+    with audit_mod.table_sink("spark://cluster:7077", f"s3://{bucket}/audit-work", "auto", opts) as sink:
+        assert sink is not None and sink.dir.startswith(f"s3://{bucket}/audit-work/rmqstore-audit-")
+        p = sink.write("seg-0.keys", t)
+        assert p.startswith(sink.dir + "/") and read_table_file(p, KEY_SCHEMA, sink.fs_options).equals(t)
+    fs = s3_server.filesystem()
+    left = fs.get_file_info(pafs.FileSelector(f"{bucket}/audit-work", allow_not_found=True, recursive=True))
+    assert [i.path for i in left if i.type == pafs.FileType.File] == []
