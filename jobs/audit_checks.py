@@ -719,30 +719,40 @@ def _seg_off(log: LogView, row: int) -> int:
     return int(log.phy[row]) % S
 
 
-def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capped, facts: dict) -> dict:
-    """ConsumeQueue entries vs records both ways; queue min/max offsets and lag. Returns per-queue stats."""
-    from storelib.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, filler_mask, list_queues
+@dataclass
+class CQLoad:
+    """The consume queues as read from disk (before any comparison with the records): what
+    :func:`check_consume_queues` needs, loadable while the segments are still being audited."""
+
+    findings: list[Finding] = field(default_factory=list)  # structural findings, in the order found
+    failed: bool = False  # the queue directory could not be listed (the one finding says why)
+    per_queue: dict[tuple[str, int], tuple] = field(default_factory=dict)  # (n, units, files, max, min)
+    cq_max_phy: int = -1
+
+
+def load_consume_queues(root: Location, settings: Any, log_min: int) -> CQLoad:
+    """Read every consume queue's units (one copy out of the mapped files) and offsets."""
+    from storelib.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, list_queues
 
     rootp = root.path
     S = settings.mapped_file_size_consume_queue
+    res = CQLoad()
     list_findings: list[Finding] = []
     try:
         queues = list_queues(root, list_findings)
     except StoreError as e:
-        out.add(Finding(e.kind, "error", _rel(rootp, e.file), e.offset, e.detail))
-        return {}
+        res.findings.append(Finding(e.kind, "error", _rel(rootp, e.file), e.offset, e.detail))
+        res.failed = True
+        return res
     for f in list_findings:
         f.file = _rel(rootp, f.file)
-        out.add(f)
-    stats: dict[tuple[str, int], dict] = {}
-    cq_max_phy = -1
-    per_queue: dict[tuple[str, int], tuple] = {}
+        res.findings.append(f)
     for topic, qid, loc in queues:
         cq = ConsumeQueue(loc, segment_size=S, topic=topic, queue_id=qid)
         try:
             for f in cq.findings:
                 f.file = _rel(rootp, f.file)
-                out.add(f)
+                res.findings.append(f)
             ns, units, files = [], [], []
             for seg in cq.segments:
                 u = cq.read_units(seg)
@@ -755,12 +765,29 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
                  else np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")]))
             cq_max = cq.max_offset()
             mpo = cq.max_physic_offset()
-            cq_min = cq.min_offset(log.log_min) if cq.segments else 0
+            cq_min = cq.min_offset(log_min) if cq.segments else 0
         finally:
             cq.close()
-        cq_max_phy = max(cq_max_phy, mpo)
-        per_queue[(topic, qid)] = (n, u, files, cq_max, cq_min)
-    reput_from = max(cq_max_phy, log.log_min, 0)
+        res.cq_max_phy = max(res.cq_max_phy, mpo)
+        res.per_queue[(topic, qid)] = (n, u, files, cq_max, cq_min)
+    return res
+
+
+def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capped, facts: dict,
+                         loaded: CQLoad | None = None) -> dict:
+    """ConsumeQueue entries vs records both ways; queue min/max offsets and lag. Returns per-queue stats.
+
+    ``loaded``: the queues read beforehand (:func:`load_consume_queues`, same ``log.log_min``)."""
+    from storelib.consumequeue import CQ_UNIT_SIZE, filler_mask
+
+    if loaded is None:
+        loaded = load_consume_queues(root, settings, log.log_min)
+    out.extend(loaded.findings)
+    if loaded.failed:
+        return {}
+    per_queue = loaded.per_queue
+    stats: dict[tuple[str, int], dict] = {}
+    reput_from = max(loaded.cq_max_phy, log.log_min, 0)
 
     seen_queues = set()
     for (topic, qid), (n, u, files, cq_max, cq_min) in per_queue.items():
@@ -890,18 +917,54 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
     return stats
 
 
-def check_index(root: Location, log: LogView, settings: Any, out: _Capped, checkpoint: Any, abort: bool) -> dict:
-    """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
+@dataclass
+class IndexLoad:
+    """The index files' headers and structural findings (:meth:`IndexFile.validate`), which need no
+    record: loadable while the segments are still being audited. Entries are read again when compared."""
 
-    Needs nothing from the consume-queue checks, so it runs beside them (:func:`jobs.audit.cross_checks`)."""
+    findings: list[Finding] = field(default_factory=list)  # from listing index/
+    files: list[tuple[Any, Any, list[Finding] | None, Finding | None]] = field(default_factory=list)
+    # per file: (ref, header, validate findings, or the finding that it could not be opened)
+
+
+def _index_open_error(display: str, e: StoreError) -> Finding:
+    return Finding("index_bad_size" if e.kind in ("bad_size", "truncated") else e.kind, "error", display,
+                   e.offset, e.detail)
+
+
+def load_index_files(root: Location, settings: Any) -> IndexLoad:
+    """List, open and validate every index file (headers and structure; entries are not kept)."""
     from storelib.indexfile import IndexGeometry, list_index_files
 
-    lf: list[Finding] = []
-    refs = list_index_files(root, lf)
-    for f in lf:
-        out.add(f)
+    res = IndexLoad()
+    refs = list_index_files(root, res.findings)
+    g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
+    for ref in refs:
+        try:
+            f = ref.open(g, strict=False)
+        except StoreError as e:
+            res.files.append((ref, None, None, _index_open_error(f"index/{ref.name}", e)))
+            continue
+        try:
+            res.files.append((ref, f.header, f.validate(), None))
+        finally:
+            f.close()
+    return res
+
+
+def check_index(root: Location, log: LogView, settings: Any, out: _Capped, checkpoint: Any, abort: bool,
+                loaded: IndexLoad | None = None) -> dict:
+    """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
+
+    Needs nothing from the consume-queue checks, so it runs beside them (:func:`jobs.audit.cross_checks`);
+    ``loaded``: the files validated beforehand (:func:`load_index_files`)."""
+    from storelib.indexfile import IndexGeometry
+
+    if loaded is None:
+        loaded = load_index_files(root, settings)
+    out.extend(loaded.findings)
     info: dict[str, Any] = {"files": []}
-    if not refs:
+    if not loaded.files:
         return info
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
     # record key codes: (rank of the record by PHYSICALOFFSET field) << 31 | hash
@@ -919,17 +982,17 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
     wrong_phy: list[np.ndarray] = []
     max_end_phy = -1
     idx_ts = checkpoint.index_msg_timestamp if checkpoint is not None else None
-    for ref in refs:
+    for ref, h, vf, err in loaded.files:
         display = f"index/{ref.name}"
-        try:
-            f = ref.open(g, strict=False)
-        except StoreError as e:
-            out.add(Finding("index_bad_size" if e.kind in ("bad_size", "truncated") else e.kind, "error", display,
-                            e.offset, e.detail))
+        if err is not None:
+            out.add(err)
             continue
         try:
-            h = f.header
-            vf = f.validate()
+            f = ref.open(g, strict=False)
+        except StoreError as e:  # changed since it was validated
+            out.add(_index_open_error(display, e))
+            continue
+        try:
             ent = np.array(f.entries_array())
         finally:
             f.close()

@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             n = rep["summary"]["records"]
             scanned = run["bytes_scanned"]
             results[engine] = {"segment_seconds": run["segment_seconds"], "wall_seconds": round(wall, 2),
+                               "cross_check_seconds": run.get("cross_check_seconds"),
                                "bytes_scanned": scanned, "file_bytes": run["bytes_audited"], "records": n,
                                "MB_per_s": round(scanned / run["segment_seconds"] / 1e6, 1),
                                "messages_per_s": round(n / run["segment_seconds"]),
