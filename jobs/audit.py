@@ -1,13 +1,21 @@
 """Integrity audit of a RocketMQ store, for scheduled runs: ``spark-submit jobs/audit.py STORE [options]``
 or ``rmqstore audit STORE``.
 
-Phase 1 audits every commitlog segment independently (:func:`jobs.audit_checks.audit_segment`): one
-Spark task per segment with ``--engine spark``, the same function in-process with ``--engine local``,
-so both engines give the same findings. Phase 2 runs the cross-file checks on the driver over the
-compact record tables the segments returned. Reports go to ``--report-dir`` (``audit.json`` with a
-stable schema, ``audit.html`` self-contained); the exit code is 0 (clean), 1 (findings at or above
-``--fail-on``), 2 (could not run). With ``--since STATE_FILE`` only new or changed segments are
-re-audited and earlier per-segment findings are carried forward.
+Phase 1 audits every commitlog segment independently (:func:`jobs.audit_checks.audit_part`, merged per
+segment by :func:`jobs.audit_checks.finish_segment`): Spark tasks of about 128 MiB cut at record starts
+with ``--engine spark``, whole segments in-process with ``--engine local``, so both engines give the
+same findings. Each Spark task returns its findings and leaves its compact record/key tables as Arrow
+IPC files in a work directory (a temp dir when the executors share the driver's machine, ``local[N]``;
+``--work-dir DIR|URI`` on a cluster), which the driver memory-maps and removes; without a reachable
+directory the tables come back in-band with ``collect()``. Meanwhile a low-priority driver thread reads
+the consume queues and validates the index files (neither needs the records).
+
+Phase 2 runs the cross-file checks on the driver over the record tables: the index checks beside the
+queue-offset/consume-queue checks on two threads (their findings merged in a fixed order: the same
+report as one after the other). Reports go to ``--report-dir`` (``audit.json`` with a stable schema,
+``audit.html`` self-contained); the exit code is 0 (clean), 1 (findings at or above ``--fail-on``), 2
+(could not run). With ``--since STATE_FILE`` only new or changed segments are re-audited and earlier
+per-segment findings are carried forward.
 """
 
 # ruff: noqa: E402

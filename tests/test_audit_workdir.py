@@ -219,3 +219,13 @@ def test_work_dir_on_s3_round_trips_tables_and_is_removed(s3_server):
     fs = s3_server.filesystem()
     left = fs.get_file_info(pafs.FileSelector(f"{bucket}/audit-work", allow_not_found=True, recursive=True))
     assert [i.path for i in left if i.type == pafs.FileType.File] == []
+
+
+def test_command_line_work_dir_option(store, spark, tmp_path, capsys):
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    code = audit_mod.main([str(store), "--broker-conf", str(store / "broker.conf"), "--engine", "spark",
+                           "--master", "local[2]", "--work-dir", str(wd), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0 and "tables mapped from files" in captured.err and f"through {wd}" in captured.err
+    assert list(wd.iterdir()) == []
