@@ -487,6 +487,7 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, n
                             f"data ends at {r.data_end} without the end-of-file blank record, but later segments hold "
                             "data: bytes were lost or the segment was replaced"))
     _log("audit: cross-file checks (queue offsets, consume queues, index, checkpoint, config)", quiet)
+    charts = None
     if not threads:  # one after the other into one collector (the reference the threaded path equals)
         facts = check_queue_offsets(log, out)
         abort = check_markers(root, out)
@@ -516,6 +517,7 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, n
             facts = check_queue_offsets(log, c_qo)
             qstats = check_consume_queues(root, log, settings, c_cq, facts,
                                           pre["cq"].result() if "cq" in pre else None)
+            charts = report_charts(log)  # while the index thread finishes
             qstats.pop("__reput_from__", None)
             idx, loaded = f_idx.result(), f_cfg.result()
         report_abort(abort, idx, c_ab)
@@ -523,13 +525,21 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, n
             out.absorb(c)
         consumers = check_consumer_offsets(loaded, qstats, out)
     findings = sorted(out.done(), key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
-    return build_report(store, results, log, findings, qstats, consumers, idx, cp, settings)
+    return build_report(store, results, log, findings, qstats, consumers, idx, cp, settings, charts)
+
+
+def report_charts(log: LogView) -> dict[str, Any]:
+    """The report's record-derived series (traffic per topic over time, size distribution)."""
+    from jobs.audit_report import size_histogram, traffic_series
+
+    return {"traffic": traffic_series(log), "sizes": size_histogram(log.size)}
 
 
 def build_report(store: Store, results: list[SegmentResult], log: LogView, findings: list[Finding], qstats: dict,
-                 consumers: list[dict], idx: dict, cp: Any, settings: Any) -> dict[str, Any]:
-    """The report dict (JSON schema ``rmqstore.audit/1``)."""
-    from jobs.audit_report import size_histogram, traffic_series
+                 consumers: list[dict], idx: dict, cp: Any, settings: Any,
+                 charts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report dict (JSON schema ``rmqstore.audit/1``); ``charts``: :func:`report_charts` if done already."""
+    charts = charts if charts is not None else report_charts(log)
 
     by_sev = {s: 0 for s in SEVERITY_RANK}
     for f in findings:
@@ -582,8 +592,8 @@ def build_report(store: Store, results: list[SegmentResult], log: LogView, findi
         "queues": queues,
         "consumers": consumers,
         "index": idx,
-        "traffic": traffic_series(log),
-        "sizes": size_histogram(log.size),
+        "traffic": charts["traffic"],
+        "sizes": charts["sizes"],
         "findings": [_finding_json(f) for f in findings],
     }
 

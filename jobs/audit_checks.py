@@ -952,6 +952,32 @@ def load_index_files(root: Location, settings: Any) -> IndexLoad:
     return res
 
 
+@dataclass
+class KeyCodes:
+    """Every record key as one int64 code, (rank of its record by PHYSICALOFFSET field) << 31 | hash,
+    -1 when its record is not in the table; what index entries are matched against."""
+
+    kphy: np.ndarray  # record position of each key
+    khash: np.ndarray
+    rank: np.ndarray  # record row -> rank by PHYSICALOFFSET field
+    kcode: np.ndarray
+    kcode_sorted: np.ndarray
+    kpos: np.ndarray  # the sorted codes >= 0 (keys whose record was found)
+
+
+def key_codes(log: LogView) -> KeyCodes:
+    kphy = log.keys.column("pos").to_numpy()
+    khash = log.keys.column("key_hash").to_numpy().astype(np.int64)
+    krow = _searchsorted_repeats(log.phy, kphy) if len(kphy) else np.zeros(0, np.int64)
+    if len(krow):
+        krow = np.where(log.phy[np.clip(krow, 0, len(log.phy) - 1)] == kphy, krow, -1)
+    rank = np.empty(len(log.field_order), np.int64)
+    rank[log.field_order] = np.arange(len(log.field_order))
+    kcode = np.where(krow >= 0, (rank[np.clip(krow, 0, None)] << 31) | khash, -1) if len(krow) else np.zeros(0, np.int64)
+    kcode_sorted = np.sort(kcode)
+    return KeyCodes(kphy, khash, rank, kcode, kcode_sorted, kcode_sorted[np.searchsorted(kcode_sorted, 0):])
+
+
 def check_index(root: Location, log: LogView, settings: Any, out: _Capped, checkpoint: Any, abort: bool,
                 loaded: IndexLoad | None = None) -> dict:
     """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
@@ -967,17 +993,9 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
     if not loaded.files:
         return info
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
-    # record key codes: (rank of the record by PHYSICALOFFSET field) << 31 | hash
-    kphy = log.keys.column("pos").to_numpy()
-    khash = log.keys.column("key_hash").to_numpy().astype(np.int64)
-    krow = _searchsorted_repeats(log.phy, kphy) if len(kphy) else np.zeros(0, np.int64)
-    if len(krow):
-        krow = np.where(log.phy[np.clip(krow, 0, len(log.phy) - 1)] == kphy, krow, -1)
-    rank = np.empty(len(log.field_order), np.int64)
-    rank[log.field_order] = np.arange(len(log.field_order))
-    kcode = np.where(krow >= 0, (rank[np.clip(krow, 0, None)] << 31) | khash, -1) if len(krow) else np.zeros(0, np.int64)
-    kcode_sorted = np.sort(kcode)
-    kpos = kcode_sorted[np.searchsorted(kcode_sorted, 0):]  # codes of keys whose record was found
+    k_ = key_codes(log)
+    rank, kcode_sorted, kpos = k_.rank, k_.kcode_sorted, k_.kpos
+    kphy, khash, kcode = k_.kphy, k_.khash, k_.kcode
     all_codes: list[np.ndarray] = []  # per file: its entries' codes (entries pointing at a record), sorted
     wrong_phy: list[np.ndarray] = []
     max_end_phy = -1
