@@ -229,3 +229,17 @@ def test_command_line_work_dir_option(store, spark, tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 0 and "tables mapped from files" in captured.err and f"through {wd}" in captured.err
     assert list(wd.iterdir()) == []
+
+
+def test_incremental_state_from_a_spark_run_with_table_files(store, spark, tmp_path, tempdir):
+    """The state sidecar files hold the tables even though they came back as (since removed) files."""
+    corrupt(store)
+    state = tmp_path / "audit.state"
+    first = run(store, engine="spark", spark=spark, split_bytes=SPLIT, since=str(state))
+    assert work_dirs(tempdir) == []
+    again = run(store, since=str(state))  # local engine, everything carried forward from the sidecars
+    assert again["run"]["segments_audited"] == 0
+    for f in again["findings"]:
+        f["extra"].pop("carried_forward", None)
+    assert _comparable(again) == _comparable(first)
+    assert serious(again) == serious(run(store))
