@@ -276,8 +276,9 @@ def read_table_file(path: str | None, schema: pa.Schema, fs_options: dict[str, A
         return schema.empty_table()
     loc = resolve(path, **(fs_options or {}))
     try:
-        if loc.local:  # the mapping outlives the file's removal (the buffers keep it alive)
-            return pa.ipc.open_file(pa.memory_map(loc.path)).read_all()
+        if loc.local:  # the buffers keep the mapping alive after close (no fd held) and the file's removal
+            with pa.memory_map(loc.path) as mm:
+                return pa.ipc.open_file(mm).read_all()
         with loc.fs.open_input_file(loc.path) as f:
             return pa.ipc.open_file(f.read_buffer()).read_all()
     except (OSError, pa.ArrowInvalid) as e:

@@ -243,3 +243,15 @@ def test_incremental_state_from_a_spark_run_with_table_files(store, spark, tmp_p
         f["extra"].pop("carried_forward", None)
     assert _comparable(again) == _comparable(first)
     assert serious(again) == serious(run(store))
+
+
+def test_mapped_tables_hold_no_file_descriptor_and_survive_the_file(tmp_path):
+    """Thousands of tasks must not mean thousands of open files on the driver."""
+    t = pa.table({"pos": list(range(1000)), "phy": list(range(1000)), "key_hash": [3] * 1000}, schema=KEY_SCHEMA)
+    paths = [TableSink(str(tmp_path)).write("s.keys", t) for _ in range(20)]
+    fds = len(os.listdir("/proc/self/fd"))
+    tables = [read_table_file(p, KEY_SCHEMA) for p in paths]
+    assert len(os.listdir("/proc/self/fd")) == fds
+    for p in paths:
+        os.unlink(p)
+    assert all(x.equals(t) for x in tables)
