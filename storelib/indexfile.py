@@ -198,12 +198,23 @@ def _slot_chains(slot: np.ndarray, n0: int) -> tuple[np.ndarray, np.ndarray]:
     return comp >> bits, (comp & ((1 << bits) - 1)).astype(np.int32)
 
 
+def _entry_bytes(entries: np.ndarray) -> memoryview | bytes:
+    """The on-disk bytes of index entries, without a copy when they already are contiguous ENTRY_DTYPE."""
+    e = np.asarray(entries)
+    if e.dtype == ENTRY_DTYPE and e.flags.c_contiguous:
+        return memoryview(e.view(np.uint8))
+    return np.asarray(e, dtype=ENTRY_DTYPE).tobytes()
+
+
 def _time_diffs(t: np.ndarray, begin: int) -> np.ndarray:
     """Vectorised :func:`_time_diff` of many store times against one beginTimestamp, as int32."""
     if begin <= 0:
         return np.zeros(len(t), dtype=np.int32)
     x = t - np.int64(begin)  # int64 arrays wrap like Java longs
-    return np.where(x < 0, 0, np.minimum(x // 1000, INT_MAX)).astype(np.int32)
+    np.maximum(x, 0, out=x)  # in place: one temporary instead of four (tens of millions of keys)
+    np.floor_divide(x, 1000, out=x)
+    np.minimum(x, INT_MAX, out=x)
+    return x.astype(np.int32)
 
 
 def time_matched(file_begin: int, file_end: int, begin: int, end: int) -> bool:
@@ -709,7 +720,7 @@ class IndexImage:
         done = pad(g.entry_pos(1))
         step = 1 << 20  # entries per update: bounded temporaries whatever the file size
         for a in range(0, len(ent), step):
-            h.update(ent[a : a + step].tobytes())
+            h.update(_entry_bytes(ent[a : a + step]))
         done += ENTRY_SIZE * len(ent)
         pad(g.file_size)
         return h.hexdigest()
@@ -728,7 +739,7 @@ class IndexImage:
                 fh.write(self.header.to_bytes())
                 fh.write(np.asarray(self.slots, dtype=">i4").tobytes())
                 fh.seek(g.entry_pos(1))
-                fh.write(np.asarray(self.entries, dtype=ENTRY_DTYPE).tobytes())
+                fh.write(_entry_bytes(self.entries))
                 fh.truncate(g.file_size)
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -767,9 +778,9 @@ def _as_arrays(key_rows: Mapping[str, Any] | pa.Table | pa.RecordBatch) -> tuple
             c = c.to_numpy()
         return np.asarray(c)
 
-    h = get("key_hash").astype(np.int64)
-    p = get("phy_offset").astype(np.int64)
-    t = get("store_timestamp").astype(np.int64)
+    h = np.asarray(get("key_hash"), dtype=np.int64)  # no copy when already int64 (never written to)
+    p = np.asarray(get("phy_offset"), dtype=np.int64)
+    t = np.asarray(get("store_timestamp"), dtype=np.int64)
     if not (len(h) == len(p) == len(t)):
         raise ValueError("key_hash, phy_offset and store_timestamp must have the same length")
     if len(h) and (h.min() < 0 or h.max() > INT_MAX):
