@@ -26,6 +26,7 @@ import re
 import struct
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -196,6 +197,40 @@ def _slot_chains(slot: np.ndarray, n0: int) -> tuple[np.ndarray, np.ndarray]:
     comp |= np.arange(n0, n0 + m, dtype=np.int64)
     comp.sort()
     return comp >> bits, (comp & ((1 << bits) - 1)).astype(np.int32)
+
+
+_THREAD_MIN = 1 << 20  # entries per file from which the chains are computed on a second thread
+
+
+def _chains(hs: np.ndarray, n0: int, S: int, old_slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """prevIndex of entries ``n0, n0+1, ...`` with index hashes ``hs``, and the resulting slot table.
+
+    ``old_slots``: the slot table of the file being continued (None for a new file).
+    """
+    m = len(hs)
+    slot = hs % S
+    # entries sorted by (slot, number); within a slot the previous (older) number is the link
+    ss, ns = _slot_chains(slot, n0)
+    del slot
+    first = np.ones(m, dtype=bool)
+    first[1:] = ss[1:] != ss[:-1]
+    prev_sorted = np.empty(m, dtype=np.int32)
+    prev_sorted[1:] = ns[:-1]
+    if old_slots is not None:
+        slots = old_slots.astype(np.int32).copy()
+        old = slots[ss[first]].astype(np.int64)
+        # putKey: a slot value <= 0 or > indexCount (= n at insert) reads as empty
+        prev_sorted[first] = np.where((old > 0) & (old <= ns[first]), old, 0)
+    else:
+        slots = np.zeros(S, dtype=np.int32)
+        prev_sorted[first] = 0
+    prev = np.empty(m, dtype=np.int32)
+    prev[ns - n0] = prev_sorted
+    last = np.empty(m, dtype=bool)
+    last[:-1] = first[1:]
+    last[-1] = True
+    slots[ss[last]] = ns[last]  # the newest entry of each slot
+    return prev, slots
 
 
 def _entry_bytes(entries: np.ndarray) -> memoryview | bytes:
@@ -862,28 +897,13 @@ def build_index_files(
             n0 = c0 + 1 if is_cont else 1  # entry number of the first new entry
             m = hi - lo
             hs, ps, ts = h[lo:hi], p[lo:hi], t[lo:hi]
-            slot = hs % S
-            # prevIndex: entries sorted by (slot, number); within a slot the previous (older) number
-            ss, ns = _slot_chains(slot, n0)
-            first = np.ones(m, dtype=bool)
-            first[1:] = ss[1:] != ss[:-1]
-            prev_sorted = np.empty(m, dtype=np.int32)
-            prev_sorted[1:] = ns[:-1]
-            if is_cont:
-                slots = prev_state.slots.astype(np.int32).copy()
-                old = slots[ss[first]].astype(np.int64)
-                # putKey: a slot value <= 0 or > indexCount (= n at insert) reads as empty
-                prev_sorted[first] = np.where((old > 0) & (old <= ns[first]), old, 0)
-            else:
-                slots = np.zeros(S, dtype=np.int32)
-                prev_sorted[first] = 0
-            prev = np.empty(m, dtype=np.int32)
-            prev[ns - n0] = prev_sorted
-            last = np.empty(m, dtype=bool)
-            last[:-1] = first[1:]
-            last[-1] = True
-            slots[ss[last]] = ns[last]  # the newest entry of each slot
-            del ss, ns, first, last, prev_sorted, slot
+            # prevIndex chains and the slot table on a second thread (numpy sorts and scatters
+            # release the GIL) while this one fills the other entry fields
+            old_slots = prev_state.slots if is_cont else None
+            pool = ThreadPoolExecutor(1, thread_name_prefix="rmqstore-index") if m >= _THREAD_MIN else None
+            chains = pool.submit(_chains, hs, n0, S, old_slots) if pool is not None else None
+            if chains is None:
+                prev, slots = _chains(hs, n0, S, old_slots)
 
             # timeDiff: entry 1 is measured from the file's initial beginTimestamp (the previous
             # file's end), later entries from the file's beginTimestamp (its entry 1)
@@ -903,6 +923,11 @@ def build_index_files(
             new["key_hash"] = hs
             new["phy_offset"] = ps
             new["time_diff"] = td
+            if pool is not None:
+                try:
+                    prev, slots = chains.result()
+                finally:
+                    pool.shutdown()
             new["prev_index"] = prev
             hsc0 = prev_state.header.hash_slot_count if is_cont else 0
             header = IndexHeader(

@@ -660,3 +660,28 @@ def test_index_image_sha256_from_memory_equals_the_written_files_hash(tmp_path, 
         path = tmp_path / f"f{i}"
         im.write(path)
         assert im.sha256() == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("continued", [False, True])
+def test_index_build_with_chains_on_a_thread_equals_the_single_thread_build(monkeypatch, continued):
+    import storelib.indexfile as ix
+
+    g = IndexGeometry(97, 400)
+    rng = np.random.default_rng(7)
+    n = 1000  # rolls into three files; the first continues a half-full file when ``continued``
+    rows = {"key_hash": rng.integers(0, 2**31 - 1, n), "phy_offset": np.arange(n) * 64 + 10_000,
+            "store_timestamp": 1_700_000_000_000 + np.arange(n) * 700}
+    prev = None
+    if continued:
+        first = {k: v[:150] - (10_000 if k == "phy_offset" else 0) for k, v in rows.items()}
+        prev = build_index_files(first, geometry=g, name_tz=None)[-1].state()
+
+    def build(thread_min: int):
+        monkeypatch.setattr(ix, "_THREAD_MIN", thread_min)
+        return build_index_files(rows, geometry=g, prev_state=prev, name_tz=None)
+
+    single, threaded = build(1 << 62), build(1)
+    assert len(single) == len(threaded) == 3
+    for a, b in zip(single, threaded):
+        assert a.header == b.header and a.sha256() == b.sha256()
+        assert np.array_equal(a.slots, b.slots) and np.array_equal(a.entries, b.entries)
