@@ -500,10 +500,14 @@ def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, in
 def phase_bc(ctx: dict[str, Any], index_args: tuple | None, item: tuple[str, Any]) -> tuple[str, dict[str, Any]]:
     """One task of the combined phase B/C job: a consume-queue partition or an index file."""
     kind, arg = item
+    t0 = time.monotonic()
     if kind == "cq":
-        return kind, phase_b(ctx, arg)
-    names, E, offsets, counts, m_before = index_args
-    return kind, phase_c(ctx, names, E, offsets, counts, m_before, arg)
+        res = phase_b(ctx, arg)
+    else:
+        names, E, offsets, counts, m_before = index_args
+        res = phase_c(ctx, names, E, offsets, counts, m_before, arg)
+    res["seconds"] = round(time.monotonic() - t0, 3)
+    return kind, res
 
 
 # ---------------------------------------------------------------------------------------------
@@ -680,7 +684,10 @@ def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, 
                 files[s["rel"]] = {"size": s["size"], "sha256": s["sha256"]}
         if ctx["do_cq"]:
             say(f"phase B: {out.queues} queues, {out.cq_records} entries, "
-                f"{sum(1 for r in files if r.startswith('consumequeue/'))} files")
+                f"{sum(1 for r in files if r.startswith('consumequeue/'))} files "
+                f"(task seconds: {sum(s['seconds'] for k, s in results if k == 'cq'):.1f})")
+        if any(k == "index" for k, _ in results):
+            say(f"phase C: longest index-file task {max(s['seconds'] for k, s in results if k == 'index'):.1f} s")
         if ix is not None:
             files.update(_write_extra_index(ix, staging))
             say(f"phase C: {sum(1 for r in files if r.startswith('index/'))} index file(s) written")
