@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -68,6 +68,36 @@ def output_schema(with_body: bool = False) -> pa.Schema:
     fields = [MESSAGE_SCHEMA.field(n).with_nullable(True) for n in names]
     fields += [pa.field("segment", pa.string()), pa.field("_corrupt", pa.string())]
     return pa.schema(fields)
+
+
+def rows_schema(opts: MessageReadOptions) -> pa.Schema:
+    """The schema of the rows these options produce (a user-given schema's columns, in its order)."""
+    full = output_schema(opts.with_body)
+    return full if opts.columns is None else pa.schema([full.field(c) for c in opts.columns])
+
+
+def with_user_schema(opts: MessageReadOptions, schema: Any) -> MessageReadOptions:
+    """Options reading only the columns of a schema given with ``spark.read.schema(...)``.
+
+    Spark 4.3 prunes no columns of a Python data source, so a narrower schema is how a query asks
+    for less decoding and less Arrow traffic. Every column must be one of this source's, with its
+    type (``body`` turns ``withBody`` on); anything else is a clear error, not a wrong read.
+    """
+    names = [f.name for f in getattr(schema, "fields", [])]
+    full = output_schema(True)
+    if not names or names == output_schema(opts.with_body).names:
+        return opts
+    for f in schema.fields:
+        if f.name not in full.names:
+            raise ValueError(f"rocketmq: unknown column {f.name!r} in the given schema "
+                             f"(columns: {', '.join(full.names)})")
+        want = spark_ddl(pa.schema([full.field(f.name)])).split(" ", 1)[1].replace(" ", "").lower()
+        got = f.dataType.simpleString().replace(" ", "").lower()
+        if got != want:
+            raise ValueError(f"rocketmq: column {f.name!r} is {want}, the given schema says {got}")
+    if len(set(names)) != len(names):
+        raise ValueError("rocketmq: the given schema names a column twice")
+    return replace(opts, columns=tuple(names), with_body=opts.with_body or "body" in names)
 
 
 def spark_ddl(schema: pa.Schema) -> str:
@@ -236,6 +266,7 @@ class MessageReadOptions:
     mode: str = "PERMISSIVE"
     time_pruning: bool = True
     batch_rows: int = 65536
+    columns: tuple[str, ...] | None = None  # a user-given schema's columns (None: all of output_schema)
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> MessageReadOptions:
@@ -343,15 +374,22 @@ def _corrupt_row(schema: pa.Schema, phy: int, segment: str, reason: str) -> pa.R
 
 def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) -> Iterator[pa.RecordBatch]:
     """The rows of one scan unit as record batches of :func:`output_schema` (after all predicates)."""
-    schema = output_schema(opts.with_body)
     every, msg = opts.option_preds()
     msg_preds = [*every, *msg, *pushed]
     bad_preds = [*every, *pushed]
+    out_names = rows_schema(opts).names
+    names = MESSAGE_COLUMNS + (["body"] if opts.with_body else [])
+    scan_cols = None
+    if opts.columns is not None:  # decode only what is returned or filtered on (phy_offset always)
+        need = {*out_names, *(p.column for p in msg_preds), "phy_offset"}
+        names = [c for c in names if c in need]
+        scan_cols = names
+    schema = pa.schema([output_schema(opts.with_body).field(c) for c in [*names, "segment", "_corrupt"]])
+    project = out_names != schema.names
     settings = opts.store.settings()
     delays = list(getattr(settings, "delay_levels_ms", DEFAULT_DELAY_LEVELS_MS))
     seg_loc = opts.store.location().join("commitlog", split.segment_name)
     display = "commitlog/" + split.segment_name
-    names = MESSAGE_COLUMNS + (["body"] if opts.with_body else [])
     src = open_source(seg_loc, split.file_size)
     try:
         seg_len = src.size
@@ -359,7 +397,8 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
         end = min(split.end, seg_len)
         while pos < end:
             scan = SegmentScan(src, display, split.segment_base, pos, end, verify_crc=opts.verify_crc,
-                               with_body=opts.with_body, delay_levels_ms=delays, batch_rows=opts.batch_rows)
+                               with_body=opts.with_body, delay_levels_ms=delays, batch_rows=opts.batch_rows,
+                               columns=scan_cols)
             for batch in scan:
                 n = batch.num_rows
                 if not n:
@@ -369,7 +408,7 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
                 cols.append(pa.nulls(n, pa.string()))
                 out = _filter(pa.RecordBatch.from_arrays(cols, schema=schema), msg_preds)
                 if out.num_rows:
-                    yield out
+                    yield out.select(out_names) if project else out
             e = scan.end
             if e is None or e.kind != "invalid":
                 return
@@ -385,7 +424,7 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
                 row = _filter(_corrupt_row(schema, e.phy_offset, split.segment_name, f"{where} ({resumed})"),
                               bad_preds)
                 if row.num_rows:
-                    yield row
+                    yield row.select(out_names) if project else row
             if nxt is None:
                 return
             pos = nxt
@@ -393,15 +432,23 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
         src.close()
 
 
-def read_messages(store: str, *, as_pandas: bool = False, **options: Any) -> pa.Table | Any:
+def read_messages(store: str, *, as_pandas: bool = False, columns: list[str] | None = None,
+                  **options: Any) -> pa.Table | Any:
     """The ``rocketmq`` rows without Spark: every unit read in order into one pyarrow Table.
 
     Options are the data source's (``withBody=True``, ``mode="FAILFAST"``, ``topics="A,B"``, ... in
-    camelCase or snake_case). ``as_pandas`` returns a pandas DataFrame.
+    camelCase or snake_case). ``columns``: only these columns, decoded and returned (as a narrower
+    schema does in Spark). ``as_pandas`` returns a pandas DataFrame.
     """
     opts = MessageReadOptions.parse({**options, "path": store})
+    if columns is not None:
+        full = output_schema(True)
+        bad = [c for c in columns if c not in full.names]
+        if bad or not columns or len(set(columns)) != len(columns):
+            raise ValueError(f"rocketmq: bad columns {list(columns)!r} (columns: {', '.join(full.names)})")
+        opts = replace(opts, columns=tuple(columns), with_body=opts.with_body or "body" in columns)
     batches = [b for s in plan(opts) for b in read_split(opts, s)]
-    table = pa.Table.from_batches(batches, schema=output_schema(opts.with_body))
+    table = pa.Table.from_batches(batches, schema=rows_schema(opts))
     return table.to_pandas() if as_pandas else table
 
 
@@ -487,18 +534,18 @@ class RocketMQDataSource(DataSource):
         return spark_ddl(output_schema(MessageReadOptions.parse(self.options).with_body))
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return RocketMQReader(MessageReadOptions.parse(self.options))
+        return RocketMQReader(with_user_schema(MessageReadOptions.parse(self.options), schema))
 
 
 class RocketMQPushdownDataSource(RocketMQDataSource):
     """The same source, pushing offset/time/topic/segment filters into planning and reading."""
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return RocketMQPushdownReader(MessageReadOptions.parse(self.options))
+        return RocketMQPushdownReader(with_user_schema(MessageReadOptions.parse(self.options), schema))
 
 
 __all__ = ["MESSAGE_COLUMNS", "MessageReadOptions", "Pred", "RocketMQDataSource", "RocketMQPushdownDataSource",
-           "output_schema", "plan", "read_messages", "read_split", "spark_ddl"]
+           "output_schema", "plan", "read_messages", "read_split", "rows_schema", "spark_ddl", "with_user_schema"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -304,6 +304,20 @@ def test_failfast_raises_naming_segment_and_offset(corrupt_store):
     assert t.num_rows and max(t.column("phy_offset").to_pylist()) < bad[0]
 
 
+def test_read_messages_with_columns_equals_the_full_read_projected_with_filters(corrupt_store):
+    store, bad, _ = corrupt_store
+    full = read_messages(str(store), maxSplitBytes="20k", topics="OrderEvents")
+    cols = ["keys", "_corrupt", "segment", "queue_id"]  # topics filter needs topic, not returned
+    part = read_messages(str(store), maxSplitBytes="20k", topics="OrderEvents", columns=cols)
+    assert 0 < part.num_rows < len(read_messages(str(store), columns=["topic"]))
+    assert part.schema.names == cols
+    assert part.to_pylist() == full.select(cols).to_pylist()
+    everything = read_messages(str(store), columns=["_corrupt", "phy_offset"])  # corrupt rows keep offsets
+    assert [r["phy_offset"] for r in everything.to_pylist() if r["_corrupt"]] == bad
+    with pytest.raises(ValueError, match="bad columns"):
+        read_messages(str(store), columns=["topic", "no_such_column"])
+
+
 # ------------------------------------------------------------------------------------------------
 # Spark
 
@@ -414,3 +428,22 @@ def test_message_columns_match_the_messages_command():
 
     assert MESSAGE_COLUMNS == MESSAGE_JSON_FIELDS
     assert json.dumps(output_schema(True).names[-3:]) == '["body", "segment", "_corrupt"]'
+
+
+@pytest.mark.spark
+def test_a_schema_given_by_the_query_reads_only_those_columns(rmq_spark, corrupt_store):
+    store, bad, rows = corrupt_store
+    rd = rmq_spark.read.format("rocketmq").option("maxSplitBytes", "256k")
+    full = rd.load(str(store))
+    narrow = rd.schema("_corrupt STRING, phy_offset BIGINT, topic STRING, body BINARY").load(str(store))
+    assert narrow.columns == ["_corrupt", "phy_offset", "topic", "body"]
+    want = full.select("_corrupt", "phy_offset", "topic")
+    assert_df_equality(narrow.drop("body").orderBy("phy_offset"), want.orderBy("phy_offset"), ignore_nullable=True)
+    with_body = rd.option("withBody", "true").load(str(store)).select("phy_offset", "body")
+    assert_df_equality(narrow.select("phy_offset", "body").orderBy("phy_offset"), with_body.orderBy("phy_offset"),
+                       ignore_nullable=True)
+    assert narrow.filter("_corrupt IS NOT NULL").count() == len(bad)
+    with pytest.raises(Exception, match="column 'topic' is string"):
+        rd.schema("topic INT").load(str(store)).count()
+    with pytest.raises(Exception, match="unknown column 'nope'"):
+        rd.schema("nope STRING").load(str(store)).count()
