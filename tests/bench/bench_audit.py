@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", metavar="DIR", help="generate into / reuse DIR instead of a temp dir")
     p.add_argument("--engines", default="local,spark")
     p.add_argument("--out", metavar="F", help="also write the results as JSON here")
-    p.add_argument("--split-size", type=parse_size, help="split tasks of this size (default: 128MB on Spark, "
-                   "whole segments locally)")
+    p.add_argument("--split-size", type=parse_size, help="split tasks of this size (default on Spark: about two per core, "
+                   "128-512 MB; whole segments locally)")
     args = p.parse_args(argv)
 
     from jobs.audit import audit_store
