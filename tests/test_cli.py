@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pyarrow.parquet as pq
 import pytest
@@ -109,3 +110,18 @@ def test_segment_size_is_inferred_from_the_files_without_broker_conf_but_an_expl
     rc, out, _ = run_cli(capsys, "info", store, "--json", "--set", "mappedFileSizeCommitLog=1073741824")
     kinds = [f["kind"] for f in json.loads(out)["findings"]]
     assert "segment_size_inferred" not in kinds and "wrong_segment_size" in kinds
+
+
+def test_importing_jobs_turns_numpy_hugepage_madvise_off_unless_the_user_chose():
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, os, jobs; "
+            "print(os.environ['NUMPY_MADVISE_HUGEPAGE'], np._core.multiarray._set_madvise_hugepage(False))")
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=repo)
+    assert out.stdout.split() == ["0", "False"]  # set for child processes, and switched off in this one
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "NUMPY_MADVISE_HUGEPAGE": "1"},
+                         capture_output=True, text=True, check=True, cwd=repo)
+    assert out.stdout.split() == ["1", "True"]  # an explicit choice is left alone
