@@ -271,6 +271,7 @@ def write_index_image(image: IndexImage, loc: Location) -> None:
     with loc.fs.open_output_stream(tmp) as f:
         f.write(image.header.to_bytes())
         f.write(np.asarray(image.slots, dtype=">i4").tobytes())
+        f.write(bytes(g.entry_pos(1) - g.entries_offset))  # entry 0 is never written: zeros
         ent = np.asarray(image.entries, dtype=ENTRY_DTYPE).tobytes()
         f.write(ent)
         left = g.file_size - g.entry_pos(1) - len(ent)
