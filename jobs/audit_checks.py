@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from storelib.bytesource import LocalSource, Location, open_source, resolve
 from storelib.errors import Finding, StoreError
+from storelib.publish import atomic_local_file
 from storelib.record import INNER_BATCH_FLAG
 from storelib.resync import LostRegion, find_next_record, lost_region
 from storelib.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
@@ -252,17 +253,11 @@ class TableSink:
             return None
         name = f"{stem}-{uuid.uuid4().hex}.arrow"
         loc = resolve(self.dir, **self.fs_options)
-        if loc.local:  # temp + rename: the file appears under its name only when complete
+        if loc.local:  # temp + rename: the file appears under its name only when complete (scratch: no fsync)
             path = os.path.join(loc.path, name)
-            tmp = os.path.join(loc.path, "." + name + ".tmp")
-            try:
-                with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
-                    w.write_table(table)
-                os.replace(tmp, path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+            with atomic_local_file(path, durable=False) as tmp, pa.OSFile(tmp, "wb") as f, \
+                    pa.ipc.new_file(f, table.schema) as w:
+                w.write_table(table)
             return path
         # object stores: one output stream = one PUT, the object appears only when complete
         with loc.fs.open_output_stream(loc.join(name).path) as f, pa.ipc.new_file(f, table.schema) as w:

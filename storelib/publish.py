@@ -16,8 +16,12 @@ from .smallfile_io import atomic_write, fsync_dir
 
 
 @contextlib.contextmanager
-def atomic_local_file(path: str | os.PathLike, mode: int | None = None) -> Iterator[str]:
-    """Yield a temp path beside ``path``; on success fsync and rename it over ``path``, else remove it."""
+def atomic_local_file(path: str | os.PathLike, mode: int | None = None, durable: bool = True) -> Iterator[str]:
+    """Yield a temp path beside ``path``; on success fsync and rename it over ``path``, else remove it.
+
+    ``durable=False`` skips the fsyncs: the file still appears only complete, but a crash may lose it
+    (scratch files that a rerun recreates anyway).
+    """
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
@@ -25,12 +29,14 @@ def atomic_local_file(path: str | os.PathLike, mode: int | None = None) -> Itera
     os.close(fd)
     try:
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        if durable:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
-        fsync_dir(d)
+        if durable:
+            fsync_dir(d)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
