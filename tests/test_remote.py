@@ -420,8 +420,21 @@ def _tree_bytes(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _rebuilt_s3_vs_local(s3_server, out_uri: str, local_out: Path, tmp_path: Path) -> dict[str, bytes]:
+    """The files of the rebuild at ``out_uri`` (downloaded), asserted equal to ``local_out``'s but for
+    the manifest (which names its source); returns them."""
+    from storelib.publish import MANIFEST_NAME
+
+    s3_server.download(out_uri, tmp_path / "s3-out")
+    got, want = _tree_bytes(tmp_path / "s3-out"), _tree_bytes(local_out)
+    got.pop(MANIFEST_NAME), want.pop(MANIFEST_NAME)
+    assert sorted(got) == sorted(want) and any(k.startswith("consumequeue/") for k in want)
+    assert got == want
+    return got
+
+
 def test_rebuild_from_s3_to_s3_is_byte_identical_to_a_local_rebuild(stores, s3_server, tmp_path):
-    from storelib.publish import MANIFEST_NAME, is_partial, is_published, read_manifest
+    from storelib.publish import is_partial, is_published, read_manifest
 
     d = stores["generated"] if "generated" in stores else stores["5.3.3"]
     out_uri = f"s3://{s3_server.new_bucket('rebuilt')}/out/store"
@@ -430,11 +443,7 @@ def test_rebuild_from_s3_to_s3_is_byte_identical_to_a_local_rebuild(stores, s3_s
     rc_r, _, err_r = run_cli(["rebuild", d["uri"], "--out", out_uri, "--broker-conf", d["conf"], "--quiet"])
     assert rc_l == 0 and rc_r == 0, (err_l, err_r)
     assert is_published(out_uri) and not is_partial(out_uri)
-    s3_server.download(out_uri, tmp_path / "s3-out")
-    got, want = _tree_bytes(tmp_path / "s3-out"), _tree_bytes(tmp_path / "local-out")
-    got.pop(MANIFEST_NAME), want.pop(MANIFEST_NAME)
-    assert sorted(got) == sorted(want) and any(k.startswith("consumequeue/") for k in want)
-    assert got == want
+    _rebuilt_s3_vs_local(s3_server, out_uri, tmp_path / "local-out", tmp_path)
     m = read_manifest(out_uri)
     assert m is not None and m["counts"]["cq_records"] > 0
     # no staging prefix is left beside the output
@@ -601,7 +610,7 @@ def test_spark_rebuild_from_s3_to_s3_equals_the_local_engine_and_its_manifest(st
     import hashlib
 
     from jobs.rebuild import RebuildConfig, rebuild
-    from storelib.publish import MANIFEST_NAME, read_manifest
+    from storelib.publish import read_manifest
 
     d = stores["generated"] if "generated" in stores else stores["5.3.3"]
     out_uri = f"s3://{s3_server.new_bucket('rebuilt')}/spark/store"
@@ -610,11 +619,8 @@ def test_spark_rebuild_from_s3_to_s3_equals_the_local_engine_and_its_manifest(st
     m = rebuild(RebuildConfig(store=d["uri"], out=out_uri, broker_conf=str(d["conf"]), engine="spark",
                               progress=False, fs_options=s3_server.fs_options()), spark=spark)
     assert m["engine"] == "spark" and m["counts"]["index_keys"] > 0
-    s3_server.download(out_uri, tmp_path / "s3-out")
-    got, want = _tree_bytes(tmp_path / "s3-out"), _tree_bytes(tmp_path / "local-out")
-    got.pop(MANIFEST_NAME), want.pop(MANIFEST_NAME)
-    assert sorted(got) == sorted(want) and any(k.startswith("index/") for k in got)
-    assert got == want
+    got = _rebuilt_s3_vs_local(s3_server, out_uri, tmp_path / "local-out", tmp_path)
+    assert any(k.startswith("index/") for k in got)
     manifest = read_manifest(out_uri)
     for rel, body in got.items():  # every file's manifest hash is the hash of what was written
         assert manifest["files"][rel]["sha256"] == hashlib.sha256(body).hexdigest(), rel
