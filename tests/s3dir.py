@@ -45,7 +45,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
-from tests.s3server import S3Server, _answers, _die_with_parent, _free_port, stop_s3_server
+from tests.s3server import S3Server, start_server_process, stop_s3_server
 
 S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 TMP_PREFIX = ".s3dir-tmp-"  # in-progress uploads; never listed or served
@@ -723,25 +723,11 @@ def start_dir_s3_server(root: str | os.PathLike, timeout: float = 30.0) -> tuple
     """Start ``python -m tests.s3dir`` over ``root`` on a free loopback port; wait until it answers."""
     repo = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    last = ""
-    for _ in range(3):
-        port = _free_port()
-        log = tempfile.TemporaryFile()
-        proc = subprocess.Popen([sys.executable, "-m", "tests.s3dir", "--root", os.fspath(root),
-                                 "--host", "127.0.0.1", "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=repo,
-                                start_new_session=True, preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and proc.poll() is None:
-            if _answers(f"http://127.0.0.1:{port}/"):
-                log.close()
-                return proc, DirS3Server("127.0.0.1", port, proc.pid, root=Path(root))
-            time.sleep(0.05)
-        stop_s3_server(proc)
-        log.seek(0)
-        last = log.read()[-2000:].decode("utf-8", "replace")
-        log.close()
-    raise RuntimeError(f"s3dir server did not start on 127.0.0.1: {last}")
+    proc, port = start_server_process(
+        lambda port: [sys.executable, "-m", "tests.s3dir", "--root", os.fspath(root), "--host", "127.0.0.1",
+                      "--port", str(port)],
+        "/", "s3dir server", timeout, env, cwd=repo, poll=0.05)
+    return proc, DirS3Server("127.0.0.1", port, proc.pid, root=Path(root))
 
 
 @contextlib.contextmanager

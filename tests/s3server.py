@@ -118,27 +118,35 @@ def _die_with_parent() -> None:
         pass
 
 
-def start_s3_server(timeout: float = 60.0, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, S3Server]:
-    """Start moto's server on a free loopback port and wait until it answers (tries three ports)."""
+def start_server_process(argv_for_port, probe_path: str, name: str, timeout: float, env: dict[str, str],
+                         cwd: str | None = None, poll: float = 0.1) -> tuple[subprocess.Popen, int]:
+    """Start a loopback server (``argv_for_port(port)``) on a free port and wait until
+    ``http://127.0.0.1:PORT{probe_path}`` answers; tries three ports, then raises with the server's log."""
     last = ""
     for _ in range(3):
         port = _free_port()
-        env = {**os.environ, **(extra_env or {})}
         log = tempfile.TemporaryFile()
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(argv_for_port(port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
-            if _answers(f"http://127.0.0.1:{port}/moto-api/"):
+            if _answers(f"http://127.0.0.1:{port}{probe_path}"):
                 log.close()
-                return proc, S3Server("127.0.0.1", port, proc.pid)
-            time.sleep(0.1)
+                return proc, port
+            time.sleep(poll)
         stop_s3_server(proc)
         log.seek(0)
         last = log.read()[-2000:].decode("utf-8", "replace")
         log.close()
-    raise RuntimeError(f"moto server did not start on 127.0.0.1: {last}")
+    raise RuntimeError(f"{name} did not start on 127.0.0.1: {last}")
+
+
+def start_s3_server(timeout: float = 60.0, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, S3Server]:
+    """Start moto's server on a free loopback port and wait until it answers (tries three ports)."""
+    proc, port = start_server_process(
+        lambda port: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        "/moto-api/", "moto server", timeout, {**os.environ, **(extra_env or {})})
+    return proc, S3Server("127.0.0.1", port, proc.pid)
 
 
 def stop_s3_server(proc: subprocess.Popen) -> None:
