@@ -36,7 +36,6 @@ import contextlib
 import dataclasses
 import gc
 import os
-import re
 import resource
 import shutil
 import sys
@@ -47,15 +46,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.bench.bench_scan import parse_size  # noqa: E402 (one size parser for the benchmarks)
+
 GiB = 1024**3
-
-
-def parse_size(text: str) -> int:
-    """``1GB``/``1GiB``/``128MB``/plain bytes → bytes (binary units)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}")
-    return int(float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2) or "_"))
 
 
 def rss_mb() -> float:
