@@ -103,16 +103,24 @@ def build_store(root: Path, n: int = 420, dup_at: int | None = None, segments_mi
     return root
 
 
-@pytest.fixture(scope="module")
-def base_store(tmp_path_factory) -> Path:
-    return build_store(tmp_path_factory.mktemp("audit") / "store")
+def store_fixtures(tag: str):
+    """(base_store, store) fixtures for a test module: the generated store built once per module and
+    a fresh copy of it per test (the audit test modules share this pair)."""
+
+    @pytest.fixture(scope="module")
+    def base_store(tmp_path_factory) -> Path:
+        return build_store(tmp_path_factory.mktemp(tag) / "store")
+
+    @pytest.fixture
+    def store(tmp_path, base_store) -> Path:
+        dst = tmp_path / "store"
+        shutil.copytree(base_store, dst)
+        return dst
+
+    return base_store, store
 
 
-@pytest.fixture
-def store(tmp_path, base_store) -> Path:
-    dst = tmp_path / "store"
-    shutil.copytree(base_store, dst)
-    return dst
+base_store, store = store_fixtures("audit")
 
 
 def run(root: Path, **kw) -> dict:

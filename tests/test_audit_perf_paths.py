@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 import jobs.audit as audit_mod
 import jobs.audit_checks as checks
@@ -19,23 +18,12 @@ from jobs.audit_checks import _member, _zero_tail
 from storelib.commitlog import CommitLog
 from storelib.splits import plan_splits
 
-from .test_audit import SEG, _comparable, build_store, flip, records, run, seg_file, serious
+from .test_audit import SEG, _comparable, flip, records, run, seg_file, serious, store_fixtures
 
 SPLIT = 6000  # ~10 cuts per 64 KiB segment
 
 
-@pytest.fixture(scope="module")
-def base_store(tmp_path_factory) -> Path:
-    return build_store(tmp_path_factory.mktemp("auditperf") / "store")
-
-
-@pytest.fixture
-def store(tmp_path, base_store) -> Path:
-    import shutil
-
-    dst = tmp_path / "store"
-    shutil.copytree(base_store, dst)
-    return dst
+base_store, store = store_fixtures("auditperf")
 
 
 def cuts(root: Path) -> list[int]:

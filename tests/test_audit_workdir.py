@@ -6,7 +6,6 @@ the cross-file checks on threads give exactly the findings of the serial run."""
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import tempfile
 from pathlib import Path
@@ -18,21 +17,12 @@ import jobs.audit as audit_mod
 import jobs.audit_checks as checks
 from jobs.audit_checks import KEY_SCHEMA, RECORD_SCHEMA, TableSink, read_table_file
 
-from .test_audit import _comparable, build_store, flip, records, run, seg_file, serious
+from .test_audit import _comparable, flip, records, run, seg_file, serious, store_fixtures
 
 SPLIT = 6000  # several Spark tasks per 64 KiB segment
 
 
-@pytest.fixture(scope="module")
-def base_store(tmp_path_factory) -> Path:
-    return build_store(tmp_path_factory.mktemp("auditwd") / "store")
-
-
-@pytest.fixture
-def store(tmp_path, base_store) -> Path:
-    dst = tmp_path / "store"
-    shutil.copytree(base_store, dst)
-    return dst
+base_store, store = store_fixtures("auditwd")
 
 
 def corrupt(root: Path) -> None:
