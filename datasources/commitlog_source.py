@@ -42,7 +42,7 @@ from storelib.bytesource import Location, open_source, resolve
 from storelib.commitlog import CommitLog, Split
 from storelib.errors import CorruptRecordError
 from storelib.scanner import DEFAULT_DELAY_LEVELS_MS, MESSAGE_SCHEMA, SegmentScan
-from storelib.splits import DEFAULT_MAX_SPLIT_BYTES, find_record_start, plan_splits, prune_by_time
+from storelib.splits import find_record_start, plan_splits, prune_by_time
 
 # the columns of `rmqstore messages` (jobs.common.MESSAGE_JSON_FIELDS; datasources may not import jobs)
 MESSAGE_COLUMNS = [
@@ -261,7 +261,7 @@ class MessageReadOptions:
     to_offset: int | None = None  # exclusive
     from_time: int | None = None
     to_time: int | None = None  # exclusive
-    max_split_bytes: int = DEFAULT_MAX_SPLIT_BYTES
+    max_split_bytes: int | None = None  # None: about two units per core (storelib.splits.parallel_split_bytes)
     min_partitions: int = 1
     mode: str = "PERMISSIVE"
     time_pruning: bool = True
@@ -291,7 +291,7 @@ class MessageReadOptions:
             to_offset=_int("toOffset", o["tooffset"]) if "tooffset" in o else None,
             from_time=parse_time("fromTime", o["fromtime"]) if "fromtime" in o else None,
             to_time=parse_time("toTime", o["totime"]) if "totime" in o else None,
-            max_split_bytes=_bytes("maxSplitBytes", o.get("maxsplitbytes", DEFAULT_MAX_SPLIT_BYTES)),
+            max_split_bytes=_bytes("maxSplitBytes", o["maxsplitbytes"]) if "maxsplitbytes" in o else None,
             min_partitions=max(1, _int("minPartitions", o.get("minpartitions", 1))),
             mode=mode,
             time_pruning=_bool("timePruning", o.get("timepruning", True)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -34,6 +35,20 @@ def read_defaults(path: Path = SPARK_CONF / "spark-defaults.conf") -> dict[str, 
     return out
 
 
+def session_settings(conf: dict[str, str] | None = None) -> dict[str, str]:
+    """spark-defaults.conf as a session started here applies it: the log4j config by absolute path
+    (the file's relative one only works from the repo root), its other JVM options kept, ``conf`` last."""
+    settings = read_defaults()
+    log4j = SPARK_CONF / "log4j2.properties"
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        rest = re.sub(r"-Dlog4j2\.configurationFile=\S+", "", settings.get(key, "")).split()
+        settings[key] = " ".join([f"-Dlog4j2.configurationFile=file:{log4j}", *rest])
+    settings.update(conf or {})
+    # keep the Python workers' imports working wherever the session starts
+    settings.setdefault("spark.executorEnv.PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    return settings
+
+
 def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[str, str] | None = None):
     """A SparkSession with the project's defaults (respects an already active session).
 
@@ -59,14 +74,7 @@ def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[
     b = SparkSession.builder.appName(app_name)
     if master:
         b = b.master(master)
-    settings = read_defaults()
-    log4j = SPARK_CONF / "log4j2.properties"
-    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
-        settings[key] = f"-Dlog4j2.configurationFile=file:{log4j}"
-    settings.update(conf or {})
-    # keep the Python workers' imports working wherever the session starts
-    settings.setdefault("spark.executorEnv.PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    for k, v in settings.items():
+    for k, v in session_settings(conf).items():
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

@@ -20,6 +20,7 @@ No Spark here: the result is a list of :class:`storelib.commitlog.Split` values,
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -30,6 +31,11 @@ from .record import BLANK_MAGIC, BORNHOST_V6_FLAG, MAGIC_V1, MAGIC_V2
 from .scanner import MIN_RECORD_SIZE
 
 DEFAULT_MAX_SPLIT_BYTES = 64 * 1024 * 1024
+# bounds of the parallel default (parallel_split_bytes): a unit is one Spark task, and a task costs
+# tens of milliseconds of scheduling and worker hand-off, so units are as large as keeping every core
+# busy allows; the upper bound keeps one unit's decoded tables small
+MIN_PARALLEL_SPLIT_BYTES = 128 * 1024 * 1024
+MAX_PARALLEL_SPLIT_BYTES = 512 * 1024 * 1024
 MIN_SPLIT_BYTES = 64 * 1024  # floor when min_splits lowers the step
 SEARCH_WINDOW = 1024 * 1024
 # how far past a nominal cut a record start is looked for: a record is at most maxMessageSize (4 MiB by
@@ -156,14 +162,34 @@ def _segment_cuts(seg: Segment, source, step: int, search: int, extra: list[int]
     return cuts
 
 
-def plan_splits(commitlog: CommitLog, max_split_bytes: int = DEFAULT_MAX_SPLIT_BYTES, *,
+def local_parallelism() -> int:
+    """Cores this process may run on (its CPU affinity, which container limits narrow)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def parallel_split_bytes(total_bytes: int, parallelism: int) -> int:
+    """Unit size for a parallel scan of ``total_bytes``: about two units per core, 128-512 MiB each.
+
+    Two per core lets a core that finishes early take another unit; fewer, larger units than Spark's
+    own 128 MiB file splits because a Python task costs far more to start than a JVM one (measured on
+    local[2]: a 2 GiB count() took 4.8 s in 32 units of 64 MiB, 3.7 s in 4 of 512 MiB).
+    """
+    want = -(-max(0, total_bytes) // max(1, 2 * parallelism))
+    return max(MIN_PARALLEL_SPLIT_BYTES, min(MAX_PARALLEL_SPLIT_BYTES, want))
+
+
+def plan_splits(commitlog: CommitLog, max_split_bytes: int | None = DEFAULT_MAX_SPLIT_BYTES, *,
                 min_splits: int = 1, from_offset: int | None = None, to_offset: int | None = None,
                 segments: set[str] | None = None, with_timestamps: bool = False,
-                cut_search: int = DEFAULT_CUT_SEARCH) -> list[PlannedSplit]:
+                cut_search: int = DEFAULT_CUT_SEARCH, parallelism: int | None = None) -> list[PlannedSplit]:
     """Scan units over the commitlog, in commitlog order: at least one per non-empty segment.
 
     ``max_split_bytes`` bounds a unit's byte range (lowered so there are at least ``min_splits`` units
-    when the log is small); cuts move forward to verified record starts, and a cut that finds none
+    when the log is small); ``None`` picks :func:`parallel_split_bytes` for the bytes in range and
+    ``parallelism`` cores (default: this machine's). Cuts move forward to verified record starts, and a cut that finds none
     (zeros, garbage, a huge record) is dropped, so a unit can be longer. ``from_offset``/``to_offset``
     (physical offsets, end exclusive) add cuts there and drop units outside the range; ``segments``
     keeps only the named segment files. Records in a unit start in ``[start, end)``.
@@ -174,6 +200,11 @@ def plan_splits(commitlog: CommitLog, max_split_bytes: int = DEFAULT_MAX_SPLIT_B
     if to_offset is not None:
         segs = [s for s in segs if s.base < to_offset]
     total = sum(s.file_size for s in segs)
+    if max_split_bytes is None:
+        lo, hi = from_offset or 0, to_offset
+        in_range = sum(max(0, (s.base + s.file_size if hi is None else min(s.base + s.file_size, hi))
+                           - max(s.base, lo)) for s in segs)
+        max_split_bytes = parallel_split_bytes(in_range, parallelism or local_parallelism())
     step = max(1, int(max_split_bytes))
     if min_splits > 1 and total:
         step = min(step, max(MIN_SPLIT_BYTES, -(-total // min_splits)))

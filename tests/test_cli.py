@@ -125,3 +125,16 @@ def test_importing_jobs_turns_numpy_hugepage_madvise_off_unless_the_user_chose()
     out = subprocess.run([sys.executable, "-c", code], env={**env, "NUMPY_MADVISE_HUGEPAGE": "1"},
                          capture_output=True, text=True, check=True, cwd=repo)
     assert out.stdout.split() == ["1", "True"]  # an explicit choice is left alone
+
+
+def test_local_sessions_load_log4j_by_absolute_path_and_keep_the_other_jvm_options_of_spark_defaults():
+    from jobs.sparkutil import SPARK_CONF, read_defaults, session_settings
+
+    s = session_settings()
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        opts = s[key].split()
+        assert opts[0] == f"-Dlog4j2.configurationFile=file:{SPARK_CONF / 'log4j2.properties'}"
+        assert os.path.isabs(opts[0].split("file:", 1)[1])
+        assert "-XX:+UseParallelGC" in opts and "-XX:+UseParallelGC" in read_defaults()[key]
+        assert sum("log4j2" in o for o in opts) == 1
+    assert session_settings({"spark.driver.extraJavaOptions": "-Xss4m"})["spark.driver.extraJavaOptions"] == "-Xss4m"

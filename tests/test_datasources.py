@@ -24,6 +24,7 @@ from datasources.commitlog_source import (
     output_schema,
     plan,
 )
+from storelib import splits
 from storelib.brokerconf import BrokerSettings, load_broker_conf
 from storelib.checkpoint import read_checkpoint
 from storelib.commitlog import CommitLog
@@ -114,6 +115,47 @@ def test_min_splits_lowers_the_split_size_so_two_big_segments_still_make_many_un
     cl = CommitLog(str(sample / "store" / "commitlog"))
     assert len(plan_splits(cl, 1 << 30)) == len(cl.segments)
     assert len(plan_splits(cl, 1 << 30, min_splits=2 * len(cl.segments))) > len(cl.segments)
+
+
+def test_parallel_split_size_is_two_units_per_core_within_128_to_512_mib():
+    mib = 1 << 20
+    assert splits.parallel_split_bytes(2048 * mib, 2) == 512 * mib
+    assert splits.parallel_split_bytes(1024 * mib, 2) == 256 * mib
+    assert splits.parallel_split_bytes(2048 * mib, 16) == 128 * mib  # many cores: not below 128 MiB
+    assert splits.parallel_split_bytes(100 * 1024 * mib, 2) == 512 * mib  # big store: not above 512 MiB
+    assert splits.parallel_split_bytes(0, 4) == 128 * mib
+
+
+def test_default_split_size_follows_the_bytes_in_range_and_the_cores(sample, monkeypatch):
+    # shrink the bounds so the sample's segments show the rule: ~2 units per core over what is read
+    monkeypatch.setattr(splits, "MIN_PARALLEL_SPLIT_BYTES", 1)
+    monkeypatch.setattr(splits, "MAX_PARALLEL_SPLIT_BYTES", 1 << 40)
+    cl = CommitLog(str(sample / "store" / "commitlog"))
+    total = sum(s.file_size for s in cl.segments)
+    seen = []
+    real = splits._segment_cuts
+
+    def spy(seg, src, step, *a):
+        seen.append(step)
+        return real(seg, src, step, *a)
+
+    monkeypatch.setattr(splits, "_segment_cuts", spy)
+    whole = plan_splits(cl, None, parallelism=3)
+    assert set(seen) == {-(-total // 6)}
+    assert len(whole) >= len(cl.segments)
+    seen.clear()
+    last = cl.segments[-1]
+    part = plan_splits(cl, None, parallelism=1, from_offset=last.base)
+    assert set(seen) == {-(-last.file_size // 2)}
+    assert all(p.split.segment_name == last.name for p in part)
+    # an explicit size wins, whatever the cores
+    seen.clear()
+    plan_splits(cl, 40_000, parallelism=64)
+    assert set(seen) == {40_000}
+    # the data source: no maxSplitBytes means the parallel default, a given one is kept
+    store = str(sample / "store")
+    assert MessageReadOptions.parse({"path": store}).max_split_bytes is None
+    assert MessageReadOptions.parse({"path": store, "maxSplitBytes": "40k"}).max_split_bytes == 40 * 1024
 
 
 def test_record_start_search_ignores_a_record_image_inside_a_body():
