@@ -528,12 +528,12 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, n
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-check") as pool:
             f_idx = pool.submit(index)
             f_cfg = pool.submit(check_configs, root, c_cfg)
+            f_charts = pool.submit(report_charts, log)  # reads only record columns: after the configs
             facts = check_queue_offsets(log, c_qo)
             qstats = check_consume_queues(root, log, settings, c_cq, facts,
                                           pre["cq"].result() if "cq" in pre else None)
-            charts = report_charts(log)  # while the index thread finishes
             qstats.pop("__reput_from__", None)
-            idx, loaded = f_idx.result(), f_cfg.result()
+            idx, loaded, charts = f_idx.result(), f_cfg.result(), f_charts.result()
         report_abort(abort, idx, c_ab)
         for c in (c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
             out.absorb(c)

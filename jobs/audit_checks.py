@@ -17,6 +17,7 @@ lost (corrupt region, missing segment) counts against that region instead of rai
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 import uuid
@@ -280,22 +281,66 @@ def read_table_file(path: str | None, schema: pa.Schema, fs_options: dict[str, A
         raise StoreError(path, None, "work_file_unreadable", f"cannot read a task's table file: {e}") from e
 
 
-def _zero_tail(view: memoryview, start: int, chunk: int = 64 << 20) -> bool:
+def _zero_tail(view: memoryview, start: int, chunk: int = 64 << 20, path: str | None = None) -> bool:
     """Are all bytes from ``start`` to the end zero? (the unwritten tail of the last segment: checked at
-    memory speed before the byte-wise resync search, which would find nothing there anyway)."""
-    n = len(view)
+    memory speed before the byte-wise resync search, which would find nothing there anyway).
+
+    ``path``: the mapped file; its holes (``SEEK_DATA``/``SEEK_HOLE``: a preallocated segment is sparse,
+    so most of a young last segment is one hole) read as zeros by definition and are not touched, which
+    saves faulting in and scanning up to a whole segment of zero pages."""
     a = np.frombuffer(view, dtype=np.uint8)
-    lo = start
-    head = min(n, (lo + 7) // 8 * 8)
+    return not any(_nonzero_in(a, lo, hi, chunk) for lo, hi in _data_ranges(path, start, len(view)))
+
+
+_MAX_DATA_RANGES = 4096  # a file fragmented beyond this is scanned whole from the last range found
+
+
+def _data_ranges(path: str | None, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of ``[lo, hi)`` of file ``path`` that are not holes (where a non-zero byte can be);
+    ``[(lo, hi)]`` when there is no path or the filesystem cannot say."""
+    if path is None or lo >= hi or not hasattr(os, "SEEK_DATA"):
+        return [(lo, hi)] if lo < hi else []
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return [(lo, hi)]
+    out: list[tuple[int, int]] = []
+    try:
+        pos = lo
+        while pos < hi:
+            if len(out) >= _MAX_DATA_RANGES:
+                out.append((pos, hi))
+                break
+            try:
+                d = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # no data at or after pos
+                    break
+                return [(lo, hi)]
+            if d >= hi:
+                break
+            h = os.lseek(fd, d, os.SEEK_HOLE)
+            out.append((d, min(h, hi)))
+            pos = h
+    except OSError:
+        return [(lo, hi)]
+    finally:
+        os.close(fd)
+    return out
+
+
+def _nonzero_in(a: np.ndarray, lo: int, hi: int, chunk: int) -> bool:
+    """Is any byte of ``a[lo:hi]`` non-zero? (8 bytes at a time, in chunks: bounded temporaries)."""
+    head = min(hi, (lo + 7) // 8 * 8)
     if a[lo:head].any():
-        return False
+        return True
     lo = head
-    while lo + 8 <= n:
-        hi = min(n - (n - lo) % 8, lo + chunk)
-        if a[lo:hi].view(np.uint64).any():
-            return False
-        lo = hi
-    return not a[lo:n].any()
+    while lo + 8 <= hi:
+        stop = min(hi - (hi - lo) % 8, lo + chunk)
+        if a[lo:stop].view(np.uint64).any():
+            return True
+        lo = stop
+    return bool(a[lo:hi].any())
 
 
 def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = None,
@@ -348,7 +393,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
                 break
             view = _whole(src)
             if end.kind == "end_of_data":
-                if _zero_tail(view, end.file_offset):
+                if _zero_tail(view, end.file_offset, path=task.uri if task.local else None):
                     break  # nothing but zeros up to the segment end: no record, no stale bytes
                 r = find_next_record(view, end.file_offset, base=task.base)
                 if r.kind == "message":  # zeros inside the data: a zeroed/unwritten hole
@@ -648,7 +693,7 @@ def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dic
     if not len(disp):
         return facts
     code = (log.topic_idx[disp] << 32) | (log.qid[disp].astype(np.int64) & 0xFFFFFFFF)
-    o = _stable_group_order(code)
+    o = _queue_group_order(code, log.topic_idx[disp], log.qid[disp], len(log.topic_names))
     order = disp[o]
     code_s = code[o]
     starts = np.flatnonzero(np.r_[True, code_s[1:] != code_s[:-1]])
@@ -690,6 +735,17 @@ def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dic
                             f"({int(d[i]) - 1} offsets never written)",
                             {"topic": topic, "queue_id": qid, "missing": int(d[i]) - 1, "phy": hi}))
     return facts
+
+
+def _queue_group_order(code: np.ndarray, topic_idx: np.ndarray, qid: np.ndarray, n_topics: int) -> np.ndarray:
+    """``np.argsort(code, kind="stable")`` for ``code = topic_idx << 32 | qid (as uint32)``: when queue ids
+    are small and non-negative, (topic, queue) numbered densely in the same order fit 16 bits (a radix
+    sort, no ``unique``); otherwise :func:`_stable_group_order`."""
+    if len(qid) > 1:
+        qmin, qmax = int(qid.min()), int(qid.max())
+        if qmin >= 0 and n_topics * (qmax + 1) <= 1 << 16:
+            return np.argsort((topic_idx * (qmax + 1) + qid).astype(np.uint16), kind="stable")
+    return _stable_group_order(code)
 
 
 def _stable_group_order(code: np.ndarray) -> np.ndarray:
@@ -750,8 +806,14 @@ def load_consume_queues(root: Location, settings: Any, log_min: int) -> CQLoad:
                 f.file = _rel(rootp, f.file)
                 res.findings.append(f)
             ns, units, files = [], [], []
-            for seg in cq.segments:
+            for i, seg in enumerate(cq.segments):
                 u = cq.read_units(seg)
+                if i == len(cq.segments) - 1:
+                    # the queue's last file is preallocated: its units after the last one with a size are
+                    # invalid and after every valid unit, so no check looks at them; its first unit stays
+                    # (the queue's first offset)
+                    keep = _units_before_invalid_tail(u, seg.loc.path if seg.loc.local else None)
+                    u = u[:max(keep, 1 if i == 0 else 0)]
                 ns.append(seg.base // CQ_UNIT_SIZE + np.arange(len(u), dtype=np.int64))
                 units.append(u)
                 files.append((seg.base, _rel(rootp, seg.path)))
@@ -767,6 +829,27 @@ def load_consume_queues(root: Location, settings: Any, log_min: int) -> CQLoad:
         res.cq_max_phy = max(res.cq_max_phy, mpo)
         res.per_queue[(topic, qid)] = (n, u, files, cq_max, cq_min)
     return res
+
+
+def _units_before_invalid_tail(units: np.ndarray, path: str | None) -> int:
+    """How many of a CQ file's units come before its trailing units whose size field is zero (invalid:
+    a unit is valid only with size > 0). ``path``: the file when local; units in its holes (a
+    preallocated file is sparse) are zeros without being read (:func:`_data_ranges`)."""
+    from storelib.consumequeue import CQ_UNIT_SIZE
+
+    n = len(units)
+    ranges = _data_ranges(path, 0, n * CQ_UNIT_SIZE)
+    if not ranges:
+        return 0
+    n = min(n, -(-ranges[-1][1] // CQ_UNIT_SIZE))
+    off = units.dtype.fields["size"][1]
+    if units.dtype.itemsize % 4 or off % 4:
+        return n
+    # the size field of each unit as raw 32-bit words (zero or not, whatever the byte order): no copy
+    size = units[:n].view(np.uint32).reshape(n, units.dtype.itemsize // 4)[:, off // 4]
+    nz = size[::-1] != 0
+    j = int(nz.argmax()) if n else 0
+    return n - j if n and nz[j] else 0
 
 
 def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capped, facts: dict,
@@ -974,6 +1057,45 @@ def key_codes(log: LogView) -> KeyCodes:
     return KeyCodes(kphy, khash, rank, kcode, kcode_sorted, kcode_sorted[np.searchsorted(kcode_sorted, 0):])
 
 
+class _KeySequence:
+    """The log's index keys in dispatch order, matched against index files one after the other.
+
+    A healthy store's index files hold exactly these keys, in this order (the broker indexes each record's
+    keys as it dispatches it): when a file's entries equal the next keys (PHYSICALOFFSET, hash), every
+    entry points at the start of its record with the hash of one of its keys, which is what the per-entry
+    lookups of :func:`check_index` would conclude, so they are skipped. Only when record positions are
+    unique, ascending and equal to the records' PHYSICALOFFSET fields (then a lookup by field finds that
+    record); once a file does not match, the rest go through the lookups."""
+
+    def __init__(self, log: LogView) -> None:
+        k = log.keys
+        self.n = k.num_rows
+        self.pos = k.column("pos").to_numpy()
+        self.field = k.column("phy").to_numpy()
+        self.hash = k.column("key_hash").to_numpy()
+        phy = log.phy
+        # keys come from the records of the same batches (:func:`_check_batch`): each pos is a record's
+        self.aligned = (log.field_unique and bool(np.all(phy[1:] > phy[:-1]))
+                        and bool(np.array_equal(self.pos, self.field)))
+        self.cur = 0
+        self.spans: list[tuple[int, int]] = []  # key ranges matched by files
+
+    def next_are(self, e_phy: np.ndarray, e_kh: np.ndarray) -> bool:
+        """Are these entries (one file's, in entry order) the next keys? Advances past them if so."""
+        a, b = self.cur, self.cur + len(e_phy)
+        if (self.aligned and b <= self.n and np.array_equal(e_phy, self.field[a:b])
+                and np.array_equal(e_kh, self.hash[a:b])):
+            self.spans.append((a, b))
+            self.cur = b
+            return True
+        self.aligned = False
+        return False
+
+    def all_matched(self) -> bool:
+        """Did the files, in order, hold every key exactly (so every key is findable)?"""
+        return self.aligned and self.cur == self.n
+
+
 def check_index(root: Location, log: LogView, settings: Any, out: _Capped, checkpoint: Any, abort: bool,
                 loaded: IndexLoad | None = None) -> dict:
     """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
@@ -989,9 +1111,8 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
     if not loaded.files:
         return info
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
-    k_ = key_codes(log)
-    rank, kcode_sorted, kpos = k_.rank, k_.kcode_sorted, k_.kpos
-    kphy, khash, kcode = k_.kphy, k_.khash, k_.kcode
+    keys = _KeySequence(log)
+    k_: KeyCodes | None = None  # computed only when some file's entries are not the keys' sequence
     all_codes: list[np.ndarray] = []  # per file: its entries' codes (entries pointing at a record), sorted
     wrong_phy: list[np.ndarray] = []
     max_end_phy = -1
@@ -1026,31 +1147,38 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
         e_phy = ent["phy_offset"].astype(np.int64)
         e_kh = ent["key_hash"].astype(np.int64)
         e_n = np.arange(1, m + 1)
-        rows = _lookup_repeats(log, e_phy)
-        found = rows >= 0
-        codes = np.where(found, (rank[np.clip(rows, 0, None)] << 31) | np.clip(e_kh, 0, None), -2)
-        cs = np.sort(codes[found])
-        all_codes.append(cs)
         consequences: list[str] = []
-        if _run_of(cs, kpos):  # every entry's code is a key's code: nothing to look up one by one
+        if keys.next_are(e_phy, e_kh):
+            # the file holds exactly the next keys of the log, in order: every entry points at its record
+            # with one of its keys' hashes, so no entry finding (the comparison below would find none)
             wrong = np.zeros(0, np.int64)
         else:
-            wrong = np.flatnonzero(found & ~_member(codes, kcode_sorted))
-        wrong_phy.append(e_phy[wrong])
-        miss = np.flatnonzero(~found)
-        mp = e_phy[miss]
-        expired = mp < log.log_min
-        lost = log.in_lost(mp)
-        past = (mp >= log.log_end) & ~lost
-        for k in miss[~(expired | lost | past)].tolist():
-            out.add(Finding("index_entry_bad_offset", "error", display, g.entry_pos(int(e_n[k])),
-                            f"entry {int(e_n[k])}: phyOffset {int(e_phy[k])} is not the start of a record",
-                            {"entry": int(e_n[k]), "phy": int(e_phy[k])}))
-        if past.any():
-            k0 = int(miss[past][0])
-            out.add(Finding("index_entry_past_commitlog", "error", display, g.entry_pos(int(e_n[k0])),
-                            f"{int(past.sum())} entries point past the end of the commitlog data ({log.log_end})",
-                            {"count": int(past.sum())}))
+            if k_ is None:
+                k_ = key_codes(log)
+            rows = _lookup_repeats(log, e_phy)
+            found = rows >= 0
+            codes = np.where(found, (k_.rank[np.clip(rows, 0, None)] << 31) | np.clip(e_kh, 0, None), -2)
+            cs = np.sort(codes[found])
+            all_codes.append(cs)
+            if _run_of(cs, k_.kpos):  # every entry's code is a key's code: nothing to look up one by one
+                wrong = np.zeros(0, np.int64)
+            else:
+                wrong = np.flatnonzero(found & ~_member(codes, k_.kcode_sorted))
+            wrong_phy.append(e_phy[wrong])
+            miss = np.flatnonzero(~found)
+            mp = e_phy[miss]
+            expired = mp < log.log_min
+            lost = log.in_lost(mp)
+            past = (mp >= log.log_end) & ~lost
+            for k in miss[~(expired | lost | past)].tolist():
+                out.add(Finding("index_entry_bad_offset", "error", display, g.entry_pos(int(e_n[k])),
+                                f"entry {int(e_n[k])}: phyOffset {int(e_phy[k])} is not the start of a record",
+                                {"entry": int(e_n[k]), "phy": int(e_phy[k])}))
+            if past.any():
+                k0 = int(miss[past][0])
+                out.add(Finding("index_entry_past_commitlog", "error", display, g.entry_pos(int(e_n[k0])),
+                                f"{int(past.sum())} entries point past the end of the commitlog data ({log.log_end})",
+                                {"count": int(past.sum())}))
         if len(wrong):
             consequences = ["slot_not_newest_entry", "prev_index_wrong_slot", "hash_slot_count_mismatch",
                             "index_chain_broken"]
@@ -1093,7 +1221,12 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
                 consequences.append("index_chain_broken")
             out.add(vfi)
     # every keyed message findable
-    if getattr(settings, "message_index_enable", True) and len(kcode):
+    if getattr(settings, "message_index_enable", True) and keys.n and not keys.all_matched():
+        if k_ is None:
+            k_ = key_codes(log)
+        kphy, khash, kcode, kpos = k_.kphy, k_.khash, k_.kcode, k_.kpos
+        # the files whose entries were the keys' sequence: their codes are those keys' codes
+        all_codes.extend(np.sort(k_.kcode[a:b]) for a, b in keys.spans)
         if len(all_codes) == 1:
             have = all_codes[0]
         else:  # sorted runs: the stable sort (timsort) merges them

@@ -1,0 +1,179 @@
+"""The audit's shortcuts for healthy stores give exactly the report of the full comparisons: index files
+whose entries are the log's keys in order skip the per-entry lookups, a consume queue's invalid tail is
+not compared, file holes read as zeros without being scanned, and queue grouping by dense 16-bit codes
+orders rows like the stable sort of the 64-bit codes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jobs.audit_checks as checks
+from jobs.audit_checks import _data_ranges, _queue_group_order, _units_before_invalid_tail, _zero_tail
+from storelib.consumequeue import CQ_DTYPE, make_units
+
+from .test_audit import _comparable, flip, run, store_fixtures
+
+base_store, store = store_fixtures("auditfast")
+
+ENTRIES = 40 + 64 * 4  # IndexFile header + slot table of the test geometry: entry 0 starts here
+
+
+def _plain(monkeypatch) -> None:
+    """Turn both shortcuts off: every index entry looked up, every CQ unit compared."""
+    def never(self, e_phy, e_kh) -> bool:
+        self.aligned = False
+        return False
+
+    monkeypatch.setattr(checks._KeySequence, "next_are", never)
+    monkeypatch.setattr(checks, "_units_before_invalid_tail", lambda units, path: len(units))
+
+
+def _same_as_plain(root: Path, monkeypatch) -> dict:
+    fast = run(root, now_ms=1_800_000_000_000)
+    with monkeypatch.context() as m:
+        _plain(m)
+        plain = run(root, now_ms=1_800_000_000_000)
+    assert _comparable(fast) == _comparable(plain)
+    return fast
+
+
+def _index_files(root: Path) -> list[Path]:
+    return sorted((root / "index").iterdir())
+
+
+def test_clean_store_takes_the_index_shortcut_and_reports_the_same(store, monkeypatch):
+    calls = []
+    real = checks.key_codes
+    monkeypatch.setattr(checks, "key_codes", lambda log: calls.append(1) or real(log))
+    rep = _same_as_plain(store, monkeypatch)
+    assert len(rep["index"]["files"]) > 2
+    assert calls == [1]  # only the plain run computed the key codes
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_wrong_hash_in_one_index_file_same_findings_as_full_lookups(store, monkeypatch, where):
+    files = _index_files(store)
+    f = {"first": files[0], "middle": files[len(files) // 2], "last": files[-1]}[where]
+    flip(f, ENTRIES + 20 * 3 + 3, 0x10)  # entry 3's keyHash
+    rep = _same_as_plain(store, monkeypatch)
+    assert any(x["kind"] == "index_entry_wrong_hash" for x in rep["findings"])
+
+
+@pytest.mark.parametrize("which", [0, 2, -1])
+def test_deleted_index_file_same_findings_as_full_lookups(store, monkeypatch, which):
+    _index_files(store)[which].unlink()
+    rep = _same_as_plain(store, monkeypatch)
+    assert any(x["kind"] in ("index_key_missing", "index_behind_commitlog") for x in rep["findings"])
+
+
+def test_entry_pointing_elsewhere_and_bad_prev_index_same_findings(store, monkeypatch):
+    files = _index_files(store)
+    flip(files[1], ENTRIES + 20 * 5 + 4 + 7, 0x04)  # entry 5's phyOffset
+    flip(files[3], ENTRIES + 20 * 7 + 19, 0x01)  # entry 7's prevIndex
+    rep = _same_as_plain(store, monkeypatch)
+    kinds = {x["kind"] for x in rep["findings"]}
+    assert "index_entry_bad_offset" in kinds
+
+
+def test_physical_offset_field_changed_disables_the_shortcut_same_findings(store, monkeypatch):
+    flip(store / "commitlog" / f"{0:020d}", 4 + 4 + 4 + 4 + 4 + 8 + 7, 0x08)  # first record's PHYSICALOFFSET
+    rep = _same_as_plain(store, monkeypatch)
+    assert any(x["kind"] == "physical_offset_mismatch" for x in rep["findings"])
+
+
+def _last_cq_file(root: Path) -> Path:
+    return sorted((root / "consumequeue" / "OrderEvents" / "0").iterdir())[-1]
+
+
+def test_valid_unit_after_zeros_in_the_last_cq_file_is_still_seen(store, monkeypatch):
+    f = _last_cq_file(store)
+    data = bytearray(f.read_bytes())
+    data[-20:] = make_units([5], [100], [0]).astype(CQ_DTYPE).tobytes()  # a stray unit in the last slot
+    f.write_bytes(bytes(data))
+    rep = _same_as_plain(store, monkeypatch)
+    assert any(x["kind"] == "cq_entry_missing" for x in rep["findings"])
+
+
+def test_sparse_and_all_zero_cq_files_same_findings(store, monkeypatch):
+    f = _last_cq_file(store)
+    size = f.stat().st_size
+    data = f.read_bytes()
+    keep = len(data.rstrip(b"\0"))
+    with open(f, "wb") as out:  # the same content with the zero tail as a hole
+        out.write(data[:keep])
+        out.truncate(size)
+    one = sorted((store / "consumequeue" / "PaymentNotify" / "0").iterdir())
+    for p in one[1:]:
+        p.unlink()
+    one[0].write_bytes(bytes(one[0].stat().st_size))  # the queue's only file: all zeros
+    _same_as_plain(store, monkeypatch)
+
+
+def _sparse(path: Path, size: int, writes: dict[int, bytes]) -> memoryview:
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for off, b in writes.items():
+            f.seek(off)
+            f.write(b)
+    return memoryview(path.read_bytes())
+
+
+def test_zero_tail_reads_holes_as_zeros_and_finds_bytes_after_them(tmp_path):
+    p = tmp_path / "seg"
+    view = _sparse(p, 8 << 20, {100: b"\x01", (5 << 20) + 3: b"\x07"})
+    for path in (str(p), None):
+        assert not _zero_tail(view, 0, path=path)
+        assert not _zero_tail(view, 101, path=path)
+        assert not _zero_tail(view, (5 << 20) + 3, path=path)
+        assert _zero_tail(view, (5 << 20) + 4, path=path)
+    assert _zero_tail(memoryview(b""), 0, path=None)
+
+
+def test_data_ranges_hold_every_non_zero_byte(tmp_path):
+    rng = np.random.default_rng(3)
+    offs = sorted(int(x) for x in rng.integers(0, 16 << 20, 12))
+    p = tmp_path / "f"
+    view = _sparse(p, 16 << 20, {o: b"\xff" for o in offs})
+    ranges = _data_ranges(str(p), 0, len(view))
+    assert all(any(a <= o < b for a, b in ranges) for o in offs)
+    assert _data_ranges(str(p), 5, 5) == []
+    assert _data_ranges(None, 3, 9) == [(3, 9)]
+    assert _data_ranges(str(tmp_path / "missing"), 0, 10) == [(0, 10)]
+
+
+def test_units_before_invalid_tail_keeps_every_unit_with_a_size(tmp_path):
+    u = np.zeros(1000, CQ_DTYPE)
+    assert _units_before_invalid_tail(u, None) == 0
+    u[:10] = make_units(np.arange(10) * 100, [100] * 10, [0] * 10)
+    assert _units_before_invalid_tail(u, None) == 10
+    u[700] = make_units([-1], [3], [0])[0]  # invalid (negative offset) but has a size: kept
+    assert _units_before_invalid_tail(u, None) == 701
+    u[900] = make_units([77], [0], [9])[0]  # no size: part of the invalid tail
+    assert _units_before_invalid_tail(u, None) == 701
+    p = tmp_path / "cq"
+    with open(p, "wb") as f:
+        f.write(u[:701].tobytes())
+        f.truncate(len(u) * 20)
+    mapped = np.frombuffer(p.read_bytes(), CQ_DTYPE)
+    assert _units_before_invalid_tail(mapped, str(p)) == 701
+
+
+def test_queue_group_order_equals_the_stable_sort_of_the_codes():
+    rng = np.random.default_rng(11)
+    for n_topics, qids in ((5, (0, 8)), (300, (0, 16)), (3, (-2, 4)), (2, (0, 70000))):
+        t = rng.integers(0, n_topics, 20000).astype(np.int64)
+        q = rng.integers(qids[0], qids[1], 20000).astype(np.int32)
+        code = (t << 32) | (q.astype(np.int64) & 0xFFFFFFFF)
+        assert np.array_equal(_queue_group_order(code, t, q, n_topics), np.argsort(code, kind="stable"))
+
+
+def test_hole_probe_needs_no_seek_data(tmp_path, monkeypatch):
+    p = tmp_path / "f"
+    view = _sparse(p, 1 << 20, {9: b"\x01"})
+    monkeypatch.delattr(os, "SEEK_DATA")
+    assert _data_ranges(str(p), 0, len(view)) == [(0, len(view))]
+    assert not _zero_tail(view, 0, path=str(p))
