@@ -48,7 +48,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from storelib.brokerconf import BrokerSettings
@@ -60,6 +59,7 @@ from storelib.dispatch import dispatch_store, index_geometry
 from storelib.errors import StoreError
 from storelib.indexfile import (
     ENTRY_DTYPE,
+    ChainRun,
     IndexGeometry,
     IndexHeader,
     IndexImage,
@@ -68,6 +68,8 @@ from storelib.indexfile import (
     index_file_name,
     index_key_rows,
     list_index_files,
+    local_chains,
+    stream_index_file,
 )
 from storelib.javahash import java_hash_array
 from storelib.publish import (
@@ -286,6 +288,37 @@ def write_index_image(image: IndexImage, loc: Location) -> None:
         loc.fs.delete_file(tmp)
 
 
+def write_index_runs(runs: list[ChainRun], loc: Location, geometry: IndexGeometry,
+                     prev_state: IndexState | None) -> tuple[IndexHeader, str]:
+    """Stream one index file from its runs (storelib.indexfile.stream_index_file) to a temp file beside
+    ``loc``, then rename it; returns (header, sha256). Local files get a sparse zero tail and an fsync."""
+    if loc.local:
+        d = os.path.dirname(loc.path)
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-index-", dir=d)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                res = stream_index_file(runs, fh, geometry=geometry, prev_state=prev_state, sparse_tail=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, loc.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return res
+    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
+    tmp = loc.path + f".{uuid.uuid4().hex[:8]}.tmp"
+    with loc.fs.open_output_stream(tmp) as f:
+        res = stream_index_file(runs, f, geometry=geometry, prev_state=prev_state)
+    try:
+        loc.fs.move(tmp, loc.path)
+    except (OSError, NotImplementedError, pa.ArrowException):
+        pafs.copy_files(tmp, loc.path, source_filesystem=loc.fs, destination_filesystem=loc.fs)
+        loc.fs.delete_file(tmp)
+    return res
+
+
 def _full_state(geometry: IndexGeometry, end_phy: int, end_ts: int) -> IndexState:
     """A stand-in for a previous, full index file: what build_index_files needs to start the next one
     (its end offset/time for the first entry's timeDiff and the duplicate test; no entries are read)."""
@@ -301,12 +334,14 @@ def _full_state(geometry: IndexGeometry, end_phy: int, end_ts: int) -> IndexStat
 WORK = "_work"  # intermediate files inside staging (removed before publishing)
 
 
-def _queue_partition(table: pa.Table, parts: int) -> np.ndarray:
-    """Deterministic partition of each CQ row by (topic, queue id) (Java hash; the same on every worker)."""
-    topic = table.column("topic").combine_chunks()
-    h = java_hash_array(topic).astype(np.int64)
-    q = np.asarray(table.column("queue_id")).astype(np.int64)
-    return ((h * 31 + q) % parts + parts) % parts
+def _queue_partition(table: pa.Table, parts: int) -> tuple[np.ndarray, list[str]]:
+    """Deterministic partition of each CQ row by (topic, queue id) (Java hash; the same on every worker),
+    and the distinct topics. Each distinct topic is hashed once."""
+    enc = table.column("topic").combine_chunks().dictionary_encode()
+    th = java_hash_array(enc.dictionary).astype(np.int64)
+    h = th[np.asarray(enc.indices)]
+    q = np.asarray(table.column("queue_id").combine_chunks()).astype(np.int64)
+    return ((h * 31 + q) % parts + parts) % parts, enc.dictionary.to_pylist()
 
 
 def _write_ipc(loc: Location, table: pa.Table) -> None:
@@ -372,23 +407,26 @@ def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> dict[str, Any
         if len(keep) < t.num_rows:
             t = t.take(pa.array(keep))
         cq_rows = t.num_rows
-        topics = pc.unique(t.column("topic")).to_pylist()
         if cq_rows:
             P = ctx["parts"]
-            part = _queue_partition(t, P)
-            order = np.argsort(part, kind="stable")
+            part, topics = _queue_partition(t, P)
+            order = np.argsort(part.astype(np.int16 if P < 2**15 else np.int64), kind="stable")  # radix sort
             sp = part[order]
+            t = t.take(pa.array(order))  # rows grouped by partition, dispatch order kept within each
             cuts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1], True])
             for a, b in zip(cuts[:-1], cuts[1:]):
                 p = int(sp[a])
-                _write_ipc(_cq_part(staging, idx, p), t.take(pa.array(order[a:b])))
+                _write_ipc(_cq_part(staging, idx, p), t.slice(int(a), int(b - a)))
                 parts.append(p)
-    h = np.concatenate(hs).astype(np.int32) if hs else np.zeros(0, np.int32)
-    p_ = np.concatenate(ps).astype(np.int64) if ps else np.zeros(0, np.int64)
-    tsa = np.concatenate(ts).astype(np.int64) if ts else np.zeros(0, np.int64)
-    ra = np.concatenate(rs).astype(np.int64) if rs else np.zeros(0, np.int64)
+    h = np.concatenate(hs, dtype=np.int32) if hs else np.zeros(0, np.int32)
+    p_ = np.concatenate(ps, dtype=np.int64) if ps else np.zeros(0, np.int64)
+    tsa = np.concatenate(ts, dtype=np.int64) if ts else np.zeros(0, np.int64)
+    ra = np.concatenate(rs, dtype=np.int32) if rs else np.zeros(0, np.int32)
     if ctx["do_index"] and len(h):
-        _write_ipc(_keys_file(staging, idx), pa.table({"h": h, "p": p_, "t": tsa, "r": ra}))
+        # the segment's slot chains with local numbers: the index-file task only links them up
+        q, e = local_chains(h, ctx["geometry"].hash_slot_num)
+        _write_ipc(_keys_file(staging, idx), pa.table({"h": h, "p": p_, "t": tsa, "r": ra,
+                                                       "q": q, "e": e}))
     mono = bool(len(p_) < 2 or np.all(p_[1:] >= np.maximum.accumulate(p_)[:-1]))
     return {
         "idx": idx, "end": ends[0], "rows": rows, "cq_rows": cq_rows, "n_keys": len(h), "topics": topics,
@@ -409,10 +447,18 @@ def _kept(keys: tuple, m_before: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return h[idx], p[idx], t[idx], r[idx]
 
 
-def _load_keys(ctx: dict[str, Any], idx: int, m_before: dict[int, int] | None) -> tuple:
+def _load_keys(ctx: dict[str, Any], idx: int, m_before: dict[int, int] | None, *, runs: bool = False) -> tuple:
+    """(hash, phy, time, record row) of a segment's indexed keys; with ``runs`` also its ChainRun when
+    its precomputed chains still hold (every key kept), else None."""
     tb = _read_ipc(_keys_file(ctx["staging"], idx))
     keys = tuple(np.asarray(tb.column(c)) for c in ("h", "p", "t", "r"))
-    return keys if m_before is None else _kept(keys, m_before[idx])
+    if m_before is not None:
+        keys = _kept(keys, m_before[idx])
+    if not runs:
+        return keys
+    whole = len(keys[0]) == tb.num_rows
+    run = ChainRun(*keys[:3], np.asarray(tb.column("q")), np.asarray(tb.column("e"))) if whole else None
+    return keys, run
 
 
 def count_kept(ctx: dict[str, Any], m_before: dict[int, int], idx: int) -> tuple[int, int, int, tuple[int, int] | None]:
@@ -460,41 +506,28 @@ def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, in
     """Build and write index file ``f``: keys ``[f*E, (f+1)*E)`` in global order, read from the segments
     that hold them, continuing from the previous file's last key (entry 1's timeDiff)."""
     lo, hi = f * E, (f + 1) * E
-    parts_h, parts_p, parts_t = [], [], []
+    g: IndexGeometry = ctx["geometry"]
+    runs: list[ChainRun] = []
     prev = None
     for idx in sorted(offsets):
         o, c = offsets[idx], counts[idx]
         if c == 0 or o + c <= lo - 1 or o >= hi:
             continue
-        h, p, t, _ = _load_keys(ctx, idx, m_before)
+        (h, p, t, _), run = _load_keys(ctx, idx, m_before, runs=True)
         a, b = max(lo, o) - o, min(hi, o + c) - o
         if b > a:
-            parts_h.append(h[a:b])
-            parts_p.append(p[a:b])
-            parts_t.append(t[a:b])
+            if run is None or b - a < c:  # filtered or cut by a file boundary: chains of the slice
+                run = ChainRun.of(h[a:b], p[a:b], t[a:b], g.hash_slot_num)
+            runs.append(run)
         if f > 0 and o <= lo - 1 < o + c:
             prev = (int(p[lo - 1 - o]), int(t[lo - 1 - o]))
-    key_rows = {"key_hash": np.concatenate(parts_h), "phy_offset": np.concatenate(parts_p),
-                "store_timestamp": np.concatenate(parts_t)}
-    g: IndexGeometry = ctx["geometry"]
     if f > 0 and prev is None:
         raise StoreError("index", None, "internal", f"index file {f}: previous file's last key is missing")
     state = _full_state(g, prev[0], prev[1]) if prev is not None else None
-    images = build_index_files(key_rows, geometry=g, prev_state=state, emit_empty=False, trailing_dispatch=False,
-                               empty_index_count=ctx["empty_index_count"], name_tz=None)
-    if len(images) != 1:
-        raise StoreError("index", None, "internal", f"index file {f}: built {len(images)} images")
-    im = images[0]
-    im.name = names[f]
-    loc = ctx["staging"].join("index", im.name)
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as ex:  # hash the image while it is written (hashlib releases the GIL)
-        digest = ex.submit(im.sha256)
-        write_index_image(im, loc)
-        h = digest.result()
-    return {"file": f, "rel": f"index/{im.name}", "size": im.geometry.file_size, "sha256": h,
-            "keys": len(key_rows["key_hash"])}
+    name = names[f]
+    _, digest = write_index_runs(runs, ctx["staging"].join("index", name), g, state)
+    return {"file": f, "rel": f"index/{name}", "size": g.file_size, "sha256": digest,
+            "keys": sum(len(r) for r in runs)}
 
 
 
@@ -624,7 +657,9 @@ def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, 
                           checkpoint=Checkpoint())
     plan = plan_recovery(inputs, store.commitlog.segments)
     tasks = plan.tasks
-    P = partitions or max(2, sc.defaultParallelism * 2)
+    # one consume-queue partition per core: they run beside the index-file task(s), and a task costs
+    # tens of ms of scheduling here, more than finer balancing gains
+    P = partitions or max(1, sc.defaultParallelism)
     do_index = "index" in what and bool(settings.message_index_enable)
     g = index_geometry(settings)
     ctx = {"plan": plan, "fs_options": fs_options, "delay_levels": list(settings.delay_levels_ms),
@@ -638,6 +673,8 @@ def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, 
         seg = plan.segments[t.index]
         uri = seg.loc.path if seg.loc.local else f"{seg.loc.fs.type_name}://{seg.loc.path}"
         items.append((t.index, Split(seg.base, seg.name, uri, t.start, seg.file_size, seg.file_size), t.crc))
+    # longest first (segments scanned with CRC checks, then the biggest): the stage ends evenly
+    items.sort(key=lambda it: (not it[2], -it[1].file_size, it[0]))
     say(f"phase A: parsing {len(items)} segment(s) on executors")
     try:
         with _task_progress(sc, say, "phase A: segments", len(items)):

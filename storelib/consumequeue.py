@@ -719,6 +719,20 @@ class _Machine:
         return QueueState(self.max_phy, self.last_base, self.wpos, self.first_create, self.min_logic, backing)
 
 
+def _group_order(tidx: np.ndarray, qu: np.ndarray, code: np.ndarray) -> np.ndarray:
+    """The stable order of rows by ``code`` = (topic index << 32) | unsigned queue id.
+
+    With few (topic, queue) combinations the rank-preserving dense key fits 16 bits, which numpy sorts
+    stably by radix (linear) instead of the merge sort of int64 keys: ~10x faster on millions of rows.
+    """
+    if len(code):
+        q0 = int(qu.min())
+        span = int(qu.max()) - q0 + 1
+        if (int(tidx.max()) + 1) * span <= 1 << 16:
+            return np.argsort((tidx * span + (qu - q0)).astype(np.uint16), kind="stable")
+    return np.argsort(code, kind="stable")
+
+
 def build_consume_queues(records: pa.Table | pa.RecordBatch, *, segment_size: int = DEFAULT_CQ_SEGMENT_SIZE,
                          state: Mapping[tuple[str, int], QueueState] | None = None,
                          ) -> dict[tuple[str, int], QueueImage]:
@@ -745,8 +759,9 @@ def build_consume_queues(records: pa.Table | pa.RecordBatch, *, segment_size: in
     tidx = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     names = enc.dictionary.to_pylist()
     Q = _np(cols["queue_id"], np.int64)
-    code = (tidx << 32) | ((Q if every else Q[keep]) & 0xFFFFFFFF)
-    order = np.argsort(code, kind="stable")
+    qu = (Q if every else Q[keep]) & 0xFFFFFFFF
+    code = (tidx << 32) | qu
+    order = _group_order(tidx, qu, code)
     code_s = code[order]
     rows_s = order if every else keep[order]  # one gather per column: input rows in queue order
     P = _np(cols["physical_offset_field"], np.int64)[rows_s]
