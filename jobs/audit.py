@@ -411,8 +411,10 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     try:
         preload = None
         if pre_pool is not None:
-            preload = {"index": pre_pool.submit(load_index_files, store.loc, settings),
-                       "cq": pre_pool.submit(load_consume_queues, store.loc, settings, store.commitlog.min_offset)}
+            # the consume queues first: the queue checks that need them come first on the main check thread,
+            # while the index thread can wait for the rest of the index validation
+            preload = {"cq": pre_pool.submit(load_consume_queues, store.loc, settings, store.commitlog.min_offset),
+                       "index": pre_pool.submit(load_index_files, store.loc, settings)}
         t1 = time.monotonic()
         fresh = run_segments(tasks, opts, engine, spark, quiet, store=store, split_bytes=split_bytes,
                              work_dir=work_dir, transfer=transfer)
@@ -528,12 +530,12 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, n
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-check") as pool:
             f_idx = pool.submit(index)
             f_cfg = pool.submit(check_configs, root, c_cfg)
-            f_charts = pool.submit(report_charts, log)  # reads only record columns: after the configs
             facts = check_queue_offsets(log, c_qo)
             qstats = check_consume_queues(root, log, settings, c_cq, facts,
                                           pre["cq"].result() if "cq" in pre else None)
+            charts = report_charts(log)  # while the index thread finishes
             qstats.pop("__reput_from__", None)
-            idx, loaded, charts = f_idx.result(), f_cfg.result(), f_charts.result()
+            idx, loaded = f_idx.result(), f_cfg.result()
         report_abort(abort, idx, c_ab)
         for c in (c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
             out.absorb(c)
