@@ -17,7 +17,6 @@ lost (corrupt region, missing segment) counts against that region instead of rai
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 import uuid
@@ -29,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.bytesource import LocalSource, Location, open_source, resolve
+from storelib.bytesource import LocalSource, Location, data_ranges, open_source, resolve
 from storelib.errors import Finding, StoreError
 from storelib.publish import atomic_local_file
 from storelib.record import INNER_BATCH_FLAG
@@ -289,44 +288,7 @@ def _zero_tail(view: memoryview, start: int, chunk: int = 64 << 20, path: str | 
     so most of a young last segment is one hole) read as zeros by definition and are not touched, which
     saves faulting in and scanning up to a whole segment of zero pages."""
     a = np.frombuffer(view, dtype=np.uint8)
-    return not any(_nonzero_in(a, lo, hi, chunk) for lo, hi in _data_ranges(path, start, len(view)))
-
-
-_MAX_DATA_RANGES = 4096  # a file fragmented beyond this is scanned whole from the last range found
-
-
-def _data_ranges(path: str | None, lo: int, hi: int) -> list[tuple[int, int]]:
-    """The parts of ``[lo, hi)`` of file ``path`` that are not holes (where a non-zero byte can be);
-    ``[(lo, hi)]`` when there is no path or the filesystem cannot say."""
-    if path is None or lo >= hi or not hasattr(os, "SEEK_DATA"):
-        return [(lo, hi)] if lo < hi else []
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return [(lo, hi)]
-    out: list[tuple[int, int]] = []
-    try:
-        pos = lo
-        while pos < hi:
-            if len(out) >= _MAX_DATA_RANGES:
-                out.append((pos, hi))
-                break
-            try:
-                d = os.lseek(fd, pos, os.SEEK_DATA)
-            except OSError as e:
-                if e.errno == errno.ENXIO:  # no data at or after pos
-                    break
-                return [(lo, hi)]
-            if d >= hi:
-                break
-            h = os.lseek(fd, d, os.SEEK_HOLE)
-            out.append((d, min(h, hi)))
-            pos = h
-    except OSError:
-        return [(lo, hi)]
-    finally:
-        os.close(fd)
-    return out
+    return not any(_nonzero_in(a, lo, hi, chunk) for lo, hi in data_ranges(path, start, len(view)))
 
 
 def _nonzero_in(a: np.ndarray, lo: int, hi: int, chunk: int) -> bool:
@@ -834,11 +796,11 @@ def load_consume_queues(root: Location, settings: Any, log_min: int) -> CQLoad:
 def _units_before_invalid_tail(units: np.ndarray, path: str | None) -> int:
     """How many of a CQ file's units come before its trailing units whose size field is zero (invalid:
     a unit is valid only with size > 0). ``path``: the file when local; units in its holes (a
-    preallocated file is sparse) are zeros without being read (:func:`_data_ranges`)."""
+    preallocated file is sparse) are zeros without being read (:func:`storelib.bytesource.data_ranges`)."""
     from storelib.consumequeue import CQ_UNIT_SIZE
 
     n = len(units)
-    ranges = _data_ranges(path, 0, n * CQ_UNIT_SIZE)
+    ranges = data_ranges(path, 0, n * CQ_UNIT_SIZE)
     if not ranges:
         return 0
     n = min(n, -(-ranges[-1][1] // CQ_UNIT_SIZE))
@@ -1128,13 +1090,19 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
             out.add(_index_open_error(display, e))
             continue
         try:
-            ent = np.array(f.entries_array())
+            ent = f.entries_array()
+            # the three columns used, in native byte order (copies: the mapping is closed below)
+            e_phy = ent["phy_offset"].astype(np.int64)
+            e_kh = ent["key_hash"].astype(np.int64)
+            e_prev = ent["prev_index"].astype(np.int64)
+            m = len(ent)
+            del ent
         finally:
             f.close()
-        info["files"].append({"name": ref.name, "entries": len(ent), "begin_ts": h.begin_timestamp,
+        info["files"].append({"name": ref.name, "entries": m, "begin_ts": h.begin_timestamp,
                               "end_ts": h.end_timestamp, "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset})
-        if len(ent):
-            max_end_phy = max(max_end_phy, int(ent["phy_offset"].max()))
+        if m:
+            max_end_phy = max(max_end_phy, int(e_phy.max()))
         if idx_ts is not None and h.end_timestamp > idx_ts:
             info.setdefault("deleted_on_abnormal_start", []).append(ref.name)
             out.add(Finding("index_deleted_on_abnormal_start", "info", display, 8,
@@ -1143,9 +1111,6 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
                                "from the recovery start segment" if abort else
                                "an abnormal start (abort file) would delete this file"),
                             {"end_timestamp": h.end_timestamp, "index_msg_timestamp": idx_ts}))
-        m = len(ent)
-        e_phy = ent["phy_offset"].astype(np.int64)
-        e_kh = ent["key_hash"].astype(np.int64)
         e_n = np.arange(1, m + 1)
         consequences: list[str] = []
         if keys.next_are(e_phy, e_kh):
@@ -1205,7 +1170,7 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
             exp_prev[1:][sk[1:] != sk[:-1]] = 0  # the first entry of its slot has no previous one
             order = n_s
             order -= 1
-            got = ent["prev_index"][order]
+            got = e_prev[order]
             brk = np.flatnonzero(exp_prev != got)
             if len(brk):
                 k = int(order[brk[0]])

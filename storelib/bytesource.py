@@ -19,6 +19,7 @@ flags ``--s3-endpoint``/``--s3-region`` and the Spark data source options fill i
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -96,6 +97,49 @@ class LocalSource:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+MAX_DATA_RANGES = 4096  # a file fragmented beyond this is treated as data from the last range found on
+
+
+def data_ranges(path: str | None, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of ``[lo, hi)`` of local file ``path`` that are not holes (``SEEK_DATA``/``SEEK_HOLE``).
+
+    Holes read as zeros by definition, so a scan for non-zero bytes (a preallocated segment's, CQ or index
+    file's unwritten tail, usually sparse) need not fault them in. ``[(lo, hi)]`` when there is no path or
+    the filesystem cannot say; ``[]`` when the range is empty or all holes.
+    """
+    if lo >= hi:
+        return []
+    if path is None or not hasattr(os, "SEEK_DATA"):
+        return [(lo, hi)]
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return [(lo, hi)]
+    out: list[tuple[int, int]] = []
+    try:
+        pos = lo
+        while pos < hi:
+            if len(out) >= MAX_DATA_RANGES:
+                out.append((pos, hi))
+                break
+            try:
+                d = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # no data at or after pos
+                    break
+                return [(lo, hi)]
+            if d >= hi:
+                break
+            h = os.lseek(fd, d, os.SEEK_HOLE)
+            out.append((d, min(h, hi)))
+            pos = h
+    except OSError:
+        return [(lo, hi)]
+    finally:
+        os.close(fd)
+    return out
 
 
 class ArrowFileSource:

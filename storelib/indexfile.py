@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from .bytesource import ByteSource, Location, open_source, resolve
+from .bytesource import ByteSource, LocalSource, Location, data_ranges, open_source, resolve
 from .errors import Finding, StoreError
 from .javahash import index_hash, java_hashes, java_hashes_repeated, topic_key_hashes
 
@@ -523,6 +523,9 @@ class IndexFile:
 
         if check_tail:
             pos = ic
+            if isinstance(self.source, LocalSource):  # a hole (sparse file) reads as zeros: start after it
+                data = data_ranges(self.source.path, g.entry_pos(ic), g.entry_pos(g.index_num))
+                pos = max(ic, (data[0][0] - g.entry_pos(0)) // ENTRY_SIZE) if data else g.index_num
             while pos < g.index_num:
                 stop = min(g.index_num, pos + chunk_entries)
                 raw = np.frombuffer(self._read(g.entry_pos(pos), ENTRY_SIZE * (stop - pos)), dtype=np.uint8)

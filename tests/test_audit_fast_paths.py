@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import jobs.audit_checks as checks
-from jobs.audit_checks import _data_ranges, _queue_group_order, _units_before_invalid_tail, _zero_tail
+from jobs.audit_checks import _queue_group_order, _units_before_invalid_tail, _zero_tail
+from storelib.bytesource import data_ranges
 from storelib.consumequeue import CQ_DTYPE, make_units
 
 from .test_audit import _comparable, flip, run, store_fixtures
@@ -138,11 +139,11 @@ def test_data_ranges_hold_every_non_zero_byte(tmp_path):
     offs = sorted(int(x) for x in rng.integers(0, 16 << 20, 12))
     p = tmp_path / "f"
     view = _sparse(p, 16 << 20, {o: b"\xff" for o in offs})
-    ranges = _data_ranges(str(p), 0, len(view))
+    ranges = data_ranges(str(p), 0, len(view))
     assert all(any(a <= o < b for a, b in ranges) for o in offs)
-    assert _data_ranges(str(p), 5, 5) == []
-    assert _data_ranges(None, 3, 9) == [(3, 9)]
-    assert _data_ranges(str(tmp_path / "missing"), 0, 10) == [(0, 10)]
+    assert data_ranges(str(p), 5, 5) == []
+    assert data_ranges(None, 3, 9) == [(3, 9)]
+    assert data_ranges(str(tmp_path / "missing"), 0, 10) == [(0, 10)]
 
 
 def test_units_before_invalid_tail_keeps_every_unit_with_a_size(tmp_path):
@@ -171,9 +172,28 @@ def test_queue_group_order_equals_the_stable_sort_of_the_codes():
         assert np.array_equal(_queue_group_order(code, t, q, n_topics), np.argsort(code, kind="stable"))
 
 
+def test_index_validation_sees_a_stray_entry_after_a_hole(store):
+    from storelib.indexfile import IndexFile, IndexGeometry
+
+    g = IndexGeometry(64, 200)
+    f = _index_files(store)[-1]
+    with IndexFile.open(str(f), g, strict=False) as idx:
+        used = g.entry_pos(idx.index_count)
+        assert [x.kind for x in idx.validate()] == []
+    data = f.read_bytes()
+    stray = g.entry_pos(170) + 6
+    for content in (data[:used], data[:used] + bytes(stray - used) + b"\x09"):
+        with open(f, "wb") as out:  # the unused entries as a hole (and a byte after it)
+            out.write(content)
+            out.truncate(len(data))
+        with IndexFile.open(str(f), g, strict=False) as idx:
+            found = [(x.kind, x.offset) for x in idx.validate()]
+        assert found == ([] if len(content) == used else [("data_beyond_index_count", g.entry_pos(170))])
+
+
 def test_hole_probe_needs_no_seek_data(tmp_path, monkeypatch):
     p = tmp_path / "f"
     view = _sparse(p, 1 << 20, {9: b"\x01"})
     monkeypatch.delattr(os, "SEEK_DATA")
-    assert _data_ranges(str(p), 0, len(view)) == [(0, len(view))]
+    assert data_ranges(str(p), 0, len(view)) == [(0, len(view))]
     assert not _zero_tail(view, 0, path=str(p))
