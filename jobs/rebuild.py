@@ -328,6 +328,40 @@ def _full_state(geometry: IndexGeometry, end_phy: int, end_ts: int) -> IndexStat
 
 
 # ---------------------------------------------------------------------------------------------
+# process memory
+
+
+MALLOC_KEEP = 512 << 20  # bytes of freed memory a rebuild process keeps for reuse (and the largest heap block)
+_malloc_kept = False
+
+
+def keep_freed_memory() -> None:
+    """Let glibc's malloc serve blocks up to MALLOC_KEEP from the heap and keep that much freed memory.
+
+    By default every array above 32 MB is a fresh mmap and is unmapped when freed: the next task (a
+    reused Spark worker) or the next dispatch chunk faults in and zeroes new pages again, and with the
+    page cache full of store files each fault can wait on reclaim. Kept in the heap, the memory is
+    reused: on the 2 GB bench store the consume-queue tasks took 0.45 CPU-s instead of 0.62 and the
+    local engine 9.2-10.0 s instead of 10.2-11.0 s. Once per process; MALLOC_MMAP_THRESHOLD_ /
+    MALLOC_TRIM_THRESHOLD_ in the environment (the user's choice) win; no-op without glibc.
+    """
+    global _malloc_kept
+    if _malloc_kept:
+        return
+    _malloc_kept = True
+    if sys.platform != "linux" or "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, MALLOC_KEEP)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, MALLOC_KEEP)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
 # the Spark engine: executor-side functions (module level so that they pickle by reference)
 
 
@@ -371,6 +405,7 @@ def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> dict[str, Any
     """Parse one segment (the walk's view of it): CQ rows per queue partition and the index keys go to
     files under staging/_work; returns the segment's small summary (its scan end, counts, key stats)."""
     idx, split, crc = item
+    keep_freed_memory()
     loc = resolve(split.uri, **ctx["fs_options"])
     plan: WalkPlan = ctx["plan"]
     staging: Location = ctx["staging"]
@@ -534,6 +569,7 @@ def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, in
 def phase_bc(ctx: dict[str, Any], index_args: tuple | None, item: tuple[str, Any]) -> tuple[str, dict[str, Any]]:
     """One task of the combined phase B/C job: a consume-queue partition or an index file."""
     kind, arg = item
+    keep_freed_memory()
     t0 = time.monotonic()
     if kind == "cq":
         res = phase_b(ctx, arg)
@@ -567,6 +603,7 @@ def _check_supported(res: RecoveryResult) -> None:
 
 def run_local(store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...], say: Reporter,
               name_tz: str = "UTC") -> EngineResult:
+    keep_freed_memory()
     say("walk: recovery window (store-algorithms §7.1)")
     res = rebuild_target(store, version=settings.version)
     _check_supported(res)
@@ -881,6 +918,7 @@ def run_incremental(store: Store, settings: BrokerSettings, staging: Location, w
                     say: Reporter, name_tz: str = "UTC") -> tuple[EngineResult, list[str]]:
     if not store.local:
         raise StoreError(store.uri, None, "unsupported", "--incremental needs a local store")
+    keep_freed_memory()
     inputs = store_inputs(store, version=settings.version, last_exit_ok=True)
     res = recovery_walk(store, inputs)
     _check_supported(res)
