@@ -411,10 +411,10 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     try:
         preload = None
         if pre_pool is not None:
-            # the consume queues first: the queue checks that need them come first on the main check thread,
-            # while the index thread can wait for the rest of the index validation
-            preload = {"cq": pre_pool.submit(load_consume_queues, store.loc, settings, store.commitlog.min_offset),
-                       "index": pre_pool.submit(load_index_files, store.loc, settings)}
+            # the index validation first (the longer one: the index checks wait for it); the consume queues
+            # after it, taken over by the queue checks if the preload thread has not started them by then
+            preload = {"index": pre_pool.submit(load_index_files, store.loc, settings),
+                       "cq": pre_pool.submit(load_consume_queues, store.loc, settings, store.commitlog.min_offset)}
         t1 = time.monotonic()
         fresh = run_segments(tasks, opts, engine, spark, quiet, store=store, split_bytes=split_bytes,
                              work_dir=work_dir, transfer=transfer)
@@ -522,26 +522,43 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, n
         abort = check_markers(root, c_mk)
         cp = check_checkpoint(root, log, c_cp, now_ms)
         pre = preload or {}
+        charts_box: list[dict[str, Any]] = []
+        charts_once = threading.Lock()
+
+        def charts_if_first() -> None:  # the report charts on whichever check thread is done first
+            if charts_once.acquire(blocking=False):
+                charts_box.append(report_charts(log))
 
         def index() -> dict:
-            return check_index(root, log, settings, c_idx, cp, abort.exists,
-                               pre["index"].result() if "index" in pre else None)
+            r = check_index(root, log, settings, c_idx, cp, abort.exists,
+                            _preloaded(pre.get("index"), load_index_files, root, settings))
+            charts_if_first()
+            return r
 
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-check") as pool:
             f_idx = pool.submit(index)
             f_cfg = pool.submit(check_configs, root, c_cfg)
             facts = check_queue_offsets(log, c_qo)
             qstats = check_consume_queues(root, log, settings, c_cq, facts,
-                                          pre["cq"].result() if "cq" in pre else None)
-            charts = report_charts(log)  # while the index thread finishes
+                                          _preloaded(pre.get("cq"), load_consume_queues, root, settings, log.log_min))
+            charts_if_first()
             qstats.pop("__reput_from__", None)
             idx, loaded = f_idx.result(), f_cfg.result()
+        charts = charts_box[0]
         report_abort(abort, idx, c_ab)
         for c in (c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
             out.absorb(c)
         consumers = check_consumer_offsets(loaded, qstats, out)
     findings = sorted(out.done(), key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
     return build_report(store, results, log, findings, qstats, consumers, idx, cp, settings, charts)
+
+
+def _preloaded(fut: Future | None, fn, *args):
+    """A preload's result; one the low-priority preload thread has not started yet is cancelled and run
+    here instead, at the caller's priority (it is needed now)."""
+    if fut is None or fut.cancel():
+        return fn(*args)
+    return fut.result()
 
 
 def report_charts(log: LogView) -> dict[str, Any]:
