@@ -597,6 +597,18 @@ def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     return sorted_set[np.minimum(i, len(sorted_set) - 1)] == values
 
 
+def _queue_records_exactly(log: LogView, recs: np.ndarray | None, phy: np.ndarray, qoffs: np.ndarray
+                           ) -> np.ndarray | None:
+    """``recs`` (a queue's dispatchable record rows, commitlog order) when the queue's checked units are
+    exactly those records in order: same count, each unit's phyOffset its record's PHYSICALOFFSET field and
+    its queue offset the record's QUEUEOFFSET. With unique fields that is what :meth:`LogView.lookup_field`
+    finds, and topic, queue, queue offset and transaction type then match by construction. Else None."""
+    if (recs is None or not len(recs) or len(recs) != len(phy) or not log.field_unique
+            or not np.array_equal(log.qoff[recs], qoffs) or not np.array_equal(log.field[recs], phy)):
+        return None
+    return recs
+
+
 def _queue_hint(log: LogView, key: tuple[str, int], qoffs: np.ndarray) -> np.ndarray | None:
     """Guessed record rows of a queue's CQ units: its record with the same queue offset (a clean queue
     has exactly one), for :meth:`LogView.lookup_field`."""
@@ -844,7 +856,7 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
         size = u["size"].astype(np.int64)
         valid = (phy >= 0) & (size > 0)
         filler = filler_mask(u) if len(u) else np.zeros(0, bool)
-        last_valid = int(np.flatnonzero(valid)[-1]) if valid.any() else -1
+        last_valid = len(valid) - 1 - int(valid[::-1].argmax()) if valid.any() else -1
         # holes: invalid units before the last valid one
         holes = np.flatnonzero(~valid[: last_valid + 1])
         if len(holes):
@@ -857,7 +869,10 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
                                 "entries; the broker's queue ends here (recovery truncates it, later entries are lost)",
                                 {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "count": ln}))
         chk = np.flatnonzero(valid & ~filler)
-        rows = log.lookup_field(phy[chk], _queue_hint(log, (topic, qid), n[chk]))
+        rows = _queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
+        exact = rows is not None
+        if rows is None:
+            rows = log.lookup_field(phy[chk], _queue_hint(log, (topic, qid), n[chk]))
         tcode = log.topic_code.get(topic, -1)
         miss = rows < 0
         mp = phy[chk][miss]
@@ -882,10 +897,13 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
         r = rows[~miss]
         if len(hit):
             bad_size = log.size[r] != size[hit]
-            bad_topic = (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
-            bad_qo = log.qoff[r] != n[hit]
+            if exact:  # the queue's own dispatchable records, with these queue offsets
+                bad_topic = bad_qo = bad_tran = np.zeros(len(hit), bool)
+            else:
+                bad_topic = (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
+                bad_qo = log.qoff[r] != n[hit]
+                bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
             bad_tags = log.tags[r] != u["tags_code"][hit].astype(np.int64)
-            bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
             bad = bad_size | bad_topic | bad_qo | bad_tags | bad_tran
             for j in np.flatnonzero(bad).tolist():
                 k, rr = int(hit[j]), int(r[j])

@@ -1,7 +1,8 @@
 """The audit's shortcuts for healthy stores give exactly the report of the full comparisons: index files
-whose entries are the log's keys in order skip the per-entry lookups, a consume queue's invalid tail is
-not compared, file holes read as zeros without being scanned, and queue grouping by dense 16-bit codes
-orders rows like the stable sort of the 64-bit codes."""
+whose entries are the log's keys in order skip the per-entry lookups, consume queues whose units are
+exactly their records skip the lookups too, a consume queue's invalid tail is not compared, file holes
+read as zeros without being scanned, and queue grouping by dense 16-bit codes orders rows like the
+stable sort of the 64-bit codes."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def _plain(monkeypatch) -> None:
 
     monkeypatch.setattr(checks._KeySequence, "next_are", never)
     monkeypatch.setattr(checks, "_units_before_invalid_tail", lambda units, path: len(units))
+    monkeypatch.setattr(checks, "_queue_records_exactly", lambda log, recs, phy, qoffs: None)
 
 
 def _same_as_plain(root: Path, monkeypatch) -> dict:
@@ -84,6 +86,32 @@ def test_physical_offset_field_changed_disables_the_shortcut_same_findings(store
     flip(store / "commitlog" / f"{0:020d}", 4 + 4 + 4 + 4 + 4 + 8 + 7, 0x08)  # first record's PHYSICALOFFSET
     rep = _same_as_plain(store, monkeypatch)
     assert any(x["kind"] == "physical_offset_mismatch" for x in rep["findings"])
+
+
+@pytest.mark.parametrize("field_off, mask", [(7, 0x01), (8 + 3, 0x02), (12 + 7, 0x04)])
+def test_cq_unit_with_another_offset_size_or_tags_same_findings_as_lookups(store, monkeypatch, field_off, mask):
+    f = sorted((store / "consumequeue" / "OrderEvents" / "1").iterdir())[0]
+    flip(f, 20 * 9 + field_off, mask)  # unit 9: phyOffset, size or tagsCode
+    rep = _same_as_plain(store, monkeypatch)
+    assert any(x["kind"].startswith("cq_entry") for x in rep["findings"])
+
+
+def test_queue_rows_are_taken_as_is_only_when_units_match_them_exactly(store, monkeypatch):
+    seen: list[bool] = []
+    real = checks._queue_records_exactly
+
+    def spy(log, recs, phy, qoffs):
+        r = real(log, recs, phy, qoffs)
+        seen.append(r is not None)
+        return r
+
+    monkeypatch.setattr(checks, "_queue_records_exactly", spy)
+    run(store)
+    assert len(seen) == 4 and all(seen)
+    seen.clear()
+    flip(sorted((store / "consumequeue" / "OrderEvents" / "0").iterdir())[0], 20 * 4 + 7, 0x01)
+    run(store)
+    assert seen.count(False) == 1
 
 
 def _last_cq_file(root: Path) -> Path:
