@@ -31,14 +31,17 @@ def traffic_series(log: Any, buckets: int = 60) -> dict[str, Any]:
     nb = int((hi - start) // bucket) + 1
     b = ((ts - start) // bucket).astype(np.int64)
     t = log.topic_idx
-    counts = np.bincount(t, minlength=len(log.topic_names)) if len(t) else np.zeros(0, np.int64)
+    counts = np.bincount(t, minlength=len(log.topic_names))
     top = np.argsort(-counts, kind="stable")[:MAX_TOPICS]
+    # one count over (row, bucket) cells: a row per top topic, the last for all other topics
+    row = np.full(len(log.topic_names), len(top), np.int64)
+    row[top] = np.arange(len(top))
+    grid = np.bincount(row[t] * nb + b, minlength=(len(top) + 1) * nb).reshape(len(top) + 1, nb)
     series: dict[str, list[int]] = {}
-    for ti in top.tolist():
-        series[log.topic_names[ti]] = np.bincount(b[t == ti], minlength=nb).tolist()
-    rest = ~np.isin(t, top)
-    if rest.any():
-        series["(other topics)"] = np.bincount(b[rest], minlength=nb).tolist()
+    for i, ti in enumerate(top.tolist()):
+        series[log.topic_names[ti]] = grid[i].tolist()
+    if grid[-1].any():
+        series["(other topics)"] = grid[-1].tolist()
     return {"bucket_ms": int(bucket), "start_ms": int(start), "topics": series}
 
 
@@ -48,9 +51,10 @@ def size_histogram(sizes: np.ndarray) -> dict[str, Any]:
         return {"buckets": []}
     k = np.floor(np.log2(np.maximum(sizes, 1))).astype(np.int64)
     c = np.bincount(k)
+    p50, p99 = np.percentile(sizes, [50, 99])  # one partition for both
     return {"buckets": [{"from": 1 << i, "to": (1 << (i + 1)) - 1, "count": int(n)} for i, n in enumerate(c) if n],
             "min": int(sizes.min()), "max": int(sizes.max()), "mean": float(sizes.mean()),
-            "p50": float(np.percentile(sizes, 50)), "p99": float(np.percentile(sizes, 99))}
+            "p50": float(p50), "p99": float(p99)}
 
 
 def _e(x: Any) -> str:

@@ -225,3 +225,41 @@ def test_hole_probe_needs_no_seek_data(tmp_path, monkeypatch):
     monkeypatch.delattr(os, "SEEK_DATA")
     assert data_ranges(str(p), 0, len(view)) == [(0, len(view))]
     assert not _zero_tail(view, 0, path=str(p))
+
+
+def _traffic_per_topic_masks(log, buckets: int = 60) -> dict:
+    """The straightforward traffic series (a mask per topic), the reference for the one-count version."""
+    from jobs.audit_report import MAX_TOPICS
+
+    ts = log.ts
+    lo, hi = int(ts.min()), int(ts.max())
+    span = max(hi - lo, 1)
+    nice = [1000, 5000, 10_000, 60_000, 300_000, 600_000, 3_600_000, 6 * 3_600_000, 86_400_000, 7 * 86_400_000]
+    bucket = next((b for b in nice if span / b <= buckets), nice[-1] * (span // (nice[-1] * buckets) + 1))
+    start = lo - lo % bucket
+    nb = int((hi - start) // bucket) + 1
+    b = (ts - start) // bucket
+    t = log.topic_idx
+    top = np.argsort(-np.bincount(t, minlength=len(log.topic_names)), kind="stable")[:MAX_TOPICS]
+    series = {log.topic_names[ti]: np.bincount(b[t == ti], minlength=nb).tolist() for ti in top.tolist()}
+    rest = ~np.isin(t, top)
+    if rest.any():
+        series["(other topics)"] = np.bincount(b[rest], minlength=nb).tolist()
+    return {"bucket_ms": int(bucket), "start_ms": int(start), "topics": series}
+
+
+@pytest.mark.parametrize("n_topics", [1, 5, 8, 9, 40])
+def test_traffic_series_and_size_percentiles_equal_the_straightforward_ones(n_topics):
+    from types import SimpleNamespace
+
+    from jobs.audit_report import size_histogram, traffic_series
+
+    rng = np.random.default_rng(n_topics)
+    n = 50_000
+    log = SimpleNamespace(ts=np.sort(rng.integers(1_700_000_000_000, 1_700_000_000_000 + 3_600_000 * 30, n)),
+                          topic_idx=rng.zipf(1.5, n).clip(1, n_topics).astype(np.int64) - 1,
+                          topic_names=[f"T{i}" for i in range(n_topics)])
+    assert traffic_series(log) == _traffic_per_topic_masks(log)
+    sizes = rng.integers(91, 4_000_000, n)
+    h = size_histogram(sizes)
+    assert (h["p50"], h["p99"]) == (float(np.percentile(sizes, 50)), float(np.percentile(sizes, 99)))
