@@ -55,6 +55,7 @@ from storelib.bytesource import Location, open_source, resolve
 from storelib.checkpoint import Checkpoint, read_checkpoint
 from storelib.commitlog import Split
 from storelib.consumequeue import build_consume_queues, safe_topic_dirname, write_consume_queues
+from storelib.direct_write import open_direct
 from storelib.dispatch import dispatch_store, index_geometry
 from storelib.errors import StoreError
 from storelib.indexfile import (
@@ -295,12 +296,15 @@ def write_index_runs(runs: list[ChainRun], loc: Location, geometry: IndexGeometr
     if loc.local:
         d = os.path.dirname(loc.path)
         os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-index-", dir=d)
+        tmp = os.path.join(d, f".tmp-index-{uuid.uuid4().hex[:12]}")
         try:
-            with os.fdopen(fd, "wb") as fh:
-                res = stream_index_file(runs, fh, geometry=geometry, prev_state=prev_state, sparse_tail=True)
-                fh.flush()
-                os.fsync(fh.fileno())
+            fd, fh = open_direct(tmp)  # written once, never read back: past the page cache
+            try:
+                with fh:
+                    res = stream_index_file(runs, fh, geometry=geometry, prev_state=prev_state, sparse_tail=True)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, loc.path)
         except BaseException:
             with contextlib.suppress(OSError):

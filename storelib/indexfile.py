@@ -24,7 +24,7 @@ import hashlib
 import os
 import re
 import struct
-import tempfile
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from .bytesource import ByteSource, LocalSource, Location, data_ranges, open_source, resolve
+from .direct_write import open_direct
 from .errors import Finding, StoreError
 from .javahash import index_hash, java_hashes, java_hashes_repeated, topic_key_hashes
 
@@ -771,16 +772,19 @@ class IndexImage:
         path = os.fspath(path)
         g = self.geometry
         d = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-index-", dir=d)
+        tmp = os.path.join(d, f".tmp-index-{uuid.uuid4().hex[:12]}")
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(self.header.to_bytes())
-                fh.write(np.asarray(self.slots, dtype=">i4").tobytes())
-                fh.seek(g.entry_pos(1))
-                fh.write(_entry_bytes(self.entries))
-                fh.truncate(g.file_size)
-                fh.flush()
-                os.fsync(fh.fileno())
+            fd, fh = open_direct(tmp)  # written once, never read back: past the page cache
+            try:
+                with fh:
+                    fh.write(self.header.to_bytes())
+                    fh.write(np.asarray(self.slots, dtype=">i4").tobytes())
+                    fh.write(bytes(ENTRY_SIZE))  # entry 0
+                    fh.write(_entry_bytes(self.entries))
+                    fh.truncate(g.file_size)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
