@@ -54,7 +54,14 @@ from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import Location, open_source, resolve
 from storelib.checkpoint import Checkpoint, read_checkpoint
 from storelib.commitlog import Split
-from storelib.consumequeue import build_consume_queues, safe_topic_dirname, write_consume_queues
+from storelib.consumequeue import (
+    CQ_DTYPE,
+    QueueImage,
+    build_consume_queues,
+    safe_topic_dirname,
+    write_consume_queues,
+)
+from storelib.consumequeue import file_name as cq_file_name
 from storelib.direct_write import open_direct
 from storelib.dispatch import dispatch_store, index_geometry
 from storelib.errors import StoreError
@@ -532,12 +539,46 @@ def phase_b(ctx: dict[str, Any], job: tuple[int, list[int]]) -> dict[str, Any]:
     images = build_consume_queues(table, segment_size=ctx["cq_size"])
     paths = write_consume_queues(images, staging.join("consumequeue"), ctx["cq_size"])
     base = staging.path.rstrip("/") + "/"
-    files = {}
-    for path in paths:
-        rel = path[len(base):]
-        h, n = _sha256(staging.join(*rel.split("/")))
-        files[rel] = {"size": n, "sha256": h}
+    files = _fresh_queue_hashes(images, ctx["cq_size"])
+    if files is None or sorted(files) != sorted(path[len(base):] for path in paths):
+        files = {}
+        for path in paths:  # read back what was written
+            rel = path[len(base):]
+            h, n = _sha256(staging.join(*rel.split("/")))
+            files[rel] = {"size": n, "sha256": h}
     return {"queues": len(images), "cq_records": table.num_rows, "files": files}
+
+
+_ZEROS = bytes(1 << 20)
+
+
+def _fresh_queue_hashes(images: dict[tuple[str, int], QueueImage], S: int) -> dict[str, dict[str, Any]] | None:
+    """{relative path: {size, sha256}} of the files write_consume_queues makes for ``images`` in a fresh
+    directory, from memory: each is zeros up to the first unit written, the units, zeros up to S. None
+    when an image continues an existing file (then its bytes are only known on disk)."""
+    zeros = memoryview(_ZEROS)
+
+    def pad(h: Any, n: int) -> None:
+        while n > 0:
+            k = min(n, len(zeros))
+            h.update(zeros[:k])
+            n -= k
+
+    out: dict[str, dict[str, Any]] = {}
+    for (topic, qid), img in images.items():
+        if img.prefix is not None:
+            return None
+        raw = memoryview(np.ascontiguousarray(img.entries, dtype=CQ_DTYPE).view(np.uint8))
+        for b in img.segment_bases:
+            lo, hi = max(b, img.start), min(b + S, img.end)
+            data = raw[max(0, lo - img.start): max(0, hi - img.start)] if hi > lo else raw[:0]
+            pos = lo - b if hi > lo else 0
+            h = hashlib.sha256()
+            pad(h, pos)
+            h.update(data)
+            pad(h, S - pos - len(data))
+            out[f"consumequeue/{topic}/{qid}/{cq_file_name(b)}"] = {"size": S, "sha256": h.hexdigest()}
+    return out
 
 
 def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, int], counts: dict[int, int],
