@@ -7,8 +7,9 @@ with ``--engine spark``, whole segments in-process with ``--engine local``, so b
 same findings. Each Spark task returns its findings and leaves its compact record/key tables as Arrow
 IPC files in a work directory (a temp dir when the executors share the driver's machine, ``local[N]``;
 ``--work-dir DIR|URI`` on a cluster), which the driver memory-maps and removes; without a reachable
-directory the tables come back in-band with ``collect()``. Meanwhile a low-priority driver thread reads
-the consume queues and validates the index files (neither needs the records).
+directory the tables come back in-band with ``collect()``. Meanwhile a low-priority driver thread validates
+the index files, then reads the consume queues (neither needs the records); whatever it has not started
+when the checks need it is run by the checking thread instead.
 
 Phase 2 runs the cross-file checks on the driver over the record tables: the index checks beside the
 queue-offset/consume-queue checks on two threads (their findings merged in a fixed order: the same

@@ -13,6 +13,11 @@ checkpoint against the data, abort/lock markers, config/*.json and consumer offs
 
 Consequences are not reported twice: a CQ or index entry pointing into a region already reported as
 lost (corrupt region, missing segment) counts against that region instead of raising its own finding.
+
+Healthy stores take shortcuts that reach the same conclusions as the full comparisons (the findings are
+identical): index files whose entries are exactly the log's keys in order skip the per-entry lookups
+(:class:`_KeySequence`), a queue whose units are exactly its records skips the lookups and the comparisons
+that hold by construction (:func:`_queue_records_exactly`), and file holes read as zeros unscanned.
 """
 
 from __future__ import annotations
