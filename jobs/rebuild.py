@@ -8,14 +8,19 @@ The target is store-algorithms §7.1: what a broker writes when started on the c
 valid end (processOffset) and which records reput dispatches; then:
 
 * engine ``local``: storelib.dispatch.dispatch_store in this process;
-* engine ``spark``: phase A parses every segment on an executor (one task per segment; inside the
-  recovery window with CRC checks, so the walk itself is distributed) into Arrow columns of what
-  dispatch needs plus the index keys; the driver finishes the walk from the per-segment ends.
-  Phase B shuffles CQ rows by queue and each task runs build_consume_queues for its queues and writes
-  their files. Phase C numbers the index keys globally (prefix sums of per-segment counts), and each
-  index file is built by one task (build_index_files, continuing from the previous file's last
-  entry). Phases B and C are independent and run as one Spark job, index files first, so the
-  consume-queue tasks use the cores an index file leaves free. Both engines produce the same bytes.
+* engine ``spark``: phase A parses every segment on an executor (one task per segment, longest
+  first; inside the recovery window with CRC checks, so the walk itself is distributed) into Arrow
+  columns of what dispatch needs plus the index keys with their slot chains numbered within the
+  segment (storelib.indexfile.local_chains); the driver finishes the walk from the per-segment ends.
+  Phase B shuffles CQ rows by queue (one partition per core) and each task runs build_consume_queues
+  for its queues and writes their files. Phase C numbers the index keys globally (prefix sums of
+  per-segment counts), and each index file is built by one task that links the segments' chains
+  (each segment's oldest key per slot to the slot table left by the segments before it) and streams
+  the file in order, hashing as it writes (storelib.indexfile.stream_index_file; slices cut by a file
+  boundary or the duplicate test get their chains recomputed). Phases B and C are independent and
+  run as one Spark job, index files first, so the consume-queue tasks use the cores an index file
+  leaves free. Both engines produce the same bytes; both keep freed memory in the malloc heap
+  (:func:`keep_freed_memory`) and write index files past the page cache (storelib.direct_write).
 
 Index file names are not derivable (the broker uses the wall clock at creation): the policy is
 ``yyyyMMddHHmmssSSS`` of the file's first entry's store time in UTC (the empty successor of a full
