@@ -417,6 +417,10 @@ def _keys_file(staging: Location, idx: int) -> Location:
     return staging.join(WORK, f"keys-{idx:06d}.arrow")
 
 
+def _recs_file(staging: Location, idx: int) -> Location:
+    return staging.join(WORK, f"recs-{idx:06d}.arrow")
+
+
 def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> dict[str, Any]:
     """Parse one segment (the walk's view of it): CQ rows per queue partition and the index keys go to
     files under staging/_work; returns the segment's small summary (its scan end, counts, key stats)."""
@@ -428,7 +432,7 @@ def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> dict[str, Any
     task = SegmentTask(idx, split.segment_base, split.segment_name, split.start, crc)
     ends: list = []
     cq_tables: list[pa.Table] = []
-    hs, ps, ts, rs = [], [], [], []
+    hs, ps, ts, rs, rec_p, rec_t = [], [], [], [], [], []
     rows = 0
     last_key_row = -1
     cols = SCAN_COLS + (["prop_crc_ok"] if plan.prop_crc and crc else [])
@@ -447,6 +451,8 @@ def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> dict[str, Any
                 ps.append(kr["phy_offset"])
                 ts.append(kr["store_timestamp"])
                 rs.append(kr["row_index"] + rows)
+                rec_p.append(np.asarray(batch.column("physical_offset_field")))
+                rec_t.append(np.asarray(batch.column("store_timestamp")))
             rows += batch.num_rows
     parts: list[int] = []
     cq_rows = 0
@@ -476,8 +482,10 @@ def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> dict[str, Any
     if ctx["do_index"] and len(h):
         # the segment's slot chains with local numbers: the index-file task only links them up
         q, e = local_chains(h, ctx["geometry"].hash_slot_num)
-        _write_ipc(_keys_file(staging, idx), pa.table({"h": h, "p": p_, "t": tsa, "r": ra,
-                                                       "q": q, "e": e}))
+        # a record's PHYSICALOFFSET and store time are kept once, not once per key (~3 keys a record)
+        _write_ipc(_keys_file(staging, idx), pa.table({"h": h, "r": ra, "q": q, "e": e}))
+        _write_ipc(_recs_file(staging, idx), pa.table({"p": np.concatenate(rec_p, dtype=np.int64),
+                                                       "t": np.concatenate(rec_t, dtype=np.int64)}))
     mono = bool(len(p_) < 2 or np.all(p_[1:] >= np.maximum.accumulate(p_)[:-1]))
     return {
         "idx": idx, "end": ends[0], "rows": rows, "cq_rows": cq_rows, "n_keys": len(h), "topics": topics,
@@ -502,7 +510,9 @@ def _load_keys(ctx: dict[str, Any], idx: int, m_before: dict[int, int] | None, *
     """(hash, phy, time, record row) of a segment's indexed keys; with ``runs`` also its ChainRun when
     its precomputed chains still hold (every key kept), else None."""
     tb = _read_ipc(_keys_file(ctx["staging"], idx))
-    keys = tuple(np.asarray(tb.column(c)) for c in ("h", "p", "t", "r"))
+    recs = _read_ipc(_recs_file(ctx["staging"], idx))
+    h, r = np.asarray(tb.column("h")), np.asarray(tb.column("r"))
+    keys = (h, np.asarray(recs.column("p"))[r], np.asarray(recs.column("t"))[r], r)
     if m_before is not None:
         keys = _kept(keys, m_before[idx])
     if not runs:
