@@ -72,6 +72,7 @@ from jobs.audit_checks import (
 )
 from storelib.bytesource import resolve
 from storelib.errors import Finding, StoreError
+from storelib.splits import parallel_split_bytes, plan_splits
 from storelib.store import Store
 
 SCHEMA = "rmqstore.audit/1"
@@ -232,26 +233,9 @@ def _uri(store: Store, seg) -> str:
     return u + "/commitlog/" + seg.name if "://" in u else seg.loc.path
 
 
-MIN_SPARK_SPLIT_BYTES = 128 * 1024 * 1024
-MAX_SPARK_SPLIT_BYTES = 512 * 1024 * 1024
-
-
-def spark_split_bytes(total_bytes: int, parallelism: int) -> int:
-    """Default split size on Spark: about two tasks per core, 128-512 MiB each.
-
-    A Spark task costs ~40 ms of scheduling and worker hand-off here (a no-op job of 17 tasks on
-    local[2]: 0.5 s wall, 0.6-1.0 CPU-s), so tasks are made as large as keeping every core busy
-    allows; 512 MiB bounds one task's record tables.
-    """
-    want = -(-total_bytes // max(1, 2 * parallelism))
-    return max(MIN_SPARK_SPLIT_BYTES, min(MAX_SPARK_SPLIT_BYTES, want))
-
-
 def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int) -> list[SegmentTask]:
     """Cut segment tasks at verified record starts (:func:`storelib.splits.plan_splits`) into tasks of
     about ``split_bytes``, so every core has work and no task holds a whole segment's tables."""
-    from storelib.splits import plan_splits
-
     names = {t.name for t in tasks}
     cuts: dict[str, list[int]] = {}
     for ps in plan_splits(store.commitlog, split_bytes, segments=names):
@@ -328,8 +312,8 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spar
                  quiet: bool = False, store: Store | None = None, split_bytes: int | None = None,
                  work_dir: str | None = None, transfer: str = "auto") -> list[SegmentResult]:
     """Phase 1 on the chosen engine (same functions either way). With ``split_bytes`` (default for Spark:
-    :func:`spark_split_bytes`) segments are cut at record starts into split tasks whose results are
-    merged per segment.
+    :func:`storelib.splits.parallel_split_bytes`) segments are cut at record starts into split tasks
+    whose results are merged per segment.
 
     On Spark the tasks' tables come back through files (:func:`table_sink`) or in-band with the
     results; the driver maps the files and removes them before returning."""
@@ -340,8 +324,8 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spar
 
         spark = get_spark(app_name="rmqstore-audit")
     if split_bytes is None and engine == "spark":
-        split_bytes = spark_split_bytes(sum(t.file_size - t.start for t in tasks),
-                                        spark.sparkContext.defaultParallelism)
+        split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks),
+                                           spark.sparkContext.defaultParallelism)
     units = split_tasks(store, tasks, split_bytes) if split_bytes and store is not None else tasks
     if engine == "spark":
         sc = spark.sparkContext
@@ -386,7 +370,8 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     cross-file checks one after the other (same findings).
 
     ``split_bytes``: cut segments into tasks of about this size at record starts (default on Spark:
-    :func:`spark_split_bytes`, about two tasks per core; whole segments locally); the findings are the same either way.
+    :func:`storelib.splits.parallel_split_bytes`, about two tasks per core; whole segments locally);
+    the findings are the same either way.
     ``run.mb_per_s`` / ``run.messages_per_s`` are over the bytes of the records scanned
     (``run.bytes_scanned``) in the per-segment phase; ``run.file_mb_per_s`` over the file bytes
     audited (``run.bytes_audited``, which counts an unwritten segment tail too).

@@ -245,14 +245,3 @@ def test_mapped_tables_hold_no_file_descriptor_and_survive_the_file(tmp_path):
     for p in paths:
         os.unlink(p)
     assert all(x.equals(t) for x in tables)
-
-
-def test_spark_split_size_is_about_two_tasks_per_core_within_bounds():
-    from jobs.audit import MAX_SPARK_SPLIT_BYTES, MIN_SPARK_SPLIT_BYTES, spark_split_bytes
-
-    mib = 1024 * 1024
-    assert spark_split_bytes(2048 * mib, 2) == 512 * mib  # 2 GiB on 2 cores: 4 tasks
-    assert spark_split_bytes(2048 * mib, 4) == 256 * mib
-    assert spark_split_bytes(10 * mib, 2) == MIN_SPARK_SPLIT_BYTES  # small stores: at least 128 MiB
-    assert spark_split_bytes(100 * 1024 * mib, 2) == MAX_SPARK_SPLIT_BYTES  # big ones: tables stay bounded
-    assert spark_split_bytes(0, 0) == MIN_SPARK_SPLIT_BYTES

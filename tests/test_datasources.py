@@ -123,7 +123,9 @@ def test_parallel_split_size_is_two_units_per_core_within_128_to_512_mib():
     assert splits.parallel_split_bytes(1024 * mib, 2) == 256 * mib
     assert splits.parallel_split_bytes(2048 * mib, 16) == 128 * mib  # many cores: not below 128 MiB
     assert splits.parallel_split_bytes(100 * 1024 * mib, 2) == 512 * mib  # big store: not above 512 MiB
+    assert splits.parallel_split_bytes(2048 * mib, 4) == 256 * mib
     assert splits.parallel_split_bytes(0, 4) == 128 * mib
+    assert splits.parallel_split_bytes(0, 0) == 128 * mib
 
 
 def test_default_split_size_follows_the_bytes_in_range_and_the_cores(sample, monkeypatch):
