@@ -18,17 +18,23 @@ PALETTE = ["#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00", "#0ca678", "#d
 MAX_TOPICS = 8
 
 
-def traffic_series(log: Any, buckets: int = 60) -> dict[str, Any]:
-    """Messages per topic per time bucket (top topics by volume, the rest as 'other')."""
-    ts = log.ts
-    if not len(ts):
-        return {"bucket_ms": 0, "start_ms": None, "topics": {}}
+def time_buckets(ts: np.ndarray, buckets: int = 60) -> tuple[int, int, int]:
+    """(bucket ms, first bucket start ms, bucket count): a round bucket width giving at most about
+    ``buckets`` buckets over the span of ``ts`` (not empty)."""
     lo, hi = int(ts.min()), int(ts.max())
     span = max(hi - lo, 1)
     nice = [1000, 5000, 10_000, 60_000, 300_000, 600_000, 3_600_000, 6 * 3_600_000, 86_400_000, 7 * 86_400_000]
     bucket = next((b for b in nice if span / b <= buckets), nice[-1] * (span // (nice[-1] * buckets) + 1))
     start = lo - lo % bucket
-    nb = int((hi - start) // bucket) + 1
+    return bucket, start, int((hi - start) // bucket) + 1
+
+
+def traffic_series(log: Any, buckets: int = 60) -> dict[str, Any]:
+    """Messages per topic per time bucket (top topics by volume, the rest as 'other')."""
+    ts = log.ts
+    if not len(ts):
+        return {"bucket_ms": 0, "start_ms": None, "topics": {}}
+    bucket, start, nb = time_buckets(ts, buckets)
     b = ((ts - start) // bucket).astype(np.int64)
     t = log.topic_idx
     counts = np.bincount(t, minlength=len(log.topic_names))

@@ -229,15 +229,10 @@ def test_hole_probe_needs_no_seek_data(tmp_path, monkeypatch):
 
 def _traffic_per_topic_masks(log, buckets: int = 60) -> dict:
     """The straightforward traffic series (a mask per topic), the reference for the one-count version."""
-    from jobs.audit_report import MAX_TOPICS
+    from jobs.audit_report import MAX_TOPICS, time_buckets
 
     ts = log.ts
-    lo, hi = int(ts.min()), int(ts.max())
-    span = max(hi - lo, 1)
-    nice = [1000, 5000, 10_000, 60_000, 300_000, 600_000, 3_600_000, 6 * 3_600_000, 86_400_000, 7 * 86_400_000]
-    bucket = next((b for b in nice if span / b <= buckets), nice[-1] * (span // (nice[-1] * buckets) + 1))
-    start = lo - lo % bucket
-    nb = int((hi - start) // bucket) + 1
+    bucket, start, nb = time_buckets(ts, buckets)
     b = (ts - start) // bucket
     t = log.topic_idx
     top = np.argsort(-np.bincount(t, minlength=len(log.topic_names)), kind="stable")[:MAX_TOPICS]
