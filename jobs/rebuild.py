@@ -67,7 +67,7 @@ from storelib.consumequeue import (
     write_consume_queues,
 )
 from storelib.consumequeue import file_name as cq_file_name
-from storelib.direct_write import open_direct
+from storelib.direct_write import atomic_direct_file
 from storelib.dispatch import dispatch_store, index_geometry
 from storelib.errors import StoreError
 from storelib.indexfile import (
@@ -275,15 +275,33 @@ def _drop_staging(st: Location) -> None:
 # index file writing (local or any pyarrow filesystem)
 
 
+@contextlib.contextmanager
+def _remote_output(loc: Location) -> Iterator[Any]:
+    """An output stream to a temp object beside ``loc``, moved over it once written (copied where the
+    filesystem cannot move); the temp object is removed when writing fails."""
+    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
+    tmp = loc.path + f".{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with loc.fs.open_output_stream(tmp) as f:
+            yield f
+    except BaseException:
+        with contextlib.suppress(OSError, pa.ArrowException):
+            loc.fs.delete_file(tmp)
+        raise
+    try:
+        loc.fs.move(tmp, loc.path)
+    except (OSError, NotImplementedError, pa.ArrowException):
+        pafs.copy_files(tmp, loc.path, source_filesystem=loc.fs, destination_filesystem=loc.fs)
+        loc.fs.delete_file(tmp)
+
+
 def write_index_image(image: IndexImage, loc: Location) -> None:
     if loc.local:
         os.makedirs(os.path.dirname(loc.path), exist_ok=True)
         image.write(loc.path)
         return
     g = image.geometry
-    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
-    tmp = loc.path + f".{uuid.uuid4().hex[:8]}.tmp"
-    with loc.fs.open_output_stream(tmp) as f:
+    with _remote_output(loc) as f:
         f.write(image.header.to_bytes())
         f.write(np.asarray(image.slots, dtype=">i4").tobytes())
         f.write(bytes(g.entry_pos(1) - g.entries_offset))  # entry 0 is never written: zeros
@@ -294,11 +312,6 @@ def write_index_image(image: IndexImage, loc: Location) -> None:
         while left > 0:
             f.write(zeros[: min(left, len(zeros))])
             left -= len(zeros)
-    try:
-        loc.fs.move(tmp, loc.path)
-    except (OSError, NotImplementedError, pa.ArrowException):
-        pafs.copy_files(tmp, loc.path, source_filesystem=loc.fs, destination_filesystem=loc.fs)
-        loc.fs.delete_file(tmp)
 
 
 def write_index_runs(runs: list[ChainRun], loc: Location, geometry: IndexGeometry,
@@ -306,33 +319,10 @@ def write_index_runs(runs: list[ChainRun], loc: Location, geometry: IndexGeometr
     """Stream one index file from its runs (storelib.indexfile.stream_index_file) to a temp file beside
     ``loc``, then rename it; returns (header, sha256). Local files get a sparse zero tail and an fsync."""
     if loc.local:
-        d = os.path.dirname(loc.path)
-        os.makedirs(d, exist_ok=True)
-        tmp = os.path.join(d, f".tmp-index-{uuid.uuid4().hex[:12]}")
-        try:
-            fd, fh = open_direct(tmp)  # written once, never read back: past the page cache
-            try:
-                with fh:
-                    res = stream_index_file(runs, fh, geometry=geometry, prev_state=prev_state, sparse_tail=True)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, loc.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return res
-    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
-    tmp = loc.path + f".{uuid.uuid4().hex[:8]}.tmp"
-    with loc.fs.open_output_stream(tmp) as f:
-        res = stream_index_file(runs, f, geometry=geometry, prev_state=prev_state)
-    try:
-        loc.fs.move(tmp, loc.path)
-    except (OSError, NotImplementedError, pa.ArrowException):
-        pafs.copy_files(tmp, loc.path, source_filesystem=loc.fs, destination_filesystem=loc.fs)
-        loc.fs.delete_file(tmp)
-    return res
+        with atomic_direct_file(loc.path) as fh:  # written once, never read back: past the page cache
+            return stream_index_file(runs, fh, geometry=geometry, prev_state=prev_state, sparse_tail=True)
+    with _remote_output(loc) as f:
+        return stream_index_file(runs, f, geometry=geometry, prev_state=prev_state)
 
 
 def _full_state(geometry: IndexGeometry, end_phy: int, end_ts: int) -> IndexState:

@@ -13,10 +13,15 @@ cached pages coherent).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
+import uuid
+from collections.abc import Iterator
 from typing import Any
+
+from .smallfile_io import fsync_dir
 
 BLOCK = 4096  # alignment of O_DIRECT offsets, lengths and buffer addresses (covers 512-byte devices)
 DEFAULT_BUFFER = 8 << 20
@@ -130,4 +135,28 @@ def open_direct(path: str | os.PathLike, *, buffer_size: int = DEFAULT_BUFFER) -
     return fd, DirectFileWriter(fd, direct=False, buffer_size=buffer_size)
 
 
-__all__ = ["BLOCK", "DirectFileWriter", "open_direct"]
+@contextlib.contextmanager
+def atomic_direct_file(path: str | os.PathLike, *, buffer_size: int = DEFAULT_BUFFER) -> Iterator[DirectFileWriter]:
+    """A :class:`DirectFileWriter` over a temp file beside ``path``: on success it is flushed, fsynced and
+    renamed over ``path`` (then the directory is fsynced); on any error the temp file is removed."""
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        fd, fh = open_direct(tmp, buffer_size=buffer_size)
+        try:
+            with fh:
+                yield fh
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(d)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+__all__ = ["BLOCK", "DirectFileWriter", "atomic_direct_file", "open_direct"]

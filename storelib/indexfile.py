@@ -24,7 +24,6 @@ import hashlib
 import os
 import re
 import struct
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -37,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from .bytesource import ByteSource, LocalSource, Location, data_ranges, open_source, resolve
-from .direct_write import open_direct
+from .direct_write import atomic_direct_file
 from .errors import Finding, StoreError
 from .javahash import index_hash, java_hashes, java_hashes_repeated, topic_key_hashes
 
@@ -769,27 +768,12 @@ class IndexImage:
 
         The zero tail is produced by extending the file (sparse where the filesystem allows).
         """
-        path = os.fspath(path)
-        g = self.geometry
-        d = os.path.dirname(os.path.abspath(path))
-        tmp = os.path.join(d, f".tmp-index-{uuid.uuid4().hex[:12]}")
-        try:
-            fd, fh = open_direct(tmp)  # written once, never read back: past the page cache
-            try:
-                with fh:
-                    fh.write(self.header.to_bytes())
-                    fh.write(np.asarray(self.slots, dtype=">i4").tobytes())
-                    fh.write(bytes(ENTRY_SIZE))  # entry 0
-                    fh.write(_entry_bytes(self.entries))
-                    fh.truncate(g.file_size)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_direct_file(path) as fh:  # written once, never read back: past the page cache
+            fh.write(self.header.to_bytes())
+            fh.write(np.asarray(self.slots, dtype=">i4").tobytes())
+            fh.write(bytes(ENTRY_SIZE))  # entry 0
+            fh.write(_entry_bytes(self.entries))
+            fh.truncate(self.geometry.file_size)
 
     def state(self) -> IndexState:
         return IndexState(replace(self.header), np.array(self.slots, dtype=np.int32), self.entries, self.name)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from storelib import direct_write
-from storelib.direct_write import BLOCK, DirectFileWriter, open_direct
+from storelib.direct_write import BLOCK, DirectFileWriter, atomic_direct_file, open_direct
 
 
 def _pieces(seed: int) -> list[bytes]:
@@ -83,3 +83,20 @@ def test_an_existing_file_is_never_overwritten(tmp_path):
     with pytest.raises(FileExistsError):
         open_direct(tmp_path / "f")
     assert (tmp_path / "f").read_bytes() == b"keep"
+
+
+def test_atomic_direct_file_replaces_the_target_only_when_complete_and_leaves_no_temp_file(tmp_path):
+    path = tmp_path / "index" / "f"
+    pieces = _pieces(3)
+    with atomic_direct_file(path, buffer_size=BLOCK) as w:
+        for p in pieces:
+            w.write(p)
+        assert not path.exists()  # nothing visible before the rename
+        w.truncate(len(b"".join(pieces)) + 10_000)
+    assert path.read_bytes() == b"".join(pieces) + bytes(10_000)
+    assert os.listdir(path.parent) == ["f"]
+    with pytest.raises(RuntimeError), atomic_direct_file(path) as w:
+        w.write(b"new content")
+        raise RuntimeError("the writer failed midway")
+    assert path.read_bytes() == b"".join(pieces) + bytes(10_000)  # the old file is intact
+    assert os.listdir(path.parent) == ["f"]
