@@ -6,7 +6,8 @@ h = sum(u_i * 31^(L-1-i)) mod 2^32, which uint32 arithmetic wraps for free. Sinc
 inverse mod 2^32, so with one running sum over the whole buffer ``C[k] = sum_{j<k} u_j * 31^-j`` every
 row is ``(C[end] - C[start]) * 31^(end-1)``: one multiply by a contiguous power table and one cumsum
 per byte, two gathers and a multiply per row (no per-byte exponent gather). Rows with non-ASCII text
-(UTF-16 units differ from bytes) are recomputed exactly over their UTF-16 units; they are rare.
+(UTF-16 units differ from bytes) are recomputed exactly over their UTF-16 units, decoded column-wise
+when every such row is valid UTF-8 (else by Python's decoder, row by row).
 """
 
 from __future__ import annotations
@@ -162,6 +163,62 @@ def _fixed_width_hashes(seg: np.ndarray, lens: np.ndarray) -> np.ndarray | None:
     return out
 
 
+_NEED = np.full(256, -1, np.int8)  # continuation bytes a UTF-8 lead byte takes; -1: not a lead
+_NEED[:0x80] = 0
+_NEED[0xC2:0xE0] = 1
+_NEED[0xE0:0xF0] = 2
+_NEED[0xF0:0xF5] = 3
+
+
+def _utf16_units(b: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(UTF-16 code units as uint32, unit offsets of the rows) of the UTF-8 bytes ``b`` whose rows
+    start at ``bounds`` (with the end last); None unless every row is valid UTF-8 (no overlong form,
+    surrogate, value past U+10FFFF, or sequence cut by a row end), where decoding needs no choices."""
+    n = len(b)
+    need = _NEED[b]
+    is_cont = (b & 0xC0) == 0x80
+    lead = need >= 0
+    if not (lead | is_cont).all():
+        return None
+    lm = np.flatnonzero(need > 0)  # multi-byte leads
+    k = need[lm]
+    expect = np.zeros(n + 3, bool)  # positions the leads claim as their continuation bytes
+    expect[lm + 1] = True
+    expect[lm[k >= 2] + 2] = True
+    expect[lm[k == 3] + 3] = True
+    if expect[n:].any() or not np.array_equal(expect[:n], is_cont) or expect[bounds[:-1]].any():
+        return None
+    x = b[lm]
+    b1 = b[lm + 1]
+    if (((x == 0xE0) & (b1 < 0xA0)) | ((x == 0xED) & (b1 > 0x9F))
+            | ((x == 0xF0) & (b1 < 0x90)) | ((x == 0xF4) & (b1 > 0x8F))).any():
+        return None
+    cp = np.where(k == 1, x & 0x1F, np.where(k == 2, x & 0x0F, x & 0x07)).astype(np.int32)
+    cp = (cp << 6) | (b1 & 0x3F)
+    for j in (2, 3):
+        more = np.flatnonzero(k >= j)
+        cp[more] = (cp[more] << 6) | (b[lm[more] + j] & 0x3F)
+    val = b.astype(np.uint32)
+    astral = cp >= 0x10000
+    if not astral.any():
+        val[lm] = cp
+        units = val[lead]
+        ucs = np.r_[0, np.cumsum(lead)]
+        return units, ucs[bounds]
+    count = lead.astype(np.int64)  # units each byte starts: 1 per lead, 2 for U+10000 and up
+    count[lm[astral]] = 2
+    upos = np.cumsum(count) - count
+    units = np.empty(int(count.sum()), np.uint32)
+    li = np.flatnonzero(lead)
+    units[upos[li]] = val[li]
+    units[upos[lm[~astral]]] = cp[~astral]
+    c = cp[astral] - 0x10000
+    units[upos[lm[astral]]] = 0xD800 + (c >> 10)
+    units[upos[lm[astral]] + 1] = 0xDC00 + (c & 0x3FF)
+    ucs = np.r_[0, np.cumsum(count)]
+    return units, ucs[bounds]
+
+
 def java_hashes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(``String.hashCode`` int32, ``String.length`` int64) of every string of ``arr`` in one pass.
 
@@ -181,17 +238,23 @@ def java_hashes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         h = hash_units(seg, rel)
     if hi > lo and int(seg.max()) >= 0x80:
         rows = np.unique(np.searchsorted(rel[1:], np.flatnonzero(seg >= 0x80), side="right"))
-        enc = [bytes(seg[rel[r] : rel[r + 1]]).decode("utf-8", "replace").encode("utf-16-be", "surrogatepass")
-               for r in rows.tolist()]
-        uoff = np.zeros(len(enc) + 1, np.int64)
-        np.cumsum([len(e) // 2 for e in enc], out=uoff[1:])
-        h[rows] = hash_units(np.frombuffer(b"".join(enc), dtype=">u2").astype(np.uint32), uoff)
         starts, lens = rel[rows], rel[rows + 1] - rel[rows]
         b = seg[np.repeat(starts - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))]
-        unit = ((b & 0xC0) != 0x80).astype(np.int64) + (b >= 0xF0)
         bounds = np.r_[0, np.cumsum(lens)]
-        cu = np.r_[0, np.cumsum(unit)]
-        len16[rows] = cu[bounds[1:]] - cu[bounds[:-1]]
+        fast = _utf16_units(b, bounds)
+        if fast is not None:  # valid UTF-8: its UTF-16 units, column-wise
+            units, uoff = fast
+            h[rows] = hash_units(units, uoff)
+            len16[rows] = np.diff(uoff)
+        else:  # some row is not valid UTF-8: Python's decoder (errors="replace") decides, row by row
+            enc = [bytes(seg[rel[r] : rel[r + 1]]).decode("utf-8", "replace").encode("utf-16-be", "surrogatepass")
+                   for r in rows.tolist()]
+            uoff = np.zeros(len(enc) + 1, np.int64)
+            np.cumsum([len(e) // 2 for e in enc], out=uoff[1:])
+            h[rows] = hash_units(np.frombuffer(b"".join(enc), dtype=">u2").astype(np.uint32), uoff)
+            unit = ((b & 0xC0) != 0x80).astype(np.int64) + (b >= 0xF0)
+            cu = np.r_[0, np.cumsum(unit)]
+            len16[rows] = cu[bounds[1:]] - cu[bounds[:-1]]
     if valid is not None:
         h[~valid] = 0
         len16[~valid] = 0

@@ -121,3 +121,41 @@ def test_long_inputs_are_hashed_in_blocks_with_the_same_result(monkeypatch):
     got = java_hashes(pa.array(words + ["z" * 200], pa.string()))
     assert got[0][:-1].tolist() == want[0].tolist() and got[1][:-1].tolist() == want[1].tolist()
     assert int(got[0][-1]) == java_string_hash("z" * 200)
+
+
+def _bytes_check(rows: list[bytes]) -> None:
+    """java_hashes over raw UTF-8 (valid or not) == hashCode of what Python's decoder makes of it."""
+    arr = pa.array(rows, pa.binary()).view(pa.string())
+    h, n = java_hashes(arr)
+    text = [r.decode("utf-8", "replace") for r in rows]
+    assert h.tolist() == [java_string_hash(t) for t in text]
+
+    def len16(r: bytes) -> int:
+        try:
+            return len(r.decode("utf-8").encode("utf-16-le")) // 2
+        except UnicodeDecodeError:  # lengths of invalid rows count lead bytes (4-byte leads twice)
+            return sum(((c & 0xC0) != 0x80) + (c >= 0xF0) for c in r)
+
+    assert n.tolist() == [len16(r) for r in rows]
+
+
+def test_non_ascii_rows_decoded_column_wise_hash_like_java_for_every_utf8_length():
+    rng = random.Random(9)
+    chars = ["a", "Z", " ", "\x7f", "é", "\u07ff", "\u0800", "中", "\ud7ff", "\ue000", "\uffff",
+             "\U00010000", "😀", "\U0010ffff"]
+    for _ in range(20):
+        words = ["".join(rng.choice(chars) for _ in range(rng.randrange(0, 60))) for _ in range(200)]
+        words += ["x" * 2000 + "é" + "y" * 10, "😀" * 300]
+        _bytes_check([w.encode("utf-8") for w in words])
+        bmp = [w for w in words if all(ord(c) < 0x10000 for c in w)]  # no surrogate pairs at all
+        _bytes_check([w.encode("utf-8") for w in bmp])
+
+
+def test_invalid_utf8_rows_fall_back_to_the_replacing_decoder():
+    good = ["abc", "中文", "😀x"]
+    bad = [b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe0\x80\xaf", b"\xf0\x80\x80\xaf", b"\xff",
+           b"\x80abc", b"ab\xe4\xb8", b"\xf5\x80\x80\x80"]
+    for b in bad:
+        _bytes_check([g.encode() for g in good] + [b] + [g.encode() for g in good])
+    # a character split across two rows: each row alone is invalid
+    _bytes_check([b"x\xe4\xb8", b"\xadyz", "中".encode()])
