@@ -322,7 +322,7 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spar
     if engine == "spark" and spark is None:
         from jobs.sparkutil import get_spark
 
-        spark = get_spark(app_name="rmqstore-audit")
+        spark = get_spark(app_name="rmqstore-audit", batch_job=True)
     if split_bytes is None and engine == "spark":
         split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks),
                                            spark.sparkContext.defaultParallelism)
@@ -741,7 +741,7 @@ def run_args(args: argparse.Namespace) -> int:
     if args.engine == "spark" and args.master:
         from jobs.sparkutil import get_spark
 
-        spark = get_spark(master=args.master, app_name="rmqstore-audit")
+        spark = get_spark(master=args.master, app_name="rmqstore-audit", batch_job=True)
     try:
         report = audit_store(args.store, broker_conf=args.broker_conf, engine=args.engine, spark=spark,
                              since=args.since, fs_options=fs_options(args), verify_crc=not args.no_crc,

@@ -682,7 +682,7 @@ def run_local(store: Store, settings: BrokerSettings, staging: Location, what: t
 def _session(master: str | None):
     from jobs.sparkutil import get_spark
 
-    return get_spark(master, app_name="rmqstore-rebuild")
+    return get_spark(master, app_name="rmqstore-rebuild", batch_job=True)
 
 
 def _ship_code(sc) -> None:

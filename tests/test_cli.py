@@ -138,3 +138,13 @@ def test_local_sessions_load_log4j_by_absolute_path_and_keep_the_other_jvm_optio
         assert "-XX:+UseParallelGC" in opts and "-XX:+UseParallelGC" in read_defaults()[key]
         assert sum("log4j2" in o for o in opts) == 1
     assert session_settings({"spark.driver.extraJavaOptions": "-Xss4m"})["spark.driver.extraJavaOptions"] == "-Xss4m"
+
+
+def test_batch_job_sessions_add_the_c1_only_jit_option_and_other_sessions_do_not():
+    from jobs.sparkutil import BATCH_JOB_JVM_OPTIONS, session_settings
+
+    job, plain = session_settings(batch_job=True), session_settings()
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        assert all(o in job[key].split() for o in BATCH_JOB_JVM_OPTIONS)
+        assert not any(o in plain[key].split() for o in BATCH_JOB_JVM_OPTIONS)
+        assert "-XX:+UseParallelGC" in job[key].split()  # spark-defaults' own options stay

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             if engine == "spark":
                 from jobs.sparkutil import get_spark
 
-                spark = get_spark(master="local[2]", app_name="bench-audit")
+                spark = get_spark(master="local[2]", app_name="bench-audit", batch_job=True)  # as `rmqstore audit` does
             for attempt in ("warm-up", "measured"):
                 load = os.getloadavg()[0]
                 with PeakRss() as mem:

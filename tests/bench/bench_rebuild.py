@@ -127,7 +127,7 @@ def main() -> None:
     t0 = time.time()
     from jobs.sparkutil import get_spark
 
-    SPARK["s"] = get_spark("local[2]", app_name="rmqstore-bench")
+    SPARK["s"] = get_spark("local[2]", app_name="rmqstore-bench", batch_job=True)  # as `rmqstore rebuild` does
     start = time.time() - t0
     cold = one("spark local[2] first run", engine="spark")
     print(f"{'spark local[2] end-to-end':28s} {cold['n']:>12,} msgs  {cold['s'] + start:8.2f} s  "
