@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import jobs.audit_checks as checks
@@ -258,3 +259,15 @@ def test_traffic_series_and_size_percentiles_equal_the_straightforward_ones(n_to
     sizes = rng.integers(91, 4_000_000, n)
     h = size_histogram(sizes)
     assert (h["p50"], h["p99"]) == (float(np.percentile(sizes, 50)), float(np.percentile(sizes, 99)))
+
+
+def test_chunked_equal_compares_ranges_across_chunks_without_a_copy():
+    col = pa.chunked_array([pa.array([1, 2, 3], pa.int64()), pa.array([], pa.int64()), pa.array([4, 5], pa.int64()),
+                            pa.array([6], pa.int64())])
+    eq = checks._chunked_equal
+    assert eq(col, 0, np.arange(1, 7))
+    assert eq(col, 2, np.array([3, 4, 5, 6], np.int32))  # crosses two chunk ends, other width
+    assert eq(col, 6, np.zeros(0, np.int64))
+    assert not eq(col, 2, np.array([3, 4, 9]))
+    assert not eq(col, 5, np.array([6, 7]))  # past the end
+    assert not eq(pa.chunked_array([pa.array([1, None])]), 0, np.array([1, 0]))
