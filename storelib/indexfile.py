@@ -522,20 +522,24 @@ class IndexFile:
                 "file without entries but begin and end header fields differ")
 
         if check_tail:
-            pos = ic
-            if isinstance(self.source, LocalSource):  # a hole (sparse file) reads as zeros: start after it
-                data = data_ranges(self.source.path, g.entry_pos(ic), g.entry_pos(g.index_num))
-                pos = max(ic, (data[0][0] - g.entry_pos(0)) // ENTRY_SIZE) if data else g.index_num
-            while pos < g.index_num:
-                stop = min(g.index_num, pos + chunk_entries)
-                raw = np.frombuffer(self._read(g.entry_pos(pos), ENTRY_SIZE * (stop - pos)), dtype=np.uint8)
-                nz = np.flatnonzero(raw)
-                if len(nz):
-                    e0 = pos + int(nz[0]) // ENTRY_SIZE
+            lo, hi = g.entry_pos(ic), g.entry_pos(g.index_num)
+            # holes (the unused part of a sparse file) read as zeros: only the file's data is read
+            spans = data_ranges(self.source.path, lo, hi) if isinstance(self.source, LocalSource) else [(lo, hi)]
+            e0 = None
+            for a, b in spans:
+                pos = max(ic, (a - g.entry_pos(0)) // ENTRY_SIZE)
+                end = min(g.index_num, -(-(b - g.entry_pos(0)) // ENTRY_SIZE))
+                while e0 is None and pos < end:
+                    stop = min(end, pos + chunk_entries)
+                    raw = np.frombuffer(self._read(g.entry_pos(pos), ENTRY_SIZE * (stop - pos)), dtype=np.uint8)
+                    nz = np.flatnonzero(raw)
+                    if len(nz):
+                        e0 = pos + int(nz[0]) // ENTRY_SIZE
+                    pos = stop
+                if e0 is not None:
                     add("data_beyond_index_count", "warning", g.entry_pos(e0),
                         f"non-zero entry {e0} after indexCount {ic} (stale header or foreign data)", entry=e0)
                     break
-                pos = stop
         return f
 
 

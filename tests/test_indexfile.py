@@ -685,3 +685,24 @@ def test_index_build_with_chains_on_a_thread_equals_the_single_thread_build(monk
     for a, b in zip(single, threaded):
         assert a.header == b.header and a.sha256() == b.sha256()
         assert np.array_equal(a.slots, b.slots) and np.array_equal(a.entries, b.entries)
+
+
+@pytest.mark.parametrize("stray_entry", [None, 30, 1500, 1999])
+def test_validate_reads_only_the_data_of_a_sparse_tail_and_still_finds_a_stray_entry_past_holes(tmp_path, stray_entry):
+    g = IndexGeometry(16, 2000)  # a 40 KB file: its unused entries span several 4 KB blocks
+    rows = {"key_hash": [index_hash(f"T#K{i}") for i in range(20)], "phy_offset": list(range(0, 2000, 100)),
+            "store_timestamp": [1_700_000_000_000 + i for i in range(20)]}
+    [img] = build_index_files(rows, geometry=g)
+    path = tmp_path / "20231114221320000"
+    img.write(path)  # the zero tail is a hole where the filesystem allows
+    if stray_entry is not None:
+        fd = os.open(path, os.O_WRONLY)
+        try:  # one byte in the unused part, holes on both sides of its block
+            os.pwrite(fd, b"\x07", g.entry_pos(stray_entry) + 5)
+        finally:
+            os.close(fd)
+    assert path.stat().st_size == g.file_size
+    with IndexFile.open(str(path), g) as f:
+        found = [(x.kind, x.offset, x.extra.get("entry")) for x in f.validate()]
+    want = [] if stray_entry is None else [("data_beyond_index_count", g.entry_pos(stray_entry), stray_entry)]
+    assert found == want
