@@ -524,9 +524,11 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, n
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-check") as pool:
             f_idx = pool.submit(index)
             f_cfg = pool.submit(check_configs, root, c_cfg)
+            f_cq = pre.get("cq")
+            if f_cq is None or f_cq.cancel():  # not started by the preload: loaded beside the offset check
+                f_cq = pool.submit(load_consume_queues, root, settings, log.log_min)
             facts = check_queue_offsets(log, c_qo)
-            qstats = check_consume_queues(root, log, settings, c_cq, facts,
-                                          _preloaded(pre.get("cq"), load_consume_queues, root, settings, log.log_min))
+            qstats = check_consume_queues(root, log, settings, c_cq, facts, f_cq.result())
             charts_if_first()
             qstats.pop("__reput_from__", None)
             idx, loaded = f_idx.result(), f_cfg.result()
