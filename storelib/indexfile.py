@@ -989,16 +989,9 @@ def local_chains(key_hash: np.ndarray, hash_slot_num: int) -> tuple[np.ndarray, 
     tail = np.zeros(m, dtype=bool)
     if m == 0:
         return prev, tail
-    # (slot << bits) | number sorted = numbers grouped by slot, oldest first (see _slot_chains)
-    bits = max(1, int(m).bit_length())
-    comp = (h % hash_slot_num).astype(np.int64)
-    comp <<= bits
-    comp |= np.arange(m, dtype=np.int64)
-    comp.sort()
-    ns = (comp & ((1 << bits) - 1)).astype(np.int32)
-    comp >>= bits
-    same = comp[1:] == comp[:-1]  # sorted neighbours in one slot: ns[i] follows ns[i-1]
-    del comp
+    ss, ns = _slot_chains(h % hash_slot_num, 0)  # numbers grouped by slot, oldest first
+    same = ss[1:] == ss[:-1]  # sorted neighbours in one slot: ns[i] follows ns[i-1]
+    del ss
     prev[ns[0]] = -1
     prev[ns[1:]] = np.where(same, ns[:-1], -1)
     tail[ns[:-1][~same]] = True
