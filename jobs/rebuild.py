@@ -60,13 +60,10 @@ from storelib.bytesource import Location, open_source, resolve
 from storelib.checkpoint import Checkpoint, read_checkpoint
 from storelib.commitlog import Split
 from storelib.consumequeue import (
-    CQ_DTYPE,
-    QueueImage,
     build_consume_queues,
     safe_topic_dirname,
     write_consume_queues,
 )
-from storelib.consumequeue import file_name as cq_file_name
 from storelib.direct_write import atomic_direct_file
 from storelib.dispatch import dispatch_store, index_geometry
 from storelib.errors import StoreError
@@ -542,48 +539,11 @@ def phase_b(ctx: dict[str, Any], job: tuple[int, list[int]]) -> dict[str, Any]:
         return {"queues": 0, "cq_records": 0, "files": {}}
     table = pa.concat_tables(tables)
     images = build_consume_queues(table, segment_size=ctx["cq_size"])
-    paths = write_consume_queues(images, staging.join("consumequeue"), ctx["cq_size"])
+    digests: dict[str, str] = {}  # hashed as written: reading back sparse files costs page-cache fills
+    paths = write_consume_queues(images, staging.join("consumequeue"), ctx["cq_size"], digests=digests)
     base = staging.path.rstrip("/") + "/"
-    files = _fresh_queue_hashes(images, ctx["cq_size"])
-    if files is None or sorted(files) != sorted(path[len(base):] for path in paths):
-        files = {}
-        for path in paths:  # read back what was written
-            rel = path[len(base):]
-            h, n = _sha256(staging.join(*rel.split("/")))
-            files[rel] = {"size": n, "sha256": h}
+    files = {path[len(base):]: {"size": ctx["cq_size"], "sha256": digests[path]} for path in paths}
     return {"queues": len(images), "cq_records": table.num_rows, "files": files}
-
-
-_ZEROS = bytes(1 << 20)
-
-
-def _fresh_queue_hashes(images: dict[tuple[str, int], QueueImage], S: int) -> dict[str, dict[str, Any]] | None:
-    """{relative path: {size, sha256}} of the files write_consume_queues makes for ``images`` in a fresh
-    directory, from memory: each is zeros up to the first unit written, the units, zeros up to S. None
-    when an image continues an existing file (then its bytes are only known on disk)."""
-    zeros = memoryview(_ZEROS)
-
-    def pad(h: Any, n: int) -> None:
-        while n > 0:
-            k = min(n, len(zeros))
-            h.update(zeros[:k])
-            n -= k
-
-    out: dict[str, dict[str, Any]] = {}
-    for (topic, qid), img in images.items():
-        if img.prefix is not None:
-            return None
-        raw = memoryview(np.ascontiguousarray(img.entries, dtype=CQ_DTYPE).view(np.uint8))
-        for b in img.segment_bases:
-            lo, hi = max(b, img.start), min(b + S, img.end)
-            data = raw[max(0, lo - img.start): max(0, hi - img.start)] if hi > lo else raw[:0]
-            pos = lo - b if hi > lo else 0
-            h = hashlib.sha256()
-            pad(h, pos)
-            h.update(data)
-            pad(h, S - pos - len(data))
-            out[f"consumequeue/{topic}/{qid}/{cq_file_name(b)}"] = {"size": S, "sha256": h.hexdigest()}
-    return out
 
 
 def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, int], counts: dict[int, int],
@@ -921,10 +881,9 @@ def _write_extra_index(ix: IndexPlan, staging: Location) -> dict[str, dict[str, 
     """The empty successor/only file the broker would have (built on the driver, no keys)."""
     files = {}
     for im in ix.extra:
-        loc = staging.join("index", im.name)
-        write_index_image(im, loc)
-        h, n = _sha256(loc)
-        files[f"index/{im.name}"] = {"size": n, "sha256": h}
+        write_index_image(im, staging.join("index", im.name))
+        # hashed from memory: the file is all but empty, and reading back its holes fills page cache
+        files[f"index/{im.name}"] = {"size": im.geometry.file_size, "sha256": im.sha256()}
     return files
 
 

@@ -13,6 +13,7 @@ per-entry loop, which is the broker's state machine written out.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import os
 import re
 import uuid
@@ -881,13 +882,14 @@ def _exists(loc: Location) -> bool:
 
 
 def write_queue_image(image: QueueImage, out_dir: Location | str | os.PathLike,
-                      segment_size: int = DEFAULT_CQ_SEGMENT_SIZE) -> list[str]:
+                      segment_size: int = DEFAULT_CQ_SEGMENT_SIZE, digests: dict[str, str] | None = None) -> list[str]:
     """Write the segments ``image`` touches into the queue directory ``out_dir``; return their paths.
 
     Each file is full size: units where the image wrote them, zeros after (a fresh segment), or the
     existing bytes (a continued segment: ``image.prefix``, else the file already in ``out_dir``).
     Local files go through a temp file + os.replace; remote ones through a temp object + move when
-    the filesystem supports it.
+    the filesystem supports it. ``digests``: filled with each written path's SHA-256 (hex), computed
+    from the bytes as they are written (no read-back).
     """
     S = _check_segment_size(segment_size)
     loc = _as_location(out_dir)
@@ -915,13 +917,36 @@ def write_queue_image(image: QueueImage, out_dir: Location | str | os.PathLike,
             pos_first = 0
         else:
             chunks, fill_to, pos_first = [data], S, pos
-        _write_file(target, chunks, pos_first, fill_to)
+        _write_file(target, chunks, pos_first, fill_to, digests)
         written.append(target.path)
     return written
 
 
-def _write_file(target: Location, chunks: list, pos: int, size: int) -> None:
-    """Write ``chunks`` at ``pos`` of a new file of ``size`` bytes (zeros elsewhere), atomically."""
+_ZEROS = memoryview(bytes(1 << 20))
+
+
+def _sha256_of(chunks: list, pos: int, size: int) -> str:
+    """SHA-256 (hex) of the file :func:`_write_file` makes: ``pos`` zeros, the chunks, zeros up to ``size``."""
+    h = hashlib.sha256()
+
+    def zeros(n: int) -> None:
+        while n > 0:
+            k = min(n, len(_ZEROS))
+            h.update(_ZEROS[:k])
+            n -= k
+
+    zeros(pos)
+    for c in chunks:
+        h.update(c)
+    zeros(size - pos - sum(len(c) for c in chunks))
+    return h.hexdigest()
+
+
+def _write_file(target: Location, chunks: list, pos: int, size: int, digests: dict[str, str] | None = None) -> None:
+    """Write ``chunks`` at ``pos`` of a new file of ``size`` bytes (zeros elsewhere), atomically;
+    with ``digests``, record the file's SHA-256 under its path."""
+    if digests is not None:
+        digests[target.path] = _sha256_of(chunks, pos, size)
     tmp_name = f".{os.path.basename(target.path)}.{uuid.uuid4().hex[:12]}.tmp"
     parent = target.path.rsplit("/", 1)[0]
     tmp = f"{parent}/{tmp_name}"
@@ -959,12 +984,14 @@ def _write_file(target: Location, chunks: list, pos: int, size: int) -> None:
 
 
 def write_consume_queues(images: Mapping[tuple[str, int], QueueImage], consumequeue_dir: Location | str,
-                         segment_size: int = DEFAULT_CQ_SEGMENT_SIZE) -> list[str]:
-    """Write every image under ``consumequeue_dir/<topic>/<queueId>/`` (topic names checked first)."""
+                         segment_size: int = DEFAULT_CQ_SEGMENT_SIZE, digests: dict[str, str] | None = None
+                         ) -> list[str]:
+    """Write every image under ``consumequeue_dir/<topic>/<queueId>/`` (topic names checked first);
+    ``digests`` as in :func:`write_queue_image`."""
     root = _as_location(consumequeue_dir)
     for topic, _ in images:
         safe_topic_dirname(topic)
     paths: list[str] = []
     for (topic, qid), img in sorted(images.items(), key=lambda kv: kv[0]):
-        paths += write_queue_image(img, root.join(topic, str(qid)), segment_size)
+        paths += write_queue_image(img, root.join(topic, str(qid)), segment_size, digests)
     return paths

@@ -624,3 +624,32 @@ def test_build_accepts_record_batches_and_chunked_tables():
     b = build_consume_queues(t.to_batches()[0], segment_size=100)[("T", 0)]
     assert a.entries.tolist() == b.entries.tolist() == make_units(*zip(*[r[:3] for r in rows])).tolist()
     assert CQ_UNIT_SIZE == 20
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_digests_recorded_while_writing_equal_the_written_files_fresh_and_continued(cq_samples, name, tmp_path):
+    import hashlib
+
+    tbl = _sample_records(cq_samples[name])
+    out = tmp_path / "consumequeue"
+    for part, state in ((tbl.slice(0, 1234), None), (tbl.slice(1234), "existing")):
+        states = None
+        if state:  # the second build continues the files the first wrote (prefix bytes read back)
+            states = {(t, q): QueueState.from_existing(ConsumeQueue(loc, segment_size=SAMPLE_CQ_SIZE))
+                      for t, q, loc in list_queues(tmp_path)}
+        imgs = build_consume_queues(part, segment_size=SAMPLE_CQ_SIZE, state=states)
+        digests: dict[str, str] = {}
+        paths = write_consume_queues(imgs, out, SAMPLE_CQ_SIZE, digests=digests)
+        assert paths and sorted(digests) == sorted(paths)
+        for p in paths:
+            assert digests[p] == hashlib.sha256(Path(p).read_bytes()).hexdigest(), p
+    # remote (an Arrow filesystem), and a queue continued 60 bytes into a file that is not there (the
+    # units land after zeros): the same digests
+    for first, state in ((0, None), (3, QueueState(max_physic_offset=-1, last_base=0, write_pos=60))):
+        rows = [(i * 10, 10, first + i, i) for i in range(9)]
+        loc = Location(pafs.LocalFileSystem(), str(tmp_path / f"remote{first}" / "T" / "0"), False)
+        img = build_consume_queues(records(rows), segment_size=100, state=state and {("T", 0): state})[("T", 0)]
+        assert img.start == (60 if state else 0)
+        digests = {}
+        for p in write_queue_image(img, loc, 100, digests=digests):
+            assert digests[p] == hashlib.sha256(Path(p).read_bytes()).hexdigest()
