@@ -381,7 +381,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     from storelib.store import load_settings
 
     loc = resolve(store_uri, **fs_options)
-    store = Store(loc, load_settings(broker_conf, version or "4", overrides, loc), uri=store_uri)
+    store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
     settings = store.settings
     state = load_state(since)
     tasks, carried, partial, fps = plan(store, state, since, quiet)
@@ -730,7 +730,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "dir with a local master, else the tables come back through Spark")
     p.add_argument("--fail-on", choices=list(SEVERITY_RANK), default="error",
                    help="exit 1 when a finding has at least this severity (default error)")
-    p.add_argument("--broker-version", choices=["4", "5"], help="broker defaults to assume (default 4.x)")
     p.add_argument("--no-crc", action="store_true", help="skip body CRC verification (faster, weaker)")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

@@ -30,10 +30,15 @@ def add_store_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     add_fs_args(p)
 
 
-def add_settings_args(p: argparse.ArgumentParser, conf: bool = True) -> None:
-    """--broker-conf and --set: where the broker's store settings come from."""
+def add_settings_args(p: argparse.ArgumentParser, conf: bool = True, line: bool = True) -> None:
+    """--broker-conf, --broker-version and --set: where the broker's store settings come from."""
     if conf:
         p.add_argument("--broker-conf", metavar="F", help="broker.conf with the store's settings (defaults otherwise)")
+    if line:
+        p.add_argument("--broker-version", choices=["4", "5", "auto"], default="auto",
+                       help="whose rules apply: 4 = RocketMQ 4.9.x, 5 = 5.x; auto (default) detects the line from "
+                            "broker.conf keys only 5.x has, then the store (V2 records, __CRC32# property, 5.x-only "
+                            "files), else 4; `rmqstore info` shows what was detected and why")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="set",
                    help="override one broker setting, e.g. --set mappedFileSizeCommitLog=524288 (repeatable)")
 
@@ -70,12 +75,15 @@ def overrides(args: argparse.Namespace) -> dict[str, str]:
 
 
 def settings_from_args(args: argparse.Namespace, root=None, version: str | None = None):
-    """Broker settings from --broker-conf, --broker-version and --set (storelib.store.load_settings)."""
-    v = getattr(args, "broker_version", None) or version
+    """Broker settings from --broker-conf, --broker-version and --set (storelib.store.load_settings).
+
+    ``version`` applies when the command has no --broker-version (or it says auto): None detects."""
+    v = getattr(args, "broker_version", None)
+    v = version if v in (None, "auto") else v
     return load_settings(getattr(args, "broker_conf", None), v, overrides(args), root)
 
 
-def open_store(args: argparse.Namespace, version: str | None = "4") -> Store:
+def open_store(args: argparse.Namespace, version: str | None = None) -> Store:
     loc = resolve(args.store, **fs_options(args))
     return Store(loc, settings_from_args(args, loc, version), uri=args.store)
 

@@ -87,7 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     from jobs.common import add_settings_args
 
     add_settings_args(p)
-    p.add_argument("--broker-version", choices=["4", "5"], default="4")
     p.add_argument("--reserved", type=_ints, default=[72], help="fileReservedTime hours, comma-separated")
     p.add_argument("--delete-when", action="append", help="a deleteWhen value (repeat for several)")
     p.add_argument("--max-ratio", type=_ints, default=[75], help="diskMaxUsedSpaceRatio %%, comma-separated")
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     from storelib.bytesource import resolve
 
     # the first store names the segment size when no --broker-conf/--set does (a grid shares settings)
-    base = settings_from_args(args, resolve(args.stores[0], **fs_options(args)) if args.stores else None, version="4")
+    base = settings_from_args(args, resolve(args.stores[0], **fs_options(args)) if args.stores else None)
     policies = grid_policies(base, args.reserved, args.delete_when or [base.delete_when], args.max_ratio,
                              args.capacity, tz=args.tz, disk_other_used=int(args.disk_other_used))
     model = TimeModel(start_ms=parse_time_ms(args.start) if args.start else None,

@@ -1123,8 +1123,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from jobs.common import add_fs_args, add_settings_args
 
     add_settings_args(p)
-    p.add_argument("--broker-version", choices=["4", "5", "auto"], default="auto",
-                   help="broker version of the store (auto: 5 when 5.x-only files are present)")
     p.add_argument("--engine", choices=["local", "spark"],
                    help="local (one process) or spark (default: spark under spark-submit, else local)")
     p.add_argument("--master", metavar="URL", help="Spark master (spark engine), e.g. local[4], spark://host:7077")

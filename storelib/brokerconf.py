@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .brokerline import BrokerLine
 from .errors import StoreError
 from .smallfile_io import PathOrLocation, as_location, read_small
 
@@ -241,6 +242,7 @@ class BrokerSettings:
     sysprop_multi_path_splitter: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
     source: str | None = None
+    line: BrokerLine | None = None  # how ``version`` was chosen (storelib.store.load_settings sets it)
 
     # ---- constructors -------------------------------------------------------------------------
 

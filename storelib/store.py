@@ -15,41 +15,30 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from .brokerconf import BrokerSettings, load_broker_conf
+from .brokerline import detect_broker_line
 from .bytesource import Location, resolve
-from .checkpoint import read_checkpoint
 from .commitlog import CommitLog
-from .errors import Finding, StoreError, StoreLayoutError
-
-FIVE_X_ONLY = ("abort.bak", "compaction", "timerwheel", "timerlog", "rocksdbstore", "batchconsumequeue")
+from .errors import Finding, StoreLayoutError
 
 
-def detect_version(root: Location) -> str:
-    """"5" when the store has 5.x-only files or a non-zero 5.x checkpoint field, else "4"."""
-    for name in FIVE_X_ONLY:
-        if root.fs.get_file_info(root.join(name).path).type != pafs.FileType.NotFound:
-            return "5"
-    try:
-        cp = read_checkpoint(root, strict=False)
-        if cp.confirm_phy_offset or cp.master_flushed_offset:
-            return "5"
-    except (StoreError, OSError):
-        pass
-    return "4"
-
-
-def load_settings(broker_conf: str | None = None, version: str | None = "4",
+def load_settings(broker_conf: str | None = None, version: str | None = None,
                   overrides: dict[str, Any] | None = None, root: Location | None = None) -> BrokerSettings:
-    """The one way every command gets its broker settings.
+    """The one way every command and data source gets its broker settings.
 
-    ``broker_conf`` (a broker.conf, or the broker's defaults) for ``version`` ("4", "5", or "auto"/None:
-    detected from ``root``), then ``overrides`` (broker.conf key → value, e.g. from ``--set``).
+    ``version`` "4"/"5" is explicit; None/"auto" detects the line (storelib.brokerline: broker.conf and
+    ``overrides`` keys only 5.x has, then the store at ``root``, then 4.x). Then ``broker_conf`` (or the
+    line's defaults), then ``overrides`` (broker.conf key -> value, e.g. from ``--set``). Geometry
+    that neither gives is taken from the files themselves and reported (see :func:`infer_geometry`).
     """
-    if version in (None, "auto"):
-        version = detect_version(root) if root is not None else "4"
-    settings = load_broker_conf(broker_conf, version) if broker_conf else BrokerSettings.defaults(version)
+    conf_keys = _conf_keys(broker_conf)
+    line = detect_broker_line(root, conf_keys | set(overrides or ()), version,
+                              conf_name=os.path.basename(str(broker_conf)) if broker_conf else "--set")
+    settings = (load_broker_conf(broker_conf, line.version) if broker_conf
+                else BrokerSettings.defaults(line.version))
     if overrides:
         settings = settings.with_overrides(overrides)
-    explicit = set(overrides or ()) | _conf_keys(broker_conf)
+    settings = dataclasses.replace(settings, line=line)
+    explicit = set(overrides or ()) | conf_keys
     if root is not None and not explicit & {"mappedFileSizeCommitLog", "mapped_file_size_commit_log"}:
         size = _segment_file_size(root.join("commitlog"))
         if size and size != settings.mapped_file_size_commit_log:

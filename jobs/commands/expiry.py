@@ -28,8 +28,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("expiry", help="simulate file expiry policies and the unconsumed messages they delete",
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_store_args(p)
-    p.add_argument("--broker-version", choices=["4", "5"], default="4",
-                   help="cleaner rules of RocketMQ 4.9.8 or 5.x (ratios, isSpaceToDelete flow, batch size)")
     p.add_argument("--policy", action="append", default=[], metavar="FILE",
                    help="broker.conf-style overrides; one policy per file, named by the file name")
     p.add_argument("--from", dest="start", metavar="T", help="simulation start (ISO-8601 or epoch ms); "
@@ -88,7 +86,7 @@ def load_policy(path: str, base: BrokerSettings) -> BrokerSettings:
 def build_policies(args: argparse.Namespace) -> tuple[BrokerSettings, list]:
     from jobs.expiry_sim import Policy, parse_time_ms
 
-    base = settings_from_args(args, resolve(args.store, **fs_options(args)), version="4")
+    base = settings_from_args(args, resolve(args.store, **fs_options(args)))
     manual = tuple(parse_time_ms(t) for t in args.manual_delete)
     cap = int(args.disk_capacity) if args.disk_capacity is not None else None
     kw: dict[str, Any] = {"disk_capacity": cap, "disk_other_used": int(args.disk_other_used), "tz": args.tz,

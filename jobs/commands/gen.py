@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--version", choices=["4", "5"], default="4", help="broker line to emulate (4.9.8 or 5.3.3)")
     p.add_argument("--segment-size", type=parse_size, metavar="BYTES", help="commitlog segment size")
-    add_settings_args(p)
+    add_settings_args(p, line=False)
     p.add_argument("--ipv6-ratio", type=_ratio, default=0.03)
     p.add_argument("--tx-ratio", type=_ratio, default=0.02, help="share of transactional sends")
     p.add_argument("--delay-ratio", type=_ratio, default=0.02, help="share of delayed messages")

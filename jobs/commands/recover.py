@@ -34,8 +34,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("store", metavar="STORE", nargs="?", help="store root (local path for --apply)")
     add_settings_args(p)
-    p.add_argument("--broker-version", choices=["4", "5"], default=None,
-                   help="recovery rules: 4 = 4.9.x (default), 5 = 5.x")
     add_fs_args(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--plan", action="store_true", help="compute and print the plan (default)")
@@ -56,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _open(args: argparse.Namespace) -> Store:
     if not args.store:
         raise StoreError(None, None, "bad_args", "STORE is required")
-    return open_store(args, version="4")
+    return open_store(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             if sys.stderr.isatty():
                 sys.stderr.write(f"\r{msg[:78]}".ljust(79))
 
-        res = rc.apply(store, args.backup, version=args.broker_version, force=args.force, progress=progress,
+        res = rc.apply(store, args.backup, version=None, force=args.force, progress=progress,
                        complete_index=not args.broker_exact_index)
         if args.json:
             print_json({"steps": res.steps, "done_before": res.done_before, "resumed": res.resumed,
@@ -93,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                       + (f" (resumed after {res.done_before})" if res.resumed else "")
                       + f"; backup and manifest in {args.backup} (undo: rmqstore recover --restore {args.backup})")
         return 0
-    sim = rc.simulate(store, args.broker_version, complete_index=not args.broker_exact_index)
+    sim = rc.simulate(store, None, complete_index=not args.broker_exact_index)
     if args.salvage:
         rep = rc.salvage(sim, args.salvage)
         if args.json:
