@@ -67,6 +67,7 @@ from jobs.audit_checks import (
     finish_segment,
     load_consume_queues,
     load_index_files,
+    merge_v2_findings,
     parts_chain,
     report_abort,
 )
@@ -465,9 +466,10 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, n
     root = store.loc
     for f in cl.findings:
         out.add(f)
-    for r in results:
-        for fd in r.findings:
-            out.add(Finding(fd["kind"], fd["severity"], fd["file"], fd["offset"], fd["detail"], fd.get("extra", {})))
+    seg_findings = [Finding(fd["kind"], fd["severity"], fd["file"], fd["offset"], fd["detail"], fd.get("extra", {}))
+                    for r in results for fd in r.findings]
+    for f in merge_v2_findings(seg_findings, settings.line):
+        out.add(f)
     # lost physical ranges: corrupt regions and missing segments
     lost = [(r.base + g["start"], r.base + g["end"]) for r in results for g in r.regions]
     for f in cl.findings:
@@ -596,7 +598,8 @@ def build_report(store: Store, results: list[SegmentResult], log: LogView, findi
         "schema": SCHEMA,
         "store": store.uri,
         "generated_at_ms": int(time.time() * 1000),
-        "settings": {"version": getattr(settings, "version", "4"), "commitlog_segment_size": log.segment_size,
+        "settings": {"version": settings.version, "commitlog_segment_size": log.segment_size,
+                     "broker_line": settings.line.to_json() if settings.line else None,
                      "cq_segment_size": settings.mapped_file_size_consume_queue,
                      "hash_slot_num": settings.max_hash_slot_num, "index_num": settings.max_index_num},
         "summary": {"findings": len(findings), "by_severity": by_sev, "records": int(log.records.num_rows),

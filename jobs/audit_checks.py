@@ -508,15 +508,39 @@ def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, d
                 bad_rows.append((int(phy[i]) - task.base, int(size[i]), True))
     if opts.broker_version.startswith("4"):
         v2 = np.flatnonzero(batch.column("magic_version").to_numpy() == 2)
-        for i in v2.tolist():
-            found.add(Finding("v2_record_on_4x", "error", display, int(phy[i]) - task.base,
-                              "V2 (0xDAA320AB) record: a 4.9.8 broker treats it as corrupt and stops here"))
+        if len(v2):  # one finding per batch (merged into one for the store by merge_v2_findings)
+            found.add(Finding("v2_record_on_4x", "error", display, int(phy[v2[0]]) - task.base,
+                              "V2 (0xDAA320AB) record: a 4.9.8 broker treats it as corrupt and stops here",
+                              {"count": int(len(v2))}))
     rec_parts.append(pa.Table.from_batches([batch.select(RECORD_COLUMNS)]).cast(RECORD_SCHEMA))
     rows, kh = index_keys(batch)
     if len(rows):
         key_parts.append(pa.table({"pos": pa.array(phy[rows].astype(np.int64)),
                                    "phy": pa.array(field_[rows].astype(np.int64)),
                                    "key_hash": pa.array(kh.astype(np.int32))}, schema=KEY_SCHEMA))
+
+
+def merge_v2_findings(findings: list[Finding], line: Any) -> list[Finding]:
+    """All ``v2_record_on_4x`` findings as one (first place, total count), with the broker-line conflict.
+
+    Under 4.x rules every V2 record is an error, but only the first matters (4.9.8's recovery stops
+    there) and they usually mean the wrong line was chosen: one finding that says so, not one per record.
+    A conflict without V2 records is a warning of its own."""
+    v2 = [f for f in findings if f.kind == "v2_record_on_4x"]
+    out = [f for f in findings if f.kind != "v2_record_on_4x"]
+    conflict = getattr(line, "conflict", None)
+    if v2:
+        first = min(v2, key=lambda f: (f.file or "", f.offset or 0))
+        n = sum(int((f.extra or {}).get("count", 1)) for f in v2)
+        detail = (f"{n} V2 (0xDAA320AB) record(s), the first here: a 4.9.8 broker treats it as corrupt, ends its "
+                  "recovery there and drops every message after it")
+        if conflict:
+            detail += "; the store's own evidence says 5.x wrote it: audit with --broker-version 5 (or auto)"
+        out.append(Finding("v2_record_on_4x", "error", first.file, first.offset, detail,
+                           {"count": n, "broker_line": getattr(line, "source", None)}))
+    elif conflict:
+        out.append(Finding("broker_line_conflict", "warning", None, None, conflict))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

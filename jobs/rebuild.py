@@ -1057,6 +1057,7 @@ def rebuild(cfg: RebuildConfig, spark=None) -> dict[str, Any]:
             "source": store_fingerprint(store),
             "settings": {
                 "broker_version": settings.version, "what": list(what),
+                "broker_line": settings.line.to_json() if settings.line else None,
                 "mapped_file_size_commit_log": store.commitlog.segment_size,
                 "mapped_file_size_consume_queue": int(settings.mapped_file_size_consume_queue),
                 "max_hash_slot_num": int(settings.max_hash_slot_num), "max_index_num": int(settings.max_index_num),
@@ -1090,12 +1091,18 @@ def rebuild(cfg: RebuildConfig, spark=None) -> dict[str, Any]:
         raise
 
 
+def _line_why(line: dict[str, Any] | None) -> str:
+    """`` from broker.conf``-style note on where the broker line came from."""
+    return f", from {line['source']}" if line else ""
+
+
 def summary_text(m: dict[str, Any]) -> str:
     """The one-screen summary printed at the end."""
     c, r = m["counts"], m["recovery"]
     el = m["elapsed_s"] or 1e-9
     lines = [
-        f"rmqstore rebuild ({m['mode']}, engine {m['engine']}, broker {m['settings']['broker_version']}.x)",
+        f"rmqstore rebuild ({m['mode']}, engine {m['engine']}, broker {m['settings']['broker_version']}.x"
+        f"{_line_why(m['settings'].get('broker_line'))})",
         f"  source          {m['source']['uri']} ({len(m['source']['segments'])} segment(s))",
         f"  recovery        {r['mode']}, window from {r['window_start']} ({r['start_reason']})",
         f"  valid end       processOffset {r['process_offset']}"

@@ -628,6 +628,7 @@ def _plan_dict(sim: Simulation, *, settings, abort, lock, cp: Checkpoint, new_cp
         "schema": PLAN_SCHEMA,
         "store": store.loc.path,
         "version": "5.x" if sim.version == "5" else "4.9.x",
+        "broker_line": store.settings.line.to_json() if store.settings.line else None,
         "created_ms": int(time.time() * 1000),
         "last_exit": {
             "clean": abort.last_exit_ok, "abort_file": abort.exists, "abort_content": abort.content,

@@ -181,7 +181,9 @@ def test_store_from_storelib_gen_reports_clean(version, tmp_path):
     from storelib.gen import GenConfig, generate
 
     keys = {"mappedFileSizeCommitLog": 256 * 1024, "mappedFileSizeConsumeQueue": 2000, "maxHashSlotNum": 500,
-            "maxIndexNum": 2000, "enabledAppendPropCRC": version == "5"}
+            "maxIndexNum": 2000}
+    if version == "5":  # a 5.x-only key: a 4.x broker.conf does not have it
+        keys["enabledAppendPropCRC"] = True
     s = BrokerSettings.defaults(version).with_overrides(keys)
     generate(tmp_path / "g", GenConfig(messages=3000, version=version, seed=5), s)
     conf = tmp_path / "broker.conf"

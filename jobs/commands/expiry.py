@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     store = Store(args.store, base, **fs_options(args))
     snap = load_snapshot(store, mtimes=args.mtimes)
     report = {"simulation": describe(snap, model, policies[0]),
+              "broker_line": base.line.to_json() if base.line else None,
               "policies": [simulate(p, snap, model) for p in policies]}
     if args.out:
         from jobs.expiry_report import write_text_atomic

@@ -66,6 +66,10 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
     cl = store.commitlog
     findings: list[Finding] = list(cl.findings)
     out: dict[str, Any] = {"store": store.uri, "local": store.local}
+    line = store.settings.line
+    out["broker_line"] = line.to_json() if line else None
+    if line and line.conflict:
+        findings.append(Finding("broker_line_conflict", "warning", None, None, line.conflict))
     out["segment_size"] = cl.segment_size
     out["segments"] = [{"name": s.name, "base": s.base, "size": s.file_size, "mtime_ms": s.mtime_ms} for s in cl.segments]
     stats: dict = {}
@@ -158,6 +162,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     w = sys.stdout.write
     w(f"store       {info['store']}\n")
+    bl = info.get("broker_line")
+    if bl:
+        why = "; ".join(bl["reasons"])
+        w(f"broker      {bl['version']}.x rules ({bl['source']}: {why})\n")
     segs = info["segments"]
     w(f"commitlog   {len(segs)} segment(s) of {info['segment_size']} bytes\n")
     if "messages" in info:
