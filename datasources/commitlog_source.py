@@ -171,33 +171,49 @@ def _bytes(name: str, v: Any) -> int:
 
 @dataclass(frozen=True)
 class StoreOpen:
-    """How to reach a store from any process: its path/URI, broker.conf and filesystem options."""
+    """How to reach a store from any process, and whose settings apply: the same way in as the CLI's
+    STORE, ``--broker-conf``, ``--broker-version`` and ``--set`` (options ``path``, ``brokerConf``,
+    ``brokerVersion`` = 4/5/auto, ``set.KEY`` = value, ``fs.KEY`` = filesystem option)."""
 
     path: str
     broker_conf: str | None = None
     fs_options: tuple[tuple[str, str], ...] = ()
+    broker_version: str | None = None  # "4" or "5"; None detects (storelib.brokerline)
+    overrides: tuple[tuple[str, str], ...] = ()
+
+    NAMES = frozenset({"path", "brokerconf", "brokerversion"})
+
+    @classmethod
+    def is_option(cls, norm_key: str) -> bool:
+        """Whether a normalised option name (see ``_norm``) is one of the store's own."""
+        return norm_key in cls.NAMES or norm_key.startswith(("fs.", "set."))
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> StoreOpen:
+        from storelib.brokerline import normalise_version
+
         o = _norm(options)
         path = o.get("path")
         if not path:
             raise ValueError("the store path is required: spark.read.format(...).load(STORE)")
         fs = tuple(sorted((k[len("fs."):], str(v)) for k, v in options.items() if str(k).lower().startswith("fs.")))
-        return cls(str(path), o.get("brokerconf"), fs)
+        sets = tuple(sorted((str(k)[len("set."):], str(v)) for k, v in options.items()
+                            if str(k).lower().startswith("set.") and v is not None))
+        return cls(str(path), o.get("brokerconf"), fs, normalise_version(o.get("brokerversion")), sets)
 
     def location(self) -> Location:
         return resolve(self.path, **dict(self.fs_options))
 
     def settings(self):
-        return _settings(self.broker_conf)
+        """The broker settings (storelib.store.load_settings), computed once per process."""
+        return _settings(self)
 
 
 @functools.lru_cache(maxsize=8)
-def _settings(broker_conf: str | None):
-    from storelib.brokerconf import BrokerSettings, load_broker_conf
+def _settings(store: StoreOpen):
+    from storelib.store import load_settings
 
-    return load_broker_conf(broker_conf) if broker_conf else BrokerSettings()
+    return load_settings(store.broker_conf, store.broker_version, dict(store.overrides), store.location())
 
 
 @dataclass(frozen=True)
@@ -273,7 +289,7 @@ class MessageReadOptions:
         o = _norm(options)
         known = {"path", "withbody", "verifycrc", "brokerconf", "topics", "fromoffset", "tooffset", "fromtime",
                  "totime", "maxsplitbytes", "minpartitions", "mode", "timepruning", "batchrows"}
-        unknown = sorted(k for k in o if k not in known and not k.startswith("fs."))
+        unknown = sorted(k for k in o if k not in known and not StoreOpen.is_option(k))
         if unknown:
             raise ValueError(f"unknown rocketmq option(s): {', '.join(unknown)}")
         mode = str(o.get("mode", "PERMISSIVE")).upper()
@@ -323,9 +339,8 @@ class MessageReadOptions:
 
 
 def open_commitlog(store: StoreOpen) -> CommitLog:
-    """The store's commitlog; the segment size comes from broker.conf when given, else from the files."""
-    size = store.settings().mapped_file_size_commit_log if store.broker_conf else None
-    return CommitLog(store.location().join("commitlog"), size)
+    """The store's commitlog; the segment size comes from broker.conf or set.* when given, else from the files."""
+    return CommitLog(store.location().join("commitlog"), store.settings().mapped_file_size_commit_log)
 
 
 def plan(opts: MessageReadOptions, pushed: list[Pred] = ()) -> list[Split]:

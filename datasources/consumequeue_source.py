@@ -37,8 +37,7 @@ class CQReadOptions:
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> CQReadOptions:
         o = _norm(options)
-        unknown = sorted(k for k in o if k not in {"path", "brokerconf", "topics", "maxsplitbytes"}
-                         and not k.startswith("fs."))
+        unknown = sorted(k for k in o if k not in {"topics", "maxsplitbytes"} and not StoreOpen.is_option(k))
         if unknown:
             raise ValueError(f"unknown rocketmq.consumequeue option(s): {', '.join(unknown)}")
         topics = o.get("topics")

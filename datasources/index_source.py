@@ -42,7 +42,7 @@ INDEX_BATCH_ENTRIES = 1 << 20
 
 
 def _store_only(options: Mapping[str, Any], source: str) -> StoreOpen:
-    unknown = sorted(k for k in _norm(options) if k not in {"path", "brokerconf"} and not k.startswith("fs."))
+    unknown = sorted(k for k in _norm(options) if not StoreOpen.is_option(k))
     if unknown:
         raise ValueError(f"unknown {source} option(s): {', '.join(unknown)}")
     return StoreOpen.parse(options)
