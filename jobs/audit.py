@@ -73,6 +73,7 @@ from jobs.audit_checks import (
 )
 from storelib.bytesource import resolve
 from storelib.errors import Finding, StoreError
+from storelib.geometry import fold_geometry_findings
 from storelib.splits import parallel_split_bytes, plan_splits
 from storelib.store import Store
 
@@ -464,7 +465,7 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, n
     cl = store.commitlog
     S = cl.segment_size
     root = store.loc
-    for f in cl.findings:
+    for f in [*cl.findings, *store.findings]:
         out.add(f)
     seg_findings = [Finding(fd["kind"], fd["severity"], fd["file"], fd["offset"], fd["detail"], fd.get("extra", {}))
                     for r in results for fd in r.findings]
@@ -539,7 +540,7 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, n
         for c in (c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
             out.absorb(c)
         consumers = check_consumer_offsets(loaded, qstats, out)
-    findings = sorted(out.done(), key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
+    findings = sorted(fold_geometry_findings(out.done()), key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
     return build_report(store, results, log, findings, qstats, consumers, idx, cp, settings, charts)
 
 

@@ -19,11 +19,14 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .brokerline import BrokerLine
 from .errors import StoreError
 from .smallfile_io import PathOrLocation, as_location, read_small
+
+if TYPE_CHECKING:
+    from .geometry import Inferred
 
 CQ_STORE_UNIT_SIZE = 20
 INDEX_HEADER_SIZE = 40
@@ -163,6 +166,11 @@ _SYSPROPS = {
 }
 
 
+def attribute_of(key: str) -> str:
+    """The BrokerSettings attribute of a broker.conf key (``mappedFileSizeConsumeQueue`` -> ...)."""
+    return _BY_KEY[key][1]
+
+
 def _defaults(version: str) -> dict[str, Any]:
     if version not in VERSIONS:
         raise StoreError(None, None, "bad_value", f"version must be one of {VERSIONS}, not {version!r}")
@@ -243,6 +251,8 @@ class BrokerSettings:
     extra: dict[str, str] = field(default_factory=dict)
     source: str | None = None
     line: BrokerLine | None = None  # how ``version`` was chosen (storelib.store.load_settings sets it)
+    inferred: tuple[Inferred, ...] = ()  # geometry taken from the files (no broker.conf/--set gave it)
+    geometry_conflicts: tuple[Inferred, ...] = ()  # the files disagree with broker.conf/--set (which win)
 
     # ---- constructors -------------------------------------------------------------------------
 

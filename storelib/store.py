@@ -14,11 +14,12 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from .brokerconf import BrokerSettings, load_broker_conf
+from .brokerconf import BrokerSettings, attribute_of, load_broker_conf
 from .brokerline import detect_broker_line
 from .bytesource import Location, resolve
 from .commitlog import CommitLog
 from .errors import Finding, StoreLayoutError
+from .geometry import Inferred, infer_geometry
 
 
 def load_settings(broker_conf: str | None = None, version: str | None = None,
@@ -39,6 +40,8 @@ def load_settings(broker_conf: str | None = None, version: str | None = None,
         settings = settings.with_overrides(overrides)
     settings = dataclasses.replace(settings, line=line)
     explicit = set(overrides or ()) | conf_keys
+    if root is not None:
+        settings = apply_geometry(settings, root, explicit)
     if root is not None and not explicit & {"mappedFileSizeCommitLog", "mapped_file_size_commit_log"}:
         size = _segment_file_size(root.join("commitlog"))
         if size and size != settings.mapped_file_size_commit_log:
@@ -46,6 +49,50 @@ def load_settings(broker_conf: str | None = None, version: str | None = None,
                 settings.with_overrides({"mappedFileSizeCommitLog": size}),
                 source=f"{settings.source or 'defaults'}; {INFERRED_NOTE} {size}")
     return settings
+
+
+def apply_geometry(settings: BrokerSettings, root: Location, explicit: set[str]) -> BrokerSettings:
+    """Settings with the geometry the files show where ``explicit`` keys are silent; disagreements noted."""
+    applied: dict[str, int] = {}
+    inferred, conflicts = [], []
+    for inf in infer_geometry(root):
+        attr = attribute_of(inf.key)
+        if inf.key in explicit or attr in explicit:
+            if _effective(settings, attr) != inf.value:
+                conflicts.append(inf)
+        elif _effective(settings, attr) != inf.value:
+            applied[inf.key] = inf.value
+            inferred.append(inf)
+    if applied:
+        settings = settings.with_overrides(applied)
+    return dataclasses.replace(settings, inferred=tuple(inferred), geometry_conflicts=tuple(conflicts))
+
+
+def _effective(settings: BrokerSettings, attr: str) -> int | None:
+    """The value the broker uses (the CQ size rounded up to whole 20-byte units)."""
+    if attr == "mapped_file_size_consume_queue_config":
+        return settings.mapped_file_size_consume_queue
+    return getattr(settings, attr)
+
+
+def settings_findings(settings: BrokerSettings) -> list[Finding]:
+    """What the settings took from the files, and where the files disagree with broker.conf/--set."""
+    out = [Finding("geometry_inferred", "info", inf.file, None,
+                   f"no broker.conf or --set gave {inf.key}: using {inf.value}, as {inf.evidence}",
+                   {"key": inf.key, "value": inf.value}) for inf in settings.inferred]
+    by_file: dict[str, list[Inferred]] = {}
+    for inf in settings.geometry_conflicts:  # one finding per file kind (the index's two numbers together)
+        by_file.setdefault(inf.file, []).append(inf)
+    for file, infs in by_file.items():
+        conf = ", ".join(f"{i.key}={_effective(settings, attribute_of(i.key))}" for i in infs)
+        files = ", ".join(f"{i.key}={i.value}" for i in infs)
+        out.append(Finding("geometry_conflict", "error", file, None,
+                           f"broker.conf/--set gives {conf}, but {infs[0].evidence}: the broker that wrote them used "
+                           f"{files}; reading with the configured values (the per-file findings they cause are folded "
+                           f"into this one); if that broker.conf is not the store's, drop it or pass "
+                           + " ".join(f"--set {i.key}={i.value}" for i in infs),
+                           {"key": infs[0].key, "keys": [i.key for i in infs], "files": files, "configured": conf}))
+    return out
 
 
 INFERRED_NOTE = "mappedFileSizeCommitLog inferred from the segment files:"
@@ -106,7 +153,7 @@ class Store:
         if settings is None:
             settings = self._load_settings(broker_conf)
         self.settings = settings
-        self.findings: list[Finding] = []
+        self.findings: list[Finding] = settings_findings(settings)
 
     @staticmethod
     def _load_settings(broker_conf: str | None):

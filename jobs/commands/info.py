@@ -13,6 +13,7 @@ from storelib.checkpoint import read_checkpoint
 from storelib.configjson import consumer_offsets, load_config
 from storelib.consumequeue import ConsumeQueue, list_queues
 from storelib.errors import Finding, StoreError
+from storelib.geometry import fold_geometry_findings
 from storelib.indexfile import list_index_files
 from storelib.lookup import index_geometry
 from storelib.markers import abort_state, lock_state, what_broker_does
@@ -64,7 +65,7 @@ def _queue_stats(store) -> tuple[dict, list[dict]]:
 def collect(store, scan: bool = True) -> dict[str, Any]:
     """Everything `info` reports, as plain data."""
     cl = store.commitlog
-    findings: list[Finding] = list(cl.findings)
+    findings: list[Finding] = [*cl.findings, *store.findings]
     out: dict[str, Any] = {"store": store.uri, "local": store.local}
     line = store.settings.line
     out["broker_line"] = line.to_json() if line else None
@@ -150,7 +151,7 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
             summary["levels"] = len(d.get("offsetTable") or {})
         cfg[name] = summary
     out["config"] = cfg
-    out["findings"] = [f.to_dict() for f in findings]
+    out["findings"] = [f.to_dict() for f in fold_geometry_findings(findings)]
     return out
 
 
