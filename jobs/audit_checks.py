@@ -39,6 +39,7 @@ from storelib.publish import atomic_local_file
 from storelib.record import INNER_BATCH_FLAG
 from storelib.resync import LostRegion, find_next_record, lost_region
 from storelib.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
+from storelib.topicname import unsafe_reason, unsafe_topic_finding
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 MAX_PER_KIND = 50  # findings of one kind per file before they are summarised
@@ -987,10 +988,16 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
                                "raw_max_offset": int(n[last_valid]) + 1 if last_valid >= 0 else cq_max,
                                "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                "messages": fact["messages"] if fact else 0, "lag": lag, "lag_bytes": behind_bytes}
+    unsafe: dict[str, list[int]] = {}  # topics that cannot be a directory: [records, first phy], one finding each
     for key, fact in facts.items():
         if key in seen_queues:
             continue
         topic, qid = key
+        if unsafe_reason(topic) is not None:
+            u = unsafe.setdefault(topic, [0, int(fact["first_phy"])])
+            u[0] += int(fact["messages"])
+            u[1] = min(u[1], int(fact["first_phy"]))
+            continue
         sev = "warning" if fact["first_phy"] >= reput_from else "error"
         out.add(Finding("queue_missing" if sev == "error" else "queue_behind_commitlog", sev,
                         f"consumequeue/{topic}/{qid}", None,
@@ -998,6 +1005,9 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
                         + ("; the broker dispatches them on start" if sev == "warning" else
                            " and they lie before the reput position: the broker never rebuilds it"),
                         {"topic": topic, "queue_id": qid, "count": fact["messages"]}))
+    S = log.segment_size
+    for topic, (n, first) in sorted(unsafe.items()):
+        out.add(unsafe_topic_finding(topic, f"commitlog/{first - first % S:020d}", first % S, n, first))
         stats[key] = {"topic": topic, "queue_id": qid, "min_offset": 0, "max_offset": 0,
                       "cl_max_offset": fact["cl_max_offset"], "messages": fact["messages"], "lag": fact["messages"],
                       "lag_bytes": 0}

@@ -61,7 +61,6 @@ from storelib.checkpoint import Checkpoint, read_checkpoint
 from storelib.commitlog import Split
 from storelib.consumequeue import (
     build_consume_queues,
-    safe_topic_dirname,
     write_consume_queues,
 )
 from storelib.direct_write import atomic_direct_file
@@ -103,6 +102,7 @@ from storelib.recovery import (
 from storelib.smallfile_io import atomic_write, fsync_dir
 from storelib.store import Store
 from storelib.store import load_settings as store_settings
+from storelib.topicname import unsafe_reason, unsafe_topic_finding
 
 WHAT = ("consumequeue", "index")
 CQ_COLS = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type"]
@@ -737,10 +737,13 @@ def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, 
             m = metas[base_to_idx[d.base]]
             if d.start != 0 or d.end != m["end"].file_offset:
                 raise StoreError("commitlog/" + d.name, d.end, "internal", "dispatch range is not a whole scan")
-        for i in inc:  # untrusted names never reach an executor's makedirs
-            for topic in metas[i]["topics"]:
-                safe_topic_dirname(topic)
         out = EngineResult(res, records=sum(metas[i]["rows"] for i in inc))
+        # an unsafe name never reaches an executor's makedirs (write_consume_queues skips it): reported once
+        unsafe = sorted({(t, plan.segments[i].name) for i in inc for t in metas[i]["topics"]
+                         if unsafe_reason(t) is not None}, key=lambda x: (x[0], x[1]))
+        for topic in dict.fromkeys(t for t, _ in unsafe):
+            first = next(seg for t, seg in unsafe if t == topic)
+            out.findings.append(unsafe_topic_finding(topic, f"commitlog/{first}", None, None))
         files: dict[str, dict[str, Any]] = {}
         cq_jobs: list[tuple[int, list[int]]] = []
         if ctx["do_cq"]:
@@ -1073,6 +1076,7 @@ def rebuild(cfg: RebuildConfig, spark=None) -> dict[str, Any]:
                        "cq_files": sum(1 for r in er.files if r.startswith("consumequeue/")),
                        "index_files": sum(1 for r in er.files if r.startswith("index/"))},
             "findings": [str(f) for f in er.findings],
+            "skipped_topics": [f.extra for f in er.findings if f.kind == "unsafe_topic_name"],
             "elapsed_s": round(elapsed, 3),
             "files": er.files,
         }
@@ -1159,7 +1163,7 @@ def run_args(args: argparse.Namespace) -> int:
         print(json.dumps({k: v for k, v in m.items() if k != "files"}, indent=2, ensure_ascii=False))
     else:
         print(summary_text(m))
-    return 0
+    return 1 if m.get("skipped_topics") else 0  # exit 1: rebuilt, but some topic could not be a directory
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,6 +98,7 @@ from storelib.recovery import (
 from storelib.resync import find_next_record, lost_region
 from storelib.scanner import SegmentScan
 from storelib.smallfile_io import atomic_write, fsync_dir, read_small
+from storelib.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 
 PLAN_SCHEMA = "rmqstore.recover.plan/1"
 MARKER = ".rmqstore-recover"  # in the store root while an apply is under way (names the backup dir)
@@ -437,7 +438,7 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
     # recovery dispatch (abnormal both versions; 5.x normal), then CQ truncation
     rec_ranges = [d for d in walk.dispatch if d.by == "recovery"]
     t_rec = _read_ranges(store, rec_ranges, [] if walk.delay_levels_quirk else delay_levels)
-    _cq_dispatch(queues, t_rec, root, Scq, "recovery")
+    _cq_dispatch(queues, t_rec, root, Scq, "recovery", findings)
     if not segs:
         for q in queues.values():
             q.destroy()
@@ -459,7 +460,7 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
             reput["ranges"] = [_range_dict(d) for d in rr]
             findings.extend(f for f in reput_walk.findings if f.kind.startswith("reput"))
             t_rep = _read_ranges(store, rr, delay_levels)
-            _cq_dispatch(queues, t_rep, root, Scq, "reput")
+            _cq_dispatch(queues, t_rep, root, Scq, "reput", findings)
         elif reput_from > P:
             findings.append(Finding("reput_from_beyond_end", "warning", None, None,
                                     f"the consume queues' maxPhysicOffset {reput_from} is past processOffset {P}: "
@@ -591,12 +592,18 @@ def _checkpoint_image(store, cp: Checkpoint, version: str) -> bytes:
 
 
 def _cq_dispatch(queues: dict[tuple[str, int], _QueueSim], table: pa.Table, root: Location, S: int,
-                 by: str) -> None:
+                 by: str, findings: list[Finding]) -> None:
+    """Dispatch ``table`` into the queue models; a topic that cannot be a directory is a finding, never a path."""
     if table.num_rows == 0:
         return
     states = {k: q.state for k, q in queues.items()}
     images = build_consume_queues(table, segment_size=S, state=states)
     for key, img in images.items():
+        if unsafe_reason(key[0]) is not None:
+            if not any(f.kind == "unsafe_topic_name" and f.extra.get("topic_escaped") == escape_topic(key[0], 1000)
+                       for f in findings):
+                findings.append(unsafe_topic_finding(key[0], None, None, None))
+            continue
         q = queues.get(key)
         if q is None:
             q = queues[key] = _QueueSim(key[0], key[1], root, S, None)

@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 from .bytesource import ArrowFileSource, LocalSource, Location, resolve
 from .errors import Finding, StoreError, StoreLayoutError
 from .javahash import java_hash_array
+from .topicname import escape_topic, is_standard_topic, unsafe_reason
 
 CQ_UNIT_SIZE = 20
 DEFAULT_CQ_SEGMENT_SIZE = 6_000_000
@@ -49,9 +50,6 @@ FILLER_BYTES = np.array([FILLER_ENTRY], dtype=CQ_DTYPE).tobytes()
 
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _ROCKSDB_NAMES = re.compile(r"^(CURRENT|IDENTITY|LOCK|MANIFEST-\d+|OPTIONS-\d+|\d+\.(sst|log))$")
-# TopicValidator (both tags): ^[%|a-zA-Z0-9_-]+$ ; '+' added for 5.x POP retry topics (%RETRY%group+topic)
-_TOPIC_CHARS = re.compile(r"[%|a-zA-Z0-9_+\-]+")
-MAX_TOPIC_DIR_BYTES = 255
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,27 +197,6 @@ def tags_code(
 # topic and queue directories
 
 
-def safe_topic_dirname(topic: str) -> str:
-    """``topic`` itself when it is a RocketMQ topic name that is safe as one directory name.
-
-    TopicValidator allows ``^[%|a-zA-Z0-9_-]+$`` (both tags); ``+`` is accepted too for 5.x POP retry
-    topics (``%RETRY%group+topic``). Length is capped at 255 bytes (what a directory entry can hold;
-    covers 5.x V2 topics of up to 255 characters). Anything else (empty, ``.``/``..``, separators, NUL,
-    non-ASCII) raises ``StoreError(kind="bad_topic_name")``: topics read from disk are untrusted and
-    must never steer a write outside the consumequeue directory.
-    """
-    if not isinstance(topic, str):
-        raise StoreError(None, None, "bad_topic_name", f"topic {topic!r} is not a string")
-    if topic in ("", ".", ".."):
-        raise StoreError(None, None, "bad_topic_name", f"topic {topic!r} cannot be a directory name")
-    if len(topic.encode("utf-8", "surrogatepass")) > MAX_TOPIC_DIR_BYTES:
-        raise StoreError(None, None, "bad_topic_name", f"topic of {len(topic)} chars is longer than 255 bytes")
-    if not _TOPIC_CHARS.fullmatch(topic):
-        raise StoreError(None, None, "bad_topic_name",
-                         f"topic {topic[:80]!r} has characters outside ^[%|a-zA-Z0-9_+-]+$")
-    return topic
-
-
 def parse_queue_dir(name: str) -> int | None:
     """Java ``Integer.parseInt`` of a queue-id directory name (sign allowed, int range), else None."""
     if not name:
@@ -266,10 +243,10 @@ def list_queues(store_root: Location | str | os.PathLike, findings: list[Finding
             found.append(Finding("unexpected_file", "warning", t.path, None, "not a topic directory"))
             continue
         topic = t.base_name
-        try:
-            safe_topic_dirname(topic)
-        except StoreError as e:
-            found.append(Finding("unusual_topic_name", "warning", t.path, None, e.detail))
+        if not is_standard_topic(topic):
+            found.append(Finding("unusual_topic_name", "info", t.path, None,
+                                 f"topic {escape_topic(topic)} is outside TopicValidator's ^[%|a-zA-Z0-9_-]+$ "
+                                 "(legal on disk: the store does not validate names)"))
         for q in _list(cq.join(topic)):
             qid = parse_queue_dir(q.base_name)
             if q.type != pafs.FileType.Directory:
@@ -986,12 +963,12 @@ def _write_file(target: Location, chunks: list, pos: int, size: int, digests: di
 def write_consume_queues(images: Mapping[tuple[str, int], QueueImage], consumequeue_dir: Location | str,
                          segment_size: int = DEFAULT_CQ_SEGMENT_SIZE, digests: dict[str, str] | None = None
                          ) -> list[str]:
-    """Write every image under ``consumequeue_dir/<topic>/<queueId>/`` (topic names checked first);
+    """Write every image under ``consumequeue_dir/<topic>/<queueId>/``, skipping topics that cannot be a
+    directory (storelib.topicname);
     ``digests`` as in :func:`write_queue_image`."""
     root = _as_location(consumequeue_dir)
-    for topic, _ in images:
-        safe_topic_dirname(topic)
     paths: list[str] = []
     for (topic, qid), img in sorted(images.items(), key=lambda kv: kv[0]):
-        paths += write_queue_image(img, root.join(topic, str(qid)), segment_size, digests)
+        if unsafe_reason(topic) is None:  # an unsafe name is never a path (the caller reports it)
+            paths += write_queue_image(img, root.join(topic, str(qid)), segment_size, digests)
     return paths

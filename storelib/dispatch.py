@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .bytesource import Location, resolve
 from .commitlog import CommitLog, Segment
@@ -69,7 +70,6 @@ from .consumequeue import (
     build_consume_queues,
     file_name,
     list_queues,
-    safe_topic_dirname,
     write_queue_image,
 )
 from .errors import Finding, StoreError
@@ -83,6 +83,7 @@ from .indexfile import (
 )
 from .record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from .scanner import SegmentScan
+from .topicname import unsafe_reason, unsafe_topic_finding
 
 DISPATCH_COLUMNS = [
     "phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset", "tran_type",
@@ -187,6 +188,8 @@ class _Dispatcher:
         # 420 MB after every chunk cost more than building it
         self.pending_index: Any = None
         self._cq_seen: set[str] = set()
+        # topics that cannot be a directory: topic -> [records, first phy offset], reported by finish()
+        self.unsafe: dict[str, list[int]] = {}
 
     def add(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -219,11 +222,14 @@ class _Dispatcher:
 
     def _flush_cq(self) -> None:
         table = pa.Table.from_batches(self.batches)
+        self._unsafe_chunk: set[str] = set()
         images = build_consume_queues(table, segment_size=self.cq_size, state=self.qstate)
         root = self.out.join("consumequeue")
         for key, img in sorted(images.items(), key=lambda kv: kv[0]):
             topic, qid = key
-            safe_topic_dirname(topic)
+            if unsafe_reason(topic) is not None:
+                self._note_unsafe(table, topic)
+                continue
             qdir = root.join(topic, str(qid))
             if qdir.local:
                 files = _write_queue_image_local(img, qdir.path, self.cq_size)
@@ -232,6 +238,19 @@ class _Dispatcher:
             self.result.cq_files += [f for f in files if f not in self._cq_seen]
             self._cq_seen.update(files)
             self.qstate[key] = img.state
+
+    def _note_unsafe(self, table: pa.Table, topic: str) -> None:
+        """Count a skipped topic's records in this chunk (once per chunk: every queue of it is skipped)."""
+        if topic in self._unsafe_chunk:
+            return
+        self._unsafe_chunk.add(topic)
+        phy = np.asarray(table.column("physical_offset_field"))[np.asarray(pc.equal(table.column("topic"), topic))]
+        seen = self.unsafe.setdefault(topic, [0, int(phy.min())])
+        seen[0] += len(phy)
+
+    def unsafe_findings(self, segment_size: int) -> list[Finding]:
+        return [unsafe_topic_finding(t, f"commitlog/{first - first % segment_size:020d}", first % segment_size, n,
+                                     first) for t, (n, first) in sorted(self.unsafe.items())]
 
     def _flush_index(self) -> None:
         # global row numbers across the chunk's batches → was anything dispatched after the last key?
@@ -502,6 +521,7 @@ def dispatch_store(
         pos = seg.base + S
         i += 1
     disp.finish()
+    findings.extend(disp.unsafe_findings(S))
     result.end_offset = pos
     result.queue_states = disp.qstate
     result.index_state = disp.istate

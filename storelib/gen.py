@@ -68,6 +68,15 @@ PRODUCER_GROUP = "tx_producer_group"
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 
 
+def _checked_topic(topic: str, v2: bool) -> str:
+    """A topic name the record format can hold: 127 UTF-8 bytes in a V1 record, 32767 in a V2 one."""
+    limit = 32767 if v2 else 127
+    n = len(topic.encode("utf-8"))
+    if not topic or n > limit:
+        raise ValueError(f"topic {topic[:40]!r}: {n} bytes; a {'V2' if v2 else 'V1'} record holds 1..{limit}")
+    return topic
+
+
 @dataclass
 class GenConfig:
     """What to generate. ``messages`` or ``size`` (commitlog bytes) bounds the store."""
@@ -86,6 +95,7 @@ class GenConfig:
     store_host: str = "10.0.0.5:10911"
     chunk_ops: int = 65536
     consumer_groups: int = 2
+    topic_names: tuple[str, ...] = ()  # user topics by name (any string the store can hold), else generated
 
 
 @dataclass
@@ -179,16 +189,18 @@ class Generator:
         names += [f"Topic{i:03d}" for i in range(len(names), cfg.topics)]
         if self.v5 and cfg.topics >= 3:  # a V2 record topic (> 127 characters)
             names[-1] = ("LongTopicV2_" + "abcdefghijklmnopqrstuvwxyz" * 6)[:150]
+        if cfg.topic_names:
+            names = [_checked_topic(t, self.auto_v2) for t in cfg.topic_names]
         self.user_topics = names
         self.topic_names = names + [SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC]
         self.t_sched, self.t_half, self.t_op = len(names), len(names) + 1, len(names) + 2
         tp = []
         for t in self.topic_names:
             b = t.encode()
-            v2 = self.auto_v2 and len(t) > 127
+            v2 = self.auto_v2 and len(b) > 127
             tp.append((len(b).to_bytes(2 if v2 else 1, "big", signed=True)) + b)
         self.topic_parts = pa.array(tp, pa.binary())
-        self.topic_v2 = np.array([self.auto_v2 and len(t) > 127 for t in self.topic_names])
+        self.topic_v2 = np.array([self.auto_v2 and len(t.encode()) > 127 for t in self.topic_names])
         self.topic_str = pa.array(self.topic_names, pa.string())
         # hosts: born hosts (IPv4 pool + IPv6), then the store host at the end
         v4 = [f"192.168.{a}.{b}:{p}" for a, b, p in zip(self.rng.integers(0, 8, 24), self.rng.integers(2, 250, 24),

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .consumequeue import CQ_UNIT_SIZE, ConsumeQueue, safe_topic_dirname
+from .consumequeue import CQ_UNIT_SIZE, ConsumeQueue
 from .errors import StoreError
 from .indexfile import IndexGeometry, list_index_files
 from .javahash import index_hash
 from .properties import split_keys
+from .topicname import safe_topic_dirname
 
 LONG_MAX = 2**63 - 1
 

@@ -272,18 +272,20 @@ def test_crc_failure_inside_the_window_ends_dispatch_in_both_engines(tmp_path, w
 
 
 @pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=pytest.mark.spark)])
-def test_unsafe_topic_name_from_disk_is_a_typed_error_and_nothing_is_published(tmp_path, engine, request):
+def test_unsafe_topic_name_from_disk_is_one_finding_and_the_rest_is_rebuilt(tmp_path, engine, request):
     if engine == "spark":
         request.getfixturevalue("with_spark")
     cs = CraftedStore(8192)
     cs.append(msg("Fine", 0))
     cs.append(msg("../../etc", 0))
+    cs.append(msg("Fine", 1))
     cs.write(tmp_path / "store")
-    with pytest.raises(StoreError) as e:
-        run(tmp_path / "store", tmp_path / "out", write_conf(tmp_path, mappedFileSizeCommitLog=8192), engine=engine)
-    assert e.value.kind == "bad_topic_name"
-    assert not (tmp_path.parent / "etc").exists()
-    assert not (tmp_path / "out").exists()
+    m = run(tmp_path / "store", tmp_path / "out", write_conf(tmp_path, mappedFileSizeCommitLog=8192), engine=engine)
+    assert [s["topic_escaped"] for s in m["skipped_topics"]] == ["'../../etc'"]
+    assert sum("unsafe_topic_name" in f for f in m["findings"]) == 1
+    assert sorted(p.name for p in (tmp_path / "out" / "consumequeue").iterdir()) == ["Fine"]
+    assert sorted(p.name for p in (tmp_path / "out" / "consumequeue" / "Fine").iterdir()) == ["0", "1"]
+    assert not (tmp_path.parent / "etc").exists() and not (tmp_path / "etc").exists()
     assert [p for p in tmp_path.iterdir() if "staging" in p.name] == []
 
 

@@ -37,7 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--messages", type=int, metavar="N", help="number of messages (client sends)")
     size.add_argument("--size", type=parse_size, metavar="BYTES", help="commitlog size to reach, e.g. 1GB")
-    p.add_argument("--topics", type=int, default=4, metavar="N")
+    p.add_argument("--topics", type=int, default=4, metavar="N", help="number of topics (default 4)")
+    p.add_argument("--topic-name", action="append", default=[], metavar="NAME", dest="topic_names",
+                   help="a topic by name, any string the store can hold (e.g. 订单事件 or Emoji🚀Topic; repeatable; "
+                        "replaces the generated names)")
     p.add_argument("--queues", type=int, default=4, metavar="N", help="queues per topic")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--version", choices=["4", "5"], default="4", help="broker line to emulate (4.9.8 or 5.3.3)")
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cfg = GenConfig(messages=args.messages, size=args.size, topics=args.topics, queues=args.queues,
                     seed=args.seed, version=args.version, ipv6_ratio=args.ipv6_ratio, tx_ratio=args.tx_ratio,
-                    delay_ratio=args.delay_ratio, compressed_ratio=args.compressed_ratio)
+                    delay_ratio=args.delay_ratio, compressed_ratio=args.compressed_ratio,
+                    topic_names=tuple(args.topic_names))
     big = (args.size or 0) >= 64 << 20 or (args.messages or 0) >= 50_000
     prog = Progress("gen", total=args.size, force=big)
     last = [0]
