@@ -212,7 +212,9 @@ class StoreOpen:
 @functools.lru_cache(maxsize=8)
 def _settings(store: StoreOpen):
     from storelib.store import load_settings
+    from storelib.storeroot import require_store_root
 
+    require_store_root(store.location(), store.path)  # planning fails with one line on what is not a store
     return load_settings(store.broker_conf, store.broker_version, dict(store.overrides), store.location())
 
 

@@ -83,6 +83,7 @@ def read_index_file(store: StoreOpen, ref: IndexFileRef) -> Iterator[pa.RecordBa
 
 
 def _index_refs(store: StoreOpen) -> list[IndexFileRef]:
+    store.settings()  # checks the store root (and loads the settings the reads use) before planning
     return list_index_files(store.location())
 
 

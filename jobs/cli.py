@@ -35,6 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def describe_error(e: BaseException) -> str:
+    """One line for an OS or value error, without Python's class names: ``PATH: what went wrong``."""
+    if isinstance(e, OSError) and e.strerror:
+        where = e.filename if e.filename is not None else "<store>"
+        return f"{where}: {e.strerror.lower()}" + (f" (and {e.filename2})" if e.filename2 else "")
+    return str(e).splitlines()[0] if str(e) else "invalid input"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -53,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         if args.debug:
             raise
-        print(f"rmqstore {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"rmqstore {args.command}: {describe_error(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rmqstore {args.command}: interrupted", file=sys.stderr)

@@ -63,6 +63,17 @@ def fs_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (``--limit -1`` is a mistake, not "no limit")."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
 def overrides(args: argparse.Namespace) -> dict[str, str]:
     """``--set KEY=VALUE`` options as a dict (a malformed one is a one-line error)."""
     out: dict[str, str] = {}

@@ -1021,6 +1021,7 @@ def rebuild(cfg: RebuildConfig, spark=None) -> dict[str, Any]:
     root = resolve(cfg.store, **cfg.fs_options)
     settings = load_settings(cfg, root)
     store = Store(root, settings)
+    store.require_records("rebuild")
     out = None
     if cfg.in_place:
         if not store.local:

@@ -56,6 +56,8 @@ def session_settings(conf: dict[str, str] | None = None, *, batch_job: bool = Fa
     settings.update(conf or {})
     # keep the Python workers' imports working wherever the session starts
     settings.setdefault("spark.executorEnv.PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    if not os.environ.get("RMQSTORE_DEBUG"):  # executors on other hosts: errors as their one line (get_spark)
+        settings.setdefault("spark.executorEnv.SPARK_HIDE_TRACEBACK", "1")
     return settings
 
 
@@ -77,6 +79,10 @@ def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[
         return b.getOrCreate()
     check_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # offline jobs: never bind a public interface
+    if not os.environ.get("RMQSTORE_DEBUG"):
+        # Python workers report an error as its one line (ours name file and offset), not a traceback that
+        # buries it; RMQSTORE_DEBUG=1 brings the tracebacks back
+        os.environ.setdefault("SPARK_HIDE_TRACEBACK", "1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

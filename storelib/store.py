@@ -20,6 +20,12 @@ from .bytesource import Location, resolve
 from .commitlog import CommitLog
 from .errors import Finding, StoreLayoutError
 from .geometry import Inferred, infer_geometry
+from .storeroot import (
+    NotAStoreError,
+    any_segment_starts_with_record,
+    commitlog_head_finding,
+    require_store_root,
+)
 
 
 def load_settings(broker_conf: str | None = None, version: str | None = None,
@@ -150,10 +156,14 @@ class Store:
             raise StoreLayoutError(self.uri, None, "not_found", "store root does not exist")
         if info.type != pafs.FileType.Directory:
             raise StoreLayoutError(self.uri, None, "not_a_directory", "store root is not a directory")
+        require_store_root(self.loc, self.uri)
         if settings is None:
             settings = self._load_settings(broker_conf)
         self.settings = settings
         self.findings: list[Finding] = settings_findings(settings)
+        head = commitlog_head_finding(self.loc)
+        if head is not None:
+            self.findings.append(head)
 
     @staticmethod
     def _load_settings(broker_conf: str | None):
@@ -191,6 +201,12 @@ class Store:
         """Every valid record in commitlog order as Arrow batches (see CommitLog.scan)."""
         kw.setdefault("delay_levels_ms", self.delay_levels_ms)
         return self.commitlog.scan(**kw)
+
+    def require_records(self, what: str) -> None:
+        """Fail (one line) where a command would otherwise print nothing for a commitlog that is not one."""
+        for f in self.findings:
+            if f.kind == "commitlog_head_not_a_record" and not any_segment_starts_with_record(self.loc):
+                raise NotAStoreError(f.file, f.offset, "not_a_commitlog", f"{what}: {f.detail}")
 
     def require_local(self, what: str) -> str:
         """The local root path, or a clear error for operations that modify a store in place."""

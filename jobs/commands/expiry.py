@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         ingest_bytes_per_s=_rate(args.ingest, "ingest"),
         consumption_msgs_per_s=_rate(args.consumption, "consumption"))
     store = Store(args.store, base, **fs_options(args))
+    store.require_records("expiry")
     snap = load_snapshot(store, mtimes=args.mtimes)
     report = {"simulation": describe(snap, model, policies[0]),
               "broker_line": base.line.to_json() if base.line else None,

@@ -75,6 +75,7 @@ def with_uniq_key_info(row: dict) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     store = open_store(args)
+    store.require_records("get")
     rows = [with_uniq_key_info(r) for r in lookup(store, args)]
     for r in rows:
         sys.stdout.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -157,10 +157,15 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     store = open_store(args)
+    try:
+        store.require_records("info")
+        empty_log = False
+    except StoreError:
+        empty_log = True  # still shown in full below; the exit code says the commitlog holds no records
     info = collect(store, scan=not args.no_scan)
     if args.json:
         print_json(info)
-        return 0
+        return 1 if empty_log else 0
     w = sys.stdout.write
     w(f"store       {info['store']}\n")
     bl = info.get("broker_line")
@@ -195,4 +200,4 @@ def run(args: argparse.Namespace) -> int:
         for f in info["findings"]:
             w(f"  [{f['severity']}] {f['file'] or '<store>'}{' @ ' + str(f['offset']) if f['offset'] is not None else ''}:"
               f" {f['kind']}: {f['detail']}\n")
-    return 0
+    return 1 if empty_log else 0

@@ -9,7 +9,15 @@ import sys
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.common import MESSAGE_JSON_FIELDS, Progress, add_store_args, open_store, print_table, row_to_json
+from jobs.common import (
+    MESSAGE_JSON_FIELDS,
+    Progress,
+    add_store_args,
+    non_negative_int,
+    open_store,
+    print_table,
+    row_to_json,
+)
 
 EXAMPLE = """example:
   rmqstore messages /data/store --topic OrderEvents --limit 5
@@ -25,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--queue-id", type=int, help="only this queue id")
     p.add_argument("--from-offset", type=int, metavar="P", help="start at this physical offset")
     p.add_argument("--to-offset", type=int, metavar="P", help="stop before this physical offset")
-    p.add_argument("--limit", type=int, metavar="N", help="at most N messages")
+    p.add_argument("--limit", type=non_negative_int, metavar="N", help="at most N messages (N >= 0)")
     p.add_argument("--with-body", action="store_true", help="include the body (base64 in JSONL)")
     p.add_argument("--no-crc", action="store_true", help="skip body CRC verification (crc_ok is null)")
     p.add_argument("--format", choices=["jsonl", "table", "parquet"], default="jsonl")
@@ -69,6 +77,7 @@ def _filtered(store, args, left, progress) -> iter:
 
 def run(args: argparse.Namespace) -> int:
     store = open_store(args)
+    store.require_records("messages")
     if args.format == "parquet":
         import pyarrow.parquet as pq
 

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"restored from {args.restore}: {len(changed)} change(s) undone ({len(actions)} recorded)")
         return 0
     store = _open(args)
+    store.require_records("recover")
     if args.apply:
         if not args.backup:
             raise StoreError(None, None, "bad_args", "--apply needs --backup DIR")
