@@ -57,7 +57,7 @@ def read_index_file(store: StoreOpen, ref: IndexFileRef) -> Iterator[pa.RecordBa
     """The used entries of one index file as batches of :data:`INDEX_SCHEMA`."""
     geo = index_geometry(store)
     try:
-        f = ref.open(geo, strict=False)
+        f = ref.open(geo, strict=False, broker_size=True)
     except StoreError as e:
         hint = "" if store.broker_conf else " (pass the brokerConf option: maxHashSlotNum/maxIndexNum)"
         raise StoreError(f"index/{ref.name}", e.offset, e.kind, e.detail + hint) from None

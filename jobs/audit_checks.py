@@ -1038,8 +1038,11 @@ def load_index_files(root: Location, settings: Any) -> IndexLoad:
     refs = list_index_files(root, res.findings)
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
     for ref in refs:
+        size_note = ref.size_finding(g)
+        if size_note is not None:
+            res.findings.append(size_note)
         try:
-            f = ref.open(g, strict=False)
+            f = ref.open(g, strict=False, broker_size=True)
         except StoreError as e:
             res.files.append((ref, None, None, _index_open_error(f"index/{ref.name}", e)))
             continue
@@ -1167,7 +1170,7 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
             out.add(err)
             continue
         try:
-            f = ref.open(g, strict=False)
+            f = ref.open(g, strict=False, broker_size=True)
         except StoreError as e:  # changed since it was validated
             out.add(_index_open_error(display, e))
             continue
@@ -1204,7 +1207,10 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
                 k_ = key_codes(log)
             rows = _lookup_repeats(log, e_phy)
             found = rows >= 0
-            codes = np.where(found, (k_.rank[np.clip(rows, 0, None)] << 31) | np.clip(e_kh, 0, None), -2)
+            if len(k_.rank):
+                codes = np.where(found, (k_.rank[np.clip(rows, 0, None)] << 31) | np.clip(e_kh, 0, None), -2)
+            else:  # no record at all (every segment gone): no entry can point at one
+                codes = np.full(len(rows), -2, dtype=np.int64)
             cs = np.sort(codes[found])
             all_codes.append(cs)
             if _run_of(cs, k_.kpos):  # every entry's code is a key's code: nothing to look up one by one

@@ -477,7 +477,7 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
         remaining = [r for r in refs if r.name not in index_delete]
         prev = None
         if remaining:
-            f = remaining[-1].open(geometry)
+            f = remaining[-1].open(geometry, broker_size=True)
             try:
                 prev = IndexState.from_file(f)
             finally:

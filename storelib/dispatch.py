@@ -398,7 +398,7 @@ def _existing_index_state(out: Location, geometry: IndexGeometry) -> IndexState 
     refs = list_index_files(out)
     if not refs:
         return None
-    f = refs[-1].open(geometry)
+    f = refs[-1].open(geometry, broker_size=True)
     try:
         return IndexState.from_file(f)
     finally:

@@ -556,8 +556,41 @@ class IndexFileRef:
     loc: Location
     size: int
 
-    def open(self, geometry: IndexGeometry | None = None, **kw: Any) -> IndexFile:
-        return _open_owned(IndexFile, open_source(self.loc, self.size), geometry, name=self.name, **kw)
+    def open(self, geometry: IndexGeometry | None = None, *, broker_size: bool = False, **kw: Any) -> IndexFile:
+        """The file read with ``geometry``; ``broker_size``: as the broker maps it, at the configured size
+        whatever its length (extra bytes ignored, missing ones read as the zeros its mapping would add)."""
+        src: ByteSource = open_source(self.loc, self.size)
+        if broker_size and geometry is not None and self.size >= HEADER_SIZE and self.size != geometry.file_size:
+            src = BrokerSizedSource(src, geometry.file_size)
+        return _open_owned(IndexFile, src, geometry, name=self.name, **kw)
+
+    def size_finding(self, geometry: IndexGeometry) -> Finding | None:
+        """A warning when the file's length differs from the configured size the broker maps it at."""
+        if self.size == geometry.file_size or self.size < HEADER_SIZE:
+            return None
+        longer = self.size > geometry.file_size
+        return Finding("index_size_mismatch", "warning", f"index/{self.name}", min(self.size, geometry.file_size),
+                       f"{self.size} bytes, configured size {geometry.file_size}: the broker maps it at the configured "
+                       + ("size and never reads the extra bytes" if longer else
+                          "size, which extends the file with zeros (entries past the end are read as empty)"),
+                       {"size": self.size, "expected": geometry.file_size})
+
+
+class BrokerSizedSource:
+    """A source seen at ``size`` bytes: cut when the file is longer, zero-filled where it is shorter."""
+
+    def __init__(self, inner: ByteSource, size: int):
+        self.inner, self.size, self.path = inner, size, inner.path
+
+    def read(self, offset: int, length: int) -> memoryview:
+        length = max(0, min(length, self.size - offset))
+        got = self.inner.read(offset, length) if offset < self.inner.size else memoryview(b"")
+        if len(got) >= length:
+            return got[:length]
+        return memoryview(bytes(got) + bytes(length - len(got)))
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def _open_owned(cls: type[IndexFile], src: ByteSource, geometry: IndexGeometry | None, **kw: Any) -> IndexFile:

@@ -60,7 +60,7 @@ def key_candidates(store, topic: str, key: str, begin_ms: int = 0, end_ms: int =
     geom = index_geometry(store.settings)
     found: set[int] = set()
     for ref in reversed(list_index_files(store.loc)):
-        f = ref.open(geom, strict=False)
+        f = ref.open(geom, strict=False, broker_size=True)
         try:
             found.update(f.query_hash(h, begin_ms, end_ms))
             if f.header.begin_timestamp < begin_ms:

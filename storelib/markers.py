@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .bytesource import Location
 from .errors import StoreError
-from .smallfile_io import PathOrLocation, as_location, atomic_write, local_path, read_small
+from .smallfile_io import PathOrLocation, as_location, atomic_write, file_size, local_path, read_small
 
 ABORT_FILE = "abort"
 ABORT_BAK_FILE = "abort.bak"
@@ -162,11 +162,24 @@ def _probe_lock(path: str) -> tuple[bool | None, int | None, str]:
         os.close(fd)  # note: closing drops every POSIX lock this process held on the file
 
 
+def _read_first(loc: Location, n: int) -> bytes | None:
+    """The first ``n`` bytes of a file (fewer if shorter), None when it does not exist."""
+    if file_size(loc) is None:
+        return None
+    try:
+        with loc.fs.open_input_file(loc.path) as f:
+            return bytes(f.read(n))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StoreError(loc.path, None, "unreadable", str(e)) from e
+
+
 def lock_state(root: PathOrLocation) -> LockState:
     """Inspect ``lock``: presence, the 4 bytes ``lock``, and whether a live process holds it."""
     loc = _root(root)
     lock_loc = loc.join(LOCK_FILE)
-    raw = read_small(lock_loc, _MAX_MARKER)
+    raw = _read_first(lock_loc, len(LOCK_CONTENT))  # the broker never reads it: any length is fine
     if raw is None:
         return LockState(exists=False, detail="no lock file (never started, or not a store root)")
     ok = raw[:4] == LOCK_CONTENT

@@ -121,8 +121,11 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
     geom = index_geometry(store.settings)
     idx = []
     for ref in list_index_files(store.loc, findings):
+        note = ref.size_finding(geom)
+        if note is not None:
+            findings.append(note)
         try:
-            f = ref.open(geom, strict=False)
+            f = ref.open(geom, strict=False, broker_size=True)
         except StoreError as e:
             findings.append(Finding(e.kind, "error", e.file, e.offset, e.detail))
             continue
