@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -103,12 +104,39 @@ def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[
 _SHIPPED: set[str] = set()
 
 
+PYFILES_PREFIX = "rmqstore-pyfiles-"
+
+
+def _sweep_pyfiles(tmpdir: str) -> None:
+    """Remove the shipped-code directories of runs whose process is gone (killed before its exit hook)."""
+    for name in os.listdir(tmpdir):
+        if not name.startswith(PYFILES_PREFIX):
+            continue
+        pid = name[len(PYFILES_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(tmpdir, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _package_zip() -> str:
     """storelib + datasources + jobs as one zip for ``addPyFile`` (executors on other hosts import it)."""
     import tempfile
     import zipfile
 
-    path = os.path.join(tempfile.mkdtemp(prefix="rmqstore-pyfiles-"), "rmqstore_pkgs.zip")
+    _sweep_pyfiles(tempfile.gettempdir())
+    tmp = tempfile.mkdtemp(prefix=f"{PYFILES_PREFIX}{os.getpid()}-")
+    atexit.register(shutil.rmtree, tmp, True)  # at exit, on failure too: Spark has read it by then
+    path = os.path.join(tmp, "rmqstore_pkgs.zip")
     with zipfile.ZipFile(path, "w") as z:
         for pkg in ("storelib", "datasources", "jobs"):
             for dirpath, _, names in os.walk(REPO / pkg):

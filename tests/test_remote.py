@@ -502,7 +502,7 @@ def test_recover_apply_on_s3_is_a_one_line_error(stores, s3_server, tmp_path, mo
 
 
 def test_recover_plan_same_from_s3_as_local(store_pair, s3_server, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # --plan also writes ./recover-plan.json
+    monkeypatch.chdir(tmp_path)  # a preview writes nothing (checked in test_leftovers)
     local, uri, conf = store_pair["local"], store_pair["uri"], store_pair["conf"]
     rc_l, out_l, err_l = run_cli(["recover", local, "--plan", "--json", "--broker-conf", conf])
     rc_r, out_r, err_r = run_cli(["recover", uri, "--plan", "--json", "--broker-conf", conf])

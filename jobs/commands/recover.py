@@ -41,8 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     mode.add_argument("--restore", metavar="DIR", help="restore the store from an apply's backup directory")
     mode.add_argument("--salvage", metavar="OUT", help="export what a start-up would lose into OUT")
     p.add_argument("--backup", metavar="DIR", help="backup + journal directory for --apply (outside the store)")
-    p.add_argument("--plan-file", metavar="F", default="recover-plan.json",
-                   help="where --plan writes the JSON plan (default: ./recover-plan.json; '-' for none)")
+    p.add_argument("--plan-file", metavar="F", default=None,
+                   help="also write the JSON plan to F (default: none; a preview writes nothing; --apply records "
+                        "the plan it carried out in its backup directory)")
     p.add_argument("--broker-exact-index", action="store_true",
                    help="after an abnormal exit, re-index only what the broker would (it loses keys of deleted index "
                         "files before the recovery start); default: re-add them too, so the index stays complete")
