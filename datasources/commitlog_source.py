@@ -18,7 +18,6 @@ A zero-filled region or a blank record ends a segment's data, as for the broker.
 
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -142,28 +141,22 @@ def _int(name: str, v: Any) -> int:
 
 def parse_time(name: str, v: Any) -> int:
     """Epoch milliseconds from an integer or an ISO-8601 date/time (UTC unless it carries a zone)."""
-    if isinstance(v, int):
-        return v
-    if isinstance(v, _dt.datetime):
-        d = v
-    else:
-        s = str(v).strip()
-        if s.lstrip("-").isdigit():
-            return int(s)
-        try:
-            d = _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-        except ValueError:
-            raise ValueError(f"option {name}: expected epoch ms or an ISO date/time, got {v!r}") from None
-    if d.tzinfo is None:
-        d = d.replace(tzinfo=_dt.timezone.utc)
-    return int(d.timestamp() * 1000)
+    from storelib.units import parse_time_ms
+
+    try:
+        return parse_time_ms(v)
+    except ValueError:
+        raise ValueError(f"option {name}: expected epoch ms or an ISO date/time, got {v!r}") from None
 
 
 def _bytes(name: str, v: Any) -> int:
-    """A byte count: plain integer or with a k/m/g suffix (binary units)."""
-    s = str(v).strip().lower().rstrip("b")
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:], 1)
-    n = _int(name, s[:-1] if mult > 1 else s) * mult
+    """A positive byte count: plain or with a unit (``128k``, ``64MB``; storelib.units.parse_size)."""
+    from storelib.units import parse_size
+
+    try:
+        n = parse_size(v)
+    except ValueError:
+        raise ValueError(f"option {name}: expected a size such as 128k or 64MB, got {v!r}") from None
     if n <= 0:
         raise ValueError(f"option {name}: must be positive, got {v!r}")
     return n

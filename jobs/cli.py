@@ -16,6 +16,15 @@ from storelib.errors import StoreError
 COMMANDS = ["info", "messages", "get", "gen", "rebuild", "audit", "recover", "expiry"]
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rmqstore")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rmqstore",
@@ -23,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run 'rmqstore COMMAND --help' for each command's options and an example.",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    p.add_argument("--version", action="version", version=f"rmqstore {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:

@@ -22,6 +22,15 @@ MESSAGE_JSON_FIELDS = [
 ]
 
 
+def plain_doc(doc: str | None) -> str:
+    """A module docstring as --help text: without its ````rmqstore X````: lead and reST markup."""
+    import re
+
+    text = re.sub(r"^``rmqstore \w+``:\s*", "", doc or "")
+    text = text.replace("``", "")
+    return text[:1].upper() + text[1:]
+
+
 def add_store_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     """STORE plus the options every command that opens a store accepts."""
     if store:
@@ -63,6 +72,26 @@ def fs_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def size_arg(text: str) -> int:
+    """argparse type: a size with or without a unit (``2GB``, ``512k``, ``1048576``; storelib.units)."""
+    from storelib.units import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def time_arg(text: str) -> int:
+    """argparse type: ISO-8601 (UTC unless it says otherwise) or epoch milliseconds, as epoch ms."""
+    from storelib.units import parse_time_ms
+
+    try:
+        return parse_time_ms(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0 (``--limit -1`` is a mistake, not "no limit")."""
     try:
@@ -91,7 +120,10 @@ def settings_from_args(args: argparse.Namespace, root=None, version: str | None 
     ``version`` applies when the command has no --broker-version (or it says auto): None detects."""
     v = getattr(args, "broker_version", None)
     v = version if v in (None, "auto") else v
-    return load_settings(getattr(args, "broker_conf", None), v, overrides(args), root)
+    settings = load_settings(getattr(args, "broker_conf", None), v, overrides(args), root)
+    for f in settings.conf_findings:  # a typo in broker.conf is silent in the broker: not here
+        print(f"rmqstore: {f}", file=sys.stderr)
+    return settings
 
 
 def open_store(args: argparse.Namespace, version: str | None = None) -> Store:

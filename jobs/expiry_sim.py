@@ -52,6 +52,7 @@ import numpy as np
 from storelib.brokerconf import BrokerSettings
 from storelib.commitlog import offset_to_file_name
 from storelib.errors import Finding, StoreError
+from storelib.units import parse_time_ms
 
 HOUR_MS = 3_600_000
 FIRST_RUN_DELAY_MS = 60_000  # scheduleAtFixedRate(..., 60 s, cleanResourceInterval)
@@ -120,25 +121,6 @@ def hour_table(delete_when: str) -> tuple[list[int], str | None]:
                 break
         table.append(out)
     return table, problem
-
-
-def parse_time_ms(text: str | int) -> int:
-    """ISO-8601 (``Z``/offset; naive means UTC) or epoch milliseconds, as epoch milliseconds."""
-    if isinstance(text, int):
-        return text
-    t = str(text).strip()
-    if re.fullmatch(r"-?\d+", t):
-        return int(t)
-    try:
-        dt = datetime.fromisoformat(t.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError as e:
-        raise ValueError(f"not an ISO-8601 time or epoch milliseconds: {text!r}") from e
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return (dt - datetime(1970, 1, 1, tzinfo=timezone.utc)) // _MS
-
-
-_MS = __import__("datetime").timedelta(milliseconds=1)
 
 
 def _zone(tz: str) -> Any:
@@ -477,9 +459,18 @@ class _Sim:
             raise ValueError(f"--from {self.start} is before the store's snapshot time {self.t_snap} "
                              "(the store's state is only known from then on)")
         self.until = self.start + DEFAULT_HORIZON_MS if model.until_ms is None else int(model.until_ms)
+        self.horizon_source = "default (7 days)" if model.until_ms is None else "given (--until)"
         if self.until < self.start:
             raise ValueError("--until is before the simulation start")
         new_segments = self.R * (self.until - self.t_snap) / 1000.0 / snap.segment_size
+        if new_segments > MAX_NEW_SEGMENTS and model.until_ms is None:
+            # a store written in a burst makes the observed rate absurd over 7 days: answer anyway, over the
+            # horizon in which the simulated segments stay worth computing, and say so
+            self.until = max(self.start, self.t_snap + int(MAX_NEW_SEGMENTS * snap.segment_size * 1000.0 / self.R))
+            self.horizon_source = (f"shortened from 7 days: {self.ingest_source} ingest of {self.R:.0f} bytes/s would "
+                                   f"write {new_segments:.0f} segments; the simulation ends after {MAX_NEW_SEGMENTS} "
+                                   "(give --ingest or --until to choose)")
+            new_segments = MAX_NEW_SEGMENTS
         if new_segments > MAX_NEW_SEGMENTS:
             raise ValueError(
                 f"{self.ingest_source} ingest of {self.R:.0f} bytes/s would write {new_segments:.0f} new "
@@ -897,6 +888,7 @@ def describe(snap: StoreSnapshot, model: TimeModel | None = None, policy: Policy
     sim = _Sim(policy or Policy("describe"), snap, model or TimeModel())
     return {
         "store": snap.name, "snapshot_ms": sim.t_snap, "start_ms": sim.start, "until_ms": sim.until,
+        "horizon_source": sim.horizon_source,
         "first_tick_ms": sim.T0, "segment_size": snap.segment_size, "write_pos": snap.write_pos,
         "ingest_bytes_per_s": sim.R, "ingest_source": sim.ingest_source, "consumption": sim.consumption,
         "mtime_source": snap.mtime_source,

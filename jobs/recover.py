@@ -1050,6 +1050,7 @@ class ApplyResult:
     done_before: int
     resumed: bool
     already_complete: bool
+    file_changes: int = 0  # files written or deleted in the store (what --restore undoes), markers excluded
 
 
 def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, force: bool = False,
@@ -1126,7 +1127,12 @@ def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, f
             _hook(f"{step['id']}:done")
         _journal(bdir, {"event": "complete"})
         shutil.rmtree(os.path.join(bdir, STAGED), ignore_errors=True)
-    return ApplyResult(plan, len(steps), before, resumed, False)
+    return ApplyResult(plan, len(steps), before, resumed, False, file_changes=count_file_changes(steps))
+
+
+def count_file_changes(steps: list[dict]) -> int:
+    """The store files an apply writes or deletes: the one count apply and restore both report."""
+    return sum(1 for s in steps if not str(s.get("op", "")).startswith("marker_"))
 
 
 def restore(backup_dir: str | os.PathLike, root: str | os.PathLike | None = None) -> list[dict]:

@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .brokerkeys import KNOWN_BROKER_CONF_KEYS
 from .brokerline import BrokerLine
-from .errors import StoreError
+from .errors import Finding, StoreError
 from .smallfile_io import PathOrLocation, as_location, read_small
 
 if TYPE_CHECKING:
@@ -253,6 +254,7 @@ class BrokerSettings:
     line: BrokerLine | None = None  # how ``version`` was chosen (storelib.store.load_settings sets it)
     inferred: tuple[Inferred, ...] = ()  # geometry taken from the files (no broker.conf/--set gave it)
     geometry_conflicts: tuple[Inferred, ...] = ()  # the files disagree with broker.conf/--set (which win)
+    conf_findings: tuple[Finding, ...] = ()  # keys no broker reads (typos), a JSON file given as broker.conf
 
     # ---- constructors -------------------------------------------------------------------------
 
@@ -499,7 +501,29 @@ def load_broker_conf(where: PathOrLocation, version: str = "4") -> BrokerSetting
     items: dict[str, tuple[Any, int | None, int | None]] = {}
     for key, (value, line, off) in parsed.items():
         items[key] = (value, line, len(text[:off].encode("utf-8")) if off else 0)
-    return _build(BrokerSettings.defaults(version), items, loc.path)
+    settings = _build(BrokerSettings.defaults(version), items, loc.path)
+    return dataclasses.replace(settings, conf_findings=tuple(conf_findings(loc.path, text, items)))
+
+
+def conf_findings(path: str, text: str, items: Mapping[str, tuple[Any, int | None, int | None]]) -> list[Finding]:
+    """What a broker would silently ignore: keys no broker reads (with the closest one), or not a
+    properties file at all (JSON given as broker.conf)."""
+    import difflib
+
+    if text.lstrip().startswith(("{", "[")):
+        return [Finding("broker_conf_not_properties", "warning", path, 0,
+                        "this looks like JSON, not a broker.conf (Java properties: key=value lines); "
+                        "the broker would read no setting from it")]
+    out = []
+    for key, (_, line, off) in items.items():
+        if key in KNOWN_BROKER_CONF_KEYS or key in _BY_KEY or key in _SYSPROPS:
+            continue
+        close = difflib.get_close_matches(key, KNOWN_BROKER_CONF_KEYS, n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        out.append(Finding("broker_conf_unknown_key", "warning", path, off,
+                           f"line {line}: {key!r} is not a setting of RocketMQ 4.9.8 or 5.3.3 (the broker ignores "
+                           f"it){hint}", {"key": key, "suggestion": close[0] if close else None}))
+    return out
 
 
 # ---- typed conversion -------------------------------------------------------------------------

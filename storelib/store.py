@@ -82,10 +82,11 @@ def _effective(settings: BrokerSettings, attr: str) -> int | None:
 
 
 def settings_findings(settings: BrokerSettings) -> list[Finding]:
-    """What the settings took from the files, and where the files disagree with broker.conf/--set."""
-    out = [Finding("geometry_inferred", "info", inf.file, None,
+    """What the settings took from the files, where the files disagree with broker.conf/--set, and what
+    in broker.conf a broker would ignore."""
+    out = [*settings.conf_findings, *[Finding("geometry_inferred", "info", inf.file, None,
                    f"no broker.conf or --set gave {inf.key}: using {inf.value}, as {inf.evidence}",
-                   {"key": inf.key, "value": inf.value}) for inf in settings.inferred]
+                   {"key": inf.key, "value": inf.value}) for inf in settings.inferred]]
     by_file: dict[str, list[Inferred]] = {}
     for inf in settings.geometry_conflicts:  # one finding per file kind (the index's two numbers together)
         by_file.setdefault(inf.file, []).append(inf)

@@ -19,6 +19,7 @@ from jobs.cli import main as cli_main
 from jobs.expiry_sim import (
     Policy,
     TimeModel,
+    describe,
     hour_table,
     java_parse_int,
     load_snapshot,
@@ -358,7 +359,7 @@ def test_spark_grid_equals_each_policy_run_alone(tmp_path, spark):
     assert any(r["summary"]["lost_messages"] for r in alone)
 
 
-def test_real_sample_copy_has_lost_mtimes_and_bursts_are_refused(sample_498):
+def test_real_sample_copy_has_lost_mtimes_and_a_burst_shortens_the_default_horizon(sample_498):
     from storelib.brokerconf import load_broker_conf
     from tests.conftest import broker_conf
 
@@ -368,8 +369,14 @@ def test_real_sample_copy_has_lost_mtimes_and_bursts_are_refused(sample_498):
     assert snap.mtime_source == "store_time"
     assert all(m > 1_600_000_000_000 for m in snap.seg_mtime)
     pol = Policy.from_settings("p", st.with_overrides({"deleteWhen": "04"}), disk_capacity=3_000_000)
-    with pytest.raises(ValueError, match="ingest"):
-        simulate(pol, snap)  # written in about a second: the observed rate is not a forecast
+    # written in about a second: the observed rate is not a forecast; with the defaults the what-if still
+    # answers, over the horizon in which the simulated segments stay worth computing, and says so
+    sim = describe(snap, TimeModel(), pol)
+    assert sim["horizon_source"].startswith("shortened from 7 days")
+    assert sim["until_ms"] - sim["snapshot_ms"] < 7 * 24 * H
+    assert simulate(pol, snap)["summary"]["commitlog_deleted"] > 0
+    with pytest.raises(ValueError, match="ingest"):  # an explicit --until that far is refused, with the fix
+        simulate(pol, snap, TimeModel(until_ms=snap.last_store_ms + 7 * 24 * H))
     res = simulate(pol, snap, TimeModel(ingest_bytes_per_s=100, until_ms=snap.last_store_ms + 2 * 24 * H))
     assert res["summary"]["by_reason"]["forced"] > 0
     assert all(d["file"] != "commitlog/" + f"{int(snap.seg_base[-1]):020d}" or d["time_ms"] > snap.last_store_ms

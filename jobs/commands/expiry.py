@@ -9,7 +9,17 @@ import os
 import sys
 from typing import Any
 
-from jobs.common import add_store_args, fs_options, print_json, print_table, settings_from_args
+from jobs.common import (
+    add_store_args,
+    fs_options,
+    human_ms,
+    plain_doc,
+    print_json,
+    print_table,
+    settings_from_args,
+    size_arg,
+    time_arg,
+)
 from jobs.expiry_report import _ranges_text
 from storelib.brokerconf import BrokerSettings, parse_properties_text
 from storelib.bytesource import resolve
@@ -26,23 +36,25 @@ diskCapacity, diskOtherUsed, manualDeleteAt (';'-separated times) and jvmTimeZon
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("expiry", help="simulate file expiry policies and the unconsumed messages they delete",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_store_args(p)
     p.add_argument("--policy", action="append", default=[], metavar="FILE",
                    help="broker.conf-style overrides; one policy per file, named by the file name")
-    p.add_argument("--from", dest="start", metavar="T", help="simulation start (ISO-8601 or epoch ms); "
-                   "default: the store's last message time")
-    p.add_argument("--until", metavar="T", help="simulation end; default: start + 7 days")
-    p.add_argument("--disk-capacity", type=float, metavar="BYTES",
-                   help="partition size; without it no disk pressure is modelled")
-    p.add_argument("--disk-other-used", type=float, default=0, metavar="BYTES",
-                   help="bytes used on the partition by other data (default 0)")
-    p.add_argument("--ingest", default="observed", metavar="observed|BYTES_PER_S",
-                   help="commitlog growth rate (default: observed over the store's message times)")
+    p.add_argument("--from", dest="start", type=time_arg, metavar="T", help="simulation start (ISO-8601 or epoch "
+                   "ms); default: the store's last message time")
+    p.add_argument("--until", type=time_arg, metavar="T", help="simulation end (ISO-8601 or epoch ms); default: "
+                   "start + 7 days, shortened when the observed ingest would write more segments than are worth "
+                   "simulating (the output says so)")
+    p.add_argument("--disk-capacity", type=size_arg, metavar="SIZE",
+                   help="partition size, e.g. 2GB or 500GB; without it no disk pressure is modelled")
+    p.add_argument("--disk-other-used", type=size_arg, default=0, metavar="SIZE",
+                   help="bytes used on the partition by other data, e.g. 10GB (default 0)")
+    p.add_argument("--ingest", default="observed", metavar="observed|SIZE_PER_S",
+                   help="commitlog growth per second, e.g. 5MB (default: observed over the store's message times)")
     p.add_argument("--consumption", default="observed", metavar="observed|MSGS_PER_S",
                    help="per-queue consumer speed (default: each queue's production rate, i.e. constant lag)")
     p.add_argument("--tz", default="UTC", help="the broker JVM's time zone for deleteWhen (default UTC)")
-    p.add_argument("--manual-delete", action="append", default=[], metavar="T",
+    p.add_argument("--manual-delete", action="append", default=[], type=time_arg, metavar="T",
                    help="an admin deleteExpiredCommitLog at time T (20 cleaner runs); repeatable")
     p.add_argument("--mtimes", choices=["auto", "file", "store-time"], default="auto",
                    help="segment last-modified times: file mtimes, last message store times, or auto-detect "
@@ -54,12 +66,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _rate(text: str, what: str) -> float | None:
+    """'observed' (None), or a rate: a plain number, or a size per second for --ingest (``5MB``, ``5MB/s``)."""
     if text == "observed":
         return None
     try:
         v = float(text)
-    except ValueError as e:
-        raise ValueError(f"--{what} must be 'observed' or a number, not {text!r}") from e
+    except ValueError:
+        from storelib.units import parse_size
+
+        try:
+            v = float(parse_size(str(text).removesuffix("/s")))
+        except ValueError:
+            raise ValueError(f"--{what} must be 'observed' or a rate such as 5MB (per second), not {text!r}") from None
     if v < 0 or v != v:
         raise ValueError(f"--{what} must not be negative")
     return v
@@ -132,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     sim = report["simulation"]
     print(f"store {sim['store']}: {len(sim['segments'])} segments, mtimes from {sim['mtime_source']}, "
           f"ingest {sim['ingest_bytes_per_s']:.1f} B/s ({sim['ingest_source']}), consumption {sim['consumption']}")
+    print(f"horizon {human_ms(sim['start_ms'])} .. {human_ms(sim['until_ms'])}: {sim['horizon_source']}")
     print_table(compare_rows(report["policies"]), COMPARE_COLUMNS)
     for p in report["policies"]:
         for w in p["warnings"]:

@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
-from jobs.common import Progress, add_settings_args, print_json, print_table
+from jobs.common import Progress, add_settings_args, plain_doc, print_json, print_table, size_arg
 
 EXAMPLE = """example:
   rmqstore gen /tmp/store --messages 100000 --topics 6 --queues 8 --seed 42
   rmqstore gen /tmp/big --size 1GB --version 5 --broker-conf broker.conf --json
 """
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """``1GB``, ``256MB``, ``512k``, ``1048576`` → bytes (binary units)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 256MB, 1GB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
 def _ratio(text: str) -> float:
     v = float(text)
     if not 0.0 <= v <= 1.0:
@@ -32,24 +20,24 @@ def _ratio(text: str) -> float:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gen", help="generate a synthetic store (fast, realistic, broker-exact bytes)",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", metavar="OUT", help="output store root (must not exist, or be empty)")
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--messages", type=int, metavar="N", help="number of messages (client sends)")
-    size.add_argument("--size", type=parse_size, metavar="BYTES", help="commitlog size to reach, e.g. 1GB")
+    size.add_argument("--size", type=size_arg, metavar="BYTES", help="commitlog size to reach, e.g. 1GB")
     p.add_argument("--topics", type=int, default=4, metavar="N", help="number of topics (default 4)")
     p.add_argument("--topic-name", action="append", default=[], metavar="NAME", dest="topic_names",
                    help="a topic by name, any string the store can hold (e.g. 订单事件 or Emoji🚀Topic; repeatable; "
                         "replaces the generated names)")
     p.add_argument("--queues", type=int, default=4, metavar="N", help="queues per topic")
-    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed: the same seed writes the same store")
     p.add_argument("--version", choices=["4", "5"], default="4", help="broker line to emulate (4.9.8 or 5.3.3)")
-    p.add_argument("--segment-size", type=parse_size, metavar="BYTES", help="commitlog segment size")
+    p.add_argument("--segment-size", type=size_arg, metavar="BYTES", help="commitlog segment size")
     add_settings_args(p, line=False)
-    p.add_argument("--ipv6-ratio", type=_ratio, default=0.03)
+    p.add_argument("--ipv6-ratio", type=_ratio, default=0.03, help="share of IPv6 born hosts (default 0.03)")
     p.add_argument("--tx-ratio", type=_ratio, default=0.02, help="share of transactional sends")
     p.add_argument("--delay-ratio", type=_ratio, default=0.02, help="share of delayed messages")
-    p.add_argument("--compressed-ratio", type=_ratio, default=0.01)
+    p.add_argument("--compressed-ratio", type=_ratio, default=0.01, help="share of compressed bodies (default 0.01)")
     p.add_argument("--no-dispatch", action="store_true", help="write the commitlog only (no CQ / index)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
@@ -84,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(d)
     else:
-        rows = [{"what": k, "value": v} for k, v in d.items() if k != "per_type"]
-        rows += [{"what": f"records.{k}", "value": v} for k, v in res.per_type.items()]
-        print_table(rows, ["what", "value"])
+        rows = [{"generated": k, "value": v} for k, v in d.items() if k != "per_type"]
+        rows += [{"generated": f"records.{k}", "value": v} for k, v in res.per_type.items()]
+        print_table(rows, ["generated", "value"])
     return 0

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from jobs.common import add_store_args, open_store, row_to_json
+from jobs.common import add_store_args, open_store, plain_doc, row_to_json
 from storelib.errors import StoreError
 from storelib.record import decode_msg_id
 from storelib.uniqkey import decode_uniq_key
@@ -21,7 +21,7 @@ EXAMPLE = """examples:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("get", help="fetch messages by offset, msgId, queue position or key",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_store_args(p)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--offset", type=int, metavar="P", help="physical offset of the record")

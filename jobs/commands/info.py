@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs.common import Progress, add_store_args, human_ms, open_store, print_json, print_table
+from jobs.common import Progress, add_store_args, human_ms, open_store, plain_doc, print_json, print_table
 from storelib.checkpoint import read_checkpoint
 from storelib.configjson import consumer_offsets, load_config
 from storelib.consumequeue import ConsumeQueue, list_queues
@@ -27,7 +27,7 @@ CONFIG_FILES = ["topics.json", "consumerOffset.json", "subscriptionGroup.json", 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="summarise a store (segments, topics, queues, checkpoint, markers)",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_store_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-scan", action="store_true", help="skip the commitlog scan (no message counts)")

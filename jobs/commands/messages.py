@@ -15,6 +15,7 @@ from jobs.common import (
     add_store_args,
     non_negative_int,
     open_store,
+    plain_doc,
     print_table,
     row_to_json,
 )
@@ -27,7 +28,7 @@ EXAMPLE = """example:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("messages", help="list the messages of a store in commitlog order",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_store_args(p)
     p.add_argument("--topic", help="only this topic")
     p.add_argument("--queue-id", type=int, help="only this queue id")

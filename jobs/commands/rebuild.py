@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from jobs.common import plain_doc
+
 EXAMPLE = """examples:
   rmqstore rebuild /data/store --out /data/rebuilt
   rmqstore rebuild /data/store --out /data/rebuilt --engine spark --master local[4]
@@ -20,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from jobs.rebuild import add_arguments
 
     p = sub.add_parser("rebuild", help="rebuild consume queues and index files from the commitlog",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=run)
 

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from jobs.common import add_fs_args, add_settings_args, open_store, print_json
+from jobs.common import add_fs_args, add_settings_args, open_store, plain_doc, print_json
 from storelib.errors import StoreError
 from storelib.store import Store
 
@@ -31,7 +31,7 @@ EXAMPLE = """examples:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("recover", help="plan / apply / undo the broker's start-up recovery offline; salvage",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("store", metavar="STORE", nargs="?", help="store root (local path for --apply)")
     add_settings_args(p)
     add_fs_args(p)
@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
             print_json({"restored": actions})
         else:
             changed = [a for a in actions if a["action"] not in ("unchanged", "absent")]
-            print(f"restored from {args.restore}: {len(changed)} change(s) undone ({len(actions)} recorded)")
+            print(f"restored from {args.restore}: {len(changed)} file change(s) undone; the store is as it was "
+                  "before the apply")
         return 0
     store = _open(args)
     store.require_records("recover")
@@ -82,15 +83,16 @@ def run(args: argparse.Namespace) -> int:
         res = rc.apply(store, args.backup, version=None, force=args.force, progress=progress,
                        complete_index=not args.broker_exact_index)
         if args.json:
-            print_json({"steps": res.steps, "done_before": res.done_before, "resumed": res.resumed,
+            print_json({"steps": res.steps, "file_changes": res.file_changes, "done_before": res.done_before,
+                        "resumed": res.resumed,
                         "already_complete": res.already_complete, "plan": res.plan})
         else:
             if res.already_complete:
                 print(f"already applied (backup {args.backup})")
             else:
                 print("\n".join(rc.summary_lines(res.plan)))
-                print(f"applied {res.steps - res.done_before} step(s)"
-                      + (f" (resumed after {res.done_before})" if res.resumed else "")
+                print(f"applied {res.file_changes} file change(s)"
+                      + (f" (resumed after {res.done_before} step(s) done earlier)" if res.resumed else "")
                       + f"; backup and manifest in {args.backup} (undo: rmqstore recover --restore {args.backup})")
         return 0
     sim = rc.simulate(store, None, complete_index=not args.broker_exact_index)
