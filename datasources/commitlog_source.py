@@ -40,16 +40,10 @@ from pyspark.sql.datasource import (
 from storelib.bytesource import Location, open_source, resolve
 from storelib.commitlog import CommitLog, Split
 from storelib.errors import CorruptRecordError
+from storelib.messagecols import MESSAGE_COLUMNS, TIME_COLUMNS, TIME_TYPE, time_column
 from storelib.scanner import DEFAULT_DELAY_LEVELS_MS, MESSAGE_SCHEMA, SegmentScan
 from storelib.splits import find_record_start, plan_splits, prune_by_time
 
-# the columns of `rmqstore messages` (jobs.common.MESSAGE_JSON_FIELDS; datasources may not import jobs)
-MESSAGE_COLUMNS = [
-    "phy_offset", "size", "magic_version", "body_crc", "crc_ok", "queue_id", "flag", "queue_offset",
-    "physical_offset_field", "sys_flag", "tran_type", "born_timestamp", "born_host", "store_timestamp",
-    "store_host", "reconsume_times", "prepared_transaction_offset", "body_len", "topic", "tags", "keys",
-    "uniq_key", "msg_id", "tags_code", "properties",
-]
 EXTRA_COLUMNS = ["segment", "_corrupt"]
 MODES = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
 # columns a pushed filter may test (scalar columns of the schema); pruning uses the first three
@@ -58,13 +52,15 @@ PUSHABLE = {"phy_offset", "store_timestamp", "segment", "topic", "queue_id", "qu
             "born_timestamp", "flag", "tags_code", "crc_ok", "store_host", "born_host"}
 
 _ARROW_DDL = {pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INT", pa.int64(): "BIGINT",
-              pa.bool_(): "BOOLEAN", pa.string(): "STRING", pa.binary(): "BINARY", pa.float64(): "DOUBLE"}
+              pa.bool_(): "BOOLEAN", pa.string(): "STRING", pa.binary(): "BINARY", pa.float64(): "DOUBLE",
+              TIME_TYPE: "TIMESTAMP"}
 
 
 def output_schema(with_body: bool = False) -> pa.Schema:
     """Arrow schema of the rows: message columns (all nullable: corrupt rows), ``body``, ``segment``, ``_corrupt``."""
     names = MESSAGE_COLUMNS + (["body"] if with_body else [])
-    fields = [MESSAGE_SCHEMA.field(n).with_nullable(True) for n in names]
+    fields = [pa.field(n, TIME_TYPE) if n in TIME_COLUMNS else MESSAGE_SCHEMA.field(n).with_nullable(True)
+              for n in names]
     fields += [pa.field("segment", pa.string()), pa.field("_corrupt", pa.string())]
     return pa.schema(fields)
 
@@ -392,8 +388,9 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
     scan_cols = None
     if opts.columns is not None:  # decode only what is returned or filtered on (phy_offset always)
         need = {*out_names, *(p.column for p in msg_preds), "phy_offset"}
+        need |= {TIME_COLUMNS[c] for c in need if c in TIME_COLUMNS}
         names = [c for c in names if c in need]
-        scan_cols = names
+        scan_cols = [c for c in names if c not in TIME_COLUMNS]
     schema = pa.schema([output_schema(opts.with_body).field(c) for c in [*names, "segment", "_corrupt"]])
     project = out_names != schema.names
     settings = opts.store.settings()
@@ -413,7 +410,8 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
                 n = batch.num_rows
                 if not n:
                     continue
-                cols = [batch.column(c) for c in names]
+                cols = [time_column(batch.column(TIME_COLUMNS[c])) if c in TIME_COLUMNS else batch.column(c)
+                        for c in names]
                 cols.append(pa.repeat(pa.scalar(split.segment_name), n))
                 cols.append(pa.nulls(n, pa.string()))
                 out = _filter(pa.RecordBatch.from_arrays(cols, schema=schema), msg_preds)

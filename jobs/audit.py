@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -175,7 +176,7 @@ def _merge(old: SegmentResult, new: SegmentResult) -> SegmentResult:
     keep = [f for f in old.findings if f["kind"] != "stale_bytes_after_end"]
     out = SegmentResult(new.name, new.base, new.file_size, old.start, new.end_kind, new.data_end,
                         old.records + new.records, old.bytes_valid + new.bytes_valid, old.crc_errors + new.crc_errors,
-                        keep + new.findings, old.regions + new.regions)
+                        old.crc_bytes + new.crc_bytes, keep + new.findings, old.regions + new.regions)
     out.set_tables(pa.concat_tables([old.record_table(), new.record_table()]),
                    pa.concat_tables([old.key_table(), new.key_table()]))
     ts = [t for t in (old.first_ts, new.first_ts) if t is not None]
@@ -354,7 +355,7 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spar
         parts.append(audit_part(t, opts, keep_tables=True))
         done_bytes += (t.end if t.end is not None else t.file_size) - t.start
         el = max(time.monotonic() - t0, 1e-9)
-        _log(f"audit: task {i + 1}/{len(units)} {t.name}@{t.start}: {len(parts[-1].items)} findings "
+        _log(f"audit: task {i + 1}/{len(units)} {t.name}@{t.start}: {parts[-1].problem_count()} findings "
              f"({done_bytes / el / 1e6:.0f} MB/s of file)", quiet)
     return _finish(tasks, parts, opts, quiet)
 
@@ -422,7 +423,53 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
                      "file_mb_per_s": round(audited_bytes / max(t_seg, 1e-9) / 1e6, 1) if tasks else None,
                      "messages_per_s": round(sum(r.records for r in fresh) / max(t_seg, 1e-9), 1) if tasks else None,
                      "since": since}
+    report["damage"] = damage_cost(store, report, quiet)
     return report
+
+
+COMMITLOG_DAMAGE = frozenset({"body_crc_mismatch", "prop_crc_mismatch", "torn_tail", "corrupt_region", "zeroed_region",
+                              "missing_segment", "segment_unreadable", "segment_not_sealed"})
+DERIVED_DAMAGE_PREFIXES = ("consumequeue/", "index/")
+
+
+def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True) -> dict[str, Any] | None:
+    """What the findings cost and what to run next; None on a store without damage at error or above.
+
+    The cost is the one recovery walk ``rmqstore recover`` shows (read-only): the messages a broker
+    start-up would drop (its CRC check truncates the commitlog at the first bad record of the recovery
+    window and everything after it goes), how many of them are intact (salvageable), and where the
+    commitlog would end. A CRC error in a segment the start-up does not re-check costs nothing at start-up.
+    """
+    serious = [f for f in report["findings"] if SEVERITY_RANK.get(f["severity"], 0) >= SEVERITY_RANK["error"]]
+    log_damage = any(f["kind"] in COMMITLOG_DAMAGE for f in serious)
+    derived = any((f["file"] or "").startswith(DERIVED_DAMAGE_PREFIXES) for f in serious)
+    if not (log_damage or derived):
+        return None
+    from jobs.recover import simulate
+
+    quoted = shlex.quote(store.uri)
+    _log("audit: replaying a broker start-up (read-only) to price the damage", quiet)
+    try:
+        sim = simulate(store)
+        totals = sim.plan["lost"]["totals"]
+    except (StoreError, OSError, ValueError) as e:
+        return {"error": str(e), "next": [{"command": f"rmqstore recover {quoted}",
+                                           "why": "preview what a broker start-up would do"}]}
+    steps: list[dict[str, str]] = []
+    if totals["messages"]:
+        steps.append({"command": f"rmqstore recover {quoted} --salvage SALVAGE_DIR",
+                      "why": f"export the {totals['messages']} message(s) a start-up would drop "
+                             f"({totals['intact']} intact) before anything changes"})
+    if log_damage:
+        steps.append({"command": f"rmqstore recover {quoted} --apply --backup BACKUP_DIR",
+                      "why": "do what the broker's start-up would (truncate, re-dispatch), keeping a backup; "
+                             "rmqstore recover without --apply previews it"})
+    if derived:
+        steps.append({"command": f"rmqstore rebuild {quoted} --out REBUILT_DIR",
+                      "why": "rebuild ConsumeQueue and index files from the commitlog, as the broker's dispatch writes them"})
+    return {"messages_lost": totals["messages"], "messages_intact": totals["intact"], "bytes_lost": totals["bytes"],
+            "bytes_unreadable": totals["bytes_unreadable"], "by_topic": totals["by_topic"],
+            "process_offset": sim.walk.process_offset, "next": steps}
 
 
 def _background() -> None:
@@ -580,7 +627,7 @@ def build_report(store: Store, results: list[SegmentResult], log: LogView, findi
         row = {"name": s.name, "base": s.base, "file_size": s.file_size,
                "records": r.records if r else 0, "bytes_valid": r.bytes_valid if r else 0,
                "data_end": r.data_end if r else 0, "end_kind": r.end_kind if r else "skipped",
-               "crc_errors": r.crc_errors if r else 0,
+               "crc_errors": r.crc_errors if r else 0, "bytes_crc_failed": r.crc_bytes if r else 0,
                "bytes_lost": sum(g["end"] - g["start"] for g in (r.regions if r else [])),
                "first_ts": r.first_ts if r else None, "last_ts": r.last_ts if r else None,
                "worst": worst.get(s.name)}
@@ -608,6 +655,8 @@ def build_report(store: Store, results: list[SegmentResult], log: LogView, findi
                     "segments": len([s for s in seg_rows if s["end_kind"] != "missing"]),
                     "queues": len(queues), "index_files": len(idx.get("files", [])),
                     "bytes_lost": sum(g["bytes_lost"] for g in regions),
+                    "crc_errors": sum(r.crc_errors for r in results),
+                    "bytes_crc_failed": sum(r.crc_bytes for r in results),
                     "commitlog_min_offset": log.log_min, "commitlog_end_offset": log.log_end,
                     "first_store_ts": int(log.ts.min()) if len(log.ts) else None,
                     "last_store_ts": int(log.ts.max()) if len(log.ts) else None},
@@ -655,7 +704,9 @@ def summary_text(report: dict[str, Any], fail_on: str) -> str:
         f"  {s['segments']} segments, {s['records']} records ({s['bytes_valid'] / 1e6:.1f} MB), {s['queues']} queues, "
         f"{s['index_files']} index files",
         f"  findings: {sev.get('critical', 0)} critical, {sev.get('error', 0)} error, {sev.get('warning', 0)} warning, "
-        f"{sev.get('info', 0)} info; {s['bytes_lost']} bytes in bad regions",
+        f"{sev.get('info', 0)} info",
+        f"  damaged data: {s['bytes_lost']} bytes in corrupt regions, {s.get('crc_errors', 0)} record(s) "
+        f"failing their CRC ({s.get('bytes_crc_failed', 0)} bytes)",
     ]
     if run:
         rate = f", {run['mb_per_s']} MB/s" if run.get("mb_per_s") else ""
@@ -666,13 +717,42 @@ def summary_text(report: dict[str, Any], fail_on: str) -> str:
         where = f["file"] or "<store>"
         if f["offset"] is not None:
             where += f" @ {f['offset']}"
-        lines.append(f"  [{f['severity']}] {where}: {f['kind']}: {f['detail'][:140]}")
+        lines.extend(_wrapped(f"  [{f['severity']}] {where}: {f['kind']}: {f['detail']}"))
     more = sum(1 for f in report["findings"] if SEVERITY_RANK.get(f["severity"], 0) >= 1) - len(shown)
     if more > 0:
-        lines.append(f"  ... {more} more (see the JSON/HTML report)")
+        lines.append(f"  ... {more} more (see the JSON/HTML report: --report-dir D or --json)")
+    lines.extend(damage_lines(report.get("damage")))
     code = exit_code(report, fail_on)
     lines.append(f"  result: {'CLEAN' if code == 0 else 'FINDINGS'} (fail-on {fail_on}, exit {code})")
     return "\n".join(lines)
+
+
+SUMMARY_WIDTH = 110
+DETAIL_LINES = 4
+
+
+def _wrapped(line: str, indent: str = "      ") -> list[str]:
+    """A finding on the console: wrapped at word boundaries, at most :data:`DETAIL_LINES` lines, a cut
+    one ending in an ellipsis that points to the report (which holds the whole text)."""
+    import textwrap
+
+    return textwrap.wrap(line, SUMMARY_WIDTH, subsequent_indent=indent, max_lines=DETAIL_LINES,
+                         placeholder=" ... (full text in the report)", break_on_hyphens=False)
+
+
+def damage_lines(damage: dict[str, Any] | None) -> list[str]:
+    """What the damage costs and what to run next (the report's ``damage`` section), for the console."""
+    if not damage:
+        return []
+    if damage.get("error"):
+        return [f"  cost: could not replay a start-up ({damage['error']})"]
+    out = _wrapped(f"  cost: a broker start-up would drop {damage['messages_lost']} message(s) "
+           f"({damage['messages_intact']} intact and salvageable, {damage['bytes_lost']} bytes); the commitlog "
+           f"would end at physical offset {damage['process_offset']}", "        ")
+    for c in damage["next"]:
+        out.append(f"  next: {c['command']}")
+        out.extend(_wrapped(f"        {c['why']}", "        "))
+    return out
 
 
 def write_reports(report: dict[str, Any], report_dir: str, fs_options: dict | None = None) -> tuple[str, str]:

@@ -100,6 +100,7 @@ class SegmentResult:
     records: int = 0
     bytes_valid: int = 0
     crc_errors: int = 0
+    crc_bytes: int = 0  # bytes of the records failing their CRC
     findings: list[dict] = field(default_factory=list)
     regions: list[dict] = field(default_factory=list)
     records_ipc: bytes = b""
@@ -229,6 +230,11 @@ class PartResult:
     keys_path: str | None = None
     seconds: float = 0.0
 
+    def problem_count(self) -> int:
+        """Findings this part will contribute (scan-time findings, CRC failures, lost regions), for the
+        progress line: the count the segment's findings are made from, before the per-kind caps."""
+        return sum(self.counts.values()) + len(self.bad_rows) + len(self.regions) + (self.unreadable is not None)
+
     def tables(self) -> tuple[pa.Table, pa.Table]:
         """The record and key tables: held in memory, or decoded from the IPC bytes (zero-copy)."""
         t = getattr(self, "_tables", None)
@@ -261,7 +267,9 @@ class TableSink:
         loc = resolve(self.dir, **self.fs_options)
         if loc.local:  # temp + rename: the file appears under its name only when complete (scratch: no fsync)
             path = os.path.join(loc.path, name)
-            with atomic_local_file(path, durable=False) as tmp, pa.OSFile(tmp, "wb") as f, \
+            # no makedirs: a task still running after the driver removed the sink (a cancelled stage)
+            # fails here instead of bringing the directory back
+            with atomic_local_file(path, durable=False, create_dir=False) as tmp, pa.OSFile(tmp, "wb") as f, \
                     pa.ipc.new_file(f, table.schema) as w:
                 w.write_table(table)
             return path
@@ -474,6 +482,7 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
         ts = recs.column("store_timestamp")
         res.first_ts, res.last_ts = int(pc.min(ts).as_py()), int(pc.max(ts).as_py())
     res.crc_errors = len(bad_rows)
+    res.crc_bytes = sum(size for _, size, _ in bad_rows)
     res.findings = [f.to_dict() for f in found.done()]
     res.seconds = sum(p.seconds for p in parts)
     return res

@@ -82,7 +82,8 @@ def _summary(rep: dict) -> str:
     cells = [("status", f'<b style="color:{COLORS[worst if worst != "info" else None]}">{status}</b>'),
              ("records", f"{s['records']:,}"), ("valid bytes", f"{s['bytes_valid']:,}"),
              ("segments", s["segments"]), ("queues", s["queues"]), ("index files", s["index_files"]),
-             ("bytes in bad regions", f"{s['bytes_lost']:,}"),
+             ("bytes in corrupt regions", f"{s['bytes_lost']:,}"),
+             ("records failing their CRC", f"{s.get('crc_errors', 0):,} ({s.get('bytes_crc_failed', 0):,} bytes)"),
              ("store time range", f"{_ms(s['first_store_ts'])} … {_ms(s['last_store_ts'])}"),
              ("commitlog offsets", f"{s['commitlog_min_offset']:,} … {s['commitlog_end_offset']:,}")]
     for k in ("critical", "error", "warning", "info"):
@@ -92,6 +93,21 @@ def _summary(rep: dict) -> str:
                                 f"{run.get('segments_audited')} audited / {run.get('segments_carried')} carried"))
     rows = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in cells)
     return f'<section id="summary"><h2>Summary</h2><table class="kv">{rows}</table></section>'
+
+
+def _damage(rep: dict) -> str:
+    """What the damage costs at a broker start-up and the commands that salvage or repair it."""
+    d = rep.get("damage")
+    if not d:
+        return ""
+    if d.get("error"):
+        cost = f"<p>A start-up could not be replayed: {_e(d['error'])}</p>"
+    else:
+        cost = (f"<p>A broker start-up would drop <b>{d['messages_lost']:,}</b> message(s) "
+                f"({d['messages_intact']:,} intact and salvageable, {d['bytes_lost']:,} bytes); the commitlog would "
+                f"end at physical offset {d['process_offset']:,}.</p>")
+    steps = "".join(f'<li><code>{_e(c["command"])}</code> — {_e(c["why"])}</li>' for c in d.get("next", []))
+    return f'<section id="damage"><h2>What it costs and what to do</h2>{cost}<ol>{steps}</ol></section>'
 
 
 def _findings(rep: dict) -> str:
@@ -237,7 +253,7 @@ def render_html(rep: dict) -> str:
             f"<h1>{_e(title)}</h1><p class=\"note\">Generated {_ms(rep['generated_at_ms'])} · schema "
             f"{_e(rep['schema'])} · broker {_e(rep['settings']['version'])}.x settings, commitlog segment "
             f"{rep['settings']['commitlog_segment_size']:,} bytes</p>"
-            + _summary(rep) + _findings(rep) + _health_map(rep) + _traffic(rep) + _sizes(rep) + _lag(rep)
+            + _summary(rep) + _damage(rep) + _findings(rep) + _health_map(rep) + _traffic(rep) + _sizes(rep) + _lag(rep)
             + "</body></html>")
 
 

@@ -11,15 +11,12 @@ from typing import Any
 
 from storelib.bytesource import resolve
 from storelib.errors import StoreError
+from storelib.messagecols import MESSAGE_COLUMNS, TIME_COLUMNS, iso_utc
 from storelib.store import Store, load_settings
 
 # JSONL field order of `rmqstore messages` (the snake_case names of the scan schema)
-MESSAGE_JSON_FIELDS = [
-    "phy_offset", "size", "magic_version", "body_crc", "crc_ok", "queue_id", "flag", "queue_offset",
-    "physical_offset_field", "sys_flag", "tran_type", "born_timestamp", "born_host", "store_timestamp",
-    "store_host", "reconsume_times", "prepared_transaction_offset", "body_len", "topic", "tags", "keys",
-    "uniq_key", "msg_id", "tags_code", "properties",
-]
+# the JSON fields of `rmqstore messages`: the one column list of storelib.messagecols
+MESSAGE_JSON_FIELDS = MESSAGE_COLUMNS
 
 
 def plain_doc(doc: str | None) -> str:
@@ -134,6 +131,8 @@ def open_store(args: argparse.Namespace, version: str | None = None) -> Store:
 def row_to_json(row: dict[str, Any], with_body: bool = False) -> dict[str, Any]:
     """One scanned record as the JSON object `rmqstore messages` prints."""
     out = {k: row.get(k) for k in MESSAGE_JSON_FIELDS}
+    for name, src in TIME_COLUMNS.items():  # the typed twins as ISO-8601 UTC text
+        out[name] = iso_utc(row.get(src))
     props = row.get("properties")
     if props is not None and not isinstance(props, dict):
         out["properties"] = dict(props)

@@ -51,33 +51,112 @@ def _svg(fig) -> str:
     return text[text.find("<svg"):]
 
 
-def _plots(policies: list[dict[str, Any]], start_ms: int | None = None) -> dict[str, str]:
+MAX_POINTS = 600  # per line: a long simulation is drawn as each interval's peak and trough
+LINE_STYLES = ["-", "--", "-.", ":"]
+
+
+def _human_bytes(n: float, _pos: Any = None) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _envelope(t: Any, y: Any, points: int = MAX_POINTS) -> tuple[Any, Any, Any]:
+    """(times, peaks, troughs) with at most ``points`` intervals: a cleaner that deletes every few
+    seconds draws a saw-tooth that, plotted point by point over days, fills the chart as one block."""
+    import numpy as np
+
+    t, y = np.asarray(t, dtype=float), np.asarray(y, dtype=float)
+    if len(t) <= points:
+        return t, y, y
+    edges = np.linspace(t[0], t[-1], points + 1)
+    idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, points - 1)
+    starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+    peaks = np.maximum.reduceat(y, starts)
+    troughs = np.minimum.reduceat(y, starts)
+    return (edges[idx[starts]] + edges[idx[starts] + 1]) / 2, peaks, troughs
+
+
+def _same_usage(policies: list[dict[str, Any]]) -> list[tuple[list[str], dict[str, Any]]]:
+    """Policies whose disk usage is the same series, grouped (one line, all their names): identical
+    lines drawn one over the other would hide all but the last."""
+    groups: list[tuple[list[str], dict[str, Any]]] = []
+    for p in policies:
+        key = [(x["time_ms"], x["used_bytes"]) for x in p["disk_usage"]]
+        for names, q in groups:
+            if [(x["time_ms"], x["used_bytes"]) for x in q["disk_usage"]] == key:
+                names.append(p["name"])
+                break
+        else:
+            groups.append(([p["name"]], p))
+    return groups
+
+
+def disk_figure(policies: list[dict[str, Any]], start_ms: int | None = None):
+    """Disk usage per policy over time (peak line and trough line per interval), the partition's
+    capacity as a dashed line, the legend outside the plot area; None without usage data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    shown = [p for p in policies[:12] if p["disk_usage"]]
+    if not shown:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    t0 = start_ms if start_ms is not None else min(p["disk_usage"][0]["time_ms"] for p in shown)
+    for i, (names, p) in enumerate(_same_usage(shown)):
+        d = p["disk_usage"]
+        t, hi, lo = _envelope([(x["time_ms"] - t0) / 3.6e6 for x in d], [x["used_bytes"] for x in d])
+        style = LINE_STYLES[i % len(LINE_STYLES)]
+        (line,) = ax.plot(t, hi, style, lw=1.4, label=" = ".join(names))
+        if len(t) < len(d):
+            ax.plot(t, lo, style, lw=0.7, color=line.get_color(), alpha=0.6, label="_trough")
+    caps = sorted({p["settings"]["disk_capacity"] for p in shown if p["settings"].get("disk_capacity")})
+    for cap in caps:
+        ax.axhline(cap, color="#555555", ls=(0, (6, 3)), lw=1, label=f"capacity {_human_bytes(cap)}")
+    ax.yaxis.set_major_formatter(FuncFormatter(_human_bytes))
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(f"hours since {_t(t0)}")
+    ax.set_ylabel("bytes used")
+    many = " (first 12 policies)" if len(policies) > 12 else ""
+    ax.set_title("Disk usage over time" + many + ("; long runs: each interval's peak and trough"
+                                                  if any(len(p["disk_usage"]) > MAX_POINTS for p in shown) else ""),
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return fig
+
+
+def loss_figure(policies: list[dict[str, Any]]):
+    """Unconsumed messages each policy deletes (bars with their values); None when no policy loses any."""
+    if not any(p["summary"]["lost_messages"] for p in policies):
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out: dict[str, str] = {}
-    shown = policies[:12]
-    if shown:
-        fig, ax = plt.subplots(figsize=(9, 3.6))
-        t0 = start_ms if start_ms is not None else min(
-            (p["disk_usage"][0]["time_ms"] for p in shown if p["disk_usage"]), default=0)
-        for p in shown:
-            d = p["disk_usage"]
-            ax.plot([(x["time_ms"] - t0) / 3.6e6 for x in d], [x["used_bytes"] for x in d], label=p["name"], lw=1.2)
-        ax.set_xlabel(f"hours since {_t(t0)}")
-        ax.set_ylabel("bytes used")
-        ax.set_title("Disk usage over time" + (" (first 12 policies)" if len(policies) > 12 else ""))
-        ax.legend(fontsize=7, loc="best")
-        out["disk"] = _svg(fig)
     fig, ax = plt.subplots(figsize=(9, max(2.0, 0.28 * len(policies) + 1)))
-    names = [p["name"] for p in policies]
-    ax.barh(names, [p["summary"]["lost_messages"] for p in policies], color="#c0392b")
+    values = [p["summary"]["lost_messages"] for p in policies]
+    bars = ax.barh([p["name"] for p in policies], values, color="#c0392b")
+    ax.bar_label(bars, labels=[f"{v:,}" for v in values], fontsize=8, padding=3)
+    ax.set_xlim(0, max(values) * 1.15)
     ax.set_xlabel("unconsumed messages deleted")
     ax.invert_yaxis()
-    ax.set_title("Messages lost before consumption, per policy")
-    out["loss"] = _svg(fig)
+    ax.set_title("Messages lost before consumption, per policy", fontsize=10)
+    return fig
+
+
+def _plots(policies: list[dict[str, Any]], start_ms: int | None = None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    disk = disk_figure(policies, start_ms)
+    if disk is not None:
+        out["disk"] = _svg(disk)
+    loss = loss_figure(policies)
+    out["loss"] = (_svg(loss) if loss is not None else
+                   "<p>No policy deletes a message before its consumer groups have read it.</p>")
     return out
 
 
@@ -131,8 +210,8 @@ def render_html(report: dict[str, Any]) -> str:
 
 
 def write_text_atomic(path: str, text: str) -> None:
-    """Temp file + rename, world-readable like any report (mkstemp alone would leave 0600)."""
-    with atomic_local_file(path, 0o644) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    """Temp file + rename, with the permissions ``open`` would give (see ``atomic_local_file``)."""
+    with atomic_local_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
 
 

@@ -97,7 +97,7 @@ from storelib.recovery import (
 )
 from storelib.resync import find_next_record, lost_region
 from storelib.scanner import SegmentScan
-from storelib.smallfile_io import atomic_write, fsync_dir, read_small
+from storelib.smallfile_io import atomic_write, fsync_dir, output_mode, read_small
 from storelib.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 
 PLAN_SCHEMA = "rmqstore.recover.plan/1"
@@ -998,11 +998,7 @@ def _install(src: str, dst: str) -> None:
     d = os.path.dirname(dst)
     tmp = os.path.join(d, "." + os.path.basename(dst) + ".rmqtmp")
     shutil.copyfile(src, tmp)
-    try:
-        mode = os.stat(dst).st_mode & 0o7777
-    except FileNotFoundError:
-        mode = 0o644
-    os.chmod(tmp, mode)
+    os.chmod(tmp, output_mode(dst))
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, dst)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +56,11 @@ def session_settings(conf: dict[str, str] | None = None, *, batch_job: bool = Fa
         rest = re.sub(r"-Dlog4j2\.configurationFile=\S+", "", settings.get(key, "")).split()
         extra = [o for o in BATCH_JOB_JVM_OPTIONS if o not in rest] if batch_job else []
         settings[key] = " ".join([f"-Dlog4j2.configurationFile=file:{log4j}", *rest, *extra])
+    # the driver's scratch files (block manager and shipped files under spark.local.dir's default,
+    # native libraries such as lz4's) where this process keeps its own: TMPDIR is honoured as by every
+    # other tool, not the JVM's fixed /tmp
+    if "-Djava.io.tmpdir=" not in settings["spark.driver.extraJavaOptions"]:
+        settings["spark.driver.extraJavaOptions"] += f" -Djava.io.tmpdir={tempfile.gettempdir()}"
     settings.update(conf or {})
     # keep the Python workers' imports working wherever the session starts
     settings.setdefault("spark.executorEnv.PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -91,14 +98,67 @@ def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    settings = session_settings(conf, batch_job=batch_job)
+    _launch_quiet_gateway(master, app_name, settings)
     b = SparkSession.builder.appName(app_name)
     if master:
         b = b.master(master)
-    for k, v in session_settings(conf, batch_job=batch_job).items():
+    for k, v in settings.items():
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    # a session started here is stopped at exit: Spark then removes its scratch dirs (a JVM that only
+    # sees its stdin close leaves blockmgr-*/spark-* behind)
+    atexit.register(_stop_quietly, spark)
     return spark
+
+
+def _stop_quietly(spark) -> None:
+    with contextlib.suppress(Exception):
+        spark.stop()
+
+
+# lines the JVM prints at every start that say nothing to a user: Spark 4's launcher adds
+# --add-modules=jdk.incubator.vector unconditionally and the JVM warns about it on stderr
+JVM_NOISE = ("WARNING: Using incubator modules:",)
+
+
+def _forward_jvm_stderr(stream) -> None:
+    """Copy the JVM's stderr to ours line by line, without the :data:`JVM_NOISE` lines."""
+    out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+    for line in iter(stream.readline, b""):
+        if line.decode("utf-8", "replace").startswith(JVM_NOISE):
+            continue
+        if out is not None:
+            out.write(line)
+            out.flush()
+        else:
+            sys.stderr.write(line.decode("utf-8", "replace"))
+
+
+def _launch_quiet_gateway(master: str | None, app_name: str, settings: dict[str, str]) -> None:
+    """Start the Spark JVM with its stderr through :func:`_forward_jvm_stderr` (same command line as
+    the builder would use: the same conf goes to spark-submit). ``RMQSTORE_DEBUG`` keeps it raw."""
+    import threading
+
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if os.environ.get("RMQSTORE_DEBUG") or SparkContext._gateway is not None:
+        return
+    conf = SparkConf(loadDefaults=False).setAppName(app_name)
+    if master:
+        conf.setMaster(master)
+    for k, v in settings.items():
+        conf.set(k, v)
+    read_fd, write_fd = os.pipe()  # read from the start: a JVM that fails to start still says why
+    threading.Thread(target=_forward_jvm_stderr, args=(os.fdopen(read_fd, "rb"),), name="spark-jvm-stderr",
+                     daemon=True).start()
+    try:
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": write_fd})
+    finally:
+        os.close(write_fd)
+    SparkContext._ensure_initialized(gateway=gateway)
 
 
 _SHIPPED: set[str] = set()
@@ -130,7 +190,6 @@ def _alive(pid: int) -> bool:
 
 def _package_zip() -> str:
     """storelib + datasources + jobs as one zip for ``addPyFile`` (executors on other hosts import it)."""
-    import tempfile
     import zipfile
 
     _sweep_pyfiles(tempfile.gettempdir())

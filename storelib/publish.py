@@ -12,19 +12,25 @@ import os
 import tempfile
 from collections.abc import Iterator
 
-from .smallfile_io import atomic_write, fsync_dir
+from .smallfile_io import atomic_write, fsync_dir, output_mode
 
 
 @contextlib.contextmanager
-def atomic_local_file(path: str | os.PathLike, mode: int | None = None, durable: bool = True) -> Iterator[str]:
+def atomic_local_file(path: str | os.PathLike, mode: int | None = None, durable: bool = True,
+                      create_dir: bool = True) -> Iterator[str]:
     """Yield a temp path beside ``path``; on success fsync and rename it over ``path``, else remove it.
+
+    ``create_dir=False``: a missing directory is an error (scratch dirs that another process removes
+    when it is done must not come back). ``mode``: the file's permission bits; default :func:`storelib.smallfile_io.output_mode` (the replaced
+    file's, else the umask's, as ``open`` would create it).
 
     ``durable=False`` skips the fsyncs: the file still appears only complete, but a crash may lose it
     (scratch files that a rerun recreates anyway).
     """
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
+    if create_dir:
+        os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
     os.close(fd)
     try:
@@ -32,8 +38,7 @@ def atomic_local_file(path: str | os.PathLike, mode: int | None = None, durable:
         if durable:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, output_mode(path) if mode is None else mode)
         os.replace(tmp, path)
         if durable:
             fsync_dir(d)

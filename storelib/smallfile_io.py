@@ -107,6 +107,31 @@ def write_file_fsync(path: str, data: bytes) -> None:
         raise StoreError(path, None, "write_failed", str(e)) from e
 
 
+def process_umask() -> int:
+    """The process umask, read without changing it where Linux shows it (``/proc/self/status``), else by
+    the set-and-restore dance (not thread-safe, hence the first choice)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def output_mode(path: str) -> int:
+    """The permission bits a replaced file keeps, or a new file gets from the umask like ``open`` would
+    (0644 under the usual 022): a temp file from ``mkstemp`` is 0600, which would hide reports, exports
+    and store files from the other users who read them."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~process_umask()
+
+
 def atomic_write(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically: unique temp file beside it, fsync, os.replace."""
     directory = os.path.dirname(os.path.abspath(path)) or "."
@@ -115,11 +140,7 @@ def atomic_write(path: str, data: bytes) -> None:
     except OSError as e:
         raise StoreError(path, None, "write_failed", str(e)) from e
     try:
-        try:
-            mode = os.stat(path).st_mode & 0o7777
-        except OSError:
-            mode = 0o644  # mkstemp's 0600 would hide the file from other users of the store
-        os.fchmod(fd, mode)
+        os.fchmod(fd, output_mode(path))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -87,3 +87,4 @@ def spark():
     session = get_spark(master="local[2]", app_name="rmqstore-tests")
     yield session
     session.stop()
+

@@ -20,16 +20,41 @@ def test_notebook_is_committed_without_outputs():
     assert any("parameters" in c.metadata.get("tags", []) for c in code)
 
 
-@pytest.fixture
-def executed(sample_498, monkeypatch) -> nbformat.NotebookNode:
-    monkeypatch.setenv("RMQSTORE_NOTEBOOK_STORE", str(sample_498 / "store"))
-    monkeypatch.setenv("RMQSTORE_NOTEBOOK_BROKER_CONF", str(broker_conf("4.9.8")))
-    monkeypatch.setenv("RMQSTORE_NOTEBOOK_SPARK", "0")  # the SQL cell runs below on the test session
-    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend emits PNGs
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+@pytest.fixture(scope="module")
+def kernel_tmp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kernel-tmp")
+
+
+@pytest.fixture(scope="module")
+def executed(kernel_tmp) -> nbformat.NotebookNode:
+    """The notebook as a new user runs it: its default store (the shared sample, extracted to a temp
+    dir of its own), the kernel's temp dir isolated so what it leaves behind can be checked."""
+    mp = pytest.MonkeyPatch()
+    for k in ("RMQSTORE_NOTEBOOK_STORE", "RMQSTORE_NOTEBOOK_BROKER_CONF", "MPLBACKEND"):
+        mp.delenv(k, raising=False)  # MPLBACKEND: the kernel's inline backend emits PNGs
+    mp.setenv("RMQSTORE_NOTEBOOK_SPARK", "0")  # the SQL cell runs below on the test session
+    mp.setenv("TMPDIR", str(kernel_tmp))
+    try:
+        nb = nbformat.read(NOTEBOOK, as_version=4)
+        NotebookClient(nb, timeout=300, kernel_name="python3",
+                       resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    finally:
+        mp.undo()
     return nb
+
+
+def test_notebook_uses_only_the_public_api():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "import datasources as ds" in code
+    for internal in ("from storelib", "import storelib", "Store(", "lookup_key", "decode_msg_id", ".scan("):
+        assert internal not in code, internal
+    assert "spark.stop()" in code
+
+
+def test_notebook_removes_the_sample_it_extracted(executed, kernel_tmp):
+    assert "removed " in _text(executed)
+    assert not [p.name for p in kernel_tmp.iterdir() if p.name.startswith("rmqstore-nb-")]
 
 
 def _text(nb) -> str:

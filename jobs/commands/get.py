@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from jobs.common import add_store_args, open_store, plain_doc, row_to_json
+from jobs.common import add_store_args, open_store, plain_doc, row_to_json, time_arg
 from storelib.errors import StoreError
 from storelib.record import decode_msg_id
 from storelib.uniqkey import decode_uniq_key
@@ -29,8 +29,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--queue", metavar="TOPIC:QUEUE_ID:QUEUE_OFFSET", help="consume queue position")
     g.add_argument("--key", metavar="K", help="message key or UNIQ_KEY (needs --topic)")
     p.add_argument("--topic", help="topic for --key")
-    p.add_argument("--begin-ms", type=int, default=0, help="--key: earliest store time (ms)")
-    p.add_argument("--end-ms", type=int, default=2**63 - 1, help="--key: latest store time (ms)")
+    p.add_argument("--begin", "--begin-ms", dest="begin_ms", type=time_arg, default=0, metavar="TIME",
+                   help="--key: earliest store time (epoch ms or ISO-8601, e.g. 2026-11-24T10:00Z)")
+    p.add_argument("--end", "--end-ms", dest="end_ms", type=time_arg, default=2**63 - 1, metavar="TIME",
+                   help="--key: latest store time (epoch ms or ISO-8601)")
     p.add_argument("--with-body", action="store_true", help="include the body as base64")
     p.set_defaults(func=run)
 

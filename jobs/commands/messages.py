@@ -19,6 +19,7 @@ from jobs.common import (
     print_table,
     row_to_json,
 )
+from storelib.messagecols import iso_utc_column, with_time_columns
 
 EXAMPLE = """example:
   rmqstore messages /data/store --topic OrderEvents --limit 5
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         count = 0
         with atomic_local_file(args.out) as tmp:
             for batch in filtered_batches(store, args):
-                batch = batch.drop_columns(["properties_raw"])
+                batch = with_time_columns(batch.drop_columns(["properties_raw"]))
                 if writer is None:
                     writer = pq.ParquetWriter(tmp, batch.schema)
                 writer.write_batch(batch)
@@ -99,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
             if writer is None:
                 from storelib.scanner import message_schema
 
-                schema = message_schema(args.with_body).remove(message_schema(args.with_body).get_field_index("properties_raw"))
+                schema = message_schema(args.with_body)
+                schema = with_time_columns(schema.remove(schema.get_field_index("properties_raw")).empty_table()).schema
                 writer = pq.ParquetWriter(tmp, schema)
             writer.close()
         print(f"wrote {count} messages to {args.out}", file=sys.stderr)
@@ -107,10 +109,13 @@ def run(args: argparse.Namespace) -> int:
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
         if args.format == "table":
-            cols = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "tags", "keys", "store_timestamp", "crc_ok"]
+            cols = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "tags", "keys", "store_time", "crc_ok"]
             rows = []
             for batch in filtered_batches(store, args):
-                rows.extend(batch.select(cols).to_pylist())
+                part = batch.select([c for c in cols if c != "store_time"]).to_pylist()
+                for r, t in zip(part, iso_utc_column(batch.column("store_timestamp"))):
+                    r["store_time"] = t
+                rows.extend(part)
             print_table(rows, cols, out)
             return 0
         for batch in filtered_batches(store, args):

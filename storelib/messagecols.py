@@ -1,0 +1,70 @@
+"""The public columns of a message row: one definition for ``rmqstore messages`` (JSONL, table,
+Parquet), the ``rocketmq`` data source and the pyarrow readers.
+
+The broker stores times as epoch milliseconds; those columns stay as they are (exact, and what the
+broker's tools print), and each has a typed twin (``store_time`` beside ``store_timestamp``): a UTC
+timestamp that Spark reads as ``TimestampType`` and Parquet as a timestamp, derived per batch with one
+column operation.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+# the message columns in their public order (body, and the data source's segment/_corrupt, come after);
+# prop_crc_ok: the 5.x ``__CRC32#`` property checked against the record (null where there is none)
+MESSAGE_COLUMNS = [
+    "phy_offset", "size", "magic_version", "body_crc", "crc_ok", "queue_id", "flag", "queue_offset",
+    "physical_offset_field", "sys_flag", "tran_type", "born_timestamp", "born_host", "store_timestamp",
+    "store_host", "reconsume_times", "prepared_transaction_offset", "body_len", "topic", "tags", "keys",
+    "uniq_key", "msg_id", "tags_code", "properties", "prop_crc_ok", "born_time", "store_time",
+]
+
+# typed twin -> the epoch-ms column it is derived from
+TIME_COLUMNS = {"born_time": "born_timestamp", "store_time": "store_timestamp"}
+# microseconds, UTC: Spark's own TimestampType unit (a millisecond unit is converted row by row)
+TIME_TYPE = pa.timestamp("us", tz="UTC")
+
+
+def time_fields() -> list[pa.Field]:
+    return [pa.field(name, TIME_TYPE) for name in TIME_COLUMNS]
+
+
+def time_column(ms: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Epoch milliseconds as a UTC timestamp column (nulls stay null)."""
+    arr = ms.combine_chunks() if isinstance(ms, pa.ChunkedArray) else ms
+    us = pc.multiply(arr.cast(pa.int64()), pa.scalar(1000, pa.int64()))
+    return us.cast(TIME_TYPE)
+
+
+def with_time_columns(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch | pa.Table:
+    """``batch`` plus the typed twin of each epoch-ms column it holds (appended, in :data:`TIME_COLUMNS` order)."""
+    for name, src in TIME_COLUMNS.items():
+        if src in batch.schema.names and name not in batch.schema.names:
+            batch = batch.append_column(pa.field(name, TIME_TYPE), time_column(batch.column(src)))
+    return batch
+
+
+def iso_utc(ms: int | None) -> str | None:
+    """Epoch milliseconds as ISO-8601 UTC text with milliseconds (``2026-11-25T12:00:00.123Z``)."""
+    if ms is None:
+        return None
+    t = _dt.datetime.fromtimestamp(0, _dt.timezone.utc) + _dt.timedelta(milliseconds=int(ms))
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def iso_utc_column(ms: pa.Array | pa.ChunkedArray) -> list[str | None]:
+    """A column of epoch milliseconds as :func:`iso_utc` texts, formatted by numpy (not per row in Python)."""
+    arr = ms.combine_chunks() if isinstance(ms, pa.ChunkedArray) else ms
+    valid = np.asarray(arr.is_valid())
+    vals = np.asarray(arr.fill_null(0).cast(pa.int64())).astype("datetime64[ms]")
+    text = np.datetime_as_string(vals, unit="ms")
+    return [t + "Z" if ok else None for t, ok in zip(text.tolist(), valid.tolist())]
+
+
+__all__ = ["MESSAGE_COLUMNS", "TIME_COLUMNS", "TIME_TYPE", "iso_utc", "iso_utc_column", "time_column",
+           "time_fields", "with_time_columns"]
