@@ -423,7 +423,10 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
                      "file_mb_per_s": round(audited_bytes / max(t_seg, 1e-9) / 1e6, 1) if tasks else None,
                      "messages_per_s": round(sum(r.records for r in fresh) / max(t_seg, 1e-9), 1) if tasks else None,
                      "since": since}
-    report["damage"] = damage_cost(store, report, quiet)
+    same = [] if not broker_conf else ["--broker-conf", broker_conf]
+    if version not in (None, "auto"):
+        same += ["--broker-version", str(version)]
+    report["damage"] = damage_cost(store, report, quiet, same)
     return report
 
 
@@ -432,7 +435,8 @@ COMMITLOG_DAMAGE = frozenset({"body_crc_mismatch", "prop_crc_mismatch", "torn_ta
 DERIVED_DAMAGE_PREFIXES = ("consumequeue/", "index/")
 
 
-def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True) -> dict[str, Any] | None:
+def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
+                same_args: list[str] | None = None) -> dict[str, Any] | None:
     """What the findings cost and what to run next; None on a store without damage at error or above.
 
     The cost is the one recovery walk ``rmqstore recover`` shows (read-only): the messages a broker
@@ -447,7 +451,7 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True) -> dic
         return None
     from jobs.recover import simulate
 
-    quoted = shlex.quote(store.uri)
+    quoted = " ".join(shlex.quote(a) for a in [store.uri, *(same_args or [])])  # the audit's own settings
     _log("audit: replaying a broker start-up (read-only) to price the damage", quiet)
     try:
         sim = simulate(store)
@@ -793,7 +797,7 @@ EXAMPLE = """examples:
   rmqstore audit /data/store --since /var/lib/rmq-audit.state      # only new or changed segments
   spark-submit jobs/audit.py s3://bucket/store --engine spark --report-dir out/
 
-exit codes: 0 clean, 1 findings at or above --fail-on, 2 could not run
+exit codes: 0 clean, 1 findings at or above --fail-on, 2 could not run, 3 another run holds the lock
 """
 
 
@@ -807,11 +811,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-dir", metavar="D", help="write audit.json and audit.html here")
     p.add_argument("--since", metavar="STATE_FILE",
                    help="incremental: audit only segments new or changed since the run that wrote STATE_FILE "
-                        "(created when missing, updated after the run)")
+                        "(a local file, created when missing, updated after the run; the per-segment tables "
+                        "live in STATE_FILE.d/ beside it)")
     p.add_argument("--work-dir", metavar="DIR",
                    help="--engine spark: a directory or URI the driver and every executor can reach, where the "
                         "tasks leave their record tables (a subdirectory, removed after the run); default: a temp "
                         "dir with a local master, else the tables come back through Spark")
+    p.add_argument("--lock", metavar="F",
+                   help="hold lock file F for the run: a second run while it is held exits 3 (default with "
+                        "--since: STATE_FILE.lock; a lock left by a dead run is taken over)")
+    p.add_argument("--metrics-file", metavar="F",
+                   help="write Prometheus metrics (node_exporter textfile format, temp file + rename) to F; "
+                        "also when the run fails (rmqstore_audit_up 0); see docs/scheduling.md")
     p.add_argument("--fail-on", choices=list(SEVERITY_RANK), default="error",
                    help="exit 1 when a finding has at least this severity (default error)")
     p.add_argument("--no-crc", action="store_true", help="skip body CRC verification (faster, weaker)")
@@ -820,6 +831,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_args(args: argparse.Namespace) -> int:
+    """The command: the run under its lock (``--lock``, or beside ``--since``), metrics written however it ends."""
+    from jobs.runlock import EXIT_LOCKED, RunLocked, lock_path_for, run_lock
+
+    t0 = time.monotonic()
+    lock = args.lock or (lock_path_for(args.since) if args.since else None)
+    report: dict[str, Any] | None = None
+    code = EXIT_FAILED
+    try:
+        with run_lock(lock) if lock else contextlib.nullcontext() as held:
+            if held is not None and held.took_over:
+                _log(f"audit: took over the lock {lock} left by pid {held.took_over.get('pid')} "
+                     f"on {held.took_over.get('host')} (no longer running)", args.quiet)
+            report, code = _run(args)
+    except RunLocked as e:
+        print(f"rmqstore audit: {e}", file=sys.stderr)
+        return EXIT_LOCKED  # the running audit's metrics stay as they are
+    finally:
+        if args.metrics_file and code != EXIT_LOCKED:
+            from jobs.metrics import audit_families, previous_value, write_textfile
+
+            prev = previous_value(args.metrics_file, "rmqstore_audit_last_success_time_seconds", args.store)
+            write_textfile(args.metrics_file, audit_families(args.store, report, exit_code=code,
+                                                             wall_seconds=time.monotonic() - t0,
+                                                             previous_success=prev))
+    return code
+
+
+def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, int]:
     from jobs.common import fs_options, overrides
 
     spark = None
@@ -834,7 +873,7 @@ def run_args(args: argparse.Namespace) -> int:
                              work_dir=args.work_dir)
     except StoreError as e:
         print(f"rmqstore audit: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return None, EXIT_FAILED
     if args.report_dir:
         jp, hp = write_reports(report, args.report_dir, fs_options(args))
         _log(f"audit: wrote {jp} and {hp}", args.quiet)
@@ -842,7 +881,7 @@ def run_args(args: argparse.Namespace) -> int:
         json.dump(report, sys.stdout, indent=1, ensure_ascii=False, default=_jsonable)
         sys.stdout.write("\n")
     sys.stderr.write(summary_text(report, args.fail_on) + "\n")
-    return exit_code(report, args.fail_on)
+    return report, exit_code(report, args.fail_on)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,6 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.add_argument("--out", metavar="F", help="also write the JSON result to F (atomically)")
     p.add_argument("--html", metavar="F", help="write a self-contained HTML report with plots to F")
+    p.add_argument("--metrics-file", metavar="F",
+                   help="write Prometheus metrics (textfile-collector format, atomically) to F: per policy the "
+                        "next deletion time, bytes freed, unconsumed messages lost (docs/scheduling.md)")
     p.set_defaults(func=run)
 
 
@@ -144,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
         write_text_atomic(args.out, json.dumps(report, ensure_ascii=False))
     if args.html:
         write_html(args.html, report)
+    if args.metrics_file:
+        from jobs.metrics import expiry_families, write_textfile
+
+        write_textfile(args.metrics_file, expiry_families(args.store, report))
     if args.json:
         print_json(report)
         return 0
