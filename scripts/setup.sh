@@ -25,7 +25,9 @@ fi
 stamp="$VENV/.rmqstore-installed"
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
+  # setuptools warns on every editable install that a folder named like a package could shadow it
+  # (storelib/ here is the package itself): that one message only, every other warning still shows
+  PYTHONWARNINGS="ignore:Editable installation:UserWarning" "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
   touch "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
