@@ -40,6 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 if __package__ in (None, ""):  # spark-submit jobs/audit.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dataclasses import asdict, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -71,6 +72,15 @@ from jobs.audit_checks import (
     merge_v2_findings,
     parts_chain,
     report_abort,
+)
+from jobs.engines import (
+    Engine,
+    LocalEngine,
+    PoolEngine,
+    SparkEngine,
+    add_engine_args,
+    make_engine,
+    resolve_engine_name,
 )
 from storelib.bytesource import resolve
 from storelib.errors import Finding, StoreError
@@ -311,43 +321,51 @@ def table_sink(master: str, work_dir: str | None, transfer: str, fs_options: dic
                 loc.fs.delete_dir(loc.path)
 
 
-def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str, spark=None,
+def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str | Engine, spark=None,
                  quiet: bool = False, store: Store | None = None, split_bytes: int | None = None,
-                 work_dir: str | None = None, transfer: str = "auto") -> list[SegmentResult]:
-    """Phase 1 on the chosen engine (same functions either way). With ``split_bytes`` (default for Spark:
-    :func:`storelib.splits.parallel_split_bytes`) segments are cut at record starts into split tasks
-    whose results are merged per segment.
+                 work_dir: str | None = None, transfer: str = "auto", workers: int | None = None,
+                 master: str | None = None) -> list[SegmentResult]:
+    """Phase 1 on the chosen engine (same functions on every engine). With ``split_bytes`` (default on a
+    pool or Spark: :func:`storelib.splits.parallel_split_bytes`, about two tasks per core) segments are
+    cut at record starts into split tasks whose results are merged per segment.
 
-    On Spark the tasks' tables come back through files (:func:`table_sink`) or in-band with the
-    results; the driver maps the files and removes them before returning."""
+    In-process the parts keep their tables in memory; on a pool or Spark the tasks' tables come back
+    through files (:func:`table_sink`) or in-band with the results; the driver maps the files and
+    removes them before returning."""
     if not tasks:
         return []
-    if engine == "spark" and spark is None:
-        from jobs.sparkutil import get_spark
-
-        spark = get_spark(app_name="rmqstore-audit", batch_job=True)
-    if split_bytes is None and engine == "spark":
-        split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks),
-                                           spark.sparkContext.defaultParallelism)
-    units = split_tasks(store, tasks, split_bytes) if split_bytes and store is not None else tasks
-    if engine == "spark":
-        sc = spark.sparkContext
-        from jobs.sparkutil import ship_code
-
-        ship_code(sc)
-        _log(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on Spark {sc.master}", quiet)
-        with table_sink(sc.master, work_dir, transfer, opts.fs_options, quiet) as sink:
+    own = not isinstance(engine, (LocalEngine, PoolEngine, SparkEngine))
+    eng = make_engine(engine, spark=spark, master=master, workers=workers, app_name="rmqstore-audit") if own \
+        else engine
+    try:
+        if split_bytes is None and eng.name != "local":
+            split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks), eng.parallelism)
+        units = split_tasks(store, tasks, split_bytes) if split_bytes and store is not None else tasks
+        if eng.name == "local":
+            return _run_in_process(tasks, units, opts, quiet)
+        where = eng.sc.master if isinstance(eng, SparkEngine) else "local"
+        _log(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on {eng.describe()}", quiet)
+        with table_sink(where, work_dir, transfer, opts.fs_options, quiet) as sink:
             t0 = time.monotonic()
-            parts = sc.parallelize(units, len(units)).map(lambda t: audit_part(t, opts, sink)).collect()
+            parts = eng.map(partial(audit_part, opts=opts, sink=sink), units, "audit: tasks",
+                            None if quiet else _log)
             t1 = time.monotonic()
             if sink is not None:
                 for p in parts:
                     p.load_tables(sink.fs_options)
             out = _finish(tasks, parts, opts, quiet)
-            _log(f"audit: Spark tasks {t1 - t0:.2f} s (task time {sum(p.seconds for p in parts):.2f} s), tables "
+            _log(f"audit: tasks {t1 - t0:.2f} s (task time {sum(p.seconds for p in parts):.2f} s, "
+                 f"{sum(p.problem_count() for p in parts)} findings), tables "
                  f"{'mapped from files' if sink is not None else 'in-band'}, merged in {time.monotonic() - t1:.2f} s",
                  quiet)
             return out
+    finally:
+        if own:
+            eng.close()
+
+
+def _run_in_process(tasks: list[SegmentTask], units: list[SegmentTask], opts: AuditOptions,
+                    quiet: bool) -> list[SegmentResult]:
     parts = []
     t0 = time.monotonic()
     done_bytes = 0
@@ -364,7 +382,8 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
                 since: str | None = None, fs_options: dict | None = None, verify_crc: bool = True,
                 quiet: bool = False, now_ms: int | None = None, version: str | None = None,
                 split_bytes: int | None = None, overrides: dict[str, Any] | None = None,
-                work_dir: str | None = None, transfer: str = "auto", threads: bool = True) -> dict[str, Any]:
+                work_dir: str | None = None, transfer: str = "auto", threads: bool = True,
+                workers: int | None = None, master: str | None = None) -> dict[str, Any]:
     """Audit a store and return the report dict (the JSON report's content).
 
     ``work_dir`` (Spark): a directory or URI the driver and every executor reach, where the tasks leave
@@ -387,7 +406,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
     settings = store.settings
     state = load_state(since)
-    tasks, carried, partial, fps = plan(store, state, since, quiet)
+    tasks, carried, grown, fps = plan(store, state, since, quiet)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(getattr(settings, "version", "4")), verify_crc=verify_crc,
                         fs_options=fs_options)
@@ -405,17 +424,20 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
             preload = {"index": pre_pool.submit(load_index_files, store.loc, settings),
                        "cq": pre_pool.submit(load_consume_queues, store.loc, settings, store.commitlog.min_offset)}
         t1 = time.monotonic()
+        if isinstance(engine, str):
+            engine = resolve_engine_name(engine, master=master or (None if spark is None else "given"),
+                                         store_bytes=sum(t.file_size - t.start for t in tasks), segments=len(tasks))
         fresh = run_segments(tasks, opts, engine, spark, quiet, store=store, split_bytes=split_bytes,
-                             work_dir=work_dir, transfer=transfer)
+                             work_dir=work_dir, transfer=transfer, workers=workers, master=master)
         t_seg = time.monotonic() - t1
-        report, t_cross = _after_segments(store, settings, tasks, fresh, carried, partial, fps, since, now_ms, quiet,
+        report, t_cross = _after_segments(store, settings, tasks, fresh, carried, grown, fps, since, now_ms, quiet,
                                           threads, preload)
     finally:
         if pre_pool is not None:
             pre_pool.shutdown(wait=True, cancel_futures=True)
     audited_bytes = sum(t.file_size - t.start for t in tasks)
     scanned = sum(r.bytes_valid for r in fresh)
-    report["run"] = {"engine": engine, "seconds": round(time.monotonic() - t0, 3), "segment_seconds": round(t_seg, 3),
+    report["run"] = {"engine": engine if isinstance(engine, str) else engine.name, "seconds": round(time.monotonic() - t0, 3), "segment_seconds": round(t_seg, 3),
                      "cross_check_seconds": round(t_cross, 3),
                      "segments_audited": len(tasks), "segments_carried": len(carried),
                      "bytes_audited": audited_bytes, "bytes_scanned": scanned,
@@ -805,9 +827,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from jobs.common import add_store_args
 
     add_store_args(p)
-    p.add_argument("--engine", choices=["local", "spark"], default="local",
-                   help="where the per-segment checks run (same results)")
-    p.add_argument("--master", metavar="M", help="Spark master for --engine spark (default: spark-submit's)")
+    add_engine_args(p, "per-segment audit")
     p.add_argument("--report-dir", metavar="D", help="write audit.json and audit.html here")
     p.add_argument("--since", metavar="STATE_FILE",
                    help="incremental: audit only segments new or changed since the run that wrote STATE_FILE "
@@ -861,16 +881,11 @@ def run_args(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, int]:
     from jobs.common import fs_options, overrides
 
-    spark = None
-    if args.engine == "spark" and args.master:
-        from jobs.sparkutil import get_spark
-
-        spark = get_spark(master=args.master, app_name="rmqstore-audit", batch_job=True)
     try:
-        report = audit_store(args.store, broker_conf=args.broker_conf, engine=args.engine, spark=spark,
+        report = audit_store(args.store, broker_conf=args.broker_conf, engine=args.engine,
                              since=args.since, fs_options=fs_options(args), verify_crc=not args.no_crc,
                              quiet=args.quiet, version=args.broker_version, overrides=overrides(args),
-                             work_dir=args.work_dir)
+                             work_dir=args.work_dir, workers=args.workers, master=args.master)
     except StoreError as e:
         print(f"rmqstore audit: {e}", file=sys.stderr)
         return None, EXIT_FAILED

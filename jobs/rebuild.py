@@ -55,6 +55,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
 from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import Location, open_source, resolve
 from storelib.checkpoint import Checkpoint, read_checkpoint
@@ -121,7 +122,8 @@ class RebuildConfig:
     broker_conf: str | None = None
     broker_version: str = "auto"  # "4", "5" or "auto"
     overrides: dict = field(default_factory=dict)  # broker.conf key -> value (--set)
-    engine: str = "local"  # "local" | "spark"
+    engine: str = "local"  # "auto" | "local" | "pool" | "spark"
+    workers: int | None = None  # pool engine: worker processes (default: all cores)
     master: str | None = None
     in_place: bool = False
     incremental: bool = False
@@ -237,7 +239,7 @@ def _remove_stale_staging(parent: str, prefix: str) -> None:
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
-def _make_staging(cfg: RebuildConfig, root: Location, out: Location | None) -> Location:
+def _make_staging(cfg: RebuildConfig, root: Location, out: Location | None, engine_name: str = "local") -> Location:
     tag = f"{uuid.uuid4().hex[:10]}"
     if cfg.in_place:
         _remove_stale_staging(root.path, STAGING_TAG)
@@ -253,7 +255,7 @@ def _make_staging(cfg: RebuildConfig, root: Location, out: Location | None) -> L
         path = os.path.join(parent, prefix + tag)
         os.makedirs(path)
         return resolve(path)
-    if cfg.engine == "spark":  # executors write straight to the remote filesystem
+    if engine_name == "spark":  # executors (maybe on other hosts) write straight to the remote filesystem
         st = Location(out.fs, out.path.rstrip("/") + STAGING_TAG + tag, False)
         out.fs.create_dir(st.path, recursive=True)
         return st
@@ -639,74 +641,19 @@ def run_local(store: Store, settings: BrokerSettings, staging: Location, what: t
     return EngineResult(res, d.records, d.cq_records, queues, d.index_keys, files, list(d.findings))
 
 
-def _session(master: str | None):
-    from jobs.sparkutil import get_spark
-
-    return get_spark(master, app_name="rmqstore-rebuild", batch_job=True)
-
-
-def _ship_code(sc) -> None:
-    from jobs.sparkutil import ship_code
-
-    ship_code(sc)
-
-
-@contextlib.contextmanager
-def _task_progress(sc, say: Reporter, label: str, total: int, every: float = 2.0) -> Iterator[None]:
-    """Report completed tasks of the running stage while a Spark action runs."""
-    import threading
-
-    stop = threading.Event()
-
-    def loop() -> None:
-        st = sc.statusTracker()
-        last = -1
-        while not stop.wait(every):
-            done = 0
-            for sid in st.getActiveStageIds():
-                info = st.getStageInfo(sid)
-                if info is not None:
-                    done = max(done, info.numCompletedTasks)
-            if done != last:
-                say(f"{label}: {done}/{total} done")
-                last = done
-
-    th = threading.Thread(target=loop, daemon=True)
-    th.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        th.join(5)
-
-
-def _spark_errors(fn):
-    """Run a Spark action; a failed job becomes one StoreError line (the executor's last exception line)."""
-    try:
-        return fn()
-    except Exception as e:  # py4j / pyspark exceptions: keep the Python error text, drop the JVM trace
-        name = type(e).__name__
-        if name not in ("Py4JJavaError", "PythonException", "SparkException") and "pyspark" not in type(e).__module__:
-            raise
-        text = str(e)
-        lines = [ln.strip() for ln in text.splitlines() if "Error" in ln or "StoreError" in ln]
-        detail = lines[-1] if lines else text.splitlines()[0] if text else name
-        raise StoreError(None, None, "spark_job_failed", detail[:500]) from e
-
-
-def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
+def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
               say: Reporter, fs_options: dict[str, Any], partitions: int | None = None,
               name_tz: str = "UTC") -> EngineResult:
-    """Phases A/B/C on Spark; intermediates are exchanged through files in ``staging/_work`` (no Spark
-    shuffle or cache of Python objects), which every executor reads and writes itself."""
-    sc = spark.sparkContext
+    """Phases A/B/C as tasks on ``engine`` (a process pool or Spark); intermediates are exchanged through
+    files in ``staging/_work`` (no shuffle or cache of Python objects), which every worker reads and
+    writes itself."""
     inputs = store_inputs(store, version=settings.version, last_exit_ok=True, cq_max_phy_offset=-1,
                           checkpoint=Checkpoint())
     plan = plan_recovery(inputs, store.commitlog.segments)
     tasks = plan.tasks
     # one consume-queue partition per core: they run beside the index-file task(s), and a task costs
     # tens of ms of scheduling here, more than finer balancing gains
-    P = partitions or max(1, sc.defaultParallelism)
+    P = partitions or engine.parallelism
     do_index = "index" in what and bool(settings.message_index_enable)
     g = index_geometry(settings)
     ctx = {"plan": plan, "fs_options": fs_options, "delay_levels": list(settings.delay_levels_ms),
@@ -724,9 +671,7 @@ def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, 
     items.sort(key=lambda it: (not it[2], -it[1].file_size, it[0]))
     say(f"phase A: parsing {len(items)} segment(s) on executors")
     try:
-        with _task_progress(sc, say, "phase A: segments", len(items)):
-            metas = {m["idx"]: m for m in _spark_errors(
-                sc.parallelize(items, len(items)).map(partial(phase_a, ctx)).collect)}
+        metas = {m["idx"]: m for m in engine.map(partial(phase_a, ctx), items, "phase A: segments", say)}
         say(f"phase A: {len(metas)}/{len(items)} segments parsed, {sum(m['rows'] for m in metas.values())} records")
         res = finish_walk(plan, {i: m["end"] for i, m in metas.items()})
         _check_supported(res)
@@ -749,7 +694,7 @@ def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, 
         if ctx["do_cq"]:
             cq_jobs = [(p, [i for i in inc if p in metas[i]["parts"]]) for p in range(P)]
             cq_jobs = [j for j in cq_jobs if j[1]]
-        ix = _index_plan(sc, metas, inc, ctx, out, say, name_tz) if do_index else None
+        ix = _index_plan(engine, metas, inc, ctx, out, say, name_tz) if do_index else None
         # phases B and C are independent: one Spark job runs both, index files first (one long task
         # per file) so the consume-queue tasks fill the other cores around them
         work: list[tuple[str, Any]] = [("index", f) for f in range(ix.nfiles if ix else 0)]
@@ -760,9 +705,7 @@ def run_spark(spark, store: Store, settings: BrokerSettings, staging: Location, 
             say(f"phase C: {ix.keys} index keys → {ix.nfiles} index file(s)")
         results = []
         if work:
-            with _task_progress(sc, say, "phases B/C: tasks", len(work)):
-                results = _spark_errors(sc.parallelize(work, len(work)).map(
-                    partial(phase_bc, ctx, ix.job_args() if ix else None)).collect)
+            results = engine.map(partial(phase_bc, ctx, ix.job_args() if ix else None), work, "phases B/C: tasks", say)
         for kind, s in results:
             if kind == "cq":
                 files.update(s["files"])
@@ -805,7 +748,7 @@ class IndexPlan:
         return self.names, self.E, self.offsets, self.counts, self.m_before
 
 
-def _index_plan(sc, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any], out: EngineResult,
+def _index_plan(engine: Engine, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any], out: EngineResult,
                 say: Reporter, name_tz: str) -> IndexPlan:
     g: IndexGeometry = ctx["geometry"]
     E = g.entries_per_file
@@ -832,8 +775,8 @@ def _index_plan(sc, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any],
             last_key_seg, last_key, last_row_of_last = i, metas[i]["last_key"], metas[i]["last_key_row"]
     else:
         say("phase C: PHYSICALOFFSET fields are not increasing: applying the broker's duplicate test")
-        got = {i: (c, lr, lk) for i, c, lr, lk in _spark_errors(
-            sc.parallelize(keyed, max(1, len(keyed))).map(partial(count_kept, ctx, m_before)).collect)}
+        got = {i: (c, lr, lk) for i, c, lr, lk in engine.map(partial(count_kept, ctx, m_before), keyed,
+                                                            "phase C: duplicate test")}
         for i in keyed:
             counts[i] = got[i][0]
             if counts[i]:
@@ -868,9 +811,9 @@ def _index_plan(sc, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any],
         if ctx["staging"].local:  # memory-mapped key files: the driver reads one time per file itself
             firsts = dict(pair for i in with_keys for pair in first_times(ctx, E, offsets, mb, i))
         else:
-            firsts = dict(pair for lst in _spark_errors(
-                sc.parallelize(with_keys, len(with_keys)).map(partial(first_times, ctx, E, offsets, mb)).collect)
-                for pair in lst)
+            firsts = dict(pair for lst in engine.map(partial(first_times, ctx, E, offsets, mb), with_keys,
+                                                     "phase C: first times")
+                          for pair in lst)
         for f in range(nfiles):
             last = index_file_name(firsts[f], name_tz, after=last)
             names.append(last)
@@ -1008,8 +951,12 @@ def _publish_in_place(root: Location, staging: Location, manifest: dict[str, Any
 # the job
 
 
-def rebuild(cfg: RebuildConfig, spark=None) -> dict[str, Any]:
-    """Run one rebuild; returns the manifest (also written next to the output)."""
+def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dict[str, Any]:
+    """Run one rebuild; returns the manifest (also written next to the output).
+
+    ``cfg.engine``: ``local`` runs the one-process dispatcher (storelib.dispatch); ``pool`` and ``spark``
+    run the same phase tasks on a process pool or Spark; ``auto`` picks (:func:`jobs.engines.resolve_engine_name`).
+    ``engine``: run the phase tasks on this engine instead (the caller owns it)."""
     what = tuple(cfg.what)
     for w in what:
         if w not in WHAT:
@@ -1034,29 +981,39 @@ def rebuild(cfg: RebuildConfig, spark=None) -> dict[str, Any]:
         out = resolve(cfg.out, **cfg.fs_options)
         _check_not_inside(out, root)
         _check_dest(out)
-    say(f"store {store.uri}: {len(store.commitlog.segments)} segment(s), broker {settings.version}.x settings, "
-        f"engine {cfg.engine}{' (incremental)' if cfg.incremental else ''}")
+    segs = store.commitlog.segments
+    engine_name = engine.name if engine is not None else resolve_engine_name(
+        cfg.engine, master=cfg.master if spark is None else "given", store_bytes=sum(x.file_size for x in segs),
+        segments=len(segs))
+    if cfg.incremental:
+        engine_name = "local"
+    say(f"store {store.uri}: {len(segs)} segment(s), broker {settings.version}.x settings, "
+        f"engine {engine_name}{' (incremental)' if cfg.incremental else ''}")
     for f in store.commitlog.findings:
         say(f"note: {f}")
-    staging = _make_staging(cfg, root, out)
+    staging = _make_staging(cfg, root, out, engine_name)
     try:
         changed = None
         if cfg.incremental:
             er, changed = run_incremental(store, settings, staging, what, say, cfg.name_tz)
-        elif cfg.engine == "spark":
-            if spark is None:
-                spark = _session(cfg.master)
-            _ship_code(spark.sparkContext)
-            er = run_spark(spark, store, settings, staging, what, say, cfg.fs_options, cfg.partitions, cfg.name_tz)
-        elif cfg.engine == "local":
-            er = run_local(store, settings, staging, what, say, cfg.name_tz)
+        elif engine is not None or engine_name in ("pool", "spark"):
+            own = engine is None
+            if own:
+                engine = make_engine(engine_name, spark=spark, master=cfg.master, workers=cfg.workers,
+                                     app_name="rmqstore-rebuild")
+            say(f"engine: {engine.describe()}")
+            try:
+                er = run_tasks(engine, store, settings, staging, what, say, cfg.fs_options, cfg.partitions, cfg.name_tz)
+            finally:
+                if own:
+                    engine.close()
         else:
-            raise StoreError(None, None, "bad_value", f"engine must be local or spark, not {cfg.engine!r}")
+            er = run_local(store, settings, staging, what, say, cfg.name_tz)
         elapsed = time.time() - t0
         manifest = {
             "tool": "rmqstore rebuild",
             "mode": "incremental" if cfg.incremental else "full",
-            "engine": "local" if cfg.incremental else cfg.engine,
+            "engine": engine_name,
             "created_ms": int(time.time() * 1000),
             "source": store_fingerprint(store),
             "settings": {
@@ -1135,9 +1092,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from jobs.common import add_fs_args, add_settings_args
 
     add_settings_args(p)
-    p.add_argument("--engine", choices=["local", "spark"],
-                   help="local (one process) or spark (default: spark under spark-submit, else local)")
-    p.add_argument("--master", metavar="URL", help="Spark master (spark engine), e.g. local[4], spark://host:7077")
+    add_engine_args(p, "dispatch")
     p.add_argument("--incremental", action="store_true",
                    help="only dispatch what the store's consume queues lack (continues the last files)")
     p.add_argument("--partitions", type=int, help="spark engine: consume-queue partitions")
@@ -1151,7 +1106,7 @@ def config_from_args(args: argparse.Namespace) -> RebuildConfig:
 
     return RebuildConfig(store=args.store, out=args.out, what=tuple(w.strip() for w in args.what.split(",") if w.strip()),
                          broker_conf=args.broker_conf, broker_version=args.broker_version, overrides=overrides(args),
-                         engine=args.engine or "local",
+                         engine=args.engine or "auto", workers=args.workers,
                          master=args.master, in_place=args.in_place, incremental=args.incremental,
                          partitions=args.partitions, fs_options=fs_options(args), progress=not args.quiet)
 
@@ -1170,9 +1125,7 @@ def run_args(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rebuild.py", description=__doc__.split("\n\n")[0])
     add_arguments(p)
-    args = p.parse_args(argv)
-    if args.engine is None and os.environ.get("PYSPARK_GATEWAY_PORT"):
-        args.engine = "spark"  # under spark-submit
+    args = p.parse_args(argv)  # engine auto: spark under spark-submit
     try:
         return run_args(args)
     except StoreError as e:

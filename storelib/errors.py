@@ -36,6 +36,9 @@ class StoreError(Exception):
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "offset": self.offset, "kind": self.kind, "detail": self.detail}
 
+    def __reduce__(self):  # crosses process boundaries (a worker's error reaches the caller whole)
+        return type(self), (self.file, self.offset, self.kind, self.detail)
+
 
 class CorruptRecordError(StoreError):
     """A commitlog record failed validation."""

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import jobs.rebuild as rb
+from jobs.engines import LocalEngine
 from storelib.indexfile import (
     ENTRY_DTYPE,
     ChainRun,
@@ -123,37 +124,7 @@ def test_keys_that_do_not_fit_one_file_are_refused():
         stream_index_file(_runs(_keys(np.random.default_rng(0), 10), [], 7), io.BytesIO(), geometry=g)
 
 
-# -- the Spark engine's task functions, run in-process (a stand-in SparkContext) ----------------------
-
-
-class _RDD:
-    def __init__(self, items: list) -> None:
-        self.items = items
-
-    def map(self, f) -> _RDD:
-        return _RDD([f(x) for x in self.items])
-
-    def collect(self) -> list:
-        return list(self.items)
-
-
-class _Tracker:
-    def getActiveStageIds(self) -> list[int]:  # noqa: N802 (Spark's name)
-        return []
-
-
-class _SC:
-    defaultParallelism = 2
-
-    def parallelize(self, items, n=None) -> _RDD:
-        return _RDD(list(items))
-
-    def statusTracker(self) -> _Tracker:  # noqa: N802 (Spark's name)
-        return _Tracker()
-
-
-class _Spark:
-    sparkContext = _SC()
+# -- the engines' task functions, run in-process (LocalEngine: the pool and Spark run the same ones) --
 
 
 def _index_bytes(root: Path) -> list[bytes]:
@@ -162,8 +133,8 @@ def _index_bytes(root: Path) -> list[bytes]:
 
 @pytest.mark.parametrize("index_num", [34, 401])
 @pytest.mark.parametrize("corrupt", [False, True])
-def test_spark_task_functions_roll_index_files_inside_and_across_segments_like_the_local_engine(
-        tmp_path, monkeypatch, corrupt, index_num):
+def test_engine_task_functions_roll_index_files_inside_and_across_segments_like_the_local_engine(
+        tmp_path, corrupt, index_num):
     """~170 keys per 8 KiB segment: with 33 entries per file files start inside segments (chains of
     slices), with 400 a file holds whole segments (their precomputed chains) and parts of others; with
     PHYSICALOFFSET fields going backwards the duplicate test drops keys (chains recomputed)."""
@@ -176,14 +147,13 @@ def test_spark_task_functions_roll_index_files_inside_and_across_segments_like_t
     cs.write(tmp_path / "store")
     conf = tmp_path / "broker.conf"
     conf.write_text(f"mappedFileSizeCommitLog=8192\nmaxHashSlotNum=16\nmaxIndexNum={index_num}\n")
-    monkeypatch.setattr(rb, "_ship_code", lambda sc: None)
 
     def run(out: str, engine: str) -> dict:
         return rb.rebuild(rb.RebuildConfig(store=str(tmp_path / "store"), out=str(tmp_path / out),
                                            broker_conf=str(conf), broker_version="4", engine=engine,
-                                           progress=False), spark=_Spark() if engine == "spark" else None)
+                                           progress=False), engine=LocalEngine() if engine == "tasks" else None)
 
-    a, b = run("local", "local"), run("tasks", "spark")
+    a, b = run("local", "local"), run("tasks", "tasks")
     assert len(cs.placed) and len({p.segment for p in cs.placed}) >= 4
     assert a["files"] == b["files"] and a["counts"]["index_files"] >= (4 if index_num < 100 else 2)
     assert _index_bytes(tmp_path / "local") == _index_bytes(tmp_path / "tasks")

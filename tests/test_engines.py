@@ -1,0 +1,118 @@
+"""One task layer, three schedulers: the same store through the in-process engine, the process pool and
+Spark gives the same rebuild bytes and the same audit findings; ``auto`` picks the pool for a store
+worth it; a worker's error reaches the caller whole."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from jobs.audit import audit_store
+from jobs.engines import POOL_MIN_BYTES, LocalEngine, PoolEngine, make_engine, resolve_engine_name
+from jobs.rebuild import RebuildConfig, rebuild
+from storelib.errors import CorruptRecordError, StoreError
+from storelib.storeroot import NotAStoreError
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    from jobs.cli import main
+
+    root = tmp_path_factory.mktemp("engines") / "store"
+    assert main(["gen", str(root), "--size", "3MB", "--segment-size", "512KB", "--seed", "7"]) == 0
+    with open(root / "commitlog" / f"{512 * 1024:020d}", "r+b") as f:  # one body byte flipped: a finding
+        f.seek(20_000)
+        b = f.read(1)[0]
+        f.seek(20_000)
+        f.write(bytes([b ^ 0x40]))
+    return root
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "manifest" not in p.name}
+
+
+def _findings(rep: dict) -> list[tuple]:
+    return sorted((f["kind"], f["severity"], f["file"], f["offset"]) for f in rep["findings"])
+
+
+def _rebuild(store: Path, out: Path, engine: str, **kw) -> dict:
+    return rebuild(RebuildConfig(store=str(store), out=str(out), engine=engine, progress=False, **kw))
+
+
+def test_local_and_pool_engines_rebuild_the_same_bytes_and_audit_the_same_findings(store, tmp_path):
+    a = _rebuild(store, tmp_path / "local", "local")
+    b = _rebuild(store, tmp_path / "pool", "pool", workers=2)
+    assert a["engine"] == "local" and b["engine"] == "pool"
+    assert a["files"] == b["files"] and _tree(tmp_path / "local") == _tree(tmp_path / "pool")
+    ra = audit_store(str(store), engine="local", quiet=True)
+    rb = audit_store(str(store), engine="pool", workers=2, quiet=True)
+    assert rb["run"]["engine"] == "pool"
+    assert _findings(ra) == _findings(rb) and any(f[0] == "body_crc_mismatch" for f in _findings(ra))
+    assert ra["queues"] == rb["queues"] and ra["summary"]["records"] == rb["summary"]["records"]
+
+
+@pytest.mark.spark
+def test_spark_engine_gives_the_same_bytes_and_findings(store, tmp_path, spark):
+    _rebuild(store, tmp_path / "local", "local")
+    s = rebuild(RebuildConfig(store=str(store), out=str(tmp_path / "spark"), engine="spark", progress=False),
+                spark=spark)
+    assert s["engine"] == "spark" and _tree(tmp_path / "local") == _tree(tmp_path / "spark")
+    assert _findings(audit_store(str(store), engine="spark", spark=spark, quiet=True)) == \
+        _findings(audit_store(str(store), engine="local", quiet=True))
+
+
+def test_auto_picks_spark_with_a_master_the_pool_for_a_big_store_else_local(monkeypatch):
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert resolve_engine_name("auto", master="local[2]", store_bytes=1, segments=1) == "spark"
+    assert resolve_engine_name("auto", store_bytes=POOL_MIN_BYTES, segments=2) == "pool"
+    assert resolve_engine_name("auto", store_bytes=POOL_MIN_BYTES - 1, segments=9) == "local"
+    assert resolve_engine_name("auto", store_bytes=10 * POOL_MIN_BYTES, segments=1) == "local"
+    assert resolve_engine_name("pool", store_bytes=1, segments=1) == "pool"
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert resolve_engine_name(None, store_bytes=10 * POOL_MIN_BYTES, segments=9) == "local"
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "4040")
+    assert resolve_engine_name("auto", store_bytes=1, segments=1) == "spark"
+
+
+def test_the_cli_takes_engine_and_workers_on_audit_and_rebuild(store, tmp_path, capsys):
+    from jobs.cli import main
+
+    assert main(["audit", str(store), "--engine", "pool", "--workers", "2", "--quiet"]) == 1
+    assert "engine pool" in capsys.readouterr().err
+    assert main(["rebuild", str(store), "--out", str(tmp_path / "o"), "--engine", "pool", "--workers", "2",
+                 "--quiet"]) == 0
+    assert "engine pool" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("err", [StoreError("commitlog/0", 12, "bad_magic", "x"),
+                                 CorruptRecordError("commitlog/0", None, "bad_size", "y"),
+                                 NotAStoreError("/nope", None, "not_a_store", "z")])
+def test_store_errors_cross_process_boundaries_whole(err):
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is type(err) and str(back) == str(err) and back.offset == err.offset
+
+
+def _fail_on_two(x: int) -> int:
+    if x == 2:
+        raise StoreError("commitlog/2", 7, "bad_magic", "injected")
+    return x * 10
+
+
+def test_a_failing_task_fails_the_map_with_its_own_error():
+    for eng in (LocalEngine(), PoolEngine(2)):
+        try:
+            assert eng.map(_fail_on_two, [0, 1, 3]) == [0, 10, 30]
+            with pytest.raises(StoreError, match="commitlog/2 @ 7: bad_magic: injected"):
+                eng.map(_fail_on_two, [0, 1, 2, 3])
+        finally:
+            eng.close()
+
+
+def test_make_engine_refuses_an_unknown_name():
+    with pytest.raises(ValueError, match="engine must be one of"):
+        make_engine("threads")
