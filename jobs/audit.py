@@ -163,7 +163,7 @@ def save_state(path: str, store: Store, results: list[SegmentResult], fps: dict[
     os.makedirs(d, exist_ok=True)
     segs = {}
     for r in results:
-        rec_ipc, key_ipc = r.ipc_bytes()
+        rec_ipc, key_ipc = r.ipc_bytes("zstd")
         atomic_write(os.path.join(d, r.name + ".arrow"), rec_ipc)
         atomic_write(os.path.join(d, r.name + ".keys.arrow"), key_ipc)
         body = asdict(r)

@@ -124,16 +124,17 @@ class SegmentResult:
         self._tables = (records, keys)
         self.records_ipc = self.keys_ipc = b""
 
-    def ipc_bytes(self) -> tuple[bytes, bytes]:
-        """The record and key tables as Arrow IPC stream bytes (what the ``--since`` sidecar files hold)."""
-        if getattr(self, "_tables", None) is None:
+    def ipc_bytes(self, compression: str | None = None) -> tuple[bytes, bytes]:
+        """The record and key tables as Arrow IPC stream bytes (what the ``--since`` sidecar files hold,
+        zstd-compressed there: about a third of the plain size)."""
+        if getattr(self, "_tables", None) is None and compression is None:
             return self.records_ipc, self.keys_ipc
-        return _to_ipc(self.record_table()), _to_ipc(self.key_table())
+        return _to_ipc(self.record_table(), compression), _to_ipc(self.key_table(), compression)
 
 
-def _to_ipc(table: pa.Table) -> bytes:
+def _to_ipc(table: pa.Table, compression: str | None = None) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
         w.write_table(table)
     return sink.getvalue().to_pybytes()
 
