@@ -315,10 +315,22 @@ def table_sink(master: str, work_dir: str | None, transfer: str, fs_options: dic
         yield TableSink(path, fs_options if "://" in path else {})
     finally:
         if loc.local:
-            shutil.rmtree(loc.path, ignore_errors=True)
+            _remove_settled(loc.path)
         else:
             with contextlib.suppress(OSError):
                 loc.fs.delete_dir(loc.path)
+
+
+def _remove_settled(path: str, patience_s: float = 10.0) -> None:
+    """Remove a sink directory for good. After a failed Spark job, tasks of the cancelled stage may
+    still be finishing a file in it while it is removed (rmtree then leaves the directory); they fail
+    on their next write (the sink never re-creates it), so a few retries see it empty."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path) or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
 
 
 def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str | Engine, spark=None,
