@@ -10,7 +10,8 @@
 Without Spark: :func:`read_messages`, :func:`read_consumequeue`, :func:`read_index`,
 :func:`read_checkpoint_table`, :func:`read_segments` return the same rows as pyarrow Tables, and
 :func:`find_by_key`, :func:`find_by_msg_id`, :func:`find_by_offset` find single messages as the broker
-does (:mod:`datasources.lookup`).
+does (:mod:`datasources.lookup`); :func:`snapshot_dataset` and :func:`read_snapshot` read a columnar
+snapshot written by ``rmqstore export`` (:mod:`datasources.snapshot`).
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def read_segments(store: str, **options: Any):
 
 
 from .lookup import find_by_key, find_by_msg_id, find_by_offset  # noqa: E402
+from .snapshot import read_snapshot, snapshot_dataset  # noqa: E402
 
-__all__ = ["Registration", "find_by_key", "find_by_msg_id", "find_by_offset", "register", "read_messages", "read_consumequeue", "read_index", "read_checkpoint_table",
+__all__ = ["Registration", "find_by_key", "find_by_msg_id", "find_by_offset", "read_snapshot", "snapshot_dataset", "register", "read_messages", "read_consumequeue", "read_index", "read_checkpoint_table",
            "read_segments", "PUSHDOWN_CONF"]

@@ -378,6 +378,24 @@ def _corrupt_row(schema: pa.Schema, phy: int, segment: str, reason: str) -> pa.R
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
+def message_batch(batch: pa.RecordBatch, schema: pa.Schema, segment_name: str) -> pa.RecordBatch:
+    """A scanner batch in the public columns of ``schema`` (a subset of :func:`output_schema`, in its
+    order): typed time twins derived, ``segment`` named, ``_corrupt`` null. The one conversion the data
+    source, the pyarrow readers and ``rmqstore export`` share."""
+    n = batch.num_rows
+    cols = []
+    for f in schema:
+        if f.name in TIME_COLUMNS:
+            cols.append(time_column(batch.column(TIME_COLUMNS[f.name])))
+        elif f.name == "segment":
+            cols.append(pa.repeat(pa.scalar(segment_name), n))
+        elif f.name == "_corrupt":
+            cols.append(pa.nulls(n, pa.string()))
+        else:
+            cols.append(batch.column(f.name))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
 def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) -> Iterator[pa.RecordBatch]:
     """The rows of one scan unit as record batches of :func:`output_schema` (after all predicates)."""
     every, msg = opts.option_preds()
@@ -410,11 +428,7 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
                 n = batch.num_rows
                 if not n:
                     continue
-                cols = [time_column(batch.column(TIME_COLUMNS[c])) if c in TIME_COLUMNS else batch.column(c)
-                        for c in names]
-                cols.append(pa.repeat(pa.scalar(split.segment_name), n))
-                cols.append(pa.nulls(n, pa.string()))
-                out = _filter(pa.RecordBatch.from_arrays(cols, schema=schema), msg_preds)
+                out = _filter(message_batch(batch, schema, split.segment_name), msg_preds)
                 if out.num_rows:
                     yield out.select(out_names) if project else out
             e = scan.end
@@ -552,7 +566,7 @@ class RocketMQPushdownDataSource(RocketMQDataSource):
         return RocketMQPushdownReader(with_user_schema(MessageReadOptions.parse(self.options), schema))
 
 
-__all__ = ["MESSAGE_COLUMNS", "MessageReadOptions", "Pred", "RocketMQDataSource", "RocketMQPushdownDataSource",
+__all__ = ["MESSAGE_COLUMNS", "MessageReadOptions", "message_batch", "Pred", "RocketMQDataSource", "RocketMQPushdownDataSource",
            "output_schema", "plan", "read_messages", "read_split", "rows_schema", "spark_ddl", "with_user_schema"]
 
 

@@ -86,14 +86,17 @@ class SegmentTask:
     start: int
     crc: bool
 
-    def scan(self, source, *, verify_crc: bool, prop_crc: bool = False, **kw) -> SegmentScan:
+    def scan(self, source, *, verify_crc: bool, prop_crc: bool = False, verify_all: bool = False,
+             **kw) -> SegmentScan:
         """The :class:`SegmentScan` of this task over an open ``source`` (the segment file).
 
         ``verify_crc``: checkCRCOnRecover (body CRC checked and ended on inside the window).
+        ``verify_all``: also check (and report in ``crc_ok``) body CRCs outside the window, without
+        ending there: the walk is unchanged, the rows say what a reader of them wants to know.
         """
         crc = self.crc and verify_crc and not prop_crc
         return SegmentScan(source, "commitlog/" + self.name, self.base, self.start,
-                           verify_crc=crc, stop_on_crc=crc, **kw)
+                           verify_crc=crc or verify_all, stop_on_crc=crc, **kw)
 
 
 @dataclass(frozen=True)

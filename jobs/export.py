@@ -1,0 +1,335 @@
+"""``rmqstore export``: a store as a Parquet dataset (a columnar snapshot) for fast repeated SQL.
+
+Each segment is one task on the chosen engine (in-process, a process pool, Spark): the broker's walk of
+it (what a start-up keeps: nothing past the recovery end, nothing after an invalid record) written as
+zstd Parquet straight from the scanner's Arrow batches, in the ``rocketmq`` data source's columns, under
+Hive partitions (``topic=``/``date=``, UTC). ``--incremental`` exports only segments new or changed since
+the manifest (the growing last one from where it ended); an unchanged store writes nothing. The snapshot
+directory's rules (staging, commit record, manifest) are in jobs/snapshot.py.
+Also ``spark-submit jobs/export.py STORE --out URI``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+if __package__ in (None, ""):  # spark-submit jobs/export.py: make the repo importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
+from jobs.snapshot import (
+    COMMIT,
+    MANIFEST,
+    SCHEMA,
+    STAGING,
+    TaskCtx,
+    _apply_commit,
+    _write_json,
+    export_segment,
+    finish_commits,
+    read_manifest,
+)
+from storelib.bytesource import Location, resolve
+from storelib.checkpoint import Checkpoint
+from storelib.errors import StoreError
+from storelib.recovery import finish_walk, plan_recovery, store_inputs
+from storelib.scanner import SegmentEnd
+from storelib.store import Store, load_settings
+
+PARTITIONS = ("topic", "date")
+COMPLETE = ("blank", "segment_end")  # a segment that can grow no more
+
+
+@dataclass
+class ExportConfig:
+    """Everything one export needs (the CLI and spark-submit arguments)."""
+
+    store: str
+    out: str
+    broker_conf: str | None = None
+    broker_version: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    fs_options: dict[str, Any] = field(default_factory=dict)
+    engine: str = "auto"
+    workers: int | None = None
+    master: str | None = None
+    with_body: bool = False
+    partition_by: tuple[str, ...] = PARTITIONS
+    incremental: bool = False
+    progress: bool = True
+
+
+class _Say:
+    def __init__(self, enabled: bool):
+        self.enabled, self.t0 = enabled, time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        if self.enabled:
+            sys.stderr.write(f"export [{time.monotonic() - self.t0:7.1f}s] {text}\n")
+
+
+def _prefix_same(store: Store, seg, entry: dict[str, Any]) -> bool:
+    """Are the bytes the snapshot holds of this segment unchanged (head and the bytes before its end)?"""
+    from jobs.audit import fingerprint
+
+    fp = entry.get("fingerprint") or {}
+    try:
+        now = fingerprint(store, seg, int(entry["end"]["file_offset"]))
+    except (StoreError, OSError, KeyError):
+        return False
+    return all(now.get(k) == fp.get(k) for k in ("head_len", "head_crc", "tail_crc"))
+
+
+def _same_store(store: Store, prev: dict[str, Any], out: Location) -> None:
+    """Refuse a snapshot of another store: a segment both hold must have the bytes the manifest saw."""
+    segs = {s.name: s for s in store.commitlog.segments}
+    shared = [n for n in prev["segments"] if n in segs]
+    if shared and any(_prefix_same(store, segs[n], prev["segments"][n]) for n in shared):
+        return
+    why = ("its segments hold other bytes" if shared else "none of its segments is in this store")
+    raise StoreError(out.join(MANIFEST).path, None, "other_store",
+                     f"the snapshot there was exported from {prev.get('store')!r} and {why}: export into a new "
+                     "directory")
+
+
+def _items(store: Store, plan, prev: dict[str, Any]) -> tuple[list[tuple], dict[int, dict[str, Any]]]:
+    """Tasks to run and segments carried whole from the previous manifest (by plan index)."""
+    items: list[tuple] = []
+    carried: dict[int, dict[str, Any]] = {}
+    for t in plan.tasks:
+        seg = plan.segments[t.index]
+        uri = seg.loc.path if seg.loc.local else f"{seg.loc.fs.type_name}://{seg.loc.path}"
+        p = prev.get(seg.name)
+        if p and p["base"] == seg.base and (p["crc"] or not t.crc) and _prefix_same(store, seg, p):
+            if p["end"]["kind"] in COMPLETE:
+                carried[t.index] = p
+                continue
+            items.append((t.index, seg.name, seg.base, uri, seg.file_size, int(p["end"]["file_offset"]), t.crc, None))
+        else:
+            items.append((t.index, seg.name, seg.base, uri, seg.file_size, t.start, t.crc, None))
+    return items, carried
+
+
+END_FIELDS = ("kind", "file", "file_offset", "phy_offset", "reason", "detail", "size")
+
+
+def _end(e: SegmentEnd) -> dict[str, Any]:
+    """A segment's scan end as the manifest keeps it (where and why, not the counters of one scan)."""
+    return {k: getattr(e, k) for k in END_FIELDS}
+
+
+def _content(segs: dict[str, Any]) -> dict[str, Any]:
+    """What a manifest's segments say about the data (not the file times in their fingerprints)."""
+    return {n: {**{k: v for k, v in e.items() if k != "fingerprint"},
+                "fingerprint": {k: v for k, v in e["fingerprint"].items() if k != "mtime_ms"}}
+            for n, e in segs.items()}
+
+
+def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -> dict[str, Any]:
+    """Export (or bring up to date) the snapshot; returns the manifest."""
+    from jobs.audit import fingerprint
+
+    say = _Say(cfg.progress)
+    t0 = time.monotonic()
+    for p in cfg.partition_by:
+        if p not in PARTITIONS:
+            raise StoreError(None, None, "bad_value", f"--partition-by takes {', '.join(PARTITIONS)} or none, not {p!r}")
+    root = resolve(cfg.store, **cfg.fs_options)
+    settings = load_settings(cfg.broker_conf, cfg.broker_version, cfg.overrides, root)
+    store = Store(root, settings, uri=cfg.store)
+    store.require_records("export")
+    out = resolve(cfg.out, **cfg.fs_options)
+    if out.local and os.path.realpath(out.path).startswith(os.path.realpath(root.path) + os.sep):
+        raise StoreError(cfg.out, None, "bad_output", "the snapshot cannot go inside the store")
+    finish_commits(out, say)
+    prev = read_manifest(out)
+    if prev is not None:
+        _same_store(store, prev, out)
+        if prev.get("with_body") != cfg.with_body or tuple(prev.get("partition_by", ())) != cfg.partition_by:
+            if cfg.incremental:
+                raise StoreError(out.join(MANIFEST).path, None, "layout_changed",
+                                 "the snapshot has other --with-body/--partition-by: run without --incremental")
+    inputs = store_inputs(store, version=settings.version, last_exit_ok=True, cq_max_phy_offset=-1,
+                          checkpoint=Checkpoint())
+    plan = plan_recovery(inputs, store.commitlog.segments)
+    prev_segs = (prev or {}).get("segments", {}) if cfg.incremental else {}
+    items, carried = _items(store, plan, prev_segs)
+    segs = store.commitlog.segments
+    name = engine.name if engine is not None else resolve_engine_name(
+        cfg.engine, master=cfg.master if spark is None else "given", segments=len(items),
+        store_bytes=sum(it[4] - it[5] for it in items))
+    run = uuid.uuid4().hex[:10]
+    staging = out.join(STAGING + run)
+    out.fs.create_dir(staging.path, recursive=True)
+    say(f"store {store.uri}: {len(segs)} segment(s); {len(items)} to export, {len(carried)} unchanged; engine {name}")
+    own = engine is None
+    eng = make_engine(name, spark=spark, master=cfg.master, workers=cfg.workers, app_name="rmqstore-export") \
+        if own else engine
+    try:
+        ctx = TaskCtx(plan, staging.path if staging.local else f"{staging.fs.type_name}://{staging.path}",
+                      cfg.fs_options, list(settings.delay_levels_ms), cfg.with_body, cfg.partition_by, run)
+        t1 = time.monotonic()
+        done = {r["idx"]: r for r in eng.map(partial(export_segment, ctx), items, "export: segments", say)}
+        t_work = time.monotonic() - t1
+    finally:
+        if own:
+            eng.close()
+    ends = {i: SegmentEnd(**p["end"]) for i, p in carried.items()}
+    ends.update({i: SegmentEnd(**r["end"]) for i, r in done.items()})
+    res = finish_walk(plan, ends)
+    P = res.process_offset
+    manifest_segs: dict[str, Any] = {}
+    moves: list[str] = []
+    drop: list[str] = []  # files of the previous snapshot this one no longer holds
+    skipped: list[dict[str, Any]] = []
+    skipped_topics: dict[str, int] = {}
+    for t in plan.tasks:
+        seg = plan.segments[t.index]
+        old = prev_segs.get(seg.name) or ((prev or {}).get("segments", {}).get(seg.name))
+        r = done.get(t.index)
+        new_files = r["files"] if r else []
+        if seg.base >= P:
+            skipped.append({"segment": seg.name, "from": seg.base, "to": seg.base + seg.file_size,
+                            "why": f"past the recovery end (processOffset {P}): a broker start-up drops it"})
+            drop += [f["path"] for f in (old or {}).get("files", [])]
+            continue
+        for k, v in (r or {}).get("skipped_topics", {}).items():
+            skipped_topics[k] = skipped_topics.get(k, 0) + v
+        end = ends[t.index]
+        if seg.base + end.file_offset > P:
+            raise StoreError("commitlog/" + seg.name, end.file_offset, "internal", "export range past processOffset")
+        keep = carried.get(t.index) or (old if r is not None and r["start"] != t.start else None)
+        if keep is None and old is not None:
+            drop += [f["path"] for f in old.get("files", [])]
+        files = (keep or {}).get("files", []) + new_files
+        moves += [f["path"] for f in new_files]
+        manifest_segs[seg.name] = {
+            "base": seg.base, "crc": bool(t.crc), "start": (keep or {}).get("start", t.start), "end": _end(end),
+            "rows": (keep or {}).get("rows", 0) + (r["rows"] if r else 0), "files": files,
+            "fingerprint": fingerprint(store, seg, end.file_offset)}
+        if end.kind == "invalid":
+            skipped.append({"segment": seg.name, "from": seg.base + end.file_offset, "to": seg.base + seg.file_size,
+                            "why": f"{end.reason}: {end.detail} (the walk stops here; the rest of the segment is "
+                                   "not a start-up's)"})
+    for n, old in ((prev or {}).get("segments", {})).items():
+        if n not in {s.name for s in segs}:
+            drop += [f["path"] for f in old.get("files", [])]
+    if skipped_topics:
+        skipped.append({"topics": skipped_topics, "why": "topic names that cannot be one directory entry"})
+    manifest = {
+        "schema": SCHEMA, "store": store.uri, "created_ms": int(time.time() * 1000),
+        "broker_line": settings.line.to_json() if settings.line else None,
+        "with_body": cfg.with_body, "partition_by": list(cfg.partition_by), "process_offset": P,
+        "segments": manifest_segs, "skipped": skipped,
+        "totals": {"rows": sum(s["rows"] for s in manifest_segs.values()),
+                   "files": sum(len(s["files"]) for s in manifest_segs.values()),
+                   "bytes": sum(f["bytes"] for s in manifest_segs.values() for f in s["files"])},
+    }
+    drop = [d for d in dict.fromkeys(drop) if d not in moves]
+    unchanged = (prev is not None and not moves and not drop and prev.get("skipped") == skipped
+                 and _content(prev.get("segments", {})) == _content(manifest_segs))
+    if unchanged:
+        out.fs.delete_dir(staging.path)
+        say("snapshot up to date: nothing written")
+        manifest = prev
+    else:
+        # staged files not in the manifest (a segment past the recovery end) are dropped with the staging dir
+        _write_json(staging.join(COMMIT), {"moves": moves, "delete": drop, "manifest": manifest})
+        _apply_commit(out, staging, {"moves": moves, "delete": drop, "manifest": manifest})
+    new_rows = sum(r["rows"] for r in done.values() if plan.segments[r["idx"]].base < P)
+    new_bytes = sum(f["bytes"] for r in done.values() for f in r["files"])
+    manifest = dict(manifest, run={"engine": name, "seconds": round(time.monotonic() - t0, 3),
+                                   "work_seconds": round(t_work, 3), "segments_exported": len(items),
+                                   "segments_unchanged": len(carried), "rows_written": new_rows,
+                                   "bytes_written": new_bytes, "files_written": len(moves),
+                                   "files_deleted": len(drop), "unchanged": unchanged})
+    return manifest
+
+
+def summary_text(m: dict[str, Any], out: str) -> str:
+    r, t = m["run"], m["totals"]
+    lines = [f"rmqstore export: {m['store']} -> {out}",
+             f"  snapshot   {t['rows']} rows in {t['files']} file(s), {t['bytes'] / 1e6:.1f} MB; processOffset "
+             f"{m['process_offset']}; partitioned by {', '.join(m['partition_by']) or 'nothing'}",
+             f"  this run   {r['segments_exported']} segment(s) exported, {r['segments_unchanged']} unchanged; "
+             f"{r['rows_written']} rows, {r['files_written']} file(s) written, {r['files_deleted']} deleted"
+             + (" (snapshot up to date)" if r["unchanged"] else ""),
+             f"  engine     {r['engine']}: {r['seconds']} s ({r['work_seconds']} s exporting)"]
+    for s in m["skipped"]:
+        lines.append(f"  skipped    {s.get('segment', '')} {s['why']}".rstrip())
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# command line (shared with `rmqstore export`)
+
+EXAMPLE = """examples:
+  rmqstore export /data/store --out /data/snapshots/store1
+  rmqstore export /data/store --out s3://bucket/snap --incremental --partition-by topic
+  spark-submit jobs/export.py /data/store --out hdfs:///snapshots/store1 --with-body
+
+then, e.g.: spark.read.parquet("/data/snapshots/store1"), pyarrow.dataset.dataset(..., partitioning="hive"),
+or datasources.read_snapshot(spark, path)
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from jobs.common import add_store_args
+
+    add_store_args(p)
+    p.add_argument("--out", required=True, metavar="DIR|URI", help="the snapshot directory (created; a snapshot "
+                   "there is replaced, or brought up to date with --incremental)")
+    add_engine_args(p, "export")
+    p.add_argument("--with-body", action="store_true", help="include message bodies (binary column body)")
+    p.add_argument("--partition-by", default="topic,date", metavar="COLS",
+                   help="Hive partition columns: topic,date (default), topic, date or none")
+    p.add_argument("--incremental", action="store_true",
+                   help="export only segments new or changed since the snapshot's manifest")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def config_from_args(args: argparse.Namespace) -> ExportConfig:
+    from jobs.common import fs_options, overrides
+
+    parts = tuple(x.strip() for x in args.partition_by.split(",") if x.strip() and x.strip() != "none")
+    v = args.broker_version
+    return ExportConfig(store=args.store, out=args.out, broker_conf=args.broker_conf,
+                        broker_version=None if v in (None, "auto") else v, overrides=overrides(args),
+                        fs_options=fs_options(args), engine=args.engine, workers=args.workers, master=args.master,
+                        with_body=args.with_body, partition_by=parts, incremental=args.incremental,
+                        progress=not args.quiet)
+
+
+def run_args(args: argparse.Namespace) -> int:
+    import json
+
+    m = export(config_from_args(args))
+    if args.json:
+        print(json.dumps({k: v for k, v in m.items() if k != "segments"}, indent=1, ensure_ascii=False))
+    else:
+        print(summary_text(m, args.out))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="export.py", description=__doc__.split("\n\n")[0], epilog=EXAMPLE,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run_args(args)
+    except (StoreError, OSError, ValueError) as e:
+        print(f"rmqstore export: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

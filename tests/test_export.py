@@ -1,0 +1,210 @@
+"""rmqstore export: a Parquet snapshot equal to the data source's valid rows, nothing past the recovery
+end, incremental reruns that equal a full export and write nothing when nothing changed, crash safety,
+and clear refusals of what is not a snapshot or belongs to another store."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import datasources as ds
+import jobs.snapshot as snap_mod
+from jobs.engines import LocalEngine, PoolEngine
+from jobs.export import ExportConfig, export
+from storelib.errors import StoreError
+from tests.conftest import broker_conf
+
+CONF = str(broker_conf("4.9.8"))
+
+
+def run(store: Path, out: Path, **kw) -> dict:
+    return export(ExportConfig(store=str(store), out=str(out), progress=False, **kw))
+
+
+def rows(out: Path) -> list[dict]:
+    t = ds.snapshot_dataset(str(out)).to_table()
+    return sorted(t.drop_columns(["date"]).to_pylist(), key=lambda r: r["phy_offset"])
+
+
+def source_rows(store: Path, **opts) -> list[dict]:
+    t = ds.read_messages(str(store), **opts)
+    t = t.filter(pc.is_null(t.column("_corrupt"))).drop_columns(["_corrupt"])
+    return sorted(t.to_pylist(), key=lambda r: r["phy_offset"])
+
+
+def grow(store: Path, n: int, topic: str = "OrderEvents") -> None:
+    from storelib.bytesource import resolve
+    from storelib.record import Message
+    from storelib.store import load_settings
+    from storelib.writer import StoreWriter
+
+    st = load_settings(CONF, None, None, resolve(str(store)))
+    with StoreWriter(store, st) as w:
+        for i in range(n):
+            w.append(Message(topic=topic if i % 3 else "New/Topic 🚀", body=b"x" * (300 + i), queue_id=i % 2,
+                             born_timestamp=1795299620000 + i, born_host="10.0.0.1:1", properties={"KEYS": f"k{i}"}))
+
+
+@pytest.fixture
+def store(tmp_path, sample_498) -> Path:
+    root = tmp_path / "store"
+    shutil.copytree(sample_498 / "store", root)
+    return root
+
+
+def test_snapshot_equals_the_data_source_rows_field_by_field(store, tmp_path):
+    m = run(store, tmp_path / "snap", broker_conf=CONF)
+    got = rows(tmp_path / "snap")
+    assert got == source_rows(store) and len(got) == 2000 == m["totals"]["rows"]
+    assert m["schema"] == "rmqstore.snapshot/1" and m["process_offset"] == 1728172 and m["skipped"] == []
+    assert m["broker_line"]["version"] == "4" and m["partition_by"] == ["topic", "date"]
+    for seg in m["segments"].values():  # every file listed with its rows and digest
+        assert sum(f["rows"] for f in seg["files"]) == seg["rows"]
+        for f in seg["files"]:
+            p = tmp_path / "snap" / f["path"]
+            assert p.stat().st_size == f["bytes"] and len(f["sha256"]) == 64
+    assert {p.name.split("=")[1] for p in (tmp_path / "snap").glob("topic=*")} == {"OrderEvents", "InventorySync",
+                                                                                  "PaymentNotify"}
+
+
+def test_with_body_and_no_partitions(store, tmp_path):
+    run(store, tmp_path / "snap", with_body=True, partition_by=())
+    got = rows(tmp_path / "snap")
+    want = source_rows(store, withBody=True)
+    assert [r["body"] for r in got] == [r["body"] for r in want]
+    assert not list((tmp_path / "snap").glob("topic=*"))
+
+
+def test_records_past_the_recovery_end_are_not_exported_and_the_manifest_says_why(store, tmp_path):
+    seg = store / "commitlog" / "00000000000001048576"
+    with open(seg, "r+b") as f:  # a body byte of the record at 199059 (inside the recovery window)
+        f.seek(199059 + 88 + 5)
+        b = f.read(1)[0]
+        f.seek(199059 + 88 + 5)
+        f.write(bytes([b ^ 1]))
+    m = run(store, tmp_path / "snap")
+    P = 1048576 + 199059
+    assert m["process_offset"] == P
+    got = rows(tmp_path / "snap")
+    assert got and max(r["phy_offset"] for r in got) < P
+    assert len(got) == sum(1 for r in source_rows(store) if r["phy_offset"] < P)
+    whys = " ".join(s["why"] for s in m["skipped"])
+    assert "crc" in whys.lower() and "past the recovery end" in whys
+
+
+def test_topic_names_become_encoded_partition_values(store, tmp_path):
+    grow(store, 30)
+    run(store, tmp_path / "snap", broker_conf=CONF)
+    t = ds.snapshot_dataset(str(tmp_path / "snap")).to_table()
+    assert "New/Topic 🚀" in set(t.column("topic").to_pylist())
+    assert all("/" not in p.name for p in (tmp_path / "snap").iterdir())
+
+
+def test_incremental_rerun_writes_only_the_new_part_and_equals_a_full_export(store, tmp_path):
+    run(store, tmp_path / "snap", broker_conf=CONF)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "snap").rglob("*.parquet")}
+    grow(store, 200)
+    m = run(store, tmp_path / "snap", broker_conf=CONF, incremental=True)
+    assert m["run"]["segments_unchanged"] == 3 and m["run"]["rows_written"] == 200
+    after = {p: p.stat().st_mtime_ns for p in (tmp_path / "snap").rglob("*.parquet")}
+    assert all(after.get(p) == t for p, t in before.items())  # nothing rewritten
+    run(store, tmp_path / "full", broker_conf=CONF)
+    strip = [{k: v for k, v in r.items() if k != "segment"} for r in rows(tmp_path / "snap")]
+    assert strip == [{k: v for k, v in r.items() if k != "segment"} for r in rows(tmp_path / "full")]
+    assert len(strip) == 2200
+
+
+def test_an_unchanged_store_writes_nothing(store, tmp_path):
+    run(store, tmp_path / "snap")
+    man = tmp_path / "snap" / "_manifest.json"
+    stamp = man.stat().st_mtime_ns
+    m = run(store, tmp_path / "snap", incremental=True)
+    assert m["run"]["unchanged"] and m["run"]["files_written"] == 0 and man.stat().st_mtime_ns == stamp
+    assert [p.name for p in (tmp_path / "snap").iterdir() if p.name.startswith("_")] == ["_manifest.json"]
+
+
+def test_a_crash_before_the_commit_record_leaves_the_previous_snapshot(store, tmp_path, monkeypatch):
+    run(store, tmp_path / "snap")
+    old = rows(tmp_path / "snap")
+    grow(store, 50)
+
+    def boom(*a, **k):
+        raise OSError("killed before the commit record")
+
+    monkeypatch.setattr("jobs.export._write_json", boom)
+    with pytest.raises(OSError):
+        run(store, tmp_path / "snap", incremental=True)
+    assert rows(tmp_path / "snap") == old  # staged files are invisible to dataset readers
+    monkeypatch.undo()
+    m = run(store, tmp_path / "snap", incremental=True)
+    assert m["totals"]["rows"] == 2050 and len(rows(tmp_path / "snap")) == 2050
+    assert not list((tmp_path / "snap").glob("_staging-*"))
+
+
+def test_a_crash_after_the_commit_record_is_finished_by_the_next_run(store, tmp_path, monkeypatch):
+    run(store, tmp_path / "snap")
+    grow(store, 50)
+    real = snap_mod._apply_commit
+
+    def crash(out, st, doc):
+        raise OSError("killed while moving")
+
+    monkeypatch.setattr("jobs.export._apply_commit", crash)
+    with pytest.raises(OSError):
+        run(store, tmp_path / "snap", incremental=True)
+    assert list((tmp_path / "snap").glob("_staging-*/_commit.json"))
+    monkeypatch.setattr("jobs.export._apply_commit", real)
+    m = run(store, tmp_path / "snap", incremental=True)  # finishes the moves, then finds nothing new
+    assert m["run"]["unchanged"] and m["totals"]["rows"] == 2050 and len(rows(tmp_path / "snap")) == 2050
+
+
+def test_refuses_a_directory_that_is_not_a_snapshot_and_a_snapshot_of_another_store(store, tmp_path, sample_533):
+    other = tmp_path / "docs"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="not a snapshot"):
+        run(store, other)
+    assert (other / "notes.txt").read_text() == "mine"
+    run(sample_533 / "store", tmp_path / "snap")
+    with pytest.raises(StoreError, match="other_store"):
+        run(store, tmp_path / "snap", incremental=True)
+    with pytest.raises(StoreError, match="not_a_snapshot"):
+        ds.snapshot_dataset(str(other))
+
+
+def test_pool_and_local_engines_write_the_same_rows(store, tmp_path):
+    a = export(ExportConfig(store=str(store), out=str(tmp_path / "a"), progress=False), engine=LocalEngine())
+    pool = PoolEngine(2)
+    try:
+        b = export(ExportConfig(store=str(store), out=str(tmp_path / "b"), progress=False), engine=pool)
+    finally:
+        pool.close()
+    assert a["totals"]["rows"] == b["totals"]["rows"] and rows(tmp_path / "a") == rows(tmp_path / "b")
+
+
+def test_cli_export_and_summary(store, tmp_path, capsys):
+    from jobs.cli import main
+
+    assert main(["export", str(store), "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "2000 rows" in out and "processOffset 1728172" in out
+    assert main(["export", str(store), "--out", str(tmp_path / "s"), "--incremental", "--quiet", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["run"]["unchanged"] is True
+
+
+@pytest.mark.spark
+def test_spark_reads_the_snapshot_with_fixed_types(store, tmp_path, spark):
+    run(store, tmp_path / "snap")
+    df = ds.read_snapshot(spark, str(tmp_path / "snap"), view="snap")
+    assert df.count() == 2000
+    by_topic = {r.topic: r.n for r in spark.sql("SELECT topic, count(*) AS n FROM snap GROUP BY topic").collect()}
+    src = ds.read_messages(str(store)).group_by("topic").aggregate([("phy_offset", "count")]).to_pylist()
+    assert by_topic == {r["topic"]: r["phy_offset_count"] for r in src}
+    assert dict(df.dtypes)["store_time"] == "timestamp" and dict(df.dtypes)["topic"] == "string"
+    assert pa.types.is_timestamp(ds.snapshot_dataset(str(tmp_path / "snap")).schema.field("store_time").type)
