@@ -135,6 +135,14 @@ def index_geometry_of(buf: mmap.mmap | bytes, size: int) -> tuple[int, int] | No
         return None
     diff = 0 if h.begin_timestamp <= 0 else max(0, min((h.end_timestamp - h.begin_timestamp) // 1000, 2**31 - 1))
     pattern = struct.pack(">qi", h.end_phy_offset, diff)
+    # the usual geometries first (the broker's default slot count, and indexNum = 4 x slots as the
+    # defaults have it): one probe each instead of a search through hundreds of MB of mostly-empty file
+    for slots in dict.fromkeys(c for c in (5_000_000, (size - HEADER_SIZE) // (SLOT_SIZE + 4 * ENTRY_SIZE)) if c > 0):
+        rest = size - HEADER_SIZE - SLOT_SIZE * slots
+        at = HEADER_SIZE + SLOT_SIZE * slots + ENTRY_SIZE * last + 4
+        if (rest > 0 and rest % ENTRY_SIZE == 0 and rest // ENTRY_SIZE >= h.index_count and at + len(pattern) <= size
+                and bytes(buf[at:at + len(pattern)]) == pattern and _slot_chains_agree(buf, slots, last)):
+            return slots, rest // ENTRY_SIZE
     hi = size
     while True:
         at = buf.rfind(pattern, HEADER_SIZE, hi)

@@ -57,6 +57,11 @@ def test_notebook_removes_the_sample_it_extracted(executed, kernel_tmp):
     assert not [p.name for p in kernel_tmp.iterdir() if p.name.startswith("rmqstore-nb-")]
 
 
+def test_notebook_queries_a_snapshot_beside_the_live_readers(executed):
+    text = _text(executed)
+    assert "rmqstore export:" in text and "2000 rows" in text
+
+
 def _text(nb) -> str:
     out = []
     for c in nb.cells:

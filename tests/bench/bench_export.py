@@ -1,0 +1,131 @@
+"""Export benchmark: ``rmqstore export`` against storelib's own scan on the same cores, SQL over the
+snapshot against the same SQL through the ``rocketmq`` data source in Spark local[2], and an incremental
+rerun after 1% growth, all in one run.
+
+Not part of the test run. ``python -m tests.bench.bench_export [--size 2GB] [--segment-size 256MB]``
+
+* scan: every segment decoded into the public columns (datasources' decoder, CRC verified), one task per
+  segment on a process pool with as many workers as the export uses; export: the default engine (auto).
+* SQL: ``count(*)``, ``group by topic``, and a store-time range filter with a count, each run twice
+  (the second timed) on the snapshot (``datasources.read_snapshot``) and on ``spark.read.format("rocketmq")``.
+* incremental: 1% more messages appended through storelib.writer (the broker's write path), then
+  ``export --incremental`` against the full export's time.
+Targets (issue "columnar snapshots"): export >= 0.8 of the scan; snapshot SQL >= 10x the data source;
+incremental < 0.10 of the full export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import shutil
+import tempfile
+import time
+from functools import partial
+
+from tests.bench.bench_scan import parse_size
+
+
+def _scan_segment(store: str, name: str) -> int:
+    """Decode one whole segment into the public columns (what the export starts from)."""
+    from datasources.commitlog_source import MessageReadOptions, plan, read_split
+
+    opts = MessageReadOptions.parse({"path": store, "maxSplitBytes": str(1 << 40)})
+    return sum(b.num_rows for s in plan(opts) if s.segment_name == name for b in read_split(opts, s))
+
+
+def _timed(fn):
+    t0 = time.monotonic()
+    r = fn()
+    return time.monotonic() - t0, r
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="2GB")
+    ap.add_argument("--segment-size", default="256MB")
+    ap.add_argument("--keep", metavar="DIR")
+    args = ap.parse_args(argv)
+    size, seg = parse_size(args.size), parse_size(args.segment_size)
+    work = args.keep or tempfile.mkdtemp(prefix="rmqstore-bench-export-")
+    store = os.path.join(work, "store")
+    out = os.path.join(work, "snap")
+    try:
+        from jobs.cli import main as cli
+        from jobs.engines import PoolEngine
+        from jobs.export import ExportConfig, export
+
+        if not os.path.isdir(store):
+            cli(["gen", store, "--size", str(size), "--segment-size", str(seg)])
+        names = sorted(os.listdir(os.path.join(store, "commitlog")))
+        pool = PoolEngine()
+        try:
+            pool.map(partial(_scan_segment, store), names[:1])  # workers up, page cache warm
+            t_scan, counts = _timed(lambda: pool.map(partial(_scan_segment, store), names))
+        finally:
+            pool.close()
+        shutil.rmtree(out, ignore_errors=True)
+        t_exp, m = _timed(lambda: export(ExportConfig(store=store, out=out, progress=False)))
+        rows = m["totals"]["rows"]
+        print(f"store: {size / 1e9:.1f} GB, {len(names)} segments, {sum(counts)} records; snapshot {rows} rows, "
+              f"{m['totals']['bytes'] / 1e6:.0f} MB in {m['totals']['files']} files (engine {m['run']['engine']})")
+        print(f"scan (pool, {os.cpu_count()} workers)   {t_scan:7.2f} s  {sum(counts) / t_scan:12,.0f} rows/s")
+        print(f"export (default engine)    {t_exp:7.2f} s  {rows / t_exp:12,.0f} rows/s   "
+              f"ratio to scan {t_scan / t_exp:.2f} (target >= 0.8)")
+        _sql(store, out)
+        _incremental(store, out, size, t_exp)
+        print(f"peak RSS (this process)    {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:7.0f} MB")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _sql(store: str, out: str) -> None:
+    import datasources as ds
+    from jobs.sparkutil import get_spark
+
+    spark = get_spark(master="local[2]", app_name="bench-export")
+    ds.register(spark)
+    live = spark.read.format("rocketmq").load(store)
+    snap = ds.read_snapshot(spark, out)
+    t_mid = live.selectExpr("percentile_approx(store_timestamp, 0.5)").first()[0]
+    queries = {
+        "count(*)": lambda df: df.count(),
+        "group by topic": lambda df: df.groupBy("topic").count().collect(),
+        "time range": lambda df: df.filter(f"store_timestamp >= {t_mid}").count(),
+    }
+    for label, q in queries.items():
+        q(snap)
+        t_s, a = _timed(partial(q, snap))
+        q(live)
+        t_l, b = _timed(partial(q, live))
+        same = (sorted(a) == sorted(b)) if isinstance(a, list) else a == b
+        print(f"SQL {label:15s} snapshot {t_s:6.2f} s  data source {t_l:6.2f} s  speed-up {t_l / t_s:5.1f}x "
+              f"(target >= 10x)  same answer: {same}")
+
+
+def _incremental(store: str, out: str, size: int, t_full: float) -> None:
+    from jobs.export import ExportConfig, export
+    from storelib.bytesource import resolve
+    from storelib.record import Message
+    from storelib.store import load_settings
+    from storelib.writer import StoreWriter
+
+    rnd = random.Random(5)
+    written = n = 0
+    with StoreWriter(store, load_settings(None, None, None, resolve(store))) as w:
+        while written < size // 100:
+            r = w.append(Message(topic=f"Grow{n % 8}", body=rnd.randbytes(rnd.randint(200, 2000)), queue_id=n % 4,
+                                 born_timestamp=int(time.time() * 1000), born_host="10.0.0.9:5000",
+                                 properties={"KEYS": f"g-{n}"}))
+            written += r.size
+            n += 1
+    t_inc, m = _timed(lambda: export(ExportConfig(store=store, out=out, incremental=True, progress=False)))
+    print(f"incremental after +1% ({n} msgs) {t_inc:6.2f} s   ratio to full export {t_inc / t_full:.3f} "
+          f"(target < 0.10); rows written {m['run']['rows_written']}")
+
+
+if __name__ == "__main__":
+    main()
