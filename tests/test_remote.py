@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pytest
 
@@ -624,3 +625,24 @@ def test_spark_rebuild_from_s3_to_s3_equals_the_local_engine_and_its_manifest(st
     manifest = read_manifest(out_uri)
     for rel, body in got.items():  # every file's manifest hash is the hash of what was written
         assert manifest["files"][rel]["sha256"] == hashlib.sha256(body).hexdigest(), rel
+
+
+def test_export_from_s3_to_s3_equals_a_local_export_and_reruns_incrementally(stores, s3_server, tmp_path):
+    import datasources as ds
+
+    d = stores["4.9.8"]
+    out_uri = f"s3://{s3_server.new_bucket('snap')}/snapshots/store1"
+    rc_l, _, err_l = run_cli(["export", d["local"], "--out", tmp_path / "local-snap", "--quiet"])
+    rc_r, _, err_r = run_cli(["export", d["uri"], "--out", out_uri, "--quiet", *s3_server.cli_args()])
+    assert rc_l == 0 and rc_r == 0, (err_l, err_r)
+    fs = s3_server.filesystem()
+    remote = pads.dataset(out_uri.removeprefix("s3://"), filesystem=fs, format="parquet", partitioning="hive")
+    key = lambda r: r["phy_offset"]  # noqa: E731
+    got = sorted(remote.to_table().drop_columns(["date"]).to_pylist(), key=key)
+    want = sorted(ds.snapshot_dataset(str(tmp_path / "local-snap")).to_table().drop_columns(["date"]).to_pylist(),
+                  key=key)
+    assert got == want and len(got) == 2000
+    names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(out_uri.removeprefix("s3://")))}
+    assert "_manifest.json" in names and not [n for n in names if n.startswith("_staging-")]
+    rc, out, err = run_cli(["export", d["uri"], "--out", out_uri, "--incremental", *s3_server.cli_args()])
+    assert rc == 0 and "snapshot up to date" in out, err
