@@ -24,8 +24,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from .errors import StoreError
@@ -285,13 +283,3 @@ def restore(backup_dir: str | os.PathLike, root: str | os.PathLike | None = None
             os.rmdir(d)
             actions.append({"path": e.rel, "action": "removed_dir"})
     return actions
-
-
-def iter_saved(backup_dir: str) -> Iterator[BackupEntry]:
-    """The entries of a backup, in the order they were saved."""
-    yield from read_manifest(os.path.abspath(backup_dir))[1]
-
-
-def copy_tree_exact(src: str, dst: str) -> None:
-    """Copy a directory tree (tests and dry runs): contents, modes and mtimes."""
-    shutil.copytree(src, dst, copy_function=shutil.copy2)

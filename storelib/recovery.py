@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -566,8 +566,3 @@ def rebuild_target(store, *, version: str | None = None) -> RecoveryResult:
     inputs = store_inputs(store, version=version, last_exit_ok=True, cq_max_phy_offset=-1,
                           checkpoint=Checkpoint())
     return recovery_walk(store, inputs)
-
-
-def with_inputs(plan: WalkPlan, **kw) -> WalkPlan:
-    """A copy of ``plan`` re-planned with some inputs changed (tests, what-if reports)."""
-    return plan_recovery(replace(plan.inputs, **kw), plan.segments)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -130,16 +129,6 @@ def _segment_file_size(loc: Location) -> int | None:
     sizes = [int(i.size or 0) for i in infos if i.type == pafs.FileType.File and re.fullmatch(r"[0-9]{20}", i.base_name)]
     full = {s for s in sizes if s > 0}
     return full.pop() if len(full) == 1 else None
-
-
-@dataclass
-class StoreOptions:
-    """How to open a store: broker settings file/overrides and filesystem options for remote URIs."""
-
-    broker_conf: str | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
-    fs_options: dict[str, Any] = field(default_factory=dict)
-    filesystem: pafs.FileSystem | None = None
 
 
 class Store:
