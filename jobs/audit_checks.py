@@ -34,12 +34,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storelib.bytesource import LocalSource, Location, data_ranges, open_source, resolve
+from storelib.consumequeue import batch_cq_topics
 from storelib.errors import Finding, StoreError
 from storelib.publish import atomic_local_file
 from storelib.record import INNER_BATCH_FLAG
 from storelib.resync import LostRegion, find_next_record, lost_region
 from storelib.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
-from storelib.topicname import unsafe_reason, unsafe_topic_finding
+from storelib.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 MAX_PER_KIND = 50  # findings of one kind per file before they are summarised
@@ -807,7 +808,13 @@ def load_consume_queues(root: Location, settings: Any, log_min: int) -> CQLoad:
     try:
         queues = list_queues(root, list_findings)
     except StoreError as e:
-        res.findings.append(Finding(e.kind, "error", _rel(rootp, e.file), e.offset, e.detail))
+        if e.kind == "rocksdb_consumequeue":  # a supported broker layout that rmqstore does not read: say so once
+            res.findings.append(Finding(e.kind, "warning", _rel(rootp, e.file), None,
+                                        f"{e.detail}: ConsumeQueue checks skipped (rmqstore reads file-based "
+                                        "consume queues only); commitlog, index, checkpoint and config are audited",
+                                        {"supported": False}))
+        else:
+            res.findings.append(Finding(e.kind, "error", _rel(rootp, e.file), e.offset, e.detail))
         res.failed = True
         return res
     for f in list_findings:
@@ -999,10 +1006,15 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
                                "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                "messages": fact["messages"] if fact else 0, "lag": lag, "lag_bytes": behind_bytes}
     unsafe: dict[str, list[int]] = {}  # topics that cannot be a directory: [records, first phy], one finding each
+    batch = batch_cq_topics(root)
+    batch_msgs: dict[str, int] = {}
     for key, fact in facts.items():
         if key in seen_queues:
             continue
         topic, qid = key
+        if topic in batch:  # its queues are BatchConsumeQueue files: not missing, not read
+            batch_msgs[topic] = batch_msgs.get(topic, 0) + int(fact["messages"])
+            continue
         if unsafe_reason(topic) is not None:
             u = unsafe.setdefault(topic, [0, int(fact["first_phy"])])
             u[0] += int(fact["messages"])
@@ -1015,6 +1027,12 @@ def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capp
                         + ("; the broker dispatches them on start" if sev == "warning" else
                            " and they lie before the reput position: the broker never rebuilds it"),
                         {"topic": topic, "queue_id": qid, "count": fact["messages"]}))
+    for topic, n in sorted(batch_msgs.items()):
+        out.add(Finding("batch_consume_queue", "warning", f"batchconsumequeue/{topic}", None,
+                        f"topic {escape_topic(topic)} keeps its queues as 5.x BatchConsumeQueue files "
+                        f"({len(batch[topic])} queue(s)), which rmqstore does not read: its {n} messages are not "
+                        "cross-checked against a consume queue", {"topic": topic, "queues": batch[topic],
+                                                                  "messages": n, "supported": False}))
     S = log.segment_size
     for topic, (n, first) in sorted(unsafe.items()):
         out.add(unsafe_topic_finding(topic, f"commitlog/{first - first % S:020d}", first % S, n, first))

@@ -103,7 +103,7 @@ from storelib.recovery import (
 from storelib.smallfile_io import atomic_write, fsync_dir
 from storelib.store import Store
 from storelib.store import load_settings as store_settings
-from storelib.topicname import unsafe_reason, unsafe_topic_finding
+from storelib.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 
 WHAT = ("consumequeue", "index")
 CQ_COLS = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type"]
@@ -951,6 +951,30 @@ def _publish_in_place(root: Location, staging: Location, manifest: dict[str, Any
 # the job
 
 
+def _cq_layout_notes(root: Location, what: tuple[str, ...], in_place: bool) -> list[str]:
+    """What the source's ConsumeQueue layout means for a rebuild: the rebuilt files are the file-based
+    layout a default store has. In place that would sit beside (or over) a 5.x RocksDB CQ database or a
+    BatchConsumeQueue topic the broker reads instead: refused."""
+    from storelib.consumequeue import batch_cq_topics, is_rocksdb_consumequeue
+
+    if "consumequeue" not in what:
+        return []
+    notes = []
+    if is_rocksdb_consumequeue(root):
+        notes.append("[warning] consumequeue: the source keeps its consume queues in RocksDB (storeType=defaultRocksDB); "
+                     "the rebuilt consumequeue/ is the file-based layout (storeType=default)")
+    batch = batch_cq_topics(root)
+    if batch:
+        notes.append(f"[warning] batchconsumequeue: topic(s) {', '.join(escape_topic(t) for t in sorted(batch))} use "
+                     "5.x BatchConsumeQueue files, which rmqstore does not write; their rebuilt consume queues are "
+                     "the file-based layout")
+    if notes and in_place:
+        raise StoreError("consumequeue", None, "unsupported_layout",
+                         "; ".join(n.split(": ", 1)[1] for n in notes) + ": --in-place would put them beside the "
+                         "broker's own; rebuild into --out, or --what index")
+    return notes
+
+
 def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dict[str, Any]:
     """Run one rebuild; returns the manifest (also written next to the output).
 
@@ -970,6 +994,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     store = Store(root, settings)
     store.require_records("rebuild")
     out = None
+    layout_notes = _cq_layout_notes(root, what, cfg.in_place)
     if cfg.in_place:
         if not store.local:
             raise StoreError(store.uri, None, "remote_store", "--in-place needs a local store")
@@ -1036,7 +1061,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
                        "index_keys": er.index_keys,
                        "cq_files": sum(1 for r in er.files if r.startswith("consumequeue/")),
                        "index_files": sum(1 for r in er.files if r.startswith("index/"))},
-            "findings": [str(f) for f in er.findings],
+            "findings": [str(f) for f in er.findings] + layout_notes,
             "skipped_topics": [f.extra for f in er.findings if f.kind == "unsafe_topic_name"],
             "elapsed_s": round(elapsed, 3),
             "startup_s": round(elapsed - work, 3),  # settings, store, planning, Spark session

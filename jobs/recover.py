@@ -420,7 +420,16 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
 
     # §8.2 ConsumeQueue.recover per queue
     queues: dict[tuple[str, int], _QueueSim] = {}
-    for topic, qid, loc in list_queues(store.loc, findings):
+    try:
+        listed = list_queues(store.loc, findings)
+    except StoreError as e:
+        if e.kind == "rocksdb_consumequeue":
+            raise StoreError("consumequeue", None, "unsupported_layout",
+                             f"{e.detail}: recover replays the file-based ConsumeQueue recovery only; a RocksDB "
+                             "consume-queue store's start-up is not modelled (rebuild --out and audit still apply)") \
+                from None
+        raise
+    for topic, qid, loc in listed:
         with ConsumeQueue(loc, segment_size=Scq, topic=topic, queue_id=qid) as cq:
             findings.extend(cq.findings)
             queues[(topic, qid)] = _QueueSim(topic, qid, root, Scq, cq)

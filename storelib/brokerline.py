@@ -24,7 +24,7 @@ VERSIONS = ("4", "5")
 # files and folders a 4.x store never has (5.3.3: DefaultMessageStore, CompactionStore, TimerMessageStore,
 # RocksDB consume queues, BatchConsumeQueue)
 FIVE_X_ONLY_FILES = ("abort.bak", "compaction", "timerwheel", "timerlog", "config/timercheck",
-                     "config/timermetrics", "rocksdbstore", "rocksdb", "batchconsumequeue")
+                     "config/timermetrics", "rocksdbstore", "rocksdb", "batchconsumequeue", "consumequeue/CURRENT")
 # how much of the oldest segment the record evidence reads: enough for the first thousands of records,
 # bounded so detection costs milliseconds on any store
 EVIDENCE_BYTES = 4 * 1024 * 1024

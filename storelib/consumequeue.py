@@ -264,6 +264,26 @@ def list_queues(store_root: Location | str | os.PathLike, findings: list[Finding
     return out
 
 
+def is_rocksdb_consumequeue(store_root: Location | str | os.PathLike) -> bool:
+    """Does ``consumequeue/`` hold a RocksDB database (5.x ``storeType=defaultRocksDB``) instead of topics?"""
+    cq = _as_location(store_root).join("consumequeue")
+    return any(i.type == pafs.FileType.File and _ROCKSDB_NAMES.match(i.base_name) for i in _list(cq))
+
+
+def batch_cq_topics(store_root: Location | str | os.PathLike) -> dict[str, list[int]]:
+    """Topics with 5.x BatchConsumeQueue files (``batchconsumequeue/<topic>/<queueId>``) and their queue
+    ids: a layout the broker supports and rmqstore does not read (callers say so instead of calling
+    the topic's consume queues missing)."""
+    root = _as_location(store_root)
+    out: dict[str, list[int]] = {}
+    for t in _list(root.join("batchconsumequeue")):
+        if t.type == pafs.FileType.Directory:
+            qids = [q for q in (parse_queue_dir(i.base_name) for i in _list(root.join("batchconsumequeue", t.base_name))
+                                if i.type == pafs.FileType.Directory) if q is not None]
+            out[t.base_name] = sorted(qids)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # reading one queue
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 from jobs.common import Progress, add_store_args, human_ms, open_store, plain_doc, print_json, print_table
 from storelib.checkpoint import read_checkpoint
 from storelib.configjson import consumer_offsets, load_config
-from storelib.consumequeue import ConsumeQueue, list_queues
+from storelib.consumequeue import ConsumeQueue, batch_cq_topics, list_queues
 from storelib.errors import Finding, StoreError
 from storelib.geometry import fold_geometry_findings
 from storelib.indexfile import list_index_files
@@ -90,7 +90,24 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
         out["first_store_ms"], out["last_store_ms"] = (min(ts), max(ts)) if ts else (None, None)
     queues = []
     cq_keys = set()
-    for topic, qid, loc in list_queues(store.loc, findings):
+    try:
+        listed = list_queues(store.loc, findings)
+    except StoreError as e:
+        if e.kind != "rocksdb_consumequeue":
+            raise
+        listed = []  # the queues are still listed from the commitlog below, without CQ offsets
+        findings.append(Finding(e.kind, "warning", "consumequeue", None,
+                                f"{e.detail}: rmqstore reads file-based consume queues only; the queues below "
+                                "come from the commitlog"))
+    out["consume_queue_layout"] = "rocksdb" if not listed and any(f.kind == "rocksdb_consumequeue" for f in findings) \
+        else "file"
+    batch = batch_cq_topics(store.loc)
+    if batch:
+        out["batch_consume_queue_topics"] = batch
+        findings.append(Finding("batch_consume_queue", "warning", "batchconsumequeue", None,
+                                f"{len(batch)} topic(s) keep 5.x BatchConsumeQueue files, which rmqstore does not "
+                                f"read: {', '.join(sorted(batch)[:5])}"))
+    for topic, qid, loc in listed:
         cq = ConsumeQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
         try:
             findings.extend(cq.findings)
