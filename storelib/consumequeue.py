@@ -948,18 +948,14 @@ def _write_file(target: Location, chunks: list, pos: int, size: int, digests: di
     parent = target.path.rsplit("/", 1)[0]
     tmp = f"{parent}/{tmp_name}"
     if target.local:
-        try:
-            with open(tmp, "wb") as f:
-                if pos:
-                    f.seek(pos)
-                for c in chunks:
-                    f.write(c)
-                f.truncate(size)  # sparse zero tail, like the broker's freshly mapped file
-            os.replace(tmp, target.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        from .publish import atomic_local_file
+
+        with atomic_local_file(target.path, durable=False) as tmp_path, open(tmp_path, "wb") as f:
+            if pos:
+                f.seek(pos)
+            for c in chunks:
+                f.write(c)
+            f.truncate(size)  # sparse zero tail, like the broker's freshly mapped file
         return
     body = bytearray(size)
     p = pos

@@ -81,6 +81,7 @@ from .indexfile import (
     index_key_rows,
     list_index_files,
 )
+from .publish import atomic_local_file
 from .record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from .scanner import SegmentScan
 from .topicname import unsafe_reason, unsafe_topic_finding
@@ -341,7 +342,7 @@ def _data_prefix(path: str, size: int) -> bytes:
 def _write_queue_image_local(image: QueueImage, out_dir: str, segment_size: int) -> list[str]:
     """:func:`storelib.consumequeue.write_queue_image` for a local directory, same bytes: each file
     full size (zeros sparse), a continued segment keeps the existing bytes (read up to the first hole
-    only); temp file + os.replace."""
+    only); temp file + rename (:func:`storelib.publish.atomic_local_file`)."""
     S = segment_size
     raw = np.ascontiguousarray(image.entries, dtype=CQ_DTYPE).tobytes()
     os.makedirs(out_dir, exist_ok=True)
@@ -357,26 +358,19 @@ def _write_queue_image_local(image: QueueImage, out_dir: str, segment_size: int)
             if image.prefix is not None and not image.prefix.local:
                 return written + write_queue_image(image, resolve(out_dir), segment_size)
             prefix = _data_prefix(src or target, S)
-        tmp = os.path.join(out_dir, f".{file_name(base)}.{os.getpid()}.{i}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                if prefix:
-                    f.write(prefix[:pos])
-                    if len(prefix) < pos:
-                        f.seek(pos)
-                    f.write(data)
-                    if len(prefix) > pos + len(data):
-                        f.write(prefix[pos + len(data):])
-                else:
-                    if pos:
-                        f.seek(pos)
-                    f.write(data)
-                f.truncate(S)
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_local_file(target, durable=False) as tmp, open(tmp, "wb") as f:
+            if prefix:
+                f.write(prefix[:pos])
+                if len(prefix) < pos:
+                    f.seek(pos)
+                f.write(data)
+                if len(prefix) > pos + len(data):
+                    f.write(prefix[pos + len(data):])
+            else:
+                if pos:
+                    f.seek(pos)
+                f.write(data)
+            f.truncate(S)
         written.append(target)
     return written
 

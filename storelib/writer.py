@@ -281,10 +281,10 @@ class StoreWriter:
         path = self._segment_path(base)
         if os.path.exists(path):
             return
-        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
+        from .publish import atomic_local_file
+
+        with atomic_local_file(path, durable=False) as tmp, open(tmp, "wb") as f:
             f.truncate(self.segment_size)  # full size at once; a sparse zero tail like a fresh mapping
-        os.replace(tmp, path)
 
     def _open_segment(self, base: int) -> None:
         self._flush_buf()
