@@ -412,7 +412,7 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
     schema = pa.schema([output_schema(opts.with_body).field(c) for c in [*names, "segment", "_corrupt"]])
     project = out_names != schema.names
     settings = opts.store.settings()
-    delays = list(getattr(settings, "delay_levels_ms", DEFAULT_DELAY_LEVELS_MS))
+    delays = list(settings.delay_levels_ms)
     seg_loc = opts.store.location().join("commitlog", split.segment_name)
     display = "commitlog/" + split.segment_name
     src = open_source(seg_loc, split.file_size)

@@ -82,6 +82,7 @@ from jobs.engines import (
     make_engine,
     resolve_engine_name,
 )
+from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import resolve
 from storelib.errors import Finding, StoreError
 from storelib.geometry import fold_geometry_findings
@@ -420,7 +421,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     state = load_state(since)
     tasks, carried, grown, fps = plan(store, state, since, quiet)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
-                        broker_version=str(getattr(settings, "version", "4")), verify_crc=verify_crc,
+                        broker_version=str(settings.version), verify_crc=verify_crc,
                         fs_options=fs_options)
     # what the cross-file checks read from disk without needing the records (consume queues, index file
     # validation) is loaded on a low-priority driver thread while the segments are audited: it takes the
@@ -517,7 +518,7 @@ def _background() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
-def _after_segments(store: Store, settings: Any, tasks: list[SegmentTask], fresh: list[SegmentResult],
+def _after_segments(store: Store, settings: BrokerSettings, tasks: list[SegmentTask], fresh: list[SegmentResult],
                     carried: dict[str, SegmentResult], partial: dict[str, SegmentResult], fps: dict[str, dict],
                     since: str | None, now_ms: int | None, quiet: bool, threads: bool,
                     preload: dict[str, Future] | None) -> tuple[dict[str, Any], float]:
@@ -539,7 +540,7 @@ def _after_segments(store: Store, settings: Any, tasks: list[SegmentTask], fresh
     return report, t_cross
 
 
-def cross_checks(store: Store, results: list[SegmentResult], settings: Any, *, now_ms: int,
+def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
                  quiet: bool = False, threads: bool = True, preload: dict[str, Future] | None = None
                  ) -> dict[str, Any]:
     """Phase 2: everything that needs more than one segment or file; builds the report dict.
@@ -645,7 +646,7 @@ def report_charts(log: LogView) -> dict[str, Any]:
 
 
 def build_report(store: Store, results: list[SegmentResult], log: LogView, findings: list[Finding], qstats: dict,
-                 consumers: list[dict], idx: dict, cp: Any, settings: Any,
+                 consumers: list[dict], idx: dict, cp: Any, settings: BrokerSettings,
                  charts: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report dict (JSON schema ``rmqstore.audit/1``); ``charts``: :func:`report_charts` if done already."""
     charts = charts if charts is not None else report_charts(log)

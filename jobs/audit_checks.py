@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import LocalSource, Location, data_ranges, open_source, resolve
 from storelib.consumequeue import batch_cq_topics
 from storelib.errors import Finding, StoreError
@@ -797,7 +798,7 @@ class CQLoad:
     cq_max_phy: int = -1
 
 
-def load_consume_queues(root: Location, settings: Any, log_min: int) -> CQLoad:
+def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) -> CQLoad:
     """Read every consume queue's units (one copy out of the mapped files) and offsets."""
     from storelib.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, list_queues
 
@@ -873,7 +874,7 @@ def _units_before_invalid_tail(units: np.ndarray, path: str | None) -> int:
     return n - j if n and nz[j] else 0
 
 
-def check_consume_queues(root: Location, log: LogView, settings: Any, out: _Capped, facts: dict,
+def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings, out: _Capped, facts: dict,
                          loaded: CQLoad | None = None) -> dict:
     """ConsumeQueue entries vs records both ways; queue min/max offsets and lag. Returns per-queue stats.
 
@@ -1058,7 +1059,7 @@ def _index_open_error(display: str, e: StoreError) -> Finding:
                    e.offset, e.detail)
 
 
-def load_index_files(root: Location, settings: Any) -> IndexLoad:
+def load_index_files(root: Location, settings: BrokerSettings) -> IndexLoad:
     """List, open and validate every index file (headers and structure; entries are not kept)."""
     from storelib.indexfile import IndexGeometry, list_index_files
 
@@ -1171,7 +1172,7 @@ class _KeySequence:
         return self.aligned and self.cur == self.n
 
 
-def check_index(root: Location, log: LogView, settings: Any, out: _Capped, checkpoint: Any, abort: bool,
+def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Capped, checkpoint: Any, abort: bool,
                 loaded: IndexLoad | None = None) -> dict:
     """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
 
@@ -1308,7 +1309,7 @@ def check_index(root: Location, log: LogView, settings: Any, out: _Capped, check
                 consequences.append("index_chain_broken")
             out.add(vfi)
     # every keyed message findable
-    if getattr(settings, "message_index_enable", True) and keys.n and not keys.all_matched():
+    if settings.message_index_enable and keys.n and not keys.all_matched():
         if k_ is None:
             k_ = key_codes(log)
         kphy, khash, kcode, kpos = k_.kphy, k_.khash, k_.kcode, k_.kpos

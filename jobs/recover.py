@@ -387,7 +387,7 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
     the index. The plan reports both counts (``index.entries_added`` is the broker's).
     """
     settings = store.settings
-    version = version or ("5" if str(getattr(settings, "version", "4")).startswith("5") else "4")
+    version = version or ("5" if str(settings.version).startswith("5") else "4")
     root = store.loc
     findings: list[Finding] = list(store.commitlog.findings)
     cl = store.commitlog
@@ -482,7 +482,7 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
     index_images: list[IndexImage] = []
     keys_added = keys_extra = 0
     t_extra = t_rec.schema.empty_table()
-    if getattr(settings, "message_index_enable", True) and (t_rec.num_rows + t_rep.num_rows):
+    if settings.message_index_enable and (t_rec.num_rows + t_rep.num_rows):
         remaining = [r for r in refs if r.name not in index_delete]
         prev = None
         if remaining:

@@ -60,6 +60,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .brokerconf import BrokerSettings
 from .bytesource import Location, resolve
 from .commitlog import CommitLog, Segment
 from .consumequeue import (
@@ -133,15 +134,13 @@ class DispatchResult:
         }
 
 
-def _settings(settings: Any, version: str | None = None) -> Any:
+def _settings(settings: BrokerSettings | None, version: str | None = None) -> BrokerSettings:
     if settings is not None:
         return settings
-    from .brokerconf import BrokerSettings
-
     return BrokerSettings.defaults(version or "4")
 
 
-def index_geometry(settings: Any) -> IndexGeometry:
+def index_geometry(settings: BrokerSettings) -> IndexGeometry:
     return IndexGeometry(int(settings.max_hash_slot_num), int(settings.max_index_num))
 
 
@@ -165,13 +164,13 @@ def _first_record_present(seg: Segment) -> bool:
 class _Dispatcher:
     """Accumulates dispatch columns chunk by chunk and writes CQ/index files with continued state."""
 
-    def __init__(self, out: Location, settings: Any, what: Sequence[str], emit_empty_index: bool,
+    def __init__(self, out: Location, settings: BrokerSettings, what: Sequence[str], emit_empty_index: bool,
                  name_tz: str | None, result: DispatchResult, queue_states: dict[tuple[str, int], QueueState],
                  index_state: IndexState | None):
         self.out = out
         self.settings = settings
         self.do_cq = "consumequeue" in what
-        self.do_index = "index" in what and bool(getattr(settings, "message_index_enable", True))
+        self.do_index = "index" in what and bool(settings.message_index_enable)
         self.emit_empty_index = emit_empty_index
         self.name_tz = name_tz
         self.result = result
@@ -179,7 +178,7 @@ class _Dispatcher:
         self.geometry = index_geometry(settings)
         self.qstate = queue_states
         self.istate = index_state
-        self.empty_index_count = 1 if str(getattr(settings, "version", "4")).startswith("5") else 0
+        self.empty_index_count = 1 if str(settings.version).startswith("5") else 0
         self.batches: list[pa.RecordBatch] = []
         self.keys: list[dict[str, np.ndarray]] = []
         self.rows = 0
@@ -412,7 +411,7 @@ def _index_msg_timestamp(out: Location, geometry: IndexGeometry) -> int:
 
 def dispatch_store(
     store_root: str | os.PathLike | Location,
-    settings: Any = None,
+    settings: BrokerSettings | None = None,
     from_offset: int | None = None,
     to_offset: int | None = None,
     out_root: str | os.PathLike | Location | None = None,
@@ -433,9 +432,9 @@ def dispatch_store(
     for w in what:
         if w not in WHAT:
             raise StoreError(None, None, "bad_value", f"what must be among {WHAT}, not {w!r}")
-    if getattr(settings, "enable_consume_queue_ext", False):
+    if settings.enable_consume_queue_ext:
         raise StoreError(None, None, "unsupported", "ConsumeQueueExt (enableConsumeQueueExt=true) is not supported")
-    if getattr(settings, "enable_multi_dispatch", False):
+    if settings.enable_multi_dispatch:
         raise StoreError(None, None, "unsupported", "multi-dispatch / LMQ (enableMultiDispatch=true) is not supported")
     root = _loc(store_root)
     out = _loc(out_root) if out_root is not None else root
@@ -458,7 +457,7 @@ def dispatch_store(
     result = DispatchResult(from_offset=pos, end_offset=pos, findings=findings)
     disp = _Dispatcher(out, settings, what, emit_empty_index, name_tz, result, qstates, istate)
     delay_levels = list(settings.delay_levels_ms)
-    slave = int(getattr(settings, "broker_id", 0) or 0) != 0
+    slave = int(settings.broker_id or 0) != 0
 
     i = 0
     while i < len(segs) and segs[i].base + S <= pos:

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .brokerconf import BrokerSettings
 from .commitlog import offset_to_file_name
 from .crc import MASK, crc32
 from .errors import StoreError
@@ -176,12 +177,12 @@ def _ragged_binary(rows: np.ndarray, lens: np.ndarray) -> pa.Array:
 class Generator:
     """Draws a plan chunk by chunk, lays records out in segments and writes them."""
 
-    def __init__(self, cfg: GenConfig, settings: Any):
+    def __init__(self, cfg: GenConfig, settings: BrokerSettings):
         self.cfg = cfg
         self.settings = settings
         self.v5 = str(cfg.version).startswith("5")
-        self.prop_crc = self.v5 and bool(getattr(settings, "enabled_append_prop_crc", False))
-        self.auto_v2 = self.v5 and bool(getattr(settings, "auto_message_version_on_topic_len", True))
+        self.prop_crc = self.v5 and bool(settings.enabled_append_prop_crc)
+        self.auto_v2 = self.v5 and bool(settings.auto_message_version_on_topic_len)
         self.S = int(settings.mapped_file_size_commit_log)
         self.delay_levels = list(settings.delay_levels_ms)
         self.rng = np.random.default_rng(cfg.seed)
@@ -588,7 +589,7 @@ def iter_plans(g: Generator, written: Callable[[], int] | None = None) -> Iterat
         done += n
 
 
-def generate(out: str | os.PathLike, cfg: GenConfig, settings: Any = None, *,
+def generate(out: str | os.PathLike, cfg: GenConfig, settings: BrokerSettings | None = None, *,
              progress: Callable[[int, int], None] | None = None, dispatch: bool = True,
              write_config_files: bool = True) -> GenResult:
     """Generate a store at ``out`` (must not exist, or be an empty directory).
@@ -596,8 +597,6 @@ def generate(out: str | os.PathLike, cfg: GenConfig, settings: Any = None, *,
     Everything is written into a staging directory beside ``out`` and renamed into place at the end,
     so ``out`` never holds a half-generated store. ``progress(bytes, records)`` is called per chunk.
     """
-    from .brokerconf import BrokerSettings
-
     if cfg.messages is None and cfg.size is None:
         raise StoreError(None, None, "bad_value", "give a message count or a size")
     if settings is None:
@@ -649,7 +648,7 @@ def generate(out: str | os.PathLike, cfg: GenConfig, settings: Any = None, *,
     return res
 
 
-def _write_configs(stage: str, g: Generator, lay: FileLayout, settings: Any) -> None:
+def _write_configs(stage: str, g: Generator, lay: FileLayout, settings: BrokerSettings) -> None:
     """config/topics.json and consumerOffset.json (fastjson style) with plausible consumer offsets."""
     from .configjson import write_config
 

@@ -58,15 +58,15 @@ class RecoveryInputs:
     @classmethod
     def from_settings(cls, settings, **kw) -> RecoveryInputs:
         """Inputs from a BrokerSettings (version, CRC and index flags, segment size) plus ``kw``."""
-        version = str(getattr(settings, "version", "4"))
+        version = str(settings.version)
         base = dict(
             version="5" if version.startswith("5") else "4",
-            segment_size=int(getattr(settings, "mapped_file_size_commit_log", 1024**3)),
-            check_crc_on_recover=bool(getattr(settings, "check_crc_on_recover", True)),
-            force_verify_prop_crc=bool(getattr(settings, "force_verify_prop_crc", False)),
-            message_index_enable=bool(getattr(settings, "message_index_enable", True)),
-            message_index_safe=bool(getattr(settings, "message_index_safe", False)),
-            broker_id=int(getattr(settings, "broker_id", 0)),
+            segment_size=int(settings.mapped_file_size_commit_log),
+            check_crc_on_recover=bool(settings.check_crc_on_recover),
+            force_verify_prop_crc=bool(settings.force_verify_prop_crc),
+            message_index_enable=bool(settings.message_index_enable),
+            message_index_safe=bool(settings.message_index_safe),
+            broker_id=int(settings.broker_id),
         )
         base.update(kw)
         return cls(**base)

@@ -134,7 +134,7 @@ def _segment_file_size(loc: Location) -> int | None:
 class Store:
     """A RocketMQ broker store root: ``commitlog/``, ``consumequeue/``, ``index/``, ``checkpoint``, ``config/``..."""
 
-    def __init__(self, root: str | os.PathLike | Location, settings: Any = None, *,
+    def __init__(self, root: str | os.PathLike | Location, settings: BrokerSettings | None = None, *,
                  broker_conf: str | None = None, filesystem: pafs.FileSystem | None = None, uri: str | None = None,
                  **fs_options: Any):
         """``root`` is a path/URI, or an already resolved Location (then ``uri`` names it as the user wrote it,
@@ -172,9 +172,9 @@ class Store:
 
     @cached_property
     def commitlog(self) -> CommitLog:
-        size = getattr(self.settings, "mapped_file_size_commit_log", None)
+        size = self.settings.mapped_file_size_commit_log
         cl = CommitLog(self.path("commitlog"), size)
-        source = getattr(self.settings, "source", None) or ""
+        source = self.settings.source or ""
         if INFERRED_NOTE in source:
             cl.findings.insert(0, Finding("segment_size_inferred", "info", "commitlog", None,
                                           f"no broker.conf or --set gave mappedFileSizeCommitLog: using {size} bytes, "
@@ -183,9 +183,8 @@ class Store:
 
     @property
     def delay_levels_ms(self) -> list[int]:
-        from .scanner import DEFAULT_DELAY_LEVELS_MS
 
-        return list(getattr(self.settings, "delay_levels_ms", DEFAULT_DELAY_LEVELS_MS))
+        return list(self.settings.delay_levels_ms)
 
     def scan(self, **kw):
         """Every valid record in commitlog order as Arrow batches (see CommitLog.scan)."""

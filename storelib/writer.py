@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
+from .brokerconf import BrokerSettings
 from .commitlog import CommitLog, offset_to_file_name
 from .crc import body_crc
 from .errors import StoreError
@@ -178,15 +179,13 @@ class StoreWriter:
     append (one call per message, per batch, per transaction step).
     """
 
-    def __init__(self, root: str | os.PathLike, settings: Any = None, *, version: str | None = None,
+    def __init__(self, root: str | os.PathLike, settings: BrokerSettings | None = None, *, version: str | None = None,
                  clock: Callable[[], int] | None = None, store_host: str = DEFAULT_STORE_HOST,
                  preallocate: bool = False, property_order: str = "hashmap", lock: bool = True):
-        from .brokerconf import BrokerSettings
-
         if settings is None:
             settings = BrokerSettings.defaults(version or "4")
         self.settings = settings
-        self.version = str(version or getattr(settings, "version", "4"))[0]
+        self.version = str(version or settings.version)[0]
         if self.version not in ("4", "5"):
             raise StoreError(None, None, "bad_value", f"version must be '4' or '5', not {version!r}")
         self.v5 = self.version == "5"
@@ -195,8 +194,8 @@ class StoreWriter:
         self.store_host = store_host
         self.preallocate = preallocate
         self.property_order = property_order
-        self.prop_crc = self.v5 and bool(getattr(settings, "enabled_append_prop_crc", False))
-        self.auto_v2 = self.v5 and bool(getattr(settings, "auto_message_version_on_topic_len", True))
+        self.prop_crc = self.v5 and bool(settings.enabled_append_prop_crc)
+        self.auto_v2 = self.v5 and bool(settings.auto_message_version_on_topic_len)
         self.delay_levels = list(settings.delay_levels_ms)
         self.max_message_size = int(settings.max_message_size)
         self.queue_table: dict[tuple[str, int], int] = {}
@@ -549,7 +548,7 @@ class StoreWriter:
         self.close(clean=exc_type is None)
 
 
-def write_messages(root: str | os.PathLike, messages: Iterable[Message], settings: Any = None, **kw: Any
+def write_messages(root: str | os.PathLike, messages: Iterable[Message], settings: BrokerSettings | None = None, **kw: Any
                    ) -> list[AppendResult]:
     """Convenience: a fresh store with ``messages`` appended, dispatched and closed cleanly."""
     with StoreWriter(root, settings, **kw) as w:
