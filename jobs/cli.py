@@ -13,7 +13,7 @@ import sys
 
 from storelib.errors import StoreError
 
-COMMANDS = ["info", "messages", "get", "gen", "rebuild", "audit", "recover", "expiry", "export"]
+COMMANDS = ["info", "messages", "get", "gen", "rebuild", "audit", "recover", "expiry", "export", "timers"]
 
 
 def _version() -> str:

@@ -135,6 +135,7 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
     out["abort"] = {"exists": ab.exists, "pid": ab.pid, "meaning": what_broker_does(ab)}
     lk = lock_state(store.loc)
     out["lock"] = {"exists": lk.exists, "held_by_other": lk.held_by_other, "detail": lk.detail}
+    out["timer_store"] = _timer_summary(store, findings)
     geom = index_geometry(store.settings)
     idx = []
     for ref in list_index_files(store.loc, findings):
@@ -175,6 +176,23 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
     return out
 
 
+
+def _timer_summary(store, findings: list[Finding]) -> dict | None:
+    """The 5.x timer store at a glance (its own files only, no commitlog scan); None without one."""
+    from storelib.timerstore import read_timer_metrics, read_timerlog
+
+    if not store.exists("timerlog"):
+        return None
+    try:
+        log = read_timerlog(store.loc, store.settings.mapped_file_size_timer_log)
+    except StoreError as e:
+        findings.append(Finding(e.kind, "error", e.file, e.offset, e.detail))
+        return None
+    findings.extend(log.findings)
+    pending, mf = read_timer_metrics(store.loc)
+    findings.extend(mf)
+    return {"timerlog_files": len(log.files), "timerlog_units": log.units.num_rows, "pending_by_topic": pending}
+
 def run(args: argparse.Namespace) -> int:
     store = open_store(args)
     try:
@@ -207,6 +225,10 @@ def run(args: argparse.Namespace) -> int:
       f"{'; HELD BY A RUNNING PROCESS' if lk['held_by_other'] else ''}\n")
     ix = info["index_files"]
     w(f"index       {len(ix)} file(s), {sum(i['entries'] for i in ix)} entries\n")
+    ts = info.get("timer_store")
+    if ts:
+        w(f"timers      {ts['timerlog_units']} timerlog unit(s) in {ts['timerlog_files']} file(s); pending per "
+          f"timermetrics: {ts['pending_by_topic'] or 'none'} (rmqstore timers lists them)\n")
     for name, c in info["config"].items():
         extra = ", ".join(f"{k} {v}" for k, v in c.items() if k != "source")
         w(f"config      {name} (from {c['source']}){': ' + extra if extra else ''}\n")

@@ -1,0 +1,187 @@
+"""The 5.x timer store, read: the real 5.3.3 timer sample (written by 5.3.3's own TimerMessageStore and
+exported by that code) matches field by field; hostile timer files give findings, never a crash or a hang."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.cli import main
+from storelib.bytesource import resolve
+from storelib.store import Store, load_settings
+from storelib.timermsg import timer_messages
+from storelib.timerstore import (
+    UNIT_SIZE,
+    read_timer_checkpoint,
+    read_timer_metrics,
+    read_timerlog,
+    read_wheel,
+)
+from tests.conftest import SAMPLES
+
+
+@pytest.fixture(scope="module")
+def timer_sample(tmp_path_factory) -> Path:
+    import tarfile
+
+    dest = tmp_path_factory.mktemp("timer")
+    with tarfile.open(SAMPLES / "rocketmq-5.3.3-timer-small.tar.gz") as tf:
+        tf.extractall(dest, filter="data")
+    return dest / "rocketmq-5.3.3-timer-small"
+
+
+def expected(sample: Path, name: str):
+    p = sample / "expected" / name
+    if name.endswith(".jsonl"):
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return json.loads(p.read_text())
+
+
+UNIT_FIELDS = {"pos": "pos", "file": "file", "fileOffset": "file_offset", "prevPos": "prev_pos", "magic": "magic",
+               "currWriteTimeMs": "curr_write_ms", "delayedTime": "delayed_time", "slotTimeMs": "slot_time_ms",
+               "offsetPy": "offset_py", "sizePy": "size_py", "hashCodeOfRealTopic": "hash_real_topic",
+               "reserved": "reserved"}
+
+
+def test_timerlog_units_match_the_broker_export_field_by_field(timer_sample):
+    log = read_timerlog(resolve(str(timer_sample / "store")), 8192)
+    want = [u for u in expected(timer_sample, "timerlog.jsonl") if u["type"] == "unit"]
+    got = log.units.to_pylist()
+    assert len(got) == len(want) == 320 and not log.findings
+    for w, g in zip(want, got):
+        assert {k: w[k] for k in UNIT_FIELDS} == {k: g[v] for k, v in UNIT_FIELDS.items()}
+        assert g["roll"] == ("ROLL" in w["magicFlags"])
+    blanks = [u for u in expected(timer_sample, "timerlog.jsonl") if u["type"] == "blank"]
+    ends = [(f["file"], f["end"], f["end_offset"]) for f in log.files]
+    assert [(b["file"], "blank", b["fileOffset"]) for b in blanks] == ends[:2]
+    summary = expected(timer_sample, "export_summary.json")
+    assert [f["units"] for f in log.files] == [f["units"] for f in summary["timerlogFiles"]]
+
+
+def test_wheel_slots_and_their_chains_match(timer_sample):
+    root = resolve(str(timer_sample / "store"))
+    log = read_timerlog(root, 8192)
+    wheel, findings = read_wheel(root, log, 1000)
+    want = expected(timer_sample, "timerwheel.json")
+    got = {r["index"]: r for r in wheel.to_pylist()}
+    assert not findings and len(got) == want["nonEmptySlotCount"] == 78
+    assert sum(r["num"] for r in got.values()) == want["sumNum"] == 320
+    for s in want["slots"]:
+        g = got[s["index"]]
+        assert (g["time_ms"], g["first_pos"], g["last_pos"], g["num"], g["magic"], g["file_offset"]) == \
+            (s["timeMs"], s["firstPos"], s["lastPos"], s["num"], s["magic"], s["fileOffset"])
+        assert g["index_matches_time"] == s["getSlotConsistent"] and g["chain_length"] == s["chainLength"]
+        assert g["chain_ok"]
+
+
+def test_timercheck_and_timermetrics_match(timer_sample):
+    root = resolve(str(timer_sample / "store"))
+    cp = read_timer_checkpoint(root)
+    want = expected(timer_sample, "timercheck.json")
+    assert (cp.last_read_time_ms, cp.last_timer_log_flush_pos, cp.last_timer_queue_offset,
+            cp.master_timer_queue_offset) == (want["lastReadTimeMs"], want["lastTimerLogFlushPos"],
+                                              want["lastTimerQueueOffset"], want["masterTimerQueueOffset"])
+    assert (cp.state_version, cp.timestamp, cp.counter) == (want["dataVersion"]["stateVersion"],
+                                                            want["dataVersion"]["timestamp"], want["dataVersion"]["counter"])
+    counts, findings = read_timer_metrics(root)
+    assert counts == expected(timer_sample, "timermetrics.json")["timingCount"] and not findings
+
+
+def test_pending_and_delivered_timers_match_field_by_field(timer_sample):
+    root = resolve(str(timer_sample / "store"))
+    store = Store(root, load_settings(None, None, None, root))
+    rows = {r["uniq_key"]: r for r in timer_messages(store, read_timerlog(root, 8192)).to_pylist()}
+    pending, delivered = expected(timer_sample, "pending.jsonl"), expected(timer_sample, "delivered.jsonl")
+    assert len(rows) == len(pending) + len(delivered) == 320
+    for e in pending:
+        g = rows[e["uniqKey"]]
+        assert (g["state"], g["real_topic"], g["real_queue_id"], g["deliver_time_ms"], g["timer_phy_offset"],
+                g["timer_size"], g["timer_queue_offset"], g["timerlog_positions"]) == \
+            ("pending", e["realTopic"], e["realQueueId"], e["deliverTimeMs"], e["timerTopicPhyOffset"],
+             e["timerTopicSize"], e["timerTopicQueueOffset"], e["timerlogUnitPositions"])
+    for e in delivered:
+        g = rows[e["uniqKey"]]
+        assert (g["state"], g["delivered_phy_offset"], g["delivered_size"], g["delivered_topic"],
+                g["delivered_queue_id"], g["delivered_queue_offset"], g["delivered_store_timestamp"],
+                g["delivered_msg_id"], str(g["enqueue_ms"]), str(g["dequeue_ms"]), g["delivered_records"]) == \
+            ("delivered", e["deliveredPhyOffset"], e["deliveredSize"], e["deliveredTopic"], e["deliveredQueueId"],
+             e["deliveredQueueOffset"], e["deliveredStoreTimestamp"], e["deliveredOffsetMsgId"], e["timerEnqueueMs"],
+             e["timerDequeueMs"], e["deliveredRecordCount"])
+
+
+def test_the_timers_command(timer_sample, tmp_path, capsys):
+    store = timer_sample / "store"
+    assert main(["timers", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "182 pending, 138 delivered" in out and "CouponExpiry 89, ShipmentTracking 93" in out
+    assert main(["timers", str(store), "--state", "delivered", "--topic", "CouponExpiry", "--format", "jsonl"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert lines and all(r["state"] == "delivered" and r["real_topic"] == "CouponExpiry" for r in lines)
+    assert main(["timers", str(store), "--until", "2026-11-25T00:00:00Z", "--format", "parquet", "--out",
+                 str(tmp_path / "due.parquet")]) == 0
+    t = pq.read_table(tmp_path / "due.parquet")
+    assert t.num_rows and max(t.column("deliver_time_ms").to_pylist()) < 1795651200000
+    assert main(["timers", str(store), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["pending"] == 182 and sum(h["pending"] for h in doc["histogram_hourly"]) == 182
+
+
+def test_a_store_without_a_timer_store_says_so(sample_498, capsys):
+    assert main(["timers", str(sample_498 / "store")]) == 0
+    assert "has no timer store" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# hostile timer files
+
+
+@pytest.fixture
+def copy(timer_sample, tmp_path) -> Path:
+    root = tmp_path / "store"
+    shutil.copytree(timer_sample / "store", root)
+    return root
+
+
+def _poke(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def test_a_bad_unit_is_a_finding_and_the_next_units_are_still_read(copy):
+    _poke(copy / "timerlog" / "00000000000000000000", 5 * UNIT_SIZE + 12, struct.pack(">i", 0x55))
+    log = read_timerlog(resolve(str(copy)), 8192)
+    assert [f.kind for f in log.findings][:1] == ["bad_timerlog_unit"] and log.findings[0].offset == 5 * UNIT_SIZE
+    assert log.units.num_rows == 319
+
+
+def test_chains_that_loop_or_leave_the_timerlog_are_findings_not_hangs(copy):
+    root = resolve(str(copy))
+    log = read_timerlog(root, 8192)
+    u = log.units.to_pylist()
+    last = u[-1]
+    # the last unit points at itself (a loop) and another unit points past the timerlog
+    _poke(copy / "timerlog" / "00000000000000016384", last["file_offset"] + 4, struct.pack(">q", last["pos"]))
+    _poke(copy / "timerlog" / "00000000000000000000", 4, struct.pack(">q", 10**9))
+    log = read_timerlog(root, 8192)
+    assert sum(f.kind == "timerlog_bad_prev" for f in log.findings) == 2
+    wheel, findings = read_wheel(root, log, 1000)
+    assert wheel.num_rows == 78 and any(f.kind == "timerwheel_chain" for f in findings)
+
+
+def test_a_slot_outside_the_wheel_and_a_short_checkpoint_are_clear(copy):
+    with open(copy / "timerwheel", "r+b") as f:
+        f.truncate(1000)
+    root = resolve(str(copy))
+    _, findings = read_wheel(root, read_timerlog(root, 8192), 1000)
+    assert findings[0].kind == "timerwheel_size"
+    (copy / "config" / "timercheck").write_bytes(b"\0" * 10)
+    from storelib.errors import StoreError
+
+    with pytest.raises(StoreError, match="truncated"):
+        read_timer_checkpoint(root)
