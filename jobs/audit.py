@@ -73,6 +73,7 @@ from jobs.audit_checks import (
     parts_chain,
     report_abort,
 )
+from jobs.audit_timers import check_timer_store
 from jobs.engines import (
     Engine,
     LocalEngine,
@@ -589,6 +590,7 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSet
         report_abort(abort, idx, out)
         loaded = check_configs(root, out)
         consumers = check_consumer_offsets(loaded, qstats, out)
+        timers = check_timer_store(root, log, settings, out, facts)
     else:
         # the index checks need only the checkpoint and the abort marker, the consume-queue checks only the
         # queue-offset facts: both chains run at once (numpy releases the GIL), each into its own collector,
@@ -626,8 +628,11 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSet
         for c in (c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
             out.absorb(c)
         consumers = check_consumer_offsets(loaded, qstats, out)
+        timers = check_timer_store(root, log, settings, out, facts)
     findings = sorted(fold_geometry_findings(out.done()), key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
-    return build_report(store, results, log, findings, qstats, consumers, idx, cp, settings, charts)
+    report = build_report(store, results, log, findings, qstats, consumers, idx, cp, settings, charts)
+    report["timer_store"] = timers
+    return report
 
 
 def _preloaded(fut: Future | None, fn, *args):

@@ -185,3 +185,32 @@ def test_a_slot_outside_the_wheel_and_a_short_checkpoint_are_clear(copy):
 
     with pytest.raises(StoreError, match="truncated"):
         read_timer_checkpoint(root)
+
+
+# ------------------------------------------------------------------------------------------------
+# audit
+
+
+def _audit(root: Path) -> dict:
+    from jobs.audit import audit_store
+
+    return audit_store(str(root), quiet=True)
+
+
+def test_audit_of_the_real_timer_store_is_clean_and_reports_it(timer_sample):
+    rep = _audit(timer_sample / "store")
+    assert not [f for f in rep["findings"] if f["severity"] in ("error", "critical")]
+    assert rep["timer_store"]["timerlog_units"] == 320 and rep["timer_store"]["wheel_slots_used"] == 78
+
+
+def test_audit_finds_units_past_the_commitlog_mismatched_units_and_a_checkpoint_ahead(copy):
+    tl = copy / "timerlog" / "00000000000000000000"
+    _poke(tl, 0 * UNIT_SIZE + 28, struct.pack(">q", 10**12))  # offsetPy of unit 0: past the commitlog's end
+    _poke(tl, 1 * UNIT_SIZE + 36, struct.pack(">i", 7))  # sizePy of unit 1
+    _poke(copy / "config" / "timercheck", 16, struct.pack(">q", 10_000))  # lastTimerQueueOffset
+    rep = _audit(copy)
+    got = {(f["kind"], f["file"], f["offset"]) for f in rep["findings"] if f["kind"].startswith("timer")}
+    assert ("timer_unit_past_commitlog", "timerlog/00000000000000000000", 0) in got
+    assert ("timer_unit_mismatch", "timerlog/00000000000000000000", UNIT_SIZE) in got
+    assert ("timercheck_ahead", "config/timercheck", 16) in got
+    assert rep["timer_store"]["units_past_commitlog"] == 1

@@ -1,0 +1,116 @@
+"""Audit of the 5.x timer store against the commitlog (runs after the other cross-file checks).
+
+* the timer files themselves: bad timerlog units, prevPos chains that leave the log or loop, wheel
+  slots whose chain does not hold ``num`` units, a wheel of the wrong size (storelib.timerstore);
+* every timerlog unit points (offsetPy, sizePy) at a ``rmq_sys_wheel_timer`` record of that size;
+  units pointing past the commitlog's end are what a truncation leaves and what the broker's dequeue
+  then retries forever (apache/rocketmq#10668); units before the commitlog's start point at expired data;
+* timer records larger than maxMessageSize + 100 bytes stall the broker's timer pipeline (#9654);
+* ``timercheck`` agrees with the timerlog (flush position) and with the timer topic's queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jobs.audit_checks import LogView, _Capped
+from storelib.brokerconf import BrokerSettings
+from storelib.bytesource import Location
+from storelib.errors import Finding, StoreError
+from storelib.timerstore import TIMER_TOPIC, read_timer_checkpoint, read_timerlog, read_wheel
+
+SHOWN = 10  # findings of one kind listed one by one; the rest are counted in the last
+
+
+def _each(out: _Capped, kind: str, severity: str, items: list[tuple[str, int | None, str, dict]]) -> None:
+    for file, off, detail, extra in items[:SHOWN]:
+        out.add(Finding(kind, severity, file, off, detail, extra))
+    if len(items) > SHOWN:
+        out.add(Finding(kind, severity, "timerlog", None, f"... and {len(items) - SHOWN} more like these",
+                        {"count": len(items)}))
+
+
+def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, out: _Capped,
+                      facts: dict[tuple[str, int], dict]) -> dict[str, Any] | None:
+    """The timer store's findings into ``out``; a small summary for the report (None without a timerlog)."""
+    if root.fs.get_file_info(root.join("timerlog").path).type.name == "NotFound":
+        return None
+    precision = int(settings.timer_precision_ms or 1000)
+    try:
+        tl = read_timerlog(root, settings.mapped_file_size_timer_log)
+    except StoreError as e:
+        out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
+        return None
+    for f in tl.findings:
+        out.add(f)
+    wheel, wf = read_wheel(root, tl, precision)
+    for f in wf:
+        out.add(f)
+    u = tl.units
+    py = u.column("offset_py").to_numpy()
+    size_py = u.column("size_py").to_numpy().astype(np.int64)
+    files = u.column("file").to_pylist()
+    offs = u.column("file_offset").to_numpy()
+
+    past = np.flatnonzero(py >= log.log_end)
+    _each(out, "timer_unit_past_commitlog", "error", [
+        (files[i], int(offs[i]), f"points at commitlog offset {int(py[i])}, past its end {log.log_end}: the broker's "
+         "dequeue retries it forever (apache/rocketmq#10668)", {"offset_py": int(py[i])}) for i in past.tolist()])
+    expired = np.flatnonzero(py < log.log_min)
+    if len(expired):
+        out.add(Finding("timer_unit_expired", "warning", "timerlog", None,
+                        f"{len(expired)} unit(s) point before the commitlog's first offset {log.log_min}: their "
+                        "messages were deleted before delivery", {"count": int(len(expired))}))
+    inside = np.flatnonzero((py >= log.log_min) & (py < log.log_end))
+    row = np.searchsorted(log.phy, py[inside])
+    rowc = np.clip(row, 0, max(len(log.phy) - 1, 0))
+    hit = (row < len(log.phy)) & (log.phy[rowc] == py[inside]) if len(log.phy) else np.zeros(len(inside), bool)
+    timer_code = log.topic_code.get(TIMER_TOPIC, -1)
+    bad: list[tuple[str, int | None, str, dict]] = []
+    for j, i in enumerate(inside.tolist()):
+        if not hit[j]:
+            if not log.in_lost(np.array([py[i]]))[0]:
+                bad.append((files[i], int(offs[i]), f"offsetPy {int(py[i])} is not the start of a record", {}))
+            continue
+        r = int(rowc[j])
+        if int(log.topic_idx[r]) != timer_code:
+            bad.append((files[i], int(offs[i]), f"offsetPy {int(py[i])} is a record of topic "
+                        f"{log.topic_names[int(log.topic_idx[r])]!r}, not {TIMER_TOPIC}", {}))
+        elif int(log.size[r]) != int(size_py[i]):
+            bad.append((files[i], int(offs[i]), f"sizePy {int(size_py[i])} but the record at {int(py[i])} has "
+                        f"{int(log.size[r])} bytes", {}))
+    _each(out, "timer_unit_mismatch", "error", bad)
+
+    big_limit = int(settings.max_message_size) + 100
+    if timer_code >= 0:
+        big = np.flatnonzero((log.topic_idx == timer_code) & (log.size > big_limit))
+        _each(out, "timer_record_too_big", "warning", [
+            (f"commitlog/{int(log.phy[r]) // log.segment_size * log.segment_size:020d}",
+             int(log.phy[r]) % log.segment_size, f"a {int(log.size[r])}-byte timer record, over maxMessageSize + 100 "
+             f"({big_limit}): the broker's timer pipeline stalls on it (apache/rocketmq#9654)", {})
+            for r in big.tolist()])
+
+    cp = None
+    try:
+        cp = read_timer_checkpoint(root)
+    except StoreError as e:
+        out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
+    log_end = max((f["base"] + f["end_offset"] for f in tl.files), default=0)
+    if cp is not None:
+        if cp.last_timer_log_flush_pos > log_end:
+            out.add(Finding("timercheck_ahead", "error", "config/timercheck", 8,
+                            f"lastTimerLogFlushPos {cp.last_timer_log_flush_pos} is past the timerlog's end {log_end}"))
+        cq = facts.get((TIMER_TOPIC, 0))
+        cl_max = cq["cl_max_offset"] if cq else 0
+        if cp.last_timer_queue_offset > cl_max:
+            out.add(Finding("timercheck_ahead", "error", "config/timercheck", 16,
+                            f"lastTimerQueueOffset {cp.last_timer_queue_offset} is past the timer topic's "
+                            f"{cl_max} messages in the commitlog"))
+    return {"timerlog_units": u.num_rows, "timerlog_files": len(tl.files), "wheel_slots_used": wheel.num_rows,
+            "units_past_commitlog": int(len(past)), "units_expired": int(len(expired)),
+            "checkpoint": None if cp is None else cp.__dict__}
+
+
+__all__ = ["check_timer_store"]
