@@ -5,7 +5,8 @@
 
 * ``rocketmq``: commitlog messages (:mod:`datasources.commitlog_source`);
 * ``rocketmq.consumequeue``: ConsumeQueue units (:mod:`datasources.consumequeue_source`);
-* ``rocketmq.index``, ``rocketmq.checkpoint``, ``rocketmq.segments`` (:mod:`datasources.index_source`).
+* ``rocketmq.index``, ``rocketmq.checkpoint``, ``rocketmq.segments`` (:mod:`datasources.index_source`);
+* ``rocketmq.timers``: the 5.x timer messages, pending and delivered (:mod:`datasources.timers_source`).
 
 Without Spark: :func:`read_messages`, :func:`read_consumequeue`, :func:`read_index`,
 :func:`read_checkpoint_table`, :func:`read_segments` return the same rows as pyarrow Tables, and
@@ -92,10 +93,12 @@ def register(spark: Any, *, pushdown: bool | None = None) -> Registration:
     from .commitlog_source import RocketMQDataSource, RocketMQPushdownDataSource
     from .consumequeue_source import ConsumeQueueDataSource
     from .index_source import CheckpointDataSource, IndexDataSource, SegmentsDataSource
+    from .timers_source import TimersDataSource
 
     on, why = _decide_pushdown(spark, pushdown)
     messages = RocketMQPushdownDataSource if on else RocketMQDataSource
-    sources = (messages, ConsumeQueueDataSource, IndexDataSource, CheckpointDataSource, SegmentsDataSource)
+    sources = (messages, ConsumeQueueDataSource, IndexDataSource, CheckpointDataSource, SegmentsDataSource,
+               TimersDataSource)
     for ds in sources:
         spark.dataSource.register(ds)
     return Registration(tuple(ds.name() for ds in sources), on, why)
@@ -125,6 +128,12 @@ def read_checkpoint_table(store: str, **options: Any):
     return f(store, **options)
 
 
+def read_timers(store: str, **options: Any):
+    from .timers_source import read_timers as f
+
+    return f(store, **options)
+
+
 def read_segments(store: str, **options: Any):
     from .index_source import read_segments as f
 
@@ -134,5 +143,6 @@ def read_segments(store: str, **options: Any):
 from .lookup import find_by_key, find_by_msg_id, find_by_offset  # noqa: E402
 from .snapshot import read_snapshot, snapshot_dataset  # noqa: E402
 
-__all__ = ["Registration", "find_by_key", "find_by_msg_id", "find_by_offset", "read_snapshot", "snapshot_dataset", "register", "read_messages", "read_consumequeue", "read_index", "read_checkpoint_table",
-           "read_segments", "PUSHDOWN_CONF"]
+__all__ = ["PUSHDOWN_CONF", "Registration", "find_by_key", "find_by_msg_id", "find_by_offset",
+           "read_checkpoint_table", "read_consumequeue", "read_index", "read_messages", "read_segments",
+           "read_snapshot", "read_timers", "register", "snapshot_dataset"]

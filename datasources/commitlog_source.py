@@ -101,6 +101,8 @@ def spark_ddl(schema: pa.Schema) -> str:
     def t(typ: pa.DataType) -> str:
         if pa.types.is_map(typ):
             return f"MAP<{t(typ.key_type)}, {t(typ.item_type)}>"
+        if pa.types.is_list(typ):
+            return f"ARRAY<{t(typ.value_type)}>"
         if typ in _ARROW_DDL:
             return _ARROW_DDL[typ]
         raise TypeError(f"no Spark type for {typ}")

@@ -214,3 +214,27 @@ def test_audit_finds_units_past_the_commitlog_mismatched_units_and_a_checkpoint_
     assert ("timer_unit_mismatch", "timerlog/00000000000000000000", UNIT_SIZE) in got
     assert ("timercheck_ahead", "config/timercheck", 16) in got
     assert rep["timer_store"]["units_past_commitlog"] == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# data source
+
+
+def test_read_timers_has_the_commands_rows_and_a_typed_deliver_time(timer_sample):
+    import datasources as ds
+
+    t = ds.read_timers(str(timer_sample / "store"))
+    assert t.num_rows == 320 and str(t.schema.field("deliver_time").type) == "timestamp[us, tz=UTC]"
+    r = t.slice(0, 1).to_pylist()[0]
+    assert int(r["deliver_time"].timestamp() * 1000) == r["deliver_time_ms"]
+
+
+@pytest.mark.spark
+def test_rocketmq_timers_data_source(spark, timer_sample):
+    import datasources as ds
+
+    ds.register(spark)
+    df = spark.read.format("rocketmq.timers").load(str(timer_sample / "store"))
+    got = {r.state: r.n for r in df.groupBy("state").count().withColumnRenamed("count", "n").collect()}
+    assert got == {"pending": 182, "delivered": 138}
+    assert dict(df.dtypes)["timerlog_positions"] == "array<bigint>"
