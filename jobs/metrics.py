@@ -188,6 +188,8 @@ def expiry_families(store: str, report: dict[str, Any], *, now: float | None = N
     lost_b = Family("rmqstore_expiry_lost_bytes", "per policy: bytes of those messages")
     first_loss = Family("rmqstore_expiry_first_loss_time_seconds", "per policy: when the first unconsumed message goes")
     groups = Family("rmqstore_expiry_groups_with_loss", "per policy: consumer groups that lose messages")
+    timers = Family("rmqstore_expiry_lost_timers", "per policy: pending 5.x timer messages whose commitlog segment "
+                    "is deleted before their deliver time (absent without a timer store)")
     horizon = Family("rmqstore_expiry_horizon_end_time_seconds", "end of the simulated interval (unix seconds)")
     sim = report.get("simulation", {})
     if sim.get("until_ms") is not None:
@@ -207,7 +209,9 @@ def expiry_families(store: str, report: dict[str, Any], *, now: float | None = N
         if m.get("first_loss_ms") is not None:
             first_loss.add(m["first_loss_ms"] / 1000, **labels)
         groups.add(m["groups_with_loss"], **labels)
-    return [up, last, horizon, nxt, freed, deleted, lost, lost_b, first_loss, groups]
+        if p.get("timers") is not None:
+            timers.add(p["timers"]["lost_timers"], **labels)
+    return [up, last, horizon, nxt, freed, deleted, lost, lost_b, first_loss, groups, timers]
 
 
 __all__ = ["Family", "audit_families", "expiry_families", "exposition", "previous_value", "write_textfile"]

@@ -123,4 +123,33 @@ def deliver_histogram(timers: pa.Table, bucket_ms: int = 3_600_000) -> pa.Table:
     return g.sort_by([("real_topic", "ascending"), ("bucket_start_ms", "ascending")])
 
 
-__all__ = ["TIMER_SCHEMA", "deliver_histogram", "scan_timer_rows", "timer_messages"]
+def timer_losses(timers: pa.Table, deletions: list[dict], segment_size: int,
+                 groups_by_topic: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """Pending timers an expiry policy loses: the commitlog segment holding the timer record is deleted
+    before the deliver time, so the broker has nothing to re-put when the slot comes due.
+
+    ``deletions``: the policy's deletion timeline (``{"time_ms", "file": "commitlog/<20 digits>"}``).
+    Per real topic: lost timers, the first loss, and the consumer groups of that topic that never see them.
+    """
+    deleted_at: dict[int, int] = {}
+    for d in deletions:
+        f = d.get("file", "")
+        if f.startswith("commitlog/"):
+            deleted_at.setdefault(int(f.split("/", 1)[1]), int(d["time_ms"]))
+    by_topic: dict[str, dict[str, Any]] = {}
+    p = timers.filter(pc.equal(timers.column("state"), "pending"))
+    for phy, due, topic in zip(p.column("timer_phy_offset").to_pylist(), p.column("deliver_time_ms").to_pylist(),
+                               p.column("real_topic").to_pylist()):
+        gone = deleted_at.get(phy - phy % segment_size)
+        if gone is None or due is None or gone >= due:
+            continue
+        t = by_topic.setdefault(topic, {"lost_timers": 0, "first_loss_ms": gone,
+                                        "groups": sorted((groups_by_topic or {}).get(topic, []))})
+        t["lost_timers"] += 1
+        t["first_loss_ms"] = min(t["first_loss_ms"], gone)
+    return {"pending": p.num_rows, "lost_timers": sum(t["lost_timers"] for t in by_topic.values()),
+            "first_loss_ms": min((t["first_loss_ms"] for t in by_topic.values()), default=None),
+            "by_topic": dict(sorted(by_topic.items()))}
+
+
+__all__ = ["TIMER_SCHEMA", "deliver_histogram", "scan_timer_rows", "timer_losses", "timer_messages"]

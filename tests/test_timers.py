@@ -238,3 +238,38 @@ def test_rocketmq_timers_data_source(spark, timer_sample):
     got = {r.state: r.n for r in df.groupBy("state").count().withColumnRenamed("count", "n").collect()}
     assert got == {"pending": 182, "delivered": 138}
     assert dict(df.dtypes)["timerlog_positions"] == "array<bigint>"
+
+
+# ------------------------------------------------------------------------------------------------
+# expiry
+
+
+def test_timer_losses_count_pending_timers_whose_segment_goes_before_their_deliver_time():
+    import pyarrow as pa
+
+    from storelib.timermsg import TIMER_SCHEMA, timer_losses
+
+    rows = [{"uniq_key": k, "state": st, "real_topic": t, "deliver_time_ms": due, "timer_phy_offset": phy}
+            for k, st, t, due, phy in [("a", "pending", "T1", 5_000, 10), ("b", "pending", "T1", 1_000, 20),
+                                      ("c", "pending", "T2", 9_000, 1_048_576 + 5), ("d", "delivered", "T1", 9_000, 30)]]
+    t = pa.Table.from_pylist(rows, schema=TIMER_SCHEMA)
+    dels = [{"time_ms": 2_000, "file": "commitlog/00000000000000000000", "kind": "commitlog"}]
+    got = timer_losses(t, dels, 1_048_576, {"T1": ["g2", "g1"]})
+    assert got["lost_timers"] == 1 and got["pending"] == 3  # "a": due 5000 after the deletion at 2000
+    assert got["by_topic"] == {"T1": {"lost_timers": 1, "first_loss_ms": 2_000, "groups": ["g1", "g2"]}}
+
+
+def test_expiry_reports_lost_timers_per_policy_and_as_a_metric(timer_sample, tmp_path, capsys):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pol = tmp_path / "keep1h.conf"
+    pol.write_text("fileReservedTime=1\n")
+    mf = tmp_path / "m.prom"
+    assert main(["expiry", str(timer_sample / "store"), "--policy", str(pol), "--disk-capacity", "2MB", "--json",
+                 "--metrics-file", str(mf)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    tl = rep["policies"][0]["timers"]
+    assert tl["pending"] == 182 and tl["lost_timers"] == 182
+    assert set(tl["by_topic"]) == {"CouponExpiry", "ShipmentTracking"}
+    fams = {f.name: f for f in text_string_to_metric_families(mf.read_text())}
+    assert fams["rmqstore_expiry_lost_timers"].samples[0].value == 182

@@ -124,6 +124,24 @@ def build_policies(args: argparse.Namespace) -> tuple[BrokerSettings, list]:
     return base, out
 
 
+def _timer_losses(store, report: dict) -> None:
+    """Per policy, the pending timer messages it loses (5.x stores with a timer store only)."""
+    if not store.exists("timerlog"):
+        return
+    from storelib.configjson import load_config
+    from storelib.timermsg import timer_losses, timer_messages
+    from storelib.timerstore import read_timerlog
+
+    s = store.settings
+    timers = timer_messages(store, read_timerlog(store.loc, s.mapped_file_size_timer_log), int(s.timer_precision_ms or 1000))
+    groups: dict[str, list[str]] = {}
+    for key in ((load_config(store.loc, "consumerOffset").data or {}).get("offsetTable") or {}):
+        topic, _, group = str(key).partition("@")
+        groups.setdefault(topic, []).append(group)
+    for p in report["policies"]:
+        p["timers"] = timer_losses(timers, p["deletions"], store.commitlog.segment_size, groups)
+
+
 def run(args: argparse.Namespace) -> int:
     from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
     from jobs.expiry_sim import TimeModel, describe, load_snapshot, parse_time_ms, simulate
@@ -141,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     report = {"simulation": describe(snap, model, policies[0]),
               "broker_line": base.line.to_json() if base.line else None,
               "policies": [simulate(p, snap, model) for p in policies]}
+    _timer_losses(store, report)
     if args.out:
         from jobs.expiry_report import write_text_atomic
 
@@ -162,6 +181,13 @@ def run(args: argparse.Namespace) -> int:
     for p in report["policies"]:
         for w in p["warnings"]:
             print(f"{p['name']}: warning: {w}", file=sys.stderr)
+        tl = p.get("timers")
+        if tl and tl["lost_timers"]:
+            print(f"\n{p['name']}: {tl['lost_timers']} of {tl['pending']} pending timer message(s) lose their "
+                  "commitlog segment before their deliver time")
+            print_table([{"real_topic": k, "lost_timers": v["lost_timers"], "first_loss": human_ms(v["first_loss_ms"]),
+                          "groups": ", ".join(v["groups"]) or "-"} for k, v in tl["by_topic"].items()],
+                        ["real_topic", "lost_timers", "first_loss", "groups"])
         lost = [g for g in p["groups"] if g["lost_messages"]]
         if lost:
             print(f"\n{p['name']}: unconsumed messages deleted")
