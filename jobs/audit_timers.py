@@ -6,7 +6,9 @@
   units pointing past the commitlog's end are what a truncation leaves and what the broker's dequeue
   then retries forever (apache/rocketmq#10668); units before the commitlog's start point at expired data;
 * timer records larger than maxMessageSize + 100 bytes stall the broker's timer pipeline (#9654);
-* ``timercheck`` agrees with the timerlog (flush position) and with the timer topic's queue.
+* ``timercheck`` agrees with the timerlog (flush position) and with the timer topic's queue;
+* pending timers due later than fileReservedTime after they were written can lose their commitlog
+  segment to time-based retention before delivery (#9006).
 """
 
 from __future__ import annotations
@@ -30,6 +32,32 @@ def _each(out: _Capped, kind: str, severity: str, items: list[tuple[str, int | N
     if len(items) > SHOWN:
         out.add(Finding(kind, severity, "timerlog", None, f"... and {len(items) - SHOWN} more like these",
                         {"count": len(items)}))
+
+
+MAX_ROLLED_READS = 10_000  # rolled pending units whose TIMER_OUT_MS is read from their record
+
+
+def _deliver_times(root: Location, log: LogView, u: Any, slot: np.ndarray, last_read_ms: int) -> np.ndarray:
+    """Each unit's deliver time: its slot time, except for a pending rolled unit (parked at the roll
+    window, due later), whose record's TIMER_OUT_MS is read (bounded number of random reads)."""
+    from storelib.commitlog import CommitLog
+
+    due = slot.copy()
+    rolled = np.flatnonzero(u.column("roll").to_numpy(zero_copy_only=False) & (slot >= last_read_ms))
+    if not len(rolled):
+        return due
+    cl = CommitLog(root.join("commitlog"), log.segment_size)
+    py = u.column("offset_py").to_numpy()
+    for i in rolled[:MAX_ROLLED_READS].tolist():
+        try:
+            props = dict(cl.record_at(int(py[i])).column("properties")[0].as_py() or [])
+        except (StoreError, IndexError):
+            continue
+        try:
+            due[i] = max(due[i], int(props.get("TIMER_OUT_MS", due[i])))
+        except ValueError:
+            pass
+    return due
 
 
 def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, out: _Capped,
@@ -97,6 +125,19 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
         cp = read_timer_checkpoint(root)
     except StoreError as e:
         out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
+    if cp is not None and u.num_rows:  # units the wheel has not reached yet are pending (#9006)
+        slot = u.column("slot_time_ms").to_numpy()
+        written = u.column("curr_write_ms").to_numpy()
+        reserved_ms = int(settings.file_reserved_time) * 3_600_000
+        due = _deliver_times(root, log, u, slot, cp.last_read_time_ms)
+        outlive = np.flatnonzero((slot >= cp.last_read_time_ms) & (due - written > reserved_ms))
+        if len(outlive):
+            out.add(Finding("timer_outlives_retention", "warning", "timerlog", None,
+                            f"{len(outlive)} pending timer(s) fall due more than fileReservedTime "
+                            f"({settings.file_reserved_time} h) after they were written: time-based retention can "
+                            "delete their commitlog segment before delivery (apache/rocketmq#9006); "
+                            "rmqstore expiry says which a policy loses",
+                            {"count": int(len(outlive)), "first_pos": int(u.column("pos").to_numpy()[outlive[0]])}))
     log_end = max((f["base"] + f["end_offset"] for f in tl.files), default=0)
     if cp is not None:
         if cp.last_timer_log_flush_pos > log_end:
