@@ -197,7 +197,7 @@ def _audit(root: Path) -> dict:
     return audit_store(str(root), quiet=True)
 
 
-def test_audit_of_the_real_timer_store_is_clean_and_reports_it(timer_sample):
+def test_audit_of_the_real_timer_store_has_no_errors_and_reports_it(timer_sample):
     rep = _audit(timer_sample / "store")
     assert not [f for f in rep["findings"] if f["severity"] in ("error", "critical")]
     assert rep["timer_store"]["timerlog_units"] == 320 and rep["timer_store"]["wheel_slots_used"] == 78
@@ -273,3 +273,12 @@ def test_expiry_reports_lost_timers_per_policy_and_as_a_metric(timer_sample, tmp
     assert set(tl["by_topic"]) == {"CouponExpiry", "ShipmentTracking"}
     fams = {f.name: f for f in text_string_to_metric_families(mf.read_text())}
     assert fams["rmqstore_expiry_lost_timers"].samples[0].value == 182
+
+
+def test_audit_counts_pending_timers_that_outlive_retention_as_the_export_says(timer_sample):
+    units = {u["pos"]: u for u in expected(timer_sample, "timerlog.jsonl") if u["type"] == "unit"}
+    want = sum(1 for r in expected(timer_sample, "pending.jsonl")
+               if r["deliverTimeMs"] - units[r["timerlogUnitPositions"][-1]]["currWriteTimeMs"] > 72 * 3_600_000)
+    rep = _audit(timer_sample / "store")
+    f = [f for f in rep["findings"] if f["kind"] == "timer_outlives_retention"]
+    assert want > 0 and len(f) == 1 and f[0]["extra"]["count"] == want and f[0]["severity"] == "warning"
