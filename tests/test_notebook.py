@@ -92,3 +92,23 @@ def test_notebook_spark_sql_cell_runs_on_the_session(spark, sample_498):
     exec(compile(cell.source, "explore_store.ipynb[spark-sql]", "exec"), env)
     assert len(shown) == 1 and shown[0]["messages"].sum() == 2000
     assert (shown[0]["with_cq_unit"] == shown[0]["messages"]).all()
+
+
+def test_notebook_timer_cell_on_the_5x_timer_sample(tmp_path):
+    """The notebook's timer section, run on the real 5.3.3 timer sample (the default sample has none)."""
+    import tarfile
+
+    import datasources as ds
+    from tests.conftest import SAMPLES
+
+    with tarfile.open(SAMPLES / "rocketmq-5.3.3-timer-small.tar.gz") as tf:
+        tf.extractall(tmp_path, filter="data")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cell = next(c for c in nb.cells if "timers" in c.metadata.get("tags", []))
+    shown: list = []
+    printed: list = []
+    env = {"ds": ds, "Path": Path, "STORE": str(tmp_path / "rocketmq-5.3.3-timer-small" / "store"), "opts": {},
+           "display": shown.append, "print": lambda *a: printed.append(" ".join(map(str, a)))}
+    exec(compile(cell.source, "explore_store.ipynb[timers]", "exec"), env)
+    assert printed == ["{'pending': 182, 'delivered': 138}"]
+    assert dict(shown[0]["pending"]) == {"CouponExpiry": 89, "ShipmentTracking": 93}
