@@ -1,0 +1,131 @@
+"""Engines benchmark: ``rmqstore rebuild`` and ``rmqstore audit`` end to end as a user types them, on each
+engine (local, pool, Spark local[2]), against the one-core floor, at one or more store sizes, in one run.
+
+Not part of the test run. ``python -m tests.bench.bench_engines [--sizes 2GB,8GB] [--segment-size 256MB]``
+
+The store is bench_scan's synthetic one (IPv4 hosts, 500-byte records: what the floor walk reads). The
+floor is bench_scan.floor_walk: a Python walk of the size chain with one CRC call per body, one core.
+Printed per command and engine: wall seconds, the floor's time divided by it (1.0 = floor speed), and the
+peak anonymous RSS (RssAnon: memory a process owns, not the store pages it maps) of the driver and of the
+largest worker, sampled from /proc every 50 ms. Targets (issue "one task layer"): rebuild default engine
+>= 0.5 of the floor, audit default engine >= 1.0, Spark <= 4 s over the default engine, peak RSS at the
+largest size within 1.3x of the smallest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tests.bench.bench_scan import build_store, floor_walk, parse_size
+
+ENGINES = ("local", "pool", "spark")
+
+
+def _anon_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children(root: int) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        for c in kids.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def run_measured(argv: list[str]) -> tuple[float, int, int]:
+    """(wall s, peak RssAnon KB of the command's own process, of its largest descendant)."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peaks = {"driver": 0, "worker": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peaks["driver"] = max(peaks["driver"], _anon_kb(p.pid))
+            for c in _children(p.pid):
+                peaks["worker"] = max(peaks["worker"], _anon_kb(c))
+            stop.wait(0.05)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    rc = p.wait()
+    stop.set()
+    th.join()
+    if rc not in (0, 1):
+        raise SystemExit(f"{' '.join(argv)} exited {rc}")
+    return time.monotonic() - t0, peaks["driver"], peaks["worker"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="2GB")
+    ap.add_argument("--segment-size", default="256MB")
+    ap.add_argument("--keep", metavar="DIR")
+    args = ap.parse_args(argv)
+    seg = parse_size(args.segment_size)
+    work = Path(args.keep or tempfile.mkdtemp(prefix="rmqstore-bench-engines-"))
+    rmq = [sys.executable, "-c", "import sys; from jobs.cli import main; sys.exit(main())"]
+    results: dict[tuple[str, str, int], tuple[float, int, int]] = {}
+    try:
+        for size in [parse_size(s) for s in args.sizes.split(",")]:
+            store = work / f"store-{size}"
+            if not store.is_dir():
+                build_store(store, size, seg)
+            floor_walk(store / "commitlog")  # page cache warm
+            msgs, _, t_floor, _ = floor_walk(store / "commitlog")
+            print(f"\n== {size / 1e9:.1f} GB, {msgs} records; floor {t_floor:.2f} s ({msgs / t_floor:,.0f} msg/s)")
+            for cmd in ("rebuild", "audit"):
+                for eng in ENGINES:
+                    out = work / f"out-{cmd}-{eng}"
+                    shutil.rmtree(out, ignore_errors=True)
+                    extra = ["--out", str(out)] if cmd == "rebuild" else []
+                    spark = ["--master", "local[2]"] if eng == "spark" else []
+                    wall, drv, wrk = run_measured([*rmq, cmd, str(store), *extra, "--engine", eng, *spark, "--quiet"])
+                    results[(cmd, eng, size)] = (wall, drv, wrk)
+                    print(f"{cmd:8s} {eng:6s} {wall:7.2f} s   floor ratio {t_floor / wall:5.2f}   peak RssAnon driver "
+                          f"{drv / 1024:6.0f} MB, largest worker {wrk / 1024:6.0f} MB")
+                    shutil.rmtree(out, ignore_errors=True)
+                d = results[(cmd, "spark", size)][0] - min(results[(cmd, "local", size)][0], results[(cmd, "pool", size)][0])
+                print(f"{cmd:8s} spark over the faster default engine: {d:+.2f} s (target <= +4 s)")
+        sizes = sorted({k[2] for k in results})
+        if len(sizes) > 1:
+            lo, hi = sizes[0], sizes[-1]
+            for cmd in ("rebuild", "audit"):
+                for eng in ENGINES:
+                    a, b = results[(cmd, eng, lo)], results[(cmd, eng, hi)]
+                    print(f"RSS growth {cmd} {eng}: driver {b[1] / max(a[1], 1):.2f}x, worker "
+                          f"{b[2] / max(a[2], 1):.2f}x from {lo / 1e9:.0f} to {hi / 1e9:.0f} GB (target <= 1.3x)")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
