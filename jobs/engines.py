@@ -13,8 +13,10 @@ directories), never through the scheduler, so every engine moves the same few by
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
@@ -87,7 +89,8 @@ class PoolEngine:
         if not items:
             return []
         pool = self._executor()
-        futures: list[Future] = [pool.submit(fn, it) for it in items]
+        with _no_unloadable_main():  # the workers start on the first submit
+            futures: list[Future] = [pool.submit(fn, it) for it in items]
         pending = set(futures)
         last = time.monotonic()
         while pending:
@@ -109,6 +112,22 @@ class PoolEngine:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+@contextlib.contextmanager
+def _no_unloadable_main():
+    """A worker re-runs ``__main__`` from its file; from stdin (``python -``) there is none to run, and the
+    worker would die: hide the name while workers start (a notebook has no ``__file__`` at all)."""
+    main = sys.modules.get("__main__")
+    f = getattr(main, "__file__", None)
+    hide = f is not None and not os.path.exists(f)
+    if hide:
+        del main.__file__
+    try:
+        yield
+    finally:
+        if hide:
+            main.__file__ = f
 
 
 class SparkEngine:

@@ -116,3 +116,18 @@ def test_a_failing_task_fails_the_map_with_its_own_error():
 def test_make_engine_refuses_an_unknown_name():
     with pytest.raises(ValueError, match="engine must be one of"):
         make_engine("threads")
+
+
+def test_the_pool_works_from_a_script_read_on_stdin(tmp_path):
+    """A worker re-runs __main__ from its file; ``python -`` has none: the pool must not die of it."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("from jobs.engines import PoolEngine\nfrom tests.test_engines import _fail_on_two\n"
+            "e = PoolEngine(2)\nprint(e.map(_fail_on_two, [0, 1, 3]))\ne.close()\n")
+    p = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "[0, 10, 30]", p.stderr[-2000:]
