@@ -82,7 +82,7 @@ class PoolEngine:
             ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
             if "forkserver" in methods:
                 ctx.set_forkserver_preload(POOL_PRELOAD)
-            self._pool = ProcessPoolExecutor(self.parallelism, mp_context=ctx)
+            self._pool = ProcessPoolExecutor(self.parallelism, mp_context=ctx, initializer=_one_core_worker)
         return self._pool
 
     def map(self, fn, items, label="tasks", say=None):
@@ -112,6 +112,14 @@ class PoolEngine:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _one_core_worker() -> None:
+    """A pool worker is one core's share: Arrow's own thread pool would make N workers x N threads fight
+    over N cores (RMQSTORE_WORKER_ARROW_THREADS overrides, for measuring)."""
+    import pyarrow as pa
+
+    pa.set_cpu_count(int(os.environ.get("RMQSTORE_WORKER_ARROW_THREADS", "1")))
 
 
 @contextlib.contextmanager
