@@ -284,6 +284,102 @@ def read_timer_metrics(root: Location) -> tuple[dict[str, int], list[Finding]]:
     return out, list(ld.findings)
 
 
+# ------------------------------------------------------------------------------------------------
+# writers (the bytes 5.3.3 writes)
+
+
+def encode_units(units: pa.Table) -> bytes:
+    """Units (:data:`UNIT_SCHEMA` columns) as consecutive 52-byte big-endian records."""
+    out = np.zeros(units.num_rows, UNIT_DTYPE)
+    out["size"] = UNIT_SIZE
+    for name in ("prev_pos", "magic", "curr_write_ms", "delayed_time", "offset_py", "size_py", "hash_real_topic",
+                 "reserved"):
+        out[name] = units.column(name).to_numpy()
+    return out.tobytes()
+
+
+def timerlog_images(units: pa.Table, file_size: int) -> dict[str, bytes]:
+    """The timerlog files holding ``units`` in order, as TimerLog.append lays them out: a unit goes into
+    the current file unless it and a 16-byte filler no longer fit, then the filler (size = bytes left,
+    0, BLANK_MAGIC) closes the file and the unit starts the next. Each image is the written prefix of
+    its file (the rest of a ``file_size``-byte file is zeros)."""
+    raw = encode_units(units)
+    per_file = (file_size - MIN_BLANK_LEN) // UNIT_SIZE  # units before the filler is due
+    if per_file <= 0:
+        raise StoreError("timerlog", None, "bad_value", f"a {file_size}-byte timerlog file holds no unit")
+    images: dict[str, bytes] = {}
+    n = units.num_rows
+    for k, first in enumerate(range(0, max(n, 1), per_file)):
+        chunk = raw[first * UNIT_SIZE:(first + per_file) * UNIT_SIZE]
+        if first + per_file < n:  # a later unit exists: this file was closed by a filler
+            left = file_size - len(chunk)
+            chunk += struct.pack(">iqi", left, 0, BLANK_MAGIC)
+        images[f"{k * file_size:020d}"] = chunk
+        if not n:
+            break
+    return images
+
+
+def encode_wheel(slots: pa.Table, precision_ms: int = DEFAULT_PRECISION_MS) -> dict[int, bytes]:
+    """{file offset: 32 bytes} of every used slot (the rest of the wheel file is zeros)."""
+    out = {}
+    for r in slots.select(["index", "time_ms", "first_pos", "last_pos", "num", "magic"]).to_pylist():
+        out[int(r["index"]) * SLOT_SIZE] = struct.pack(">qqqii", r["time_ms"] // precision_ms, r["first_pos"],
+                                                       r["last_pos"], r["num"], r["magic"])
+    return out
+
+
+def encode_timer_checkpoint(cp: TimerCheckpoint) -> bytes:
+    """``config/timercheck``: seven big-endian longs, zero-padded to 4096 bytes."""
+    return struct.pack(">7q", cp.last_read_time_ms, cp.last_timer_log_flush_pos, cp.last_timer_queue_offset,
+                       cp.master_timer_queue_offset, cp.state_version, cp.timestamp, cp.counter).ljust(CHECKPOINT_SIZE,
+                                                                                                          b"\0")
+
+
+def encode_timer_metrics(counts: dict[str, tuple[int, int]], data_version: tuple[int, int, int]) -> str:
+    """``config/timermetrics`` as fastjson writes it: ``{"dataVersion":{counter, stateVersion, timestamp},
+    "timingCount":{topic:{"count", "timeStamp"}}}`` (keys sorted, no spaces). ``counts``: topic -> (count,
+    timeStamp); ``data_version``: (counter, stateVersion, timestamp)."""
+    from .configjson import dump_fastjson
+
+    counter, state, ts = data_version
+    doc = {"dataVersion": {"counter": counter, "stateVersion": state, "timestamp": ts},
+           "timingCount": {t: {"count": c, "timeStamp": at} for t, (c, at) in sorted(counts.items())}}
+    return dump_fastjson(doc, pretty=False)
+
+
+def write_timer_store(root: str, units: pa.Table, slots: pa.Table, cp: TimerCheckpoint, *, file_size: int,
+                      precision_ms: int = DEFAULT_PRECISION_MS) -> list[str]:
+    """Write ``timerlog/``, ``timerwheel`` and ``config/timercheck`` under a store root (each file full size,
+    zeros sparse, through a temp file and a rename); returns the paths written."""
+    import os
+
+    from .publish import atomic_local_file
+
+    written = []
+    os.makedirs(os.path.join(root, "timerlog"), exist_ok=True)
+    os.makedirs(os.path.join(root, "config"), exist_ok=True)
+    for name, img in timerlog_images(units, file_size).items():
+        path = os.path.join(root, "timerlog", name)
+        with atomic_local_file(path, durable=False) as tmp, open(tmp, "wb") as f:
+            f.write(img)
+            f.truncate(file_size)
+        written.append(path)
+    path = os.path.join(root, "timerwheel")
+    with atomic_local_file(path, durable=False) as tmp, open(tmp, "wb") as f:
+        f.truncate(SLOTS_TOTAL * 2 * SLOT_SIZE)
+        for off, data in sorted(encode_wheel(slots, precision_ms).items()):
+            f.seek(off)
+            f.write(data)
+    written.append(path)
+    path = os.path.join(root, "config", "timercheck")
+    with atomic_local_file(path, durable=False) as tmp, open(tmp, "wb") as f:
+        f.write(encode_timer_checkpoint(cp))
+    written.append(path)
+    return written
+
+
 __all__ = ["BLANK_MAGIC", "MAGIC_DEFAULT", "MAGIC_DELETE", "MAGIC_ROLL", "SLOTS_TOTAL", "TIMER_TOPIC", "TimerCheckpoint",
            "TimerLog", "UNIT_SIZE", "read_timer_checkpoint", "read_timer_metrics", "read_timerlog", "read_wheel",
-           "slot_index"]
+           "slot_index", "encode_timer_checkpoint", "encode_timer_metrics", "encode_units", "encode_wheel",
+           "timerlog_images", "write_timer_store"]

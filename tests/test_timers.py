@@ -4,6 +4,7 @@ exported by that code) matches field by field; hostile timer files give findings
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -282,3 +283,29 @@ def test_audit_counts_pending_timers_that_outlive_retention_as_the_export_says(t
     rep = _audit(timer_sample / "store")
     f = [f for f in rep["findings"] if f["kind"] == "timer_outlives_retention"]
     assert want > 0 and len(f) == 1 and f[0]["extra"]["count"] == want and f[0]["severity"] == "warning"
+
+
+# ------------------------------------------------------------------------------------------------
+# writers: the bytes 5.3.3 wrote
+
+
+def test_timer_files_written_from_what_was_read_are_byte_identical_to_the_brokers(timer_sample, tmp_path):
+    import filecmp
+
+    from storelib.timerstore import encode_timer_metrics, write_timer_store
+
+    store = timer_sample / "store"
+    root = resolve(str(store))
+    log = read_timerlog(root, 8192)
+    wheel, _ = read_wheel(root, log, 1000)
+    written = write_timer_store(str(tmp_path), log.units, wheel, read_timer_checkpoint(root), file_size=8192)
+    rels = [os.path.relpath(p, tmp_path) for p in written]
+    assert rels == ["timerlog/00000000000000000000", "timerlog/00000000000000008192", "timerlog/00000000000000016384",
+                    "timerwheel", "config/timercheck"]
+    for rel in rels:
+        assert filecmp.cmp(tmp_path / rel, store / rel, shallow=False), rel
+    m = json.loads((store / "config" / "timermetrics").read_text())
+    text = encode_timer_metrics({k: (v["count"], v["timeStamp"]) for k, v in m["timingCount"].items()},
+                                (m["dataVersion"]["counter"], m["dataVersion"]["stateVersion"],
+                                 m["dataVersion"]["timestamp"]))
+    assert text == (store / "config" / "timermetrics").read_text()
