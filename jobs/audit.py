@@ -1,8 +1,8 @@
 """Integrity audit of a RocketMQ store, for scheduled runs: ``spark-submit jobs/audit.py STORE [options]``
 or ``rmqstore audit STORE``.
 
-Phase 1 audits every commitlog segment independently (:func:`jobs.audit_checks.audit_part`, merged per
-segment by :func:`jobs.audit_checks.finish_segment`): Spark tasks of 128-512 MiB (about two per core) cut at record starts
+Phase 1 audits every commitlog segment independently (:func:`storelib.checks.segment.audit_part`, merged per
+segment by :func:`storelib.checks.segment.finish_segment`): Spark tasks of 128-512 MiB (about two per core) cut at record starts
 with ``--engine spark``, whole segments in-process with ``--engine local``, so both engines give the
 same findings. Each Spark task returns its findings and leaves its compact record/key tables as Arrow
 IPC files in a work directory (a temp dir when the executors share the driver's machine, ``local[N]``;
@@ -45,33 +45,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from jobs.audit_checks import (
-    KEY_SCHEMA,
-    RECORD_SCHEMA,
-    SEVERITY_RANK,
-    AuditOptions,
-    LogView,
-    PartResult,
-    SegmentResult,
-    SegmentTask,
-    TableSink,
-    _Capped,
-    audit_part,
-    audit_segment,
-    check_checkpoint,
-    check_configs,
-    check_consume_queues,
-    check_consumer_offsets,
-    check_index,
-    check_markers,
-    check_queue_offsets,
-    finish_segment,
-    load_consume_queues,
-    load_index_files,
-    merge_v2_findings,
-    parts_chain,
-    report_abort,
-)
 from jobs.audit_summary import (  # noqa: F401  (summary_text, damage_lines: the audit's public API)
     EXIT_CLEAN,
     EXIT_FAILED,
@@ -93,6 +66,32 @@ from jobs.engines import (
 )
 from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import resolve
+from storelib.checks.index import check_index, load_index_files
+from storelib.checks.logview import LogView
+from storelib.checks.metadata import (
+    check_checkpoint,
+    check_configs,
+    check_consumer_offsets,
+    check_markers,
+    report_abort,
+)
+from storelib.checks.queues import check_consume_queues, check_queue_offsets, load_consume_queues
+from storelib.checks.segment import (
+    KEY_SCHEMA,
+    RECORD_SCHEMA,
+    SEVERITY_RANK,
+    AuditOptions,
+    PartResult,
+    SegmentResult,
+    SegmentTask,
+    TableSink,
+    _Capped,
+    audit_part,
+    audit_segment,
+    finish_segment,
+    merge_v2_findings,
+    parts_chain,
+)
 from storelib.errors import Finding, StoreError
 from storelib.geometry import fold_geometry_findings
 from storelib.splits import parallel_split_bytes, plan_splits

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from typing import Any
 
-from jobs.audit_checks import SEVERITY_RANK
+from storelib.checks.segment import SEVERITY_RANK
 from storelib.errors import StoreError
 from storelib.store import Store
 

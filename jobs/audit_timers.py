@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from jobs.audit_checks import LogView, _Capped
 from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import Location
+from storelib.checks.logview import LogView
+from storelib.checks.segment import _Capped
 from storelib.errors import Finding, StoreError
 from storelib.timerstore import TIMER_TOPIC, read_timer_checkpoint, read_timerlog, read_wheel
 

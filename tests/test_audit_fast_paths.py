@@ -13,9 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import jobs.audit_checks as checks
-from jobs.audit_checks import _queue_group_order, _units_before_invalid_tail, _zero_tail
+import storelib.checks.index as index_checks
+import storelib.checks.queues as queue_checks
 from storelib.bytesource import data_ranges
+from storelib.checks.queues import _queue_group_order, _units_before_invalid_tail
+from storelib.checks.segment import _zero_tail
 from storelib.consumequeue import CQ_DTYPE, make_units
 
 from .test_audit import _comparable, flip, run, store_fixtures
@@ -31,9 +33,9 @@ def _plain(monkeypatch) -> None:
         self.aligned = False
         return False
 
-    monkeypatch.setattr(checks._KeySequence, "next_are", never)
-    monkeypatch.setattr(checks, "_units_before_invalid_tail", lambda units, path: len(units))
-    monkeypatch.setattr(checks, "_queue_records_exactly", lambda log, recs, phy, qoffs: None)
+    monkeypatch.setattr(index_checks._KeySequence, "next_are", never)
+    monkeypatch.setattr(queue_checks, "_units_before_invalid_tail", lambda units, path: len(units))
+    monkeypatch.setattr(queue_checks, "_queue_records_exactly", lambda log, recs, phy, qoffs: None)
 
 
 def _same_as_plain(root: Path, monkeypatch) -> dict:
@@ -51,8 +53,8 @@ def _index_files(root: Path) -> list[Path]:
 
 def test_clean_store_takes_the_index_shortcut_and_reports_the_same(store, monkeypatch):
     calls = []
-    real = checks.key_codes
-    monkeypatch.setattr(checks, "key_codes", lambda log: calls.append(1) or real(log))
+    real = index_checks.key_codes
+    monkeypatch.setattr(index_checks, "key_codes", lambda log: calls.append(1) or real(log))
     rep = _same_as_plain(store, monkeypatch)
     assert len(rep["index"]["files"]) > 2
     assert calls == [1]  # only the plain run computed the key codes
@@ -99,14 +101,14 @@ def test_cq_unit_with_another_offset_size_or_tags_same_findings_as_lookups(store
 
 def test_queue_rows_are_taken_as_is_only_when_units_match_them_exactly(store, monkeypatch):
     seen: list[bool] = []
-    real = checks._queue_records_exactly
+    real = queue_checks._queue_records_exactly
 
     def spy(log, recs, phy, qoffs):
         r = real(log, recs, phy, qoffs)
         seen.append(r is not None)
         return r
 
-    monkeypatch.setattr(checks, "_queue_records_exactly", spy)
+    monkeypatch.setattr(queue_checks, "_queue_records_exactly", spy)
     run(store)
     assert len(seen) == 4 and all(seen)
     seen.clear()
@@ -264,7 +266,7 @@ def test_traffic_series_and_size_percentiles_equal_the_straightforward_ones(n_to
 def test_chunked_equal_compares_ranges_across_chunks_without_a_copy():
     col = pa.chunked_array([pa.array([1, 2, 3], pa.int64()), pa.array([], pa.int64()), pa.array([4, 5], pa.int64()),
                             pa.array([6], pa.int64())])
-    eq = checks._chunked_equal
+    eq = index_checks._chunked_equal
     assert eq(col, 0, np.arange(1, 7))
     assert eq(col, 2, np.array([3, 4, 5, 6], np.int32))  # crosses two chunk ends, other width
     assert eq(col, 6, np.zeros(0, np.int64))

@@ -13,8 +13,9 @@ import numpy as np
 import pyarrow as pa
 
 import jobs.audit as audit_mod
-import jobs.audit_checks as checks
-from jobs.audit_checks import _member, _zero_tail
+import storelib.checks.segment as segment_checks
+from storelib.checks.logview import _member
+from storelib.checks.segment import _zero_tail
 from storelib.commitlog import CommitLog
 from storelib.splits import plan_splits
 
@@ -133,7 +134,7 @@ def test_torn_tail_and_bad_last_segment_same_report(store):
 def test_per_kind_caps_are_the_same_when_findings_spread_over_parts(store, monkeypatch):
     """More than MAX_PER_KIND physical_offset_mismatch findings in one segment, spread over parts: the
     merged segment keeps the same first findings and the same 'N more' summary."""
-    monkeypatch.setattr(checks, "MAX_PER_KIND", 4)
+    monkeypatch.setattr(segment_checks, "MAX_PER_KIND", 4)
     recs = [r for r in records(store) if r["phy_offset"] // SEG == 0]
     path = store / "commitlog" / f"{0:020d}"
     with open(path, "r+b") as f:

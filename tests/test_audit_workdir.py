@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 import jobs.audit as audit_mod
-import jobs.audit_checks as checks
-from jobs.audit_checks import KEY_SCHEMA, RECORD_SCHEMA, TableSink, read_table_file
+import storelib.checks.segment as checks
+from storelib.checks.segment import KEY_SCHEMA, RECORD_SCHEMA, TableSink, read_table_file
 
 from .test_audit import _comparable, flip, records, run, seg_file, serious, store_fixtures
 

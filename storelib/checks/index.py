@@ -1,0 +1,320 @@
+"""IndexFile checks: every file's structure, its entries against the records' keys both ways (an index
+whose entries are exactly the log's keys in order skips the per-entry lookups: :class:`_KeySequence`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..brokerconf import BrokerSettings
+from ..bytesource import Location
+from ..errors import Finding, StoreError
+from .logview import LogView, _lookup_repeats, _member, _run_of, _searchsorted_repeats
+from .segment import _Capped
+
+
+@dataclass
+class IndexLoad:
+    """The index files' headers and structural findings (:meth:`IndexFile.validate`), which need no
+    record: loadable while the segments are still being audited. Entries are read again when compared."""
+
+    findings: list[Finding] = field(default_factory=list)  # from listing index/
+    files: list[tuple[Any, Any, list[Finding] | None, Finding | None]] = field(default_factory=list)
+    # per file: (ref, header, validate findings, or the finding that it could not be opened)
+
+
+def _index_open_error(display: str, e: StoreError) -> Finding:
+    return Finding("index_bad_size" if e.kind in ("bad_size", "truncated") else e.kind, "error", display,
+                   e.offset, e.detail)
+
+
+def load_index_files(root: Location, settings: BrokerSettings) -> IndexLoad:
+    """List, open and validate every index file (headers and structure; entries are not kept)."""
+    from storelib.indexfile import IndexGeometry, list_index_files
+
+    res = IndexLoad()
+    refs = list_index_files(root, res.findings)
+    g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
+    for ref in refs:
+        size_note = ref.size_finding(g)
+        if size_note is not None:
+            res.findings.append(size_note)
+        try:
+            f = ref.open(g, strict=False, broker_size=True)
+        except StoreError as e:
+            res.files.append((ref, None, None, _index_open_error(f"index/{ref.name}", e)))
+            continue
+        try:
+            res.files.append((ref, f.header, f.validate(), None))
+        finally:
+            f.close()
+    return res
+
+
+@dataclass
+class KeyCodes:
+    """Every record key as one int64 code, (rank of its record by PHYSICALOFFSET field) << 31 | hash,
+    -1 when its record is not in the table; what index entries are matched against."""
+
+    kphy: np.ndarray  # record position of each key
+    khash: np.ndarray
+    rank: np.ndarray  # record row -> rank by PHYSICALOFFSET field
+    kcode: np.ndarray
+    kcode_sorted: np.ndarray
+    kpos: np.ndarray  # the sorted codes >= 0 (keys whose record was found)
+
+
+def key_codes(log: LogView) -> KeyCodes:
+    kphy = log.keys.column("pos").to_numpy()
+    khash = log.keys.column("key_hash").to_numpy().astype(np.int64)
+    krow = _searchsorted_repeats(log.phy, kphy) if len(kphy) else np.zeros(0, np.int64)
+    if len(krow):
+        krow = np.where(log.phy[np.clip(krow, 0, len(log.phy) - 1)] == kphy, krow, -1)
+    rank = np.empty(len(log.field_order), np.int64)
+    rank[log.field_order] = np.arange(len(log.field_order))
+    kcode = np.where(krow >= 0, (rank[np.clip(krow, 0, None)] << 31) | khash, -1) if len(krow) else np.zeros(0, np.int64)
+    kcode_sorted = np.sort(kcode)
+    return KeyCodes(kphy, khash, rank, kcode, kcode_sorted, kcode_sorted[np.searchsorted(kcode_sorted, 0):])
+
+
+def _chunked_equal(col: pa.ChunkedArray, start: int, values: np.ndarray) -> bool:
+    """``col[start : start + len(values)] == values`` (same values, any integer widths), chunk by chunk
+    without copying the column. Nulls never match."""
+    end = start + len(values)
+    if end > len(col):
+        return False
+    pos = 0
+    for ch in col.chunks:
+        lo, hi = max(start, pos), min(end, pos + len(ch))
+        if lo < hi:
+            part = ch.slice(lo - pos, hi - lo)
+            if part.null_count or not np.array_equal(part.to_numpy(), values[lo - start: hi - start]):
+                return False
+        pos += len(ch)
+        if pos >= end:
+            break
+    return True
+
+
+class _KeySequence:
+    """The log's index keys in dispatch order, matched against index files one after the other.
+
+    A healthy store's index files hold exactly these keys, in this order (the broker indexes each record's
+    keys as it dispatches it): when a file's entries equal the next keys (PHYSICALOFFSET, hash), every
+    entry points at the start of its record with the hash of one of its keys, which is what the per-entry
+    lookups of :func:`check_index` would conclude, so they are skipped. Only when record positions are
+    unique, ascending and equal to the records' PHYSICALOFFSET fields (then a lookup by field finds that
+    record); once a file does not match, the rest go through the lookups."""
+
+    def __init__(self, log: LogView) -> None:
+        k = log.keys
+        self.n = k.num_rows
+        # the key columns stay in their per-task chunks (compared in place: one copy of them cost
+        # ~0.1 s, on the index check's path, which the cross-file phase waits for)
+        self.field = k.column("phy")
+        self.hash = k.column("key_hash")
+        phy = log.phy
+        # keys come from the records of the same batches (:func:`_check_batch`): each pos is a record's
+        self.aligned = log.field_unique and bool(np.all(phy[1:] > phy[:-1]))
+        at = 0
+        for ch in k.column("pos").chunks:
+            if not self.aligned:
+                break
+            self.aligned = _chunked_equal(self.field, at, ch.to_numpy())
+            at += len(ch)
+        self.cur = 0
+        self.spans: list[tuple[int, int]] = []  # key ranges matched by files
+
+    def next_are(self, e_phy: np.ndarray, e_kh: np.ndarray) -> bool:
+        """Are these entries (one file's, in entry order) the next keys? Advances past them if so."""
+        a, b = self.cur, self.cur + len(e_phy)
+        if (self.aligned and b <= self.n and _chunked_equal(self.field, a, e_phy)
+                and _chunked_equal(self.hash, a, e_kh)):
+            self.spans.append((a, b))
+            self.cur = b
+            return True
+        self.aligned = False
+        return False
+
+    def all_matched(self) -> bool:
+        """Did the files, in order, hold every key exactly (so every key is findable)?"""
+        return self.aligned and self.cur == self.n
+
+
+def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Capped, checkpoint: Any, abort: bool,
+                loaded: IndexLoad | None = None) -> dict:
+    """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
+
+    Needs nothing from the consume-queue checks, so it runs beside them (:func:`jobs.audit.cross_checks`);
+    ``loaded``: the files validated beforehand (:func:`load_index_files`)."""
+    from storelib.indexfile import IndexGeometry
+
+    if loaded is None:
+        loaded = load_index_files(root, settings)
+    out.extend(loaded.findings)
+    info: dict[str, Any] = {"files": []}
+    if not loaded.files:
+        return info
+    g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
+    keys = _KeySequence(log)
+    k_: KeyCodes | None = None  # computed only when some file's entries are not the keys' sequence
+    all_codes: list[np.ndarray] = []  # per file: its entries' codes (entries pointing at a record), sorted
+    wrong_phy: list[np.ndarray] = []
+    max_end_phy = -1
+    idx_ts = checkpoint.index_msg_timestamp if checkpoint is not None else None
+    for ref, h, vf, err in loaded.files:
+        display = f"index/{ref.name}"
+        if err is not None:
+            out.add(err)
+            continue
+        try:
+            f = ref.open(g, strict=False, broker_size=True)
+        except StoreError as e:  # changed since it was validated
+            out.add(_index_open_error(display, e))
+            continue
+        try:
+            ent = f.entries_array()
+            # the three columns used, in native byte order (copies: the mapping is closed below)
+            e_phy = ent["phy_offset"].astype(np.int64)
+            e_kh = ent["key_hash"].astype(np.int64)
+            e_prev = ent["prev_index"].astype(np.int64)
+            m = len(ent)
+            del ent
+        finally:
+            f.close()
+        info["files"].append({"name": ref.name, "entries": m, "begin_ts": h.begin_timestamp,
+                              "end_ts": h.end_timestamp, "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset})
+        if m:
+            max_end_phy = max(max_end_phy, int(e_phy.max()))
+        if idx_ts is not None and h.end_timestamp > idx_ts:
+            info.setdefault("deleted_on_abnormal_start", []).append(ref.name)
+            out.add(Finding("index_deleted_on_abnormal_start", "info", display, 8,
+                            f"endTimestamp {h.end_timestamp} > checkpoint indexMsgTimestamp {idx_ts}: "
+                            + ("the abort file is present, so the next start deletes this file and re-indexes only "
+                               "from the recovery start segment" if abort else
+                               "an abnormal start (abort file) would delete this file"),
+                            {"end_timestamp": h.end_timestamp, "index_msg_timestamp": idx_ts}))
+        e_n = np.arange(1, m + 1)
+        consequences: list[str] = []
+        if keys.next_are(e_phy, e_kh):
+            # the file holds exactly the next keys of the log, in order: every entry points at its record
+            # with one of its keys' hashes, so no entry finding (the comparison below would find none)
+            wrong = np.zeros(0, np.int64)
+        else:
+            if k_ is None:
+                k_ = key_codes(log)
+            rows = _lookup_repeats(log, e_phy)
+            found = rows >= 0
+            if len(k_.rank):
+                codes = np.where(found, (k_.rank[np.clip(rows, 0, None)] << 31) | np.clip(e_kh, 0, None), -2)
+            else:  # no record at all (every segment gone): no entry can point at one
+                codes = np.full(len(rows), -2, dtype=np.int64)
+            cs = np.sort(codes[found])
+            all_codes.append(cs)
+            if _run_of(cs, k_.kpos):  # every entry's code is a key's code: nothing to look up one by one
+                wrong = np.zeros(0, np.int64)
+            else:
+                wrong = np.flatnonzero(found & ~_member(codes, k_.kcode_sorted))
+            wrong_phy.append(e_phy[wrong])
+            miss = np.flatnonzero(~found)
+            mp = e_phy[miss]
+            expired = mp < log.log_min
+            lost = log.in_lost(mp)
+            past = (mp >= log.log_end) & ~lost
+            for k in miss[~(expired | lost | past)].tolist():
+                out.add(Finding("index_entry_bad_offset", "error", display, g.entry_pos(int(e_n[k])),
+                                f"entry {int(e_n[k])}: phyOffset {int(e_phy[k])} is not the start of a record",
+                                {"entry": int(e_n[k]), "phy": int(e_phy[k])}))
+            if past.any():
+                k0 = int(miss[past][0])
+                # the broker's recovery truncates the commitlog and the consume queues but never an index
+                # file (IndexService.load keeps every entry after a clean exit; 4.9.8 and 5.3.3): such
+                # entries are what a recovered store holds, so they are graded as the broker lives with them
+                out.add(Finding("index_entry_past_commitlog", "warning", display, g.entry_pos(int(e_n[k0])),
+                                f"{int(past.sum())} entries point past the end of the commitlog data ({log.log_end}): "
+                                "the broker keeps them (its recovery never truncates index files); once new messages "
+                                "are written there, a query by key may return them and the client drops those whose "
+                                "key does not match; `rmqstore rebuild --what index` writes an index without them",
+                                {"count": int(past.sum())}))
+        if len(wrong):
+            consequences = ["slot_not_newest_entry", "prev_index_wrong_slot", "hash_slot_count_mismatch",
+                            "index_chain_broken"]
+        for k in wrong.tolist():
+            out.add(Finding("index_entry_wrong_hash", "error", display, g.entry_pos(int(e_n[k])),
+                            f"entry {int(e_n[k])}: keyHash {int(e_kh[k])} is not the hash of any key of the record at "
+                            f"{int(e_phy[k])}; a query for the real key cannot find it (slot chains disagree as a "
+                            "consequence)", {"entry": int(e_n[k]), "phy": int(e_phy[k]), "key_hash": int(e_kh[k])}))
+        # chain structure: the broker links each entry to the previous entry of its slot
+        if m and not len(wrong):
+            # entries grouped by slot, entry number ascending: one sort of (slot << 32 | entry number)
+            # (== a stable argsort by slot, several times faster); slot -1 (negative hash) sorts first.
+            # In-place steps: fresh 20 MB temporaries cost page faults as much as the arithmetic.
+            sk = e_kh % g.hash_slot_num
+            sk[e_kh < 0] = -1
+            sk <<= 32
+            sk |= e_n
+            sk.sort()
+            n_s = sk & 0xFFFFFFFF
+            sk >>= 32  # the slots, sorted
+            exp_prev = np.empty_like(n_s)
+            exp_prev[0] = 0
+            exp_prev[1:] = n_s[:-1]
+            exp_prev[1:][sk[1:] != sk[:-1]] = 0  # the first entry of its slot has no previous one
+            order = n_s
+            order -= 1
+            got = e_prev[order]
+            brk = np.flatnonzero(exp_prev != got)
+            if len(brk):
+                k = int(order[brk[0]])
+                out.add(Finding("index_chain_broken", "error", display, g.entry_pos(int(e_n[k])) + 16,
+                                f"{len(brk)} entries whose prevIndex is not the previous entry of their slot (first: "
+                                f"entry {int(e_n[k])}); entries off the chain cannot be found by queries",
+                                {"count": len(brk)}))
+        for vfi in vf:
+            if vfi.kind in consequences:
+                continue
+            vfi.file = display
+            if vfi.kind == "slot_not_newest_entry" and not len(wrong):
+                consequences.append("index_chain_broken")
+            out.add(vfi)
+    # every keyed message findable
+    if settings.message_index_enable and keys.n and not keys.all_matched():
+        if k_ is None:
+            k_ = key_codes(log)
+        kphy, khash, kcode, kpos = k_.kphy, k_.khash, k_.kcode, k_.kpos
+        # the files whose entries were the keys' sequence: their codes are those keys' codes
+        all_codes.extend(np.sort(k_.kcode[a:b]) for a, b in keys.spans)
+        if len(all_codes) == 1:
+            have = all_codes[0]
+        else:  # sorted runs: the stable sort (timsort) merges them
+            have = np.sort(np.concatenate(all_codes), kind="stable") if all_codes else np.zeros(0, np.int64)
+        if np.array_equal(kpos, have):  # every key's code is some entry's: none missing
+            missing = np.zeros(0, np.int64)
+        else:
+            missing = np.flatnonzero(~_member(kcode, have) & (kcode >= 0))
+        if len(missing):
+            mphy = kphy[missing]
+            first_begin = min((fi["begin_phy"] for fi in info["files"]), default=0)
+            explained = log.in_lost(mphy) | (mphy < log.log_min)
+            if wrong_phy:
+                wp = np.concatenate(wrong_phy)
+                explained |= _member(mphy, np.sort(wp))
+            behind = ~explained & (mphy > max_end_phy)
+            real = ~explained & ~behind
+            if behind.any():
+                out.add(Finding("index_behind_commitlog", "warning", "index", None,
+                                f"{int(behind.sum())} keys of messages after the last indexed message "
+                                f"({max_end_phy}) are not indexed yet; the broker indexes them when it dispatches",
+                                {"count": int(behind.sum())}))
+            for j in np.flatnonzero(real).tolist():
+                p = int(mphy[j])
+                S = log.segment_size
+                sev = "warning" if p < first_begin else "error"
+                out.add(Finding("index_key_missing", sev, f"commitlog/{p // S * S:020d}", p % S,
+                                f"a key of the message at {p} (hash {int(khash[missing[j]])}) is not findable "
+                                "through any index file", {"phy": p, "key_hash": int(khash[missing[j]])}))
+    info["max_end_phy"] = max_end_phy
+    return info

@@ -1,0 +1,362 @@
+"""Queue checks: QUEUEOFFSETs per (topic, queue) in commitlog order, and ConsumeQueue units against the
+records both ways (a unit pointing into a region already reported lost counts against that region)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..brokerconf import BrokerSettings
+from ..bytesource import Location, data_ranges
+from ..consumequeue import batch_cq_topics
+from ..errors import Finding, StoreError
+from ..record import INNER_BATCH_FLAG
+from ..topicname import escape_topic, unsafe_reason, unsafe_topic_finding
+from .logview import LogView, _queue_hint, _queue_records_exactly, _rel
+from .segment import _Capped
+
+
+def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dict]:
+    """Per (topic, queue): QUEUEOFFSETs of dispatchable records contiguous and unique, in commitlog order.
+
+    Returns per-queue facts: min/max queue offset and message count in the commitlog.
+    """
+    disp = np.flatnonzero((log.tran == 0) | (log.tran == 2))
+    facts: dict[tuple[str, int], dict] = {}
+    if not len(disp):
+        return facts
+    code = (log.topic_idx[disp] << 32) | (log.qid[disp].astype(np.int64) & 0xFFFFFFFF)
+    o = _queue_group_order(code, log.topic_idx[disp], log.qid[disp], len(log.topic_names))
+    order = disp[o]
+    code_s = code[o]
+    starts = np.flatnonzero(np.r_[True, code_s[1:] != code_s[:-1]])
+    stops = np.r_[starts[1:], len(code_s)]
+    q = log.qoff[order]
+    batch_rec = (log.sysflag[order] & INNER_BATCH_FLAG) != 0
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        rows = order[a:b]
+        topic = log.topic_names[int(log.topic_idx[rows[0]])]
+        qid = int(log.qid[rows[0]])
+        qq = q[a:b]
+        facts[(topic, qid)] = {"cl_min_offset": int(qq.min()), "cl_max_offset": int(qq.max()) + 1, "messages": b - a,
+                               "last_phy": int(log.phy[rows[-1]]), "first_phy": int(log.phy[rows[0]])}
+        log.queue_rows[(topic, qid)] = rows
+        if b - a < 2:
+            continue
+        d = np.diff(qq)
+        skip_batch = batch_rec[a:b - 1]
+        for i in np.flatnonzero(d == 0).tolist():
+            r = int(rows[i + 1])
+            out.add(Finding("duplicate_queue_offset", "error", f"commitlog/{_seg_name(log, r)}", _seg_off(log, r),
+                            f"{topic}/{qid}: QUEUEOFFSET {int(qq[i + 1])} already used by the record at "
+                            f"{int(log.phy[rows[i]])}; the broker's CQ writer drops this one as a repeat",
+                            {"topic": topic, "queue_id": qid, "queue_offset": int(qq[i + 1]), "phy": int(log.phy[r]),
+                             "first_phy": int(log.phy[rows[i]])}))
+        for i in np.flatnonzero(d < 0).tolist():
+            r = int(rows[i + 1])
+            out.add(Finding("queue_offset_backwards", "error", f"commitlog/{_seg_name(log, r)}", _seg_off(log, r),
+                            f"{topic}/{qid}: QUEUEOFFSET {int(qq[i + 1])} after {int(qq[i])}",
+                            {"topic": topic, "queue_id": qid, "phy": int(log.phy[r])}))
+        gaps = np.flatnonzero((d > 1) & ~skip_batch)
+        for i in gaps.tolist():
+            r0, r1 = int(rows[i]), int(rows[i + 1])
+            lo, hi = int(log.phy[r0]), int(log.phy[r1])
+            if len(log.lost) and np.any((log.lost[:, 0] < hi) & (log.lost[:, 1] > lo)):
+                continue  # explained by a lost region between the two records
+            out.add(Finding("queue_offset_gap", "error", f"commitlog/{_seg_name(log, r1)}", _seg_off(log, r1),
+                            f"{topic}/{qid}: QUEUEOFFSET jumps from {int(qq[i])} to {int(qq[i + 1])} "
+                            f"({int(d[i]) - 1} offsets never written)",
+                            {"topic": topic, "queue_id": qid, "missing": int(d[i]) - 1, "phy": hi}))
+    return facts
+
+
+def _queue_group_order(code: np.ndarray, topic_idx: np.ndarray, qid: np.ndarray, n_topics: int) -> np.ndarray:
+    """``np.argsort(code, kind="stable")`` for ``code = topic_idx << 32 | qid (as uint32)``: when queue ids
+    are small and non-negative, (topic, queue) numbered densely in the same order fit 16 bits (a radix
+    sort, no ``unique``); otherwise :func:`_stable_group_order`."""
+    if len(qid) > 1:
+        qmin, qmax = int(qid.min()), int(qid.max())
+        if qmin >= 0 and n_topics * (qmax + 1) <= 1 << 16:
+            return np.argsort((topic_idx * (qmax + 1) + qid).astype(np.uint16), kind="stable")
+    return _stable_group_order(code)
+
+
+def _stable_group_order(code: np.ndarray) -> np.ndarray:
+    """``np.argsort(code, kind="stable")`` for a column of few distinct values (topic/queue codes): their
+    dense ranks fit 16 bits, where numpy's stable argsort is a radix sort (several times faster)."""
+    if len(code) > 1:
+        lo, hi = int(code.min()), int(code.max())
+        if hi - lo < 1 << 16:
+            return np.argsort((code - lo).astype(np.uint16), kind="stable")
+        uniq, inv = np.unique(code, return_inverse=True)
+        if len(uniq) <= 1 << 16:
+            return np.argsort(inv.astype(np.uint16), kind="stable")
+    return np.argsort(code, kind="stable")
+
+
+def _seg_name(log: LogView, row: int) -> str:
+    S = log.segment_size
+    return f"{int(log.phy[row]) // S * S:020d}"
+
+
+def _seg_off(log: LogView, row: int) -> int:
+    S = log.segment_size
+    return int(log.phy[row]) % S
+
+
+@dataclass
+class CQLoad:
+    """The consume queues as read from disk (before any comparison with the records): what
+    :func:`check_consume_queues` needs, loadable while the segments are still being audited."""
+
+    findings: list[Finding] = field(default_factory=list)  # structural findings, in the order found
+    failed: bool = False  # the queue directory could not be listed (the one finding says why)
+    per_queue: dict[tuple[str, int], tuple] = field(default_factory=dict)  # (n, units, files, max, min)
+    cq_max_phy: int = -1
+
+
+def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) -> CQLoad:
+    """Read every consume queue's units (one copy out of the mapped files) and offsets."""
+    from storelib.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, list_queues
+
+    rootp = root.path
+    S = settings.mapped_file_size_consume_queue
+    res = CQLoad()
+    list_findings: list[Finding] = []
+    try:
+        queues = list_queues(root, list_findings)
+    except StoreError as e:
+        if e.kind == "rocksdb_consumequeue":  # a supported broker layout that rmqstore does not read: say so once
+            res.findings.append(Finding(e.kind, "warning", _rel(rootp, e.file), None,
+                                        f"{e.detail}: ConsumeQueue checks skipped (rmqstore reads file-based "
+                                        "consume queues only); commitlog, index, checkpoint and config are audited",
+                                        {"supported": False}))
+        else:
+            res.findings.append(Finding(e.kind, "error", _rel(rootp, e.file), e.offset, e.detail))
+        res.failed = True
+        return res
+    for f in list_findings:
+        f.file = _rel(rootp, f.file)
+        res.findings.append(f)
+    for topic, qid, loc in queues:
+        cq = ConsumeQueue(loc, segment_size=S, topic=topic, queue_id=qid)
+        try:
+            for f in cq.findings:
+                f.file = _rel(rootp, f.file)
+                res.findings.append(f)
+            ns, units, files = [], [], []
+            for i, seg in enumerate(cq.segments):
+                u = cq.read_units(seg)
+                if i == len(cq.segments) - 1:
+                    # the queue's last file is preallocated: its units after the last one with a size are
+                    # invalid and after every valid unit, so no check looks at them; its first unit stays
+                    # (the queue's first offset)
+                    keep = _units_before_invalid_tail(u, seg.loc.path if seg.loc.local else None)
+                    u = u[:max(keep, 1 if i == 0 else 0)]
+                ns.append(seg.base // CQ_UNIT_SIZE + np.arange(len(u), dtype=np.int64))
+                units.append(u)
+                files.append((seg.base, _rel(rootp, seg.path)))
+            n = ns[0] if len(ns) == 1 else np.concatenate(ns) if ns else np.zeros(0, np.int64)
+            # one copy out of the mapped files (they are closed below)
+            u = (np.array(units[0]) if len(units) == 1 else np.concatenate(units) if units
+                 else np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")]))
+            cq_max = cq.max_offset()
+            mpo = cq.max_physic_offset()
+            cq_min = cq.min_offset(log_min) if cq.segments else 0
+        finally:
+            cq.close()
+        res.cq_max_phy = max(res.cq_max_phy, mpo)
+        res.per_queue[(topic, qid)] = (n, u, files, cq_max, cq_min)
+    return res
+
+
+def _units_before_invalid_tail(units: np.ndarray, path: str | None) -> int:
+    """How many of a CQ file's units come before its trailing units whose size field is zero (invalid:
+    a unit is valid only with size > 0). ``path``: the file when local; units in its holes (a
+    preallocated file is sparse) are zeros without being read (:func:`storelib.bytesource.data_ranges`)."""
+    from storelib.consumequeue import CQ_UNIT_SIZE
+
+    n = len(units)
+    ranges = data_ranges(path, 0, n * CQ_UNIT_SIZE)
+    if not ranges:
+        return 0
+    n = min(n, -(-ranges[-1][1] // CQ_UNIT_SIZE))
+    off = units.dtype.fields["size"][1]
+    if units.dtype.itemsize % 4 or off % 4:
+        return n
+    # the size field of each unit as raw 32-bit words (zero or not, whatever the byte order): no copy
+    size = units[:n].view(np.uint32).reshape(n, units.dtype.itemsize // 4)[:, off // 4]
+    nz = size[::-1] != 0
+    j = int(nz.argmax()) if n else 0
+    return n - j if n and nz[j] else 0
+
+
+def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings, out: _Capped, facts: dict,
+                         loaded: CQLoad | None = None) -> dict:
+    """ConsumeQueue entries vs records both ways; queue min/max offsets and lag. Returns per-queue stats.
+
+    ``loaded``: the queues read beforehand (:func:`load_consume_queues`, same ``log.log_min``)."""
+    from storelib.consumequeue import CQ_UNIT_SIZE, filler_mask
+
+    if loaded is None:
+        loaded = load_consume_queues(root, settings, log.log_min)
+    out.extend(loaded.findings)
+    if loaded.failed:
+        return {}
+    per_queue = loaded.per_queue
+    stats: dict[tuple[str, int], dict] = {}
+    reput_from = max(loaded.cq_max_phy, log.log_min, 0)
+
+    seen_queues = set()
+    for (topic, qid), (n, u, files, cq_max, cq_min) in per_queue.items():
+        seen_queues.add((topic, qid))
+        bases = np.array([b for b, _ in files], dtype=np.int64)
+
+        def where(k: int, n=n, bases=bases, files=files) -> tuple[str | None, int]:
+            byte = int(n[k]) * CQ_UNIT_SIZE
+            i = int(np.searchsorted(bases, byte, side="right")) - 1
+            return files[i][1], byte - int(bases[i])
+
+        phy = u["phy_offset"].astype(np.int64)
+        size = u["size"].astype(np.int64)
+        valid = (phy >= 0) & (size > 0)
+        filler = filler_mask(u) if len(u) else np.zeros(0, bool)
+        last_valid = len(valid) - 1 - int(valid[::-1].argmax()) if valid.any() else -1
+        # holes: invalid units before the last valid one
+        holes = np.flatnonzero(~valid[: last_valid + 1])
+        if len(holes):
+            run_starts = holes[np.r_[True, np.diff(holes) > 1]]
+            run_lens = np.diff(np.r_[np.flatnonzero(np.r_[True, np.diff(holes) > 1]), len(holes)])
+            for k, ln in zip(run_starts.tolist(), run_lens.tolist()):
+                f, off = where(k)
+                out.add(Finding("cq_entry_missing", "error", f, off,
+                                f"{topic}/{qid}: {ln} invalid unit(s) at queue offset {int(n[k])} before later valid "
+                                "entries; the broker's queue ends here (recovery truncates it, later entries are lost)",
+                                {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "count": ln}))
+        chk = np.flatnonzero(valid & ~filler)
+        rows = _queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
+        exact = rows is not None
+        if rows is None:
+            rows = log.lookup_field(phy[chk], _queue_hint(log, (topic, qid), n[chk]))
+        tcode = log.topic_code.get(topic, -1)
+        miss = rows < 0
+        mp = phy[chk][miss]
+        expired = mp < log.log_min
+        lost = log.in_lost(mp)
+        past = (mp >= log.log_end) & ~lost
+        mid = ~(past | expired | lost)
+        ks = chk[miss]
+        if past.any():
+            k0 = int(ks[past][0])
+            f, off = where(k0)
+            out.add(Finding("cq_entry_past_commitlog", "error", f, off,
+                            f"{topic}/{qid}: {int(past.sum())} entries from queue offset {int(n[k0])} point past the end "
+                            f"of the commitlog data ({log.log_end}); recovery truncates them",
+                            {"topic": topic, "queue_id": qid, "count": int(past.sum()), "queue_offset": int(n[k0])}))
+        for k in ks[mid].tolist():
+            f, off = where(k)
+            out.add(Finding("cq_entry_not_record_start", "error", f, off,
+                            f"{topic}/{qid} offset {int(n[k])}: phyOffset {int(phy[k])} is not the start of a record",
+                            {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "phy": int(phy[k])}))
+        hit = chk[~miss]
+        r = rows[~miss]
+        if len(hit):
+            bad_size = log.size[r] != size[hit]
+            if exact:  # the queue's own dispatchable records, with these queue offsets
+                bad_topic = bad_qo = bad_tran = np.zeros(len(hit), bool)
+            else:
+                bad_topic = (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
+                bad_qo = log.qoff[r] != n[hit]
+                bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
+            bad_tags = log.tags[r] != u["tags_code"][hit].astype(np.int64)
+            bad = bad_size | bad_topic | bad_qo | bad_tags | bad_tran
+            for j in np.flatnonzero(bad).tolist():
+                k, rr = int(hit[j]), int(r[j])
+                what = []
+                if bad_size[j]:
+                    what.append(f"size {int(size[k])} vs record {int(log.size[rr])}")
+                if bad_topic[j]:
+                    what.append(f"record is {log.topic_names[int(log.topic_idx[rr])]}/{int(log.qid[rr])}")
+                if bad_qo[j]:
+                    what.append(f"record QUEUEOFFSET {int(log.qoff[rr])}")
+                if bad_tags[j]:
+                    what.append(f"tagsCode {int(u['tags_code'][k])} vs record {int(log.tags[rr])}")
+                if bad_tran[j]:
+                    what.append("record is a PREPARED/ROLLBACK transaction record (never dispatched)")
+                f, off = where(k)
+                out.add(Finding("cq_entry_mismatch", "error", f, off,
+                                f"{topic}/{qid} offset {int(n[k])} → record at {int(phy[k])}: " + "; ".join(what),
+                                {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "phy": int(phy[k])}))
+        # message side: records of this queue beyond the queue's valid units
+        fact = facts.get((topic, qid))
+        lag = 0
+        behind_bytes = 0
+        if fact is not None and tcode >= 0:
+            recs = log.queue_rows[(topic, qid)]  # dispatchable records of the queue, commitlog order
+            qo = log.qoff[recs]
+            last_n = int(n[last_valid]) if last_valid >= 0 else -1
+            beyond = recs[qo > last_n]
+            if len(beyond):
+                after = log.phy[beyond] >= reput_from
+                lag = len(beyond)
+                behind_bytes = int(log.size[beyond].sum())
+                if after.all():
+                    out.add(Finding("queue_behind_commitlog", "warning", f"consumequeue/{topic}/{qid}", None,
+                                    f"{len(beyond)} messages ({behind_bytes} bytes) from queue offset "
+                                    f"{int(log.qoff[beyond[0]])} are not in the consume queue yet; the broker dispatches "
+                                    f"them on start (reput from {reput_from})",
+                                    {"topic": topic, "queue_id": qid, "count": len(beyond), "bytes": behind_bytes}))
+                else:
+                    b0 = beyond[~after]
+                    out.add(Finding("cq_entries_missing_for_messages", "error", f"consumequeue/{topic}/{qid}", None,
+                                    f"{len(b0)} messages from queue offset {int(log.qoff[b0[0]])} (phy {int(log.phy[b0[0]])})"
+                                    f" have no CQ entry and lie before the reput position {reput_from}: the broker "
+                                    "never dispatches them again", {"topic": topic, "queue_id": qid, "count": len(b0)}))
+            first_n = int(n[0]) if len(n) else None
+            if first_n is not None:
+                before = recs[(qo < first_n) & (log.phy[recs] >= log.log_min)]
+                if len(before):
+                    out.add(Finding("cq_file_missing", "error", f"consumequeue/{topic}/{qid}", None,
+                                    f"{len(before)} messages with queue offsets below {first_n} are in the commitlog but "
+                                    "no CQ file holds their entries", {"topic": topic, "queue_id": qid}))
+        stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": cq_min, "max_offset": cq_max,
+                               "raw_max_offset": int(n[last_valid]) + 1 if last_valid >= 0 else cq_max,
+                               "cl_max_offset": fact["cl_max_offset"] if fact else None,
+                               "messages": fact["messages"] if fact else 0, "lag": lag, "lag_bytes": behind_bytes}
+    unsafe: dict[str, list[int]] = {}  # topics that cannot be a directory: [records, first phy], one finding each
+    batch = batch_cq_topics(root)
+    batch_msgs: dict[str, int] = {}
+    for key, fact in facts.items():
+        if key in seen_queues:
+            continue
+        topic, qid = key
+        if topic in batch:  # its queues are BatchConsumeQueue files: not missing, not read
+            batch_msgs[topic] = batch_msgs.get(topic, 0) + int(fact["messages"])
+            continue
+        if unsafe_reason(topic) is not None:
+            u = unsafe.setdefault(topic, [0, int(fact["first_phy"])])
+            u[0] += int(fact["messages"])
+            u[1] = min(u[1], int(fact["first_phy"]))
+            continue
+        sev = "warning" if fact["first_phy"] >= reput_from else "error"
+        out.add(Finding("queue_missing" if sev == "error" else "queue_behind_commitlog", sev,
+                        f"consumequeue/{topic}/{qid}", None,
+                        f"{fact['messages']} dispatchable messages but no consume queue directory"
+                        + ("; the broker dispatches them on start" if sev == "warning" else
+                           " and they lie before the reput position: the broker never rebuilds it"),
+                        {"topic": topic, "queue_id": qid, "count": fact["messages"]}))
+    for topic, n in sorted(batch_msgs.items()):
+        out.add(Finding("batch_consume_queue", "warning", f"batchconsumequeue/{topic}", None,
+                        f"topic {escape_topic(topic)} keeps its queues as 5.x BatchConsumeQueue files "
+                        f"({len(batch[topic])} queue(s)), which rmqstore does not read: its {n} messages are not "
+                        "cross-checked against a consume queue", {"topic": topic, "queues": batch[topic],
+                                                                  "messages": n, "supported": False}))
+    S = log.segment_size
+    for topic, (n, first) in sorted(unsafe.items()):
+        out.add(unsafe_topic_finding(topic, f"commitlog/{first - first % S:020d}", first % S, n, first))
+        stats[key] = {"topic": topic, "queue_id": qid, "min_offset": 0, "max_offset": 0,
+                      "cl_max_offset": fact["cl_max_offset"], "messages": fact["messages"], "lag": fact["messages"],
+                      "lag_bytes": 0}
+    stats["__reput_from__"] = reput_from  # type: ignore[index]
+    return stats

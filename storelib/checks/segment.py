@@ -1,0 +1,536 @@
+"""The per-segment checks of an audit (one task per segment or split, any engine): every record validated as
+the broker does, body and 5.x property CRCs, PHYSICALOFFSET against the position, the end-of-file record;
+after a bad record the scan resynchronises (:mod:`storelib.resync`) so the rest is still audited. A task
+returns findings, lost regions, a compact record table and its records' index keys; :func:`finish_segment`
+merges a segment's parts. Also the finding collector (:class:`_Capped`) the cross-file checks share."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..bytesource import LocalSource, data_ranges, open_source, resolve
+from ..errors import Finding, StoreError
+from ..publish import atomic_local_file
+from ..resync import LostRegion, find_next_record, lost_region
+from ..scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
+
+SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+MAX_PER_KIND = 50  # findings of one kind per file before they are summarised
+
+# compact record columns shipped from the segment tasks to the driver
+RECORD_COLUMNS = ["phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset",
+                  "tran_type", "sys_flag", "tags_code", "store_timestamp", "crc_ok"]
+RECORD_SCHEMA = pa.schema([
+    ("phy_offset", pa.int64()), ("size", pa.int32()), ("physical_offset_field", pa.int64()),
+    ("topic", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("tran_type", pa.int8()),
+    ("sys_flag", pa.int32()), ("tags_code", pa.int64()), ("store_timestamp", pa.int64()), ("crc_ok", pa.bool_()),
+])
+# what the segment checks read from a scan (nothing else is decoded)
+SCAN_COLUMNS = ["phy_offset", "size", "magic_version", "crc_ok", "queue_id", "queue_offset", "physical_offset_field",
+                "sys_flag", "tran_type", "store_timestamp", "topic", "keys", "uniq_key", "tags_code", "prop_crc_ok"]
+KEY_SCHEMA = pa.schema([("pos", pa.int64()), ("phy", pa.int64()), ("key_hash", pa.int32())])
+
+
+# --------------------------------------------------------------------------------------------------
+# per-segment work
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SegmentTask:
+    """One segment to audit: picklable (a Spark task ships it)."""
+
+    name: str
+    base: int
+    uri: str
+    file_size: int
+    segment_size: int
+    local: bool = True
+    start: int = 0  # incremental: resume at this file offset (records before it were audited)
+    end: int | None = None  # a split: only records starting before this file offset (None: to the end)
+
+
+@dataclass
+class AuditOptions:
+    """What the segment checks need from the broker settings (plain values: picklable)."""
+
+    delay_levels_ms: list[int] = field(default_factory=lambda: list(DEFAULT_DELAY_LEVELS_MS))
+    broker_version: str = "4"
+    verify_crc: bool = True
+    fs_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SegmentResult:
+    """What one segment task returns (findings as dicts and Arrow IPC bytes keep it picklable)."""
+
+    name: str
+    base: int
+    file_size: int
+    start: int
+    end_kind: str = "end_of_data"  # blank | end_of_data | segment_end | invalid | unreadable
+    data_end: int = 0  # file offset after the last valid record (or the blank record's position)
+    records: int = 0
+    bytes_valid: int = 0
+    crc_errors: int = 0
+    crc_bytes: int = 0  # bytes of the records failing their CRC
+    findings: list[dict] = field(default_factory=list)
+    regions: list[dict] = field(default_factory=list)
+    records_ipc: bytes = b""
+    keys_ipc: bytes = b""
+    first_ts: int | None = None
+    last_ts: int | None = None
+    seconds: float = 0.0
+
+    # The tables may instead be held in memory (``_tables``, not a dataclass field, so ``asdict`` and the
+    # state file never see them): in-process parts and per-task table files skip an IPC round trip.
+
+    def record_table(self) -> pa.Table:
+        t = getattr(self, "_tables", None)
+        return t[0] if t is not None else _from_ipc(self.records_ipc, RECORD_SCHEMA)
+
+    def key_table(self) -> pa.Table:
+        t = getattr(self, "_tables", None)
+        return t[1] if t is not None else _from_ipc(self.keys_ipc, KEY_SCHEMA)
+
+    def set_tables(self, records: pa.Table, keys: pa.Table) -> None:
+        self._tables = (records, keys)
+        self.records_ipc = self.keys_ipc = b""
+
+    def ipc_bytes(self, compression: str | None = None) -> tuple[bytes, bytes]:
+        """The record and key tables as Arrow IPC stream bytes (what the ``--since`` sidecar files hold,
+        zstd-compressed there: about a third of the plain size)."""
+        if getattr(self, "_tables", None) is None and compression is None:
+            return self.records_ipc, self.keys_ipc
+        return _to_ipc(self.record_table(), compression), _to_ipc(self.key_table(), compression)
+
+
+def _to_ipc(table: pa.Table, compression: str | None = None) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(data: bytes, schema: pa.Schema) -> pa.Table:
+    if not data:
+        return schema.empty_table()
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+class _Capped:
+    """Collects findings, at most MAX_PER_KIND per (kind, file); the rest become one summary each."""
+
+    def __init__(self) -> None:
+        self.items: list[Finding] = []
+        self.counts: dict[tuple[str, str | None], int] = defaultdict(int)
+        self.first: dict[tuple[str, str | None], Finding] = {}
+
+    def add(self, f: Finding) -> None:
+        key = (f.kind, f.file)
+        self.counts[key] += 1
+        if self.counts[key] <= MAX_PER_KIND:
+            self.items.append(f)
+            self.first.setdefault(key, f)
+
+    def extend(self, fs) -> None:
+        for f in fs:
+            self.add(f)
+
+    def replay(self, items: list[Finding], counts: dict[tuple[str, str | None], int]) -> None:
+        """Add what another collector kept (``items``) and counted (``counts``) as if its findings had been
+        added here one by one, in its order: same kept findings, same totals, same summaries."""
+        kept: dict[tuple[str, str | None], int] = defaultdict(int)
+        for f in items:
+            self.add(f)
+            kept[(f.kind, f.file)] += 1
+        for key, n in counts.items():
+            self.counts[key] += n - kept[key]
+
+    def absorb(self, other: _Capped) -> None:
+        """Merge a collector filled elsewhere (a concurrent check), as :meth:`replay`."""
+        self.replay(other.items, other.counts)
+
+    def done(self) -> list[Finding]:
+        out = list(self.items)
+        for key, n in self.counts.items():
+            if n > MAX_PER_KIND:
+                f0 = self.first[key]
+                out.append(Finding(f0.kind, f0.severity, f0.file, None,
+                                   f"{n - MAX_PER_KIND} more {f0.kind} findings in this file (not listed)",
+                                   {"more": n - MAX_PER_KIND, "total": n}))
+        return out
+
+
+def _open_task(task: SegmentTask, opts: AuditOptions):
+    if task.local:
+        return LocalSource(task.uri)
+    loc = resolve(task.uri, **opts.fs_options)
+    return open_source(loc, task.file_size)
+
+
+def _whole(src) -> memoryview:
+    """The whole segment as a memoryview (mmap locally; one read remotely, only after a failure)."""
+    if isinstance(src, LocalSource):
+        return src.view()
+    return src.read(0, src.size)
+
+
+@dataclass
+class PartResult:
+    """What one split task returns: the raw outcome of its records, merged per segment by
+    :func:`finish_segment` (which does what needs the whole segment: CRC/region classification, caps).
+
+    ``exit_pos`` is where the scan left the split (the next record start at or after ``end``, or the
+    resync target); the parts of a segment chain like one scan exactly when each part's ``exit_pos`` is
+    the next part's start. ``None``: the scan stopped for good (blank end record, end of data, nothing
+    valid after a bad record).
+    """
+
+    name: str
+    start: int
+    end: int | None
+    end_kind: str = "end_of_data"
+    data_end: int = 0
+    exit_pos: int | None = None
+    unreadable: str | None = None
+    items: list[Finding] = field(default_factory=list)  # scan-time findings, first MAX_PER_KIND per kind
+    counts: dict[tuple[str, str | None], int] = field(default_factory=dict)
+    bad_rows: list[tuple[int, int, bool]] = field(default_factory=list)
+    regions: list[LostRegion] = field(default_factory=list)
+    records_ipc: bytes = b""
+    keys_ipc: bytes = b""
+    records_path: str | None = None  # the tables as files in a TableSink (then the *_ipc fields are empty)
+    keys_path: str | None = None
+    seconds: float = 0.0
+
+    def problem_count(self) -> int:
+        """Findings this part will contribute (scan-time findings, CRC failures, lost regions), for the
+        progress line: the count the segment's findings are made from, before the per-kind caps."""
+        return sum(self.counts.values()) + len(self.bad_rows) + len(self.regions) + (self.unreadable is not None)
+
+    def tables(self) -> tuple[pa.Table, pa.Table]:
+        """The record and key tables: held in memory, or decoded from the IPC bytes (zero-copy)."""
+        t = getattr(self, "_tables", None)
+        if t is not None:
+            return t
+        return _from_ipc(self.records_ipc, RECORD_SCHEMA), _from_ipc(self.keys_ipc, KEY_SCHEMA)
+
+    def load_tables(self, fs_options: dict[str, Any] | None = None) -> None:
+        """Driver side: map the tables a task wrote to a :class:`TableSink` (before its dir is removed)."""
+        self._tables = (read_table_file(self.records_path, RECORD_SCHEMA, fs_options),
+                        read_table_file(self.keys_path, KEY_SCHEMA, fs_options))
+
+
+@dataclass(frozen=True)
+class TableSink:
+    """A work directory (local path or URI every executor and the driver can reach) where split tasks
+    leave their record/key tables as Arrow IPC files, so a task returns only its small result through
+    Spark (a ~150 MB collect of pickled bytes through the JVM costs seconds; a memory-mapped file
+    nothing). File names are unique per task attempt (a retried task never collides with the files of
+    an earlier attempt, which the driver never reads and removes with the directory)."""
+
+    dir: str
+    fs_options: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, stem: str, table: pa.Table) -> str | None:
+        """Write ``table`` as an IPC file; returns its path/URI (None for an empty table: nothing written)."""
+        if table.num_rows == 0:
+            return None
+        name = f"{stem}-{uuid.uuid4().hex}.arrow"
+        loc = resolve(self.dir, **self.fs_options)
+        if loc.local:  # temp + rename: the file appears under its name only when complete (scratch: no fsync)
+            path = os.path.join(loc.path, name)
+            # no makedirs: a task still running after the driver removed the sink (a cancelled stage)
+            # fails here instead of bringing the directory back
+            with atomic_local_file(path, durable=False, create_dir=False) as tmp, pa.OSFile(tmp, "wb") as f, \
+                    pa.ipc.new_file(f, table.schema) as w:
+                w.write_table(table)
+            return path
+        # object stores: one output stream = one PUT, the object appears only when complete
+        with loc.fs.open_output_stream(loc.join(name).path) as f, pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
+        return self.dir.rstrip("/") + "/" + name
+
+
+def read_table_file(path: str | None, schema: pa.Schema, fs_options: dict[str, Any] | None = None) -> pa.Table:
+    """A table written by :meth:`TableSink.write`: memory-mapped (zero-copy) when local, read whole otherwise."""
+    if path is None:
+        return schema.empty_table()
+    loc = resolve(path, **(fs_options or {}))
+    try:
+        if loc.local:  # the buffers keep the mapping alive after close (no fd held) and the file's removal
+            with pa.memory_map(loc.path) as mm:
+                return pa.ipc.open_file(mm).read_all()
+        with loc.fs.open_input_file(loc.path) as f:
+            return pa.ipc.open_file(f.read_buffer()).read_all()
+    except (OSError, pa.ArrowInvalid) as e:
+        raise StoreError(path, None, "work_file_unreadable", f"cannot read a task's table file: {e}") from e
+
+
+def _zero_tail(view: memoryview, start: int, chunk: int = 64 << 20, path: str | None = None) -> bool:
+    """Are all bytes from ``start`` to the end zero? (the unwritten tail of the last segment: checked at
+    memory speed before the byte-wise resync search, which would find nothing there anyway).
+
+    ``path``: the mapped file; its holes (``SEEK_DATA``/``SEEK_HOLE``: a preallocated segment is sparse,
+    so most of a young last segment is one hole) read as zeros by definition and are not touched, which
+    saves faulting in and scanning up to a whole segment of zero pages."""
+    a = np.frombuffer(view, dtype=np.uint8)
+    return not any(_nonzero_in(a, lo, hi, chunk) for lo, hi in data_ranges(path, start, len(view)))
+
+
+def _nonzero_in(a: np.ndarray, lo: int, hi: int, chunk: int) -> bool:
+    """Is any byte of ``a[lo:hi]`` non-zero? (8 bytes at a time, in chunks: bounded temporaries)."""
+    head = min(hi, (lo + 7) // 8 * 8)
+    if a[lo:head].any():
+        return True
+    lo = head
+    while lo + 8 <= hi:
+        stop = min(hi - (hi - lo) % 8, lo + chunk)
+        if a[lo:stop].view(np.uint64).any():
+            return True
+        lo = stop
+    return bool(a[lo:hi].any())
+
+
+def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = None,
+               keep_tables: bool = False) -> PartResult:
+    """Audit the records of ``task`` that start in ``[task.start, task.end)`` (the whole rest of the
+    segment when ``end`` is None); never raises for content problems.
+
+    The tables go to ``sink`` files when given, stay in memory with ``keep_tables`` (in-process
+    callers), else travel as IPC bytes in the result (Spark's in-band collect)."""
+    t0 = time.monotonic()
+    display = "commitlog/" + task.name
+    res = PartResult(task.name, task.start, task.end)
+    found = _Capped()
+    try:
+        src = _open_task(task, opts)
+    except StoreError as e:
+        res.end_kind = "unreadable"
+        res.unreadable = e.detail
+        return res
+    rec_parts: list[pa.Table] = []
+    key_parts: list[pa.Table] = []
+    regions: list[LostRegion] = []
+    bad_rows: list[tuple[int, int, bool]] = []  # (file offset, size, prop-only) of CRC failures
+    S = task.segment_size
+    try:
+        pos = task.start
+        seg_len = src.size
+        stop = seg_len if task.end is None else min(task.end, seg_len)
+        res.exit_pos = pos
+        while pos < stop:
+            scan = SegmentScan(src, display, task.base, pos, None if task.end is None else stop,
+                               verify_crc=opts.verify_crc, with_properties=False,
+                               delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS)
+            for batch in scan:
+                _check_batch(batch, task, opts, display, found, bad_rows, rec_parts, key_parts)
+            end = scan.end
+            assert end is not None
+            res.end_kind, res.data_end = end.kind, end.file_offset
+            res.exit_pos = None
+            if end.kind == "blank":
+                left = seg_len - end.file_offset
+                total = int.from_bytes(bytes(src.read(end.file_offset, 4)), "big", signed=True)
+                if total != min(left, S - end.file_offset) or seg_len != S and total != S - end.file_offset:
+                    found.add(Finding("bad_blank_record", "warning", display, end.file_offset,
+                                      f"end-of-file blank record says {total} bytes, {S - end.file_offset} are left"
+                                      " (readers skip it without checking)", {"total_size": total}))
+                break
+            if end.kind in ("segment_end", "split_end"):
+                res.exit_pos = end.file_offset
+                break
+            view = _whole(src)
+            if end.kind == "end_of_data":
+                if _zero_tail(view, end.file_offset, path=task.uri if task.local else None):
+                    break  # nothing but zeros up to the segment end: no record, no stale bytes
+                r = find_next_record(view, end.file_offset, base=task.base)
+                if r.kind == "message":  # zeros inside the data: a zeroed/unwritten hole
+                    region = LostRegion(display, end.file_offset, r.pos, task.base + end.file_offset,
+                                        "zeroed", "zero bytes where a record should start; valid records follow",
+                                        "message")
+                    regions.append(region)
+                    pos = res.exit_pos = r.pos
+                    continue
+                if r.data_end > end.file_offset:
+                    found.add(Finding("stale_bytes_after_end", "info", display, end.file_offset,
+                                      f"{r.data_end - end.file_offset} non-zero bytes after the end of data hold no "
+                                      "valid record (left by an earlier truncation or a torn write)",
+                                      {"bytes": r.data_end - end.file_offset}))
+                break
+            # invalid record: report it and resynchronise
+            reason = end.reason or "invalid"
+            region, r = lost_region(view, display, task.base, end.file_offset, reason, end.detail or "")
+            regions.append(region)
+            if r.kind == "message":
+                pos = res.exit_pos = r.pos
+                continue
+            if r.kind == "blank":
+                res.end_kind, res.data_end = "blank", r.pos
+            break
+    finally:
+        src.close()
+    res.items, res.counts = found.items, dict(found.counts)
+    res.bad_rows, res.regions = bad_rows, regions
+    recs = pa.concat_tables(rec_parts) if rec_parts else RECORD_SCHEMA.empty_table()
+    keys = pa.concat_tables(key_parts) if key_parts else KEY_SCHEMA.empty_table()
+    if sink is not None:
+        stem = f"{task.name}-{task.start}"
+        res.records_path, res.keys_path = sink.write(stem + ".records", recs), sink.write(stem + ".keys", keys)
+    elif keep_tables:
+        res._tables = (recs, keys)
+    else:
+        res.records_ipc, res.keys_ipc = _to_ipc(recs), _to_ipc(keys)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def parts_chain(parts: list[PartResult]) -> bool:
+    """Do the parts of one segment (in order) chain like one scan? Each part must leave its range
+    exactly at the next part's start; otherwise (corruption across a boundary, a cut the whole-segment
+    scan would not reach) the segment is audited again as one task."""
+    return all(a.exit_pos is not None and a.exit_pos == b.start for a, b in zip(parts, parts[1:]))
+
+
+def audit_segment(task: SegmentTask, opts: AuditOptions) -> SegmentResult:
+    """Audit one commitlog segment from ``task.start``; never raises for content problems."""
+    whole = SegmentTask(task.name, task.base, task.uri, task.file_size, task.segment_size, task.local, task.start)
+    return finish_segment(whole, [audit_part(whole, opts, keep_tables=True)])
+
+
+def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
+    """One segment's result from its parts (in order, chaining: :func:`parts_chain`): what needs the
+    whole segment — classifying CRC failures and lost regions, the per-kind caps — happens here."""
+    display = "commitlog/" + task.name
+    res = SegmentResult(task.name, task.base, task.file_size, task.start)
+    bad = next((p for p in parts if p.unreadable is not None), None)
+    if bad is not None:
+        res.end_kind = "unreadable"
+        res.findings = [Finding("segment_unreadable", "critical", display, None, bad.unreadable).to_dict()]
+        return res
+    found = _Capped()
+    for p in parts:  # replay the scan-time findings: same caps and order as one scan
+        found.replay(p.items, p.counts)
+    regions = [rg for p in parts for rg in p.regions]
+    bad_rows = [b for p in parts for b in p.bad_rows]
+    res.end_kind, res.data_end = parts[-1].end_kind, parts[-1].data_end
+    # classify CRC failures and lost regions: a failure followed by nothing valid is a torn tail
+    tail_dead = res.end_kind in ("end_of_data", "invalid") and not (regions and regions[-1].resumed == "message")
+    last_good_end = res.data_end
+    for off, size, prop_only in bad_rows:
+        torn = tail_dead and off + size == last_good_end and not regions
+        if torn:
+            found.add(Finding("torn_tail", "error", display, off,
+                              f"the last record ({size} bytes) fails its CRC and only zeros follow: a write torn by a "
+                              "crash; recovery truncates the commitlog here", {"size": size, "phy": task.base + off}))
+        elif prop_only:
+            found.add(Finding("prop_crc_mismatch", "error", display, off,
+                              "5.x __CRC32# property does not match the record bytes (body CRC is fine: a header "
+                              "or property byte changed)", {"phy": task.base + off}))
+        else:
+            found.add(Finding("body_crc_mismatch", "error", display, off,
+                              f"body CRC mismatch: recovery (checkCRCOnRecover) stops here and truncates the "
+                              f"commitlog at physical offset {task.base + off}", {"size": size, "phy": task.base + off}))
+    for i, rg in enumerate(regions):
+        last = i == len(regions) - 1
+        if rg.reason == "zeroed":
+            found.add(Finding("zeroed_region", "critical", display, rg.start,
+                              f"{rg.bytes_lost} zero bytes inside the data, valid records resume at {rg.end}; the broker "
+                              "stops at the zeros and loses everything after", _region_extra(rg)))
+        elif last and rg.resumed == "none":
+            found.add(Finding("torn_tail", "error", display, rg.start,
+                              f"invalid record ({rg.reason}: {rg.detail}) with nothing valid after it: {rg.bytes_lost} "
+                              "bytes lost at the end of the data", _region_extra(rg)))
+        else:
+            found.add(Finding("corrupt_region", "critical", display, rg.start,
+                              f"{rg.reason} ({rg.detail}); {rg.bytes_lost} bytes lost, valid data resumes at "
+                              f"{rg.end} ({rg.resumed}); the broker stops at the first bad record", _region_extra(rg)))
+    res.regions = [r.to_dict() for r in regions]
+    tabs = [p.tables() for p in parts]  # chunks of the parts' tables, no copy
+    recs = tabs[0][0] if len(tabs) == 1 else pa.concat_tables([t[0] for t in tabs])
+    res.set_tables(recs, tabs[0][1] if len(tabs) == 1 else pa.concat_tables([t[1] for t in tabs]))
+    res.records = recs.num_rows
+    if recs.num_rows:
+        res.bytes_valid = int(pc.sum(recs.column("size")).as_py())
+        ts = recs.column("store_timestamp")
+        res.first_ts, res.last_ts = int(pc.min(ts).as_py()), int(pc.max(ts).as_py())
+    res.crc_errors = len(bad_rows)
+    res.crc_bytes = sum(size for _, size, _ in bad_rows)
+    res.findings = [f.to_dict() for f in found.done()]
+    res.seconds = sum(p.seconds for p in parts)
+    return res
+
+
+def _region_extra(rg: LostRegion) -> dict:
+    return {"end": rg.end, "bytes_lost": rg.bytes_lost, "phy": rg.phy_start, "reason": rg.reason,
+            "resumed": rg.resumed}
+
+
+def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, display: str, found: _Capped,
+                 bad_rows: list, rec_parts: list, key_parts: list) -> None:
+    """Column checks of one scan batch, and its compact columns for the cross-file checks."""
+    from storelib.indexfile import index_keys
+
+    phy = batch.column("phy_offset").to_numpy()
+    field_ = batch.column("physical_offset_field").to_numpy()
+    size = batch.column("size").to_numpy()
+    mism = np.flatnonzero(field_ != phy)
+    for i in mism.tolist():
+        found.add(Finding("physical_offset_mismatch", "error", display, int(phy[i]) - task.base,
+                          f"PHYSICALOFFSET field says {int(field_[i])}, the record is at {int(phy[i])}; dispatch "
+                          "trusts the field, so CQ/index entries and msgIds point to the wrong place",
+                          {"field": int(field_[i]), "phy": int(phy[i])}))
+    if opts.verify_crc:
+        crc_ok = np.asarray(batch.column("crc_ok").fill_null(True))
+        for i in np.flatnonzero(~crc_ok).tolist():
+            bad_rows.append((int(phy[i]) - task.base, int(size[i]), False))
+        pco = batch.column("prop_crc_ok")
+        if pco.null_count < len(pco):
+            bad_p = np.flatnonzero(~np.asarray(pco.fill_null(True)) & crc_ok)
+            for i in bad_p.tolist():
+                bad_rows.append((int(phy[i]) - task.base, int(size[i]), True))
+    if opts.broker_version.startswith("4"):
+        v2 = np.flatnonzero(batch.column("magic_version").to_numpy() == 2)
+        if len(v2):  # one finding per batch (merged into one for the store by merge_v2_findings)
+            found.add(Finding("v2_record_on_4x", "error", display, int(phy[v2[0]]) - task.base,
+                              "V2 (0xDAA320AB) record: a 4.9.8 broker treats it as corrupt and stops here",
+                              {"count": int(len(v2))}))
+    rec_parts.append(pa.Table.from_batches([batch.select(RECORD_COLUMNS)]).cast(RECORD_SCHEMA))
+    rows, kh = index_keys(batch)
+    if len(rows):
+        key_parts.append(pa.table({"pos": pa.array(phy[rows].astype(np.int64)),
+                                   "phy": pa.array(field_[rows].astype(np.int64)),
+                                   "key_hash": pa.array(kh.astype(np.int32))}, schema=KEY_SCHEMA))
+
+
+def merge_v2_findings(findings: list[Finding], line: Any) -> list[Finding]:
+    """All ``v2_record_on_4x`` findings as one (first place, total count), with the broker-line conflict.
+
+    Under 4.x rules every V2 record is an error, but only the first matters (4.9.8's recovery stops
+    there) and they usually mean the wrong line was chosen: one finding that says so, not one per record.
+    A conflict without V2 records is a warning of its own."""
+    v2 = [f for f in findings if f.kind == "v2_record_on_4x"]
+    out = [f for f in findings if f.kind != "v2_record_on_4x"]
+    conflict = getattr(line, "conflict", None)
+    if v2:
+        first = min(v2, key=lambda f: (f.file or "", f.offset or 0))
+        n = sum(int((f.extra or {}).get("count", 1)) for f in v2)
+        detail = (f"{n} V2 (0xDAA320AB) record(s), the first here: a 4.9.8 broker treats it as corrupt, ends its "
+                  "recovery there and drops every message after it")
+        if conflict:
+            detail += "; the store's own evidence says 5.x wrote it: audit with --broker-version 5 (or auto)"
+        out.append(Finding("v2_record_on_4x", "error", first.file, first.offset, detail,
+                           {"count": n, "broker_line": getattr(line, "source", None)}))
+    elif conflict:
+        out.append(Finding("broker_line_conflict", "warning", None, None, conflict))
+    return out
