@@ -54,7 +54,6 @@ from jobs.audit_summary import (  # noqa: F401  (summary_text, damage_lines: the
     exit_code,
     summary_text,
 )
-from jobs.audit_timers import check_timer_store
 from jobs.engines import (
     Engine,
     LocalEngine,
@@ -92,6 +91,7 @@ from storelib.checks.segment import (
     merge_v2_findings,
     parts_chain,
 )
+from storelib.checks.timers import check_timer_store
 from storelib.errors import Finding, StoreError
 from storelib.geometry import fold_geometry_findings
 from storelib.splits import parallel_split_bytes, plan_splits

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from storelib.brokerconf import BrokerSettings
-from storelib.bytesource import Location
-from storelib.checks.logview import LogView
-from storelib.checks.segment import _Capped
-from storelib.errors import Finding, StoreError
-from storelib.timerstore import TIMER_TOPIC, read_timer_checkpoint, read_timerlog, read_wheel
+from ..brokerconf import BrokerSettings
+from ..bytesource import Location
+from ..errors import Finding, StoreError
+from ..timerstore import TIMER_TOPIC, read_timer_checkpoint, read_timerlog, read_wheel
+from .logview import LogView
+from .segment import _Capped
 
 SHOWN = 10  # findings of one kind listed one by one; the rest are counted in the last
 
@@ -41,7 +41,7 @@ MAX_ROLLED_READS = 10_000  # rolled pending units whose TIMER_OUT_MS is read fro
 def _deliver_times(root: Location, log: LogView, u: Any, slot: np.ndarray, last_read_ms: int) -> np.ndarray:
     """Each unit's deliver time: its slot time, except for a pending rolled unit (parked at the roll
     window, due later), whose record's TIMER_OUT_MS is read (bounded number of random reads)."""
-    from storelib.commitlog import CommitLog
+    from ..commitlog import CommitLog
 
     due = slot.copy()
     rolled = np.flatnonzero(u.column("roll").to_numpy(zero_copy_only=False) & (slot >= last_read_ms))
