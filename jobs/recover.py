@@ -98,6 +98,7 @@ from storelib.recovery import (
 from storelib.resync import find_next_record, lost_region
 from storelib.scanner import SegmentScan
 from storelib.smallfile_io import atomic_write, fsync_dir, output_mode, read_small
+from storelib.timerrecovery import TimerRecovery, plan_timer_recovery
 from storelib.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 
 PLAN_SCHEMA = "rmqstore.recover.plan/1"
@@ -321,6 +322,7 @@ class Simulation:
     commitlog_zero_from: tuple[str, int] | None
     commitlog_delete: list[str]
     lost_ranges: list[tuple[Segment, int, str]]  # (segment, file offset, why) where lost data starts
+    timer: TimerRecovery | None = None  # the 5.x timer store's start-up (storelib.timerrecovery)
 
 
 def _read_ranges(store, ranges: Iterable[DispatchRange], delay_levels: list[int]) -> pa.Table:
@@ -543,8 +545,10 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
             new_cp = replace(new_cp, confirm_phy_offset=start)
     cp_bytes = _checkpoint_image(store, new_cp, version)
 
+    timer = plan_timer_recovery(store.loc, settings, store.commitlog, int(time.time() * 1000)) \
+        if version == "5" and store.exists("timerlog") else None
     sim = Simulation(store, version, {}, walk, queues, index_delete, index_images, cp_bytes, zero_from,
-                     delete_names, lost_ranges)
+                     delete_names, lost_ranges, timer)
     sim.plan = _plan_dict(sim, settings=settings, abort=abort, lock=lock, cp=cp, new_cp=new_cp, inputs=inputs,
                           idx_rows=idx_rows, reput=reput, t_rec=t_rec, t_rep=t_rep, keys_added=keys_added,
                           keys_extra=keys_extra, extra_records=t_extra.num_rows, complete_index=complete_index,
@@ -716,11 +720,13 @@ def _plan_dict(sim: Simulation, *, settings, abort, lock, cp: Checkpoint, new_cp
         },
         "abort_remove": abort.exists,
         "lost": lost_doc,
+        "timer_store": sim.timer.to_json() if sim.timer is not None else None,
         "findings": [f.to_dict() for f in findings],
     }
     plan["changes"] = bool(
         plan["commitlog"]["delete_segments"] or sim.commitlog_zero_from or files or sim.index_delete
-        or sim.index_images or abort.exists or (lost_doc and lost_doc["totals"]["messages"]))
+        or sim.index_images or abort.exists or (lost_doc and lost_doc["totals"]["messages"])
+        or (sim.timer is not None and sim.timer.changes_anything()))
     return plan
 
 
@@ -857,6 +863,11 @@ def summary_lines(plan: dict) -> list[str]:
                f"{ix['entries_added']} entr(ies) added")
     lt = lost["totals"]
     out.append(f"lost: {lt['messages']} message(s) ({lt.get('intact', 0)} intact, salvageable), {lt['bytes']} bytes")
+    ts = plan.get("timer_store")
+    if ts:
+        out.append(f"timer store: timerlog ends at {ts['process_offset']} ({len(ts['delete_files'])} file(s) deleted), "
+                   f"{ts['slots_rewritten']} wheel slot(s) rewritten, the timer topic read from offset "
+                   f"{ts['queue_offset']} ({ts['queue_offset_source']})")
     for q in cq["queues"]:
         if q["entries_truncated"] or q["entries_added"] or q["files_deleted_on_load"]:
             out.append(f"  {q['topic']}/{q['queue_id']}: max {q['recovered_max_offset']} -> {q['final_max_offset']}"
@@ -979,6 +990,18 @@ def _stage(sim: Simulation, bdir: str) -> list[dict]:
                 f.flush()
                 os.fsync(f.fileno())
             steps.append({"op": "install", "rel": "checkpoint"})
+    if sim.timer is not None:
+        steps += [{"op": "delete", "rel": rel} for rel in sim.timer.delete_files]
+        if sim.timer.wheel_writes:  # the wheel with the revised slots, installed whole like any file
+            p = staged_path("timerwheel")
+            shutil.copyfile(sim.store.path("timerwheel").path, p)
+            with open(p, "r+b") as f:
+                for off, data in sorted(sim.timer.wheel_writes.items()):
+                    f.seek(off)
+                    f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            steps.append({"op": "install", "rel": "timerwheel"})
     if sim.plan["abort_remove"]:
         steps.append({"op": "delete", "rel": ABORT_FILE})
     steps.append({"op": "marker_remove", "rel": MARKER})

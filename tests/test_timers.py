@@ -309,3 +309,47 @@ def test_timer_files_written_from_what_was_read_are_byte_identical_to_the_broker
                                 (m["dataVersion"]["counter"], m["dataVersion"]["stateVersion"],
                                  m["dataVersion"]["timestamp"]))
     assert text == (store / "config" / "timermetrics").read_text()
+
+
+# ------------------------------------------------------------------------------------------------
+# recovery (TimerMessageStore.recover)
+
+
+def test_recover_plan_of_the_clean_timer_store_changes_nothing(timer_sample, capsys):
+    assert main(["recover", str(timer_sample / "store"), "--json"]) in (0, 1)
+    ts = json.loads(capsys.readouterr().out)["timer_store"]
+    assert ts["process_offset"] == 16696 == read_timer_checkpoint(resolve(str(timer_sample / "store"))).last_timer_log_flush_pos
+    assert ts["delete_files"] == [] and ts["slots_rewritten"] == 0 and ts["queue_offset"] == 320
+
+
+def test_a_torn_unit_and_a_dirty_file_are_recovered_as_the_broker_does_and_restored(copy, timer_sample, tmp_path,
+                                                                                     capsys):
+    _poke(copy / "timerlog" / "00000000000000016384", 312 - UNIT_SIZE, b"\0" * UNIT_SIZE)  # the last unit torn
+    shutil.copyfile(copy / "timerlog" / "00000000000000016384", copy / "timerlog" / "00000000000000024576")
+    units = {u["pos"]: u for u in expected(timer_sample, "timerlog.jsonl") if u["type"] == "unit"}
+    queue_of = {m["phyOffset"]: m["queueOffset"] for m in expected(timer_sample, "messages.jsonl") if m["type"] == "msg"}
+    assert main(["recover", str(copy), "--json"]) == 1
+    ts = json.loads(capsys.readouterr().out)["timer_store"]
+    last_good = 16384 + 312 - 2 * UNIT_SIZE
+    assert ts["process_offset"] == last_good + UNIT_SIZE
+    assert ts["delete_files"] == ["timerlog/00000000000000024576"]
+    assert ts["queue_offset"] == queue_of[units[last_good]["offsetPy"]] + 1
+    backup = tmp_path / "backup"
+    assert main(["recover", str(copy), "--apply", "--backup", str(backup)]) == 0
+    assert not (copy / "timerlog" / "00000000000000024576").exists()
+    capsys.readouterr()
+    assert main(["recover", str(copy), "--json"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["timer_store"]["delete_files"] == []
+    assert main(["recover", "--restore", str(backup)]) == 0
+    assert (copy / "timerlog" / "00000000000000024576").exists()
+
+
+def test_recovery_re_points_a_stale_slot_at_the_last_unit_it_scans(copy, capsys):
+    from storelib.timerstore import SLOT_SIZE
+
+    index = 470692  # slot 1795517092000: firstPos 936, lastPos 14744 in the broker's files
+    _poke(copy / "timerwheel", index * SLOT_SIZE + 16, struct.pack(">q", 13184))  # a stale lastPos
+    assert main(["recover", str(copy), "--json"]) == 1
+    ts = json.loads(capsys.readouterr().out)["timer_store"]
+    assert ts["slot_changes"] == [{"index": index, "time_ms": 1795517092000, "before": [936, 13184],
+                                   "after": [936, 14744]}]
