@@ -105,7 +105,8 @@ from storelib.store import Store
 from storelib.store import load_settings as store_settings
 from storelib.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 
-WHAT = ("consumequeue", "index")
+WHAT = ("consumequeue", "index", "timer")
+DEFAULT_WHAT = ("consumequeue", "index")
 CQ_COLS = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type"]
 SCAN_COLS = ["phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset", "tran_type",
              "store_timestamp", "tags_code", "uniq_key", "keys"]
@@ -118,7 +119,7 @@ class RebuildConfig:
 
     store: str
     out: str | None = None
-    what: tuple[str, ...] = WHAT
+    what: tuple[str, ...] = DEFAULT_WHAT
     broker_conf: str | None = None
     broker_version: str = "auto"  # "4", "5" or "auto"
     overrides: dict = field(default_factory=dict)  # broker.conf key -> value (--set)
@@ -951,6 +952,29 @@ def _publish_in_place(root: Location, staging: Location, manifest: dict[str, Any
 # the job
 
 
+def _rebuild_timer_store(store: Store, settings: BrokerSettings, staging: Location, say: Reporter
+                         ) -> dict[str, dict[str, Any]]:
+    """``--what timer``: timerlog, wheel and timercheck for the pending timers (storelib.timerrebuild)."""
+    from storelib.timermsg import timer_messages
+    from storelib.timerrebuild import enqueue_units, rebuilt_checkpoint
+    from storelib.timerstore import read_timer_checkpoint, read_timerlog, write_timer_store
+
+    if not staging.local:
+        raise StoreError(None, None, "unsupported", "--what timer writes to a local --out only")
+    precision = int(settings.timer_precision_ms or 1000)
+    file_size = int(settings.mapped_file_size_timer_log or 100 * 1024 * 1024)
+    has_log = store.exists("timerlog")
+    log = read_timerlog(store.loc, file_size) if has_log else None
+    timers = timer_messages(store, log or read_timerlog(staging, file_size), precision)
+    units, slots = enqueue_units(timers, file_size, precision, settings.timer_roll_window_slot)
+    cp = read_timer_checkpoint(store.loc) if store.exists("config", "timercheck") else None
+    written = write_timer_store(staging.path, units, slots, rebuilt_checkpoint(cp, units, file_size),
+                                file_size=file_size, precision_ms=precision)
+    say(f"timer: {units.num_rows} pending timer(s) enqueued into {len([w for w in written if '/timerlog/' in w])} "
+        f"timerlog file(s), {slots.num_rows} wheel slot(s)")
+    return hash_tree(staging, [os.path.relpath(w, staging.path).replace(os.sep, "/") for w in written])
+
+
 def _cq_layout_notes(root: Location, what: tuple[str, ...], in_place: bool) -> list[str]:
     """What the source's ConsumeQueue layout means for a rebuild: the rebuilt files are the file-based
     layout a default store has. In place that would sit beside (or over) a 5.x RocksDB CQ database or a
@@ -985,6 +1009,9 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     for w in what:
         if w not in WHAT:
             raise StoreError(None, None, "bad_value", f"--what must be among {','.join(WHAT)}, not {w!r}")
+    if "timer" in what and cfg.in_place:
+        raise StoreError(None, None, "unsupported", "--what timer writes into --out only (its bytes depend on "
+                         "run-time timing; install them by hand after a look)")
     if cfg.in_place == bool(cfg.out):
         raise StoreError(None, None, "bad_value", "give exactly one of --out DIR and --in-place")
     say = Reporter(cfg.progress)
@@ -1020,7 +1047,13 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     try:
         changed = None
         t_work = time.time()  # from here: work (a Spark session's start is moved out of it below)
-        if cfg.incremental:
+        timer = "timer" in what
+        what = tuple(w for w in what if w != "timer")  # what the dispatch writes
+        if not what:  # --what timer alone: the walk for the manifest, no dispatch
+            res = rebuild_target(store, version=settings.version)
+            _check_supported(res)
+            er = EngineResult(res)
+        elif cfg.incremental:
             er, changed = run_incremental(store, settings, staging, what, say, cfg.name_tz)
         elif engine is not None or engine_name in ("pool", "spark"):
             own = engine is None
@@ -1036,6 +1069,8 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
                     engine.close()
         else:
             er = run_local(store, settings, staging, what, say, cfg.name_tz)
+        if timer:
+            er.files.update(_rebuild_timer_store(store, settings, staging, say))
         elapsed = time.time() - t0
         work = time.time() - t_work
         manifest = {
@@ -1045,7 +1080,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
             "created_ms": int(time.time() * 1000),
             "source": store_fingerprint(store),
             "settings": {
-                "broker_version": settings.version, "what": list(what),
+                "broker_version": settings.version, "what": list(what) + (["timer"] if timer else []),
                 "broker_line": settings.line.to_json() if settings.line else None,
                 "mapped_file_size_commit_log": store.commitlog.segment_size,
                 "mapped_file_size_consume_queue": int(settings.mapped_file_size_consume_queue),
@@ -1103,6 +1138,8 @@ def summary_text(m: dict[str, Any]) -> str:
         f"  records         {c['records']} dispatched ({c['records'] / el:,.0f} msg/s of work)",
         f"  consume queues  {c['queues']} queue(s), {c['cq_records']} entries, {c['cq_files']} file(s)",
         f"  index           {c['index_keys']} key(s), {c['index_files']} file(s)",
+        *([f"  timer store     {sum(1 for r in m['files'] if r.startswith('timerlog/'))} timerlog file(s), "
+           "timerwheel, config/timercheck (pending timers re-enqueued)"] if "timer" in m["settings"]["what"] else []),
         f"  output          {m['published']} (manifest {MANIFEST_NAME})",
         f"  elapsed         {m['elapsed_s']:.2f} s"
         + (f" (start-up {m['startup_s']:.2f} s, work {m['work_s']:.2f} s)" if "work_s" in m else ""),
@@ -1119,7 +1156,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="output directory (local path or URI); published atomically")
     p.add_argument("--in-place", action="store_true",
                    help="replace the store's own files (after moving them into rebuild-backup-<time>/)")
-    p.add_argument("--what", default="consumequeue,index", help="consumequeue,index (default both)")
+    p.add_argument("--what", default="consumequeue,index",
+                   help="consumequeue,index (default both); timer: the 5.x timerlog and wheel for the pending timer "
+                        "messages (--out only)")
     from jobs.common import add_fs_args, add_settings_args
 
     add_settings_args(p)

@@ -153,6 +153,7 @@ _KEYS: tuple[tuple[str, str, str, Any, Any, bool], ...] = (
     ("timerWheelEnable", "timer_wheel_enable", "bool", False, True, False),
     ("mappedFileSizeTimerLog", "mapped_file_size_timer_log", "int", None, 104_857_600, False),
     ("timerPrecisionMs", "timer_precision_ms", "long", None, 1000, False),
+    ("timerRollWindowSlot", "timer_roll_window_slot", "int", None, 172_800, False),
     ("storeType", "store_type", "str", "default", "default", False),
     ("brokerId", "broker_id", "long", 0, 0, True),
     ("enableCalcFilterBitMap", "enable_calc_filter_bit_map", "bool", False, False, True),
@@ -243,6 +244,7 @@ class BrokerSettings:
     timer_wheel_enable: bool = False
     mapped_file_size_timer_log: int | None = None
     timer_precision_ms: int | None = None
+    timer_roll_window_slot: int | None = None
     store_type: str = "default"
     broker_id: int = 0
     enable_calc_filter_bit_map: bool = False

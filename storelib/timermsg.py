@@ -22,7 +22,7 @@ TIMER_COLUMNS = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "uni
 TIMER_SCHEMA = pa.schema([
     ("uniq_key", pa.string()), ("state", pa.string()), ("real_topic", pa.string()), ("real_queue_id", pa.int32()),
     ("deliver_time_ms", pa.int64()), ("timer_phy_offset", pa.int64()), ("timer_size", pa.int32()),
-    ("timer_queue_offset", pa.int64()), ("timer_msg_id", pa.string()), ("timerlog_positions", pa.list_(pa.int64())),
+    ("timer_queue_offset", pa.int64()), ("timer_msg_id", pa.string()), ("timer_store_timestamp", pa.int64()), ("timerlog_positions", pa.list_(pa.int64())),
     ("wheel_slot", pa.int32()), ("rolled", pa.bool_()), ("delivered_phy_offset", pa.int64()),
     ("delivered_size", pa.int32()), ("delivered_topic", pa.string()), ("delivered_queue_id", pa.int32()),
     ("delivered_queue_offset", pa.int64()), ("delivered_store_timestamp", pa.int64()),
@@ -52,7 +52,8 @@ def scan_timer_rows(store) -> tuple[list[dict], list[dict]]:
         is_timer = pc.equal(b.column("topic"), TIMER_TOPIC)
         t = b.filter(is_timer)
         if t.num_rows:
-            cols = {k: t.column(k).to_pylist() for k in ("phy_offset", "size", "queue_offset", "uniq_key", "msg_id")}
+            cols = {k: t.column(k).to_pylist() for k in ("phy_offset", "size", "queue_offset", "uniq_key", "msg_id",
+                                                          "store_timestamp")}
             cols["real_topic"] = _prop(t, "REAL_TOPIC").to_pylist()
             cols["real_qid"] = _prop(t, "REAL_QID").to_pylist()
             cols["out"] = _prop(t, "TIMER_OUT_MS").to_pylist()
@@ -99,7 +100,7 @@ def timer_messages(store, log: TimerLog, precision_ms: int = 1000) -> pa.Table:
             "uniq_key": r["uniq_key"], "state": "delivered" if d else "pending", "real_topic": r["real_topic"],
             "real_queue_id": _int(r["real_qid"]), "deliver_time_ms": _int(r["out"]) or _int(r["deliver"]),
             "timer_phy_offset": r["phy_offset"], "timer_size": r["size"], "timer_queue_offset": r["queue_offset"],
-            "timer_msg_id": r["msg_id"], "timerlog_positions": by_py.get(r["phy_offset"], []),
+            "timer_msg_id": r["msg_id"], "timer_store_timestamp": r["store_timestamp"], "timerlog_positions": by_py.get(r["phy_offset"], []),
             "wheel_slot": int(slot_index(st[0], precision_ms)) if st else None, "rolled": st[1] if st else None,
             "delivered_phy_offset": first.get("phy_offset"), "delivered_size": first.get("size"),
             "delivered_topic": first.get("topic"), "delivered_queue_id": first.get("queue_id"),

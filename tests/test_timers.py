@@ -353,3 +353,37 @@ def test_recovery_re_points_a_stale_slot_at_the_last_unit_it_scans(copy, capsys)
     ts = json.loads(capsys.readouterr().out)["timer_store"]
     assert ts["slot_changes"] == [{"index": index, "time_ms": 1795517092000, "before": [936, 13184],
                                    "after": [936, 14744]}]
+
+
+# ------------------------------------------------------------------------------------------------
+# rebuild --what timer
+
+
+def test_rebuild_timer_re_enqueues_every_pending_timer_as_the_broker_does(timer_sample, tmp_path, capsys):
+    store = timer_sample / "store"
+    assert main(["rebuild", str(store), "--out", str(tmp_path / "out"), "--what", "consumequeue,index,timer",
+                 "--quiet"]) == 0
+    assert "timer store" in capsys.readouterr().out
+    out = resolve(str(tmp_path / "out"))
+    log = read_timerlog(out, 8192)
+    wheel, findings = read_wheel(out, log, 1000)
+    assert not log.findings and not findings and all(wheel.column("chain_ok").to_pylist())
+    assert log.units.num_rows == 182 == sum(wheel.column("num").to_pylist())
+    orig = {u["offset_py"]: u for u in read_timerlog(resolve(str(store)), 8192).units.to_pylist()}
+    pending = {r["timerTopicPhyOffset"] for r in expected(timer_sample, "pending.jsonl")}
+    got = log.units.to_pylist()
+    assert {u["offset_py"] for u in got} == pending
+    assert all(u["roll"] == orig[u["offset_py"]]["roll"] for u in got)
+    # the slot is the deliver time's unless rolled; a rolled one parks relative to the write second, which
+    # the store does not keep (5.3.3 itself took the record's second for 300 of its 320 units)
+    assert all(u["slot_time_ms"] == orig[u["offset_py"]]["slot_time_ms"] for u in got if not u["roll"])
+    assert all(abs(u["slot_time_ms"] - orig[u["offset_py"]]["slot_time_ms"]) <= 1000 for u in got)
+    cp, was = read_timer_checkpoint(out), read_timer_checkpoint(resolve(str(store)))
+    assert (cp.last_read_time_ms, cp.last_timer_queue_offset) == (was.last_read_time_ms, was.last_timer_queue_offset)
+    assert cp.last_timer_log_flush_pos == 8192 + (182 - 157) * UNIT_SIZE
+    assert (tmp_path / "out" / "consumequeue").is_dir()
+
+
+def test_rebuild_timer_in_place_is_refused(timer_sample, capsys):
+    assert main(["rebuild", str(timer_sample / "store"), "--in-place", "--what", "timer", "--quiet"]) == 2
+    assert "--out only" in capsys.readouterr().err
