@@ -39,8 +39,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--delay-ratio", type=_ratio, default=0.02, help="share of delayed messages")
     p.add_argument("--compressed-ratio", type=_ratio, default=0.01, help="share of compressed bodies (default 0.01)")
     p.add_argument("--no-dispatch", action="store_true", help="write the commitlog only (no CQ / index)")
+    p.add_argument("--timers", type=int, default=0, metavar="N",
+                   help="--version 5: also N timer messages (TIMER_DELAY_SEC from seconds to 5 days) and the timer "
+                        "store as 5.3.3 leaves it: the due ones delivered, the rest pending")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
+
+
+def _add_timers(args: argparse.Namespace, settings) -> dict:
+    from dataclasses import asdict
+
+    from storelib.bytesource import resolve
+    from storelib.store import Store
+    from storelib.timergen import add_timer_messages
+
+    store = Store(resolve(args.out), settings)
+    last = max((int(b.column("store_timestamp").to_numpy().max()) for b in store.scan(columns=["store_timestamp"])
+                if b.num_rows), default=1_700_000_000_000)
+    start = last + 1000
+    now = start + args.timers * 500 + 120_000  # short delays due by now, long ones pending
+    return asdict(add_timer_messages(args.out, store.settings, count=args.timers, seed=args.seed, start_ms=start,
+                                     now_ms=now))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,14 +84,22 @@ def run(args: argparse.Namespace) -> int:
         prog.update(nbytes - last[0], f"bytes, {records} records")
         last[0] = nbytes
 
+    if args.timers and (args.version != "5" or args.no_dispatch or args.timers < 0):
+        print("rmqstore gen: --timers needs --version 5 and dispatch (timer messages are a 5.x feature)",
+              file=sys.stderr)
+        return 2
     res = generate(args.out, cfg, settings, progress=on_progress, dispatch=not args.no_dispatch)
     prog.close()
     d = res.to_dict()
+    if args.timers:
+        d["timers"] = _add_timers(args, settings)
     d["mb_per_s"] = round(res.bytes / 1e6 / res.seconds, 1) if res.seconds else None
     if args.json:
         print_json(d)
     else:
         rows = [{"generated": k, "value": v} for k, v in d.items() if k != "per_type"]
+        rows = [r for r in rows if r["generated"] != "timers"]
         rows += [{"generated": f"records.{k}", "value": v} for k, v in res.per_type.items()]
+        rows += [{"generated": f"timers.{k}", "value": v} for k, v in d.get("timers", {}).items()]
         print_table(rows, ["generated", "value"])
     return 0
