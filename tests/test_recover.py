@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from jobs import recover as rc
+from jobs import recover_apply as ra
+from jobs import salvage as sv
 from jobs.audit import audit_store
 from storelib.brokerconf import load_broker_conf
 from storelib.checkpoint import Checkpoint, write_checkpoint
@@ -94,8 +96,8 @@ def _audit_clean(tmp_path, store: Store, version="4") -> None:
     assert bad == []
 
 
-def _apply(store: Store, bdir) -> rc.ApplyResult:
-    return rc.apply(store, str(bdir))
+def _apply(store: Store, bdir) -> ra.ApplyResult:
+    return ra.apply(store, str(bdir))
 
 
 def _reopen(store: Store) -> Store:
@@ -128,7 +130,7 @@ def test_torn_last_record_plan_truncates_there_and_apply_zeroes_the_tail_then_au
     assert not any(data[last.file_offset:])
     assert rc.simulate(after).plan["changes"] is False
     _audit_clean(tmp_path, after)
-    rc.restore(tmp_path / "bk")
+    ra.restore(tmp_path / "bk")
     assert _tree(store.loc.path) == orig
 
 
@@ -313,15 +315,15 @@ def test_crash_at_every_kind_of_hook_then_rerun_gives_the_uninterrupted_result(t
     ref = _copy_store(proto, tmp_path / "ref")
     orig = _tree(ref.loc.path)
     labels: list[str] = []
-    rc.CRASH_HOOK = lambda n, label: labels.append(label)
+    ra.CRASH_HOOK = lambda n, label: labels.append(label)
     try:
         res = _apply(ref, tmp_path / "ref-bk")
     finally:
-        rc.CRASH_HOOK = None
+        ra.CRASH_HOOK = None
     want = _tree(ref.loc.path)
-    assert want != orig and res.steps > 6 and len(labels) == rc._hook_count
+    assert want != orig and res.steps > 6 and len(labels) == ra._hook_count
     steps = {s["id"]: s["op"] + ":" + s["rel"].split("/")[0]
-             for s in json.load(open(tmp_path / "ref-bk" / rc.STEPS_FILE))}
+             for s in json.load(open(tmp_path / "ref-bk" / ra.STEPS_FILE))}
     # one crash point per (operation kind, phase): after the backup, after the operation (+ the very last point)
     kinds: dict[str, int] = {}
     for n, label in enumerate(labels, 1):
@@ -341,15 +343,15 @@ def test_crash_at_every_kind_of_hook_then_rerun_gives_the_uninterrupted_result(t
             if n == k:
                 raise Crash(label)
 
-        rc.CRASH_HOOK = crash
+        ra.CRASH_HOOK = crash
         try:
             with pytest.raises(Crash):
                 _apply(s, tmp_path / f"k{k}-bk")
         finally:
-            rc.CRASH_HOOK = None
+            ra.CRASH_HOOK = None
         _apply(_reopen(s), tmp_path / f"k{k}-bk")
         assert _tree(s.loc.path) == want, f"crash at {kind}"
-        rc.restore(tmp_path / f"k{k}-bk")
+        ra.restore(tmp_path / f"k{k}-bk")
         assert _tree(s.loc.path) == orig, f"restore after a crash at {kind}"
 
 
@@ -363,7 +365,7 @@ def test_sigkill_during_apply_then_rerun_matches_and_restore_is_byte_identical(t
     conf = _conf_file(tmp_path / "proto", "4")
     cmd = [sys.executable, "-m", "jobs.cli", "recover", s.loc.path, "--broker-conf", conf, "--apply",
            "--backup", str(tmp_path / "bk")]
-    env = dict(os.environ, **{rc.CRASH_ENV: "9"})  # mid-way: some steps done, one backed up but not applied
+    env = dict(os.environ, **{ra.CRASH_ENV: "9"})  # mid-way: some steps done, one backed up but not applied
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True)
     assert p.returncode == -9
     assert _tree(s.loc.path) not in (want, orig)
@@ -406,12 +408,12 @@ def test_second_apply_with_another_backup_dir_after_a_crash_is_refused(tmp_path)
         if label.endswith(":op") and n > 5:
             raise Crash()
 
-    rc.CRASH_HOOK = crash
+    ra.CRASH_HOOK = crash
     try:
         with pytest.raises(Crash):
             _apply(store, tmp_path / "bk1")
     finally:
-        rc.CRASH_HOOK = None
+        ra.CRASH_HOOK = None
     with pytest.raises(StoreError) as e:
         _apply(_reopen(store), tmp_path / "bk2")
     assert e.value.kind == "apply_in_progress"
@@ -433,7 +435,7 @@ def test_salvage_recovers_every_intact_message_after_a_mid_segment_corruption(tm
     after = [p for p in cs.placed if p.phy > bad.phy]
     assert after
     out = tmp_path / "salvage"
-    rep = rc.salvage(sim, out)
+    rep = sv.salvage(sim, out)
     assert rep["messages"] == len(after)
     rows = [json.loads(line) for line in open(out / "messages.jsonl", encoding="utf-8")]
     import base64
@@ -463,7 +465,7 @@ def test_salvage_config_picks_newest_valid_repairs_and_clamps_offsets(tmp_path):
     (cfg / "topics.json").write_text('{"topicConfigTable":{"T":{"topicName":"T","readQueueNums":3}}, "dataVer')
     sim = rc.simulate(_reopen(store))
     maxes = {q["queue_id"]: q["final_max_offset"] for q in sim.plan["consume_queues"]["queues"]}
-    rep = rc.salvage(sim, tmp_path / "out")
+    rep = sv.salvage(sim, tmp_path / "out")
     co = next(c for c in rep["config"] if c["name"] == "consumerOffset.json")
     assert co["chosen"] == "consumerOffset.json.bak"
     assert co["changes"] == [{"key": "T@g1", "topic": "T", "group": "g1", "queue_id": 0, "old": 999,

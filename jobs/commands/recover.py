@@ -60,9 +60,11 @@ def _open(args: argparse.Namespace) -> Store:
 
 def run(args: argparse.Namespace) -> int:
     from jobs import recover as rc
+    from jobs.recover_apply import apply, restore
+    from jobs.salvage import salvage
 
     if args.restore:
-        actions = rc.restore(args.restore, os.path.abspath(args.store) if args.store else None)
+        actions = restore(args.restore, os.path.abspath(args.store) if args.store else None)
         if args.json:
             print_json({"restored": actions})
         else:
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             if sys.stderr.isatty():
                 sys.stderr.write(f"\r{msg[:78]}".ljust(79))
 
-        res = rc.apply(store, args.backup, version=None, force=args.force, progress=progress,
+        res = apply(store, args.backup, version=None, force=args.force, progress=progress,
                        complete_index=not args.broker_exact_index)
         if args.json:
             print_json({"steps": res.steps, "file_changes": res.file_changes, "done_before": res.done_before,
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sim = rc.simulate(store, None, complete_index=not args.broker_exact_index)
     if args.salvage:
-        rep = rc.salvage(sim, args.salvage)
+        rep = salvage(sim, args.salvage)
         if args.json:
             print_json(rep)
         else:
