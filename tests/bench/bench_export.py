@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import resource
 import shutil
 import tempfile
@@ -124,20 +123,9 @@ def _sql(store: str, out: str) -> None:
 
 def _incremental(store: str, out: str, size: int, t_full: float) -> None:
     from jobs.export import ExportConfig, export
-    from storelib.bytesource import resolve
-    from storelib.record import Message
-    from storelib.store import load_settings
-    from storelib.writer import StoreWriter
+    from tests.bench.bench_incremental_audit import grow_store
 
-    rnd = random.Random(5)
-    written = n = 0
-    with StoreWriter(store, load_settings(None, None, None, resolve(store))) as w:
-        while written < size // 100:
-            r = w.append(Message(topic=f"Grow{n % 8}", body=rnd.randbytes(rnd.randint(200, 2000)), queue_id=n % 4,
-                                 born_timestamp=int(time.time() * 1000), born_host="10.0.0.9:5000",
-                                 properties={"KEYS": f"g-{n}"}))
-            written += r.size
-            n += 1
+    n = grow_store(store, size // 100)
     t_inc, m = _timed(lambda: export(ExportConfig(store=store, out=out, incremental=True, progress=False)))
     print(f"incremental after +1% ({n} msgs) {t_inc:6.2f} s   ratio to full export {t_inc / t_full:.3f} "
           f"(target < 0.10); rows written {m['run']['rows_written']}")

@@ -38,7 +38,7 @@ def _audit(store: str, since: str | None) -> tuple[float, dict]:
     return time.monotonic() - t0, rep
 
 
-def _grow(store: str, nbytes: int) -> int:
+def grow_store(store: str, nbytes: int) -> int:
     """Append about ``nbytes`` of messages the way the broker writes them (CQ and index dispatched)."""
     from storelib.bytesource import resolve
     from storelib.record import Message
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         t_state, _ = _audit(store, state)
         state_bytes = os.path.getsize(state) + _du(state + ".d")
         gb = rep["summary"]["bytes_valid"] / 1e9
-        added = _grow(store, size // 100)
+        added = grow_store(store, size // 100)
         t_inc, rep2 = _audit(store, state)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         print(f"store: {gb:.2f} GB of records, {rep['summary']['records']} records; +{added} messages (1%)")
