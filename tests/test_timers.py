@@ -441,3 +441,17 @@ def test_a_crash_mid_enqueue_is_found_and_recovered(gen_timers, tmp_path, capsys
     main(["recover", str(root), "--json"])
     ts = json.loads(capsys.readouterr().out)["timer_store"]
     assert ts["process_offset"] == int(last.name) + end and ts["queue_offset"] == 299
+
+
+def test_audit_finds_a_unit_firing_at_the_wrong_time_and_a_timer_record_the_store_lost(copy):
+    tl = copy / "timerlog" / "00000000000000000000"
+    root = resolve(str(copy))
+    units = read_timerlog(root, 8192).units.to_pylist()
+    k = next(i for i, u in enumerate(units) if not u["roll"] and i > 2)
+    _poke(tl, k * UNIT_SIZE + 24, struct.pack(">i", units[k]["delayed_time"] + 5000))  # fires 5 s late
+    lost = units[1]
+    _poke(tl, 1 * UNIT_SIZE + 28, struct.pack(">qi", units[2]["offset_py"], units[2]["size_py"]))  # unit 1 -> record 2
+    rep = _audit(copy)
+    got = {(f["kind"], f["file"], f["offset"]) for f in rep["findings"]}
+    assert ("timer_unit_deliver_mismatch", "timerlog/00000000000000000000", k * UNIT_SIZE) in got
+    assert ("timer_record_lost", "commitlog/00000000000000000000", lost["offset_py"]) in got

@@ -6,6 +6,8 @@
   units pointing past the commitlog's end are what a truncation leaves and what the broker's dequeue
   then retries forever (apache/rocketmq#10668); units before the commitlog's start point at expired data;
 * timer records larger than maxMessageSize + 100 bytes stall the broker's timer pipeline (#9654);
+* an unrolled unit's slot is its record's TIMER_OUT_MS (the newest units, read record by record);
+* timer records the timer store has read but holds no unit for are lost;
 * ``timercheck`` agrees with the timerlog (flush position) and with the timer topic's queue;
 * pending timers due later than fileReservedTime after they were written can lose their commitlog
   segment to time-based retention before delivery (#9006).
@@ -59,6 +61,52 @@ def _deliver_times(root: Location, log: LogView, u: Any, slot: np.ndarray, last_
         except ValueError:
             pass
     return due
+
+
+MAX_DELIVER_CHECKS = 20_000  # the newest units whose record's TIMER_OUT_MS is read (one random read each)
+
+
+def _check_deliver_times(root: Location, log: LogView, u: Any, hit_rows: tuple, out: _Capped) -> None:
+    """An unrolled unit's slot is its record's deliver time (TIMER_OUT_MS): the newest units (pending ones
+    among them) are checked, by reading their records' properties."""
+    from ..commitlog import CommitLog
+
+    inside, rowc, hit = hit_rows
+    roll = u.column("roll").to_numpy(zero_copy_only=False)
+    slot = u.column("slot_time_ms").to_numpy()
+    py = u.column("offset_py").to_numpy()
+    files = u.column("file").to_pylist()
+    offs = u.column("file_offset").to_numpy()
+    cand = [int(i) for j, i in enumerate(inside.tolist()) if hit[j] and not roll[i]][-MAX_DELIVER_CHECKS:]
+    cl = CommitLog(root.join("commitlog"), log.segment_size)
+    bad = []
+    for i in cand:
+        try:
+            props = dict(cl.record_at(int(py[i])).column("properties")[0].as_py() or [])
+        except (StoreError, IndexError):
+            continue
+        out_ms = props.get("TIMER_OUT_MS")
+        if out_ms is not None and out_ms.lstrip("-").isdigit() and int(out_ms) != int(slot[i]):
+            bad.append((files[i], int(offs[i]), f"slot time {int(slot[i])} but its record's TIMER_OUT_MS is {out_ms}: "
+                        "the timer fires at the wrong time", {"offset_py": int(py[i])}))
+    _each(out, "timer_unit_deliver_mismatch", "error", bad)
+
+
+def _check_lost_records(log: LogView, timer_code: int, unit_py: np.ndarray, read_queue_offset: int,
+                        out: _Capped) -> None:
+    """Timer records the timer store read (queue offset below timercheck's lastTimerQueueOffset) but holds
+    no unit for, from the oldest unit's record on (older units may have gone with their timerlog files):
+    messages the timer store has lost; they are never delivered."""
+    rows = np.flatnonzero(log.topic_idx == timer_code)
+    if not len(rows):
+        return
+    phy, qoff = log.phy[rows], log.qoff[rows]
+    first = int(unit_py.min())
+    missing = rows[(phy >= first) & (qoff < read_queue_offset) & ~np.isin(phy, unit_py)]
+    _each(out, "timer_record_lost", "error", [
+        (f"commitlog/{int(log.phy[r]) // log.segment_size * log.segment_size:020d}", int(log.phy[r]) % log.segment_size,
+         f"timer record (queue offset {int(log.qoff[r])}) read by the timer store (lastTimerQueueOffset "
+         f"{read_queue_offset}) but held by no timerlog unit: it is never delivered", {}) for r in missing.tolist()])
 
 
 def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, out: _Capped,
@@ -121,11 +169,15 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
              f"({big_limit}): the broker's timer pipeline stalls on it (apache/rocketmq#9654)", {})
             for r in big.tolist()])
 
+    _check_deliver_times(root, log, u, hit_rows=(inside, rowc, hit), out=out)
+
     cp = None
     try:
         cp = read_timer_checkpoint(root)
     except StoreError as e:
         out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
+    if cp is not None and timer_code >= 0 and u.num_rows:
+        _check_lost_records(log, timer_code, py, cp.last_timer_queue_offset, out)
     if cp is not None and u.num_rows:  # units the wheel has not reached yet are pending (#9006)
         slot = u.column("slot_time_ms").to_numpy()
         written = u.column("curr_write_ms").to_numpy()
