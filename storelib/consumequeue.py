@@ -890,6 +890,8 @@ def write_queue_image(image: QueueImage, out_dir: Location | str | os.PathLike,
     """
     S = _check_segment_size(segment_size)
     loc = _as_location(out_dir)
+    if loc.local and digests is None and (image.prefix is None or image.prefix.local):
+        return _write_queue_image_local(image, loc.path, S)
     raw = np.ascontiguousarray(image.entries, dtype=CQ_DTYPE).tobytes()
     written: list[str] = []
     if loc.local:
@@ -917,6 +919,77 @@ def write_queue_image(image: QueueImage, out_dir: Location | str | os.PathLike,
         _write_file(target, chunks, pos_first, fill_to, digests)
         written.append(target.path)
     return written
+
+
+def _data_prefix(path: str, size: int) -> bytes:
+    """The bytes of ``path`` up to its first hole (all of it where holes are not reported).
+
+    A continued CQ segment written by this module is data followed by a sparse zero tail: reading
+    only the data (SEEK_HOLE) keeps a chunked dispatch from re-reading and re-writing whole 6 MB
+    segments of zeros after every chunk. Bytes in a hole are zeros, so nothing is lost.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        try:
+            end = os.lseek(fd, 0, os.SEEK_HOLE)
+            try:  # data after the first hole (a file written otherwise): read it all
+                if os.lseek(fd, end, os.SEEK_DATA) < size:
+                    end = size
+            except OSError:  # ENXIO: no data after the hole
+                pass
+        except (OSError, AttributeError):
+            end = size
+        os.lseek(fd, 0, os.SEEK_SET)
+        chunks, got = [], 0
+        while got < min(end, size):
+            b = os.read(fd, min(end, size) - got)
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _write_queue_image_local(image: QueueImage, out_dir: str, segment_size: int) -> list[str]:
+    """:func:`write_queue_image` into a local directory without digests: the same bytes, written sparse
+    (each file full size, zeros as holes), a continued segment's existing bytes read up to the first hole
+    only; temp file + rename (:func:`storelib.publish.atomic_local_file`)."""
+    from .publish import atomic_local_file
+
+    S = segment_size
+    raw = np.ascontiguousarray(image.entries, dtype=CQ_DTYPE).tobytes()
+    os.makedirs(out_dir, exist_ok=True)
+    written: list[str] = []
+    for i, base in enumerate(image.segment_bases):
+        lo, hi = max(base, image.start), min(base + S, image.end)
+        data = raw[max(0, lo - image.start): max(0, hi - image.start)] if hi > lo else b""
+        pos = lo - base if hi > lo else 0
+        target = os.path.join(out_dir, file_name(base))
+        prefix = b""
+        if i == 0 and image.start > base or (i == 0 and image.prefix is not None):
+            src = image.prefix.path if image.prefix is not None else None  # local (write_queue_image)
+            prefix = _data_prefix(src or target, S)
+        with atomic_local_file(target, durable=False) as tmp, open(tmp, "wb") as f:
+            if prefix:
+                f.write(prefix[:pos])
+                if len(prefix) < pos:
+                    f.seek(pos)
+                f.write(data)
+                if len(prefix) > pos + len(data):
+                    f.write(prefix[pos + len(data):])
+            else:
+                if pos:
+                    f.seek(pos)
+                f.write(data)
+            f.truncate(S)
+        written.append(target)
+    return written
+
 
 
 _ZEROS = memoryview(bytes(1 << 20))

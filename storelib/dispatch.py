@@ -64,12 +64,9 @@ from .brokerconf import BrokerSettings
 from .bytesource import Location, resolve
 from .commitlog import CommitLog, Segment
 from .consumequeue import (
-    CQ_DTYPE,
     ConsumeQueue,
-    QueueImage,
     QueueState,
     build_consume_queues,
-    file_name,
     list_queues,
     write_queue_image,
 )
@@ -82,7 +79,6 @@ from .indexfile import (
     index_key_rows,
     list_index_files,
 )
-from .publish import atomic_local_file
 from .record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from .scanner import SegmentScan
 from .topicname import unsafe_reason, unsafe_topic_finding
@@ -230,11 +226,7 @@ class _Dispatcher:
             if unsafe_reason(topic) is not None:
                 self._note_unsafe(table, topic)
                 continue
-            qdir = root.join(topic, str(qid))
-            if qdir.local:
-                files = _write_queue_image_local(img, qdir.path, self.cq_size)
-            else:
-                files = write_queue_image(img, qdir, self.cq_size)
+            files = write_queue_image(img, root.join(topic, str(qid)), self.cq_size)
             self.result.cq_files += [f for f in files if f not in self._cq_seen]
             self._cq_seen.update(files)
             self.qstate[key] = img.state
@@ -302,76 +294,6 @@ class _Dispatcher:
         if self.pending_index is not None:
             self._write_index(self.pending_index)
             self.pending_index = None
-
-
-def _data_prefix(path: str, size: int) -> bytes:
-    """The bytes of ``path`` up to its first hole (all of it where holes are not reported).
-
-    A continued CQ segment written by this module is data followed by a sparse zero tail: reading
-    only the data (SEEK_HOLE) keeps a chunked dispatch from re-reading and re-writing whole 6 MB
-    segments of zeros after every chunk. Bytes in a hole are zeros, so nothing is lost.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return b""
-    try:
-        try:
-            end = os.lseek(fd, 0, os.SEEK_HOLE)
-            try:  # data after the first hole (a file written otherwise): read it all
-                if os.lseek(fd, end, os.SEEK_DATA) < size:
-                    end = size
-            except OSError:  # ENXIO: no data after the hole
-                pass
-        except (OSError, AttributeError):
-            end = size
-        os.lseek(fd, 0, os.SEEK_SET)
-        chunks, got = [], 0
-        while got < min(end, size):
-            b = os.read(fd, min(end, size) - got)
-            if not b:
-                break
-            chunks.append(b)
-            got += len(b)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _write_queue_image_local(image: QueueImage, out_dir: str, segment_size: int) -> list[str]:
-    """:func:`storelib.consumequeue.write_queue_image` for a local directory, same bytes: each file
-    full size (zeros sparse), a continued segment keeps the existing bytes (read up to the first hole
-    only); temp file + rename (:func:`storelib.publish.atomic_local_file`)."""
-    S = segment_size
-    raw = np.ascontiguousarray(image.entries, dtype=CQ_DTYPE).tobytes()
-    os.makedirs(out_dir, exist_ok=True)
-    written: list[str] = []
-    for i, base in enumerate(image.segment_bases):
-        lo, hi = max(base, image.start), min(base + S, image.end)
-        data = raw[max(0, lo - image.start): max(0, hi - image.start)] if hi > lo else b""
-        pos = lo - base if hi > lo else 0
-        target = os.path.join(out_dir, file_name(base))
-        prefix = b""
-        if i == 0 and image.start > base or (i == 0 and image.prefix is not None):
-            src = image.prefix.path if image.prefix is not None and image.prefix.local else None
-            if image.prefix is not None and not image.prefix.local:
-                return written + write_queue_image(image, resolve(out_dir), segment_size)
-            prefix = _data_prefix(src or target, S)
-        with atomic_local_file(target, durable=False) as tmp, open(tmp, "wb") as f:
-            if prefix:
-                f.write(prefix[:pos])
-                if len(prefix) < pos:
-                    f.seek(pos)
-                f.write(data)
-                if len(prefix) > pos + len(data):
-                    f.write(prefix[pos + len(data):])
-            else:
-                if pos:
-                    f.seek(pos)
-                f.write(data)
-            f.truncate(S)
-        written.append(target)
-    return written
 
 
 def _existing_queue_states(out: Location, cq_size: int, findings: list[Finding]) -> dict[tuple[str, int], QueueState]:

@@ -9,8 +9,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from storelib.consumequeue import QueueState, build_consume_queues, file_name, write_queue_image
-from storelib.dispatch import _data_prefix, _write_queue_image_local, dispatch_store
+from storelib.consumequeue import (
+    QueueState,
+    _data_prefix,
+    _write_queue_image_local,
+    build_consume_queues,
+    file_name,
+    write_queue_image,
+)
+from storelib.dispatch import dispatch_store
 from tests.test_dispatch import SMALL, index_files, tree
 
 S = 200  # 10 units per segment
