@@ -60,10 +60,7 @@ from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import Location, open_source, resolve
 from storelib.checkpoint import Checkpoint, read_checkpoint
 from storelib.commitlog import Split
-from storelib.consumequeue import (
-    build_consume_queues,
-    write_consume_queues,
-)
+from storelib.cqwriter import build_consume_queues, write_consume_queues
 from storelib.direct_write import atomic_direct_file
 from storelib.dispatch import dispatch_store, index_geometry
 from storelib.errors import StoreError

@@ -64,12 +64,11 @@ from storelib.consumequeue import (
     CQ_DTYPE,
     CQ_UNIT_SIZE,
     ConsumeQueue,
-    QueueState,
-    build_consume_queues,
     file_name,
     list_queues,
     parse_file_name,
 )
+from storelib.cqwriter import QueueState, build_consume_queues
 from storelib.dispatch import DISPATCH_COLUMNS, index_geometry
 from storelib.errors import Finding, StoreError
 from storelib.indexfile import (

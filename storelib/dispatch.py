@@ -63,13 +63,8 @@ import pyarrow.compute as pc
 from .brokerconf import BrokerSettings
 from .bytesource import Location, resolve
 from .commitlog import CommitLog, Segment
-from .consumequeue import (
-    ConsumeQueue,
-    QueueState,
-    build_consume_queues,
-    list_queues,
-    write_queue_image,
-)
+from .consumequeue import ConsumeQueue, list_queues
+from .cqwriter import QueueState, build_consume_queues, write_queue_image
 from .errors import Finding, StoreError
 from .indexfile import (
     IndexGeometry,

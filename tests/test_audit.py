@@ -18,7 +18,7 @@ from jobs.audit import audit_store, exit_code, main, summary_text, write_reports
 from storelib.checkpoint import Checkpoint, write_checkpoint
 from storelib.commitlog import CommitLog
 from storelib.configjson import write_config
-from storelib.consumequeue import build_consume_queues, write_consume_queues
+from storelib.cqwriter import build_consume_queues, write_consume_queues
 from storelib.indexfile import IndexGeometry, build_index_files, index_key_rows
 from storelib.record import Message, blank_record, encode_message
 

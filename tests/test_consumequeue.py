@@ -21,8 +21,6 @@ from storelib.consumequeue import (
     DEFAULT_CQ_SEGMENT_SIZE,
     FILLER_BYTES,
     ConsumeQueue,
-    QueueState,
-    build_consume_queues,
     cq_file_size,
     file_name,
     filler_mask,
@@ -34,9 +32,8 @@ from storelib.consumequeue import (
     tags_code,
     valid_mask,
     view_units,
-    write_consume_queues,
-    write_queue_image,
 )
+from storelib.cqwriter import QueueState, build_consume_queues, write_consume_queues, write_queue_image
 from storelib.errors import StoreError
 from storelib.topicname import safe_topic_dirname
 

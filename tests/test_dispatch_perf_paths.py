@@ -1,5 +1,5 @@
 """dispatch's write paths that exist for speed: the local CQ writer (continued segments read only
-up to their first hole) against consumequeue.write_queue_image, and chunked dispatch (the newest
+up to their first hole) against cqwriter.write_queue_image, and chunked dispatch (the newest
 index file written once) against a one-shot dispatch."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from storelib.consumequeue import (
+from storelib.consumequeue import file_name
+from storelib.cqwriter import (
     QueueState,
     _data_prefix,
     _write_queue_image_local,
     build_consume_queues,
-    file_name,
     write_queue_image,
 )
 from storelib.dispatch import dispatch_store

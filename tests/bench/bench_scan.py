@@ -243,7 +243,7 @@ def _rebuild_dispatch(root: Path, out: Path) -> tuple[int, dict]:
 def _rebuild_direct(root: Path) -> tuple[int, dict]:
     import pyarrow as pa
 
-    from storelib.consumequeue import build_consume_queues
+    from storelib.cqwriter import build_consume_queues
     from storelib.indexfile import IndexGeometry, build_index_files, index_keys
 
     cl = CommitLog(str(root / "commitlog"))
