@@ -21,11 +21,9 @@ from storelib.errors import StoreError
 from storelib.indexfile import (
     ENTRY_DTYPE,
     IndexFile,
-    IndexFileWriter,
     IndexGeometry,
     IndexHeader,
     IndexState,
-    ScalarIndexService,
     build_index_files,
     index_file_name,
     index_key_rows,
@@ -36,6 +34,7 @@ from storelib.indexfile import (
 )
 from storelib.javahash import index_hash, java_string_hash
 from tests.conftest import SAMPLES
+from tests.index_oracle import IndexFileWriter, ScalarIndexService
 
 T0 = 1_700_000_000_123
 

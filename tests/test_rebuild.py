@@ -24,10 +24,10 @@ from storelib.brokerconf import BrokerSettings, load_broker_conf
 from storelib.consumequeue import CQ_DTYPE
 from storelib.dispatch import index_geometry
 from storelib.errors import StoreError
-from storelib.indexfile import ScalarIndexService
 from storelib.publish import MANIFEST_NAME, publish_tree, read_manifest
 from storelib.store import Store
 from tests.conftest import REPO, broker_conf, load_expected
+from tests.index_oracle import ScalarIndexService
 from tests.rebuild_storegen import CraftedStore, msg
 from tests.s3server import _die_with_parent
 
