@@ -11,12 +11,12 @@ valid end (processOffset) and which records reput dispatches; then:
 * engine ``spark``: phase A parses every segment on an executor (one task per segment, longest
   first; inside the recovery window with CRC checks, so the walk itself is distributed) into Arrow
   columns of what dispatch needs plus the index keys with their slot chains numbered within the
-  segment (storelib.indexfile.local_chains); the driver finishes the walk from the per-segment ends.
+  segment (storelib.indexbuild.local_chains); the driver finishes the walk from the per-segment ends.
   Phase B shuffles CQ rows by queue (one partition per core) and each task runs build_consume_queues
   for its queues and writes their files. Phase C numbers the index keys globally (prefix sums of
   per-segment counts), and each index file is built by one task that links the segments' chains
   (each segment's oldest key per slot to the slot table left by the segments before it) and streams
-  the file in order, hashing as it writes (storelib.indexfile.stream_index_file; slices cut by a file
+  the file in order, hashing as it writes (storelib.indexbuild.stream_index_file; slices cut by a file
   boundary or the duplicate test get their chains recomputed). Phases B and C are independent and
   run as one Spark job, index files first, so the consume-queue tasks use the cores an index file
   leaves free. Both engines produce the same bytes; both keep freed memory in the malloc heap
@@ -64,20 +64,16 @@ from storelib.cqwriter import build_consume_queues, write_consume_queues
 from storelib.direct_write import atomic_direct_file
 from storelib.dispatch import dispatch_store, index_geometry
 from storelib.errors import StoreError
-from storelib.indexfile import (
-    ENTRY_DTYPE,
+from storelib.indexbuild import (
     ChainRun,
-    IndexGeometry,
-    IndexHeader,
     IndexImage,
     IndexState,
     build_index_files,
-    index_file_name,
     index_key_rows,
-    list_index_files,
     local_chains,
     stream_index_file,
 )
+from storelib.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader, index_file_name, list_index_files
 from storelib.javahash import java_hash_array
 from storelib.publish import (
     MANIFEST_NAME,
@@ -313,7 +309,7 @@ def write_index_image(image: IndexImage, loc: Location) -> None:
 
 def write_index_runs(runs: list[ChainRun], loc: Location, geometry: IndexGeometry,
                      prev_state: IndexState | None) -> tuple[IndexHeader, str]:
-    """Stream one index file from its runs (storelib.indexfile.stream_index_file) to a temp file beside
+    """Stream one index file from its runs (storelib.indexbuild.stream_index_file) to a temp file beside
     ``loc``, then rename it; returns (header, sha256). Local files get a sparse zero tail and an fsync."""
     if loc.local:
         with atomic_direct_file(loc.path) as fh:  # written once, never read back: past the page cache

@@ -66,14 +66,8 @@ from .commitlog import CommitLog, Segment
 from .consumequeue import ConsumeQueue, list_queues
 from .cqwriter import QueueState, build_consume_queues, write_queue_image
 from .errors import Finding, StoreError
-from .indexfile import (
-    IndexGeometry,
-    IndexHeader,
-    IndexState,
-    build_index_files,
-    index_key_rows,
-    list_index_files,
-)
+from .indexbuild import IndexState, build_index_files, index_key_rows
+from .indexfile import IndexGeometry, IndexHeader, list_index_files
 from .record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from .scanner import SegmentScan
 from .topicname import unsafe_reason, unsafe_topic_finding

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from storelib.indexbuild import IndexImage, IndexState
 from storelib.indexfile import (
     _ENTRY,
     _I32,
@@ -20,8 +21,6 @@ from storelib.indexfile import (
     IndexFile,
     IndexGeometry,
     IndexHeader,
-    IndexImage,
-    IndexState,
     _time_diff,
 )
 from storelib.javahash import index_hash

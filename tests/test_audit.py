@@ -19,7 +19,8 @@ from storelib.checkpoint import Checkpoint, write_checkpoint
 from storelib.commitlog import CommitLog
 from storelib.configjson import write_config
 from storelib.cqwriter import build_consume_queues, write_consume_queues
-from storelib.indexfile import IndexGeometry, build_index_files, index_key_rows
+from storelib.indexbuild import build_index_files, index_key_rows
+from storelib.indexfile import IndexGeometry
 from storelib.record import Message, blank_record, encode_message
 
 from .conftest import SAMPLE_NAMES, SAMPLES

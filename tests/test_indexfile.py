@@ -18,16 +18,13 @@ from hypothesis import strategies as st
 
 from storelib.bytesource import Location, open_source
 from storelib.errors import StoreError
+from storelib.indexbuild import IndexState, build_index_files, index_key_rows, index_keys
 from storelib.indexfile import (
     ENTRY_DTYPE,
     IndexFile,
     IndexGeometry,
     IndexHeader,
-    IndexState,
-    build_index_files,
     index_file_name,
-    index_key_rows,
-    index_keys,
     list_index_files,
     parse_index_file_name,
     query_index,
@@ -663,7 +660,7 @@ def test_index_image_sha256_from_memory_equals_the_written_files_hash(tmp_path, 
 
 @pytest.mark.parametrize("continued", [False, True])
 def test_index_build_with_chains_on_a_thread_equals_the_single_thread_build(monkeypatch, continued):
-    import storelib.indexfile as ix
+    import storelib.indexbuild as ix
 
     g = IndexGeometry(97, 400)
     rng = np.random.default_rng(7)

@@ -13,16 +13,8 @@ import pytest
 
 import jobs.rebuild as rb
 from jobs.engines import LocalEngine
-from storelib.indexfile import (
-    ENTRY_DTYPE,
-    ChainRun,
-    IndexGeometry,
-    IndexHeader,
-    IndexState,
-    build_index_files,
-    local_chains,
-    stream_index_file,
-)
+from storelib.indexbuild import ChainRun, IndexState, build_index_files, local_chains, stream_index_file
+from storelib.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
 from tests.rebuild_storegen import CraftedStore, msg
 
 BEGIN = 1_700_000_000_000

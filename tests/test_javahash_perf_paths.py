@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from storelib.indexfile import index_keys
+from storelib.indexbuild import index_keys
 from storelib.javahash import (
     index_hash,
     java_hash_array,

@@ -594,7 +594,8 @@ def test_index_image_written_to_a_remote_location_equals_the_local_file(tmp_path
     import hashlib
 
     from jobs.rebuild import write_index_image
-    from storelib.indexfile import IndexGeometry, build_index_files
+    from storelib.indexbuild import build_index_files
+    from storelib.indexfile import IndexGeometry
 
     g = IndexGeometry(7, 10)
     rows = {"key_hash": np.arange(25) * 7919, "phy_offset": np.arange(25) * 100,

@@ -479,7 +479,7 @@ def _region_extra(rg: LostRegion) -> dict:
 def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, display: str, found: _Capped,
                  bad_rows: list, rec_parts: list, key_parts: list) -> None:
     """Column checks of one scan batch, and its compact columns for the cross-file checks."""
-    from storelib.indexfile import index_keys
+    from storelib.indexbuild import index_keys
 
     phy = batch.column("phy_offset").to_numpy()
     field_ = batch.column("physical_offset_field").to_numpy()

@@ -244,7 +244,8 @@ def _rebuild_direct(root: Path) -> tuple[int, dict]:
     import pyarrow as pa
 
     from storelib.cqwriter import build_consume_queues
-    from storelib.indexfile import IndexGeometry, build_index_files, index_keys
+    from storelib.indexbuild import build_index_files, index_keys
+    from storelib.indexfile import IndexGeometry
 
     cl = CommitLog(str(root / "commitlog"))
     keep = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type"]
