@@ -16,16 +16,8 @@ from pathlib import Path
 import pytest
 
 from jobs.cli import main as cli_main
-from jobs.expiry_sim import (
-    Policy,
-    TimeModel,
-    describe,
-    hour_table,
-    java_parse_int,
-    load_snapshot,
-    parse_time_ms,
-    simulate,
-)
+from storelib.cleaner import describe, simulate
+from storelib.expiry import Policy, TimeModel, hour_table, java_parse_int, load_snapshot, parse_time_ms
 from storelib.store import Store
 from tests.expiry_storegen import MIN, T0, H, Msg, broker_conf_text, build_store
 
@@ -300,7 +292,7 @@ def test_no_consume_queue_falls_back_to_a_commitlog_scan(store):
 
 def _ticking(policy, snap, model):
     """The broker's literal schedule: every tick run, no skipping (the oracle for the event jumps)."""
-    from jobs.expiry_sim import _Sim
+    from storelib.cleaner import _Sim
 
     sim = _Sim(policy, snap, model)
     sim._sample(sim.start)

@@ -105,7 +105,7 @@ def load_policy(path: str, base: BrokerSettings) -> BrokerSettings:
 
 
 def build_policies(args: argparse.Namespace) -> tuple[BrokerSettings, list]:
-    from jobs.expiry_sim import Policy, parse_time_ms
+    from storelib.expiry import Policy, parse_time_ms
 
     base = settings_from_args(args, resolve(args.store, **fs_options(args)))
     manual = tuple(parse_time_ms(t) for t in args.manual_delete)
@@ -144,7 +144,8 @@ def _timer_losses(store, report: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
-    from jobs.expiry_sim import TimeModel, describe, load_snapshot, parse_time_ms, simulate
+    from storelib.cleaner import describe, simulate
+    from storelib.expiry import TimeModel, load_snapshot, parse_time_ms
     from storelib.store import Store
 
     base, policies = build_policies(args)
