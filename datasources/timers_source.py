@@ -13,8 +13,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from storelib.messagecols import TIME_TYPE, time_column
 from storelib.store import Store
-from storelib.timermsg import TIMER_SCHEMA, timer_messages
-from storelib.timerstore import read_timerlog
+from storelib.timermsg import TIMER_SCHEMA, store_timers
 
 from .commitlog_source import StoreOpen, spark_ddl
 from .index_source import _store_only
@@ -23,9 +22,7 @@ SCHEMA = TIMER_SCHEMA.append(pa.field("deliver_time", TIME_TYPE))
 
 
 def timers_table(store: StoreOpen) -> pa.Table:
-    st = Store(store.location(), store.settings(), uri=store.path)
-    s = st.settings
-    t = timer_messages(st, read_timerlog(st.loc, s.mapped_file_size_timer_log), int(s.timer_precision_ms or 1000))
+    t = store_timers(Store(store.location(), store.settings(), uri=store.path))
     return t.append_column(SCHEMA.field("deliver_time"), time_column(t.column("deliver_time_ms")))
 
 

@@ -518,18 +518,14 @@ def _publish_in_place(root: Location, staging: Location, manifest: dict[str, Any
 def _rebuild_timer_store(store: Store, settings: BrokerSettings, staging: Location, say: Reporter
                          ) -> dict[str, dict[str, Any]]:
     """``--what timer``: timerlog, wheel and timercheck for the pending timers (storelib.timerrebuild)."""
-    from storelib.timermsg import timer_messages
+    from storelib.timermsg import store_timers
     from storelib.timerrebuild import enqueue_units, rebuilt_checkpoint
-    from storelib.timerstore import read_timer_checkpoint, read_timerlog, write_timer_store
+    from storelib.timerstore import precision_of, read_timer_checkpoint, timerlog_file_size, write_timer_store
 
     if not staging.local:
         raise StoreError(None, None, "unsupported", "--what timer writes to a local --out only")
-    precision = int(settings.timer_precision_ms or 1000)
-    file_size = int(settings.mapped_file_size_timer_log or 100 * 1024 * 1024)
-    has_log = store.exists("timerlog")
-    log = read_timerlog(store.loc, file_size) if has_log else None
-    timers = timer_messages(store, log or read_timerlog(staging, file_size), precision)
-    units, slots = enqueue_units(timers, file_size, precision, settings.timer_roll_window_slot)
+    precision, file_size = precision_of(settings), timerlog_file_size(settings)
+    units, slots = enqueue_units(store_timers(store), file_size, precision, settings.timer_roll_window_slot)
     cp = read_timer_checkpoint(store.loc) if store.exists("config", "timercheck") else None
     written = write_timer_store(staging.path, units, slots, rebuilt_checkpoint(cp, units, file_size),
                                 file_size=file_size, precision_ms=precision)

@@ -21,13 +21,19 @@ import pyarrow.compute as pc
 
 from .brokerconf import BrokerSettings
 from .bytesource import resolve
-from .configjson import dump_fastjson
 from .publish import atomic_local_file
 from .record import Message
 from .store import Store
-from .timermsg import timer_messages
+from .timermsg import store_timers
 from .timerrebuild import enqueue_units, rebuilt_checkpoint
-from .timerstore import TIMER_TOPIC, TimerCheckpoint, read_timerlog, write_timer_store
+from .timerstore import (
+    TIMER_TOPIC,
+    TimerCheckpoint,
+    encode_timer_metrics,
+    precision_of,
+    timerlog_file_size,
+    write_timer_store,
+)
 from .writer import StoreWriter
 
 REAL_TOPICS = ("CouponExpiry", "ShipmentTracking")
@@ -55,7 +61,7 @@ def add_timer_messages(root: str | os.PathLike, settings: BrokerSettings, *, cou
     if settings.version != "5":
         raise ValueError("timer messages are a 5.x feature (gen --version 5)")
     rnd = random.Random(seed)
-    precision = int(settings.timer_precision_ms or 1000)
+    precision = precision_of(settings)
     clock = [start_ms]
 
     def tick() -> int:
@@ -84,22 +90,18 @@ def add_timer_messages(root: str | os.PathLike, settings: BrokerSettings, *, cou
             w.append(Message(topic=props["REAL_TOPIC"], queue_id=int(props["REAL_QID"]), body=m.body, flag=m.flag,
                              sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
                              properties=props))
-    loc = resolve(str(root))
-    store = Store(loc, settings)
-    timers = timer_messages(store, read_timerlog(loc, settings.mapped_file_size_timer_log), precision)
-    file_size = int(settings.mapped_file_size_timer_log or 100 * 1024 * 1024)
+    timers = store_timers(Store(resolve(str(root)), settings))
+    file_size = timerlog_file_size(settings)
     units, slots = enqueue_units(timers.drop_columns(["state"]), file_size, precision, settings.timer_roll_window_slot)
     cp = rebuilt_checkpoint(TimerCheckpoint(now_ms // precision * precision, 0, count, count, 0, now_ms,
                                             count + len(due)), units, file_size)
     written = write_timer_store(str(root), units, slots, cp, file_size=file_size, precision_ms=precision)
     pending = timers.filter(pc.equal(timers.column("state"), "pending"))
-    counts: dict[str, int] = {}
+    counts: dict[str, tuple[int, int]] = {}
     for t in pending.column("real_topic").to_pylist():
-        counts[t] = counts.get(t, 0) + 1
-    doc = {"dataVersion": {"counter": count + len(due), "stateVersion": 0, "timestamp": now_ms},
-           "timingCount": {t: {"count": c, "timeStamp": now_ms} for t, c in sorted(counts.items())}}
+        counts[t] = (counts.get(t, (0, now_ms))[0] + 1, now_ms)
     with atomic_local_file(os.path.join(str(root), "config", "timermetrics")) as tmp, open(tmp, "w") as f:
-        f.write(dump_fastjson(doc, pretty=False))
+        f.write(encode_timer_metrics(counts, (count + len(due), 0, now_ms)))
     return TimerGenResult(count, len(due), pending.num_rows, sum(1 for p in written if "/timerlog/" in p))
 
 

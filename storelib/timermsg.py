@@ -111,6 +111,14 @@ def timer_messages(store, log: TimerLog, precision_ms: int = 1000) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=TIMER_SCHEMA)
 
 
+def store_timers(store) -> pa.Table:
+    """:func:`timer_messages` of a store with its own settings (timerlog file size, precision)."""
+    from .timerstore import precision_of, read_timerlog
+
+    s = store.settings
+    return timer_messages(store, read_timerlog(store.loc, s.mapped_file_size_timer_log), precision_of(s))
+
+
 def deliver_histogram(timers: pa.Table, bucket_ms: int = 3_600_000) -> pa.Table:
     """Pending timers per real topic and deliver-time bucket (UTC, ``bucket_ms`` wide)."""
     p = timers.filter(pc.equal(timers.column("state"), "pending"))
@@ -153,4 +161,4 @@ def timer_losses(timers: pa.Table, deletions: list[dict], segment_size: int,
             "by_topic": dict(sorted(by_topic.items()))}
 
 
-__all__ = ["TIMER_SCHEMA", "deliver_histogram", "scan_timer_rows", "timer_losses", "timer_messages"]
+__all__ = ["TIMER_SCHEMA", "deliver_histogram", "scan_timer_rows", "store_timers", "timer_losses", "timer_messages"]

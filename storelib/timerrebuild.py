@@ -22,12 +22,11 @@ from .javahash import java_string_hash
 from .timerstore import (
     MAGIC_DEFAULT,
     MAGIC_ROLL,
-    MIN_BLANK_LEN,
     SLOTS_TOTAL,
     UNIT_SCHEMA,
-    UNIT_SIZE,
     TimerCheckpoint,
     slot_index,
+    unit_position,
 )
 
 TIMER_BLANK_SLOTS = 60
@@ -45,7 +44,6 @@ def enqueue_units(pending: pa.Table, file_size: int, precision_ms: int = 1000,
     window = roll_window_slots(roll_slots) * precision_ms
     p = pending.filter(pc.equal(pending.column("state"), "pending")) if "state" in pending.schema.names else pending
     rows = p.sort_by([("timer_queue_offset", "ascending")]).to_pylist()
-    per_file = (file_size - MIN_BLANK_LEN) // UNIT_SIZE
     slots: dict[int, list[int]] = {}  # index -> [time/precision, first, last, num]
     cols: dict[str, list] = {f.name: [] for f in UNIT_SCHEMA}
     for k, r in enumerate(rows):
@@ -55,8 +53,7 @@ def enqueue_units(pending: pa.Table, file_size: int, precision_ms: int = 1000,
         if due - write >= window:
             magic |= MAGIC_ROLL
             due = write + window // 2 if due - write - window < window // 3 else write + window
-        file_no, in_file = divmod(k, per_file)
-        pos = file_no * file_size + in_file * UNIT_SIZE
+        pos = unit_position(k, file_size)
         idx = int(slot_index(due, precision_ms))
         s = slots.get(idx)
         prev = s[2] if s is not None and s[0] == due // precision_ms else -1
@@ -64,7 +61,7 @@ def enqueue_units(pending: pa.Table, file_size: int, precision_ms: int = 1000,
             slots[idx] = [due // precision_ms, pos, pos, 1]
         else:
             s[2], s[3] = pos, s[3] + 1
-        for name, v in (("pos", pos), ("file", f"timerlog/{file_no * file_size:020d}"), ("file_offset", in_file * UNIT_SIZE),
+        for name, v in (("pos", pos), ("file", f"timerlog/{pos - pos % file_size:020d}"), ("file_offset", pos % file_size),
                         ("prev_pos", prev), ("magic", magic), ("roll", bool(magic & MAGIC_ROLL)), ("delete", False),
                         ("curr_write_ms", write), ("delayed_time", due - write), ("slot_time_ms", due),
                         ("offset_py", r["timer_phy_offset"]), ("size_py", r["timer_size"]),
@@ -83,9 +80,7 @@ def enqueue_units(pending: pa.Table, file_size: int, precision_ms: int = 1000,
 
 def rebuilt_checkpoint(cp: TimerCheckpoint | None, units: pa.Table, file_size: int) -> TimerCheckpoint:
     """The checkpoint beside a rebuilt log: read position and queue offsets kept, flush position = its end."""
-    n = units.num_rows
-    per_file = (file_size - MIN_BLANK_LEN) // UNIT_SIZE
-    end = (n // per_file) * file_size + (n % per_file) * UNIT_SIZE if n else 0
+    end = unit_position(units.num_rows, file_size) if units.num_rows else 0
     if cp is None:
         return TimerCheckpoint(0, end, 0, 0, 0, 0, 0)
     return TimerCheckpoint(cp.last_read_time_ms, end, cp.last_timer_queue_offset, cp.master_timer_queue_offset,

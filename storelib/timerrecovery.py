@@ -31,6 +31,7 @@ from .timerstore import (
     TIMER_TOPIC,
     UNIT_SIZE,
     _timerlog_files,
+    precision_of,
     read_timer_checkpoint,
     slot_index,
 )
@@ -190,7 +191,7 @@ def plan_timer_recovery(root: Location, settings: Any, commitlog: Any, now_ms: i
     cp = read_timer_checkpoint(root)
     if not files or cp is None:
         return None
-    precision = int(settings.timer_precision_ms or 1000)
+    precision = precision_of(settings)
     wheel = _Wheel(root.join("timerwheel"), precision)
     try:
         begin = max(0, cp.last_timer_log_flush_pos - files[-1][2])

@@ -65,6 +65,28 @@ SLOT_SCHEMA = pa.schema([
 ])
 
 
+def precision_of(settings: Any) -> int:
+    """timerPrecisionMs of a store's settings (the 5.x default where a 4.x settings object has none)."""
+    return int(settings.timer_precision_ms or DEFAULT_PRECISION_MS)
+
+
+def timerlog_file_size(settings: Any) -> int:
+    """mappedFileSizeTimerLog of a store's settings, the 5.x default where none is known."""
+    return int(settings.mapped_file_size_timer_log or DEFAULT_TIMERLOG_FILE_SIZE)
+
+
+def units_per_file(file_size: int) -> int:
+    """Units a timerlog file takes before the 16-byte filler is due (TimerLog.append)."""
+    return (file_size - MIN_BLANK_LEN) // UNIT_SIZE
+
+
+def unit_position(k: int, file_size: int) -> int:
+    """Log position of the ``k``-th unit appended (TimerLog.append: a file takes units until one plus the
+    16-byte filler no longer fits, then the next file starts)."""
+    file_no, in_file = divmod(k, units_per_file(file_size))
+    return file_no * file_size + in_file * UNIT_SIZE
+
+
 def slot_index(time_ms: int | np.ndarray, precision_ms: int = DEFAULT_PRECISION_MS) -> Any:
     """TimerWheel.getSlotIndex: (time / precision) mod (slots x 2)."""
     return (time_ms // precision_ms) % (SLOTS_TOTAL * 2)
@@ -304,7 +326,7 @@ def timerlog_images(units: pa.Table, file_size: int) -> dict[str, bytes]:
     0, BLANK_MAGIC) closes the file and the unit starts the next. Each image is the written prefix of
     its file (the rest of a ``file_size``-byte file is zeros)."""
     raw = encode_units(units)
-    per_file = (file_size - MIN_BLANK_LEN) // UNIT_SIZE  # units before the filler is due
+    per_file = units_per_file(file_size)
     if per_file <= 0:
         raise StoreError("timerlog", None, "bad_value", f"a {file_size}-byte timerlog file holds no unit")
     images: dict[str, bytes] = {}

@@ -129,11 +129,9 @@ def _timer_losses(store, report: dict) -> None:
     if not store.exists("timerlog"):
         return
     from storelib.configjson import load_config
-    from storelib.timermsg import timer_losses, timer_messages
-    from storelib.timerstore import read_timerlog
+    from storelib.timermsg import store_timers, timer_losses
 
-    s = store.settings
-    timers = timer_messages(store, read_timerlog(store.loc, s.mapped_file_size_timer_log), int(s.timer_precision_ms or 1000))
+    timers = store_timers(store)
     groups: dict[str, list[str]] = {}
     for key in ((load_config(store.loc, "consumerOffset").data or {}).get("offsetTable") or {}):
         topic, _, group = str(key).partition("@")

@@ -13,7 +13,13 @@ import pyarrow.compute as pc
 from jobs.common import add_store_args, open_store, plain_doc, print_table, time_arg
 from storelib.messagecols import iso_utc, iso_utc_column
 from storelib.timermsg import deliver_histogram, timer_messages
-from storelib.timerstore import read_timer_checkpoint, read_timer_metrics, read_timerlog, read_wheel
+from storelib.timerstore import (
+    precision_of,
+    read_timer_checkpoint,
+    read_timer_metrics,
+    read_timerlog,
+    read_wheel,
+)
 
 EXAMPLE = """examples:
   rmqstore timers /data/store                                  # summary + pending timers
@@ -44,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def collect(store) -> dict:
     """Everything the command shows, read once."""
     s = store.settings
-    precision = int(s.timer_precision_ms or 1000)
+    precision = precision_of(s)
     log = read_timerlog(store.loc, s.mapped_file_size_timer_log)
     wheel, wfind = read_wheel(store.loc, log, precision)
     cp = read_timer_checkpoint(store.loc)

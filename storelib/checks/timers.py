@@ -22,7 +22,7 @@ import numpy as np
 from ..brokerconf import BrokerSettings
 from ..bytesource import Location
 from ..errors import Finding, StoreError
-from ..timerstore import TIMER_TOPIC, read_timer_checkpoint, read_timerlog, read_wheel
+from ..timerstore import TIMER_TOPIC, precision_of, read_timer_checkpoint, read_timerlog, read_wheel
 from .logview import LogView
 from .segment import _Capped
 
@@ -114,7 +114,7 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
     """The timer store's findings into ``out``; a small summary for the report (None without a timerlog)."""
     if root.fs.get_file_info(root.join("timerlog").path).type.name == "NotFound":
         return None
-    precision = int(settings.timer_precision_ms or 1000)
+    precision = precision_of(settings)
     try:
         tl = read_timerlog(root, settings.mapped_file_size_timer_log)
     except StoreError as e:
