@@ -88,3 +88,11 @@ def spark():
     yield session
     session.stop()
 
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """``rmqstore ARGV`` in this process: (exit code, stdout, stderr)."""
+    from jobs.cli import main
+
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err

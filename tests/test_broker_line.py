@@ -6,18 +6,11 @@ import json
 
 import pytest
 
-from jobs.cli import main
 from storelib.brokerline import FIVE_X_ONLY_KEYS, detect_broker_line, normalise_version
 from storelib.bytesource import resolve
 from storelib.errors import StoreError
 from storelib.store import load_settings
-from tests.conftest import broker_conf
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
+from tests.conftest import broker_conf, run_cli
 
 
 def test_a_4x_store_without_5x_evidence_is_4x_by_default(sample_498):

@@ -8,18 +8,13 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.cli import main
-from tests.conftest import broker_conf, load_expected
+from tests.conftest import broker_conf, load_expected, run_cli
 
 
 def _version(sample) -> str:
     return "4.9.8" if "4.9.8" in sample.name else "5.3.3"
 
 
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def test_info_json_counts_messages_and_queue_ranges(capsys, sample):

@@ -8,14 +8,7 @@ import shutil
 
 import pytest
 
-from jobs.cli import main
-from tests.conftest import broker_conf
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
+from tests.conftest import broker_conf, run_cli
 
 
 @pytest.fixture

@@ -9,13 +9,7 @@ import shutil
 import pytest
 
 from jobs.cli import COMMANDS, build_parser, main
-from tests.conftest import broker_conf
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
+from tests.conftest import broker_conf, run_cli
 
 
 def test_expiry_answers_with_its_defaults_on_a_store_written_in_a_burst(capsys, sample_498):

@@ -15,16 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.audit import audit_store, summary_text
-from jobs.cli import main
-from tests.conftest import REPO, broker_conf
+from tests.conftest import REPO, broker_conf, run_cli
 
 CONF = str(broker_conf("4.9.8"))
 
 
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.fixture

@@ -8,19 +8,14 @@ import tarfile
 
 import pytest
 
-from jobs.cli import main
 from storelib.bytesource import resolve
 from storelib.geometry import index_geometry_of, infer_geometry
 from storelib.indexfile import HEADER_SIZE
-from tests.conftest import SAMPLES, broker_conf
+from tests.conftest import SAMPLES, broker_conf, run_cli
 
 TIMER_SAMPLE = "rocketmq-5.3.3-timer-small"
 
 
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def _conf(path) -> dict[str, int]:

@@ -10,6 +10,7 @@ import pytest
 from jobs.cli import main
 from storelib.errors import StoreError
 from storelib.storeroot import NotAStoreError
+from tests.conftest import run_cli
 
 COMMANDS = [
     ["info", "{p}"], ["messages", "{p}"], ["rebuild", "{p}", "--out", "{tmp}/out"], ["recover", "{p}"],
@@ -17,10 +18,6 @@ COMMANDS = [
 ]
 
 
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.fixture

@@ -10,13 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.cli import main
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
+from tests.conftest import run_cli as cli
 
 
 @pytest.fixture

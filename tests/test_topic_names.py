@@ -8,16 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs.cli import main
 from storelib.topicname import escape_topic, unsafe_reason
+from tests.conftest import run_cli
 
 ODD_TOPICS = ["订单事件_テスト_ñ", "Emoji🚀Topic", "with space.and dot", "Plain"]
 
 
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def _tree(root: Path, *parts: str) -> list[str]:
