@@ -32,7 +32,6 @@ import tempfile
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -63,6 +62,7 @@ from jobs.engines import (
     make_engine,
     resolve_engine_name,
 )
+from jobs.fingerprint import fingerprint, prefix_unchanged
 from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import resolve
 from storelib.checks.index import check_index, load_index_files
@@ -99,35 +99,12 @@ from storelib.store import Store
 
 SCHEMA = "rmqstore.audit/1"
 STATE_SCHEMA = "rmqstore.audit-state/1"
-_HEAD = 64 * 1024
-_TAIL = 4096
 
 
 def _log(msg: str, quiet: bool = False) -> None:
     if not quiet:
         sys.stderr.write(msg + "\n")
         sys.stderr.flush()
-
-
-# --------------------------------------------------------------------------------------------------
-# segment fingerprints (incremental audits)
-# --------------------------------------------------------------------------------------------------
-
-
-def _crc_range(store: Store, seg, lo: int, hi: int) -> int:
-    lo, hi = max(0, lo), min(hi, seg.file_size)
-    if hi <= lo:
-        return 0
-    with seg.open() as src:
-        return zlib.crc32(bytes(src.read(lo, hi - lo)))
-
-
-def fingerprint(store: Store, seg, data_end: int) -> dict[str, Any]:
-    """What identifies a segment's audited content: size, mtime, CRC of its head and of the bytes just
-    before the audited end (both within the audited part, so an append after it is recognised)."""
-    head = min(_HEAD, data_end)
-    return {"size": seg.file_size, "mtime_ms": seg.mtime_ms, "head_len": head,
-            "head_crc": _crc_range(store, seg, 0, head), "tail_crc": _crc_range(store, seg, data_end - _TAIL, data_end)}
 
 
 def load_state(path: str | None) -> dict[str, Any]:
@@ -230,8 +207,7 @@ def plan(store: Store, state: dict, state_path: str | None, quiet: bool = False
             cached = _cached_result(state_path, old)
             data_end = old["result"]["data_end"]
             same = (cached is not None and ofp.get("size") == seg.file_size
-                    and ofp.get("head_crc") == _crc_range(store, seg, 0, ofp.get("head_len", 0))
-                    and ofp.get("tail_crc") == _crc_range(store, seg, data_end - _TAIL, data_end))
+                    and prefix_unchanged(seg, ofp, data_end))
             if same and ofp.get("mtime_ms") == seg.mtime_ms:
                 for f in cached.findings:
                     f.setdefault("extra", {})["carried_forward"] = True
@@ -490,7 +466,7 @@ def _after_segments(store: Store, settings: BrokerSettings, tasks: list[SegmentT
     if since:
         by_name = {s.name: s for s in store.commitlog.segments}
         for r in fresh:
-            fps[r.name] = fingerprint(store, by_name[r.name], results[r.name].data_end)
+            fps[r.name] = fingerprint(by_name[r.name], results[r.name].data_end)
     ordered = [results[s.name] for s in store.commitlog.segments if s.name in results]
     t2 = time.monotonic()
     report = cross_checks(store, ordered, settings, now_ms=now_ms if now_ms is not None else int(time.time() * 1000),

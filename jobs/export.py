@@ -24,6 +24,7 @@ if __package__ in (None, ""):  # spark-submit jobs/export.py: make the repo impo
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
+from jobs.fingerprint import fingerprint, prefix_unchanged
 from jobs.snapshot import (
     COMMIT,
     MANIFEST,
@@ -77,14 +78,10 @@ class _Say:
 
 def _prefix_same(store: Store, seg, entry: dict[str, Any]) -> bool:
     """Are the bytes the snapshot holds of this segment unchanged (head and the bytes before its end)?"""
-    from jobs.audit import fingerprint
-
-    fp = entry.get("fingerprint") or {}
     try:
-        now = fingerprint(store, seg, int(entry["end"]["file_offset"]))
+        return prefix_unchanged(seg, entry.get("fingerprint") or {}, int(entry["end"]["file_offset"]))
     except (StoreError, OSError, KeyError):
         return False
-    return all(now.get(k) == fp.get(k) for k in ("head_len", "head_crc", "tail_crc"))
 
 
 def _same_store(store: Store, prev: dict[str, Any], out: Location) -> None:
@@ -134,8 +131,6 @@ def _content(segs: dict[str, Any]) -> dict[str, Any]:
 
 def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -> dict[str, Any]:
     """Export (or bring up to date) the snapshot; returns the manifest."""
-    from jobs.audit import fingerprint
-
     say = _Say(cfg.progress)
     t0 = time.monotonic()
     for p in cfg.partition_by:
@@ -213,7 +208,7 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
         manifest_segs[seg.name] = {
             "base": seg.base, "crc": bool(t.crc), "start": (keep or {}).get("start", t.start), "end": _end(end),
             "rows": (keep or {}).get("rows", 0) + (r["rows"] if r else 0), "files": files,
-            "fingerprint": fingerprint(store, seg, end.file_offset)}
+            "fingerprint": fingerprint(seg, end.file_offset)}
         if end.kind == "invalid":
             skipped.append({"segment": seg.name, "from": seg.base + end.file_offset, "to": seg.base + seg.file_size,
                             "why": f"{end.reason}: {end.detail} (the walk stops here; the rest of the segment is "
