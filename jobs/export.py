@@ -41,11 +41,10 @@ from storelib.bytesource import Location, resolve
 from storelib.checkpoint import Checkpoint
 from storelib.errors import StoreError
 from storelib.recovery import finish_walk, plan_recovery, store_inputs
-from storelib.scanner import SegmentEnd
+from storelib.scanner import FULL_KINDS, SegmentEnd
 from storelib.store import Store, load_settings
 
 PARTITIONS = ("topic", "date")
-COMPLETE = ("blank", "segment_end")  # a segment that can grow no more
 
 
 @dataclass
@@ -105,7 +104,7 @@ def _items(store: Store, plan, prev: dict[str, Any]) -> tuple[list[tuple], dict[
         uri = seg.loc.path if seg.loc.local else f"{seg.loc.fs.type_name}://{seg.loc.path}"
         p = prev.get(seg.name)
         if p and p["base"] == seg.base and (p["crc"] or not t.crc) and _prefix_same(store, seg, p):
-            if p["end"]["kind"] in COMPLETE:
+            if p["end"]["kind"] in FULL_KINDS:
                 carried[t.index] = p
                 continue
             items.append((t.index, seg.name, seg.base, uri, seg.file_size, int(p["end"]["file_offset"]), t.crc, None))

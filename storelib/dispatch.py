@@ -398,7 +398,7 @@ def dispatch_store(
         pos = e.phy_offset
         if e.kind == "split_end":
             break
-        if e.kind in ("blank", "segment_end"):
+        if e.segment_full:
             pos = seg.base + S
             i += 1
             continue

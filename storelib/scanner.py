@@ -87,6 +87,9 @@ def message_schema(with_body: bool = False, with_properties: bool = True) -> pa.
     return pa.schema([f for f in MESSAGE_FIELDS if f.name not in drop])
 
 
+FULL_KINDS = ("blank", "segment_end")  # scan ends after which the segment holds no more: the log goes on in the next
+
+
 @dataclass
 class SegmentEnd:
     """How and where a segment (or split) scan ended.
@@ -106,6 +109,11 @@ class SegmentEnd:
     records: int = 0
     crc_errors: int = 0
     first_crc_error: int | None = None  # phy offset of the first body CRC mismatch seen
+
+    @property
+    def segment_full(self) -> bool:
+        """Did the segment end here (end-of-file record or its last byte), so the log goes on in the next?"""
+        return self.kind in FULL_KINDS
 
     @property
     def valid_end(self) -> int:

@@ -258,7 +258,7 @@ class StoreWriter:
         e = ends[-1] if ends else None
         if e is None:
             pos = segs[-1].base
-        elif e.kind in ("blank", "segment_end"):
+        elif e.segment_full:
             pos = e.phy_offset - e.file_offset + S
         else:
             pos = e.phy_offset
