@@ -11,6 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from jobs.jvmcache import ArchivePlan, discard, finish_dump, pid_alive, plan_archive
+
 REPO = Path(__file__).resolve().parents[1]
 SPARK_CONF = REPO / "spark-conf"
 
@@ -99,7 +101,7 @@ def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[
     if active is not None:
         return active
     settings = session_settings(conf, batch_job=batch_job)
-    _launch_quiet_gateway(master, app_name, settings)
+    cds = _start_jvm(master, app_name, settings)
     b = SparkSession.builder.appName(app_name)
     if master:
         b = b.master(master)
@@ -109,13 +111,54 @@ def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[
     spark.sparkContext.setLogLevel("WARN")
     # a session started here is stopped at exit: Spark then removes its scratch dirs (a JVM that only
     # sees its stdin close leaves blockmgr-*/spark-* behind)
-    atexit.register(_stop_quietly, spark)
+    atexit.register(_stop_quietly, spark, cds)
     return spark
 
 
-def _stop_quietly(spark) -> None:
+def _start_jvm(master: str | None, app_name: str, settings: dict[str, str]) -> ArchivePlan | None:
+    """Launch the driver JVM, mapping the class-data archive (:mod:`jobs.jvmcache`) unless the settings
+    name one; a JVM that does not start with the archive is started again without it (dropped)."""
+    java_opts = settings["spark.driver.extraJavaOptions"]
+    from pyspark import SparkContext
+
+    mine = not (os.environ.get("RMQSTORE_DEBUG") or SparkContext._gateway is not None
+                or "SharedArchiveFile" in java_opts or "ArchiveClassesAtExit" in java_opts)
+    cds = plan_archive() if mine else None
+    if cds is None or not cds.options:
+        _launch_quiet_gateway(master, app_name, settings)
+        return None
+    try:
+        _launch_quiet_gateway(master, app_name, {**settings, "spark.driver.extraJavaOptions":
+                                                 f"{java_opts} {' '.join(cds.options)}"})
+        return cds
+    except Exception:
+        if cds.lock_fd is not None:
+            os.close(cds.lock_fd)
+        else:
+            discard(cds)
+        _launch_quiet_gateway(master, app_name, settings)
+        return None
+
+
+def _stop_quietly(spark, cds: ArchivePlan | None = None) -> None:
+    """The exit hook of a session started here: stop it (the JVM removes its scratch dirs), without
+    waiting for PySpark's accumulator server to notice (its serve loop polls: 0.9 s of every run's
+    exit; the process is ending and the server's thread is a daemon), then finish a class-data dump."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    server = getattr(sc, "_accumulatorServer", None)
+    if server is not None:
+        sc._accumulatorServer = None  # type: ignore[union-attr]
     with contextlib.suppress(Exception):
         spark.stop()
+    if server is not None:
+        with contextlib.suppress(Exception):
+            server.server_shutdown = True
+            server.server_close()
+    if cds is not None and cds.dump_to is not None:
+        gateway = SparkContext._gateway
+        finish_dump(cds, getattr(gateway, "proc", None))
 
 
 # lines the JVM prints at every start that say nothing to a user: Spark 4's launcher adds
@@ -173,19 +216,9 @@ def _sweep_pyfiles(tmpdir: str) -> None:
         if not name.startswith(PYFILES_PREFIX):
             continue
         pid = name[len(PYFILES_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         shutil.rmtree(os.path.join(tmpdir, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _package_zip() -> str:

@@ -16,6 +16,10 @@ import pytest
 
 from tests.s3server import s3_server  # noqa: F401  (the loopback S3 server fixture)
 
+# the Spark JVM's class-data archive (jobs/jvmcache.py) is a per-user cache: the test run neither reads
+# nor writes the user's; tests/test_jvmcache.py turns it on with a cache dir of its own
+os.environ["RMQSTORE_JVM_CDS"] = "0"
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RMQSTORE_SHARED", REPO.parent / "shared"))
 SAMPLES = SHARED / "samples"
