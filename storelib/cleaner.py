@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .brokerconf import BrokerSettings
 from .commitlog import offset_to_file_name
 from .expiry import (  # the inputs and the broker's constants
     _ERROR,
@@ -477,7 +478,7 @@ def simulate(policy: Policy, snap: StoreSnapshot, model: TimeModel | None = None
 
 def describe(snap: StoreSnapshot, model: TimeModel | None = None, policy: Policy | None = None) -> dict[str, Any]:
     """The simulation's assumptions for one store (snapshot and time model), for the report."""
-    sim = _Sim(policy or Policy("describe"), snap, model or TimeModel())
+    sim = _Sim(policy or Policy.from_settings("describe", BrokerSettings()), snap, model or TimeModel())
     return {
         "store": snap.name, "snapshot_ms": sim.t_snap, "start_ms": sim.start, "until_ms": sim.until,
         "horizon_source": sim.horizon_source,

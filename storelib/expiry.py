@@ -137,19 +137,21 @@ def _zone(tz: str) -> Any:
 class Policy:
     """The cleaner's settings (already through the broker's getters and clamps) plus the disk model."""
 
+    # the broker's settings: no defaults here, they are BrokerSettings' (one place); see from_settings
     name: str
-    version: str = "4"
-    file_reserved_time: int = 72
-    delete_when: str = "04"
-    disk_max_used_space_ratio: int = 75
-    warn_ratio: float = 0.90
-    force_ratio: float = 0.85
-    clean_file_forcibly_enable: bool = True
-    clean_resource_interval: int = 10_000
-    delete_commit_log_files_interval: int = 100
-    delete_file_batch_max: int = 10
-    replicas_per_disk_partition: int = 1
-    logical_force_threshold: float = 0.8
+    version: str
+    file_reserved_time: int
+    delete_when: str
+    disk_max_used_space_ratio: int
+    warn_ratio: float
+    force_ratio: float
+    clean_file_forcibly_enable: bool
+    clean_resource_interval: int
+    delete_commit_log_files_interval: int
+    delete_file_batch_max: int
+    replicas_per_disk_partition: int
+    logical_force_threshold: float
+    # the disk model
     disk_capacity: int | None = None
     disk_other_used: int = 0
     tz: str = "UTC"
