@@ -412,6 +412,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     # second core), so the cross-file phase starts with it done
     pre_pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-preload", initializer=_background)
                 if threads else None)
+    own_engine: Engine | None = None
     try:
         preload = None
         if pre_pool is not None:
@@ -419,10 +420,13 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
             # after it, taken over by the queue checks if the preload thread has not started them by then
             preload = {"index": pre_pool.submit(load_index_files, store.loc, settings),
                        "cq": pre_pool.submit(load_consume_queues, store.loc, settings, store.commitlog.min_offset)}
-        t1 = time.monotonic()
         if isinstance(engine, str):
             engine = resolve_engine_name(engine, master=master or (None if spark is None else "given"),
                                          store_bytes=sum(t.file_size - t.start for t in tasks), segments=len(tasks))
+            if tasks:  # started here, so start-up (a Spark session, pool workers) is not counted as work
+                own_engine = engine = make_engine(engine, spark=spark, master=master, workers=workers,
+                                                  app_name="rmqstore-audit")
+        t1 = time.monotonic()
         fresh = run_segments(tasks, opts, engine, spark, quiet, store=store, split_bytes=split_bytes,
                              work_dir=work_dir, transfer=transfer, workers=workers, master=master)
         t_seg = time.monotonic() - t1
@@ -431,9 +435,12 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     finally:
         if pre_pool is not None:
             pre_pool.shutdown(wait=True, cancel_futures=True)
+        if own_engine is not None:
+            own_engine.close()
     audited_bytes = sum(t.file_size - t.start for t in tasks)
     scanned = sum(r.bytes_valid for r in fresh)
-    report["run"] = {"engine": engine if isinstance(engine, str) else engine.name, "seconds": round(time.monotonic() - t0, 3), "segment_seconds": round(t_seg, 3),
+    report["run"] = {"engine": engine if isinstance(engine, str) else engine.name, "seconds": round(time.monotonic() - t0, 3),
+                     "startup_seconds": round(t1 - t0, 3), "segment_seconds": round(t_seg, 3),
                      "cross_check_seconds": round(t_cross, 3),
                      "segments_audited": len(tasks), "segments_carried": len(carried),
                      "bytes_audited": audited_bytes, "bytes_scanned": scanned,

@@ -38,7 +38,11 @@ def summary_text(report: dict[str, Any], fail_on: str) -> str:
     ]
     if run:
         rate = f", {run['mb_per_s']} MB/s" if run.get("mb_per_s") else ""
-        lines.append(f"  engine {run['engine']}: {run['seconds']} s; {run['segments_audited']} segments audited, "
+        split = ""
+        if run.get("startup_seconds") is not None:
+            work = float(run.get("segment_seconds") or 0) + float(run.get("cross_check_seconds") or 0)
+            split = f" (start-up {run['startup_seconds']:.2f} s, work {work:.2f} s)"
+        lines.append(f"  engine {run['engine']}: {run['seconds']} s{split}; {run['segments_audited']} segments audited, "
                      f"{run['segments_carried']} carried forward{rate}")
     shown = [f for f in report["findings"] if SEVERITY_RANK.get(f["severity"], 0) >= 1][:12]
     for f in shown:

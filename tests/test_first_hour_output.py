@@ -46,6 +46,18 @@ def crc_store(tmp_path, sample_498):
 # audit output
 
 
+def test_audit_summary_shows_start_up_and_work_apart(tmp_path, sample_498):
+    """The engine's start (pool workers here, a Spark session likewise) is start-up, not work."""
+    rep = audit_store(str(sample_498 / "store"), broker_conf=CONF, engine="pool", workers=2, quiet=True,
+                      split_bytes=1 << 20)
+    run = rep["run"]
+    assert run["engine"] == "pool" and run["startup_seconds"] >= 0
+    assert run["startup_seconds"] + run["segment_seconds"] + run["cross_check_seconds"] <= run["seconds"] + 0.01
+    work = run["segment_seconds"] + run["cross_check_seconds"]
+    line = next(ln for ln in summary_text(rep, "error").splitlines() if ln.strip().startswith("engine pool:"))
+    assert f"(start-up {run['startup_seconds']:.2f} s, work {work:.2f} s)" in line
+
+
 def test_console_findings_wrap_at_word_boundaries_and_point_to_the_report():
     detail = " ".join(f"word{i:03d}" for i in range(120))
     rep = {"store": "s", "summary": {"segments": 1, "records": 1, "bytes_valid": 1, "queues": 0, "index_files": 0,
