@@ -41,6 +41,7 @@ from storelib.indexbuild import (
     ChainRun,
     IndexImage,
     build_index_files,
+    empty_index_count,
     index_key_rows,
     local_chains,
 )
@@ -302,7 +303,7 @@ def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: L
     ctx = {"plan": plan, "fs_options": fs_options, "delay_levels": list(settings.delay_levels_ms),
            "do_cq": "consumequeue" in what, "do_index": do_index, "parts": P,
            "cq_size": int(settings.mapped_file_size_consume_queue), "staging": staging, "geometry": g,
-           "empty_index_count": 1 if settings.version == "5" else 0}
+           "empty_index_count": empty_index_count(settings.version)}
     if not tasks:
         return EngineResult(finish_walk(plan, {}))
     items = []
