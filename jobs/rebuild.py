@@ -121,15 +121,11 @@ class Reporter:
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.t0 = time.monotonic()
-        # crash-safety tests slow the job down to kill it mid-way (seconds per progress line)
-        self.delay = float(os.environ.get("RMQSTORE_REBUILD_TEST_DELAY_S", "0") or 0)
 
     def __call__(self, text: str) -> None:
         if self.enabled:
             sys.stderr.write(f"rebuild [{time.monotonic() - self.t0:7.1f}s] {text}\n")
             sys.stderr.flush()
-        if self.delay:
-            time.sleep(self.delay)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -90,7 +90,6 @@ JOURNAL = "journal.jsonl"
 PLAN_FILE = "plan.json"
 STEPS_FILE = "steps.json"
 STAGED = "staged"
-CRASH_ENV = "RMQSTORE_RECOVER_CRASH_AT"  # tests: SIGKILL this process at the k-th hook point
 _ZERO_CHUNK = 4 * 1024 * 1024
 LOST_COLUMNS = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "keys", "uniq_key", "tags",
                 "store_timestamp", "crc_ok"]
