@@ -302,14 +302,6 @@ def write_index_runs(runs: list[ChainRun], loc: Location, geometry: IndexGeometr
         return stream_index_file(runs, f, geometry=geometry, prev_state=prev_state)
 
 
-def _full_state(geometry: IndexGeometry, end_phy: int, end_ts: int) -> IndexState:
-    """A stand-in for a previous, full index file: what build_index_files needs to start the next one
-    (its end offset/time for the first entry's timeDiff and the duplicate test; no entries are read)."""
-    E = geometry.entries_per_file
-    hdr = IndexHeader(end_timestamp=end_ts, end_phy_offset=end_phy, index_count=E + 1)
-    return IndexState(hdr, np.zeros(0, np.int32), np.broadcast_to(np.zeros(1, ENTRY_DTYPE), (E,)))
-
-
 # ---------------------------------------------------------------------------------------------
 # process memory
 
