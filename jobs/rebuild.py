@@ -121,15 +121,11 @@ class Reporter:
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.t0 = time.monotonic()
-        # crash-safety tests slow the job down to kill it mid-way (seconds per progress line)
-        self.delay = float(os.environ.get("RMQSTORE_REBUILD_TEST_DELAY_S", "0") or 0)
 
     def __call__(self, text: str) -> None:
         if self.enabled:
             sys.stderr.write(f"rebuild [{time.monotonic() - self.t0:7.1f}s] {text}\n")
             sys.stderr.flush()
-        if self.delay:
-            time.sleep(self.delay)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,14 +300,6 @@ def write_index_runs(runs: list[ChainRun], loc: Location, geometry: IndexGeometr
             return stream_index_file(runs, fh, geometry=geometry, prev_state=prev_state, sparse_tail=True)
     with _remote_output(loc) as f:
         return stream_index_file(runs, f, geometry=geometry, prev_state=prev_state)
-
-
-def _full_state(geometry: IndexGeometry, end_phy: int, end_ts: int) -> IndexState:
-    """A stand-in for a previous, full index file: what build_index_files needs to start the next one
-    (its end offset/time for the first entry's timeDiff and the duplicate test; no entries are read)."""
-    E = geometry.entries_per_file
-    hdr = IndexHeader(end_timestamp=end_ts, end_phy_offset=end_phy, index_count=E + 1)
-    return IndexState(hdr, np.zeros(0, np.int32), np.broadcast_to(np.zeros(1, ENTRY_DTYPE), (E,)))
 
 
 # ---------------------------------------------------------------------------------------------

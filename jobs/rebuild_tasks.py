@@ -25,7 +25,6 @@ from jobs.rebuild import (
     Reporter,
     _check_supported,
     _drop_staging,
-    _full_state,
     keep_freed_memory,
     write_index_image,
     write_index_runs,
@@ -40,11 +39,21 @@ from storelib.errors import StoreError
 from storelib.indexbuild import (
     ChainRun,
     IndexImage,
-    build_index_files,
+    empty_index_count,
     index_key_rows,
     local_chains,
 )
-from storelib.indexfile import IndexGeometry, index_file_name
+from storelib.indexfile import IndexGeometry
+from storelib.indexmerge import (
+    IndexLayout,
+    SegmentKeys,
+    first_entry_times,
+    kept_keys,
+    layout,
+    link_file,
+    name_files,
+    running_max_before,
+)
 from storelib.javahash import java_hash_array
 from storelib.recovery import (
     SegmentTask,
@@ -175,17 +184,6 @@ def phase_a(ctx: dict[str, Any], item: tuple[int, Split, bool]) -> dict[str, Any
     }
 
 
-def _kept(keys: tuple, m_before: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The §6.1 step 2 duplicate test within one segment, given the running max before it:
-    (hash, phy, time, record row) of the keys the broker indexes."""
-    h, p, t, r = keys
-    if len(p) == 0:
-        return h, p, t, r
-    before = np.maximum.accumulate(np.concatenate(([m_before], p[:-1])))
-    idx = np.flatnonzero(p >= before)
-    return h[idx], p[idx], t[idx], r[idx]
-
-
 def _load_keys(ctx: dict[str, Any], idx: int, m_before: dict[int, int] | None, *, runs: bool = False) -> tuple:
     """(hash, phy, time, record row) of a segment's indexed keys; with ``runs`` also its ChainRun when
     its precomputed chains still hold (every key kept), else None."""
@@ -194,7 +192,7 @@ def _load_keys(ctx: dict[str, Any], idx: int, m_before: dict[int, int] | None, *
     h, r = np.asarray(tb.column("h")), np.asarray(tb.column("r"))
     keys = (h, np.asarray(recs.column("p"))[r], np.asarray(recs.column("t"))[r], r)
     if m_before is not None:
-        keys = _kept(keys, m_before[idx])
+        keys = kept_keys(keys, m_before[idx])
     if not runs:
         return keys
     whole = len(keys[0]) == tb.num_rows
@@ -213,14 +211,8 @@ def count_kept(ctx: dict[str, Any], m_before: dict[int, int], idx: int) -> tuple
 def first_times(ctx: dict[str, Any], E: int, offsets: dict[int, int], m_before: dict[int, int] | None,
                 idx: int) -> list[tuple[int, int]]:
     """(file number, store time of its first entry) for files whose first key is in segment ``idx``."""
-    h, p, t, _ = _load_keys(ctx, idx, m_before)
-    o = offsets[idx]
-    out = []
-    f = -(-o // E)
-    while f * E < o + len(p):
-        out.append((f, int(t[f * E - o])))
-        f += 1
-    return out
+    _, _, t, _ = _load_keys(ctx, idx, m_before)
+    return first_entry_times(E, offsets[idx], t)
 
 
 def phase_b(ctx: dict[str, Any], job: tuple[int, list[int]]) -> dict[str, Any]:
@@ -241,32 +233,14 @@ def phase_b(ctx: dict[str, Any], job: tuple[int, list[int]]) -> dict[str, Any]:
 
 def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, int], counts: dict[int, int],
             m_before: dict[int, int] | None, f: int) -> dict[str, Any]:
-    """Build and write index file ``f``: keys ``[f*E, (f+1)*E)`` in global order, read from the segments
-    that hold them, continuing from the previous file's last key (entry 1's timeDiff)."""
-    lo, hi = f * E, (f + 1) * E
+    """Build and write index file ``f`` from the segments that hold its keys (storelib.indexmerge.link_file)."""
     g: IndexGeometry = ctx["geometry"]
-    runs: list[ChainRun] = []
-    prev = None
-    for idx in sorted(offsets):
-        o, c = offsets[idx], counts[idx]
-        if c == 0 or o + c <= lo - 1 or o >= hi:
-            continue
-        (h, p, t, _), run = _load_keys(ctx, idx, m_before, runs=True)
-        a, b = max(lo, o) - o, min(hi, o + c) - o
-        if b > a:
-            if run is None or b - a < c:  # filtered or cut by a file boundary: chains of the slice
-                run = ChainRun.of(h[a:b], p[a:b], t[a:b], g.hash_slot_num)
-            runs.append(run)
-        if f > 0 and o <= lo - 1 < o + c:
-            prev = (int(p[lo - 1 - o]), int(t[lo - 1 - o]))
-    if f > 0 and prev is None:
-        raise StoreError("index", None, "internal", f"index file {f}: previous file's last key is missing")
-    state = _full_state(g, prev[0], prev[1]) if prev is not None else None
+    spans = {i: (offsets[i], counts[i]) for i in offsets}
+    runs, state = link_file(f, g, spans, lambda idx: _load_keys(ctx, idx, m_before, runs=True))
     name = names[f]
     _, digest = write_index_runs(runs, ctx["staging"].join("index", name), g, state)
     return {"file": f, "rel": f"index/{name}", "size": g.file_size, "sha256": digest,
             "keys": sum(len(r) for r in runs)}
-
 
 
 def phase_bc(ctx: dict[str, Any], index_args: tuple | None, item: tuple[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -302,7 +276,7 @@ def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: L
     ctx = {"plan": plan, "fs_options": fs_options, "delay_levels": list(settings.delay_levels_ms),
            "do_cq": "consumequeue" in what, "do_index": do_index, "parts": P,
            "cq_size": int(settings.mapped_file_size_consume_queue), "staging": staging, "geometry": g,
-           "empty_index_count": 1 if settings.version == "5" else 0}
+           "empty_index_count": empty_index_count(settings.version)}
     if not tasks:
         return EngineResult(finish_walk(plan, {}))
     items = []
@@ -373,49 +347,50 @@ def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: L
 
 @dataclass
 class IndexPlan:
-    """Where each index file's keys come from (global key numbering) and the files' names."""
+    """The index files' layout (storelib.indexmerge), their names and the duplicate test's bounds when
+    the tasks must apply it (None: every key is kept as parsed)."""
 
-    E: int
-    offsets: dict[int, int]
-    counts: dict[int, int]
+    layout: IndexLayout
     m_before: dict[int, int] | None
     names: list[str]
-    extra: list[IndexImage]
-    keys: int
 
     @property
     def nfiles(self) -> int:
         return len(self.names)
 
+    @property
+    def keys(self) -> int:
+        return self.layout.keys
+
+    @property
+    def extra(self) -> list[IndexImage]:
+        return self.layout.extra
+
     def job_args(self) -> tuple:
-        return self.names, self.E, self.offsets, self.counts, self.m_before
+        return self.names, self.layout.E, self.layout.offsets, self.layout.counts, self.m_before
+
+
+def _segment_keys(m: dict[str, Any]) -> SegmentKeys:
+    return SegmentKeys(m["rows"], m["n_keys"], m["monotone"], m["p_first"], m["p_max"], m["last_key_row"],
+                       m["last_key"])
 
 
 def _index_plan(engine: Engine, metas: dict[int, dict], inc: list[int], ctx: dict[str, Any], out: EngineResult,
                 say: Reporter, name_tz: str) -> IndexPlan:
+    """Schedule the index merge steps: the duplicate test's counts (on the engine when a segment needs it),
+    the layout, each file's first time (for its name)."""
     g: IndexGeometry = ctx["geometry"]
     E = g.entries_per_file
-    keyed = [i for i in inc if metas[i]["n_keys"]]
-    # §6.1 step 2 duplicate test: a running max over keyed phy offsets (fast path: already increasing)
-    run = 0
-    m_before: dict[int, int] = {}
-    fast = True
-    for i in inc:
-        m = metas[i]
-        m_before[i] = run
-        if m["n_keys"]:
-            if not m["monotone"] or m["p_first"] < run:
-                fast = False
-            run = max(run, m["p_max"])
-    counts: dict[int, int] = {i: 0 for i in inc}
-    last_key_seg = None
-    last_key = None
-    last_row_of_last = -1
+    segs = {i: _segment_keys(metas[i]) for i in inc}
+    keyed = [i for i in inc if segs[i].n_keys]
+    m_before, whole = running_max_before(segs, inc)
+    counts: dict[int, int] = {}
+    last = None  # (segment, record row, (phy, time)) of the last kept key
     mb = None
-    if fast:
+    if whole:
         for i in keyed:
-            counts[i] = metas[i]["n_keys"]
-            last_key_seg, last_key, last_row_of_last = i, metas[i]["last_key"], metas[i]["last_key_row"]
+            counts[i] = segs[i].n_keys
+            last = (i, segs[i].last_key_row, segs[i].last_key)
     else:
         say("phase C: PHYSICALOFFSET fields are not increasing: applying the broker's duplicate test")
         got = {i: (c, lr, lk) for i, c, lr, lk in engine.map(partial(count_kept, ctx, m_before), keyed,
@@ -423,47 +398,20 @@ def _index_plan(engine: Engine, metas: dict[int, dict], inc: list[int], ctx: dic
         for i in keyed:
             counts[i] = got[i][0]
             if counts[i]:
-                last_key_seg, last_row_of_last, last_key = i, got[i][1], got[i][2]
+                last = (i, got[i][1], got[i][2])
         mb = m_before
-    offsets: dict[int, int] = {}
-    K = 0
-    for i in inc:
-        offsets[i] = K
-        K += counts[i]
-    out.index_keys = K
-    if last_key_seg is None:
-        trailing = False
-    else:
-        later_rows = sum(metas[i]["rows"] for i in inc if i > last_key_seg)
-        trailing = later_rows > 0 or last_row_of_last < metas[last_key_seg]["rows"] - 1
-    nfiles = -(-K // E) if K else 0
-    extra: list[IndexImage] = []
-    empty = {"key_hash": [], "phy_offset": [], "store_timestamp": []}
-    if K == 0:
-        if out.records:
-            extra = build_index_files(empty, geometry=g, emit_empty=True, empty_index_count=ctx["empty_index_count"],
-                                      name_tz=None)
-    elif trailing and K % E == 0:
-        extra = build_index_files(empty, geometry=g, prev_state=_full_state(g, last_key[0], last_key[1]),
-                                  emit_empty=False, trailing_dispatch=True, empty_index_count=ctx["empty_index_count"],
-                                  name_tz=None)
-    names: list[str] = []
-    last = None
-    if nfiles:
-        with_keys = [i for i in keyed if counts[i]]
+    ix = layout(g, inc, segs, counts, last, out.records, ctx["empty_index_count"])
+    out.index_keys = ix.keys
+    firsts: dict[int, int] = {}
+    if ix.nfiles:
+        with_keys = [i for i in keyed if ix.counts[i]]
         if ctx["staging"].local:  # memory-mapped key files: the driver reads one time per file itself
-            firsts = dict(pair for i in with_keys for pair in first_times(ctx, E, offsets, mb, i))
+            firsts = dict(pair for i in with_keys for pair in first_times(ctx, E, ix.offsets, mb, i))
         else:
-            firsts = dict(pair for lst in engine.map(partial(first_times, ctx, E, offsets, mb), with_keys,
+            firsts = dict(pair for lst in engine.map(partial(first_times, ctx, E, ix.offsets, mb), with_keys,
                                                      "phase C: first times")
                           for pair in lst)
-        for f in range(nfiles):
-            last = index_file_name(firsts[f], name_tz, after=last)
-            names.append(last)
-    for im in extra:
-        im.name = index_file_name(im.first_timestamp or 0, name_tz, after=last)
-        last = im.name
-    return IndexPlan(E, offsets, counts, mb, names, extra, K)
+    return IndexPlan(ix, mb, name_files(ix, firsts, name_tz))
 
 
 def _write_extra_index(ix: IndexPlan, staging: Location) -> dict[str, dict[str, Any]]:

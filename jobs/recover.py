@@ -49,29 +49,25 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 
 from storelib.bytesource import LocalSource, Location
 from storelib.checkpoint import CHECKPOINT_SIZE, RECOVERY_SAFETY_MS, Checkpoint, read_checkpoint
 from storelib.commitlog import Segment
 from storelib.consumequeue import (
-    CQ_DTYPE,
-    CQ_UNIT_SIZE,
     ConsumeQueue,
-    file_name,
     list_queues,
-    parse_file_name,
 )
-from storelib.cqwriter import QueueState, build_consume_queues
+from storelib.cqrecovery import QueueReplay
+from storelib.cqwriter import build_consume_queues
 from storelib.dispatch import DISPATCH_COLUMNS, index_geometry
 from storelib.errors import Finding, StoreError
-from storelib.indexbuild import IndexImage, IndexState, build_index_files, index_key_rows
+from storelib.indexbuild import IndexImage, IndexState, index_dispatched
 from storelib.indexfile import HEADER_SIZE, IndexHeader, list_index_files
 from storelib.markers import abort_state, lock_state
 from storelib.recovery import (
@@ -94,185 +90,9 @@ JOURNAL = "journal.jsonl"
 PLAN_FILE = "plan.json"
 STEPS_FILE = "steps.json"
 STAGED = "staged"
-CRASH_ENV = "RMQSTORE_RECOVER_CRASH_AT"  # tests: SIGKILL this process at the k-th hook point
 _ZERO_CHUNK = 4 * 1024 * 1024
 LOST_COLUMNS = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "keys", "uniq_key", "tags",
                 "store_timestamp", "crc_ok"]
-
-def _wrap64(x: int) -> int:
-    return ((x + 2**63) % 2**64) - 2**63
-
-
-# ---------------------------------------------------------------------------------------------
-# ConsumeQueue models
-
-
-@dataclass
-class _Seg:
-    """One CQ segment as the simulated broker sees it: the file's bytes (or zeros) plus units written."""
-
-    file: str | None  # path of the on-disk file whose bytes it starts from; None = new (zeros)
-    overlays: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (byte pos, units)
-    fs: Any = None  # the file's pyarrow filesystem when the store is remote (None: local path)
-
-    def units(self, S: int) -> np.ndarray:
-        out = np.zeros(S // CQ_UNIT_SIZE, dtype=CQ_DTYPE)
-        if self.file is not None:
-            raw = np.frombuffer(_read_upto(self.fs, self.file, S), dtype=np.uint8)
-            n = len(raw) // CQ_UNIT_SIZE
-            out[:n] = raw[: n * CQ_UNIT_SIZE].view(CQ_DTYPE)
-        for pos, u in self.overlays:
-            i = pos // CQ_UNIT_SIZE
-            out[i: i + len(u)] = u
-        return out
-
-
-def _read_upto(fs: Any, path: str, n: int) -> bytes:
-    """Up to ``n`` bytes from the start of a file: a local path, or a path on a remote store's filesystem."""
-    if fs is None:
-        with open(path, "rb") as f:
-            return f.read(n)
-    with fs.open_input_file(path) as f:
-        return f.read(min(n, f.size()))
-
-
-@dataclass
-class QueueReport:
-    """Per-queue outcome (plan JSON ``consume_queues.queues[]``)."""
-
-    topic: str
-    queue_id: int
-    recovered_max_offset: int
-    recovered_max_phy_offset: int
-    files_deleted_on_load: list[str] = field(default_factory=list)
-    truncated_max_offset: int | None = None
-    entries_truncated: int = 0
-    files_deleted_on_truncate: list[str] = field(default_factory=list)
-    entries_added: int = 0
-    added_from: int | None = None
-    added_by: list[str] = field(default_factory=list)
-    final_min_offset: int = 0
-    final_max_offset: int = 0
-    final_max_phy_offset: int = -1
-
-
-class _QueueSim:
-    """One consume queue through recover → recovery dispatch → truncation → reput."""
-
-    def __init__(self, topic: str, qid: int, root: Location, S: int, cq: ConsumeQueue | None):
-        self.topic, self.qid, self.S = topic, qid, S
-        self.rel_dir = f"consumequeue/{topic}/{qid}"
-        qloc = root.join("consumequeue", topic, str(qid))
-        self.fs = None if qloc.local else qloc.fs  # a remote store (plan only) is read through its fs
-        self.dir = qloc.path
-        self.disk: dict[int, str] = {}
-        for info in qloc.fs.get_file_info(pafs.FileSelector(qloc.path, allow_not_found=True)):
-            b = parse_file_name(info.base_name)
-            if b is not None and info.type == pafs.FileType.File:
-                self.disk[b] = info.path
-        self.model: dict[int, _Seg] = {}
-        if cq is not None:
-            rec = cq.recover()
-            for seg, _ in rec.segments:
-                self.model[seg.base] = _Seg(seg.path, fs=self.fs)
-            self.state = QueueState.from_existing(cq)
-            self.state = replace(self.state, backing=None)
-            self.report = QueueReport(topic, qid, rec.end // CQ_UNIT_SIZE, rec.max_physic_offset)
-            self.report.files_deleted_on_load = sorted(file_name(b) for b in self.disk if b not in self.model)
-        else:
-            self.state = QueueState()
-            self.report = QueueReport(topic, qid, 0, -1)
-
-    # -- writes ---------------------------------------------------------------------------------
-    def put(self, img, by: str) -> None:
-        """Overlay the units a build_consume_queues image wrote."""
-        S = self.S
-        for base in img.segment_bases:
-            if base not in self.model:
-                self.model[base] = _Seg(None)
-        ents = img.entries
-        for base in img.segment_bases:
-            lo, hi = max(base, img.start), min(base + S, img.end)
-            if hi > lo:
-                self.model[base].overlays.append((lo - base, ents[(lo - img.start) // CQ_UNIT_SIZE:
-                                                                  (hi - img.start) // CQ_UNIT_SIZE].copy()))
-        self.state = replace(img.state, backing=None)
-        written = img.slots[img.slots >= 0]
-        if len(written):
-            self.report.entries_added += len(written)
-            first = int(written.min())
-            self.report.added_from = first if self.report.added_from is None else min(self.report.added_from, first)
-            if by not in self.report.added_by:
-                self.report.added_by.append(by)
-
-    def truncate(self, P: int) -> None:
-        """truncateDirtyLogicFiles(P) (store-algorithms §8.6), on the model."""
-        S = self.S
-        max_phy = P
-        state = QueueState(max_physic_offset=P)
-        deleted: list[str] = []
-        while self.model:
-            last = max(self.model)
-            u = self.model[last].units(S)
-            if int(u["phy_offset"][0]) >= P:
-                del self.model[last]
-                deleted.append(file_name(last))
-                continue
-            rest = u[1:]
-            ok = (rest["phy_offset"] >= 0) & (rest["size"] > 0) & (rest["phy_offset"] < P)
-            k = int(np.argmax(~ok)) if (~ok).any() else len(rest)
-            n = 1 + k
-            lu = u[n - 1]
-            max_phy = _wrap64(int(lu["phy_offset"]) + int(lu["size"]))
-            state = QueueState(max_physic_offset=max_phy, last_base=last, write_pos=n * CQ_UNIT_SIZE)
-            break
-        self.state = state
-        self.report.files_deleted_on_truncate = deleted
-        self.report.truncated_max_offset = self.max_offset()
-        self.report.entries_truncated = max(0, self.report.recovered_max_offset - self.report.truncated_max_offset)
-
-    def destroy(self) -> None:
-        """ConsumeQueue.destroy (no commitlog segment left)."""
-        self.report.files_deleted_on_truncate = sorted(file_name(b) for b in self.model)
-        self.model.clear()
-        self.state = QueueState()
-        self.report.truncated_max_offset = 0
-        self.report.entries_truncated = self.report.recovered_max_offset
-
-    # -- results --------------------------------------------------------------------------------
-    def max_offset(self) -> int:
-        st = self.state
-        return 0 if st.last_base is None else (st.last_base + st.write_pos) // CQ_UNIT_SIZE
-
-    def min_offset(self, commitlog_min: int) -> int:
-        """correctMinOffset 4.9.8 on the final model: first unit of the first segment with phy >= M
-        (fillers have phy 0, so they count only when M = 0, as in the broker); 0 when none does."""
-        if not self.model:
-            return 0
-        first = min(self.model)
-        end = self.S if first != self.state.last_base else self.state.write_pos
-        u = self.model[first].units(self.S)[: end // CQ_UNIT_SIZE]
-        hit = np.flatnonzero(u["phy_offset"] >= commitlog_min)
-        return (first + int(hit[0]) * CQ_UNIT_SIZE) // CQ_UNIT_SIZE if len(hit) else 0
-
-    def outputs(self) -> Iterable[tuple[str, bytes | None]]:
-        """(relative path, new full content or None to delete) for every file that changes."""
-        S = self.S
-        last = self.state.last_base
-        for base in sorted(self.model):
-            seg = self.model[base]
-            u = seg.units(S)
-            if base == last:
-                u[self.state.write_pos // CQ_UNIT_SIZE:] = np.zeros(1, dtype=CQ_DTYPE)
-            data = u.tobytes()
-            path = self.disk.get(base)
-            if path is not None and _read_upto(self.fs, path, S + 1) == data:
-                continue
-            yield f"{self.rel_dir}/{file_name(base)}", data
-        for base in sorted(self.disk):
-            if base not in self.model:
-                yield f"{self.rel_dir}/{file_name(base)}", None
-
 
 # ---------------------------------------------------------------------------------------------
 # the simulation
@@ -286,7 +106,7 @@ class Simulation:
     version: str
     plan: dict
     walk: RecoveryResult
-    queues: dict[tuple[str, int], _QueueSim]
+    queues: dict[tuple[str, int], QueueReplay]
     index_delete: list[str]
     index_images: list[IndexImage]
     checkpoint_bytes: bytes | None
@@ -392,7 +212,7 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
                          "action": "delete" if delete else "keep"})
 
     # §8.2 ConsumeQueue.recover per queue
-    queues: dict[tuple[str, int], _QueueSim] = {}
+    queues: dict[tuple[str, int], QueueReplay] = {}
     try:
         listed = list_queues(store.loc, findings)
     except StoreError as e:
@@ -405,7 +225,7 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
     for topic, qid, loc in listed:
         with ConsumeQueue(loc, segment_size=Scq, topic=topic, queue_id=qid) as cq:
             findings.extend(cq.findings)
-            queues[(topic, qid)] = _QueueSim(topic, qid, root, Scq, cq)
+            queues[(topic, qid)] = QueueReplay(topic, qid, root, Scq, cq)
     cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1])
 
     # §8.3/8.4 the commitlog walk
@@ -464,7 +284,7 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
                 prev = IndexState.from_file(f)
             finally:
                 f.close()
-        index_images, keys_added = _build_index(prev, (t_rec, t_rep), geometry, version)
+        index_images, keys_added = index_dispatched(prev, (t_rec, t_rep), geometry=geometry, version=version)
         # deviation (named, on by default): the broker re-indexes only from the recovery start segment, so keys
         # of earlier records that were in a deleted index file are lost from the index (store-algorithms §8.4);
         # complete_index re-adds them from the end of the last kept index file
@@ -477,7 +297,8 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
                      if d.by == "reput" and d.phy_start < start_base]
             t_extra = _read_ranges(store, extra, delay_levels)
             if t_extra.num_rows:
-                index_images, total = _build_index(prev, (t_extra, t_rec, t_rep), geometry, version)
+                index_images, total = index_dispatched(prev, (t_extra, t_rec, t_rep), geometry=geometry,
+                                                        version=version)
                 keys_extra = total - keys_added
 
     # commitlog changes
@@ -527,25 +348,6 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
     return sim
 
 
-def _build_index(prev: IndexState | None, tables, geometry, version: str) -> tuple[list[IndexImage], int]:
-    """Index images after dispatching ``tables`` (in order) onto the last kept file; keys added."""
-    tables = [t for t in tables if t.num_rows]
-    parts = [index_key_rows(t) for t in tables]
-    kr = {k: np.concatenate([p[k] for p in parts]) for k in ("key_hash", "phy_offset", "store_timestamp")}
-    last_key_row = -1
-    base_row = 0
-    for t, p in zip(tables, parts):
-        if len(p["row_index"]):
-            last_key_row = base_row + int(p["row_index"][-1])
-        base_row += t.num_rows
-    images = build_index_files(kr, geometry=geometry, prev_state=prev, emit_empty=True,
-                               trailing_dispatch=last_key_row < base_row - 1,
-                               empty_index_count=1 if version == "5" else 0, name_tz="UTC")
-    cont = prev is not None and images and images[0].name == prev.name
-    before = prev.entry_count if cont else 0
-    return images, sum(len(im.entries) for im in images) - before
-
-
 def _range_dict(d: DispatchRange) -> dict:
     return {"segment": d.name, "from": d.phy_start, "to": d.phy_end, "by": d.by,
             "only_physical_offset_above": d.after}
@@ -575,7 +377,7 @@ def _checkpoint_image(store, cp: Checkpoint, version: str) -> bytes:
     return bytes(page)
 
 
-def _cq_dispatch(queues: dict[tuple[str, int], _QueueSim], table: pa.Table, root: Location, S: int,
+def _cq_dispatch(queues: dict[tuple[str, int], QueueReplay], table: pa.Table, root: Location, S: int,
                  by: str, findings: list[Finding]) -> None:
     """Dispatch ``table`` into the queue models; a topic that cannot be a directory is a finding, never a path."""
     if table.num_rows == 0:
@@ -590,7 +392,7 @@ def _cq_dispatch(queues: dict[tuple[str, int], _QueueSim], table: pa.Table, root
             continue
         q = queues.get(key)
         if q is None:
-            q = queues[key] = _QueueSim(key[0], key[1], root, S, None)
+            q = queues[key] = QueueReplay(key[0], key[1], root, S, None)
         q.put(img, by)
 
 
@@ -606,12 +408,7 @@ def _plan_dict(sim: Simulation, *, settings, abort, lock, cp: Checkpoint, new_cp
     remaining = [s for s in cl.segments if s.name not in sim.commitlog_delete]
     commitlog_min = remaining[0].base if remaining else 0
     for key in sorted(sim.queues):
-        q = sim.queues[key]
-        r = q.report
-        r.final_max_offset = q.max_offset()
-        r.final_max_phy_offset = q.state.max_physic_offset
-        r.final_min_offset = min(q.min_offset(commitlog_min), r.final_max_offset)
-        qreps.append(r.__dict__.copy())
+        qreps.append(sim.queues[key].finish(commitlog_min).__dict__.copy())
     files = [{"path": rel, "action": "write" if data is not None else "delete"}
              for q in sim.queues.values() for rel, data in q.outputs()]
     lost_doc = scan_lost(sim, with_body=False) if lost else None

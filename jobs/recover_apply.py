@@ -10,12 +10,10 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobs.recover import (
-    CRASH_ENV,
     JOURNAL,
     MARKER,
     PLAN_FILE,
@@ -32,22 +30,6 @@ from storelib.markers import ABORT_FILE, LOCK_FILE, lock_state
 from storelib.smallfile_io import atomic_write, fsync_dir, output_mode, read_small
 
 _ZERO_CHUNK = 4 * 1024 * 1024
-
-# in-process crash injection for tests: called with a label at every hook point
-CRASH_HOOK: Callable[[int, str], None] | None = None
-_hook_count = 0
-
-
-def _hook(label: str) -> None:
-    """A point where a kill must leave a store that a rerun can finish (tests crash here)."""
-    global _hook_count
-    _hook_count += 1
-    k = os.environ.get(CRASH_ENV)
-    if k and int(k) == _hook_count:
-        os.kill(os.getpid(), signal.SIGKILL)
-    if CRASH_HOOK is not None:
-        CRASH_HOOK(_hook_count, label)
-
 
 # ---------------------------------------------------------------------------------------------
 # apply
@@ -213,7 +195,6 @@ def _run_step(step: dict, root: str, bdir: str, backup: Backup) -> None:
     path = backup.path(rel)
     if op == "marker_create":
         backup.save(rel)
-        _hook(f"{step['id']}:saved")
         atomic_write(path, bdir.encode("utf-8"))
         return
     if op == "marker_remove":
@@ -222,13 +203,11 @@ def _run_step(step: dict, root: str, bdir: str, backup: Backup) -> None:
         return
     if op == "delete":
         backup.save(rel, link_ok=True)
-        _hook(f"{step['id']}:saved")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
     if op == "zero_tail":
         backup.save(rel)
-        _hook(f"{step['id']}:saved")
         _zero_tail(path, int(step["from"]))
         return
     if op == "install":
@@ -236,7 +215,6 @@ def _run_step(step: dict, root: str, bdir: str, backup: Backup) -> None:
         if parent:
             backup.makedirs(parent)
         backup.save(rel, link_ok=True)
-        _hook(f"{step['id']}:saved")
         _install(os.path.join(bdir, STAGED, *rel.split("/")), path)
         return
     raise StoreError(os.path.join(bdir, STEPS_FILE), None, "bad_journal", f"unknown step {op!r}")
@@ -261,8 +239,6 @@ def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, f
     untouched and a rerun starts over. Then each step: back the file up (manifest fsynced), do one
     idempotent operation, journal it done. A rerun reads the journal and continues.
     """
-    global _hook_count
-    _hook_count = 0
     root = check_offline(store)
     bdir = os.path.abspath(os.fspath(backup_dir))
     os.makedirs(bdir, exist_ok=True)
@@ -296,11 +272,9 @@ def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, f
                                  "the broker's recovery cannot be reproduced exactly here (see the plan's findings); "
                                  "use --force to apply anyway")
             write_json_atomic(os.path.join(bdir, PLAN_FILE), sim.plan)
-            _hook("planned")
             steps = _stage(sim, bdir)
             write_json_atomic(os.path.join(bdir, STEPS_FILE), steps)
             _journal(bdir, {"event": "staged", "steps": len(steps)})
-            _hook("staged")
             plan = sim.plan
             done: set[int] = set()
             resumed = False
@@ -321,9 +295,7 @@ def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, f
             if progress:
                 progress(f"{step['op']} {step['rel']}")
             _run_step(step, root, bdir, backup)
-            _hook(f"{step['id']}:op")
             _journal(bdir, {"event": "done", "id": step["id"]})
-            _hook(f"{step['id']}:done")
         _journal(bdir, {"event": "complete"})
         shutil.rmtree(os.path.join(bdir, STAGED), ignore_errors=True)
     return ApplyResult(plan, len(steps), before, resumed, False, file_changes=count_file_changes(steps))

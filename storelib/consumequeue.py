@@ -123,6 +123,23 @@ def first_invalid(units: np.ndarray) -> int:
     return int(np.argmax(bad)) if bad.any() else len(units)
 
 
+def first_unit_from(units: np.ndarray, base: int, commitlog_min_offset: int) -> int | None:
+    """correctMinOffset 4.9.8's scan of the first segment (store-algorithms §8.8): the logical byte offset
+    of the first unit whose phyOffset >= M, None when none is (fillers have phy 0, so they count only
+    when M = 0, as in the broker). Shared by the reader and the recovery model."""
+    hit = np.flatnonzero(units["phy_offset"] >= int(commitlog_min_offset))
+    return base + int(hit[0]) * CQ_UNIT_SIZE if len(hit) else None
+
+
+def kept_after_truncation(units: np.ndarray, process_offset: int) -> int:
+    """truncateDirtyLogicFiles' scan of the last segment that survives it (store-algorithms §8.6): how many
+    units stay. The first unit is kept unchecked (the caller deletes the file when its phyOffset >=
+    processOffset); later ones while valid and phyOffset < processOffset."""
+    rest = units[1:]
+    ok = valid_mask(rest) & (rest["phy_offset"] < int(process_offset))
+    return 1 + (int(np.argmax(~ok)) if (~ok).any() else len(rest))
+
+
 def make_units(phy_offset, size, tags_code) -> np.ndarray:
     """A native CQ_DTYPE array from three columns (handy for tests and writers)."""
     p = np.asarray(phy_offset, dtype=np.int64)
@@ -512,10 +529,8 @@ class ConsumeQueue:
         first, first_read = rec.segments[0]
         if variant in ("4.9.8", "4"):
             units = self.read_units(first, 0, first_read // CQ_UNIT_SIZE)
-            hit = np.flatnonzero(units["phy_offset"] >= M)
-            if len(hit):
-                min_logic = first.base + int(hit[0]) * CQ_UNIT_SIZE
-            return min_logic // CQ_UNIT_SIZE
+            hit = first_unit_from(units, first.base, M)
+            return (min_logic if hit is None else hit) // CQ_UNIT_SIZE
         if variant not in ("5.x", "5", "5.3.3"):
             raise ValueError(f"unknown variant {variant!r}")
         if min_logic >= rec.end:

@@ -66,7 +66,7 @@ from .commitlog import CommitLog, Segment
 from .consumequeue import ConsumeQueue, list_queues
 from .cqwriter import QueueState, build_consume_queues, write_queue_image
 from .errors import Finding, StoreError
-from .indexbuild import IndexState, build_index_files, index_key_rows
+from .indexbuild import IndexState, build_index_files, empty_index_count, index_key_rows
 from .indexfile import IndexGeometry, IndexHeader, list_index_files
 from .record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from .scanner import SegmentScan
@@ -163,7 +163,7 @@ class _Dispatcher:
         self.geometry = index_geometry(settings)
         self.qstate = queue_states
         self.istate = index_state
-        self.empty_index_count = 1 if str(settings.version).startswith("5") else 0
+        self.empty_index_count = empty_index_count(settings.version)
         self.batches: list[pa.RecordBatch] = []
         self.keys: list[dict[str, np.ndarray]] = []
         self.rows = 0

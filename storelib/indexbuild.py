@@ -351,6 +351,35 @@ def build_index_files(
     return images
 
 
+def empty_index_count(version: str) -> int:
+    """indexCount of an index file without entries as found on disk: 4.9.8 never flushes it (0), 5.x
+    flushes it at a clean shutdown (1) (differences-4x-5x row 22)."""
+    return 1 if str(version).startswith("5") else 0
+
+
+def index_dispatched(prev: IndexState | None, tables: Sequence[pa.Table], *, geometry: IndexGeometry,
+                     version: str, name_tz: str | Any | None = "UTC") -> tuple[list[IndexImage], int]:
+    """The index files after dispatching the record ``tables`` (in order) onto ``prev``, the last index
+    file kept (or none), and how many keys were added: the start-up's view of the index, built by
+    :func:`build_index_files` (a trailing keyless record can roll a full file, an empty run still
+    leaves one file)."""
+    tables = [t for t in tables if t.num_rows]
+    parts = [index_key_rows(t) for t in tables]
+    kr = {k: np.concatenate([p[k] for p in parts]) for k in ("key_hash", "phy_offset", "store_timestamp")}
+    last_key_row = -1
+    base_row = 0
+    for t, p in zip(tables, parts):
+        if len(p["row_index"]):
+            last_key_row = base_row + int(p["row_index"][-1])
+        base_row += t.num_rows
+    images = build_index_files(kr, geometry=geometry, prev_state=prev, emit_empty=True,
+                               trailing_dispatch=last_key_row < base_row - 1,
+                               empty_index_count=empty_index_count(version), name_tz=name_tz)
+    cont = prev is not None and images and images[0].name == prev.name
+    before = prev.entry_count if cont else 0
+    return images, sum(len(im.entries) for im in images) - before
+
+
 def name_images(images: Sequence[IndexImage], tz: str | Any = "UTC", *, after: str | None = None) -> None:
     """Give unnamed images names by the policy of :func:`index_file_name`, strictly increasing."""
     last = after
@@ -540,5 +569,5 @@ def stream_index_file(
     return header, sha.hexdigest()
 
 
-__all__ = ["ChainRun", "IndexImage", "IndexState", "build_index_files", "index_key_rows", "index_keys",
-           "local_chains", "name_images", "stream_index_file"]
+__all__ = ["ChainRun", "IndexImage", "IndexState", "build_index_files", "empty_index_count", "index_dispatched",
+           "index_key_rows", "index_keys", "local_chains", "name_images", "stream_index_file"]

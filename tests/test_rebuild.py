@@ -389,24 +389,32 @@ def test_cli_rebuild_prints_a_summary(tmp_path, sample_498, capsys):
     assert rc == 2
 
 
+# run as ``python -c`` with (text, cli args...): SIGKILL the process right after it reports a progress line
+# holding ``text`` (a real step of the job, mid-way)
+_KILL_AT_PROGRESS = """
+import os, signal, sys
+from jobs.rebuild import Reporter
+orig = Reporter.__call__
+def report(self, text):
+    orig(self, text)
+    if sys.argv[1] in text:
+        os.kill(os.getpid(), signal.SIGKILL)
+Reporter.__call__ = report
+from jobs.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def test_killed_midway_leaves_the_source_untouched_nothing_published_and_a_rerun_succeeds(tmp_path):
     rich_store(tmp_path / "store", "4", n=1500)
     conf = write_conf(tmp_path, mappedFileSizeCommitLog=S, maxHashSlotNum=64, maxIndexNum=6000)
     before = tree_digest(tmp_path / "store")
     out = tmp_path / "out"
-    env = dict(os.environ, RMQSTORE_REBUILD_TEST_DELAY_S="0.3", PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", "rebuild", str(tmp_path / "store"), "--out", str(out),
-                             "--broker-conf", conf], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
-                            cwd=REPO, text=True)
-    try:
-        for line in proc.stderr:
-            if "dispatch: segment 3/" in line:
-                proc.send_signal(signal.SIGKILL)
-                break
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    args = ["rebuild", str(tmp_path / "store"), "--out", str(out), "--broker-conf", conf]
+    proc = subprocess.run([sys.executable, "-c", _KILL_AT_PROGRESS, "dispatch: segment 3/", *args], cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    assert "dispatch: segment 3/" in proc.stderr
     assert proc.returncode == -signal.SIGKILL
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir() if "staging" in p.name]  # it really died mid-way

@@ -16,6 +16,7 @@ from jobs import recover as rc
 from jobs import recover_apply as ra
 from jobs import salvage as sv
 from jobs.audit import audit_store
+from storelib.backup import Backup
 from storelib.brokerconf import load_broker_conf
 from storelib.checkpoint import Checkpoint, write_checkpoint
 from storelib.consumequeue import CQ_DTYPE
@@ -310,49 +311,85 @@ def _copy_store(store: Store, dst) -> Store:
     return Store(str(dst), store.settings)
 
 
-def test_crash_at_every_kind_of_hook_then_rerun_gives_the_uninterrupted_result(tmp_path):
+class _Crash(BaseException):
+    pass
+
+
+def _crash_points(monkeypatch, labels: list[str], at: int | None = None) -> None:
+    """Count the points where a kill must leave a store that a rerun finishes, by wrapping the real
+    functions apply calls: the plan written, each backup saved, each step's operation, each step journalled
+    (and the ``staged`` event). The label of each point passed is appended to ``labels``; the ``at``-th
+    raises _Crash right after the real call returned, as a kill there would."""
+
+    def wrap(owner, name, label_of):
+        orig = getattr(owner, name)
+
+        def point(*a, **k):
+            out = orig(*a, **k)
+            label = label_of(*a, **k)
+            if label is not None:
+                labels.append(label)
+                if len(labels) == at:
+                    raise _Crash(label)
+            return out
+
+        monkeypatch.setattr(owner, name, point)
+
+    wrap(ra, "write_json_atomic", lambda path, obj: "planned" if os.path.basename(path) == ra.PLAN_FILE else None)
+    wrap(Backup, "save", lambda self, rel, **k: f"saved:{rel}")
+    wrap(ra, "_run_step", lambda step, *a: f"op:{step['id']}")
+    wrap(ra, "_journal", lambda bdir, obj: {"staged": "staged", "done": f"done:{obj.get('id')}"}.get(obj["event"]))
+
+
+def test_crash_at_every_kind_of_point_then_rerun_gives_the_uninterrupted_result(tmp_path):
     proto, _, _ = _scenario(tmp_path, "proto")
     ref = _copy_store(proto, tmp_path / "ref")
     orig = _tree(ref.loc.path)
     labels: list[str] = []
-    ra.CRASH_HOOK = lambda n, label: labels.append(label)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        _crash_points(mp, labels)
         res = _apply(ref, tmp_path / "ref-bk")
-    finally:
-        ra.CRASH_HOOK = None
     want = _tree(ref.loc.path)
-    assert want != orig and res.steps > 6 and len(labels) == ra._hook_count
-    steps = {s["id"]: s["op"] + ":" + s["rel"].split("/")[0]
-             for s in json.load(open(tmp_path / "ref-bk" / ra.STEPS_FILE))}
+    assert want != orig and res.steps > 6
+    steps = json.load(open(tmp_path / "ref-bk" / ra.STEPS_FILE))
+    by_id = {str(s["id"]): s["op"] + ":" + s["rel"].split("/")[0] for s in steps}
+    by_rel = {s["rel"]: by_id[str(s["id"])] for s in steps if s["op"] != "marker_remove"}
     # one crash point per (operation kind, phase): after the backup, after the operation (+ the very last point)
     kinds: dict[str, int] = {}
     for n, label in enumerate(labels, 1):
-        sid, _, phase = label.partition(":")
-        kind = f"{steps[int(sid)]}:{phase}" if sid.isdigit() else label
+        phase, _, arg = label.partition(":")
+        kind = label if not arg else f"{by_rel[arg] if phase == 'saved' else by_id[arg]}:{phase}"
         if phase != "done" or n == len(labels):  # a step's "done" point is the next step's start
             kinds.setdefault(kind, n)
     assert len(kinds) >= 10
 
-    class Crash(BaseException):
-        pass
-
     for kind, k in sorted(kinds.items(), key=lambda kv: kv[1]):
         s = _copy_store(proto, tmp_path / f"k{k}")
-
-        def crash(n, label, k=k):
-            if n == k:
-                raise Crash(label)
-
-        ra.CRASH_HOOK = crash
-        try:
-            with pytest.raises(Crash):
+        with pytest.MonkeyPatch.context() as mp:
+            _crash_points(mp, [], at=k)
+            with pytest.raises(_Crash):
                 _apply(s, tmp_path / f"k{k}-bk")
-        finally:
-            ra.CRASH_HOOK = None
         _apply(_reopen(s), tmp_path / f"k{k}-bk")
         assert _tree(s.loc.path) == want, f"crash at {kind}"
         ra.restore(tmp_path / f"k{k}-bk")
         assert _tree(s.loc.path) == orig, f"restore after a crash at {kind}"
+
+
+# run as ``python -c`` with (k, cli args...): SIGKILL the process right after its k-th backup is saved
+_KILL_AFTER_SAVE = """
+import os, signal, sys
+from storelib.backup import Backup
+orig, seen = Backup.save, [0]
+def save(self, *a, **k):
+    out = orig(self, *a, **k)
+    seen[0] += 1
+    if seen[0] == int(sys.argv[1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+Backup.save = save
+from jobs.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
 
 
 def test_sigkill_during_apply_then_rerun_matches_and_restore_is_byte_identical(tmp_path):
@@ -363,13 +400,12 @@ def test_sigkill_during_apply_then_rerun_matches_and_restore_is_byte_identical(t
     s = _copy_store(proto, tmp_path / "victim")
     orig = _tree(s.loc.path)
     conf = _conf_file(tmp_path / "proto", "4")
-    cmd = [sys.executable, "-m", "jobs.cli", "recover", s.loc.path, "--broker-conf", conf, "--apply",
-           "--backup", str(tmp_path / "bk")]
-    env = dict(os.environ, **{ra.CRASH_ENV: "9"})  # mid-way: some steps done, one backed up but not applied
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True)
-    assert p.returncode == -9
+    args = ["recover", s.loc.path, "--broker-conf", conf, "--apply", "--backup", str(tmp_path / "bk")]
+    # mid-way: the marker and one step done, the next one backed up but not applied
+    p = subprocess.run([sys.executable, "-c", _KILL_AFTER_SAVE, "3", *args], cwd=REPO, capture_output=True)
+    assert p.returncode == -9, p.stderr
     assert _tree(s.loc.path) not in (want, orig)
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "resumed" in p.stdout
     assert _tree(s.loc.path) == want
@@ -398,22 +434,17 @@ def test_apply_refuses_a_store_locked_by_a_live_process(tmp_path):
         holder.wait()
 
 
-def test_second_apply_with_another_backup_dir_after_a_crash_is_refused(tmp_path):
+def test_second_apply_with_another_backup_dir_after_a_crash_is_refused(tmp_path, monkeypatch):
     store, _, _ = _scenario(tmp_path)
-
-    class Crash(BaseException):
-        pass
-
-    def crash(n, label):
-        if label.endswith(":op") and n > 5:
-            raise Crash()
-
-    ra.CRASH_HOOK = crash
-    try:
-        with pytest.raises(Crash):
-            _apply(store, tmp_path / "bk1")
-    finally:
-        ra.CRASH_HOOK = None
+    labels: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        _crash_points(mp, labels)
+        _apply(_copy_store(store, tmp_path / "dry"), tmp_path / "dry-bk")
+    k = next(n for n, label in enumerate(labels, 1) if label.startswith("op:") and n > 5)
+    _crash_points(monkeypatch, [], at=k)
+    with pytest.raises(_Crash):
+        _apply(store, tmp_path / "bk1")
+    monkeypatch.undo()
     with pytest.raises(StoreError) as e:
         _apply(_reopen(store), tmp_path / "bk2")
     assert e.value.kind == "apply_in_progress"
