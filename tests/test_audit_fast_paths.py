@@ -29,11 +29,11 @@ ENTRIES = 40 + 64 * 4  # IndexFile header + slot table of the test geometry: ent
 
 def _plain(monkeypatch) -> None:
     """Turn both shortcuts off: every index entry looked up, every CQ unit compared."""
-    def never(self, e_phy, e_kh) -> bool:
+    def never(self, ent, chunk=0) -> bool:
         self.aligned = False
         return False
 
-    monkeypatch.setattr(index_checks._KeySequence, "next_are", never)
+    monkeypatch.setattr(index_checks._KeySequence, "next_are_entries", never)
     monkeypatch.setattr(queue_checks, "_units_before_invalid_tail", lambda units, path: len(units))
     monkeypatch.setattr(queue_checks, "_queue_records_exactly", lambda log, recs, phy, qoffs: None)
 
@@ -273,3 +273,47 @@ def test_chunked_equal_compares_ranges_across_chunks_without_a_copy():
     assert not eq(col, 2, np.array([3, 4, 9]))
     assert not eq(col, 5, np.array([6, 7]))  # past the end
     assert not eq(pa.chunked_array([pa.array([1, None])]), 0, np.array([1, 0]))
+
+
+def _chains_reference(kh: np.ndarray, prev: np.ndarray, slots: int) -> tuple[int, int | None]:
+    """Broken entries of a file's chains, one entry at a time: (count, first in (slot, entry) order)."""
+    newest: dict[int, int] = {}
+    bad = []
+    for i, (h, p) in enumerate(zip(kh.tolist(), prev.tolist())):
+        s = h % slots if h >= 0 else -1
+        if p != newest.get(s, 0):
+            bad.append((s, i + 1))
+        newest[s] = i + 1
+    return len(bad), (min(bad)[1] if bad else None)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
+def test_index_chains_checked_in_chunks_find_what_the_whole_file_check_finds(chunk):
+    from storelib.checks.segment import _Capped
+    from storelib.indexfile import ENTRY_DTYPE, IndexGeometry
+
+    g = IndexGeometry(64, 4000)
+    rng = np.random.default_rng(7)
+    m = 3000
+    kh = rng.integers(0, 1 << 31, m, dtype=np.int64)
+    kh[rng.choice(m, 20, replace=False)] *= -1  # negative hashes chain in a slot of their own
+    newest: dict[int, int] = {}
+    prev = np.zeros(m, np.int64)
+    for i, h in enumerate(kh.tolist()):
+        s = h % 64 if h >= 0 else -1
+        prev[i] = newest.get(s, 0)
+        newest[s] = i + 1
+    ent = np.zeros(m, dtype=ENTRY_DTYPE)
+    ent["key_hash"], ent["phy_offset"], ent["prev_index"] = kh, np.arange(m) * 100, prev
+    for corrupt in ([], [2999], [5, 1700, 2400], list(rng.choice(m, 50, replace=False))):
+        e = ent.copy()
+        e["prev_index"][corrupt] += 1
+        out = _Capped()
+        index_checks._check_chains(e, g, "index/x", out, chunk=chunk)
+        found = [f for f in out.done() if f.kind == "index_chain_broken"]
+        count, first = _chains_reference(e["key_hash"].astype(np.int64), e["prev_index"].astype(np.int64), 64)
+        if not count:
+            assert not found
+            continue
+        assert len(found) == 1 and found[0].extra["count"] == count
+        assert found[0].offset == g.entry_pos(first) + 16 and f"entry {first})" in found[0].detail

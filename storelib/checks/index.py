@@ -128,16 +128,22 @@ class _KeySequence:
         self.cur = 0
         self.spans: list[tuple[int, int]] = []  # key ranges matched by files
 
-    def next_are(self, e_phy: np.ndarray, e_kh: np.ndarray) -> bool:
-        """Are these entries (one file's, in entry order) the next keys? Advances past them if so."""
-        a, b = self.cur, self.cur + len(e_phy)
-        if (self.aligned and b <= self.n and _chunked_equal(self.field, a, e_phy)
-                and _chunked_equal(self.hash, a, e_kh)):
-            self.spans.append((a, b))
-            self.cur = b
-            return True
-        self.aligned = False
-        return False
+    def next_are_entries(self, ent: np.ndarray, chunk: int = 1 << 20) -> bool:
+        """Are one file's raw entries (in entry order) the next keys? Advances past them if so. Compared
+        ``chunk`` entries at a time: no whole-file copy of their columns."""
+        a, m = self.cur, len(ent)
+        if not self.aligned or a + m > self.n:
+            self.aligned = False
+            return False
+        for lo in range(0, m, chunk):
+            part = ent[lo:lo + chunk]
+            if not (_chunked_equal(self.field, a + lo, part["phy_offset"].astype(np.int64))
+                    and _chunked_equal(self.hash, a + lo, part["key_hash"].astype(np.int64))):
+                self.aligned = False
+                return False
+        self.spans.append((a, a + m))
+        self.cur = a + m
+        return True
 
     def all_matched(self) -> bool:
         """Did the files, in order, hold every key exactly (so every key is findable)?"""
@@ -175,104 +181,34 @@ def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Ca
         except StoreError as e:  # changed since it was validated
             out.add(_index_open_error(display, e))
             continue
+        ent = None
         try:
-            ent = f.entries_array()
-            # the three columns used, in native byte order (copies: the mapping is closed below)
-            e_phy = ent["phy_offset"].astype(np.int64)
-            e_kh = ent["key_hash"].astype(np.int64)
-            e_prev = ent["prev_index"].astype(np.int64)
+            ent = f.entries_array()  # a view of the mapped file: columns are copied a chunk at a time
             m = len(ent)
-            del ent
-        finally:
-            f.close()
-        info["files"].append({"name": ref.name, "entries": m, "begin_ts": h.begin_timestamp,
-                              "end_ts": h.end_timestamp, "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset})
-        if m:
-            max_end_phy = max(max_end_phy, int(e_phy.max()))
-        if idx_ts is not None and h.end_timestamp > idx_ts:
-            info.setdefault("deleted_on_abnormal_start", []).append(ref.name)
-            out.add(Finding("index_deleted_on_abnormal_start", "info", display, 8,
-                            f"endTimestamp {h.end_timestamp} > checkpoint indexMsgTimestamp {idx_ts}: "
-                            + ("the abort file is present, so the next start deletes this file and re-indexes only "
-                               "from the recovery start segment" if abort else
-                               "an abnormal start (abort file) would delete this file"),
-                            {"end_timestamp": h.end_timestamp, "index_msg_timestamp": idx_ts}))
-        e_n = np.arange(1, m + 1)
-        consequences: list[str] = []
-        if keys.next_are(e_phy, e_kh):
-            # the file holds exactly the next keys of the log, in order: every entry points at its record
-            # with one of its keys' hashes, so no entry finding (the comparison below would find none)
-            wrong = np.zeros(0, np.int64)
-        else:
-            if k_ is None:
-                k_ = key_codes(log)
-            rows = _lookup_repeats(log, e_phy)
-            found = rows >= 0
-            if len(k_.rank):
-                codes = np.where(found, (k_.rank[np.clip(rows, 0, None)] << 31) | np.clip(e_kh, 0, None), -2)
-            else:  # no record at all (every segment gone): no entry can point at one
-                codes = np.full(len(rows), -2, dtype=np.int64)
-            cs = np.sort(codes[found])
-            all_codes.append(cs)
-            if _run_of(cs, k_.kpos):  # every entry's code is a key's code: nothing to look up one by one
+            info["files"].append({"name": ref.name, "entries": m, "begin_ts": h.begin_timestamp,
+                                  "end_ts": h.end_timestamp, "begin_phy": h.begin_phy_offset,
+                                  "end_phy": h.end_phy_offset})
+            if m:
+                max_end_phy = max(max_end_phy, int(ent["phy_offset"].max()))
+            _abnormal_start_note(info, out, display, h, idx_ts, abort)
+            consequences: list[str] = []
+            if keys.next_are_entries(ent):
+                # the file holds exactly the next keys of the log, in order: every entry points at its
+                # record with one of its keys' hashes, so no entry finding (the comparison would find none)
                 wrong = np.zeros(0, np.int64)
             else:
-                wrong = np.flatnonzero(found & ~_member(codes, k_.kcode_sorted))
-            wrong_phy.append(e_phy[wrong])
-            miss = np.flatnonzero(~found)
-            mp = e_phy[miss]
-            expired = mp < log.log_min
-            lost = log.in_lost(mp)
-            past = (mp >= log.log_end) & ~lost
-            for k in miss[~(expired | lost | past)].tolist():
-                out.add(Finding("index_entry_bad_offset", "error", display, g.entry_pos(int(e_n[k])),
-                                f"entry {int(e_n[k])}: phyOffset {int(e_phy[k])} is not the start of a record",
-                                {"entry": int(e_n[k]), "phy": int(e_phy[k])}))
-            if past.any():
-                k0 = int(miss[past][0])
-                # the broker's recovery truncates the commitlog and the consume queues but never an index
-                # file (IndexService.load keeps every entry after a clean exit; 4.9.8 and 5.3.3): such
-                # entries are what a recovered store holds, so they are graded as the broker lives with them
-                out.add(Finding("index_entry_past_commitlog", "warning", display, g.entry_pos(int(e_n[k0])),
-                                f"{int(past.sum())} entries point past the end of the commitlog data ({log.log_end}): "
-                                "the broker keeps them (its recovery never truncates index files); once new messages "
-                                "are written there, a query by key may return them and the client drops those whose "
-                                "key does not match; `rmqstore rebuild --what index` writes an index without them",
-                                {"count": int(past.sum())}))
-        if len(wrong):
-            consequences = ["slot_not_newest_entry", "prev_index_wrong_slot", "hash_slot_count_mismatch",
-                            "index_chain_broken"]
-        for k in wrong.tolist():
-            out.add(Finding("index_entry_wrong_hash", "error", display, g.entry_pos(int(e_n[k])),
-                            f"entry {int(e_n[k])}: keyHash {int(e_kh[k])} is not the hash of any key of the record at "
-                            f"{int(e_phy[k])}; a query for the real key cannot find it (slot chains disagree as a "
-                            "consequence)", {"entry": int(e_n[k]), "phy": int(e_phy[k]), "key_hash": int(e_kh[k])}))
-        # chain structure: the broker links each entry to the previous entry of its slot
-        if m and not len(wrong):
-            # entries grouped by slot, entry number ascending: one sort of (slot << 32 | entry number)
-            # (== a stable argsort by slot, several times faster); slot -1 (negative hash) sorts first.
-            # In-place steps: fresh 20 MB temporaries cost page faults as much as the arithmetic.
-            sk = e_kh % g.hash_slot_num
-            sk[e_kh < 0] = -1
-            sk <<= 32
-            sk |= e_n
-            sk.sort()
-            n_s = sk & 0xFFFFFFFF
-            sk >>= 32  # the slots, sorted
-            exp_prev = np.empty_like(n_s)
-            exp_prev[0] = 0
-            exp_prev[1:] = n_s[:-1]
-            exp_prev[1:][sk[1:] != sk[:-1]] = 0  # the first entry of its slot has no previous one
-            order = n_s
-            order -= 1
-            got = e_prev[order]
-            brk = np.flatnonzero(exp_prev != got)
-            if len(brk):
-                k = int(order[brk[0]])
-                out.add(Finding("index_chain_broken", "error", display, g.entry_pos(int(e_n[k])) + 16,
-                                f"{len(brk)} entries whose prevIndex is not the previous entry of their slot (first: "
-                                f"entry {int(e_n[k])}); entries off the chain cannot be found by queries",
-                                {"count": len(brk)}))
+                if k_ is None:
+                    k_ = key_codes(log)
+                wrong = _entries_against_records(log, k_, ent, g, display, out, all_codes, wrong_phy)
+            if len(wrong):
+                consequences = ["slot_not_newest_entry", "prev_index_wrong_slot", "hash_slot_count_mismatch",
+                                "index_chain_broken"]
+            # chain structure: the broker links each entry to the previous entry of its slot
+            if m and not len(wrong):
+                _check_chains(ent, g, display, out)
+        finally:
+            del ent
+            f.close()
         for vfi in vf:
             if vfi.kind in consequences:
                 continue
@@ -318,3 +254,106 @@ def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Ca
                                 "through any index file", {"phy": p, "key_hash": int(khash[missing[j]])}))
     info["max_end_phy"] = max_end_phy
     return info
+
+
+def _abnormal_start_note(info: dict, out: _Capped, display: str, h: Any, idx_ts: int | None, abort: bool) -> None:
+    """A file whose endTimestamp is after the checkpoint's indexMsgTimestamp: an abnormal start deletes it."""
+    if idx_ts is not None and h.end_timestamp > idx_ts:
+        info.setdefault("deleted_on_abnormal_start", []).append(display.split("/", 1)[1])
+        out.add(Finding("index_deleted_on_abnormal_start", "info", display, 8,
+                        f"endTimestamp {h.end_timestamp} > checkpoint indexMsgTimestamp {idx_ts}: "
+                        + ("the abort file is present, so the next start deletes this file and re-indexes only "
+                           "from the recovery start segment" if abort else
+                           "an abnormal start (abort file) would delete this file"),
+                        {"end_timestamp": h.end_timestamp, "index_msg_timestamp": idx_ts}))
+
+
+def _entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: Any, display: str, out: _Capped,
+                             all_codes: list[np.ndarray], wrong_phy: list[np.ndarray]) -> np.ndarray:
+    """Each entry of a file that is not the log's next keys looked up: the record it points at and whether
+    its hash is one of that record's keys'. Returns the entries whose hash is wrong (0-based)."""
+    e_phy = ent["phy_offset"].astype(np.int64)
+    e_kh = ent["key_hash"].astype(np.int64)
+    rows = _lookup_repeats(log, e_phy)
+    found = rows >= 0
+    if len(k_.rank):
+        codes = np.where(found, (k_.rank[np.clip(rows, 0, None)] << 31) | np.clip(e_kh, 0, None), -2)
+    else:  # no record at all (every segment gone): no entry can point at one
+        codes = np.full(len(rows), -2, dtype=np.int64)
+    cs = np.sort(codes[found])
+    all_codes.append(cs)
+    if _run_of(cs, k_.kpos):  # every entry's code is a key's code: nothing to look up one by one
+        wrong = np.zeros(0, np.int64)
+    else:
+        wrong = np.flatnonzero(found & ~_member(codes, k_.kcode_sorted))
+    wrong_phy.append(e_phy[wrong])
+    miss = np.flatnonzero(~found)
+    mp = e_phy[miss]
+    expired = mp < log.log_min
+    lost = log.in_lost(mp)
+    past = (mp >= log.log_end) & ~lost
+    for k in miss[~(expired | lost | past)].tolist():
+        out.add(Finding("index_entry_bad_offset", "error", display, g.entry_pos(int(k + 1)),
+                        f"entry {int(k + 1)}: phyOffset {int(e_phy[k])} is not the start of a record",
+                        {"entry": int(k + 1), "phy": int(e_phy[k])}))
+    if past.any():
+        k0 = int(miss[past][0])
+        # the broker's recovery truncates the commitlog and the consume queues but never an index
+        # file (IndexService.load keeps every entry after a clean exit; 4.9.8 and 5.3.3): such
+        # entries are what a recovered store holds, so they are graded as the broker lives with them
+        out.add(Finding("index_entry_past_commitlog", "warning", display, g.entry_pos(int(k0 + 1)),
+                        f"{int(past.sum())} entries point past the end of the commitlog data ({log.log_end}): "
+                        "the broker keeps them (its recovery never truncates index files); once new messages "
+                        "are written there, a query by key may return them and the client drops those whose "
+                        "key does not match; `rmqstore rebuild --what index` writes an index without them",
+                        {"count": int(past.sum())}))
+    for k in wrong.tolist():
+        out.add(Finding("index_entry_wrong_hash", "error", display, g.entry_pos(int(k + 1)),
+                        f"entry {int(k + 1)}: keyHash {int(e_kh[k])} is not the hash of any key of the record at "
+                        f"{int(e_phy[k])}; a query for the real key cannot find it (slot chains disagree as a "
+                        "consequence)", {"entry": int(k + 1), "phy": int(e_phy[k]), "key_hash": int(e_kh[k])}))
+    return wrong
+
+
+def _check_chains(ent: np.ndarray, g: Any, display: str, out: _Capped, chunk: int = 1 << 20) -> None:
+    """Every entry's prevIndex is the previous entry of its slot (0 for a slot's first).
+
+    Entries are taken ``chunk`` at a time in entry order with the newest entry of each slot so far carried
+    between chunks (one int32 per slot), so the memory is the slot table and a chunk, not the file. The
+    first broken entry reported is the one a sort of all entries by (slot, entry number) meets first."""
+    N = g.hash_slot_num
+    newest = np.zeros(N + 1, np.int32)  # per slot (N: negative hashes), the newest entry number so far
+    broken = 0
+    first: int | None = None  # (slot << 32 | entry number) of the first broken entry in (slot, n) order
+    for lo in range(0, len(ent), chunk):
+        part = ent[lo:lo + chunk]
+        kh = part["key_hash"].astype(np.int64)
+        slot = kh % N
+        slot[kh < 0] = -1
+        # (slot << 32 | entry number), sorted: the chunk's entries grouped by slot, in entry order
+        sk = slot << 32
+        sk |= np.arange(lo + 1, lo + 1 + len(part), dtype=np.int64)
+        sk.sort()
+        n_s = sk & 0xFFFFFFFF
+        s_s = sk >> 32
+        head = np.empty(len(sk), bool)
+        head[0] = True
+        np.not_equal(s_s[1:], s_s[:-1], out=head[1:])
+        exp_prev = np.empty_like(n_s)
+        exp_prev[1:] = n_s[:-1]
+        exp_prev[head] = newest[s_s[head]]  # a slot's first entry in the chunk: the carried newest (slot -1: N)
+        got = part["prev_index"].astype(np.int64)[n_s - 1 - lo]
+        bad = np.flatnonzero(exp_prev != got)
+        if len(bad):
+            broken += len(bad)
+            first = int(sk[bad[0]]) if first is None else min(first, int(sk[bad[0]]))
+        tail = np.empty(len(sk), bool)
+        tail[-1] = True
+        np.not_equal(s_s[1:], s_s[:-1], out=tail[:-1])
+        newest[s_s[tail]] = n_s[tail]
+    if broken:
+        n0 = first & 0xFFFFFFFF
+        out.add(Finding("index_chain_broken", "error", display, g.entry_pos(n0) + 16,
+                        f"{broken} entries whose prevIndex is not the previous entry of their slot (first: "
+                        f"entry {n0}); entries off the chain cannot be found by queries",
+                        {"count": broken}))
