@@ -41,7 +41,8 @@ from storelib.bytesource import Location, open_source, resolve
 from storelib.commitlog import CommitLog, Split
 from storelib.errors import CorruptRecordError
 from storelib.messagecols import MESSAGE_COLUMNS, TIME_COLUMNS, TIME_TYPE, time_column
-from storelib.scanner import MESSAGE_SCHEMA, SegmentScan
+from storelib.messageschema import MESSAGE_SCHEMA
+from storelib.scanner import SegmentScan
 from storelib.splits import find_record_start, plan_splits, prune_by_time
 
 EXTRA_COLUMNS = ["segment", "_corrupt"]

@@ -311,7 +311,7 @@ def _read_ranges(store, ranges: Iterable[DispatchRange], delay_levels: list[int]
                 if b.num_rows:
                     batches.append(b)
     if not batches:
-        from storelib.scanner import message_schema
+        from storelib.messageschema import message_schema
 
         full = message_schema(False, False)
         schema = pa.schema([full.field(c) for c in DISPATCH_COLUMNS])

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .arrowcols import view_array
 from .brokerconf import BrokerSettings
 from .commitlog import offset_to_file_name
 from .crc import MASK, crc32
@@ -49,7 +50,6 @@ from .record import (
     TRANS_OP_HALF_TOPIC,
     encode_host,
 )
-from .scanner import view_array
 from .writer import OP_REMOVE_TAG, java_hashmap_order
 
 NORMAL, HALF, COMMIT, OP = 0, 1, 2, 3
