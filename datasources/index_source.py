@@ -19,7 +19,8 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from storelib.checkpoint import read_checkpoint
 from storelib.errors import StoreError
-from storelib.indexfile import IndexFileRef, IndexGeometry, list_index_files
+from storelib.indexdir import IndexFileRef, list_index_files
+from storelib.indexfile import IndexGeometry
 from storelib.splits import first_store_timestamp
 
 from .commitlog_source import StoreOpen, _norm, open_commitlog, spark_ddl

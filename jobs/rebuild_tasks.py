@@ -44,7 +44,8 @@ from storelib.indexbuild import (
     index_key_rows,
     local_chains,
 )
-from storelib.indexfile import IndexGeometry, index_file_name
+from storelib.indexdir import index_file_name
+from storelib.indexfile import IndexGeometry
 from storelib.javahash import java_hash_array
 from storelib.recovery import (
     SegmentTask,

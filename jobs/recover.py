@@ -72,7 +72,8 @@ from storelib.cqwriter import QueueState, build_consume_queues
 from storelib.dispatch import DISPATCH_COLUMNS, index_geometry
 from storelib.errors import Finding, StoreError
 from storelib.indexbuild import IndexImage, IndexState, build_index_files, index_key_rows
-from storelib.indexfile import HEADER_SIZE, IndexHeader, list_index_files
+from storelib.indexdir import list_index_files
+from storelib.indexfile import HEADER_SIZE, IndexHeader
 from storelib.markers import abort_state, lock_state
 from storelib.recovery import (
     DispatchRange,

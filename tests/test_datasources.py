@@ -29,7 +29,8 @@ from storelib.brokerconf import BrokerSettings, load_broker_conf
 from storelib.checkpoint import read_checkpoint
 from storelib.commitlog import CommitLog
 from storelib.errors import CorruptRecordError
-from storelib.indexfile import IndexGeometry, list_index_files
+from storelib.indexdir import list_index_files
+from storelib.indexfile import IndexGeometry
 from storelib.messagecols import with_time_columns
 from storelib.record import Message, encode_message
 from storelib.scanner import SegmentScan
