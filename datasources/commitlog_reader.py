@@ -338,5 +338,5 @@ def read_messages(store: str, *, as_pandas: bool = False, columns: list[str] | N
     return table.to_pandas() if as_pandas else table
 
 
-__all__ = ["MessageReadOptions", "message_batch", "Pred", "output_schema", "plan", "read_messages", "read_split",
-           "rows_schema", "with_user_schema"]
+__all__ = ["MessageReadOptions", "message_batch", "Pred", "output_schema", "plan", "read_messages",
+           "read_split", "rows_schema", "with_user_schema"]

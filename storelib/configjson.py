@@ -1,4 +1,4 @@
-"""The broker's ``config/*.json`` files: loading with ``.bak`` fallback, writing, typed tables (store-format §8).
+"""The broker's ``config/*.json`` files: load with ``.bak`` fallback, write, typed tables (store-format §8).
 
 Loading mirrors ``ConfigManager.load``: a missing, empty or unparseable file falls back to ``.bak``,
 and the result says which file was used and why. The text itself is fastjson's

@@ -224,8 +224,9 @@ def _prefixes(g: Generator, plan: RecordPlan, total: np.ndarray, crc: np.ndarray
     width = 112  # widest prefix: 48 + 20 + 8 + 20 + 4 + 8 + 4
     pre = np.zeros((n, width), dtype=np.uint8)
     pre[:, :48] = hdr
+    # store ts, store host(20), reconsume, prep, bodylen
     tail = np.concatenate([be_bytes(plan.store_ts, 8), np.broadcast_to(sh_row, (n, 20)), np.zeros((n, 4), np.uint8),
-                           be_bytes(prep, 8), be_bytes(blen, 4)], axis=1)  # store ts, store host(20), reconsume, prep, bodylen
+                           be_bytes(prep, 8), be_bytes(blen, 4)], axis=1)
     born = host_rows[plan.born_host_id]
     # scatter born host (bh bytes) then the tail with the store host narrowed to sh bytes
     pre_len = 72 + bh + sh
