@@ -3,7 +3,8 @@
 ``from datasources import register; register(spark)`` makes these formats available to
 ``spark.read.format(...)`` and to SQL (``CREATE TEMPORARY VIEW m USING rocketmq OPTIONS (path '...')``):
 
-* ``rocketmq``: commitlog messages (:mod:`datasources.commitlog_source`);
+* ``rocketmq``: commitlog messages (:mod:`datasources.commitlog_source`; the reading, Spark-free:
+  :mod:`datasources.commitlog_reader`);
 * ``rocketmq.consumequeue``: ConsumeQueue units (:mod:`datasources.consumequeue_source`);
 * ``rocketmq.index``, ``rocketmq.checkpoint``, ``rocketmq.segments`` (:mod:`datasources.index_source`);
 * ``rocketmq.timers``: the 5.x timer messages, pending and delivered (:mod:`datasources.timers_source`).
@@ -105,7 +106,7 @@ def register(spark: Any, *, pushdown: bool | None = None) -> Registration:
 
 
 def read_messages(store: str, **options: Any):
-    from .commitlog_source import read_messages as f
+    from .commitlog_reader import read_messages as f
 
     return f(store, **options)
 

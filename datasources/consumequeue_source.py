@@ -18,7 +18,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from storelib.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, list_queues
 
-from .commitlog_source import StoreOpen, _bytes, _norm, spark_ddl
+from .options import StoreOpen, norm_options, parse_bytes, spark_ddl
 
 CQ_SCHEMA = pa.schema([
     pa.field("topic", pa.string()), pa.field("queue_id", pa.int32()), pa.field("queue_offset", pa.int64()),
@@ -36,7 +36,7 @@ class CQReadOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> CQReadOptions:
-        o = _norm(options)
+        o = norm_options(options)
         unknown = sorted(k for k in o if k not in {"topics", "maxsplitbytes"} and not StoreOpen.is_option(k))
         if unknown:
             raise ValueError(f"unknown rocketmq.consumequeue option(s): {', '.join(unknown)}")
@@ -44,7 +44,7 @@ class CQReadOptions:
         if topics is not None and not isinstance(topics, (list, tuple)):
             topics = [t.strip() for t in str(topics).split(",") if t.strip()]
         return cls(StoreOpen.parse(options), tuple(topics) if topics is not None else None,
-                   _bytes("maxSplitBytes", o.get("maxsplitbytes", DEFAULT_CQ_PARTITION_BYTES)))
+                   parse_bytes("maxSplitBytes", o.get("maxsplitbytes", DEFAULT_CQ_PARTITION_BYTES)))
 
 
 def plan_queues(opts: CQReadOptions) -> list[list[tuple[str, int]]]:

@@ -19,10 +19,12 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from storelib.checkpoint import read_checkpoint
 from storelib.errors import StoreError
-from storelib.indexfile import IndexFileRef, IndexGeometry, list_index_files
+from storelib.indexdir import IndexFileRef, list_index_files
+from storelib.indexfile import IndexGeometry
 from storelib.splits import first_store_timestamp
 
-from .commitlog_source import StoreOpen, _norm, open_commitlog, spark_ddl
+from .commitlog_reader import open_commitlog
+from .options import StoreOpen, norm_options, spark_ddl
 
 INDEX_SCHEMA = pa.schema([
     pa.field("file", pa.string()), pa.field("slot", pa.int32()), pa.field("entry", pa.int32()),
@@ -42,7 +44,7 @@ INDEX_BATCH_ENTRIES = 1 << 20
 
 
 def _store_only(options: Mapping[str, Any], source: str) -> StoreOpen:
-    unknown = sorted(k for k in _norm(options) if not StoreOpen.is_option(k))
+    unknown = sorted(k for k in norm_options(options) if not StoreOpen.is_option(k))
     if unknown:
         raise ValueError(f"unknown {source} option(s): {', '.join(unknown)}")
     return StoreOpen.parse(options)

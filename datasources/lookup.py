@@ -17,7 +17,8 @@ from storelib.record import decode_msg_id
 from storelib.store import Store
 from storelib.units import parse_time_ms
 
-from .commitlog_source import StoreOpen, output_schema
+from .commitlog_reader import output_schema
+from .options import StoreOpen
 
 
 def open_store(store: str, **options: Any) -> Store:

@@ -17,7 +17,8 @@ import pyarrow.dataset as pads
 from storelib.bytesource import Location, resolve
 from storelib.errors import StoreError
 
-from .commitlog_source import output_schema, spark_ddl
+from .commitlog_reader import output_schema
+from .options import spark_ddl
 
 SCHEMA = "rmqstore.snapshot/1"
 MANIFEST = "_manifest.json"

@@ -15,8 +15,8 @@ from storelib.messagecols import TIME_TYPE, time_column
 from storelib.store import Store
 from storelib.timermsg import TIMER_SCHEMA, store_timers
 
-from .commitlog_source import StoreOpen, spark_ddl
 from .index_source import _store_only
+from .options import StoreOpen, spark_ddl
 
 SCHEMA = TIMER_SCHEMA.append(pa.field("deliver_time", TIME_TYPE))
 

@@ -25,7 +25,7 @@ valid end (processOffset) and which records reput dispatches; then:
 Index file names are not derivable (the broker uses the wall clock at creation): the policy is
 ``yyyyMMddHHmmssSSS`` of the file's first entry's store time in UTC (the empty successor of a full
 last file: the last entry's time), bumped by 1 ms to stay strictly increasing
-(storelib.indexfile.index_file_name). Compare index files by order, not by name.
+(storelib.indexdir.index_file_name). Compare index files by order, not by name.
 
 Output goes to a staging directory next to the destination and is published atomically with a
 manifest (``rebuild-manifest.json``: counts, per-file sha256, source fingerprint, settings, the
@@ -67,7 +67,8 @@ from storelib.indexbuild import (
     IndexState,
     stream_index_file,
 )
-from storelib.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader, list_index_files
+from storelib.indexdir import list_index_files
+from storelib.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
 from storelib.publish import (
     MANIFEST_NAME,
     is_partial,

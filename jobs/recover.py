@@ -68,7 +68,8 @@ from storelib.cqwriter import build_consume_queues
 from storelib.dispatch import DISPATCH_COLUMNS, index_geometry
 from storelib.errors import Finding, StoreError
 from storelib.indexbuild import IndexImage, IndexState, index_dispatched
-from storelib.indexfile import HEADER_SIZE, IndexHeader, list_index_files
+from storelib.indexdir import list_index_files
+from storelib.indexfile import HEADER_SIZE, IndexHeader
 from storelib.markers import abort_state, lock_state
 from storelib.recovery import (
     DispatchRange,
@@ -131,7 +132,7 @@ def _read_ranges(store, ranges: Iterable[DispatchRange], delay_levels: list[int]
                 if b.num_rows:
                     batches.append(b)
     if not batches:
-        from storelib.scanner import message_schema
+        from storelib.messageschema import message_schema
 
         full = message_schema(False, False)
         schema = pa.schema([full.field(c) for c in DISPATCH_COLUMNS])

@@ -76,7 +76,7 @@ def salvage(sim: Simulation, out_dir: str | os.PathLike) -> dict:
 
 def _parse_candidate(path: str) -> tuple[str, dict | None, Any]:
     """('ok'|'salvaged'|'missing'|'empty'|'bad', data, detail) for one config text."""
-    from storelib.configjson import parse_fastjson, salvage_prefix_detail
+    from storelib.fastjson import parse_fastjson, salvage_prefix_detail
 
     try:
         with open(path, "rb") as f:
@@ -102,7 +102,8 @@ def _parse_candidate(path: str) -> tuple[str, dict | None, Any]:
 def salvage_config(sim: Simulation, out_dir: str) -> list[dict]:
     """For each ``config/*.json``: the newest valid of the file and its .bak (or a repaired prefix),
     consumer offsets clamped to the recovered queue ranges; written to ``out_dir``, changes listed."""
-    from storelib.configjson import dump_fastjson, split_topic_group
+    from storelib.configjson import split_topic_group
+    from storelib.fastjson import dump_fastjson
 
     cdir = os.path.join(sim.store.loc.path, "config")
     if not os.path.isdir(cdir):

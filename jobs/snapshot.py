@@ -79,7 +79,7 @@ def _sha256(fs, path: str) -> str:
 def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool, int | None]) -> dict[str, Any]:
     """One segment from ``start`` (up to ``stop`` when given): the walk's scan of it, written as Parquet
     files under the staging directory. Returns the scan end, rows, files and skipped rows."""
-    from datasources.commitlog_source import message_batch
+    from datasources.commitlog_reader import message_batch
 
     idx, name, base, uri, file_size, start, crc, stop = item
     t0 = time.monotonic()

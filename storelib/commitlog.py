@@ -15,8 +15,9 @@ import pyarrow.fs as pafs
 
 from .bytesource import DEFAULT_WINDOW, Location, open_source, resolve
 from .errors import Finding, StoreError
+from .messageschema import message_schema
 from .record import RecordCheck, check_record
-from .scanner import SegmentEnd, SegmentScan, message_schema
+from .scanner import SegmentEnd, SegmentScan
 
 DEFAULT_SEGMENT_SIZE = 1024 * 1024 * 1024
 _NAME = re.compile(r"^[0-9]{20}$")

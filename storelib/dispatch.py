@@ -67,7 +67,8 @@ from .consumequeue import ConsumeQueue, list_queues
 from .cqwriter import QueueState, build_consume_queues, write_queue_image
 from .errors import Finding, StoreError
 from .indexbuild import IndexState, build_index_files, empty_index_count, index_key_rows
-from .indexfile import IndexGeometry, IndexHeader, list_index_files
+from .indexdir import list_index_files
+from .indexfile import IndexGeometry, IndexHeader
 from .record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from .scanner import SegmentScan
 from .topicname import unsafe_reason, unsafe_topic_finding

@@ -325,7 +325,8 @@ def load_snapshot(store, *, mtimes: str = "auto", tolerance_ms: int = MTIME_TOLE
     """
     from .bytesource import open_source
     from .configjson import consumer_offsets, load_config
-    from .indexfile import IndexHeader, list_index_files
+    from .indexdir import list_index_files
+    from .indexfile import IndexHeader
 
     if mtimes not in ("auto", "file", "store-time"):
         raise ValueError(f"mtimes must be auto, file or store-time, not {mtimes!r}")

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .direct_write import atomic_direct_file
+from .indexdir import index_file_name
 from .indexfile import (  # the file format and the reader's helpers
     ENTRY_DTYPE,
     ENTRY_SIZE,
@@ -33,7 +34,6 @@ from .indexfile import (  # the file format and the reader's helpers
     _slot_chains,
     _time_diff,
     _time_diffs,
-    index_file_name,
 )
 from .javahash import java_hashes, java_hashes_repeated, topic_key_hashes
 

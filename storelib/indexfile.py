@@ -1,35 +1,31 @@
-"""IndexFile (``index/yyyyMMddHHmmssSSS``): layout, reader, validity checks, key extraction, builders, query.
+"""One IndexFile (``index/yyyyMMddHHmmssSSS``): layout, geometry, header, reader, validity checks.
 
 Layout (store-format.md §5): a 40-byte header, a slot table of ``hash_slot_num`` big-endian i32 (entry
 number of the newest entry of each slot), then ``index_num`` 20-byte entries (entry 0 never used).
 The geometry is not stored in the file, so every reader is given it (or infers one number from the
 file size).
 
-Two builders produce the same bytes (store-algorithms.md §6, §7.4):
+Two builders produce the same bytes (store-algorithms.md §6, §7.4), sharing the chain and timeDiff
+helpers here:
 
-* :func:`build_index_files` — the vectorised rebuild used by the jobs: every entry's file number,
-  entry number, timeDiff, prevIndex, slot table and header come from column operations (a stable
-  sort by ``(file, slot)`` gives the prevIndex chains), no per-entry Python.
+* :func:`storelib.indexbuild.build_index_files` — the vectorised rebuild used by the jobs: every
+  entry's file number, entry number, timeDiff, prevIndex, slot table and header come from column
+  operations (a stable sort by ``(file, slot)`` gives the prevIndex chains), no per-entry Python.
 * ``IndexFileWriter`` / ``ScalarIndexService`` (tests/index_oracle.py) — a step-by-step transcription of the
   broker's ``putKey`` / ``buildIndex``, kept in tests/index_oracle.py as an independent oracle.
 
-File names are the broker's wall-clock creation times and cannot be reproduced; rebuilt files are
-named by :func:`index_file_name` (first entry's store time, bumped to stay strictly increasing) and
-compared with originals by order, never by name.
+The ``index/`` directory (listing, file names, the query across files): :mod:`storelib.indexdir`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
-import pyarrow.fs as pafs
 
 from .bytesource import ByteSource, LocalSource, Location, data_ranges, open_source, resolve
 from .errors import Finding, StoreError
@@ -43,7 +39,6 @@ DEFAULT_INDEX_NUM = 20_000_000
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
 TRAN_ROLLBACK = 3
-INDEX_NAME_RE = re.compile(r"^\d{17}$")
 
 _HEADER = struct.Struct(">qqqqii")
 _ENTRY = struct.Struct(">iqii")
@@ -299,7 +294,7 @@ class IndexFile:
     ) -> IndexFile:
         """Open a local path, URI or Location."""
         loc = where if isinstance(where, Location) else resolve(where)
-        return _open_owned(cls, open_source(loc, size), geometry, **kw)
+        return open_owned(cls, open_source(loc, size), geometry, **kw)
 
     def close(self) -> None:
         self.source.close()
@@ -451,7 +446,6 @@ class IndexFile:
         n = np.arange(1, m + 1, dtype=np.int32)
         kh = ent["key_hash"].astype(np.int32)
         prev = ent["prev_index"].astype(np.int32)
-        phy = ent["phy_offset"]
         slots = self.slots().astype(np.int32)
 
         neg = np.flatnonzero(kh < 0)
@@ -491,6 +485,21 @@ class IndexFile:
             add("prev_index_wrong_slot", "error", g.entry_pos(e0) + 16,
                 f"{len(cross)} entries chain to an entry of another slot (first: entry {e0})", count=len(cross))
 
+        self._check_header_fields(ent, eslot, add)
+        if check_tail:
+            e0 = self._first_data_beyond_count(chunk_entries)
+            if e0 is not None:
+                add("data_beyond_index_count", "warning", g.entry_pos(e0),
+                    f"non-zero entry {e0} after indexCount {ic} (stale header or foreign data)", entry=e0)
+        return f
+
+
+    def _check_header_fields(self, ent: np.ndarray, eslot: np.ndarray, add: Callable[..., None]) -> None:
+        """hashSlotCount, begin/end phy offsets and timestamps against the entries (see validate)."""
+        g, h = self.geometry, self.header
+        m = len(ent)
+        okh = eslot >= 0
+        phy = ent["phy_offset"]
         distinct = int(np.count_nonzero(np.bincount(eslot[okh], minlength=g.hash_slot_num))) if m else 0
         if h.hash_slot_count != distinct:
             add("hash_slot_count_mismatch", "warning", 32,
@@ -515,79 +524,26 @@ class IndexFile:
             add("empty_file_header_mismatch", "warning", 0,
                 "file without entries but begin and end header fields differ")
 
-        if check_tail:
-            lo, hi = g.entry_pos(ic), g.entry_pos(g.index_num)
-            # holes (the unused part of a sparse file) read as zeros: only the file's data is read
-            spans = data_ranges(self.source.path, lo, hi) if isinstance(self.source, LocalSource) else [(lo, hi)]
-            e0 = None
-            for a, b in spans:
-                pos = max(ic, (a - g.entry_pos(0)) // ENTRY_SIZE)
-                end = min(g.index_num, -(-(b - g.entry_pos(0)) // ENTRY_SIZE))
-                while e0 is None and pos < end:
-                    stop = min(end, pos + chunk_entries)
-                    raw = np.frombuffer(self._read(g.entry_pos(pos), ENTRY_SIZE * (stop - pos)), dtype=np.uint8)
-                    nz = np.flatnonzero(raw)
-                    if len(nz):
-                        e0 = pos + int(nz[0]) // ENTRY_SIZE
-                    pos = stop
-                if e0 is not None:
-                    add("data_beyond_index_count", "warning", g.entry_pos(e0),
-                        f"non-zero entry {e0} after indexCount {ic} (stale header or foreign data)", entry=e0)
-                    break
-        return f
+    def _first_data_beyond_count(self, chunk_entries: int) -> int | None:
+        """The first non-zero entry at or after indexCount, read in bounded chunks (see validate)."""
+        g, ic = self.geometry, self.index_count
+        lo, hi = g.entry_pos(ic), g.entry_pos(g.index_num)
+        # holes (the unused part of a sparse file) read as zeros: only the file's data is read
+        spans = data_ranges(self.source.path, lo, hi) if isinstance(self.source, LocalSource) else [(lo, hi)]
+        for a, b in spans:
+            pos = max(ic, (a - g.entry_pos(0)) // ENTRY_SIZE)
+            end = min(g.index_num, -(-(b - g.entry_pos(0)) // ENTRY_SIZE))
+            while pos < end:
+                stop = min(end, pos + chunk_entries)
+                raw = np.frombuffer(self._read(g.entry_pos(pos), ENTRY_SIZE * (stop - pos)), dtype=np.uint8)
+                nz = np.flatnonzero(raw)
+                if len(nz):
+                    return pos + int(nz[0]) // ENTRY_SIZE
+                pos = stop
+        return None
 
 
-# --------------------------------------------------------------------------------------------------
-# listing and naming
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class IndexFileRef:
-    """One file of ``index/``: its name, Location and size (from the listing, no extra request)."""
-
-    name: str
-    loc: Location
-    size: int
-
-    def open(self, geometry: IndexGeometry | None = None, *, broker_size: bool = False, **kw: Any) -> IndexFile:
-        """The file read with ``geometry``; ``broker_size``: as the broker maps it, at the configured size
-        whatever its length (extra bytes ignored, missing ones read as the zeros its mapping would add)."""
-        src: ByteSource = open_source(self.loc, self.size)
-        if broker_size and geometry is not None and self.size >= HEADER_SIZE and self.size != geometry.file_size:
-            src = BrokerSizedSource(src, geometry.file_size)
-        return _open_owned(IndexFile, src, geometry, name=self.name, **kw)
-
-    def size_finding(self, geometry: IndexGeometry) -> Finding | None:
-        """A warning when the file's length differs from the configured size the broker maps it at."""
-        if self.size == geometry.file_size or self.size < HEADER_SIZE:
-            return None
-        longer = self.size > geometry.file_size
-        return Finding("index_size_mismatch", "warning", f"index/{self.name}", min(self.size, geometry.file_size),
-                       f"{self.size} bytes, configured size {geometry.file_size}: the broker maps it at the configured "
-                       + ("size and never reads the extra bytes" if longer else
-                          "size, which extends the file with zeros (entries past the end are read as empty)"),
-                       {"size": self.size, "expected": geometry.file_size})
-
-
-class BrokerSizedSource:
-    """A source seen at ``size`` bytes: cut when the file is longer, zero-filled where it is shorter."""
-
-    def __init__(self, inner: ByteSource, size: int):
-        self.inner, self.size, self.path = inner, size, inner.path
-
-    def read(self, offset: int, length: int) -> memoryview:
-        length = max(0, min(length, self.size - offset))
-        got = self.inner.read(offset, length) if offset < self.inner.size else memoryview(b"")
-        if len(got) >= length:
-            return got[:length]
-        return memoryview(bytes(got) + bytes(length - len(got)))
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def _open_owned(cls: type[IndexFile], src: ByteSource, geometry: IndexGeometry | None, **kw: Any) -> IndexFile:
+def open_owned(cls: type[IndexFile], src: ByteSource, geometry: IndexGeometry | None, **kw: Any) -> IndexFile:
     """Construct over a source we opened; close it again if the file is rejected."""
     try:
         return cls(src, geometry, **kw)
@@ -596,131 +552,10 @@ def _open_owned(cls: type[IndexFile], src: ByteSource, geometry: IndexGeometry |
         raise
 
 
-def list_index_files(store_root: Location | str | os.PathLike, findings: list[Finding] | None = None
-                     ) -> list[IndexFileRef]:
-    """Files of ``<root>/index`` sorted by name as strings, as the broker's loader orders them.
-
-    Names that are not 17 digits (and sub-directories) are skipped and reported to ``findings``.
-    A missing ``index/`` directory is an empty list (the broker creates it).
-    """
-    root = store_root if isinstance(store_root, Location) else resolve(store_root)
-    idx = root.join("index")
-    try:
-        infos = root.fs.get_file_info(pafs.FileSelector(idx.path, allow_not_found=True))
-    except OSError as e:
-        raise StoreError("index", None, "unreadable", str(e)) from e
-    out: list[IndexFileRef] = []
-    for info in infos:
-        name = info.base_name
-        if info.type != pafs.FileType.File or not INDEX_NAME_RE.match(name):
-            if findings is not None:
-                what = "directory" if info.type == pafs.FileType.Directory else "file"
-                findings.append(Finding("foreign_index_file", "warning", f"index/{name}", None,
-                                        f"{what} name is not yyyyMMddHHmmssSSS; ignored"))
-            continue
-        out.append(IndexFileRef(name, Location(root.fs, info.path, root.local), int(info.size or 0)))
-    out.sort(key=lambda r: r.name)
-    return out
-
-
-def _zone(tz: str | timezone | None) -> Any:
-    if tz is None or tz == "UTC":
-        return timezone.utc
-    if isinstance(tz, str):
-        from zoneinfo import ZoneInfo
-
-        return ZoneInfo(tz)
-    return tz
-
-
-_MAX_NAME_MS = 253_402_300_799_999 - 14 * 3_600_000  # 9999-12-31 in every zone
-
-
-def index_file_name(first_ts_ms: int, tz: str | Any = "UTC", *, after: str | None = None) -> str:
-    """``yyyyMMddHHmmssSSS`` of ``first_ts_ms`` in ``tz`` (UtilAll.timeMillisToHumanString).
-
-    The broker names a file by its wall-clock creation time, which no rebuild can know; this policy
-    uses the first entry's store time instead. With ``after`` (the previous file's name) the time is
-    bumped by 1 ms until the name sorts strictly after it. Store times outside year 1970..9999
-    (corrupt records) are clamped; past the end, names continue as ``int(after) + 1`` (the broker
-    only sorts names, it never parses them).
-    """
-    zone = _zone(tz)
-    ms = min(max(int(first_ts_ms), 0), _MAX_NAME_MS)  # corrupt store times: keep a 17-digit name
-    if after is not None:
-        try:
-            ms = max(ms, parse_index_file_name(after, zone) + 1)
-        except StoreError:
-            ms = _MAX_NAME_MS + 1  # `after` is not a date: fall back to a numeric successor
-    if ms > _MAX_NAME_MS:
-        if after is None or int(after) + 1 >= 10**17:
-            raise StoreError(after, None, "bad_name", "no 17-digit index file name sorts after this one")
-        return f"{int(after) + 1:017d}"
-    dt = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
-    dt = dt.astimezone(zone)
-    return f"{dt.year:04d}{dt.month:02d}{dt.day:02d}{dt.hour:02d}{dt.minute:02d}{dt.second:02d}{dt.microsecond // 1000:03d}"
-
-
-def parse_index_file_name(name: str, tz: str | Any = "UTC") -> int:
-    """Epoch milliseconds of an index file name read in ``tz``."""
-    if not INDEX_NAME_RE.match(name):
-        raise StoreError(name, None, "bad_name", "index file name is not yyyyMMddHHmmssSSS")
-    zone = _zone(tz)
-    try:
-        dt = datetime(int(name[0:4]), int(name[4:6]), int(name[6:8]), int(name[8:10]), int(name[10:12]),
-                      int(name[12:14]), int(name[14:17]) * 1000, tzinfo=zone)
-    except ValueError as e:
-        raise StoreError(name, None, "bad_name", str(e)) from e
-    return (dt - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(milliseconds=1)
-
-
-# --------------------------------------------------------------------------------------------------
-# query over a store
-# --------------------------------------------------------------------------------------------------
-
-
-def query_index(
-    index_files: Iterable[IndexFile],
-    topic: str,
-    key: str,
-    begin_ms: int = 0,
-    end_ms: int = LONG_MAX,
-    *,
-    max_num: int | None = None,
-    confirm: Callable[[int], bool] | None = None,
-) -> list[int]:
-    """Candidate phy offsets for ``topic#key`` (IndexService.queryOffset, store-algorithms §10.3).
-
-    ``index_files`` in name order (as :func:`list_index_files` gives them); walked newest first,
-    each file's chain newest first, stopping after a file whose beginTimestamp < ``begin_ms``. No
-    cap unless ``max_num`` (the broker uses min(requested, 64)). The index compares hashes only:
-    ``confirm(phy) -> bool`` (decode the record, compare its real keys) filters collisions after
-    the walk.
-    """
-    files = list(index_files)
-    kh = index_hash(f"{topic}#{key}")
-    out: list[int] = []
-    for f in reversed(files):
-        remaining = None if max_num is None else max_num - len(out)
-        out.extend(f.query_hash(kh, begin_ms, end_ms, remaining))
-        if f.header.begin_timestamp < begin_ms:
-            break
-        if max_num is not None and len(out) >= max_num:
-            break
-    if confirm is not None:
-        out = [o for o in out if confirm(o)]
-    return out
-
-
 __all__ = [
     "ENTRY_DTYPE",
     "IndexFile",
-    "IndexFileRef",
     "IndexGeometry",
     "IndexHeader",
-    "index_file_name",
-    "list_index_files",
-    "parse_index_file_name",
-    "query_index",
     "time_matched",
 ]

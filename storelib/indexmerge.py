@@ -19,7 +19,8 @@ import numpy as np
 
 from .errors import StoreError
 from .indexbuild import ChainRun, IndexImage, IndexState, build_index_files
-from .indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader, index_file_name
+from .indexdir import index_file_name
+from .indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
 
 # (key hash, PHYSICALOFFSET, store time, record row) of a segment's keys, in dispatch order
 KeyArrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]

@@ -11,7 +11,8 @@ from typing import Any
 
 from .consumequeue import CQ_UNIT_SIZE, ConsumeQueue
 from .errors import StoreError
-from .indexfile import IndexGeometry, list_index_files
+from .indexdir import list_index_files
+from .indexfile import IndexGeometry
 from .javahash import index_hash
 from .properties import split_keys
 from .topicname import safe_topic_dirname

@@ -1,7 +1,8 @@
 """CommitLog message record (V1 and V2) and end-of-file blank record: layout, decode, encode.
 
-Scalar code for single records (random access, the writer, tests). Scans use the columnar decoder in
-:mod:`storelib.scanner`, which must agree with :func:`check_record` on every outcome.
+Scalar code for single records (random access, the writer, tests). Scans use the columnar decoder
+(:mod:`storelib.batchdecode`, behind :mod:`storelib.scanner`), which must agree with :func:`check_record`
+on every outcome.
 """
 
 from __future__ import annotations

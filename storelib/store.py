@@ -107,7 +107,7 @@ INFERRED_NOTE = "mappedFileSizeCommitLog inferred from the segment files:"
 def _conf_keys(broker_conf: str | None) -> set[str]:
     if not broker_conf:
         return set()
-    from .brokerconf import parse_properties_text
+    from .javaprops import parse_properties_text
     from .smallfile_io import as_location, read_small
 
     data = read_small(as_location(broker_conf))

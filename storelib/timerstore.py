@@ -362,7 +362,7 @@ def encode_timer_metrics(counts: dict[str, tuple[int, int]], data_version: tuple
     """``config/timermetrics`` as fastjson writes it: ``{"dataVersion":{counter, stateVersion, timestamp},
     "timingCount":{topic:{"count", "timeStamp"}}}`` (keys sorted, no spaces). ``counts``: topic -> (count,
     timeStamp); ``data_version``: (counter, stateVersion, timestamp)."""
-    from .configjson import dump_fastjson
+    from .fastjson import dump_fastjson
 
     counter, state, ts = data_version
     doc = {"dataVersion": {"counter": counter, "stateVersion": state, "timestamp": ts},

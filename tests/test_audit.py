@@ -179,7 +179,8 @@ def test_shared_sample_stores_report_clean(version, sample_498, sample_533):
 @pytest.mark.parametrize("version", ["4", "5"])
 def test_store_from_storelib_gen_reports_clean(version, tmp_path):
     from storelib.brokerconf import BrokerSettings
-    from storelib.gen import GenConfig, generate
+    from storelib.gen import generate
+    from storelib.genplan import GenConfig
 
     keys = {"mappedFileSizeCommitLog": 256 * 1024, "mappedFileSizeConsumeQueue": 2000, "maxHashSlotNum": 500,
             "maxIndexNum": 2000}

@@ -95,7 +95,8 @@ def test_rebuild_manifest_and_recover_plan_record_the_line(capsys, sample_533, t
 
 
 def test_the_data_source_options_match_the_cli(sample_533):
-    from datasources.commitlog_source import StoreOpen, read_messages
+    from datasources.commitlog_reader import read_messages
+    from datasources.options import StoreOpen
 
     store = str(sample_533 / "store")
     s = StoreOpen.parse({"path": store, "brokerVersion": "4", "set.maxIndexNum": "800"}).settings()

@@ -7,14 +7,10 @@ import dataclasses
 import pyarrow.fs as pafs
 import pytest
 
-from storelib.brokerconf import (
-    BrokerSettings,
-    load_broker_conf,
-    parse_delay_levels,
-    parse_properties_text,
-)
+from storelib.brokerconf import BrokerSettings, load_broker_conf, parse_delay_levels
 from storelib.bytesource import Location
 from storelib.errors import StoreError
+from storelib.javaprops import parse_properties_text
 from tests.conftest import SAMPLES
 
 CONF_498 = str(SAMPLES / "rocketmq-4.9.8-small.broker.conf")

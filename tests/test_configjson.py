@@ -1,4 +1,4 @@
-"""storelib.configjson against the real fastjson-written samples (samples/fastjson-config)."""
+"""storelib.configjson and storelib.fastjson against the real fastjson-written samples (samples/fastjson-config)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,13 @@ from storelib.configjson import (
     TopicConfig,
     consumer_offsets,
     delay_offsets,
-    dump_fastjson,
     load_config,
-    parse_fastjson,
-    salvage_prefix,
-    salvage_prefix_detail,
     split_topic_group,
     topic_configs,
     write_config,
 )
 from storelib.errors import StoreError
+from storelib.fastjson import dump_fastjson, parse_fastjson, salvage_prefix, salvage_prefix_detail
 from tests.conftest import SAMPLES as _SHARED_SAMPLES
 
 SAMPLES = _SHARED_SAMPLES / "fastjson-config"
@@ -364,7 +361,7 @@ def test_salvage_of_a_whole_file_is_the_parse():
 
 @pytest.mark.parametrize("rel", ["pretty/config/consumerFilter.json.bak", "edge/config/consumerOffset.json"])
 def test_fast_key_quoting_equals_the_scanning_recipe_on_every_prefix(rel):
-    from storelib.configjson import _quote_bare_keys, _quote_bare_keys_slow
+    from storelib.fastjson import _quote_bare_keys, _quote_bare_keys_slow
 
     text = (SAMPLES / rel).read_text()
     for i in range(len(text) + 1):

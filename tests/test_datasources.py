@@ -17,20 +17,15 @@ import pytest
 from chispa import assert_df_equality
 
 from datasources import read_checkpoint_table, read_consumequeue, read_index, read_messages, read_segments
-from datasources.commitlog_source import (
-    MESSAGE_COLUMNS,
-    MessageReadOptions,
-    Pred,
-    output_schema,
-    plan,
-)
+from datasources.commitlog_reader import MessageReadOptions, Pred, output_schema, plan
 from storelib import splits
 from storelib.brokerconf import BrokerSettings, load_broker_conf
 from storelib.checkpoint import read_checkpoint
 from storelib.commitlog import CommitLog
 from storelib.errors import CorruptRecordError
-from storelib.indexfile import IndexGeometry, list_index_files
-from storelib.messagecols import with_time_columns
+from storelib.indexdir import list_index_files
+from storelib.indexfile import IndexGeometry
+from storelib.messagecols import MESSAGE_COLUMNS, with_time_columns
 from storelib.record import Message, encode_message
 from storelib.scanner import SegmentScan
 from storelib.splits import find_record_start, plan_splits

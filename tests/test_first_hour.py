@@ -30,7 +30,7 @@ def test_sizes_and_times_take_units_and_iso_everywhere(capsys, sample_498):
 
 
 def test_data_source_sizes_use_the_same_parser(sample_498):
-    from datasources.commitlog_source import MessageReadOptions
+    from datasources.commitlog_reader import MessageReadOptions
 
     o = MessageReadOptions.parse({"path": str(sample_498 / "store"), "maxSplitBytes": "64MB",
                                   "fromTime": "2026-11-21T22:20:19Z"})

@@ -14,7 +14,8 @@ from jobs.cli import main as cli_main
 from storelib.brokerconf import BrokerSettings
 from storelib.configjson import consumer_offsets, load_config
 from storelib.consumequeue import ConsumeQueue
-from storelib.gen import GenConfig, Generator, generate, iter_plans, replay_plan
+from storelib.gen import generate, iter_plans, replay_plan
+from storelib.genplan import GenConfig, Generator
 from storelib.store import Store
 from storelib.writer import StoreWriter
 

@@ -19,16 +19,8 @@ from hypothesis import strategies as st
 from storelib.bytesource import Location, open_source
 from storelib.errors import StoreError
 from storelib.indexbuild import IndexState, build_index_files, index_key_rows, index_keys
-from storelib.indexfile import (
-    ENTRY_DTYPE,
-    IndexFile,
-    IndexGeometry,
-    IndexHeader,
-    index_file_name,
-    list_index_files,
-    parse_index_file_name,
-    query_index,
-)
+from storelib.indexdir import index_file_name, list_index_files, parse_index_file_name, query_index
+from storelib.indexfile import ENTRY_DTYPE, IndexFile, IndexGeometry, IndexHeader
 from storelib.javahash import index_hash, java_string_hash
 from tests.conftest import SAMPLES
 from tests.index_oracle import IndexFileWriter, ScalarIndexService

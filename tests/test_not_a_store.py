@@ -61,7 +61,7 @@ def test_audit_of_a_random_commitlog_reports_why(capsys, random_segment_store):
 
 
 def test_python_api_raises_a_typed_error(tmp_path, sample_498):
-    from datasources.commitlog_source import read_messages
+    from datasources.commitlog_reader import read_messages
     from storelib.store import Store
 
     with pytest.raises(NotAStoreError, match="does not exist"):

@@ -49,7 +49,8 @@ def _gen_store(dest: Path) -> tuple[Path, Path] | None:
         import dataclasses
 
         from storelib.brokerconf import BrokerSettings
-        from storelib.gen import GenConfig, generate
+        from storelib.gen import generate
+        from storelib.genplan import GenConfig
     except ImportError:
         return None
     # small segments and index files: several segments per store, and no 400 MB sparse index to upload

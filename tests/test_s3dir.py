@@ -19,7 +19,8 @@ import pytest
 from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import resolve
 from storelib.commitlog import CommitLog
-from storelib.gen import GenConfig, generate
+from storelib.gen import generate
+from storelib.genplan import GenConfig
 from tests.s3dir import DirS3Server, running_dir_s3_server
 
 N_MANY = 1100  # > 1000: ListObjectsV2 pages

@@ -21,9 +21,10 @@ from jobs.common import (
     time_arg,
 )
 from jobs.expiry_report import _ranges_text
-from storelib.brokerconf import BrokerSettings, parse_properties_text
+from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import resolve
 from storelib.errors import StoreError
+from storelib.javaprops import parse_properties_text
 
 EXAMPLE = """example:
   rmqstore expiry /data/store --broker-conf broker.conf --policy keep24h.conf --policy keep72h.conf \\

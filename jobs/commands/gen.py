@@ -64,7 +64,8 @@ def _add_timers(args: argparse.Namespace, settings) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.common import settings_from_args
-    from storelib.gen import GenConfig, generate
+    from storelib.gen import generate
+    from storelib.genplan import GenConfig
 
     settings = settings_from_args(args, version=args.version)
     if args.segment_size:

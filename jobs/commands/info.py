@@ -14,7 +14,7 @@ from storelib.configjson import consumer_offsets, load_config
 from storelib.consumequeue import ConsumeQueue, batch_cq_topics, list_queues
 from storelib.errors import Finding, StoreError
 from storelib.geometry import fold_geometry_findings
-from storelib.indexfile import list_index_files
+from storelib.indexdir import list_index_files
 from storelib.lookup import index_geometry
 from storelib.markers import abort_state, lock_state, what_broker_does
 

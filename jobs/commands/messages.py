@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 writer.write_batch(batch)
                 count += batch.num_rows
             if writer is None:
-                from storelib.scanner import message_schema
+                from storelib.messageschema import message_schema
 
                 schema = message_schema(args.with_body)
                 schema = with_time_columns(schema.remove(schema.get_field_index("properties_raw")).empty_table()).schema

@@ -33,7 +33,8 @@ def _index_open_error(display: str, e: StoreError) -> Finding:
 
 def load_index_files(root: Location, settings: BrokerSettings) -> IndexLoad:
     """List, open and validate every index file (headers and structure; entries are not kept)."""
-    from storelib.indexfile import IndexGeometry, list_index_files
+    from storelib.indexdir import list_index_files
+    from storelib.indexfile import IndexGeometry
 
     res = IndexLoad()
     refs = list_index_files(root, res.findings)

@@ -103,7 +103,7 @@ def check_configs(root: Location, out: _Capped) -> dict[str, Any]:
         loaded[name] = ld.data
         if ld.source == "file" and present[1]:
             try:
-                from storelib.configjson import parse_fastjson
+                from storelib.fastjson import parse_fastjson
 
                 raw = read_small(Location(loc.fs, loc.path + ".bak", loc.local))
                 bak = parse_fastjson(raw.decode("utf-8", "replace")) if raw else None

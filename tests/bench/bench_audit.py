@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from jobs.audit import audit_store
     from storelib.brokerconf import BrokerSettings
-    from storelib.gen import GenConfig, generate
+    from storelib.gen import generate
+    from storelib.genplan import GenConfig
 
     tmp = None
     root = args.keep or os.path.join(tmp := tempfile.mkdtemp(prefix="bench-audit-"), "store")

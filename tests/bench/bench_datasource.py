@@ -170,7 +170,8 @@ class PreDecoded(DataSource):
 
 def write_predecoded(store: str, out_dir: str, parts: int) -> tuple[list[str], str]:
     """The source's default rows of ``store`` as ``parts`` Arrow IPC files, and their Spark DDL."""
-    from datasources.commitlog_source import read_messages, spark_ddl
+    from datasources.commitlog_reader import read_messages
+    from datasources.options import spark_ddl
 
     table = read_messages(store)
     os.makedirs(out_dir, exist_ok=True)

@@ -31,7 +31,7 @@ from tests.bench.bench_scan import parse_size
 
 def _scan_segment(store: str, name: str) -> int:
     """Decode one whole segment into the public columns (what the export starts from)."""
-    from datasources.commitlog_source import MessageReadOptions, plan, read_split
+    from datasources.commitlog_reader import MessageReadOptions, plan, read_split
 
     opts = MessageReadOptions.parse({"path": store, "maxSplitBytes": str(1 << 40)})
     return sum(b.num_rows for s in plan(opts) if s.segment_name == name for b in read_split(opts, s))

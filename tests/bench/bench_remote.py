@@ -80,7 +80,8 @@ class PeakRss:
 def build(root: Path, size: int, segment_size: int) -> dict:
     """A generated 4.x store of ``size`` commitlog bytes (no CQ/index: the scan needs only the commitlog)."""
     from storelib.brokerconf import BrokerSettings
-    from storelib.gen import GenConfig, generate
+    from storelib.gen import generate
+    from storelib.genplan import GenConfig
 
     settings = dataclasses.replace(BrokerSettings.defaults("4"), mapped_file_size_commit_log=segment_size)
     res = generate(root, GenConfig(size=size, version="4", seed=1), settings, dispatch=False,
