@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .brokerkeys import KNOWN_BROKER_CONF_KEYS
 from .brokerline import BrokerLine
+from .delaylevel import DEFAULT_DELAY_LEVEL, parse_delay_levels
 from .errors import Finding, StoreError
 from .javaprops import parse_properties_text
 from .smallfile_io import PathOrLocation, as_location, read_small
@@ -34,8 +35,6 @@ CQ_STORE_UNIT_SIZE = 20
 INDEX_HEADER_SIZE = 40
 INDEX_HASH_SLOT_SIZE = 4
 INDEX_ENTRY_SIZE = 20
-DEFAULT_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 SYSPROP_WARNING_RATIO = "rocketmq.broker.diskSpaceWarningLevelRatio"
 SYSPROP_FORCE_RATIO = "rocketmq.broker.diskSpaceCleanForciblyRatio"
 SYSPROP_MULTI_PATH_SPLITTER = "rocketmq.broker.multiPathSplitter"
@@ -376,29 +375,6 @@ def _ratio(
     if s.version == "4":
         return value  # 4.9.8 does not clamp the system property
     return min(clamp[1], max(clamp[0], value))
-
-
-def parse_delay_levels(text: str, *, file: str | None = None, line: int | None = None) -> tuple[int, ...]:
-    """``messageDelayLevel`` ("1s 5s ... 2h") to milliseconds, one entry per level.
-
-    Split on single spaces like Java's ``split(" ")`` (trailing empties dropped); every token is a
-    decimal count followed by one unit of s/m/h/d. The broker refuses to start on a bad table; here
-    that is a StoreError.
-    """
-    parts = text.split(" ")
-    while parts and parts[-1] == "":
-        parts.pop()
-    out: list[int] = []
-    for i, tok in enumerate(parts, 1):
-        unit = DELAY_UNITS_MS.get(tok[-1:]) if tok else None
-        num = tok[:-1]
-        if unit is None or not re.fullmatch(r"[+-]?[0-9]+", num):
-            at = f"line {line}: " if line else ""
-            raise StoreError(
-                file, None, "bad_config", f"{at}messageDelayLevel level {i} {tok!r} is not <number><s|m|h|d>"
-            )
-        out.append(int(num) * unit)
-    return tuple(out)
 
 
 def _decode(data: bytes) -> str:

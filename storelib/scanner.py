@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from .arrowcols import overlapping
 from .batchdecode import BatchDecoder, ViewCache
-from .brokerconf import DEFAULT_DELAY_LEVEL, parse_delay_levels
 from .bytesource import DEFAULT_WINDOW, LocalSource
+from .delaylevel import DEFAULT_DELAY_LEVEL, parse_delay_levels
 from .messageschema import message_schema
 from .record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 

@@ -7,8 +7,9 @@ import dataclasses
 import pyarrow.fs as pafs
 import pytest
 
-from storelib.brokerconf import BrokerSettings, load_broker_conf, parse_delay_levels
+from storelib.brokerconf import BrokerSettings, load_broker_conf
 from storelib.bytesource import Location
+from storelib.delaylevel import parse_delay_levels
 from storelib.errors import StoreError
 from storelib.javaprops import parse_properties_text
 from tests.conftest import SAMPLES
