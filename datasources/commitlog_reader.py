@@ -13,13 +13,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.bytesource import open_source
-from storelib.commitlog import CommitLog, Split
 from storelib.errors import CorruptRecordError
-from storelib.messagecols import MESSAGE_COLUMNS, TIME_COLUMNS, TIME_TYPE, time_column
-from storelib.messageschema import MESSAGE_SCHEMA
-from storelib.scanner import SegmentScan
-from storelib.splits import find_record_start, plan_splits, prune_by_time
+from storelib.fileio.bytesource import open_source
+from storelib.scan.commitlog import CommitLog, Split
+from storelib.scan.messagecols import MESSAGE_COLUMNS, TIME_COLUMNS, TIME_TYPE, time_column
+from storelib.scan.messageschema import MESSAGE_SCHEMA
+from storelib.scan.scanner import SegmentScan
+from storelib.scan.splits import find_record_start, plan_splits, prune_by_time
 
 from .options import StoreOpen, norm_options, parse_bool, parse_bytes, parse_int, parse_time, spark_ddl
 
@@ -132,7 +132,7 @@ class MessageReadOptions:
     to_offset: int | None = None  # exclusive
     from_time: int | None = None
     to_time: int | None = None  # exclusive
-    max_split_bytes: int | None = None  # None: about two units per core (storelib.splits.parallel_split_bytes)
+    max_split_bytes: int | None = None  # None: about two units per core (storelib.scan.splits.parallel_split_bytes)
     min_partitions: int = 1
     mode: str = "PERMISSIVE"
     time_pruning: bool = True

@@ -1,8 +1,8 @@
 """``spark.read.format("rocketmq")``: the commitlog as a DataFrame, one row per message record.
 
-The rows are exactly what :class:`storelib.scanner.SegmentScan` decodes (the columns and names of
+The rows are exactly what :class:`storelib.scan.scanner.SegmentScan` decodes (the columns and names of
 ``rmqstore messages``, ``body`` as binary only with ``withBody``), plus ``segment`` (the segment file
-name) and ``_corrupt``. Work is planned by :func:`storelib.splits.plan_splits` (at least one unit per
+name) and ``_corrupt``. Work is planned by :func:`storelib.scan.splits.plan_splits` (at least one unit per
 segment, big segments cut at verified record starts) and each unit is read into Arrow record batches
 by :mod:`datasources.commitlog_reader`, which works without Spark (:func:`read_messages`: the same rows
 as a pyarrow Table or pandas DataFrame for notebooks and tools).
@@ -33,7 +33,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from storelib.commitlog import Split
+from storelib.scan.commitlog import Split
 
 from .commitlog_reader import (
     PUSHABLE,

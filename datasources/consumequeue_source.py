@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from storelib.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, list_queues
+from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, list_queues
 
 from .options import StoreOpen, norm_options, parse_bytes, spark_ddl
 

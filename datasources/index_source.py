@@ -17,11 +17,11 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from storelib.checkpoint import read_checkpoint
 from storelib.errors import StoreError
-from storelib.indexdir import IndexFileRef, list_index_files
-from storelib.indexfile import IndexGeometry
-from storelib.splits import first_store_timestamp
+from storelib.format.checkpoint import read_checkpoint
+from storelib.format.indexdir import IndexFileRef, list_index_files
+from storelib.format.indexfile import IndexGeometry
+from storelib.scan.splits import first_store_timestamp
 
 from .commitlog_reader import open_commitlog
 from .options import StoreOpen, norm_options, spark_ddl

@@ -11,10 +11,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from storelib.broker.store import Store
 from storelib.errors import StoreError
-from storelib.messagecols import TIME_COLUMNS, time_column
-from storelib.record import decode_msg_id
-from storelib.store import Store
+from storelib.format.record import decode_msg_id
+from storelib.scan.messagecols import TIME_COLUMNS, time_column
 from storelib.units import parse_time_ms
 
 from .commitlog_reader import output_schema
@@ -28,7 +28,7 @@ def open_store(store: str, **options: Any) -> Store:
 
 
 def _table(rows: list[dict[str, Any]], with_body: bool, st: Store) -> pa.Table:
-    """Rows of :func:`storelib.commitlog.CommitLog.record_at` as the ``rocketmq`` schema (segment named)."""
+    """Rows of :func:`storelib.scan.commitlog.CommitLog.record_at` as the ``rocketmq`` schema (segment named)."""
     schema = output_schema(with_body)
     size = st.commitlog.segment_size
     cols = {}
@@ -46,7 +46,7 @@ def find_by_key(store: str, topic: str, key: str, *, begin: Any = 0, end: Any = 
                 **options: Any) -> pa.Table:
     """Messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key`` (index lookup, every hit confirmed
     against the commitlog); ``begin``/``end``: store-time bounds (epoch ms or ISO-8601)."""
-    from storelib.lookup import LONG_MAX, lookup_key
+    from storelib.broker.lookup import LONG_MAX, lookup_key
 
     st = open_store(store, **options)
     lo = parse_time_ms(begin) if begin not in (None, 0) else 0

@@ -11,8 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from storelib.bytesource import Location, resolve
-from storelib.messagecols import TIME_TYPE
+from storelib.fileio.bytesource import Location, resolve
+from storelib.scan.messagecols import TIME_TYPE
 
 _ARROW_DDL = {pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INT", pa.int64(): "BIGINT",
               pa.bool_(): "BOOLEAN", pa.string(): "STRING", pa.binary(): "BINARY", pa.float64(): "DOUBLE",
@@ -90,7 +90,7 @@ class StoreOpen:
     path: str
     broker_conf: str | None = None
     fs_options: tuple[tuple[str, str], ...] = ()
-    broker_version: str | None = None  # "4" or "5"; None detects (storelib.brokerline)
+    broker_version: str | None = None  # "4" or "5"; None detects (storelib.broker.brokerline)
     overrides: tuple[tuple[str, str], ...] = ()
 
     NAMES = frozenset({"path", "brokerconf", "brokerversion"})
@@ -102,7 +102,7 @@ class StoreOpen:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> StoreOpen:
-        from storelib.brokerline import normalise_version
+        from storelib.broker.brokerline import normalise_version
 
         o = norm_options(options)
         path = o.get("path")
@@ -117,14 +117,14 @@ class StoreOpen:
         return resolve(self.path, **dict(self.fs_options))
 
     def settings(self):
-        """The broker settings (storelib.store.load_settings), computed once per process."""
+        """The broker settings (storelib.broker.store.load_settings), computed once per process."""
         return _settings(self)
 
 
 @functools.lru_cache(maxsize=8)
 def _settings(store: StoreOpen):
-    from storelib.store import load_settings
-    from storelib.storeroot import require_store_root
+    from storelib.broker.store import load_settings
+    from storelib.broker.storeroot import require_store_root
 
     require_store_root(store.location(), store.path)  # planning fails with one line on what is not a store
     return load_settings(store.broker_conf, store.broker_version, dict(store.overrides), store.location())

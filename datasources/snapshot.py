@@ -14,8 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from storelib.bytesource import Location, resolve
 from storelib.errors import StoreError
+from storelib.fileio.bytesource import Location, resolve
 
 from .commitlog_reader import output_schema
 from .options import spark_ddl

@@ -63,8 +63,9 @@ from jobs.engines import (
     resolve_engine_name,
 )
 from jobs.fingerprint import fingerprint, prefix_unchanged
-from storelib.brokerconf import BrokerSettings
-from storelib.bytesource import resolve
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.geometry import fold_geometry_findings
+from storelib.broker.store import Store
 from storelib.checks.index import check_index, load_index_files
 from storelib.checks.logview import LogView
 from storelib.checks.metadata import (
@@ -93,9 +94,8 @@ from storelib.checks.segment import (
 )
 from storelib.checks.timers import check_timer_store
 from storelib.errors import Finding, StoreError
-from storelib.geometry import fold_geometry_findings
-from storelib.splits import parallel_split_bytes, plan_splits
-from storelib.store import Store
+from storelib.fileio.bytesource import resolve
+from storelib.scan.splits import parallel_split_bytes, plan_splits
 
 SCHEMA = "rmqstore.audit/1"
 STATE_SCHEMA = "rmqstore.audit-state/1"
@@ -141,8 +141,8 @@ def _cached_result(state_path: str, entry: dict) -> SegmentResult | None:
 
 def save_state(path: str, store: Store, results: list[SegmentResult], fps: dict[str, dict]) -> None:
     """Write the state file and its sidecar tables atomically (temp + rename each)."""
-    from storelib.publish import atomic_local_file
-    from storelib.smallfile_io import atomic_write
+    from storelib.fileio.publish import atomic_local_file
+    from storelib.fileio.smallfile_io import atomic_write
 
     d = _state_dir(path)
     os.makedirs(d, exist_ok=True)
@@ -231,7 +231,7 @@ def _uri(store: Store, seg) -> str:
 
 
 def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int) -> list[SegmentTask]:
-    """Cut segment tasks at verified record starts (:func:`storelib.splits.plan_splits`) into tasks of
+    """Cut segment tasks at verified record starts (:func:`storelib.scan.splits.plan_splits`) into tasks of
     about ``split_bytes``, so every core has work and no task holds a whole segment's tables."""
     names = {t.name for t in tasks}
     cuts: dict[str, list[int]] = {}
@@ -322,7 +322,7 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str | Eng
                  work_dir: str | None = None, transfer: str = "auto", workers: int | None = None,
                  master: str | None = None) -> list[SegmentResult]:
     """Phase 1 on the chosen engine (same functions on every engine). With ``split_bytes`` (default on a
-    pool or Spark: :func:`storelib.splits.parallel_split_bytes`, about two tasks per core) segments are
+    pool or Spark: :func:`storelib.scan.splits.parallel_split_bytes`, about two tasks per core) segments are
     cut at record starts into split tasks whose results are merged per segment.
 
     In-process the parts keep their tables in memory; on a pool or Spark the tasks' tables come back
@@ -388,7 +388,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     cross-file checks one after the other (same findings).
 
     ``split_bytes``: cut segments into tasks of about this size at record starts (default on Spark:
-    :func:`storelib.splits.parallel_split_bytes`, about two tasks per core; whole segments locally);
+    :func:`storelib.scan.splits.parallel_split_bytes`, about two tasks per core; whole segments locally);
     the findings are the same either way.
     ``run.mb_per_s`` / ``run.messages_per_s`` are over the bytes of the records scanned
     (``run.bytes_scanned``) in the per-segment phase; ``run.file_mb_per_s`` over the file bytes
@@ -396,7 +396,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
     """
     t0 = time.monotonic()
     fs_options = fs_options or {}
-    from storelib.store import load_settings
+    from storelib.broker.store import load_settings
 
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
@@ -678,17 +678,17 @@ def _jsonable(x: Any) -> Any:
 def write_reports(report: dict[str, Any], report_dir: str, fs_options: dict | None = None) -> tuple[str, str]:
     """``audit.json`` and ``audit.html`` in ``report_dir`` (each written atomically).
 
-    A URI (``s3://bucket/reports/run``) is published with ``storelib.publish.publish_tree``: staging
+    A URI (``s3://bucket/reports/run``) is published with ``storelib.fileio.publish.publish_tree``: staging
     prefix, then the files, then ``audit-manifest.json`` last (no manifest = incomplete report).
     """
     from jobs.audit_report import render_html
-    from storelib.smallfile_io import atomic_write
+    from storelib.fileio.smallfile_io import atomic_write
 
     if "://" in report_dir and not report_dir.startswith("file://"):
         import tempfile
 
-        from storelib.bytesource import resolve
-        from storelib.publish import publish_tree
+        from storelib.fileio.bytesource import resolve
+        from storelib.fileio.publish import publish_tree
 
         with tempfile.TemporaryDirectory(prefix="rmqstore-audit-") as tmp:
             write_reports(report, tmp)

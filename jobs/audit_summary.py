@@ -9,9 +9,9 @@ import sys
 import textwrap
 from typing import Any
 
+from storelib.broker.store import Store
 from storelib.checks.segment import SEVERITY_RANK
 from storelib.errors import StoreError
-from storelib.store import Store
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_FAILED = 0, 1, 2
 

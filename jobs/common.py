@@ -9,13 +9,13 @@ import sys
 import time
 from typing import Any
 
-from storelib.bytesource import resolve
+from storelib.broker.store import Store, load_settings
 from storelib.errors import StoreError
-from storelib.messagecols import MESSAGE_COLUMNS, TIME_COLUMNS, iso_utc
-from storelib.store import Store, load_settings
+from storelib.fileio.bytesource import resolve
+from storelib.scan.messagecols import MESSAGE_COLUMNS, TIME_COLUMNS, iso_utc
 
 # JSONL field order of `rmqstore messages` (the snake_case names of the scan schema)
-# the JSON fields of `rmqstore messages`: the one column list of storelib.messagecols
+# the JSON fields of `rmqstore messages`: the one column list of storelib.scan.messagecols
 MESSAGE_JSON_FIELDS = MESSAGE_COLUMNS
 
 
@@ -112,7 +112,7 @@ def overrides(args: argparse.Namespace) -> dict[str, str]:
 
 
 def settings_from_args(args: argparse.Namespace, root=None, version: str | None = None):
-    """Broker settings from --broker-conf, --broker-version and --set (storelib.store.load_settings).
+    """Broker settings from --broker-conf, --broker-version and --set (storelib.broker.store.load_settings).
 
     ``version`` applies when the command has no --broker-version (or it says auto): None detects."""
     v = getattr(args, "broker_version", None)
@@ -137,7 +137,7 @@ def row_to_json(row: dict[str, Any], with_body: bool = False) -> dict[str, Any]:
     if props is not None and not isinstance(props, dict):
         out["properties"] = dict(props)
     elif props is None and row.get("properties_raw") is not None:
-        from storelib.properties import parse_properties
+        from storelib.format.properties import parse_properties
 
         out["properties"] = parse_properties(row["properties_raw"])
     if with_body:

@@ -4,7 +4,7 @@
         --broker-conf broker.conf --reserved 24,48,72 --delete-when 04 --delete-when "04;16" \\
         --max-ratio 60,75,90 --capacity 500e9,1e12 --until 2024-02-01T00:00:00Z --out grid.jsonl
 
-Every (store, policy) pair is one simulation (``storelib.cleaner.simulate``, the same pure function the
+Every (store, policy) pair is one simulation (``storelib.broker.cleaner.simulate``, the same pure function the
 ``rmqstore expiry`` command runs). Tasks are sorted by store and cut into contiguous slices, so a
 worker reads a store's snapshot (CQ units, segment times, consumer offsets) once per slice and then
 runs its policies from memory.
@@ -22,9 +22,9 @@ from typing import Any
 if __package__ in (None, ""):  # spark-submit jobs/expiry.py: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from storelib.brokerconf import BrokerSettings
-from storelib.cleaner import simulate
-from storelib.expiry import Policy, TimeModel, load_snapshot, parse_time_ms
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.cleaner import simulate
+from storelib.broker.expiry import Policy, TimeModel, load_snapshot, parse_time_ms
 
 
 def grid_policies(base: BrokerSettings, reserved: list[int], delete_when: list[str], max_ratio: list[int],
@@ -39,7 +39,7 @@ def grid_policies(base: BrokerSettings, reserved: list[int], delete_when: list[s
 
 
 def _open_store(uri: str, settings: BrokerSettings):
-    from storelib.store import Store
+    from storelib.broker.store import Store
 
     return Store(uri, settings)
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     from jobs.common import fs_options, settings_from_args
-    from storelib.bytesource import resolve
+    from storelib.fileio.bytesource import resolve
 
     # the first store names the segment size when no --broker-conf/--set does (a grid shares settings)
     base = settings_from_args(args, resolve(args.stores[0], **fs_options(args)) if args.stores else None)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{store}: {len(mine)} policies")
         print_table(compare_rows(mine), COMPARE_COLUMNS)
     if args.html and results and not args.summary_only:
-        from storelib.cleaner import describe
+        from storelib.broker.cleaner import describe
 
         snap = load_snapshot(_open_store(args.stores[0], base), mtimes=args.mtimes)
         write_html(args.html, {"simulation": describe(snap, model, policies[0]),

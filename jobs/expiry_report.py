@@ -11,7 +11,7 @@ import io
 import time
 from typing import Any
 
-from storelib.publish import atomic_local_file
+from storelib.fileio.publish import atomic_local_file
 
 COMPARE_COLUMNS = ["policy", "reserved_h", "deleteWhen", "max_used%", "capacity", "deleted", "time", "space",
                    "forced", "manual", "first_deletion", "lost_msgs", "lost_bytes", "groups_lost", "first_loss",

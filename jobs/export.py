@@ -37,12 +37,12 @@ from jobs.snapshot import (
     finish_commits,
     read_manifest,
 )
-from storelib.bytesource import Location, resolve
-from storelib.checkpoint import Checkpoint
+from storelib.broker.recovery import finish_walk, plan_recovery, store_inputs
+from storelib.broker.store import Store, load_settings
 from storelib.errors import StoreError
-from storelib.recovery import finish_walk, plan_recovery, store_inputs
-from storelib.scanner import FULL_KINDS, SegmentEnd
-from storelib.store import Store, load_settings
+from storelib.fileio.bytesource import Location, resolve
+from storelib.format.checkpoint import Checkpoint
+from storelib.scan.scanner import FULL_KINDS, SegmentEnd
 
 PARTITIONS = ("topic", "date")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from storelib.commitlog import Segment
+from storelib.scan.commitlog import Segment
 
 HEAD = 64 * 1024
 TAIL = 4096

@@ -68,7 +68,7 @@ def exposition(families: list[Family]) -> str:
 
 def write_textfile(path: str, families: list[Family]) -> None:
     """Write the exposition atomically (temp file beside ``path``, then rename; the umask's permissions)."""
-    from storelib.publish import atomic_local_file
+    from storelib.fileio.publish import atomic_local_file
 
     text = exposition(families)
     with atomic_local_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:

@@ -4,28 +4,28 @@ Runnable with ``spark-submit --properties-file spark-conf/spark-defaults.conf jo
 --out DIR`` and importable (``rmqstore rebuild`` calls :func:`rebuild`).
 
 The target is store-algorithms §7.1: what a broker writes when started on the commitlog with empty
-``consumequeue/`` and ``index/`` and no abort file. The recovery walk (storelib.recovery) fixes the
+``consumequeue/`` and ``index/`` and no abort file. The recovery walk (storelib.broker.recovery) fixes the
 valid end (processOffset) and which records reput dispatches; then:
 
-* engine ``local``: storelib.dispatch.dispatch_store in this process;
+* engine ``local``: storelib.broker.dispatch.dispatch_store in this process;
 * engine ``spark``: phase A parses every segment on an executor (one task per segment, longest
   first; inside the recovery window with CRC checks, so the walk itself is distributed) into Arrow
   columns of what dispatch needs plus the index keys with their slot chains numbered within the
-  segment (storelib.indexbuild.local_chains); the driver finishes the walk from the per-segment ends.
+  segment (storelib.broker.indexbuild.local_chains); the driver finishes the walk from the per-segment ends.
   Phase B shuffles CQ rows by queue (one partition per core) and each task runs build_consume_queues
   for its queues and writes their files. Phase C numbers the index keys globally (prefix sums of
   per-segment counts), and each index file is built by one task that links the segments' chains
   (each segment's oldest key per slot to the slot table left by the segments before it) and streams
-  the file in order, hashing as it writes (storelib.indexbuild.stream_index_file; slices cut by a file
+  the file in order, hashing as it writes (storelib.broker.indexbuild.stream_index_file; slices cut by a file
   boundary or the duplicate test get their chains recomputed). Phases B and C are independent and
   run as one Spark job, index files first, so the consume-queue tasks use the cores an index file
   leaves free. Both engines produce the same bytes; both keep freed memory in the malloc heap
-  (:func:`keep_freed_memory`) and write index files past the page cache (storelib.direct_write).
+  (:func:`keep_freed_memory`) and write index files past the page cache (storelib.fileio.direct_write).
 
 Index file names are not derivable (the broker uses the wall clock at creation): the policy is
 ``yyyyMMddHHmmssSSS`` of the file's first entry's store time in UTC (the empty successor of a full
 last file: the last entry's time), bumped by 1 ms to stay strictly increasing
-(storelib.indexdir.index_file_name). Compare index files by order, not by name.
+(storelib.format.indexdir.index_file_name). Compare index files by order, not by name.
 
 Output goes to a staging directory next to the destination and is published atomically with a
 manifest (``rebuild-manifest.json``: counts, per-file sha256, source fingerprint, settings, the
@@ -55,37 +55,37 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
-from storelib.brokerconf import BrokerSettings
-from storelib.bytesource import Location, resolve
-from storelib.checkpoint import read_checkpoint
-from storelib.direct_write import atomic_direct_file
-from storelib.dispatch import dispatch_store
-from storelib.errors import StoreError
-from storelib.indexbuild import (
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.dispatch import dispatch_store
+from storelib.broker.indexbuild import (
     ChainRun,
     IndexImage,
     IndexState,
     stream_index_file,
 )
-from storelib.indexdir import list_index_files
-from storelib.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
-from storelib.publish import (
+from storelib.broker.recovery import (
+    RecoveryResult,
+    rebuild_target,
+    recovery_walk,
+    store_inputs,
+)
+from storelib.broker.store import Store
+from storelib.broker.store import load_settings as store_settings
+from storelib.errors import StoreError
+from storelib.fileio.bytesource import Location, resolve
+from storelib.fileio.direct_write import atomic_direct_file
+from storelib.fileio.publish import (
     MANIFEST_NAME,
     is_partial,
     publish_tree,
     read_manifest,
     tree_files,
 )
-from storelib.recovery import (
-    RecoveryResult,
-    rebuild_target,
-    recovery_walk,
-    store_inputs,
-)
-from storelib.smallfile_io import atomic_write, fsync_dir
-from storelib.store import Store
-from storelib.store import load_settings as store_settings
-from storelib.topicname import escape_topic
+from storelib.fileio.smallfile_io import atomic_write, fsync_dir
+from storelib.format.checkpoint import read_checkpoint
+from storelib.format.indexdir import list_index_files
+from storelib.format.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
+from storelib.format.topicname import escape_topic
 
 WHAT = ("consumequeue", "index", "timer")
 DEFAULT_WHAT = ("consumequeue", "index")
@@ -294,7 +294,7 @@ def write_index_image(image: IndexImage, loc: Location) -> None:
 
 def write_index_runs(runs: list[ChainRun], loc: Location, geometry: IndexGeometry,
                      prev_state: IndexState | None) -> tuple[IndexHeader, str]:
-    """Stream one index file from its runs (storelib.indexbuild.stream_index_file) to a temp file beside
+    """Stream one index file from its runs (storelib.broker.indexbuild.stream_index_file) to a temp file beside
     ``loc``, then rename it; returns (header, sha256). Local files get a sparse zero tail and an fsync."""
     if loc.local:
         with atomic_direct_file(loc.path) as fh:  # written once, never read back: past the page cache
@@ -396,7 +396,7 @@ def _seed_incremental(root: Location, staging: Location, settings: BrokerSetting
     segments of each queue (enough for the broker's CQ recovery) and the last index file. Writers
     replace files (temp + rename), so a link never lets them modify the source. Returns the seeded
     files' (device, inode) to tell unchanged ones apart afterwards."""
-    from storelib.consumequeue import ConsumeQueue, list_queues
+    from storelib.format.consumequeue import ConsumeQueue, list_queues
 
     seeded: dict[str, tuple[int, int]] = {}
 
@@ -506,10 +506,15 @@ def _publish_in_place(root: Location, staging: Location, manifest: dict[str, Any
 
 def _rebuild_timer_store(store: Store, settings: BrokerSettings, staging: Location, say: Reporter
                          ) -> dict[str, dict[str, Any]]:
-    """``--what timer``: timerlog, wheel and timercheck for the pending timers (storelib.timerrebuild)."""
-    from storelib.timermsg import store_timers
-    from storelib.timerrebuild import enqueue_units, rebuilt_checkpoint
-    from storelib.timerstore import precision_of, read_timer_checkpoint, timerlog_file_size, write_timer_store
+    """``--what timer``: timerlog, wheel and timercheck for the pending timers (storelib.broker.timerrebuild)."""
+    from storelib.broker.timermsg import store_timers
+    from storelib.broker.timerrebuild import enqueue_units, rebuilt_checkpoint
+    from storelib.format.timerstore import (
+        precision_of,
+        read_timer_checkpoint,
+        timerlog_file_size,
+        write_timer_store,
+    )
 
     if not staging.local:
         raise StoreError(None, None, "unsupported", "--what timer writes to a local --out only")
@@ -527,7 +532,7 @@ def _cq_layout_notes(root: Location, what: tuple[str, ...], in_place: bool) -> l
     """What the source's ConsumeQueue layout means for a rebuild: the rebuilt files are the file-based
     layout a default store has. In place that would sit beside (or over) a 5.x RocksDB CQ database or a
     BatchConsumeQueue topic the broker reads instead: refused."""
-    from storelib.consumequeue import batch_cq_topics, is_rocksdb_consumequeue
+    from storelib.format.consumequeue import batch_cq_topics, is_rocksdb_consumequeue
 
     if "consumequeue" not in what:
         return []
@@ -550,7 +555,7 @@ def _cq_layout_notes(root: Location, what: tuple[str, ...], in_place: bool) -> l
 def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dict[str, Any]:
     """Run one rebuild; returns the manifest (also written next to the output).
 
-    ``cfg.engine``: ``local`` runs the one-process dispatcher (storelib.dispatch); ``pool`` and ``spark``
+    ``cfg.engine``: ``local`` runs the one-process dispatcher (storelib.broker.dispatch); ``pool`` and ``spark``
     run the same phase tasks on a process pool or Spark; ``auto`` picks (:func:`jobs.engines.resolve_engine_name`).
     ``engine``: run the phase tasks on this engine instead (the caller owns it)."""
     what = tuple(cfg.what)
@@ -573,7 +578,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     if cfg.in_place:
         if not store.local:
             raise StoreError(store.uri, None, "remote_store", "--in-place needs a local store")
-        from storelib.markers import lock_state
+        from storelib.format.markers import lock_state
 
         if lock_state(store.loc).held_by_other:
             raise StoreError("lock", None, "broker_running", "a live broker holds the store lock; stop it first")

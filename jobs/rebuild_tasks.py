@@ -3,7 +3,7 @@ into dispatch columns and index keys (with their per-segment slot chains), then 
 (ConsumeQueue files, one partition per core) beside phase C (one task per index file, linking the
 segments' chains and streaming the file). Intermediates go through files in ``staging/_work``; the task
 functions are module-level so that they pickle by reference. The in-process engine is
-:func:`jobs.rebuild.run_local` (storelib.dispatch), same bytes.
+:func:`jobs.rebuild.run_local` (storelib.broker.dispatch), same bytes.
 """
 
 from __future__ import annotations
@@ -29,22 +29,17 @@ from jobs.rebuild import (
     write_index_image,
     write_index_runs,
 )
-from storelib.brokerconf import BrokerSettings
-from storelib.bytesource import Location, open_source, resolve
-from storelib.checkpoint import Checkpoint
-from storelib.commitlog import Split
-from storelib.cqwriter import build_consume_queues, write_consume_queues
-from storelib.dispatch import index_geometry
-from storelib.errors import StoreError
-from storelib.indexbuild import (
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.cqwriter import build_consume_queues, write_consume_queues
+from storelib.broker.dispatch import index_geometry
+from storelib.broker.indexbuild import (
     ChainRun,
     IndexImage,
     empty_index_count,
     index_key_rows,
     local_chains,
 )
-from storelib.indexfile import IndexGeometry
-from storelib.indexmerge import (
+from storelib.broker.indexmerge import (
     IndexLayout,
     SegmentKeys,
     first_entry_times,
@@ -54,8 +49,7 @@ from storelib.indexmerge import (
     name_files,
     running_max_before,
 )
-from storelib.javahash import java_hash_array
-from storelib.recovery import (
+from storelib.broker.recovery import (
     SegmentTask,
     WalkPlan,
     finish_walk,
@@ -63,8 +57,14 @@ from storelib.recovery import (
     plan_recovery,
     store_inputs,
 )
-from storelib.store import Store
-from storelib.topicname import unsafe_reason, unsafe_topic_finding
+from storelib.broker.store import Store
+from storelib.errors import StoreError
+from storelib.fileio.bytesource import Location, open_source, resolve
+from storelib.format.checkpoint import Checkpoint
+from storelib.format.indexfile import IndexGeometry
+from storelib.format.javahash import java_hash_array
+from storelib.format.topicname import unsafe_reason, unsafe_topic_finding
+from storelib.scan.commitlog import Split
 
 # ---------------------------------------------------------------------------------------------
 # the Spark engine: executor-side functions (module level so that they pickle by reference)
@@ -233,7 +233,7 @@ def phase_b(ctx: dict[str, Any], job: tuple[int, list[int]]) -> dict[str, Any]:
 
 def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, int], counts: dict[int, int],
             m_before: dict[int, int] | None, f: int) -> dict[str, Any]:
-    """Build and write index file ``f`` from the segments that hold its keys (storelib.indexmerge.link_file)."""
+    """Build and write index file ``f`` from the segments that hold its keys (storelib.broker.indexmerge.link_file)."""
     g: IndexGeometry = ctx["geometry"]
     spans = {i: (offsets[i], counts[i]) for i in offsets}
     runs, state = link_file(f, g, spans, lambda idx: _load_keys(ctx, idx, m_before, runs=True))
@@ -347,7 +347,7 @@ def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: L
 
 @dataclass
 class IndexPlan:
-    """The index files' layout (storelib.indexmerge), their names and the duplicate test's bounds when
+    """The index files' layout (storelib.broker.indexmerge), their names and the duplicate test's bounds when
     the tasks must apply it (None: every key is kept as parsed)."""
 
     layout: IndexLayout

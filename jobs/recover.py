@@ -7,7 +7,7 @@ the broker's order, on in-memory models of the files it changes:
    endTimestamp > checkpoint.indexMsgTimestamp are deleted;
 2. ConsumeQueue.recover per queue (§8.2): the recovered end, maxPhysicOffset, later files deleted;
    the store's maxPhyOffsetOfConsumeQueue;
-3. the commitlog recovery walk (:mod:`storelib.recovery`): start segment and why, CRC window,
+3. the commitlog recovery walk (:mod:`storelib.broker.recovery`): start segment and why, CRC window,
    processOffset, failing record, segments deleted / truncated;
 4. records dispatched *during* recovery (abnormal both versions, 5.x normal) go into the CQ models
    (the broker's CQ writer, ``build_consume_queues``) and the index (``build_index_files``);
@@ -16,13 +16,13 @@ the broker's order, on in-memory models of the files it changes:
 6. 4.9.8: the reput from max(maxPhysicOffset over queues, commitlog min offset) (§8.9) — same writers;
 7. lost messages: every record a start-up drops (after processOffset; 4.9.8 reput skipping the rest of
    a segment after an undecodable record), found by resynchronising over corrupt regions
-   (:mod:`storelib.resync`).
+   (:mod:`storelib.broker.resync`).
 
 ``--plan`` turns the simulation into a JSON document (schema ``rmqstore.recover.plan/1``).
 
 ``--apply`` carries it out without a broker, crash-safely (see :func:`apply`): all new file contents
 are first *staged* in the backup directory, then each step backs up what it touches
-(:class:`storelib.backup.Backup`) and performs one idempotent operation, and is marked done in a
+(:class:`storelib.fileio.backup.Backup`) and performs one idempotent operation, and is marked done in a
 journal. A rerun after a kill continues from the journal with the staged plan (never re-plans from
 a half-changed store).
 
@@ -56,22 +56,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.bytesource import LocalSource, Location
-from storelib.checkpoint import CHECKPOINT_SIZE, RECOVERY_SAFETY_MS, Checkpoint, read_checkpoint
-from storelib.commitlog import Segment
-from storelib.consumequeue import (
-    ConsumeQueue,
-    list_queues,
-)
-from storelib.cqrecovery import QueueReplay
-from storelib.cqwriter import build_consume_queues
-from storelib.dispatch import DISPATCH_COLUMNS, index_geometry
-from storelib.errors import Finding, StoreError
-from storelib.indexbuild import IndexImage, IndexState, index_dispatched
-from storelib.indexdir import list_index_files
-from storelib.indexfile import HEADER_SIZE, IndexHeader
-from storelib.markers import abort_state, lock_state
-from storelib.recovery import (
+from storelib.broker.cqrecovery import QueueReplay
+from storelib.broker.cqwriter import build_consume_queues
+from storelib.broker.dispatch import DISPATCH_COLUMNS, index_geometry
+from storelib.broker.indexbuild import IndexImage, IndexState, index_dispatched
+from storelib.broker.recovery import (
     DispatchRange,
     RecoveryResult,
     finish_walk,
@@ -79,11 +68,22 @@ from storelib.recovery import (
     run_tasks,
     store_inputs,
 )
-from storelib.resync import find_next_record, lost_region
-from storelib.scanner import SegmentScan
-from storelib.smallfile_io import atomic_write, read_small
-from storelib.timerrecovery import TimerRecovery, plan_timer_recovery
-from storelib.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
+from storelib.broker.resync import find_next_record, lost_region
+from storelib.broker.timerrecovery import TimerRecovery, plan_timer_recovery
+from storelib.errors import Finding, StoreError
+from storelib.fileio.bytesource import LocalSource, Location
+from storelib.fileio.smallfile_io import atomic_write, read_small
+from storelib.format.checkpoint import CHECKPOINT_SIZE, RECOVERY_SAFETY_MS, Checkpoint, read_checkpoint
+from storelib.format.consumequeue import (
+    ConsumeQueue,
+    list_queues,
+)
+from storelib.format.indexdir import list_index_files
+from storelib.format.indexfile import HEADER_SIZE, IndexHeader
+from storelib.format.markers import abort_state, lock_state
+from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
+from storelib.scan.commitlog import Segment
+from storelib.scan.scanner import SegmentScan
 
 PLAN_SCHEMA = "rmqstore.recover.plan/1"
 MARKER = ".rmqstore-recover"  # in the store root while an apply is under way (names the backup dir)
@@ -114,7 +114,7 @@ class Simulation:
     commitlog_zero_from: tuple[str, int] | None
     commitlog_delete: list[str]
     lost_ranges: list[tuple[Segment, int, str]]  # (segment, file offset, why) where lost data starts
-    timer: TimerRecovery | None = None  # the 5.x timer store's start-up (storelib.timerrecovery)
+    timer: TimerRecovery | None = None  # the 5.x timer store's start-up (storelib.broker.timerrecovery)
 
 
 def _read_ranges(store, ranges: Iterable[DispatchRange], delay_levels: list[int]) -> pa.Table:
@@ -132,7 +132,7 @@ def _read_ranges(store, ranges: Iterable[DispatchRange], delay_levels: list[int]
                 if b.num_rows:
                     batches.append(b)
     if not batches:
-        from storelib.messageschema import message_schema
+        from storelib.scan.messageschema import message_schema
 
         full = message_schema(False, False)
         schema = pa.schema([full.field(c) for c in DISPATCH_COLUMNS])

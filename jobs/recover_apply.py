@@ -1,5 +1,5 @@
 """``rmqstore recover --apply`` and ``--restore``: a plan carried out step by step under a journal, every
-file it changes saved first in the backup directory (storelib.backup), so that a kill at any point
+file it changes saved first in the backup directory (storelib.fileio.backup), so that a kill at any point
 leaves a store that a rerun finishes and ``--restore`` puts back exactly.
 """
 
@@ -23,11 +23,11 @@ from jobs.recover import (
     simulate,
     write_json_atomic,
 )
-from storelib.backup import Backup
-from storelib.backup import restore as backup_restore
 from storelib.errors import StoreError
-from storelib.markers import ABORT_FILE, LOCK_FILE, lock_state
-from storelib.smallfile_io import atomic_write, fsync_dir, output_mode, read_small
+from storelib.fileio.backup import Backup
+from storelib.fileio.backup import restore as backup_restore
+from storelib.fileio.smallfile_io import atomic_write, fsync_dir, output_mode, read_small
+from storelib.format.markers import ABORT_FILE, LOCK_FILE, lock_state
 
 _ZERO_CHUNK = 4 * 1024 * 1024
 

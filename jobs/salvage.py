@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from jobs.recover import Simulation, _lost_table, write_json_atomic
 from storelib.errors import StoreError
-from storelib.smallfile_io import atomic_write
+from storelib.fileio.smallfile_io import atomic_write
 
 # ---------------------------------------------------------------------------------------------
 # salvage
@@ -28,7 +28,7 @@ def salvage(sim: Simulation, out_dir: str | os.PathLike) -> dict:
     import pyarrow.parquet as pq
 
     from jobs.common import row_to_json
-    from storelib.publish import atomic_local_file
+    from storelib.fileio.publish import atomic_local_file
 
     out = os.path.abspath(os.fspath(out_dir))
     os.makedirs(out, exist_ok=True)
@@ -76,7 +76,7 @@ def salvage(sim: Simulation, out_dir: str | os.PathLike) -> dict:
 
 def _parse_candidate(path: str) -> tuple[str, dict | None, Any]:
     """('ok'|'salvaged'|'missing'|'empty'|'bad', data, detail) for one config text."""
-    from storelib.fastjson import parse_fastjson, salvage_prefix_detail
+    from storelib.format.fastjson import parse_fastjson, salvage_prefix_detail
 
     try:
         with open(path, "rb") as f:
@@ -102,8 +102,8 @@ def _parse_candidate(path: str) -> tuple[str, dict | None, Any]:
 def salvage_config(sim: Simulation, out_dir: str) -> list[dict]:
     """For each ``config/*.json``: the newest valid of the file and its .bak (or a repaired prefix),
     consumer offsets clamped to the recovered queue ranges; written to ``out_dir``, changes listed."""
-    from storelib.configjson import split_topic_group
-    from storelib.fastjson import dump_fastjson
+    from storelib.format.configjson import split_topic_group
+    from storelib.format.fastjson import dump_fastjson
 
     cdir = os.path.join(sim.store.loc.path, "config")
     if not os.path.isdir(cdir):

@@ -22,11 +22,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from datasources.snapshot import MANIFEST, SCHEMA, file_schema, manifest_at, partitioning
-from storelib.bytesource import Location, open_source, resolve
+from storelib.broker.recovery import SegmentTask, WalkPlan, iter_task
 from storelib.errors import StoreError
-from storelib.recovery import SegmentTask, WalkPlan, iter_task
-from storelib.scanner import SegmentEnd
-from storelib.topicname import escape_topic
+from storelib.fileio.bytesource import Location, open_source, resolve
+from storelib.format.topicname import escape_topic
+from storelib.scan.scanner import SegmentEnd
 
 STAGING = "_staging-"
 COMMIT = "_commit.json"
@@ -161,7 +161,7 @@ def read_manifest(out: Location) -> dict[str, Any] | None:
 def _write_json(loc: Location, obj: Any) -> None:
     data = (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
     if loc.local:
-        from storelib.smallfile_io import atomic_write
+        from storelib.fileio.smallfile_io import atomic_write
 
         atomic_write(loc.path, data)
     else:

@@ -1,5 +1,5 @@
 """Tiny hand-checkable stores for the expiry tests: commitlog segments, ConsumeQueue files, index
-headers, consumerOffset.json and chosen file mtimes (records through storelib.record.encode_message)."""
+headers, consumerOffset.json and chosen file mtimes (records through storelib.format.record.encode_message)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from storelib.brokerconf import BrokerSettings
-from storelib.consumequeue import CQ_DTYPE
-from storelib.indexfile import IndexHeader
-from storelib.record import Message, blank_record, encode_message
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.format.consumequeue import CQ_DTYPE
+from storelib.format.indexfile import IndexHeader
+from storelib.format.record import Message, blank_record, encode_message
 
 T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 H = 3_600_000

@@ -1,5 +1,5 @@
 """The scalar reference of the IndexFile writer: the broker's putKey / buildIndex step by step, literal
-and slow on purpose. The vectorised builders in storelib.indexfile are tested against it; nothing in the
+and slow on purpose. The vectorised builders in storelib.format.indexfile are tested against it; nothing in the
 product uses it.
 """
 
@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from storelib.indexbuild import IndexImage, IndexState
-from storelib.indexfile import (
+from storelib.broker.indexbuild import IndexImage, IndexState
+from storelib.format.indexfile import (
     _ENTRY,
     _I32,
     ENTRY_DTYPE,
@@ -23,7 +23,7 @@ from storelib.indexfile import (
     IndexHeader,
     _time_diff,
 )
-from storelib.javahash import index_hash
+from storelib.format.javahash import index_hash
 
 # --------------------------------------------------------------------------------------------------
 # scalar reference (the broker's putKey / buildIndex, step by step)

@@ -49,7 +49,7 @@ class S3Server:
         return f"http://{self.host}:{self.port}"
 
     def fs_options(self) -> dict[str, str]:
-        """Keyword options for ``storelib.bytesource.resolve`` / ``Store`` / ``pafs.S3FileSystem``."""
+        """Keyword options for ``storelib.fileio.bytesource.resolve`` / ``Store`` / ``pafs.S3FileSystem``."""
         return {"endpoint_override": f"{self.host}:{self.port}", "scheme": "http", "region": self.region,
                 "access_key": self.access_key, "secret_key": self.secret_key}
 

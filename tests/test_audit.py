@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from jobs.audit import audit_store, exit_code, main, summary_text, write_reports
-from storelib.checkpoint import Checkpoint, write_checkpoint
-from storelib.commitlog import CommitLog
-from storelib.configjson import write_config
-from storelib.cqwriter import build_consume_queues, write_consume_queues
-from storelib.indexbuild import build_index_files, index_key_rows
-from storelib.indexfile import IndexGeometry
-from storelib.record import Message, blank_record, encode_message
+from storelib.broker.cqwriter import build_consume_queues, write_consume_queues
+from storelib.broker.indexbuild import build_index_files, index_key_rows
+from storelib.format.checkpoint import Checkpoint, write_checkpoint
+from storelib.format.configjson import write_config
+from storelib.format.indexfile import IndexGeometry
+from storelib.format.record import Message, blank_record, encode_message
+from storelib.scan.commitlog import CommitLog
 
 from .conftest import SAMPLE_NAMES, SAMPLES
 
@@ -178,9 +178,9 @@ def test_shared_sample_stores_report_clean(version, sample_498, sample_533):
 
 @pytest.mark.parametrize("version", ["4", "5"])
 def test_store_from_storelib_gen_reports_clean(version, tmp_path):
-    from storelib.brokerconf import BrokerSettings
-    from storelib.gen import generate
-    from storelib.genplan import GenConfig
+    from storelib.broker.brokerconf import BrokerSettings
+    from storelib.generator.gen import generate
+    from storelib.generator.genplan import GenConfig
 
     keys = {"mappedFileSizeCommitLog": 256 * 1024, "mappedFileSizeConsumeQueue": 2000, "maxHashSlotNum": 500,
             "maxIndexNum": 2000}

@@ -15,10 +15,10 @@ import pytest
 
 import storelib.checks.index as index_checks
 import storelib.checks.queues as queue_checks
-from storelib.bytesource import data_ranges
 from storelib.checks.queues import _queue_group_order, _units_before_invalid_tail
 from storelib.checks.segment import _zero_tail
-from storelib.consumequeue import CQ_DTYPE, make_units
+from storelib.fileio.bytesource import data_ranges
+from storelib.format.consumequeue import CQ_DTYPE, make_units
 
 from .test_audit import _comparable, flip, run, store_fixtures
 
@@ -204,7 +204,7 @@ def test_queue_group_order_equals_the_stable_sort_of_the_codes():
 
 
 def test_index_validation_sees_a_stray_entry_after_a_hole(store):
-    from storelib.indexfile import IndexFile, IndexGeometry
+    from storelib.format.indexfile import IndexFile, IndexGeometry
 
     g = IndexGeometry(64, 200)
     f = _index_files(store)[-1]
@@ -290,7 +290,7 @@ def _chains_reference(kh: np.ndarray, prev: np.ndarray, slots: int) -> tuple[int
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
 def test_index_chains_checked_in_chunks_find_what_the_whole_file_check_finds(chunk):
     from storelib.checks.segment import _Capped
-    from storelib.indexfile import ENTRY_DTYPE, IndexGeometry
+    from storelib.format.indexfile import ENTRY_DTYPE, IndexGeometry
 
     g = IndexGeometry(64, 4000)
     rng = np.random.default_rng(7)

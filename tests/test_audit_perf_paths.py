@@ -16,8 +16,8 @@ import jobs.audit as audit_mod
 import storelib.checks.segment as segment_checks
 from storelib.checks.logview import _member
 from storelib.checks.segment import _zero_tail
-from storelib.commitlog import CommitLog
-from storelib.splits import plan_splits
+from storelib.scan.commitlog import CommitLog
+from storelib.scan.splits import plan_splits
 
 from .test_audit import SEG, _comparable, flip, records, run, seg_file, serious, store_fixtures
 
@@ -51,7 +51,7 @@ def count_fallbacks(monkeypatch) -> list[str]:
 
 def test_split_tasks_cover_each_segment_from_record_starts(store):
     from jobs.audit import plan, split_tasks
-    from storelib.store import Store
+    from storelib.broker.store import Store
 
     st = Store(str(store), None, broker_conf=str(store / "broker.conf"))
     tasks, *_ = plan(st, {}, None, True)
@@ -197,7 +197,7 @@ def _key_batch(rows: list[tuple[str, str | None, str | None, int]]) -> pa.Record
 
 
 def test_java_hashes_match_java_string_hash():
-    from storelib.javahash import java_hashes, java_string_hash
+    from storelib.format.javahash import java_hashes, java_string_hash
 
     words = ["", "a", "hello world", "é", "😀", "x" * 5000, "Topic#7F000001", None]
     h, n = java_hashes(pa.array(words, pa.string()))

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from storelib.brokerline import FIVE_X_ONLY_KEYS, detect_broker_line, normalise_version
-from storelib.bytesource import resolve
+from storelib.broker.brokerline import FIVE_X_ONLY_KEYS, detect_broker_line, normalise_version
+from storelib.broker.store import load_settings
 from storelib.errors import StoreError
-from storelib.store import load_settings
+from storelib.fileio.bytesource import resolve
 from tests.conftest import broker_conf, run_cli
 
 

@@ -1,4 +1,4 @@
-"""storelib.brokerconf: broker.conf parsing, defaults per version, getter rules."""
+"""storelib.broker.brokerconf: broker.conf parsing, defaults per version, getter rules."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import dataclasses
 import pyarrow.fs as pafs
 import pytest
 
-from storelib.brokerconf import BrokerSettings, load_broker_conf
-from storelib.bytesource import Location
-from storelib.delaylevel import parse_delay_levels
+from storelib.broker.brokerconf import BrokerSettings, load_broker_conf
 from storelib.errors import StoreError
-from storelib.javaprops import parse_properties_text
+from storelib.fileio.bytesource import Location
+from storelib.format.delaylevel import parse_delay_levels
+from storelib.format.javaprops import parse_properties_text
 from tests.conftest import SAMPLES
 
 CONF_498 = str(SAMPLES / "rocketmq-4.9.8-small.broker.conf")

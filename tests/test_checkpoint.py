@@ -1,4 +1,4 @@
-"""storelib.checkpoint against both sample stores and small tmp files."""
+"""storelib.format.checkpoint against both sample stores and small tmp files."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from storelib.bytesource import Location
-from storelib.checkpoint import CHECKPOINT_SIZE, Checkpoint, read_checkpoint, write_checkpoint
 from storelib.errors import StoreError
+from storelib.fileio.bytesource import Location
+from storelib.format.checkpoint import CHECKPOINT_SIZE, Checkpoint, read_checkpoint, write_checkpoint
 from tests.conftest import SAMPLES
 from tests.conftest import extract_members as _extract
 

@@ -62,8 +62,8 @@ def test_get_by_msg_id_queue_and_key(capsys, sample_498):
 
 
 def test_every_sample_index_query_is_answered_exactly(sample):
-    from storelib.lookup import lookup_key
-    from storelib.store import Store
+    from storelib.broker.lookup import lookup_key
+    from storelib.broker.store import Store
 
     store = Store(sample / "store", broker_conf=str(broker_conf(_version(sample))))
     for q in load_expected(sample, "index_queries.jsonl")[::7]:

@@ -8,9 +8,9 @@ import random
 import shutil
 import struct
 
-from storelib.commitlog import CommitLog, offset_to_file_name
-from storelib.record import BLANK_MAGIC, Message, encode_message
-from storelib.scanner import scan_buffer
+from storelib.format.record import BLANK_MAGIC, Message, encode_message
+from storelib.scan.commitlog import CommitLog, offset_to_file_name
+from storelib.scan.scanner import scan_buffer
 
 SEG = 4096
 
@@ -84,7 +84,7 @@ def test_garbage_properties_never_crash_and_follow_the_broker_rules():
         rec = encode_message(m)
         table, end = scan_buffer(rec + struct.pack(">ii", 64, BLANK_MAGIC) + b"\0" * 56)
         assert table.num_rows == 1 and end.kind == "blank"
-        from storelib.properties import parse_properties
+        from storelib.format.properties import parse_properties
 
         expect = parse_properties(blob.decode("utf-8", "replace"))
         assert dict(table.column("properties")[0].as_py()) == expect

@@ -1,4 +1,4 @@
-"""storelib.configjson and storelib.fastjson against the real fastjson-written samples (samples/fastjson-config)."""
+"""storelib.format.configjson and storelib.format.fastjson against the real fastjson-written samples (samples/fastjson-config)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import shutil
 import pyarrow.fs as pafs
 import pytest
 
-from storelib.bytesource import Location
-from storelib.configjson import (
+from storelib.errors import StoreError
+from storelib.fileio.bytesource import Location
+from storelib.format.configjson import (
     TopicConfig,
     consumer_offsets,
     delay_offsets,
@@ -19,8 +20,7 @@ from storelib.configjson import (
     topic_configs,
     write_config,
 )
-from storelib.errors import StoreError
-from storelib.fastjson import dump_fastjson, parse_fastjson, salvage_prefix, salvage_prefix_detail
+from storelib.format.fastjson import dump_fastjson, parse_fastjson, salvage_prefix, salvage_prefix_detail
 from tests.conftest import SAMPLES as _SHARED_SAMPLES
 
 SAMPLES = _SHARED_SAMPLES / "fastjson-config"
@@ -361,7 +361,7 @@ def test_salvage_of_a_whole_file_is_the_parse():
 
 @pytest.mark.parametrize("rel", ["pretty/config/consumerFilter.json.bak", "edge/config/consumerOffset.json"])
 def test_fast_key_quoting_equals_the_scanning_recipe_on_every_prefix(rel):
-    from storelib.fastjson import _quote_bare_keys, _quote_bare_keys_slow
+    from storelib.format.fastjson import _quote_bare_keys, _quote_bare_keys_slow
 
     text = (SAMPLES / rel).read_text()
     for i in range(len(text) + 1):

@@ -1,4 +1,4 @@
-"""ConsumeQueue reading, tagsCode and the broker-exact CQ writer (storelib.consumequeue)."""
+"""ConsumeQueue reading, tagsCode and the broker-exact CQ writer (storelib.format.consumequeue)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storelib.bytesource import Location
-from storelib.consumequeue import (
+from storelib.broker.cqwriter import QueueState, build_consume_queues, write_consume_queues, write_queue_image
+from storelib.errors import StoreError
+from storelib.fileio.bytesource import Location
+from storelib.format.consumequeue import (
     CQ_DTYPE,
     CQ_UNIT_SIZE,
     DEFAULT_CQ_SEGMENT_SIZE,
@@ -33,9 +35,7 @@ from storelib.consumequeue import (
     valid_mask,
     view_units,
 )
-from storelib.cqwriter import QueueState, build_consume_queues, write_consume_queues, write_queue_image
-from storelib.errors import StoreError
-from storelib.topicname import safe_topic_dirname
+from storelib.format.topicname import safe_topic_dirname
 
 SAMPLE_NAMES = ["rocketmq-4.9.8-small", "rocketmq-5.3.3-small"]
 SAMPLE_CQ_SIZE = 2000  # mappedFileSizeConsumeQueue in both *.broker.conf

@@ -1,7 +1,7 @@
 """The rocketmq data sources: split planning, pyarrow readers and Spark DataFrames equal storelib's reads.
 
 Spark tests use the one session fixture; stores are the real samples and stores written by
-storelib.writer (IPv6 hosts, V2 records, transactions, compressed bodies, 5.x property CRC).
+storelib.broker.writer (IPv6 hosts, V2 records, transactions, compressed bodies, 5.x property CRC).
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from chispa import assert_df_equality
 
 from datasources import read_checkpoint_table, read_consumequeue, read_index, read_messages, read_segments
 from datasources.commitlog_reader import MessageReadOptions, Pred, output_schema, plan
-from storelib import splits
-from storelib.brokerconf import BrokerSettings, load_broker_conf
-from storelib.checkpoint import read_checkpoint
-from storelib.commitlog import CommitLog
+from storelib.broker.brokerconf import BrokerSettings, load_broker_conf
+from storelib.broker.writer import StoreWriter
 from storelib.errors import CorruptRecordError
-from storelib.indexdir import list_index_files
-from storelib.indexfile import IndexGeometry
-from storelib.messagecols import MESSAGE_COLUMNS, with_time_columns
-from storelib.record import Message, encode_message
-from storelib.scanner import SegmentScan
-from storelib.splits import find_record_start, plan_splits
-from storelib.writer import StoreWriter
+from storelib.format.checkpoint import read_checkpoint
+from storelib.format.indexdir import list_index_files
+from storelib.format.indexfile import IndexGeometry
+from storelib.format.record import Message, encode_message
+from storelib.scan import splits
+from storelib.scan.commitlog import CommitLog
+from storelib.scan.messagecols import MESSAGE_COLUMNS, with_time_columns
+from storelib.scan.scanner import SegmentScan
+from storelib.scan.splits import find_record_start, plan_splits
 from tests.conftest import broker_conf, load_expected
 
 SEG = 65536

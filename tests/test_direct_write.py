@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from storelib import direct_write
-from storelib.direct_write import BLOCK, DirectFileWriter, atomic_direct_file, open_direct
+from storelib.fileio import direct_write
+from storelib.fileio.direct_write import BLOCK, DirectFileWriter, atomic_direct_file, open_direct
 
 
 def _pieces(seed: int) -> list[bytes]:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from storelib.brokerconf import BrokerSettings, load_broker_conf
-from storelib.dispatch import dispatch_store
-from storelib.record import Message
-from storelib.writer import StoreWriter
+from storelib.broker.brokerconf import BrokerSettings, load_broker_conf
+from storelib.broker.dispatch import dispatch_store
+from storelib.broker.writer import StoreWriter
+from storelib.format.record import Message
 from tests.conftest import broker_conf
 
 SMALL = {"mappedFileSizeCommitLog": 8192, "mappedFileSizeConsumeQueue": 200, "maxHashSlotNum": 16,

@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from storelib.consumequeue import file_name
-from storelib.cqwriter import (
+from storelib.broker.cqwriter import (
     QueueState,
     _data_prefix,
     _write_queue_image_local,
     build_consume_queues,
     write_queue_image,
 )
-from storelib.dispatch import dispatch_store
+from storelib.broker.dispatch import dispatch_store
+from storelib.format.consumequeue import file_name
 from tests.test_dispatch import SMALL, index_files, tree
 
 S = 200  # 10 units per segment
@@ -84,7 +84,7 @@ def test_data_prefix_reads_up_to_the_first_hole_only_when_nothing_follows(tmp_pa
 
 
 def test_chunked_dispatch_equals_one_shot_cq_and_index_bytes(tmp_path, sample_498):
-    from storelib.brokerconf import load_broker_conf
+    from storelib.broker.brokerconf import load_broker_conf
     from tests.conftest import broker_conf
 
     small = {k: v for k, v in SMALL.items() if k != "mappedFileSizeCommitLog"}

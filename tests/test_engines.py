@@ -12,8 +12,8 @@ import pytest
 from jobs.audit import audit_store
 from jobs.engines import POOL_MIN_BYTES, LocalEngine, PoolEngine, make_engine, resolve_engine_name
 from jobs.rebuild import RebuildConfig, rebuild
+from storelib.broker.storeroot import NotAStoreError
 from storelib.errors import CorruptRecordError, StoreError
-from storelib.storeroot import NotAStoreError
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from jobs.cli import main as cli_main
-from storelib.cleaner import describe, simulate
-from storelib.expiry import Policy, TimeModel, hour_table, java_parse_int, load_snapshot, parse_time_ms
-from storelib.store import Store
+from storelib.broker.cleaner import describe, simulate
+from storelib.broker.expiry import Policy, TimeModel, hour_table, java_parse_int, load_snapshot, parse_time_ms
+from storelib.broker.store import Store
 from tests.expiry_storegen import MIN, T0, H, Msg, broker_conf_text, build_store
 
 SNAP = T0 + 4 * H + MIN  # 04:01:00
@@ -292,7 +292,7 @@ def test_no_consume_queue_falls_back_to_a_commitlog_scan(store):
 
 def _ticking(policy, snap, model):
     """The broker's literal schedule: every tick run, no skipping (the oracle for the event jumps)."""
-    from storelib.cleaner import _Sim
+    from storelib.broker.cleaner import _Sim
 
     sim = _Sim(policy, snap, model)
     sim._sample(sim.start)
@@ -352,7 +352,7 @@ def test_spark_grid_equals_each_policy_run_alone(tmp_path, spark):
 
 
 def test_real_sample_copy_has_lost_mtimes_and_a_burst_shortens_the_default_horizon(sample_498):
-    from storelib.brokerconf import load_broker_conf
+    from storelib.broker.brokerconf import load_broker_conf
     from tests.conftest import broker_conf
 
     st = load_broker_conf(str(broker_conf("4.9.8")))

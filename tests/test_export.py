@@ -38,10 +38,10 @@ def source_rows(store: Path, **opts) -> list[dict]:
 
 
 def grow(store: Path, n: int, topic: str = "OrderEvents") -> None:
-    from storelib.bytesource import resolve
-    from storelib.record import Message
-    from storelib.store import load_settings
-    from storelib.writer import StoreWriter
+    from storelib.broker.store import load_settings
+    from storelib.broker.writer import StoreWriter
+    from storelib.fileio.bytesource import resolve
+    from storelib.format.record import Message
 
     st = load_settings(CONF, None, None, resolve(str(store)))
     with StoreWriter(store, st) as w:

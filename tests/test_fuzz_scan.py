@@ -11,8 +11,8 @@ import struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storelib.record import BLANK_MAGIC, Message, check_record, encode_message
-from storelib.scanner import scan_buffer
+from storelib.format.record import BLANK_MAGIC, Message, check_record, encode_message
+from storelib.scan.scanner import scan_buffer
 
 SEG = 8192
 

@@ -11,13 +11,13 @@ import pyarrow.compute as pc
 import pytest
 
 from jobs.cli import main as cli_main
-from storelib.brokerconf import BrokerSettings
-from storelib.configjson import consumer_offsets, load_config
-from storelib.consumequeue import ConsumeQueue
-from storelib.gen import generate, iter_plans, replay_plan
-from storelib.genplan import GenConfig, Generator
-from storelib.store import Store
-from storelib.writer import StoreWriter
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.store import Store
+from storelib.broker.writer import StoreWriter
+from storelib.format.configjson import consumer_offsets, load_config
+from storelib.format.consumequeue import ConsumeQueue
+from storelib.generator.gen import generate, iter_plans, replay_plan
+from storelib.generator.genplan import GenConfig, Generator
 
 GEOMETRY = {"mappedFileSizeCommitLog": 262144, "mappedFileSizeConsumeQueue": 2000, "maxHashSlotNum": 200,
             "maxIndexNum": 800, "enabledAppendPropCRC": "true"}

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storelib.bytesource import Location, open_source
+from storelib.broker.indexbuild import IndexState, build_index_files, index_key_rows, index_keys
 from storelib.errors import StoreError
-from storelib.indexbuild import IndexState, build_index_files, index_key_rows, index_keys
-from storelib.indexdir import index_file_name, list_index_files, parse_index_file_name, query_index
-from storelib.indexfile import ENTRY_DTYPE, IndexFile, IndexGeometry, IndexHeader
-from storelib.javahash import index_hash, java_string_hash
+from storelib.fileio.bytesource import Location, open_source
+from storelib.format.indexdir import index_file_name, list_index_files, parse_index_file_name, query_index
+from storelib.format.indexfile import ENTRY_DTYPE, IndexFile, IndexGeometry, IndexHeader
+from storelib.format.javahash import index_hash, java_string_hash
 from tests.conftest import SAMPLES
 from tests.index_oracle import IndexFileWriter, ScalarIndexService
 
@@ -652,7 +652,7 @@ def test_index_image_sha256_from_memory_equals_the_written_files_hash(tmp_path, 
 
 @pytest.mark.parametrize("continued", [False, True])
 def test_index_build_with_chains_on_a_thread_equals_the_single_thread_build(monkeypatch, continued):
-    import storelib.indexbuild as ix
+    import storelib.broker.indexbuild as ix
 
     g = IndexGeometry(97, 400)
     rng = np.random.default_rng(7)

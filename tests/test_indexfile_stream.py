@@ -13,8 +13,14 @@ import pytest
 
 import jobs.rebuild as rb
 from jobs.engines import LocalEngine
-from storelib.indexbuild import ChainRun, IndexState, build_index_files, local_chains, stream_index_file
-from storelib.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
+from storelib.broker.indexbuild import (
+    ChainRun,
+    IndexState,
+    build_index_files,
+    local_chains,
+    stream_index_file,
+)
+from storelib.format.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
 from tests.rebuild_storegen import CraftedStore, msg
 
 BEGIN = 1_700_000_000_000

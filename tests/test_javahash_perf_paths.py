@@ -9,8 +9,8 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from storelib.indexbuild import index_keys
-from storelib.javahash import (
+from storelib.broker.indexbuild import index_keys
+from storelib.format.javahash import (
     index_hash,
     java_hash_array,
     java_hashes,
@@ -112,7 +112,7 @@ def test_index_keys_match_the_scalar_key_rules():
 
 
 def test_long_inputs_are_hashed_in_blocks_with_the_same_result(monkeypatch):
-    import storelib.javahash as jh
+    import storelib.format.javahash as jh
 
     rng = random.Random(5)
     words = _words(rng, 300)

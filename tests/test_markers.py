@@ -1,4 +1,4 @@
-"""storelib.markers: abort / abort.bak / lock, including a live-lock probe against another process."""
+"""storelib.format.markers: abort / abort.bak / lock, including a live-lock probe against another process."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from storelib.bytesource import Location
 from storelib.errors import StoreError
-from storelib.markers import (
+from storelib.fileio.bytesource import Location
+from storelib.format.markers import (
     abort_state,
     hold_lock,
     lock_state,

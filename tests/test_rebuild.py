@@ -20,12 +20,12 @@ import pyarrow.fs as pafs
 import pytest
 
 from jobs.rebuild import RebuildConfig, rebuild
-from storelib.brokerconf import BrokerSettings, load_broker_conf
-from storelib.consumequeue import CQ_DTYPE
-from storelib.dispatch import index_geometry
+from storelib.broker.brokerconf import BrokerSettings, load_broker_conf
+from storelib.broker.dispatch import index_geometry
+from storelib.broker.store import Store
 from storelib.errors import StoreError
-from storelib.publish import MANIFEST_NAME, publish_tree, read_manifest
-from storelib.store import Store
+from storelib.fileio.publish import MANIFEST_NAME, publish_tree, read_manifest
+from storelib.format.consumequeue import CQ_DTYPE
 from tests.conftest import REPO, broker_conf, load_expected
 from tests.index_oracle import ScalarIndexService
 from tests.rebuild_storegen import CraftedStore, msg
@@ -325,7 +325,7 @@ def test_publish_tree_to_another_filesystem_writes_the_manifest_last(tmp_path):
     (staging / "a" / "b" / "f").write_bytes(b"data")
     (tmp_path / "remote").mkdir()
     fs = pafs.SubTreeFileSystem(str(tmp_path / "remote"), pafs.LocalFileSystem())
-    from storelib.bytesource import Location
+    from storelib.fileio.bytesource import Location
 
     dest = Location(fs, "out", False)
     publish_tree(str(staging), dest, {"n": 1})
@@ -527,9 +527,9 @@ def test_standalone_cluster_run_matches_local(tmp_path, standalone_cluster):
 
 def test_destination_of_an_interrupted_publish_is_replaced_but_a_foreign_directory_is_refused(tmp_path):
     from jobs.rebuild import _check_dest
-    from storelib.bytesource import resolve
     from storelib.errors import StoreError
-    from storelib.publish import PUBLISHING_MARKER
+    from storelib.fileio.bytesource import resolve
+    from storelib.fileio.publish import PUBLISHING_MARKER
 
     partial = tmp_path / "partial"
     (partial / "index").mkdir(parents=True)

@@ -1,5 +1,5 @@
 """rmqstore recover: plan (= the broker's recovery, computed independently here), apply, restore, kill -9
-resumption, salvage. Crafted stores: CraftedStore commitlogs + CQ/index written by storelib.dispatch."""
+resumption, salvage. Crafted stores: CraftedStore commitlogs + CQ/index written by storelib.broker.dispatch."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from jobs import recover as rc
 from jobs import recover_apply as ra
 from jobs import salvage as sv
 from jobs.audit import audit_store
-from storelib.backup import Backup
-from storelib.brokerconf import load_broker_conf
-from storelib.checkpoint import Checkpoint, write_checkpoint
-from storelib.consumequeue import CQ_DTYPE
-from storelib.dispatch import dispatch_store
+from storelib.broker.brokerconf import load_broker_conf
+from storelib.broker.dispatch import dispatch_store
+from storelib.broker.store import Store
 from storelib.errors import StoreError
-from storelib.indexfile import IndexHeader
-from storelib.store import Store
+from storelib.fileio.backup import Backup
+from storelib.format.checkpoint import Checkpoint, write_checkpoint
+from storelib.format.consumequeue import CQ_DTYPE
+from storelib.format.indexfile import IndexHeader
 from tests.conftest import REPO
 from tests.rebuild_storegen import CraftedStore, msg
 
@@ -378,7 +378,7 @@ def test_crash_at_every_kind_of_point_then_rerun_gives_the_uninterrupted_result(
 # run as ``python -c`` with (k, cli args...): SIGKILL the process right after its k-th backup is saved
 _KILL_AFTER_SAVE = """
 import os, signal, sys
-from storelib.backup import Backup
+from storelib.fileio.backup import Backup
 orig, seen = Backup.save, [0]
 def save(self, *a, **k):
     out = orig(self, *a, **k)

@@ -1,13 +1,11 @@
-"""The recovery walk (storelib.recovery) on crafted stores, expectations computed from where records went."""
+"""The recovery walk (storelib.broker.recovery) on crafted stores, expectations computed from where records went."""
 
 from __future__ import annotations
 
 import pytest
 
-from storelib.brokerconf import BrokerSettings
-from storelib.checkpoint import Checkpoint
-from storelib.record import MAGIC_V1
-from storelib.recovery import (
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.recovery import (
     RecoveryInputs,
     finish_walk,
     plan_recovery,
@@ -15,7 +13,9 @@ from storelib.recovery import (
     recovery_walk,
     run_tasks,
 )
-from storelib.store import Store
+from storelib.broker.store import Store
+from storelib.format.checkpoint import Checkpoint
+from storelib.format.record import MAGIC_V1
 from tests.rebuild_storegen import CraftedStore, msg
 
 S = 8192

@@ -19,7 +19,9 @@ import pyarrow.fs as pafs
 import pytest
 
 from jobs.cli import main as cli_main
-from storelib.bytesource import (
+from storelib.broker.store import Store
+from storelib.errors import StoreError
+from storelib.fileio.bytesource import (
     READ_AHEAD_RESERVE,
     ArrowFileSource,
     Location,
@@ -27,9 +29,7 @@ from storelib.bytesource import (
     open_source,
     resolve,
 )
-from storelib.errors import StoreError
-from storelib.scanner import SegmentScan
-from storelib.store import Store
+from storelib.scan.scanner import SegmentScan
 from tests.conftest import broker_conf
 
 # ------------------------------------------------------------------------------------------------
@@ -44,13 +44,13 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
 
 
 def _gen_store(dest: Path) -> tuple[Path, Path] | None:
-    """A small generated 5.x store with 1 MiB segments (storelib.gen), plus its broker.conf."""
+    """A small generated 5.x store with 1 MiB segments (storelib.generator.gen), plus its broker.conf."""
     try:
         import dataclasses
 
-        from storelib.brokerconf import BrokerSettings
-        from storelib.gen import generate
-        from storelib.genplan import GenConfig
+        from storelib.broker.brokerconf import BrokerSettings
+        from storelib.generator.gen import generate
+        from storelib.generator.genplan import GenConfig
     except ImportError:
         return None
     # small segments and index files: several segments per store, and no 400 MB sparse index to upload
@@ -85,7 +85,7 @@ STORE_NAMES = ["4.9.8", "5.3.3", "generated"]
 @pytest.fixture(params=STORE_NAMES)
 def store_pair(request, stores) -> dict:
     if request.param not in stores:
-        pytest.skip("storelib.gen not available")
+        pytest.skip("storelib.generator.gen not available")
     return stores[request.param]
 
 
@@ -295,7 +295,7 @@ def test_read_ahead_returns_exact_bytes_for_sequential_overlapping_windows(patte
 
 
 def test_read_ahead_fills_a_window_with_one_ranged_request_per_fill_chunk(pattern_file, monkeypatch):
-    import storelib.bytesource as bs
+    import storelib.fileio.bytesource as bs
 
     p, data = pattern_file
     monkeypatch.setattr(bs, "FILL_CHUNK", 4096)
@@ -364,7 +364,7 @@ def test_ranged_source_reports_a_file_shorter_than_its_listing(pattern_file):
 
 def test_scan_through_ranged_reads_equals_mmap_scan_on_samples(sample):
     root = sample / "store" / "commitlog"
-    from storelib.commitlog import CommitLog
+    from storelib.scan.commitlog import CommitLog
 
     t_l = CommitLog(str(root)).read_table(with_body=True)
     for w in (20_000, 200_000):
@@ -425,7 +425,7 @@ def _tree_bytes(root: Path) -> dict[str, bytes]:
 def _rebuilt_s3_vs_local(s3_server, out_uri: str, local_out: Path, tmp_path: Path) -> dict[str, bytes]:
     """The files of the rebuild at ``out_uri`` (downloaded), asserted equal to ``local_out``'s but for
     the manifest (which names its source); returns them."""
-    from storelib.publish import MANIFEST_NAME
+    from storelib.fileio.publish import MANIFEST_NAME
 
     s3_server.download(out_uri, tmp_path / "s3-out")
     got, want = _tree_bytes(tmp_path / "s3-out"), _tree_bytes(local_out)
@@ -436,7 +436,7 @@ def _rebuilt_s3_vs_local(s3_server, out_uri: str, local_out: Path, tmp_path: Pat
 
 
 def test_rebuild_from_s3_to_s3_is_byte_identical_to_a_local_rebuild(stores, s3_server, tmp_path):
-    from storelib.publish import is_partial, is_published, read_manifest
+    from storelib.fileio.publish import is_partial, is_published, read_manifest
 
     d = stores["generated"] if "generated" in stores else stores["5.3.3"]
     out_uri = f"s3://{s3_server.new_bucket('rebuilt')}/out/store"
@@ -456,7 +456,7 @@ def test_rebuild_from_s3_to_s3_is_byte_identical_to_a_local_rebuild(stores, s3_s
 
 
 def test_interrupted_publish_to_s3_leaves_no_manifest_and_is_not_complete(s3_server, tmp_path, monkeypatch):
-    from storelib import publish
+    from storelib.fileio import publish
 
     staging = tmp_path / "staging"
     for rel in ("consumequeue/T/0/00000000000000000000", "index/20240101000000000", "checkpoint"):
@@ -528,7 +528,7 @@ def test_audit_same_from_s3_as_local_and_report_to_s3(store_pair, s3_server, tmp
     strip = lambda j: {k: v for k, v in _normalise(j, roots).items() if k not in drop}  # noqa: E731
     assert strip(jr) == strip(jl)
     assert jr["run"]["segments_audited"] == jl["run"]["segments_audited"] > 0
-    from storelib.publish import is_published
+    from storelib.fileio.publish import is_published
 
     assert is_published(resolve(rep), "audit-manifest.json")
 
@@ -571,7 +571,7 @@ def test_spark_data_source_reads_s3_with_filesystem_options(stores, s3_server, s
 
 
 def test_commitlog_scan_hands_the_next_segments_first_window_over_without_a_stall(sample_533, monkeypatch):
-    from storelib.commitlog import CommitLog
+    from storelib.scan.commitlog import CommitLog
 
     counts: list[tuple[int, int]] = []
     real_close = ArrowFileSource.close
@@ -595,8 +595,8 @@ def test_index_image_written_to_a_remote_location_equals_the_local_file(tmp_path
     import hashlib
 
     from jobs.rebuild import write_index_image
-    from storelib.indexbuild import build_index_files
-    from storelib.indexfile import IndexGeometry
+    from storelib.broker.indexbuild import build_index_files
+    from storelib.format.indexfile import IndexGeometry
 
     g = IndexGeometry(7, 10)
     rows = {"key_hash": np.arange(25) * 7919, "phy_offset": np.arange(25) * 100,
@@ -613,7 +613,7 @@ def test_spark_rebuild_from_s3_to_s3_equals_the_local_engine_and_its_manifest(st
     import hashlib
 
     from jobs.rebuild import RebuildConfig, rebuild
-    from storelib.publish import read_manifest
+    from storelib.fileio.publish import read_manifest
 
     d = stores["generated"] if "generated" in stores else stores["5.3.3"]
     out_uri = f"s3://{s3_server.new_bucket('rebuilt')}/spark/store"

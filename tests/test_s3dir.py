@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from storelib.brokerconf import BrokerSettings
-from storelib.bytesource import resolve
-from storelib.commitlog import CommitLog
-from storelib.gen import generate
-from storelib.genplan import GenConfig
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.fileio.bytesource import resolve
+from storelib.generator.gen import generate
+from storelib.generator.genplan import GenConfig
+from storelib.scan.commitlog import CommitLog
 from tests.s3dir import DirS3Server, running_dir_s3_server
 
 N_MANY = 1100  # > 1000: ListObjectsV2 pages

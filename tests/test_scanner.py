@@ -6,9 +6,9 @@ import struct
 
 import pytest
 
-from storelib.commitlog import CommitLog
-from storelib.record import BLANK_MAGIC, Message, check_record, encode_message
-from storelib.scanner import scan_buffer
+from storelib.format.record import BLANK_MAGIC, Message, check_record, encode_message
+from storelib.scan.commitlog import CommitLog
+from storelib.scan.scanner import scan_buffer
 from tests.conftest import load_expected
 
 PAIRS = [

@@ -15,14 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from storelib.arrowcols import as_utf8, take_ranges
-from storelib.bytesource import LocalSource
-from storelib.crc import body_crc, crc32
-from storelib.messageschema import message_schema
-from storelib.propcolumns import FastProperties, PropertyColumns, SplitProperties
-from storelib.properties import parse_properties
-from storelib.record import BLANK_MAGIC, Message, check_record, encode_message, offset_msg_id
-from storelib.scanner import SegmentScan
+from storelib.fileio.bytesource import LocalSource
+from storelib.format.crc import body_crc, crc32
+from storelib.format.properties import parse_properties
+from storelib.format.record import BLANK_MAGIC, Message, check_record, encode_message, offset_msg_id
+from storelib.scan.arrowcols import as_utf8, take_ranges
+from storelib.scan.messageschema import message_schema
+from storelib.scan.propcolumns import FastProperties, PropertyColumns, SplitProperties
+from storelib.scan.scanner import SegmentScan
 
 MAGIC_BYTES = [b"\xda\xa3\x20\xa7", b"\xda\xa3\x20\xab"]
 _crcmod32 = crcmod.predefined.mkCrcFun("crc-32")

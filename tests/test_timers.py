@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.cli import main
-from storelib.bytesource import resolve
-from storelib.store import Store, load_settings
-from storelib.timermsg import timer_messages
-from storelib.timerstore import (
+from storelib.broker.store import Store, load_settings
+from storelib.broker.timermsg import timer_messages
+from storelib.fileio.bytesource import resolve
+from storelib.format.timerstore import (
     UNIT_SIZE,
     read_timer_checkpoint,
     read_timer_metrics,
@@ -248,7 +248,7 @@ def test_rocketmq_timers_data_source(spark, timer_sample):
 def test_timer_losses_count_pending_timers_whose_segment_goes_before_their_deliver_time():
     import pyarrow as pa
 
-    from storelib.timermsg import TIMER_SCHEMA, timer_losses
+    from storelib.broker.timermsg import TIMER_SCHEMA, timer_losses
 
     rows = [{"uniq_key": k, "state": st, "real_topic": t, "deliver_time_ms": due, "timer_phy_offset": phy}
             for k, st, t, due, phy in [("a", "pending", "T1", 5_000, 10), ("b", "pending", "T1", 1_000, 20),
@@ -292,7 +292,7 @@ def test_audit_counts_pending_timers_that_outlive_retention_as_the_export_says(t
 def test_timer_files_written_from_what_was_read_are_byte_identical_to_the_brokers(timer_sample, tmp_path):
     import filecmp
 
-    from storelib.timerstore import encode_timer_metrics, write_timer_store
+    from storelib.format.timerstore import encode_timer_metrics, write_timer_store
 
     store = timer_sample / "store"
     root = resolve(str(store))
@@ -345,7 +345,7 @@ def test_a_torn_unit_and_a_dirty_file_are_recovered_as_the_broker_does_and_resto
 
 
 def test_recovery_re_points_a_stale_slot_at_the_last_unit_it_scans(copy, capsys):
-    from storelib.timerstore import SLOT_SIZE
+    from storelib.format.timerstore import SLOT_SIZE
 
     index = 470692  # slot 1795517092000: firstPos 936, lastPos 14744 in the broker's files
     _poke(copy / "timerwheel", index * SLOT_SIZE + 16, struct.pack(">q", 13184))  # a stale lastPos

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from storelib.topicname import escape_topic, unsafe_reason
+from storelib.format.topicname import escape_topic, unsafe_reason
 from tests.conftest import run_cli
 
 ODD_TOPICS = ["订单事件_テスト_ñ", "Emoji🚀Topic", "with space.and dot", "Plain"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from storelib.uniqkey import decode_uniq_key
+from storelib.format.uniqkey import decode_uniq_key
 
 
 def _key(ip: bytes, pid: int, loader: int, span_ms: int, counter: int) -> str:

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storelib.brokerconf import BrokerSettings, load_broker_conf
-from storelib.checkpoint import read_checkpoint
-from storelib.properties import parse_properties
-from storelib.record import BLANK_MAGIC, Message
-from storelib.store import Store
-from storelib.writer import StoreWriter, java_hashmap_order, serialize_properties
+from storelib.broker.brokerconf import BrokerSettings, load_broker_conf
+from storelib.broker.store import Store
+from storelib.broker.writer import StoreWriter, java_hashmap_order, serialize_properties
+from storelib.format.checkpoint import read_checkpoint
+from storelib.format.properties import parse_properties
+from storelib.format.record import BLANK_MAGIC, Message
 from tests.conftest import broker_conf
 
 SMALL = {"mappedFileSizeCommitLog": 4096, "mappedFileSizeConsumeQueue": 200, "maxHashSlotNum": 16,

@@ -21,10 +21,10 @@ from jobs.common import (
     time_arg,
 )
 from jobs.expiry_report import _ranges_text
-from storelib.brokerconf import BrokerSettings
-from storelib.bytesource import resolve
+from storelib.broker.brokerconf import BrokerSettings
 from storelib.errors import StoreError
-from storelib.javaprops import parse_properties_text
+from storelib.fileio.bytesource import resolve
+from storelib.format.javaprops import parse_properties_text
 
 EXAMPLE = """example:
   rmqstore expiry /data/store --broker-conf broker.conf --policy keep24h.conf --policy keep72h.conf \\
@@ -106,7 +106,7 @@ def load_policy(path: str, base: BrokerSettings) -> BrokerSettings:
 
 
 def build_policies(args: argparse.Namespace) -> tuple[BrokerSettings, list]:
-    from storelib.expiry import Policy, parse_time_ms
+    from storelib.broker.expiry import Policy, parse_time_ms
 
     base = settings_from_args(args, resolve(args.store, **fs_options(args)))
     manual = tuple(parse_time_ms(t) for t in args.manual_delete)
@@ -129,8 +129,8 @@ def _timer_losses(store, report: dict) -> None:
     """Per policy, the pending timer messages it loses (5.x stores with a timer store only)."""
     if not store.exists("timerlog"):
         return
-    from storelib.configjson import load_config
-    from storelib.timermsg import store_timers, timer_losses
+    from storelib.broker.timermsg import store_timers, timer_losses
+    from storelib.format.configjson import load_config
 
     timers = store_timers(store)
     groups: dict[str, list[str]] = {}
@@ -143,9 +143,9 @@ def _timer_losses(store, report: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
-    from storelib.cleaner import describe, simulate
-    from storelib.expiry import TimeModel, load_snapshot, parse_time_ms
-    from storelib.store import Store
+    from storelib.broker.cleaner import describe, simulate
+    from storelib.broker.expiry import TimeModel, load_snapshot, parse_time_ms
+    from storelib.broker.store import Store
 
     base, policies = build_policies(args)
     model = TimeModel(

@@ -49,9 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _add_timers(args: argparse.Namespace, settings) -> dict:
     from dataclasses import asdict
 
-    from storelib.bytesource import resolve
-    from storelib.store import Store
-    from storelib.timergen import add_timer_messages
+    from storelib.broker.store import Store
+    from storelib.fileio.bytesource import resolve
+    from storelib.generator.timergen import add_timer_messages
 
     store = Store(resolve(args.out), settings)
     last = max((int(b.column("store_timestamp").to_numpy().max()) for b in store.scan(columns=["store_timestamp"])
@@ -64,8 +64,8 @@ def _add_timers(args: argparse.Namespace, settings) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.common import settings_from_args
-    from storelib.gen import generate
-    from storelib.genplan import GenConfig
+    from storelib.generator.gen import generate
+    from storelib.generator.genplan import GenConfig
 
     settings = settings_from_args(args, version=args.version)
     if args.segment_size:

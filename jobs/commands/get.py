@@ -8,8 +8,8 @@ import sys
 
 from jobs.common import add_store_args, open_store, plain_doc, row_to_json, time_arg
 from storelib.errors import StoreError
-from storelib.record import decode_msg_id
-from storelib.uniqkey import decode_uniq_key
+from storelib.format.record import decode_msg_id
+from storelib.format.uniqkey import decode_uniq_key
 
 EXAMPLE = """examples:
   rmqstore get /data/store --offset 1048576
@@ -50,7 +50,7 @@ def lookup(store, args) -> list[dict]:
             raise StoreError(None, None, "bad_msg_id", str(e)) from e
         return [row_to_json(cl.record_at(phy, **kw).to_pylist()[0], args.with_body)]
     if args.queue is not None:
-        from storelib.lookup import lookup_queue
+        from storelib.broker.lookup import lookup_queue
 
         topic, _, rest = args.queue.rpartition(":")
         topic, _, qid = topic.rpartition(":")
@@ -60,7 +60,7 @@ def lookup(store, args) -> list[dict]:
         return [row_to_json(cl.record_at(phy, **kw).to_pylist()[0], args.with_body)]
     if not args.topic:
         raise StoreError(None, None, "bad_argument", "--key needs --topic")
-    from storelib.lookup import lookup_key
+    from storelib.broker.lookup import lookup_key
 
     rows = lookup_key(store, args.topic, args.key, args.begin_ms, args.end_ms, with_body=args.with_body)
     return [row_to_json(r, args.with_body) for r in rows]

@@ -9,14 +9,14 @@ from typing import Any
 import pyarrow as pa
 
 from jobs.common import Progress, add_store_args, human_ms, open_store, plain_doc, print_json, print_table
-from storelib.checkpoint import read_checkpoint
-from storelib.configjson import consumer_offsets, load_config
-from storelib.consumequeue import ConsumeQueue, batch_cq_topics, list_queues
+from storelib.broker.geometry import fold_geometry_findings
+from storelib.broker.lookup import index_geometry
 from storelib.errors import Finding, StoreError
-from storelib.geometry import fold_geometry_findings
-from storelib.indexdir import list_index_files
-from storelib.lookup import index_geometry
-from storelib.markers import abort_state, lock_state, what_broker_does
+from storelib.format.checkpoint import read_checkpoint
+from storelib.format.configjson import consumer_offsets, load_config
+from storelib.format.consumequeue import ConsumeQueue, batch_cq_topics, list_queues
+from storelib.format.indexdir import list_index_files
+from storelib.format.markers import abort_state, lock_state, what_broker_does
 
 EXAMPLE = """example:
   rmqstore info /data/store --broker-conf /opt/rocketmq/conf/broker.conf
@@ -179,7 +179,7 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
 
 def _timer_summary(store, findings: list[Finding]) -> dict | None:
     """The 5.x timer store at a glance (its own files only, no commitlog scan); None without one."""
-    from storelib.timerstore import read_timer_metrics, read_timerlog
+    from storelib.format.timerstore import read_timer_metrics, read_timerlog
 
     if not store.exists("timerlog"):
         return None

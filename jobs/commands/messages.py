@@ -19,7 +19,7 @@ from jobs.common import (
     print_table,
     row_to_json,
 )
-from storelib.messagecols import iso_utc_column, with_time_columns
+from storelib.scan.messagecols import iso_utc_column, with_time_columns
 
 EXAMPLE = """example:
   rmqstore messages /data/store --topic OrderEvents --limit 5
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.out:
             print("rmqstore messages: --format parquet needs --out FILE", file=sys.stderr)
             return 2
-        from storelib.publish import atomic_local_file
+        from storelib.fileio.publish import atomic_local_file
 
         writer = None
         count = 0
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 writer.write_batch(batch)
                 count += batch.num_rows
             if writer is None:
-                from storelib.messageschema import message_schema
+                from storelib.scan.messageschema import message_schema
 
                 schema = message_schema(args.with_body)
                 schema = with_time_columns(schema.remove(schema.get_field_index("properties_raw")).empty_table()).schema

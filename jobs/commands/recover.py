@@ -17,8 +17,8 @@ import os
 import sys
 
 from jobs.common import add_fs_args, add_settings_args, open_store, plain_doc, print_json
+from storelib.broker.store import Store
 from storelib.errors import StoreError
-from storelib.store import Store
 
 EXAMPLE = """examples:
   rmqstore recover /data/store --broker-conf broker.conf            # plan (read-only)

@@ -11,15 +11,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.common import add_store_args, open_store, plain_doc, print_table, time_arg
-from storelib.messagecols import iso_utc, iso_utc_column
-from storelib.timermsg import deliver_histogram, timer_messages
-from storelib.timerstore import (
+from storelib.broker.timermsg import deliver_histogram, timer_messages
+from storelib.format.timerstore import (
     precision_of,
     read_timer_checkpoint,
     read_timer_metrics,
     read_timerlog,
     read_wheel,
 )
+from storelib.scan.messagecols import iso_utc, iso_utc_column
 
 EXAMPLE = """examples:
   rmqstore timers /data/store                                  # summary + pending timers
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         import pyarrow.parquet as pq
 
-        from storelib.publish import atomic_local_file
+        from storelib.fileio.publish import atomic_local_file
 
         with atomic_local_file(args.out) as tmp:
             pq.write_table(rows, tmp, compression="zstd")

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..brokerconf import BrokerSettings
-from ..bytesource import Location
-from ..errors import Finding, StoreError
-from .logview import LogView, _lookup_repeats, _member, _run_of, _searchsorted_repeats
-from .segment import _Capped
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.checks.logview import LogView, _lookup_repeats, _member, _run_of, _searchsorted_repeats
+from storelib.checks.segment import _Capped
+from storelib.errors import Finding, StoreError
+from storelib.fileio.bytesource import Location
 
 
 @dataclass
@@ -33,8 +33,8 @@ def _index_open_error(display: str, e: StoreError) -> Finding:
 
 def load_index_files(root: Location, settings: BrokerSettings) -> IndexLoad:
     """List, open and validate every index file (headers and structure; entries are not kept)."""
-    from storelib.indexdir import list_index_files
-    from storelib.indexfile import IndexGeometry
+    from storelib.format.indexdir import list_index_files
+    from storelib.format.indexfile import IndexGeometry
 
     res = IndexLoad()
     refs = list_index_files(root, res.findings)
@@ -157,7 +157,7 @@ def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Ca
 
     Needs nothing from the consume-queue checks, so it runs beside them (:func:`jobs.audit.cross_checks`);
     ``loaded``: the files validated beforehand (:func:`load_index_files`)."""
-    from storelib.indexfile import IndexGeometry
+    from storelib.format.indexfile import IndexGeometry
 
     if loaded is None:
         loaded = load_index_files(root, settings)

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..bytesource import Location
-from ..errors import Finding, StoreError
-from .logview import LogView, _rel
-from .segment import SEVERITY_RANK, _Capped
+from storelib.checks.logview import LogView, _rel
+from storelib.checks.segment import SEVERITY_RANK, _Capped
+from storelib.errors import Finding, StoreError
+from storelib.fileio.bytesource import Location
 
 
 def check_checkpoint(root: Location, log: LogView, out: _Capped, now_ms: int):
     """Checkpoint timestamps within the data's store-time range (and not in the future)."""
-    from storelib.checkpoint import read_checkpoint
+    from storelib.format.checkpoint import read_checkpoint
 
     try:
         cp = read_checkpoint(root, strict=False)
@@ -46,7 +46,7 @@ def check_checkpoint(root: Location, log: LogView, out: _Capped, now_ms: int):
 
 def check_markers(root: Location, out: _Capped):
     """lock marker (a live broker?); returns the abort state (reported by :func:`report_abort`)."""
-    from storelib.markers import abort_state, lock_state
+    from storelib.format.markers import abort_state, lock_state
 
     ab = abort_state(root)
     try:
@@ -64,7 +64,7 @@ def check_markers(root: Location, out: _Capped):
 
 def report_abort(ab, idx_info: dict, out: _Capped) -> None:
     """An abort file: say what the next broker start does, including the index files it deletes."""
-    from storelib.markers import what_broker_does
+    from storelib.format.markers import what_broker_does
 
     if not ab.exists:
         return
@@ -82,8 +82,8 @@ CONFIG_FILES = ["topics.json", "consumerOffset.json", "subscriptionGroup.json", 
 
 def check_configs(root: Location, out: _Capped) -> dict[str, Any]:
     """config/*.json readable (fastjson quirks), ``.bak`` agreeing or older; returns the loaded data."""
-    from storelib.configjson import load_config
-    from storelib.smallfile_io import read_small
+    from storelib.fileio.smallfile_io import read_small
+    from storelib.format.configjson import load_config
 
     loaded: dict[str, Any] = {}
     for name in CONFIG_FILES:
@@ -103,7 +103,7 @@ def check_configs(root: Location, out: _Capped) -> dict[str, Any]:
         loaded[name] = ld.data
         if ld.source == "file" and present[1]:
             try:
-                from storelib.fastjson import parse_fastjson
+                from storelib.format.fastjson import parse_fastjson
 
                 raw = read_small(Location(loc.fs, loc.path + ".bak", loc.local))
                 bak = parse_fastjson(raw.decode("utf-8", "replace")) if raw else None
@@ -126,7 +126,7 @@ def _compare_bak(name: str, data: dict, bak: dict, out: _Capped) -> None:
             pass
         return
     if name in ("consumerOffset.json", "lmqConsumerOffset.json"):
-        from storelib.configjson import consumer_offsets
+        from storelib.format.configjson import consumer_offsets
 
         a, b = consumer_offsets(data), consumer_offsets(bak)
         newer = [(k, q) for k, qs in b.items() for q, o in qs.items() if a.get(k, {}).get(q, o) < o]
@@ -139,7 +139,7 @@ def _compare_bak(name: str, data: dict, bak: dict, out: _Capped) -> None:
 
 def check_consumer_offsets(loaded: dict, qstats: dict, out: _Capped) -> list[dict]:
     """Consumer offsets within their queues' [min, max]; returns per-group lag rows for the report."""
-    from storelib.configjson import consumer_offsets, delay_offsets
+    from storelib.format.configjson import consumer_offsets, delay_offsets
 
     rows: list[dict] = []
     for name in ("consumerOffset.json", "lmqConsumerOffset.json"):

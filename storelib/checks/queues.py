@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..brokerconf import BrokerSettings
-from ..bytesource import Location, data_ranges
-from ..consumequeue import batch_cq_topics
-from ..errors import Finding, StoreError
-from ..record import INNER_BATCH_FLAG
-from ..topicname import escape_topic, unsafe_reason, unsafe_topic_finding
-from .logview import LogView, _queue_hint, _queue_records_exactly, _rel
-from .segment import _Capped
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.checks.logview import LogView, _queue_hint, _queue_records_exactly, _rel
+from storelib.checks.segment import _Capped
+from storelib.errors import Finding, StoreError
+from storelib.fileio.bytesource import Location, data_ranges
+from storelib.format.consumequeue import batch_cq_topics
+from storelib.format.record import INNER_BATCH_FLAG
+from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 
 
 def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dict]:
@@ -118,7 +118,7 @@ class CQLoad:
 
 def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) -> CQLoad:
     """Read every consume queue's units (one copy out of the mapped files) and offsets."""
-    from storelib.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, list_queues
+    from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, list_queues
 
     rootp = root.path
     S = settings.mapped_file_size_consume_queue
@@ -174,8 +174,8 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) 
 def _units_before_invalid_tail(units: np.ndarray, path: str | None) -> int:
     """How many of a CQ file's units come before its trailing units whose size field is zero (invalid:
     a unit is valid only with size > 0). ``path``: the file when local; units in its holes (a
-    preallocated file is sparse) are zeros without being read (:func:`storelib.bytesource.data_ranges`)."""
-    from storelib.consumequeue import CQ_UNIT_SIZE
+    preallocated file is sparse) are zeros without being read (:func:`storelib.fileio.bytesource.data_ranges`)."""
+    from storelib.format.consumequeue import CQ_UNIT_SIZE
 
     n = len(units)
     ranges = data_ranges(path, 0, n * CQ_UNIT_SIZE)
@@ -197,7 +197,7 @@ def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings,
     """ConsumeQueue entries vs records both ways; queue min/max offsets and lag. Returns per-queue stats.
 
     ``loaded``: the queues read beforehand (:func:`load_consume_queues`, same ``log.log_min``)."""
-    from storelib.consumequeue import CQ_UNIT_SIZE, filler_mask
+    from storelib.format.consumequeue import CQ_UNIT_SIZE, filler_mask
 
     if loaded is None:
         loaded = load_consume_queues(root, settings, log.log_min)

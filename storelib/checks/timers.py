@@ -1,7 +1,7 @@
 """Audit of the 5.x timer store against the commitlog (runs after the other cross-file checks).
 
 * the timer files themselves: bad timerlog units, prevPos chains that leave the log or loop, wheel
-  slots whose chain does not hold ``num`` units, a wheel of the wrong size (storelib.timerstore);
+  slots whose chain does not hold ``num`` units, a wheel of the wrong size (storelib.format.timerstore);
 * every timerlog unit points (offsetPy, sizePy) at a ``rmq_sys_wheel_timer`` record of that size;
   units pointing past the commitlog's end are what a truncation leaves and what the broker's dequeue
   then retries forever (apache/rocketmq#10668); units before the commitlog's start point at expired data;
@@ -19,12 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from ..brokerconf import BrokerSettings
-from ..bytesource import Location
-from ..errors import Finding, StoreError
-from ..timerstore import TIMER_TOPIC, precision_of, read_timer_checkpoint, read_timerlog, read_wheel
-from .logview import LogView
-from .segment import _Capped
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.checks.logview import LogView
+from storelib.checks.segment import _Capped
+from storelib.errors import Finding, StoreError
+from storelib.fileio.bytesource import Location
+from storelib.format.timerstore import (
+    TIMER_TOPIC,
+    precision_of,
+    read_timer_checkpoint,
+    read_timerlog,
+    read_wheel,
+)
 
 SHOWN = 10  # findings of one kind listed one by one; the rest are counted in the last
 
@@ -43,7 +49,7 @@ MAX_ROLLED_READS = 10_000  # rolled pending units whose TIMER_OUT_MS is read fro
 def _deliver_times(root: Location, log: LogView, u: Any, slot: np.ndarray, last_read_ms: int) -> np.ndarray:
     """Each unit's deliver time: its slot time, except for a pending rolled unit (parked at the roll
     window, due later), whose record's TIMER_OUT_MS is read (bounded number of random reads)."""
-    from ..commitlog import CommitLog
+    from storelib.scan.commitlog import CommitLog
 
     due = slot.copy()
     rolled = np.flatnonzero(u.column("roll").to_numpy(zero_copy_only=False) & (slot >= last_read_ms))
@@ -69,7 +75,7 @@ MAX_DELIVER_CHECKS = 20_000  # the newest units whose record's TIMER_OUT_MS is r
 def _check_deliver_times(root: Location, log: LogView, u: Any, hit_rows: tuple, out: _Capped) -> None:
     """An unrolled unit's slot is its record's deliver time (TIMER_OUT_MS): the newest units (pending ones
     among them) are checked, by reading their records' properties."""
-    from ..commitlog import CommitLog
+    from storelib.scan.commitlog import CommitLog
 
     inside, rowc, hit = hit_rows
     roll = u.column("roll").to_numpy(zero_copy_only=False)

@@ -2,7 +2,7 @@
 
 Not part of the test run. ``python -m tests.bench.bench_audit [--size 2GB] [--segment-size 1GB] [--keep DIR]``
 
-The store comes from :func:`storelib.gen.generate` (realistic mix: topics, tags, keys, transactions,
+The store comes from :func:`storelib.generator.gen.generate` (realistic mix: topics, tags, keys, transactions,
 delays, IPv6 hosts, compressed bodies; CQ and index dispatched). Each engine runs twice: a warm-up pass
 (page cache) and the measured pass. Printed per engine: wall seconds of the per-segment phase, MB/s and
 messages/s over the bytes of the records scanned (``MB_per_s``; ``file_MB_per_s`` divides the file bytes,
@@ -99,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from jobs.audit import audit_store
-    from storelib.brokerconf import BrokerSettings
-    from storelib.gen import generate
-    from storelib.genplan import GenConfig
+    from storelib.broker.brokerconf import BrokerSettings
+    from storelib.generator.gen import generate
+    from storelib.generator.genplan import GenConfig
 
     tmp = None
     root = args.keep or os.path.join(tmp := tempfile.mkdtemp(prefix="bench-audit-"), "store")

@@ -38,8 +38,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from storelib.commitlog import CommitLog
-from storelib.record import BLANK_MAGIC, Message, encode_message
+from storelib.format.record import BLANK_MAGIC, Message, encode_message
+from storelib.scan.commitlog import CommitLog
 
 SEGMENT = 1 << 30
 

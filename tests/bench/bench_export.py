@@ -9,7 +9,7 @@ Not part of the test run. ``python -m tests.bench.bench_export [--size 2GB] [--s
   start); export: the default engine (auto).
 * SQL: ``count(*)``, ``group by topic``, and a store-time range filter with a count, each run twice
   (the second timed) on the snapshot (``datasources.read_snapshot``) and on ``spark.read.format("rocketmq")``.
-* incremental: 1% more messages appended through storelib.writer (the broker's write path), then
+* incremental: 1% more messages appended through storelib.broker.writer (the broker's write path), then
   ``export --incremental`` against the full export's time.
 Also storelib's own one-process scan (CommitLog.scan, all columns, CRCs). Targets (issue "columnar
 snapshots"): export >= 0.8 of the scan; snapshot SQL >= 10x the data source;
@@ -39,7 +39,7 @@ def _scan_segment(store: str, name: str) -> int:
 
 def _storelib_scan(store: str) -> int:
     """storelib's own full scan: CommitLog.scan over every segment, all columns, CRCs checked, one process."""
-    from storelib.commitlog import CommitLog
+    from storelib.scan.commitlog import CommitLog
 
     return sum(b.num_rows for b in CommitLog(os.path.join(store, "commitlog")).scan(verify_crc=True))
 

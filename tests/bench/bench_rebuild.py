@@ -23,7 +23,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from storelib.record import Message, blank_record, encode_message  # noqa: E402
+from storelib.format.record import Message, blank_record, encode_message  # noqa: E402
 
 
 def _templates(n: int, rng: np.random.Generator) -> list[tuple[bytes, int]]:

@@ -3,7 +3,7 @@
 Not part of the test run. ``python -m tests.bench.bench_remote [--size 1GB] [--segment-size 128MB]
 [--server moto|dir|both]``
 
-It generates a store (``storelib.gen``; commitlog only), then for each server (``--server``, default
+It generates a store (``storelib.generator.gen``; commitlog only), then for each server (``--server``, default
 both) starts it on 127.0.0.1 (stopped by PID at exit), uploads the commitlog, and in the same run
 scans the whole commitlog with CRC check through storelib (``CommitLog.scan``) from the local path
 (mmap) and from ``s3://`` (ranged reads with background read-ahead), best of ``--repeat`` each. Per
@@ -16,7 +16,7 @@ The two servers:
 - ``moto``: moto's standalone server, the one the tests use (``tests/s3server.py``). It answers every
   ranged GET by reading the *whole object* (``moto/s3/models.py`` ``value`` reads the object from its
   temp file into one bytes; ``responses.py`` ``_handle_range_header`` then slices the range out), so
-  each 16 MiB request of a read-ahead window (``storelib.bytesource.FILL_CHUNK``) costs it a read of
+  each 16 MiB request of a read-ahead window (``storelib.fileio.bytesource.FILL_CHUNK``) costs it a read of
   the whole 128 MiB segment: its numbers measure moto, and get worse the larger the segment (hence
   the 128 MiB default rather than 1 GiB).
 - ``dir``: ``tests/s3dir.py``, a small S3-compatible server over a directory (the store is hard-linked
@@ -79,9 +79,9 @@ class PeakRss:
 
 def build(root: Path, size: int, segment_size: int) -> dict:
     """A generated 4.x store of ``size`` commitlog bytes (no CQ/index: the scan needs only the commitlog)."""
-    from storelib.brokerconf import BrokerSettings
-    from storelib.gen import generate
-    from storelib.genplan import GenConfig
+    from storelib.broker.brokerconf import BrokerSettings
+    from storelib.generator.gen import generate
+    from storelib.generator.genplan import GenConfig
 
     settings = dataclasses.replace(BrokerSettings.defaults("4"), mapped_file_size_commit_log=segment_size)
     res = generate(root, GenConfig(size=size, version="4", seed=1), settings, dispatch=False,
@@ -91,8 +91,8 @@ def build(root: Path, size: int, segment_size: int) -> dict:
 
 def scan(loc, segment_size: int) -> tuple[int, int, float, dict]:
     """Full scan with CRC check (``CommitLog.scan``); returns (messages, bytes, seconds, read-ahead counters)."""
-    from storelib.bytesource import ArrowFileSource
-    from storelib.commitlog import CommitLog
+    from storelib.fileio.bytesource import ArrowFileSource
+    from storelib.scan.commitlog import CommitLog
 
     stats = {"prefetched": 0, "direct": 0}
     real_close = ArrowFileSource.close
@@ -122,7 +122,7 @@ def scan(loc, segment_size: int) -> tuple[int, int, float, dict]:
 
 def bench_one(name: str, s3, root: Path, args: argparse.Namespace) -> dict:
     """Upload the commitlog to one server, then scan local and remote in this same run (best of N each)."""
-    from storelib.bytesource import resolve
+    from storelib.fileio.bytesource import resolve
 
     label = f"[{name}]"
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from storelib.bytesource import DEFAULT_WINDOW
+    from storelib.fileio.bytesource import DEFAULT_WINDOW
     from tests.s3server import running_s3_server
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="rmq-bench-remote-")) / "store"

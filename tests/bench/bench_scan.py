@@ -3,7 +3,7 @@
 Not part of the test run. ``python -m tests.bench.bench_scan [--size 1GB] [--segment-size 1GB]``
 
 It builds a store of ~500 B messages (a few thousand distinct records encoded with
-``storelib.record.encode_message``, tiled into segments with numpy: physical offsets, queue
+``storelib.format.record.encode_message``, tiled into segments with numpy: physical offsets, queue
 offsets, store timestamps and UNIQ_KEYs patched per copy, a blank record at each segment end), then
 prints, over the same bytes and page-cache state:
 
@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from storelib.commitlog import CommitLog
-from storelib.crc import crc32
-from storelib.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2, Message, encode_message
+from storelib.format.crc import crc32
+from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2, Message, encode_message
+from storelib.scan.commitlog import CommitLog
 
 GiB = 1024**3
 DISPATCH_COLUMNS = ["phy_offset", "physical_offset_field", "size", "topic", "queue_id", "queue_offset",
@@ -213,7 +213,7 @@ def rebuild(root: Path) -> tuple[int, float, str, dict]:
     """(c) single-process ConsumeQueue + IndexFile rebuild from the store (files in a temp dir, removed
     after the clock stops)."""
     try:
-        from storelib import dispatch
+        from storelib.broker import dispatch
         have_dispatch = hasattr(dispatch, "dispatch_store")
     except ImportError:
         have_dispatch = False
@@ -222,7 +222,7 @@ def rebuild(root: Path) -> tuple[int, float, str, dict]:
         t0, c0 = time.perf_counter(), time.process_time()
         if have_dispatch:
             msgs, extra = _rebuild_dispatch(root, out)
-            how = "storelib.dispatch.dispatch_store, files written to a temp dir"
+            how = "storelib.broker.dispatch.dispatch_store, files written to a temp dir"
         else:
             msgs, extra = _rebuild_direct(root)
             how = "scan → build_consume_queues + index_keys/build_index_files, in memory"
@@ -233,7 +233,7 @@ def rebuild(root: Path) -> tuple[int, float, str, dict]:
 
 
 def _rebuild_dispatch(root: Path, out: Path) -> tuple[int, dict]:
-    from storelib.dispatch import dispatch_store
+    from storelib.broker.dispatch import dispatch_store
 
     res = dispatch_store(str(root), out_root=str(out))
     return int(res.records), {"cq_records": res.cq_records, "index_keys": res.index_keys,
@@ -243,9 +243,9 @@ def _rebuild_dispatch(root: Path, out: Path) -> tuple[int, dict]:
 def _rebuild_direct(root: Path) -> tuple[int, dict]:
     import pyarrow as pa
 
-    from storelib.cqwriter import build_consume_queues
-    from storelib.indexbuild import build_index_files, index_keys
-    from storelib.indexfile import IndexGeometry
+    from storelib.broker.cqwriter import build_consume_queues
+    from storelib.broker.indexbuild import build_index_files, index_keys
+    from storelib.format.indexfile import IndexGeometry
 
     cl = CommitLog(str(root / "commitlog"))
     keep = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type"]

@@ -1,0 +1,1 @@
+"""The broker's rules, as plain functions over a segment or split and merge steps over their results: settings, recovery, dispatch (ConsumeQueue and IndexFile writers), expiry and the cleaner, lookups, the write path, the timer store's recovery, what a store looks like."""

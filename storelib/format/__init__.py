@@ -1,0 +1,1 @@
+"""The byte formats and codecs of a broker store, as RocketMQ writes them: message records, properties, CRC and Java hashes, ConsumeQueue units, IndexFiles, checkpoint, markers, config/*.json (fastjson), broker.conf text, the timer store's files. Reading and encoding bytes; no broker behaviour."""

@@ -1,0 +1,581 @@
+"""ConsumeQueue files: 20-byte units as numpy, naming, fillers, tagsCode, and the broker's CQ writer.
+
+A CQ unit is ``phyOffset:i64, size:i32, tagsCode:i64`` big-endian with no header (store-format §4).
+Reading views a segment's bytes as a structured numpy array without copying (mmap for local files,
+ranged reads for remote ones). Writing reproduces ``ConsumeQueue.putMessagePositionInfo`` exactly
+(store-algorithms §5.2): a duplicate test on the physical *end*, filler units in the first segment ever
+created, the order check skipped for logical offset 0, repeats dropped and gaps *sliding* (an entry is
+written at the current position, not at ``20 × queueOffset``). The common case (consecutive offsets,
+increasing physical ends) is detected per queue and done with numpy; only irregular queues take the
+per-entry loop, which is the broker's state machine written out.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from storelib.errors import Finding, StoreError, StoreLayoutError
+from storelib.fileio.bytesource import ArrowFileSource, LocalSource, Location, resolve
+from storelib.format.javahash import java_hash_array
+from storelib.format.topicname import escape_topic, is_standard_topic
+
+CQ_UNIT_SIZE = 20
+DEFAULT_CQ_SEGMENT_SIZE = 6_000_000
+FILLER_PHY_OFFSET = 0
+FILLER_SIZE = 0x7FFFFFFF
+FILLER_TAGS_CODE = 0
+FILLER_ENTRY = (FILLER_PHY_OFFSET, FILLER_SIZE, FILLER_TAGS_CODE)
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+MAX_SEGMENT_SIZE = 2**31 - 1  # a MappedFile's size is a Java int
+# messageDelayLevel default "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h" in ms
+DEFAULT_DELAY_LEVELS_MS: tuple[int, ...] = (
+    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000,
+    420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
+)
+
+CQ_DTYPE = np.dtype([("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+assert CQ_DTYPE.itemsize == CQ_UNIT_SIZE
+FILLER_BYTES = np.array([FILLER_ENTRY], dtype=CQ_DTYPE).tobytes()
+
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_ROCKSDB_NAMES = re.compile(r"^(CURRENT|IDENTITY|LOCK|MANIFEST-\d+|OPTIONS-\d+|\d+\.(sst|log))$")
+
+
+# ---------------------------------------------------------------------------------------------
+# names and sizes
+
+
+def file_name(offset: int) -> str:
+    """UtilAll.offset2FileName: the segment's first logical byte offset, 20 zero-padded digits."""
+    if not 0 <= offset < 10**20:
+        raise StoreError(None, offset, "bad_offset", f"segment offset {offset} cannot be a 20-digit file name")
+    return f"{offset:020d}"
+
+
+def parse_file_name(name: str) -> int | None:
+    """The offset a segment name stands for; None unless exactly 20 ASCII digits."""
+    if len(name) != 20 or not all("0" <= c <= "9" for c in name):
+        return None
+    return int(name)
+
+
+def cq_file_size(configured: int) -> int:
+    """mappedFileSizeConsumeQueue as the broker's getter returns it: rounded up to a multiple of 20."""
+    return -(-int(configured) // CQ_UNIT_SIZE) * CQ_UNIT_SIZE
+
+
+def _check_segment_size(segment_size: int) -> int:
+    s = int(segment_size)
+    if s <= 0 or s % CQ_UNIT_SIZE or s > MAX_SEGMENT_SIZE:
+        raise StoreError(None, None, "bad_segment_size",
+                         f"CQ segment size {s} must be a positive multiple of 20 below 2^31 (see cq_file_size)")
+    return s
+
+
+def _jrem(a: int, b: int) -> int:
+    """Java ``%``: the remainder takes the sign of the dividend."""
+    r = abs(a) % abs(b)
+    return -r if a < 0 else r
+
+
+def _wrap64(x: int) -> int:
+    """Java long arithmetic wraps; Python ints do not."""
+    return ((x - _I64_MIN) % 2**64) + _I64_MIN
+
+
+# ---------------------------------------------------------------------------------------------
+# unit arrays
+
+
+def view_units(buf, count: int | None = None) -> np.ndarray:
+    """The whole 20-byte units of ``buf`` as a CQ_DTYPE array sharing ``buf``'s memory (no copy).
+
+    A trailing partial unit is ignored; callers that care report it (``ConsumeQueue`` does).
+    """
+    n = len(buf) // CQ_UNIT_SIZE if count is None else count
+    if n <= 0:
+        return np.zeros(0, dtype=CQ_DTYPE)
+    return np.frombuffer(buf, dtype=CQ_DTYPE, count=n)
+
+
+def valid_mask(units: np.ndarray) -> np.ndarray:
+    """ConsumeQueue's validity rule: ``phyOffset >= 0 && size > 0`` (fillers are valid)."""
+    return (units["phy_offset"] >= 0) & (units["size"] > 0)
+
+
+def filler_mask(units: np.ndarray) -> np.ndarray:
+    """Pre-blank filler units (0, 0x7FFFFFFF, 0)."""
+    return (units["phy_offset"] == 0) & (units["size"] == FILLER_SIZE) & (units["tags_code"] == 0)
+
+
+def first_invalid(units: np.ndarray) -> int:
+    """Index of the first invalid unit (where a scan of the queue stops), or len(units)."""
+    bad = ~valid_mask(units)
+    return int(np.argmax(bad)) if bad.any() else len(units)
+
+
+def first_unit_from(units: np.ndarray, base: int, commitlog_min_offset: int) -> int | None:
+    """correctMinOffset 4.9.8's scan of the first segment (store-algorithms §8.8): the logical byte offset
+    of the first unit whose phyOffset >= M, None when none is (fillers have phy 0, so they count only
+    when M = 0, as in the broker). Shared by the reader and the recovery model."""
+    hit = np.flatnonzero(units["phy_offset"] >= int(commitlog_min_offset))
+    return base + int(hit[0]) * CQ_UNIT_SIZE if len(hit) else None
+
+
+def kept_after_truncation(units: np.ndarray, process_offset: int) -> int:
+    """truncateDirtyLogicFiles' scan of the last segment that survives it (store-algorithms §8.6): how many
+    units stay. The first unit is kept unchecked (the caller deletes the file when its phyOffset >=
+    processOffset); later ones while valid and phyOffset < processOffset."""
+    rest = units[1:]
+    ok = valid_mask(rest) & (rest["phy_offset"] < int(process_offset))
+    return 1 + (int(np.argmax(~ok)) if (~ok).any() else len(rest))
+
+
+def make_units(phy_offset, size, tags_code) -> np.ndarray:
+    """A native CQ_DTYPE array from three columns (handy for tests and writers)."""
+    p = np.asarray(phy_offset, dtype=np.int64)
+    out = np.empty(len(p), dtype=CQ_DTYPE)
+    out["phy_offset"] = p
+    out["size"] = np.asarray(size, dtype=np.int64).astype(np.int32)
+    out["tags_code"] = np.asarray(tags_code, dtype=np.int64)
+    return out
+
+
+def _fillers(n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=CQ_DTYPE)
+    out["size"] = FILLER_SIZE
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# tagsCode
+
+
+def tags_code(
+    tags: pa.Array,
+    topics: pa.Array,
+    store_ts,
+    delay_level: pa.Array | None,
+    delay_levels_ms: Sequence[int] | Mapping[int, int] = DEFAULT_DELAY_LEVELS_MS,
+) -> np.ndarray:
+    """CQ tagsCode per record (store-format §4.3), vectorised, int64.
+
+    Java ``String.hashCode`` of the whole TAGS value sign-extended to 64 bits (0 when absent or empty);
+    in ``SCHEDULE_TOPIC_XXXX`` with a DELAY level: level clamped to the table's max level, and if > 0
+    the delivery time STORETIMESTAMP + delay(level), or + 1000 ms when the level is missing from the
+    table. ``delay_levels_ms`` is a list (index 0 = level 1) or a {level: ms} map; an empty table
+    reproduces the 4.9.8 abnormal-recovery quirk (max level 0 → the tag hash is kept).
+    """
+    h = java_hash_array(tags).astype(np.int64)
+    if delay_level is None or len(h) == 0:
+        return h
+    if isinstance(delay_level, pa.ChunkedArray):
+        delay_level = delay_level.combine_chunks()
+    if isinstance(delay_level, pa.Array):
+        present = np.asarray(delay_level.is_valid())
+        lv = np.asarray(delay_level.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    else:
+        lv = np.asarray(delay_level, dtype=np.int64)
+        present = np.ones(len(lv), dtype=bool)
+    sched = np.asarray(pc.equal(topics, SCHEDULE_TOPIC).fill_null(False)) & present
+    if not sched.any():
+        return h
+    if isinstance(delay_levels_ms, Mapping):
+        table = {int(k): int(v) for k, v in delay_levels_ms.items()}
+    else:
+        table = {i + 1: int(v) for i, v in enumerate(delay_levels_ms)}
+    max_level = max(table) if table else 0
+    lv = np.minimum(lv, max_level)
+    use = sched & (lv > 0)
+    if not use.any():
+        return h
+    size = max_level + 1
+    delay = np.full(size, 1000, dtype=np.int64)  # level missing from the table → +1000 ms
+    for k, v in table.items():
+        if k >= 0:
+            delay[k] = v
+    ts = np.asarray(store_ts, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        return np.where(use, ts + delay[np.clip(lv, 0, max_level)], h)
+
+
+# ---------------------------------------------------------------------------------------------
+# topic and queue directories
+
+
+def parse_queue_dir(name: str) -> int | None:
+    """Java ``Integer.parseInt`` of a queue-id directory name (sign allowed, int range), else None."""
+    if not name:
+        return None
+    body = name[1:] if name[0] in "+-" else name
+    if not body or not body.isdecimal():
+        return None
+    v = int(name)
+    return v if -(2**31) <= v < 2**31 else None
+
+
+def _list(loc: Location) -> list[pafs.FileInfo]:
+    try:
+        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True, recursive=False))
+    except (OSError, pa.ArrowException) as e:
+        raise StoreError(loc.path, None, "unreadable", f"cannot list directory: {e}") from e
+    return sorted(infos, key=lambda i: i.base_name)
+
+
+def _as_location(where: Location | str | os.PathLike) -> Location:
+    return where if isinstance(where, Location) else resolve(where)
+
+
+def list_queues(store_root: Location | str | os.PathLike, findings: list[Finding] | None = None,
+                ) -> list[tuple[str, int, Location]]:
+    """Every ``consumequeue/<topic>/<queueId>`` directory as (topic, queue_id, Location), sorted.
+
+    Queue-id directories that do not parse as a Java int are ignored like the broker's loader does,
+    and reported as findings (so are stray files and unusual topic names). A RocksDB consume-queue
+    store (5.x ``storeType=defaultRocksDB``) raises ``StoreLayoutError(kind="rocksdb_consumequeue")``.
+    """
+    root = _as_location(store_root)
+    cq = root.join("consumequeue")
+    found = findings if findings is not None else []
+    out: list[tuple[str, int, Location]] = []
+    infos = _list(cq)
+    rocks = [i.base_name for i in infos if i.type == pafs.FileType.File and _ROCKSDB_NAMES.match(i.base_name)]
+    if rocks:
+        raise StoreLayoutError(cq.path, None, "rocksdb_consumequeue",
+                               f"consumequeue/ holds a RocksDB database ({', '.join(rocks[:3])}); "
+                               "file-based CQ readers do not apply (storeType=defaultRocksDB)")
+    for t in infos:
+        if t.type != pafs.FileType.Directory:
+            found.append(Finding("unexpected_file", "warning", t.path, None, "not a topic directory"))
+            continue
+        topic = t.base_name
+        if not is_standard_topic(topic):
+            found.append(Finding("unusual_topic_name", "info", t.path, None,
+                                 f"topic {escape_topic(topic)} is outside TopicValidator's ^[%|a-zA-Z0-9_-]+$ "
+                                 "(legal on disk: the store does not validate names)"))
+        for q in _list(cq.join(topic)):
+            qid = parse_queue_dir(q.base_name)
+            if q.type != pafs.FileType.Directory:
+                found.append(Finding("unexpected_file", "warning", q.path, None, "not a queue-id directory"))
+                continue
+            if qid is None:
+                found.append(Finding("bad_queue_dir", "warning", q.path, None,
+                                     "queue-id directory name is not an integer; the broker ignores it"))
+                continue
+            if q.base_name != str(qid):
+                found.append(Finding("noncanonical_queue_dir", "warning", q.path, None,
+                                     f"loaded by the broker as queue {qid}"))
+            out.append((topic, qid, cq.join(topic, q.base_name)))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return out
+
+
+def is_rocksdb_consumequeue(store_root: Location | str | os.PathLike) -> bool:
+    """Does ``consumequeue/`` hold a RocksDB database (5.x ``storeType=defaultRocksDB``) instead of topics?"""
+    cq = _as_location(store_root).join("consumequeue")
+    return any(i.type == pafs.FileType.File and _ROCKSDB_NAMES.match(i.base_name) for i in _list(cq))
+
+
+def batch_cq_topics(store_root: Location | str | os.PathLike) -> dict[str, list[int]]:
+    """Topics with 5.x BatchConsumeQueue files (``batchconsumequeue/<topic>/<queueId>``) and their queue
+    ids: a layout the broker supports and rmqstore does not read (callers say so instead of calling
+    the topic's consume queues missing)."""
+    root = _as_location(store_root)
+    out: dict[str, list[int]] = {}
+    for t in _list(root.join("batchconsumequeue")):
+        if t.type == pafs.FileType.Directory:
+            qids = [q for q in (parse_queue_dir(i.base_name) for i in _list(root.join("batchconsumequeue", t.base_name))
+                                if i.type == pafs.FileType.Directory) if q is not None]
+            out[t.base_name] = sorted(qids)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# reading one queue
+
+
+@dataclass(frozen=True)
+class CQSegment:
+    """One CQ file: its name, the logical byte offset it starts at, its size on disk."""
+
+    name: str
+    base: int
+    size: int
+    loc: Location
+
+    @property
+    def path(self) -> str:
+        return self.loc.path
+
+
+@dataclass(frozen=True)
+class CQRecovery:
+    """What ``ConsumeQueue.recover`` (store-algorithms §8.2) leaves in memory.
+
+    ``end``: logical byte offset after the last valid unit; ``max_physic_offset``: end (phy + size)
+    of that unit, -1 if none was scanned; ``segments``: the segments kept (later ones are deleted by
+    the broker) with their write positions.
+    """
+
+    end: int
+    max_physic_offset: int
+    segments: tuple[tuple[CQSegment, int], ...]
+
+
+class ConsumeQueue:
+    """The segments of one ``consumequeue/<topic>/<queueId>`` directory, read-only.
+
+    Problems with the files never raise: they become ``findings`` (bad names, wrong sizes, gaps).
+    Short files are read as far as they go; longer ones only up to the segment size.
+    """
+
+    def __init__(self, loc: Location | str | os.PathLike, *, segment_size: int = DEFAULT_CQ_SEGMENT_SIZE,
+                 topic: str | None = None, queue_id: int | None = None):
+        self.loc = _as_location(loc)
+        self.segment_size = _check_segment_size(segment_size)
+        self.topic = topic
+        self.queue_id = queue_id
+        self.findings: list[Finding] = []
+        self._sources: dict[str, LocalSource | ArrowFileSource] = {}
+        self._recovery: CQRecovery | None = None
+        self.segments: list[CQSegment] = self._discover()
+
+    def _discover(self) -> list[CQSegment]:
+        S = self.segment_size
+        segs: list[CQSegment] = []
+        for info in _list(self.loc):
+            if info.type == pafs.FileType.Directory:
+                self.findings.append(Finding("unexpected_directory", "info", info.path, None,
+                                             "sub-directory in a queue directory (skipped)"))
+                continue
+            base = parse_file_name(info.base_name)
+            if base is None:
+                self.findings.append(Finding("bad_file_name", "warning", info.path, None,
+                                             "not a 20-digit segment name (skipped)"))
+                continue
+            segs.append(CQSegment(info.base_name, base, int(info.size or 0), self.loc.join(info.base_name)))
+        segs.sort(key=lambda s: s.base)
+        if segs and segs[-1].size == 0:
+            self.findings.append(Finding("empty_last_segment", "warning", segs[-1].path, 0,
+                                         "zero-length last segment: 4.9.8 fails the load, 5.x deletes it"))
+            segs.pop()
+        for i, s in enumerate(segs):
+            if s.size != S:
+                kind = "short_segment" if s.size < S else "long_segment"
+                self.findings.append(Finding(kind, "error", s.path, min(s.size, S),
+                                             f"file is {s.size} bytes, segment size is {S}; the broker refuses "
+                                             "to load it", {"size": s.size, "expected": S}))
+                if s.size < S and s.size % CQ_UNIT_SIZE:
+                    self.findings.append(Finding("partial_unit", "error", s.path,
+                                                 s.size - s.size % CQ_UNIT_SIZE,
+                                                 "file ends inside a 20-byte unit"))
+            if s.base % S:
+                self.findings.append(Finding("misaligned_segment", "error", s.path, None,
+                                             f"name {s.base} is not a multiple of the segment size {S}"))
+            if i and s.base != segs[i - 1].base + S:
+                kind = "segment_gap" if s.base > segs[i - 1].base + S else "segment_overlap"
+                self.findings.append(Finding(kind, "error", s.path, None,
+                                             f"previous segment starts at {segs[i - 1].base}; expected "
+                                             f"{segs[i - 1].base + S} (broker: mappedFile queue damaged)"))
+        return segs
+
+    # -- raw access ------------------------------------------------------------------------
+
+    def _source(self, seg: CQSegment) -> LocalSource | ArrowFileSource:
+        src = self._sources.get(seg.name)
+        if src is None:
+            if seg.loc.local:
+                src = LocalSource(seg.path)
+            else:
+                src = ArrowFileSource(seg.loc.fs, seg.path, seg.size)
+            self._sources[seg.name] = src
+        return src
+
+    def readable_units(self, seg: CQSegment) -> int:
+        """Whole units of ``seg`` that exist on disk, capped at the segment size."""
+        return min(seg.size, self.segment_size) // CQ_UNIT_SIZE
+
+    def read_units(self, seg: CQSegment, first: int = 0, count: int | None = None) -> np.ndarray:
+        """Units ``[first, first+count)`` of a segment (zero copy for local files)."""
+        n = self.readable_units(seg)
+        first = max(0, min(first, n))
+        last = n if count is None else max(first, min(n, first + count))
+        if last == first:
+            return np.zeros(0, dtype=CQ_DTYPE)
+        buf = self._source(seg).read(first * CQ_UNIT_SIZE, (last - first) * CQ_UNIT_SIZE)
+        return view_units(buf)
+
+    def segment_for(self, byte_offset: int) -> CQSegment | None:
+        """The segment holding logical byte offset ``byte_offset`` (by name), if present."""
+        i = bisect.bisect_right([s.base for s in self.segments], byte_offset) - 1
+        if i < 0:
+            return None
+        s = self.segments[i]
+        return s if byte_offset < s.base + self.segment_size else None
+
+    def entry(self, n: int) -> tuple[int, int, int] | None:
+        """(phyOffset, size, tagsCode) stored at logical offset ``n``, or None if no file holds it.
+
+        Raw read: the unit may be invalid, a filler or stale data past the queue's end; compare with
+        ``min_offset``/``max_offset`` for the broker's view (store-algorithms §10.2).
+        """
+        if n < 0:
+            return None
+        seg = self.segment_for(n * CQ_UNIT_SIZE)
+        if seg is None:
+            return None
+        u = self.read_units(seg, (n * CQ_UNIT_SIZE - seg.base) // CQ_UNIT_SIZE, 1)
+        if len(u) == 0:
+            return None
+        return int(u["phy_offset"][0]), int(u["size"][0]), int(u["tags_code"][0])
+
+    def entries(self, start: int = 0, end: int | None = None, *, chunk_entries: int = 65536,
+                ) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (logical offset of the first unit, CQ_DTYPE chunk) over logical offsets [start, end).
+
+        ``end`` defaults to ``max_offset()``; a larger ``end`` reads stale units past the queue's end.
+        Offsets no file holds are skipped (the yielded offsets show the hole). Memory is bounded by
+        ``chunk_entries`` units per chunk.
+        """
+        if end is None:
+            end = self.max_offset()
+        chunk_entries = max(1, int(chunk_entries))
+        S = self.segment_size
+        for seg in self.segments:
+            lo_n = seg.base // CQ_UNIT_SIZE
+            hi_n = lo_n + self.readable_units(seg)
+            a, b = max(start, lo_n), min(end, hi_n, lo_n + S // CQ_UNIT_SIZE)
+            i = a
+            while i < b:
+                k = min(chunk_entries, b - i)
+                yield i, self.read_units(seg, i - lo_n, k)
+                i += k
+
+    # -- broker views ----------------------------------------------------------------------
+
+    def recover(self) -> CQRecovery:
+        """ConsumeQueue.recover (store-algorithms §8.2): scan from the third-last segment.
+
+        Units are valid while ``phyOffset >= 0 && size > 0``; the end is the position after the last
+        valid unit. Segments after the end are the ones the broker would delete (reported).
+        """
+        if self._recovery is not None:
+            return self._recovery
+        S = self.segment_size
+        segs = self.segments
+        if not segs:
+            self._recovery = CQRecovery(0, -1, ())
+            return self._recovery
+        index = max(0, len(segs) - 3)
+        max_phy = -1
+        while True:
+            seg = segs[index]
+            units = self.read_units(seg)
+            k = first_invalid(units)
+            if k:
+                last = units[k - 1]
+                max_phy = _wrap64(int(last["phy_offset"]) + int(last["size"]))
+            pos = k * CQ_UNIT_SIZE
+            if pos == S and index + 1 < len(segs):
+                index += 1
+                continue
+            break
+        end = seg.base + pos
+        kept: list[tuple[CQSegment, int]] = []
+        for s in segs:
+            if s.base + S <= end:
+                kept.append((s, S))
+            elif end >= s.base:
+                kept.append((s, end - s.base))
+            else:
+                self.findings.append(Finding("segment_after_end", "warning", s.path, 0,
+                                             f"queue ends at logical byte {end}; the broker deletes this file "
+                                             "on recovery"))
+        self._recovery = CQRecovery(end, max_phy, tuple(kept))
+        return self._recovery
+
+    def max_offset(self) -> int:
+        """getMaxOffsetInQueue after recovery: logical offset one past the last valid unit (fillers count)."""
+        return self.recover().end // CQ_UNIT_SIZE
+
+    def max_physic_offset(self) -> int:
+        """maxPhysicOffset after recovery: phy + size of the last valid unit scanned, -1 if none."""
+        return self.recover().max_physic_offset
+
+    def min_offset(self, commitlog_min_offset: int, *, variant: str = "4.9.8",
+                   previous_min_logic_offset: int = 0) -> int:
+        """getMinOffsetInQueue after correctMinOffset (store-algorithms §8.8), as a logical offset.
+
+        ``variant="4.9.8"``: first unit of the first segment's readable part with phyOffset ≥ M sets
+        the min; none → the previous value stays. ``variant="5.x"``: keep when already ≥ max; all
+        expired (last unit < M) → max; else reuse the previous value if still valid, or binary search
+        the first segment. ``previous_min_logic_offset`` (bytes) is the in-memory value before the call
+        (0 at broker start).
+        """
+        rec = self.recover()
+        M = int(commitlog_min_offset)
+        min_logic = int(previous_min_logic_offset)
+        if not rec.segments:
+            return min_logic // CQ_UNIT_SIZE
+        first, first_read = rec.segments[0]
+        if variant in ("4.9.8", "4"):
+            units = self.read_units(first, 0, first_read // CQ_UNIT_SIZE)
+            hit = first_unit_from(units, first.base, M)
+            return (min_logic if hit is None else hit) // CQ_UNIT_SIZE
+        if variant not in ("5.x", "5", "5.3.3"):
+            raise ValueError(f"unknown variant {variant!r}")
+        if min_logic >= rec.end:
+            return min_logic // CQ_UNIT_SIZE
+        last, last_read = rec.segments[-1]
+        if last_read >= CQ_UNIT_SIZE:
+            u = self.read_units(last, last_read // CQ_UNIT_SIZE - 1, 1)
+            if len(u) and int(u["phy_offset"][0]) < M:
+                return (last.base + last_read) // CQ_UNIT_SIZE
+        start = min_logic - first.base
+        intact = True
+        if start < 0:
+            intact, start = False, 0
+        if start >= first_read:  # selectMappedBuffer(start) returns null (or "should have been deleted")
+            return min_logic // CQ_UNIT_SIZE
+        units = self.read_units(first, start // CQ_UNIT_SIZE, (first_read - start) // CQ_UNIT_SIZE)
+        if len(units) == 0:
+            return min_logic // CQ_UNIT_SIZE
+        phy = units["phy_offset"]
+        if intact and int(phy[0]) >= M:
+            return min_logic // CQ_UNIT_SIZE
+        low, high = 0, (len(units) - 1) * CQ_UNIT_SIZE
+        while high - low > CQ_UNIT_SIZE:
+            mid = (low + high) // 2 // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+            v = int(phy[mid // CQ_UNIT_SIZE])
+            if v > M:
+                high = mid
+            elif v == M:
+                low = high = mid
+                break
+            else:
+                low = mid
+        for i in range(low, high + 1, CQ_UNIT_SIZE):
+            if int(phy[i // CQ_UNIT_SIZE]) >= M:
+                min_logic = first.base + start + i
+                break
+        return min_logic // CQ_UNIT_SIZE
+
+    def close(self) -> None:
+        for src in self._sources.values():
+            src.close()
+        self._sources.clear()
+
+    def __enter__(self) -> ConsumeQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,345 @@
+"""CommitLog message record (V1 and V2) and end-of-file blank record: layout, decode, encode.
+
+Scalar code for single records (random access, the writer, tests). Scans use the columnar decoder
+(:mod:`storelib.scan.batchdecode`, behind :mod:`storelib.scan.scanner`), which must agree with :func:`check_record`
+on every outcome.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from dataclasses import dataclass, field
+
+from storelib.errors import CorruptRecordError
+from storelib.format.crc import body_crc
+from storelib.format.properties import (
+    CRC32,
+    CRC32_RESERVED_LEN,
+    KEYS,
+    PROPERTY_SEP,
+    TAGS,
+    UNIQ_KEY,
+    crc_digits,
+    encode_properties,
+    parse_crc_digits,
+    parse_properties,
+)
+
+MAGIC_V1 = -626843481  # 0xDAA320A7
+MAGIC_V2 = -626843477  # 0xDAA320AB
+BLANK_MAGIC = -875286124  # 0xCBD43194
+END_FILE_MIN_BLANK_LENGTH = 8
+
+# SYSFLAG bits (MessageSysFlag)
+COMPRESSED_FLAG = 0x1
+MULTI_TAGS_FLAG = 0x2
+TRANSACTION_NOT_TYPE = 0x0
+TRANSACTION_PREPARED_TYPE = 0x4
+TRANSACTION_COMMIT_TYPE = 0x8
+TRANSACTION_ROLLBACK_TYPE = 0xC
+BORNHOST_V6_FLAG = 0x10
+STOREHOST_V6_FLAG = 0x20
+NEED_UNWRAP_FLAG = 0x40
+INNER_BATCH_FLAG = 0x80
+COMPRESSION_MASK = 0x700
+COMPRESSION_LZ4, COMPRESSION_ZSTD, COMPRESSION_ZLIB = 1, 2, 3
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+
+MAX_PROPERTIES_LEN = 32767
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_HDR = struct.Struct(">iiiiiqqiq")  # totalSize..bornTimestamp (48 bytes)
+
+
+def tran_type(sys_flag: int) -> int:
+    """Transaction type bits (0 NOT, 4 PREPARED, 8 COMMIT, 12 ROLLBACK) as 0..3."""
+    return (sys_flag & 0xC) >> 2
+
+
+def host_width(sys_flag: int, v6_flag: int) -> int:
+    return 20 if sys_flag & v6_flag else 8
+
+
+def record_length(sys_flag: int, body_len: int, topic_len: int, props_len: int, version: int) -> int:
+    """The length the broker recomputes (store-format §3.2) to validate TOTALSIZE."""
+    bh = host_width(sys_flag, BORNHOST_V6_FLAG)
+    sh = host_width(sys_flag, STOREHOST_V6_FLAG)
+    tl = 2 if version == 2 else 1
+    return 74 + bh + sh + tl + max(body_len, 0) + topic_len + max(props_len, 0)
+
+
+def encode_host(host: str) -> bytes:
+    """``"ip:port"`` or ``"[v6]:port"`` → 8 or 20 bytes (address, then port as i32)."""
+    addr, port = _split_host(host)
+    return ipaddress.ip_address(addr).packed + _I32.pack(port)
+
+
+def _split_host(host: str) -> tuple[str, int]:
+    if host.startswith("["):
+        addr, _, port = host[1:].partition("]:")
+    else:
+        addr, _, port = host.rpartition(":")
+    return addr, int(port)
+
+
+def is_v6_host(host: str) -> bool:
+    return host.startswith("[") or host.count(":") > 1
+
+
+def decode_host(b: bytes | memoryview) -> str:
+    """8 or 20 host bytes → ``"ip:port"``; IPv6 as ``"[addr]:port"`` with Java's uncompressed address text."""
+    b = bytes(b)
+    port = _I32.unpack_from(b, len(b) - 4)[0]
+    if len(b) == 8:
+        return f"{b[0]}.{b[1]}.{b[2]}.{b[3]}:{port}"
+    groups = struct.unpack(">8H", b[:16])
+    return "[" + ":".join(f"{g:x}" for g in groups) + f"]:{port}"  # Java getHostAddress style
+
+
+def offset_msg_id(store_host_bytes: bytes, phy_offset: int) -> str:
+    """Offset message id: hex of store address ‖ port ‖ PHYSICALOFFSET (MessageDecoder.createMessageId)."""
+    return (bytes(store_host_bytes) + _I64.pack(phy_offset)).hex().upper()
+
+
+def decode_msg_id(msg_id: str) -> tuple[str, int]:
+    """Offset msgId → (store host ``"ip:port"``, physical offset). 32 hex chars IPv4, 56 IPv6."""
+    s = msg_id.strip()
+    if len(s) not in (32, 56):
+        raise ValueError(f"offset msgId must be 32 or 56 hex characters, got {len(s)}")
+    raw = bytes.fromhex(s)
+    return decode_host(raw[:-8]), _I64.unpack_from(raw, len(raw) - 8)[0]
+
+
+@dataclass
+class Message:
+    """One message record with every field; also the writer's input.
+
+    ``properties`` keeps insertion order, which is the order they are serialised in. ``body`` is the
+    stored (possibly compressed) bytes.
+    """
+
+    topic: str
+    body: bytes = b""
+    queue_id: int = 0
+    flag: int = 0
+    queue_offset: int = 0
+    physical_offset: int = 0
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: str = "127.0.0.1:0"
+    store_timestamp: int = 0
+    store_host: str = "127.0.0.1:10911"
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    properties: dict[str, str] = field(default_factory=dict)
+    body_crc: int | None = None  # None: computed on encode
+    magic_version: int = 1
+    properties_raw: str | None = None  # exact text when decoded (keeps order and trailing separators)
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(TAGS)
+
+    @property
+    def keys(self) -> str | None:
+        return self.properties.get(KEYS)
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(UNIQ_KEY)
+
+    @property
+    def tran_type(self) -> int:
+        return tran_type(self.sys_flag)
+
+
+@dataclass
+class RecordCheck:
+    """Outcome of validating one record, as CommitLog.checkMessageAndReturnSize reports it.
+
+    ``kind``: ``message`` (valid), ``blank`` (end of segment), ``invalid``. ``size`` is TOTALSIZE for a
+    message, -1 for a failure the broker reports as -1, or TOTALSIZE for a length mismatch.
+    """
+
+    kind: str
+    size: int
+    reason: str | None = None
+    message: Message | None = None
+    prop_crc_ok: bool | None = None
+
+
+def check_record(
+    buf: bytes | memoryview,
+    pos: int,
+    *,
+    check_crc: bool = True,
+    file: str | None = None,
+    file_offset: int | None = None,
+    max_message_size: int = 4 * 1024 * 1024,
+) -> RecordCheck:
+    """Validate and decode the record at ``pos`` of ``buf`` (which ends where the segment ends).
+
+    Mirrors the broker's outcomes (store-algorithms §3) and never reads or allocates past ``buf`` or
+    past a size it has not checked.
+    """
+    n = len(buf)
+    if n - pos <= 4:
+        return RecordCheck("invalid", -1, "truncated: 4 bytes or fewer left in the segment")
+    total = _I32.unpack_from(buf, pos)[0]
+    magic = _I32.unpack_from(buf, pos + 4)[0] if n - pos >= 8 else 0
+    if magic == BLANK_MAGIC:
+        return RecordCheck("blank", 0)
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        if total == 0 and magic == 0:
+            return RecordCheck("invalid", -1, "end_of_data: zeros (no record written here)")
+        return RecordCheck("invalid", -1, f"bad_magic: 0x{magic & 0xFFFFFFFF:08X}")
+    if total < 0 or total - 4 > n - pos - 4:
+        return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {n - pos} bytes left")
+    version = 2 if magic == MAGIC_V2 else 1
+    try:
+        msg, prop_crc_ok, reason = _decode_fields(buf, pos, n, version, check_crc)
+    except (struct.error, IndexError, ValueError) as e:
+        return RecordCheck("invalid", -1, f"parse_error: {e}")
+    if reason is not None:
+        return RecordCheck("invalid", -1, reason, msg)
+    assert msg is not None
+    body_len, topic_len, props_len = msg._raw_lens  # type: ignore[attr-defined]
+    expect = record_length(msg.sys_flag, body_len, topic_len, props_len, version)
+    if expect != total:
+        return RecordCheck("invalid", total, f"length_mismatch: TOTALSIZE {total}, fields add up to {expect}", msg)
+    return RecordCheck("message", total, None, msg, prop_crc_ok)
+
+
+def _decode_fields(buf, pos: int, n: int, version: int, check_crc: bool):
+    (total, magic, crc, qid, flag, qoff, phy, sysf, born_ts) = _HDR.unpack_from(buf, pos)
+    p = pos + 48
+    bh = host_width(sysf, BORNHOST_V6_FLAG)
+    sh = host_width(sysf, STOREHOST_V6_FLAG)
+    if p + bh + 8 + sh + 16 > n:
+        raise ValueError("record header runs past the end of the segment")
+    born_host = bytes(buf[p : p + bh])
+    p += bh
+    store_ts = _I64.unpack_from(buf, p)[0]
+    p += 8
+    store_host = bytes(buf[p : p + sh])
+    p += sh
+    reconsume = _I32.unpack_from(buf, p)[0]
+    prep = _I64.unpack_from(buf, p + 4)[0]
+    body_len = _I32.unpack_from(buf, p + 12)[0]
+    p += 16
+    body = b""
+    if body_len > 0:
+        if body_len > n - p or body_len > total:
+            raise ValueError(f"BODYLENGTH {body_len} runs past the record")
+        body = bytes(buf[p : p + body_len])
+        p += body_len
+    tl = 2 if version == 2 else 1
+    if p + tl > n:
+        raise ValueError("topic length runs past the end of the segment")
+    topic_len = int.from_bytes(buf[p : p + tl], "big", signed=True)
+    p += tl
+    if topic_len < 0 or p + topic_len > n:
+        raise ValueError(f"bad topic length {topic_len}")
+    topic = bytes(buf[p : p + topic_len]).decode("utf-8", "replace")
+    p += topic_len
+    if p + 2 > n:
+        raise ValueError("properties length runs past the end of the segment")
+    props_len = int.from_bytes(buf[p : p + 2], "big", signed=True)
+    p += 2
+    raw = ""
+    props: dict[str, str] = {}
+    if props_len > 0:
+        if p + props_len > n:
+            raise ValueError(f"PROPERTIESLENGTH {props_len} runs past the end of the segment")
+        raw = bytes(buf[p : p + props_len]).decode("utf-8", "surrogateescape")
+        props = parse_properties(raw)
+        p += props_len
+    msg = Message(
+        topic=topic, body=body, queue_id=qid, flag=flag, queue_offset=qoff, physical_offset=phy,
+        sys_flag=sysf, born_timestamp=born_ts, born_host=decode_host(born_host), store_timestamp=store_ts,
+        store_host=decode_host(store_host), reconsume_times=reconsume, prepared_transaction_offset=prep,
+        properties=props, body_crc=crc, magic_version=version, properties_raw=raw or None,
+    )
+    msg._store_host_bytes = store_host  # type: ignore[attr-defined]
+    # the stored lengths (not the decoded text's, which U+FFFD replacement may change) decide validity
+    msg._raw_lens = (max(body_len, 0), topic_len, max(props_len, 0))  # type: ignore[attr-defined]
+    reason = None
+    if check_crc and body_len > 0 and body_crc(body) != crc:
+        reason = f"crc_mismatch: BODYCRC {crc}, body hashes to {body_crc(body)}"
+    prop_crc_ok = None
+    if CRC32 in props:
+        stored = parse_crc_digits(props[CRC32])
+        if stored is not None and total >= CRC32_RESERVED_LEN:
+            prop_crc_ok = stored == 0 or stored == body_crc(buf[pos : pos + total - CRC32_RESERVED_LEN])
+        else:
+            prop_crc_ok = False
+    return msg, prop_crc_ok, reason
+
+
+def encode_message(msg: Message, *, trailing_sep: bool = False, prop_crc: bool = False) -> bytes:
+    """Encode ``msg`` as the broker stores it (fields as given: offsets and store time included).
+
+    ``trailing_sep`` keeps the final 0x02 (5.x style); ``prop_crc`` appends the 5.x ``__CRC32#``
+    property. ``magic_version`` 2 writes the 2-byte topic length. If ``msg.properties_raw`` is set it
+    is written verbatim (round-trips exotic blobs).
+    """
+    topic_b = msg.topic.encode("utf-8")
+    if msg.properties_raw is not None:
+        props_s = msg.properties_raw
+    else:
+        props_s = encode_properties(msg.properties, trailing_sep)
+    if prop_crc:
+        if props_s and not props_s.endswith(PROPERTY_SEP):
+            props_s += PROPERTY_SEP
+        props_s += CRC32 + "\x01" + "0" * 10 + PROPERTY_SEP
+    props_b = props_s.encode("utf-8", "surrogateescape")
+    if len(props_b) > MAX_PROPERTIES_LEN:
+        raise CorruptRecordError(None, None, "properties_too_long", f"{len(props_b)} bytes > {MAX_PROPERTIES_LEN}")
+    version = msg.magic_version
+    if version == 1 and len(topic_b) > 127:
+        raise CorruptRecordError(None, None, "topic_too_long", "V1 topics hold at most 127 bytes; use magic_version=2")
+    sysf = msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG)
+    born = encode_host(msg.born_host)
+    store = encode_host(msg.store_host)
+    if len(born) == 20:
+        sysf |= BORNHOST_V6_FLAG
+    if len(store) == 20:
+        sysf |= STOREHOST_V6_FLAG
+    total = record_length(sysf, len(msg.body), len(topic_b), len(props_b), version)
+    crc = body_crc(msg.body) if msg.body_crc is None else msg.body_crc
+    out = bytearray()
+    out += _HDR.pack(total, MAGIC_V2 if version == 2 else MAGIC_V1, crc, msg.queue_id, msg.flag, msg.queue_offset,
+                     msg.physical_offset, sysf, msg.born_timestamp)
+    out += born
+    out += _I64.pack(msg.store_timestamp)
+    out += store
+    out += _I32.pack(msg.reconsume_times)
+    out += _I64.pack(msg.prepared_transaction_offset)
+    out += _I32.pack(len(msg.body))
+    out += msg.body
+    out += len(topic_b).to_bytes(2 if version == 2 else 1, "big", signed=True)
+    out += topic_b
+    out += len(props_b).to_bytes(2, "big", signed=True)
+    out += props_b
+    if prop_crc:
+        value = body_crc(bytes(out[: total - CRC32_RESERVED_LEN]))
+        digits = crc_digits(value).encode()
+        out[total - 11 : total - 1] = digits
+    assert len(out) == total
+    return bytes(out)
+
+
+def store_timestamp_pos(sys_flag: int) -> int:
+    """Offset of STORETIMESTAMP inside a record: 56, or 68 with an IPv6 born host."""
+    return 48 + host_width(sys_flag, BORNHOST_V6_FLAG)
+
+
+def blank_record(free: int) -> bytes:
+    """The 8 bytes of an end-of-file blank record covering ``free`` bytes."""
+    return _I32.pack(free) + _I32.pack(BLANK_MAGIC)
+
+

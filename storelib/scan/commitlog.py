@@ -1,0 +1,252 @@
+"""CommitLog: segment discovery (MappedFileQueue load rules), random access, whole-log scans.
+
+A missing, mis-named or mis-sized segment is a :class:`Finding`, not a crash: an operator looking at
+a broken store needs to see everything that is still readable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from storelib.errors import Finding, StoreError
+from storelib.fileio.bytesource import DEFAULT_WINDOW, Location, open_source, resolve
+from storelib.format.record import RecordCheck, check_record
+from storelib.scan.messageschema import message_schema
+from storelib.scan.scanner import SegmentEnd, SegmentScan
+
+DEFAULT_SEGMENT_SIZE = 1024 * 1024 * 1024
+_NAME = re.compile(r"^[0-9]{20}$")
+
+
+def offset_to_file_name(offset: int) -> str:
+    """UtilAll.offset2FileName: the offset as 20 zero-padded decimal digits."""
+    if offset < 0:
+        raise ValueError("negative offset")
+    return f"{offset:020d}"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One commitlog segment file: its name's offset (``base``), location and size on disk."""
+
+    base: int
+    name: str
+    loc: Location
+    file_size: int
+    mtime_ms: int | None = None
+
+    @property
+    def path(self) -> str:
+        return self.loc.path
+
+    @property
+    def display(self) -> str:
+        return "commitlog/" + self.name
+
+    def open(self):
+        return open_source(self.loc, self.file_size)
+
+
+@dataclass(frozen=True)
+class Split:
+    """A cheap, picklable unit of scan work: records starting in ``[start, end)`` of one segment."""
+
+    segment_base: int
+    segment_name: str
+    uri: str
+    start: int
+    end: int
+    file_size: int
+
+
+def list_files(loc: Location) -> list[pafs.FileInfo]:
+    """Files directly inside a directory Location (empty list when it does not exist)."""
+    try:
+        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True, recursive=False))
+    except OSError as e:
+        raise StoreError(loc.path, None, "unreadable", str(e)) from e
+    return sorted(infos, key=lambda i: i.base_name)
+
+
+class CommitLog:
+    """The commitlog of a store: ``commitlog/`` under the root, or any directory Location."""
+
+    def __init__(self, loc: Location | str, segment_size: int | None = None):
+        self.loc = resolve(loc) if isinstance(loc, str) else loc
+        self.findings: list[Finding] = []
+        self.segments: list[Segment] = []
+        kind = self.loc.fs.get_file_info(self.loc.path).type
+        if kind == pafs.FileType.NotFound:
+            self.findings.append(Finding("no_commitlog_dir", "error", "commitlog", None,
+                                         "no commitlog/ directory: not a broker store root (or the wrong path)"))
+        infos = list_files(self.loc)
+        if kind == pafs.FileType.Directory and not any(i.type == pafs.FileType.File for i in infos):
+            self.findings.append(Finding("no_commitlog_segments", "warning", "commitlog", None,
+                                         "commitlog/ holds no segment files: the store has no messages"))
+        for info in infos:
+            if info.type == pafs.FileType.Directory:
+                self.findings.append(Finding("unexpected_directory", "info", "commitlog/" + info.base_name, None,
+                                             "sub-directory in commitlog/ (skipped, as a 5.x broker does)"))
+                continue
+            if not _NAME.match(info.base_name):
+                self.findings.append(Finding("bad_segment_name", "warning", "commitlog/" + info.base_name, None,
+                                             "not a 20-digit segment name; ignored"))
+                continue
+            mtime = int(info.mtime.timestamp() * 1000) if info.mtime is not None else None
+            self.segments.append(Segment(int(info.base_name), info.base_name, self.loc.join(info.base_name),
+                                         int(info.size or 0), mtime))
+        self.segments.sort(key=lambda s: s.base)
+        self.segment_size = segment_size or self._infer_segment_size()
+        self._check_layout()
+
+    def _infer_segment_size(self) -> int:
+        sizes = [s.file_size for s in self.segments if s.file_size > 0]
+        if not sizes:
+            return DEFAULT_SEGMENT_SIZE
+        return max(set(sizes), key=sizes.count)
+
+    def _check_layout(self) -> None:
+        S = self.segment_size
+        prev: Segment | None = None
+        for i, seg in enumerate(self.segments):
+            last = i == len(self.segments) - 1
+            if seg.file_size != S:
+                if seg.file_size == 0 and last:
+                    self.findings.append(Finding("empty_last_segment", "warning", seg.display, None,
+                                                 "zero-length last segment (a 5.x broker deletes it; 4.9.8 fails to load)"))
+                else:
+                    self.findings.append(Finding("wrong_segment_size", "error", seg.display, None,
+                                                 f"{seg.file_size} bytes, expected {S} (the broker refuses to load)",
+                                                 {"size": seg.file_size, "expected": S}))
+            if seg.base % S:
+                self.findings.append(Finding("misaligned_segment", "error", seg.display, None,
+                                             f"name offset {seg.base} is not a multiple of the segment size {S}"))
+            if prev is not None and seg.base != prev.base + S:
+                if seg.base > prev.base + S:
+                    missing = (seg.base - prev.base) // S - 1
+                    self.findings.append(Finding("missing_segment", "critical", seg.display, None,
+                                                 f"gap after {prev.name}: {missing} segment(s) missing "
+                                                 f"({prev.base + S}..{seg.base})",
+                                                 {"from": prev.base + S, "to": seg.base}))
+                else:
+                    self.findings.append(Finding("overlapping_segment", "critical", seg.display, None,
+                                                 f"overlaps {prev.name}"))
+            prev = seg
+
+    # -- lookups ------------------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].base if self.segments else 0
+
+    def segment_for(self, phy_offset: int) -> Segment | None:
+        """The segment holding ``phy_offset`` (MappedFileQueue.findMappedFileByOffset), or None."""
+        S = self.segment_size
+        lo, hi = 0, len(self.segments)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.segments[mid].base <= phy_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == 0:
+            return None
+        seg = self.segments[lo - 1]
+        return seg if phy_offset < seg.base + max(S, seg.file_size) else None
+
+    def read(self, phy_offset: int, *, check_crc: bool = True) -> RecordCheck:
+        """Validate and decode the record at ``phy_offset`` (random access)."""
+        seg = self.segment_for(phy_offset)
+        if seg is None:
+            raise StoreError("commitlog", phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
+        pos = phy_offset - seg.base
+        with seg.open() as src:
+            if pos >= src.size:
+                raise StoreError(seg.display, pos, "past_end", f"offset past the end of the {src.size}-byte file")
+            head = bytes(src.read(pos, 8))
+            total = int.from_bytes(head[:4], "big", signed=True) if len(head) >= 4 else 0
+            want = total if 0 < total <= src.size - pos else 8
+            buf = src.read(pos, min(max(want, 8), src.size - pos))
+            buf = bytes(buf)
+        return check_record(buf, 0, check_crc=check_crc, file=seg.display, file_offset=pos)
+
+    def record_at(self, phy_offset: int, **kw) -> pa.RecordBatch:
+        """The record starting at ``phy_offset`` as a one-row batch of the scan schema.
+
+        Raises a StoreError naming the segment and offset when no valid record starts there.
+        """
+        seg = self.segment_for(phy_offset)
+        if seg is None:
+            raise StoreError("commitlog", phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
+        pos = phy_offset - seg.base
+        src = seg.open()
+        try:
+            kw.setdefault("window", 1 << 16)  # remote: one small ranged read, grown only for a long record
+            scan = SegmentScan(src, seg.display, seg.base, pos, pos + 1, **kw)
+            batches = [b for b in scan if b.num_rows]
+        finally:
+            src.close()
+        if not batches:
+            end = scan.end
+            why = f"{end.reason or end.kind}: {end.detail or ''}".strip() if end else "no record"
+            raise StoreError(seg.display, pos, "no_record", f"no valid message record starts here ({why})")
+        return batches[0].slice(0, 1)
+
+    # -- scans --------------------------------------------------------------------------------------
+    def scan_segment(self, seg: Segment, start: int = 0, end: int | None = None, **kw) -> SegmentScan:
+        """A :class:`SegmentScan` over one segment (open it with ``seg.open()``; caller iterates)."""
+        return SegmentScan(seg.open(), seg.display, seg.base, start, end, **kw)
+
+    def scan(self, *, from_offset: int | None = None, to_offset: int | None = None,
+             ends: list[SegmentEnd] | None = None, **kw) -> Iterator[pa.RecordBatch]:
+        """Every valid record in commitlog order, segment by segment (memory stays flat).
+
+        Each segment is read from offset 0 until its blank record, end of data or first invalid record,
+        and the scan goes on with the next segment (so one bad record loses at most the rest of its
+        segment, not the store). ``ends`` collects each segment's :class:`SegmentEnd`.
+        """
+        for i, seg in enumerate(self.segments):
+            if seg.file_size == 0:
+                continue
+            if to_offset is not None and seg.base >= to_offset:
+                break
+            if from_offset is not None and seg.base + seg.file_size <= from_offset:
+                continue
+            src = seg.open()
+            try:
+                nxt = self.segments[i + 1] if i + 1 < len(self.segments) else None
+                if nxt is not None and hasattr(src, "read_ahead"):  # remote: no stall between segments
+                    src.read_ahead(kw.get("window", DEFAULT_WINDOW), then=(nxt.path, nxt.file_size))
+                scan = SegmentScan(src, seg.display, seg.base, **kw)
+                for batch in scan:
+                    if from_offset is not None or to_offset is not None:
+                        batch = _clip(batch, from_offset, to_offset)
+                        if batch.num_rows == 0:
+                            continue
+                    yield batch
+                if ends is not None and scan.end is not None:
+                    ends.append(scan.end)
+            finally:
+                src.close()
+
+    def read_table(self, **kw) -> pa.Table:
+        """The whole commitlog as one table (small stores and tests only)."""
+        schema = message_schema(kw.get("with_body", False), kw.get("with_properties", True))
+        return pa.Table.from_batches(list(self.scan(**kw)), schema=schema)
+
+
+def _clip(batch: pa.RecordBatch, lo: int | None, hi: int | None) -> pa.RecordBatch:
+    import pyarrow.compute as pc
+
+    col = batch.column("phy_offset")
+    mask = None
+    if lo is not None:
+        mask = pc.greater_equal(col, lo)
+    if hi is not None:
+        m2 = pc.less(col, hi)
+        mask = m2 if mask is None else pc.and_(mask, m2)
+    return batch.filter(mask) if mask is not None else batch

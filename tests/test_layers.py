@@ -1,0 +1,58 @@
+"""The house's layering, read from the code's own imports: storelib's folders import only downwards,
+storelib knows nothing of datasources, jobs or Spark, and datasources nothing of jobs."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# bottom up: a module may import from its own folder and any folder before it in this list
+STORELIB_LAYERS = ["", "fileio", "format", "scan", "broker", "generator", "checks"]
+
+
+def _imports(path: Path) -> list[str]:
+    """Absolute module names a file imports (relative imports resolved against its package)."""
+    pkg = list(path.relative_to(REPO).with_suffix("").parts[:-1])
+    out = []
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Import):
+            out += [a.name for a in n.names]
+        elif isinstance(n, ast.ImportFrom):
+            mod = n.module or ""
+            if n.level:
+                base = pkg[: len(pkg) - (n.level - 1)]
+                mod = ".".join(base + ([mod] if mod else []))
+            out.append(mod)
+    return out
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in STORELIB_LAYERS else ""
+
+
+def test_storelib_folders_import_only_downwards():
+    wrong = []
+    for path in sorted((REPO / "storelib").rglob("*.py")):
+        rel = path.relative_to(REPO)
+        own = STORELIB_LAYERS.index(rel.parts[1] if len(rel.parts) > 2 else "")
+        for mod in _imports(path):
+            if mod.startswith("storelib.") and STORELIB_LAYERS.index(_layer(mod)) > own:
+                wrong.append(f"{rel} imports {mod}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_storelib_knows_no_spark_and_nothing_of_ours_above_it():
+    for path in sorted((REPO / "storelib").rglob("*.py")):
+        for mod in _imports(path):
+            assert mod.split(".")[0] not in ("datasources", "jobs", "pyspark", "py4j"), f"{path} imports {mod}"
+    for path in sorted((REPO / "datasources").rglob("*.py")):
+        for mod in _imports(path):
+            assert mod.split(".")[0] != "jobs", f"{path} imports {mod}"
+
+
+def test_every_storelib_folder_is_a_package_that_says_what_it_is():
+    for d in sorted(p for p in (REPO / "storelib").iterdir() if p.is_dir() and p.name != "__pycache__"):
+        init = d / "__init__.py"
+        assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), d
