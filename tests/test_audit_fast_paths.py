@@ -317,3 +317,66 @@ def test_index_chains_checked_in_chunks_find_what_the_whole_file_check_finds(chu
             continue
         assert len(found) == 1 and found[0].extra["count"] == count
         assert found[0].offset == g.entry_pos(first) + 16 and f"entry {first})" in found[0].detail
+
+
+def _validation_reference(idx) -> list[tuple[str, int]]:
+    """The per-entry structure checks over the whole file at once (the one-pass formulation the chunked
+    validation replaced): (kind, offset) of each finding, in the validation's order."""
+    g, ic = idx.geometry, idx.index_count
+    ent = idx.entries_array()
+    m = len(ent)
+    n = np.arange(1, m + 1, dtype=np.int32)
+    kh = ent["key_hash"].astype(np.int32)
+    prev = ent["prev_index"].astype(np.int32)
+    slots = idx.slots().astype(np.int32)
+    out = []
+    neg = np.flatnonzero(kh < 0)
+    if len(neg):
+        out.append(("negative_key_hash", g.entry_pos(int(neg[0]) + 1)))
+    eslot = np.where(kh >= 0, kh % g.hash_slot_num, -1)
+    bad = np.flatnonzero((slots < 0) | (slots > ic))
+    if len(bad):
+        out.append(("slot_out_of_range", g.slot_pos(int(bad[0]))))
+    expect = np.zeros(g.hash_slot_num, dtype=np.int32)
+    okh = eslot >= 0
+    np.maximum.at(expect, eslot[okh], n[okh])
+    wrong = np.flatnonzero((slots >= 0) & (slots <= ic) & (slots != expect))
+    if len(wrong):
+        out.append(("slot_not_newest_entry", g.slot_pos(int(wrong[0]))))
+    badp = np.flatnonzero((prev < 0) | (prev >= n))
+    if len(badp):
+        out.append(("prev_index_not_older", g.entry_pos(int(badp[0]) + 1) + 16))
+    okp = (prev > 0) & (prev < n)
+    cross = np.flatnonzero(okp & (eslot != eslot[np.clip(prev - 1, 0, max(m - 1, 0))]))
+    if len(cross):
+        out.append(("prev_index_wrong_slot", g.entry_pos(int(cross[0]) + 1) + 16))
+    return out
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 1 << 20])
+def test_index_validation_in_chunks_finds_what_one_pass_finds(store, chunk):
+    """Damage of every structural kind in one file: the chunked validation reports each with the same
+    count and first entry whatever the chunk size."""
+    from storelib.format.indexfile import IndexFile, IndexGeometry
+
+    f = _index_files(store)[1]
+    flip(f, ENTRIES + 20 * 2 + 0, 0x80)  # entry 2's keyHash negative
+    flip(f, ENTRIES + 20 * 4 + 19, 0x03)  # entry 4's prevIndex: another entry (another slot, or newer)
+    flip(f, ENTRIES + 20 * 6 + 18, 0x7F)  # entry 6's prevIndex: far past its own number
+    flip(f, 40 + 4 * 9 + 3, 0x05)  # slot 9's value
+    g = IndexGeometry(64, 200)
+    with IndexFile.open(str(f), g, strict=False) as idx:
+        got = [(x.kind, x.offset, x.detail) for x in idx.validate(chunk_entries=chunk)]
+        one = [(x.kind, x.offset, x.detail) for x in idx.validate(chunk_entries=1 << 30)]
+    assert got == one
+    ref = _validation_reference_of(f, g)
+    per_entry = {k for k, _ in ref}
+    assert [(k, o) for k, o, _ in got if k in per_entry] == ref
+    assert {"negative_key_hash", "prev_index_not_older"} <= per_entry
+
+
+def _validation_reference_of(f: Path, g) -> list[tuple[str, int]]:
+    from storelib.format.indexfile import IndexFile
+
+    with IndexFile.open(str(f), g, strict=False) as idx:
+        return _validation_reference(idx)

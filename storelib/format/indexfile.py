@@ -250,6 +250,24 @@ def time_matched(file_begin: int, file_end: int, begin: int, end: int) -> bool:
     )
 
 
+class _FirstOf:
+    """A check's hits over chunks: how many, the first one (0-based entry) and a value at it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = -1
+        self.value: int | None = None
+
+    def add(self, hits: np.ndarray, lo: int, values: np.ndarray | None = None) -> None:
+        if len(hits) and self.count == 0:
+            self.first = lo + int(hits[0])
+            self.value = int(values[hits[0]]) if values is not None else None
+        self.count += len(hits)
+
+    def __len__(self) -> int:
+        return self.count
+
+
 class IndexFile:
     """Read-only view of one index file over a :mod:`storelib.fileio.bytesource` source.
 
@@ -443,27 +461,35 @@ class IndexFile:
         ic = self.index_count
         ent = self.entries_array()
         m = len(ent)
-        n = np.arange(1, m + 1, dtype=np.int32)
-        kh = ent["key_hash"].astype(np.int32)
-        prev = ent["prev_index"].astype(np.int32)
         slots = self.slots().astype(np.int32)
-
-        neg = np.flatnonzero(kh < 0)
-        if len(neg):
-            add("negative_key_hash", "error", g.entry_pos(int(neg[0]) + 1),
-                f"{len(neg)} entries with a negative keyHash (first: entry {int(neg[0]) + 1})", count=len(neg))
-        eslot = np.where(kh >= 0, kh % g.hash_slot_num, -1)
-
         bad = np.flatnonzero((slots < 0) | (slots > ic))
+        # the per-entry checks, a chunk of entries at a time (memory: the slot tables and a chunk, not the
+        # file); each keeps its count and first entry, reported below in the order of the checks
+        expect = np.zeros(g.hash_slot_num, dtype=np.int32)  # newest entry per slot, from the entries
+        used = np.zeros(g.hash_slot_num, dtype=bool)
+        neg, badp, cross = _FirstOf(), _FirstOf(), _FirstOf()
+        for lo in range(0, m, chunk_entries):
+            part = ent[lo:lo + chunk_entries]
+            n = np.arange(lo + 1, lo + 1 + len(part), dtype=np.int32)
+            kh = part["key_hash"].astype(np.int32)
+            prev = part["prev_index"].astype(np.int32)
+            neg.add(np.flatnonzero(kh < 0), lo)
+            okh = kh >= 0
+            eslot = np.where(okh, kh % g.hash_slot_num, -1)
+            np.maximum.at(expect, eslot[okh], n[okh])
+            used[eslot[okh]] = True
+            badp.add(np.flatnonzero((prev < 0) | (prev >= n)), lo, prev)
+            okp = np.flatnonzero((prev > 0) & (prev < n))
+            pk = ent["key_hash"][prev[okp] - 1].astype(np.int32)  # the entries they chain to, any chunk
+            pslot = np.where(pk >= 0, pk % g.hash_slot_num, -1)
+            cross.add(okp[eslot[okp] != pslot], lo)
+        if len(neg):
+            add("negative_key_hash", "error", g.entry_pos(neg.first + 1),
+                f"{len(neg)} entries with a negative keyHash (first: entry {neg.first + 1})", count=len(neg))
         if len(bad):
             add("slot_out_of_range", "error", g.slot_pos(int(bad[0])),
                 f"{len(bad)} slot values outside 0..{ic} (first: slot {int(bad[0])} = {int(slots[bad[0]])})",
                 count=len(bad))
-        # newest entry per slot, from the entries themselves
-        expect = np.zeros(g.hash_slot_num, dtype=np.int32)
-        okh = eslot >= 0
-        if m:
-            np.maximum.at(expect, eslot[okh], n[okh])
         inrange = (slots >= 0) & (slots <= ic)
         wrong = np.flatnonzero(inrange & (slots != expect))
         if len(wrong):
@@ -471,21 +497,17 @@ class IndexFile:
             add("slot_not_newest_entry", "error", g.slot_pos(s0),
                 f"{len(wrong)} slots do not hold the newest entry of their slot "
                 f"(first: slot {s0} = {int(slots[s0])}, expected {int(expect[s0])})", count=len(wrong))
-
-        badp = np.flatnonzero((prev < 0) | (prev >= n))
         if len(badp):
-            e0 = int(badp[0]) + 1
+            e0 = badp.first + 1
             add("prev_index_not_older", "error", g.entry_pos(e0) + 16,
                 f"{len(badp)} entries whose prevIndex is not < the entry number (first: entry {e0}"
-                f" prevIndex {int(prev[badp[0]])})", count=len(badp))
-        okp = (prev > 0) & (prev < n)
-        cross = np.flatnonzero(okp & (eslot != eslot[np.clip(prev - 1, 0, max(m - 1, 0))]))
+                f" prevIndex {badp.value})", count=len(badp))
         if len(cross):
-            e0 = int(cross[0]) + 1
+            e0 = cross.first + 1
             add("prev_index_wrong_slot", "error", g.entry_pos(e0) + 16,
                 f"{len(cross)} entries chain to an entry of another slot (first: entry {e0})", count=len(cross))
 
-        self._check_header_fields(ent, eslot, add)
+        self._check_header_fields(ent, int(np.count_nonzero(used)), add)
         if check_tail:
             e0 = self._first_data_beyond_count(chunk_entries)
             if e0 is not None:
@@ -494,13 +516,12 @@ class IndexFile:
         return f
 
 
-    def _check_header_fields(self, ent: np.ndarray, eslot: np.ndarray, add: Callable[..., None]) -> None:
-        """hashSlotCount, begin/end phy offsets and timestamps against the entries (see validate)."""
-        g, h = self.geometry, self.header
+    def _check_header_fields(self, ent: np.ndarray, distinct: int, add: Callable[..., None]) -> None:
+        """hashSlotCount (``distinct``: slots the entries use), begin/end phy offsets and timestamps
+        against the entries (see validate)."""
+        h = self.header
         m = len(ent)
-        okh = eslot >= 0
         phy = ent["phy_offset"]
-        distinct = int(np.count_nonzero(np.bincount(eslot[okh], minlength=g.hash_slot_num))) if m else 0
         if h.hash_slot_count != distinct:
             add("hash_slot_count_mismatch", "warning", 32,
                 f"hashSlotCount {h.hash_slot_count} but the entries use {distinct} distinct slots",
