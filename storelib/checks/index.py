@@ -316,7 +316,7 @@ def _entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: Any
     return wrong
 
 
-def _check_chains(ent: np.ndarray, g: Any, display: str, out: _Capped, chunk: int = 1 << 20) -> None:
+def _check_chains(ent: np.ndarray, g: Any, display: str, out: _Capped, chunk: int = 1 << 17) -> None:
     """Every entry's prevIndex is the previous entry of its slot (0 for a slot's first).
 
     Entries are taken ``chunk`` at a time in entry order with the newest entry of each slot so far carried
