@@ -122,6 +122,10 @@ def finish_dump(plan: ArchivePlan, jvm) -> None:
     if pid is None:
         os.close(plan.lock_fd)
         return
+    with contextlib.suppress(OSError, AttributeError):
+        # the dump is background work: the lowest CPU priority, so the next command (whose JVM may be
+        # starting now on the same cores) is not slowed by it
+        os.setpriority(os.PRIO_PROCESS, pid, 19)
     with contextlib.suppress(OSError):
         subprocess.Popen([sys.executable, "-m", "jobs.jvmcache", str(pid), str(plan.dump_to), str(plan.archive)],
                          cwd=str(Path(__file__).resolve().parents[1]), stdin=subprocess.DEVNULL,
@@ -179,4 +183,6 @@ __all__ = ["ArchivePlan", "cache_dir", "finish_dump", "discard", "maps_cleanly",
 
 
 if __name__ == "__main__":  # the detached watcher of finish_dump: PID TMP FINAL
+    with contextlib.suppress(OSError):
+        os.nice(19)
     publish_when_done(int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
