@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, open_source
@@ -35,6 +35,10 @@ from storelib.format.timerstore import (
     read_timer_checkpoint,
     slot_index,
 )
+
+if TYPE_CHECKING:
+    from storelib.broker.brokerconf import BrokerSettings
+    from storelib.scan.commitlog import CommitLog
 
 TIMER_BLANK_SLOTS = 60
 MAX_CQ_LOOKBACK = 20_000
@@ -183,7 +187,8 @@ def _queue_offset(root: Location, files: list[tuple[int, str, int]], process_off
     return q
 
 
-def plan_timer_recovery(root: Location, settings: Any, commitlog: Any, now_ms: int) -> TimerRecovery | None:
+def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: CommitLog, now_ms: int
+                        ) -> TimerRecovery | None:
     """The timer store's start-up (module docstring), read-only; None for a store without one."""
     from storelib.format.consumequeue import ConsumeQueue
 

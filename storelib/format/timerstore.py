@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -65,12 +65,20 @@ SLOT_SCHEMA = pa.schema([
 ])
 
 
-def precision_of(settings: Any) -> int:
+class TimerSettings(Protocol):
+    """The two settings the timer store's layout depends on (BrokerSettings has them; a format module
+    does not import the broker's settings)."""
+
+    timer_precision_ms: int | None
+    mapped_file_size_timer_log: int | None
+
+
+def precision_of(settings: TimerSettings) -> int:
     """timerPrecisionMs of a store's settings (the 5.x default where a 4.x settings object has none)."""
     return int(settings.timer_precision_ms or DEFAULT_PRECISION_MS)
 
 
-def timerlog_file_size(settings: Any) -> int:
+def timerlog_file_size(settings: TimerSettings) -> int:
     """mappedFileSizeTimerLog of a store's settings, the 5.x default where none is known."""
     return int(settings.mapped_file_size_timer_log or DEFAULT_TIMERLOG_FILE_SIZE)
 

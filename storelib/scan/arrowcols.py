@@ -18,16 +18,6 @@ _HEX2 = np.array([ord("0123456789ABCDEF"[i >> 4]) | ord("0123456789ABCDEF"[i & 1
                  dtype="<u2")
 
 
-def ragged_arange(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenation of ``range(s, s+l)`` for every (s, l), vectorised (int64)."""
-    lens = lens.astype(np.int64)
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    excl = np.cumsum(lens) - lens
-    return np.repeat(starts.astype(np.int64) - excl, lens) + np.arange(total, dtype=np.int64)
-
-
 def overlapping(a: np.ndarray, dtype) -> np.ndarray:
     """``a`` seen as overlapping items of ``dtype``, one starting at every byte (stride 1, zero copy)."""
     dt = np.dtype(dtype)
@@ -75,21 +65,6 @@ def view_array(a: np.ndarray, buf, starts: np.ndarray, lens: np.ndarray) -> pa.A
         g[np.arange(12) >= lens[short, None]] = 0
         v.view(np.uint8).reshape(n, 16)[short, 4:16] = g
     return pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(v), pa.py_buffer(buf)])
-
-
-def gather_strings(a: np.ndarray, starts: np.ndarray, lens: np.ndarray, binary: bool = False, buf=None) -> pa.Array:
-    """Arrow string (or binary) array of byte ranges of ``a`` (copied by Arrow's C++ cast).
-
-    Invalid UTF-8 is replaced with U+FFFD row by row (Java decodes the same way); such rows are rare.
-    """
-    views = view_array(a, a if buf is None else buf, starts, lens)
-    if binary:
-        return views.cast(pa.binary())
-    try:
-        return views.cast(pa.string())
-    except pa.ArrowInvalid:
-        raw = views.cast(pa.binary()).to_pylist()
-        return pa.array([r.decode("utf-8", "replace") for r in raw], pa.string())
 
 
 def msg_id_strings(a: np.ndarray, p_sh: np.ndarray, v6: np.ndarray, phy_pos: np.ndarray) -> pa.Array:
