@@ -33,7 +33,7 @@ from storelib.brokerconf import BrokerSettings
 from storelib.bytesource import Location, open_source, resolve
 from storelib.checkpoint import Checkpoint
 from storelib.commitlog import Split
-from storelib.cqwriter import build_consume_queues, write_consume_queues
+from storelib.cqstream import ConsumeQueueStream
 from storelib.dispatch import index_geometry
 from storelib.errors import StoreError
 from storelib.indexbuild import (
@@ -216,19 +216,17 @@ def first_times(ctx: dict[str, Any], E: int, offsets: dict[int, int], m_before: 
 
 
 def phase_b(ctx: dict[str, Any], job: tuple[int, list[int]]) -> dict[str, Any]:
-    """Build and write the consume queues of partition ``p`` from its per-segment parts, in dispatch order."""
+    """Build and write the consume queues of partition ``p`` from its per-segment parts, segment by segment
+    in dispatch order (storelib.cqstream): memory holds one segment's part, not the partition."""
     p, segs = job
     staging: Location = ctx["staging"]
-    tables = [_read_ipc(_cq_part(staging, i, p)) for i in sorted(segs)]
-    if not tables:
-        return {"queues": 0, "cq_records": 0, "files": {}}
-    table = pa.concat_tables(tables)
-    images = build_consume_queues(table, segment_size=ctx["cq_size"])
     digests: dict[str, str] = {}  # hashed as written: reading back sparse files costs page-cache fills
-    paths = write_consume_queues(images, staging.join("consumequeue"), ctx["cq_size"], digests=digests)
+    with ConsumeQueueStream(staging.join("consumequeue"), ctx["cq_size"], digests) as cqs:
+        for i in sorted(segs):
+            cqs.feed(_read_ipc(_cq_part(staging, i, p)))
     base = staging.path.rstrip("/") + "/"
-    files = {path[len(base):]: {"size": ctx["cq_size"], "sha256": digests[path]} for path in paths}
-    return {"queues": len(images), "cq_records": table.num_rows, "files": files}
+    files = {path[len(base):]: {"size": ctx["cq_size"], "sha256": digests[path]} for path in cqs.paths}
+    return {"queues": cqs.queues, "cq_records": cqs.records, "files": files}
 
 
 def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, int], counts: dict[int, int],
