@@ -13,11 +13,13 @@ valid end (processOffset) and which records reput dispatches; then:
   columns of what dispatch needs plus the index keys with their slot chains numbered within the
   segment (storelib.indexbuild.local_chains); the driver finishes the walk from the per-segment ends.
   Phase B shuffles CQ rows by queue (one partition per core) and each task runs build_consume_queues
-  for its queues and writes their files. Phase C numbers the index keys globally (prefix sums of
+  for its queues segment by segment, appending to their files (storelib.cqstream: memory holds one
+  segment's rows, not the partition's). Phase C numbers the index keys globally (prefix sums of
   per-segment counts), and each index file is built by one task that links the segments' chains
   (each segment's oldest key per slot to the slot table left by the segments before it) and streams
-  the file in order, hashing as it writes (storelib.indexbuild.stream_index_file; slices cut by a file
-  boundary or the duplicate test get their chains recomputed). Phases B and C are independent and
+  the file in order, hashing as it writes (storelib.indexstream.stream_index_file: two passes that
+  load the file's segments one at a time; slices cut by a file boundary or the duplicate test get
+  their chains recomputed). Phases B and C are independent and
   run as one Spark job, index files first, so the consume-queue tasks use the cores an index file
   leaves free. Both engines produce the same bytes; both keep freed memory in the malloc heap
   (:func:`keep_freed_memory`) and write index files past the page cache (storelib.direct_write).
@@ -62,9 +64,9 @@ from storelib.direct_write import atomic_direct_file
 from storelib.dispatch import dispatch_store
 from storelib.errors import StoreError
 from storelib.indexbuild import (
-    ChainRun,
     IndexImage,
     IndexState,
+    Runs,
     stream_index_file,
 )
 from storelib.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader, list_index_files
@@ -291,9 +293,9 @@ def write_index_image(image: IndexImage, loc: Location) -> None:
             left -= len(zeros)
 
 
-def write_index_runs(runs: list[ChainRun], loc: Location, geometry: IndexGeometry,
+def write_index_runs(runs: Runs, loc: Location, geometry: IndexGeometry,
                      prev_state: IndexState | None) -> tuple[IndexHeader, str]:
-    """Stream one index file from its runs (storelib.indexbuild.stream_index_file) to a temp file beside
+    """Stream one index file from its runs (storelib.indexstream.stream_index_file) to a temp file beside
     ``loc``, then rename it; returns (header, sha256). Local files get a sparse zero tail and an fsync."""
     if loc.local:
         with atomic_direct_file(loc.path) as fh:  # written once, never read back: past the page cache

@@ -236,9 +236,9 @@ def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, in
     spans = {i: (offsets[i], counts[i]) for i in offsets}
     runs, state = link_file(f, g, spans, lambda idx: _load_keys(ctx, idx, m_before, runs=True))
     name = names[f]
-    _, digest = write_index_runs(runs, ctx["staging"].join("index", name), g, state)
+    header, digest = write_index_runs(runs, ctx["staging"].join("index", name), g, state)
     return {"file": f, "rel": f"index/{name}", "size": g.file_size, "sha256": digest,
-            "keys": sum(len(r) for r in runs)}
+            "keys": header.index_count - 1}
 
 
 def phase_bc(ctx: dict[str, Any], index_args: tuple | None, item: tuple[str, Any]) -> tuple[str, dict[str, Any]]:
