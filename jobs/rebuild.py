@@ -11,13 +11,15 @@ valid end (processOffset) and which records reput dispatches; then:
 * engine ``spark``: phase A parses every segment on an executor (one task per segment, longest
   first; inside the recovery window with CRC checks, so the walk itself is distributed) into Arrow
   columns of what dispatch needs plus the index keys with their slot chains numbered within the
-  segment (storelib.broker.indexbuild.local_chains); the driver finishes the walk from the per-segment ends.
+  segment (storelib.broker.indexstream.local_chains); the driver finishes the walk from the per-segment ends.
   Phase B shuffles CQ rows by queue (one partition per core) and each task runs build_consume_queues
-  for its queues and writes their files. Phase C numbers the index keys globally (prefix sums of
+  for its queues segment by segment, appending to their files (storelib.broker.cqstream: memory holds one
+  segment's rows, not the partition's). Phase C numbers the index keys globally (prefix sums of
   per-segment counts), and each index file is built by one task that links the segments' chains
   (each segment's oldest key per slot to the slot table left by the segments before it) and streams
-  the file in order, hashing as it writes (storelib.broker.indexbuild.stream_index_file; slices cut by a file
-  boundary or the duplicate test get their chains recomputed). Phases B and C are independent and
+  the file in order, hashing as it writes (storelib.broker.indexstream.stream_index_file: two passes that
+  load the file's segments one at a time; slices cut by a file boundary or the duplicate test get
+  their chains recomputed). Phases B and C are independent and
   run as one Spark job, index files first, so the consume-queue tasks use the cores an index file
   leaves free. Both engines produce the same bytes; both keep freed memory in the malloc heap
   (:func:`keep_freed_memory`) and write index files past the page cache (storelib.fileio.direct_write).
@@ -57,12 +59,8 @@ import pyarrow.fs as pafs
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.dispatch import dispatch_store
-from storelib.broker.indexbuild import (
-    ChainRun,
-    IndexImage,
-    IndexState,
-    stream_index_file,
-)
+from storelib.broker.indexbuild import IndexImage, IndexState
+from storelib.broker.indexstream import Runs, stream_index_file
 from storelib.broker.recovery import (
     RecoveryResult,
     rebuild_target,
@@ -292,9 +290,9 @@ def write_index_image(image: IndexImage, loc: Location) -> None:
             left -= len(zeros)
 
 
-def write_index_runs(runs: list[ChainRun], loc: Location, geometry: IndexGeometry,
+def write_index_runs(runs: Runs, loc: Location, geometry: IndexGeometry,
                      prev_state: IndexState | None) -> tuple[IndexHeader, str]:
-    """Stream one index file from its runs (storelib.broker.indexbuild.stream_index_file) to a temp file beside
+    """Stream one index file from its runs (storelib.broker.indexstream.stream_index_file) to a temp file beside
     ``loc``, then rename it; returns (header, sha256). Local files get a sparse zero tail and an fsync."""
     if loc.local:
         with atomic_direct_file(loc.path) as fh:  # written once, never read back: past the page cache

@@ -30,15 +30,9 @@ from jobs.rebuild import (
     write_index_runs,
 )
 from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.cqwriter import build_consume_queues, write_consume_queues
+from storelib.broker.cqstream import ConsumeQueueStream
 from storelib.broker.dispatch import index_geometry
-from storelib.broker.indexbuild import (
-    ChainRun,
-    IndexImage,
-    empty_index_count,
-    index_key_rows,
-    local_chains,
-)
+from storelib.broker.indexbuild import IndexImage, empty_index_count, index_key_rows
 from storelib.broker.indexmerge import (
     IndexLayout,
     SegmentKeys,
@@ -49,6 +43,7 @@ from storelib.broker.indexmerge import (
     name_files,
     running_max_before,
 )
+from storelib.broker.indexstream import ChainRun, local_chains
 from storelib.broker.recovery import (
     SegmentTask,
     WalkPlan,
@@ -216,19 +211,17 @@ def first_times(ctx: dict[str, Any], E: int, offsets: dict[int, int], m_before: 
 
 
 def phase_b(ctx: dict[str, Any], job: tuple[int, list[int]]) -> dict[str, Any]:
-    """Build and write the consume queues of partition ``p`` from its per-segment parts, in dispatch order."""
+    """Build and write the consume queues of partition ``p`` from its per-segment parts, segment by segment
+    in dispatch order (storelib.broker.cqstream): memory holds one segment's part, not the partition."""
     p, segs = job
     staging: Location = ctx["staging"]
-    tables = [_read_ipc(_cq_part(staging, i, p)) for i in sorted(segs)]
-    if not tables:
-        return {"queues": 0, "cq_records": 0, "files": {}}
-    table = pa.concat_tables(tables)
-    images = build_consume_queues(table, segment_size=ctx["cq_size"])
     digests: dict[str, str] = {}  # hashed as written: reading back sparse files costs page-cache fills
-    paths = write_consume_queues(images, staging.join("consumequeue"), ctx["cq_size"], digests=digests)
+    with ConsumeQueueStream(staging.join("consumequeue"), ctx["cq_size"], digests) as cqs:
+        for i in sorted(segs):
+            cqs.feed(_read_ipc(_cq_part(staging, i, p)))
     base = staging.path.rstrip("/") + "/"
-    files = {path[len(base):]: {"size": ctx["cq_size"], "sha256": digests[path]} for path in paths}
-    return {"queues": len(images), "cq_records": table.num_rows, "files": files}
+    files = {path[len(base):]: {"size": ctx["cq_size"], "sha256": digests[path]} for path in cqs.paths}
+    return {"queues": cqs.queues, "cq_records": cqs.records, "files": files}
 
 
 def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, int], counts: dict[int, int],
@@ -238,9 +231,9 @@ def phase_c(ctx: dict[str, Any], names: list[str], E: int, offsets: dict[int, in
     spans = {i: (offsets[i], counts[i]) for i in offsets}
     runs, state = link_file(f, g, spans, lambda idx: _load_keys(ctx, idx, m_before, runs=True))
     name = names[f]
-    _, digest = write_index_runs(runs, ctx["staging"].join("index", name), g, state)
+    header, digest = write_index_runs(runs, ctx["staging"].join("index", name), g, state)
     return {"file": f, "rel": f"index/{name}", "size": g.file_size, "sha256": digest,
-            "keys": sum(len(r) for r in runs)}
+            "keys": header.index_count - 1}
 
 
 def phase_bc(ctx: dict[str, Any], index_args: tuple | None, item: tuple[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -4,8 +4,10 @@ byte; and the Spark engine's task functions, run in-process, equal the local eng
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +15,9 @@ import pytest
 
 import jobs.rebuild as rb
 from jobs.engines import LocalEngine
-from storelib.broker.indexbuild import (
-    ChainRun,
-    IndexState,
-    build_index_files,
-    local_chains,
-    stream_index_file,
-)
+from storelib.broker.indexbuild import IndexState, build_index_files
+from storelib.broker.indexmerge import link_file
+from storelib.broker.indexstream import ChainRun, local_chains, stream_index_file
 from storelib.format.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
 from tests.rebuild_storegen import CraftedStore, msg
 
@@ -120,6 +118,41 @@ def test_keys_that_do_not_fit_one_file_are_refused():
     g = IndexGeometry(7, 10)
     with pytest.raises(ValueError, match="do not fill one index file"):
         stream_index_file(_runs(_keys(np.random.default_rng(0), 10), [], 7), io.BytesIO(), geometry=g)
+
+
+@pytest.mark.parametrize("chunk", [4, 1 << 19])
+def test_files_linked_from_segments_loaded_one_at_a_time_equal_the_one_shot_build(chunk):
+    """storelib.broker.indexmerge.link_file hands the stream a loader: each pass loads the file's segments one by
+    one (whole ones with their phase-A chains, cut ones re-chained), so the index task holds one or two
+    segments' keys, not the file's; the files are the one-shot build's, byte for byte."""
+    g = IndexGeometry(7, 40)
+    E = g.entries_per_file
+    keys = _keys(np.random.default_rng(9), 3 * E - 5)
+    bounds = [0, 10, 11, 50, 61, 90, 130, len(keys["key_hash"])]
+    segs = {i: {k: v[a:b] for k, v in keys.items()} for i, (a, b) in enumerate(zip(bounds, bounds[1:]))}
+    spans = {i: (a, b - a) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))}
+    alive: list[weakref.ref] = []
+    loads: list[int] = []
+
+    def load(i: int):
+        loads.append(i)
+        s = segs[i]
+        run = ChainRun.of(s["key_hash"], s["phy_offset"], s["store_timestamp"], g.hash_slot_num)
+        alive.append(weakref.ref(run))
+        assert sum(r() is not None for r in alive) <= 2  # the previous segment's run may still be bound while the next loads
+        return (s["key_hash"], s["phy_offset"], s["store_timestamp"], np.arange(len(s["key_hash"]))), run
+
+    want = build_index_files(keys, geometry=g, name_tz=None)
+    assert len(want) == 3
+    for f, im in enumerate(want):
+        loads.clear()
+        runs, state = link_file(f, g, spans, load)
+        data, header, digest = _stream(runs, g, state, chunk)
+        assert data == im.to_bytes() and header == im.header and digest == im.sha256()
+        inside = [i for i, (o, c) in spans.items() if o < (f + 1) * E and o + c > f * E]
+        assert loads == ([] if f == 0 else [next(i for i, (o, c) in spans.items() if o <= f * E - 1 < o + c)]) \
+            + inside * 2  # the previous file's last key, then one load per segment per pass
+        gc.collect()
 
 
 # -- the engines' task functions, run in-process (LocalEngine: the pool and Spark run the same ones) --

@@ -1,7 +1,7 @@
 """Writing IndexFiles as the broker's dispatch does: the index keys of scanned records, the vectorised
 builder (:func:`build_index_files`: every entry's file, number, timeDiff, prevIndex and the slot table
-from column operations), and one file streamed from runs whose slot chains were computed per segment
-(:func:`local_chains`, :func:`stream_index_file`: the task engines' index task). Reading is
+from column operations); one file streamed from runs whose slot chains were computed per segment (the
+task engines' index task) is :mod:`storelib.broker.indexstream`. Reading is
 :mod:`storelib.format.indexfile`; the scalar oracle both are tested against is tests/index_oracle.py.
 """
 
@@ -31,7 +31,6 @@ from storelib.format.indexfile import (  # the file format and the reader's help
     IndexHeader,
     _chains,
     _entry_bytes,
-    _slot_chains,
     _time_diff,
     _time_diffs,
 )
@@ -389,185 +388,5 @@ def name_images(images: Sequence[IndexImage], tz: str | Any = "UTC", *, after: s
             im.name = index_file_name(ts, tz, after=last)
         last = im.name
 
-
-# --------------------------------------------------------------------------------------------------
-# one file streamed from runs whose chains were computed separately (the Spark engine's index task)
-# --------------------------------------------------------------------------------------------------
-
-
-def local_chains(key_hash: np.ndarray, hash_slot_num: int) -> tuple[np.ndarray, np.ndarray]:
-    """Slot chains of a run of keys numbered 0..m-1 as if the slot table were empty.
-
-    Returns ``prev_local`` (int32: the number of the previous key of the same slot in the run, -1
-    for the slot's oldest key in the run) and ``is_tail`` (bool: the newest key of its slot in the
-    run). A per-segment task computes them before the global entry numbers are known; the file's
-    chains are then these plus the run's first entry number, with each run's oldest keys linked
-    to the slot table left by the runs before it (:func:`stream_index_file`).
-    """
-    h = np.asarray(key_hash)
-    m = len(h)
-    prev = np.empty(m, dtype=np.int32)
-    tail = np.zeros(m, dtype=bool)
-    if m == 0:
-        return prev, tail
-    ss, ns = _slot_chains(h % hash_slot_num, 0)  # numbers grouped by slot, oldest first
-    same = ss[1:] == ss[:-1]  # sorted neighbours in one slot: ns[i] follows ns[i-1]
-    del ss
-    prev[ns[0]] = -1
-    prev[ns[1:]] = np.where(same, ns[:-1], -1)
-    tail[ns[:-1][~same]] = True
-    tail[ns[-1]] = True
-    return prev, tail
-
-
-@dataclass
-class ChainRun:
-    """Consecutive keys of one index file (dispatch order, after the duplicate test) with their
-    :func:`local_chains`."""
-
-    key_hash: np.ndarray
-    phy_offset: np.ndarray
-    store_timestamp: np.ndarray
-    prev_local: np.ndarray
-    is_tail: np.ndarray
-
-    @classmethod
-    def of(cls, key_hash: np.ndarray, phy_offset: np.ndarray, store_timestamp: np.ndarray,
-           hash_slot_num: int) -> ChainRun:
-        prev, tail = local_chains(key_hash, hash_slot_num)
-        return cls(np.asarray(key_hash), np.asarray(phy_offset), np.asarray(store_timestamp), prev, tail)
-
-    def __len__(self) -> int:
-        return len(self.key_hash)
-
-
-STREAM_CHUNK = 1 << 19  # entries per write: two reused 10 MiB buffers, whatever the file size
-
-
-def stream_index_file(
-    runs: Sequence[ChainRun],
-    out: Any,
-    *,
-    geometry: IndexGeometry,
-    prev_state: IndexState | None = None,
-    sparse_tail: bool = False,
-    chunk_entries: int = STREAM_CHUNK,
-) -> tuple[IndexHeader, str]:
-    """Write one index file to the binary file object ``out`` in file order; returns (header, sha256).
-
-    The same bytes as the one image :func:`build_index_files` makes for these keys (keys already
-    past the duplicate test, all fitting this file), without materialising the file: a first pass
-    over the runs' oldest/newest keys per slot gives the slot table, the header and every link
-    between runs; then header, slots and entries are written and hashed chunk by chunk from two
-    reused buffers (writing and hashing on a second thread while the next chunk is filled).
-    ``prev_state``: the previous file when it is full (entry 1's timeDiff starts at its end time),
-    or the file being continued. ``sparse_tail``: ``out`` is a local file; the zero tail is made by
-    truncating (sparse) instead of written.
-    """
-    g = geometry
-    E, S = g.entries_per_file, g.hash_slot_num
-    runs = [r for r in runs if len(r)]
-    K = sum(len(r) for r in runs)
-    c0 = 0
-    continued = False
-    if prev_state is not None:
-        c0 = min(max(prev_state.header.index_count, 1) - 1, E)
-        continued = c0 < E
-    if K == 0 or K > E - (c0 if continued else 0):
-        raise ValueError(f"{K} keys do not fill one index file of {E - (c0 if continued else 0)} free entries")
-    if continued and len(prev_state.entries) < c0:
-        raise ValueError(f"prev_state has {len(prev_state.entries)} entries, header says {c0}")
-    n0 = c0 + 1 if continued else 1
-
-    # pass 1: the slot table and each run's links to earlier runs (putKey's rule for a slot value:
-    # <= 0 or > indexCount at insert reads as empty; values set by this build are always older)
-    slots = np.array(prev_state.slots, dtype=np.int32) if continued else np.zeros(S, dtype=np.int32)
-    head_prev: list[np.ndarray] = []
-    empty_heads = 0
-    n = n0
-    for r in runs:
-        heads = np.flatnonzero(r.prev_local < 0)
-        old = slots[r.key_hash[heads] % S]
-        hp = np.where((old > 0) & (old <= heads + n), old, 0).astype(np.int32)
-        empty_heads += len(hp) - int(np.count_nonzero(hp))
-        head_prev.append(hp)
-        tails = np.flatnonzero(r.is_tail)
-        slots[r.key_hash[tails] % S] = tails + n
-        n += len(r)
-
-    first, last = runs[0], runs[-1]
-    if continued and c0 >= 1:
-        begin_ts, begin_phy = prev_state.header.begin_timestamp, prev_state.header.begin_phy_offset
-    else:
-        begin_ts, begin_phy = int(first.store_timestamp[0]), int(first.phy_offset[0])
-    if continued:
-        init_begin = prev_state.header.begin_timestamp
-    else:
-        init_begin = max(prev_state.header.end_timestamp, 0) if prev_state is not None else 0
-    header = IndexHeader(
-        begin_timestamp=int(begin_ts), end_timestamp=int(last.store_timestamp[-1]),
-        begin_phy_offset=int(begin_phy), end_phy_offset=int(last.phy_offset[-1]),
-        hash_slot_count=int((prev_state.header.hash_slot_count if continued else 0) + empty_heads),
-        index_count=n0 + K,
-    )
-
-    sha = hashlib.sha256()
-
-    def put(b: Any) -> None:
-        out.write(b)
-        sha.update(b)
-
-    bufs = [np.empty(min(chunk_entries, max(len(r) for r in runs)), dtype=ENTRY_DTYPE) for _ in range(2)]
-    pending: list[Any] = [None, None]
-    with ThreadPoolExecutor(1, thread_name_prefix="rmqstore-index-out") as ex:
-        done = [ex.submit(put, header.to_bytes() + slots.astype(">i4").tobytes() + bytes(ENTRY_SIZE))]
-        if continued and c0:
-            done.append(ex.submit(put, _entry_bytes(prev_state.entries[:c0])))
-        n, turn = n0, 0
-        for r, hp in zip(runs, head_prev):
-            m = len(r)
-            hi = 0  # heads of this run used so far
-            for a in range(0, m, chunk_entries):
-                b = min(m, a + chunk_entries)
-                if pending[turn] is not None:
-                    pending[turn].result()
-                e = bufs[turn][: b - a]
-                e["key_hash"] = r.key_hash[a:b]
-                e["phy_offset"] = r.phy_offset[a:b]
-                td = _time_diffs(np.asarray(r.store_timestamp[a:b], dtype=np.int64), begin_ts)
-                if n + a == 1:
-                    td[0] = _time_diff(int(r.store_timestamp[0]), init_begin)
-                e["time_diff"] = td
-                pl = r.prev_local[a:b]
-                pv = pl + np.int32(n)
-                hm = pl < 0
-                k = int(np.count_nonzero(hm))
-                pv[hm] = hp[hi: hi + k]
-                hi += k
-                e["prev_index"] = pv
-                pending[turn] = ex.submit(put, memoryview(e.view(np.uint8)))
-                done.append(pending[turn])
-                turn ^= 1
-            n += m
-        for f in done:  # every write so far has succeeded (and in order: one worker)
-            f.result()
-        tail_at = g.entry_pos(n0 + K)
-        if sparse_tail:
-            out.flush()
-            out.truncate(g.file_size)
-            put_zeros = sha.update
-        else:
-            put_zeros = put
-        zeros = bytes(min(g.file_size - tail_at, 8 << 20))
-        left = g.file_size - tail_at
-        while left > 0:
-            k = min(left, len(zeros))
-            done.append(ex.submit(put_zeros, memoryview(zeros)[:k]))
-            left -= k
-        for f in done:
-            f.result()
-    return header, sha.hexdigest()
-
-
-__all__ = ["ChainRun", "IndexImage", "IndexState", "build_index_files", "empty_index_count", "index_dispatched",
-           "index_key_rows", "index_keys", "local_chains", "name_images", "stream_index_file"]
+__all__ = ["IndexImage", "IndexState", "build_index_files", "empty_index_count", "index_dispatched", "index_key_rows",
+           "index_keys", "name_images"]

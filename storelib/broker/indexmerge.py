@@ -1,23 +1,24 @@
 """Joining per-segment index keys into the broker's index files (store-algorithms §6.1, §7.4).
 
 A task engine parses the commitlog segments in parallel, each with its own keys and slot chains
-(:func:`storelib.broker.indexbuild.local_chains`); the broker indexed them one after another. This module holds
+(:func:`storelib.broker.indexstream.local_chains`); the broker indexed them one after another. This module holds
 the rules that join the parts: the §6.1 duplicate test across segments (a running maximum of phyOffset),
 the global key numbering that fills one file of ``E`` entries after another, the keys and predecessor
 of each file (:func:`link_file`: entry 1's timeDiff starts at the previous file's end), the empty only
 file or successor a keyless run leaves (:func:`layout`), and the files' names. The engine only schedules
-these steps and moves the data; one file is then streamed by :func:`storelib.broker.indexbuild.stream_index_file`.
+these steps and moves the data; one file is then streamed by :func:`storelib.broker.indexstream.stream_index_file`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from storelib.broker.indexbuild import ChainRun, IndexImage, IndexState, build_index_files
+from storelib.broker.indexbuild import IndexImage, IndexState, build_index_files
+from storelib.broker.indexstream import ChainRun
 from storelib.errors import StoreError
 from storelib.format.indexdir import index_file_name
 from storelib.format.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
@@ -148,31 +149,43 @@ def name_files(ix: IndexLayout, firsts: Mapping[int, int], tz: str | Any = "UTC"
 
 
 def link_file(f: int, geometry: IndexGeometry, spans: Mapping[int, tuple[int, int]],
-              load: Callable[[int], tuple[KeyArrays, ChainRun | None]]) -> tuple[list[ChainRun], IndexState | None]:
+              load: Callable[[int], tuple[KeyArrays, ChainRun | None]]
+              ) -> tuple[Callable[[], Iterator[ChainRun]], IndexState | None]:
     """The runs of index file ``f`` (keys ``[f*E, (f+1)*E)``) and the state it continues from.
 
     ``spans``: segment -> (number of its first kept key, kept keys); ``load(segment)``: its kept keys and
     their precomputed ChainRun when still whole (else None: the chains of the slice are computed here).
-    The state stands for the previous full file (its last key's offset and time), None for file 0.
+    The runs come as a function that loads them one segment at a time on each call
+    (:func:`storelib.broker.indexstream.stream_index_file` makes two passes): a file of up to 20 M keys is never
+    held at once. The state stands for the previous full file (its last key's offset and time), None
+    for file 0.
     """
     E = geometry.entries_per_file
     lo, hi = f * E, (f + 1) * E
-    runs: list[ChainRun] = []
     prev = None
-    for idx in sorted(spans):
-        o, c = spans[idx]
-        if c == 0 or o + c <= lo - 1 or o >= hi:
-            continue
-        (h, p, t, _), run = load(idx)
-        a, b = max(lo, o) - o, min(hi, o + c) - o
-        if b > a:
+    if f > 0:
+        for idx in sorted(spans):
+            o, c = spans[idx]
+            if c and o <= lo - 1 < o + c:
+                (_, p, t, _), _ = load(idx)
+                prev = (int(p[lo - 1 - o]), int(t[lo - 1 - o]))
+                del p, t
+                break
+        if prev is None:
+            raise StoreError("index", None, "internal", f"index file {f}: previous file's last key is missing")
+    segs = [i for i in sorted(spans) if spans[i][1] and spans[i][0] < hi and spans[i][0] + spans[i][1] > lo]
+
+    def runs() -> Iterator[ChainRun]:
+        for idx in segs:
+            o, c = spans[idx]
+            (h, p, t, _), run = load(idx)
+            a, b = max(lo, o) - o, min(hi, o + c) - o
             if run is None or b - a < c:  # filtered or cut by a file boundary: chains of the slice
                 run = ChainRun.of(h[a:b], p[a:b], t[a:b], geometry.hash_slot_num)
-            runs.append(run)
-        if f > 0 and o <= lo - 1 < o + c:
-            prev = (int(p[lo - 1 - o]), int(t[lo - 1 - o]))
-    if f > 0 and prev is None:
-        raise StoreError("index", None, "internal", f"index file {f}: previous file's last key is missing")
+            del h, p, t
+            yield run
+            del run  # the next segment is loaded without this one
+
     return runs, full_file_state(geometry, prev[0], prev[1]) if prev is not None else None
 
 
