@@ -45,24 +45,29 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.fs as pafs
-
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
+from jobs.rebuild_staging import (
+    check_dest,
+    check_not_inside,
+    drop_staging,
+    hash_tree,
+    make_staging,
+    publish_in_place,
+)
+from jobs.rebuild_tasks import (
+    EngineResult,
+    Reporter,
+    check_supported,
+    keep_freed_memory,
+    run_tasks,
+)
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.dispatch import dispatch_store
-from storelib.broker.indexbuild import IndexImage, IndexState
-from storelib.broker.indexstream import Runs, stream_index_file
 from storelib.broker.recovery import (
-    RecoveryResult,
     rebuild_target,
     recovery_walk,
     store_inputs,
@@ -71,26 +76,17 @@ from storelib.broker.store import Store
 from storelib.broker.store import load_settings as store_settings
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, resolve
-from storelib.fileio.direct_write import atomic_direct_file
 from storelib.fileio.publish import (
     MANIFEST_NAME,
-    is_partial,
     publish_tree,
-    read_manifest,
     tree_files,
 )
-from storelib.fileio.smallfile_io import atomic_write, fsync_dir
 from storelib.format.checkpoint import read_checkpoint
 from storelib.format.indexdir import list_index_files
-from storelib.format.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
 from storelib.format.topicname import escape_topic
 
 WHAT = ("consumequeue", "index", "timer")
 DEFAULT_WHAT = ("consumequeue", "index")
-CQ_COLS = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type"]
-SCAN_COLS = ["phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset", "tran_type",
-             "store_timestamp", "tags_code", "uniq_key", "keys"]
-STAGING_TAG = ".rebuild-staging-"
 
 
 @dataclass
@@ -114,48 +110,12 @@ class RebuildConfig:
     name_tz: str = "UTC"
 
 
-class Reporter:
-    """Stage and segment progress lines on stderr."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.t0 = time.monotonic()
-
-    def __call__(self, text: str) -> None:
-        if self.enabled:
-            sys.stderr.write(f"rebuild [{time.monotonic() - self.t0:7.1f}s] {text}\n")
-            sys.stderr.flush()
-
-
 # ---------------------------------------------------------------------------------------------
 # settings, fingerprint, hashing
 
 
 def load_settings(cfg: RebuildConfig, root: Location) -> BrokerSettings:
     return store_settings(cfg.broker_conf, cfg.broker_version, cfg.overrides, root)
-
-
-def _sha256(loc: Location) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    with loc.fs.open_input_stream(loc.path) as f:
-        while True:
-            b = f.read(8 << 20)
-            if not b:
-                break
-            h.update(b)
-            n += len(b)
-    return h.hexdigest(), n
-
-
-def hash_tree(root: Location, rels: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
-    """{relative path: {size, sha256}} for files under ``root`` (threads: hashing releases the GIL)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    rels = sorted(rels) if rels is not None else [r for r in tree_files(root) if r != MANIFEST_NAME]
-    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2))) as ex:
-        res = list(ex.map(lambda r: _sha256(root.join(*r.split("/"))), rels))
-    return {r: {"size": n, "sha256": h} for r, (h, n) in zip(rels, res)}
 
 
 def store_fingerprint(store: Store) -> dict[str, Any]:
@@ -179,181 +139,17 @@ def store_fingerprint(store: Store) -> dict[str, Any]:
 # destinations
 
 
-def _check_not_inside(out: Location, root: Location) -> None:
-    if not (out.local and root.local):
-        if out.fs.type_name == root.fs.type_name and (out.path + "/").startswith(root.path.rstrip("/") + "/"):
-            raise StoreError(out.path, None, "bad_output", "the output is inside the source store (use --in-place)")
-        return
-    o, r = os.path.realpath(out.path), os.path.realpath(root.path)
-    if o == r or o.startswith(r + os.sep):
-        raise StoreError(out.path, None, "bad_output", "the output is inside the source store (use --in-place)")
-    if r.startswith(o + os.sep):
-        raise StoreError(out.path, None, "bad_output", "the output directory contains the source store")
-
-
-def _check_dest(out: Location) -> None:
-    """A destination must be absent, empty, a previous rebuild output, or one whose publish was interrupted.
-
-    The last two are replaced (an interrupted publish carries the publishing marker and no manifest, so
-    it can never be mistaken for a complete output; rerunning completes it).
-    """
-    info = out.fs.get_file_info(out.path)
-    if info.type == pafs.FileType.NotFound:
-        return
-    if info.type != pafs.FileType.Directory:
-        raise StoreError(out.path, None, "bad_output", "output exists and is not a directory")
-    files = tree_files(out)
-    if files and read_manifest(out) is None and not is_partial(out):
-        raise StoreError(out.path, None, "bad_output",
-                         "output directory is not empty and holds no rebuild manifest; refusing to replace it")
-
-
-def _remove_stale_staging(parent: str, prefix: str) -> None:
-    """Staging directories of crashed runs (never published) are removed."""
-    with contextlib.suppress(OSError):
-        for name in os.listdir(parent):
-            if name.startswith(prefix):
-                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-
-
-def _make_staging(cfg: RebuildConfig, root: Location, out: Location | None, engine_name: str = "local") -> Location:
-    tag = f"{uuid.uuid4().hex[:10]}"
-    if cfg.in_place:
-        _remove_stale_staging(root.path, STAGING_TAG)
-        path = os.path.join(root.path, STAGING_TAG + tag)
-        os.makedirs(path)
-        return resolve(path)
-    assert out is not None
-    if out.local:
-        parent = os.path.dirname(os.path.abspath(out.path))
-        os.makedirs(parent, exist_ok=True)
-        prefix = "." + os.path.basename(out.path) + STAGING_TAG
-        _remove_stale_staging(parent, prefix)
-        path = os.path.join(parent, prefix + tag)
-        os.makedirs(path)
-        return resolve(path)
-    if engine_name == "spark":  # executors (maybe on other hosts) write straight to the remote filesystem
-        st = Location(out.fs, out.path.rstrip("/") + STAGING_TAG + tag, False)
-        out.fs.create_dir(st.path, recursive=True)
-        return st
-    return resolve(tempfile.mkdtemp(prefix="rmqstore" + STAGING_TAG))
-
-
-def _drop_staging(st: Location) -> None:
-    if st.local:
-        shutil.rmtree(st.path, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError, pa.ArrowException):
-            st.fs.delete_dir(st.path)
-
-
 # ---------------------------------------------------------------------------------------------
 # index file writing (local or any pyarrow filesystem)
-
-
-@contextlib.contextmanager
-def _remote_output(loc: Location) -> Iterator[Any]:
-    """An output stream to a temp object beside ``loc``, moved over it once written (copied where the
-    filesystem cannot move); the temp object is removed when writing fails."""
-    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
-    tmp = loc.path + f".{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with loc.fs.open_output_stream(tmp) as f:
-            yield f
-    except BaseException:
-        with contextlib.suppress(OSError, pa.ArrowException):
-            loc.fs.delete_file(tmp)
-        raise
-    try:
-        loc.fs.move(tmp, loc.path)
-    except (OSError, NotImplementedError, pa.ArrowException):
-        pafs.copy_files(tmp, loc.path, source_filesystem=loc.fs, destination_filesystem=loc.fs)
-        loc.fs.delete_file(tmp)
-
-
-def write_index_image(image: IndexImage, loc: Location) -> None:
-    if loc.local:
-        os.makedirs(os.path.dirname(loc.path), exist_ok=True)
-        image.write(loc.path)
-        return
-    g = image.geometry
-    with _remote_output(loc) as f:
-        f.write(image.header.to_bytes())
-        f.write(np.asarray(image.slots, dtype=">i4").tobytes())
-        f.write(bytes(g.entry_pos(1) - g.entries_offset))  # entry 0 is never written: zeros
-        ent = np.asarray(image.entries, dtype=ENTRY_DTYPE).tobytes()
-        f.write(ent)
-        left = g.file_size - g.entry_pos(1) - len(ent)
-        zeros = bytes(min(left, 8 << 20))
-        while left > 0:
-            f.write(zeros[: min(left, len(zeros))])
-            left -= len(zeros)
-
-
-def write_index_runs(runs: Runs, loc: Location, geometry: IndexGeometry,
-                     prev_state: IndexState | None) -> tuple[IndexHeader, str]:
-    """Stream one index file from its runs (storelib.broker.indexstream.stream_index_file) to a temp file beside
-    ``loc``, then rename it; returns (header, sha256). Local files get a sparse zero tail and an fsync."""
-    if loc.local:
-        with atomic_direct_file(loc.path) as fh:  # written once, never read back: past the page cache
-            return stream_index_file(runs, fh, geometry=geometry, prev_state=prev_state, sparse_tail=True)
-    with _remote_output(loc) as f:
-        return stream_index_file(runs, f, geometry=geometry, prev_state=prev_state)
 
 
 # ---------------------------------------------------------------------------------------------
 # process memory
 
 
-MALLOC_KEEP = 512 << 20  # bytes of freed memory a rebuild process keeps for reuse (and the largest heap block)
-_malloc_kept = False
-
-
-def keep_freed_memory() -> None:
-    """Let glibc's malloc serve blocks up to MALLOC_KEEP from the heap and keep that much freed memory.
-
-    By default every array above 32 MB is a fresh mmap and is unmapped when freed: the next task (a
-    reused Spark worker) or the next dispatch chunk faults in and zeroes new pages again, and with the
-    page cache full of store files each fault can wait on reclaim. Kept in the heap, the memory is
-    reused: on the 2 GB bench store the consume-queue tasks took 0.45 CPU-s instead of 0.62 and the
-    local engine 9.2-10.0 s instead of 10.2-11.0 s. Once per process; MALLOC_MMAP_THRESHOLD_ /
-    MALLOC_TRIM_THRESHOLD_ in the environment (the user's choice) win; no-op without glibc.
-    """
-    global _malloc_kept
-    if _malloc_kept:
-        return
-    _malloc_kept = True
-    if sys.platform != "linux" or "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
-        return
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, MALLOC_KEEP)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, MALLOC_KEEP)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
 
 # ---------------------------------------------------------------------------------------------
 # engines
-
-
-@dataclass
-class EngineResult:
-    recovery: RecoveryResult
-    records: int = 0
-    cq_records: int = 0
-    queues: int = 0
-    index_keys: int = 0
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)
-    findings: list[Any] = field(default_factory=list)
-
-
-def _check_supported(res: RecoveryResult) -> None:
-    if not res.supported:
-        why = "; ".join(str(f) for f in res.findings if f.severity == "critical")
-        raise StoreError("commitlog", None, "unsupported", f"the broker's dispatch cannot be reproduced: {why}")
 
 
 def run_local(store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...], say: Reporter,
@@ -361,7 +157,7 @@ def run_local(store: Store, settings: BrokerSettings, staging: Location, what: t
     keep_freed_memory()
     say("walk: recovery window (store-algorithms §7.1)")
     res = rebuild_target(store, version=settings.version)
-    _check_supported(res)
+    check_supported(res)
     say(f"walk: processOffset {res.process_offset} ({res.start_reason})")
     n = len(store.commitlog.segments)
     done = {"seg": -1}
@@ -427,7 +223,7 @@ def run_incremental(store: Store, settings: BrokerSettings, staging: Location, w
     keep_freed_memory()
     inputs = store_inputs(store, version=settings.version, last_exit_ok=True)
     res = recovery_walk(store, inputs)
-    _check_supported(res)
+    check_supported(res)
     if inputs.cq_max_phy_offset > res.process_offset:
         raise StoreError("consumequeue", None, "cq_ahead",
                          f"consume queues reach physical offset {inputs.cq_max_phy_offset}, past the valid commitlog "
@@ -457,45 +253,6 @@ def run_incremental(store: Store, settings: BrokerSettings, staging: Location, w
 
 # ---------------------------------------------------------------------------------------------
 # publishing
-
-
-def _publish_in_place(root: Location, staging: Location, manifest: dict[str, Any], what: tuple[str, ...],
-                      changed: list[str] | None) -> str:
-    """Move the staged output into the store, after moving what it replaces into a backup directory."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
-    backup = os.path.join(root.path, f"rebuild-backup-{stamp}")
-    os.makedirs(backup)
-    manifest["backup"] = backup
-    # the manifest of the store goes stale first: a crash in between never leaves a manifest that
-    # describes files which are not there
-    with contextlib.suppress(FileNotFoundError):
-        os.rename(os.path.join(root.path, MANIFEST_NAME), os.path.join(backup, MANIFEST_NAME))
-    if changed is None:  # full: whole directories
-        for w in what:
-            cur = os.path.join(root.path, w)
-            if os.path.lexists(cur):
-                os.rename(cur, os.path.join(backup, w))
-            src = os.path.join(staging.path, w)
-            if os.path.isdir(src):
-                os.rename(src, cur)
-            else:
-                os.makedirs(cur)
-    else:
-        for rel in changed:
-            cur = os.path.join(root.path, rel)
-            if os.path.lexists(cur):
-                os.makedirs(os.path.dirname(os.path.join(backup, rel)), exist_ok=True)
-                shutil.copy2(cur, os.path.join(backup, rel))
-            os.makedirs(os.path.dirname(cur), exist_ok=True)
-            os.replace(os.path.join(staging.path, rel), cur)
-    fsync_dir(root.path)
-    import json
-
-    atomic_write(os.path.join(backup, "rebuild-manifest.json"),
-                       json.dumps(manifest, indent=2, ensure_ascii=False).encode())
-    atomic_write(os.path.join(root.path, MANIFEST_NAME), json.dumps(manifest, indent=2, ensure_ascii=False).encode())
-    shutil.rmtree(staging.path, ignore_errors=True)
-    return root.path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -582,8 +339,8 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
             raise StoreError("lock", None, "broker_running", "a live broker holds the store lock; stop it first")
     else:
         out = resolve(cfg.out, **cfg.fs_options)
-        _check_not_inside(out, root)
-        _check_dest(out)
+        check_not_inside(out, root)
+        check_dest(out)
     segs = store.commitlog.segments
     engine_name = engine.name if engine is not None else resolve_engine_name(
         cfg.engine, master=cfg.master if spark is None else "given", store_bytes=sum(x.file_size for x in segs),
@@ -594,7 +351,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
         f"engine {engine_name}{' (incremental)' if cfg.incremental else ''}")
     for f in store.commitlog.findings:
         say(f"note: {f}")
-    staging = _make_staging(cfg, root, out, engine_name)
+    staging = make_staging(cfg.in_place, root, out, engine_name)
     try:
         changed = None
         t_work = time.time()  # from here: work (a Spark session's start is moved out of it below)
@@ -602,7 +359,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
         what = tuple(w for w in what if w != "timer")  # what the dispatch writes
         if not what:  # --what timer alone: the walk for the manifest, no dispatch
             res = rebuild_target(store, version=settings.version)
-            _check_supported(res)
+            check_supported(res)
             er = EngineResult(res)
         elif cfg.incremental:
             er, changed = run_incremental(store, settings, staging, what, say, cfg.name_tz)
@@ -613,8 +370,6 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
                                      app_name="rmqstore-rebuild")
                 t_work = time.time()
             say(f"engine: {engine.describe()}")
-            from jobs.rebuild_tasks import run_tasks  # (it builds on this module)
-
             try:
                 er = run_tasks(engine, store, settings, staging, what, say, cfg.fs_options, cfg.partitions, cfg.name_tz)
             finally:
@@ -658,16 +413,16 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
         }
         say("publishing")
         if cfg.in_place:
-            dest = _publish_in_place(root, staging, manifest, what, changed)
+            dest = publish_in_place(root, staging, manifest, what, changed)
         else:
             assert out is not None
             dest = publish_tree(staging, out, manifest)
             if not (staging.local and out.local):
-                _drop_staging(staging)
+                drop_staging(staging)
         manifest["published"] = dest
         return manifest
     except BaseException:
-        _drop_staging(staging)
+        drop_staging(staging)
         raise
 
 

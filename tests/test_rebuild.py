@@ -393,7 +393,7 @@ def test_cli_rebuild_prints_a_summary(tmp_path, sample_498, capsys):
 # holding ``text`` (a real step of the job, mid-way)
 _KILL_AT_PROGRESS = """
 import os, signal, sys
-from jobs.rebuild import Reporter
+from jobs.rebuild_tasks import Reporter
 orig = Reporter.__call__
 def report(self, text):
     orig(self, text)
@@ -526,7 +526,7 @@ def test_standalone_cluster_run_matches_local(tmp_path, standalone_cluster):
 
 
 def test_destination_of_an_interrupted_publish_is_replaced_but_a_foreign_directory_is_refused(tmp_path):
-    from jobs.rebuild import _check_dest
+    from jobs.rebuild_staging import check_dest
     from storelib.errors import StoreError
     from storelib.fileio.bytesource import resolve
     from storelib.fileio.publish import PUBLISHING_MARKER
@@ -535,9 +535,9 @@ def test_destination_of_an_interrupted_publish_is_replaced_but_a_foreign_directo
     (partial / "index").mkdir(parents=True)
     (partial / "index" / "20240101000000000").write_bytes(b"x")
     (partial / PUBLISHING_MARKER).write_bytes(b"")
-    _check_dest(resolve(str(partial)))  # no manifest, but marked as being published: a rerun completes it
+    check_dest(resolve(str(partial)))  # no manifest, but marked as being published: a rerun completes it
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     with pytest.raises(StoreError, match="holds no rebuild manifest"):
-        _check_dest(resolve(str(foreign)))
+        check_dest(resolve(str(foreign)))

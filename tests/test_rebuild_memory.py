@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-import jobs.rebuild as rb
+import jobs.rebuild_tasks as rb
 
 
 class _Libc:
