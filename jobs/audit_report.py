@@ -1,4 +1,5 @@
-"""Audit report rendering: data series for the charts, and one self-contained HTML page.
+"""Audit report building and rendering: the report dict (schema ``rmqstore.audit/1``) from the checks'
+results, data series for the charts, and one self-contained HTML page.
 
 The page has no external resource (inline CSS and SVG, no script needed), so it can be mailed,
 archived next to the JSON, or opened from a scheduler's artifact store. Sections: summary, findings
@@ -9,9 +10,21 @@ from __future__ import annotations
 
 import html
 import time
-from typing import Any
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from storelib.checks.segment import SEVERITY_RANK
+from storelib.errors import Finding
+
+if TYPE_CHECKING:
+    from storelib.broker.brokerconf import BrokerSettings
+    from storelib.broker.store import Store
+    from storelib.checks.logview import LogView
+    from storelib.checks.segment import SegmentResult
+
+SCHEMA = "rmqstore.audit/1"
 
 COLORS = {"critical": "#8b0000", "error": "#d9480f", "warning": "#f59f00", "info": "#4dabf7", None: "#2f9e44"}
 PALETTE = ["#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00", "#0ca678", "#d6336c", "#5c940d", "#495057"]
@@ -61,6 +74,95 @@ def size_histogram(sizes: np.ndarray) -> dict[str, Any]:
     return {"buckets": [{"from": 1 << i, "to": (1 << (i + 1)) - 1, "count": int(n)} for i, n in enumerate(c) if n],
             "min": int(sizes.min()), "max": int(sizes.max()), "mean": float(sizes.mean()),
             "p50": float(p50), "p99": float(p99)}
+
+
+def report_charts(log: LogView) -> dict[str, Any]:
+    """The report's record-derived series (traffic per topic over time, size distribution)."""
+    return {"traffic": traffic_series(log), "sizes": size_histogram(log.size)}
+
+
+def build_report(store: Store, results: list[SegmentResult], log: LogView, findings: list[Finding], qstats: dict,
+                 consumers: list[dict], idx: dict, cp: Any, settings: BrokerSettings,
+                 charts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report dict (JSON schema ``rmqstore.audit/1``); ``charts``: :func:`report_charts` if done already."""
+    charts = charts if charts is not None else report_charts(log)
+
+    by_sev = {s: 0 for s in SEVERITY_RANK}
+    for f in findings:
+        by_sev[f.severity] = by_sev.get(f.severity, 0) + 1
+    seg_rows = []
+    worst: dict[str, str] = {}
+    for f in findings:
+        if f.file and f.file.startswith("commitlog/"):
+            name = f.file.split("/", 1)[1]
+            if SEVERITY_RANK.get(f.severity, 0) >= SEVERITY_RANK.get(worst.get(name, "info"), 0):
+                worst[name] = f.severity
+    for s in store.commitlog.segments:
+        r = next((x for x in results if x.name == s.name), None)
+        row = {"name": s.name, "base": s.base, "file_size": s.file_size,
+               "records": r.records if r else 0, "bytes_valid": r.bytes_valid if r else 0,
+               "data_end": r.data_end if r else 0, "end_kind": r.end_kind if r else "skipped",
+               "crc_errors": r.crc_errors if r else 0, "bytes_crc_failed": r.crc_bytes if r else 0,
+               "bytes_lost": sum(g["end"] - g["start"] for g in (r.regions if r else [])),
+               "first_ts": r.first_ts if r else None, "last_ts": r.last_ts if r else None,
+               "worst": worst.get(s.name)}
+        seg_rows.append(row)
+    for f in findings:  # missing segments appear in the map too
+        if f.kind == "missing_segment":
+            S = log.segment_size
+            for b in range(f.extra["from"], f.extra["to"], S):
+                seg_rows.append({"name": f"{b:020d}", "base": b, "file_size": 0, "records": 0, "bytes_valid": 0,
+                                 "data_end": 0, "end_kind": "missing", "crc_errors": 0, "bytes_lost": S,
+                                 "first_ts": None, "last_ts": None, "worst": "critical"})
+    seg_rows.sort(key=lambda x: x["base"])
+    regions = [{**g, "segment": r.name, "phy_start": r.base + g["start"]} for r in results for g in r.regions]
+    queues = sorted(qstats.values(), key=lambda q: (q["topic"], q["queue_id"]))
+    return {
+        "schema": SCHEMA,
+        "store": store.uri,
+        "generated_at_ms": int(time.time() * 1000),
+        "settings": {"version": settings.version, "commitlog_segment_size": log.segment_size,
+                     "broker_line": settings.line.to_json() if settings.line else None,
+                     "cq_segment_size": settings.mapped_file_size_consume_queue,
+                     "hash_slot_num": settings.max_hash_slot_num, "index_num": settings.max_index_num},
+        "summary": {"findings": len(findings), "by_severity": by_sev, "records": int(log.records.num_rows),
+                    "bytes_valid": int(log.size.sum()) if len(log.size) else 0,
+                    "segments": len([s for s in seg_rows if s["end_kind"] != "missing"]),
+                    "queues": len(queues), "index_files": len(idx.get("files", [])),
+                    "bytes_lost": sum(g["bytes_lost"] for g in regions),
+                    "crc_errors": sum(r.crc_errors for r in results),
+                    "bytes_crc_failed": sum(r.crc_bytes for r in results),
+                    "commitlog_min_offset": log.log_min, "commitlog_end_offset": log.log_end,
+                    "first_store_ts": int(log.ts.min()) if len(log.ts) else None,
+                    "last_store_ts": int(log.ts.max()) if len(log.ts) else None},
+        "checkpoint": asdict(cp) if cp is not None else None,
+        "segments": seg_rows,
+        "regions": regions,
+        "queues": queues,
+        "consumers": consumers,
+        "index": idx,
+        "traffic": charts["traffic"],
+        "sizes": charts["sizes"],
+        "findings": [_finding_json(f) for f in findings],
+    }
+
+
+def _finding_json(f: Finding) -> dict[str, Any]:
+    """Stable shape: every finding has kind, severity, file, offset, detail and extra."""
+    return {"kind": f.kind, "severity": f.severity, "file": f.file, "offset": f.offset, "detail": f.detail,
+            "extra": jsonable(f.extra or {})}
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with numpy scalars as Python numbers and keys as strings: what json.dumps takes."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
 
 
 def _e(x: Any) -> str:

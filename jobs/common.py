@@ -168,6 +168,13 @@ def print_table(rows: list[dict[str, Any]], columns: list[str], out=None) -> Non
         out.write("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + "\n")
 
 
+def note(msg: str, quiet: bool = False) -> None:
+    """A progress line on stderr, flushed at once (a scheduler's log shows it as it happens); none when quiet."""
+    if not quiet:
+        sys.stderr.write(msg + "\n")
+        sys.stderr.flush()
+
+
 class Progress:
     """Progress lines on stderr (only when stderr is a terminal, or when forced)."""
 

@@ -179,6 +179,43 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
     ends.update({i: SegmentEnd(**r["end"]) for i, r in done.items()})
     res = finish_walk(plan, ends)
     P = res.process_offset
+    manifest_segs, moves, drop, skipped = _segment_entries(plan, prev, prev_segs, carried, done, ends, P,
+                                                                   segs)
+    manifest = {
+        "schema": SCHEMA, "store": store.uri, "created_ms": int(time.time() * 1000),
+        "broker_line": settings.line.to_json() if settings.line else None,
+        "with_body": cfg.with_body, "partition_by": list(cfg.partition_by), "process_offset": P,
+        "segments": manifest_segs, "skipped": skipped,
+        "totals": {"rows": sum(s["rows"] for s in manifest_segs.values()),
+                   "files": sum(len(s["files"]) for s in manifest_segs.values()),
+                   "bytes": sum(f["bytes"] for s in manifest_segs.values() for f in s["files"])},
+    }
+    drop = [d for d in dict.fromkeys(drop) if d not in moves]
+    unchanged = (prev is not None and not moves and not drop and prev.get("skipped") == skipped
+                 and _content(prev.get("segments", {})) == _content(manifest_segs))
+    if unchanged:
+        out.fs.delete_dir(staging.path)
+        say("snapshot up to date: nothing written")
+        manifest = prev
+    else:
+        # staged files not in the manifest (a segment past the recovery end) are dropped with the staging dir
+        _write_json(staging.join(COMMIT), {"moves": moves, "delete": drop, "manifest": manifest})
+        _apply_commit(out, staging, {"moves": moves, "delete": drop, "manifest": manifest})
+    new_rows = sum(r["rows"] for r in done.values() if plan.segments[r["idx"]].base < P)
+    new_bytes = sum(f["bytes"] for r in done.values() for f in r["files"])
+    manifest = dict(manifest, run={"engine": name, "seconds": round(time.monotonic() - t0, 3),
+                                   "work_seconds": round(t_work, 3), "segments_exported": len(items),
+                                   "segments_unchanged": len(carried), "rows_written": new_rows,
+                                   "bytes_written": new_bytes, "files_written": len(moves),
+                                   "files_deleted": len(drop), "unchanged": unchanged})
+    return manifest
+
+
+def _segment_entries(plan, prev: dict[str, Any] | None, prev_segs: dict[str, Any], carried: dict[int, Any],
+                     done: dict[int, Any], ends: dict[int, SegmentEnd], P: int, store_segs: list
+                     ) -> tuple[dict[str, Any], list[str], list[str], list[dict[str, Any]]]:
+    """The manifest's segments (kept, new or extended files), the staged files to move in, the previous
+    snapshot's files to drop, and what was skipped (past processOffset, an invalid tail, unsafe topics)."""
     manifest_segs: dict[str, Any] = {}
     moves: list[str] = []
     drop: list[str] = []  # files of the previous snapshot this one no longer holds
@@ -213,38 +250,12 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
                             "why": f"{end.reason}: {end.detail} (the walk stops here; the rest of the segment is "
                                    "not a start-up's)"})
     for n, old in ((prev or {}).get("segments", {})).items():
-        if n not in {s.name for s in segs}:
+        if n not in {s.name for s in store_segs}:
             drop += [f["path"] for f in old.get("files", [])]
     if skipped_topics:
         skipped.append({"topics": skipped_topics, "why": "topic names that cannot be one directory entry"})
-    manifest = {
-        "schema": SCHEMA, "store": store.uri, "created_ms": int(time.time() * 1000),
-        "broker_line": settings.line.to_json() if settings.line else None,
-        "with_body": cfg.with_body, "partition_by": list(cfg.partition_by), "process_offset": P,
-        "segments": manifest_segs, "skipped": skipped,
-        "totals": {"rows": sum(s["rows"] for s in manifest_segs.values()),
-                   "files": sum(len(s["files"]) for s in manifest_segs.values()),
-                   "bytes": sum(f["bytes"] for s in manifest_segs.values() for f in s["files"])},
-    }
-    drop = [d for d in dict.fromkeys(drop) if d not in moves]
-    unchanged = (prev is not None and not moves and not drop and prev.get("skipped") == skipped
-                 and _content(prev.get("segments", {})) == _content(manifest_segs))
-    if unchanged:
-        out.fs.delete_dir(staging.path)
-        say("snapshot up to date: nothing written")
-        manifest = prev
-    else:
-        # staged files not in the manifest (a segment past the recovery end) are dropped with the staging dir
-        _write_json(staging.join(COMMIT), {"moves": moves, "delete": drop, "manifest": manifest})
-        _apply_commit(out, staging, {"moves": moves, "delete": drop, "manifest": manifest})
-    new_rows = sum(r["rows"] for r in done.values() if plan.segments[r["idx"]].base < P)
-    new_bytes = sum(f["bytes"] for r in done.values() for f in r["files"])
-    manifest = dict(manifest, run={"engine": name, "seconds": round(time.monotonic() - t0, 3),
-                                   "work_seconds": round(t_work, 3), "segments_exported": len(items),
-                                   "segments_unchanged": len(carried), "rows_written": new_rows,
-                                   "bytes_written": new_bytes, "files_written": len(moves),
-                                   "files_deleted": len(drop), "unchanged": unchanged})
-    return manifest
+    return manifest_segs, moves, drop, skipped
+
 
 
 def summary_text(m: dict[str, Any], out: str) -> str:

@@ -21,8 +21,8 @@ from jobs.recover import (
     STEPS_FILE,
     Simulation,
     simulate,
-    write_json_atomic,
 )
+from jobs.recover_plan import write_json_atomic
 from storelib.errors import StoreError
 from storelib.fileio.backup import Backup
 from storelib.fileio.backup import restore as backup_restore

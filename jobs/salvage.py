@@ -11,7 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.recover import Simulation, _lost_table, write_json_atomic
+from jobs.recover import Simulation
+from jobs.recover_lost import lost_table
+from jobs.recover_plan import write_json_atomic
 from storelib.errors import StoreError
 from storelib.fileio.smallfile_io import atomic_write
 
@@ -32,7 +34,7 @@ def salvage(sim: Simulation, out_dir: str | os.PathLike) -> dict:
 
     out = os.path.abspath(os.fspath(out_dir))
     os.makedirs(out, exist_ok=True)
-    table, regions = _lost_table(sim, with_body=True)
+    table, regions = lost_table(sim, with_body=True)
     if table is not None:
         table = table.filter(pc.equal(table.column("crc_ok"), True))
     n = 0 if table is None else table.num_rows

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-import jobs.audit as audit_mod
+import jobs.audit_tasks as audit_tasks
 import storelib.checks.segment as segment_checks
 from storelib.checks.logview import _member
 from storelib.checks.segment import _zero_tail
@@ -39,18 +39,19 @@ def both(root: Path) -> tuple[dict, dict]:
 
 def count_fallbacks(monkeypatch) -> list[str]:
     seen: list[str] = []
-    real = audit_mod.audit_segment
+    real = audit_tasks.audit_segment
 
     def spy(task, opts):
         seen.append(task.name)
         return real(task, opts)
 
-    monkeypatch.setattr(audit_mod, "audit_segment", spy)
+    monkeypatch.setattr(audit_tasks, "audit_segment", spy)
     return seen
 
 
 def test_split_tasks_cover_each_segment_from_record_starts(store):
-    from jobs.audit import plan, split_tasks
+    from jobs.audit_state import plan
+    from jobs.audit_tasks import split_tasks
     from storelib.broker.store import Store
 
     st = Store(str(store), None, broker_conf=str(store / "broker.conf"))

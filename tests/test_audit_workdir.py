@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 import jobs.audit as audit_mod
+import jobs.audit_tasks as audit_tasks
 import storelib.checks.segment as checks
 from storelib.checks.segment import KEY_SCHEMA, RECORD_SCHEMA, TableSink, read_table_file
 
@@ -114,7 +115,7 @@ def test_work_dir_option_holds_the_files_during_the_run_and_is_left_empty(store,
 def test_work_dir_is_removed_after_a_failing_task(store, spark, tmp_path, tempdir, monkeypatch):
     """A task that fails after writing its files: the job fails, the error reaches the caller, and
     neither the temp work dir nor the files under ``--work-dir`` stay behind."""
-    real = audit_mod.audit_part
+    real = audit_tasks.audit_part
 
     def failing(task, opts, sink=None, keep_tables=False):
         res = real(task, opts, sink, keep_tables)
@@ -122,7 +123,7 @@ def test_work_dir_is_removed_after_a_failing_task(store, spark, tmp_path, tempdi
             raise RuntimeError("injected task failure")
         return res
 
-    monkeypatch.setattr(audit_mod, "audit_part", failing)  # a local function: shipped to the workers by value
+    monkeypatch.setattr(audit_tasks, "audit_part", failing)  # a local function: shipped to the workers by value
     with pytest.raises(Exception, match="injected task failure"):
         run(store, engine="spark", spark=spark, split_bytes=SPLIT)
     assert work_dirs(tempdir) == []
@@ -146,12 +147,12 @@ def test_table_sink_round_trip_and_empty_tables(tmp_path):
 
 
 def test_file_transfer_needs_a_work_dir_on_a_cluster_master():
-    with pytest.raises(ValueError, match="work-dir"), audit_mod.table_sink("spark://h:7077", None, "files", {}):
+    with pytest.raises(ValueError, match="work-dir"), audit_tasks.table_sink("spark://h:7077", None, "files", {}):
         pass
-    with audit_mod.table_sink("spark://h:7077", None, "auto", {}) as sink:
+    with audit_tasks.table_sink("spark://h:7077", None, "auto", {}) as sink:
         assert sink is None  # in-band collect
-    assert audit_mod.is_local_master("local[*]") and audit_mod.is_local_master("local")
-    assert not audit_mod.is_local_master("yarn")
+    assert audit_tasks.is_local_master("local[*]") and audit_tasks.is_local_master("local")
+    assert not audit_tasks.is_local_master("yarn")
 
 
 def test_threaded_cross_checks_give_exactly_the_serial_findings(store, monkeypatch):
@@ -202,7 +203,7 @@ def test_work_dir_on_s3_round_trips_tables_and_is_removed(s3_server):
     bucket = s3_server.new_bucket("work")
     opts = s3_server.fs_options()
     t = pa.table({"pos": [5], "phy": [5], "key_hash": [1]}, schema=KEY_SCHEMA)
-    with audit_mod.table_sink("spark://cluster:7077", f"s3://{bucket}/audit-work", "auto", opts) as sink:
+    with audit_tasks.table_sink("spark://cluster:7077", f"s3://{bucket}/audit-work", "auto", opts) as sink:
         assert sink is not None and sink.dir.startswith(f"s3://{bucket}/audit-work/rmqstore-audit-")
         p = sink.write("seg-0.keys", t)
         assert p.startswith(sink.dir + "/") and read_table_file(p, KEY_SCHEMA, sink.fs_options).equals(t)

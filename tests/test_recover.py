@@ -14,6 +14,7 @@ import pytest
 
 from jobs import recover as rc
 from jobs import recover_apply as ra
+from jobs import recover_plan
 from jobs import salvage as sv
 from jobs.audit import audit_store
 from storelib.broker.brokerconf import load_broker_conf
@@ -515,4 +516,4 @@ def test_cli_plan_writes_json_and_exit_code_says_whether_anything_changes(tmp_pa
     assert p.returncode == 1, p.stderr
     assert f"processOffset: {bad.phy}" in p.stdout
     plan = json.loads(pf.read_text())
-    assert plan["schema"] == rc.PLAN_SCHEMA and plan["commitlog"]["process_offset"] == bad.phy
+    assert plan["schema"] == recover_plan.PLAN_SCHEMA and plan["commitlog"]["process_offset"] == bad.phy

@@ -88,6 +88,29 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
         out["bytes"] = sum(v[5] for v in stats.values())
         ts = [v[3] for v in stats.values()] + [v[4] for v in stats.values()]
         out["first_store_ms"], out["last_store_ms"] = (min(ts), max(ts)) if ts else (None, None)
+    out["queues"] = _queue_rows(store, stats, findings, out)
+    try:
+        cp = read_checkpoint(store.loc)
+        out["checkpoint"] = dict(cp.__dict__)
+    except StoreError as e:
+        out["checkpoint"] = None
+        findings.append(Finding(e.kind, "warning", e.file, e.offset, e.detail))
+    ab = abort_state(store.loc)
+    out["abort"] = {"exists": ab.exists, "pid": ab.pid, "meaning": what_broker_does(ab)}
+    lk = lock_state(store.loc)
+    out["lock"] = {"exists": lk.exists, "held_by_other": lk.held_by_other, "detail": lk.detail}
+    out["timer_store"] = _timer_summary(store, findings)
+    out["index_files"] = _index_rows(store, findings)
+    out["config"] = _config_summary(store, findings)
+    out["findings"] = [f.to_dict() for f in fold_geometry_findings(findings)]
+    return out
+
+
+
+def _queue_rows(store, stats: dict, findings: list[Finding], out: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every queue with its CQ offsets and, after a scan, its messages; queues only the commitlog knows too
+    (sets ``out``'s consume-queue layout and 5.x batch CQ topics)."""
+    cl = store.commitlog
     queues = []
     cq_keys = set()
     try:
@@ -124,18 +147,11 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
         if (topic, qid) not in cq_keys:
             queues.append({"topic": topic, "queue_id": qid, "cq_min_offset": None, "cq_max_offset": None,
                            "messages": s[0], "min_queue_offset": s[1], "max_queue_offset": s[2]})
-    out["queues"] = sorted(queues, key=lambda q: (q["topic"], q["queue_id"]))
-    try:
-        cp = read_checkpoint(store.loc)
-        out["checkpoint"] = dict(cp.__dict__)
-    except StoreError as e:
-        out["checkpoint"] = None
-        findings.append(Finding(e.kind, "warning", e.file, e.offset, e.detail))
-    ab = abort_state(store.loc)
-    out["abort"] = {"exists": ab.exists, "pid": ab.pid, "meaning": what_broker_does(ab)}
-    lk = lock_state(store.loc)
-    out["lock"] = {"exists": lk.exists, "held_by_other": lk.held_by_other, "detail": lk.detail}
-    out["timer_store"] = _timer_summary(store, findings)
+    return sorted(queues, key=lambda q: (q["topic"], q["queue_id"]))
+
+
+def _index_rows(store, findings: list[Finding]) -> list[dict[str, Any]]:
+    """Each index file's header: entries, time and offset span."""
     geom = index_geometry(store.settings)
     idx = []
     for ref in list_index_files(store.loc, findings):
@@ -151,7 +167,11 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
         idx.append({"name": ref.name, "entries": f.entry_count, "begin_ms": h.begin_timestamp,
                     "end_ms": h.end_timestamp, "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset})
         f.close()
-    out["index_files"] = idx
+    return idx
+
+
+def _config_summary(store, findings: list[Finding]) -> dict[str, Any]:
+    """Per config file: where it was read from and how many topics, groups or entries it holds."""
     cfg = {}
     for name in CONFIG_FILES:
         ld = load_config(store.loc, name)
@@ -171,10 +191,7 @@ def collect(store, scan: bool = True) -> dict[str, Any]:
         elif name == "delayOffset.json":
             summary["levels"] = len(d.get("offsetTable") or {})
         cfg[name] = summary
-    out["config"] = cfg
-    out["findings"] = [f.to_dict() for f in fold_geometry_findings(findings)]
-    return out
-
+    return cfg
 
 
 def _timer_summary(store, findings: list[Finding]) -> dict | None:

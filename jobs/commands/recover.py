@@ -60,6 +60,7 @@ def _open(args: argparse.Namespace) -> Store:
 
 def run(args: argparse.Namespace) -> int:
     from jobs import recover as rc
+    from jobs import recover_plan
     from jobs.recover_apply import apply, restore
     from jobs.salvage import salvage
 
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             if res.already_complete:
                 print(f"already applied (backup {args.backup})")
             else:
-                print("\n".join(rc.summary_lines(res.plan)))
+                print("\n".join(recover_plan.summary_lines(res.plan)))
                 print(f"applied {res.file_changes} file change(s)"
                       + (f" (resumed after {res.done_before} step(s) done earlier)" if res.resumed else "")
                       + f"; backup and manifest in {args.backup} (undo: rmqstore recover --restore {args.backup})")
@@ -109,11 +110,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plan = sim.plan
     if args.plan_file and args.plan_file != "-":
-        rc.write_json_atomic(args.plan_file, plan)
+        recover_plan.write_json_atomic(args.plan_file, plan)
     if args.json:
         sys.stdout.write(json.dumps(plan, indent=2, default=str) + "\n")
     else:
-        print("\n".join(rc.summary_lines(plan)))
+        print("\n".join(recover_plan.summary_lines(plan)))
         if args.plan_file and args.plan_file != "-":
             print(f"plan written to {args.plan_file}")
     return 1 if plan["changes"] else 0

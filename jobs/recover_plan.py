@@ -1,0 +1,203 @@
+"""The recovery plan document (schema ``rmqstore.recover.plan/1``): what a simulated broker start-up
+(:func:`jobs.recover.simulate`) would change, as JSON for ``--plan`` and ``--apply``, and its human summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from jobs.recover_lost import scan_lost
+from storelib.broker.recovery import DispatchRange
+from storelib.fileio.smallfile_io import atomic_write
+from storelib.format.checkpoint import RECOVERY_SAFETY_MS, Checkpoint
+from storelib.scan.commitlog import Segment, offset_to_file_name
+
+if TYPE_CHECKING:
+    from jobs.recover import Simulation
+
+PLAN_SCHEMA = "rmqstore.recover.plan/1"
+
+
+def plan_document(sim: Simulation, *, abort, lock, cp: Checkpoint, new_cp: Checkpoint, inputs, idx_rows,
+                  reput, t_rec, t_rep, keys_added, keys_extra, extra_records, complete_index, findings,
+                  lost) -> dict:
+    """The plan of ``sim`` (the queue reports finish the queue models: build it once, after the simulation)."""
+    store, walk = sim.store, sim.walk
+    queues_doc = _consume_queue_doc(sim, walk)
+    lost_doc = scan_lost(sim, with_body=False) if lost else None
+    plan = {
+        "schema": PLAN_SCHEMA,
+        "store": store.loc.path,
+        "version": "5.x" if sim.version == "5" else "4.9.x",
+        "broker_line": store.settings.line.to_json() if store.settings.line else None,
+        "created_ms": int(time.time() * 1000),
+        "last_exit": {
+            "clean": abort.last_exit_ok, "abort_file": abort.exists, "abort_content": abort.content,
+            "recovery": walk.mode,
+            "lock": {"exists": lock.exists, "held_by_other": lock.held_by_other, "holder_pid": lock.holder_pid},
+        },
+        "checkpoint": _checkpoint_doc(cp, inputs),
+        "commitlog": _commitlog_doc(sim),
+        "consume_queues": queues_doc,
+        "dispatch": {
+            "recovery": [range_dict(d) for d in walk.dispatch if d.by == "recovery"],
+            "recovery_records": t_rec.num_rows,
+            "delay_levels_quirk": walk.delay_levels_quirk,
+            "reput": reput,
+            "reput_records": t_rep.num_rows,
+        },
+        "index": {
+            "files": idx_rows,
+            "deleted": sim.index_delete,
+            "written": [im.name for im in sim.index_images],
+            "entries_added": keys_added,
+            "complete_index": complete_index,
+            "extra_records_indexed": extra_records,
+            "entries_the_broker_would_lose": keys_extra,
+        },
+        "checkpoint_after": {
+            "physic_msg_timestamp": new_cp.physic_msg_timestamp, "logics_msg_timestamp": new_cp.logics_msg_timestamp,
+            "index_msg_timestamp": new_cp.index_msg_timestamp, "confirm_phy_offset": new_cp.confirm_phy_offset,
+        },
+        "abort_remove": abort.exists,
+        "lost": lost_doc,
+        "timer_store": sim.timer.to_json() if sim.timer is not None else None,
+        "findings": [f.to_dict() for f in findings],
+    }
+    plan["changes"] = bool(
+        plan["commitlog"]["delete_segments"] or sim.commitlog_zero_from or queues_doc["files"] or sim.index_delete
+        or sim.index_images or abort.exists or (lost_doc and lost_doc["totals"]["messages"])
+        or (sim.timer is not None and sim.timer.changes_anything()))
+    return plan
+
+
+def _checkpoint_doc(cp: Checkpoint, inputs) -> dict[str, Any]:
+    """The checkpoint as the start-up reads it, and up to when it trusts the store."""
+    return {
+        "physic_msg_timestamp": cp.physic_msg_timestamp, "logics_msg_timestamp": cp.logics_msg_timestamp,
+        "index_msg_timestamp": cp.index_msg_timestamp, "master_flushed_offset": cp.master_flushed_offset,
+        "confirm_phy_offset": cp.confirm_phy_offset, "safety_margin_ms": RECOVERY_SAFETY_MS,
+        "min_timestamp": cp.min_timestamp(), "min_timestamp_index": cp.min_timestamp_index(),
+        "message_index_enable": inputs.message_index_enable, "message_index_safe": inputs.message_index_safe,
+        "trusted_up_to": cp.min_timestamp_index() if inputs.message_index_enable and inputs.message_index_safe
+        else cp.min_timestamp(),
+    }
+
+
+def _commitlog_doc(sim: Simulation) -> dict[str, Any]:
+    """The commitlog walk: where it starts and why, the CRC window, processOffset, what is deleted or cut."""
+    walk, cl = sim.walk, sim.store.commitlog
+    S = cl.segment_size
+    fail = walk.failure
+    segs_max = max([s.base + s.file_size for s in cl.segments] + [0])
+    return {
+        "segment_size": S,
+        "segments": [_segment_dict(s) for s in cl.segments],
+        "min_offset": cl.segments[0].base if cl.segments else 0,
+        "start_segment": None if walk.start_base is None else offset_to_file_name(walk.start_base),
+        "start_base": walk.start_base,
+        "start_reason": walk.start_reason,
+        "crc_window": {"from": walk.window_start, "to": walk.process_offset, "crc_checked": walk.crc_checked,
+                       "segments": [o.name for o in walk.segments if o.crc_checked]},
+        "process_offset": walk.process_offset,
+        "failure": None if fail is None else {
+            "segment": fail.name, "file_offset": fail.end_offset, "phy_offset": fail.base + fail.end_offset,
+            "reason": fail.reason, "detail": fail.detail},
+        "delete_segments": sim.commitlog_delete,
+        "truncate": None if walk.truncate is None else {
+            "segment": offset_to_file_name(walk.truncate[0]), "wrote_position": walk.truncate[1],
+            "bytes_after": S - walk.truncate[1],
+            "zero_tail": sim.commitlog_zero_from is not None},
+        "bytes_dropped": max(0, segs_max - walk.process_offset) if cl.segments else 0,
+        "supported": walk.supported,
+    }
+
+
+def _consume_queue_doc(sim: Simulation, walk) -> dict[str, Any]:
+    """Each queue's recovery report (finishing its model) and the CQ files written or deleted."""
+    cl = sim.store.commitlog
+    remaining = [s for s in cl.segments if s.name not in sim.commitlog_delete]
+    commitlog_min = remaining[0].base if remaining else 0
+    qreps = [sim.queues[key].finish(commitlog_min).__dict__.copy() for key in sorted(sim.queues)]
+    files = [{"path": rel, "action": "write" if data is not None else "delete"}
+             for q in sim.queues.values() for rel, data in q.outputs()]
+    return {
+        "max_phy_offset": walk.cq_max_phy_offset,
+        "truncate_at_process_offset": walk.truncate_consume_queues,
+        "queues": qreps,
+        "files": files,
+        "totals": {
+            "queues": len(qreps),
+            "entries_truncated": sum(r["entries_truncated"] for r in qreps),
+            "entries_added": sum(r["entries_added"] for r in qreps),
+            "files_written": sum(1 for f in files if f["action"] == "write"),
+            "files_deleted": sum(1 for f in files if f["action"] == "delete"),
+        },
+    }
+
+
+def range_dict(d: DispatchRange) -> dict:
+    """A dispatched range in the plan."""
+    return {"segment": d.name, "from": d.phy_start, "to": d.phy_end, "by": d.by,
+            "only_physical_offset_above": d.after}
+
+
+def _segment_dict(s: Segment) -> dict:
+    return {"name": s.name, "base": s.base, "size": s.file_size}
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    atomic_write(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8"))
+
+
+def summary_lines(plan: dict) -> list[str]:
+    """A human summary of a plan."""
+    c = plan["commitlog"]
+    cq = plan["consume_queues"]
+    lost = plan.get("lost") or {"totals": {"messages": 0, "intact": 0, "bytes": 0}}
+    out = [
+        f"store {plan['store']} ({plan['version']} rules)",
+        f"last exit: {'clean' if plan['last_exit']['clean'] else 'ABNORMAL (abort file)'} -> "
+        f"{plan['last_exit']['recovery']} recovery",
+        f"checkpoint: physic {plan['checkpoint']['physic_msg_timestamp']} logics "
+        f"{plan['checkpoint']['logics_msg_timestamp']} index {plan['checkpoint']['index_msg_timestamp']} "
+        f"(trusted up to {plan['checkpoint']['trusted_up_to']}, margin {plan['checkpoint']['safety_margin_ms']} ms)",
+        f"start segment: {c['start_segment']} ({c['start_reason']})",
+        f"CRC window: {c['crc_window']['from']} .. {c['crc_window']['to']}",
+        f"processOffset: {c['process_offset']}" + (
+            f"  (stopped by {c['failure']['reason']} at {c['failure']['segment']} @ {c['failure']['file_offset']})"
+            if c["failure"] else ""),
+    ]
+    if c["truncate"]:
+        out.append(f"commitlog: {c['truncate']['segment']} wrote position -> {c['truncate']['wrote_position']}; "
+                   f"{len(c['delete_segments'])} segment(s) deleted")
+    t = cq["totals"]
+    out.append(f"consume queues: {t['queues']} queue(s), max phy offset {cq['max_phy_offset']}, "
+               f"{t['entries_truncated']} entr(ies) truncated, {t['entries_added']} added "
+               f"({t['files_written']} file(s) written, {t['files_deleted']} deleted)")
+    rp = plan["dispatch"]["reput"]
+    out.append(f"dispatch: {plan['dispatch']['recovery_records']} record(s) during recovery, reput from {rp['from']} "
+               f"to {rp['to']}: {plan['dispatch']['reput_records']} record(s)")
+    ix = plan["index"]
+    out.append(f"index: {len(ix['deleted'])} file(s) deleted, {len(ix['written'])} written, "
+               f"{ix['entries_added']} entr(ies) added")
+    lt = lost["totals"]
+    out.append(f"lost: {lt['messages']} message(s) ({lt.get('intact', 0)} intact, salvageable), {lt['bytes']} bytes")
+    ts = plan.get("timer_store")
+    if ts:
+        out.append(f"timer store: timerlog ends at {ts['process_offset']} ({len(ts['delete_files'])} file(s) deleted), "
+                   f"{ts['slots_rewritten']} wheel slot(s) rewritten, the timer topic read from offset "
+                   f"{ts['queue_offset']} ({ts['queue_offset_source']})")
+    for q in cq["queues"]:
+        if q["entries_truncated"] or q["entries_added"] or q["files_deleted_on_load"]:
+            out.append(f"  {q['topic']}/{q['queue_id']}: max {q['recovered_max_offset']} -> {q['final_max_offset']}"
+                       f" (-{q['entries_truncated']} +{q['entries_added']})")
+    for f in plan["findings"]:
+        if f["severity"] in ("error", "critical"):
+            out.append(f"  [{f['severity']}] {f['file'] or '<store>'}: {f['kind']}: {f['detail']}")
+    return out
+
