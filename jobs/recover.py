@@ -48,13 +48,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.recover_model import Simulation
 from jobs.recover_plan import plan_document, range_dict
 from storelib.broker.cqrecovery import QueueReplay
 from storelib.broker.cqwriter import build_consume_queues
@@ -68,7 +69,7 @@ from storelib.broker.recovery import (
     run_tasks,
     store_inputs,
 )
-from storelib.broker.timerrecovery import TimerRecovery, plan_timer_recovery
+from storelib.broker.timerrecovery import plan_timer_recovery
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.smallfile_io import read_small
@@ -90,24 +91,6 @@ _ZERO_CHUNK = 4 * 1024 * 1024
 
 # ---------------------------------------------------------------------------------------------
 # the simulation
-
-
-@dataclass
-class Simulation:
-    """Everything a start-up would do to one store, computed read-only."""
-
-    store: Any
-    version: str
-    plan: dict
-    walk: RecoveryResult
-    queues: dict[tuple[str, int], QueueReplay]
-    index_delete: list[str]
-    index_images: list[IndexImage]
-    checkpoint_bytes: bytes | None
-    commitlog_zero_from: tuple[str, int] | None
-    commitlog_delete: list[str]
-    lost_ranges: list[tuple[Segment, int, str]]  # (segment, file offset, why) where lost data starts
-    timer: TimerRecovery | None = None  # the 5.x timer store's start-up (storelib.broker.timerrecovery)
 
 
 def _read_ranges(store, ranges: Iterable[DispatchRange], delay_levels: list[int]) -> pa.Table:

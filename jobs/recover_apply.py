@@ -19,9 +19,9 @@ from jobs.recover import (
     PLAN_FILE,
     STAGED,
     STEPS_FILE,
-    Simulation,
     simulate,
 )
+from jobs.recover_model import Simulation
 from jobs.recover_plan import write_json_atomic
 from storelib.errors import StoreError
 from storelib.fileio.backup import Backup

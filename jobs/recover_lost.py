@@ -6,18 +6,15 @@ plan's ``lost`` section and the salvage export both read them from here.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.recover_model import Simulation
 from storelib.broker.resync import find_next_record, lost_region
 from storelib.fileio.bytesource import LocalSource
 from storelib.scan.commitlog import Segment, offset_to_file_name
 from storelib.scan.scanner import SegmentScan
-
-if TYPE_CHECKING:
-    from jobs.recover import Simulation
 
 LOST_COLUMNS = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "keys", "uniq_key", "tags",
                 "store_timestamp", "crc_ok"]

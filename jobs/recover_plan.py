@@ -7,16 +7,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jobs.recover_lost import scan_lost
+from jobs.recover_model import Simulation
 from storelib.broker.recovery import DispatchRange
 from storelib.fileio.smallfile_io import atomic_write
 from storelib.format.checkpoint import RECOVERY_SAFETY_MS, Checkpoint
 from storelib.scan.commitlog import Segment, offset_to_file_name
-
-if TYPE_CHECKING:
-    from jobs.recover import Simulation
 
 PLAN_SCHEMA = "rmqstore.recover.plan/1"
 
