@@ -35,14 +35,10 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 if __package__ in (None, ""):  # spark-submit jobs/audit.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from typing import Any
-
-import numpy as np
-import pyarrow as pa
 
 from jobs.audit_report import build_report, jsonable, render_html, report_charts
 from jobs.audit_state import load_state, merge_appended, plan, save_state
@@ -52,30 +48,17 @@ from jobs.common import note
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
 from jobs.fingerprint import fingerprint
 from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.geometry import fold_geometry_findings
 from storelib.broker.store import Store
-from storelib.checks.index import check_index, load_index_files
-from storelib.checks.logview import LogView
-from storelib.checks.metadata import (
-    check_checkpoint,
-    check_configs,
-    check_consumer_offsets,
-    check_markers,
-    report_abort,
-)
-from storelib.checks.queues import check_consume_queues, check_queue_offsets, load_consume_queues
+from storelib.checks.crossfile import run_cross_checks
+from storelib.checks.index import load_index_files
+from storelib.checks.queues import load_consume_queues
 from storelib.checks.segment import (
-    KEY_SCHEMA,
-    RECORD_SCHEMA,
     SEVERITY_RANK,
     AuditOptions,
     SegmentResult,
     SegmentTask,
-    _Capped,
-    merge_v2_findings,
 )
-from storelib.checks.timers import check_timer_store
-from storelib.errors import Finding, StoreError
+from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
 
 
@@ -193,133 +176,18 @@ def _after_segments(store: Store, settings: BrokerSettings, tasks: list[SegmentT
 def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
                  quiet: bool = False, threads: bool = True, preload: dict[str, Future] | None = None
                  ) -> dict[str, Any]:
-    """Phase 2: everything that needs more than one segment or file; builds the report dict.
+    """Phase 2 (storelib.checks.crossfile: everything that needs more than one segment or file), then
+    the report dict.
 
     ``threads``: run the index checks (and config reading) beside the queue/consume-queue checks; the
     findings are exactly those of ``threads=False``."""
-    out = _Capped()
-    log = _record_view(store, results, settings, out)
-    _unsealed_segments(results, out)
     note("audit: cross-file checks (queue offsets, consume queues, index, checkpoint, config)", quiet)
-    if threads:
-        done = _threaded_checks(store.loc, log, settings, out, now_ms, preload or {})
-    else:
-        done = _serial_checks(store.loc, log, settings, out, now_ms)
-    findings = sorted(fold_geometry_findings(out.done()), key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
-    report = build_report(store, results, log, findings, done.qstats, done.consumers, done.idx, done.cp, settings,
-                          done.charts)
+    done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, preload=preload,
+                            on_thread=report_charts)
+    report = build_report(store, results, done.log, done.findings, done.qstats, done.consumers, done.idx, done.cp,
+                          settings, done.extra)
     report["timer_store"] = done.timers
     return report
-
-
-@dataclass
-class _CrossResults:
-    """What the cross-file checks give the report besides their findings."""
-
-    qstats: dict
-    consumers: list[dict]
-    idx: dict
-    cp: Any
-    timers: Any
-    charts: dict[str, Any] | None  # None: not made on a check thread, built with the report
-
-
-def _record_view(store: Store, results: list[SegmentResult], settings: BrokerSettings, out: _Capped) -> LogView:
-    """The store's and the segments' findings into ``out``; every segment's record/key tables as one view,
-    with the lost physical ranges (corrupt regions and missing segments)."""
-    cl = store.commitlog
-    for f in [*cl.findings, *store.findings]:
-        out.add(f)
-    seg_findings = [Finding(fd["kind"], fd["severity"], fd["file"], fd["offset"], fd["detail"], fd.get("extra", {}))
-                    for r in results for fd in r.findings]
-    for f in merge_v2_findings(seg_findings, settings.line):
-        out.add(f)
-    lost = [(r.base + g["start"], r.base + g["end"]) for r in results for g in r.regions]
-    for f in cl.findings:
-        if f.kind == "missing_segment":
-            lost.append((f.extra["from"], f.extra["to"]))
-    lost_arr = np.array(sorted(lost), dtype=np.int64).reshape(-1, 2)
-    recs = pa.concat_tables([r.record_table() for r in results]) if results else RECORD_SCHEMA.empty_table()
-    keys = pa.concat_tables([r.key_table() for r in results]) if results else KEY_SCHEMA.empty_table()
-    phy = recs.column("phy_offset").to_numpy()
-    size = recs.column("size").to_numpy().astype(np.int64)
-    log_end = int((phy + size).max()) if len(phy) else cl.min_offset
-    return LogView(recs, keys, lost_arr, cl.min_offset, log_end, cl.segment_size)
-
-
-def _unsealed_segments(results: list[SegmentResult], out: _Capped) -> None:
-    """Middle segments whose data ends without the end-of-file blank record while later ones hold data."""
-    data_segs = [r for r in results if r.records or r.end_kind not in ("end_of_data",) or r.data_end]
-    last_data = max((r.base for r in data_segs), default=-1)
-    for r in results:
-        if r.base < last_data and r.end_kind in ("end_of_data", "invalid") and not r.regions:
-            out.add(Finding("segment_not_sealed", "error", f"commitlog/{r.name}", r.data_end,
-                            f"data ends at {r.data_end} without the end-of-file blank record, but later segments hold "
-                            "data: bytes were lost or the segment was replaced"))
-
-
-def _serial_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, now_ms: int) -> _CrossResults:
-    """The checks one after the other into one collector (the reference the threaded path equals)."""
-    facts = check_queue_offsets(log, out)
-    abort = check_markers(root, out)
-    cp = check_checkpoint(root, log, out, now_ms)
-    qstats = check_consume_queues(root, log, settings, out, facts)
-    qstats.pop("__reput_from__", None)
-    idx = check_index(root, log, settings, out, cp, abort.exists)
-    report_abort(abort, idx, out)
-    loaded = check_configs(root, out)
-    consumers = check_consumer_offsets(loaded, qstats, out)
-    timers = check_timer_store(root, log, settings, out, facts)
-    return _CrossResults(qstats, consumers, idx, cp, timers, None)
-
-
-def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, now_ms: int,
-                     pre: dict[str, Future]) -> _CrossResults:
-    """The index checks need only the checkpoint and the abort marker, the consume-queue checks only the
-    queue-offset facts: both chains run at once (numpy releases the GIL), each into its own collector,
-    merged below in the serial order so caps and findings are exactly those of a serial run."""
-    c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg = (_Capped() for _ in range(7))
-    abort = check_markers(root, c_mk)
-    cp = check_checkpoint(root, log, c_cp, now_ms)
-    charts_box: list[dict[str, Any]] = []
-    charts_once = threading.Lock()
-
-    def charts_if_first() -> None:  # the report charts on whichever check thread is done first
-        if charts_once.acquire(blocking=False):
-            charts_box.append(report_charts(log))
-
-    def index() -> dict:
-        r = check_index(root, log, settings, c_idx, cp, abort.exists,
-                        _preloaded(pre.get("index"), load_index_files, root, settings))
-        charts_if_first()
-        return r
-
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-check") as pool:
-        f_idx = pool.submit(index)
-        f_cfg = pool.submit(check_configs, root, c_cfg)
-        f_cq = pre.get("cq")
-        if f_cq is None or f_cq.cancel():  # not started by the preload: loaded beside the offset check
-            f_cq = pool.submit(load_consume_queues, root, settings, log.log_min)
-        facts = check_queue_offsets(log, c_qo)
-        qstats = check_consume_queues(root, log, settings, c_cq, facts, f_cq.result())
-        charts_if_first()
-        qstats.pop("__reput_from__", None)
-        idx, loaded = f_idx.result(), f_cfg.result()
-    report_abort(abort, idx, c_ab)
-    for c in (c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
-        out.absorb(c)
-    consumers = check_consumer_offsets(loaded, qstats, out)
-    timers = check_timer_store(root, log, settings, out, facts)
-    return _CrossResults(qstats, consumers, idx, cp, timers, charts_box[0])
-
-
-def _preloaded(fut: Future | None, fn, *args):
-    """A preload's result; one the low-priority preload thread has not started yet is cancelled and run
-    here instead, at the caller's priority (it is needed now)."""
-    if fut is None or fut.cancel():
-        return fn(*args)
-    return fut.result()
-
 
 
 def write_reports(report: dict[str, Any], report_dir: str, fs_options: dict | None = None) -> tuple[str, str]:

@@ -155,7 +155,7 @@ def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Ca
                 loaded: IndexLoad | None = None) -> dict:
     """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
 
-    Needs nothing from the consume-queue checks, so it runs beside them (:func:`jobs.audit.cross_checks`);
+    Needs nothing from the consume-queue checks, so it runs beside them (:func:`storelib.checks.crossfile.run_cross_checks`);
     ``loaded``: the files validated beforehand (:func:`load_index_files`)."""
     from storelib.format.indexfile import IndexGeometry
 

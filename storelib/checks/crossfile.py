@@ -1,0 +1,173 @@
+"""The audit's cross-file phase: every check that needs more than one segment or file (queue offsets,
+consume queues, index files, checkpoint, markers, config, consumer offsets, the timer store), as merge
+steps over the per-segment results (:func:`storelib.checks.segment.audit_part`). The job that schedules
+the segments and writes the report is jobs/audit.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.geometry import fold_geometry_findings
+from storelib.broker.store import Store
+from storelib.checks.index import check_index, load_index_files
+from storelib.checks.logview import LogView
+from storelib.checks.metadata import (
+    check_checkpoint,
+    check_configs,
+    check_consumer_offsets,
+    check_markers,
+    report_abort,
+)
+from storelib.checks.queues import check_consume_queues, check_queue_offsets, load_consume_queues
+from storelib.checks.segment import (
+    KEY_SCHEMA,
+    RECORD_SCHEMA,
+    SEVERITY_RANK,
+    SegmentResult,
+    _Capped,
+    merge_v2_findings,
+)
+from storelib.checks.timers import check_timer_store
+from storelib.errors import Finding
+
+
+def run_cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
+                     threads: bool = True, preload: dict[str, Future] | None = None,
+                     on_thread: Callable[[LogView], Any] | None = None) -> _CrossResults:
+    """The cross-file checks over the segments' results (in commitlog order).
+
+    ``threads``: the index checks (and config reading) beside the queue/consume-queue checks, each into
+    its own collector merged in the serial order (findings exactly those of ``threads=False``);
+    ``preload``: the index validation / consume-queue load already started ("index", "cq");
+    ``on_thread``: more work over the record view for whichever check thread is done first (its result
+    is ``extra``; serially it is not run)."""
+    out = _Capped()
+    log = _record_view(store, results, settings, out)
+    _unsealed_segments(results, out)
+    if threads:
+        done = _threaded_checks(store.loc, log, settings, out, now_ms, preload or {}, on_thread)
+    else:
+        done = _serial_checks(store.loc, log, settings, out, now_ms)
+    done.findings = sorted(fold_geometry_findings(out.done()),
+                           key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
+    done.log = log
+    return done
+
+
+@dataclass
+class _CrossResults:
+    """What the cross-file checks give the report besides their findings."""
+
+    qstats: dict
+    consumers: list[dict]
+    idx: dict
+    cp: Any
+    timers: Any
+    extra: Any  # what ``on_thread`` made on whichever check thread was done first (None: not asked)
+    findings: list[Finding] = field(default_factory=list)  # every finding, sorted by severity then place
+    log: LogView | None = None
+
+
+def _record_view(store: Store, results: list[SegmentResult], settings: BrokerSettings, out: _Capped) -> LogView:
+    """The store's and the segments' findings into ``out``; every segment's record/key tables as one view,
+    with the lost physical ranges (corrupt regions and missing segments)."""
+    cl = store.commitlog
+    for f in [*cl.findings, *store.findings]:
+        out.add(f)
+    seg_findings = [Finding(fd["kind"], fd["severity"], fd["file"], fd["offset"], fd["detail"], fd.get("extra", {}))
+                    for r in results for fd in r.findings]
+    for f in merge_v2_findings(seg_findings, settings.line):
+        out.add(f)
+    lost = [(r.base + g["start"], r.base + g["end"]) for r in results for g in r.regions]
+    for f in cl.findings:
+        if f.kind == "missing_segment":
+            lost.append((f.extra["from"], f.extra["to"]))
+    lost_arr = np.array(sorted(lost), dtype=np.int64).reshape(-1, 2)
+    recs = pa.concat_tables([r.record_table() for r in results]) if results else RECORD_SCHEMA.empty_table()
+    keys = pa.concat_tables([r.key_table() for r in results]) if results else KEY_SCHEMA.empty_table()
+    phy = recs.column("phy_offset").to_numpy()
+    size = recs.column("size").to_numpy().astype(np.int64)
+    log_end = int((phy + size).max()) if len(phy) else cl.min_offset
+    return LogView(recs, keys, lost_arr, cl.min_offset, log_end, cl.segment_size)
+
+
+def _unsealed_segments(results: list[SegmentResult], out: _Capped) -> None:
+    """Middle segments whose data ends without the end-of-file blank record while later ones hold data."""
+    data_segs = [r for r in results if r.records or r.end_kind not in ("end_of_data",) or r.data_end]
+    last_data = max((r.base for r in data_segs), default=-1)
+    for r in results:
+        if r.base < last_data and r.end_kind in ("end_of_data", "invalid") and not r.regions:
+            out.add(Finding("segment_not_sealed", "error", f"commitlog/{r.name}", r.data_end,
+                            f"data ends at {r.data_end} without the end-of-file blank record, but later segments hold "
+                            "data: bytes were lost or the segment was replaced"))
+
+
+def _serial_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, now_ms: int) -> _CrossResults:
+    """The checks one after the other into one collector (the reference the threaded path equals)."""
+    facts = check_queue_offsets(log, out)
+    abort = check_markers(root, out)
+    cp = check_checkpoint(root, log, out, now_ms)
+    qstats = check_consume_queues(root, log, settings, out, facts)
+    qstats.pop("__reput_from__", None)
+    idx = check_index(root, log, settings, out, cp, abort.exists)
+    report_abort(abort, idx, out)
+    loaded = check_configs(root, out)
+    consumers = check_consumer_offsets(loaded, qstats, out)
+    timers = check_timer_store(root, log, settings, out, facts)
+    return _CrossResults(qstats, consumers, idx, cp, timers, None)
+
+
+def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, now_ms: int,
+                     pre: dict[str, Future], on_thread: Callable[[LogView], Any] | None) -> _CrossResults:
+    """The index checks need only the checkpoint and the abort marker, the consume-queue checks only the
+    queue-offset facts: both chains run at once (numpy releases the GIL), each into its own collector,
+    merged below in the serial order so caps and findings are exactly those of a serial run."""
+    c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg = (_Capped() for _ in range(7))
+    abort = check_markers(root, c_mk)
+    cp = check_checkpoint(root, log, c_cp, now_ms)
+    extra_box: list[Any] = [None]
+    once = threading.Lock()
+
+    def charts_if_first() -> None:  # ``on_thread`` on whichever check thread is done first
+        if on_thread is not None and once.acquire(blocking=False):
+            extra_box[0] = on_thread(log)
+
+    def index() -> dict:
+        r = check_index(root, log, settings, c_idx, cp, abort.exists,
+                        _preloaded(pre.get("index"), load_index_files, root, settings))
+        charts_if_first()
+        return r
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-check") as pool:
+        f_idx = pool.submit(index)
+        f_cfg = pool.submit(check_configs, root, c_cfg)
+        f_cq = pre.get("cq")
+        if f_cq is None or f_cq.cancel():  # not started by the preload: loaded beside the offset check
+            f_cq = pool.submit(load_consume_queues, root, settings, log.log_min)
+        facts = check_queue_offsets(log, c_qo)
+        qstats = check_consume_queues(root, log, settings, c_cq, facts, f_cq.result())
+        charts_if_first()
+        qstats.pop("__reput_from__", None)
+        idx, loaded = f_idx.result(), f_cfg.result()
+    report_abort(abort, idx, c_ab)
+    for c in (c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
+        out.absorb(c)
+    consumers = check_consumer_offsets(loaded, qstats, out)
+    timers = check_timer_store(root, log, settings, out, facts)
+    return _CrossResults(qstats, consumers, idx, cp, timers, extra_box[0])
+
+
+def _preloaded(fut: Future | None, fn, *args):
+    """A preload's result; one the low-priority preload thread has not started yet is cancelled and run
+    here instead, at the caller's priority (it is needed now)."""
+    if fut is None or fut.cancel():
+        return fn(*args)
+    return fut.result()
