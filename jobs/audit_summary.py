@@ -104,14 +104,15 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
     derived = any((f["file"] or "").startswith(DERIVED_DAMAGE_PREFIXES) for f in serious)
     if not (log_damage or derived):
         return None
-    from jobs.recover import simulate
+    from storelib.broker.startup import simulate
+    from storelib.broker.startuplost import scan_lost
 
     quoted = " ".join(shlex.quote(a) for a in [store.uri, *(same_args or [])])  # the audit's own settings
     if not quiet:
         sys.stderr.write("audit: replaying a broker start-up (read-only) to price the damage\n")
     try:
         sim = simulate(store)
-        totals = sim.plan["lost"]["totals"]
+        totals = scan_lost(sim)["totals"]
     except (StoreError, OSError, ValueError) as e:
         return {"error": str(e), "next": [{"command": f"rmqstore recover {quoted}",
                                            "why": "preview what a broker start-up would do"}]}

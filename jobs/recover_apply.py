@@ -1,6 +1,21 @@
 """``rmqstore recover --apply`` and ``--restore``: a plan carried out step by step under a journal, every
 file it changes saved first in the backup directory (storelib.fileio.backup), so that a kill at any point
 leaves a store that a rerun finishes and ``--restore`` puts back exactly.
+
+``--apply`` carries out what :func:`storelib.broker.startup.simulate` finds without a broker, crash-safely
+(see :func:`apply`): all new file contents are first *staged* in the backup directory, then each step backs
+up what it touches (:class:`storelib.fileio.backup.Backup`) and performs one idempotent operation, and is
+marked done in a journal. A rerun after a kill continues from the journal with the staged plan (never
+re-plans from a half-changed store).
+
+Truncating the commitlog offline: the broker only moves its write position and leaves the bytes after
+processOffset on disk (the next start would find them again only if they were valid, which they are
+not — except that a *later* corruption fix or a different window could resurrect them). Offline there
+is no write position to move, so apply **zeroes** the segment from processOffset to its end (in place,
+zeros written front to back, so at every instant the record at processOffset is invalid and a broker
+started mid-way sees the same valid end). ConsumeQueue tails after the new write position are zeroed
+the same way (stale units would otherwise be recovered as valid on the next start). The exact
+original bytes are in the backup, so ``--restore`` is byte-identical.
 """
 
 from __future__ import annotations
@@ -13,22 +28,19 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jobs.recover import (
-    JOURNAL,
-    MARKER,
-    PLAN_FILE,
-    STAGED,
-    STEPS_FILE,
-    simulate,
-)
-from jobs.recover_model import Simulation
-from jobs.recover_plan import write_json_atomic
+from jobs.recover_plan import plan_document, write_json_atomic
+from storelib.broker.startup import Simulation, simulate
 from storelib.errors import StoreError
 from storelib.fileio.backup import Backup
 from storelib.fileio.backup import restore as backup_restore
 from storelib.fileio.smallfile_io import atomic_write, fsync_dir, output_mode, read_small
 from storelib.format.markers import ABORT_FILE, LOCK_FILE, lock_state
 
+MARKER = ".rmqstore-recover"  # in the store root while an apply is under way (names the backup dir)
+JOURNAL = "journal.jsonl"
+PLAN_FILE = "plan.json"
+STEPS_FILE = "steps.json"
+STAGED = "staged"
 _ZERO_CHUNK = 4 * 1024 * 1024
 
 # ---------------------------------------------------------------------------------------------
@@ -155,7 +167,7 @@ def _stage(sim: Simulation, bdir: str) -> list[dict]:
                 f.flush()
                 os.fsync(f.fileno())
             steps.append({"op": "install", "rel": "timerwheel"})
-    if sim.plan["abort_remove"]:
+    if sim.abort.exists:
         steps.append({"op": "delete", "rel": ABORT_FILE})
     steps.append({"op": "marker_remove", "rel": MARKER})
     for i, s in enumerate(steps):
@@ -271,11 +283,11 @@ def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, f
                 raise StoreError(store.uri, None, "unsupported",
                                  "the broker's recovery cannot be reproduced exactly here (see the plan's findings); "
                                  "use --force to apply anyway")
-            write_json_atomic(os.path.join(bdir, PLAN_FILE), sim.plan)
+            plan = plan_document(sim)
+            write_json_atomic(os.path.join(bdir, PLAN_FILE), plan)
             steps = _stage(sim, bdir)
             write_json_atomic(os.path.join(bdir, STEPS_FILE), steps)
             _journal(bdir, {"event": "staged", "steps": len(steps)})
-            plan = sim.plan
             done: set[int] = set()
             resumed = False
         else:

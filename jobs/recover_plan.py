@@ -1,5 +1,6 @@
 """The recovery plan document (schema ``rmqstore.recover.plan/1``): what a simulated broker start-up
-(:func:`jobs.recover.simulate`) would change, as JSON for ``--plan`` and ``--apply``, and its human summary.
+(:func:`storelib.broker.startup.simulate`) would change, as JSON for ``--plan`` and ``--apply``, and its
+human summary. Presentation only: every number comes from the Simulation (and the lost-message scan).
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import os
 import time
 from typing import Any
 
-from jobs.recover_lost import scan_lost
-from jobs.recover_model import Simulation
-from storelib.broker.recovery import DispatchRange
+from storelib.broker.recovery import DispatchRange, RecoveryInputs, RecoveryResult
+from storelib.broker.startup import IndexFileOnLoad, Reput, Simulation
+from storelib.broker.startuplost import scan_lost
 from storelib.fileio.smallfile_io import atomic_write
 from storelib.format.checkpoint import RECOVERY_SAFETY_MS, Checkpoint
 from storelib.scan.commitlog import Segment, offset_to_file_name
@@ -19,11 +20,9 @@ from storelib.scan.commitlog import Segment, offset_to_file_name
 PLAN_SCHEMA = "rmqstore.recover.plan/1"
 
 
-def plan_document(sim: Simulation, *, abort, lock, cp: Checkpoint, new_cp: Checkpoint, inputs, idx_rows,
-                  reput, t_rec, t_rep, keys_added, keys_extra, extra_records, complete_index, findings,
-                  lost) -> dict:
-    """The plan of ``sim`` (the queue reports finish the queue models: build it once, after the simulation)."""
-    store, walk = sim.store, sim.walk
+def plan_document(sim: Simulation, *, lost: bool = True) -> dict:
+    """The plan of ``sim``; ``lost=False`` leaves out the scan of the messages a start-up drops."""
+    store, walk, abort, lock, new_cp = sim.store, sim.walk, sim.abort, sim.lock, sim.checkpoint_after
     queues_doc = _consume_queue_doc(sim, walk)
     lost_doc = scan_lost(sim, with_body=False) if lost else None
     plan = {
@@ -37,24 +36,24 @@ def plan_document(sim: Simulation, *, abort, lock, cp: Checkpoint, new_cp: Check
             "recovery": walk.mode,
             "lock": {"exists": lock.exists, "held_by_other": lock.held_by_other, "holder_pid": lock.holder_pid},
         },
-        "checkpoint": _checkpoint_doc(cp, inputs),
+        "checkpoint": _checkpoint_doc(sim.checkpoint, sim.inputs),
         "commitlog": _commitlog_doc(sim),
         "consume_queues": queues_doc,
         "dispatch": {
-            "recovery": [range_dict(d) for d in walk.dispatch if d.by == "recovery"],
-            "recovery_records": t_rec.num_rows,
+            "recovery": [_range_dict(d) for d in walk.dispatch if d.by == "recovery"],
+            "recovery_records": sim.recovery_records,
             "delay_levels_quirk": walk.delay_levels_quirk,
-            "reput": reput,
-            "reput_records": t_rep.num_rows,
+            "reput": _reput_doc(sim.reput),
+            "reput_records": sim.reput_records,
         },
         "index": {
-            "files": idx_rows,
+            "files": [_index_file_dict(f) for f in sim.index_files],
             "deleted": sim.index_delete,
             "written": [im.name for im in sim.index_images],
-            "entries_added": keys_added,
-            "complete_index": complete_index,
-            "extra_records_indexed": extra_records,
-            "entries_the_broker_would_lose": keys_extra,
+            "entries_added": sim.index_keys_added,
+            "complete_index": sim.complete_index,
+            "extra_records_indexed": sim.index_extra_records,
+            "entries_the_broker_would_lose": sim.index_keys_extra,
         },
         "checkpoint_after": {
             "physic_msg_timestamp": new_cp.physic_msg_timestamp, "logics_msg_timestamp": new_cp.logics_msg_timestamp,
@@ -63,7 +62,7 @@ def plan_document(sim: Simulation, *, abort, lock, cp: Checkpoint, new_cp: Check
         "abort_remove": abort.exists,
         "lost": lost_doc,
         "timer_store": sim.timer.to_json() if sim.timer is not None else None,
-        "findings": [f.to_dict() for f in findings],
+        "findings": [f.to_dict() for f in sim.findings],
     }
     plan["changes"] = bool(
         plan["commitlog"]["delete_segments"] or sim.commitlog_zero_from or queues_doc["files"] or sim.index_delete
@@ -72,7 +71,7 @@ def plan_document(sim: Simulation, *, abort, lock, cp: Checkpoint, new_cp: Check
     return plan
 
 
-def _checkpoint_doc(cp: Checkpoint, inputs) -> dict[str, Any]:
+def _checkpoint_doc(cp: Checkpoint, inputs: RecoveryInputs) -> dict[str, Any]:
     """The checkpoint as the start-up reads it, and up to when it trusts the store."""
     return {
         "physic_msg_timestamp": cp.physic_msg_timestamp, "logics_msg_timestamp": cp.logics_msg_timestamp,
@@ -114,12 +113,9 @@ def _commitlog_doc(sim: Simulation) -> dict[str, Any]:
     }
 
 
-def _consume_queue_doc(sim: Simulation, walk) -> dict[str, Any]:
-    """Each queue's recovery report (finishing its model) and the CQ files written or deleted."""
-    cl = sim.store.commitlog
-    remaining = [s for s in cl.segments if s.name not in sim.commitlog_delete]
-    commitlog_min = remaining[0].base if remaining else 0
-    qreps = [sim.queues[key].finish(commitlog_min).__dict__.copy() for key in sorted(sim.queues)]
+def _consume_queue_doc(sim: Simulation, walk: RecoveryResult) -> dict[str, Any]:
+    """Each queue's recovery report and the CQ files written or deleted."""
+    qreps = [r.__dict__.copy() for r in sim.queue_reports]
     files = [{"path": rel, "action": "write" if data is not None else "delete"}
              for q in sim.queues.values() for rel, data in q.outputs()]
     return {
@@ -137,10 +133,19 @@ def _consume_queue_doc(sim: Simulation, walk) -> dict[str, Any]:
     }
 
 
-def range_dict(d: DispatchRange) -> dict:
+def _range_dict(d: DispatchRange) -> dict:
     """A dispatched range in the plan."""
     return {"segment": d.name, "from": d.phy_start, "to": d.phy_end, "by": d.by,
             "only_physical_offset_above": d.after}
+
+
+def _reput_doc(r: Reput) -> dict[str, Any]:
+    return {"from": r.start, "to": r.end, "ranges": [_range_dict(d) for d in r.ranges]}
+
+
+def _index_file_dict(f: IndexFileOnLoad) -> dict[str, Any]:
+    return {"name": f.name, "end_timestamp": f.end_timestamp, "end_phy_offset": f.end_phy_offset,
+            "index_count": f.index_count, "action": "delete" if f.delete else "keep"}
 
 
 def _segment_dict(s: Segment) -> dict:

@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.recover_lost import lost_table
-from jobs.recover_model import Simulation
 from jobs.recover_plan import write_json_atomic
+from storelib.broker.startup import Simulation
+from storelib.broker.startuplost import lost_table
 from storelib.errors import StoreError
 from storelib.fileio.smallfile_io import atomic_write
 

@@ -12,13 +12,13 @@ import sys
 import numpy as np
 import pytest
 
-from jobs import recover as rc
 from jobs import recover_apply as ra
 from jobs import recover_plan
 from jobs import salvage as sv
 from jobs.audit import audit_store
 from storelib.broker.brokerconf import load_broker_conf
 from storelib.broker.dispatch import dispatch_store
+from storelib.broker.startup import simulate
 from storelib.broker.store import Store
 from storelib.errors import StoreError
 from storelib.fileio.backup import Backup
@@ -80,7 +80,8 @@ def _tree(root) -> dict[str, bytes]:
 
 
 def _queue_max(store: Store, topic: str, qid: int) -> int:
-    return next((q["final_max_offset"] for q in rc.simulate(store, lost=False).plan["consume_queues"]["queues"]
+    queues = recover_plan.plan_document(simulate(store), lost=False)["consume_queues"]["queues"]
+    return next((q["final_max_offset"] for q in queues
                  if q["topic"] == topic and q["queue_id"] == qid), 0)
 
 
@@ -116,7 +117,7 @@ def test_torn_last_record_plan_truncates_there_and_apply_zeroes_the_tail_then_au
     seg = cs.segments[last.segment]
     seg[last.file_offset + 40: last.file_offset + last.size] = bytes(last.size - 40)  # torn: only 40 bytes landed
     store = _write(tmp_path, cs)
-    plan = rc.simulate(store).plan
+    plan = recover_plan.plan_document(simulate(store))
     c = plan["commitlog"]
     assert c["process_offset"] == last.phy
     assert c["failure"]["phy_offset"] == last.phy
@@ -130,7 +131,7 @@ def test_torn_last_record_plan_truncates_there_and_apply_zeroes_the_tail_then_au
     with open(os.path.join(after.loc.path, "commitlog", f"{last.segment * S:020d}"), "rb") as f:
         data = f.read()
     assert not any(data[last.file_offset:])
-    assert rc.simulate(after).plan["changes"] is False
+    assert recover_plan.plan_document(simulate(after))["changes"] is False
     _audit_clean(tmp_path, after)
     ra.restore(tmp_path / "bk")
     assert _tree(store.loc.path) == orig
@@ -148,8 +149,8 @@ def test_abort_with_stale_checkpoint_and_cq_ahead_of_a_zeroed_tail(tmp_path):
     b = bytearray(open(root / "commitlog" / f"{3 * S:020d}", "rb").read())
     b[cut.file_offset:] = bytes(S - cut.file_offset)
     (root / "commitlog" / f"{3 * S:020d}").write_bytes(bytes(b))
-    sim = rc.simulate(_reopen(store))
-    plan = sim.plan
+    sim = simulate(_reopen(store))
+    plan = recover_plan.plan_document(sim)
     # independent: abnormal start = last segment whose first record's store time <= min(physic, logics) - 3 s
     limit = min(cp.physic_msg_timestamp, cp.logics_msg_timestamp) - 3000
     exp_start = max(i for i, p in firsts.items() if p.msg.store_timestamp <= limit)
@@ -175,7 +176,7 @@ def test_abort_with_stale_checkpoint_and_cq_ahead_of_a_zeroed_tail(tmp_path):
         u = _cq_units(root, "T", qid)
         exp = [p.phy for p in cs.placed if p.msg.queue_id == qid and p.phy < cut.phy]
         assert u["phy_offset"].tolist() == exp
-    assert rc.simulate(after).plan["changes"] is False
+    assert recover_plan.plan_document(simulate(after))["changes"] is False
     _audit_clean(tmp_path, after)
 
 
@@ -183,7 +184,7 @@ def test_cq_behind_commitlog_reput_adds_the_missing_entries_like_a_full_dispatch
     cs = _crafted(3)
     mid = cs.placed[len(cs.placed) // 2]
     store = _write(tmp_path, cs, dispatch_to=mid.phy)
-    plan = rc.simulate(store).plan
+    plan = recover_plan.plan_document(simulate(store))
     assert plan["dispatch"]["reput"]["from"] == mid.phy  # max CQ physical end = end of the record before
     assert plan["dispatch"]["reput_records"] == sum(1 for p in cs.placed if p.phy >= mid.phy)
     for q in plan["consume_queues"]["queues"]:
@@ -209,7 +210,7 @@ def test_crc_error_inside_the_498_window_truncates_and_outside_it_is_kept(tmp_pa
     cs.corrupt(inside.phy, cs.body_pos(inside))
     cs.corrupt(outside.phy, cs.body_pos(outside))
     store = _write(tmp_path, cs, dispatch=False)
-    plan = rc.simulate(store).plan
+    plan = recover_plan.plan_document(simulate(store))
     c = plan["commitlog"]
     n = cs.seg_index + 1
     assert c["crc_window"]["from"] == (n - 3) * S  # third-last segment
@@ -221,7 +222,7 @@ def test_crc_error_inside_the_498_window_truncates_and_outside_it_is_kept(tmp_pa
     assert [m["phy_offset"] for m in lost["messages"]] == [p.phy for p in cs.placed if p.phy >= inside.phy]
     assert lost["totals"]["corrupt"] == 1 and lost["messages"][0]["intact"] is False
     # 5.x with an empty CQ checks CRCs from the first segment: the older error ends the log
-    p5 = rc.simulate(store, "5").plan
+    p5 = recover_plan.plan_document(simulate(store, "5"))
     assert p5["commitlog"]["process_offset"] == outside.phy
     assert p5["commitlog"]["delete_segments"] == [f"{i * S:020d}" for i in range(1, n)]
     assert p5["dispatch"]["recovery_records"] == sum(1 for p in cs.placed if p.phy < outside.phy)
@@ -241,10 +242,10 @@ def test_index_files_newer_than_the_checkpoint_are_deleted_on_an_abnormal_start(
     last = cs.placed[-1].msg.store_timestamp
     write_checkpoint(str(root), Checkpoint(last, last, idx_ts))
     (root / "abort").write_bytes(b"")
-    plan = rc.simulate(_reopen(store)).plan
+    plan = recover_plan.plan_document(simulate(_reopen(store)))
     assert plan["index"]["deleted"] == [n for n, e in zip(names, ends) if e > idx_ts]
     assert [f["action"] for f in plan["index"]["files"]] == ["delete" if e > idx_ts else "keep" for e in ends]
-    exact = rc.simulate(_reopen(store), complete_index=False).plan
+    exact = recover_plan.plan_document(simulate(_reopen(store), complete_index=False))
     assert plan["index"]["complete_index"] is True and exact["index"]["complete_index"] is False
     assert exact["index"]["entries_added"] <= plan["index"]["entries_added"]
 
@@ -252,7 +253,7 @@ def test_index_files_newer_than_the_checkpoint_are_deleted_on_an_abnormal_start(
 def test_empty_preallocated_last_segment_is_deleted_and_counts_in_the_window(tmp_path):
     cs = _crafted(3)
     store = _write(tmp_path, cs, preallocate=1)
-    plan = rc.simulate(store).plan
+    plan = recover_plan.plan_document(simulate(store))
     n = len(os.listdir(tmp_path / "store" / "commitlog"))
     assert plan["commitlog"]["start_base"] == (n - 3) * S
     assert plan["commitlog"]["process_offset"] == cs.placed[-1].phy + cs.placed[-1].size
@@ -267,7 +268,7 @@ def test_all_commitlog_segments_deleted_destroys_every_consume_queue(tmp_path):
     shutil.rmtree(root / "commitlog")
     (root / "commitlog").mkdir()
     store = _reopen(store)
-    plan = rc.simulate(store).plan
+    plan = recover_plan.plan_document(simulate(store))
     assert plan["commitlog"]["process_offset"] == 0
     files = plan["consume_queues"]["files"]
     assert files and all(f["action"] == "delete" for f in files)
@@ -287,7 +288,7 @@ def test_cq_truncation_first_entry_rule_keeps_a_zero_first_unit(tmp_path):
     u = np.zeros(CQS // 20, dtype=CQ_DTYPE)
     u[1] = (10**9, 100, 0)  # beyond processOffset: makes the CQ "ahead", triggering truncation
     extra.write_bytes(u.tobytes())
-    plan = rc.simulate(_reopen(store)).plan
+    plan = recover_plan.plan_document(simulate(_reopen(store)))
     q0 = next(q for q in plan["consume_queues"]["queues"] if q["queue_id"] == 0)
     # CQ recover stops at the zero unit (valid units end in the previous file), so the extra file is deleted on load
     assert q0["files_deleted_on_load"] == [extra.name]
@@ -462,8 +463,9 @@ def test_salvage_recovers_every_intact_message_after_a_mid_segment_corruption(tm
     for rel in range(8, 40):  # scribble over the record's header: resync must find the next one
         cs.corrupt(bad.phy, rel)
     store = _write(tmp_path, cs, dispatch=False)
-    sim = rc.simulate(store)
-    assert sim.plan["commitlog"]["process_offset"] == bad.phy  # the broker keeps none of what follows
+    sim = simulate(store)
+    # the broker keeps none of what follows
+    assert recover_plan.plan_document(sim)["commitlog"]["process_offset"] == bad.phy
     after = [p for p in cs.placed if p.phy > bad.phy]
     assert after
     out = tmp_path / "salvage"
@@ -495,8 +497,8 @@ def test_salvage_config_picks_newest_valid_repairs_and_clamps_offsets(tmp_path):
     (cfg / "consumerOffset.json").write_text(good[:30])  # half-written
     (cfg / "consumerOffset.json.bak").write_text(good)
     (cfg / "topics.json").write_text('{"topicConfigTable":{"T":{"topicName":"T","readQueueNums":3}}, "dataVer')
-    sim = rc.simulate(_reopen(store))
-    maxes = {q["queue_id"]: q["final_max_offset"] for q in sim.plan["consume_queues"]["queues"]}
+    sim = simulate(_reopen(store))
+    maxes = {q["queue_id"]: q["final_max_offset"] for q in recover_plan.plan_document(sim)["consume_queues"]["queues"]}
     rep = sv.salvage(sim, tmp_path / "out")
     co = next(c for c in rep["config"] if c["name"] == "consumerOffset.json")
     assert co["chosen"] == "consumerOffset.json.bak"

@@ -59,10 +59,10 @@ def _open(args: argparse.Namespace) -> Store:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jobs import recover as rc
     from jobs import recover_plan
     from jobs.recover_apply import apply, restore
     from jobs.salvage import salvage
+    from storelib.broker.startup import simulate
 
     if args.restore:
         actions = restore(args.restore, os.path.abspath(args.store) if args.store else None)
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                       + (f" (resumed after {res.done_before} step(s) done earlier)" if res.resumed else "")
                       + f"; backup and manifest in {args.backup} (undo: rmqstore recover --restore {args.backup})")
         return 0
-    sim = rc.simulate(store, None, complete_index=not args.broker_exact_index)
+    sim = simulate(store, None, complete_index=not args.broker_exact_index)
     if args.salvage:
         rep = salvage(sim, args.salvage)
         if args.json:
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{len(rep['lost_ranges'])} lost byte range(s), {rep['bytes_unreadable']} bytes unreadable; "
                   f"{sum(len(c['changes']) for c in rep['config'])} config change(s)")
         return 0
-    plan = sim.plan
+    plan = recover_plan.plan_document(sim)
     if args.plan_file and args.plan_file != "-":
         recover_plan.write_json_atomic(args.plan_file, plan)
     if args.json:

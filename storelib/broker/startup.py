@@ -1,4 +1,4 @@
-"""Offline replay of the broker's start-up recovery: plan it, apply it with backups, salvage the rest.
+"""The broker's start-up replayed read-only: what a RocketMQ broker would change in a store when it starts.
 
 One simulation (:func:`simulate`) follows what a broker does at start-up (store-algorithms §8), in
 the broker's order, on in-memory models of the files it changes:
@@ -14,86 +14,116 @@ the broker's order, on in-memory models of the files it changes:
 5. truncateDirtyLogicFiles(processOffset) per queue when maxPhyOffsetOfConsumeQueue >= processOffset
    (§8.6, including the "first entry only" rule and the provisional maxPhysicOffset of emptied queues);
 6. 4.9.8: the reput from max(maxPhysicOffset over queues, commitlog min offset) (§8.9) — same writers;
-7. lost messages: every record a start-up drops (after processOffset; 4.9.8 reput skipping the rest of
-   a segment after an undecodable record), found by resynchronising over corrupt regions
-   (:mod:`storelib.broker.resync`).
-
-``--plan`` turns the simulation into a JSON document (schema ``rmqstore.recover.plan/1``,
-:mod:`jobs.recover_plan`); the lost messages are scanned in :mod:`jobs.recover_lost`.
-
-``--apply`` carries it out without a broker, crash-safely (see :func:`apply`): all new file contents
-are first *staged* in the backup directory, then each step backs up what it touches
-(:class:`storelib.fileio.backup.Backup`) and performs one idempotent operation, and is marked done in a
-journal. A rerun after a kill continues from the journal with the staged plan (never re-plans from
-a half-changed store).
-
-Truncating the commitlog offline: the broker only moves its write position and leaves the bytes after
-processOffset on disk (the next start would find them again only if they were valid, which they are
-not — except that a *later* corruption fix or a different window could resurrect them). Offline there
-is no write position to move, so apply **zeroes** the segment from processOffset to its end (in place,
-zeros written front to back, so at every instant the record at processOffset is invalid and a broker
-started mid-way sees the same valid end). ConsumeQueue tails after the new write position are zeroed
-the same way (stale units would otherwise be recovered as valid on the next start). The exact
-original bytes are in the backup, so ``--restore`` is byte-identical.
+7. lost messages: where the data a start-up drops begins (after processOffset; 4.9.8 reput skipping the
+   rest of a segment after an undecodable record); the records themselves are scanned by
+   :mod:`storelib.broker.startuplost`.
 
 The checkpoint is rewritten so it never claims more than the store holds: physicMsgTimestamp = store
 time of the last valid record, logicsMsgTimestamp = store time of the last record with a CQ entry in
 that segment (else min(old, physic)), indexMsgTimestamp = min(old, physic); 5.x also sets
 confirmPhyOffset to the start of the last valid record (as its recovery does); bytes 24.. are kept
 for 4.9.8 (it never writes them).
-"""
 
+The result (:class:`Simulation`) is what ``rmqstore recover`` turns into its plan, applies and salvages;
+nothing here writes to the store.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.recover_model import Simulation
-from jobs.recover_plan import plan_document, range_dict
-from storelib.broker.cqrecovery import QueueReplay
+from storelib.broker.cqrecovery import QueueReplay, QueueReport
 from storelib.broker.cqwriter import build_consume_queues
 from storelib.broker.dispatch import DISPATCH_COLUMNS, index_geometry
 from storelib.broker.indexbuild import IndexImage, IndexState, index_dispatched
 from storelib.broker.recovery import (
     DispatchRange,
+    RecoveryInputs,
     RecoveryResult,
+    WalkPlan,
     finish_walk,
     plan_recovery,
     run_tasks,
     store_inputs,
 )
-from storelib.broker.timerrecovery import plan_timer_recovery
+from storelib.broker.store import Store
+from storelib.broker.timerrecovery import TimerRecovery, plan_timer_recovery
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.smallfile_io import read_small
 from storelib.format.checkpoint import CHECKPOINT_SIZE, Checkpoint, read_checkpoint
 from storelib.format.consumequeue import ConsumeQueue, list_queues
-from storelib.format.indexdir import list_index_files
+from storelib.format.indexdir import IndexFileRef, list_index_files
 from storelib.format.indexfile import HEADER_SIZE, IndexHeader
-from storelib.format.markers import abort_state, lock_state
+from storelib.format.markers import AbortState, LockState, abort_state, lock_state
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.commitlog import Segment
 from storelib.scan.scanner import SegmentScan
 
-MARKER = ".rmqstore-recover"  # in the store root while an apply is under way (names the backup dir)
-JOURNAL = "journal.jsonl"
-PLAN_FILE = "plan.json"
-STEPS_FILE = "steps.json"
-STAGED = "staged"
 _ZERO_CHUNK = 4 * 1024 * 1024
 
-# ---------------------------------------------------------------------------------------------
-# the simulation
+
+@dataclass
+class IndexFileOnLoad:
+    """One index file as the start-up loads it (header fields None when the header cannot be read)."""
+
+    name: str
+    end_timestamp: int | None
+    end_phy_offset: int | None
+    index_count: int | None
+    delete: bool
 
 
-def _read_ranges(store, ranges: Iterable[DispatchRange], delay_levels: list[int]) -> pa.Table:
+@dataclass
+class Reput:
+    """The reput after recovery (§8.9; 4.9.8 reads ``ranges``): where it starts (None: no reput), where it
+    ends, what it dispatches."""
+
+    start: int | None
+    end: int
+    ranges: list[DispatchRange] = field(default_factory=list)
+
+
+@dataclass
+class Simulation:
+    """Everything a start-up would do to one store, computed read-only: the file changes (for apply and
+    salvage) and the broker's view on the way (for the plan)."""
+
+    store: Store
+    version: str
+    walk: RecoveryResult
+    queues: dict[tuple[str, int], QueueReplay]
+    queue_reports: list[QueueReport]  # the queues' final reports, by (topic, queue id)
+    index_delete: list[str]
+    index_images: list[IndexImage]
+    checkpoint_bytes: bytes | None
+    commitlog_zero_from: tuple[str, int] | None
+    commitlog_delete: list[str]
+    lost_ranges: list[tuple[Segment, int, str]]  # (segment, file offset, why) where lost data starts
+    timer: TimerRecovery | None  # the 5.x timer store's start-up (storelib.broker.timerrecovery)
+    abort: AbortState
+    lock: LockState
+    checkpoint: Checkpoint  # as the start-up reads it
+    checkpoint_after: Checkpoint
+    inputs: RecoveryInputs
+    index_files: list[IndexFileOnLoad]
+    reput: Reput
+    recovery_records: int  # records dispatched during recovery
+    reput_records: int
+    index_keys_added: int  # the broker's
+    index_keys_extra: int  # only complete_index adds these
+    index_extra_records: int
+    complete_index: bool
+    findings: list[Finding]
+
+
+def _read_ranges(store: Store, ranges: Iterable[DispatchRange], delay_levels: list[int]) -> pa.Table:
     """The dispatch columns of every record in ``ranges`` (PHYSICALOFFSET filter for 5.x ``after``)."""
     by_base = {s.base: s for s in store.commitlog.segments}
     batches: list[pa.RecordBatch] = []
@@ -116,7 +146,7 @@ def _read_ranges(store, ranges: Iterable[DispatchRange], delay_levels: list[int]
     return pa.Table.from_batches(batches)
 
 
-def _last_records(store, P: int) -> tuple[int, int, int] | None:
+def _last_records(store: Store, P: int) -> tuple[int, int, int] | None:
     """(start, store time, store time of the last CQ-able record or 0) of the last record before P."""
     segs = [s for s in store.commitlog.segments if s.base < P and s.file_size > 0]
     for seg in reversed(segs):
@@ -137,7 +167,7 @@ def _last_records(store, P: int) -> tuple[int, int, int] | None:
     return None
 
 
-def _index_header(ref) -> IndexHeader | None:
+def _index_header(ref: IndexFileRef) -> IndexHeader | None:
     try:
         with ref.loc.fs.open_input_file(ref.loc.path) as f:
             return IndexHeader.from_bytes(f.read_at(HEADER_SIZE, 0), "index/" + ref.name)
@@ -145,12 +175,12 @@ def _index_header(ref) -> IndexHeader | None:
         return None
 
 
-def simulate(store, version: str | None = None, *, lost: bool = True, complete_index: bool = True) -> Simulation:
+def simulate(store: Store, version: str | None = None, *, complete_index: bool = True) -> Simulation:
     """Replay a broker start-up on ``store`` (read-only); see the module docstring for the order.
 
     ``complete_index`` (a named deviation, default on): after an abnormal exit also re-index records
     before the recovery start segment whose index file was deleted, which the broker leaves out of
-    the index. The plan reports both counts (``index.entries_added`` is the broker's).
+    the index. The simulation keeps both counts (``index_keys_added`` is the broker's).
     """
     settings = store.settings
     version = version or ("5" if str(settings.version).startswith("5") else "4")
@@ -160,7 +190,8 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
     lock = lock_state(store.loc)
     cp = _checkpoint_before(store, findings)
     refs = list_index_files(store.loc, findings)
-    idx_rows, index_delete = _index_on_load(refs, abort.last_exit_ok, cp)
+    index_files = _index_on_load(refs, abort.last_exit_ok, cp)
+    index_delete = [f.name for f in index_files if f.delete]
     queues = _load_queues(store, findings)
     cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1])
 
@@ -183,16 +214,25 @@ def simulate(store, version: str | None = None, *, lost: bool = True, complete_i
     cp_bytes = _checkpoint_image(store, new_cp, version)
     timer = plan_timer_recovery(store.loc, settings, store.commitlog, int(time.time() * 1000)) \
         if version == "5" and store.exists("timerlog") else None
-    sim = Simulation(store, version, {}, walk, queues, index_delete, index_images, cp_bytes, zero_from,
-                     delete_names, lost_ranges, timer)
-    sim.plan = plan_document(sim, abort=abort, lock=lock, cp=cp, new_cp=new_cp, inputs=inputs,
-                             idx_rows=idx_rows, reput=reput, t_rec=t_rec, t_rep=t_rep, keys_added=keys_added,
-                             keys_extra=keys_extra, extra_records=t_extra.num_rows, complete_index=complete_index,
-                             findings=findings, lost=lost)
-    return sim
+    return Simulation(
+        store, version, walk, queues, _finish_queues(store, queues, delete_names), index_delete, index_images,
+        cp_bytes, zero_from, delete_names, lost_ranges, timer, abort=abort, lock=lock, checkpoint=cp,
+        checkpoint_after=new_cp, inputs=inputs, index_files=index_files, reput=reput,
+        recovery_records=t_rec.num_rows, reput_records=t_rep.num_rows, index_keys_added=keys_added,
+        index_keys_extra=keys_extra, index_extra_records=t_extra.num_rows, complete_index=complete_index,
+        findings=findings)
 
 
-def _checkpoint_before(store, findings: list[Finding]) -> Checkpoint:
+def _finish_queues(store: Store, queues: dict[tuple[str, int], QueueReplay], commitlog_delete: list[str]
+                   ) -> list[QueueReport]:
+    """Each queue's final report (correctMinOffset against the commitlog that remains), by (topic, queue id);
+    after every dispatch, once."""
+    remaining = [s for s in store.commitlog.segments if s.name not in commitlog_delete]
+    commitlog_min = remaining[0].base if remaining else 0
+    return [queues[key].finish(commitlog_min) for key in sorted(queues)]
+
+
+def _checkpoint_before(store: Store, findings: list[Finding]) -> Checkpoint:
     """The checkpoint the start-up reads (all zeros, and a finding, when there is none)."""
     if store.exists("checkpoint"):
         return read_checkpoint(store.loc, strict=False)
@@ -201,24 +241,19 @@ def _checkpoint_before(store, findings: list[Finding]) -> Checkpoint:
     return Checkpoint()
 
 
-def _index_on_load(refs: list, last_exit_ok: bool, cp: Checkpoint) -> tuple[list[dict], list[str]]:
-    """§8.1 step 5: index files newer than the index checkpoint are deleted after an abnormal exit;
-    (the plan's rows of every index file, the names deleted)."""
-    idx_rows: list[dict] = []
-    index_delete: list[str] = []
+def _index_on_load(refs: list[IndexFileRef], last_exit_ok: bool, cp: Checkpoint) -> list[IndexFileOnLoad]:
+    """§8.1 step 5: index files newer than the index checkpoint are deleted after an abnormal exit."""
+    out: list[IndexFileOnLoad] = []
     for r in refs:
         h = _index_header(r)
         delete = (not last_exit_ok) and h is not None and h.end_timestamp > cp.index_msg_timestamp
-        if delete:
-            index_delete.append(r.name)
-        idx_rows.append({"name": r.name, "end_timestamp": None if h is None else h.end_timestamp,
-                         "end_phy_offset": None if h is None else h.end_phy_offset,
-                         "index_count": None if h is None else h.index_count,
-                         "action": "delete" if delete else "keep"})
-    return idx_rows, index_delete
+        out.append(IndexFileOnLoad(r.name, None if h is None else h.end_timestamp,
+                                   None if h is None else h.end_phy_offset, None if h is None else h.index_count,
+                                   delete))
+    return out
 
 
-def _load_queues(store, findings: list[Finding]) -> dict[tuple[str, int], QueueReplay]:
+def _load_queues(store: Store, findings: list[Finding]) -> dict[tuple[str, int], QueueReplay]:
     """§8.2 ConsumeQueue.recover per queue: a model of each queue as the start-up loads it."""
     Scq = int(store.settings.mapped_file_size_consume_queue)
     queues: dict[tuple[str, int], QueueReplay] = {}
@@ -238,7 +273,7 @@ def _load_queues(store, findings: list[Finding]) -> dict[tuple[str, int], QueueR
     return queues
 
 
-def _recovery_dispatch(store, walk: RecoveryResult, segs: list[Segment],
+def _recovery_dispatch(store: Store, walk: RecoveryResult, segs: list[Segment],
                        queues: dict[tuple[str, int], QueueReplay], findings: list[Finding]) -> pa.Table:
     """Records dispatched during recovery (abnormal both versions; 5.x normal) into the queue models, then
     the CQ truncation at processOffset; the records dispatched."""
@@ -255,24 +290,25 @@ def _recovery_dispatch(store, walk: RecoveryResult, segs: list[Segment],
     return t_rec
 
 
-def _reput(store, version: str, wplan, walk: RecoveryResult, queues: dict[tuple[str, int], QueueReplay],
-           findings: list[Finding], schema: pa.Schema) -> tuple[dict[str, Any], pa.Table, RecoveryResult | None]:
+def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
+           queues: dict[tuple[str, int], QueueReplay], findings: list[Finding], schema: pa.Schema
+           ) -> tuple[Reput, pa.Table, RecoveryResult | None]:
     """4.9.8 reput (§8.9) from the queues' maxPhysicOffset after recovery, into the queue models;
-    (the plan's reput section, the records dispatched, the reput's walk or None)."""
+    (where it ran, the records dispatched, the reput's walk or None)."""
     P = walk.process_offset
     segs = list(wplan.segments)
     delay_levels = list(store.settings.delay_levels_ms)
-    reput: dict[str, Any] = {"from": None, "to": P, "ranges": []}
+    reput = Reput(None, P)
     t_rep = schema.empty_table()
     reput_walk = None
     if version == "4" and segs:
         reput_from = max([q.state.max_physic_offset for q in queues.values()] + [segs[0].base, 0])
-        reput["from"] = reput_from
+        reput.start = reput_from
         if reput_from < P:
             p2 = replace(wplan, reput_from=reput_from)
             reput_walk = finish_walk(p2, run_tasks(p2, delay_levels_ms=delay_levels))
             rr = [d for d in reput_walk.dispatch if d.by == "reput"]
-            reput["ranges"] = [range_dict(d) for d in rr]
+            reput.ranges = rr
             findings.extend(f for f in reput_walk.findings if f.kind.startswith("reput"))
             t_rep = _read_ranges(store, rr, delay_levels)
             _cq_dispatch(queues, t_rep, store.loc, int(store.settings.mapped_file_size_consume_queue), "reput",
@@ -282,12 +318,12 @@ def _reput(store, version: str, wplan, walk: RecoveryResult, queues: dict[tuple[
                                     f"the consume queues' maxPhysicOffset {reput_from} is past processOffset {P}: "
                                     "reput dispatches nothing until the commitlog grows past it"))
     if version == "5":
-        reput["from"] = P
+        reput.start = P
     return reput, t_rep, reput_walk
 
 
-def _index_after(store, version: str, refs: list, index_delete: list[str], wplan, walk: RecoveryResult,
-                 dispatched: tuple[pa.Table, pa.Table], complete_index: bool
+def _index_after(store: Store, version: str, refs: list[IndexFileRef], index_delete: list[str],
+                 wplan: WalkPlan, walk: RecoveryResult, dispatched: tuple[pa.Table, pa.Table], complete_index: bool
                  ) -> tuple[list[IndexImage], int, int, pa.Table]:
     """The index: remaining files loaded, the last one continued with every dispatched record's keys;
     (index images, keys the broker adds, keys only ``complete_index`` adds, the records it re-indexes)."""
@@ -329,7 +365,8 @@ def _index_after(store, version: str, refs: list, index_delete: list[str], wplan
     return index_images, keys_added, keys_extra, t_extra
 
 
-def _commitlog_changes(store, walk: RecoveryResult, segs: list[Segment]) -> tuple[tuple[str, int] | None, list[str]]:
+def _commitlog_changes(store: Store, walk: RecoveryResult, segs: list[Segment]
+                       ) -> tuple[tuple[str, int] | None, list[str]]:
     """(segment and position to zero from, when bytes follow the truncation point; segments deleted)."""
     zero_from = None
     if walk.truncate is not None:
@@ -358,7 +395,7 @@ def _lost_ranges(segs: list[Segment], P: int, reput_walk: RecoveryResult | None,
     return lost_ranges
 
 
-def _checkpoint_after(store, cp: Checkpoint, version: str, P: int, segs: list[Segment]) -> Checkpoint:
+def _checkpoint_after(store: Store, cp: Checkpoint, version: str, P: int, segs: list[Segment]) -> Checkpoint:
     """The checkpoint rewritten to claim no more than the store holds after the start-up."""
     last = _last_records(store, P) if segs else None
     if last is None:
@@ -385,7 +422,7 @@ def _has_nonzero(seg: Segment, pos: int) -> bool:
         return False
 
 
-def _checkpoint_image(store, cp: Checkpoint, version: str) -> bytes:
+def _checkpoint_image(store: Store, cp: Checkpoint, version: str) -> bytes:
     """The new 4096-byte checkpoint: fields patched into the existing page (4.9.8 keeps bytes 24..)."""
     old = read_small(store.path("checkpoint"), 1 << 20)
     page = bytearray(old[:CHECKPOINT_SIZE]) if old else bytearray(CHECKPOINT_SIZE)
@@ -413,6 +450,3 @@ def _cq_dispatch(queues: dict[tuple[str, int], QueueReplay], table: pa.Table, ro
         if q is None:
             q = queues[key] = QueueReplay(key[0], key[1], root, S, None)
         q.put(img, by)
-
-
-__all__ = ["Simulation", "simulate"]

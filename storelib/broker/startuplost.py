@@ -1,6 +1,6 @@
-"""Lost messages: every record a simulated broker start-up (:func:`jobs.recover.simulate`) drops, found by
-scanning its lost ranges and resynchronising over corrupt regions (:mod:`storelib.broker.resync`); the
-plan's ``lost`` section and the salvage export both read them from here.
+"""Lost messages: every record a simulated broker start-up (:func:`storelib.broker.startup.simulate`) drops,
+found by scanning its lost ranges and resynchronising over corrupt regions (:mod:`storelib.broker.resync`);
+the recover plan's ``lost`` section, the audit's damage cost and the salvage export all read them from here.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import contextlib
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.recover_model import Simulation
 from storelib.broker.resync import find_next_record, lost_region
+from storelib.broker.startup import Simulation
 from storelib.fileio.bytesource import LocalSource
 from storelib.scan.commitlog import Segment, offset_to_file_name
 from storelib.scan.scanner import SegmentScan
