@@ -68,6 +68,22 @@ def test_audit_reports_an_unsafe_topic_once_not_per_queue(capsys, tmp_path):
     assert not any(k == "queue_missing" for k, _ in kinds)
 
 
+def test_audit_queue_rows_of_an_unsafe_topic_are_its_own_and_all_lag(capsys, tmp_path):
+    """Each queue of a topic that cannot be a directory has its row (every message is lag); no other
+    queue's row is overwritten by it."""
+    store = tmp_path / "store"
+    _gen(capsys, store, ["Fine", "../escape"])
+    rc, out, _ = run_cli(capsys, "audit", store, "--quiet", "--json")
+    queues = json.loads(out)["queues"]
+    bad = [q for q in queues if q["topic"] == "../escape"]
+    fine = [q for q in queues if q["topic"] == "Fine"]
+    assert {q["queue_id"] for q in bad} == {q["queue_id"] for q in fine} and len(bad) == len(fine)
+    assert all(q["lag"] == q["messages"] > 100 and q["max_offset"] == 0 for q in bad)
+    finding = next(f for f in json.loads(out)["findings"] if f["kind"] == "unsafe_topic_name")
+    assert sum(q["messages"] for q in bad) == finding["extra"]["records"]
+    assert fine and all(q["lag"] == 0 and q["max_offset"] == q["messages"] for q in fine)
+
+
 def test_get_by_queue_works_for_an_emoji_topic_and_refuses_a_path(capsys, tmp_path):
     store = tmp_path / "store"
     _gen(capsys, store, ["Emoji🚀Topic"])

@@ -219,42 +219,48 @@ def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Ca
             out.add(vfi)
     # every keyed message findable
     if settings.message_index_enable and keys.n and not keys.all_matched():
-        if k_ is None:
-            k_ = key_codes(log)
-        kphy, khash, kcode, kpos = k_.kphy, k_.khash, k_.kcode, k_.kpos
-        # the files whose entries were the keys' sequence: their codes are those keys' codes
-        all_codes.extend(np.sort(k_.kcode[a:b]) for a, b in keys.spans)
-        if len(all_codes) == 1:
-            have = all_codes[0]
-        else:  # sorted runs: the stable sort (timsort) merges them
-            have = np.sort(np.concatenate(all_codes), kind="stable") if all_codes else np.zeros(0, np.int64)
-        if np.array_equal(kpos, have):  # every key's code is some entry's: none missing
-            missing = np.zeros(0, np.int64)
-        else:
-            missing = np.flatnonzero(~_member(kcode, have) & (kcode >= 0))
-        if len(missing):
-            mphy = kphy[missing]
-            first_begin = min((fi["begin_phy"] for fi in info["files"]), default=0)
-            explained = log.in_lost(mphy) | (mphy < log.log_min)
-            if wrong_phy:
-                wp = np.concatenate(wrong_phy)
-                explained |= _member(mphy, np.sort(wp))
-            behind = ~explained & (mphy > max_end_phy)
-            real = ~explained & ~behind
-            if behind.any():
-                out.add(Finding("index_behind_commitlog", "warning", "index", None,
-                                f"{int(behind.sum())} keys of messages after the last indexed message "
-                                f"({max_end_phy}) are not indexed yet; the broker indexes them when it dispatches",
-                                {"count": int(behind.sum())}))
-            for j in np.flatnonzero(real).tolist():
-                p = int(mphy[j])
-                S = log.segment_size
-                sev = "warning" if p < first_begin else "error"
-                out.add(Finding("index_key_missing", sev, f"commitlog/{p // S * S:020d}", p % S,
-                                f"a key of the message at {p} (hash {int(khash[missing[j]])}) is not findable "
-                                "through any index file", {"phy": p, "key_hash": int(khash[missing[j]])}))
+        _keys_findable(log, k_ if k_ is not None else key_codes(log), keys, all_codes, wrong_phy, info, max_end_phy,
+                       out)
     info["max_end_phy"] = max_end_phy
     return info
+
+
+def _keys_findable(log: LogView, k_: KeyCodes, keys: _KeySequence, all_codes: list[np.ndarray],
+                   wrong_phy: list[np.ndarray], info: dict, max_end_phy: int, out: _Capped) -> None:
+    """Every record key is some entry's (by code): keys not indexed yet after the last indexed message, or
+    missing for good (explained by lost data, expiry or an entry with the wrong hash, or not)."""
+    kphy, khash, kcode, kpos = k_.kphy, k_.khash, k_.kcode, k_.kpos
+    # the files whose entries were the keys' sequence: their codes are those keys' codes
+    all_codes.extend(np.sort(k_.kcode[a:b]) for a, b in keys.spans)
+    if len(all_codes) == 1:
+        have = all_codes[0]
+    else:  # sorted runs: the stable sort (timsort) merges them
+        have = np.sort(np.concatenate(all_codes), kind="stable") if all_codes else np.zeros(0, np.int64)
+    if np.array_equal(kpos, have):  # every key's code is some entry's: none missing
+        missing = np.zeros(0, np.int64)
+    else:
+        missing = np.flatnonzero(~_member(kcode, have) & (kcode >= 0))
+    if len(missing):
+        mphy = kphy[missing]
+        first_begin = min((fi["begin_phy"] for fi in info["files"]), default=0)
+        explained = log.in_lost(mphy) | (mphy < log.log_min)
+        if wrong_phy:
+            wp = np.concatenate(wrong_phy)
+            explained |= _member(mphy, np.sort(wp))
+        behind = ~explained & (mphy > max_end_phy)
+        real = ~explained & ~behind
+        if behind.any():
+            out.add(Finding("index_behind_commitlog", "warning", "index", None,
+                            f"{int(behind.sum())} keys of messages after the last indexed message "
+                            f"({max_end_phy}) are not indexed yet; the broker indexes them when it dispatches",
+                            {"count": int(behind.sum())}))
+        for j in np.flatnonzero(real).tolist():
+            p = int(mphy[j])
+            S = log.segment_size
+            sev = "warning" if p < first_begin else "error"
+            out.add(Finding("index_key_missing", sev, f"commitlog/{p // S * S:020d}", p % S,
+                            f"a key of the message at {p} (hash {int(khash[missing[j]])}) is not findable "
+                            "through any index file", {"phy": p, "key_hash": int(khash[missing[j]])}))
 
 
 def _abnormal_start_note(info: dict, out: _Capped, display: str, h: Any, idx_ts: int | None, abort: bool) -> None:

@@ -197,8 +197,6 @@ def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings,
     """ConsumeQueue entries vs records both ways; queue min/max offsets and lag. Returns per-queue stats.
 
     ``loaded``: the queues read beforehand (:func:`load_consume_queues`, same ``log.log_min``)."""
-    from storelib.format.consumequeue import CQ_UNIT_SIZE, filler_mask
-
     if loaded is None:
         loaded = load_consume_queues(root, settings, log.log_min)
     out.extend(loaded.findings)
@@ -211,119 +209,146 @@ def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings,
     seen_queues = set()
     for (topic, qid), (n, u, files, cq_max, cq_min) in per_queue.items():
         seen_queues.add((topic, qid))
-        bases = np.array([b for b, _ in files], dtype=np.int64)
-
-        def where(k: int, n=n, bases=bases, files=files) -> tuple[str | None, int]:
-            byte = int(n[k]) * CQ_UNIT_SIZE
-            i = int(np.searchsorted(bases, byte, side="right")) - 1
-            return files[i][1], byte - int(bases[i])
-
-        phy = u["phy_offset"].astype(np.int64)
-        size = u["size"].astype(np.int64)
-        valid = (phy >= 0) & (size > 0)
-        filler = filler_mask(u) if len(u) else np.zeros(0, bool)
-        last_valid = len(valid) - 1 - int(valid[::-1].argmax()) if valid.any() else -1
-        # holes: invalid units before the last valid one
-        holes = np.flatnonzero(~valid[: last_valid + 1])
-        if len(holes):
-            run_starts = holes[np.r_[True, np.diff(holes) > 1]]
-            run_lens = np.diff(np.r_[np.flatnonzero(np.r_[True, np.diff(holes) > 1]), len(holes)])
-            for k, ln in zip(run_starts.tolist(), run_lens.tolist()):
-                f, off = where(k)
-                out.add(Finding("cq_entry_missing", "error", f, off,
-                                f"{topic}/{qid}: {ln} invalid unit(s) at queue offset {int(n[k])} before later valid "
-                                "entries; the broker's queue ends here (recovery truncates it, later entries are lost)",
-                                {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "count": ln}))
-        chk = np.flatnonzero(valid & ~filler)
-        rows = _queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
-        exact = rows is not None
-        if rows is None:
-            rows = log.lookup_field(phy[chk], _queue_hint(log, (topic, qid), n[chk]))
-        tcode = log.topic_code.get(topic, -1)
-        miss = rows < 0
-        mp = phy[chk][miss]
-        expired = mp < log.log_min
-        lost = log.in_lost(mp)
-        past = (mp >= log.log_end) & ~lost
-        mid = ~(past | expired | lost)
-        ks = chk[miss]
-        if past.any():
-            k0 = int(ks[past][0])
-            f, off = where(k0)
-            out.add(Finding("cq_entry_past_commitlog", "error", f, off,
-                            f"{topic}/{qid}: {int(past.sum())} entries from queue offset {int(n[k0])} point past the end "
-                            f"of the commitlog data ({log.log_end}); recovery truncates them",
-                            {"topic": topic, "queue_id": qid, "count": int(past.sum()), "queue_offset": int(n[k0])}))
-        for k in ks[mid].tolist():
-            f, off = where(k)
-            out.add(Finding("cq_entry_not_record_start", "error", f, off,
-                            f"{topic}/{qid} offset {int(n[k])}: phyOffset {int(phy[k])} is not the start of a record",
-                            {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "phy": int(phy[k])}))
-        hit = chk[~miss]
-        r = rows[~miss]
-        if len(hit):
-            bad_size = log.size[r] != size[hit]
-            if exact:  # the queue's own dispatchable records, with these queue offsets
-                bad_topic = bad_qo = bad_tran = np.zeros(len(hit), bool)
-            else:
-                bad_topic = (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
-                bad_qo = log.qoff[r] != n[hit]
-                bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
-            bad_tags = log.tags[r] != u["tags_code"][hit].astype(np.int64)
-            bad = bad_size | bad_topic | bad_qo | bad_tags | bad_tran
-            for j in np.flatnonzero(bad).tolist():
-                k, rr = int(hit[j]), int(r[j])
-                what = []
-                if bad_size[j]:
-                    what.append(f"size {int(size[k])} vs record {int(log.size[rr])}")
-                if bad_topic[j]:
-                    what.append(f"record is {log.topic_names[int(log.topic_idx[rr])]}/{int(log.qid[rr])}")
-                if bad_qo[j]:
-                    what.append(f"record QUEUEOFFSET {int(log.qoff[rr])}")
-                if bad_tags[j]:
-                    what.append(f"tagsCode {int(u['tags_code'][k])} vs record {int(log.tags[rr])}")
-                if bad_tran[j]:
-                    what.append("record is a PREPARED/ROLLBACK transaction record (never dispatched)")
-                f, off = where(k)
-                out.add(Finding("cq_entry_mismatch", "error", f, off,
-                                f"{topic}/{qid} offset {int(n[k])} → record at {int(phy[k])}: " + "; ".join(what),
-                                {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "phy": int(phy[k])}))
-        # message side: records of this queue beyond the queue's valid units
+        last_valid = _check_units(log, out, topic, qid, n, u, files)
         fact = facts.get((topic, qid))
-        lag = 0
-        behind_bytes = 0
-        if fact is not None and tcode >= 0:
-            recs = log.queue_rows[(topic, qid)]  # dispatchable records of the queue, commitlog order
-            qo = log.qoff[recs]
-            last_n = int(n[last_valid]) if last_valid >= 0 else -1
-            beyond = recs[qo > last_n]
-            if len(beyond):
-                after = log.phy[beyond] >= reput_from
-                lag = len(beyond)
-                behind_bytes = int(log.size[beyond].sum())
-                if after.all():
-                    out.add(Finding("queue_behind_commitlog", "warning", f"consumequeue/{topic}/{qid}", None,
-                                    f"{len(beyond)} messages ({behind_bytes} bytes) from queue offset "
-                                    f"{int(log.qoff[beyond[0]])} are not in the consume queue yet; the broker dispatches "
-                                    f"them on start (reput from {reput_from})",
-                                    {"topic": topic, "queue_id": qid, "count": len(beyond), "bytes": behind_bytes}))
-                else:
-                    b0 = beyond[~after]
-                    out.add(Finding("cq_entries_missing_for_messages", "error", f"consumequeue/{topic}/{qid}", None,
-                                    f"{len(b0)} messages from queue offset {int(log.qoff[b0[0]])} (phy {int(log.phy[b0[0]])})"
-                                    f" have no CQ entry and lie before the reput position {reput_from}: the broker "
-                                    "never dispatches them again", {"topic": topic, "queue_id": qid, "count": len(b0)}))
-            first_n = int(n[0]) if len(n) else None
-            if first_n is not None:
-                before = recs[(qo < first_n) & (log.phy[recs] >= log.log_min)]
-                if len(before):
-                    out.add(Finding("cq_file_missing", "error", f"consumequeue/{topic}/{qid}", None,
-                                    f"{len(before)} messages with queue offsets below {first_n} are in the commitlog but "
-                                    "no CQ file holds their entries", {"topic": topic, "queue_id": qid}))
+        lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from)
         stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": cq_min, "max_offset": cq_max,
                                "raw_max_offset": int(n[last_valid]) + 1 if last_valid >= 0 else cq_max,
                                "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                "messages": fact["messages"] if fact else 0, "lag": lag, "lag_bytes": behind_bytes}
+    _queues_without_cq(root, log, facts, seen_queues, reput_from, out, stats)
+    stats["__reput_from__"] = reput_from  # type: ignore[index]
+    return stats
+
+
+def _check_units(log: LogView, out: _Capped, topic: str, qid: int, n: np.ndarray, u: np.ndarray,
+                 files: list[tuple[int, str | None]]) -> int:
+    """One queue's units against the records: holes before the last valid unit, units pointing past the
+    log or at no record start, units whose record disagrees. Returns the last valid unit's index (-1)."""
+    from storelib.format.consumequeue import CQ_UNIT_SIZE, filler_mask
+
+    bases = np.array([b for b, _ in files], dtype=np.int64)
+
+    def where(k: int, n=n, bases=bases, files=files) -> tuple[str | None, int]:
+        byte = int(n[k]) * CQ_UNIT_SIZE
+        i = int(np.searchsorted(bases, byte, side="right")) - 1
+        return files[i][1], byte - int(bases[i])
+
+    phy = u["phy_offset"].astype(np.int64)
+    size = u["size"].astype(np.int64)
+    valid = (phy >= 0) & (size > 0)
+    filler = filler_mask(u) if len(u) else np.zeros(0, bool)
+    last_valid = len(valid) - 1 - int(valid[::-1].argmax()) if valid.any() else -1
+    # holes: invalid units before the last valid one
+    holes = np.flatnonzero(~valid[: last_valid + 1])
+    if len(holes):
+        run_starts = holes[np.r_[True, np.diff(holes) > 1]]
+        run_lens = np.diff(np.r_[np.flatnonzero(np.r_[True, np.diff(holes) > 1]), len(holes)])
+        for k, ln in zip(run_starts.tolist(), run_lens.tolist()):
+            f, off = where(k)
+            out.add(Finding("cq_entry_missing", "error", f, off,
+                            f"{topic}/{qid}: {ln} invalid unit(s) at queue offset {int(n[k])} before later valid "
+                            "entries; the broker's queue ends here (recovery truncates it, later entries are lost)",
+                            {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "count": ln}))
+    chk = np.flatnonzero(valid & ~filler)
+    rows = _queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
+    exact = rows is not None
+    if rows is None:
+        rows = log.lookup_field(phy[chk], _queue_hint(log, (topic, qid), n[chk]))
+    tcode = log.topic_code.get(topic, -1)
+    miss = rows < 0
+    mp = phy[chk][miss]
+    expired = mp < log.log_min
+    lost = log.in_lost(mp)
+    past = (mp >= log.log_end) & ~lost
+    mid = ~(past | expired | lost)
+    ks = chk[miss]
+    if past.any():
+        k0 = int(ks[past][0])
+        f, off = where(k0)
+        out.add(Finding("cq_entry_past_commitlog", "error", f, off,
+                        f"{topic}/{qid}: {int(past.sum())} entries from queue offset {int(n[k0])} point past the end "
+                        f"of the commitlog data ({log.log_end}); recovery truncates them",
+                        {"topic": topic, "queue_id": qid, "count": int(past.sum()), "queue_offset": int(n[k0])}))
+    for k in ks[mid].tolist():
+        f, off = where(k)
+        out.add(Finding("cq_entry_not_record_start", "error", f, off,
+                        f"{topic}/{qid} offset {int(n[k])}: phyOffset {int(phy[k])} is not the start of a record",
+                        {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "phy": int(phy[k])}))
+    hit = chk[~miss]
+    r = rows[~miss]
+    if len(hit):
+        bad_size = log.size[r] != size[hit]
+        if exact:  # the queue's own dispatchable records, with these queue offsets
+            bad_topic = bad_qo = bad_tran = np.zeros(len(hit), bool)
+        else:
+            bad_topic = (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
+            bad_qo = log.qoff[r] != n[hit]
+            bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
+        bad_tags = log.tags[r] != u["tags_code"][hit].astype(np.int64)
+        bad = bad_size | bad_topic | bad_qo | bad_tags | bad_tran
+        for j in np.flatnonzero(bad).tolist():
+            k, rr = int(hit[j]), int(r[j])
+            what = []
+            if bad_size[j]:
+                what.append(f"size {int(size[k])} vs record {int(log.size[rr])}")
+            if bad_topic[j]:
+                what.append(f"record is {log.topic_names[int(log.topic_idx[rr])]}/{int(log.qid[rr])}")
+            if bad_qo[j]:
+                what.append(f"record QUEUEOFFSET {int(log.qoff[rr])}")
+            if bad_tags[j]:
+                what.append(f"tagsCode {int(u['tags_code'][k])} vs record {int(log.tags[rr])}")
+            if bad_tran[j]:
+                what.append("record is a PREPARED/ROLLBACK transaction record (never dispatched)")
+            f, off = where(k)
+            out.add(Finding("cq_entry_mismatch", "error", f, off,
+                            f"{topic}/{qid} offset {int(n[k])} → record at {int(phy[k])}: " + "; ".join(what),
+                            {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "phy": int(phy[k])}))
+    return last_valid
+
+
+def _message_side(log: LogView, out: _Capped, topic: str, qid: int, n: np.ndarray, last_valid: int,
+                  fact: dict | None, reput_from: int) -> tuple[int, int]:
+    """Records of the queue beyond its valid units (lag, or lost to the broker before the reput position)
+    and below its first file. Returns (lag messages, lag bytes)."""
+    tcode = log.topic_code.get(topic, -1)
+    lag = 0
+    behind_bytes = 0
+    if fact is not None and tcode >= 0:
+        recs = log.queue_rows[(topic, qid)]  # dispatchable records of the queue, commitlog order
+        qo = log.qoff[recs]
+        last_n = int(n[last_valid]) if last_valid >= 0 else -1
+        beyond = recs[qo > last_n]
+        if len(beyond):
+            after = log.phy[beyond] >= reput_from
+            lag = len(beyond)
+            behind_bytes = int(log.size[beyond].sum())
+            if after.all():
+                out.add(Finding("queue_behind_commitlog", "warning", f"consumequeue/{topic}/{qid}", None,
+                                f"{len(beyond)} messages ({behind_bytes} bytes) from queue offset "
+                                f"{int(log.qoff[beyond[0]])} are not in the consume queue yet; the broker dispatches "
+                                f"them on start (reput from {reput_from})",
+                                {"topic": topic, "queue_id": qid, "count": len(beyond), "bytes": behind_bytes}))
+            else:
+                b0 = beyond[~after]
+                out.add(Finding("cq_entries_missing_for_messages", "error", f"consumequeue/{topic}/{qid}", None,
+                                f"{len(b0)} messages from queue offset {int(log.qoff[b0[0]])} (phy {int(log.phy[b0[0]])})"
+                                f" have no CQ entry and lie before the reput position {reput_from}: the broker "
+                                "never dispatches them again", {"topic": topic, "queue_id": qid, "count": len(b0)}))
+        first_n = int(n[0]) if len(n) else None
+        if first_n is not None:
+            before = recs[(qo < first_n) & (log.phy[recs] >= log.log_min)]
+            if len(before):
+                out.add(Finding("cq_file_missing", "error", f"consumequeue/{topic}/{qid}", None,
+                                f"{len(before)} messages with queue offsets below {first_n} are in the commitlog but "
+                                "no CQ file holds their entries", {"topic": topic, "queue_id": qid}))
+    return lag, behind_bytes
+
+
+def _queues_without_cq(root: Location, log: LogView, facts: dict, seen_queues: set, reput_from: int, out: _Capped,
+                       stats: dict) -> None:
+    """Queues with dispatchable records and no consume-queue directory: missing, behind, BatchConsumeQueue
+    topics (not read), or topics whose name cannot be a directory (their queues' stats say all is lag)."""
     unsafe: dict[str, list[int]] = {}  # topics that cannot be a directory: [records, first phy], one finding each
     batch = batch_cq_topics(root)
     batch_msgs: dict[str, int] = {}
@@ -338,6 +363,9 @@ def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings,
             u = unsafe.setdefault(topic, [0, int(fact["first_phy"])])
             u[0] += int(fact["messages"])
             u[1] = min(u[1], int(fact["first_phy"]))
+            stats[key] = {"topic": topic, "queue_id": qid, "min_offset": 0, "max_offset": 0,
+                          "cl_max_offset": fact["cl_max_offset"], "messages": fact["messages"],
+                          "lag": fact["messages"], "lag_bytes": 0}
             continue
         sev = "warning" if fact["first_phy"] >= reput_from else "error"
         out.add(Finding("queue_missing" if sev == "error" else "queue_behind_commitlog", sev,
@@ -355,8 +383,3 @@ def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings,
     S = log.segment_size
     for topic, (n, first) in sorted(unsafe.items()):
         out.add(unsafe_topic_finding(topic, f"commitlog/{first - first % S:020d}", first % S, n, first))
-        stats[key] = {"topic": topic, "queue_id": qid, "min_offset": 0, "max_offset": 0,
-                      "cl_max_offset": fact["cl_max_offset"], "messages": fact["messages"], "lag": fact["messages"],
-                      "lag_bytes": 0}
-    stats["__reput_from__"] = reput_from  # type: ignore[index]
-    return stats
