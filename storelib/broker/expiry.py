@@ -323,10 +323,7 @@ def load_snapshot(store, *, mtimes: str = "auto", tolerance_ms: int = MTIME_TOLE
     message's store time or later than the next segment's first one (beyond ``tolerance_ms``), as after
     a copy that did not keep times (tar with epoch dates, cp without -p).
     """
-    from storelib.fileio.bytesource import open_source
     from storelib.format.configjson import consumer_offsets, load_config
-    from storelib.format.indexdir import list_index_files
-    from storelib.format.indexfile import IndexHeader
 
     if mtimes not in ("auto", "file", "store-time"):
         raise ValueError(f"mtimes must be auto, file or store-time, not {mtimes!r}")
@@ -346,8 +343,61 @@ def load_snapshot(store, *, mtimes: str = "auto", tolerance_ms: int = MTIME_TOLE
     first_ms = _store_time(cl, first_phy) if len(all_phy) else None
     last_ms = _store_time(cl, int(all_phy[-1])) if len(all_phy) else None
 
-    # per segment: first and last message store times (one record read each)
     bases = np.array([s.base for s in segs], np.int64)
+    mt, src = _segment_mtimes(cl, segs, all_phy, bases, mtimes, tolerance_ms, findings)
+
+    # per-queue arrays
+    key_parts, size_parts = [], []
+    q_topic, q_id, q_max, q_first, q_count, q_mean = [], [], [], [], [], []
+    for i, (topic, qid, offs, _phy, size, mx, first_seg) in enumerate(queues):
+        q_topic.append(topic)
+        q_id.append(qid)
+        q_max.append(mx)
+        q_first.append(first_seg)
+        q_count.append(len(offs))
+        q_mean.append(float(size.mean()) if len(size) else 0.0)
+        key_parts.append((np.int64(i) << _KEY_SHIFT) | offs)
+        size_parts.append(size)
+    key = np.concatenate(key_parts) if key_parts else np.zeros(0, np.int64)
+    sizes = np.concatenate(size_parts) if size_parts else np.zeros(0, np.int64)
+    cum = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    bounds = np.unique(np.concatenate([bases, bases + S]))
+    bounds = bounds[bounds <= write_pos]
+    below = np.zeros((len(bounds), Q), np.int64)
+    for i, (_t, _q, offs, phy, _s, mx, _f) in enumerate(queues):
+        if len(offs):
+            idx = np.searchsorted(phy, bounds, "left")
+            below[:, i] = np.where(idx < len(offs), offs[np.minimum(idx, len(offs) - 1)], mx)
+        else:
+            below[:, i] = mx
+
+    idx_files = _index_file_ends(store, findings)
+
+    # consumer groups
+    cfg = load_config(store.loc, "consumerOffset.json")
+    findings.extend(cfg.findings)
+    offsets = consumer_offsets(cfg.data, findings=findings, file=cfg.path)
+    groups = sorted((g, t, q, off) for (t, g), qs in offsets.items() for q, off in qs.items())
+    if source == "commitlog":
+        findings.append(Finding("no_consumequeue", "info", "consumequeue", None,
+                                "no ConsumeQueue files: queue positions taken from a commitlog scan"))
+    return StoreSnapshot(
+        name=store.uri, segment_size=S, seg_base=bases, seg_mtime=np.array(mt, np.int64), seg_mtime_source=src,
+        write_pos=write_pos, first_phy=first_phy, first_store_ms=first_ms or 0, last_store_ms=last_ms or 0,
+        q_topic=q_topic, q_id=np.array(q_id, np.int32), q_max_offset=np.array(q_max, np.int64),
+        q_first_cq_seg=np.array(q_first, np.int64), q_count=np.array(q_count, np.int64),
+        q_mean_size=np.array(q_mean, np.float64),
+        cq_entries_per_file=store.settings.mapped_file_size_consume_queue // CQ_UNIT, key=key, cum_size=cum,
+        bounds=bounds, below=below, index_files=idx_files, cq_files=source == "consumequeue", groups=groups,
+        findings=findings)
+
+
+def _segment_mtimes(cl, segs: list, all_phy: np.ndarray, bases: np.ndarray, mtimes: str, tolerance_ms: int,
+                    findings: list[Finding]) -> tuple[list[int], list[str]]:
+    """Each segment's last-modified time as the cleaner will see it, and where it came from (see
+    :func:`load_snapshot`'s ``mtimes``)."""
+    S = cl.segment_size
+    # per segment: first and last message store times (one record read each)
     lo = np.searchsorted(all_phy, bases, "left")
     hi = np.searchsorted(all_phy, bases + S, "left")
     seg_first, seg_last = [], []
@@ -379,31 +429,14 @@ def load_snapshot(store, *, mtimes: str = "auto", tolerance_ms: int = MTIME_TOLE
                                 "segment mtimes look lost in a copy; last-modified times reconstructed from "
                                 "each segment's last message store time",
                                 {"segments": [s.name for s, x in zip(segs, src) if x == "store_time"]}))
+    return mt, src
 
-    # per-queue arrays
-    key_parts, size_parts = [], []
-    q_topic, q_id, q_max, q_first, q_count, q_mean = [], [], [], [], [], []
-    for i, (topic, qid, offs, _phy, size, mx, first_seg) in enumerate(queues):
-        q_topic.append(topic)
-        q_id.append(qid)
-        q_max.append(mx)
-        q_first.append(first_seg)
-        q_count.append(len(offs))
-        q_mean.append(float(size.mean()) if len(size) else 0.0)
-        key_parts.append((np.int64(i) << _KEY_SHIFT) | offs)
-        size_parts.append(size)
-    key = np.concatenate(key_parts) if key_parts else np.zeros(0, np.int64)
-    sizes = np.concatenate(size_parts) if size_parts else np.zeros(0, np.int64)
-    cum = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    bounds = np.unique(np.concatenate([bases, bases + S]))
-    bounds = bounds[bounds <= write_pos]
-    below = np.zeros((len(bounds), Q), np.int64)
-    for i, (_t, _q, offs, phy, _s, mx, _f) in enumerate(queues):
-        if len(offs):
-            idx = np.searchsorted(phy, bounds, "left")
-            below[:, i] = np.where(idx < len(offs), offs[np.minimum(idx, len(offs) - 1)], mx)
-        else:
-            below[:, i] = mx
+
+def _index_file_ends(store, findings: list[Finding]) -> list[tuple[str, int, int]]:
+    """(name, endPhyOffset, size) of every readable index file: what decides when the cleaner deletes it."""
+    from storelib.fileio.bytesource import open_source
+    from storelib.format.indexdir import list_index_files
+    from storelib.format.indexfile import IndexHeader
 
     # index files
     idx_files = []
@@ -419,21 +452,4 @@ def load_snapshot(store, *, mtimes: str = "auto", tolerance_ms: int = MTIME_TOLE
                                     f"header unreadable ({e}); the file is left out of the simulation"))
             continue
         idx_files.append((ref.name, int(end_phy), int(ref.size)))
-
-    # consumer groups
-    cfg = load_config(store.loc, "consumerOffset.json")
-    findings.extend(cfg.findings)
-    offsets = consumer_offsets(cfg.data, findings=findings, file=cfg.path)
-    groups = sorted((g, t, q, off) for (t, g), qs in offsets.items() for q, off in qs.items())
-    if source == "commitlog":
-        findings.append(Finding("no_consumequeue", "info", "consumequeue", None,
-                                "no ConsumeQueue files: queue positions taken from a commitlog scan"))
-    return StoreSnapshot(
-        name=store.uri, segment_size=S, seg_base=bases, seg_mtime=np.array(mt, np.int64), seg_mtime_source=src,
-        write_pos=write_pos, first_phy=first_phy, first_store_ms=first_ms or 0, last_store_ms=last_ms or 0,
-        q_topic=q_topic, q_id=np.array(q_id, np.int32), q_max_offset=np.array(q_max, np.int64),
-        q_first_cq_seg=np.array(q_first, np.int64), q_count=np.array(q_count, np.int64),
-        q_mean_size=np.array(q_mean, np.float64),
-        cq_entries_per_file=store.settings.mapped_file_size_consume_queue // CQ_UNIT, key=key, cum_size=cum,
-        bounds=bounds, below=below, index_files=idx_files, cq_files=source == "consumequeue", groups=groups,
-        findings=findings)
+    return idx_files
