@@ -207,6 +207,8 @@ def build_consume_queues(records: pa.Table | pa.RecordBatch, *, segment_size: in
     an existing queue (``QueueState.from_existing`` or a previous image's ``state``); other queues start
     empty. Returns one image per queue that had at least one NOT/COMMIT record.
     """
+    # one function (~120 lines): the broker's per-queue dispatch state machine over one vectorised pass; its
+    # intermediate columns feed each other step by step, and split up they would travel as a dozen arguments
     S = _check_segment_size(segment_size)
     state = state or {}
     cols = {name: _column(records, name) for name in _REQUIRED}

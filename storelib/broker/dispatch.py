@@ -339,6 +339,8 @@ def dispatch_store(
 
     See the module docstring for every parameter and rule. Returns a :class:`DispatchResult`.
     """
+    # one function (~110 lines): the ReputMessageService loop (scan, filter, CQ, index, checkpoint) in its
+    # order, as the broker runs it; the steps it calls are the module's other functions
     settings = _settings(settings)
     what = tuple(what)
     for w in what:

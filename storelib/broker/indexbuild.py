@@ -240,6 +240,8 @@ def build_index_files(
       (5.x, flushed at clean shutdown, differences-4x-5x row 22).
     * ``name_tz``: zone of the naming policy (:func:`index_file_name`); None leaves names unset.
     """
+    # one function (~140 lines): a single vectorised pass (file, entry number, timeDiff, prevIndex, slot
+    # table) whose columns are each the input of the next; split up, every part would pass all of them
     g = geometry
     E = g.entries_per_file
     S = g.hash_slot_num

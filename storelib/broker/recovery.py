@@ -380,6 +380,8 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
     ``ends`` must hold every task of ``plan.tasks`` up to where the walk stops (later ones are
     ignored). Raises StoreError(kind="missing_scan") when one is missing.
     """
+    # one function (~110 lines): the broker's recovery decision sequence (valid end, truncations, dispatch
+    # ranges) in CommitLog.recover* order, kept in one place so it reads against the Java source
     inp = plan.inputs
     S = inp.segment_size
     segs = plan.segments
