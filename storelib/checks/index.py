@@ -74,8 +74,11 @@ def key_codes(log: LogView) -> KeyCodes:
     krow = _searchsorted_repeats(log.phy, kphy) if len(kphy) else np.zeros(0, np.int64)
     if len(krow):
         krow = np.where(log.phy[np.clip(krow, 0, len(log.phy) - 1)] == kphy, krow, -1)
-    rank = np.empty(len(log.field_order), np.int64)
-    rank[log.field_order] = np.arange(len(log.field_order))
+    if log.field_order is None:  # fields already sorted: a record's rank is its row
+        rank = np.arange(len(log.field), dtype=np.int64)
+    else:
+        rank = np.empty(len(log.field_order), np.int64)
+        rank[log.field_order] = np.arange(len(log.field_order))
     kcode = np.where(krow >= 0, (rank[np.clip(krow, 0, None)] << 31) | khash, -1) if len(krow) else np.zeros(0, np.int64)
     kcode_sorted = np.sort(kcode)
     return KeyCodes(kphy, khash, rank, kcode, kcode_sorted, kcode_sorted[np.searchsorted(kcode_sorted, 0):])

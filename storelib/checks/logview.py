@@ -37,9 +37,15 @@ class LogView:
         self.topic_idx = (np.asarray(enc.indices, dtype=np.int64) if enc is not None else np.zeros(0, np.int64))
         self.topic_names: list[str] = enc.dictionary.to_pylist() if enc is not None else []
         self.topic_code = {t: i for i, t in enumerate(self.topic_names)}
-        # lookup by PHYSICALOFFSET field (what CQ/index entries hold): sorted copy
-        self.field_order = np.argsort(self.field, kind="stable")
-        self.field_sorted = self.field[self.field_order]
+        # lookup by PHYSICALOFFSET field (what CQ/index entries hold): the fields in sorted order; a healthy
+        # log's are sorted already (then no copy, and the order is the identity: ``field_order`` None)
+        f = self.field
+        if len(f) < 2 or bool(np.all(f[1:] >= f[:-1])):
+            self.field_order: np.ndarray | None = None
+            self.field_sorted = f
+        else:
+            self.field_order = np.argsort(f, kind="stable")
+            self.field_sorted = f[self.field_order]
         self.field_unique = not bool(np.any(self.field_sorted[1:] == self.field_sorted[:-1]))
         # dispatchable record rows per (topic, queue), commitlog order (filled by check_queue_offsets)
         self.queue_rows: dict[tuple[str, int], np.ndarray] = {}
@@ -70,7 +76,7 @@ class LogView:
         i = np.searchsorted(self.field_sorted, phy)
         ic = np.clip(i, 0, len(self.field_sorted) - 1)
         hit = self.field_sorted[ic] == phy
-        out[hit] = self.field_order[ic[hit]]
+        out[hit] = ic[hit] if self.field_order is None else self.field_order[ic[hit]]
         miss = np.flatnonzero(~hit)
         if len(miss):
             j = np.searchsorted(self.phy, phy[miss])
