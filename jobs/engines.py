@@ -27,7 +27,7 @@ ENGINES = ("auto", "local", "pool", "spark")
 # of 320 MB 2.1 s on the pool vs 1.7 s in-process; of 2 GB 3.4 s vs 4.9 s; rebuild of 2 GB 3.5 s vs 5.9 s)
 POOL_MIN_BYTES = 512 << 20
 # what a pool worker imports once, before it is forked for each worker
-POOL_PRELOAD = ["numpy", "pyarrow", "storelib.scan.scanner", "storelib.broker.dispatch", "storelib.checks.segment", "jobs.rebuild_tasks"]
+POOL_PRELOAD = ["numpy", "pyarrow", "storelib.scan.scanner", "storelib.broker.dispatch", "storelib.checks.segment", "storelib.broker.rebuildtasks"]
 
 Say = Callable[[str], None]
 

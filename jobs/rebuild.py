@@ -22,7 +22,7 @@ valid end (processOffset) and which records reput dispatches; then:
   their chains recomputed). Phases B and C are independent and
   run as one Spark job, index files first, so the consume-queue tasks use the cores an index file
   leaves free. Both engines produce the same bytes; both keep freed memory in the malloc heap
-  (:func:`keep_freed_memory`) and write index files past the page cache (storelib.fileio.direct_write).
+  (storelib.fileio.memory.keep_freed_memory) and write index files past the page cache (storelib.fileio.direct_write).
 
 Index file names are not derivable (the broker uses the wall clock at creation): the policy is
 ``yyyyMMddHHmmssSSS`` of the file's first entry's store time in UTC (the empty successor of a full
@@ -62,7 +62,6 @@ from jobs.rebuild_tasks import (
     EngineResult,
     Reporter,
     check_supported,
-    keep_freed_memory,
     run_tasks,
 )
 from storelib.broker.brokerconf import BrokerSettings
@@ -76,6 +75,7 @@ from storelib.broker.store import Store
 from storelib.broker.store import load_settings as store_settings
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, resolve
+from storelib.fileio.memory import keep_freed_memory
 from storelib.fileio.publish import (
     MANIFEST_NAME,
     publish_tree,

@@ -1,7 +1,7 @@
 """Where a rebuild writes: the destination checks (never inside the store, never over something that is
 not a rebuild's output), the staging directory beside the destination (stale ones of dead runs removed),
-the index file writers into it, file hashes for the manifest, and the publish in place with a backup.
-The job is :mod:`jobs.rebuild`; its tasks are :mod:`jobs.rebuild_tasks`."""
+file hashes for the manifest, and the publish in place with a backup.
+The index file writers are storelib.broker.indexwrite; the job is :mod:`jobs.rebuild`."""
 
 from __future__ import annotations
 
@@ -12,18 +12,14 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from storelib.broker.indexbuild import IndexImage, IndexState
-from storelib.broker.indexstream import Runs, stream_index_file
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, resolve
-from storelib.fileio.direct_write import atomic_direct_file
 from storelib.fileio.publish import (
     MANIFEST_NAME,
     is_partial,
@@ -31,7 +27,6 @@ from storelib.fileio.publish import (
     tree_files,
 )
 from storelib.fileio.smallfile_io import atomic_write, fsync_dir
-from storelib.format.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
 
 STAGING_TAG = ".rebuild-staging-"
 
@@ -127,56 +122,6 @@ def drop_staging(st: Location) -> None:
     else:
         with contextlib.suppress(OSError, pa.ArrowException):
             st.fs.delete_dir(st.path)
-
-
-@contextlib.contextmanager
-def remote_output(loc: Location) -> Iterator[Any]:
-    """An output stream to a temp object beside ``loc``, moved over it once written (copied where the
-    filesystem cannot move); the temp object is removed when writing fails."""
-    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
-    tmp = loc.path + f".{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with loc.fs.open_output_stream(tmp) as f:
-            yield f
-    except BaseException:
-        with contextlib.suppress(OSError, pa.ArrowException):
-            loc.fs.delete_file(tmp)
-        raise
-    try:
-        loc.fs.move(tmp, loc.path)
-    except (OSError, NotImplementedError, pa.ArrowException):
-        pafs.copy_files(tmp, loc.path, source_filesystem=loc.fs, destination_filesystem=loc.fs)
-        loc.fs.delete_file(tmp)
-
-
-def write_index_image(image: IndexImage, loc: Location) -> None:
-    if loc.local:
-        os.makedirs(os.path.dirname(loc.path), exist_ok=True)
-        image.write(loc.path)
-        return
-    g = image.geometry
-    with remote_output(loc) as f:
-        f.write(image.header.to_bytes())
-        f.write(np.asarray(image.slots, dtype=">i4").tobytes())
-        f.write(bytes(g.entry_pos(1) - g.entries_offset))  # entry 0 is never written: zeros
-        ent = np.asarray(image.entries, dtype=ENTRY_DTYPE).tobytes()
-        f.write(ent)
-        left = g.file_size - g.entry_pos(1) - len(ent)
-        zeros = bytes(min(left, 8 << 20))
-        while left > 0:
-            f.write(zeros[: min(left, len(zeros))])
-            left -= len(zeros)
-
-
-def write_index_runs(runs: Runs, loc: Location, geometry: IndexGeometry,
-                     prev_state: IndexState | None) -> tuple[IndexHeader, str]:
-    """Stream one index file from its runs (storelib.broker.indexstream.stream_index_file) to a temp file beside
-    ``loc``, then rename it; returns (header, sha256). Local files get a sparse zero tail and an fsync."""
-    if loc.local:
-        with atomic_direct_file(loc.path) as fh:  # written once, never read back: past the page cache
-            return stream_index_file(runs, fh, geometry=geometry, prev_state=prev_state, sparse_tail=True)
-    with remote_output(loc) as f:
-        return stream_index_file(runs, f, geometry=geometry, prev_state=prev_state)
 
 
 def publish_in_place(root: Location, staging: Location, manifest: dict[str, Any], what: tuple[str, ...],

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-import jobs.rebuild_tasks as rb
+import storelib.fileio.memory as rb
 
 
 class _Libc:

@@ -594,8 +594,8 @@ def test_commitlog_scan_hands_the_next_segments_first_window_over_without_a_stal
 def test_index_image_written_to_a_remote_location_equals_the_local_file(tmp_path):
     import hashlib
 
-    from jobs.rebuild_staging import write_index_image
     from storelib.broker.indexbuild import build_index_files
+    from storelib.broker.indexwrite import write_index_image
     from storelib.format.indexfile import IndexGeometry
 
     g = IndexGeometry(7, 10)
