@@ -313,34 +313,15 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     ``cfg.engine``: ``local`` runs the one-process dispatcher (storelib.broker.dispatch); ``pool`` and ``spark``
     run the same phase tasks on a process pool or Spark; ``auto`` picks (:func:`jobs.engines.resolve_engine_name`).
     ``engine``: run the phase tasks on this engine instead (the caller owns it)."""
-    what = tuple(cfg.what)
-    for w in what:
-        if w not in WHAT:
-            raise StoreError(None, None, "bad_value", f"--what must be among {','.join(WHAT)}, not {w!r}")
-    if "timer" in what and cfg.in_place:
-        raise StoreError(None, None, "unsupported", "--what timer writes into --out only (its bytes depend on "
-                         "run-time timing; install them by hand after a look)")
-    if cfg.in_place == bool(cfg.out):
-        raise StoreError(None, None, "bad_value", "give exactly one of --out DIR and --in-place")
+    what = _checked_what(cfg)
     say = Reporter(cfg.progress)
     t0 = time.time()
     root = resolve(cfg.store, **cfg.fs_options)
     settings = load_settings(cfg, root)
     store = Store(root, settings)
     store.require_records("rebuild")
-    out = None
     layout_notes = _cq_layout_notes(root, what, cfg.in_place)
-    if cfg.in_place:
-        if not store.local:
-            raise StoreError(store.uri, None, "remote_store", "--in-place needs a local store")
-        from storelib.format.markers import lock_state
-
-        if lock_state(store.loc).held_by_other:
-            raise StoreError("lock", None, "broker_running", "a live broker holds the store lock; stop it first")
-    else:
-        out = resolve(cfg.out, **cfg.fs_options)
-        check_not_inside(out, root)
-        check_dest(out)
+    out = _destination(cfg, store, root)
     segs = store.commitlog.segments
     engine_name = engine.name if engine is not None else resolve_engine_name(
         cfg.engine, master=cfg.master if spark is None else "given", store_bytes=sum(x.file_size for x in segs),
@@ -381,36 +362,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
             er.files.update(_rebuild_timer_store(store, settings, staging, say))
         elapsed = time.time() - t0
         work = time.time() - t_work
-        manifest = {
-            "tool": "rmqstore rebuild",
-            "mode": "incremental" if cfg.incremental else "full",
-            "engine": engine_name,
-            "created_ms": int(time.time() * 1000),
-            "source": store_fingerprint(store),
-            "settings": {
-                "broker_version": settings.version, "what": list(what) + (["timer"] if timer else []),
-                "broker_line": settings.line.to_json() if settings.line else None,
-                "mapped_file_size_commit_log": store.commitlog.segment_size,
-                "mapped_file_size_consume_queue": int(settings.mapped_file_size_consume_queue),
-                "max_hash_slot_num": int(settings.max_hash_slot_num), "max_index_num": int(settings.max_index_num),
-                "message_delay_level": settings.message_delay_level,
-                "message_index_enable": bool(settings.message_index_enable),
-                "index_name_policy": f"first entry store time, yyyyMMddHHmmssSSS in {cfg.name_tz}, +1 ms to stay "
-                                     "strictly increasing",
-                "broker_conf": cfg.broker_conf,
-            },
-            "recovery": er.recovery.summary(),
-            "counts": {"records": er.records, "cq_records": er.cq_records, "queues": er.queues,
-                       "index_keys": er.index_keys,
-                       "cq_files": sum(1 for r in er.files if r.startswith("consumequeue/")),
-                       "index_files": sum(1 for r in er.files if r.startswith("index/"))},
-            "findings": [str(f) for f in er.findings] + layout_notes,
-            "skipped_topics": [f.extra for f in er.findings if f.kind == "unsafe_topic_name"],
-            "elapsed_s": round(elapsed, 3),
-            "startup_s": round(elapsed - work, 3),  # settings, store, planning, Spark session
-            "work_s": round(work, 3),  # walk, dispatch, writing and hashing the outputs
-            "files": er.files,
-        }
+        manifest = _manifest(cfg, store, settings, engine_name, er, what, timer, layout_notes, elapsed, work)
         say("publishing")
         if cfg.in_place:
             dest = publish_in_place(root, staging, manifest, what, changed)
@@ -424,6 +376,75 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     except BaseException:
         drop_staging(staging)
         raise
+
+
+def _checked_what(cfg: RebuildConfig) -> tuple[str, ...]:
+    """``--what`` and the destination options, refused with a clear message when they do not go together."""
+    what = tuple(cfg.what)
+    for w in what:
+        if w not in WHAT:
+            raise StoreError(None, None, "bad_value", f"--what must be among {','.join(WHAT)}, not {w!r}")
+    if "timer" in what and cfg.in_place:
+        raise StoreError(None, None, "unsupported", "--what timer writes into --out only (its bytes depend on "
+                         "run-time timing; install them by hand after a look)")
+    if cfg.in_place == bool(cfg.out):
+        raise StoreError(None, None, "bad_value", "give exactly one of --out DIR and --in-place")
+    return what
+
+
+def _destination(cfg: RebuildConfig, store: Store, root: Location) -> Location | None:
+    """Where the rebuild goes (None: in place, which needs a local store no live broker holds); an output
+    directory is never inside the store nor something other than a rebuild's output."""
+    out = None
+    if cfg.in_place:
+        if not store.local:
+            raise StoreError(store.uri, None, "remote_store", "--in-place needs a local store")
+        from storelib.format.markers import lock_state
+
+        if lock_state(store.loc).held_by_other:
+            raise StoreError("lock", None, "broker_running", "a live broker holds the store lock; stop it first")
+    else:
+        out = resolve(cfg.out, **cfg.fs_options)
+        check_not_inside(out, root)
+        check_dest(out)
+    return out
+
+
+def _manifest(cfg: RebuildConfig, store: Store, settings: BrokerSettings, engine_name: str, er: EngineResult,
+              what: tuple[str, ...], timer: bool, layout_notes: list[str], elapsed: float, work: float
+              ) -> dict[str, Any]:
+    """The rebuild's manifest: source fingerprint, the settings that decided the bytes, counts, findings,
+    timings and every output file's digest."""
+    return {
+        "tool": "rmqstore rebuild",
+        "mode": "incremental" if cfg.incremental else "full",
+        "engine": engine_name,
+        "created_ms": int(time.time() * 1000),
+        "source": store_fingerprint(store),
+        "settings": {
+            "broker_version": settings.version, "what": list(what) + (["timer"] if timer else []),
+            "broker_line": settings.line.to_json() if settings.line else None,
+            "mapped_file_size_commit_log": store.commitlog.segment_size,
+            "mapped_file_size_consume_queue": int(settings.mapped_file_size_consume_queue),
+            "max_hash_slot_num": int(settings.max_hash_slot_num), "max_index_num": int(settings.max_index_num),
+            "message_delay_level": settings.message_delay_level,
+            "message_index_enable": bool(settings.message_index_enable),
+            "index_name_policy": f"first entry store time, yyyyMMddHHmmssSSS in {cfg.name_tz}, +1 ms to stay "
+                                 "strictly increasing",
+            "broker_conf": cfg.broker_conf,
+        },
+        "recovery": er.recovery.summary(),
+        "counts": {"records": er.records, "cq_records": er.cq_records, "queues": er.queues,
+                   "index_keys": er.index_keys,
+                   "cq_files": sum(1 for r in er.files if r.startswith("consumequeue/")),
+                   "index_files": sum(1 for r in er.files if r.startswith("index/"))},
+        "findings": [str(f) for f in er.findings] + layout_notes,
+        "skipped_topics": [f.extra for f in er.findings if f.kind == "unsafe_topic_name"],
+        "elapsed_s": round(elapsed, 3),
+        "startup_s": round(elapsed - work, 3),  # settings, store, planning, Spark session
+        "work_s": round(work, 3),  # walk, dispatch, writing and hashing the outputs
+        "files": er.files,
+    }
 
 
 def _line_why(line: dict[str, Any] | None) -> str:
