@@ -6,7 +6,6 @@ The index file writers are storelib.broker.indexwrite; the job is :mod:`jobs.reb
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -19,7 +18,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from storelib.errors import StoreError
-from storelib.fileio.bytesource import Location, resolve
+from storelib.fileio.bytesource import Location, resolve, sha256_of
 from storelib.fileio.publish import (
     MANIFEST_NAME,
     is_partial,
@@ -29,19 +28,6 @@ from storelib.fileio.publish import (
 from storelib.fileio.smallfile_io import atomic_write, fsync_dir
 
 STAGING_TAG = ".rebuild-staging-"
-
-
-def sha256_of(loc: Location) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    with loc.fs.open_input_stream(loc.path) as f:
-        while True:
-            b = f.read(8 << 20)
-            if not b:
-                break
-            h.update(b)
-            n += len(b)
-    return h.hexdigest(), n
 
 
 def hash_tree(root: Location, rels: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:

@@ -10,7 +10,6 @@ snapshot as it was; after it, the next run finishes the moves.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -24,7 +23,7 @@ import pyarrow.dataset as pads
 from datasources.snapshot import MANIFEST, SCHEMA, file_schema, manifest_at, partitioning
 from storelib.broker.recovery import SegmentTask, WalkPlan, iter_task
 from storelib.errors import StoreError
-from storelib.fileio.bytesource import Location, open_source, resolve
+from storelib.fileio.bytesource import Location, open_source, resolve, sha256_of
 from storelib.format.topicname import escape_topic
 from storelib.scan.scanner import SegmentEnd
 
@@ -66,14 +65,6 @@ def partition_problem(topic: str | None) -> str | None:
         return "empty topic name (a partition value reads back as null)"
     n = len(("topic=" + quote(topic, safe="")).encode("ascii"))
     return None if n <= MAX_ENTRY_BYTES else f"{n} bytes as a partition directory, more than {MAX_ENTRY_BYTES}"
-
-
-def _sha256(fs, path: str) -> str:
-    h = hashlib.sha256()
-    with fs.open_input_stream(path) as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool, int | None]) -> dict[str, Any]:
@@ -131,7 +122,7 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
     for w in written:
         info = staging.fs.get_file_info(w["path"])
         files.append({"path": w["path"][len(prefix):], "rows": w["rows"], "bytes": info.size,
-                      "sha256": _sha256(staging.fs, w["path"])})
+                      "sha256": sha256_of(Location(staging.fs, w["path"], staging.local))[0]})
     end = ends[0] if ends else None
     return {"idx": idx, "name": name, "start": start, "end": None if end is None else end.to_dict(), "rows": rows,
             "files": files, "skipped_topics": skipped, "seconds": time.monotonic() - t0}

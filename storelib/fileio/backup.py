@@ -27,6 +27,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from storelib.errors import StoreError
+from storelib.fileio.bytesource import resolve, sha256_of
 from storelib.fileio.smallfile_io import fsync_dir
 
 MANIFEST = "manifest.jsonl"
@@ -56,17 +57,6 @@ def _check_rel(rel: str) -> str:
     if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise StoreError(rel, None, "bad_path", "backup paths must be relative to the store root, without '..'")
     return rel
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(_CHUNK)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
 
 
 def _copy_fsync(src: str, dst: str) -> str:
@@ -186,7 +176,7 @@ class Backup:
             if link_ok:
                 try:
                     os.link(src, part)
-                    digest = sha256_file(part)
+                    digest = sha256_of(resolve(part))[0]
                 except OSError:
                     digest = None
             if digest is None:
@@ -240,7 +230,7 @@ def restore(backup_dir: str | os.PathLike, root: str | os.PathLike | None = None
     for e in files:  # verify everything before touching anything
         if e.existed:
             copy = os.path.join(bdir, FILES_DIR, *e.rel.split("/"))
-            if not os.path.isfile(copy) or sha256_file(copy) != e.sha256:
+            if not os.path.isfile(copy) or sha256_of(resolve(copy))[0] != e.sha256:
                 raise StoreError(copy, None, "bad_backup", f"saved copy of {e.rel} is missing or damaged")
     actions: list[dict] = []
     touched_dirs: set[str] = set()
@@ -250,7 +240,7 @@ def restore(backup_dir: str | os.PathLike, root: str | os.PathLike | None = None
         touched_dirs.add(d)
         if e.existed:
             copy = os.path.join(bdir, FILES_DIR, *e.rel.split("/"))
-            if os.path.isfile(target) and os.path.getsize(target) == e.size and sha256_file(target) == e.sha256:
+            if os.path.isfile(target) and os.path.getsize(target) == e.size and sha256_of(resolve(target))[0] == e.sha256:
                 act = "unchanged"
             else:
                 os.makedirs(d, exist_ok=True)

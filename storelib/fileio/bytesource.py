@@ -20,6 +20,7 @@ flags ``--s3-endpoint``/``--s3-region`` and the Spark data source options fill i
 from __future__ import annotations
 
 import errno
+import hashlib
 import mmap
 import os
 import threading
@@ -456,6 +457,18 @@ def resolve(uri: str | os.PathLike, filesystem: Any = None, **fs_options: Any) -
     except (OSError, TypeError, ValueError) as e:
         raise StoreError(s, None, "bad_location", f"cannot open filesystem: {e}") from e
     return Location(fs, path.rstrip("/"), isinstance(fs, pafs.LocalFileSystem))
+
+
+def sha256_of(loc: Location) -> tuple[str, int]:
+    """SHA-256 (hex) and size of one file, streamed in 8 MiB reads: the digests of rebuild and snapshot
+    manifests and of backups."""
+    h = hashlib.sha256()
+    n = 0
+    with loc.fs.open_input_stream(loc.path) as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+            n += len(chunk)
+    return h.hexdigest(), n
 
 
 def open_source(loc: Location, size: int | None = None) -> LocalSource | ArrowFileSource:
