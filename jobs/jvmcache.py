@@ -49,7 +49,8 @@ def cache_dir() -> Path:
     return Path(base) / "rmqstore"
 
 
-def _java_binary() -> str | None:
+def java_binary() -> str | None:
+    """The java that Spark's launcher runs (JAVA_HOME's, else the one on PATH), resolved; None without one."""
     home = os.environ.get("JAVA_HOME")
     if home and Path(home, "bin", "java").exists():
         return str(Path(home, "bin", "java").resolve())
@@ -59,7 +60,7 @@ def _java_binary() -> str | None:
 
 def archive_key() -> str | None:
     """A name for the archive of this JDK and Spark (None when either cannot be found)."""
-    java = _java_binary()
+    java = java_binary()
     try:
         import pyspark
 
@@ -160,7 +161,7 @@ def publish_when_done(pid: int, tmp: Path, final: Path, patience_s: float = DUMP
 def maps_cleanly(path: Path) -> bool:
     """Does a JVM start with this archive mapped? The JVM ignores an archive it finds does not match, but
     aborts on a damaged one (a truncated file), so nothing is published that was not tried once."""
-    java = _java_binary()
+    java = java_binary()
     if java is None:
         return False
     try:
@@ -178,7 +179,7 @@ def discard(plan: ArchivePlan) -> None:
             plan.archive.unlink()
 
 
-__all__ = ["ArchivePlan", "cache_dir", "finish_dump", "discard", "maps_cleanly", "pid_alive", "plan_archive",
+__all__ = ["ArchivePlan", "cache_dir", "discard", "finish_dump", "java_binary", "maps_cleanly", "pid_alive", "plan_archive",
            "publish_when_done"]
 
 

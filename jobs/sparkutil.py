@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jobs.jvmcache import ArchivePlan, discard, finish_dump, pid_alive, plan_archive
+from jobs.jvmcache import ArchivePlan, discard, finish_dump, java_binary, pid_alive, plan_archive
 
 REPO = Path(__file__).resolve().parents[1]
 SPARK_CONF = REPO / "spark-conf"
@@ -19,9 +19,7 @@ SPARK_CONF = REPO / "spark-conf"
 
 def check_java() -> None:
     """Fail with a clear message when no Java runtime is available (Spark needs one)."""
-    if os.environ.get("JAVA_HOME") and Path(os.environ["JAVA_HOME"], "bin", "java").exists():
-        return
-    if shutil.which("java") is None:
+    if java_binary() is None:
         raise SystemExit("rmqstore: Spark needs a Java runtime (17 or 21): install one (e.g. "
                          "'apt-get install openjdk-17-jre-headless') or set JAVA_HOME")
 
