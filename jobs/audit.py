@@ -62,7 +62,7 @@ from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
 
 
-def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str = "local", spark=None,
+def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str | Engine = "local", spark=None,
                 since: str | None = None, fs_options: dict | None = None, verify_crc: bool = True,
                 quiet: bool = False, now_ms: int | None = None, version: str | None = None,
                 split_bytes: int | None = None, overrides: dict[str, Any] | None = None,
@@ -115,8 +115,8 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str =
                 own_engine = engine = make_engine(engine, spark=spark, master=master, workers=workers,
                                                   app_name="rmqstore-audit")
         t1 = time.monotonic()
-        fresh = run_segments(tasks, opts, engine, spark, quiet, store=store, split_bytes=split_bytes,
-                             work_dir=work_dir, transfer=transfer, workers=workers, master=master)
+        fresh = run_segments(tasks, opts, engine, quiet, store=store, split_bytes=split_bytes, work_dir=work_dir,
+                             transfer=transfer) if tasks else []
         t_seg = time.monotonic() - t1
         report, t_cross = _after_segments(store, settings, tasks, fresh, carried, grown, fps, since, now_ms, quiet,
                                           threads, preload)

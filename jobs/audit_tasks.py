@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from jobs.common import note
-from jobs.engines import Engine, LocalEngine, PoolEngine, SparkEngine, make_engine
+from jobs.engines import Engine, SparkEngine
 from storelib.broker.store import Store
 from storelib.checks.segment import (
     AuditOptions,
@@ -124,47 +124,39 @@ def _remove_settled(path: str, patience_s: float = 10.0) -> None:
         time.sleep(0.2)
 
 
-def run_segments(tasks: list[SegmentTask], opts: AuditOptions, engine: str | Engine, spark=None,
-                 quiet: bool = False, store: Store | None = None, split_bytes: int | None = None,
-                 work_dir: str | None = None, transfer: str = "auto", workers: int | None = None,
-                 master: str | None = None) -> list[SegmentResult]:
-    """Phase 1 on the chosen engine (same functions on every engine). With ``split_bytes`` (default on a
-    pool or Spark: :func:`storelib.scan.splits.parallel_split_bytes`, about two tasks per core) segments are
-    cut at record starts into split tasks whose results are merged per segment.
+def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quiet: bool = False,
+                 store: Store | None = None, split_bytes: int | None = None, work_dir: str | None = None,
+                 transfer: str = "auto") -> list[SegmentResult]:
+    """Phase 1 on the given engine (same functions on every engine; the caller starts and closes it). With
+    ``split_bytes`` (default on a pool or Spark: :func:`storelib.scan.splits.parallel_split_bytes`, about
+    two tasks per core) segments are cut at record starts into split tasks whose results are merged per
+    segment.
 
     In-process the parts keep their tables in memory; on a pool or Spark the tasks' tables come back
     through files (:func:`table_sink`) or in-band with the results; the driver maps the files and
     removes them before returning."""
     if not tasks:
         return []
-    own = not isinstance(engine, (LocalEngine, PoolEngine, SparkEngine))
-    eng = make_engine(engine, spark=spark, master=master, workers=workers, app_name="rmqstore-audit") if own \
-        else engine
-    try:
-        if split_bytes is None and eng.name != "local":
-            split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks), eng.parallelism)
-        units = split_tasks(store, tasks, split_bytes) if split_bytes and store is not None else tasks
-        if eng.name == "local":
-            return _run_in_process(tasks, units, opts, quiet)
-        where = eng.sc.master if isinstance(eng, SparkEngine) else "local"
-        note(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on {eng.describe()}", quiet)
-        with table_sink(where, work_dir, transfer, opts.fs_options, quiet) as sink:
-            t0 = time.monotonic()
-            parts = eng.map(partial(audit_part, opts=opts, sink=sink), units, "audit: tasks",
-                            None if quiet else note)
-            t1 = time.monotonic()
-            if sink is not None:
-                for p in parts:
-                    p.load_tables(sink.fs_options)
-            out = _finish(tasks, parts, opts, quiet)
-            note(f"audit: tasks {t1 - t0:.2f} s (task time {sum(p.seconds for p in parts):.2f} s, "
-                 f"{sum(p.problem_count() for p in parts)} findings), tables "
-                 f"{'mapped from files' if sink is not None else 'in-band'}, merged in {time.monotonic() - t1:.2f} s",
-                 quiet)
-            return out
-    finally:
-        if own:
-            eng.close()
+    if split_bytes is None and eng.name != "local":
+        split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks), eng.parallelism)
+    units = split_tasks(store, tasks, split_bytes) if split_bytes and store is not None else tasks
+    if eng.name == "local":
+        return _run_in_process(tasks, units, opts, quiet)
+    where = eng.sc.master if isinstance(eng, SparkEngine) else "local"
+    note(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on {eng.describe()}", quiet)
+    with table_sink(where, work_dir, transfer, opts.fs_options, quiet) as sink:
+        t0 = time.monotonic()
+        parts = eng.map(partial(audit_part, opts=opts, sink=sink), units, "audit: tasks", None if quiet else note)
+        t1 = time.monotonic()
+        if sink is not None:
+            for p in parts:
+                p.load_tables(sink.fs_options)
+        out = _finish(tasks, parts, opts, quiet)
+        note(f"audit: tasks {t1 - t0:.2f} s (task time {sum(p.seconds for p in parts):.2f} s, "
+             f"{sum(p.problem_count() for p in parts)} findings), tables "
+             f"{'mapped from files' if sink is not None else 'in-band'}, merged in {time.monotonic() - t1:.2f} s",
+             quiet)
+        return out
 
 
 def _run_in_process(tasks: list[SegmentTask], units: list[SegmentTask], opts: AuditOptions,
