@@ -194,7 +194,7 @@ def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Ca
                                   "end_phy": h.end_phy_offset})
             if m:
                 max_end_phy = max(max_end_phy, int(ent["phy_offset"].max()))
-            _abnormal_start_note(info, out, display, h, idx_ts, abort)
+            _abnormal_start_note(info, out, ref.name, h, idx_ts, abort)
             consequences: list[str] = []
             if keys.next_are_entries(ent):
                 # the file holds exactly the next keys of the log, in order: every entry points at its
@@ -266,11 +266,11 @@ def _keys_findable(log: LogView, k_: KeyCodes, keys: _KeySequence, all_codes: li
                             "through any index file", {"phy": p, "key_hash": int(khash[missing[j]])}))
 
 
-def _abnormal_start_note(info: dict, out: _Capped, display: str, h: Any, idx_ts: int | None, abort: bool) -> None:
+def _abnormal_start_note(info: dict, out: _Capped, name: str, h: Any, idx_ts: int | None, abort: bool) -> None:
     """A file whose endTimestamp is after the checkpoint's indexMsgTimestamp: an abnormal start deletes it."""
     if idx_ts is not None and h.end_timestamp > idx_ts:
-        info.setdefault("deleted_on_abnormal_start", []).append(display.split("/", 1)[1])
-        out.add(Finding("index_deleted_on_abnormal_start", "info", display, 8,
+        info.setdefault("deleted_on_abnormal_start", []).append(name)
+        out.add(Finding("index_deleted_on_abnormal_start", "info", f"index/{name}", 8,
                         f"endTimestamp {h.end_timestamp} > checkpoint indexMsgTimestamp {idx_ts}: "
                         + ("the abort file is present, so the next start deletes this file and re-indexes only "
                            "from the recovery start segment" if abort else
