@@ -27,7 +27,7 @@ from storelib.broker.indexstream import ChainRun, local_chains
 from storelib.broker.indexwrite import write_index_image, write_index_runs
 from storelib.broker.recovery import RecoveryResult, SegmentTask, WalkPlan, iter_task
 from storelib.errors import StoreError
-from storelib.fileio.bytesource import Location, open_source, resolve
+from storelib.fileio.bytesource import Location, open_source, read_ipc_file, resolve
 from storelib.fileio.memory import keep_freed_memory
 from storelib.format.indexfile import IndexGeometry
 from storelib.format.javahash import java_hash_array
@@ -96,15 +96,6 @@ def _write_ipc(loc: Location, table: pa.Table) -> None:
         os.makedirs(os.path.dirname(loc.path), exist_ok=True)
     with loc.fs.open_output_stream(loc.path) as f, pa.ipc.new_file(f, table.schema) as w:
         w.write_table(table)
-
-
-def _read_ipc(loc: Location) -> pa.Table:
-    """A work file, memory-mapped when local (the key files are read by several tasks)."""
-    if loc.local:
-        with pa.memory_map(loc.path) as f:
-            return pa.ipc.open_file(f).read_all()
-    with loc.fs.open_input_file(loc.path) as f:
-        return pa.ipc.open_file(f).read_all()
 
 
 def _cq_part(staging: Location, idx: int, p: int) -> Location:
@@ -228,8 +219,8 @@ def cq_jobs(metas: dict[int, Meta], inc: list[int], parts: int) -> list[tuple[in
 def _load_keys(ctx: RebuildContext, idx: int, m_before: dict[int, int] | None, *, runs: bool = False) -> tuple:
     """(hash, phy, time, record row) of a segment's indexed keys; with ``runs`` also its ChainRun when
     its precomputed chains still hold (every key kept), else None."""
-    tb = _read_ipc(_keys_file(ctx.staging, idx))
-    recs = _read_ipc(_recs_file(ctx.staging, idx))
+    tb = read_ipc_file(_keys_file(ctx.staging, idx))
+    recs = read_ipc_file(_recs_file(ctx.staging, idx))
     h, r = np.asarray(tb.column("h")), np.asarray(tb.column("r"))
     keys = (h, np.asarray(recs.column("p"))[r], np.asarray(recs.column("t"))[r], r)
     if m_before is not None:
@@ -264,7 +255,7 @@ def phase_b(ctx: RebuildContext, job: tuple[int, list[int]]) -> dict[str, Any]:
     digests: dict[str, str] = {}  # hashed as written: reading back sparse files costs page-cache fills
     with ConsumeQueueStream(staging.join("consumequeue"), ctx.cq_size, digests) as cqs:
         for i in sorted(segs):
-            cqs.feed(_read_ipc(_cq_part(staging, i, p)))
+            cqs.feed(read_ipc_file(_cq_part(staging, i, p)))
     base = staging.path.rstrip("/") + "/"
     files = {path[len(base):]: {"size": ctx.cq_size, "sha256": digests[path]} for path in cqs.paths}
     return {"queues": cqs.queues, "cq_records": cqs.records, "files": files}

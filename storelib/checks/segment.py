@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from storelib.broker.resync import LostRegion, find_next_record, lost_region
 from storelib.errors import Finding, StoreError
-from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, resolve
+from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, read_ipc_file, resolve
 from storelib.fileio.publish import atomic_local_file
 from storelib.scan.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
 
@@ -266,13 +266,8 @@ def read_table_file(path: str | None, schema: pa.Schema, fs_options: dict[str, A
     """A table written by :meth:`TableSink.write`: memory-mapped (zero-copy) when local, read whole otherwise."""
     if path is None:
         return schema.empty_table()
-    loc = resolve(path, **(fs_options or {}))
     try:
-        if loc.local:  # the buffers keep the mapping alive after close (no fd held) and the file's removal
-            with pa.memory_map(loc.path) as mm:
-                return pa.ipc.open_file(mm).read_all()
-        with loc.fs.open_input_file(loc.path) as f:
-            return pa.ipc.open_file(f.read_buffer()).read_all()
+        return read_ipc_file(resolve(path, **(fs_options or {})))
     except (OSError, pa.ArrowInvalid) as e:
         raise StoreError(path, None, "work_file_unreadable", f"cannot read a task's table file: {e}") from e
 

@@ -471,6 +471,16 @@ def sha256_of(loc: Location) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
+def read_ipc_file(loc: Location) -> pa.Table:
+    """An Arrow IPC file a task wrote: memory-mapped when local (zero-copy; the buffers keep the mapping
+    alive after close and after the file's removal), read whole otherwise."""
+    if loc.local:
+        with pa.memory_map(loc.path) as mm:
+            return pa.ipc.open_file(mm).read_all()
+    with loc.fs.open_input_file(loc.path) as f:
+        return pa.ipc.open_file(f.read_buffer()).read_all()
+
+
 def open_source(loc: Location, size: int | None = None) -> LocalSource | ArrowFileSource:
     """Open one file of a Location for reading."""
     if loc.local:
