@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # spark-submit jobs/audit.py: make the repo impor
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from typing import Any
 
-from jobs.audit_report import build_report, jsonable, render_html, report_charts
+from jobs.audit_report import build_report, jsonable, render_html
 from jobs.audit_state import load_state, merge_appended, plan, save_state
 from jobs.audit_summary import EXIT_FAILED, damage_cost, exit_code, summary_text
 from jobs.audit_tasks import run_segments
@@ -51,7 +51,7 @@ from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.store import Store
 from storelib.checks.crossfile import run_cross_checks
 from storelib.checks.index import load_index_files
-from storelib.checks.queues import load_consume_queues
+from storelib.checks.queuestream import load_queue_meta
 from storelib.checks.segment import (
     SEVERITY_RANK,
     AuditOptions,
@@ -107,7 +107,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
             # the index validation first (the longer one: the index checks wait for it); the consume queues
             # after it, taken over by the queue checks if the preload thread has not started them by then
             preload = {"index": pre_pool.submit(load_index_files, store.loc, settings),
-                       "cq": pre_pool.submit(load_consume_queues, store.loc, settings, store.commitlog.min_offset)}
+                       "cq": pre_pool.submit(load_queue_meta, store.loc, settings, store.commitlog.min_offset)}
         if isinstance(engine, str):
             engine = resolve_engine_name(engine, master=master or (None if spark is None else "given"),
                                          store_bytes=sum(t.file_size - t.start for t in tasks), segments=len(tasks))
@@ -130,6 +130,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
     report["run"] = {"engine": engine if isinstance(engine, str) else engine.name, "seconds": round(time.monotonic() - t0, 3),
                      "startup_seconds": round(t1 - t0, 3), "segment_seconds": round(t_seg, 3),
                      "cross_check_seconds": round(t_cross, 3),
+                     "cross_check_mode": report.pop("cross_check_mode", None),
                      "segments_audited": len(tasks), "segments_carried": len(carried),
                      "bytes_audited": audited_bytes, "bytes_scanned": scanned,
                      "mb_per_s": round(scanned / max(t_seg, 1e-9) / 1e6, 1) if tasks else None,
@@ -182,11 +183,11 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSet
     ``threads``: run the index checks (and config reading) beside the queue/consume-queue checks; the
     findings are exactly those of ``threads=False``."""
     note("audit: cross-file checks (queue offsets, consume queues, index, checkpoint, config)", quiet)
-    done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, preload=preload,
-                            on_thread=report_charts)
-    report = build_report(store, results, done.log, done.findings, done.qstats, done.consumers, done.idx, done.cp,
-                          settings, done.extra)
+    done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, preload=preload)
+    report = build_report(store, results, done.summary, done.findings, done.qstats, done.consumers, done.idx, done.cp,
+                          settings, done.charts)
     report["timer_store"] = done.timers
+    report["cross_check_mode"] = done.mode
     return report
 
 

@@ -15,77 +15,30 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from storelib.checks.logcharts import MAX_TOPICS, size_histogram, traffic_series
 from storelib.checks.segment import SEVERITY_RANK
 from storelib.errors import Finding
 
 if TYPE_CHECKING:
     from storelib.broker.brokerconf import BrokerSettings
     from storelib.broker.store import Store
-    from storelib.checks.logview import LogView
+    from storelib.checks.logview import LogSummary, LogView
     from storelib.checks.segment import SegmentResult
 
 SCHEMA = "rmqstore.audit/1"
 
 COLORS = {"critical": "#8b0000", "error": "#d9480f", "warning": "#f59f00", "info": "#4dabf7", None: "#2f9e44"}
 PALETTE = ["#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00", "#0ca678", "#d6336c", "#5c940d", "#495057"]
-MAX_TOPICS = 8
-
-
-def time_buckets(ts: np.ndarray, buckets: int = 60) -> tuple[int, int, int]:
-    """(bucket ms, first bucket start ms, bucket count): a round bucket width giving at most about
-    ``buckets`` buckets over the span of ``ts`` (not empty)."""
-    lo, hi = int(ts.min()), int(ts.max())
-    span = max(hi - lo, 1)
-    nice = [1000, 5000, 10_000, 60_000, 300_000, 600_000, 3_600_000, 6 * 3_600_000, 86_400_000, 7 * 86_400_000]
-    bucket = next((b for b in nice if span / b <= buckets), nice[-1] * (span // (nice[-1] * buckets) + 1))
-    start = lo - lo % bucket
-    return bucket, start, int((hi - start) // bucket) + 1
-
-
-def traffic_series(log: Any, buckets: int = 60) -> dict[str, Any]:
-    """Messages per topic per time bucket (top topics by volume, the rest as 'other')."""
-    ts = log.ts
-    if not len(ts):
-        return {"bucket_ms": 0, "start_ms": None, "topics": {}}
-    bucket, start, nb = time_buckets(ts, buckets)
-    b = ((ts - start) // bucket).astype(np.int64)
-    t = log.topic_idx
-    counts = np.bincount(t, minlength=len(log.topic_names))
-    top = np.argsort(-counts, kind="stable")[:MAX_TOPICS]
-    # one count over (row, bucket) cells: a row per top topic, the last for all other topics
-    row = np.full(len(log.topic_names), len(top), np.int64)
-    row[top] = np.arange(len(top))
-    grid = np.bincount(row[t] * nb + b, minlength=(len(top) + 1) * nb).reshape(len(top) + 1, nb)
-    series: dict[str, list[int]] = {}
-    for i, ti in enumerate(top.tolist()):
-        series[log.topic_names[ti]] = grid[i].tolist()
-    if grid[-1].any():
-        series["(other topics)"] = grid[-1].tolist()
-    return {"bucket_ms": int(bucket), "start_ms": int(start), "topics": series}
-
-
-def size_histogram(sizes: np.ndarray) -> dict[str, Any]:
-    """Record sizes (TOTALSIZE) in power-of-two buckets: bucket k holds sizes in [2^k, 2^(k+1))."""
-    if not len(sizes):
-        return {"buckets": []}
-    k = np.floor(np.log2(np.maximum(sizes, 1))).astype(np.int64)
-    c = np.bincount(k)
-    p50, p99 = np.percentile(sizes, [50, 99])  # one partition for both
-    return {"buckets": [{"from": 1 << i, "to": (1 << (i + 1)) - 1, "count": int(n)} for i, n in enumerate(c) if n],
-            "min": int(sizes.min()), "max": int(sizes.max()), "mean": float(sizes.mean()),
-            "p50": float(p50), "p99": float(p99)}
-
-
 def report_charts(log: LogView) -> dict[str, Any]:
-    """The report's record-derived series (traffic per topic over time, size distribution)."""
-    return {"traffic": traffic_series(log), "sizes": size_histogram(log.size)}
+    """The report's record-derived series (traffic per topic over time, size distribution) of a whole view."""
+    return {"traffic": traffic_series(log.ts, log.topic_idx, log.topic_names), "sizes": size_histogram(log.size)}
 
 
-def build_report(store: Store, results: list[SegmentResult], log: LogView, findings: list[Finding], qstats: dict,
+def build_report(store: Store, results: list[SegmentResult], log: LogSummary, findings: list[Finding], qstats: dict,
                  consumers: list[dict], idx: dict, cp: Any, settings: BrokerSettings,
-                 charts: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report dict (JSON schema ``rmqstore.audit/1``); ``charts``: :func:`report_charts` if done already."""
-    charts = charts if charts is not None else report_charts(log)
+                 charts: dict[str, Any]) -> dict[str, Any]:
+    """The report dict (JSON schema ``rmqstore.audit/1``); ``charts``: the record-derived series
+    (:func:`report_charts`, or the streamed checks' own)."""
 
     by_sev = {s: 0 for s in SEVERITY_RANK}
     for f in findings:
@@ -125,16 +78,15 @@ def build_report(store: Store, results: list[SegmentResult], log: LogView, findi
                      "broker_line": settings.line.to_json() if settings.line else None,
                      "cq_segment_size": settings.mapped_file_size_consume_queue,
                      "hash_slot_num": settings.max_hash_slot_num, "index_num": settings.max_index_num},
-        "summary": {"findings": len(findings), "by_severity": by_sev, "records": int(log.records.num_rows),
-                    "bytes_valid": int(log.size.sum()) if len(log.size) else 0,
+        "summary": {"findings": len(findings), "by_severity": by_sev, "records": log.records,
+                    "bytes_valid": log.bytes_valid,
                     "segments": len([s for s in seg_rows if s["end_kind"] != "missing"]),
                     "queues": len(queues), "index_files": len(idx.get("files", [])),
                     "bytes_lost": sum(g["bytes_lost"] for g in regions),
                     "crc_errors": sum(r.crc_errors for r in results),
                     "bytes_crc_failed": sum(r.crc_bytes for r in results),
                     "commitlog_min_offset": log.log_min, "commitlog_end_offset": log.log_end,
-                    "first_store_ts": int(log.ts.min()) if len(log.ts) else None,
-                    "last_store_ts": int(log.ts.max()) if len(log.ts) else None},
+                    "first_store_ts": log.ts_lo, "last_store_ts": log.ts_hi},
         "checkpoint": asdict(cp) if cp is not None else None,
         "segments": seg_rows,
         "regions": regions,
@@ -359,4 +311,4 @@ def render_html(rep: dict) -> str:
             + "</body></html>")
 
 
-__all__ = ["render_html", "size_histogram", "traffic_series"]
+__all__ = ["MAX_TOPICS", "render_html"]

@@ -400,7 +400,7 @@ def test_consumer_offset_past_the_queue(store):
 
 def _comparable(rep: dict) -> dict:
     return {k: rep[k] for k in ("findings", "summary", "segments", "regions", "queues", "consumers", "index", "sizes",
-                                "traffic")}
+                                "traffic", "checkpoint", "timer_store")}
 
 
 def test_spark_engine_gives_the_same_report_as_local(store, spark):

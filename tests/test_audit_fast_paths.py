@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import storelib.checks.crossfile as crossfile
 import storelib.checks.index as index_checks
 import storelib.checks.queues as queue_checks
 from storelib.checks.queues import _queue_group_order, _units_before_invalid_tail
@@ -27,8 +28,15 @@ base_store, store = store_fixtures("auditfast")
 ENTRIES = 40 + 64 * 4  # IndexFile header + slot table of the test geometry: entry 0 starts here
 
 
+def _whole_view(monkeypatch) -> None:
+    """No streamed cross-file checks: the whole record view judges every store."""
+    monkeypatch.setattr(crossfile, "streamable", lambda store, results: False)
+
+
 def _plain(monkeypatch) -> None:
-    """Turn both shortcuts off: every index entry looked up, every CQ unit compared."""
+    """Turn every shortcut off: the whole record view, every index entry looked up, every CQ unit compared."""
+    _whole_view(monkeypatch)
+
     def never(self, ent, chunk=0) -> bool:
         self.aligned = False
         return False
@@ -58,6 +66,11 @@ def test_clean_store_takes_the_index_shortcut_and_reports_the_same(store, monkey
     rep = _same_as_plain(store, monkeypatch)
     assert len(rep["index"]["files"]) > 2
     assert calls == [1]  # only the plain run computed the key codes
+    assert rep["run"]["cross_check_mode"] == "streamed"
+    with monkeypatch.context() as m:
+        _whole_view(m)
+        assert _comparable(run(store, now_ms=1_800_000_000_000)) == _comparable(rep)
+    assert calls == [1]  # the whole view's shortcut needed no key codes either
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
@@ -109,6 +122,7 @@ def test_queue_rows_are_taken_as_is_only_when_units_match_them_exactly(store, mo
         return r
 
     monkeypatch.setattr(queue_checks, "_queue_records_exactly", spy)
+    _whole_view(monkeypatch)
     run(store)
     assert len(seen) == 4 and all(seen)
     seen.clear()
@@ -232,10 +246,10 @@ def test_hole_probe_needs_no_seek_data(tmp_path, monkeypatch):
 
 def _traffic_per_topic_masks(log, buckets: int = 60) -> dict:
     """The straightforward traffic series (a mask per topic), the reference for the one-count version."""
-    from jobs.audit_report import MAX_TOPICS, time_buckets
+    from storelib.checks.logcharts import MAX_TOPICS, time_buckets
 
     ts = log.ts
-    bucket, start, nb = time_buckets(ts, buckets)
+    bucket, start, nb = time_buckets(int(ts.min()), int(ts.max()), buckets)
     b = (ts - start) // bucket
     t = log.topic_idx
     top = np.argsort(-np.bincount(t, minlength=len(log.topic_names)), kind="stable")[:MAX_TOPICS]
@@ -250,17 +264,34 @@ def _traffic_per_topic_masks(log, buckets: int = 60) -> dict:
 def test_traffic_series_and_size_percentiles_equal_the_straightforward_ones(n_topics):
     from types import SimpleNamespace
 
-    from jobs.audit_report import size_histogram, traffic_series
+    from storelib.checks.logcharts import SizeHistogram, TrafficSeries, size_histogram, traffic_series
 
     rng = np.random.default_rng(n_topics)
     n = 50_000
     log = SimpleNamespace(ts=np.sort(rng.integers(1_700_000_000_000, 1_700_000_000_000 + 3_600_000 * 30, n)),
                           topic_idx=rng.zipf(1.5, n).clip(1, n_topics).astype(np.int64) - 1,
                           topic_names=[f"T{i}" for i in range(n_topics)])
-    assert traffic_series(log) == _traffic_per_topic_masks(log)
-    sizes = rng.integers(91, 4_000_000, n)
-    h = size_histogram(sizes)
-    assert (h["p50"], h["p99"]) == (float(np.percentile(sizes, 50)), float(np.percentile(sizes, 99)))
+    want = _traffic_per_topic_masks(log)
+    assert traffic_series(log.ts, log.topic_idx, log.topic_names) == want
+    # fed segment by segment (topics first seen later get their rows late): the same series
+    streamed = TrafficSeries(int(log.ts.min()), int(log.ts.max()))
+    for a in range(0, n, 7_001):
+        part = log.topic_idx[a:a + 7_001]
+        streamed.feed(log.ts[a:a + 7_001], part, int(part.max()) + 1)
+    assert streamed.result(log.topic_names) == want
+    for sizes in (rng.integers(91, 4_000_000, n), rng.integers(91, 200, n), rng.integers(91, 95, 7),
+                  np.array([300]), np.array([91, 4_000_000])):
+        h = size_histogram(sizes)
+        k = np.floor(np.log2(sizes)).astype(np.int64)
+        c = np.bincount(k)
+        assert h == {"buckets": [{"from": 1 << i, "to": (1 << (i + 1)) - 1, "count": int(m)}
+                                 for i, m in enumerate(c) if m],
+                     "min": int(sizes.min()), "max": int(sizes.max()), "mean": float(sizes.mean()),
+                     "p50": float(np.percentile(sizes, 50)), "p99": float(np.percentile(sizes, 99))}
+        chunked = SizeHistogram()
+        for a in range(0, len(sizes), 999):
+            chunked.feed(sizes[a:a + 999])
+        assert chunked.result() == h
 
 
 def test_chunked_equal_compares_ranges_across_chunks_without_a_copy():

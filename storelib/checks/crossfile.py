@@ -6,7 +6,6 @@ the segments and writes the report is jobs/audit.py."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,8 +16,10 @@ import pyarrow as pa
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.geometry import fold_geometry_findings
 from storelib.broker.store import Store
+from storelib.checks.crossstream import preloaded, streamable, streamed_checks
 from storelib.checks.index import check_index, load_index_files
-from storelib.checks.logview import LogView
+from storelib.checks.logcharts import view_charts
+from storelib.checks.logview import LogSummary, LogView, Unsettled
 from storelib.checks.metadata import (
     check_checkpoint,
     check_configs,
@@ -41,24 +42,39 @@ from storelib.errors import Finding
 
 def run_cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
                      threads: bool = True, preload: dict[str, Future] | None = None,
-                     on_thread: Callable[[LogView], Any] | None = None) -> _CrossResults:
+                     stream: bool = True) -> _CrossResults:
     """The cross-file checks over the segments' results (in commitlog order).
 
+    ``stream``: first the streamed checks (:mod:`storelib.checks.crossstream`: memory bounded by a segment),
+    which settle a store whose files agree; the whole record view only for what they cannot settle.
     ``threads``: the index checks (and config reading) beside the queue/consume-queue checks, each into
     its own collector merged in the serial order (findings exactly those of ``threads=False``);
-    ``preload``: the index validation / consume-queue load already started ("index", "cq");
-    ``on_thread``: more work over the record view for whichever check thread is done first (its result
-    is ``extra``; serially it is not run)."""
+    ``preload``: the index validation / consume-queue summary already started ("index", "cq")."""
     out = _Capped()
-    log = _record_view(store, results, settings, out)
+    _store_findings(store, results, settings, out)
     _unsealed_segments(results, out)
-    if threads:
-        done = _threaded_checks(store.loc, log, settings, out, now_ms, preload or {}, on_thread)
-    else:
-        done = _serial_checks(store.loc, log, settings, out, now_ms)
+    done: _CrossResults | None = None
+    mode = "whole view: lost regions or missing segments"
+    if stream and streamable(store, results):
+        try:
+            c, qstats, consumers, idx, cp, timers, summary, charts = streamed_checks(
+                store, results, settings, now_ms, threads=threads, preload=preload)
+            out.absorb(c)
+            done = _CrossResults(qstats, consumers, idx, cp, timers, summary, charts, mode="streamed")
+        except Unsettled as e:
+            mode = f"whole view: {e}"
+    elif not stream:
+        mode = "whole view"
+    if done is None:
+        pre = {k: v for k, v in (preload or {}).items() if k == "index"}  # "cq" is the streamed summary
+        log = _record_view(store, results)
+        if threads:
+            done = _threaded_checks(store.loc, log, settings, out, now_ms, pre)
+        else:
+            done = _serial_checks(store.loc, log, settings, out, now_ms)
+        done.mode = mode
     done.findings = sorted(fold_geometry_findings(out.done()),
                            key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
-    done.log = log
     return done
 
 
@@ -71,14 +87,14 @@ class _CrossResults:
     idx: dict
     cp: Any
     timers: Any
-    extra: Any  # what ``on_thread`` made on whichever check thread was done first (None: not asked)
+    summary: LogSummary
+    charts: dict[str, Any]  # the report's record-derived series (:mod:`storelib.checks.logcharts`)
     findings: list[Finding] = field(default_factory=list)  # every finding, sorted by severity then place
-    log: LogView | None = None
+    mode: str = "streamed"  # how the checks ran: streamed, or the whole view and why
 
 
-def _record_view(store: Store, results: list[SegmentResult], settings: BrokerSettings, out: _Capped) -> LogView:
-    """The store's and the segments' findings into ``out``; every segment's record/key tables as one view,
-    with the lost physical ranges (corrupt regions and missing segments)."""
+def _store_findings(store: Store, results: list[SegmentResult], settings: BrokerSettings, out: _Capped) -> None:
+    """The store's and the segments' findings into ``out``."""
     cl = store.commitlog
     for f in [*cl.findings, *store.findings]:
         out.add(f)
@@ -86,6 +102,12 @@ def _record_view(store: Store, results: list[SegmentResult], settings: BrokerSet
                     for r in results for fd in r.findings]
     for f in merge_v2_findings(seg_findings, settings.line):
         out.add(f)
+
+
+def _record_view(store: Store, results: list[SegmentResult]) -> LogView:
+    """Every segment's record/key tables as one view, with the lost physical ranges (corrupt regions and
+    missing segments)."""
+    cl = store.commitlog
     lost = [(r.base + g["start"], r.base + g["end"]) for r in results for g in r.regions]
     for f in cl.findings:
         if f.kind == "missing_segment":
@@ -114,7 +136,7 @@ def _serial_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, n
     """The checks one after the other into one collector (the reference the threaded path equals)."""
     facts = check_queue_offsets(log, out)
     abort = check_markers(root, out)
-    cp = check_checkpoint(root, log, out, now_ms)
+    cp = check_checkpoint(root, log.summary(), out, now_ms)
     qstats = check_consume_queues(root, log, settings, out, facts)
     qstats.pop("__reput_from__", None)
     idx = check_index(root, log, settings, out, cp, abort.exists)
@@ -122,27 +144,27 @@ def _serial_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, n
     loaded = check_configs(root, out)
     consumers = check_consumer_offsets(loaded, qstats, out)
     timers = check_timer_store(root, log, settings, out, facts)
-    return _CrossResults(qstats, consumers, idx, cp, timers, None)
+    return _CrossResults(qstats, consumers, idx, cp, timers, log.summary(), view_charts(log))
 
 
 def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, now_ms: int,
-                     pre: dict[str, Future], on_thread: Callable[[LogView], Any] | None) -> _CrossResults:
+                     pre: dict[str, Future]) -> _CrossResults:
     """The index checks need only the checkpoint and the abort marker, the consume-queue checks only the
     queue-offset facts: both chains run at once (numpy releases the GIL), each into its own collector,
     merged below in the serial order so caps and findings are exactly those of a serial run."""
     c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg = (_Capped() for _ in range(7))
     abort = check_markers(root, c_mk)
-    cp = check_checkpoint(root, log, c_cp, now_ms)
+    cp = check_checkpoint(root, log.summary(), c_cp, now_ms)
     extra_box: list[Any] = [None]
     once = threading.Lock()
 
-    def charts_if_first() -> None:  # ``on_thread`` on whichever check thread is done first
-        if on_thread is not None and once.acquire(blocking=False):
-            extra_box[0] = on_thread(log)
+    def charts_if_first() -> None:  # the report's series on whichever check thread is done first
+        if once.acquire(blocking=False):
+            extra_box[0] = view_charts(log)
 
     def index() -> dict:
         r = check_index(root, log, settings, c_idx, cp, abort.exists,
-                        _preloaded(pre.get("index"), load_index_files, root, settings))
+                        preloaded(pre.get("index"), load_index_files, root, settings))
         charts_if_first()
         return r
 
@@ -162,12 +184,4 @@ def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: _Capped,
         out.absorb(c)
     consumers = check_consumer_offsets(loaded, qstats, out)
     timers = check_timer_store(root, log, settings, out, facts)
-    return _CrossResults(qstats, consumers, idx, cp, timers, extra_box[0])
-
-
-def _preloaded(fut: Future | None, fn, *args):
-    """A preload's result; one the low-priority preload thread has not started yet is cancelled and run
-    here instead, at the caller's priority (it is needed now)."""
-    if fut is None or fut.cancel():
-        return fn(*args)
-    return fut.result()
+    return _CrossResults(qstats, consumers, idx, cp, timers, log.summary(), extra_box[0])

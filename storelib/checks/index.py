@@ -10,7 +10,15 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.broker.brokerconf import BrokerSettings
-from storelib.checks.logview import LogView, _lookup_repeats, _member, _run_of, _searchsorted_repeats
+from storelib.checks.keystream import KeyStream
+from storelib.checks.logview import (
+    LogView,
+    Unsettled,
+    _lookup_repeats,
+    _member,
+    _run_of,
+    _searchsorted_repeats,
+)
 from storelib.checks.segment import _Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
@@ -154,12 +162,14 @@ class _KeySequence:
         return self.aligned and self.cur == self.n
 
 
-def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Capped, checkpoint: Any, abort: bool,
-                loaded: IndexLoad | None = None) -> dict:
+def check_index(root: Location, log: LogView | None, settings: BrokerSettings, out: _Capped, checkpoint: Any,
+                abort: bool, loaded: IndexLoad | None = None, stream: KeyStream | None = None) -> dict:
     """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
 
     Needs nothing from the consume-queue checks, so it runs beside them (:func:`storelib.checks.crossfile.run_cross_checks`);
-    ``loaded``: the files validated beforehand (:func:`load_index_files`)."""
+    ``loaded``: the files validated beforehand (:func:`load_index_files`); ``stream`` (``log`` None): the
+    keys streamed segment by segment, where a file that is not exactly the next keys raises
+    :class:`~storelib.checks.logview.Unsettled` instead of being looked up entry by entry."""
     from storelib.format.indexfile import IndexGeometry
 
     if loaded is None:
@@ -169,7 +179,7 @@ def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Ca
     if not loaded.files:
         return info
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
-    keys = _KeySequence(log)
+    keys: _KeySequence | KeyStream = stream if stream is not None else _KeySequence(log)
     k_: KeyCodes | None = None  # computed only when some file's entries are not the keys' sequence
     all_codes: list[np.ndarray] = []  # per file: its entries' codes (entries pointing at a record), sorted
     wrong_phy: list[np.ndarray] = []
@@ -201,6 +211,8 @@ def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Ca
                 # record with one of its keys' hashes, so no entry finding (the comparison would find none)
                 wrong = np.zeros(0, np.int64)
             else:
+                if log is None:
+                    raise Unsettled(f"{display}: its entries are not the records' keys in order")
                 if k_ is None:
                     k_ = key_codes(log)
                 wrong = _entries_against_records(log, k_, ent, g, display, out, all_codes, wrong_phy)
@@ -222,8 +234,11 @@ def check_index(root: Location, log: LogView, settings: BrokerSettings, out: _Ca
             out.add(vfi)
     # every keyed message findable
     if settings.message_index_enable and keys.n and not keys.all_matched():
-        _keys_findable(log, k_ if k_ is not None else key_codes(log), keys, all_codes, wrong_phy, info, max_end_phy,
-                       out)
+        if isinstance(keys, KeyStream):
+            keys.behind(max_end_phy, out)
+        else:
+            _keys_findable(log, k_ if k_ is not None else key_codes(log), keys, all_codes, wrong_phy, info,
+                           max_end_phy, out)
     info["max_end_phy"] = max_end_phy
     return info
 

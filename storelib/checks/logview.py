@@ -11,6 +11,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
+class Unsettled(Exception):
+    """The streamed cross-file checks met something only the whole record view can judge (damage, a file
+    that disagrees with the records): the audit runs the whole-view checks instead, which say exactly
+    what is wrong."""
+
+
+@dataclass(frozen=True)
+class LogSummary:
+    """What the report and the checkpoint check need of the whole log: counts and bounds, no records."""
+
+    records: int
+    bytes_valid: int
+    ts_lo: int | None  # oldest store timestamp (None: no record)
+    ts_hi: int | None
+    log_min: int
+    log_end: int  # physical end of the last valid record
+    segment_size: int
+
+
 @dataclass
 class LogView:
     """The whole commitlog as the cross-file checks see it: records in commitlog order, lost ranges."""
@@ -49,6 +68,11 @@ class LogView:
         self.field_unique = not bool(np.any(self.field_sorted[1:] == self.field_sorted[:-1]))
         # dispatchable record rows per (topic, queue), commitlog order (filled by check_queue_offsets)
         self.queue_rows: dict[tuple[str, int], np.ndarray] = {}
+
+    def summary(self) -> LogSummary:
+        n = len(self.ts)
+        return LogSummary(n, int(self.size.sum()) if n else 0, int(self.ts.min()) if n else None,
+                          int(self.ts.max()) if n else None, self.log_min, self.log_end, self.segment_size)
 
     def in_lost(self, phy: np.ndarray) -> np.ndarray:
         if not len(self.lost) or not len(phy):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from storelib.checks.logview import LogView, _rel
+from storelib.checks.logview import LogSummary, _rel
 from storelib.checks.segment import SEVERITY_RANK, _Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 
 
-def check_checkpoint(root: Location, log: LogView, out: _Capped, now_ms: int):
+def check_checkpoint(root: Location, log: LogSummary, out: _Capped, now_ms: int):
     """Checkpoint timestamps within the data's store-time range (and not in the future)."""
     from storelib.format.checkpoint import read_checkpoint
 
@@ -21,9 +21,9 @@ def check_checkpoint(root: Location, log: LogView, out: _Capped, now_ms: int):
         sev = "warning" if e.kind == "missing" else "error"
         out.add(Finding("checkpoint_" + e.kind, sev, "checkpoint", e.offset, e.detail))
         return None
-    if len(log.ts) == 0:
+    if log.ts_lo is None or log.ts_hi is None:
         return cp
-    lo, hi = int(log.ts.min()), int(log.ts.max())
+    lo, hi = log.ts_lo, log.ts_hi
     for name, off in (("physic_msg_timestamp", 0), ("logics_msg_timestamp", 8), ("index_msg_timestamp", 16)):
         v = getattr(cp, name)
         if v > now_ms + 60_000:

@@ -3,6 +3,7 @@ records both ways (a unit pointing into a region already reported lost counts ag
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,7 +13,7 @@ from storelib.checks.logview import LogView, _queue_hint, _queue_records_exactly
 from storelib.checks.segment import _Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, data_ranges
-from storelib.format.consumequeue import batch_cq_topics
+from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, batch_cq_topics, list_queues
 from storelib.format.record import INNER_BATCH_FLAG
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 
@@ -119,11 +120,32 @@ class CQLoad:
 
 def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) -> CQLoad:
     """Read every consume queue's units (one copy out of the mapped files) and offsets."""
-    from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, list_queues
-
-    rootp = root.path
-    S = settings.mapped_file_size_consume_queue
     res = CQLoad()
+    for topic, qid, cq in walk_queues(root, settings, res):
+        try:
+            ns, units, files = [], [], []
+            for base, display, u in queue_files(cq, root.path):
+                ns.append(base // CQ_UNIT_SIZE + np.arange(len(u), dtype=np.int64))
+                units.append(u)
+                files.append((base, display))
+            n = ns[0] if len(ns) == 1 else np.concatenate(ns) if ns else np.zeros(0, np.int64)
+            # one copy out of the mapped files (they are closed below)
+            u = (np.array(units[0]) if len(units) == 1 else np.concatenate(units) if units
+                 else np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")]))
+            cq_max, mpo = cq.max_offset(), cq.max_physic_offset()
+            cq_min = cq.min_offset(log_min) if cq.segments else 0
+        finally:
+            cq.close()
+        res.cq_max_phy = max(res.cq_max_phy, mpo)
+        res.per_queue[(topic, qid)] = (n, u, files, cq_max, cq_min)
+    return res
+
+
+def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterator[tuple[str, int, ConsumeQueue]]:
+    """Every queue directory's :class:`ConsumeQueue` (the caller closes it), the listing's and each queue's
+    structural findings into ``res.findings`` in the order found; ``res.failed`` when the queue directory
+    cannot be listed (or is a RocksDB consume queue, which rmqstore does not read: said once)."""
+    rootp = root.path
     list_findings: list[Finding] = []
     try:
         queues = list_queues(root, list_findings)
@@ -136,48 +158,34 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) 
         else:
             res.findings.append(Finding(e.kind, "error", _rel(rootp, e.file), e.offset, e.detail))
         res.failed = True
-        return res
+        return
     for f in list_findings:
         f.file = _rel(rootp, f.file)
         res.findings.append(f)
     for topic, qid, loc in queues:
-        cq = ConsumeQueue(loc, segment_size=S, topic=topic, queue_id=qid)
-        try:
-            for f in cq.findings:
-                f.file = _rel(rootp, f.file)
-                res.findings.append(f)
-            ns, units, files = [], [], []
-            for i, seg in enumerate(cq.segments):
-                u = cq.read_units(seg)
-                if i == len(cq.segments) - 1:
-                    # the queue's last file is preallocated: its units after the last one with a size are
-                    # invalid and after every valid unit, so no check looks at them; its first unit stays
-                    # (the queue's first offset)
-                    keep = _units_before_invalid_tail(u, seg.loc.path if seg.loc.local else None)
-                    u = u[:max(keep, 1 if i == 0 else 0)]
-                ns.append(seg.base // CQ_UNIT_SIZE + np.arange(len(u), dtype=np.int64))
-                units.append(u)
-                files.append((seg.base, _rel(rootp, seg.path)))
-            n = ns[0] if len(ns) == 1 else np.concatenate(ns) if ns else np.zeros(0, np.int64)
-            # one copy out of the mapped files (they are closed below)
-            u = (np.array(units[0]) if len(units) == 1 else np.concatenate(units) if units
-                 else np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")]))
-            cq_max = cq.max_offset()
-            mpo = cq.max_physic_offset()
-            cq_min = cq.min_offset(log_min) if cq.segments else 0
-        finally:
-            cq.close()
-        res.cq_max_phy = max(res.cq_max_phy, mpo)
-        res.per_queue[(topic, qid)] = (n, u, files, cq_max, cq_min)
-    return res
+        cq = ConsumeQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
+        for f in cq.findings:
+            f.file = _rel(rootp, f.file)
+            res.findings.append(f)
+        yield topic, qid, cq
+
+
+def queue_files(cq: ConsumeQueue, rootp: str) -> Iterator[tuple[int, str | None, np.ndarray]]:
+    """A queue's files in order: (logical byte base, display path, units as mapped). The queue's last file
+    is preallocated: its units after the last one with a size are invalid and after every valid unit, so
+    no check looks at them (its first unit stays: the queue's first offset)."""
+    for i, seg in enumerate(cq.segments):
+        u = cq.read_units(seg)
+        if i == len(cq.segments) - 1:
+            keep = _units_before_invalid_tail(u, seg.loc.path if seg.loc.local else None)
+            u = u[:max(keep, 1 if i == 0 else 0)]
+        yield seg.base, _rel(rootp, seg.path), u
 
 
 def _units_before_invalid_tail(units: np.ndarray, path: str | None) -> int:
     """How many of a CQ file's units come before its trailing units whose size field is zero (invalid:
     a unit is valid only with size > 0). ``path``: the file when local; units in its holes (a
     preallocated file is sparse) are zeros without being read (:func:`storelib.fileio.bytesource.data_ranges`)."""
-    from storelib.format.consumequeue import CQ_UNIT_SIZE
-
     n = len(units)
     ranges = data_ranges(path, 0, n * CQ_UNIT_SIZE)
     if not ranges:
@@ -217,7 +225,7 @@ def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings,
                                "raw_max_offset": int(n[last_valid]) + 1 if last_valid >= 0 else cq_max,
                                "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                "messages": fact["messages"] if fact else 0, "lag": lag, "lag_bytes": behind_bytes}
-    _queues_without_cq(root, log, facts, seen_queues, reput_from, out, stats)
+    queues_without_cq(root, log.segment_size, facts, seen_queues, reput_from, out, stats)
     stats["__reput_from__"] = reput_from  # type: ignore[index]
     return stats
 
@@ -226,7 +234,7 @@ def _check_units(log: LogView, out: _Capped, topic: str, qid: int, n: np.ndarray
                  files: list[tuple[int, str | None]]) -> int:
     """One queue's units against the records: holes before the last valid unit, units pointing past the
     log or at no record start, units whose record disagrees. Returns the last valid unit's index (-1)."""
-    from storelib.format.consumequeue import CQ_UNIT_SIZE, filler_mask
+    from storelib.format.consumequeue import filler_mask
 
     bases = np.array([b for b, _ in files], dtype=np.int64)
 
@@ -325,11 +333,7 @@ def _message_side(log: LogView, out: _Capped, topic: str, qid: int, n: np.ndarra
             lag = len(beyond)
             behind_bytes = int(log.size[beyond].sum())
             if after.all():
-                out.add(Finding("queue_behind_commitlog", "warning", f"consumequeue/{topic}/{qid}", None,
-                                f"{len(beyond)} messages ({behind_bytes} bytes) from queue offset "
-                                f"{int(log.qoff[beyond[0]])} are not in the consume queue yet; the broker dispatches "
-                                f"them on start (reput from {reput_from})",
-                                {"topic": topic, "queue_id": qid, "count": len(beyond), "bytes": behind_bytes}))
+                out.add(lag_finding(topic, qid, len(beyond), behind_bytes, int(log.qoff[beyond[0]]), reput_from))
             else:
                 b0 = beyond[~after]
                 out.add(Finding("cq_entries_missing_for_messages", "error", f"consumequeue/{topic}/{qid}", None,
@@ -346,8 +350,16 @@ def _message_side(log: LogView, out: _Capped, topic: str, qid: int, n: np.ndarra
     return lag, behind_bytes
 
 
-def _queues_without_cq(root: Location, log: LogView, facts: dict, seen_queues: set, reput_from: int, out: _Capped,
-                       stats: dict) -> None:
+def lag_finding(topic: str, qid: int, count: int, nbytes: int, first_offset: int, reput_from: int) -> Finding:
+    """A queue's messages past its last consume-queue unit, all after the reput position: dispatched on start."""
+    return Finding("queue_behind_commitlog", "warning", f"consumequeue/{topic}/{qid}", None,
+                   f"{count} messages ({nbytes} bytes) from queue offset {first_offset} are not in the consume "
+                   f"queue yet; the broker dispatches them on start (reput from {reput_from})",
+                   {"topic": topic, "queue_id": qid, "count": count, "bytes": nbytes})
+
+
+def queues_without_cq(root: Location, segment_size: int, facts: dict, seen_queues: set, reput_from: int,
+                      out: _Capped, stats: dict) -> None:
     """Queues with dispatchable records and no consume-queue directory: missing, behind, BatchConsumeQueue
     topics (not read), or topics whose name cannot be a directory (their queues' stats say all is lag)."""
     unsafe: dict[str, list[int]] = {}  # topics that cannot be a directory: [records, first phy], one finding each
@@ -381,6 +393,6 @@ def _queues_without_cq(root: Location, log: LogView, facts: dict, seen_queues: s
                         f"({len(batch[topic])} queue(s)), which rmqstore does not read: its {n} messages are not "
                         "cross-checked against a consume queue", {"topic": topic, "queues": batch[topic],
                                                                   "messages": n, "supported": False}))
-    S = log.segment_size
+    S = segment_size
     for topic, (n, first) in sorted(unsafe.items()):
         out.add(unsafe_topic_finding(topic, f"commitlog/{first - first % S:020d}", first % S, n, first))

@@ -1,0 +1,144 @@
+"""The audit's cross-file phase streamed segment by segment, for a store whose files agree: the record and
+key tables of one segment at a time (mapped from the tasks' files), the consume queues a segment's worth
+of units at a time, the index files one at a time against the streamed keys. Memory is bounded by a
+segment, the queues and the index geometry, never by the store: a 1 TB broker disk is audited in the
+memory of a few GB of it.
+
+It reports exactly what the whole-view checks (:mod:`storelib.checks.crossfile`) report for such a store:
+lag, keys not indexed yet, notes on the small files. The moment it meets anything else (a lost region,
+a record away from its PHYSICALOFFSET field, a unit or an index entry that is not its record's) it raises
+:class:`~storelib.checks.logview.Unsettled` and the whole view, which can say exactly what is wrong, runs
+instead."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.store import Store
+from storelib.checks.index import check_index, load_index_files
+from storelib.checks.keystream import KeyStream
+from storelib.checks.logcharts import SizeHistogram, TrafficSeries
+from storelib.checks.logview import LogSummary, LogView, Unsettled
+from storelib.checks.metadata import (
+    check_checkpoint,
+    check_configs,
+    check_consumer_offsets,
+    check_markers,
+    report_abort,
+)
+from storelib.checks.queuestream import QueueMetaLoad, QueueStream, load_queue_meta
+from storelib.checks.segment import RECORD_SCHEMA, SegmentResult, _Capped
+from storelib.checks.timers import TIMER_TOPIC, check_timer_store
+
+
+def streamable(store: Store, results: list[SegmentResult]) -> bool:
+    """Can the streamed checks settle this store? Not with lost ranges (corrupt regions, missing
+    segments): what they explain needs the whole view."""
+    return not any(r.regions for r in results) and not any(f.kind == "missing_segment" for f in store.commitlog.findings)
+
+
+def summary_of(store: Store, results: list[SegmentResult]) -> LogSummary:
+    """The log's counts and bounds from the segments' results (no record read)."""
+    with_recs = [r for r in results if r.records]
+    lo = [r.first_ts for r in with_recs if r.first_ts is not None]
+    hi = [r.last_ts for r in with_recs if r.last_ts is not None]
+    cl = store.commitlog
+    end = max((r.base + r.data_end for r in with_recs), default=cl.min_offset)
+    return LogSummary(sum(r.records for r in results), sum(r.bytes_valid for r in results), min(lo, default=None),
+                      max(hi, default=None), cl.min_offset, end, cl.segment_size)
+
+
+def streamed_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, now_ms: int, *,
+                    threads: bool = True, preload: dict[str, Future] | None = None):
+    """The cross-file checks streamed; (collector, facts, qstats, consumers, idx, cp, timers, summary, charts).
+    Raises :class:`Unsettled` (nothing reported) when the store needs the whole view."""
+    root = store.loc
+    pre = preload or {}
+    summary = summary_of(store, results)
+    c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg, out = (_Capped() for _ in range(7))
+    abort = check_markers(root, c_mk)
+    cp = check_checkpoint(root, summary, c_cp, now_ms)
+    meta: QueueMetaLoad = preloaded(pre.get("cq"), load_queue_meta, root, settings, summary.log_min)
+    try:
+        def index() -> dict:
+            loaded = preloaded(pre.get("index"), load_index_files, root, settings)
+            keys = KeyStream((r.key_table() for r in results), sum(r.key_table().num_rows for r in results))
+            return check_index(root, None, settings, c_idx, cp, abort.exists, loaded, stream=keys)
+
+        qs = QueueStream(meta, summary.log_min)
+        traffic, sizes = TrafficSeries(summary.ts_lo, summary.ts_hi), SizeHistogram()
+        if threads:
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-stream") as pool:
+                f_idx = pool.submit(index)
+                f_cfg = pool.submit(check_configs, root, c_cfg)
+                try:
+                    _records_pass(results, qs, traffic, sizes)
+                except Unsettled:
+                    f_idx.cancel()
+                    raise
+                idx, loaded = f_idx.result(), f_cfg.result()
+        else:
+            _records_pass(results, qs, traffic, sizes)
+            idx, loaded = index(), check_configs(root, c_cfg)
+        if (qs.log_end if qs.log_end is not None else summary.log_end) != summary.log_end:
+            raise Unsettled("the records end elsewhere than the segments say")
+        facts = qs.facts()
+        qstats = qs.finish(root, summary.segment_size, facts, c_cq)
+    finally:
+        meta.close()
+    report_abort(abort, idx, c_ab)
+    for c in (c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
+        out.absorb(c)
+    consumers = check_consumer_offsets(loaded, qstats, out)
+    timers = _timers(store, results, settings, summary, facts, out)
+    charts = {"traffic": traffic.result(qs.topic_names), "sizes": sizes.result()}
+    return out, qstats, consumers, idx, cp, timers, summary, charts
+
+
+def _records_pass(results: list[SegmentResult], qs: QueueStream, traffic: TrafficSeries, sizes: SizeHistogram) -> None:
+    """Each segment's records once, in commitlog order: queue tails and units, the report's series."""
+    for r in results:
+        rec = r.record_table()
+        code = qs.topic_codes(rec.column("topic"))
+        qs.feed(rec, code)
+        traffic.feed(rec.column("store_timestamp").to_numpy(), code, len(qs.topic_names))
+        sizes.feed(rec.column("size").to_numpy())
+        del rec, code
+
+
+def _timers(store: Store, results: list[SegmentResult], settings: BrokerSettings, summary: LogSummary,
+            facts: dict, out: _Capped):
+    """The timer store against a view of the timer topic's records only; a unit that is not one of them
+    needs the whole view (it may be another topic's record)."""
+    root = store.loc
+    if root.fs.get_file_info(root.join("timerlog").path).type.name == "NotFound":
+        return None
+    view = LogView(pa.concat_tables(list(_timer_records(results))), pa.table({"pos": pa.array([], pa.int64())}),
+                   np.zeros((0, 2), np.int64), summary.log_min, summary.log_end, summary.segment_size)
+    c = _Capped()
+    timers = check_timer_store(root, view, settings, c, facts)
+    if any(kind == "timer_unit_mismatch" for kind, _ in c.counts):
+        raise Unsettled("a timer unit is not a timer record's")
+    out.absorb(c)
+    return timers
+
+
+def _timer_records(results: list[SegmentResult]) -> Iterator[pa.Table]:
+    yield RECORD_SCHEMA.empty_table()
+    for r in results:
+        rec = r.record_table()
+        if rec.num_rows:
+            yield rec.filter(pc.equal(rec.column("topic"), TIMER_TOPIC))
+
+
+def preloaded(fut: Future | None, fn, *args):
+    """A preload's result; one not started yet is cancelled and run here (it is needed now)."""
+    if fut is None or fut.cancel():
+        return fn(*args)
+    return fut.result()

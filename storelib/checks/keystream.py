@@ -1,0 +1,79 @@
+"""The log's index keys streamed from the segments' key tables, for the index checks of a store whose
+records sit at their PHYSICALOFFSET fields (:mod:`storelib.checks.crossstream`): the streamed form of
+:class:`storelib.checks.index._KeySequence`, holding at most a chunk of keys at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from storelib.checks.logview import Unsettled
+from storelib.checks.segment import _Capped
+from storelib.errors import Finding
+
+
+class KeyStream:
+    """Index files are matched against the keys one file after the other (:meth:`next_are_entries`);
+    any file that is not exactly the next keys raises :class:`Unsettled` in the caller."""
+
+    def __init__(self, tables: Iterator[pa.Table], n: int) -> None:
+        self._tables = tables
+        self.n = n  # keys in the whole log
+        self.cur = 0  # keys matched so far
+        self._phy: list[np.ndarray] = []  # keys read from tables and not matched yet, in order
+        self._hash: list[np.ndarray] = []
+        self._have = 0
+
+    def _fill(self, m: int) -> bool:
+        while self._have < m:
+            t = next(self._tables, None)
+            if t is None:
+                return False
+            pos, phy = t.column("pos").to_numpy(), t.column("phy").to_numpy()
+            if not np.array_equal(pos, phy):
+                raise Unsettled("a key's record is not at its PHYSICALOFFSET field")
+            if len(phy):
+                self._phy.append(phy)
+                self._hash.append(t.column("key_hash").to_numpy().astype(np.int64))
+                self._have += len(phy)
+        return True
+
+    def _take(self, m: int) -> tuple[np.ndarray, np.ndarray] | None:
+        if not self._fill(m):
+            return None
+        phy, kh = np.concatenate(self._phy), np.concatenate(self._hash)
+        self._phy, self._hash = ([phy[m:]], [kh[m:]]) if len(phy) > m else ([], [])
+        self._have -= m
+        return phy[:m], kh[:m]
+
+    def next_are_entries(self, ent: np.ndarray, chunk: int = 1 << 20) -> bool:
+        """Are one file's raw entries (in entry order) the next keys? Advances past them if so."""
+        m = len(ent)
+        if self.cur + m > self.n:
+            return False
+        for lo in range(0, m, chunk):
+            part = ent[lo:lo + chunk]
+            got = self._take(len(part))
+            if (got is None or not np.array_equal(got[0], part["phy_offset"].astype(np.int64))
+                    or not np.array_equal(got[1], part["key_hash"].astype(np.int64))):
+                return False
+        self.cur += m
+        return True
+
+    def all_matched(self) -> bool:
+        return self.cur == self.n
+
+    def behind(self, max_end_phy: int, out: _Capped) -> None:
+        """The keys no file holds are those of messages after the last indexed one (the broker indexes them
+        when it dispatches): said as the whole view says it; any other unmatched key raises Unsettled."""
+        if not self._fill(1):
+            raise Unsettled("fewer keys than counted")
+        first = int(self._phy[0][0])
+        if first <= max_end_phy:
+            raise Unsettled("a key at or before the last indexed message is in no index file")
+        count = self.n - self.cur
+        out.add(Finding("index_behind_commitlog", "warning", "index", None,
+                        f"{count} keys of messages after the last indexed message ({max_end_phy}) are not indexed "
+                        "yet; the broker indexes them when it dispatches", {"count": count}))

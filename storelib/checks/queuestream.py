@@ -1,0 +1,258 @@
+"""The queue checks (:mod:`storelib.checks.queues`) streamed over the segments in commitlog order, in memory
+bounded by a segment and the number of queues: each queue carries its tail (last QUEUEOFFSET, message
+count, lag) from one segment to the next, and its consume-queue units are read a segment's worth at a time.
+
+This path proves agreement: every record's unit is its record (same position, size, tags code), queue
+offsets run on by one, every unit is a record's or expired, and what is left is lag after the reput
+position. It then reports exactly what the whole-view checks would (lag warnings, the queues' stats).
+Anything else raises :class:`~storelib.checks.logview.Unsettled`: the whole view judges it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.checks.logview import Unsettled
+from storelib.checks.queues import (
+    CQLoad,
+    _stable_group_order,
+    lag_finding,
+    queue_files,
+    queues_without_cq,
+    walk_queues,
+)
+from storelib.checks.segment import _Capped
+from storelib.fileio.bytesource import Location
+from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, filler_mask
+from storelib.format.record import INNER_BATCH_FLAG
+
+
+@dataclass
+class QueueMeta:
+    """One consume queue summarised from its files, without holding its units."""
+
+    cq: ConsumeQueue  # files listed; mapped on demand, closed after each commitlog segment
+    first_n: int | None  # queue offset of its first unit (None: no unit)
+    last_valid: int  # queue offset of its last valid unit (-1: none)
+    holes: int  # invalid units before the last valid one
+    checked: int  # valid units that are not fillers (what the checks compare)
+    expired: int  # of those, units pointing below the commitlog's first offset
+    cq_max: int
+    cq_min: int
+
+
+@dataclass
+class QueueMetaLoad:
+    """Every consume queue summarised (:func:`load_queue_meta`): what the streamed checks need up front."""
+
+    base: CQLoad = field(default_factory=CQLoad)  # findings and failure, as the whole-view load has them
+    queues: dict[tuple[str, int], QueueMeta] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for m in self.queues.values():
+            m.cq.close()
+
+
+def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int) -> QueueMetaLoad:
+    """Each queue's first and last valid offsets, holes and unit counts, file by file (a CQ file's units at
+    a time, never a queue's): the streamed counterpart of :func:`storelib.checks.queues.load_consume_queues`,
+    with the same findings."""
+    res = QueueMetaLoad()
+    for topic, qid, cq in walk_queues(root, settings, res.base):
+        first_n: int | None = None
+        last_valid, holes, pending, checked, expired = -1, 0, 0, 0, 0
+        try:
+            for base, _display, u in queue_files(cq, root.path):
+                n0 = base // CQ_UNIT_SIZE
+                if first_n is None and len(u):
+                    first_n = n0
+                phy = u["phy_offset"].astype(np.int64)
+                valid = (phy >= 0) & (u["size"] > 0)
+                ok = valid & ~filler_mask(u)
+                checked += int(ok.sum())
+                expired += int((ok & (phy < log_min)).sum())
+                if valid.any():
+                    j = len(valid) - 1 - int(valid[::-1].argmax())
+                    holes += pending + int((~valid[:j]).sum())
+                    pending = len(valid) - 1 - j
+                    last_valid = n0 + j
+                else:
+                    pending += len(valid)
+                del u, phy, valid, ok
+            cq_max, mpo = cq.max_offset(), cq.max_physic_offset()
+            cq_min = cq.min_offset(log_min) if cq.segments else 0
+        finally:
+            cq.close()
+        res.base.cq_max_phy = max(res.base.cq_max_phy, mpo)
+        res.queues[(topic, qid)] = QueueMeta(cq, first_n, last_valid, holes, checked, expired, cq_max, cq_min)
+    return res
+
+
+@dataclass
+class _Tail:
+    """What one queue carries from segment to segment."""
+
+    min_qo: int
+    max_qo: int
+    messages: int
+    first_phy: int
+    last_phy: int
+    matched: int = 0  # records whose unit was compared equal
+    lag: int = 0
+    lag_bytes: int = 0
+    lag_first: int | None = None  # queue offset of the first record past the last valid unit
+
+
+class QueueStream:
+    """Feed each segment's record table in commitlog order (:meth:`feed`), then :meth:`finish`."""
+
+    def __init__(self, meta: QueueMetaLoad, log_min: int) -> None:
+        self.meta = meta
+        self.log_min = log_min
+        self.reput_from = max(meta.base.cq_max_phy, log_min, 0)
+        self.topic_names: list[str] = []
+        self.topic_code: dict[str, int] = {}
+        self.tails: dict[tuple[int, int], _Tail] = {}
+        self.last_phy = -1
+        self.log_end: int | None = None
+
+    def topic_codes(self, topics: pa.ChunkedArray) -> np.ndarray:
+        """Each record's topic as a code numbered in first-seen order over the whole log."""
+        enc = pc.dictionary_encode(topics).combine_chunks()
+        local = np.empty(len(enc.dictionary), np.int64)
+        for i, t in enumerate(enc.dictionary.to_pylist()):
+            c = self.topic_code.get(t)
+            if c is None:
+                c = self.topic_code[t] = len(self.topic_names)
+                self.topic_names.append(t)
+            local[i] = c
+        return local[np.asarray(enc.indices, dtype=np.int64)]
+
+    def feed(self, rec: pa.Table, code: np.ndarray) -> None:
+        """One segment's records (``code``: :meth:`topic_codes` of them)."""
+        col = lambda name: rec.column(name).to_numpy()  # noqa: E731
+        phy = col("phy_offset")
+        if not len(phy):
+            return
+        if not np.array_equal(col("physical_offset_field"), phy):
+            raise Unsettled("a record's PHYSICALOFFSET field is not its position")
+        if int(phy[0]) <= self.last_phy or not bool(np.all(phy[1:] > phy[:-1])):
+            raise Unsettled("record positions do not ascend")
+        size = col("size").astype(np.int64)
+        self.last_phy = int(phy[-1])
+        self.log_end = int(phy[-1] + size[-1])
+        tran = col("tran_type")
+        disp = np.flatnonzero((tran == 0) | (tran == 2))
+        if not len(disp):
+            return
+        if np.any(col("sys_flag")[disp] & INNER_BATCH_FLAG):
+            raise Unsettled("inner-batch records (queue offsets advance by the batch)")
+        qid = col("queue_id")[disp]
+        gcode = (code[disp] << 32) | (qid.astype(np.int64) & 0xFFFFFFFF)
+        order = _stable_group_order(gcode)
+        rows = disp[order]
+        g = gcode[order]
+        starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        stops = np.r_[starts[1:], len(g)]
+        qoff, tags = col("queue_offset"), col("tags_code")
+        touched: list[ConsumeQueue] = []
+        try:
+            for a, b in zip(starts.tolist(), stops.tolist()):
+                r = rows[a:b]
+                key = (int(code[r[0]]), int(qid[order[a]]))
+                self._queue(key, qoff[r], phy[r], size[r], tags[r], touched)
+        finally:
+            for cq in touched:  # unmap what this segment read (reopened on demand)
+                cq.close()
+
+    def _queue(self, key: tuple[int, int], qq: np.ndarray, phy: np.ndarray, size: np.ndarray, tags: np.ndarray,
+               touched: list[ConsumeQueue]) -> None:
+        """One queue's records of one segment (commitlog order) against its tail and its units."""
+        t = self.tails.get(key)
+        if len(qq) > 1 and not bool(np.all(np.diff(qq) == 1)) or t is not None and int(qq[0]) != t.max_qo + 1:
+            raise Unsettled("a queue's QUEUEOFFSETs do not run on by one")
+        q0, q1 = int(qq[0]), int(qq[-1])
+        if t is None:
+            t = self.tails[key] = _Tail(q0, q1, 0, int(phy[0]), int(phy[-1]))
+        t.max_qo, t.messages, t.last_phy = q1, t.messages + len(qq), int(phy[-1])
+        m = None if self.meta.base.failed else self.meta.queues.get((self.topic_names[key[0]], key[1]))
+        if m is None:
+            return
+        if m.first_n is not None and q0 < m.first_n:
+            raise Unsettled("records below a queue's first unit")
+        hi = min(q1, m.last_valid)
+        if hi >= q0:
+            k = hi - q0 + 1
+            u = _read_units(m.cq, q0, k)
+            touched.append(m.cq)
+            if (len(u) != k or np.any(filler_mask(u)) or not np.array_equal(u["phy_offset"].astype(np.int64), phy[:k])
+                    or not np.array_equal(u["size"].astype(np.int64), size[:k])
+                    or not np.array_equal(u["tags_code"].astype(np.int64), tags[:k])
+                    or int(phy[0]) < self.log_min):
+                raise Unsettled("a consume-queue unit differs from its record")
+            t.matched += k
+        beyond = np.flatnonzero(qq > m.last_valid)
+        if len(beyond):
+            if int(phy[beyond[0]]) < self.reput_from:
+                raise Unsettled("messages without a unit before the reput position")
+            t.lag += len(beyond)
+            t.lag_bytes += int(size[beyond].sum())
+            if t.lag_first is None:
+                t.lag_first = int(qq[beyond[0]])
+
+    def facts(self) -> dict[tuple[str, int], dict]:
+        """Per-queue facts as :func:`storelib.checks.queues.check_queue_offsets` gives them (same order)."""
+        out = {}
+        for (tc, qid) in sorted(self.tails, key=lambda k: (k[0], k[1] & 0xFFFFFFFF)):
+            t = self.tails[(tc, qid)]
+            out[(self.topic_names[tc], qid)] = {"cl_min_offset": t.min_qo, "cl_max_offset": t.max_qo + 1,
+                                                "messages": t.messages, "last_phy": t.last_phy,
+                                                "first_phy": t.first_phy}
+        return out
+
+    def finish(self, root: Location, segment_size: int, facts: dict, out: _Capped) -> dict:
+        """Settle every queue (each valid unit a record's or expired; no hole); the queues' stats, with
+        the findings :func:`storelib.checks.queues.check_consume_queues` would make, into ``out``."""
+        out.extend(self.meta.base.findings)
+        if self.meta.base.failed:
+            return {}
+        stats: dict[tuple[str, int], dict] = {}
+        for (topic, qid), m in self.meta.queues.items():
+            tc = self.topic_code.get(topic)
+            t = self.tails.get((tc, qid)) if tc is not None else None
+            if m.holes or m.checked != (t.matched if t else 0) + m.expired:
+                raise Unsettled(f"consume queue {topic}/{qid} holds units no record accounts for")
+            fact = facts.get((topic, qid))
+            if t is not None and t.lag:
+                out.add(lag_finding(topic, qid, t.lag, t.lag_bytes, t.lag_first, self.reput_from))
+            stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": m.cq_min, "max_offset": m.cq_max,
+                                   "raw_max_offset": m.last_valid + 1 if m.last_valid >= 0 else m.cq_max,
+                                   "cl_max_offset": fact["cl_max_offset"] if fact else None,
+                                   "messages": fact["messages"] if fact else 0,
+                                   "lag": t.lag if t else 0, "lag_bytes": t.lag_bytes if t else 0}
+        queues_without_cq(root, segment_size, facts, set(self.meta.queues), self.reput_from, out, stats)
+        return stats
+
+
+def _read_units(cq: ConsumeQueue, first: int, count: int) -> np.ndarray:
+    """Units of queue offsets [first, first + count) copied out of the mapped files (fewer when a file is
+    missing or short)."""
+    parts = []
+    n = first
+    while n < first + count:
+        seg = cq.segment_for(n * CQ_UNIT_SIZE)
+        if seg is None:
+            break
+        i = (n * CQ_UNIT_SIZE - seg.base) // CQ_UNIT_SIZE
+        u = cq.read_units(seg, i, first + count - n)
+        if not len(u):
+            break
+        parts.append(np.array(u))
+        n += len(u)
+    if not parts:
+        return np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
