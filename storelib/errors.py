@@ -65,6 +65,11 @@ class Finding:
             d.pop("extra")
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
+        """The finding :meth:`to_dict` gave (state files, task results)."""
+        return cls(d["kind"], d["severity"], d["file"], d["offset"], d["detail"], d.get("extra") or {})
+
     def __str__(self) -> str:
         where = self.file or "<store>"
         if self.offset is not None:

@@ -98,8 +98,7 @@ def _store_findings(store: Store, results: list[SegmentResult], settings: Broker
     cl = store.commitlog
     for f in [*cl.findings, *store.findings]:
         out.add(f)
-    seg_findings = [Finding(fd["kind"], fd["severity"], fd["file"], fd["offset"], fd["detail"], fd.get("extra", {}))
-                    for r in results for fd in r.findings]
+    seg_findings = [Finding.from_dict(fd) for r in results for fd in r.findings]
     for f in merge_v2_findings(seg_findings, settings.line):
         out.add(f)
 

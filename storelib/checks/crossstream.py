@@ -61,7 +61,7 @@ def streamed_checks(store: Store, results: list[SegmentResult], settings: Broker
     root = store.loc
     pre = preload or {}
     summary = summary_of(store, results)
-    c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg, out = (_Capped() for _ in range(7))
+    c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg, out = (_Capped() for _ in range(8))
     abort = check_markers(root, c_mk)
     cp = check_checkpoint(root, summary, c_cp, now_ms)
     meta: QueueMetaLoad = preloaded(pre.get("cq"), load_queue_meta, root, settings, summary.log_min)
@@ -71,7 +71,7 @@ def streamed_checks(store: Store, results: list[SegmentResult], settings: Broker
             keys = KeyStream((r.key_table() for r in results), sum(r.key_table().num_rows for r in results))
             return check_index(root, None, settings, c_idx, cp, abort.exists, loaded, stream=keys)
 
-        qs = QueueStream(meta, summary.log_min)
+        qs = QueueStream(meta, summary.log_min, summary.segment_size, c_qo)
         traffic, sizes = TrafficSeries(summary.ts_lo, summary.ts_hi), SizeHistogram()
         if threads:
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-stream") as pool:
@@ -89,11 +89,11 @@ def streamed_checks(store: Store, results: list[SegmentResult], settings: Broker
         if (qs.log_end if qs.log_end is not None else summary.log_end) != summary.log_end:
             raise Unsettled("the records end elsewhere than the segments say")
         facts = qs.facts()
-        qstats = qs.finish(root, summary.segment_size, facts, c_cq)
+        qstats = qs.finish(root, facts, c_cq)
     finally:
         meta.close()
     report_abort(abort, idx, c_ab)
-    for c in (c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
+    for c in (c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
         out.absorb(c)
     consumers = check_consumer_offsets(loaded, qstats, out)
     timers = _timers(store, results, settings, summary, facts, out)
@@ -101,15 +101,23 @@ def streamed_checks(store: Store, results: list[SegmentResult], settings: Broker
     return out, qstats, consumers, idx, cp, timers, summary, charts
 
 
+ROWS = 1 << 18  # records decoded into columns at a time (the pass's memory: ~100 B a record)
+
+
 def _records_pass(results: list[SegmentResult], qs: QueueStream, traffic: TrafficSeries, sizes: SizeHistogram) -> None:
-    """Each segment's records once, in commitlog order: queue tails and units, the report's series."""
+    """Every record once, in commitlog order, :data:`ROWS` at a time: queue tails and units, the report's
+    series."""
     for r in results:
-        rec = r.record_table()
-        code = qs.topic_codes(rec.column("topic"))
-        qs.feed(rec, code)
-        traffic.feed(rec.column("store_timestamp").to_numpy(), code, len(qs.topic_names))
-        sizes.feed(rec.column("size").to_numpy())
-        del rec, code
+        table = r.record_table()
+        for lo in range(0, table.num_rows, ROWS):
+            rec = table.slice(lo, ROWS)
+            code = qs.topic_codes(rec.column("topic"))
+            qs.feed(rec, code)
+            traffic.feed(rec.column("store_timestamp").to_numpy(), code, len(qs.topic_names))
+            sizes.feed(rec.column("size").to_numpy())
+            del rec, code
+        del table
+        pa.default_memory_pool().release_unused()  # the decoded columns: back to the system
 
 
 def _timers(store: Store, results: list[SegmentResult], settings: BrokerSettings, summary: LogSummary,

@@ -57,7 +57,7 @@ def load_index_files(root: Location, settings: BrokerSettings) -> IndexLoad:
             res.files.append((ref, None, None, _index_open_error(f"index/{ref.name}", e)))
             continue
         try:
-            res.files.append((ref, f.header, f.validate(), None))
+            res.files.append((ref, f.header, f.validate(chunk_entries=1 << 18), None))
         finally:
             f.close()
     return res
@@ -202,8 +202,8 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
             info["files"].append({"name": ref.name, "entries": m, "begin_ts": h.begin_timestamp,
                                   "end_ts": h.end_timestamp, "begin_phy": h.begin_phy_offset,
                                   "end_phy": h.end_phy_offset})
-            if m:
-                max_end_phy = max(max_end_phy, int(ent["phy_offset"].max()))
+            for lo in range(0, m, 1 << 20):  # a chunk at a time: no whole-file copy of the column
+                max_end_phy = max(max_end_phy, int(ent["phy_offset"][lo:lo + (1 << 20)].max()))
             _abnormal_start_note(info, out, ref.name, h, idx_ts, abort)
             consequences: list[str] = []
             if keys.next_are_entries(ent):

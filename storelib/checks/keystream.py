@@ -19,7 +19,7 @@ class KeyStream:
     any file that is not exactly the next keys raises :class:`Unsettled` in the caller."""
 
     def __init__(self, tables: Iterator[pa.Table], n: int) -> None:
-        self._tables = tables
+        self._tables = (b for t in tables for b in t.to_batches())  # a batch at a time: bounded copies
         self.n = n  # keys in the whole log
         self.cur = 0  # keys matched so far
         self._phy: list[np.ndarray] = []  # keys read from tables and not matched yet, in order
@@ -36,17 +36,28 @@ class KeyStream:
                 raise Unsettled("a key's record is not at its PHYSICALOFFSET field")
             if len(phy):
                 self._phy.append(phy)
-                self._hash.append(t.column("key_hash").to_numpy().astype(np.int64))
+                self._hash.append(t.column("key_hash").to_numpy())  # int32, as the entries hold it: no copy
                 self._have += len(phy)
         return True
 
     def _take(self, m: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The next ``m`` keys (copies only when they span tables)."""
         if not self._fill(m):
             return None
-        phy, kh = np.concatenate(self._phy), np.concatenate(self._hash)
-        self._phy, self._hash = ([phy[m:]], [kh[m:]]) if len(phy) > m else ([], [])
+        phy, kh, got = [], [], 0
+        while got < m:
+            a, b = self._phy[0], self._hash[0]
+            k = min(m - got, len(a))
+            phy.append(a[:k])
+            kh.append(b[:k])
+            if k == len(a):
+                self._phy.pop(0)
+                self._hash.pop(0)
+            else:
+                self._phy[0], self._hash[0] = a[k:], b[k:]
+            got += k
         self._have -= m
-        return phy[:m], kh[:m]
+        return (phy[0], kh[0]) if len(phy) == 1 else (np.concatenate(phy), np.concatenate(kh))
 
     def next_are_entries(self, ent: np.ndarray, chunk: int = 1 << 20) -> bool:
         """Are one file's raw entries (in entry order) the next keys? Advances past them if so."""
@@ -57,7 +68,7 @@ class KeyStream:
             part = ent[lo:lo + chunk]
             got = self._take(len(part))
             if (got is None or not np.array_equal(got[0], part["phy_offset"].astype(np.int64))
-                    or not np.array_equal(got[1], part["key_hash"].astype(np.int64))):
+                    or not np.array_equal(got[1], part["key_hash"].astype(np.int32))):
                 return False
         self.cur += m
         return True

@@ -64,7 +64,13 @@ class SizeHistogram:
     def feed(self, sizes: np.ndarray) -> None:
         if not len(sizes):
             return
-        v, c = np.unique(sizes, return_counts=True)
+        lo, hi = int(sizes.min()), int(sizes.max())
+        if hi - lo < 1 << 20:  # a count per size in the span: no sort
+            c = np.bincount(sizes - lo, minlength=hi - lo + 1)
+            v = np.flatnonzero(c)
+            v, c = v + lo, c[v]
+        else:
+            v, c = np.unique(sizes, return_counts=True)
         for s, k in zip(v.tolist(), c.tolist()):
             self.counts[s] = self.counts.get(s, 0) + k
 

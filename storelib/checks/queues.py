@@ -66,11 +66,16 @@ def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dic
             lo, hi = int(log.phy[r0]), int(log.phy[r1])
             if len(log.lost) and np.any((log.lost[:, 0] < hi) & (log.lost[:, 1] > lo)):
                 continue  # explained by a lost region between the two records
-            out.add(Finding("queue_offset_gap", "error", f"commitlog/{_seg_name(log, r1)}", _seg_off(log, r1),
-                            f"{topic}/{qid}: QUEUEOFFSET jumps from {int(qq[i])} to {int(qq[i + 1])} "
-                            f"({int(d[i]) - 1} offsets never written)",
-                            {"topic": topic, "queue_id": qid, "missing": int(d[i]) - 1, "phy": hi}))
+            out.add(gap_finding(topic, qid, int(qq[i]), int(qq[i + 1]), hi, log.segment_size))
     return facts
+
+
+def gap_finding(topic: str, qid: int, before: int, after: int, phy: int, segment_size: int) -> Finding:
+    """The record at ``phy`` continues its queue at ``after`` where ``before + 1`` was due."""
+    S = segment_size
+    return Finding("queue_offset_gap", "error", f"commitlog/{phy // S * S:020d}", phy % S,
+                   f"{topic}/{qid}: QUEUEOFFSET jumps from {before} to {after} ({after - before - 1} offsets never "
+                   "written)", {"topic": topic, "queue_id": qid, "missing": after - before - 1, "phy": phy})
 
 
 def _queue_group_order(code: np.ndarray, topic_idx: np.ndarray, qid: np.ndarray, n_topics: int) -> np.ndarray:

@@ -19,13 +19,15 @@ from storelib.broker.brokerconf import BrokerSettings
 from storelib.checks.logview import Unsettled
 from storelib.checks.queues import (
     CQLoad,
-    _stable_group_order,
+    _queue_group_order,
+    gap_finding,
     lag_finding,
     queue_files,
     queues_without_cq,
     walk_queues,
 )
 from storelib.checks.segment import _Capped
+from storelib.errors import Finding
 from storelib.fileio.bytesource import Location
 from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, filler_mask
 from storelib.format.record import INNER_BATCH_FLAG
@@ -105,20 +107,37 @@ class _Tail:
     lag: int = 0
     lag_bytes: int = 0
     lag_first: int | None = None  # queue offset of the first record past the last valid unit
+    lag_recs: list[np.ndarray] = field(default_factory=list)  # those records (qoff, phy, size, tags), kept while
+    # few (:data:`LAG_KEEP`): a later run re-checks them against the units written since
+
+    def to_json(self) -> list:
+        recs = np.concatenate(self.lag_recs, axis=1) if self.lag_recs else np.zeros((4, 0), np.int64)
+        return [self.min_qo, self.max_qo, self.messages, self.first_phy, self.last_phy, self.matched,
+                recs.tolist()]
+
+    @classmethod
+    def from_json(cls, v: list) -> _Tail:
+        return cls(*v[:6], lag_recs=[np.asarray(v[6], np.int64).reshape(4, -1)])
+
+
+LAG_KEEP = 100_000  # lagging records a run keeps for the next incremental one (more: it runs in full)
 
 
 class QueueStream:
     """Feed each segment's record table in commitlog order (:meth:`feed`), then :meth:`finish`."""
 
-    def __init__(self, meta: QueueMetaLoad, log_min: int) -> None:
+    def __init__(self, meta: QueueMetaLoad, log_min: int, segment_size: int, out: _Capped) -> None:
         self.meta = meta
         self.log_min = log_min
+        self.segment_size = segment_size
+        self.out = out  # the queue-offset findings (gaps), in the whole view's order
         self.reput_from = max(meta.base.cq_max_phy, log_min, 0)
         self.topic_names: list[str] = []
         self.topic_code: dict[str, int] = {}
         self.tails: dict[tuple[int, int], _Tail] = {}
         self.last_phy = -1
         self.log_end: int | None = None
+        self.lag_kept = 0  # lagging records kept in the tails (:data:`LAG_KEEP`)
 
     def topic_codes(self, topics: pa.ChunkedArray) -> np.ndarray:
         """Each record's topic as a code numbered in first-seen order over the whole log."""
@@ -153,7 +172,7 @@ class QueueStream:
             raise Unsettled("inner-batch records (queue offsets advance by the batch)")
         qid = col("queue_id")[disp]
         gcode = (code[disp] << 32) | (qid.astype(np.int64) & 0xFFFFFFFF)
-        order = _stable_group_order(gcode)
+        order = _queue_group_order(gcode, code[disp], qid, len(self.topic_names))
         rows = disp[order]
         g = gcode[order]
         starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
@@ -173,36 +192,79 @@ class QueueStream:
                touched: list[ConsumeQueue]) -> None:
         """One queue's records of one segment (commitlog order) against its tail and its units."""
         t = self.tails.get(key)
-        if len(qq) > 1 and not bool(np.all(np.diff(qq) == 1)) or t is not None and int(qq[0]) != t.max_qo + 1:
-            raise Unsettled("a queue's QUEUEOFFSETs do not run on by one")
-        q0, q1 = int(qq[0]), int(qq[-1])
+        topic, qid = self.topic_names[key[0]], key[1]
+        d = np.diff(qq if t is None else np.r_[t.max_qo, qq])
+        if np.any(d < 1):
+            raise Unsettled("a queue's QUEUEOFFSETs repeat or go backwards")
+        q_prev = qq[:-1] if t is None else np.r_[t.max_qo, qq[:-1]]
+        after = qq[1:] if t is None else qq
+        here = phy[1:] if t is None else phy
+        for i in np.flatnonzero(d > 1).tolist():  # no lost region in a streamed store: every gap is one
+            self.out.add(gap_finding(topic, qid, int(q_prev[i]), int(after[i]), int(here[i]), self.segment_size))
         if t is None:
-            t = self.tails[key] = _Tail(q0, q1, 0, int(phy[0]), int(phy[-1]))
-        t.max_qo, t.messages, t.last_phy = q1, t.messages + len(qq), int(phy[-1])
-        m = None if self.meta.base.failed else self.meta.queues.get((self.topic_names[key[0]], key[1]))
+            t = self.tails[key] = _Tail(int(qq[0]), int(qq[-1]), 0, int(phy[0]), int(phy[-1]))
+        t.max_qo, t.messages, t.last_phy = int(qq[-1]), t.messages + len(qq), int(phy[-1])
+        self._units(t, topic, qid, qq, phy, size, tags, touched)
+
+    def _units(self, t: _Tail, topic: str, qid: int, qq: np.ndarray, phy: np.ndarray, size: np.ndarray,
+               tags: np.ndarray, touched: list[ConsumeQueue]) -> None:
+        """Records of a queue (ascending offsets) against its units: equal where a valid unit exists, lag
+        after the reput position past the last one."""
+        m = None if self.meta.base.failed else self.meta.queues.get((topic, qid))
         if m is None:
             return
+        q0 = int(qq[0])
         if m.first_n is not None and q0 < m.first_n:
             raise Unsettled("records below a queue's first unit")
-        hi = min(q1, m.last_valid)
-        if hi >= q0:
-            k = hi - q0 + 1
-            u = _read_units(m.cq, q0, k)
+        k = int(np.searchsorted(qq, m.last_valid, side="right"))  # records that have a unit
+        if k:
+            u = _read_units(m.cq, q0, int(qq[k - 1]) - q0 + 1)
             touched.append(m.cq)
-            if (len(u) != k or np.any(filler_mask(u)) or not np.array_equal(u["phy_offset"].astype(np.int64), phy[:k])
+            if len(u) != int(qq[k - 1]) - q0 + 1:
+                raise Unsettled("a consume queue file is missing or short")
+            u = u[qq[:k] - q0]
+            if (np.any(filler_mask(u)) or not np.array_equal(u["phy_offset"].astype(np.int64), phy[:k])
                     or not np.array_equal(u["size"].astype(np.int64), size[:k])
                     or not np.array_equal(u["tags_code"].astype(np.int64), tags[:k])
                     or int(phy[0]) < self.log_min):
                 raise Unsettled("a consume-queue unit differs from its record")
             t.matched += k
-        beyond = np.flatnonzero(qq > m.last_valid)
-        if len(beyond):
-            if int(phy[beyond[0]]) < self.reput_from:
+        if k < len(qq):  # past the last valid unit: lag, if after the reput position
+            if int(phy[k]) < self.reput_from:
                 raise Unsettled("messages without a unit before the reput position")
-            t.lag += len(beyond)
-            t.lag_bytes += int(size[beyond].sum())
+            t.lag += len(qq) - k
+            t.lag_bytes += int(size[k:].sum())
             if t.lag_first is None:
-                t.lag_first = int(qq[beyond[0]])
+                t.lag_first = int(qq[k])
+            self.lag_kept += len(qq) - k
+            if self.lag_kept <= LAG_KEEP:
+                t.lag_recs.append(np.stack([qq[k:], phy[k:], size[k:], tags[k:]]).astype(np.int64))
+
+    def snapshot(self) -> dict | None:
+        """What a later run needs to go on from the end of this log (None: too much lag to carry)."""
+        if self.lag_kept > LAG_KEEP:
+            return None
+        return {"topics": self.topic_names, "last_phy": self.last_phy, "log_end": self.log_end,
+                "tails": [[tc, qid, *t.to_json()] for (tc, qid), t in self.tails.items()],
+                "gaps": _collector_json(self.out)}
+
+    def resume(self, snap: dict) -> None:
+        """Go on from a :meth:`snapshot`: the tails back, and the lagging records checked again against the
+        units the broker may have written for them since."""
+        self.topic_names = list(snap["topics"])
+        self.topic_code = {t: i for i, t in enumerate(self.topic_names)}
+        self.last_phy, self.log_end = snap["last_phy"], snap["log_end"]
+        _collector_replay(self.out, snap["gaps"])
+        touched: list[ConsumeQueue] = []
+        try:
+            for tc, qid, *v in snap["tails"]:
+                t = self.tails[(tc, qid)] = _Tail.from_json(v)
+                recs, t.lag_recs = t.lag_recs[0], []
+                if recs.shape[1]:
+                    self._units(t, self.topic_names[tc], qid, *recs, touched)
+        finally:
+            for cq in touched:
+                cq.close()
 
     def facts(self) -> dict[tuple[str, int], dict]:
         """Per-queue facts as :func:`storelib.checks.queues.check_queue_offsets` gives them (same order)."""
@@ -214,7 +276,7 @@ class QueueStream:
                                                 "first_phy": t.first_phy}
         return out
 
-    def finish(self, root: Location, segment_size: int, facts: dict, out: _Capped) -> dict:
+    def finish(self, root: Location, facts: dict, out: _Capped) -> dict:
         """Settle every queue (each valid unit a record's or expired; no hole); the queues' stats, with
         the findings :func:`storelib.checks.queues.check_consume_queues` would make, into ``out``."""
         out.extend(self.meta.base.findings)
@@ -234,7 +296,7 @@ class QueueStream:
                                    "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                    "messages": fact["messages"] if fact else 0,
                                    "lag": t.lag if t else 0, "lag_bytes": t.lag_bytes if t else 0}
-        queues_without_cq(root, segment_size, facts, set(self.meta.queues), self.reput_from, out, stats)
+        queues_without_cq(root, self.segment_size, facts, set(self.meta.queues), self.reput_from, out, stats)
         return stats
 
 
@@ -256,3 +318,12 @@ def _read_units(cq: ConsumeQueue, first: int, count: int) -> np.ndarray:
     if not parts:
         return np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _collector_json(c: _Capped) -> dict:
+    """A collector's kept findings and counts, as JSON (replayed by :func:`_collector_replay`)."""
+    return {"items": [f.to_dict() for f in c.items], "counts": [[k, f, n] for (k, f), n in c.counts.items()]}
+
+
+def _collector_replay(c: _Capped, j: dict) -> None:
+    c.replay([Finding.from_dict(d) for d in j["items"]], {(k, f): n for k, f, n in j["counts"]})

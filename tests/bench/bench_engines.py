@@ -3,7 +3,9 @@ engine (local, pool, Spark local[2]), against the one-core floor, at one or more
 
 Not part of the test run. ``python -m tests.bench.bench_engines [--sizes 2GB,8GB] [--segment-size 256MB]``
 
-The store is bench_scan's synthetic one (IPv4 hosts, 500-byte records: what the floor walk reads). The
+The store is bench_scan's synthetic one (IPv4 hosts, 500-byte records: what the floor walk reads);
+``audit`` runs on the same commitlog with the consume queues and index files the broker would have written
+beside it (made once by ``rmqstore rebuild``), so its cross-file checks have every file to compare. The
 floor is bench_scan.floor_walk: a Python walk of the size chain with one CRC call per body, one core.
 Printed per command and engine: wall seconds, the floor's time divided by it (1.0 = floor speed), and the
 peak anonymous RSS (RssAnon: memory a process owns, not the store pages it maps) of the driver and of the
@@ -83,6 +85,24 @@ def run_measured(argv: list[str]) -> tuple[float, int, int]:
     return time.monotonic() - t0, peaks["driver"], peaks["worker"]
 
 
+def complete_store(store: Path, rmq: list[str]) -> Path:
+    """``store``'s commitlog (linked) with the consume queues and index files a rebuild writes: a whole
+    store for the audit, made once per size."""
+    full = store.parent / (store.name + "-full")
+    if not (full / "index").is_dir():
+        shutil.rmtree(full, ignore_errors=True)
+        out = store.parent / (store.name + "-rebuilt")
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run([*rmq, "rebuild", str(store), "--out", str(out), "--quiet"], check=True,
+                       stdout=subprocess.DEVNULL)
+        full.mkdir()
+        (full / "commitlog").symlink_to(store / "commitlog")
+        for d in ("consumequeue", "index"):
+            (out / d).rename(full / d)
+        shutil.rmtree(out)
+    return full
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="2GB")
@@ -111,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
                     shutil.rmtree(out, ignore_errors=True)
                     extra = ["--out", str(out)] if cmd == "rebuild" else []
                     spark = ["--master", "local[2]"] if eng == "spark" else []
-                    wall, drv, wrk = run_measured([*rmq, cmd, str(store), *extra, "--engine", eng, *spark, "--quiet"])
+                    src = complete_store(store, rmq) if cmd == "audit" else store
+                    wall, drv, wrk = run_measured([*rmq, cmd, str(src), *extra, "--engine", eng, *spark, "--quiet"])
                     results[(cmd, eng, size)] = (wall, drv, wrk)
                     print(f"{cmd:8s} {eng:6s} {wall:7.2f} s   floor ratio {t_floor / wall:5.2f}   peak RssAnon driver "
                           f"{drv / 1024:6.0f} MB, largest worker {wrk / 1024:6.0f} MB")

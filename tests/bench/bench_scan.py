@@ -126,8 +126,8 @@ def build_store(root: Path, size: int, segment_size: int, record_size: int = 500
     cl = root / "commitlog"
     cl.mkdir(parents=True, exist_ok=True)
     hexd = np.frombuffer(b"0123456789ABCDEF", np.uint8)
-    copy_no = 0  # global record counter base (distinct UNIQ_KEYs, queue offsets)
-    total_msgs = 0
+    total_msgs = 0  # global record counter base (distinct UNIQ_KEYs)
+    next_q = np.zeros(len(gcount), np.int64)  # each queue's next QUEUEOFFSET: consecutive across segments
     nseg = max(1, -(-size // segment_size))
     for s in range(nseg):
         seg_len = min(segment_size, size - s * segment_size)
@@ -141,10 +141,12 @@ def build_store(root: Path, size: int, segment_size: int, record_size: int = 500
         seg[:used] = np.tile(block, reps)[:used]
         starts = big_rel[:n]
         tmpl = np.tile(np.arange(distinct), reps)[:n]
-        copy = np.repeat(np.arange(reps), distinct)[:n] + copy_no
+        copy = np.repeat(np.arange(reps), distinct)[:n]
         gidx = np.arange(n) + total_msgs
         phy = s * segment_size + starts
-        qoff = copy * gcount[group[tmpl]] + rank[tmpl]
+        g = group[tmpl]
+        qoff = next_q[g] + copy * gcount[g] + rank[tmpl]  # the last copy is a prefix of the block: no gap
+        next_q += np.bincount(g, minlength=len(gcount))
         sts = 1_700_000_000_000 + gidx // 64  # ~64 messages per ms
         for off, vals in ((20, qoff), (28, phy), (56, sts)):
             seg[(starts + off)[:, None] + np.arange(8)] = vals.astype(">i8").view(np.uint8).reshape(-1, 8)
@@ -157,7 +159,6 @@ def build_store(root: Path, size: int, segment_size: int, record_size: int = 500
         with open(cl / f"{s * segment_size:020d}", "wb") as f:
             f.write(seg.data)
         del seg, big_rel, big_end
-        copy_no += reps
         total_msgs += n
     return {"messages": total_msgs, "bytes": size, "segments": nseg, "avg_record": size / max(total_msgs, 1)}
 
