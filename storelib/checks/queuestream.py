@@ -27,7 +27,6 @@ from storelib.checks.queues import (
     walk_queues,
 )
 from storelib.checks.segment import _Capped
-from storelib.errors import Finding
 from storelib.fileio.bytesource import Location
 from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, filler_mask
 from storelib.format.record import INNER_BATCH_FLAG
@@ -107,20 +106,6 @@ class _Tail:
     lag: int = 0
     lag_bytes: int = 0
     lag_first: int | None = None  # queue offset of the first record past the last valid unit
-    lag_recs: list[np.ndarray] = field(default_factory=list)  # those records (qoff, phy, size, tags), kept while
-    # few (:data:`LAG_KEEP`): a later run re-checks them against the units written since
-
-    def to_json(self) -> list:
-        recs = np.concatenate(self.lag_recs, axis=1) if self.lag_recs else np.zeros((4, 0), np.int64)
-        return [self.min_qo, self.max_qo, self.messages, self.first_phy, self.last_phy, self.matched,
-                recs.tolist()]
-
-    @classmethod
-    def from_json(cls, v: list) -> _Tail:
-        return cls(*v[:6], lag_recs=[np.asarray(v[6], np.int64).reshape(4, -1)])
-
-
-LAG_KEEP = 100_000  # lagging records a run keeps for the next incremental one (more: it runs in full)
 
 
 class QueueStream:
@@ -137,7 +122,6 @@ class QueueStream:
         self.tails: dict[tuple[int, int], _Tail] = {}
         self.last_phy = -1
         self.log_end: int | None = None
-        self.lag_kept = 0  # lagging records kept in the tails (:data:`LAG_KEEP`)
 
     def topic_codes(self, topics: pa.ChunkedArray) -> np.ndarray:
         """Each record's topic as a code numbered in first-seen order over the whole log."""
@@ -236,35 +220,6 @@ class QueueStream:
             t.lag_bytes += int(size[k:].sum())
             if t.lag_first is None:
                 t.lag_first = int(qq[k])
-            self.lag_kept += len(qq) - k
-            if self.lag_kept <= LAG_KEEP:
-                t.lag_recs.append(np.stack([qq[k:], phy[k:], size[k:], tags[k:]]).astype(np.int64))
-
-    def snapshot(self) -> dict | None:
-        """What a later run needs to go on from the end of this log (None: too much lag to carry)."""
-        if self.lag_kept > LAG_KEEP:
-            return None
-        return {"topics": self.topic_names, "last_phy": self.last_phy, "log_end": self.log_end,
-                "tails": [[tc, qid, *t.to_json()] for (tc, qid), t in self.tails.items()],
-                "gaps": _collector_json(self.out)}
-
-    def resume(self, snap: dict) -> None:
-        """Go on from a :meth:`snapshot`: the tails back, and the lagging records checked again against the
-        units the broker may have written for them since."""
-        self.topic_names = list(snap["topics"])
-        self.topic_code = {t: i for i, t in enumerate(self.topic_names)}
-        self.last_phy, self.log_end = snap["last_phy"], snap["log_end"]
-        _collector_replay(self.out, snap["gaps"])
-        touched: list[ConsumeQueue] = []
-        try:
-            for tc, qid, *v in snap["tails"]:
-                t = self.tails[(tc, qid)] = _Tail.from_json(v)
-                recs, t.lag_recs = t.lag_recs[0], []
-                if recs.shape[1]:
-                    self._units(t, self.topic_names[tc], qid, *recs, touched)
-        finally:
-            for cq in touched:
-                cq.close()
 
     def facts(self) -> dict[tuple[str, int], dict]:
         """Per-queue facts as :func:`storelib.checks.queues.check_queue_offsets` gives them (same order)."""
@@ -319,11 +274,3 @@ def _read_units(cq: ConsumeQueue, first: int, count: int) -> np.ndarray:
         return np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-
-def _collector_json(c: _Capped) -> dict:
-    """A collector's kept findings and counts, as JSON (replayed by :func:`_collector_replay`)."""
-    return {"items": [f.to_dict() for f in c.items], "counts": [[k, f, n] for (k, f), n in c.counts.items()]}
-
-
-def _collector_replay(c: _Capped, j: dict) -> None:
-    c.replay([Finding.from_dict(d) for d in j["items"]], {(k, f): n for k, f, n in j["counts"]})
