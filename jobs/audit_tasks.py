@@ -75,6 +75,9 @@ def is_local_master(master: str) -> bool:
 
 
 TRANSFERS = ("auto", "files", "collect")
+# in this process, the task tables of up to this much store stay in memory (~26 B a record); more go
+# through mapped files like the pool's, so a big store audited in-process keeps its memory flat
+IN_MEMORY_TABLES = 1 << 30
 
 
 @contextlib.contextmanager
@@ -140,7 +143,8 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quie
     if split_bytes is None and eng.name != "local":
         split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks), eng.parallelism)
     units = split_tasks(store, tasks, split_bytes) if split_bytes and store is not None else tasks
-    if eng.name == "local":
+    audited = sum(t.file_size - t.start for t in tasks)
+    if eng.name == "local" and audited <= IN_MEMORY_TABLES:
         return _run_in_process(tasks, units, opts, quiet)
     where = eng.sc.master if isinstance(eng, SparkEngine) else "local"
     note(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on {eng.describe()}", quiet)

@@ -210,3 +210,16 @@ def test_real_broker_stores_stream_with_the_whole_views_report(name, tmp_path, m
     assert _comparable(streamed) == _comparable(whole)
     if name == "5.3.3-timer":
         assert streamed["timer_store"]["timerlog_units"] > 0
+
+
+def test_in_process_audit_of_a_big_store_maps_its_task_tables_with_the_same_report(store, monkeypatch):
+    import jobs.audit_tasks as audit_tasks
+
+    in_memory = run(store, now_ms=NOW, engine="local")
+    monkeypatch.setattr(audit_tasks, "IN_MEMORY_TABLES", 0)  # every store is "big": tables through files
+    sinks = []
+    real = audit_tasks.table_sink
+    monkeypatch.setattr(audit_tasks, "table_sink", lambda *a, **k: sinks.append(1) or real(*a, **k))
+    mapped = run(store, now_ms=NOW, engine="local")
+    assert sinks == [1] and mapped["run"]["cross_check_mode"] == "streamed"
+    assert _comparable(mapped) == _comparable(in_memory)
