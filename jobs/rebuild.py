@@ -7,8 +7,8 @@ The target is store-algorithms §7.1: what a broker writes when started on the c
 ``consumequeue/`` and ``index/`` and no abort file. The recovery walk (storelib.broker.recovery) fixes the
 valid end (processOffset) and which records reput dispatches; then:
 
-* engine ``local``: storelib.broker.dispatch.dispatch_store in this process;
-* engine ``spark``: phase A parses every segment on an executor (one task per segment, longest
+* every engine (``local``: in this process, ``pool``, ``spark``) runs the same phase tasks
+  (storelib.broker.rebuildtasks); on Spark: phase A parses every segment on an executor (one task per segment, longest
   first; inside the recovery window with CRC checks, so the walk itself is distributed) into Arrow
   columns of what dispatch needs plus the index keys with their slot chains numbered within the
   segment (storelib.broker.indexstream.local_chains); the driver finishes the walk from the per-segment ends.
@@ -152,34 +152,6 @@ def store_fingerprint(store: Store) -> dict[str, Any]:
 # engines
 
 
-def run_local(store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...], say: Reporter,
-              name_tz: str = "UTC") -> EngineResult:
-    keep_freed_memory()
-    say("walk: recovery window (store-algorithms §7.1)")
-    res = rebuild_target(store, version=settings.version)
-    check_supported(res)
-    say(f"walk: processOffset {res.process_offset} ({res.start_reason})")
-    n = len(store.commitlog.segments)
-    done = {"seg": -1}
-    S = store.commitlog.segment_size
-
-    def prog(phy: int) -> None:
-        i = phy // S
-        if i != done["seg"]:
-            done["seg"] = i
-            say(f"dispatch: segment {min(i + 1, n)}/{n}")
-
-    out = staging
-    d = dispatch_store(store.loc, settings, from_offset=None, to_offset=res.process_offset, out_root=out, what=what,
-                       name_tz=name_tz, commitlog=store.commitlog, progress=prog)
-    if d.unsupported:
-        raise StoreError("commitlog", None, "unsupported", "; ".join(str(f) for f in d.findings))
-    say(f"dispatch: {d.records} records, {d.cq_records} CQ entries, {d.index_keys} index keys; hashing outputs")
-    files = hash_tree(staging)
-    queues = len({tuple(r.split("/")[1:3]) for r in files if r.startswith("consumequeue/")})
-    return EngineResult(res, d.records, d.cq_records, queues, d.index_keys, files, list(d.findings))
-
-
 # ---------------------------------------------------------------------------------------------
 # incremental (reput over what the store's consume queues lack)
 
@@ -310,8 +282,9 @@ def _cq_layout_notes(root: Location, what: tuple[str, ...], in_place: bool) -> l
 def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dict[str, Any]:
     """Run one rebuild; returns the manifest (also written next to the output).
 
-    ``cfg.engine``: ``local`` runs the one-process dispatcher (storelib.broker.dispatch); ``pool`` and ``spark``
-    run the same phase tasks on a process pool or Spark; ``auto`` picks (:func:`jobs.engines.resolve_engine_name`).
+    ``cfg.engine``: ``local``, ``pool`` and ``spark`` run the same phase tasks in this process, on a process
+    pool or on Spark; ``auto`` picks (:func:`jobs.engines.resolve_engine_name`); ``--incremental`` continues
+    the store's own files with storelib.broker.dispatch in this process.
     ``engine``: run the phase tasks on this engine instead (the caller owns it)."""
     what = _checked_what(cfg)
     say = Reporter(cfg.progress)
@@ -344,7 +317,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
             er = EngineResult(res)
         elif cfg.incremental:
             er, changed = run_incremental(store, settings, staging, what, say, cfg.name_tz)
-        elif engine is not None or engine_name in ("pool", "spark"):
+        else:  # every engine runs the same phase tasks (in this process, on a pool, on Spark)
             own = engine is None
             if own:
                 engine = make_engine(engine_name, spark=spark, master=cfg.master, workers=cfg.workers,
@@ -356,8 +329,6 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
             finally:
                 if own:
                     engine.close()
-        else:
-            er = run_local(store, settings, staging, what, say, cfg.name_tz)
         if timer:
             er.files.update(_rebuild_timer_store(store, settings, staging, say))
         elapsed = time.time() - t0

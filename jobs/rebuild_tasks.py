@@ -1,8 +1,7 @@
-"""The rebuild as tasks on an engine (a process pool or Spark): this module only schedules
+"""The rebuild as tasks on an engine (this process, a process pool or Spark): this module only schedules
 storelib.broker.rebuildtasks' tasks and merge steps and reports progress. Phase A parses each segment;
 then one job runs phase B (ConsumeQueue files, one partition per core) beside phase C (one task per
-index file). Intermediates go through files in ``staging/_work``, removed here when the job ends. The
-in-process engine is :func:`jobs.rebuild.run_local` (storelib.broker.dispatch), same bytes.
+index file). Intermediates go through files in ``staging/_work``, removed here when the job ends.
 """
 
 from __future__ import annotations
