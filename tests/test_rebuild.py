@@ -411,10 +411,10 @@ def test_killed_midway_leaves_the_source_untouched_nothing_published_and_a_rerun
     before = tree_digest(tmp_path / "store")
     out = tmp_path / "out"
     args = ["rebuild", str(tmp_path / "store"), "--out", str(out), "--broker-conf", conf]
-    proc = subprocess.run([sys.executable, "-c", _KILL_AT_PROGRESS, "dispatch: segment 3/", *args], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-c", _KILL_AT_PROGRESS, "phase A: segments: 3/", *args], cwd=REPO,
                           env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, timeout=120)
-    assert "dispatch: segment 3/" in proc.stderr
+    assert "phase A: segments: 3/" in proc.stderr
     assert proc.returncode == -signal.SIGKILL
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir() if "staging" in p.name]  # it really died mid-way
