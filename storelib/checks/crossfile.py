@@ -1,13 +1,13 @@
 """The audit's cross-file phase: every check that needs more than one segment or file (queue offsets,
 consume queues, index files, checkpoint, markers, config, consumer offsets, the timer store), as merge
-steps over the per-segment results (:func:`storelib.checks.segment.audit_part`). The job that schedules
-the segments and writes the report is jobs/audit.py."""
+steps over the per-segment results (:func:`storelib.checks.segment.audit_part`): streamed segment by
+segment first (:mod:`storelib.checks.crossstream`), over the whole record view (:class:`LogView`) for what
+the stream cannot settle. The job that schedules the segments and writes the report is jobs/audit.py."""
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,10 +16,10 @@ import pyarrow as pa
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.geometry import fold_geometry_findings
 from storelib.broker.store import Store
-from storelib.checks.crossstream import preloaded, streamable, streamed_checks
+from storelib.checks.crossstream import CrossResults, preloaded, streamable, streamed_checks
 from storelib.checks.index import check_index, load_index_files
 from storelib.checks.logcharts import view_charts
-from storelib.checks.logview import LogSummary, LogView, Unsettled
+from storelib.checks.logview import LogView, Unsettled
 from storelib.checks.metadata import (
     check_checkpoint,
     check_configs,
@@ -42,7 +42,7 @@ from storelib.errors import Finding
 
 def run_cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
                      threads: bool = True, preload: dict[str, Future] | None = None,
-                     stream: bool = True) -> _CrossResults:
+                     stream: bool = True) -> CrossResults:
     """The cross-file checks over the segments' results (in commitlog order).
 
     ``stream``: first the streamed checks (:mod:`storelib.checks.crossstream`: memory bounded by a segment),
@@ -53,14 +53,12 @@ def run_cross_checks(store: Store, results: list[SegmentResult], settings: Broke
     out = _Capped()
     _store_findings(store, results, settings, out)
     _unsealed_segments(results, out)
-    done: _CrossResults | None = None
+    done: CrossResults | None = None
     mode = "whole view: lost regions or missing segments"
     if stream and streamable(store, results):
         try:
-            c, qstats, consumers, idx, cp, timers, summary, charts = streamed_checks(
-                store, results, settings, now_ms, threads=threads, preload=preload)
+            c, done = streamed_checks(store, results, settings, now_ms, threads=threads, preload=preload)
             out.absorb(c)
-            done = _CrossResults(qstats, consumers, idx, cp, timers, summary, charts, mode="streamed")
         except Unsettled as e:
             mode = f"whole view: {e}"
     elif not stream:
@@ -76,21 +74,6 @@ def run_cross_checks(store: Store, results: list[SegmentResult], settings: Broke
     done.findings = sorted(fold_geometry_findings(out.done()),
                            key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
     return done
-
-
-@dataclass
-class _CrossResults:
-    """What the cross-file checks give the report besides their findings."""
-
-    qstats: dict
-    consumers: list[dict]
-    idx: dict
-    cp: Any
-    timers: Any
-    summary: LogSummary
-    charts: dict[str, Any]  # the report's record-derived series (:mod:`storelib.checks.logcharts`)
-    findings: list[Finding] = field(default_factory=list)  # every finding, sorted by severity then place
-    mode: str = "streamed"  # how the checks ran: streamed, or the whole view and why
 
 
 def _store_findings(store: Store, results: list[SegmentResult], settings: BrokerSettings, out: _Capped) -> None:
@@ -131,7 +114,7 @@ def _unsealed_segments(results: list[SegmentResult], out: _Capped) -> None:
                             "data: bytes were lost or the segment was replaced"))
 
 
-def _serial_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, now_ms: int) -> _CrossResults:
+def _serial_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, now_ms: int) -> CrossResults:
     """The checks one after the other into one collector (the reference the threaded path equals)."""
     facts = check_queue_offsets(log, out)
     abort = check_markers(root, out)
@@ -143,11 +126,11 @@ def _serial_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, n
     loaded = check_configs(root, out)
     consumers = check_consumer_offsets(loaded, qstats, out)
     timers = check_timer_store(root, log, settings, out, facts)
-    return _CrossResults(qstats, consumers, idx, cp, timers, log.summary(), view_charts(log))
+    return CrossResults(qstats, consumers, idx, cp, timers, log.summary(), view_charts(log))
 
 
 def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, now_ms: int,
-                     pre: dict[str, Future]) -> _CrossResults:
+                     pre: dict[str, Future]) -> CrossResults:
     """The index checks need only the checkpoint and the abort marker, the consume-queue checks only the
     queue-offset facts: both chains run at once (numpy releases the GIL), each into its own collector,
     merged below in the serial order so caps and findings are exactly those of a serial run."""
@@ -183,4 +166,4 @@ def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: _Capped,
         out.absorb(c)
     consumers = check_consumer_offsets(loaded, qstats, out)
     timers = check_timer_store(root, log, settings, out, facts)
-    return _CrossResults(qstats, consumers, idx, cp, timers, log.summary(), extra_box[0])
+    return CrossResults(qstats, consumers, idx, cp, timers, log.summary(), extra_box[0])

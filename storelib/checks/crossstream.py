@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +37,7 @@ from storelib.checks.metadata import (
 from storelib.checks.queuestream import QueueMetaLoad, QueueStream, load_queue_meta
 from storelib.checks.segment import RECORD_SCHEMA, SegmentResult, _Capped
 from storelib.checks.timers import TIMER_TOPIC, check_timer_store
+from storelib.errors import Finding
 
 
 def streamable(store: Store, results: list[SegmentResult]) -> bool:
@@ -54,10 +57,25 @@ def summary_of(store: Store, results: list[SegmentResult]) -> LogSummary:
                       max(hi, default=None), cl.min_offset, end, cl.segment_size)
 
 
+@dataclass
+class CrossResults:
+    """What the cross-file checks give the report besides their findings (either way they ran)."""
+
+    qstats: dict
+    consumers: list[dict]
+    idx: dict
+    cp: Any
+    timers: Any
+    summary: LogSummary
+    charts: dict[str, Any]  # the report's record-derived series (:mod:`storelib.checks.logcharts`)
+    findings: list[Finding] = field(default_factory=list)  # every finding, sorted by severity then place
+    mode: str = "streamed"  # how the checks ran: streamed, or the whole view and why
+
+
 def streamed_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, now_ms: int, *,
-                    threads: bool = True, preload: dict[str, Future] | None = None):
-    """The cross-file checks streamed; (collector, facts, qstats, consumers, idx, cp, timers, summary, charts).
-    Raises :class:`Unsettled` (nothing reported) when the store needs the whole view."""
+                    threads: bool = True, preload: dict[str, Future] | None = None) -> tuple[_Capped, CrossResults]:
+    """The cross-file checks streamed: their findings (in the whole view's order) and results. Raises
+    :class:`Unsettled` (nothing reported) when the store needs the whole view."""
     root = store.loc
     pre = preload or {}
     summary = summary_of(store, results)
@@ -98,7 +116,7 @@ def streamed_checks(store: Store, results: list[SegmentResult], settings: Broker
     consumers = check_consumer_offsets(loaded, qstats, out)
     timers = _timers(store, results, settings, summary, facts, out)
     charts = {"traffic": traffic.result(qs.topic_names), "sizes": sizes.result()}
-    return out, qstats, consumers, idx, cp, timers, summary, charts
+    return out, CrossResults(qstats, consumers, idx, cp, timers, summary, charts)
 
 
 ROWS = 1 << 18  # records decoded into columns at a time (the pass's memory: ~100 B a record)
