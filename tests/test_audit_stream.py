@@ -223,3 +223,20 @@ def test_in_process_audit_of_a_big_store_maps_its_task_tables_with_the_same_repo
     mapped = run(store, now_ms=NOW, engine="local")
     assert sinks == [1] and mapped["run"]["cross_check_mode"] == "streamed"
     assert _comparable(mapped) == _comparable(in_memory)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_damage_gets_the_same_report_streamed_or_whole(store, monkeypatch, seed):
+    """A few bytes flipped anywhere in the consume queues, the index files or the commitlog: whichever
+    path the audit takes, its report is the whole view's."""
+    import random
+
+    rnd = random.Random(seed)
+    files = [p for d in ("consumequeue", "index", "commitlog") for p in sorted((store / d).rglob("*")) if p.is_file()]
+    for _ in range(rnd.choice([1, 1, 2, 3])):
+        f = rnd.choice(files)
+        size = f.stat().st_size
+        if size:
+            flip(f, rnd.randrange(size), 1 << rnd.randrange(8))
+    streamed, whole = _both(store, monkeypatch)
+    assert _comparable(streamed) == _comparable(whole), streamed["run"]["cross_check_mode"]
