@@ -11,12 +11,14 @@ directory the tables come back in-band with ``collect()``. Meanwhile a low-prior
 the index files, then reads the consume queues (neither needs the records); whatever it has not started
 when the checks need it is run by the checking thread instead.
 
-Phase 2 runs the cross-file checks on the driver over the record tables: the index checks beside the
-queue-offset/consume-queue checks on two threads (their findings merged in a fixed order: the same
-report as one after the other). Reports go to ``--report-dir`` (``audit.json`` with a stable schema,
+Phase 2 runs the cross-file checks on the driver, streamed over the record tables segment by segment
+(storelib.checks.crossstream; the whole record view only for what that cannot settle): the index checks
+beside the queue-offset/consume-queue checks on two threads (their findings merged in a fixed order: the
+same report as one after the other). Reports go to ``--report-dir`` (``audit.json`` with a stable schema,
 ``audit.html`` self-contained); the exit code is 0 (clean), 1 (findings at or above ``--fail-on``), 2
-(could not run). With ``--since STATE_FILE`` only new or changed segments are re-audited and earlier
-per-segment findings are carried forward.
+(could not run). With ``--since STATE_FILE`` only what was written since the state is read (new segments,
+an appended tail) and the streamed checks go on from the state's carry; earlier findings are carried
+forward.
 
 Here: :func:`audit_store`, the cross-file checks and the command; the segment phase on the engines is
 :mod:`jobs.audit_tasks`, the ``--since`` state :mod:`jobs.audit_state`, the report dict and page
@@ -51,12 +53,12 @@ from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.store import Store
 from storelib.checks.crossfile import run_cross_checks
 from storelib.checks.index import load_index_files
+from storelib.checks.logview import ResumeFailed
 from storelib.checks.queuestream import load_queue_meta
 from storelib.checks.segment import (
     SEVERITY_RANK,
     AuditOptions,
     SegmentResult,
-    SegmentTask,
 )
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
@@ -82,6 +84,22 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
     (``run.bytes_scanned``) in the per-segment phase; ``run.file_mb_per_s`` over the file bytes
     audited (``run.bytes_audited``, which counts an unwritten segment tail too).
     """
+    kw = dict(broker_conf=broker_conf, engine=engine, spark=spark, fs_options=fs_options, verify_crc=verify_crc,
+              quiet=quiet, now_ms=now_ms, version=version, split_bytes=split_bytes, overrides=overrides,
+              work_dir=work_dir, transfer=transfer, threads=threads, workers=workers, master=master)
+    state = load_state(since, quiet)
+    try:
+        return _audit(store_uri, since, state, **kw)
+    except ResumeFailed as e:  # the carry cannot settle what changed: the whole store, then a fresh state
+        note(f"audit: the --since state cannot be continued ({e}): auditing in full", quiet)
+        return _audit(store_uri, since, {}, **kw)
+
+
+def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_conf: str | None,
+           engine: str | Engine, spark, fs_options: dict | None, verify_crc: bool, quiet: bool, now_ms: int | None,
+           version: str | None, split_bytes: int | None, overrides: dict[str, Any] | None, work_dir: str | None,
+           transfer: str, threads: bool, workers: int | None, master: str | None) -> dict[str, Any]:
+    """One audit run (:func:`audit_store`) from ``state`` ({}: in full)."""
     t0 = time.monotonic()
     fs_options = fs_options or {}
     from storelib.broker.store import load_settings
@@ -89,8 +107,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
     settings = store.settings
-    state = load_state(since)
-    tasks, carried, grown, fps = plan(store, state, since, quiet)
+    tasks, carried, grown, fps, resume = plan(store, state, since, quiet)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(settings.version), verify_crc=verify_crc,
                         fs_options=fs_options)
@@ -103,7 +120,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
     own_engine: Engine | None = None
     try:
         preload = None
-        if pre_pool is not None:
+        if pre_pool is not None and resume is None:  # (going on from a state reads only what is new)
             # the index validation first (the longer one: the index checks wait for it); the consume queues
             # after it, taken over by the queue checks if the preload thread has not started them by then
             preload = {"index": pre_pool.submit(load_index_files, store.loc, settings),
@@ -118,8 +135,8 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
         fresh = run_segments(tasks, opts, engine, quiet, store=store, split_bytes=split_bytes, work_dir=work_dir,
                              transfer=transfer) if tasks else []
         t_seg = time.monotonic() - t1
-        report, t_cross = _after_segments(store, settings, tasks, fresh, carried, grown, fps, since, now_ms, quiet,
-                                          threads, preload)
+        report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet,
+                                          threads, preload, resume)
     finally:
         if pre_pool is not None:
             pre_pool.shutdown(wait=True, cancel_futures=True)
@@ -151,10 +168,10 @@ def _background() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
-def _after_segments(store: Store, settings: BrokerSettings, tasks: list[SegmentTask], fresh: list[SegmentResult],
+def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentResult],
                     carried: dict[str, SegmentResult], partial: dict[str, SegmentResult], fps: dict[str, dict],
                     since: str | None, now_ms: int | None, quiet: bool, threads: bool,
-                    preload: dict[str, Future] | None) -> tuple[dict[str, Any], float]:
+                    preload: dict[str, Future] | None, resume: dict | None) -> tuple[dict[str, Any], float]:
     """Merge fresh and carried results, run the cross-file checks, save the state; (report, check seconds)."""
     results: dict[str, SegmentResult] = dict(carried)
     for r in fresh:
@@ -165,30 +182,34 @@ def _after_segments(store: Store, settings: BrokerSettings, tasks: list[SegmentT
             fps[r.name] = fingerprint(by_name[r.name], results[r.name].data_end)
     ordered = [results[s.name] for s in store.commitlog.segments if s.name in results]
     t2 = time.monotonic()
-    report = cross_checks(store, ordered, settings, now_ms=now_ms if now_ms is not None else int(time.time() * 1000),
-                          quiet=quiet, threads=threads, preload=preload)
+    report, carry = cross_checks(store, ordered, settings,
+                                 now_ms=now_ms if now_ms is not None else int(time.time() * 1000), quiet=quiet,
+                                 threads=threads, preload=preload, resume=resume,
+                                 feed=sorted(fresh, key=lambda r: r.base) if resume is not None else None)
     t_cross = time.monotonic() - t2
     if since:
-        save_state(since, store, ordered, fps)
+        save_state(since, store, ordered, fps, carry)
     return report, t_cross
 
 
-
 def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
-                 quiet: bool = False, threads: bool = True, preload: dict[str, Future] | None = None
-                 ) -> dict[str, Any]:
+                 quiet: bool = False, threads: bool = True, preload: dict[str, Future] | None = None,
+                 resume: dict | None = None, feed: list[SegmentResult] | None = None
+                 ) -> tuple[dict[str, Any], dict | None]:
     """Phase 2 (storelib.checks.crossfile: everything that needs more than one segment or file), then
-    the report dict.
+    the report dict, and the carry an incremental run goes on from.
 
     ``threads``: run the index checks (and config reading) beside the queue/consume-queue checks; the
-    findings are exactly those of ``threads=False``."""
+    findings are exactly those of ``threads=False``. ``resume``/``feed``: go on from an earlier run's
+    carry with the records audited since (raises ResumeFailed when that cannot settle the store)."""
     note("audit: cross-file checks (queue offsets, consume queues, index, checkpoint, config)", quiet)
-    done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, preload=preload)
+    done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, preload=preload,
+                            resume=resume, feed=feed)
     report = build_report(store, results, done.summary, done.findings, done.qstats, done.consumers, done.idx, done.cp,
                           settings, done.charts)
     report["timer_store"] = done.timers
     report["cross_check_mode"] = done.mode
-    return report
+    return report, done.carry
 
 
 def write_reports(report: dict[str, Any], report_dir: str, fs_options: dict | None = None) -> tuple[str, str]:
@@ -238,9 +259,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_args(p, "per-segment audit")
     p.add_argument("--report-dir", metavar="D", help="write audit.json and audit.html here")
     p.add_argument("--since", metavar="STATE_FILE",
-                   help="incremental: audit only segments new or changed since the run that wrote STATE_FILE "
-                        "(a local file, created when missing, updated after the run; the per-segment tables "
-                        "live in STATE_FILE.d/ beside it)")
+                   help="incremental: read only what was written since the run that wrote STATE_FILE (a local "
+                        "file, created when missing, updated after the run: per segment a summary, per queue and "
+                        "index file where the checks stopped, no records; kilobytes per GB of store). A store "
+                        "that changed otherwise (rewritten or expired segments, damage) is audited in full")
     p.add_argument("--work-dir", metavar="DIR",
                    help="--engine spark: a directory or URI the driver and every executor can reach, where the "
                         "tasks leave their record tables (a subdirectory, removed after the run); default: a temp "

@@ -222,18 +222,21 @@ def test_command_line_work_dir_option(store, spark, tmp_path, capsys):
     assert list(wd.iterdir()) == []
 
 
-def test_incremental_state_from_a_spark_run_with_table_files(store, spark, tmp_path, tempdir):
-    """The state sidecar files hold the tables even though they came back as (since removed) files."""
-    corrupt(store)
+def test_incremental_state_from_a_spark_run_goes_on_locally(store, spark, tmp_path, tempdir):
+    """A Spark run's state (no table files: the carry of the streamed checks) is continued by a local run;
+    a damaged store's (judged by the whole record view, nothing to carry) is audited in full again."""
     state = tmp_path / "audit.state"
     first = run(store, engine="spark", spark=spark, split_bytes=SPLIT, since=str(state))
-    assert work_dirs(tempdir) == []
-    again = run(store, since=str(state))  # local engine, everything carried forward from the sidecars
-    assert again["run"]["segments_audited"] == 0
-    for f in again["findings"]:
-        f["extra"].pop("carried_forward", None)
+    assert work_dirs(tempdir) == [] and not (tmp_path / "audit.state.d").exists()
+    again = run(store, since=str(state))  # local engine, everything carried forward
+    assert again["run"]["segments_audited"] == 0 and again["run"]["cross_check_mode"] == "streamed, incremental"
     assert _comparable(again) == _comparable(first)
-    assert serious(again) == serious(run(store))
+    corrupt(store)
+    damaged = run(store, engine="spark", spark=spark, split_bytes=SPLIT, since=str(state))
+    after = run(store, since=str(state))
+    assert after["run"]["segments_audited"] == len(after["segments"])
+    assert _comparable(after) == _comparable(damaged)
+    assert serious(after) == serious(run(store))
 
 
 def test_mapped_tables_hold_no_file_descriptor_and_survive_the_file(tmp_path):

@@ -19,7 +19,7 @@ from storelib.broker.store import Store
 from storelib.checks.crossstream import CrossResults, preloaded, streamable, streamed_checks
 from storelib.checks.index import check_index, load_index_files
 from storelib.checks.logcharts import view_charts
-from storelib.checks.logview import LogView, Unsettled
+from storelib.checks.logview import LogView, ResumeFailed, Unsettled
 from storelib.checks.metadata import (
     check_checkpoint,
     check_configs,
@@ -42,20 +42,33 @@ from storelib.errors import Finding
 
 def run_cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
                      threads: bool = True, preload: dict[str, Future] | None = None,
-                     stream: bool = True) -> CrossResults:
+                     stream: bool = True, resume: dict | None = None,
+                     feed: list[SegmentResult] | None = None) -> CrossResults:
     """The cross-file checks over the segments' results (in commitlog order).
 
     ``stream``: first the streamed checks (:mod:`storelib.checks.crossstream`: memory bounded by a segment),
     which settle a store whose files agree; the whole record view only for what they cannot settle.
     ``threads``: the index checks (and config reading) beside the queue/consume-queue checks, each into
     its own collector merged in the serial order (findings exactly those of ``threads=False``);
-    ``preload``: the index validation / consume-queue summary already started ("index", "cq")."""
+    ``preload``: the index validation / consume-queue summary already started ("index", "cq");
+    ``resume``: an earlier streamed run's carry, going on with ``feed`` (what was audited since) alone;
+    when the stream cannot settle that, :class:`ResumeFailed` (the caller audits in full: the whole view
+    needs every segment's records)."""
     out = _Capped()
     _store_findings(store, results, settings, out)
     _unsealed_segments(results, out)
     done: CrossResults | None = None
     mode = "whole view: lost regions or missing segments"
-    if stream and streamable(store, results):
+    if resume is not None:
+        if not streamable(store, results):
+            raise ResumeFailed("lost regions or missing segments")
+        try:
+            c, done = streamed_checks(store, results, settings, now_ms, threads=threads, resume=resume, feed=feed)
+        except Unsettled as e:
+            raise ResumeFailed(str(e)) from e
+        out.absorb(c)
+        done.mode = "streamed, incremental"
+    elif stream and streamable(store, results):
         try:
             c, done = streamed_checks(store, results, settings, now_ms, threads=threads, preload=preload)
             out.absorb(c)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.store import Store
 from storelib.checks.index import check_index, load_index_files
-from storelib.checks.keystream import KeyStream
+from storelib.checks.keystream import KeyStream, pending_table
 from storelib.checks.logcharts import SizeHistogram, TrafficSeries
 from storelib.checks.logview import LogSummary, LogView, Unsettled
 from storelib.checks.metadata import (
@@ -34,7 +35,7 @@ from storelib.checks.metadata import (
     check_markers,
     report_abort,
 )
-from storelib.checks.queuestream import QueueMetaLoad, QueueStream, load_queue_meta
+from storelib.checks.queuestream import QueueMetaLoad, QueueStream, load_queue_meta, queue_meta_snapshot
 from storelib.checks.segment import RECORD_SCHEMA, SegmentResult, _Capped
 from storelib.checks.timers import TIMER_TOPIC, check_timer_store
 from storelib.errors import Finding
@@ -70,53 +71,86 @@ class CrossResults:
     charts: dict[str, Any]  # the report's record-derived series (:mod:`storelib.checks.logcharts`)
     findings: list[Finding] = field(default_factory=list)  # every finding, sorted by severity then place
     mode: str = "streamed"  # how the checks ran: streamed, or the whole view and why
+    carry: dict | None = None  # what a later (incremental) run goes on from: streamed runs only
 
 
 def streamed_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, now_ms: int, *,
-                    threads: bool = True, preload: dict[str, Future] | None = None) -> tuple[_Capped, CrossResults]:
-    """The cross-file checks streamed: their findings (in the whole view's order) and results. Raises
-    :class:`Unsettled` (nothing reported) when the store needs the whole view."""
+                    threads: bool = True, preload: dict[str, Future] | None = None, resume: dict | None = None,
+                    feed: list[SegmentResult] | None = None) -> tuple[_Capped, CrossResults]:
+    """The cross-file checks streamed: their findings (in the whole view's order) and results, with the
+    carry a later run can go on from (``CrossResults.carry``). Raises :class:`Unsettled` (nothing reported)
+    when the store needs the whole view.
+
+    ``resume``: an earlier run's carry; then only ``feed`` (the results of what was audited since: new
+    segments, an appended tail) have their records read, and the rest is what the carry says."""
     root = store.loc
     pre = preload or {}
+    feed = results if feed is None else feed
     summary = summary_of(store, results)
+    if resume is not None and (resume["log_min"], resume["segment_size"]) != (summary.log_min, summary.segment_size):
+        raise Unsettled("the commitlog starts elsewhere than when the state was written (segments expired)")
     c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg, out = (_Capped() for _ in range(8))
     abort = check_markers(root, c_mk)
     cp = check_checkpoint(root, summary, c_cp, now_ms)
-    meta: QueueMetaLoad = preloaded(pre.get("cq"), load_queue_meta, root, settings, summary.log_min)
+    meta: QueueMetaLoad = (preloaded(pre.get("cq"), load_queue_meta, root, settings, summary.log_min)
+                           if resume is None else load_queue_meta(root, settings, summary.log_min, resume["cq"]))
     try:
-        def index() -> dict:
-            loaded = preloaded(pre.get("index"), load_index_files, root, settings)
-            keys = KeyStream((r.key_table() for r in results), sum(r.key_table().num_rows for r in results))
-            return check_index(root, None, settings, c_idx, cp, abort.exists, loaded, stream=keys)
+        def index() -> tuple[dict, dict, dict | None]:
+            carried = resume["index"] if resume is not None else None
+            loaded = (preloaded(pre.get("index"), load_index_files, root, settings) if resume is None
+                      else load_index_files(root, settings, carried))
+            before = [pending_table(resume["keys"])] if resume is not None else []
+            n = (resume["keys"]["n"] if resume is not None else 0) + sum(r.key_table().num_rows for r in feed)
+            keys = KeyStream(chain(before, (r.key_table() for r in feed)), n,
+                             resume["keys"]["cur"] if resume is not None else 0)
+            snap: dict[str, dict] = {}
+            info = check_index(root, None, settings, c_idx, cp, abort.exists, loaded, stream=keys, carried=carried,
+                               snap=snap)
+            return info, snap, keys.snapshot(KEYS_KEEP, indexed=bool(loaded.files))
 
         qs = QueueStream(meta, summary.log_min, summary.segment_size, c_qo)
         traffic, sizes = TrafficSeries(summary.ts_lo, summary.ts_hi), SizeHistogram()
+        if resume is not None:
+            qs.resume(resume["queues"])
+            sizes.resume(resume["sizes"])
+            if not traffic.resume(resume["traffic"]):
+                raise Unsettled("the traffic series' buckets changed width")
         if threads:
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-stream") as pool:
                 f_idx = pool.submit(index)
                 f_cfg = pool.submit(check_configs, root, c_cfg)
                 try:
-                    _records_pass(results, qs, traffic, sizes)
+                    _records_pass(feed, qs, traffic, sizes)
                 except Unsettled:
                     f_idx.cancel()
                     raise
-                idx, loaded = f_idx.result(), f_cfg.result()
+                (idx, idx_snap, key_snap), loaded = f_idx.result(), f_cfg.result()
         else:
-            _records_pass(results, qs, traffic, sizes)
-            idx, loaded = index(), check_configs(root, c_cfg)
+            _records_pass(feed, qs, traffic, sizes)
+            (idx, idx_snap, key_snap), loaded = index(), check_configs(root, c_cfg)
         if (qs.log_end if qs.log_end is not None else summary.log_end) != summary.log_end:
             raise Unsettled("the records end elsewhere than the segments say")
         facts = qs.facts()
         qstats = qs.finish(root, facts, c_cq)
+        q_snap, cq_snap = qs.snapshot(), queue_meta_snapshot(meta)
     finally:
         meta.close()
     report_abort(abort, idx, c_ab)
     for c in (c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
         out.absorb(c)
     consumers = check_consumer_offsets(loaded, qstats, out)
-    timers = _timers(store, results, settings, summary, facts, out)
+    timers, t_snap = _timers(store, feed, settings, summary, facts, out, resume["timers"] if resume else None)
     charts = {"traffic": traffic.result(qs.topic_names), "sizes": sizes.result()}
-    return out, CrossResults(qstats, consumers, idx, cp, timers, summary, charts)
+    carry = None
+    if q_snap is not None and key_snap is not None and (timers is None or t_snap is not None):
+        carry = {"log_min": summary.log_min, "segment_size": summary.segment_size, "queues": q_snap, "cq": cq_snap,
+                 "keys": key_snap, "index": idx_snap, "traffic": traffic.snapshot(), "sizes": sizes.snapshot(),
+                 "timers": t_snap}
+    return out, CrossResults(qstats, consumers, idx, cp, timers, summary, charts, carry=carry)
+
+
+KEYS_KEEP = 300_000  # keys not indexed yet that a run keeps for the next incremental one (more: full)
+TIMERS_KEEP = 100_000  # timer-topic records kept likewise
 
 
 ROWS = 1 << 18  # records decoded into columns at a time (the pass's memory: ~100 B a record)
@@ -138,21 +172,24 @@ def _records_pass(results: list[SegmentResult], qs: QueueStream, traffic: Traffi
         pa.default_memory_pool().release_unused()  # the decoded columns: back to the system
 
 
-def _timers(store: Store, results: list[SegmentResult], settings: BrokerSettings, summary: LogSummary,
-            facts: dict, out: _Capped):
-    """The timer store against a view of the timer topic's records only; a unit that is not one of them
-    needs the whole view (it may be another topic's record)."""
+def _timers(store: Store, feed: list[SegmentResult], settings: BrokerSettings, summary: LogSummary,
+            facts: dict, out: _Capped, carried: dict | None) -> tuple[Any, dict | None]:
+    """The timer store against a view of the timer topic's records only (``carried``: an earlier run's,
+    before ``feed``'s); a unit that is not one of them needs the whole view (it may be another topic's
+    record). Returns the summary and those records for a later run (None: too many to carry)."""
     root = store.loc
     if root.fs.get_file_info(root.join("timerlog").path).type.name == "NotFound":
-        return None
-    view = LogView(pa.concat_tables(list(_timer_records(results))), pa.table({"pos": pa.array([], pa.int64())}),
+        return None, None
+    parts = [pa.table(carried, schema=RECORD_SCHEMA)] if carried else []
+    records = pa.concat_tables([*parts, *_timer_records(feed)])
+    view = LogView(records, pa.table({"pos": pa.array([], pa.int64())}),
                    np.zeros((0, 2), np.int64), summary.log_min, summary.log_end, summary.segment_size)
     c = _Capped()
     timers = check_timer_store(root, view, settings, c, facts)
     if any(kind == "timer_unit_mismatch" for kind, _ in c.counts):
         raise Unsettled("a timer unit is not a timer record's")
     out.absorb(c)
-    return timers
+    return timers, (records.to_pydict() if records.num_rows <= TIMERS_KEEP else None)
 
 
 def _timer_records(results: list[SegmentResult]) -> Iterator[pa.Table]:

@@ -3,6 +3,7 @@ whose entries are exactly the log's keys in order skips the per-entry lookups: :
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +40,11 @@ def _index_open_error(display: str, e: StoreError) -> Finding:
                    e.offset, e.detail)
 
 
-def load_index_files(root: Location, settings: BrokerSettings) -> IndexLoad:
-    """List, open and validate every index file (headers and structure; entries are not kept)."""
+def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str, dict] | None = None) -> IndexLoad:
+    """List, open and validate every index file (headers and structure; entries are not kept).
+
+    ``carried`` (an earlier run's :func:`check_index` ``snap``): files it checked that hold the same number
+    of entries are not validated again (their findings are replayed, :func:`check_index`)."""
     from storelib.format.indexdir import list_index_files
     from storelib.format.indexfile import IndexGeometry
 
@@ -56,8 +60,10 @@ def load_index_files(root: Location, settings: BrokerSettings) -> IndexLoad:
         except StoreError as e:
             res.files.append((ref, None, None, _index_open_error(f"index/{ref.name}", e)))
             continue
+        c = (carried or {}).get(ref.name)
         try:
-            res.files.append((ref, f.header, f.validate(chunk_entries=1 << 18), None))
+            same = c is not None and f.header.index_count == c["count"]
+            res.files.append((ref, f.header, [] if same else f.validate(chunk_entries=1 << 18), None))
         finally:
             f.close()
     return res
@@ -163,13 +169,16 @@ class _KeySequence:
 
 
 def check_index(root: Location, log: LogView | None, settings: BrokerSettings, out: _Capped, checkpoint: Any,
-                abort: bool, loaded: IndexLoad | None = None, stream: KeyStream | None = None) -> dict:
+                abort: bool, loaded: IndexLoad | None = None, stream: KeyStream | None = None,
+                carried: dict[str, dict] | None = None, snap: dict[str, dict] | None = None) -> dict:
     """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
 
     Needs nothing from the consume-queue checks, so it runs beside them (:func:`storelib.checks.crossfile.run_cross_checks`);
     ``loaded``: the files validated beforehand (:func:`load_index_files`); ``stream`` (``log`` None): the
     keys streamed segment by segment, where a file that is not exactly the next keys raises
-    :class:`~storelib.checks.logview.Unsettled` instead of being looked up entry by entry."""
+    :class:`~storelib.checks.logview.Unsettled` instead of being looked up entry by entry. ``snap`` (streamed):
+    filled with what a later run needs per file; ``carried``: an earlier run's ``snap``, whose files are
+    not compared again where their entries still fingerprint the same (a grown file: only its new entries)."""
     from storelib.format.indexfile import IndexGeometry
 
     if loaded is None:
@@ -185,28 +194,42 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
     wrong_phy: list[np.ndarray] = []
     max_end_phy = -1
     idx_ts = checkpoint.index_msg_timestamp if checkpoint is not None else None
+    _carried_all_present(carried, loaded)
     for ref, h, vf, err in loaded.files:
         display = f"index/{ref.name}"
         if err is not None:
             out.add(err)
+            if snap is not None:
+                raise Unsettled(f"{display} cannot be opened")
             continue
         try:
             f = ref.open(g, strict=False, broker_size=True)
         except StoreError as e:  # changed since it was validated
             out.add(_index_open_error(display, e))
+            if snap is not None:
+                raise Unsettled(f"{display} cannot be opened") from e
             continue
         ent = None
+        c = (carried or {}).get(ref.name)
+        fc = _Capped() if snap is not None else out  # the file's findings after its note (kept for ``snap``)
         try:
             ent = f.entries_array()  # a view of the mapped file: columns are copied a chunk at a time
             m = len(ent)
-            info["files"].append({"name": ref.name, "entries": m, "begin_ts": h.begin_timestamp,
-                                  "end_ts": h.end_timestamp, "begin_phy": h.begin_phy_offset,
-                                  "end_phy": h.end_phy_offset})
-            for lo in range(0, m, 1 << 20):  # a chunk at a time: no whole-file copy of the column
-                max_end_phy = max(max_end_phy, int(ent["phy_offset"][lo:lo + (1 << 20)].max()))
+            file_info = {"name": ref.name, "entries": m, "begin_ts": h.begin_timestamp, "end_ts": h.end_timestamp,
+                         "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset}
+            info["files"].append(file_info)
+            skip = _carried_entries(c, ent, display)
+            file_max = c["max_phy"] if c is not None else -1
+            for lo in range(skip, m, 1 << 20):  # a chunk at a time: no whole-file copy of the column
+                file_max = max(file_max, int(ent["phy_offset"][lo:lo + (1 << 20)].max()))
+            max_end_phy = max(max_end_phy, file_max)
             _abnormal_start_note(info, out, ref.name, h, idx_ts, abort)
+            if c is not None and skip == m:  # unchanged since the run that checked it: what it found, again
+                out.replay_json(c["found"])
+                snap[ref.name] = c  # type: ignore[index]
+                continue
             consequences: list[str] = []
-            if keys.next_are_entries(ent):
+            if keys.next_are_entries(ent[skip:]):
                 # the file holds exactly the next keys of the log, in order: every entry points at its
                 # record with one of its keys' hashes, so no entry finding (the comparison would find none)
                 wrong = np.zeros(0, np.int64)
@@ -221,17 +244,21 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                                 "index_chain_broken"]
             # chain structure: the broker links each entry to the previous entry of its slot
             if m and not len(wrong):
-                _check_chains(ent, g, display, out)
+                _check_chains(ent, g, display, fc)
+            for vfi in vf:
+                if vfi.kind in consequences:
+                    continue
+                vfi.file = display
+                if vfi.kind == "slot_not_newest_entry" and not len(wrong):
+                    consequences.append("index_chain_broken")
+                fc.add(vfi)
+            if snap is not None:
+                out.absorb(fc)
+                snap[ref.name] = {"count": m, "fp": _entries_fingerprint(ent, m), "info": file_info,
+                                  "max_phy": file_max, "found": fc.to_json()}
         finally:
             del ent
             f.close()
-        for vfi in vf:
-            if vfi.kind in consequences:
-                continue
-            vfi.file = display
-            if vfi.kind == "slot_not_newest_entry" and not len(wrong):
-                consequences.append("index_chain_broken")
-            out.add(vfi)
     # every keyed message findable
     if settings.message_index_enable and keys.n and not keys.all_matched():
         if isinstance(keys, KeyStream):
@@ -241,6 +268,32 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                            max_end_phy, out)
     info["max_end_phy"] = max_end_phy
     return info
+
+
+def _carried_all_present(carried: dict[str, dict] | None, loaded: IndexLoad) -> None:
+    """An index file an earlier run checked and that is gone now (deleted with expired data, or by
+    hand): the carried key positions no longer hold."""
+    if carried and set(carried) - {ref.name for ref, *_ in loaded.files}:
+        raise Unsettled("an index file checked by an earlier run is gone")
+
+
+def _carried_entries(c: dict | None, ent: np.ndarray, display: str) -> int:
+    """How many leading entries of a file an earlier run checked (0 without ``c``); Unsettled when they
+    do not fingerprint the same or the file holds fewer entries now."""
+    if c is None:
+        return 0
+    n = c["count"]
+    if len(ent) < n or _entries_fingerprint(ent, n) != c["fp"]:
+        raise Unsettled(f"{display}: entries checked by an earlier run have changed")
+    return n
+
+
+def _entries_fingerprint(ent: np.ndarray, n: int) -> list[int]:
+    """CRC32 of the first 64 KB and the last 4 KB of the first ``n`` entries (the sampling of
+    :mod:`jobs.fingerprint`)."""
+    head = ent[:min(n, 65536 // 20)].tobytes()
+    tail = ent[max(0, n - 4096 // 20):n].tobytes()
+    return [zlib.crc32(head), zlib.crc32(tail), n]
 
 
 def _keys_findable(log: LogView, k_: KeyCodes, keys: _KeySequence, all_codes: list[np.ndarray],

@@ -18,26 +18,32 @@ class KeyStream:
     """Index files are matched against the keys one file after the other (:meth:`next_are_entries`);
     any file that is not exactly the next keys raises :class:`Unsettled` in the caller."""
 
-    def __init__(self, tables: Iterator[pa.Table], n: int) -> None:
+    def __init__(self, tables: Iterator[pa.Table], n: int, cur: int = 0) -> None:
         self._tables = (b for t in tables for b in t.to_batches())  # a batch at a time: bounded copies
         self.n = n  # keys in the whole log
-        self.cur = 0  # keys matched so far
+        self.cur = cur  # keys matched so far (``cur`` > 0: by an earlier run, whose unmatched keys lead ``tables``)
         self._phy: list[np.ndarray] = []  # keys read from tables and not matched yet, in order
         self._hash: list[np.ndarray] = []
         self._have = 0
 
     def _fill(self, m: int) -> bool:
         while self._have < m:
-            t = next(self._tables, None)
-            if t is None:
+            if not self._pull():
                 return False
-            pos, phy = t.column("pos").to_numpy(), t.column("phy").to_numpy()
-            if not np.array_equal(pos, phy):
-                raise Unsettled("a key's record is not at its PHYSICALOFFSET field")
-            if len(phy):
-                self._phy.append(phy)
-                self._hash.append(t.column("key_hash").to_numpy())  # int32, as the entries hold it: no copy
-                self._have += len(phy)
+        return True
+
+    def _pull(self) -> bool:
+        """One more batch of keys into the buffer (False: none left)."""
+        t = next(self._tables, None)
+        if t is None:
+            return False
+        pos, phy = t.column("pos").to_numpy(), t.column("phy").to_numpy()
+        if not np.array_equal(pos, phy):
+            raise Unsettled("a key's record is not at its PHYSICALOFFSET field")
+        if len(phy):
+            self._phy.append(phy)
+            self._hash.append(t.column("key_hash").to_numpy())  # int32, as the entries hold it: no copy
+            self._have += len(phy)
         return True
 
     def _take(self, m: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -88,3 +94,22 @@ class KeyStream:
         out.add(Finding("index_behind_commitlog", "warning", "index", None,
                         f"{count} keys of messages after the last indexed message ({max_end_phy}) are not indexed "
                         "yet; the broker indexes them when it dispatches", {"count": count}))
+
+    def snapshot(self, limit: int, indexed: bool) -> dict | None:
+        """The keys no index file holds yet (the rest of the stream), for a later run to go on from; None
+        when more than ``limit``. ``indexed`` False (no index file was checked): no key is carried."""
+        if not indexed:
+            return {"cur": self.n, "n": self.n, "phy": [], "hash": []}
+        while self._have <= limit and self._pull():
+            pass
+        if self._have > limit or self._have != self.n - self.cur:
+            return None
+        phy = np.concatenate(self._phy) if self._phy else np.zeros(0, np.int64)
+        kh = np.concatenate(self._hash) if self._hash else np.zeros(0, np.int32)
+        return {"cur": self.cur, "n": self.n, "phy": phy.tolist(), "hash": kh.tolist()}
+
+
+def pending_table(snap: dict) -> pa.Table:
+    """An earlier run's unmatched keys as a key table (they lead this run's stream)."""
+    phy = pa.array(snap["phy"], pa.int64())
+    return pa.table({"pos": phy, "phy": phy, "key_hash": pa.array(snap["hash"], pa.int32())})

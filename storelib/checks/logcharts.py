@@ -39,6 +39,26 @@ class TrafficSeries:
         b = (ts - self.start) // self.bucket
         self.grid += np.bincount(topic_code * self.nb + b, minlength=len(self.grid) * self.nb).reshape(self.grid.shape)
 
+    def snapshot(self) -> dict[str, Any]:
+        return {"bucket": self.bucket, "start": self.start, "grid": self.grid.tolist(), "empty": self.empty}
+
+    def resume(self, snap: dict[str, Any]) -> bool:
+        """Add an earlier run's counts (topic codes numbered the same way). False when its buckets do not
+        nest in these (a store whose time span grew past the widest round bucket): count again in full."""
+        if snap["empty"] or not snap["grid"] or not snap["grid"][0]:
+            return True
+        old = np.asarray(snap["grid"], np.int64)
+        if self.empty or self.bucket % snap["bucket"]:
+            return False
+        at = (snap["start"] + np.arange(old.shape[1]) * snap["bucket"] - self.start) // self.bucket
+        if at.min() < 0 or at.max() >= self.nb:
+            return False
+        if len(old) > len(self.grid):
+            self.grid = np.vstack([self.grid, np.zeros((len(old) - len(self.grid), self.nb), np.int64)])
+        for j, col in enumerate(at.tolist()):
+            self.grid[:len(old), col] += old[:, j]
+        return True
+
     def result(self, topic_names: list[str]) -> dict[str, Any]:
         """Top topics by volume (ties: first seen first), the rest as '(other topics)'."""
         if self.empty or not self.grid.sum():
@@ -73,6 +93,13 @@ class SizeHistogram:
             v, c = np.unique(sizes, return_counts=True)
         for s, k in zip(v.tolist(), c.tolist()):
             self.counts[s] = self.counts.get(s, 0) + k
+
+    def snapshot(self) -> list[list[int]]:
+        return [[k, v] for k, v in self.counts.items()]
+
+    def resume(self, snap: list[list[int]]) -> None:
+        for k, v in snap:
+            self.counts[k] = self.counts.get(k, 0) + v
 
     def result(self) -> dict[str, Any]:
         if not self.counts:

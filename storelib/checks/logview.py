@@ -17,6 +17,10 @@ class Unsettled(Exception):
     what is wrong."""
 
 
+class ResumeFailed(Exception):
+    """An incremental audit's carry cannot settle what changed since: the audit runs in full."""
+
+
 @dataclass(frozen=True)
 class LogSummary:
     """What the report and the checkpoint check need of the whole log: counts and bounds, no records."""

@@ -9,6 +9,7 @@ Anything else raises :class:`~storelib.checks.logview.Unsettled`: the whole view
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,39 +59,106 @@ class QueueMetaLoad:
             m.cq.close()
 
 
-def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int) -> QueueMetaLoad:
+@dataclass
+class _UnitStats:
+    """A queue's units summarised as they are read in order (a file's units at a time)."""
+
+    first_n: int | None = None
+    last_valid: int = -1
+    holes: int = 0
+    pending: int = 0  # invalid units after the last valid one so far
+    checked: int = 0
+    expired: int = 0
+
+    def add(self, n0: int, u: np.ndarray, log_min: int) -> None:
+        """Units ``u`` of queue offsets ``n0``.. (the next ones after those added before)."""
+        if self.first_n is None and len(u):
+            self.first_n = n0
+        phy = u["phy_offset"].astype(np.int64)
+        valid = (phy >= 0) & (u["size"] > 0)
+        ok = valid & ~filler_mask(u)
+        self.checked += int(ok.sum())
+        self.expired += int((ok & (phy < log_min)).sum())
+        if valid.any():
+            j = len(valid) - 1 - int(valid[::-1].argmax())
+            self.holes += self.pending + int((~valid[:j]).sum())
+            self.pending = len(valid) - 1 - j
+            self.last_valid = n0 + j
+        else:
+            self.pending += len(valid)
+
+
+def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
+                    prev: dict[str, dict] | None = None) -> QueueMetaLoad:
     """Each queue's first and last valid offsets, holes and unit counts, file by file (a CQ file's units at
     a time, never a queue's): the streamed counterpart of :func:`storelib.checks.queues.load_consume_queues`,
-    with the same findings."""
+    with the same findings.
+
+    ``prev`` (:func:`queue_meta_snapshot` of an earlier run): a queue found there is read only past the
+    last valid unit it had, once the units up to it still fingerprint the same (else Unsettled)."""
     res = QueueMetaLoad()
     for topic, qid, cq in walk_queues(root, settings, res.base):
-        first_n: int | None = None
-        last_valid, holes, pending, checked, expired = -1, 0, 0, 0, 0
+        p = (prev or {}).get(_queue_key(topic, qid))
         try:
-            for base, _display, u in queue_files(cq, root.path):
-                n0 = base // CQ_UNIT_SIZE
-                if first_n is None and len(u):
-                    first_n = n0
-                phy = u["phy_offset"].astype(np.int64)
-                valid = (phy >= 0) & (u["size"] > 0)
-                ok = valid & ~filler_mask(u)
-                checked += int(ok.sum())
-                expired += int((ok & (phy < log_min)).sum())
-                if valid.any():
-                    j = len(valid) - 1 - int(valid[::-1].argmax())
-                    holes += pending + int((~valid[:j]).sum())
-                    pending = len(valid) - 1 - j
-                    last_valid = n0 + j
-                else:
-                    pending += len(valid)
-                del u, phy, valid, ok
+            st = _resumed_stats(cq, root.path, p, log_min) if p is not None and p["last_valid"] >= 0 else None
+            if st is None:
+                st = _UnitStats()
+                for base, _display, u in queue_files(cq, root.path):
+                    st.add(base // CQ_UNIT_SIZE, u, log_min)
+                    del u
             cq_max, mpo = cq.max_offset(), cq.max_physic_offset()
             cq_min = cq.min_offset(log_min) if cq.segments else 0
         finally:
             cq.close()
         res.base.cq_max_phy = max(res.base.cq_max_phy, mpo)
-        res.queues[(topic, qid)] = QueueMeta(cq, first_n, last_valid, holes, checked, expired, cq_max, cq_min)
+        res.queues[(topic, qid)] = QueueMeta(cq, st.first_n, st.last_valid, st.holes, st.checked, st.expired,
+                                             cq_max, cq_min)
     return res
+
+
+def _queue_key(topic: str, qid: int) -> str:
+    return f"{qid}/{topic}"  # a queue id has no "/"; a topic name may
+
+
+def _resumed_stats(cq: ConsumeQueue, rootp: str, p: dict, log_min: int) -> _UnitStats:
+    """A queue's stats carried from ``p`` and extended by the units after its last valid one."""
+    if _units_fingerprint(cq, p["first_n"], p["last_valid"]) != p["fp"]:
+        raise Unsettled("consume-queue units checked by an earlier run have changed")
+    st = _UnitStats(p["first_n"], p["last_valid"], p["holes"], 0, p["checked"], p["expired"])
+    start = p["last_valid"] + 1
+    for base, _display, u in queue_files(cq, rootp):
+        n0 = base // CQ_UNIT_SIZE
+        if n0 + len(u) > start:
+            k = max(0, start - n0)
+            st.add(n0 + k, u[k:], log_min)
+        del u
+    return st
+
+
+FP_HEAD, FP_TAIL = 64 * 1024, 4096
+
+
+def _units_fingerprint(cq: ConsumeQueue, first_n: int, last_valid: int) -> list[int]:
+    """CRC32 of the first 64 KB and the last 4 KB of units ``first_n..last_valid`` (what a segment's
+    fingerprint samples, :mod:`jobs.fingerprint`): a later run trusts those units while they match."""
+    n = last_valid - first_n + 1
+    head = _read_units(cq, first_n, min(n, FP_HEAD // CQ_UNIT_SIZE))
+    k = min(n, FP_TAIL // CQ_UNIT_SIZE)
+    tail = _read_units(cq, last_valid + 1 - k, k)
+    cq.close()
+    return [zlib.crc32(head.tobytes()), zlib.crc32(tail.tobytes()), len(head), len(tail)]
+
+
+def queue_meta_snapshot(meta: QueueMetaLoad) -> dict[str, dict]:
+    """What :func:`load_queue_meta` needs to read a later run's units only past these."""
+    out = {}
+    for (topic, qid), m in meta.queues.items():
+        if m.first_n is None or m.last_valid < 0 or m.holes:
+            continue
+        out[_queue_key(topic, qid)] = {"first_n": m.first_n, "last_valid": m.last_valid, "holes": m.holes,
+                                       "checked": m.checked, "expired": m.expired,
+                                       "fp": _units_fingerprint(m.cq, m.first_n, m.last_valid)}
+    return out
 
 
 @dataclass
@@ -106,6 +174,20 @@ class _Tail:
     lag: int = 0
     lag_bytes: int = 0
     lag_first: int | None = None  # queue offset of the first record past the last valid unit
+    lag_recs: list[np.ndarray] = field(default_factory=list)  # those records (qoff, phy, size, tags), kept while
+    # few (:data:`LAG_KEEP`): a later run checks them again against the units written since
+
+    def to_json(self) -> list:
+        recs = np.concatenate(self.lag_recs, axis=1) if self.lag_recs else np.zeros((4, 0), np.int64)
+        return [self.min_qo, self.max_qo, self.messages, self.first_phy, self.last_phy, self.matched,
+                recs.tolist()]
+
+    @classmethod
+    def from_json(cls, v: list) -> _Tail:
+        return cls(*v[:6], lag_recs=[np.asarray(v[6], np.int64).reshape(4, -1)])
+
+
+LAG_KEEP = 100_000  # lagging records a run keeps for the next incremental one (more: that one runs in full)
 
 
 class QueueStream:
@@ -122,6 +204,7 @@ class QueueStream:
         self.tails: dict[tuple[int, int], _Tail] = {}
         self.last_phy = -1
         self.log_end: int | None = None
+        self.lag_kept = 0  # lagging records kept in the tails (:data:`LAG_KEEP`)
 
     def topic_codes(self, topics: pa.ChunkedArray) -> np.ndarray:
         """Each record's topic as a code numbered in first-seen order over the whole log."""
@@ -220,6 +303,35 @@ class QueueStream:
             t.lag_bytes += int(size[k:].sum())
             if t.lag_first is None:
                 t.lag_first = int(qq[k])
+            self.lag_kept += len(qq) - k
+            if self.lag_kept <= LAG_KEEP:
+                t.lag_recs.append(np.stack([qq[k:], phy[k:], size[k:], tags[k:]]).astype(np.int64))
+
+    def snapshot(self) -> dict | None:
+        """What a later run needs to go on from the end of this log (None: too much lag to carry)."""
+        if self.lag_kept > LAG_KEEP:
+            return None
+        return {"topics": self.topic_names, "last_phy": self.last_phy, "log_end": self.log_end,
+                "tails": [[tc, qid, *t.to_json()] for (tc, qid), t in self.tails.items()],
+                "gaps": self.out.to_json()}
+
+    def resume(self, snap: dict) -> None:
+        """Go on from a :meth:`snapshot`: the tails back, and the lagging records checked again against the
+        units the broker may have written for them since."""
+        self.topic_names = list(snap["topics"])
+        self.topic_code = {t: i for i, t in enumerate(self.topic_names)}
+        self.last_phy, self.log_end = snap["last_phy"], snap["log_end"]
+        self.out.replay_json(snap["gaps"])
+        touched: list[ConsumeQueue] = []
+        try:
+            for tc, qid, *v in snap["tails"]:
+                t = self.tails[(tc, qid)] = _Tail.from_json(v)
+                recs, t.lag_recs = t.lag_recs[0], []
+                if recs.shape[1]:
+                    self._units(t, self.topic_names[tc], qid, *recs, touched)
+        finally:
+            for cq in touched:
+                cq.close()
 
     def facts(self) -> dict[tuple[str, int], dict]:
         """Per-queue facts as :func:`storelib.checks.queues.check_queue_offsets` gives them (same order)."""
@@ -273,4 +385,5 @@ def _read_units(cq: ConsumeQueue, first: int, count: int) -> np.ndarray:
     if not parts:
         return np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
 

@@ -156,6 +156,13 @@ class _Capped:
         for key, n in counts.items():
             self.counts[key] += n - kept[key]
 
+    def to_json(self) -> dict:
+        """The kept findings and the counts, as JSON (an incremental run replays them: :meth:`replay_json`)."""
+        return {"items": [f.to_dict() for f in self.items], "counts": [[k, f, n] for (k, f), n in self.counts.items()]}
+
+    def replay_json(self, j: dict) -> None:
+        self.replay([Finding.from_dict(d) for d in j["items"]], {(k, f): n for k, f, n in j["counts"]})
+
     def absorb(self, other: _Capped) -> None:
         """Merge a collector filled elsewhere (a concurrent check), as :meth:`replay`."""
         self.replay(other.items, other.counts)

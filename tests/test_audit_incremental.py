@@ -1,0 +1,136 @@
+"""``audit --since``: the state holds the streamed checks' carry, not records, and a run after the store
+grew reads only what is new, with exactly the report of a full audit; whatever the carry cannot settle
+(a changed unit, entry or segment, expired segments, damage) is audited in full."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.writer import StoreWriter
+from storelib.format.record import Message
+
+from .test_audit import BASE_TS, _comparable, flip, records, run, seg_file, store_fixtures
+
+base_store, store = store_fixtures("auditinc")
+NOW = 1_800_000_000_000
+
+
+def _settings(root: Path) -> BrokerSettings:
+    from storelib.broker.store import load_settings
+
+    return load_settings(str(root / "broker.conf"), None, None, None)
+
+
+def _grow(root: Path, n: int, *, dispatch: bool = True, start: int = 0) -> None:
+    """``n`` more messages written the broker's way (consume queues and index dispatched, or not yet)."""
+    w = StoreWriter(str(root), _settings(root))
+    try:
+        for i in range(start, start + n):
+            w.append(Message(topic=("OrderEvents", "PaymentNotify")[i % 2], body=b"grown %d" % i, queue_id=i % 2,
+                             born_timestamp=BASE_TS + 10**6 + i, store_timestamp=BASE_TS + 10**6 + i,
+                             born_host="10.0.0.7:52011", store_host="10.0.0.1:10911",
+                             properties={"KEYS": f"grown-{i}", "UNIQ_KEY": f"{i:032X}", "TAGS": "g"}))
+    finally:
+        w.close(dispatch=dispatch)
+
+
+def _same_as_full(root: Path, state: Path) -> dict:
+    inc = run(root, since=str(state), now_ms=NOW)
+    full = run(root, now_ms=NOW)
+    for f in inc["findings"]:
+        f["extra"].pop("carried_forward", None)
+    assert _comparable(inc) == _comparable(full)
+    return inc
+
+
+def test_state_holds_no_records_and_an_unchanged_store_is_not_read_again(store, tmp_path):
+    state = tmp_path / "audit.state"
+    first = run(store, since=str(state), now_ms=NOW)
+    assert first["run"]["cross_check_mode"] == "streamed"
+    assert not (tmp_path / "audit.state.d").exists()
+    doc = json.loads(state.read_text())
+    assert doc["schema"] == "rmqstore.audit-state/2" and doc["carry"] is not None
+    assert os.path.getsize(state) < 64 * 1024  # segments, queues and index files, not 420 records' tables
+    again = _same_as_full(store, state)
+    assert again["run"]["segments_audited"] == 0 and again["run"]["cross_check_mode"] == "streamed, incremental"
+
+
+def test_growth_written_the_brokers_way_is_audited_alone_with_the_full_report(store, tmp_path):
+    state = tmp_path / "audit.state"
+    run(store, since=str(state), now_ms=NOW)
+    _grow(store, 40)
+    inc = _same_as_full(store, state)
+    assert inc["run"]["cross_check_mode"] == "streamed, incremental"
+    assert inc["run"]["segments_audited"] <= 2 and inc["summary"]["records"] == 460
+    _grow(store, 300, start=40)  # across a segment end
+    inc = _same_as_full(store, state)
+    assert inc["run"]["cross_check_mode"] == "streamed, incremental" and inc["summary"]["records"] == 760
+
+
+def test_messages_dispatched_after_the_state_are_checked_against_their_new_units(store, tmp_path):
+    state = tmp_path / "audit.state"
+    run(store, since=str(state), now_ms=NOW)
+    _grow(store, 30, dispatch=False)  # in the commitlog, not in the consume queues or the index yet
+    lagging = _same_as_full(store, state)
+    kinds = {f["kind"] for f in lagging["findings"]}
+    assert {"queue_behind_commitlog", "index_behind_commitlog"} <= kinds
+    assert lagging["run"]["cross_check_mode"] == "streamed, incremental"
+    StoreWriter(str(store), _settings(store)).close()  # the broker dispatches them on its next start
+    caught_up = _same_as_full(store, state)
+    assert caught_up["run"]["cross_check_mode"] == "streamed, incremental"
+    assert not {"queue_behind_commitlog", "index_behind_commitlog"} & {f["kind"] for f in caught_up["findings"]}
+
+
+def test_gaps_and_carried_findings_stay_in_the_report(store, tmp_path):
+    state = tmp_path / "audit.state"
+    rec = records(store)[17]
+    path, name, off = seg_file(store, rec["phy_offset"])
+    flip(path, off + 88 + 5)  # a body CRC error: the stream settles the store all the same
+    first = run(store, since=str(state), now_ms=NOW)
+    assert first["run"]["cross_check_mode"] == "streamed"
+    _grow(store, 10)
+    inc = _same_as_full(store, state)
+    assert inc["run"]["cross_check_mode"] == "streamed, incremental"
+    assert any(f["kind"] == "body_crc_mismatch" for f in inc["findings"])
+
+
+def test_a_changed_unit_or_entry_checked_before_is_caught_by_a_full_audit(store, tmp_path):
+    state = tmp_path / "audit.state"
+    run(store, since=str(state), now_ms=NOW)
+    cq = sorted((store / "consumequeue" / "OrderEvents" / "0").iterdir())[0]
+    flip(cq, 20 * 3 + 7)  # a unit the first run compared with its record
+    _grow(store, 5)
+    inc = _same_as_full(store, state)
+    assert inc["run"]["cross_check_mode"].startswith("whole view")
+    assert any(f["kind"].startswith("cq_entry") for f in inc["findings"])
+
+
+def test_a_changed_index_entry_is_caught_by_a_full_audit(store, tmp_path):
+    state = tmp_path / "audit.state"
+    run(store, since=str(state), now_ms=NOW)
+    flip(sorted((store / "index").iterdir())[0], 40 + 64 * 4 + 20 * 2 + 3, 0x10)
+    inc = _same_as_full(store, state)
+    assert inc["run"]["segments_audited"] == len(inc["segments"])
+    assert any(f["kind"] == "index_entry_wrong_hash" for f in inc["findings"])
+
+
+def test_expired_segments_mean_a_full_audit(store, tmp_path):
+    state = tmp_path / "audit.state"
+    run(store, since=str(state), now_ms=NOW)
+    sorted((store / "commitlog").iterdir())[0].unlink()  # the broker's cleaner took the oldest segment
+    inc = _same_as_full(store, state)
+    assert inc["run"]["segments_audited"] == len([s for s in inc["segments"] if s["end_kind"] != "missing"])
+
+
+def test_an_older_state_layout_is_replaced_by_a_full_audit(store, tmp_path):
+    state = tmp_path / "audit.state"
+    state.write_text(json.dumps({"schema": "rmqstore.audit-state/1", "segments": {}}))
+    (tmp_path / "audit.state.d").mkdir()
+    (tmp_path / "audit.state.d" / "x.arrow").write_bytes(b"old tables")
+    first = run(store, since=str(state), now_ms=NOW)
+    assert first["run"]["segments_audited"] == len(first["segments"])
+    assert json.loads(state.read_text())["schema"] == "rmqstore.audit-state/2"
+    assert not (tmp_path / "audit.state.d").exists()
