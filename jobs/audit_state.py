@@ -64,7 +64,7 @@ def save_state(path: str, store: Store, results: list[SegmentResult], fps: dict[
     st = {"schema": STATE_SCHEMA, "store": store.uri, "written_at_ms": int(time.time() * 1000),
           "last_offset": last, "segments": segs, "carry": carry}
     with atomic_local_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        json.dump(st, f, separators=(",", ":"))
+        f.write(json.dumps(st, separators=(",", ":")))  # dumps: the C encoder (dump streams in Python)
     shutil.rmtree(path + ".d", ignore_errors=True)  # the tables an older layout kept
 
 

@@ -134,3 +134,75 @@ def test_an_older_state_layout_is_replaced_by_a_full_audit(store, tmp_path):
     assert first["run"]["segments_audited"] == len(first["segments"])
     assert json.loads(state.read_text())["schema"] == "rmqstore.audit-state/2"
     assert not (tmp_path / "audit.state.d").exists()
+
+
+def _index_pair(tmp_path: Path, store: Path, n0: int):
+    """The same index file after the first ``n0`` records' keys and after all of them (the broker's last
+    file as an earlier audit saw it, and as it is now)."""
+    from storelib.broker.indexbuild import build_index_files, index_key_rows
+    from storelib.format.indexfile import IndexFile, IndexGeometry
+    from storelib.scan.commitlog import CommitLog
+
+    from .test_audit import SEG
+
+    table = CommitLog(str(store / "commitlog"), SEG).read_table()
+    g = IndexGeometry(64, 5000)
+    paths = []
+    for k, name in ((n0, "before"), (table.num_rows, "after")):
+        (im,) = build_index_files(index_key_rows(table.slice(0, k)), geometry=g)
+        im.write(tmp_path / name)
+        paths.append(tmp_path / name)
+    return [IndexFile.open(str(p), g) for p in paths], g
+
+
+def test_a_grown_index_file_is_checked_on_its_new_entries_and_slots(store, tmp_path):
+    from storelib.checks.indexgrowth import grown_file_clean, slots_crc
+
+    (before, after), g = _index_pair(tmp_path, store, 250)
+    n0 = len(before.entries_array())
+    assert 0 < n0 < len(after.entries_array())
+    assert not after.validate()
+    crc = grown_file_clean(after, n0, slots_crc(before.slots()), before.header.hash_slot_count)
+    assert crc == slots_crc(after.slots())
+    assert grown_file_clean(after, n0, slots_crc(before.slots()) ^ 1, before.header.hash_slot_count) is None
+    assert grown_file_clean(after, n0, slots_crc(before.slots()), before.header.hash_slot_count + 1) is None
+    before.close()
+    after.close()
+
+
+def test_damage_in_a_grown_index_file_sends_it_to_the_whole_check(store, tmp_path):
+    from storelib.checks.indexgrowth import grown_file_clean, slots_crc
+    from storelib.format.indexfile import IndexFile
+
+    (before, after), g = _index_pair(tmp_path, store, 250)
+    n0, crc0, d0 = len(before.entries_array()), slots_crc(before.slots()), before.header.hash_slot_count
+    m = len(after.entries_array())
+    before.close()
+    after.close()
+    for pos, mask in ((g.entry_pos(m - 3) + 19, 0x01),  # a new entry's prevIndex
+                      (g.entry_pos(n0 + 2) + 3, 0x02),  # a new entry's keyHash
+                      (g.slot_pos(7) + 3, 0x01),  # a slot
+                      (g.entry_pos(m + 1) + 5, 0x01)):  # data past indexCount
+        p = tmp_path / "after"
+        data = bytearray(p.read_bytes())
+        data[pos] ^= mask
+        (tmp_path / "damaged").write_bytes(bytes(data))
+        f = IndexFile.open(str(tmp_path / "damaged"), g)
+        assert f.validate(), pos  # the whole check finds it...
+        assert grown_file_clean(f, n0, crc0, d0) is None, pos  # ...and so the grown check hands it over
+        f.close()
+
+
+def test_an_incremental_run_validates_no_index_file_again_when_nothing_went_wrong(store, tmp_path, monkeypatch):
+    from storelib.format.indexfile import IndexFile
+
+    state = tmp_path / "audit.state"
+    run(store, since=str(state), now_ms=NOW)
+    _grow(store, 25)
+    calls = []
+    real = IndexFile.validate
+    monkeypatch.setattr(IndexFile, "validate", lambda self, **kw: calls.append(self.path) or real(self, **kw))
+    inc = run(store, since=str(state), now_ms=NOW)
+    assert inc["run"]["cross_check_mode"] == "streamed, incremental" and calls == []
+    monkeypatch.undo()
+    _same_as_full(store, state)

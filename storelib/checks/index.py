@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.broker.brokerconf import BrokerSettings
+from storelib.checks.indexgrowth import grown_file_clean, slots_crc
 from storelib.checks.keystream import KeyStream
 from storelib.checks.logview import (
     LogView,
@@ -62,7 +63,8 @@ def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str
             continue
         c = (carried or {}).get(ref.name)
         try:
-            same = c is not None and f.header.index_count == c["count"]
+            ic = f.header.index_count
+            same = c is not None and (ic == c["index_count"] or ic > c["index_count"] and "slots_crc" in c)
             res.files.append((ref, f.header, [] if same else f.validate(chunk_entries=1 << 18), None))
         finally:
             f.close()
@@ -228,6 +230,16 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                 out.replay_json(c["found"])
                 snap[ref.name] = c  # type: ignore[index]
                 continue
+            if c is not None and "slots_crc" in c:  # clean then, grown since: its new entries and slots only
+                if not keys.next_are_entries(ent[skip:]):
+                    raise Unsettled(f"{display}: its new entries are not the records' keys in order")
+                crc = grown_file_clean(f, skip, c["slots_crc"], c["distinct"])
+                if crc is None:
+                    raise Unsettled(f"{display}: its new entries or slots need the whole file checked")
+                snap[ref.name] = {**c, "count": m, "index_count": h.index_count,  # type: ignore[index]
+                                  "fp": _entries_fingerprint(ent, m), "info": file_info, "max_phy": file_max,
+                                  "slots_crc": crc, "distinct": h.hash_slot_count}
+                continue
             consequences: list[str] = []
             if keys.next_are_entries(ent[skip:]):
                 # the file holds exactly the next keys of the log, in order: every entry points at its
@@ -254,8 +266,11 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                 fc.add(vfi)
             if snap is not None:
                 out.absorb(fc)
-                snap[ref.name] = {"count": m, "fp": _entries_fingerprint(ent, m), "info": file_info,
-                                  "max_phy": file_max, "found": fc.to_json()}
+                snap[ref.name] = {"count": m, "index_count": h.index_count, "fp": _entries_fingerprint(ent, m),
+                                  "info": file_info, "max_phy": file_max, "found": fc.to_json()}
+                if ref is loaded.files[-1][0] and not fc.counts:  # the file that grows: its slots, to check
+                    snap[ref.name].update(slots_crc=slots_crc(f.slots()), distinct=h.hash_slot_count)  # only
+                    # what a later run adds (:mod:`storelib.checks.indexgrowth`)
         finally:
             del ent
             f.close()

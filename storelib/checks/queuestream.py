@@ -29,7 +29,7 @@ from storelib.checks.queues import (
 )
 from storelib.checks.segment import _Capped
 from storelib.fileio.bytesource import Location
-from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, filler_mask
+from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, _wrap64, filler_mask
 from storelib.format.record import INNER_BATCH_FLAG
 
 
@@ -101,13 +101,22 @@ def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
         p = (prev or {}).get(_queue_key(topic, qid))
         try:
             st = _resumed_stats(cq, root.path, p, log_min) if p is not None and p["last_valid"] >= 0 else None
-            if st is None:
-                st = _UnitStats()
-                for base, _display, u in queue_files(cq, root.path):
-                    st.add(base // CQ_UNIT_SIZE, u, log_min)
-                    del u
-            cq_max, mpo = cq.max_offset(), cq.max_physic_offset()
-            cq_min = cq.min_offset(log_min) if cq.segments else 0
+            if st is not None and not st.holes:
+                # no invalid unit before the last valid one: recovery's end is right after it (what
+                # ConsumeQueue.recover finds, without reading its last three files again)
+                last = _read_units(cq, st.last_valid, 1)
+                cq_max, mpo = st.last_valid + 1, _wrap64(int(last["phy_offset"][0]) + int(last["size"][0]))
+            else:
+                if st is None:
+                    st = _UnitStats()
+                    for base, _display, u in queue_files(cq, root.path):
+                        st.add(base // CQ_UNIT_SIZE, u, log_min)
+                        del u
+                cq_max, mpo = cq.max_offset(), cq.max_physic_offset()
+            if p is not None and st.first_n == p["first_n"] and p.get("cq_min") == p["first_n"]:
+                cq_min = p["cq_min"]  # correctMinOffset stopped at the first unit, which has not changed
+            else:
+                cq_min = cq.min_offset(log_min) if cq.segments else 0
         finally:
             cq.close()
         res.base.cq_max_phy = max(res.base.cq_max_phy, mpo)
@@ -156,7 +165,7 @@ def queue_meta_snapshot(meta: QueueMetaLoad) -> dict[str, dict]:
         if m.first_n is None or m.last_valid < 0 or m.holes:
             continue
         out[_queue_key(topic, qid)] = {"first_n": m.first_n, "last_valid": m.last_valid, "holes": m.holes,
-                                       "checked": m.checked, "expired": m.expired,
+                                       "checked": m.checked, "expired": m.expired, "cq_min": m.cq_min,
                                        "fp": _units_fingerprint(m.cq, m.first_n, m.last_valid)}
     return out
 

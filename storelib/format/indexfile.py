@@ -507,16 +507,16 @@ class IndexFile:
             add("prev_index_wrong_slot", "error", g.entry_pos(e0) + 16,
                 f"{len(cross)} entries chain to an entry of another slot (first: entry {e0})", count=len(cross))
 
-        self._check_header_fields(ent, int(np.count_nonzero(used)), add)
+        self.check_header_fields(ent, int(np.count_nonzero(used)), add)
         if check_tail:
-            e0 = self._first_data_beyond_count(chunk_entries)
+            e0 = self.first_data_beyond_count(chunk_entries)
             if e0 is not None:
                 add("data_beyond_index_count", "warning", g.entry_pos(e0),
                     f"non-zero entry {e0} after indexCount {ic} (stale header or foreign data)", entry=e0)
         return f
 
 
-    def _check_header_fields(self, ent: np.ndarray, distinct: int, add: Callable[..., None]) -> None:
+    def check_header_fields(self, ent: np.ndarray, distinct: int, add: Callable[..., None]) -> None:
         """hashSlotCount (``distinct``: slots the entries use), begin/end phy offsets and timestamps
         against the entries (see validate)."""
         h = self.header
@@ -545,7 +545,7 @@ class IndexFile:
             add("empty_file_header_mismatch", "warning", 0,
                 "file without entries but begin and end header fields differ")
 
-    def _first_data_beyond_count(self, chunk_entries: int) -> int | None:
+    def first_data_beyond_count(self, chunk_entries: int) -> int | None:
         """The first non-zero entry at or after indexCount, read in bounded chunks (see validate)."""
         g, ic = self.geometry, self.index_count
         lo, hi = g.entry_pos(ic), g.entry_pos(g.index_num)
