@@ -79,7 +79,13 @@ class SizeHistogram:
     exactly as ``np.percentile`` (linear) gives them over all sizes, from each distinct size's count."""
 
     def __init__(self) -> None:
-        self.counts: dict[int, int] = {}
+        self.vals = np.zeros(0, np.int64)  # distinct sizes seen, ascending
+        self.cnt = np.zeros(0, np.int64)  # how many records of each
+
+    def _merge(self, v: np.ndarray, c: np.ndarray) -> None:
+        allv = np.concatenate([self.vals, v])
+        u, inv = np.unique(allv, return_inverse=True)
+        self.vals, self.cnt = u, np.bincount(inv, weights=np.concatenate([self.cnt, c]), minlength=len(u)).astype(np.int64)
 
     def feed(self, sizes: np.ndarray) -> None:
         if not len(sizes):
@@ -91,21 +97,18 @@ class SizeHistogram:
             v, c = v + lo, c[v]
         else:
             v, c = np.unique(sizes, return_counts=True)
-        for s, k in zip(v.tolist(), c.tolist()):
-            self.counts[s] = self.counts.get(s, 0) + k
+        self._merge(v.astype(np.int64), c.astype(np.int64))
 
     def snapshot(self) -> list[list[int]]:
-        return [[k, v] for k, v in self.counts.items()]
+        return [self.vals.tolist(), self.cnt.tolist()]
 
     def resume(self, snap: list[list[int]]) -> None:
-        for k, v in snap:
-            self.counts[k] = self.counts.get(k, 0) + v
+        self._merge(np.asarray(snap[0], np.int64), np.asarray(snap[1], np.int64))
 
     def result(self) -> dict[str, Any]:
-        if not self.counts:
+        if not len(self.vals):
             return {"buckets": []}
-        vals = np.array(sorted(self.counts), dtype=np.int64)
-        cnt = np.array([self.counts[v] for v in vals.tolist()], dtype=np.int64)
+        vals, cnt = self.vals, self.cnt
         n = int(cnt.sum())
         k = np.floor(np.log2(np.maximum(vals, 1))).astype(np.int64)
         c = np.bincount(k, weights=cnt).astype(np.int64)
