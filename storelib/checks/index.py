@@ -226,19 +226,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                 file_max = max(file_max, int(ent["phy_offset"][lo:lo + (1 << 20)].max()))
             max_end_phy = max(max_end_phy, file_max)
             _abnormal_start_note(info, out, ref.name, h, idx_ts, abort)
-            if c is not None and skip == m:  # unchanged since the run that checked it: what it found, again
-                out.replay_json(c["found"])
-                snap[ref.name] = c  # type: ignore[index]
-                continue
-            if c is not None and "slots_crc" in c:  # clean then, grown since: its new entries and slots only
-                if not keys.next_are_entries(ent[skip:]):
-                    raise Unsettled(f"{display}: its new entries are not the records' keys in order")
-                crc = grown_file_clean(f, skip, c["slots_crc"], c["distinct"])
-                if crc is None:
-                    raise Unsettled(f"{display}: its new entries or slots need the whole file checked")
-                snap[ref.name] = {**c, "count": m, "index_count": h.index_count,  # type: ignore[index]
-                                  "fp": _entries_fingerprint(ent, m), "info": file_info, "max_phy": file_max,
-                                  "slots_crc": crc, "distinct": h.hash_slot_count}
+            if c is not None and _resumed_file(c, f, ent, skip, keys, file_info, file_max, out, snap):
                 continue
             consequences: list[str] = []
             if keys.next_are_entries(ent[skip:]):
@@ -266,11 +254,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                 fc.add(vfi)
             if snap is not None:
                 out.absorb(fc)
-                snap[ref.name] = {"count": m, "index_count": h.index_count, "fp": _entries_fingerprint(ent, m),
-                                  "info": file_info, "max_phy": file_max, "found": fc.to_json()}
-                if ref is loaded.files[-1][0] and not fc.counts:  # the file that grows: its slots, to check
-                    snap[ref.name].update(slots_crc=slots_crc(f.slots()), distinct=h.hash_slot_count)  # only
-                    # what a later run adds (:mod:`storelib.checks.indexgrowth`)
+                snap[ref.name] = _file_snapshot(f, ent, file_info, file_max, fc, ref is loaded.files[-1][0])
         finally:
             del ent
             f.close()
@@ -283,6 +267,40 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                            max_end_phy, out)
     info["max_end_phy"] = max_end_phy
     return info
+
+
+def _resumed_file(c: dict, f: Any, ent: np.ndarray, skip: int, keys: KeyStream | _KeySequence, file_info: dict,
+                  file_max: int,
+                  out: _Capped, snap: dict[str, dict] | None) -> bool:
+    """A file an earlier run checked (``c``): unchanged, what it found then is found again; grown since a
+    clean check, only its new entries (against the keys) and its slot table are checked
+    (:mod:`storelib.checks.indexgrowth`). False: check the file in full."""
+    display = f"index/{file_info['name']}"
+    if skip == len(ent):
+        out.replay_json(c["found"])
+        snap[file_info["name"]] = c  # type: ignore[index]
+        return True
+    if "slots_crc" not in c:
+        return False
+    if not keys.next_are_entries(ent[skip:]):
+        raise Unsettled(f"{display}: its new entries are not the records' keys in order")
+    crc = grown_file_clean(f, skip, c["slots_crc"], c["distinct"])
+    if crc is None:
+        raise Unsettled(f"{display}: its new entries or slots need the whole file checked")
+    snap[file_info["name"]] = {**c, "count": len(ent), "index_count": f.header.index_count,  # type: ignore[index]
+                               "fp": _entries_fingerprint(ent, len(ent)), "info": file_info, "max_phy": file_max,
+                               "slots_crc": crc, "distinct": f.header.hash_slot_count}
+    return True
+
+
+def _file_snapshot(f: Any, ent: np.ndarray, file_info: dict, file_max: int, fc: _Capped, last: bool) -> dict:
+    """What a later run needs of a file checked in full: its entry count and fingerprint, what was found;
+    for the last file (the one that grows) when clean, its slot table's CRC."""
+    snap = {"count": len(ent), "index_count": f.header.index_count, "fp": _entries_fingerprint(ent, len(ent)),
+            "info": file_info, "max_phy": file_max, "found": fc.to_json()}
+    if last and not fc.counts:
+        snap.update(slots_crc=slots_crc(f.slots()), distinct=f.header.hash_slot_count)
+    return snap
 
 
 def _carried_all_present(carried: dict[str, dict] | None, loaded: IndexLoad) -> None:
