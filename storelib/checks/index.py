@@ -270,8 +270,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
 
 
 def _resumed_file(c: dict, f: Any, ent: np.ndarray, skip: int, keys: KeyStream | _KeySequence, file_info: dict,
-                  file_max: int,
-                  out: _Capped, snap: dict[str, dict] | None) -> bool:
+                  file_max: int, out: _Capped, snap: dict[str, dict] | None) -> bool:
     """A file an earlier run checked (``c``): unchanged, what it found then is found again; grown since a
     clean check, only its new entries (against the keys) and its slot table are checked
     (:mod:`storelib.checks.indexgrowth`). False: check the file in full."""
