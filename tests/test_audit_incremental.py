@@ -206,3 +206,24 @@ def test_an_incremental_run_validates_no_index_file_again_when_nothing_went_wron
     assert inc["run"]["cross_check_mode"] == "streamed, incremental" and calls == []
     monkeypatch.undo()
     _same_as_full(store, state)
+
+
+def test_a_timer_store_is_carried_with_its_timer_records(tmp_path):
+    import tarfile
+
+    from jobs.audit import audit_store
+
+    from .conftest import SAMPLES
+
+    with tarfile.open(SAMPLES / "rocketmq-5.3.3-timer-small.tar.gz") as tf:
+        tf.extractall(tmp_path, filter="data")
+    root = next(p.parent for p in tmp_path.rglob("commitlog"))
+    conf = str(SAMPLES / "rocketmq-5.3.3-timer-small.broker.conf")
+    state = tmp_path / "audit.state"
+    first = audit_store(str(root), broker_conf=conf, quiet=True, now_ms=NOW, since=str(state))
+    assert json.loads(state.read_text())["carry"]["timers"]
+    again = audit_store(str(root), broker_conf=conf, quiet=True, now_ms=NOW, since=str(state))
+    assert again["run"]["cross_check_mode"] == "streamed, incremental" and again["run"]["segments_audited"] == 0
+    for f in again["findings"]:
+        f["extra"].pop("carried_forward", None)
+    assert _comparable(again) == _comparable(first) and again["timer_store"]["timerlog_units"] > 0
