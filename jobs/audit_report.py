@@ -15,30 +15,26 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from storelib.checks.logcharts import MAX_TOPICS, size_histogram, traffic_series
 from storelib.checks.segment import SEVERITY_RANK
 from storelib.errors import Finding
 
 if TYPE_CHECKING:
     from storelib.broker.brokerconf import BrokerSettings
     from storelib.broker.store import Store
-    from storelib.checks.logview import LogSummary, LogView
+    from storelib.checks.logview import LogSummary
     from storelib.checks.segment import SegmentResult
 
 SCHEMA = "rmqstore.audit/1"
 
 COLORS = {"critical": "#8b0000", "error": "#d9480f", "warning": "#f59f00", "info": "#4dabf7", None: "#2f9e44"}
 PALETTE = ["#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00", "#0ca678", "#d6336c", "#5c940d", "#495057"]
-def report_charts(log: LogView) -> dict[str, Any]:
-    """The report's record-derived series (traffic per topic over time, size distribution) of a whole view."""
-    return {"traffic": traffic_series(log.ts, log.topic_idx, log.topic_names), "sizes": size_histogram(log.size)}
 
 
 def build_report(store: Store, results: list[SegmentResult], log: LogSummary, findings: list[Finding], qstats: dict,
                  consumers: list[dict], idx: dict, cp: Any, settings: BrokerSettings,
                  charts: dict[str, Any]) -> dict[str, Any]:
-    """The report dict (JSON schema ``rmqstore.audit/1``); ``charts``: the record-derived series
-    (:func:`report_charts`, or the streamed checks' own)."""
+    """The report dict (JSON schema ``rmqstore.audit/1``); ``charts``: the record-derived series the
+    cross-file checks made (:mod:`storelib.checks.logcharts`)."""
 
     by_sev = {s: 0 for s in SEVERITY_RANK}
     for f in findings:
@@ -311,4 +307,4 @@ def render_html(rep: dict) -> str:
             + "</body></html>")
 
 
-__all__ = ["MAX_TOPICS", "render_html"]
+__all__ = ["render_html"]
