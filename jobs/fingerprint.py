@@ -7,33 +7,29 @@ segment) still matches and only the new bytes need reading; a rewrite or another
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
+from storelib.fileio.sampledcrc import HEAD, sampled_crc
 from storelib.scan.commitlog import Segment
 
-HEAD = 64 * 1024
-TAIL = 4096
 
-
-def _crc_range(seg: Segment, lo: int, hi: int) -> int:
-    lo, hi = max(0, lo), min(hi, seg.file_size)
-    if hi <= lo:
-        return 0
+def _crcs(seg: Segment, data_end: int) -> tuple[int, int]:
+    """(head CRC, tail CRC) of the segment's bytes up to ``data_end``."""
+    if data_end <= 0:
+        return 0, 0
     with seg.open() as src:
-        return zlib.crc32(bytes(src.read(lo, hi - lo)))
+        return sampled_crc(lambda lo, n: bytes(src.read(lo, n)) if n else b"", data_end)
 
 
 def fingerprint(seg: Segment, data_end: int) -> dict[str, Any]:
     """The fingerprint of a segment read up to ``data_end``."""
-    head = min(HEAD, data_end)
-    return {"size": seg.file_size, "mtime_ms": seg.mtime_ms, "head_len": head,
-            "head_crc": _crc_range(seg, 0, head), "tail_crc": _crc_range(seg, data_end - TAIL, data_end)}
+    head_crc, tail_crc = _crcs(seg, data_end)
+    return {"size": seg.file_size, "mtime_ms": seg.mtime_ms, "head_len": min(HEAD, data_end),
+            "head_crc": head_crc, "tail_crc": tail_crc}
 
 
 def prefix_unchanged(seg: Segment, fp: dict[str, Any], data_end: int) -> bool:
     """Are the segment's bytes up to ``data_end`` still those ``fp`` saw (same head, same bytes before it)?"""
     if fp.get("head_len") != min(HEAD, data_end):
         return False
-    return (fp.get("head_crc") == _crc_range(seg, 0, fp["head_len"])
-            and fp.get("tail_crc") == _crc_range(seg, data_end - TAIL, data_end))
+    return (fp.get("head_crc"), fp.get("tail_crc")) == _crcs(seg, data_end)

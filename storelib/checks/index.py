@@ -3,7 +3,6 @@ whose entries are exactly the log's keys in order skips the per-entry lookups: :
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ from storelib.checks.logview import (
 from storelib.checks.segment import _Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
+from storelib.fileio.sampledcrc import sampled_crc
 
 
 @dataclass
@@ -321,11 +321,9 @@ def _carried_entries(c: dict | None, ent: np.ndarray, display: str) -> int:
 
 
 def _entries_fingerprint(ent: np.ndarray, n: int) -> list[int]:
-    """CRC32 of the first 64 KB and the last 4 KB of the first ``n`` entries (the sampling of
-    :mod:`jobs.fingerprint`)."""
-    head = ent[:min(n, 65536 // 20)].tobytes()
-    tail = ent[max(0, n - 4096 // 20):n].tobytes()
-    return [zlib.crc32(head), zlib.crc32(tail), n]
+    """Sampled CRCs of the first ``n`` entries (:mod:`storelib.fileio.sampledcrc`) and their count."""
+    head, tail = sampled_crc(lambda i, k: ent[i:i + k].tobytes(), n, ent.dtype.itemsize)
+    return [head, tail, n]
 
 
 def _keys_findable(log: LogView, k_: KeyCodes, keys: _KeySequence, all_codes: list[np.ndarray],

@@ -9,7 +9,6 @@ Anything else raises :class:`~storelib.checks.logview.Unsettled`: the whole view
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +28,7 @@ from storelib.checks.queues import (
 )
 from storelib.checks.segment import _Capped
 from storelib.fileio.bytesource import Location
+from storelib.fileio.sampledcrc import sampled_crc
 from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, _wrap64, filler_mask
 from storelib.format.record import INNER_BATCH_FLAG
 
@@ -144,18 +144,13 @@ def _resumed_stats(cq: ConsumeQueue, rootp: str, p: dict, log_min: int) -> _Unit
     return st
 
 
-FP_HEAD, FP_TAIL = 64 * 1024, 4096
-
-
 def _units_fingerprint(cq: ConsumeQueue, first_n: int, last_valid: int) -> list[int]:
-    """CRC32 of the first 64 KB and the last 4 KB of units ``first_n..last_valid`` (what a segment's
-    fingerprint samples, :mod:`jobs.fingerprint`): a later run trusts those units while they match."""
+    """Sampled CRCs of units ``first_n..last_valid`` (:mod:`storelib.fileio.sampledcrc`) and their count: a
+    later run trusts those units while they match."""
     n = last_valid - first_n + 1
-    head = _read_units(cq, first_n, min(n, FP_HEAD // CQ_UNIT_SIZE))
-    k = min(n, FP_TAIL // CQ_UNIT_SIZE)
-    tail = _read_units(cq, last_valid + 1 - k, k)
+    head, tail = sampled_crc(lambda i, k: _read_units(cq, first_n + i, k).tobytes(), n, CQ_UNIT_SIZE)
     cq.close()
-    return [zlib.crc32(head.tobytes()), zlib.crc32(tail.tobytes()), len(head), len(tail)]
+    return [head, tail, n]
 
 
 def queue_meta_snapshot(meta: QueueMetaLoad) -> dict[str, dict]:
