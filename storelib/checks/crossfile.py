@@ -16,7 +16,7 @@ import pyarrow as pa
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.geometry import fold_geometry_findings
 from storelib.broker.store import Store
-from storelib.checks.crossstream import CrossResults, preloaded, streamable, streamed_checks
+from storelib.checks.crossstream import CrossResults, lost_ranges, preloaded, streamable, streamed_checks
 from storelib.checks.index import check_index, load_index_files
 from storelib.checks.logcharts import view_charts
 from storelib.checks.logview import LogView, ResumeFailed, Unsettled
@@ -103,11 +103,7 @@ def _record_view(store: Store, results: list[SegmentResult]) -> LogView:
     """Every segment's record/key tables as one view, with the lost physical ranges (corrupt regions and
     missing segments)."""
     cl = store.commitlog
-    lost = [(r.base + g["start"], r.base + g["end"]) for r in results for g in r.regions]
-    for f in cl.findings:
-        if f.kind == "missing_segment":
-            lost.append((f.extra["from"], f.extra["to"]))
-    lost_arr = np.array(sorted(lost), dtype=np.int64).reshape(-1, 2)
+    lost_arr = lost_ranges(store, results)
     recs = pa.concat_tables([r.record_table() for r in results]) if results else RECORD_SCHEMA.empty_table()
     keys = pa.concat_tables([r.key_table() for r in results]) if results else KEY_SCHEMA.empty_table()
     phy = recs.column("phy_offset").to_numpy()

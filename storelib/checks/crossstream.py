@@ -41,10 +41,17 @@ from storelib.checks.timers import TIMER_TOPIC, check_timer_store
 from storelib.errors import Finding
 
 
+def lost_ranges(store: Store, results: list[SegmentResult]) -> np.ndarray:
+    """The physical [start, end) ranges known lost, sorted: corrupt regions and missing segments."""
+    lost = [(r.base + g["start"], r.base + g["end"]) for r in results for g in r.regions]
+    lost += [(f.extra["from"], f.extra["to"]) for f in store.commitlog.findings if f.kind == "missing_segment"]
+    return np.array(sorted(lost), dtype=np.int64).reshape(-1, 2)
+
+
 def streamable(store: Store, results: list[SegmentResult]) -> bool:
-    """Can the streamed checks settle this store? Not with lost ranges (corrupt regions, missing
-    segments): what they explain needs the whole view."""
-    return not any(r.regions for r in results) and not any(f.kind == "missing_segment" for f in store.commitlog.findings)
+    """Can the streamed checks settle this store? Not with lost ranges: what they explain needs the whole
+    view."""
+    return not len(lost_ranges(store, results))
 
 
 def summary_of(store: Store, results: list[SegmentResult]) -> LogSummary:
