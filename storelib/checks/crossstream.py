@@ -37,7 +37,7 @@ from storelib.checks.metadata import (
 )
 from storelib.checks.queuestream import QueueMetaLoad, QueueStream, load_queue_meta, queue_meta_snapshot
 from storelib.checks.segment import RECORD_SCHEMA, SegmentResult, _Capped
-from storelib.checks.timers import TIMER_TOPIC, check_timer_store
+from storelib.checks.timers import TIMER_TOPIC, check_timer_store, has_timer_store
 from storelib.errors import Finding
 
 
@@ -185,7 +185,7 @@ def _timers(store: Store, feed: list[SegmentResult], settings: BrokerSettings, s
     before ``feed``'s); a unit that is not one of them needs the whole view (it may be another topic's
     record). Returns the summary and those records for a later run (None: too many to carry)."""
     root = store.loc
-    if root.fs.get_file_info(root.join("timerlog").path).type.name == "NotFound":
+    if not has_timer_store(root):
         return None, None
     parts = [pa.table(carried, schema=RECORD_SCHEMA)] if carried else []
     records = pa.concat_tables([*parts, *_timer_records(feed)])

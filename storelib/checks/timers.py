@@ -115,10 +115,15 @@ def _check_lost_records(log: LogView, timer_code: int, unit_py: np.ndarray, read
          f"{read_queue_offset}) but held by no timerlog unit: it is never delivered", {}) for r in missing.tolist()])
 
 
+def has_timer_store(root: Location) -> bool:
+    """Does the store keep a 5.x timer store (a ``timerlog/``)?"""
+    return root.fs.get_file_info(root.join("timerlog").path).type.name != "NotFound"
+
+
 def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, out: _Capped,
                       facts: dict[tuple[str, int], dict]) -> dict[str, Any] | None:
     """The timer store's findings into ``out``; a small summary for the report (None without a timerlog)."""
-    if root.fs.get_file_info(root.join("timerlog").path).type.name == "NotFound":
+    if not has_timer_store(root):
         return None
     precision = precision_of(settings)
     try:
@@ -213,4 +218,4 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
             "checkpoint": None if cp is None else cp.__dict__}
 
 
-__all__ = ["check_timer_store"]
+__all__ = ["check_timer_store", "has_timer_store"]
