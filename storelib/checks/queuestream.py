@@ -9,7 +9,7 @@ Anything else raises :class:`~storelib.checks.logview.Unsettled`: the whole view
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -34,41 +34,15 @@ from storelib.format.record import INNER_BATCH_FLAG
 
 
 @dataclass
-class QueueMeta:
-    """One consume queue summarised from its files, without holding its units."""
-
-    cq: ConsumeQueue  # files listed; mapped on demand, closed after each commitlog segment
-    first_n: int | None  # queue offset of its first unit (None: no unit)
-    last_valid: int  # queue offset of its last valid unit (-1: none)
-    holes: int  # invalid units before the last valid one
-    checked: int  # valid units that are not fillers (what the checks compare)
-    expired: int  # of those, units pointing below the commitlog's first offset
-    cq_max: int
-    cq_min: int
-
-
-@dataclass
-class QueueMetaLoad:
-    """Every consume queue summarised (:func:`load_queue_meta`): what the streamed checks need up front."""
-
-    base: CQLoad = field(default_factory=CQLoad)  # findings and failure, as the whole-view load has them
-    queues: dict[tuple[str, int], QueueMeta] = field(default_factory=dict)
-
-    def close(self) -> None:
-        for m in self.queues.values():
-            m.cq.close()
-
-
-@dataclass
 class _UnitStats:
     """A queue's units summarised as they are read in order (a file's units at a time)."""
 
-    first_n: int | None = None
-    last_valid: int = -1
-    holes: int = 0
+    first_n: int | None = None  # queue offset of its first unit (None: no unit)
+    last_valid: int = -1  # queue offset of its last valid unit (-1: none)
+    holes: int = 0  # invalid units before the last valid one
     pending: int = 0  # invalid units after the last valid one so far
-    checked: int = 0
-    expired: int = 0
+    checked: int = 0  # valid units that are not fillers (what the checks compare)
+    expired: int = 0  # of those, units pointing below the commitlog's first offset
 
     def add(self, n0: int, u: np.ndarray, log_min: int) -> None:
         """Units ``u`` of queue offsets ``n0``.. (the next ones after those added before)."""
@@ -88,6 +62,28 @@ class _UnitStats:
             self.pending += len(valid)
 
 
+@dataclass
+class QueueMeta:
+    """One consume queue summarised from its files, without holding its units."""
+
+    cq: ConsumeQueue  # files listed; mapped on demand, closed after each commitlog segment
+    units: _UnitStats
+    cq_max: int
+    cq_min: int
+
+
+@dataclass
+class QueueMetaLoad:
+    """Every consume queue summarised (:func:`load_queue_meta`): what the streamed checks need up front."""
+
+    base: CQLoad = field(default_factory=CQLoad)  # findings and failure, as the whole-view load has them
+    queues: dict[tuple[str, int], QueueMeta] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for m in self.queues.values():
+            m.cq.close()
+
+
 def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
                     prev: dict[str, dict] | None = None) -> QueueMetaLoad:
     """Each queue's first and last valid offsets, holes and unit counts, file by file (a CQ file's units at
@@ -100,7 +96,7 @@ def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
     for topic, qid, cq in walk_queues(root, settings, res.base):
         p = (prev or {}).get(_queue_key(topic, qid))
         try:
-            st = _resumed_stats(cq, root.path, p, log_min) if p is not None and p["last_valid"] >= 0 else None
+            st = _resumed_stats(cq, root.path, p, log_min) if p is not None else None
             if st is not None and not st.holes:
                 # no invalid unit before the last valid one: recovery's end is right after it (what
                 # ConsumeQueue.recover finds, without reading its last three files again)
@@ -113,15 +109,14 @@ def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
                         st.add(base // CQ_UNIT_SIZE, u, log_min)
                         del u
                 cq_max, mpo = cq.max_offset(), cq.max_physic_offset()
-            if p is not None and st.first_n == p["first_n"] and p.get("cq_min") == p["first_n"]:
+            if p is not None and p["cq_min"] == p["units"]["first_n"] == st.first_n:
                 cq_min = p["cq_min"]  # correctMinOffset stopped at the first unit, which has not changed
             else:
                 cq_min = cq.min_offset(log_min) if cq.segments else 0
         finally:
             cq.close()
         res.base.cq_max_phy = max(res.base.cq_max_phy, mpo)
-        res.queues[(topic, qid)] = QueueMeta(cq, st.first_n, st.last_valid, st.holes, st.checked, st.expired,
-                                             cq_max, cq_min)
+        res.queues[(topic, qid)] = QueueMeta(cq, st, cq_max, cq_min)
     return res
 
 
@@ -131,10 +126,10 @@ def _queue_key(topic: str, qid: int) -> str:
 
 def _resumed_stats(cq: ConsumeQueue, rootp: str, p: dict, log_min: int) -> _UnitStats:
     """A queue's stats carried from ``p`` and extended by the units after its last valid one."""
-    if _units_fingerprint(cq, p["first_n"], p["last_valid"]) != p["fp"]:
+    st = _UnitStats(**p["units"])
+    if _units_fingerprint(cq, st.first_n, st.last_valid) != p["fp"]:
         raise Unsettled("consume-queue units checked by an earlier run have changed")
-    st = _UnitStats(p["first_n"], p["last_valid"], p["holes"], 0, p["checked"], p["expired"])
-    start = p["last_valid"] + 1
+    start = st.last_valid + 1
     for base, _display, u in queue_files(cq, rootp):
         n0 = base // CQ_UNIT_SIZE
         if n0 + len(u) > start:
@@ -157,11 +152,11 @@ def queue_meta_snapshot(meta: QueueMetaLoad) -> dict[str, dict]:
     """What :func:`load_queue_meta` needs to read a later run's units only past these."""
     out = {}
     for (topic, qid), m in meta.queues.items():
-        if m.first_n is None or m.last_valid < 0 or m.holes:
+        u = m.units
+        if u.first_n is None or u.last_valid < 0 or u.holes:
             continue
-        out[_queue_key(topic, qid)] = {"first_n": m.first_n, "last_valid": m.last_valid, "holes": m.holes,
-                                       "checked": m.checked, "expired": m.expired, "cq_min": m.cq_min,
-                                       "fp": _units_fingerprint(m.cq, m.first_n, m.last_valid)}
+        out[_queue_key(topic, qid)] = {"units": {**asdict(u), "pending": 0}, "cq_min": m.cq_min,
+                                       "fp": _units_fingerprint(m.cq, u.first_n, u.last_valid)}
     return out
 
 
@@ -285,9 +280,9 @@ class QueueStream:
         if m is None:
             return
         q0 = int(qq[0])
-        if m.first_n is not None and q0 < m.first_n:
+        if m.units.first_n is not None and q0 < m.units.first_n:
             raise Unsettled("records below a queue's first unit")
-        k = int(np.searchsorted(qq, m.last_valid, side="right"))  # records that have a unit
+        k = int(np.searchsorted(qq, m.units.last_valid, side="right"))  # records that have a unit
         if k:
             u = _read_units(m.cq, q0, int(qq[k - 1]) - q0 + 1)
             touched.append(m.cq)
@@ -357,13 +352,13 @@ class QueueStream:
         for (topic, qid), m in self.meta.queues.items():
             tc = self.topic_code.get(topic)
             t = self.tails.get((tc, qid)) if tc is not None else None
-            if m.holes or m.checked != (t.matched if t else 0) + m.expired:
+            if m.units.holes or m.units.checked != (t.matched if t else 0) + m.units.expired:
                 raise Unsettled(f"consume queue {topic}/{qid} holds units no record accounts for")
             fact = facts.get((topic, qid))
             if t is not None and t.lag:
                 out.add(lag_finding(topic, qid, t.lag, t.lag_bytes, t.lag_first, self.reput_from))
             stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": m.cq_min, "max_offset": m.cq_max,
-                                   "raw_max_offset": m.last_valid + 1 if m.last_valid >= 0 else m.cq_max,
+                                   "raw_max_offset": m.units.last_valid + 1 if m.units.last_valid >= 0 else m.cq_max,
                                    "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                    "messages": fact["messages"] if fact else 0,
                                    "lag": t.lag if t else 0, "lag_bytes": t.lag_bytes if t else 0}
