@@ -11,9 +11,10 @@ import argparse
 import importlib
 import sys
 
+from jobs.commands import HELP
 from storelib.errors import StoreError
 
-COMMANDS = ["info", "messages", "get", "gen", "rebuild", "audit", "recover", "expiry", "export", "timers"]
+COMMANDS = list(HELP)
 
 
 def _version() -> str:
@@ -25,7 +26,9 @@ def _version() -> str:
         return "(not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``only``, every command but that one is listed by name and help alone, so a
+    run imports just its own command's modules (a cron audit does not pay for Parquet and pandas)."""
     p = argparse.ArgumentParser(
         prog="rmqstore",
         description="Read, audit, rebuild and recover Apache RocketMQ broker store files offline.",
@@ -35,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"rmqstore {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
+        if only is not None and name != only:
+            sub.add_parser(name, help=HELP[name])
+            continue
         try:
             mod = importlib.import_module(f"jobs.commands.{name}")
         except ModuleNotFoundError as e:
@@ -53,8 +59,15 @@ def describe_error(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else "invalid input"
 
 
+def _command_of(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word that is not an option: the global options take no
+    value), or None (help, version, a typo: the whole parser answers)."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in HELP else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(_command_of(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

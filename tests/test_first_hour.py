@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -75,6 +77,23 @@ def test_version_and_help_without_markup(capsys):
     for name in COMMANDS:
         text = sub.choices[name].format_help()
         assert "``" not in text and f"rmqstore {name}``" not in text, name
+
+
+def test_a_command_imports_only_its_own_modules_and_still_lists_every_command():
+    code = ("import json, sys; from jobs.cli import build_parser\n"
+            "p = build_parser('info')\n"
+            "sub = next(a for a in p._actions if a.dest == 'command')\n"
+            f"print(sorted(sub.choices) == sorted({COMMANDS!r}))\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('jobs.') or m in ('pandas', 'pyarrow.dataset'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "True"
+    loaded = json.loads(out[1])
+    assert "jobs.commands.info" in loaded
+    assert not [m for m in loaded if m.startswith("jobs.commands.") and m != "jobs.commands.info"]
+    assert "jobs.export" not in loaded and "pandas" not in loaded and "pyarrow.dataset" not in loaded
+    with pytest.raises(SystemExit) as ei:
+        main(["--debug", "info", "--help"])
+    assert ei.value.code == 0
 
 
 def test_every_gen_option_has_help_and_the_summary_has_headers(capsys, tmp_path):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from jobs.commands import HELP
 from jobs.common import plain_doc
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from jobs.audit import EXAMPLE, add_arguments
 
-    p = sub.add_parser("audit", help="integrity audit: CRCs, structure, CQ/index/checkpoint/config consistency",
+    p = sub.add_parser("audit", help=HELP["audit"],
                        description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=run)

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from jobs.commands import HELP
 from jobs.common import (
     add_store_args,
     fs_options,
@@ -36,7 +37,7 @@ diskCapacity, diskOtherUsed, manualDeleteAt (';'-separated times) and jvmTimeZon
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("expiry", help="simulate file expiry policies and the unconsumed messages they delete",
+    p = sub.add_parser("expiry", help=HELP["expiry"],
                        description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_store_args(p)
     p.add_argument("--policy", action="append", default=[], metavar="FILE",

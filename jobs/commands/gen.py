@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jobs.commands import HELP
 from jobs.common import Progress, add_settings_args, plain_doc, print_json, print_table, size_arg
 
 EXAMPLE = """example:
@@ -19,7 +20,7 @@ def _ratio(text: str) -> float:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gen", help="generate a synthetic store (fast, realistic, broker-exact bytes)",
+    p = sub.add_parser("gen", help=HELP["gen"],
                        description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", metavar="OUT", help="output store root (must not exist, or be empty)")
     size = p.add_mutually_exclusive_group(required=True)

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from jobs.commands import HELP
 from jobs.common import add_store_args, open_store, plain_doc, row_to_json, time_arg
 from storelib.errors import StoreError
 from storelib.format.record import decode_msg_id
@@ -20,7 +21,7 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("get", help="fetch messages by offset, msgId, queue position or key",
+    p = sub.add_parser("get", help=HELP["get"],
                        description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_store_args(p)
     g = p.add_mutually_exclusive_group(required=True)

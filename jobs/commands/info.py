@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from jobs.commands import HELP
 from jobs.common import Progress, add_store_args, human_ms, open_store, plain_doc, print_json, print_table
 from storelib.broker.geometry import fold_geometry_findings
 from storelib.broker.lookup import index_geometry
@@ -26,7 +27,7 @@ CONFIG_FILES = ["topics.json", "consumerOffset.json", "subscriptionGroup.json", 
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help="summarise a store (segments, topics, queues, checkpoint, markers)",
+    p = sub.add_parser("info", help=HELP["info"],
                        description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_store_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")

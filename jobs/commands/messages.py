@@ -9,6 +9,7 @@ import sys
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.commands import HELP
 from jobs.common import (
     MESSAGE_JSON_FIELDS,
     Progress,
@@ -28,7 +29,7 @@ EXAMPLE = """example:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("messages", help="list the messages of a store in commitlog order",
+    p = sub.add_parser("messages", help=HELP["messages"],
                        description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_store_args(p)
     p.add_argument("--topic", help="only this topic")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from jobs.commands import HELP
 from jobs.common import plain_doc
 
 EXAMPLE = """examples:
@@ -21,7 +22,7 @@ directory without it is incomplete). Index file names follow the first entry's s
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from jobs.rebuild import add_arguments
 
-    p = sub.add_parser("rebuild", help="rebuild consume queues and index files from the commitlog",
+    p = sub.add_parser("rebuild", help=HELP["rebuild"],
                        description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=run)

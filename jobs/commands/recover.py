@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+from jobs.commands import HELP
 from jobs.common import add_fs_args, add_settings_args, open_store, plain_doc, print_json
 from storelib.broker.store import Store
 from storelib.errors import StoreError
@@ -30,7 +31,7 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("recover", help="plan / apply / undo the broker's start-up recovery offline; salvage",
+    p = sub.add_parser("recover", help=HELP["recover"],
                        description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("store", metavar="STORE", nargs="?", help="store root (local path for --apply)")
     add_settings_args(p)

@@ -10,6 +10,7 @@ import sys
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.commands import HELP
 from jobs.common import add_store_args, open_store, plain_doc, print_table, time_arg
 from storelib.broker.timermsg import deliver_histogram, timer_messages
 from storelib.format.timerstore import (
@@ -33,7 +34,7 @@ TABLE_COLUMNS = ["state", "real_topic", "real_queue_id", "deliver_time", "uniq_k
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("timers", help="5.x timer store: pending/delivered timer messages, timerlog, wheel",
+    p = sub.add_parser("timers", help=HELP["timers"],
                        description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_store_args(p)
     p.add_argument("--state", choices=["pending", "delivered", "all"], default="pending",
