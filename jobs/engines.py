@@ -17,6 +17,7 @@ import contextlib
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
@@ -78,9 +79,9 @@ class PoolEngine:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            methods = multiprocessing.get_all_start_methods()
-            ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-            if "forkserver" in methods:
+            method = _start_method()
+            ctx = multiprocessing.get_context(method)
+            if method == "forkserver":
                 ctx.set_forkserver_preload(POOL_PRELOAD)
             self._pool = ProcessPoolExecutor(self.parallelism, mp_context=ctx, initializer=_one_core_worker)
         return self._pool
@@ -112,6 +113,21 @@ class PoolEngine:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _start_method() -> str:
+    """``fork`` while this process runs no other Python thread: the workers start in milliseconds with what
+    the driver has imported (a forkserver and its preload take ~0.3 s on 2 cores, paid by every run; all
+    workers are forked at the first submit, before the pool's own thread starts). With other threads alive
+    (a notebook's Spark gateway, a caller's threads) one of them could hold a lock at fork time that the
+    child would never see released: then ``forkserver``, else ``spawn``. RMQSTORE_POOL_START overrides."""
+    methods = multiprocessing.get_all_start_methods()
+    forced = os.environ.get("RMQSTORE_POOL_START")
+    if forced in methods:
+        return forced
+    if "fork" in methods and threading.active_count() == 1:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
 
 
 def _one_core_worker() -> None:

@@ -83,6 +83,8 @@ def run_lock(path: str) -> Iterator[Held]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+        # released explicitly: a pool worker forked during the run shares this open file (and its lock)
+        fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
 

@@ -118,8 +118,36 @@ def test_make_engine_refuses_an_unknown_name():
         make_engine("threads")
 
 
-def test_the_pool_works_from_a_script_read_on_stdin(tmp_path):
-    """A worker re-runs __main__ from its file; ``python -`` has none: the pool must not die of it."""
+def test_the_pool_forks_only_while_no_other_thread_runs(monkeypatch):
+    import threading
+
+    from jobs.engines import _start_method
+
+    monkeypatch.delenv("RMQSTORE_POOL_START", raising=False)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    alone = threading.active_count() == 1
+    other.start()
+    try:
+        assert _start_method() == "forkserver"
+        eng = PoolEngine(2)  # and the forkserver pool runs tasks with that thread alive
+        try:
+            assert eng.map(_fail_on_two, [0, 1, 3]) == [0, 10, 30]
+        finally:
+            eng.close()
+    finally:
+        stop.set()
+        other.join()
+    if alone:
+        assert _start_method() == "fork"
+    monkeypatch.setenv("RMQSTORE_POOL_START", "spawn")
+    assert _start_method() == "spawn"
+
+
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
+def test_the_pool_works_from_a_script_read_on_stdin(tmp_path, start):
+    """A forkserver or spawned worker re-runs __main__ from its file; ``python -`` has none: the pool must
+    not die of it."""
     import os
     import subprocess
     import sys
@@ -129,5 +157,5 @@ def test_the_pool_works_from_a_script_read_on_stdin(tmp_path):
     code = ("from jobs.engines import PoolEngine\nfrom tests.test_engines import _fail_on_two\n"
             "e = PoolEngine(2)\nprint(e.map(_fail_on_two, [0, 1, 3]))\ne.close()\n")
     p = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+                       env={**os.environ, "PYTHONPATH": str(REPO), "RMQSTORE_POOL_START": start}, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "[0, 10, 30]", p.stderr[-2000:]
