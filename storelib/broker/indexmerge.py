@@ -123,13 +123,14 @@ def layout(geometry: IndexGeometry, order: Sequence[int], segs: Mapping[int, Seg
     return IndexLayout(E, offsets, {i: counts.get(i, 0) for i in order}, extra, K)
 
 
-def first_entry_times(E: int, offset: int, times: np.ndarray) -> list[tuple[int, int]]:
+def first_entry_times(E: int, offset: int, n: int, time_of: Callable[[int], int]) -> list[tuple[int, int]]:
     """(file number, store time of its first entry) for the files whose first key is among a segment's
-    kept keys (numbered from ``offset``, store times ``times``): the time that names the file."""
+    ``n`` kept keys (numbered from ``offset``; ``time_of(k)`` is the store time of its k-th): the time
+    that names the file. Only those few keys are looked up."""
     out = []
     f = -(-offset // E)
-    while f * E < offset + len(times):
-        out.append((f, int(times[f * E - offset])))
+    while f * E < offset + n:
+        out.append((f, int(time_of(f * E - offset))))
         f += 1
     return out
 

@@ -243,8 +243,12 @@ def count_kept(ctx: RebuildContext, m_before: dict[int, int], idx: int) -> tuple
 def first_times(ctx: RebuildContext, E: int, offsets: dict[int, int], m_before: dict[int, int] | None,
                 idx: int) -> list[tuple[int, int]]:
     """(file number, store time of its first entry) for files whose first key is in segment ``idx``."""
-    _, _, t, _ = _load_keys(ctx, idx, m_before)
-    return first_entry_times(E, offsets[idx], t)
+    if m_before is None:  # every parsed key kept: look up only the keys that start a file
+        r = read_ipc_file(_keys_file(ctx.staging, idx)).column("r")
+        t = read_ipc_file(_recs_file(ctx.staging, idx)).column("t")
+        return first_entry_times(E, offsets[idx], len(r), lambda k: t[r[k].as_py()].as_py())
+    _, _, tk, _ = _load_keys(ctx, idx, m_before)
+    return first_entry_times(E, offsets[idx], len(tk), lambda k: tk[k])
 
 
 def phase_b(ctx: RebuildContext, job: tuple[int, list[int]]) -> dict[str, Any]:
