@@ -21,7 +21,7 @@ an appended tail) and the streamed checks go on from the state's carry; earlier 
 forward.
 
 Here: :func:`audit_store`, the cross-file checks and the command; the segment phase on the engines is
-:mod:`jobs.audit_tasks`, the ``--since`` state :mod:`jobs.audit_state`, the report dict and page
+:mod:`jobs.audit_tasks`, the ``--since`` state :mod:`storelib.checks.auditstate`, the report dict and page
 :mod:`jobs.audit_report`.
 """
 
@@ -43,14 +43,13 @@ if __package__ in (None, ""):  # spark-submit jobs/audit.py: make the repo impor
 from typing import Any
 
 from jobs.audit_report import build_report, jsonable, render_html
-from jobs.audit_state import load_state, merge_appended, plan, save_state
 from jobs.audit_summary import EXIT_FAILED, damage_cost, exit_code, summary_text
 from jobs.audit_tasks import run_segments
 from jobs.common import note
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
-from jobs.fingerprint import fingerprint
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.store import Store
+from storelib.checks.auditstate import load_state, merge_appended, plan, save_state
 from storelib.checks.crossfile import run_cross_checks
 from storelib.checks.index import load_index_files
 from storelib.checks.logview import ResumeFailed
@@ -62,6 +61,7 @@ from storelib.checks.segment import (
 )
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
+from storelib.scan.fingerprint import fingerprint
 
 
 def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str | Engine = "local", spark=None,
@@ -87,7 +87,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
     kw = dict(broker_conf=broker_conf, engine=engine, spark=spark, fs_options=fs_options, verify_crc=verify_crc,
               quiet=quiet, now_ms=now_ms, version=version, split_bytes=split_bytes, overrides=overrides,
               work_dir=work_dir, transfer=transfer, threads=threads, workers=workers, master=master)
-    state = load_state(since, quiet)
+    state = load_state(since, None if quiet else note)
     try:
         return _audit(store_uri, since, state, **kw)
     except ResumeFailed as e:  # the carry cannot settle what changed: the whole store, then a fresh state
@@ -107,7 +107,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
     settings = store.settings
-    tasks, carried, grown, fps, resume = plan(store, state, since, quiet)
+    tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(settings.version), verify_crc=verify_crc,
                         fs_options=fs_options)

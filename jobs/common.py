@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import sys
 import time
@@ -12,11 +11,6 @@ from typing import Any
 from storelib.broker.store import Store, load_settings
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
-from storelib.scan.messagecols import MESSAGE_COLUMNS, TIME_COLUMNS, iso_utc
-
-# JSONL field order of `rmqstore messages` (the snake_case names of the scan schema)
-# the JSON fields of `rmqstore messages`: the one column list of storelib.scan.messagecols
-MESSAGE_JSON_FIELDS = MESSAGE_COLUMNS
 
 
 def plain_doc(doc: str | None) -> str:
@@ -126,24 +120,6 @@ def settings_from_args(args: argparse.Namespace, root=None, version: str | None 
 def open_store(args: argparse.Namespace, version: str | None = None) -> Store:
     loc = resolve(args.store, **fs_options(args))
     return Store(loc, settings_from_args(args, loc, version), uri=args.store)
-
-
-def row_to_json(row: dict[str, Any], with_body: bool = False) -> dict[str, Any]:
-    """One scanned record as the JSON object `rmqstore messages` prints."""
-    out = {k: row.get(k) for k in MESSAGE_JSON_FIELDS}
-    for name, src in TIME_COLUMNS.items():  # the typed twins as ISO-8601 UTC text
-        out[name] = iso_utc(row.get(src))
-    props = row.get("properties")
-    if props is not None and not isinstance(props, dict):
-        out["properties"] = dict(props)
-    elif props is None and row.get("properties_raw") is not None:
-        from storelib.format.properties import parse_properties
-
-        out["properties"] = parse_properties(row["properties_raw"])
-    if with_body:
-        body = row.get("body")
-        out["body_base64"] = base64.b64encode(body).decode("ascii") if body is not None else None
-    return out
 
 
 def print_json(obj: Any) -> None:

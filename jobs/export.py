@@ -24,7 +24,6 @@ if __package__ in (None, ""):  # spark-submit jobs/export.py: make the repo impo
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
-from jobs.fingerprint import fingerprint, prefix_unchanged
 from jobs.snapshot import (
     COMMIT,
     MANIFEST,
@@ -42,6 +41,7 @@ from storelib.broker.store import Store, load_settings
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, resolve
 from storelib.format.checkpoint import Checkpoint
+from storelib.scan.fingerprint import fingerprint, prefix_unchanged
 from storelib.scan.scanner import FULL_KINDS, SegmentEnd
 
 PARTITIONS = ("topic", "date")

@@ -50,14 +50,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
-from jobs.rebuild_staging import (
-    check_dest,
-    check_not_inside,
-    drop_staging,
-    hash_tree,
-    make_staging,
-    publish_in_place,
-)
 from jobs.rebuild_tasks import (
     EngineResult,
     Reporter,
@@ -80,6 +72,14 @@ from storelib.fileio.publish import (
     MANIFEST_NAME,
     publish_tree,
     tree_files,
+)
+from storelib.fileio.staging import (
+    check_dest,
+    check_not_inside,
+    drop_staging,
+    hash_tree,
+    make_staging,
+    publish_in_place,
 )
 from storelib.format.checkpoint import read_checkpoint
 from storelib.format.indexdir import list_index_files

@@ -13,7 +13,6 @@ from functools import partial
 from typing import Any
 
 from jobs.engines import Engine
-from jobs.rebuild_staging import drop_staging
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.indexmerge import layout, name_files, running_max_before
 from storelib.broker.rebuildtasks import (
@@ -36,6 +35,7 @@ from storelib.broker.recovery import RecoveryResult, finish_walk, plan_recovery,
 from storelib.broker.store import Store
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
+from storelib.fileio.staging import drop_staging
 from storelib.format.checkpoint import Checkpoint
 
 

@@ -50,12 +50,12 @@ def count_fallbacks(monkeypatch) -> list[str]:
 
 
 def test_split_tasks_cover_each_segment_from_record_starts(store):
-    from jobs.audit_state import plan
     from jobs.audit_tasks import split_tasks
     from storelib.broker.store import Store
+    from storelib.checks.auditstate import plan
 
     st = Store(str(store), None, broker_conf=str(store / "broker.conf"))
-    tasks, *_ = plan(st, {}, None, True)
+    tasks, *_ = plan(st, {}, None)
     units = split_tasks(st, tasks, SPLIT)
     assert len(units) > 3 * len(tasks)
     starts = {r["phy_offset"] for r in records(store)}

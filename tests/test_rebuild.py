@@ -526,10 +526,10 @@ def test_standalone_cluster_run_matches_local(tmp_path, standalone_cluster):
 
 
 def test_destination_of_an_interrupted_publish_is_replaced_but_a_foreign_directory_is_refused(tmp_path):
-    from jobs.rebuild_staging import check_dest
     from storelib.errors import StoreError
     from storelib.fileio.bytesource import resolve
     from storelib.fileio.publish import PUBLISHING_MARKER
+    from storelib.fileio.staging import check_dest
 
     partial = tmp_path / "partial"
     (partial / "index").mkdir(parents=True)

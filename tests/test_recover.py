@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pytest
 
-from jobs import recover_apply as ra
-from jobs import recover_plan
-from jobs import salvage as sv
 from jobs.audit import audit_store
+from storelib.broker import recoverapply as ra
+from storelib.broker import recoveryplan as recover_plan
+from storelib.broker import salvage as sv
 from storelib.broker.brokerconf import load_broker_conf
 from storelib.broker.dispatch import dispatch_store
 from storelib.broker.startup import simulate
@@ -337,7 +337,7 @@ def _crash_points(monkeypatch, labels: list[str], at: int | None = None) -> None
 
         monkeypatch.setattr(owner, name, point)
 
-    wrap(ra, "write_json_atomic", lambda path, obj: "planned" if os.path.basename(path) == ra.PLAN_FILE else None)
+    wrap(ra, "atomic_write_json", lambda path, obj: "planned" if os.path.basename(path) == ra.PLAN_FILE else None)
     wrap(Backup, "save", lambda self, rel, **k: f"saved:{rel}")
     wrap(ra, "_run_step", lambda step, *a: f"op:{step['id']}")
     wrap(ra, "_journal", lambda bdir, obj: {"staged": "staged", "done": f"done:{obj.get('id')}"}.get(obj["event"]))

@@ -7,10 +7,11 @@ import json
 import sys
 
 from jobs.commands import HELP
-from jobs.common import add_store_args, open_store, plain_doc, row_to_json, time_arg
+from jobs.common import add_store_args, open_store, plain_doc, time_arg
 from storelib.errors import StoreError
 from storelib.format.record import decode_msg_id
 from storelib.format.uniqkey import decode_uniq_key
+from storelib.scan.messagecols import row_to_json
 
 EXAMPLE = """examples:
   rmqstore get /data/store --offset 1048576

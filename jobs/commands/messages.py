@@ -11,16 +11,14 @@ import pyarrow.compute as pc
 
 from jobs.commands import HELP
 from jobs.common import (
-    MESSAGE_JSON_FIELDS,
     Progress,
     add_store_args,
     non_negative_int,
     open_store,
     plain_doc,
     print_table,
-    row_to_json,
 )
-from storelib.scan.messagecols import iso_utc_column, with_time_columns
+from storelib.scan.messagecols import iso_utc_column, row_to_json, with_time_columns
 
 EXAMPLE = """example:
   rmqstore messages /data/store --topic OrderEvents --limit 5
@@ -128,4 +126,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_parser", "run", "MESSAGE_JSON_FIELDS", "pa"]
+__all__ = ["add_parser", "run", "pa"]

@@ -60,10 +60,11 @@ def _open(args: argparse.Namespace) -> Store:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jobs import recover_plan
-    from jobs.recover_apply import apply, restore
-    from jobs.salvage import salvage
+    from storelib.broker.recoverapply import apply, restore
+    from storelib.broker.recoveryplan import plan_document
+    from storelib.broker.salvage import salvage
     from storelib.broker.startup import simulate
+    from storelib.fileio.smallfile_io import atomic_write_json
 
     if args.restore:
         actions = restore(args.restore, os.path.abspath(args.store) if args.store else None)
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             if res.already_complete:
                 print(f"already applied (backup {args.backup})")
             else:
-                print("\n".join(recover_plan.summary_lines(res.plan)))
+                print("\n".join(summary_lines(res.plan)))
                 print(f"applied {res.file_changes} file change(s)"
                       + (f" (resumed after {res.done_before} step(s) done earlier)" if res.resumed else "")
                       + f"; backup and manifest in {args.backup} (undo: rmqstore recover --restore {args.backup})")
@@ -109,13 +110,61 @@ def run(args: argparse.Namespace) -> int:
                   f"{len(rep['lost_ranges'])} lost byte range(s), {rep['bytes_unreadable']} bytes unreadable; "
                   f"{sum(len(c['changes']) for c in rep['config'])} config change(s)")
         return 0
-    plan = recover_plan.plan_document(sim)
+    plan = plan_document(sim)
     if args.plan_file and args.plan_file != "-":
-        recover_plan.write_json_atomic(args.plan_file, plan)
+        atomic_write_json(args.plan_file, plan)
     if args.json:
         sys.stdout.write(json.dumps(plan, indent=2, default=str) + "\n")
     else:
-        print("\n".join(recover_plan.summary_lines(plan)))
+        print("\n".join(summary_lines(plan)))
         if args.plan_file and args.plan_file != "-":
             print(f"plan written to {args.plan_file}")
     return 1 if plan["changes"] else 0
+
+
+def summary_lines(plan: dict) -> list[str]:
+    """A human summary of a plan."""
+    c = plan["commitlog"]
+    cq = plan["consume_queues"]
+    lost = plan.get("lost") or {"totals": {"messages": 0, "intact": 0, "bytes": 0}}
+    out = [
+        f"store {plan['store']} ({plan['version']} rules)",
+        f"last exit: {'clean' if plan['last_exit']['clean'] else 'ABNORMAL (abort file)'} -> "
+        f"{plan['last_exit']['recovery']} recovery",
+        f"checkpoint: physic {plan['checkpoint']['physic_msg_timestamp']} logics "
+        f"{plan['checkpoint']['logics_msg_timestamp']} index {plan['checkpoint']['index_msg_timestamp']} "
+        f"(trusted up to {plan['checkpoint']['trusted_up_to']}, margin {plan['checkpoint']['safety_margin_ms']} ms)",
+        f"start segment: {c['start_segment']} ({c['start_reason']})",
+        f"CRC window: {c['crc_window']['from']} .. {c['crc_window']['to']}",
+        f"processOffset: {c['process_offset']}" + (
+            f"  (stopped by {c['failure']['reason']} at {c['failure']['segment']} @ {c['failure']['file_offset']})"
+            if c["failure"] else ""),
+    ]
+    if c["truncate"]:
+        out.append(f"commitlog: {c['truncate']['segment']} wrote position -> {c['truncate']['wrote_position']}; "
+                   f"{len(c['delete_segments'])} segment(s) deleted")
+    t = cq["totals"]
+    out.append(f"consume queues: {t['queues']} queue(s), max phy offset {cq['max_phy_offset']}, "
+               f"{t['entries_truncated']} entr(ies) truncated, {t['entries_added']} added "
+               f"({t['files_written']} file(s) written, {t['files_deleted']} deleted)")
+    rp = plan["dispatch"]["reput"]
+    out.append(f"dispatch: {plan['dispatch']['recovery_records']} record(s) during recovery, reput from {rp['from']} "
+               f"to {rp['to']}: {plan['dispatch']['reput_records']} record(s)")
+    ix = plan["index"]
+    out.append(f"index: {len(ix['deleted'])} file(s) deleted, {len(ix['written'])} written, "
+               f"{ix['entries_added']} entr(ies) added")
+    lt = lost["totals"]
+    out.append(f"lost: {lt['messages']} message(s) ({lt.get('intact', 0)} intact, salvageable), {lt['bytes']} bytes")
+    ts = plan.get("timer_store")
+    if ts:
+        out.append(f"timer store: timerlog ends at {ts['process_offset']} ({len(ts['delete_files'])} file(s) deleted), "
+                   f"{ts['slots_rewritten']} wheel slot(s) rewritten, the timer topic read from offset "
+                   f"{ts['queue_offset']} ({ts['queue_offset_source']})")
+    for q in cq["queues"]:
+        if q["entries_truncated"] or q["entries_added"] or q["files_deleted_on_load"]:
+            out.append(f"  {q['topic']}/{q['queue_id']}: max {q['recovered_max_offset']} -> {q['final_max_offset']}"
+                       f" (-{q['entries_truncated']} +{q['entries_added']})")
+    for f in plan["findings"]:
+        if f["severity"] in ("error", "critical"):
+            out.append(f"  [{f['severity']}] {f['file'] or '<store>'}: {f['kind']}: {f['detail']}")
+    return out

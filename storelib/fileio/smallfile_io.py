@@ -8,8 +8,10 @@ Writes are local only: temp file in the same directory, fsync, ``os.replace``, f
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -153,3 +155,9 @@ def atomic_write(path: str, data: bytes) -> None:
             pass
         raise StoreError(path, None, "write_failed", str(e)) from e
     fsync_dir(directory)
+
+
+def atomic_write_json(path: str, obj: Any) -> None:
+    """``obj`` as indented JSON text, written atomically (:func:`atomic_write`), its directory made."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    atomic_write(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8"))

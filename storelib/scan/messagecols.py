@@ -9,7 +9,9 @@ column operation.
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -66,5 +68,23 @@ def iso_utc_column(ms: pa.Array | pa.ChunkedArray) -> list[str | None]:
     return [t + "Z" if ok else None for t, ok in zip(text.tolist(), valid.tolist())]
 
 
-__all__ = ["MESSAGE_COLUMNS", "TIME_COLUMNS", "TIME_TYPE", "iso_utc", "iso_utc_column", "time_column",
+def row_to_json(row: dict[str, Any], with_body: bool = False) -> dict[str, Any]:
+    """One scanned record as the JSON object `rmqstore messages` prints."""
+    out = {k: row.get(k) for k in MESSAGE_COLUMNS}
+    for name, src in TIME_COLUMNS.items():  # the typed twins as ISO-8601 UTC text
+        out[name] = iso_utc(row.get(src))
+    props = row.get("properties")
+    if props is not None and not isinstance(props, dict):
+        out["properties"] = dict(props)
+    elif props is None and row.get("properties_raw") is not None:
+        from storelib.format.properties import parse_properties
+
+        out["properties"] = parse_properties(row["properties_raw"])
+    if with_body:
+        body = row.get("body")
+        out["body_base64"] = base64.b64encode(body).decode("ascii") if body is not None else None
+    return out
+
+
+__all__ = ["MESSAGE_COLUMNS", "row_to_json", "TIME_COLUMNS", "TIME_TYPE", "iso_utc", "iso_utc_column", "time_column",
            "time_fields", "with_time_columns"]

@@ -1,19 +1,17 @@
 """The recovery plan document (schema ``rmqstore.recover.plan/1``): what a simulated broker start-up
-(:func:`storelib.broker.startup.simulate`) would change, as JSON for ``--plan`` and ``--apply``, and its
-human summary. Presentation only: every number comes from the Simulation (and the lost-message scan).
+(:func:`storelib.broker.startup.simulate`) would change, as JSON for ``--plan`` and ``--apply``
+(its human summary is the ``recover`` command's). Every number comes from the Simulation (and the
+lost-message scan): every number comes from the Simulation (and the lost-message scan).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Any
 
 from storelib.broker.recovery import DispatchRange, RecoveryInputs, RecoveryResult
 from storelib.broker.startup import IndexFileOnLoad, Reput, Simulation
 from storelib.broker.startuplost import scan_lost
-from storelib.fileio.smallfile_io import atomic_write
 from storelib.format.checkpoint import RECOVERY_SAFETY_MS, Checkpoint
 from storelib.scan.commitlog import Segment, offset_to_file_name
 
@@ -150,57 +148,3 @@ def _index_file_dict(f: IndexFileOnLoad) -> dict[str, Any]:
 
 def _segment_dict(s: Segment) -> dict:
     return {"name": s.name, "base": s.base, "size": s.file_size}
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    atomic_write(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8"))
-
-
-def summary_lines(plan: dict) -> list[str]:
-    """A human summary of a plan."""
-    c = plan["commitlog"]
-    cq = plan["consume_queues"]
-    lost = plan.get("lost") or {"totals": {"messages": 0, "intact": 0, "bytes": 0}}
-    out = [
-        f"store {plan['store']} ({plan['version']} rules)",
-        f"last exit: {'clean' if plan['last_exit']['clean'] else 'ABNORMAL (abort file)'} -> "
-        f"{plan['last_exit']['recovery']} recovery",
-        f"checkpoint: physic {plan['checkpoint']['physic_msg_timestamp']} logics "
-        f"{plan['checkpoint']['logics_msg_timestamp']} index {plan['checkpoint']['index_msg_timestamp']} "
-        f"(trusted up to {plan['checkpoint']['trusted_up_to']}, margin {plan['checkpoint']['safety_margin_ms']} ms)",
-        f"start segment: {c['start_segment']} ({c['start_reason']})",
-        f"CRC window: {c['crc_window']['from']} .. {c['crc_window']['to']}",
-        f"processOffset: {c['process_offset']}" + (
-            f"  (stopped by {c['failure']['reason']} at {c['failure']['segment']} @ {c['failure']['file_offset']})"
-            if c["failure"] else ""),
-    ]
-    if c["truncate"]:
-        out.append(f"commitlog: {c['truncate']['segment']} wrote position -> {c['truncate']['wrote_position']}; "
-                   f"{len(c['delete_segments'])} segment(s) deleted")
-    t = cq["totals"]
-    out.append(f"consume queues: {t['queues']} queue(s), max phy offset {cq['max_phy_offset']}, "
-               f"{t['entries_truncated']} entr(ies) truncated, {t['entries_added']} added "
-               f"({t['files_written']} file(s) written, {t['files_deleted']} deleted)")
-    rp = plan["dispatch"]["reput"]
-    out.append(f"dispatch: {plan['dispatch']['recovery_records']} record(s) during recovery, reput from {rp['from']} "
-               f"to {rp['to']}: {plan['dispatch']['reput_records']} record(s)")
-    ix = plan["index"]
-    out.append(f"index: {len(ix['deleted'])} file(s) deleted, {len(ix['written'])} written, "
-               f"{ix['entries_added']} entr(ies) added")
-    lt = lost["totals"]
-    out.append(f"lost: {lt['messages']} message(s) ({lt.get('intact', 0)} intact, salvageable), {lt['bytes']} bytes")
-    ts = plan.get("timer_store")
-    if ts:
-        out.append(f"timer store: timerlog ends at {ts['process_offset']} ({len(ts['delete_files'])} file(s) deleted), "
-                   f"{ts['slots_rewritten']} wheel slot(s) rewritten, the timer topic read from offset "
-                   f"{ts['queue_offset']} ({ts['queue_offset_source']})")
-    for q in cq["queues"]:
-        if q["entries_truncated"] or q["entries_added"] or q["files_deleted_on_load"]:
-            out.append(f"  {q['topic']}/{q['queue_id']}: max {q['recovered_max_offset']} -> {q['final_max_offset']}"
-                       f" (-{q['entries_truncated']} +{q['entries_added']})")
-    for f in plan["findings"]:
-        if f["severity"] in ("error", "critical"):
-            out.append(f"  [{f['severity']}] {f['file'] or '<store>'}: {f['kind']}: {f['detail']}")
-    return out
-

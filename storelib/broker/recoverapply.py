@@ -28,12 +28,12 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jobs.recover_plan import plan_document, write_json_atomic
+from storelib.broker.recoveryplan import plan_document
 from storelib.broker.startup import Simulation, simulate
 from storelib.errors import StoreError
 from storelib.fileio.backup import Backup
 from storelib.fileio.backup import restore as backup_restore
-from storelib.fileio.smallfile_io import atomic_write, fsync_dir, output_mode, read_small
+from storelib.fileio.smallfile_io import atomic_write, atomic_write_json, fsync_dir, output_mode, read_small
 from storelib.format.markers import ABORT_FILE, LOCK_FILE, lock_state
 
 MARKER = ".rmqstore-recover"  # in the store root while an apply is under way (names the backup dir)
@@ -284,9 +284,9 @@ def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, f
                                  "the broker's recovery cannot be reproduced exactly here (see the plan's findings); "
                                  "use --force to apply anyway")
             plan = plan_document(sim)
-            write_json_atomic(os.path.join(bdir, PLAN_FILE), plan)
+            atomic_write_json(os.path.join(bdir, PLAN_FILE), plan)
             steps = _stage(sim, bdir)
-            write_json_atomic(os.path.join(bdir, STEPS_FILE), steps)
+            atomic_write_json(os.path.join(bdir, STEPS_FILE), steps)
             _journal(bdir, {"event": "staged", "steps": len(steps)})
             done: set[int] = set()
             resumed = False

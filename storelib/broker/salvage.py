@@ -11,11 +11,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.recover_plan import write_json_atomic
 from storelib.broker.startup import Simulation
 from storelib.broker.startuplost import lost_table
 from storelib.errors import StoreError
-from storelib.fileio.smallfile_io import atomic_write
+from storelib.fileio.smallfile_io import atomic_write, atomic_write_json
 
 # ---------------------------------------------------------------------------------------------
 # salvage
@@ -29,8 +28,8 @@ def salvage(sim: Simulation, out_dir: str | os.PathLike) -> dict:
     the exact byte ranges lost, and salvaged config JSON (offsets clamped to the recovered queues)."""
     import pyarrow.parquet as pq
 
-    from jobs.common import row_to_json
     from storelib.fileio.publish import atomic_local_file
+    from storelib.scan.messagecols import row_to_json
 
     out = os.path.abspath(os.fspath(out_dir))
     os.makedirs(out, exist_ok=True)
@@ -72,7 +71,7 @@ def salvage(sim: Simulation, out_dir: str | os.PathLike) -> dict:
         "bytes_unreadable": sum(r["bytes_lost"] for r in regions),
         "config": cfg,
     }
-    write_json_atomic(os.path.join(out, "salvage-report.json"), report)
+    atomic_write_json(os.path.join(out, "salvage-report.json"), report)
     return report
 
 

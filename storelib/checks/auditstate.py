@@ -18,20 +18,23 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from jobs.common import note
-from jobs.fingerprint import prefix_unchanged
 from storelib.broker.store import Store
 from storelib.checks.segment import SegmentResult, SegmentTask
 from storelib.errors import StoreError
+from storelib.scan.fingerprint import prefix_unchanged
 
 STATE_SCHEMA = "rmqstore.audit-state/2"
 OLD_SCHEMAS = ("rmqstore.audit-state/1",)  # kept record tables in a sidecar directory: read as no state
 
 
-def load_state(path: str | None, quiet: bool = True) -> dict[str, Any]:
+Say = Callable[[str], None] | None  # where the state's progress lines go (None: nowhere)
+
+
+def load_state(path: str | None, say: Say = None) -> dict[str, Any]:
     """The state a previous run left in ``path`` ({} when there is none yet, or one of an older layout:
     everything is audited)."""
     if not path or not os.path.exists(path):
@@ -42,7 +45,8 @@ def load_state(path: str | None, quiet: bool = True) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise StoreError(path, None, "bad_state", f"cannot read the audit state file: {e}") from e
     if st.get("schema") in OLD_SCHEMAS:
-        note(f"audit: {path} is an older state layout: auditing in full, then writing the new one", quiet)
+        if say is not None:
+            say(f"audit: {path} is an older state layout: auditing in full, then writing the new one")
         return {}
     if st.get("schema") != STATE_SCHEMA:
         raise StoreError(path, None, "bad_state", f"not an audit state file (schema {st.get('schema')!r})")
@@ -83,7 +87,7 @@ def merge_appended(old: SegmentResult, new: SegmentResult) -> SegmentResult:
     return out
 
 
-def plan(store: Store, state: dict, state_path: str | None, quiet: bool = False
+def plan(store: Store, state: dict, state_path: str | None, say: Say = None
          ) -> tuple[list[SegmentTask], dict[str, SegmentResult], dict[str, SegmentResult], dict[str, dict], dict | None]:
     """Tasks to run, results carried forward, earlier results to merge appends into, fingerprints, and the
     carry to go on from (None: a full audit, every segment from its start)."""
@@ -127,10 +131,10 @@ def plan(store: Store, state: dict, state_path: str | None, quiet: bool = False
         tasks = [SegmentTask(seg.name, seg.base, seg.loc.path if seg.loc.local else _uri(store, seg), seg.file_size,
                              cl.segment_size, seg.loc.local, 0) for seg in cl.segments if seg.file_size]
         carried, partial, fps = {}, {}, {}
-    if state_path:
-        note(f"audit: {len(tasks)} segment(s) to audit ({sum(1 for t in tasks if t.start)} appended), "
-             f"{len(carried)} unchanged (findings carried forward)"
-             + ("" if resumable or not state else "; the state cannot be continued: auditing in full"), quiet)
+    if state_path and say is not None:
+        say(f"audit: {len(tasks)} segment(s) to audit ({sum(1 for t in tasks if t.start)} appended), "
+            f"{len(carried)} unchanged (findings carried forward)"
+            + ("" if resumable or not state else "; the state cannot be continued: auditing in full"))
     return tasks, carried, partial, fps, (state["carry"] if resumable else None)
 
 
