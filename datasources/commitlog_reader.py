@@ -16,8 +16,7 @@ import pyarrow.compute as pc
 from storelib.errors import CorruptRecordError
 from storelib.fileio.bytesource import open_source
 from storelib.scan.commitlog import CommitLog, Split
-from storelib.scan.messagecols import MESSAGE_COLUMNS, TIME_COLUMNS, TIME_TYPE, time_column
-from storelib.scan.messageschema import MESSAGE_SCHEMA
+from storelib.scan.messagecols import MESSAGE_COLUMNS, TIME_COLUMNS, message_batch, output_schema
 from storelib.scan.scanner import SegmentScan
 from storelib.scan.splits import find_record_start, plan_splits, prune_by_time
 
@@ -29,15 +28,6 @@ MODES = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
 PUSHABLE = {"phy_offset", "store_timestamp", "segment", "topic", "queue_id", "queue_offset", "tags", "keys",
             "uniq_key", "msg_id", "tran_type", "magic_version", "size", "body_len", "sys_flag",
             "born_timestamp", "flag", "tags_code", "crc_ok", "store_host", "born_host"}
-
-
-def output_schema(with_body: bool = False) -> pa.Schema:
-    """Arrow schema of the rows: message columns (all nullable: corrupt rows), ``body``, ``segment``, ``_corrupt``."""
-    names = MESSAGE_COLUMNS + (["body"] if with_body else [])
-    fields = [pa.field(n, TIME_TYPE) if n in TIME_COLUMNS else MESSAGE_SCHEMA.field(n).with_nullable(True)
-              for n in names]
-    fields += [pa.field("segment", pa.string()), pa.field("_corrupt", pa.string())]
-    return pa.schema(fields)
 
 
 def rows_schema(opts: MessageReadOptions) -> pa.Schema:
@@ -239,24 +229,6 @@ def _corrupt_row(schema: pa.Schema, phy: int, segment: str, reason: str) -> pa.R
             cols.append(pa.array([reason], pa.string()))
         else:
             cols.append(pa.nulls(1, f.type))
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
-
-
-def message_batch(batch: pa.RecordBatch, schema: pa.Schema, segment_name: str) -> pa.RecordBatch:
-    """A scanner batch in the public columns of ``schema`` (a subset of :func:`output_schema`, in its
-    order): typed time twins derived, ``segment`` named, ``_corrupt`` null. The one conversion the data
-    source, the pyarrow readers and ``rmqstore export`` share."""
-    n = batch.num_rows
-    cols = []
-    for f in schema:
-        if f.name in TIME_COLUMNS:
-            cols.append(time_column(batch.column(TIME_COLUMNS[f.name])))
-        elif f.name == "segment":
-            cols.append(pa.repeat(pa.scalar(segment_name), n))
-        elif f.name == "_corrupt":
-            cols.append(pa.nulls(n, pa.string()))
-        else:
-            cols.append(batch.column(f.name))
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 

@@ -5,7 +5,7 @@ it (what a start-up keeps: nothing past the recovery end, nothing after an inval
 zstd Parquet straight from the scanner's Arrow batches, in the ``rocketmq`` data source's columns, under
 Hive partitions (``topic=``/``date=``, UTC). ``--incremental`` exports only segments new or changed since
 the manifest (the growing last one from where it ended); an unchanged store writes nothing. The snapshot
-directory's rules (staging, commit record, manifest) are in jobs/snapshot.py.
+directory's rules and the task are storelib.snapshot's; this job schedules and reports.
 Also ``spark-submit jobs/export.py STORE --out URI``.
 """
 
@@ -24,25 +24,24 @@ if __package__ in (None, ""):  # spark-submit jobs/export.py: make the repo impo
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
-from jobs.snapshot import (
+from storelib.broker.recovery import finish_walk, plan_recovery, store_inputs
+from storelib.broker.store import Store, load_settings
+from storelib.errors import StoreError
+from storelib.fileio.bytesource import resolve
+from storelib.format.checkpoint import Checkpoint
+from storelib.scan.scanner import SegmentEnd
+from storelib.snapshot.directory import (
     COMMIT,
     MANIFEST,
     SCHEMA,
     STAGING,
-    TaskCtx,
-    _apply_commit,
-    _write_json,
-    export_segment,
+    apply_commit,
     finish_commits,
     read_manifest,
+    write_json,
 )
-from storelib.broker.recovery import finish_walk, plan_recovery, store_inputs
-from storelib.broker.store import Store, load_settings
-from storelib.errors import StoreError
-from storelib.fileio.bytesource import Location, resolve
-from storelib.format.checkpoint import Checkpoint
-from storelib.scan.fingerprint import fingerprint, prefix_unchanged
-from storelib.scan.scanner import FULL_KINDS, SegmentEnd
+from storelib.snapshot.exporttask import TaskCtx, export_segment
+from storelib.snapshot.incremental import export_items, manifest_content, same_store, segment_entries
 
 PARTITIONS = ("topic", "date")
 
@@ -75,59 +74,6 @@ class _Say:
             sys.stderr.write(f"export [{time.monotonic() - self.t0:7.1f}s] {text}\n")
 
 
-def _prefix_same(store: Store, seg, entry: dict[str, Any]) -> bool:
-    """Are the bytes the snapshot holds of this segment unchanged (head and the bytes before its end)?"""
-    try:
-        return prefix_unchanged(seg, entry.get("fingerprint") or {}, int(entry["end"]["file_offset"]))
-    except (StoreError, OSError, KeyError):
-        return False
-
-
-def _same_store(store: Store, prev: dict[str, Any], out: Location) -> None:
-    """Refuse a snapshot of another store: a segment both hold must have the bytes the manifest saw."""
-    segs = {s.name: s for s in store.commitlog.segments}
-    shared = [n for n in prev["segments"] if n in segs]
-    if shared and any(_prefix_same(store, segs[n], prev["segments"][n]) for n in shared):
-        return
-    why = ("its segments hold other bytes" if shared else "none of its segments is in this store")
-    raise StoreError(out.join(MANIFEST).path, None, "other_store",
-                     f"the snapshot there was exported from {prev.get('store')!r} and {why}: export into a new "
-                     "directory")
-
-
-def _items(store: Store, plan, prev: dict[str, Any]) -> tuple[list[tuple], dict[int, dict[str, Any]]]:
-    """Tasks to run and segments carried whole from the previous manifest (by plan index)."""
-    items: list[tuple] = []
-    carried: dict[int, dict[str, Any]] = {}
-    for t in plan.tasks:
-        seg = plan.segments[t.index]
-        uri = seg.loc.path if seg.loc.local else f"{seg.loc.fs.type_name}://{seg.loc.path}"
-        p = prev.get(seg.name)
-        if p and p["base"] == seg.base and (p["crc"] or not t.crc) and _prefix_same(store, seg, p):
-            if p["end"]["kind"] in FULL_KINDS:
-                carried[t.index] = p
-                continue
-            items.append((t.index, seg.name, seg.base, uri, seg.file_size, int(p["end"]["file_offset"]), t.crc, None))
-        else:
-            items.append((t.index, seg.name, seg.base, uri, seg.file_size, t.start, t.crc, None))
-    return items, carried
-
-
-END_FIELDS = ("kind", "file", "file_offset", "phy_offset", "reason", "detail", "size")
-
-
-def _end(e: SegmentEnd) -> dict[str, Any]:
-    """A segment's scan end as the manifest keeps it (where and why, not the counters of one scan)."""
-    return {k: getattr(e, k) for k in END_FIELDS}
-
-
-def _content(segs: dict[str, Any]) -> dict[str, Any]:
-    """What a manifest's segments say about the data (not the file times in their fingerprints)."""
-    return {n: {**{k: v for k, v in e.items() if k != "fingerprint"},
-                "fingerprint": {k: v for k, v in e["fingerprint"].items() if k != "mtime_ms"}}
-            for n, e in segs.items()}
-
-
 def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -> dict[str, Any]:
     """Export (or bring up to date) the snapshot; returns the manifest."""
     say = _Say(cfg.progress)
@@ -145,7 +91,7 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
     finish_commits(out, say)
     prev = read_manifest(out)
     if prev is not None:
-        _same_store(store, prev, out)
+        same_store(store, prev, out)
         if prev.get("with_body") != cfg.with_body or tuple(prev.get("partition_by", ())) != cfg.partition_by:
             if cfg.incremental:
                 raise StoreError(out.join(MANIFEST).path, None, "layout_changed",
@@ -154,7 +100,7 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
                           checkpoint=Checkpoint())
     plan = plan_recovery(inputs, store.commitlog.segments)
     prev_segs = (prev or {}).get("segments", {}) if cfg.incremental else {}
-    items, carried = _items(store, plan, prev_segs)
+    items, carried = export_items(plan, prev_segs)
     segs = store.commitlog.segments
     name = engine.name if engine is not None else resolve_engine_name(
         cfg.engine, master=cfg.master if spark is None else "given", segments=len(items),
@@ -179,7 +125,7 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
     ends.update({i: SegmentEnd(**r["end"]) for i, r in done.items()})
     res = finish_walk(plan, ends)
     P = res.process_offset
-    manifest_segs, moves, drop, skipped = _segment_entries(plan, prev, prev_segs, carried, done, ends, P,
+    manifest_segs, moves, drop, skipped = segment_entries(plan, prev, prev_segs, carried, done, ends, P,
                                                                    segs)
     manifest = {
         "schema": SCHEMA, "store": store.uri, "created_ms": int(time.time() * 1000),
@@ -192,15 +138,15 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
     }
     drop = [d for d in dict.fromkeys(drop) if d not in moves]
     unchanged = (prev is not None and not moves and not drop and prev.get("skipped") == skipped
-                 and _content(prev.get("segments", {})) == _content(manifest_segs))
+                 and manifest_content(prev.get("segments", {})) == manifest_content(manifest_segs))
     if unchanged:
         out.fs.delete_dir(staging.path)
         say("snapshot up to date: nothing written")
         manifest = prev
     else:
         # staged files not in the manifest (a segment past the recovery end) are dropped with the staging dir
-        _write_json(staging.join(COMMIT), {"moves": moves, "delete": drop, "manifest": manifest})
-        _apply_commit(out, staging, {"moves": moves, "delete": drop, "manifest": manifest})
+        write_json(staging.join(COMMIT), {"moves": moves, "delete": drop, "manifest": manifest})
+        apply_commit(out, staging, {"moves": moves, "delete": drop, "manifest": manifest})
     new_rows = sum(r["rows"] for r in done.values() if plan.segments[r["idx"]].base < P)
     new_bytes = sum(f["bytes"] for r in done.values() for f in r["files"])
     manifest = dict(manifest, run={"engine": name, "seconds": round(time.monotonic() - t0, 3),
@@ -209,53 +155,6 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
                                    "bytes_written": new_bytes, "files_written": len(moves),
                                    "files_deleted": len(drop), "unchanged": unchanged})
     return manifest
-
-
-def _segment_entries(plan, prev: dict[str, Any] | None, prev_segs: dict[str, Any], carried: dict[int, Any],
-                     done: dict[int, Any], ends: dict[int, SegmentEnd], P: int, store_segs: list
-                     ) -> tuple[dict[str, Any], list[str], list[str], list[dict[str, Any]]]:
-    """The manifest's segments (kept, new or extended files), the staged files to move in, the previous
-    snapshot's files to drop, and what was skipped (past processOffset, an invalid tail, unsafe topics)."""
-    manifest_segs: dict[str, Any] = {}
-    moves: list[str] = []
-    drop: list[str] = []  # files of the previous snapshot this one no longer holds
-    skipped: list[dict[str, Any]] = []
-    skipped_topics: dict[str, int] = {}
-    for t in plan.tasks:
-        seg = plan.segments[t.index]
-        old = prev_segs.get(seg.name) or ((prev or {}).get("segments", {}).get(seg.name))
-        r = done.get(t.index)
-        new_files = r["files"] if r else []
-        if seg.base >= P:
-            skipped.append({"segment": seg.name, "from": seg.base, "to": seg.base + seg.file_size,
-                            "why": f"past the recovery end (processOffset {P}): a broker start-up drops it"})
-            drop += [f["path"] for f in (old or {}).get("files", [])]
-            continue
-        for k, v in (r or {}).get("skipped_topics", {}).items():
-            skipped_topics[k] = skipped_topics.get(k, 0) + v
-        end = ends[t.index]
-        if seg.base + end.file_offset > P:
-            raise StoreError("commitlog/" + seg.name, end.file_offset, "internal", "export range past processOffset")
-        keep = carried.get(t.index) or (old if r is not None and r["start"] != t.start else None)
-        if keep is None and old is not None:
-            drop += [f["path"] for f in old.get("files", [])]
-        files = (keep or {}).get("files", []) + new_files
-        moves += [f["path"] for f in new_files]
-        manifest_segs[seg.name] = {
-            "base": seg.base, "crc": bool(t.crc), "start": (keep or {}).get("start", t.start), "end": _end(end),
-            "rows": (keep or {}).get("rows", 0) + (r["rows"] if r else 0), "files": files,
-            "fingerprint": fingerprint(seg, end.file_offset)}
-        if end.kind == "invalid":
-            skipped.append({"segment": seg.name, "from": seg.base + end.file_offset, "to": seg.base + seg.file_size,
-                            "why": f"{end.reason}: {end.detail} (the walk stops here; the rest of the segment is "
-                                   "not a start-up's)"})
-    for n, old in ((prev or {}).get("segments", {})).items():
-        if n not in {s.name for s in store_segs}:
-            drop += [f["path"] for f in old.get("files", [])]
-    if skipped_topics:
-        skipped.append({"topics": skipped_topics, "why": "topic names that cannot be one directory entry"})
-    return manifest_segs, moves, drop, skipped
-
 
 
 def summary_text(m: dict[str, Any], out: str) -> str:

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 import datasources as ds
-import jobs.snapshot as snap_mod
+import storelib.snapshot.directory as snap_mod
 from jobs.engines import LocalEngine, PoolEngine
 from jobs.export import ExportConfig, export
 from storelib.errors import StoreError
@@ -136,7 +136,7 @@ def test_a_crash_before_the_commit_record_leaves_the_previous_snapshot(store, tm
     def boom(*a, **k):
         raise OSError("killed before the commit record")
 
-    monkeypatch.setattr("jobs.export._write_json", boom)
+    monkeypatch.setattr("jobs.export.write_json", boom)
     with pytest.raises(OSError):
         run(store, tmp_path / "snap", incremental=True)
     assert rows(tmp_path / "snap") == old  # staged files are invisible to dataset readers
@@ -149,16 +149,16 @@ def test_a_crash_before_the_commit_record_leaves_the_previous_snapshot(store, tm
 def test_a_crash_after_the_commit_record_is_finished_by_the_next_run(store, tmp_path, monkeypatch):
     run(store, tmp_path / "snap")
     grow(store, 50)
-    real = snap_mod._apply_commit
+    real = snap_mod.apply_commit
 
     def crash(out, st, doc):
         raise OSError("killed while moving")
 
-    monkeypatch.setattr("jobs.export._apply_commit", crash)
+    monkeypatch.setattr("jobs.export.apply_commit", crash)
     with pytest.raises(OSError):
         run(store, tmp_path / "snap", incremental=True)
     assert list((tmp_path / "snap").glob("_staging-*/_commit.json"))
-    monkeypatch.setattr("jobs.export._apply_commit", real)
+    monkeypatch.setattr("jobs.export.apply_commit", real)
     m = run(store, tmp_path / "snap", incremental=True)  # finishes the moves, then finds nothing new
     assert m["run"]["unchanged"] and m["totals"]["rows"] == 2050 and len(rows(tmp_path / "snap")) == 2050
 

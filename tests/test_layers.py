@@ -8,7 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # bottom up: a module may import from its own folder and any folder before it in this list
-STORELIB_LAYERS = ["", "fileio", "format", "scan", "broker", "generator", "checks"]
+STORELIB_LAYERS = ["", "fileio", "format", "scan", "broker", "generator", "checks", "snapshot"]
 
 
 def _imports(path: Path) -> list[str]:

@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from storelib.scan.messageschema import MESSAGE_SCHEMA
+
 # the message columns in their public order (body, and the data source's segment/_corrupt, come after);
 # prop_crc_ok: the 5.x ``__CRC32#`` property checked against the record (null where there is none)
 MESSAGE_COLUMNS = [
@@ -86,5 +88,32 @@ def row_to_json(row: dict[str, Any], with_body: bool = False) -> dict[str, Any]:
     return out
 
 
-__all__ = ["MESSAGE_COLUMNS", "row_to_json", "TIME_COLUMNS", "TIME_TYPE", "iso_utc", "iso_utc_column", "time_column",
+def output_schema(with_body: bool = False) -> pa.Schema:
+    """Arrow schema of the rows: message columns (all nullable: corrupt rows), ``body``, ``segment``, ``_corrupt``."""
+    names = MESSAGE_COLUMNS + (["body"] if with_body else [])
+    fields = [pa.field(n, TIME_TYPE) if n in TIME_COLUMNS else MESSAGE_SCHEMA.field(n).with_nullable(True)
+              for n in names]
+    fields += [pa.field("segment", pa.string()), pa.field("_corrupt", pa.string())]
+    return pa.schema(fields)
+
+
+def message_batch(batch: pa.RecordBatch, schema: pa.Schema, segment_name: str) -> pa.RecordBatch:
+    """A scanner batch in the public columns of ``schema`` (a subset of :func:`output_schema`, in its
+    order): typed time twins derived, ``segment`` named, ``_corrupt`` null. The one conversion the data
+    source, the pyarrow readers and ``rmqstore export`` share."""
+    n = batch.num_rows
+    cols = []
+    for f in schema:
+        if f.name in TIME_COLUMNS:
+            cols.append(time_column(batch.column(TIME_COLUMNS[f.name])))
+        elif f.name == "segment":
+            cols.append(pa.repeat(pa.scalar(segment_name), n))
+        elif f.name == "_corrupt":
+            cols.append(pa.nulls(n, pa.string()))
+        else:
+            cols.append(batch.column(f.name))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+__all__ = ["MESSAGE_COLUMNS", "message_batch", "output_schema", "row_to_json", "TIME_COLUMNS", "TIME_TYPE", "iso_utc", "iso_utc_column", "time_column",
            "time_fields", "with_time_columns"]

@@ -1,17 +1,8 @@
-"""Columnar snapshots: the export task (one segment, the walk's view of it, written as Parquet) and the
-snapshot directory (manifest, staging, commit record). The driver and the command are jobs/export.py.
-
-A snapshot is Hive-partitioned Parquet (``topic=``/``date=`` of the UTC store time) in the columns of the
-``rocketmq`` data source, plus ``_manifest.json``. A run stages its files under ``_staging-*/``
-(invisible to dataset readers, which skip ``_`` names), writes a commit record there, moves the files in,
-swaps the manifest and deletes what it replaced: a crash before the commit record leaves the previous
-snapshot as it was; after it, the next run finishes the moves.
-"""
+"""The export task: one segment (the recovery walk's view of it) written as Parquet files of a snapshot's
+staging directory (:mod:`storelib.snapshot.directory`), module-level so that every engine runs it."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,15 +11,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from datasources.snapshot import MANIFEST, SCHEMA, file_schema, manifest_at, partitioning
 from storelib.broker.recovery import SegmentTask, WalkPlan, iter_task
-from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, open_source, resolve, sha256_of
 from storelib.format.topicname import escape_topic
+from storelib.scan.messagecols import message_batch
 from storelib.scan.scanner import SegmentEnd
+from storelib.snapshot.directory import file_schema, partitioning
 
-STAGING = "_staging-"
-COMMIT = "_commit.json"
 ROW_GROUP = 128 * 1024  # rows: large enough for the vectorised readers, small enough to prune by
 
 
@@ -70,8 +59,6 @@ def partition_problem(topic: str | None) -> str | None:
 def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool, int | None]) -> dict[str, Any]:
     """One segment from ``start`` (up to ``stop`` when given): the walk's scan of it, written as Parquet
     files under the staging directory. Returns the scan end, rows, files and skipped rows."""
-    from datasources.commitlog_reader import message_batch
-
     idx, name, base, uri, file_size, start, crc, stop = item
     t0 = time.monotonic()
     schema = file_schema(ctx.with_body)
@@ -128,81 +115,4 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
             "files": files, "skipped_topics": skipped, "seconds": time.monotonic() - t0}
 
 
-# ------------------------------------------------------------------------------------------------
-# the snapshot directory: manifest, staging, commit
-
-
-def read_manifest(out: Location) -> dict[str, Any] | None:
-    """The snapshot's manifest; None for a missing or empty directory; StoreError for anything else."""
-    info = out.fs.get_file_info(out.path)
-    if info.type == pa.fs.FileType.NotFound:
-        return None
-    if info.type != pa.fs.FileType.Directory:
-        raise StoreError(out.path, None, "not_a_snapshot", "exists and is not a directory")
-    entries = [e for e in out.fs.get_file_info(pa.fs.FileSelector(out.path)) if not e.base_name.startswith(STAGING)]
-    if not entries:
-        return None
-    if out.fs.get_file_info(out.join(MANIFEST).path).type != pa.fs.FileType.File:
-        raise StoreError(out.path, None, "not_a_snapshot",
-                         f"holds {len(entries)} entr(ies) and no {MANIFEST}: not a snapshot this tool wrote; "
-                         "choose an empty or new directory")
-    return manifest_at(out, out.path)
-
-
-def _write_json(loc: Location, obj: Any) -> None:
-    data = (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
-    if loc.local:
-        from storelib.fileio.smallfile_io import atomic_write
-
-        atomic_write(loc.path, data)
-    else:
-        with loc.fs.open_output_stream(loc.path) as f:  # one PUT: appears only when complete
-            f.write(data)
-
-
-def finish_commits(out: Location, say) -> None:
-    """Roll forward a run that wrote its commit record (moves, manifest, deletions); drop staging dirs
-    of runs that did not get that far (their files were never visible)."""
-    if out.fs.get_file_info(out.path).type != pa.fs.FileType.Directory:
-        return
-    for e in out.fs.get_file_info(pa.fs.FileSelector(out.path)):
-        if not (e.base_name.startswith(STAGING) and e.type == pa.fs.FileType.Directory):
-            continue
-        st = out.join(e.base_name)
-        commit = st.join(COMMIT)
-        if out.fs.get_file_info(commit.path).type == pa.fs.FileType.File:
-            with out.fs.open_input_stream(commit.path) as f:
-                doc = json.loads(f.read().decode("utf-8"))
-            say(f"finishing the interrupted run {e.base_name}: {len(doc['moves'])} file(s) to move")
-            _apply_commit(out, st, doc)
-        else:
-            out.fs.delete_dir(st.path)
-
-
-def _apply_commit(out: Location, st: Location, doc: dict[str, Any]) -> None:
-    for rel in doc["moves"]:
-        src, dst = st.join(*rel.split("/")), out.join(*rel.split("/"))
-        if out.fs.get_file_info(src.path).type == pa.fs.FileType.File:
-            out.fs.create_dir(os.path.dirname(dst.path), recursive=True)
-            out.fs.move(src.path, dst.path)
-    _write_json(out.join(MANIFEST), doc["manifest"])
-    for rel in doc["delete"]:
-        p = out.join(*rel.split("/"))
-        if out.fs.get_file_info(p.path).type == pa.fs.FileType.File:
-            out.fs.delete_file(p.path)
-    _prune_empty_dirs(out)
-    out.fs.delete_dir(st.path)
-
-
-def _prune_empty_dirs(out: Location) -> None:
-    """Partition directories left empty by deleted files (deepest first)."""
-    dirs = [e for e in out.fs.get_file_info(pa.fs.FileSelector(out.path, recursive=True))
-            if e.type == pa.fs.FileType.Directory and not e.path.rstrip("/").split("/")[-1].startswith("_")]
-    for d in sorted(dirs, key=lambda e: -len(e.path)):
-        if not out.fs.get_file_info(pa.fs.FileSelector(d.path)):
-            out.fs.delete_dir(d.path)
-
-
-__all__ = ["COMMIT", "MANIFEST", "SCHEMA", "TaskCtx", "export_segment", "file_schema", "finish_commits",
-           "partitioning", "read_manifest"]
-
+__all__ = ["DICTIONARY_COLUMNS", "ROW_GROUP", "STATS_COLUMNS", "TaskCtx", "export_segment", "partition_problem"]
