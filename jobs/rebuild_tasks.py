@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -17,9 +16,11 @@ from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.indexmerge import layout, name_files, running_max_before
 from storelib.broker.rebuildtasks import (
     WORK,
+    EngineResult,
     IndexPlan,
     Meta,
     RebuildContext,
+    check_supported,
     count_kept,
     cq_jobs,
     dispatched_segments,
@@ -31,9 +32,8 @@ from storelib.broker.rebuildtasks import (
     unsafe_topic_findings,
     write_extra_index,
 )
-from storelib.broker.recovery import RecoveryResult, finish_walk, plan_recovery, store_inputs
+from storelib.broker.recovery import finish_walk, plan_recovery, store_inputs
 from storelib.broker.store import Store
-from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.staging import drop_staging
 from storelib.format.checkpoint import Checkpoint
@@ -50,23 +50,6 @@ class Reporter:
         if self.enabled:
             sys.stderr.write(f"rebuild [{time.monotonic() - self.t0:7.1f}s] {text}\n")
             sys.stderr.flush()
-
-
-@dataclass
-class EngineResult:
-    recovery: RecoveryResult
-    records: int = 0
-    cq_records: int = 0
-    queues: int = 0
-    index_keys: int = 0
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)
-    findings: list[Any] = field(default_factory=list)
-
-
-def check_supported(res: RecoveryResult) -> None:
-    if not res.supported:
-        why = "; ".join(str(f) for f in res.findings if f.severity == "critical")
-        raise StoreError("commitlog", None, "unsupported", f"the broker's dispatch cannot be reproduced: {why}")
 
 
 def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],

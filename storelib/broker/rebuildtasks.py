@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -289,6 +289,25 @@ def phase_bc(ctx: RebuildContext, index_args: tuple | None, item: tuple[str, Any
         res = phase_c(ctx, names, E, offsets, counts, m_before, arg)
     res["seconds"] = round(time.monotonic() - t0, 3)
     return kind, res
+
+
+@dataclass
+class EngineResult:
+    """What a rebuild dispatched and wrote, whichever engine ran it (or the incremental dispatch)."""
+
+    recovery: RecoveryResult
+    records: int = 0
+    cq_records: int = 0
+    queues: int = 0
+    index_keys: int = 0
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    findings: list[Any] = field(default_factory=list)
+
+
+def check_supported(res: RecoveryResult) -> None:
+    if not res.supported:
+        why = "; ".join(str(f) for f in res.findings if f.severity == "critical")
+        raise StoreError("commitlog", None, "unsupported", f"the broker's dispatch cannot be reproduced: {why}")
 
 
 @dataclass
