@@ -196,6 +196,8 @@ def salvage_prefix_detail(text: str, *, file: str | None = None) -> SalvageResul
     mid-way ("10017" -> "100") cannot be told from a whole one, so it is dropped. Objects cut short
     keep their complete entries; arrays cut short are dropped (a shorter array is a wrong value).
     """
+    # one function (~135 lines): one character-level state machine whose small helpers share the scan
+    # position, the frame stack and the result; split into modules, each would pass all of them around
     pos = 0
     n = len(text)
     if text[:1] == "\ufeff":
