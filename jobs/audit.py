@@ -119,18 +119,19 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
                 if threads else None)
     own_engine: Engine | None = None
     try:
+        if isinstance(engine, str):
+            engine = resolve_engine_name(engine, master=master or (None if spark is None else "given"),
+                                         store_bytes=sum(t.file_size - t.start for t in tasks), segments=len(tasks))
+            if tasks:  # started here, so start-up (a Spark session, pool workers) is not counted as work;
+                # and before the preload thread, so that pool workers are forked (jobs.engines)
+                own_engine = engine = make_engine(engine, spark=spark, master=master, workers=workers,
+                                                  app_name="rmqstore-audit")
         preload = None
         if pre_pool is not None and resume is None:  # (going on from a state reads only what is new)
             # the index validation first (the longer one: the index checks wait for it); the consume queues
             # after it, taken over by the queue checks if the preload thread has not started them by then
             preload = {"index": pre_pool.submit(load_index_files, store.loc, settings),
                        "cq": pre_pool.submit(load_queue_meta, store.loc, settings, store.commitlog.min_offset)}
-        if isinstance(engine, str):
-            engine = resolve_engine_name(engine, master=master or (None if spark is None else "given"),
-                                         store_bytes=sum(t.file_size - t.start for t in tasks), segments=len(tasks))
-            if tasks:  # started here, so start-up (a Spark session, pool workers) is not counted as work
-                own_engine = engine = make_engine(engine, spark=spark, master=master, workers=workers,
-                                                  app_name="rmqstore-audit")
         t1 = time.monotonic()
         fresh = run_segments(tasks, opts, engine, quiet, store=store, split_bytes=split_bytes, work_dir=work_dir,
                              transfer=transfer) if tasks else []

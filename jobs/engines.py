@@ -86,6 +86,12 @@ class PoolEngine:
             self._pool = ProcessPoolExecutor(self.parallelism, mp_context=ctx, initializer=_one_core_worker)
         return self._pool
 
+    def start(self) -> None:
+        """Start the workers now (forked while this process has no other thread yet: a caller that starts
+        threads of its own after this still gets forked workers)."""
+        with _no_unloadable_main():
+            self._executor().submit(int).result()
+
     def map(self, fn, items, label="tasks", say=None):
         if not items:
             return []
@@ -252,7 +258,9 @@ def make_engine(name: str, *, spark: Any = None, master: str | None = None, work
     if name == "local":
         return LocalEngine()
     if name == "pool":
-        return PoolEngine(workers)
+        eng = PoolEngine(workers)
+        eng.start()
+        return eng
     if name == "spark":
         if spark is None:
             from jobs.sparkutil import get_spark
