@@ -33,7 +33,8 @@ from storelib.broker.startup import Simulation, simulate
 from storelib.errors import StoreError
 from storelib.fileio.backup import Backup
 from storelib.fileio.backup import restore as backup_restore
-from storelib.fileio.smallfile_io import atomic_write, atomic_write_json, fsync_dir, output_mode, read_small
+from storelib.fileio.publish import atomic_local_file
+from storelib.fileio.smallfile_io import atomic_write, atomic_write_json, read_small
 from storelib.format.markers import ABORT_FILE, LOCK_FILE, lock_state
 
 MARKER = ".rmqstore-recover"  # in the store root while an apply is under way (names the backup dir)
@@ -192,14 +193,9 @@ def _zero_tail(path: str, pos: int) -> None:
 
 
 def _install(src: str, dst: str) -> None:
-    d = os.path.dirname(dst)
-    tmp = os.path.join(d, "." + os.path.basename(dst) + ".rmqtmp")
-    shutil.copyfile(src, tmp)
-    os.chmod(tmp, output_mode(dst))
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, dst)
-    fsync_dir(d)
+    """A staged file copied over ``dst`` atomically (the replaced file's mode kept)."""
+    with atomic_local_file(dst) as tmp:
+        shutil.copyfile(src, tmp)
 
 
 def _run_step(step: dict, root: str, bdir: str, backup: Backup) -> None:

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve, sha256_of
-from storelib.fileio.smallfile_io import fsync_dir
+from storelib.fileio.publish import atomic_local_file
+from storelib.fileio.smallfile_io import atomic_write, fsync_dir
 
 MANIFEST = "manifest.jsonl"
 FILES_DIR = "files"
@@ -128,14 +129,7 @@ class Backup:
         with open(self.manifest, "rb") as f:
             data = f.read()
         if data and not data.endswith(b"\n"):
-            keep = data[: data.rfind(b"\n") + 1]
-            tmp = self.manifest + ".part"
-            with open(tmp, "wb") as f:
-                f.write(keep)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.manifest)
-            fsync_dir(self.dir)
+            atomic_write(self.manifest, data[: data.rfind(b"\n") + 1])
 
     def _append(self, obj: dict) -> None:
         line = json.dumps(obj, sort_keys=True) + "\n"
@@ -181,6 +175,8 @@ class Backup:
                     digest = None
             if digest is None:
                 digest = _copy_fsync(src, part)
+            # by hand, not atomic_local_file: a hard-linked part is the store's own file, which must not be
+            # opened for writing or chmod-ed (read-only or foreign-owned store files)
             os.replace(part, dst)
             fsync_dir(os.path.dirname(dst))
             entry = BackupEntry(rel, True, "file", st.st_size, digest, st.st_mode & 0o7777, st.st_mtime_ns)
@@ -243,11 +239,8 @@ def restore(backup_dir: str | os.PathLike, root: str | os.PathLike | None = None
             if os.path.isfile(target) and os.path.getsize(target) == e.size and sha256_of(resolve(target))[0] == e.sha256:
                 act = "unchanged"
             else:
-                os.makedirs(d, exist_ok=True)
-                tmp = os.path.join(d, "." + os.path.basename(target) + ".restore.part")
-                _copy_fsync(copy, tmp)
-                os.replace(tmp, target)
-                fsync_dir(d)
+                with atomic_local_file(target) as tmp:
+                    _copy_fsync(copy, tmp)
                 act = "restored"
             os.chmod(target, e.mode if e.mode is not None else 0o644)
             if e.mtime_ns is not None:
