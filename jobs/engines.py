@@ -138,10 +138,24 @@ def _start_method() -> str:
 
 def _one_core_worker() -> None:
     """A pool worker is one core's share: Arrow's own thread pool would make N workers x N threads fight
-    over N cores (RMQSTORE_WORKER_ARROW_THREADS overrides, for measuring)."""
+    over N cores (RMQSTORE_WORKER_ARROW_THREADS overrides, for measuring).
+
+    And no task of ours uses pandas, but pyarrow imports it on a process's first ``pa.array`` only to ask
+    whether the argument is a pandas object: 0.17 s of every worker's first task on 2 cores. Unless the
+    driver already holds it (a forked worker shares it for free), a worker runs without it."""
     import pyarrow as pa
 
     pa.set_cpu_count(int(os.environ.get("RMQSTORE_WORKER_ARROW_THREADS", "1")))
+    if "pandas" not in sys.modules:
+        sys.meta_path.insert(0, _NoPandas())
+
+
+class _NoPandas:
+    """An import finder for which pandas does not exist (pyarrow then goes on without it)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("pandas is not imported in rmqstore's pool workers", name=name)
 
 
 @contextlib.contextmanager

@@ -144,6 +144,31 @@ def test_the_pool_forks_only_while_no_other_thread_runs(monkeypatch):
     assert _start_method() == "spawn"
 
 
+def _pa_array_in_worker(x: int) -> tuple[int, bool]:
+    import sys
+
+    import pyarrow as pa
+
+    return len(pa.array([x, x + 1])), "pandas" in sys.modules
+
+
+def test_pool_workers_use_pyarrow_without_importing_pandas(tmp_path):
+    """pyarrow imports pandas on a process's first pa.array (0.17 s a worker): a worker whose driver has not
+    imported it runs without it, and pyarrow works."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("import sys\nfrom jobs.engines import PoolEngine\nfrom tests.test_engines import _pa_array_in_worker\n"
+            "e = PoolEngine(2)\ne.start()\nprint(e.map(_pa_array_in_worker, [0, 1, 2]), 'pandas' in sys.modules)\n"
+            "e.close()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "[(2, False), (2, False), (2, False)] False", p.stderr[-2000:]
+
+
 @pytest.mark.parametrize("start", ["fork", "forkserver"])
 def test_the_pool_works_from_a_script_read_on_stdin(tmp_path, start):
     """A forkserver or spawned worker re-runs __main__ from its file; ``python -`` has none: the pool must

@@ -137,3 +137,20 @@ def test_delay_tags_code_in_schedule_topic_and_bad_delay_invalidates():
     bad = _msg(topic="SCHEDULE_TOPIC_XXXX", properties={"DELAY": "three"})
     table, end = scan_buffer(_segment([good, bad]))
     assert table.num_rows == 1 and end.reason == "parse_error"
+
+
+def test_an_error_while_a_view_of_the_mapping_is_held_is_the_error_reported(tmp_path):
+    """Closing a mapped source whose bytes an array still views must not replace the error that ended the
+    work (a BufferError from deep inside would hide it)."""
+    import pyarrow as pa
+
+    from storelib.fileio.bytesource import open_source, resolve
+
+    f = tmp_path / "seg"
+    f.write_bytes(b"\x01" * 4096)
+    held = []
+    with pytest.raises(ValueError, match="the real problem"):
+        with open_source(resolve(str(f))) as src:
+            held.append(pa.py_buffer(src.view()))  # what the scanner's column builders hold
+            raise ValueError("the real problem")
+    assert held[0].to_pybytes()[:4] == b"\x01" * 4

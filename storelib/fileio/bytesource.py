@@ -19,6 +19,7 @@ flags ``--s3-endpoint``/``--s3-region`` and the Spark data source options fill i
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import mmap
@@ -82,14 +83,16 @@ class LocalSource:
         return self.view()[offset : offset + max(0, length)]
 
     def close(self) -> None:
+        # a caller may still hold a slice (arrays over the mapping, or a traceback's frames after an error
+        # mid-scan): then the mapping stays until they go (the OS unmaps at exit), and the error that
+        # ended the scan is the one reported, not this
         if self._view is not None:
-            self._view.release()
+            with contextlib.suppress(BufferError):
+                self._view.release()
             self._view = None
         if self._mm is not None:
-            try:
+            with contextlib.suppress(BufferError):
                 self._mm.close()
-            except BufferError:  # a caller still holds a slice; the OS unmaps at exit
-                pass
             self._mm = None
         self._fh.close()
 
