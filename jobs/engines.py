@@ -253,15 +253,16 @@ def _spark_progress(sc, say: Say, label: str, total: int, every: float = 2.0):
 
 
 def resolve_engine_name(name: str | None, *, master: str | None = None, store_bytes: int = 0,
-                        segments: int = 0) -> str:
+                        segments: int = 0, tasks: int = 0) -> str:
     """``auto`` (or None): spark when a master is given or spark-submit started us; else pool when the
-    store is worth it (more than one segment, at least :data:`POOL_MIN_BYTES`) and there is more than
-    one core; else local."""
+    work is worth it (a store of more than one segment and at least :data:`POOL_MIN_BYTES`, or more than
+    one of ``tasks`` that each cost a store's read, like the expiry grid's) and there is more than one
+    core; else local."""
     if name not in (None, "auto"):
         return name
     if master or os.environ.get("PYSPARK_GATEWAY_PORT"):
         return "spark"
-    if (os.cpu_count() or 1) > 1 and segments > 1 and store_bytes >= POOL_MIN_BYTES:
+    if (os.cpu_count() or 1) > 1 and ((segments > 1 and store_bytes >= POOL_MIN_BYTES) or tasks > 1):
         return "pool"
     return "local"
 
@@ -284,12 +285,13 @@ def make_engine(name: str, *, spark: Any = None, master: str | None = None, work
     raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {name!r}")
 
 
-def add_engine_args(p: argparse.ArgumentParser, what: str) -> None:
+def add_engine_args(p: argparse.ArgumentParser, what: str,
+                    pool_when: str = "a store of more than one segment and 512 MB") -> None:
     """``--engine``, ``--workers`` and ``--master``, the same on every job."""
     p.add_argument("--engine", choices=ENGINES, default="auto",
                    help=f"where the {what} tasks run: local (this process), pool (a process per core), spark; "
-                        "auto (default): spark with --master or under spark-submit, else pool for a store of "
-                        "more than one segment and 512 MB, else local (same results on every engine)")
+                        f"auto (default): spark with --master or under spark-submit, else pool for {pool_when}, "
+                        "else local (same results on every engine)")
     p.add_argument("--workers", type=int, metavar="N", help="pool engine: worker processes (default: all cores)")
     p.add_argument("--master", metavar="URL", help="Spark master for the spark engine, e.g. local[4], spark://host:7077")
 

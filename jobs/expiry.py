@@ -1,76 +1,41 @@
-"""Spark job: evaluate a grid of expiry policies over one or more stores in parallel.
+"""The expiry policy grid job: a grid of policies over one or more stores, on any engine (in-process, a
+process pool, Spark); also a spark-submit job.
 
     spark-submit --properties-file spark-conf/spark-defaults.conf jobs/expiry.py STORE [STORE...] \\
         --broker-conf broker.conf --reserved 24,48,72 --delete-when 04 --delete-when "04;16" \\
         --max-ratio 60,75,90 --capacity 500e9,1e12 --until 2024-02-01T00:00:00Z --out grid.jsonl
 
 Every (store, policy) pair is one simulation (``storelib.broker.cleaner.simulate``, the same pure function the
-``rmqstore expiry`` command runs). Tasks are sorted by store and cut into contiguous slices, so a
-worker reads a store's snapshot (CQ units, segment times, consumer offsets) once per slice and then
-runs its policies from memory.
+``rmqstore expiry`` command runs); the slices and their task are storelib.broker.expirygrid's. Without a
+master (or spark-submit) the grid runs on a process pool.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # spark-submit jobs/expiry.py: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
 from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.cleaner import simulate
 from storelib.broker.expiry import Policy, TimeModel, load_snapshot, parse_time_ms
+from storelib.broker.expirygrid import GridContext, grid_policies, grid_slices, merge_slices, simulate_slice
+from storelib.broker.store import Store
 
 
-def grid_policies(base: BrokerSettings, reserved: list[int], delete_when: list[str], max_ratio: list[int],
-                  capacity: list[int | None], *, tz: str = "UTC", disk_other_used: int = 0) -> list[Policy]:
-    """The cartesian grid fileReservedTime × deleteWhen × diskMaxUsedSpaceRatio × capacity."""
-    out = []
-    for r, w, m, c in itertools.product(reserved, delete_when, max_ratio, capacity):
-        s = base.with_overrides({"fileReservedTime": r, "deleteWhen": w, "diskMaxUsedSpaceRatio": m})
-        name = f"reserved={r}h when={w} max={m}% cap={'-' if c is None else c}"
-        out.append(Policy.from_settings(name, s, disk_capacity=c, tz=tz, disk_other_used=disk_other_used))
-    return out
-
-
-def _open_store(uri: str, settings: BrokerSettings):
-    from storelib.broker.store import Store
-
-    return Store(uri, settings)
-
-
-def run_grid(spark, stores: list[str], policies: list[Policy], model: TimeModel, settings: BrokerSettings, *,
-             mtimes: str = "auto", slices: int | None = None, summary_only: bool = False) -> list[dict[str, Any]]:
-    """Simulate every policy on every store; results in (store, policy) order, each tagged ``store``."""
-    tasks = [(s, i) for s in stores for i in range(len(policies))]
-    if not tasks:
-        return []
-    sc = spark.sparkContext
-    n = slices or max(1, min(len(tasks), sc.defaultParallelism * 2))
-    shared = sc.broadcast((policies, model, settings, mtimes, summary_only))
-
-    def work(part):
-        pols, mdl, st, mt, brief = shared.value
-        snaps: dict[str, Any] = {}
-        for store, i in part:
-            snap = snaps.get(store)
-            if snap is None:
-                snaps.clear()  # slices are sorted by store: keep only the current one in memory
-                snap = snaps[store] = load_snapshot(_open_store(store, st), mtimes=mt)
-            res = simulate(pols[i], snap, mdl)
-            if brief:
-                res = {k: v for k, v in res.items() if k not in ("deletions", "disk_usage")}
-            yield store, i, json.dumps(res)
-
-    rows = sc.parallelize(tasks, n).mapPartitions(work).collect()
-    shared.unpersist()
-    rows.sort(key=lambda r: (stores.index(r[0]), r[1]))
-    return [dict(json.loads(r[2]), store=r[0]) for r in rows]
+def run_grid(engine: Engine, stores: list[str], policies: list[Policy], model: TimeModel, settings: BrokerSettings,
+             *, mtimes: str = "auto", slices: int | None = None, summary_only: bool = False) -> list[dict[str, Any]]:
+    """Simulate every policy on every store on ``engine`` (storelib.broker.expirygrid's tasks); results in
+    (store, policy) order, each tagged ``store``: the same on every engine."""
+    parts = grid_slices(stores, len(policies), slices or engine.parallelism * 2)
+    ctx = GridContext(policies, model, settings, mtimes, summary_only)
+    return merge_slices(stores, engine.map(partial(simulate_slice, ctx), parts, "expiry: slices"))
 
 
 def _ints(text: str) -> list[int]:
@@ -102,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary-only", action="store_true", help="drop timelines from the output")
     p.add_argument("--out", metavar="F", help="JSON lines, one per (store, policy), written atomically")
     p.add_argument("--html", metavar="F", help="HTML report (first store)")
-    p.add_argument("--master", help="Spark master (default: spark-submit's)")
+    add_engine_args(p, "policy simulation", pool_when="more than one (store, policy) pair")
     return p
 
 
@@ -110,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     from jobs.commands.expiry import _rate
     from jobs.common import print_table
     from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
-    from jobs.sparkutil import get_spark
-
     args = build_parser().parse_args(argv)
     from jobs.common import fs_options, settings_from_args
     from storelib.fileio.bytesource import resolve
@@ -124,12 +87,14 @@ def main(argv: list[str] | None = None) -> int:
                       until_ms=parse_time_ms(args.until) if args.until else None,
                       ingest_bytes_per_s=_rate(args.ingest, "ingest"),
                       consumption_msgs_per_s=_rate(args.consumption, "consumption"))
-    spark = get_spark(args.master, app_name="rmqstore-expiry")
-    from jobs.sparkutil import ship_code
-
-    ship_code(spark.sparkContext)
-    results = run_grid(spark, args.stores, policies, model, base, mtimes=args.mtimes,
-                       summary_only=args.summary_only)
+    pairs = len(args.stores) * len(policies)
+    name = resolve_engine_name(args.engine, master=args.master, tasks=pairs)
+    engine = make_engine(name, master=args.master, workers=args.workers, app_name="rmqstore-expiry")
+    try:
+        results = run_grid(engine, args.stores, policies, model, base, mtimes=args.mtimes,
+                           summary_only=args.summary_only)
+    finally:
+        engine.close()
     if args.out:
         from jobs.expiry_report import write_text_atomic
 
@@ -141,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.html and results and not args.summary_only:
         from storelib.broker.cleaner import describe
 
-        snap = load_snapshot(_open_store(args.stores[0], base), mtimes=args.mtimes)
+        snap = load_snapshot(Store(args.stores[0], base), mtimes=args.mtimes)
         write_html(args.html, {"simulation": describe(snap, model, policies[0]),
                                "policies": [r for r in results if r["store"] == args.stores[0]]})
     return 0

@@ -330,8 +330,10 @@ def _generated_store(root: Path):
     return st
 
 
-def test_spark_grid_equals_each_policy_run_alone(tmp_path, spark):
-    from jobs.expiry import grid_policies, run_grid
+def test_the_policy_grid_equals_each_policy_run_alone_on_every_engine(tmp_path, spark):
+    from jobs.engines import LocalEngine, PoolEngine, SparkEngine
+    from jobs.expiry import run_grid
+    from storelib.broker.expirygrid import grid_policies
 
     root = tmp_path / "gen"
     st = _generated_store(root)
@@ -340,10 +342,14 @@ def test_spark_grid_equals_each_policy_run_alone(tmp_path, spark):
                              [None, 150_000, 400_000])
     assert len(policies) >= 100
     model = TimeModel(ingest_bytes_per_s=2.0, consumption_msgs_per_s=0.004, until_ms=T0 + 3 * 24 * H)
-    grid = run_grid(spark, [str(root)], policies, model, st, slices=6)
     snap = load_snapshot(Store(root, st))
     alone = [json.loads(json.dumps(simulate(p, snap, model))) for p in policies]
-    assert [dict((k, v) for k, v in r.items() if k != "store") for r in grid] == alone
+    for engine in (LocalEngine(), PoolEngine(2), SparkEngine(spark)):
+        try:
+            grid = run_grid(engine, [str(root)], policies, model, st, slices=6)
+        finally:
+            engine.close()
+        assert [dict((k, v) for k, v in r.items() if k != "store") for r in grid] == alone, engine.name
     # the grid is not degenerate: policies differ, with every kind of deletion and some losses
     reasons = {k for r in alone for k, v in r["summary"]["by_reason"].items() if v}
     assert reasons >= {"time", "space", "forced"}
@@ -373,3 +379,19 @@ def test_real_sample_copy_has_lost_mtimes_and_a_burst_shortens_the_default_horiz
     assert res["summary"]["by_reason"]["forced"] > 0
     assert all(d["file"] != "commitlog/" + f"{int(snap.seg_base[-1]):020d}" or d["time_ms"] > snap.last_store_ms
                for d in res["deletions"])
+
+
+def test_the_grid_job_runs_without_spark_and_writes_one_line_per_store_and_policy(tmp_path, capsys):
+    from jobs.expiry import main
+
+    root = tmp_path / "gen"
+    _generated_store(root)
+    outs = {}
+    for engine in ("local", "auto"):  # auto: no master, more than one pair -> the process pool
+        out = tmp_path / f"grid-{engine}.jsonl"
+        assert main([str(root), "--reserved", "1,24", "--max-ratio", "40,95", "--until", "2024-01-04T00:00:00Z",
+                     "--out", str(out), "--engine", engine]) == 0
+        outs[engine] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(outs["local"]) == 4 and outs["local"] == outs["auto"]
+    assert [r["name"] for r in outs["local"]] == [f"reserved={h}h when=04 max={m}% cap=-" for h in (1, 24) for m in (40, 95)]
+    assert "4 policies" in capsys.readouterr().out
