@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from functools import partial
 from typing import Any, Protocol
 
 ENGINES = ("auto", "local", "pool", "spark")
@@ -285,6 +286,17 @@ def make_engine(name: str, *, spark: Any = None, master: str | None = None, work
     raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {name!r}")
 
 
+def walk_on(engine: Engine) -> Callable[[Any, list[int]], dict[int, Any]]:
+    """A recovery-walk runner (storelib.broker.recovery.WalkRunner) that scans the walk's segments as
+    tasks on ``engine``: the same ends as the serial walk for the segments the walk uses."""
+    from storelib.broker.recovery import walk_task
+
+    def run(plan: Any, delay_levels_ms: list[int]) -> dict[int, Any]:
+        return dict(engine.map(partial(walk_task, plan, delay_levels_ms), plan.tasks, "recovery walk: segments"))
+
+    return run
+
+
 def add_engine_args(p: argparse.ArgumentParser, what: str,
                     pool_when: str = "a store of more than one segment and 512 MB") -> None:
     """``--engine``, ``--workers`` and ``--master``, the same on every job."""
@@ -297,4 +309,4 @@ def add_engine_args(p: argparse.ArgumentParser, what: str,
 
 
 __all__ = ["ENGINES", "Engine", "LocalEngine", "PoolEngine", "SparkEngine", "add_engine_args", "make_engine",
-           "resolve_engine_name", "spark_errors"]
+           "resolve_engine_name", "spark_errors", "walk_on"]

@@ -1,6 +1,7 @@
 """One task layer, three schedulers: the same store through the in-process engine, the process pool and
-Spark gives the same rebuild bytes and the same audit findings; ``auto`` picks the pool for a store
-worth it; a worker's error reaches the caller whole."""
+Spark gives the same rebuild bytes, the same audit findings and the same recovery plan (the expiry grid:
+tests/test_expiry.py); ``auto`` picks the pool for a store worth it; a worker's error reaches the caller
+whole."""
 
 from __future__ import annotations
 
@@ -79,7 +80,9 @@ def test_auto_picks_spark_with_a_master_the_pool_for_a_big_store_else_local(monk
     assert resolve_engine_name("auto", store_bytes=1, segments=1) == "spark"
 
 
-def test_the_cli_takes_engine_and_workers_on_audit_and_rebuild(store, tmp_path, capsys):
+def test_the_cli_takes_engine_and_workers_on_audit_rebuild_and_recover(store, tmp_path, capsys):
+    import json
+
     from jobs.cli import main
 
     assert main(["audit", str(store), "--engine", "pool", "--workers", "2", "--quiet"]) == 1
@@ -87,6 +90,12 @@ def test_the_cli_takes_engine_and_workers_on_audit_and_rebuild(store, tmp_path, 
     assert main(["rebuild", str(store), "--out", str(tmp_path / "o"), "--engine", "pool", "--workers", "2",
                  "--quiet"]) == 0
     assert "engine pool" in capsys.readouterr().out
+    plans = []
+    for engine in ("local", "pool"):
+        assert main(["recover", str(store), "--engine", engine, "--workers", "2", "--json"]) == 0
+        plans.append(json.loads(capsys.readouterr().out))
+        plans[-1].pop("created_ms")
+    assert plans[0] == plans[1]
 
 
 @pytest.mark.parametrize("err", [StoreError("commitlog/0", 12, "bad_magic", "x"),
@@ -184,3 +193,37 @@ def test_the_pool_works_from_a_script_read_on_stdin(tmp_path, start):
     p = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(REPO), "RMQSTORE_POOL_START": start}, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "[0, 10, 30]", p.stderr[-2000:]
+
+
+def _plan_on(store: Path, engine) -> dict:
+    from jobs.engines import walk_on
+    from storelib.broker.recoveryplan import plan_document
+    from storelib.broker.startup import simulate
+    from storelib.broker.store import Store
+
+    st = Store(str(store), None)
+    try:
+        doc = plan_document(simulate(st, walk_runner=walk_on(engine)))
+    finally:
+        engine.close()
+    doc.pop("created_ms")
+    return doc
+
+
+@pytest.mark.spark
+def test_the_recovery_plan_is_the_same_on_every_engine(store, tmp_path, spark):
+    import shutil
+
+    from jobs.engines import SparkEngine
+
+    crashed = tmp_path / "crashed"  # an abnormal exit: the walk checks every segment from the checkpoint's
+    shutil.copytree(store, crashed)
+    (crashed / "abort").write_bytes(b"")
+    for root, crc_stop in ((store, False), (crashed, True)):
+        plans = [_plan_on(root, e) for e in (LocalEngine(), PoolEngine(2), SparkEngine(spark))]
+        assert plans[0] == plans[1] == plans[2]
+        # clean: the window (last segments) is intact; crashed: the flipped byte ends the walk and the plan
+        # truncates there, although the pool and Spark scanned every segment after it too
+        failure = plans[0]["commitlog"]["failure"]
+        assert (failure is not None and failure["reason"] == "crc_mismatch") == crc_stop
+        assert plans[0]["changes"] == crc_stop

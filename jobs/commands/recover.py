@@ -18,6 +18,8 @@ import sys
 
 from jobs.commands import HELP
 from jobs.common import add_fs_args, add_settings_args, open_store, plain_doc, print_json
+from jobs.engines import add_engine_args, make_engine, resolve_engine_name, walk_on
+from storelib.broker.recovery import WalkRunner
 from storelib.broker.store import Store
 from storelib.errors import StoreError
 
@@ -50,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "files before the recovery start); default: re-add them too, so the index stays complete")
     p.add_argument("--force", action="store_true", help="apply even when the plan is marked unsupported")
     p.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+    add_engine_args(p, "recovery walk's segment")
     p.set_defaults(func=run)
 
 
@@ -60,11 +63,7 @@ def _open(args: argparse.Namespace) -> Store:
 
 
 def run(args: argparse.Namespace) -> int:
-    from storelib.broker.recoverapply import apply, restore
-    from storelib.broker.recoveryplan import plan_document
-    from storelib.broker.salvage import salvage
-    from storelib.broker.startup import simulate
-    from storelib.fileio.smallfile_io import atomic_write_json
+    from storelib.broker.recoverapply import restore
 
     if args.restore:
         actions = restore(args.restore, os.path.abspath(args.store) if args.store else None)
@@ -77,6 +76,24 @@ def run(args: argparse.Namespace) -> int:
         return 0
     store = _open(args)
     store.require_records("recover")
+    segs = store.commitlog.segments
+    engine = make_engine(resolve_engine_name(args.engine, master=args.master, segments=len(segs),
+                                             store_bytes=sum(x.file_size for x in segs)),
+                         master=args.master, workers=args.workers, app_name="rmqstore-recover")
+    try:
+        return _run_on(args, store, walk_on(engine))
+    finally:
+        engine.close()
+
+
+def _run_on(args: argparse.Namespace, store: Store, walk_runner: WalkRunner) -> int:
+    """The plan, apply or salvage of ``store``, its recovery walk's scans run by ``walk_runner``."""
+    from storelib.broker.recoverapply import apply
+    from storelib.broker.recoveryplan import plan_document
+    from storelib.broker.salvage import salvage
+    from storelib.broker.startup import simulate
+    from storelib.fileio.smallfile_io import atomic_write_json
+
     if args.apply:
         if not args.backup:
             raise StoreError(None, None, "bad_args", "--apply needs --backup DIR")
@@ -86,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                 sys.stderr.write(f"\r{msg[:78]}".ljust(79))
 
         res = apply(store, args.backup, version=None, force=args.force, progress=progress,
-                       complete_index=not args.broker_exact_index)
+                    complete_index=not args.broker_exact_index, walk_runner=walk_runner)
         if args.json:
             print_json({"steps": res.steps, "file_changes": res.file_changes, "done_before": res.done_before,
                         "resumed": res.resumed,
@@ -100,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                       + (f" (resumed after {res.done_before} step(s) done earlier)" if res.resumed else "")
                       + f"; backup and manifest in {args.backup} (undo: rmqstore recover --restore {args.backup})")
         return 0
-    sim = simulate(store, None, complete_index=not args.broker_exact_index)
+    sim = simulate(store, None, complete_index=not args.broker_exact_index, walk_runner=walk_runner)
     if args.salvage:
         rep = salvage(sim, args.salvage)
         if args.json:

@@ -28,6 +28,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from storelib.broker.recovery import WalkRunner, serial_walk
 from storelib.broker.recoveryplan import plan_document
 from storelib.broker.startup import Simulation, simulate
 from storelib.errors import StoreError
@@ -239,7 +240,8 @@ class ApplyResult:
 
 
 def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, force: bool = False,
-          progress: Callable[[str], None] | None = None, complete_index: bool = True) -> ApplyResult:
+          progress: Callable[[str], None] | None = None, complete_index: bool = True,
+          walk_runner: WalkRunner = serial_walk) -> ApplyResult:
     """Carry out the recovery plan on a local, stopped store, with backups (crash-safe, resumable).
 
     Order: the plan and every new file are written to ``backup_dir`` first (``plan.json``,
@@ -274,7 +276,7 @@ def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, f
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(bdir, name))
                 shutil.rmtree(os.path.join(bdir, "files"), ignore_errors=True)
-            sim = simulate(store, version, complete_index=complete_index)
+            sim = simulate(store, version, complete_index=complete_index, walk_runner=walk_runner)
             if not sim.walk.supported and not force:
                 raise StoreError(store.uri, None, "unsupported",
                                  "the broker's recovery cannot be reproduced exactly here (see the plan's findings); "

@@ -551,9 +551,7 @@ def run_tasks(plan: WalkPlan, *, delay_levels_ms: list[int] | None = None,
     for t in plan.tasks:
         if t.crc and stopped:
             break
-        cols = columns
-        if cols is None:
-            cols = ["phy_offset"] + (["prop_crc_ok"] if plan.prop_crc and t.crc else [])
+        cols = columns if columns is not None else _walk_columns(plan, t)
         end = walk_segment(plan, t, delay_levels_ms=delay_levels_ms, columns=cols, with_properties=False)
         ends[t.index] = end
         if on_segment:
@@ -561,6 +559,27 @@ def run_tasks(plan: WalkPlan, *, delay_levels_ms: list[int] | None = None,
         if t.crc and end.kind != "blank":
             stopped = True
     return ends
+
+
+def _walk_columns(plan: WalkPlan, task: SegmentTask) -> list[str]:
+    """The one column a walk scan builds (its end is all it keeps), and the 5.x property CRC in the window."""
+    return ["phy_offset"] + (["prop_crc_ok"] if plan.prop_crc and task.crc else [])
+
+
+def walk_task(plan: WalkPlan, delay_levels_ms: list[int], task: SegmentTask) -> tuple[int, SegmentEnd]:
+    """One segment of the walk as a task for any engine (module-level, so it pickles by reference):
+    (segment index, its end). An engine may scan window segments past the walk's stop; :func:`finish_walk`
+    ignores them, so the result is :func:`run_tasks`'."""
+    return task.index, walk_segment(plan, task, delay_levels_ms=delay_levels_ms, columns=_walk_columns(plan, task),
+                                    with_properties=False)
+
+
+WalkRunner = Callable[[WalkPlan, list[int]], Mapping[int, SegmentEnd]]  # (plan, delay levels) -> ends
+
+
+def serial_walk(plan: WalkPlan, delay_levels_ms: list[int]) -> dict[int, SegmentEnd]:
+    """The walk's scans in this process, in order, stopping where the walk stops."""
+    return run_tasks(plan, delay_levels_ms=delay_levels_ms)
 
 
 def rebuild_target(store, *, version: str | None = None) -> RecoveryResult:

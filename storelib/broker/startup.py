@@ -47,9 +47,11 @@ from storelib.broker.recovery import (
     RecoveryInputs,
     RecoveryResult,
     WalkPlan,
+    WalkRunner,
     finish_walk,
     plan_recovery,
     run_tasks,
+    serial_walk,
     store_inputs,
 )
 from storelib.broker.store import Store
@@ -175,12 +177,15 @@ def _index_header(ref: IndexFileRef) -> IndexHeader | None:
         return None
 
 
-def simulate(store: Store, version: str | None = None, *, complete_index: bool = True) -> Simulation:
+def simulate(store: Store, version: str | None = None, *, complete_index: bool = True,
+             walk_runner: WalkRunner = serial_walk) -> Simulation:
     """Replay a broker start-up on ``store`` (read-only); see the module docstring for the order.
 
     ``complete_index`` (a named deviation, default on): after an abnormal exit also re-index records
     before the recovery start segment whose index file was deleted, which the broker leaves out of
     the index. The simulation keeps both counts (``index_keys_added`` is the broker's).
+    ``walk_runner``: runs the commitlog walk's segment scans (default: here, in order; the jobs pass one
+    that maps :func:`storelib.broker.recovery.walk_task` on an engine, with the same result).
     """
     settings = store.settings
     version = version or ("5" if str(settings.version).startswith("5") else "4")
@@ -199,7 +204,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     inputs = store_inputs(store, version=version, last_exit_ok=abort.last_exit_ok, cq_max_phy_offset=cq_max,
                           checkpoint=cp)
     wplan = plan_recovery(inputs, store.commitlog.segments)
-    walk = finish_walk(wplan, run_tasks(wplan, delay_levels_ms=delay_levels))
+    walk = finish_walk(wplan, walk_runner(wplan, delay_levels))
     findings.extend(walk.findings)
     P = walk.process_offset
     segs = list(wplan.segments)
