@@ -15,7 +15,9 @@ import pytest
 
 import storelib.checks.crossfile as crossfile
 import storelib.checks.index as index_checks
+import storelib.checks.keystream as keystream
 import storelib.checks.queues as queue_checks
+from storelib.checks.keystream import KeyStream
 from storelib.checks.queues import _queue_group_order, _units_before_invalid_tail
 from storelib.checks.segment import _zero_tail
 from storelib.fileio.bytesource import data_ranges
@@ -41,7 +43,7 @@ def _plain(monkeypatch) -> None:
         self.aligned = False
         return False
 
-    monkeypatch.setattr(index_checks._KeySequence, "next_are_entries", never)
+    monkeypatch.setattr(keystream.KeyStream, "next_are_entries", never)
     monkeypatch.setattr(queue_checks, "_units_before_invalid_tail", lambda units, path: len(units))
     monkeypatch.setattr(queue_checks, "_queue_records_exactly", lambda log, recs, phy, qoffs: None)
 
@@ -294,16 +296,30 @@ def test_traffic_series_and_size_percentiles_equal_the_straightforward_ones(n_to
         assert chunked.result() == h
 
 
-def test_chunked_equal_compares_ranges_across_chunks_without_a_copy():
-    col = pa.chunked_array([pa.array([1, 2, 3], pa.int64()), pa.array([], pa.int64()), pa.array([4, 5], pa.int64()),
-                            pa.array([6], pa.int64())])
-    eq = index_checks._chunked_equal
-    assert eq(col, 0, np.arange(1, 7))
-    assert eq(col, 2, np.array([3, 4, 5, 6], np.int32))  # crosses two chunk ends, other width
-    assert eq(col, 6, np.zeros(0, np.int64))
-    assert not eq(col, 2, np.array([3, 4, 9]))
-    assert not eq(col, 5, np.array([6, 7]))  # past the end
-    assert not eq(pa.chunked_array([pa.array([1, None])]), 0, np.array([1, 0]))
+def test_key_stream_matches_files_across_table_ends_and_stops_at_the_first_other_file():
+    from storelib.checks.logview import Unsettled
+    from storelib.format.indexfile import ENTRY_DTYPE
+
+    def keys(phy: list[int], kh: list[int], pos: list[int] | None = None) -> pa.Table:
+        return pa.table({"pos": pa.array(pos or phy, pa.int64()), "phy": pa.array(phy, pa.int64()),
+                         "key_hash": pa.array(kh, pa.int32())})
+
+    def entries(phy: list[int], kh: list[int]) -> np.ndarray:
+        e = np.zeros(len(phy), ENTRY_DTYPE)
+        e["phy_offset"], e["key_hash"] = phy, kh
+        return e
+
+    tables = [keys([10, 20, 30], [1, 2, 3]), keys([], []), keys([40, 50], [4, 5]), keys([60], [6])]
+    ks = KeyStream(iter(tables), 6)
+    assert ks.next_are_entries(entries([10, 20], [1, 2]), chunk=1)
+    assert ks.next_are_entries(entries([30, 40, 50], [3, 4, 5]), chunk=2)  # across two table ends
+    assert not ks.all_matched() and ks.spans == [(0, 2), (2, 5)]
+    assert not ks.next_are_entries(entries([60], [7]))  # another hash: no later file is matched
+    assert not ks.next_are_entries(entries([60], [6])) and not ks.all_matched()
+    with pytest.raises(Unsettled):  # streamed: a key away from its record's PHYSICALOFFSET field
+        KeyStream(iter([keys([10], [1], pos=[11])]), 1).next_are_entries(entries([10], [1]))
+    lenient = KeyStream(iter([keys([10], [1], pos=[11])]), 1, strict=False, aligned=False)
+    assert not lenient.next_are_entries(entries([10], [1])) and not lenient.all_matched()
 
 
 def _chains_reference(kh: np.ndarray, prev: np.ndarray, slots: int) -> tuple[int, int | None]:

@@ -1,5 +1,5 @@
 """IndexFile checks: every file's structure, its entries against the records' keys both ways (an index
-whose entries are exactly the log's keys in order skips the per-entry lookups: :class:`_KeySequence`)."""
+whose entries are exactly the log's keys in order skips the per-entry lookups: :class:`storelib.checks.keystream.KeyStream`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.checks.indexgrowth import grown_file_clean, slots_crc
@@ -100,76 +99,6 @@ def key_codes(log: LogView) -> KeyCodes:
     return KeyCodes(kphy, khash, rank, kcode, kcode_sorted, kcode_sorted[np.searchsorted(kcode_sorted, 0):])
 
 
-def _chunked_equal(col: pa.ChunkedArray, start: int, values: np.ndarray) -> bool:
-    """``col[start : start + len(values)] == values`` (same values, any integer widths), chunk by chunk
-    without copying the column. Nulls never match."""
-    end = start + len(values)
-    if end > len(col):
-        return False
-    pos = 0
-    for ch in col.chunks:
-        lo, hi = max(start, pos), min(end, pos + len(ch))
-        if lo < hi:
-            part = ch.slice(lo - pos, hi - lo)
-            if part.null_count or not np.array_equal(part.to_numpy(), values[lo - start: hi - start]):
-                return False
-        pos += len(ch)
-        if pos >= end:
-            break
-    return True
-
-
-class _KeySequence:
-    """The log's index keys in dispatch order, matched against index files one after the other.
-
-    A healthy store's index files hold exactly these keys, in this order (the broker indexes each record's
-    keys as it dispatches it): when a file's entries equal the next keys (PHYSICALOFFSET, hash), every
-    entry points at the start of its record with the hash of one of its keys, which is what the per-entry
-    lookups of :func:`check_index` would conclude, so they are skipped. Only when record positions are
-    unique, ascending and equal to the records' PHYSICALOFFSET fields (then a lookup by field finds that
-    record); once a file does not match, the rest go through the lookups."""
-
-    def __init__(self, log: LogView) -> None:
-        k = log.keys
-        self.n = k.num_rows
-        # the key columns stay in their per-task chunks (compared in place: one copy of them cost
-        # ~0.1 s, on the index check's path, which the cross-file phase waits for)
-        self.field = k.column("phy")
-        self.hash = k.column("key_hash")
-        phy = log.phy
-        # keys come from the records of the same batches (:func:`_check_batch`): each pos is a record's
-        self.aligned = log.field_unique and bool(np.all(phy[1:] > phy[:-1]))
-        at = 0
-        for ch in k.column("pos").chunks:
-            if not self.aligned:
-                break
-            self.aligned = _chunked_equal(self.field, at, ch.to_numpy())
-            at += len(ch)
-        self.cur = 0
-        self.spans: list[tuple[int, int]] = []  # key ranges matched by files
-
-    def next_are_entries(self, ent: np.ndarray, chunk: int = 1 << 20) -> bool:
-        """Are one file's raw entries (in entry order) the next keys? Advances past them if so. Compared
-        ``chunk`` entries at a time: no whole-file copy of their columns."""
-        a, m = self.cur, len(ent)
-        if not self.aligned or a + m > self.n:
-            self.aligned = False
-            return False
-        for lo in range(0, m, chunk):
-            part = ent[lo:lo + chunk]
-            if not (_chunked_equal(self.field, a + lo, part["phy_offset"].astype(np.int64))
-                    and _chunked_equal(self.hash, a + lo, part["key_hash"].astype(np.int64))):
-                self.aligned = False
-                return False
-        self.spans.append((a, a + m))
-        self.cur = a + m
-        return True
-
-    def all_matched(self) -> bool:
-        """Did the files, in order, hold every key exactly (so every key is findable)?"""
-        return self.aligned and self.cur == self.n
-
-
 def check_index(root: Location, log: LogView | None, settings: BrokerSettings, out: _Capped, checkpoint: Any,
                 abort: bool, loaded: IndexLoad | None = None, stream: KeyStream | None = None,
                 carried: dict[str, dict] | None = None, snap: dict[str, dict] | None = None) -> dict:
@@ -190,7 +119,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
     if not loaded.files:
         return info
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
-    keys: _KeySequence | KeyStream = stream if stream is not None else _KeySequence(log)
+    keys = stream if stream is not None else KeyStream.of_view(log)
     k_: KeyCodes | None = None  # computed only when some file's entries are not the keys' sequence
     all_codes: list[np.ndarray] = []  # per file: its entries' codes (entries pointing at a record), sorted
     wrong_phy: list[np.ndarray] = []
@@ -260,7 +189,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
             f.close()
     # every keyed message findable
     if settings.message_index_enable and keys.n and not keys.all_matched():
-        if isinstance(keys, KeyStream):
+        if stream is not None:
             keys.behind(max_end_phy, out)
         else:
             _keys_findable(log, k_ if k_ is not None else key_codes(log), keys, all_codes, wrong_phy, info,
@@ -269,7 +198,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
     return info
 
 
-def _resumed_file(c: dict, f: Any, ent: np.ndarray, skip: int, keys: KeyStream | _KeySequence, file_info: dict,
+def _resumed_file(c: dict, f: Any, ent: np.ndarray, skip: int, keys: KeyStream, file_info: dict,
                   file_max: int, out: _Capped, snap: dict[str, dict] | None) -> bool:
     """A file an earlier run checked (``c``): unchanged, what it found then is found again; grown since a
     clean check, only its new entries (against the keys) and its slot table are checked
@@ -326,7 +255,7 @@ def _entries_fingerprint(ent: np.ndarray, n: int) -> list[int]:
     return [head, tail, n]
 
 
-def _keys_findable(log: LogView, k_: KeyCodes, keys: _KeySequence, all_codes: list[np.ndarray],
+def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[np.ndarray],
                    wrong_phy: list[np.ndarray], info: dict, max_end_phy: int, out: _Capped) -> None:
     """Every record key is some entry's (by code): keys not indexed yet after the last indexed message, or
     missing for good (explained by lost data, expiry or an entry with the wrong hash, or not)."""
