@@ -133,6 +133,22 @@ def test_a_second_run_is_refused_while_the_first_holds_the_lock(tmp_path, sample
     assert state.exists() and not Path(str(state) + ".lock").exists()
 
 
+def test_the_lock_is_free_when_the_run_ends_even_while_workers_it_forked_live_on(tmp_path, monkeypatch):
+    from jobs.engines import PoolEngine
+
+    monkeypatch.setenv("RMQSTORE_POOL_START", "fork")  # forked, whatever threads this test process runs
+    lock = str(tmp_path / "audit.lock")
+    pool = PoolEngine(2)
+    try:
+        with run_lock(lock):
+            pool.start()  # forked while the lock is held: the workers share its open file
+            assert pool.map(abs, [-1, -2]) == [1, 2]
+        with run_lock(lock):  # the next run gets it at once, the workers still alive
+            assert pool.map(abs, [-3]) == [3]
+    finally:
+        pool.close()
+
+
 def test_a_lock_left_by_a_dead_run_is_taken_over(tmp_path, sample_498, capsys):
     lock = tmp_path / "audit.lock"
     code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); from jobs.runlock import run_lock\n"
