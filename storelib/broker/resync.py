@@ -82,10 +82,6 @@ class LostRegion:
                 "resumed": self.resumed}
 
 
-def _i32(buf, pos: int) -> int:
-    return _I32.unpack_from(buf, pos)[0]
-
-
 def _valid_at(buf, pos: int, check_crc: bool) -> int:
     """TOTALSIZE of a valid message record at ``pos`` (broker validation), else 0."""
     n = len(buf)

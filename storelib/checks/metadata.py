@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from storelib.checks.logview import LogSummary, _rel
-from storelib.checks.segment import SEVERITY_RANK, _Capped
+from storelib.checks.segment import _Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 
@@ -176,7 +176,3 @@ def check_consumer_offsets(loaded: dict, qstats: dict, out: _Capped) -> list[dic
                                 f"delay level {level}: offset {off} is past SCHEDULE_TOPIC_XXXX/{level - 1} max "
                                 f"{st['max_offset']}", {"level": level, "offset": off}))
     return rows
-
-
-def severity_at_least(sev: str, threshold: str) -> bool:
-    return SEVERITY_RANK.get(sev, 0) >= SEVERITY_RANK[threshold]

@@ -106,13 +106,6 @@ class SegmentResult:
         self._tables = (records, keys)
         self.records_ipc = self.keys_ipc = b""
 
-    def ipc_bytes(self, compression: str | None = None) -> tuple[bytes, bytes]:
-        """The record and key tables as Arrow IPC stream bytes (what the ``--since`` sidecar files hold,
-        zstd-compressed there: about a third of the plain size)."""
-        if getattr(self, "_tables", None) is None and compression is None:
-            return self.records_ipc, self.keys_ipc
-        return _to_ipc(self.record_table(), compression), _to_ipc(self.key_table(), compression)
-
 
 def _to_ipc(table: pa.Table, compression: str | None = None) -> bytes:
     sink = pa.BufferOutputStream()

@@ -86,10 +86,6 @@ def _split_host(host: str) -> tuple[str, int]:
     return addr, int(port)
 
 
-def is_v6_host(host: str) -> bool:
-    return host.startswith("[") or host.count(":") > 1
-
-
 def decode_host(b: bytes | memoryview) -> str:
     """8 or 20 host bytes → ``"ip:port"``; IPv6 as ``"[addr]:port"`` with Java's uncompressed address text."""
     b = bytes(b)
@@ -333,13 +329,6 @@ def encode_message(msg: Message, *, trailing_sep: bool = False, prop_crc: bool =
     return bytes(out)
 
 
-def store_timestamp_pos(sys_flag: int) -> int:
-    """Offset of STORETIMESTAMP inside a record: 56, or 68 with an IPv6 born host."""
-    return 48 + host_width(sys_flag, BORNHOST_V6_FLAG)
-
-
 def blank_record(free: int) -> bytes:
     """The 8 bytes of an end-of-file blank record covering ``free`` bytes."""
     return _I32.pack(free) + _I32.pack(BLANK_MAGIC)
-
-

@@ -197,10 +197,6 @@ class CommitLog:
         return batches[0].slice(0, 1)
 
     # -- scans --------------------------------------------------------------------------------------
-    def scan_segment(self, seg: Segment, start: int = 0, end: int | None = None, **kw) -> SegmentScan:
-        """A :class:`SegmentScan` over one segment (open it with ``seg.open()``; caller iterates)."""
-        return SegmentScan(seg.open(), seg.display, seg.base, start, end, **kw)
-
     def scan(self, *, from_offset: int | None = None, to_offset: int | None = None,
              ends: list[SegmentEnd] | None = None, **kw) -> Iterator[pa.RecordBatch]:
         """Every valid record in commitlog order, segment by segment (memory stays flat).

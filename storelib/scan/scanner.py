@@ -58,11 +58,6 @@ class SegmentEnd:
         """Did the segment end here (end-of-file record or its last byte), so the log goes on in the next?"""
         return self.kind in FULL_KINDS
 
-    @property
-    def valid_end(self) -> int:
-        """Physical offset right after the last valid record (the broker's processOffset candidate)."""
-        return self.phy_offset
-
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
