@@ -22,10 +22,8 @@ from jobs.common import (
     time_arg,
 )
 from jobs.expiry_report import _ranges_text
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.errors import StoreError
+from storelib.broker.brokerconf import BrokerSettings, load_conf_over
 from storelib.fileio.bytesource import resolve
-from storelib.format.javaprops import parse_properties_text
 
 EXAMPLE = """example:
   rmqstore expiry /data/store --broker-conf broker.conf --policy keep24h.conf --policy keep72h.conf \\
@@ -90,20 +88,7 @@ def _rate(text: str, what: str) -> float | None:
 
 def load_policy(path: str, base: BrokerSettings) -> BrokerSettings:
     """A policy file's keys over the base settings (broker.conf syntax)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(1 << 20)
-    except OSError as e:
-        raise StoreError(path, None, "unreadable", str(e)) from e
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("latin-1")
-    props = {k: v for k, (v, _line, _off) in parse_properties_text(text, file=path).items()}
-    s = base.with_overrides(props)
-    import dataclasses
-
-    return dataclasses.replace(s, source=path)
+    return load_conf_over(path, base, "policy file")
 
 
 def build_policies(args: argparse.Namespace) -> tuple[BrokerSettings, list]:

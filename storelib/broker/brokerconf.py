@@ -384,16 +384,22 @@ def _decode(data: bytes) -> str:
 
 def load_broker_conf(where: PathOrLocation, version: str = "4") -> BrokerSettings:
     """Read a broker.conf (local path, URI or Location) into BrokerSettings for ``version``."""
+    return load_conf_over(where, BrokerSettings.defaults(version))
+
+
+def load_conf_over(where: PathOrLocation, base: BrokerSettings, what: str = "broker.conf") -> BrokerSettings:
+    """The keys of a file in broker.conf syntax over ``base`` (a broker.conf over the line's defaults, an
+    expiry policy file over the store's settings); errors name the file, line and byte offset."""
     loc = as_location(where)
     data = read_small(loc, 16 * 1024 * 1024)
     if data is None:
-        raise StoreError(loc.path, None, "missing", "no such broker.conf")
+        raise StoreError(loc.path, None, "missing", f"no such {what}")
     text = _decode(data)
     parsed = parse_properties_text(text, file=loc.path)
     items: dict[str, tuple[Any, int | None, int | None]] = {}
     for key, (value, line, off) in parsed.items():
         items[key] = (value, line, len(text[:off].encode("utf-8")) if off else 0)
-    settings = _build(BrokerSettings.defaults(version), items, loc.path)
+    settings = _build(base, items, loc.path)
     return dataclasses.replace(settings, conf_findings=tuple(conf_findings(loc.path, text, items)))
 
 
