@@ -80,6 +80,31 @@ def test_with_body_and_no_partitions(store, tmp_path):
     assert not list((tmp_path / "snap").glob("topic=*"))
 
 
+def test_small_row_groups_and_file_limits_cut_files_and_keep_every_row_in_dispatch_order(store, tmp_path, monkeypatch):
+    """The partition writer's buffering: row groups of ROW_GROUP rows, a partition's file cut past
+    MAX_FILE_ROWS, many partitions flushed biggest first past PENDING_ROWS; by date only too."""
+    import pyarrow.parquet as pq
+
+    import storelib.snapshot.exporttask as et
+
+    monkeypatch.setattr(et, "ROW_GROUP", 50)
+    monkeypatch.setattr(et, "MAX_FILE_ROWS", 120)
+    monkeypatch.setattr(et, "PENDING_ROWS", 80)
+    for by in (("topic", "date"), ("date",)):
+        out = tmp_path / ("snap-" + "-".join(by))
+        m = run(store, out, broker_conf=CONF, partition_by=by)
+        assert rows(out) == source_rows(store)
+        files = [f for seg in m["segments"].values() for f in seg["files"]]
+        assert len(files) > 2000 // 120 and all(f["rows"] <= 120 for f in files)
+        for f in files:
+            md = pq.ParquetFile(out / f["path"]).metadata
+            assert md.num_rows == f["rows"] and all(md.row_group(i).num_rows <= 50 for i in range(md.num_row_groups))
+            assert not set(by) & set(md.schema.names)  # partition values live in the path only
+            phy = pq.read_table(out / f["path"], columns=["phy_offset"]).column(0).to_pylist()
+            assert phy == sorted(phy)  # dispatch order inside a file
+    assert not list((tmp_path / "snap-date").glob("topic=*")) and list((tmp_path / "snap-date").glob("date=*"))
+
+
 def test_records_past_the_recovery_end_are_not_exported_and_the_manifest_says_why(store, tmp_path):
     seg = store / "commitlog" / "00000000000001048576"
     with open(seg, "r+b") as f:  # a body byte of the record at 199059 (inside the recovery window)
