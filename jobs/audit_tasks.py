@@ -15,7 +15,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -24,49 +23,15 @@ from jobs.engines import Engine, SparkEngine
 from storelib.broker.store import Store
 from storelib.checks.segment import (
     AuditOptions,
-    PartResult,
     SegmentResult,
     SegmentTask,
     TableSink,
     audit_part,
-    audit_segment,
-    finish_segment,
-    parts_chain,
+    merge_parts,
+    split_tasks,
 )
 from storelib.fileio.bytesource import resolve
-from storelib.scan.splits import parallel_split_bytes, plan_splits
-
-
-def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int) -> list[SegmentTask]:
-    """Cut segment tasks at verified record starts (:func:`storelib.scan.splits.plan_splits`) into tasks of
-    about ``split_bytes``, so every core has work and no task holds a whole segment's tables."""
-    names = {t.name for t in tasks}
-    cuts: dict[str, list[int]] = {}
-    for ps in plan_splits(store.commitlog, split_bytes, segments=names):
-        cuts.setdefault(ps.split.segment_name, []).append(ps.split.start)
-    out: list[SegmentTask] = []
-    for t in tasks:
-        bounds = [t.start, *(c for c in cuts.get(t.name, []) if c > t.start)]
-        for a, b in zip(bounds, [*bounds[1:], None]):
-            out.append(replace(t, start=a, end=b))
-    return out
-
-
-def _finish(tasks: list[SegmentTask], parts: list[PartResult], opts: AuditOptions, quiet: bool) -> list[SegmentResult]:
-    """Merge part results per segment; a segment whose parts do not chain like one scan (corruption
-    across a cut) is audited again as one task, so findings never depend on where the cuts fell."""
-    by_name: dict[str, list[PartResult]] = {}
-    for p in parts:
-        by_name.setdefault(p.name, []).append(p)
-    out = []
-    for t in tasks:
-        ps = sorted(by_name.get(t.name, []), key=lambda p: p.start)
-        if ps and parts_chain(ps):
-            out.append(finish_segment(t, ps))
-        else:
-            note(f"audit: {t.name}: splits do not chain (corruption across a cut): auditing it as one task", quiet)
-            out.append(audit_segment(t, opts))
-    return out
+from storelib.scan.splits import parallel_split_bytes
 
 
 def is_local_master(master: str) -> bool:
@@ -155,7 +120,7 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quie
         if sink is not None:
             for p in parts:
                 p.load_tables(sink.fs_options)
-        out = _finish(tasks, parts, opts, quiet)
+        out = merge_parts(tasks, parts, opts, None if quiet else note)
         note(f"audit: tasks {t1 - t0:.2f} s (task time {sum(p.seconds for p in parts):.2f} s, "
              f"{sum(p.problem_count() for p in parts)} findings), tables "
              f"{'mapped from files' if sink is not None else 'in-band'}, merged in {time.monotonic() - t1:.2f} s",
@@ -175,5 +140,5 @@ def _run_in_process(tasks: list[SegmentTask], units: list[SegmentTask], opts: Au
         el = max(time.monotonic() - t0, 1e-9)
         note(f"audit: task {i + 1}/{len(units)} {t.name}@{t.start}: {parts[-1].problem_count()} findings "
              f"({done_bytes / el / 1e6:.0f} MB/s of file)", quiet)
-    return _finish(tasks, parts, opts, quiet)
+    return merge_parts(tasks, parts, opts, None if quiet else note)
 

@@ -50,9 +50,9 @@ def count_fallbacks(monkeypatch) -> list[str]:
 
 
 def test_split_tasks_cover_each_segment_from_record_starts(store):
-    from jobs.audit_tasks import split_tasks
     from storelib.broker.store import Store
     from storelib.checks.auditstate import plan
+    from storelib.checks.segment import split_tasks
 
     st = Store(str(store), None, broker_conf=str(store / "broker.conf"))
     tasks, *_ = plan(st, {}, None)

@@ -10,8 +10,9 @@ import os
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +23,10 @@ from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, read_ipc_file, resolve
 from storelib.fileio.publish import atomic_local_file
 from storelib.scan.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
+from storelib.scan.splits import plan_splits
+
+if TYPE_CHECKING:
+    from storelib.broker.store import Store
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 MAX_PER_KIND = 50  # findings of one kind per file before they are summarised
@@ -506,6 +511,40 @@ def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, d
         key_parts.append(pa.table({"pos": pa.array(phy[rows].astype(np.int64)),
                                    "phy": pa.array(field_[rows].astype(np.int64)),
                                    "key_hash": pa.array(kh.astype(np.int32))}, schema=KEY_SCHEMA))
+
+
+def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int) -> list[SegmentTask]:
+    """Cut segment tasks at verified record starts (:func:`storelib.scan.splits.plan_splits`) into tasks of
+    about ``split_bytes``, so every core has work and no task holds a whole segment's tables."""
+    names = {t.name for t in tasks}
+    cuts: dict[str, list[int]] = {}
+    for ps in plan_splits(store.commitlog, split_bytes, segments=names):
+        cuts.setdefault(ps.split.segment_name, []).append(ps.split.start)
+    out: list[SegmentTask] = []
+    for t in tasks:
+        bounds = [t.start, *(c for c in cuts.get(t.name, []) if c > t.start)]
+        for a, b in zip(bounds, [*bounds[1:], None]):
+            out.append(replace(t, start=a, end=b))
+    return out
+
+
+def merge_parts(tasks: list[SegmentTask], parts: list[PartResult], opts: AuditOptions,
+                say: Callable[[str], None] | None = None) -> list[SegmentResult]:
+    """Merge part results per segment; a segment whose parts do not chain like one scan (corruption
+    across a cut) is audited again as one task, so findings never depend on where the cuts fell."""
+    by_name: dict[str, list[PartResult]] = {}
+    for p in parts:
+        by_name.setdefault(p.name, []).append(p)
+    out = []
+    for t in tasks:
+        ps = sorted(by_name.get(t.name, []), key=lambda p: p.start)
+        if ps and parts_chain(ps):
+            out.append(finish_segment(t, ps))
+        else:
+            if say is not None:
+                say(f"audit: {t.name}: splits do not chain (corruption across a cut): auditing it as one task")
+            out.append(audit_segment(t, opts))
+    return out
 
 
 def merge_v2_findings(findings: list[Finding], line: Any) -> list[Finding]:
