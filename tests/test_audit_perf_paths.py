@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-import jobs.audit_tasks as audit_tasks
 import storelib.checks.segment as segment_checks
 from storelib.checks.logview import _member
 from storelib.checks.segment import _zero_tail
@@ -39,13 +38,13 @@ def both(root: Path) -> tuple[dict, dict]:
 
 def count_fallbacks(monkeypatch) -> list[str]:
     seen: list[str] = []
-    real = audit_tasks.audit_segment
+    real = segment_checks.audit_segment
 
     def spy(task, opts):
         seen.append(task.name)
         return real(task, opts)
 
-    monkeypatch.setattr(audit_tasks, "audit_segment", spy)
+    monkeypatch.setattr(segment_checks, "audit_segment", spy)
     return seen
 
 
