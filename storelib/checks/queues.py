@@ -13,7 +13,7 @@ from storelib.checks.logview import LogView, _queue_hint, _queue_records_exactly
 from storelib.checks.segment import _Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, data_ranges
-from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, batch_cq_topics, list_queues
+from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, ConsumeQueue, batch_cq_topics, list_queues
 from storelib.format.record import INNER_BATCH_FLAG
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 
@@ -136,7 +136,7 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) 
             n = ns[0] if len(ns) == 1 else np.concatenate(ns) if ns else np.zeros(0, np.int64)
             # one copy out of the mapped files (they are closed below)
             u = (np.array(units[0]) if len(units) == 1 else np.concatenate(units) if units
-                 else np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")]))
+                 else np.zeros(0, CQ_DTYPE))
             cq_max, mpo = cq.max_offset(), cq.max_physic_offset()
             cq_min = cq.min_offset(log_min) if cq.segments else 0
         finally:

@@ -29,7 +29,7 @@ from storelib.checks.queues import (
 from storelib.checks.segment import _Capped
 from storelib.fileio.bytesource import Location
 from storelib.fileio.sampledcrc import sampled_crc
-from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, _wrap64, filler_mask
+from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, ConsumeQueue, _wrap64, filler_mask
 from storelib.format.record import INNER_BATCH_FLAG
 
 
@@ -382,7 +382,7 @@ def _read_units(cq: ConsumeQueue, first: int, count: int) -> np.ndarray:
         parts.append(np.array(u))
         n += len(u)
     if not parts:
-        return np.zeros(0, dtype=[("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+        return np.zeros(0, CQ_DTYPE)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
