@@ -13,7 +13,7 @@ from typing import Any
 
 from jobs.engines import Engine
 from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.indexmerge import layout, name_files, running_max_before
+from storelib.broker.indexmerge import kept_counts, layout, name_files, running_max_before
 from storelib.broker.rebuildtasks import (
     WORK,
     EngineResult,
@@ -130,22 +130,13 @@ def _index_plan(engine: Engine, metas: dict[int, Meta], inc: list[int], ctx: Reb
     segs = {i: segment_keys(metas[i]) for i in inc}
     keyed = [i for i in inc if segs[i].n_keys]
     m_before, whole = running_max_before(segs, inc)
-    counts: dict[int, int] = {}
-    last = None  # (segment, record row, (phy, time)) of the last kept key
-    mb = None
-    if whole:
-        for i in keyed:
-            counts[i] = segs[i].n_keys
-            last = (i, segs[i].last_key_row, segs[i].last_key)
-    else:
+    mb = None if whole else m_before
+    kept = None
+    if not whole:
         say("phase C: PHYSICALOFFSET fields are not increasing: applying the broker's duplicate test")
-        got = {i: (c, lr, lk) for i, c, lr, lk in engine.map(partial(count_kept, ctx, m_before), keyed,
-                                                            "phase C: duplicate test")}
-        for i in keyed:
-            counts[i] = got[i][0]
-            if counts[i]:
-                last = (i, got[i][1], got[i][2])
-        mb = m_before
+        kept = {i: (c, lr, lk) for i, c, lr, lk in engine.map(partial(count_kept, ctx, m_before), keyed,
+                                                             "phase C: duplicate test")}
+    counts, last = kept_counts(segs, keyed, kept)
     ix = layout(g, inc, segs, counts, last, out.records, ctx.empty_index_count)
     out.index_keys = ix.keys
     firsts: dict[int, int] = {}

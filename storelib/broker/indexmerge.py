@@ -64,6 +64,24 @@ def running_max_before(segs: Mapping[int, SegmentKeys], order: Sequence[int]) ->
     return m_before, whole
 
 
+def kept_counts(segs: Mapping[int, SegmentKeys], keyed: Sequence[int],
+                kept: Mapping[int, tuple[int, int, tuple[int, int] | None]] | None = None
+                ) -> tuple[dict[int, int], tuple[int, int, tuple[int, int]] | None]:
+    """Kept keys per segment (dispatch order ``keyed``) and the last kept key as (segment, record row,
+    (phy, time)): every parsed key when ``kept`` is None (:func:`running_max_before` said so), else each
+    segment's (count, record row, key) of the duplicate test's survivors."""
+    counts: dict[int, int] = {}
+    last = None
+    for i in keyed:
+        if kept is None:
+            counts[i], row, key = segs[i].n_keys, segs[i].last_key_row, segs[i].last_key
+        else:
+            counts[i], row, key = kept[i]
+        if counts[i]:
+            last = (i, row, key)
+    return counts, last
+
+
 def kept_keys(keys: KeyArrays, m_before: int) -> KeyArrays:
     """The §6.1 step 2 duplicate test within one segment, given the running max before it: the keys the
     broker indexes (a record whose phyOffset is below the file's endPhyOffset is skipped)."""
@@ -190,5 +208,5 @@ def link_file(f: int, geometry: IndexGeometry, spans: Mapping[int, tuple[int, in
     return runs, full_file_state(geometry, prev[0], prev[1]) if prev is not None else None
 
 
-__all__ = ["IndexLayout", "KeyArrays", "SegmentKeys", "first_entry_times", "full_file_state", "kept_keys", "layout",
+__all__ = ["IndexLayout", "KeyArrays", "SegmentKeys", "first_entry_times", "full_file_state", "kept_counts", "kept_keys", "layout",
            "link_file", "name_files", "running_max_before"]
