@@ -519,3 +519,12 @@ def test_cli_plan_writes_json_and_exit_code_says_whether_anything_changes(tmp_pa
     assert f"processOffset: {bad.phy}" in p.stdout
     plan = json.loads(pf.read_text())
     assert plan["schema"] == recover_plan.PLAN_SCHEMA and plan["commitlog"]["process_offset"] == bad.phy
+
+
+def test_apply_without_a_backup_directory_is_refused_before_the_store_is_read(tmp_path, capsys, monkeypatch):
+    from jobs.cli import main
+    from storelib.broker import store as store_mod
+
+    monkeypatch.setattr(store_mod.Store, "__init__", lambda *a, **k: pytest.fail("the store was opened"))
+    assert main(["recover", str(tmp_path / "nowhere"), "--apply", "--engine", "pool"]) == 2
+    assert "--apply needs --backup DIR" in capsys.readouterr().err

@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"restored from {args.restore}: {len(changed)} file change(s) undone; the store is as it was "
                   "before the apply")
         return 0
+    if args.apply and not args.backup:  # before any store is read or engine started
+        raise StoreError(None, None, "bad_args", "--apply needs --backup DIR")
     store = _open(args)
     store.require_records("recover")
     segs = store.commitlog.segments
@@ -95,8 +97,6 @@ def _run_on(args: argparse.Namespace, store: Store, walk_runner: WalkRunner) -> 
     from storelib.fileio.smallfile_io import atomic_write_json
 
     if args.apply:
-        if not args.backup:
-            raise StoreError(None, None, "bad_args", "--apply needs --backup DIR")
 
         def progress(msg: str) -> None:
             if sys.stderr.isatty():
