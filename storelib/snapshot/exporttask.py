@@ -50,12 +50,11 @@ MAX_ENTRY_BYTES = 255  # a directory entry on the usual filesystems (ext4, xfs, 
 def partition_problem(topic: str | None) -> str | None:
     """Why ``topic`` cannot be a ``topic=`` partition directory (None when it can). The value is
     percent-encoded in the path (a ``/`` or ``..`` is safe there); only the entry's length and an empty
-    name, which would read back as null, are problems."""
-    from urllib.parse import quote
-
+    name, which would read back as null, are problems. The entry is the one the writer makes
+    (:class:`_Partitions`: the Hive partitioning's own encoding)."""
     if not topic:
         return "empty topic name (a partition value reads back as null)"
-    n = len(("topic=" + quote(topic, safe="")).encode("ascii"))
+    n = len(partitioning(("topic",)).format(pc.field("topic") == topic)[0].encode("utf-8"))
     return None if n <= MAX_ENTRY_BYTES else f"{n} bytes as a partition directory, more than {MAX_ENTRY_BYTES}"
 
 
