@@ -244,6 +244,7 @@ def write_reports(report: dict[str, Any], report_dir: str, fs_options: dict | No
 # command line (shared with `rmqstore audit`)
 # --------------------------------------------------------------------------------------------------
 
+DESCRIPTION = "Integrity audit of a store (CRCs, structure, cross-file consistency) with reports."
 EXAMPLE = """examples:
   rmqstore audit /data/store --report-dir /var/reports/audit --fail-on error
   rmqstore audit /data/store --since /var/lib/rmq-audit.state      # only new or changed segments
@@ -331,15 +332,10 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="audit.py", description=__doc__, epilog=EXAMPLE,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        return run_args(args)
-    except (StoreError, OSError, ValueError) as e:
-        print(f"rmqstore audit: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    """spark-submit jobs/audit.py ...: the ``rmqstore audit`` command."""
+    from jobs.cli import main as cli_main
+
+    return cli_main(["audit", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

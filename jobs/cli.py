@@ -1,6 +1,6 @@
 """The ``rmqstore`` command: one entry point over storelib, the data sources and the Spark jobs.
 
-Each subcommand lives in ``jobs/commands/<name>.py`` with ``add_parser(subparsers)`` and ``run(args)``.
+Each subcommand is a module with ``add_arguments(parser)`` and ``run_args(args)`` (:data:`jobs.commands.COMMANDS`).
 Exit codes: 0 ok, 1 findings at or above the failure threshold, 2 could not run (bad input, missing
 store...). Errors print one line naming the file and offset, never a traceback (``--debug`` shows it).
 """
@@ -11,10 +11,9 @@ import argparse
 import importlib
 import sys
 
-from jobs.commands import HELP
+from jobs.commands import COMMANDS, HELP
+from jobs.common import plain_doc
 from storelib.errors import StoreError
-
-COMMANDS = list(HELP)
 
 
 def _version() -> str:
@@ -37,17 +36,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     p.add_argument("--version", action="version", version=f"rmqstore {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name, (module, help_) in COMMANDS.items():
         if only is not None and name != only:
-            sub.add_parser(name, help=HELP[name])
+            sub.add_parser(name, help=help_)
             continue
         try:
-            mod = importlib.import_module(f"jobs.commands.{name}")
+            mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
-            if e.name != f"jobs.commands.{name}":
+            if e.name != module:
                 raise
             continue
-        mod.add_parser(sub)
+        cmd = sub.add_parser(name, help=help_, description=getattr(mod, "DESCRIPTION", None) or plain_doc(mod.__doc__),
+                             epilog=getattr(mod, "EXAMPLE", None), formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(cmd)
+        cmd.set_defaults(func=mod.run_args)
     return p
 
 

@@ -174,6 +174,7 @@ def summary_text(m: dict[str, Any], out: str) -> str:
 # --------------------------------------------------------------------------------------------------
 # command line (shared with `rmqstore export`)
 
+DESCRIPTION = "A store as a Hive-partitioned Parquet snapshot for fast repeated SQL (incremental)."
 EXAMPLE = """examples:
   rmqstore export /data/store --out /data/snapshots/store1
   rmqstore export /data/store --out s3://bucket/snap --incremental --partition-by topic
@@ -224,15 +225,10 @@ def run_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="export.py", description=__doc__.split("\n\n")[0], epilog=EXAMPLE,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        return run_args(args)
-    except (StoreError, OSError, ValueError) as e:
-        print(f"rmqstore export: {e}", file=sys.stderr)
-        return 2
+    """spark-submit jobs/export.py ...: the ``rmqstore export`` command."""
+    from jobs.cli import main as cli_main
+
+    return cli_main(["export", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -75,6 +75,18 @@ from storelib.fileio.staging import (
     publish_in_place,
 )
 
+DESCRIPTION = ("Rebuild ConsumeQueue and IndexFile files from the commitlog, byte-identical to the broker (in this "
+               "process, on a process pool over all cores, or on Spark: --engine).")
+EXAMPLE = """examples:
+  rmqstore rebuild /data/store --out /data/rebuilt
+  rmqstore rebuild /data/store --out /data/rebuilt --engine spark --master local[4]
+  rmqstore rebuild /data/store --in-place --incremental --broker-conf broker.conf
+  rmqstore rebuild s3://bucket/store --out s3://bucket/rebuilt --s3-endpoint http://127.0.0.1:9000
+
+The output directory gets consumequeue/, index/ and rebuild-manifest.json (written last: a
+directory without it is incomplete). Index file names follow the first entry's store time (UTC).
+"""
+
 WHAT = ("consumequeue", "index", "timer")
 DEFAULT_WHAT = ("consumequeue", "index")
 
@@ -318,14 +330,10 @@ def run_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rebuild.py", description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    args = p.parse_args(argv)  # engine auto: spark under spark-submit
-    try:
-        return run_args(args)
-    except StoreError as e:
-        print(f"rebuild: {e}", file=sys.stderr)
-        return 2
+    """spark-submit jobs/rebuild.py ...: the ``rmqstore rebuild`` command."""
+    from jobs.cli import main as cli_main
+
+    return cli_main(["rebuild", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

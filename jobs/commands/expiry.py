@@ -9,12 +9,10 @@ import os
 import sys
 from typing import Any
 
-from jobs.commands import HELP
 from jobs.common import (
     add_store_args,
     fs_options,
     human_ms,
-    plain_doc,
     print_json,
     print_table,
     settings_from_args,
@@ -34,9 +32,7 @@ diskCapacity, diskOtherUsed, manualDeleteAt (';'-separated times) and jvmTimeZon
 """
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("expiry", help=HELP["expiry"],
-                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p)
     p.add_argument("--policy", action="append", default=[], metavar="FILE",
                    help="broker.conf-style overrides; one policy per file, named by the file name")
@@ -65,7 +61,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-file", metavar="F",
                    help="write Prometheus metrics (textfile-collector format, atomically) to F: per policy the "
                         "next deletion time, bytes freed, unconsumed messages lost (docs/scheduling.md)")
-    p.set_defaults(func=run)
 
 
 def _rate(text: str, what: str) -> float | None:
@@ -127,7 +122,7 @@ def _timer_losses(store, report: dict) -> None:
         p["timers"] = timer_losses(timers, p["deletions"], store.commitlog.segment_size, groups)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_args(args: argparse.Namespace) -> int:
     from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
     from storelib.broker.cleaner import describe, simulate
     from storelib.broker.expiry import TimeModel, load_snapshot, parse_time_ms

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs.commands import HELP
-from jobs.common import Progress, add_settings_args, plain_doc, print_json, print_table, size_arg
+from jobs.common import Progress, add_settings_args, print_json, print_table, size_arg
 
 EXAMPLE = """example:
   rmqstore gen /tmp/store --messages 100000 --topics 6 --queues 8 --seed 42
@@ -19,9 +18,7 @@ def _ratio(text: str) -> float:
     return v
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gen", help=HELP["gen"],
-                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", metavar="OUT", help="output store root (must not exist, or be empty)")
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--messages", type=int, metavar="N", help="number of messages (client sends)")
@@ -44,7 +41,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="--version 5: also N timer messages (TIMER_DELAY_SEC from seconds to 5 days) and the timer "
                         "store as 5.3.3 leaves it: the due ones delivered, the rest pending")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=run)
 
 
 def _add_timers(args: argparse.Namespace, settings) -> dict:
@@ -63,7 +59,7 @@ def _add_timers(args: argparse.Namespace, settings) -> dict:
                                      now_ms=now))
 
 
-def run(args: argparse.Namespace) -> int:
+def run_args(args: argparse.Namespace) -> int:
     from jobs.common import settings_from_args
     from storelib.generator.gen import generate
     from storelib.generator.genplan import GenConfig

@@ -6,8 +6,7 @@ import argparse
 import json
 import sys
 
-from jobs.commands import HELP
-from jobs.common import add_store_args, open_store, plain_doc, time_arg
+from jobs.common import add_store_args, open_store, time_arg
 from storelib.errors import StoreError
 from storelib.format.record import decode_msg_id
 from storelib.format.uniqkey import decode_uniq_key
@@ -21,9 +20,7 @@ EXAMPLE = """examples:
 """
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("get", help=HELP["get"],
-                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--offset", type=int, metavar="P", help="physical offset of the record")
@@ -36,7 +33,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--end", "--end-ms", dest="end_ms", type=time_arg, default=2**63 - 1, metavar="TIME",
                    help="--key: latest store time (epoch ms or ISO-8601)")
     p.add_argument("--with-body", action="store_true", help="include the body as base64")
-    p.set_defaults(func=run)
 
 
 def lookup(store, args) -> list[dict]:
@@ -77,7 +73,7 @@ def with_uniq_key_info(row: dict) -> dict:
     return row
 
 
-def run(args: argparse.Namespace) -> int:
+def run_args(args: argparse.Namespace) -> int:
     store = open_store(args)
     store.require_records("get")
     rows = [with_uniq_key_info(r) for r in lookup(store, args)]

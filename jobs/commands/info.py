@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs.commands import HELP
-from jobs.common import Progress, add_store_args, human_ms, open_store, plain_doc, print_json, print_table
+from jobs.common import Progress, add_store_args, human_ms, open_store, print_json, print_table
 from storelib.broker.storeinfo import collect
 from storelib.errors import StoreError
 
@@ -16,16 +15,13 @@ EXAMPLE = """example:
 """
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help=HELP["info"],
-                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-scan", action="store_true", help="skip the commitlog scan (no message counts)")
-    p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_args(args: argparse.Namespace) -> int:
     store = open_store(args)
     try:
         store.require_records("info")

@@ -6,16 +6,13 @@ import argparse
 import json
 import sys
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.commands import HELP
 from jobs.common import (
     Progress,
     add_store_args,
     non_negative_int,
     open_store,
-    plain_doc,
     print_table,
 )
 from storelib.scan.messagecols import iso_utc_column, row_to_json, with_time_columns
@@ -26,9 +23,7 @@ EXAMPLE = """example:
 """
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("messages", help=HELP["messages"],
-                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p)
     p.add_argument("--topic", help="only this topic")
     p.add_argument("--queue-id", type=int, help="only this queue id")
@@ -39,7 +34,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-crc", action="store_true", help="skip body CRC verification (crc_ok is null)")
     p.add_argument("--format", choices=["jsonl", "table", "parquet"], default="jsonl")
     p.add_argument("--out", metavar="F", help="output file (required for parquet; stdout otherwise)")
-    p.set_defaults(func=run)
 
 
 def filtered_batches(store, args) -> iter:
@@ -76,7 +70,7 @@ def _filtered(store, args, left, progress) -> iter:
             return
 
 
-def run(args: argparse.Namespace) -> int:
+def run_args(args: argparse.Namespace) -> int:
     store = open_store(args)
     store.require_records("messages")
     if args.format == "parquet":
@@ -126,4 +120,3 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_parser", "run", "pa"]

@@ -16,8 +16,7 @@ import json
 import os
 import sys
 
-from jobs.commands import HELP
-from jobs.common import add_fs_args, add_settings_args, open_store, plain_doc, print_json
+from jobs.common import add_fs_args, add_settings_args, open_store, print_json
 from jobs.engines import add_engine_args, make_engine, resolve_engine_name, walk_on
 from storelib.broker.recovery import WalkRunner
 from storelib.broker.store import Store
@@ -32,9 +31,7 @@ EXAMPLE = """examples:
 """
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("recover", help=HELP["recover"],
-                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", metavar="STORE", nargs="?", help="store root (local path for --apply)")
     add_settings_args(p)
     add_fs_args(p)
@@ -53,7 +50,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="apply even when the plan is marked unsupported")
     p.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     add_engine_args(p, "recovery walk's segment")
-    p.set_defaults(func=run)
 
 
 def _open(args: argparse.Namespace) -> Store:
@@ -62,7 +58,7 @@ def _open(args: argparse.Namespace) -> Store:
     return open_store(args)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_args(args: argparse.Namespace) -> int:
     from storelib.broker.recoverapply import restore
 
     if args.restore:

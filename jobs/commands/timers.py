@@ -10,8 +10,7 @@ import sys
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.commands import HELP
-from jobs.common import add_store_args, open_store, plain_doc, print_table, time_arg
+from jobs.common import add_store_args, open_store, print_table, time_arg
 from storelib.broker.timermsg import deliver_histogram, timer_messages
 from storelib.format.timerstore import (
     precision_of,
@@ -33,9 +32,7 @@ TABLE_COLUMNS = ["state", "real_topic", "real_queue_id", "deliver_time", "uniq_k
                  "timerlog_positions", "wheel_slot"]
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("timers", help=HELP["timers"],
-                       description=plain_doc(__doc__), epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p)
     p.add_argument("--state", choices=["pending", "delivered", "all"], default="pending",
                    help="which timer messages to list (default pending)")
@@ -45,7 +42,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=["table", "jsonl", "parquet"], default="table")
     p.add_argument("--out", metavar="F", help="output file (required for parquet)")
     p.add_argument("--json", action="store_true", help="print the summary, files and histogram as JSON")
-    p.set_defaults(func=run)
 
 
 def collect(store) -> dict:
@@ -83,7 +79,7 @@ def _filtered(timers: pa.Table, args: argparse.Namespace) -> pa.Table:
     return t.sort_by([("deliver_time_ms", "ascending"), ("timer_phy_offset", "ascending")])
 
 
-def run(args: argparse.Namespace) -> int:
+def run_args(args: argparse.Namespace) -> int:
     store = open_store(args)
     store.require_records("timers")
     if not store.exists("timerlog") and not store.exists("timerwheel"):
