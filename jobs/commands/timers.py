@@ -11,14 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.common import add_store_args, open_store, print_table, time_arg
-from storelib.broker.timermsg import deliver_histogram, timer_messages
-from storelib.format.timerstore import (
-    precision_of,
-    read_timer_checkpoint,
-    read_timer_metrics,
-    read_timerlog,
-    read_wheel,
-)
+from storelib.broker.timermsg import deliver_histogram, timer_store_summary
 from storelib.scan.messagecols import iso_utc, iso_utc_column
 
 EXAMPLE = """examples:
@@ -44,28 +37,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary, files and histogram as JSON")
 
 
-def collect(store) -> dict:
-    """Everything the command shows, read once."""
-    s = store.settings
-    precision = precision_of(s)
-    log = read_timerlog(store.loc, s.mapped_file_size_timer_log)
-    wheel, wfind = read_wheel(store.loc, log, precision)
-    cp = read_timer_checkpoint(store.loc)
-    metrics, mfind = read_timer_metrics(store.loc)
-    timers = timer_messages(store, log, precision)
-    pending = timers.filter(pc.equal(timers.column("state"), "pending"))
-    by_topic: dict[str, int] = {}
-    for t in pending.column("real_topic").to_pylist():
-        by_topic[t] = by_topic.get(t, 0) + 1
-    return {"log": log, "wheel": wheel, "timers": timers, "findings": [*log.findings, *wfind, *mfind],
-            "summary": {"timerlog_files": log.files, "timerlog_units": log.units.num_rows,
-                        "wheel_slots_used": wheel.num_rows, "wheel_units": int(pc.sum(wheel.column("num")).as_py() or 0),
-                        "timers": timers.num_rows, "pending": pending.num_rows,
-                        "delivered": timers.num_rows - pending.num_rows, "pending_by_topic": dict(sorted(by_topic.items())),
-                        "timermetrics_timing_count": metrics,
-                        "timercheck": None if cp is None else cp.__dict__, "precision_ms": precision}}
-
-
 def _filtered(timers: pa.Table, args: argparse.Namespace) -> pa.Table:
     t = timers
     if args.state != "all":
@@ -85,7 +56,7 @@ def run_args(args: argparse.Namespace) -> int:
     if not store.exists("timerlog") and not store.exists("timerwheel"):
         print(f"rmqstore timers: {args.store} has no timer store (timerlog/, timerwheel): a 4.x store, or a 5.x "
               "broker with timerWheelEnable=false; timer topic records are still listed", file=sys.stderr)
-    got = collect(store)
+    got = timer_store_summary(store)
     rows = _filtered(got["timers"], args)
     if args.json:
         hist = deliver_histogram(got["timers"]).to_pylist()

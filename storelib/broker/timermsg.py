@@ -15,7 +15,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.format.timerstore import TIMER_TOPIC, TimerLog, slot_index
+from storelib.format.timerstore import (
+    TIMER_TOPIC,
+    TimerLog,
+    precision_of,
+    read_timer_checkpoint,
+    read_timer_metrics,
+    read_timerlog,
+    read_wheel,
+    slot_index,
+)
 
 TIMER_COLUMNS = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "uniq_key", "msg_id", "store_timestamp",
                  "properties"]
@@ -161,4 +170,27 @@ def timer_losses(timers: pa.Table, deletions: list[dict], segment_size: int,
             "by_topic": dict(sorted(by_topic.items()))}
 
 
-__all__ = ["TIMER_SCHEMA", "deliver_histogram", "scan_timer_rows", "store_timers", "timer_losses", "timer_messages"]
+def timer_store_summary(store: Any) -> dict[str, Any]:
+    """The timer store at a glance, read once (``rmqstore timers``): the timerlog, the wheel, every timer
+    message (:func:`timer_messages`), the files' findings and a summary dict."""
+    s = store.settings
+    precision = precision_of(s)
+    log = read_timerlog(store.loc, s.mapped_file_size_timer_log)
+    wheel, wfind = read_wheel(store.loc, log, precision)
+    cp = read_timer_checkpoint(store.loc)
+    metrics, mfind = read_timer_metrics(store.loc)
+    timers = timer_messages(store, log, precision)
+    pending = timers.filter(pc.equal(timers.column("state"), "pending"))
+    counts = pc.value_counts(pc.drop_null(pending.column("real_topic")))  # one pass, no Python loop
+    by_topic = dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()))
+    return {"log": log, "wheel": wheel, "timers": timers, "findings": [*log.findings, *wfind, *mfind],
+            "summary": {"timerlog_files": log.files, "timerlog_units": log.units.num_rows,
+                        "wheel_slots_used": wheel.num_rows, "wheel_units": int(pc.sum(wheel.column("num")).as_py() or 0),
+                        "timers": timers.num_rows, "pending": pending.num_rows,
+                        "delivered": timers.num_rows - pending.num_rows, "pending_by_topic": dict(sorted(by_topic.items())),
+                        "timermetrics_timing_count": metrics,
+                        "timercheck": None if cp is None else cp.__dict__, "precision_ms": precision}}
+
+
+__all__ = ["TIMER_SCHEMA", "deliver_histogram", "scan_timer_rows", "store_timers", "timer_losses", "timer_messages",
+           "timer_store_summary"]
