@@ -17,25 +17,33 @@ import json
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 if __package__ in (None, ""):  # spark-submit jobs/expiry.py: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
 from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.expiry import Policy, TimeModel, load_snapshot, parse_time_ms
+from storelib.broker.expiry import Policy, TimeModel
 from storelib.broker.expirygrid import GridContext, grid_policies, grid_slices, merge_slices, simulate_slice
-from storelib.broker.store import Store
+
+
+class GridRun(NamedTuple):
+    """A grid's simulations in (store, policy) order, each tagged ``store``; with ``describe`` each store's
+    simulation assumptions (storelib.broker.cleaner.describe) by store."""
+
+    results: list[dict[str, Any]]
+    described: dict[str, dict[str, Any]]
 
 
 def run_grid(engine: Engine, stores: list[str], policies: list[Policy], model: TimeModel, settings: BrokerSettings,
-             *, mtimes: str = "auto", slices: int | None = None, summary_only: bool = False) -> list[dict[str, Any]]:
-    """Simulate every policy on every store on ``engine`` (storelib.broker.expirygrid's tasks); results in
-    (store, policy) order, each tagged ``store``: the same on every engine."""
+             *, mtimes: str = "auto", slices: int | None = None, summary_only: bool = False,
+             fs_options: dict[str, Any] | None = None, describe: bool = False) -> GridRun:
+    """Simulate every policy on every store on ``engine`` (storelib.broker.expirygrid's tasks): the same on
+    every engine. ``rmqstore expiry`` runs its policies through this too."""
     parts = grid_slices(stores, len(policies), slices or engine.parallelism * 2)
-    ctx = GridContext(policies, model, settings, mtimes, summary_only)
-    return merge_slices(stores, engine.map(partial(simulate_slice, ctx), parts, "expiry: slices"))
+    ctx = GridContext(policies, model, settings, mtimes, summary_only, fs_options or {}, describe)
+    return GridRun(*merge_slices(stores, engine.map(partial(simulate_slice, ctx), parts, "expiry: slices")))
 
 
 def _ints(text: str) -> list[int]:
@@ -50,9 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="expiry.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stores", nargs="+", metavar="STORE")
-    from jobs.common import add_settings_args
+    from jobs.common import add_fs_args, add_settings_args
 
     add_settings_args(p)
+    add_fs_args(p)
     p.add_argument("--reserved", type=_ints, default=[72], help="fileReservedTime hours, comma-separated")
     p.add_argument("--delete-when", action="append", help="a deleteWhen value (repeat for several)")
     p.add_argument("--max-ratio", type=_ints, default=[75], help="diskMaxUsedSpaceRatio %%, comma-separated")
@@ -72,43 +81,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jobs.commands.expiry import _rate
-    from jobs.common import print_table
-    from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
-    args = build_parser().parse_args(argv)
-    from jobs.common import fs_options, settings_from_args
+    from jobs.commands.expiry import time_model
+    from jobs.common import fs_options, print_table, settings_from_args
+    from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html, write_text_atomic
     from storelib.fileio.bytesource import resolve
 
+    args = build_parser().parse_args(argv)
+    fs = fs_options(args)
     # the first store names the segment size when no --broker-conf/--set does (a grid shares settings)
-    base = settings_from_args(args, resolve(args.stores[0], **fs_options(args)) if args.stores else None)
+    base = settings_from_args(args, resolve(args.stores[0], **fs) if args.stores else None)
     policies = grid_policies(base, args.reserved, args.delete_when or [base.delete_when], args.max_ratio,
                              args.capacity, tz=args.tz, disk_other_used=int(args.disk_other_used))
-    model = TimeModel(start_ms=parse_time_ms(args.start) if args.start else None,
-                      until_ms=parse_time_ms(args.until) if args.until else None,
-                      ingest_bytes_per_s=_rate(args.ingest, "ingest"),
-                      consumption_msgs_per_s=_rate(args.consumption, "consumption"))
-    pairs = len(args.stores) * len(policies)
-    name = resolve_engine_name(args.engine, master=args.master, tasks=pairs)
+    name = resolve_engine_name(args.engine, master=args.master, tasks=len(args.stores) * len(policies))
     engine = make_engine(name, master=args.master, workers=args.workers, app_name="rmqstore-expiry")
+    html = bool(args.html) and not args.summary_only
     try:
-        results = run_grid(engine, args.stores, policies, model, base, mtimes=args.mtimes,
-                           summary_only=args.summary_only)
+        grid = run_grid(engine, args.stores, policies, time_model(args), base, mtimes=args.mtimes,
+                        summary_only=args.summary_only, fs_options=fs, describe=html)
     finally:
         engine.close()
     if args.out:
-        from jobs.expiry_report import write_text_atomic
-
-        write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in results))
+        write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in grid.results))
     for store in args.stores:
-        mine = [r for r in results if r["store"] == store]
+        mine = [r for r in grid.results if r["store"] == store]
         print(f"\n{store}: {len(mine)} policies")
         print_table(compare_rows(mine), COMPARE_COLUMNS)
-    if args.html and results and not args.summary_only:
-        from storelib.broker.cleaner import describe
-
-        snap = load_snapshot(Store(args.stores[0], base), mtimes=args.mtimes)
-        write_html(args.html, {"simulation": describe(snap, model, policies[0]),
-                               "policies": [r for r in results if r["store"] == args.stores[0]]})
+    if html and grid.results:
+        first = args.stores[0]
+        write_html(args.html, {"simulation": grid.described[first],
+                               "policies": [r for r in grid.results if r["store"] == first]})
     return 0
 
 

@@ -272,6 +272,26 @@ def test_cli_json_and_html(store, tmp_path, capsys):
     assert "keep1h.conf" in capsys.readouterr().out
 
 
+def test_cli_policies_run_on_every_engine_with_the_same_report(store, tmp_path, capsys):
+    root, st = store
+    conf = tmp_path / "broker.conf"
+    conf.write_text(broker_conf_text(st))
+    policies = []
+    for i, text in enumerate(["fileReservedTime=1\ndeleteWhen=05\n", "deleteWhen=05\ndiskCapacity=21000\n",
+                              "fileReservedTime=0\ndeleteWhen=04;05;06\n"]):
+        (tmp_path / f"p{i}.conf").write_text(text)
+        policies += ["--policy", str(tmp_path / f"p{i}.conf")]
+    reports = {}
+    for engine in ("local", "pool", "auto"):  # auto: three policies, no master -> the pool
+        assert cli_main(["expiry", str(root), "--broker-conf", str(conf), *policies, "--ingest", "0",
+                         "--consumption", "0", "--json", "--engine", engine, "--workers", "2"]) == 0
+        reports[engine] = json.loads(capsys.readouterr().out)
+    assert reports["local"] == reports["pool"] == reports["auto"]
+    assert [p["name"] for p in reports["local"]["policies"]] == ["p0.conf", "p1.conf", "p2.conf"]
+    assert reports["local"]["simulation"]["segments"]  # described once, from the store's snapshot
+    assert len({json.dumps(p["summary"]) for p in reports["local"]["policies"]}) == 3
+
+
 def test_cli_bad_input_is_one_line_error(store, tmp_path, capsys):
     root, _st = store
     assert cli_main(["expiry", str(root), "--ingest", "fast"]) == 2
@@ -346,10 +366,12 @@ def test_the_policy_grid_equals_each_policy_run_alone_on_every_engine(tmp_path, 
     alone = [json.loads(json.dumps(simulate(p, snap, model))) for p in policies]
     for engine in (LocalEngine(), PoolEngine(2), SparkEngine(spark)):
         try:
-            grid = run_grid(engine, [str(root)], policies, model, st, slices=6)
+            grid = run_grid(engine, [str(root)], policies, model, st, slices=6, describe=True)
         finally:
             engine.close()
-        assert [dict((k, v) for k, v in r.items() if k != "store") for r in grid] == alone, engine.name
+        assert [dict((k, v) for k, v in r.items() if k != "store") for r in grid.results] == alone, engine.name
+        # each store described once, by the slice holding its first policy
+        assert grid.described == {str(root): json.loads(json.dumps(describe(snap, model, policies[0])))}, engine.name
     # the grid is not degenerate: policies differ, with every kind of deletion and some losses
     reasons = {k for r in alone for k, v in r["summary"]["by_reason"].items() if v}
     assert reasons >= {"time", "space", "forced"}

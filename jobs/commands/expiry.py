@@ -7,7 +7,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs.common import (
     add_store_args,
@@ -19,9 +19,13 @@ from jobs.common import (
     size_arg,
     time_arg,
 )
+from jobs.engines import add_engine_args
 from jobs.expiry_report import _ranges_text
 from storelib.broker.brokerconf import BrokerSettings, load_conf_over
 from storelib.fileio.bytesource import resolve
+
+if TYPE_CHECKING:
+    from storelib.broker.expiry import TimeModel
 
 EXAMPLE = """example:
   rmqstore expiry /data/store --broker-conf broker.conf --policy keep24h.conf --policy keep72h.conf \\
@@ -58,6 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.add_argument("--out", metavar="F", help="also write the JSON result to F (atomically)")
     p.add_argument("--html", metavar="F", help="write a self-contained HTML report with plots to F")
+    add_engine_args(p, "policy simulation", pool_when="more than one policy")
     p.add_argument("--metrics-file", metavar="F",
                    help="write Prometheus metrics (textfile-collector format, atomically) to F: per policy the "
                         "next deletion time, bytes freed, unconsumed messages lost (docs/scheduling.md)")
@@ -122,24 +127,38 @@ def _timer_losses(store, report: dict) -> None:
         p["timers"] = timer_losses(timers, p["deletions"], store.commitlog.segment_size, groups)
 
 
+def time_model(args: argparse.Namespace) -> TimeModel:
+    """The simulation's time model from --from, --until, --ingest and --consumption."""
+    from storelib.broker.expiry import TimeModel, parse_time_ms
+
+    return TimeModel(start_ms=parse_time_ms(args.start) if args.start else None,
+                     until_ms=parse_time_ms(args.until) if args.until else None,
+                     ingest_bytes_per_s=_rate(args.ingest, "ingest"),
+                     consumption_msgs_per_s=_rate(args.consumption, "consumption"))
+
+
 def run_args(args: argparse.Namespace) -> int:
+    from jobs.engines import make_engine, resolve_engine_name
+    from jobs.expiry import run_grid
     from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
-    from storelib.broker.cleaner import describe, simulate
-    from storelib.broker.expiry import TimeModel, load_snapshot, parse_time_ms
     from storelib.broker.store import Store
 
     base, policies = build_policies(args)
-    model = TimeModel(
-        start_ms=parse_time_ms(args.start) if args.start else None,
-        until_ms=parse_time_ms(args.until) if args.until else None,
-        ingest_bytes_per_s=_rate(args.ingest, "ingest"),
-        consumption_msgs_per_s=_rate(args.consumption, "consumption"))
+    model = time_model(args)
     store = Store(args.store, base, **fs_options(args))
     store.require_records("expiry")
-    snap = load_snapshot(store, mtimes=args.mtimes)
-    report = {"simulation": describe(snap, model, policies[0]),
+    # the policies run as tasks (storelib.broker.expirygrid), like the grid job's: one after the other in
+    # this process for one policy, on a process pool or Spark for several
+    name = resolve_engine_name(args.engine, master=args.master, tasks=len(policies))
+    engine = make_engine(name, master=args.master, workers=args.workers, app_name="rmqstore-expiry")
+    try:
+        grid = run_grid(engine, [args.store], policies, model, base, mtimes=args.mtimes, fs_options=fs_options(args),
+                        describe=True)
+    finally:
+        engine.close()
+    report = {"simulation": grid.described[args.store],
               "broker_line": base.line.to_json() if base.line else None,
-              "policies": [simulate(p, snap, model) for p in policies]}
+              "policies": [{k: v for k, v in r.items() if k != "store"} for r in grid.results]}
     _timer_losses(store, report)
     if args.out:
         from jobs.expiry_report import write_text_atomic

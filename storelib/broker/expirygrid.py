@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.cleaner import simulate
+from storelib.broker.cleaner import describe, simulate
 from storelib.broker.expiry import Policy, TimeModel, load_snapshot
 from storelib.broker.store import Store
 
@@ -40,6 +40,8 @@ class GridContext:
     settings: BrokerSettings
     mtimes: str = "auto"
     summary_only: bool = False
+    fs_options: dict[str, Any] = field(default_factory=dict)  # how a remote store is opened (s3 endpoint, ...)
+    describe: bool = False  # also each store's simulation assumptions (cleaner.describe), once per store
 
 
 def grid_slices(stores: list[str], n_policies: int, slices: int) -> list[list[GridItem]]:
@@ -54,12 +56,15 @@ def grid_slices(stores: list[str], n_policies: int, slices: int) -> list[list[Gr
 
 def simulate_slice(ctx: GridContext, part: list[GridItem]) -> list[tuple[str, int, str]]:
     """One slice: (store, policy number, the simulation as JSON text) per pair; a store's snapshot is read
-    once and only the current one is kept in memory."""
+    once and only the current one is kept in memory. With ``ctx.describe`` the slice that holds a store's
+    first policy adds (store, -1, its :func:`~storelib.broker.cleaner.describe` as JSON text)."""
     out = []
     snap_of: tuple[str, Any] | None = None
     for store, i in part:
         if snap_of is None or snap_of[0] != store:
-            snap_of = (store, load_snapshot(Store(store, ctx.settings), mtimes=ctx.mtimes))
+            snap_of = (store, load_snapshot(Store(store, ctx.settings, **ctx.fs_options), mtimes=ctx.mtimes))
+        if ctx.describe and i == 0:
+            out.append((store, -1, json.dumps(describe(snap_of[1], ctx.model, ctx.policies[0]))))
         res = simulate(ctx.policies[i], snap_of[1], ctx.model)
         if ctx.summary_only:
             res = {k: v for k, v in res.items() if k not in ("deletions", "disk_usage")}
@@ -67,10 +72,13 @@ def simulate_slice(ctx: GridContext, part: list[GridItem]) -> list[tuple[str, in
     return out
 
 
-def merge_slices(stores: list[str], parts: list[list[tuple[str, int, str]]]) -> list[dict[str, Any]]:
-    """The slices' results in (store, policy) order, each tagged ``store``."""
-    rows = sorted((r for p in parts for r in p), key=lambda r: (stores.index(r[0]), r[1]))
-    return [dict(json.loads(r[2]), store=r[0]) for r in rows]
+def merge_slices(stores: list[str], parts: list[list[tuple[str, int, str]]]
+                 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The slices' results in (store, policy) order, each tagged ``store``, and the stores' descriptions
+    (empty without ``GridContext.describe``)."""
+    rows = sorted((r for p in parts for r in p if r[1] >= 0), key=lambda r: (stores.index(r[0]), r[1]))
+    described = {r[0]: json.loads(r[2]) for p in parts for r in p if r[1] < 0}
+    return [dict(json.loads(r[2]), store=r[0]) for r in rows], described
 
 
 __all__ = ["GridContext", "grid_policies", "grid_slices", "merge_slices", "simulate_slice"]
