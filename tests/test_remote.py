@@ -539,9 +539,12 @@ def test_expiry_same_from_s3_as_local_using_store_times(store_pair, s3_server):
     args = ["--broker-conf", conf, "--json", "--mtimes", "store-time", "--ingest", "0", "--consumption", "0"]
     rc_l, out_l, err_l = run_cli(["expiry", local, *args])
     rc_r, out_r, err_r = run_cli(["expiry", uri, *args, *s3_server.cli_args()])
-    assert rc_l == rc_r == 0, (err_l, err_r)
+    # the policy on a pool worker, which reopens the store with the same S3 options
+    rc_p, out_p, err_p = run_cli(["expiry", uri, *args, *s3_server.cli_args(), "--engine", "pool", "--workers", "2"])
+    assert rc_l == rc_r == rc_p == 0, (err_l, err_r, err_p)
     roots = [str(local), uri.removeprefix("s3://"), uri]
     assert _normalise(json.loads(out_r), roots) == _normalise(json.loads(out_l), roots)
+    assert _normalise(json.loads(out_p), roots) == _normalise(json.loads(out_l), roots)
 
 
 def test_expiry_on_s3_says_upload_times_are_not_usable_and_uses_store_times(stores, s3_server):
