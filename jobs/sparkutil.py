@@ -99,6 +99,10 @@ def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[
     if active is not None:
         return active
     settings = session_settings(conf, batch_job=batch_job)
+    if (master or settings.get("spark.master") or "local").startswith("local"):
+        # executors on this machine import our packages (spark.executorEnv.PYTHONPATH): their Python
+        # daemon imports PySpark compiled once, not from Spark's zip at every start (jobs.sparkdaemon)
+        settings.setdefault("spark.python.daemon.module", "jobs.sparkdaemon")
     cds = _start_jvm(master, app_name, settings)
     b = SparkSession.builder.appName(app_name)
     if master:
@@ -238,8 +242,13 @@ def _package_zip() -> str:
 
 
 def ship_code(sc) -> None:
-    """Ship our packages to the executors once per Spark application (a real cluster has no checkout)."""
+    """Ship our packages to the executors once per Spark application (a real cluster has no checkout).
+    Not to the executors of a local session that already import them from this checkout (the sessions
+    :func:`get_spark` starts): from a zip, Python compiles them again in every worker."""
     app = sc.applicationId
+    if sc.master.startswith("local") and str(REPO) in (
+            sc.getConf().get("spark.executorEnv.PYTHONPATH") or "").split(os.pathsep):
+        return
     if app not in _SHIPPED:
         sc.addPyFile(_package_zip())
         _SHIPPED.add(app)
