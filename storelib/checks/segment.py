@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from storelib.broker.resync import LostRegion, find_next_record, lost_region
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, read_ipc_file, resolve
+from storelib.fileio.memory import keep_freed_memory
 from storelib.fileio.publish import atomic_local_file
 from storelib.scan.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
 from storelib.scan.splits import plan_splits
@@ -310,6 +311,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
     The tables go to ``sink`` files when given, stay in memory with ``keep_tables`` (in-process
     callers), else travel as IPC bytes in the result (Spark's in-band collect)."""
     t0 = time.monotonic()
+    keep_freed_memory()
     display = "commitlog/" + task.name
     res = PartResult(task.name, task.start, task.end)
     found = _Capped()

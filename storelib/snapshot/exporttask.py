@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from storelib.broker.recovery import SegmentTask, WalkPlan, iter_task
 from storelib.fileio.bytesource import Location, open_source, resolve, sha256_of
+from storelib.fileio.memory import keep_freed_memory
 from storelib.format.topicname import escape_topic
 from storelib.scan.messagecols import message_batch
 from storelib.scan.scanner import SegmentEnd
@@ -149,6 +150,7 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
     files under the staging directory. Returns the scan end, rows, files and skipped rows."""
     idx, name, base, uri, file_size, start, crc, stop = item
     t0 = time.monotonic()
+    keep_freed_memory()
     schema = file_schema(ctx.with_body)
     scan_schema = pa.schema([f for f in schema if f.name != "date"])
     task = SegmentTask(idx, base, name, start, crc)
