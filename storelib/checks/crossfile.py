@@ -38,7 +38,6 @@ from storelib.checks.segment import (
 )
 from storelib.checks.timers import check_timer_store
 from storelib.errors import Finding
-from storelib.fileio.memory import keep_freed_memory
 
 
 def run_cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
@@ -55,7 +54,6 @@ def run_cross_checks(store: Store, results: list[SegmentResult], settings: Broke
     ``resume``: an earlier streamed run's carry, going on with ``feed`` (what was audited since) alone;
     when the stream cannot settle that, :class:`ResumeFailed` (the caller audits in full: the whole view
     needs every segment's records)."""
-    keep_freed_memory()  # the checks' arrays of a segment's size, again for every segment: reuse their pages
     out = _Capped()
     _store_findings(store, results, settings, out)
     _unsealed_segments(results, out)

@@ -311,7 +311,8 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
     The tables go to ``sink`` files when given, stay in memory with ``keep_tables`` (in-process
     callers), else travel as IPC bytes in the result (Spark's in-band collect)."""
     t0 = time.monotonic()
-    keep_freed_memory()
+    if not keep_tables:  # a worker process (in-process callers keep the tables): its arrays reuse freed pages
+        keep_freed_memory()
     display = "commitlog/" + task.name
     res = PartResult(task.name, task.start, task.end)
     found = _Capped()
