@@ -93,5 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def console_main(argv: list[str] | None = None) -> int:
+    """The ``rmqstore`` script: :func:`main` in a process of its own, which never needs pandas
+    (:mod:`jobs.nopandas`: ``rmqstore info`` of a small store in 0.33 s instead of 0.54 s)."""
+    from jobs.nopandas import hide_pandas
+
+    hide_pandas()
+    return main(argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

@@ -24,6 +24,8 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wai
 from functools import partial
 from typing import Any, Protocol
 
+from jobs.nopandas import hide_pandas
+
 ENGINES = ("auto", "local", "pool", "spark")
 # below this much commitlog a process pool's start-up costs more than it saves (measured on 2 cores: audit
 # of 320 MB 2.1 s on the pool vs 1.7 s in-process; of 2 GB 3.4 s vs 4.9 s; rebuild of 2 GB 3.5 s vs 5.9 s)
@@ -139,24 +141,13 @@ def _start_method() -> str:
 
 def _one_core_worker() -> None:
     """A pool worker is one core's share: Arrow's own thread pool would make N workers x N threads fight
-    over N cores (RMQSTORE_WORKER_ARROW_THREADS overrides, for measuring).
-
-    And no task of ours uses pandas, but pyarrow imports it on a process's first ``pa.array`` only to ask
-    whether the argument is a pandas object: 0.17 s of every worker's first task on 2 cores. Unless the
-    driver already holds it (a forked worker shares it for free), a worker runs without it."""
+    over N cores (RMQSTORE_WORKER_ARROW_THREADS overrides, for measuring). And it runs without pandas
+    (jobs.nopandas: 0.17 s of every worker's first task on 2 cores) unless the driver holds it already
+    (a forked worker shares it for free)."""
     import pyarrow as pa
 
     pa.set_cpu_count(int(os.environ.get("RMQSTORE_WORKER_ARROW_THREADS", "1")))
-    if "pandas" not in sys.modules:
-        sys.meta_path.insert(0, _NoPandas())
-
-
-class _NoPandas:
-    """An import finder for which pandas does not exist (pyarrow then goes on without it)."""
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError("pandas is not imported in rmqstore's pool workers", name=name)
+    hide_pandas()
 
 
 @contextlib.contextmanager

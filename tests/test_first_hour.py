@@ -96,6 +96,27 @@ def test_a_command_imports_only_its_own_modules_and_still_lists_every_command():
     assert ei.value.code == 0
 
 
+def test_the_rmqstore_script_runs_without_pandas_with_the_same_results(capsys, sample_533, tmp_path):
+    """The script (console_main) hides pandas, which no command uses; the pool's workers then run without
+    it too. Same output as the library entry (main), which keeps pandas for its callers."""
+    store = str(sample_533 / "store")
+    code = ("import json, sys; from jobs.cli import console_main\n"
+            "rc = console_main(sys.argv[1:])\n"
+            "print(json.dumps({'rc': rc, 'pandas': 'pandas' in sys.modules}), file=sys.stderr)")
+    for argv in (["info", store, "--json"], ["audit", store, "--engine", "pool", "--workers", "2", "--json", "--quiet"],
+                 ["export", store, "--out", str(tmp_path / "snap"), "--json", "--quiet"]):
+        got = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+        tail = json.loads(got.stderr.strip().splitlines()[-1])
+        assert tail == {"rc": 0, "pandas": False}, got.stderr
+        if argv[0] == "export":
+            continue
+        rc, out, err = run_cli(capsys, *argv)
+        assert rc == 0, err
+        strip = ("generated_at_ms", "run", "created_ms")
+        mine, lib = json.loads(got.stdout), json.loads(out)
+        assert {k: v for k, v in mine.items() if k not in strip} == {k: v for k, v in lib.items() if k not in strip}
+
+
 def test_every_gen_option_has_help_and_the_summary_has_headers(capsys, tmp_path):
     parser = build_parser()
     gen = next(a for a in parser._actions if a.dest == "command").choices["gen"]
