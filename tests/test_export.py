@@ -233,3 +233,31 @@ def test_spark_reads_the_snapshot_with_fixed_types(store, tmp_path, spark):
     assert by_topic == {r["topic"]: r["phy_offset_count"] for r in src}
     assert dict(df.dtypes)["store_time"] == "timestamp" and dict(df.dtypes)["topic"] == "string"
     assert pa.types.is_timestamp(ds.snapshot_dataset(str(tmp_path / "snap")).schema.field("store_time").type)
+
+
+@pytest.mark.spark
+def test_read_snapshot_splits_small_files_finer_unless_the_session_says_otherwise(store, tmp_path, spark):
+    run(store, tmp_path / "snap")
+    keys = ("spark.sql.files.openCostInBytes", "spark.sql.files.minPartitionNum")
+    before = {k: spark.conf.getAll.get(k) for k in keys}
+    try:
+        for k in keys:
+            spark.conf.unset(k)
+        df = ds.read_snapshot(spark, str(tmp_path / "snap"))
+        got = spark.conf.getAll
+        assert got["spark.sql.files.openCostInBytes"] == str(1 << 20)
+        assert got["spark.sql.files.minPartitionNum"] == str(2 * spark.sparkContext.defaultParallelism)
+        assert df.count() == 2000
+        spark.conf.set("spark.sql.files.openCostInBytes", "8388608")  # the session's own choice stands
+        spark.conf.unset("spark.sql.files.minPartitionNum")
+        ds.read_snapshot(spark, str(tmp_path / "snap"))
+        assert spark.conf.getAll["spark.sql.files.openCostInBytes"] == "8388608"
+        spark.conf.unset("spark.sql.files.minPartitionNum")
+        ds.read_snapshot(spark, str(tmp_path / "snap"), tune_splits=False)
+        assert "spark.sql.files.minPartitionNum" not in spark.conf.getAll
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
