@@ -1,7 +1,8 @@
 """Segment walking: one commitlog segment (or a split of it) → Arrow record batches, and how it ended.
 
-Every scan in the project goes through :class:`SegmentScan`. Per-message Python work is limited to
-the size-chain walk (one ``struct.unpack_from`` of TOTALSIZE per record); the records found are
+Every scan in the project goes through :class:`SegmentScan`. The size chain is followed column-wise
+for its leading run of well-formed records (:class:`ChainRun`), and record by record in Python (one
+``struct.unpack_from`` of TOTALSIZE each) only from where that run ends; the records found are
 decoded column-wise by :class:`storelib.scan.batchdecode.BatchDecoder`, which builds only the requested
 columns (:mod:`storelib.scan.messageschema`).
 
