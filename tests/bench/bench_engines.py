@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     engines = tuple(e for e in args.engines.split(",") if e)
     seg = parse_size(args.segment_size)
     work = Path(args.keep or tempfile.mkdtemp(prefix="rmqstore-bench-engines-"))
-    rmq = [sys.executable, "-c", "import sys; from jobs.cli import main; sys.exit(main())"]
+    rmq = [sys.executable, "-c", "import sys; from jobs.cli import console_main; sys.exit(console_main())"]  # the rmqstore script
     results: dict[tuple[str, str, int], tuple[float, int, int]] = {}
     try:
         for size in [parse_size(s) for s in args.sizes.split(",")]:
