@@ -16,13 +16,14 @@ from hypothesis import strategies as st
 
 from storelib.broker.cqwriter import QueueState, build_consume_queues, write_consume_queues, write_queue_image
 from storelib.errors import StoreError
-from storelib.fileio.bytesource import Location
+from storelib.fileio.bytesource import Location, data_ranges
 from storelib.format.consumequeue import (
     CQ_DTYPE,
     CQ_UNIT_SIZE,
     DEFAULT_CQ_SEGMENT_SIZE,
     FILLER_BYTES,
     ConsumeQueue,
+    _units_before_hole,
     cq_file_size,
     file_name,
     filler_mask,
@@ -656,3 +657,38 @@ def test_digests_recorded_while_writing_equal_the_written_files_fresh_and_contin
         digests = {}
         for p in write_queue_image(img, loc, 100, digests=digests):
             assert digests[p] == hashlib.sha256(Path(p).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("layout", ["valid_then_hole", "invalid_unit_then_hole", "hole_first", "full", "odd_edge"])
+def test_recovery_of_a_sparse_preallocated_file_equals_the_dense_one(tmp_path, layout):
+    """Recovery skips reading a file's unwritten, sparse tail (zeros, so invalid units): the end and the max
+    physical offset are those of the same bytes written out in full."""
+    S = 3000 * CQ_UNIT_SIZE  # 15 pages: the sparse file's tail is a hole
+    n = {"valid_then_hole": 210, "invalid_unit_then_hole": 210, "hole_first": 0, "full": 3000, "odd_edge": 409}[layout]
+    units = make_units(np.arange(n, dtype=np.int64) * 100 + 7, np.full(n, 100), np.arange(n) % 5)
+    if layout == "invalid_unit_then_hole":
+        units["size"][150] = 0
+    data = units.tobytes()
+    ends = {}
+    for kind in ("dense", "sparse"):
+        qdir = tmp_path / kind / "T" / "0"
+        qdir.mkdir(parents=True)
+        with open(qdir / f"{0:020d}", "wb") as f:
+            if layout == "hole_first":
+                f.truncate(S)
+            else:
+                f.write(data)
+                if kind == "dense":
+                    f.write(bytes(S - len(data)))
+                else:
+                    f.truncate(S)
+        with ConsumeQueue(Location(pafs.LocalFileSystem(), str(qdir), True), segment_size=S, topic="T",
+                          queue_id=0) as cq:
+            r = cq.recover()
+            ends[kind] = (r.end, r.max_physic_offset, cq.max_offset())
+            holes = data_ranges(str(qdir / f"{0:020d}"), 0, S) != [(0, S)]  # can the filesystem say?
+            if kind == "sparse" and layout != "full" and holes:  # then the hole is not read
+                assert _units_before_hole(cq.segments[0], 3000) <= 410
+    assert ends["sparse"] == ends["dense"]
+    want = {"valid_then_hole": 210, "invalid_unit_then_hole": 150, "hole_first": 0, "full": 3000, "odd_edge": 409}
+    assert ends["dense"][2] == want[layout]

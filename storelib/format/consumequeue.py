@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from storelib.errors import Finding, StoreError, StoreLayoutError
-from storelib.fileio.bytesource import ArrowFileSource, LocalSource, Location, resolve
+from storelib.fileio.bytesource import ArrowFileSource, LocalSource, Location, data_ranges, resolve
 from storelib.format.javahash import java_hash_array
 from storelib.format.topicname import escape_topic, is_standard_topic
 
@@ -121,6 +121,16 @@ def first_invalid(units: np.ndarray) -> int:
     """Index of the first invalid unit (where a scan of the queue stops), or len(units)."""
     bad = ~valid_mask(units)
     return int(np.argmax(bad)) if bad.any() else len(units)
+
+
+def _units_before_hole(seg: CQSegment, n: int) -> int:
+    """How many of a CQ file's ``n`` units lie before its first hole (a preallocated file's unwritten,
+    sparse tail): the units after are zeros, so the first of them is invalid without being read. ``n``
+    when the file is not local or has no hole."""
+    ranges = data_ranges(seg.loc.path if seg.loc.local else None, 0, n * CQ_UNIT_SIZE)
+    if not ranges or ranges[0][0] > 0:
+        return 0
+    return min(n, -(-ranges[0][1] // CQ_UNIT_SIZE))
 
 
 def first_unit_from(units: np.ndarray, base: int, commitlog_min_offset: int) -> int | None:
@@ -480,7 +490,7 @@ class ConsumeQueue:
         while True:
             seg = segs[index]
             units = self.read_units(seg)
-            k = first_invalid(units)
+            k = first_invalid(units[:_units_before_hole(seg, len(units))])
             if k:
                 last = units[k - 1]
                 max_phy = _wrap64(int(last["phy_offset"]) + int(last["size"]))
