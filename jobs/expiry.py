@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="expiry.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stores", nargs="+", metavar="STORE")
+    from jobs.commands.expiry import add_model_args
     from jobs.common import add_fs_args, add_settings_args
 
     add_settings_args(p)
@@ -66,13 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delete-when", action="append", help="a deleteWhen value (repeat for several)")
     p.add_argument("--max-ratio", type=_ints, default=[75], help="diskMaxUsedSpaceRatio %%, comma-separated")
     p.add_argument("--capacity", type=_caps, default=[None], help="disk capacities in bytes ('none' = no model)")
-    p.add_argument("--disk-other-used", type=float, default=0)
-    p.add_argument("--from", dest="start")
-    p.add_argument("--until")
-    p.add_argument("--ingest", default="observed")
-    p.add_argument("--consumption", default="observed")
-    p.add_argument("--tz", default="UTC")
-    p.add_argument("--mtimes", choices=["auto", "file", "store-time"], default="auto")
+    add_model_args(p)
     p.add_argument("--summary-only", action="store_true", help="drop timelines from the output")
     p.add_argument("--out", metavar="F", help="JSON lines, one per (store, policy), written atomically")
     p.add_argument("--html", metavar="F", help="HTML report (first store)")

@@ -412,7 +412,7 @@ def test_the_grid_job_runs_without_spark_and_writes_one_line_per_store_and_polic
     for engine in ("local", "auto"):  # auto: no master, more than one pair -> the process pool
         out = tmp_path / f"grid-{engine}.jsonl"
         assert main([str(root), "--reserved", "1,24", "--max-ratio", "40,95", "--until", "2024-01-04T00:00:00Z",
-                     "--out", str(out), "--engine", engine]) == 0
+                     "--disk-other-used", "1k", "--out", str(out), "--engine", engine]) == 0  # the command's units
         outs[engine] = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(outs["local"]) == 4 and outs["local"] == outs["auto"]
     assert [r["name"] for r in outs["local"]] == [f"reserved={h}h when=04 max={m}% cap=-" for h in (1, 24) for m in (40, 95)]

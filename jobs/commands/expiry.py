@@ -36,17 +36,13 @@ diskCapacity, diskOtherUsed, manualDeleteAt (';'-separated times) and jvmTimeZon
 """
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_store_args(p)
-    p.add_argument("--policy", action="append", default=[], metavar="FILE",
-                   help="broker.conf-style overrides; one policy per file, named by the file name")
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The simulation's interval, rates and clock: the same on the command and the grid job."""
     p.add_argument("--from", dest="start", type=time_arg, metavar="T", help="simulation start (ISO-8601 or epoch "
                    "ms); default: the store's last message time")
     p.add_argument("--until", type=time_arg, metavar="T", help="simulation end (ISO-8601 or epoch ms); default: "
                    "start + 7 days, shortened when the observed ingest would write more segments than are worth "
                    "simulating (the output says so)")
-    p.add_argument("--disk-capacity", type=size_arg, metavar="SIZE",
-                   help="partition size, e.g. 2GB or 500GB; without it no disk pressure is modelled")
     p.add_argument("--disk-other-used", type=size_arg, default=0, metavar="SIZE",
                    help="bytes used on the partition by other data, e.g. 10GB (default 0)")
     p.add_argument("--ingest", default="observed", metavar="observed|SIZE_PER_S",
@@ -54,11 +50,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--consumption", default="observed", metavar="observed|MSGS_PER_S",
                    help="per-queue consumer speed (default: each queue's production rate, i.e. constant lag)")
     p.add_argument("--tz", default="UTC", help="the broker JVM's time zone for deleteWhen (default UTC)")
-    p.add_argument("--manual-delete", action="append", default=[], type=time_arg, metavar="T",
-                   help="an admin deleteExpiredCommitLog at time T (20 cleaner runs); repeatable")
     p.add_argument("--mtimes", choices=["auto", "file", "store-time"], default="auto",
                    help="segment last-modified times: file mtimes, last message store times, or auto-detect "
                         "mtimes lost in a copy (default)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_store_args(p)
+    p.add_argument("--policy", action="append", default=[], metavar="FILE",
+                   help="broker.conf-style overrides; one policy per file, named by the file name")
+    p.add_argument("--disk-capacity", type=size_arg, metavar="SIZE",
+                   help="partition size, e.g. 2GB or 500GB; without it no disk pressure is modelled")
+    add_model_args(p)
+    p.add_argument("--manual-delete", action="append", default=[], type=time_arg, metavar="T",
+                   help="an admin deleteExpiredCommitLog at time T (20 cleaner runs); repeatable")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.add_argument("--out", metavar="F", help="also write the JSON result to F (atomically)")
     p.add_argument("--html", metavar="F", help="write a self-contained HTML report with plots to F")
