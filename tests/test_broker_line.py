@@ -115,3 +115,38 @@ def test_spark_reads_with_the_broker_version_option(spark, sample_533):
     register(spark)
     df = spark.read.format("rocketmq").option("brokerVersion", "5").option("set.maxIndexNum", "800")
     assert df.load(str(sample_533 / "store")).count() == 2018
+
+
+def _evidence_store(tmp_path, records: list[bytes]):
+    from storelib.fileio.bytesource import resolve
+
+    (tmp_path / "commitlog").mkdir(parents=True)
+    (tmp_path / "commitlog" / f"{0:020d}").write_bytes(b"".join(records) + bytes(4096))
+    return resolve(str(tmp_path))
+
+
+def test_record_evidence_is_the_first_v2_and_crc_property_before_the_first_invalid_record(tmp_path):
+    from storelib.broker.brokerline import _record_evidence
+    from storelib.format.record import Message, encode_message
+
+    def rec(i: int, pos: int, v2: bool = False, crc: bool = False) -> bytes:
+        props = {"UNIQ_KEY": f"{i:032X}", **({"__CRC32#": "12345"} if crc else {})}
+        return encode_message(Message(topic="T", body=b"b" * (10 + i), queue_offset=i, physical_offset=pos,
+                                      store_timestamp=1_700_000_000_000, born_host="10.0.0.1:1",
+                                      properties=props, magic_version=2 if v2 else 1))
+
+    recs: list[bytes] = []
+    pos = 0
+    for i, (v2, crc) in enumerate([(False, False), (False, True), (False, False), (True, False), (True, True)]):
+        recs.append(rec(i, pos, v2, crc))
+        pos += len(recs[-1])
+    at = [sum(len(r) for r in recs[:i]) for i in range(len(recs))]
+    got = _record_evidence(_evidence_store(tmp_path / "a", recs))
+    assert got == [f"V2 record (magic 0xDAA320AB) at commitlog/{0:020d} @ {at[3]}",
+                   f"property CRC (__CRC32#) at commitlog/{0:020d} @ {at[1]}"]
+    # a record the broker rejects ends the evidence, as it ends the broker's read
+    bad = bytearray(recs[2])
+    bad[4:8] = b"\0\0\0\0"
+    assert _record_evidence(_evidence_store(tmp_path / "b", [recs[0], recs[1], bytes(bad), *recs[3:]])) == [
+        f"property CRC (__CRC32#) at commitlog/{0:020d} @ {at[1]}"]
+    assert _record_evidence(_evidence_store(tmp_path / "c", [recs[0], recs[2]])) == []

@@ -18,7 +18,6 @@ import pyarrow.fs as pafs
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, open_source
 from storelib.format.properties import CRC32
-from storelib.format.record import check_record
 
 VERSIONS = ("4", "5")
 # files and folders a 4.x store never has (5.3.3: DefaultMessageStore, CompactionStore, TimerMessageStore,
@@ -181,18 +180,22 @@ def _record_evidence(root: Location) -> list[str]:
             buf = bytes(src.read(0, n))
     except (StoreError, OSError):
         return []
-    v2 = crc = None
-    pos = records = 0
-    while pos < n and records < EVIDENCE_RECORDS and (v2 is None or crc is None):
-        rc = check_record(buf, pos, check_crc=False)
-        if rc.kind != "message" or rc.message is None:
-            break
-        if v2 is None and rc.message.magic_version == 2:
-            v2 = pos
-        if crc is None and CRC32 in rc.message.properties:
-            crc = pos
-        pos += rc.size
-        records += 1
+    # the prefix decoded column-wise (a scalar decode of its ~8 k records cost 0.1 s of every command's
+    # start on a store that has neither mark); the scan stops where the broker would, like the walk did
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from storelib.scan.scanner import scan_buffer
+
+    table, _end = scan_buffer(buf, verify_crc=False, columns=["phy_offset", "magic_version", "properties"],
+                              batch_rows=EVIDENCE_RECORDS)
+    table = table.slice(0, EVIDENCE_RECORDS)
+    pos = table.column("phy_offset").to_numpy()
+    hit_v2 = np.flatnonzero(table.column("magic_version").to_numpy() == 2)
+    hit_crc = np.flatnonzero(pc.is_valid(pc.map_lookup(table.column("properties"), CRC32, "first")).to_numpy(
+        zero_copy_only=False))
+    v2 = int(pos[hit_v2[0]]) if len(hit_v2) else None
+    crc = int(pos[hit_crc[0]]) if len(hit_crc) else None
     where = f"commitlog/{first.base_name}"
     out = []
     if v2 is not None:
