@@ -4,7 +4,8 @@ No command and no task of rmqstore uses pandas (only the library's ``as_pandas=T
 imports it on a process's first ``pa.array`` (and ``pyarrow.dataset`` on import) only to ask whether an
 argument is a pandas object: 0.2-0.3 s of CPU in every process that imports it, 40% of ``rmqstore info``
 on a small store. The ``rmqstore`` command and the process pool's workers therefore hide it; pyarrow then
-goes on without it. Code that imports rmqstore as a library (a notebook, the tests, a Spark session's workers) keeps pandas.
+goes on without it. Code that imports rmqstore as a library (a notebook, the tests, a Spark session's
+workers) keeps pandas.
 """
 
 from __future__ import annotations
