@@ -20,6 +20,7 @@ from typing import Any
 
 from jobs.common import note
 from jobs.engines import Engine, SparkEngine
+from jobs.sparkutil import is_local_master
 from storelib.broker.store import Store
 from storelib.checks.segment import (
     AuditOptions,
@@ -32,12 +33,6 @@ from storelib.checks.segment import (
 )
 from storelib.fileio.bytesource import resolve
 from storelib.scan.splits import parallel_split_bytes
-
-
-def is_local_master(master: str) -> bool:
-    """Do the executors of this Spark master run on the driver's machine (and see its filesystem)?"""
-    return master == "local" or master.startswith(("local[", "local-cluster["))
-
 
 TRANSFERS = ("auto", "files", "collect")
 # in this process, the task tables of up to this much store stay in memory (~26 B a record); more go

@@ -17,6 +17,11 @@ REPO = Path(__file__).resolve().parents[1]
 SPARK_CONF = REPO / "spark-conf"
 
 
+def is_local_master(master: str) -> bool:
+    """Do the executors of this Spark master run on the driver's machine (and see its filesystem)?"""
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
 def check_java() -> None:
     """Fail with a clear message when no Java runtime is available (Spark needs one)."""
     if java_binary() is None:
@@ -99,7 +104,7 @@ def get_spark(master: str | None = None, app_name: str = "rmqstore", conf: dict[
     if active is not None:
         return active
     settings = session_settings(conf, batch_job=batch_job)
-    if (master or settings.get("spark.master") or "local").startswith("local"):
+    if is_local_master(master or settings.get("spark.master") or "local"):
         # executors on this machine import our packages (spark.executorEnv.PYTHONPATH): their Python
         # daemon imports PySpark compiled once, not from Spark's zip at every start (jobs.sparkdaemon)
         settings.setdefault("spark.python.daemon.module", "jobs.sparkdaemon")
@@ -246,7 +251,7 @@ def ship_code(sc) -> None:
     Not to the executors of a local session that already import them from this checkout (the sessions
     :func:`get_spark` starts): from a zip, Python compiles them again in every worker."""
     app = sc.applicationId
-    if sc.master.startswith("local") and str(REPO) in (
+    if is_local_master(sc.master) and str(REPO) in (
             sc.getConf().get("spark.executorEnv.PYTHONPATH") or "").split(os.pathsep):
         return
     if app not in _SHIPPED:
