@@ -46,6 +46,18 @@ def run_grid(engine: Engine, stores: list[str], policies: list[Policy], model: T
     return GridRun(*merge_slices(stores, engine.map(partial(simulate_slice, ctx), parts, "expiry: slices")))
 
 
+def run_grid_for(args: argparse.Namespace, stores: list[str], policies: list[Policy], model: TimeModel,
+                 settings: BrokerSettings, **kw: Any) -> GridRun:
+    """:func:`run_grid` on the engine the command line chooses (``--engine/--master/--workers``; ``auto``: the
+    pool for more than one (store, policy) pair), started and closed here."""
+    name = resolve_engine_name(args.engine, master=args.master, tasks=len(stores) * len(policies))
+    engine = make_engine(name, master=args.master, workers=args.workers, app_name="rmqstore-expiry")
+    try:
+        return run_grid(engine, stores, policies, model, settings, **kw)
+    finally:
+        engine.close()
+
+
 def _ints(text: str) -> list[int]:
     return [int(float(x)) for x in text.split(",") if x.strip()]
 
@@ -87,14 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     base = settings_from_args(args, resolve(args.stores[0], **fs) if args.stores else None)
     policies = grid_policies(base, args.reserved, args.delete_when or [base.delete_when], args.max_ratio,
                              args.capacity, tz=args.tz, disk_other_used=int(args.disk_other_used))
-    name = resolve_engine_name(args.engine, master=args.master, tasks=len(args.stores) * len(policies))
-    engine = make_engine(name, master=args.master, workers=args.workers, app_name="rmqstore-expiry")
     html = bool(args.html) and not args.summary_only
-    try:
-        grid = run_grid(engine, args.stores, policies, time_model(args), base, mtimes=args.mtimes,
+    grid = run_grid_for(args, args.stores, policies, time_model(args), base, mtimes=args.mtimes,
                         summary_only=args.summary_only, fs_options=fs, describe=html)
-    finally:
-        engine.close()
     if args.out:
         write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in grid.results))
     for store in args.stores:

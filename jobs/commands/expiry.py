@@ -143,8 +143,7 @@ def time_model(args: argparse.Namespace) -> TimeModel:
 
 
 def run_args(args: argparse.Namespace) -> int:
-    from jobs.engines import make_engine, resolve_engine_name
-    from jobs.expiry import run_grid
+    from jobs.expiry import run_grid_for
     from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
     from storelib.broker.store import Store
 
@@ -154,13 +153,8 @@ def run_args(args: argparse.Namespace) -> int:
     store.require_records("expiry")
     # the policies run as tasks (storelib.broker.expirygrid), like the grid job's: one after the other in
     # this process for one policy, on a process pool or Spark for several
-    name = resolve_engine_name(args.engine, master=args.master, tasks=len(policies))
-    engine = make_engine(name, master=args.master, workers=args.workers, app_name="rmqstore-expiry")
-    try:
-        grid = run_grid(engine, [args.store], policies, model, base, mtimes=args.mtimes, fs_options=fs_options(args),
+    grid = run_grid_for(args, [args.store], policies, model, base, mtimes=args.mtimes, fs_options=fs_options(args),
                         describe=True)
-    finally:
-        engine.close()
     report = {"simulation": grid.described[args.store],
               "broker_line": base.line.to_json() if base.line else None,
               "policies": [{k: v for k, v in r.items() if k != "store"} for r in grid.results]}
