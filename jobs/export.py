@@ -145,8 +145,9 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
         manifest = prev
     else:
         # staged files not in the manifest (a segment past the recovery end) are dropped with the staging dir
-        write_json(staging.join(COMMIT), {"moves": moves, "delete": drop, "manifest": manifest})
-        apply_commit(out, staging, {"moves": moves, "delete": drop, "manifest": manifest})
+        commit = {"moves": moves, "delete": drop, "manifest": manifest}
+        write_json(staging.join(COMMIT), commit)
+        apply_commit(out, staging, commit)
     new_rows = sum(r["rows"] for r in done.values() if plan.segments[r["idx"]].base < P)
     new_bytes = sum(f["bytes"] for r in done.values() for f in r["files"])
     manifest = dict(manifest, run={"engine": name, "seconds": round(time.monotonic() - t0, 3),
