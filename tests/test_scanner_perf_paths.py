@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from storelib.fileio.bytesource import LocalSource
-from storelib.format.crc import body_crc, crc32
+from storelib.format.crc import body_crc, crc32, crc32_ranges
 from storelib.format.properties import parse_properties
 from storelib.format.record import BLANK_MAGIC, Message, check_record, encode_message, offset_msg_id
 from storelib.scan.arrowcols import as_utf8, take_ranges
@@ -141,6 +141,11 @@ def test_crc_matches_crcmod_and_scan_crc_ok_matches_crcmod(tmp_path):
     for b in bodies:
         assert crc32(b) == _crcmod32(b) if b else crc32(b) == 0
         assert body_crc(b) == (_crcmod32(b) & 0x7FFFFFFF if b else 0)
+    joined = b"".join(bodies)  # the ranged form the decoder uses: every body of one buffer, empty ones too
+    ends = np.cumsum([len(b) for b in bodies]).tolist()
+    starts = [0, *ends[:-1]]
+    assert crc32_ranges(memoryview(joined), starts, ends).tolist() == [_crcmod32(b) if b else 0 for b in bodies]
+    assert crc32_ranges(memoryview(joined), [], []).dtype == np.int64
     recs = []
     expect = []
     for i, b in enumerate(bodies):

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.errors import StoreError
-from storelib.format.crc import MASK, crc32
+from storelib.format.crc import MASK, crc32_ranges
 from storelib.format.properties import CRC32, CRC32_RESERVED_LEN, NAME_VALUE_SEP, PROPERTY_SEP
 from storelib.format.record import (
     BLANK_MAGIC,
@@ -127,8 +127,7 @@ def encode_chunk(g: Generator, plan: RecordPlan, lay: FileLayout) -> None:
     bb = plan.body
     boffs = np.asarray(bb.buffers()[1]).view(np.int32)[bb.offset: bb.offset + n + 1].astype(np.int64)
     bdata = memoryview(bb.buffers()[2]) if bb.buffers()[2] is not None else memoryview(b"")
-    crc = np.fromiter((crc32(bdata[s:e]) if e > s else 0 for s, e in zip(boffs[:-1].tolist(), boffs[1:].tolist())),
-                      dtype=np.int64, count=n) & MASK
+    crc = crc32_ranges(bdata, boffs[:-1].tolist(), boffs[1:].tolist()) & MASK  # an empty body's CRC is 0
 
     prefix = _prefixes(g, plan, total, crc, qoff, phy, v2, bh, sh, blen)
     proplen = _fixed_binary(be_bytes(plen, 2))
@@ -138,8 +137,7 @@ def encode_chunk(g: Generator, plan: RecordPlan, lay: FileLayout) -> None:
     if g.prop_crc:
         data = data.copy()
         mv = memoryview(data)
-        vals = np.fromiter((crc32(mv[s:e - CRC32_RESERVED_LEN]) for s, e in zip(roffs[:-1].tolist(), roffs[1:].tolist())),
-                           dtype=np.int64, count=n) & MASK
+        vals = crc32_ranges(mv, roffs[:-1].tolist(), (roffs[1:] - CRC32_RESERVED_LEN).tolist()) & MASK
         digits = (vals[:, None] // (10 ** np.arange(10, dtype=np.int64))[None, :]) % 10 + 48
         idx = (roffs[1:] - 11)[:, None] + np.arange(10)[None, :]
         data[idx] = digits.astype(np.uint8)

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.fileio.bytesource import LocalSource
-from storelib.format.crc import MASK, crc32
+from storelib.format.crc import MASK, crc32, crc32_ranges
 from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V2, SCHEDULE_TOPIC, STOREHOST_V6_FLAG, check_record
 from storelib.scan.arrowcols import (
     as_utf8,
@@ -209,7 +209,7 @@ class BatchDecoder:
         p_body, blen = lay.p_body, lay.blen
         bstart = p_body[:k].tolist()
         bend = (p_body[:k] + blen[:k]).tolist()
-        crcs = np.fromiter((crc32(view[s:e]) for s, e in zip(bstart, bend)), np.int64, k) & MASK
+        crcs = crc32_ranges(view, bstart, bend) & MASK
         crc_ok_arr = (crcs == (lay.hdr["crc"][:k].astype(np.int64))) | (blen[:k] == 0)
         crc_bad = np.flatnonzero(~crc_ok_arr)
         if self.stop_on_crc and len(crc_bad) and (bad is None or crc_bad[0] < k):
@@ -347,7 +347,7 @@ class BatchDecoder:
                 stored = stored[digit_ok]
                 s0 = st[r].tolist()
                 s1 = (st[r] + total[r] - 20).tolist()
-                crcs = np.array([crc32(view[x:y]) for x, y in zip(s0, s1)], dtype=np.int64) & MASK
+                crcs = crc32_ranges(view, s0, s1) & MASK
                 out[r] = (stored == 0) | (stored == crcs)
             return pa.array(out, mask=~present)
         values = props.value(CRC32_NAME)
