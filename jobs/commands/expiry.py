@@ -26,6 +26,7 @@ from storelib.fileio.bytesource import resolve
 
 if TYPE_CHECKING:
     from storelib.broker.expiry import TimeModel
+    from storelib.broker.store import Store
 
 EXAMPLE = """example:
   rmqstore expiry /data/store --broker-conf broker.conf --policy keep24h.conf --policy keep72h.conf \\
@@ -116,7 +117,7 @@ def build_policies(args: argparse.Namespace) -> tuple[BrokerSettings, list]:
     return base, out
 
 
-def _timer_losses(store, report: dict) -> None:
+def _timer_losses(store: Store, report: dict) -> None:
     """Per policy, the pending timer messages it loses (5.x stores with a timer store only)."""
     if not store.exists("timerlog"):
         return

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from jobs.common import add_store_args, open_store, time_arg
 from storelib.errors import StoreError
 from storelib.format.record import decode_msg_id
 from storelib.format.uniqkey import decode_uniq_key
 from storelib.scan.messagecols import row_to_json
+
+if TYPE_CHECKING:
+    from storelib.broker.store import Store
 
 EXAMPLE = """examples:
   rmqstore get /data/store --offset 1048576
@@ -35,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--with-body", action="store_true", help="include the body as base64")
 
 
-def lookup(store, args) -> list[dict]:
+def lookup(store: Store, args: argparse.Namespace) -> list[dict]:
     """The matching records as JSON-ready dicts (several for --key)."""
     cl = store.commitlog
     kw = {"with_body": args.with_body, "delay_levels_ms": store.delay_levels_ms}

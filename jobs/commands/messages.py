@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.common import (
@@ -16,6 +19,9 @@ from jobs.common import (
     print_table,
 )
 from storelib.scan.messagecols import iso_utc_column, row_to_json, with_time_columns
+
+if TYPE_CHECKING:
+    from storelib.broker.store import Store
 
 EXAMPLE = """example:
   rmqstore messages /data/store --topic OrderEvents --limit 5
@@ -36,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="F", help="output file (required for parquet; stdout otherwise)")
 
 
-def filtered_batches(store, args) -> iter:
+def filtered_batches(store: Store, args: argparse.Namespace) -> Iterator[pa.RecordBatch]:
     """Scan batches with the CLI's topic/queue/offset/limit filters applied column-wise.
 
     Progress (messages written) goes to stderr when it is a terminal.
@@ -49,7 +55,8 @@ def filtered_batches(store, args) -> iter:
         progress.close()
 
 
-def _filtered(store, args, left, progress) -> iter:
+def _filtered(store: Store, args: argparse.Namespace, left: int | None, progress: Progress
+              ) -> Iterator[pa.RecordBatch]:
     for batch in store.scan(from_offset=args.from_offset, to_offset=args.to_offset, with_body=args.with_body,
                             verify_crc=not args.no_crc):
         mask = None

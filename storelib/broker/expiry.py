@@ -44,13 +44,16 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.errors import Finding, StoreError
 from storelib.units import parse_time_ms
+
+if TYPE_CHECKING:
+    from storelib.broker.store import Store
 
 HOUR_MS = 3_600_000
 FIRST_RUN_DELAY_MS = 60_000  # scheduleAtFixedRate(..., 60 s, cleanResourceInterval)
@@ -252,7 +255,7 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def _queue_arrays(store, findings: list[Finding]):
+def _queue_arrays(store: Store, findings: list[Finding]):
     """Per queue (topic, qid, offsets, phy, size, first CQ file base) from the ConsumeQueue files,
     or from one commitlog scan when there are none."""
     from storelib.format.consumequeue import ConsumeQueue, filler_mask, list_queues, valid_mask
@@ -315,7 +318,7 @@ def _store_time(cl, phy: int) -> int | None:
     return chk.message.store_timestamp if chk.kind == "message" and chk.message else None
 
 
-def load_snapshot(store, *, mtimes: str = "auto", tolerance_ms: int = MTIME_TOLERANCE_MS) -> StoreSnapshot:
+def load_snapshot(store: Store, *, mtimes: str = "auto", tolerance_ms: int = MTIME_TOLERANCE_MS) -> StoreSnapshot:
     """Read what the simulator needs from a :class:`storelib.broker.store.Store`.
 
     ``mtimes``: "file" (trust file mtimes), "store-time" (each segment's last message store time), or
@@ -432,7 +435,7 @@ def _segment_mtimes(cl, segs: list, all_phy: np.ndarray, bases: np.ndarray, mtim
     return mt, src
 
 
-def _index_file_ends(store, findings: list[Finding]) -> list[tuple[str, int, int]]:
+def _index_file_ends(store: Store, findings: list[Finding]) -> list[tuple[str, int, int]]:
     """(name, endPhyOffset, size) of every readable index file: what decides when the cleaner deletes it."""
     from storelib.fileio.bytesource import open_source
     from storelib.format.indexdir import list_index_files

@@ -7,7 +7,7 @@ range), so hash collisions never produce false positives.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from storelib.errors import StoreError
 from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue
@@ -17,17 +17,20 @@ from storelib.format.javahash import index_hash
 from storelib.format.properties import split_keys
 from storelib.format.topicname import safe_topic_dirname
 
+if TYPE_CHECKING:
+    from storelib.broker.store import Store
+
 LONG_MAX = 2**63 - 1
 
 
-def consume_queue(store, topic: str, queue_id: int) -> ConsumeQueue:
+def consume_queue(store: Store, topic: str, queue_id: int) -> ConsumeQueue:
     """The ConsumeQueue of (topic, queue_id) with the store's CQ segment size; the name is validated."""
     loc = store.path("consumequeue", safe_topic_dirname(topic), str(int(queue_id)))
     return ConsumeQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic,
                         queue_id=queue_id)
 
 
-def lookup_queue(store, topic: str, queue_id: int, queue_offset: int) -> int:
+def lookup_queue(store: Store, topic: str, queue_id: int, queue_offset: int) -> int:
     """Physical offset of entry ``queue_offset`` of a queue, with the broker's range checks (§10.2)."""
     cq = consume_queue(store, topic, queue_id)
     where = f"consumequeue/{topic}/{queue_id}"
@@ -55,7 +58,7 @@ def index_geometry(settings) -> IndexGeometry:
     return IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
 
 
-def key_candidates(store, topic: str, key: str, begin_ms: int = 0, end_ms: int = LONG_MAX) -> list[int]:
+def key_candidates(store: Store, topic: str, key: str, begin_ms: int = 0, end_ms: int = LONG_MAX) -> list[int]:
     """Physical offsets whose index entries hash like ``topic#key`` (unconfirmed), ascending, unique."""
     h = index_hash(f"{topic}#{key}")
     geom = index_geometry(store.settings)
@@ -71,7 +74,7 @@ def key_candidates(store, topic: str, key: str, begin_ms: int = 0, end_ms: int =
     return sorted(found)
 
 
-def lookup_key(store, topic: str, key: str, begin_ms: int = 0, end_ms: int = LONG_MAX, *,
+def lookup_key(store: Store, topic: str, key: str, begin_ms: int = 0, end_ms: int = LONG_MAX, *,
                with_body: bool = False, margin_ms: int = 3000) -> list[dict[str, Any]]:
     """Every message of ``topic`` whose UNIQ_KEY or a KEYS token equals ``key``, confirmed, ascending.
 

@@ -27,6 +27,7 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from storelib.broker.recovery import WalkRunner, serial_walk
 from storelib.broker.recoveryplan import plan_document
@@ -37,6 +38,9 @@ from storelib.fileio.backup import restore as backup_restore
 from storelib.fileio.publish import atomic_local_file
 from storelib.fileio.smallfile_io import atomic_write, atomic_write_json, read_small
 from storelib.format.markers import ABORT_FILE, LOCK_FILE, lock_state
+
+if TYPE_CHECKING:
+    from storelib.broker.store import Store
 
 MARKER = ".rmqstore-recover"  # in the store root while an apply is under way (names the backup dir)
 JOURNAL = "journal.jsonl"
@@ -101,7 +105,7 @@ def _store_lock(root: str):
         os.close(fd)
 
 
-def check_offline(store) -> str:
+def check_offline(store: Store) -> str:
     """The local root of a store no live broker holds; StoreError otherwise."""
     root = store.require_local("recover --apply")
     ls = lock_state(store.loc)
@@ -239,7 +243,7 @@ class ApplyResult:
     file_changes: int = 0  # files written or deleted in the store (what --restore undoes), markers excluded
 
 
-def apply(store, backup_dir: str | os.PathLike, *, version: str | None = None, force: bool = False,
+def apply(store: Store, backup_dir: str | os.PathLike, *, version: str | None = None, force: bool = False,
           progress: Callable[[str], None] | None = None, complete_index: bool = True,
           walk_runner: WalkRunner = serial_walk) -> ApplyResult:
     """Carry out the recovery plan on a local, stopped store, with backups (crash-safe, resumable).

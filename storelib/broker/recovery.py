@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,9 @@ from storelib.format.checkpoint import Checkpoint
 from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V1, MAGIC_V2
 from storelib.scan.commitlog import Segment
 from storelib.scan.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentEnd, SegmentScan
+
+if TYPE_CHECKING:
+    from storelib.broker.store import Store
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
@@ -493,7 +497,7 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
 # whole walks over a Store
 
 
-def store_inputs(store, *, version: str | None = None, last_exit_ok: bool | None = None,
+def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool | None = None,
                  cq_max_phy_offset: int | None = None, checkpoint: Checkpoint | None = None) -> RecoveryInputs:
     """RecoveryInputs read from a :class:`~storelib.broker.store.Store` (abort marker, checkpoint, CQ max)."""
     from storelib.format.checkpoint import read_checkpoint
@@ -512,13 +516,13 @@ def store_inputs(store, *, version: str | None = None, last_exit_ok: bool | None
     return RecoveryInputs.from_settings(store.settings, **kw)
 
 
-def consume_queue_max_phy_offset(store) -> int:
+def consume_queue_max_phy_offset(store: Store) -> int:
     """maxPhyOffsetOfConsumeQueue: the largest recovered maxPhysicOffset over all queues (-1 if none)."""
     from storelib.format.consumequeue import ConsumeQueue, list_queues
 
     if not store.exists("consumequeue"):
         return -1
-    size = int(getattr(store.settings, "mapped_file_size_consume_queue", 6_000_000))
+    size = store.settings.mapped_file_size_consume_queue
     best = -1
     for topic, qid, loc in list_queues(store.loc):
         with ConsumeQueue(loc, segment_size=size, topic=topic, queue_id=qid) as cq:
@@ -526,7 +530,7 @@ def consume_queue_max_phy_offset(store) -> int:
     return best
 
 
-def recovery_walk(store, inputs: RecoveryInputs | None = None, *,
+def recovery_walk(store: Store, inputs: RecoveryInputs | None = None, *,
                   on_segment: Callable[[SegmentTask, SegmentEnd], None] | None = None) -> RecoveryResult:
     """The broker's recovery of ``store``'s commitlog, computed in-process (read-only).
 
@@ -582,7 +586,7 @@ def serial_walk(plan: WalkPlan, delay_levels_ms: list[int]) -> dict[int, Segment
     return run_tasks(plan, delay_levels_ms=delay_levels_ms)
 
 
-def rebuild_target(store, *, version: str | None = None) -> RecoveryResult:
+def rebuild_target(store: Store, *, version: str | None = None) -> RecoveryResult:
     """The walk that defines a rebuild (store-algorithms §7.1): normal start, empty CQ, no abort."""
     inputs = store_inputs(store, version=version, last_exit_ok=True, cq_max_phy_offset=-1,
                           checkpoint=Checkpoint())

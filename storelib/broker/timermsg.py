@@ -9,7 +9,7 @@ The commitlog is scanned once, segment by segment, keeping only the timer rows.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,9 @@ from storelib.format.timerstore import (
     read_wheel,
     slot_index,
 )
+
+if TYPE_CHECKING:
+    from storelib.broker.store import Store
 
 TIMER_COLUMNS = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "uniq_key", "msg_id", "store_timestamp",
                  "properties"]
@@ -51,7 +54,7 @@ def _int(v: Any) -> int | None:
         return None
 
 
-def scan_timer_rows(store) -> tuple[list[dict], list[dict]]:
+def scan_timer_rows(store: Store) -> tuple[list[dict], list[dict]]:
     """(enqueue rows, delivered rows) of the commitlog: only timer rows leave the batch as Python."""
     enq: list[dict] = []
     dlv: list[dict] = []
@@ -79,7 +82,7 @@ def scan_timer_rows(store) -> tuple[list[dict], list[dict]]:
     return enq, dlv
 
 
-def timer_messages(store, log: TimerLog, precision_ms: int = 1000) -> pa.Table:
+def timer_messages(store: Store, log: TimerLog, precision_ms: int = 1000) -> pa.Table:
     """One row per timer message (its newest enqueue record): pending or delivered, where it is held."""
     enq, dlv = scan_timer_rows(store)
     delivered: dict[str, list[dict]] = {}
@@ -120,7 +123,7 @@ def timer_messages(store, log: TimerLog, precision_ms: int = 1000) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=TIMER_SCHEMA)
 
 
-def store_timers(store) -> pa.Table:
+def store_timers(store: Store) -> pa.Table:
     """:func:`timer_messages` of a store with its own settings (timerlog file size, precision)."""
     from storelib.format.timerstore import precision_of, read_timerlog
 

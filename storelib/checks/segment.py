@@ -12,7 +12,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,7 @@ from storelib.scan.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
 from storelib.scan.splits import plan_splits
 
 if TYPE_CHECKING:
+    from storelib.broker.brokerline import BrokerLine
     from storelib.broker.store import Store
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
@@ -97,15 +98,17 @@ class SegmentResult:
     last_ts: int | None = None
     seconds: float = 0.0
 
-    # The tables may instead be held in memory (``_tables``, not a dataclass field, so ``asdict`` and the
-    # state file never see them): in-process parts and per-task table files skip an IPC round trip.
+    # The tables may instead be held in memory (``_tables``, a class-level default, not a dataclass field,
+    # so ``asdict`` and the state file never see them): in-process parts and per-task table files skip an
+    # IPC round trip.
+    _tables: ClassVar[tuple[pa.Table, pa.Table] | None] = None
 
     def record_table(self) -> pa.Table:
-        t = getattr(self, "_tables", None)
+        t = self._tables
         return t[0] if t is not None else _from_ipc(self.records_ipc, RECORD_SCHEMA)
 
     def key_table(self) -> pa.Table:
-        t = getattr(self, "_tables", None)
+        t = self._tables
         return t[1] if t is not None else _from_ipc(self.keys_ipc, KEY_SCHEMA)
 
     def set_tables(self, records: pa.Table, keys: pa.Table) -> None:
@@ -218,6 +221,7 @@ class PartResult:
     records_path: str | None = None  # the tables as files in a TableSink (then the *_ipc fields are empty)
     keys_path: str | None = None
     seconds: float = 0.0
+    _tables: ClassVar[tuple[pa.Table, pa.Table] | None] = None  # held in memory (as SegmentResult's)
 
     def problem_count(self) -> int:
         """Findings this part will contribute (scan-time findings, CRC failures, lost regions), for the
@@ -226,9 +230,8 @@ class PartResult:
 
     def tables(self) -> tuple[pa.Table, pa.Table]:
         """The record and key tables: held in memory, or decoded from the IPC bytes (zero-copy)."""
-        t = getattr(self, "_tables", None)
-        if t is not None:
-            return t
+        if self._tables is not None:
+            return self._tables
         return _from_ipc(self.records_ipc, RECORD_SCHEMA), _from_ipc(self.keys_ipc, KEY_SCHEMA)
 
     def load_tables(self, fs_options: dict[str, Any] | None = None) -> None:
@@ -550,7 +553,7 @@ def merge_parts(tasks: list[SegmentTask], parts: list[PartResult], opts: AuditOp
     return out
 
 
-def merge_v2_findings(findings: list[Finding], line: Any) -> list[Finding]:
+def merge_v2_findings(findings: list[Finding], line: BrokerLine | None) -> list[Finding]:
     """All ``v2_record_on_4x`` findings as one (first place, total count), with the broker-line conflict.
 
     Under 4.x rules every V2 record is an error, but only the first matters (4.9.8's recovery stops
@@ -558,7 +561,7 @@ def merge_v2_findings(findings: list[Finding], line: Any) -> list[Finding]:
     A conflict without V2 records is a warning of its own."""
     v2 = [f for f in findings if f.kind == "v2_record_on_4x"]
     out = [f for f in findings if f.kind != "v2_record_on_4x"]
-    conflict = getattr(line, "conflict", None)
+    conflict = line.conflict if line is not None else None
     if v2:
         first = min(v2, key=lambda f: (f.file or "", f.offset or 0))
         n = sum(int((f.extra or {}).get("count", 1)) for f in v2)
@@ -567,7 +570,7 @@ def merge_v2_findings(findings: list[Finding], line: Any) -> list[Finding]:
         if conflict:
             detail += "; the store's own evidence says 5.x wrote it: audit with --broker-version 5 (or auto)"
         out.append(Finding("v2_record_on_4x", "error", first.file, first.offset, detail,
-                           {"count": n, "broker_line": getattr(line, "source", None)}))
+                           {"count": n, "broker_line": line.source if line is not None else None}))
     elif conflict:
         out.append(Finding("broker_line_conflict", "warning", None, None, conflict))
     return out

@@ -7,6 +7,8 @@ Not part of the test run. ``python -m tests.bench.bench_export [--size 2GB] [--s
 * scan: every segment decoded into the public columns (datasources' decoder, CRC verified), one task per
   segment on a fresh process pool with as many workers as the export uses (both pay the workers'
   start); export: the default engine (auto).
+* bound: the pool scan's batches written as one Parquet file per segment with the export's writer options
+  and nothing else: what no export of these columns with zstd can beat.
 * SQL: ``count(*)``, ``group by topic``, and a store-time range filter with a count, each run twice
   (the second timed) on the snapshot (``datasources.read_snapshot``) and on ``spark.read.format("rocketmq")``.
 * incremental: 1% more messages appended through storelib.broker.writer (the broker's write path), then
@@ -35,6 +37,33 @@ def _scan_segment(store: str, name: str) -> int:
 
     opts = MessageReadOptions.parse({"path": store, "maxSplitBytes": str(1 << 40)})
     return sum(b.num_rows for s in plan(opts) if s.segment_name == name for b in read_split(opts, s))
+
+
+def _scan_and_write_segment(store: str, out: str, name: str) -> int:
+    """The export's bound: :func:`_scan_segment`'s batches written as one Parquet file with the export's
+    writer options (its columns, zstd, dictionaries, statistics), without partitioning or manifest."""
+    import pyarrow.parquet as pq
+
+    from datasources.commitlog_reader import MessageReadOptions, plan, read_split
+    from storelib.snapshot.exporttask import DICTIONARY_COLUMNS, ROW_GROUP, STATS_COLUMNS
+
+    opts = MessageReadOptions.parse({"path": store, "maxSplitBytes": str(1 << 40)})
+    rows, writer = 0, None
+    for s in plan(opts):
+        if s.segment_name != name:
+            continue
+        for b in read_split(opts, s):
+            b = b.drop_columns(["_corrupt"])
+            if writer is None:
+                names = set(b.schema.names)
+                writer = pq.ParquetWriter(os.path.join(out, f"{name}.parquet"), b.schema, compression="zstd",
+                                          use_dictionary=[c for c in DICTIONARY_COLUMNS if c in names],
+                                          write_statistics=[c for c in STATS_COLUMNS if c in names])
+            writer.write_batch(b, row_group_size=ROW_GROUP)
+            rows += b.num_rows
+    if writer is not None:
+        writer.close()
+    return rows
 
 
 def _storelib_scan(store: str) -> int:
@@ -84,6 +113,15 @@ def main(argv: list[str] | None = None) -> None:
             t_scan, counts = _timed(lambda: pool.map(partial(_scan_segment, store), names))
         finally:
             pool.close()
+        bound_dir = os.path.join(work, "bound")
+        shutil.rmtree(bound_dir, ignore_errors=True)
+        os.makedirs(bound_dir)
+        pool = PoolEngine()
+        try:
+            t_bound, _ = _timed(lambda: pool.map(partial(_scan_and_write_segment, store, bound_dir), names))
+        finally:
+            pool.close()
+            shutil.rmtree(bound_dir, ignore_errors=True)
         t_one, n_one = _timed(partial(_storelib_scan, store))
         shutil.rmtree(out, ignore_errors=True)
         t_exp, m = _timed(lambda: export(ExportConfig(store=store, out=out, progress=False)))
@@ -92,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{m['totals']['bytes'] / 1e6:.0f} MB in {m['totals']['files']} files (engine {m['run']['engine']})")
         print(f"scan (pool, {os.cpu_count()} workers)   {t_scan:7.2f} s  {sum(counts) / t_scan:12,.0f} rows/s")
         print(f"storelib scan (1 process)  {t_one:7.2f} s  {n_one / t_one:12,.0f} rows/s")
+        print(f"scan + Parquet write (pool){t_bound:7.2f} s  ratio to the pool scan {t_scan / t_bound:.2f}: the bound "
+              f"of any export of these columns with zstd (no partitioning, no manifest)")
         print(f"export (default engine)    {t_exp:7.2f} s  {rows / t_exp:12,.0f} rows/s   "
               f"ratio to the pool scan {t_scan / t_exp:.2f} (target >= 0.8), to storelib's one-process scan "
               f"{t_one / t_exp:.2f}")
