@@ -39,6 +39,7 @@ from storelib.checks.queuestream import QueueMetaLoad, QueueStream, load_queue_m
 from storelib.checks.segment import RECORD_SCHEMA, SegmentResult, _Capped
 from storelib.checks.timers import TIMER_TOPIC, check_timer_store, has_timer_store
 from storelib.errors import Finding
+from storelib.format.checkpoint import Checkpoint
 
 
 def lost_ranges(store: Store, results: list[SegmentResult]) -> np.ndarray:
@@ -72,7 +73,7 @@ class CrossResults:
     qstats: dict
     consumers: list[dict]
     idx: dict
-    cp: Any
+    cp: Checkpoint | None
     timers: Any
     summary: LogSummary
     charts: dict[str, Any]  # the report's record-derived series (:mod:`storelib.checks.logcharts`)

@@ -23,6 +23,9 @@ from storelib.checks.segment import _Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.sampledcrc import sampled_crc
+from storelib.format.checkpoint import Checkpoint
+from storelib.format.indexdir import IndexFileRef
+from storelib.format.indexfile import IndexFile, IndexGeometry, IndexHeader
 
 
 @dataclass
@@ -31,7 +34,8 @@ class IndexLoad:
     record: loadable while the segments are still being audited. Entries are read again when compared."""
 
     findings: list[Finding] = field(default_factory=list)  # from listing index/
-    files: list[tuple[Any, Any, list[Finding] | None, Finding | None]] = field(default_factory=list)
+    files: list[tuple[IndexFileRef, IndexHeader | None, list[Finding] | None, Finding | None]] = field(
+        default_factory=list)
     # per file: (ref, header, validate findings, or the finding that it could not be opened)
 
 
@@ -46,7 +50,6 @@ def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str
     ``carried`` (an earlier run's :func:`check_index` ``snap``): files it checked that hold the same number
     of entries are not validated again (their findings are replayed, :func:`check_index`)."""
     from storelib.format.indexdir import list_index_files
-    from storelib.format.indexfile import IndexGeometry
 
     res = IndexLoad()
     refs = list_index_files(root, res.findings)
@@ -99,7 +102,7 @@ def key_codes(log: LogView) -> KeyCodes:
     return KeyCodes(kphy, khash, rank, kcode, kcode_sorted, kcode_sorted[np.searchsorted(kcode_sorted, 0):])
 
 
-def check_index(root: Location, log: LogView | None, settings: BrokerSettings, out: _Capped, checkpoint: Any,
+def check_index(root: Location, log: LogView | None, settings: BrokerSettings, out: _Capped, checkpoint: Checkpoint | None,
                 abort: bool, loaded: IndexLoad | None = None, stream: KeyStream | None = None,
                 carried: dict[str, dict] | None = None, snap: dict[str, dict] | None = None) -> dict:
     """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
@@ -198,7 +201,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
     return info
 
 
-def _resumed_file(c: dict, f: Any, ent: np.ndarray, skip: int, keys: KeyStream, file_info: dict,
+def _resumed_file(c: dict, f: IndexFile, ent: np.ndarray, skip: int, keys: KeyStream, file_info: dict,
                   file_max: int, out: _Capped, snap: dict[str, dict] | None) -> bool:
     """A file an earlier run checked (``c``): unchanged, what it found then is found again; grown since a
     clean check, only its new entries (against the keys) and its slot table are checked
@@ -221,7 +224,7 @@ def _resumed_file(c: dict, f: Any, ent: np.ndarray, skip: int, keys: KeyStream, 
     return True
 
 
-def _file_snapshot(f: Any, ent: np.ndarray, file_info: dict, file_max: int, fc: _Capped, last: bool) -> dict:
+def _file_snapshot(f: IndexFile, ent: np.ndarray, file_info: dict, file_max: int, fc: _Capped, last: bool) -> dict:
     """What a later run needs of a file checked in full: its entry count and fingerprint, what was found;
     for the last file (the one that grows) when clean, its slot table's CRC."""
     snap = {"count": len(ent), "index_count": f.header.index_count, "fp": _entries_fingerprint(ent, len(ent)),
@@ -293,7 +296,7 @@ def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[
                             "through any index file", {"phy": p, "key_hash": int(khash[missing[j]])}))
 
 
-def _abnormal_start_note(info: dict, out: _Capped, name: str, h: Any, idx_ts: int | None, abort: bool) -> None:
+def _abnormal_start_note(info: dict, out: _Capped, name: str, h: IndexHeader, idx_ts: int | None, abort: bool) -> None:
     """A file whose endTimestamp is after the checkpoint's indexMsgTimestamp: an abnormal start deletes it."""
     if idx_ts is not None and h.end_timestamp > idx_ts:
         info.setdefault("deleted_on_abnormal_start", []).append(name)
@@ -305,7 +308,7 @@ def _abnormal_start_note(info: dict, out: _Capped, name: str, h: Any, idx_ts: in
                         {"end_timestamp": h.end_timestamp, "index_msg_timestamp": idx_ts}))
 
 
-def _entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: Any, display: str, out: _Capped,
+def _entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: IndexGeometry, display: str, out: _Capped,
                              all_codes: list[np.ndarray], wrong_phy: list[np.ndarray]) -> np.ndarray:
     """Each entry of a file that is not the log's next keys looked up: the record it points at and whether
     its hash is one of that record's keys'. Returns the entries whose hash is wrong (0-based)."""
@@ -352,7 +355,7 @@ def _entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: Any
     return wrong
 
 
-def _check_chains(ent: np.ndarray, g: Any, display: str, out: _Capped, chunk: int = 1 << 17) -> None:
+def _check_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: _Capped, chunk: int = 1 << 17) -> None:
     """Every entry's prevIndex is the previous entry of its slot (0 for a slot's first).
 
     Entries are taken ``chunk`` at a time in entry order with the newest entry of each slot so far carried
