@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 if __package__ in (None, ""):  # spark-submit jobs/expiry.py: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from jobs.common import size_arg, time_arg
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.expiry import Policy, TimeModel
@@ -58,6 +59,53 @@ def run_grid_for(args: argparse.Namespace, stores: list[str], policies: list[Pol
         engine.close()
 
 
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The simulation's interval, rates and clock: the same on the command and the grid job."""
+    p.add_argument("--from", dest="start", type=time_arg, metavar="T", help="simulation start (ISO-8601 or epoch "
+                   "ms); default: the store's last message time")
+    p.add_argument("--until", type=time_arg, metavar="T", help="simulation end (ISO-8601 or epoch ms); default: "
+                   "start + 7 days, shortened when the observed ingest would write more segments than are worth "
+                   "simulating (the output says so)")
+    p.add_argument("--disk-other-used", type=size_arg, default=0, metavar="SIZE",
+                   help="bytes used on the partition by other data, e.g. 10GB (default 0)")
+    p.add_argument("--ingest", default="observed", metavar="observed|SIZE_PER_S",
+                   help="commitlog growth per second, e.g. 5MB (default: observed over the store's message times)")
+    p.add_argument("--consumption", default="observed", metavar="observed|MSGS_PER_S",
+                   help="per-queue consumer speed (default: each queue's production rate, i.e. constant lag)")
+    p.add_argument("--tz", default="UTC", help="the broker JVM's time zone for deleteWhen (default UTC)")
+    p.add_argument("--mtimes", choices=["auto", "file", "store-time"], default="auto",
+                   help="segment last-modified times: file mtimes, last message store times, or auto-detect "
+                        "mtimes lost in a copy (default)")
+
+
+def _rate(text: str, what: str) -> float | None:
+    """'observed' (None), or a rate: a plain number, or a size per second for --ingest (``5MB``, ``5MB/s``)."""
+    if text == "observed":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        from storelib.units import parse_size
+
+        try:
+            v = float(parse_size(str(text).removesuffix("/s")))
+        except ValueError:
+            raise ValueError(f"--{what} must be 'observed' or a rate such as 5MB (per second), not {text!r}") from None
+    if v < 0 or v != v:
+        raise ValueError(f"--{what} must not be negative")
+    return v
+
+
+def time_model(args: argparse.Namespace) -> TimeModel:
+    """The simulation's time model from --from, --until, --ingest and --consumption."""
+    from storelib.broker.expiry import parse_time_ms
+
+    return TimeModel(start_ms=parse_time_ms(args.start) if args.start else None,
+                     until_ms=parse_time_ms(args.until) if args.until else None,
+                     ingest_bytes_per_s=_rate(args.ingest, "ingest"),
+                     consumption_msgs_per_s=_rate(args.consumption, "consumption"))
+
+
 def _ints(text: str) -> list[int]:
     return [int(float(x)) for x in text.split(",") if x.strip()]
 
@@ -70,7 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="expiry.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stores", nargs="+", metavar="STORE")
-    from jobs.commands.expiry import add_model_args
     from jobs.common import add_fs_args, add_settings_args
 
     add_settings_args(p)
@@ -88,7 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jobs.commands.expiry import time_model
     from jobs.common import fs_options, print_table, settings_from_args
     from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html, write_text_atomic
     from storelib.fileio.bytesource import resolve

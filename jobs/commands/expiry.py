@@ -20,12 +20,12 @@ from jobs.common import (
     time_arg,
 )
 from jobs.engines import add_engine_args
+from jobs.expiry import add_model_args, run_grid_for, time_model
 from jobs.expiry_report import _ranges_text
 from storelib.broker.brokerconf import BrokerSettings, load_conf_over
 from storelib.fileio.bytesource import resolve
 
 if TYPE_CHECKING:
-    from storelib.broker.expiry import TimeModel
     from storelib.broker.store import Store
 
 EXAMPLE = """example:
@@ -35,25 +35,6 @@ A --policy file holds broker.conf keys (fileReservedTime, deleteWhen, diskMaxUse
 cleanFileForciblyEnable, deleteFileBatchMax, ...) overriding --broker-conf, plus optionally
 diskCapacity, diskOtherUsed, manualDeleteAt (';'-separated times) and jvmTimeZone.
 """
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    """The simulation's interval, rates and clock: the same on the command and the grid job."""
-    p.add_argument("--from", dest="start", type=time_arg, metavar="T", help="simulation start (ISO-8601 or epoch "
-                   "ms); default: the store's last message time")
-    p.add_argument("--until", type=time_arg, metavar="T", help="simulation end (ISO-8601 or epoch ms); default: "
-                   "start + 7 days, shortened when the observed ingest would write more segments than are worth "
-                   "simulating (the output says so)")
-    p.add_argument("--disk-other-used", type=size_arg, default=0, metavar="SIZE",
-                   help="bytes used on the partition by other data, e.g. 10GB (default 0)")
-    p.add_argument("--ingest", default="observed", metavar="observed|SIZE_PER_S",
-                   help="commitlog growth per second, e.g. 5MB (default: observed over the store's message times)")
-    p.add_argument("--consumption", default="observed", metavar="observed|MSGS_PER_S",
-                   help="per-queue consumer speed (default: each queue's production rate, i.e. constant lag)")
-    p.add_argument("--tz", default="UTC", help="the broker JVM's time zone for deleteWhen (default UTC)")
-    p.add_argument("--mtimes", choices=["auto", "file", "store-time"], default="auto",
-                   help="segment last-modified times: file mtimes, last message store times, or auto-detect "
-                        "mtimes lost in a copy (default)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,24 +53,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-file", metavar="F",
                    help="write Prometheus metrics (textfile-collector format, atomically) to F: per policy the "
                         "next deletion time, bytes freed, unconsumed messages lost (docs/scheduling.md)")
-
-
-def _rate(text: str, what: str) -> float | None:
-    """'observed' (None), or a rate: a plain number, or a size per second for --ingest (``5MB``, ``5MB/s``)."""
-    if text == "observed":
-        return None
-    try:
-        v = float(text)
-    except ValueError:
-        from storelib.units import parse_size
-
-        try:
-            v = float(parse_size(str(text).removesuffix("/s")))
-        except ValueError:
-            raise ValueError(f"--{what} must be 'observed' or a rate such as 5MB (per second), not {text!r}") from None
-    if v < 0 or v != v:
-        raise ValueError(f"--{what} must not be negative")
-    return v
 
 
 def load_policy(path: str, base: BrokerSettings) -> BrokerSettings:
@@ -133,18 +96,7 @@ def _timer_losses(store: Store, report: dict) -> None:
         p["timers"] = timer_losses(timers, p["deletions"], store.commitlog.segment_size, groups)
 
 
-def time_model(args: argparse.Namespace) -> TimeModel:
-    """The simulation's time model from --from, --until, --ingest and --consumption."""
-    from storelib.broker.expiry import TimeModel, parse_time_ms
-
-    return TimeModel(start_ms=parse_time_ms(args.start) if args.start else None,
-                     until_ms=parse_time_ms(args.until) if args.until else None,
-                     ingest_bytes_per_s=_rate(args.ingest, "ingest"),
-                     consumption_msgs_per_s=_rate(args.consumption, "consumption"))
-
-
 def run_args(args: argparse.Namespace) -> int:
-    from jobs.expiry import run_grid_for
     from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
     from storelib.broker.store import Store
 
