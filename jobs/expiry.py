@@ -136,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from jobs.common import fs_options, print_table, settings_from_args
-    from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html, write_text_atomic
+    from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
     from storelib.fileio.bytesource import resolve
+    from storelib.fileio.smallfile_io import atomic_write
 
     args = build_parser().parse_args(argv)
     fs = fs_options(args)
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = run_grid_for(args, args.stores, policies, time_model(args), base, mtimes=args.mtimes,
                         summary_only=args.summary_only, fs_options=fs, describe=html)
     if args.out:
-        write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in grid.results))
+        atomic_write(args.out, "".join(json.dumps(r) + "\n" for r in grid.results).encode("utf-8"))
     for store in args.stores:
         mine = [r for r in grid.results if r["store"] == store]
         print(f"\n{store}: {len(mine)} policies")

@@ -8,20 +8,14 @@ from __future__ import annotations
 
 import html
 import io
-import time
 from typing import Any
 
-from storelib.fileio.publish import atomic_local_file
+from jobs.common import human_ms
+from storelib.fileio.smallfile_io import atomic_write
 
 COMPARE_COLUMNS = ["policy", "reserved_h", "deleteWhen", "max_used%", "capacity", "deleted", "time", "space",
                    "forced", "manual", "first_deletion", "lost_msgs", "lost_bytes", "groups_lost", "first_loss",
                    "max_ratio"]
-
-
-def _t(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
 def compare_rows(policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -33,9 +27,9 @@ def compare_rows(policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "policy": p["name"], "reserved_h": s["file_reserved_time"], "deleteWhen": s["delete_when"],
             "max_used%": s["disk_max_used_space_ratio"],
             "capacity": "-" if s["disk_capacity"] is None else s["disk_capacity"],
-            "deleted": m["commitlog_deleted"], **m["by_reason"], "first_deletion": _t(m["first_deletion_ms"]),
+            "deleted": m["commitlog_deleted"], **m["by_reason"], "first_deletion": human_ms(m["first_deletion_ms"]),
             "lost_msgs": m["lost_messages"], "lost_bytes": m["lost_bytes"], "groups_lost": m["groups_with_loss"],
-            "first_loss": _t(m["first_loss_ms"]),
+            "first_loss": human_ms(m["first_loss_ms"]),
             "max_ratio": "-" if m["max_ratio"] is None else f"{m['max_ratio']:.2f}",
         })
     return rows
@@ -119,7 +113,7 @@ def disk_figure(policies: list[dict[str, Any]], start_ms: int | None = None):
         ax.axhline(cap, color="#555555", ls=(0, (6, 3)), lw=1, label=f"capacity {_human_bytes(cap)}")
     ax.yaxis.set_major_formatter(FuncFormatter(_human_bytes))
     ax.set_ylim(bottom=0)
-    ax.set_xlabel(f"hours since {_t(t0)}")
+    ax.set_xlabel(f"hours since {human_ms(t0)}")
     ax.set_ylabel("bytes used")
     many = " (first 12 policies)" if len(policies) > 12 else ""
     ax.set_title("Disk usage over time" + many + ("; long runs: each interval's peak and trough"
@@ -181,8 +175,8 @@ def render_html(report: dict[str, Any]) -> str:
         "h2{margin-top:1.6em}</style></head><body>",
         f"<h1>Expiry simulation: {html.escape(str(sim.get('store', '')))}</h1>",
         "<ul>",
-        f"<li>snapshot {_t(sim.get('snapshot_ms'))}; simulated {_t(sim.get('start_ms'))} → {_t(sim.get('until_ms'))}"
-        f" (first cleaner run {_t(sim.get('first_tick_ms'))})</li>",
+        f"<li>snapshot {human_ms(sim.get('snapshot_ms'))}; simulated {human_ms(sim.get('start_ms'))} → {human_ms(sim.get('until_ms'))}"
+        f" (first cleaner run {human_ms(sim.get('first_tick_ms'))})</li>",
         f"<li>ingest {sim.get('ingest_bytes_per_s', 0):.3f} bytes/s ({html.escape(str(sim.get('ingest_source')))});"
         f" consumption: {html.escape(str(sim.get('consumption')))}</li>",
         f"<li>segment last-modified times from: <b>{html.escape(str(sim.get('mtime_source')))}</b></li>",
@@ -197,10 +191,10 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(f"<h2>Policy {html.escape(p['name'])}</h2>")
         for w in p.get("warnings", []):
             parts.append(f"<p><b>warning:</b> {html.escape(w)}</p>")
-        cl = [dict(d, time=_t(d["time_ms"])) for d in p["deletions"]]
+        cl = [dict(d, time=human_ms(d["time_ms"])) for d in p["deletions"]]
         parts.append(f"<h3>Deletion timeline ({len(cl)} files)</h3>")
         parts.append(_table(cl, ["time", "file", "kind", "reason"], limit=300))
-        lost = [dict(g, first_loss=_t(g["first_loss_ms"]), ranges=_ranges_text(g["lost_offsets"]))
+        lost = [dict(g, first_loss=human_ms(g["first_loss_ms"]), ranges=_ranges_text(g["lost_offsets"]))
                 for g in p["groups"]]
         parts.append("<h3>Consumer groups</h3>")
         parts.append(_table(lost, ["group", "topic", "queue_id", "committed_offset", "lost_messages", "lost_bytes",
@@ -209,15 +203,9 @@ def render_html(report: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """Temp file + rename, with the permissions ``open`` would give (see ``atomic_local_file``)."""
-    with atomic_local_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
 def write_html(path: str, report: dict[str, Any]) -> None:
     """Render and write the report atomically."""
-    write_text_atomic(path, render_html(report))
+    atomic_write(path, render_html(report).encode("utf-8"))
 
 
 def _ranges_text(ranges: list, show: int = 20) -> str:

@@ -113,9 +113,9 @@ def run_args(args: argparse.Namespace) -> int:
               "policies": [{k: v for k, v in r.items() if k != "store"} for r in grid.results]}
     _timer_losses(store, report)
     if args.out:
-        from jobs.expiry_report import write_text_atomic
+        from storelib.fileio.smallfile_io import atomic_write
 
-        write_text_atomic(args.out, json.dumps(report, ensure_ascii=False))
+        atomic_write(args.out, json.dumps(report, ensure_ascii=False).encode("utf-8"))
     if args.html:
         write_html(args.html, report)
     if args.metrics_file:
