@@ -151,6 +151,19 @@ def note(msg: str, quiet: bool = False) -> None:
         sys.stderr.flush()
 
 
+class Stage:
+    """Timed stage lines of a job on stderr (``rebuild [    1.2s] phase A: ...``), flushed at once; none
+    when not ``enabled``. Called with the text, as the engines' ``say``."""
+
+    def __init__(self, job: str, enabled: bool = True):
+        self.job, self.enabled, self.t0 = job, enabled, time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        if self.enabled:
+            sys.stderr.write(f"{self.job} [{time.monotonic() - self.t0:7.1f}s] {text}\n")
+            sys.stderr.flush()
+
+
 class Progress:
     """Progress lines on stderr (only when stderr is a terminal, or when forced)."""
 

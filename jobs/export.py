@@ -23,6 +23,7 @@ from typing import Any
 if __package__ in (None, ""):  # spark-submit jobs/export.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from jobs.common import Stage
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
 from storelib.broker.recovery import finish_walk, plan_recovery, store_inputs
 from storelib.broker.store import Store, load_settings
@@ -65,18 +66,9 @@ class ExportConfig:
     progress: bool = True
 
 
-class _Say:
-    def __init__(self, enabled: bool):
-        self.enabled, self.t0 = enabled, time.monotonic()
-
-    def __call__(self, text: str) -> None:
-        if self.enabled:
-            sys.stderr.write(f"export [{time.monotonic() - self.t0:7.1f}s] {text}\n")
-
-
 def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -> dict[str, Any]:
     """Export (or bring up to date) the snapshot; returns the manifest."""
-    say = _Say(cfg.progress)
+    say = Stage("export", cfg.progress)
     t0 = time.monotonic()
     for p in cfg.partition_by:
         if p not in PARTITIONS:

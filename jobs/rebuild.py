@@ -46,8 +46,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs.common import Stage
 from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
-from jobs.rebuild_tasks import Reporter, run_tasks
+from jobs.rebuild_tasks import run_tasks
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.rebuildsource import (
     cq_layout_notes,
@@ -124,7 +125,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     the store's own files with storelib.broker.dispatch in this process.
     ``engine``: run the phase tasks on this engine instead (the caller owns it)."""
     what = _checked_what(cfg)
-    say = Reporter(cfg.progress)
+    say = Stage("rebuild", cfg.progress)
     t0 = time.time()
     root = resolve(cfg.store, **cfg.fs_options)
     settings = load_settings(cfg, root)

@@ -6,11 +6,10 @@ index file). Intermediates go through files in ``staging/_work``, removed here w
 
 from __future__ import annotations
 
-import sys
-import time
 from functools import partial
 from typing import Any
 
+from jobs.common import Stage
 from jobs.engines import Engine
 from storelib.broker.brokerconf import BrokerSettings
 from storelib.broker.indexmerge import kept_counts, layout, name_files, running_max_before
@@ -39,21 +38,8 @@ from storelib.fileio.staging import drop_staging
 from storelib.format.checkpoint import Checkpoint
 
 
-class Reporter:
-    """Stage and segment progress lines on stderr."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.t0 = time.monotonic()
-
-    def __call__(self, text: str) -> None:
-        if self.enabled:
-            sys.stderr.write(f"rebuild [{time.monotonic() - self.t0:7.1f}s] {text}\n")
-            sys.stderr.flush()
-
-
 def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
-              say: Reporter, fs_options: dict[str, Any], partitions: int | None = None,
+              say: Stage, fs_options: dict[str, Any], partitions: int | None = None,
               name_tz: str = "UTC") -> EngineResult:
     """Phases A/B/C as tasks on ``engine`` (a process pool or Spark); intermediates are exchanged through
     files in ``staging/_work`` (no shuffle or cache of Python objects), which every worker reads and
@@ -88,7 +74,7 @@ def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: L
 
 
 def _run_bc(engine: Engine, ctx: RebuildContext, jobs: list[tuple[int, list[int]]], ix: IndexPlan | None,
-            out: EngineResult, say: Reporter) -> dict[str, dict[str, Any]]:
+            out: EngineResult, say: Stage) -> dict[str, dict[str, Any]]:
     """Phases B and C in one engine job; returns the written files' {rel: {size, sha256}}, sorted."""
     # phases B and C are independent: one Spark job runs both, index files first (one long task
     # per file) so the consume-queue tasks fill the other cores around them
@@ -122,7 +108,7 @@ def _run_bc(engine: Engine, ctx: RebuildContext, jobs: list[tuple[int, list[int]
 
 
 def _index_plan(engine: Engine, metas: dict[int, Meta], inc: list[int], ctx: RebuildContext, out: EngineResult,
-                say: Reporter, name_tz: str) -> IndexPlan:
+                say: Stage, name_tz: str) -> IndexPlan:
     """Schedule the index merge steps: the duplicate test's counts (on the engine when a segment needs it),
     the layout, each file's first time (for its name)."""
     g = ctx.geometry

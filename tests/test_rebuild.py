@@ -393,13 +393,13 @@ def test_cli_rebuild_prints_a_summary(tmp_path, sample_498, capsys):
 # holding ``text`` (a real step of the job, mid-way)
 _KILL_AT_PROGRESS = """
 import os, signal, sys
-from jobs.rebuild_tasks import Reporter
-orig = Reporter.__call__
+from jobs.common import Stage
+orig = Stage.__call__
 def report(self, text):
     orig(self, text)
     if sys.argv[1] in text:
         os.kill(os.getpid(), signal.SIGKILL)
-Reporter.__call__ = report
+Stage.__call__ = report
 from jobs.cli import main
 sys.exit(main(sys.argv[2:]))
 """
