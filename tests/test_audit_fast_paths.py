@@ -366,6 +366,65 @@ def test_index_chains_checked_in_chunks_find_what_the_whole_file_check_finds(chu
         assert found[0].offset == g.entry_pos(first) + 16 and f"entry {first})" in found[0].detail
 
 
+@pytest.mark.parametrize("chunk", [1, 5, 64, 1 << 20])
+def test_index_chains_proved_without_sorting_exactly_when_no_entry_is_off(chunk):
+    """The sort-free proof (``_chains_hold``) against the entry-by-entry reference, on corruptions that keep
+    every link plausible: a link to an earlier entry of the same slot that is not the previous one, two
+    entries linked to the same one, links swapped within a slot, across chunks, into another slot, forward,
+    to 0, negative."""
+    from storelib.checks.segment import _Capped
+    from storelib.format.indexfile import ENTRY_DTYPE, IndexGeometry
+
+    slots = 16
+    g = IndexGeometry(slots, 4000)
+    rng = np.random.default_rng(11)
+    m = 600
+    kh = rng.integers(0, 1 << 31, m, dtype=np.int64)
+    kh[rng.choice(m, 15, replace=False)] *= -1
+    slot = np.where(kh >= 0, kh % slots, -1)
+    newest: dict[int, int] = {}
+    prev = np.zeros(m, np.int64)
+    for i, s in enumerate(slot.tolist()):
+        prev[i] = newest.get(s, 0)
+        newest[s] = i + 1
+    same = {s: np.flatnonzero(slot == s) for s in set(slot.tolist())}  # each slot's entries (0-based)
+
+    def corrupt(kind: str, e: np.ndarray) -> None:
+        pv = e["prev_index"]
+        i = int(rng.choice([j for j in range(m) if np.searchsorted(same[slot[j]], j) >= 2]))
+        older = same[slot[i]][: np.searchsorted(same[slot[i]], i)]  # 0-based earlier entries of i's slot
+        if kind == "skip":  # an earlier entry of the slot, not the previous one
+            pv[i] = int(older[-2]) + 1
+        elif kind == "shared":  # the same target as the previous entry of the slot
+            pv[i] = pv[older[-1]]
+        elif kind == "swap":  # two links of one slot exchanged
+            j = int(older[-1])
+            pv[i], pv[j] = pv[j], pv[i]
+        elif kind == "other_slot":  # the last entry of another slot, which no other entry links to
+            i = max(j for j in range(m) if np.searchsorted(same[slot[j]], j) >= 1)
+            pv[i] = int(rng.choice([int(v[-1]) for s, v in same.items() if s != slot[i] and v[-1] < i])) + 1
+        elif kind == "forward":
+            pv[i] = min(m, i + 2)
+        elif kind == "zero":
+            pv[i] = 0
+        elif kind == "negative":
+            pv[i] = -3
+
+    kinds = ["skip", "shared", "swap", "other_slot", "forward", "zero", "negative"]
+    trials = [[]] + [[k] for k in kinds for _ in range(6)] + [rng.choice(kinds, 2).tolist() for _ in range(20)]
+    for trial, chosen in enumerate(trials):  # every kind alone, then pairs
+        e = np.zeros(m, dtype=ENTRY_DTYPE)
+        e["key_hash"], e["prev_index"] = kh, prev
+        for kind in chosen:
+            corrupt(kind, e)
+        count, first = _chains_reference(kh, e["prev_index"].astype(np.int64), slots)
+        assert index_checks._chains_hold(e, slots, chunk) == (count == 0), trial
+        out = _Capped()
+        index_checks._check_chains(e, g, "index/x", out, chunk=chunk)
+        found = [f for f in out.done() if f.kind == "index_chain_broken"]
+        assert (found[0].extra["count"], found[0].offset) == (count, g.entry_pos(first) + 16) if count else not found
+
+
 def _validation_reference(idx) -> list[tuple[str, int]]:
     """The per-entry structure checks over the whole file at once (the one-pass formulation the chunked
     validation replaced): (kind, offset) of each finding, in the validation's order."""

@@ -359,8 +359,56 @@ def _check_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: _Capped,
     """Every entry's prevIndex is the previous entry of its slot (0 for a slot's first).
 
     Entries are taken ``chunk`` at a time in entry order with the newest entry of each slot so far carried
-    between chunks (one int32 per slot), so the memory is the slot table and a chunk, not the file. The
-    first broken entry reported is the one a sort of all entries by (slot, entry number) meets first."""
+    between chunks (one int32 per slot), so the memory is the slot tables and a chunk, not the file. A
+    file whose chains hold is proved so without sorting (:func:`_chains_hold`: a few gathers and scatters
+    per chunk, ~7x less than sorting it); any other is checked by :func:`_broken_chains`, which says
+    which entries are off."""
+    if not _chains_hold(ent, g.hash_slot_num, chunk):
+        _broken_chains(ent, g, display, out, chunk)
+
+
+def _chains_hold(ent: np.ndarray, N: int, chunk: int) -> bool:
+    """Do all chains hold? Per chunk, with ``newest`` the newest entry of each slot before it: every link
+    into the chunk goes to an earlier entry of the same slot, and no entry is linked to twice; every
+    other link is its slot's ``newest``, and at most one per slot. Then, slot by slot, the chunk's first
+    entry links to ``newest`` (it has no earlier one in the chunk) and, that link being taken, the second
+    can only link to the first, the third to the second, and so on: each link is the previous entry."""
+    newest = np.zeros(N + 1, np.int32)  # per slot (N: negative hashes)
+    stamp = np.zeros(N + 1, np.int32)  # per slot, an entry number (unique: no reset between chunks)
+    for lo in range(0, len(ent), chunk):
+        part = ent[lo:lo + chunk]
+        m = len(part)
+        kh = part["key_hash"].astype(np.int64)
+        slot = kh % N
+        slot[kh < 0] = N
+        p = part["prev_index"].astype(np.int64)
+        inside = p > lo
+        li = np.flatnonzero(inside)  # entries linked to one of this chunk (local indexes)
+        pt = p[li] - (lo + 1)  # ... and the entry each is linked to
+        if np.any(pt >= li) or np.any(slot[pt] != slot[li]):
+            return False
+        local = np.zeros(m, np.int32)
+        local[pt] = li + 1
+        if np.any(local[pt] != li + 1):  # an entry linked to twice
+            return False
+        lx = np.flatnonzero(~inside)
+        so = slot[lx]
+        if np.any(p[lx] != newest[so]):
+            return False
+        num = (lx + (lo + 1)).astype(np.int32)
+        stamp[so] = num
+        if np.any(stamp[so] != num):  # two links to the same slot's newest
+            return False
+        tail = np.ones(m, bool)  # a slot's last entry in the chunk: linked to by none
+        tail[pt] = False
+        ti = np.flatnonzero(tail)
+        newest[slot[ti]] = ti + (lo + 1)
+    return True
+
+
+def _broken_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: _Capped, chunk: int = 1 << 17) -> None:
+    """The chains entry by entry (sorted by slot a chunk at a time): how many entries are off, and the
+    first one a sort of all entries by (slot, entry number) meets."""
     N = g.hash_slot_num
     newest = np.zeros(N + 1, np.int32)  # per slot (N: negative hashes), the newest entry number so far
     broken = 0
