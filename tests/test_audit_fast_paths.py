@@ -219,6 +219,19 @@ def test_queue_group_order_equals_the_stable_sort_of_the_codes():
         assert np.array_equal(_queue_group_order(code, t, q, n_topics), np.argsort(code, kind="stable"))
 
 
+def test_group_order_equals_the_stable_sort_on_every_path():
+    """The radix path (a narrow range), the dense-rank path (few values spread wide) and the plain sort
+    (more than 65536 values), on the partition keys of the export and the generator's queue codes."""
+    from storelib.scan.arrowcols import group_order
+
+    rng = np.random.default_rng(5)
+    cases = [rng.integers(0, 16, 30000), rng.integers(-5, 5, 30000) * (1 << 40), rng.integers(0, 1 << 40, 90000),
+             np.zeros(1, np.int64), np.zeros(0, np.int64), np.arange(70000)[::-1]]
+    for code in cases:
+        code = code.astype(np.int64)
+        assert np.array_equal(group_order(code), np.argsort(code, kind="stable"))
+
+
 def test_index_validation_sees_a_stray_entry_after_a_hole(store):
     from storelib.format.indexfile import IndexFile, IndexGeometry
 

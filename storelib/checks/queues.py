@@ -16,6 +16,7 @@ from storelib.fileio.bytesource import Location, data_ranges
 from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, ConsumeQueue, batch_cq_topics, list_queues
 from storelib.format.record import INNER_BATCH_FLAG
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
+from storelib.scan.arrowcols import group_order
 
 
 def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dict]:
@@ -81,25 +82,12 @@ def gap_finding(topic: str, qid: int, before: int, after: int, phy: int, segment
 def _queue_group_order(code: np.ndarray, topic_idx: np.ndarray, qid: np.ndarray, n_topics: int) -> np.ndarray:
     """``np.argsort(code, kind="stable")`` for ``code = topic_idx << 32 | qid (as uint32)``: when queue ids
     are small and non-negative, (topic, queue) numbered densely in the same order fit 16 bits (a radix
-    sort, no ``unique``); otherwise :func:`_stable_group_order`."""
+    sort, no ``unique``); otherwise :func:`storelib.scan.arrowcols.group_order`."""
     if len(qid) > 1:
         qmin, qmax = int(qid.min()), int(qid.max())
         if qmin >= 0 and n_topics * (qmax + 1) <= 1 << 16:
             return np.argsort((topic_idx * (qmax + 1) + qid).astype(np.uint16), kind="stable")
-    return _stable_group_order(code)
-
-
-def _stable_group_order(code: np.ndarray) -> np.ndarray:
-    """``np.argsort(code, kind="stable")`` for a column of few distinct values (topic/queue codes): their
-    dense ranks fit 16 bits, where numpy's stable argsort is a radix sort (several times faster)."""
-    if len(code) > 1:
-        lo, hi = int(code.min()), int(code.max())
-        if hi - lo < 1 << 16:
-            return np.argsort((code - lo).astype(np.uint16), kind="stable")
-        uniq, inv = np.unique(code, return_inverse=True)
-        if len(uniq) <= 1 << 16:
-            return np.argsort(inv.astype(np.uint16), kind="stable")
-    return np.argsort(code, kind="stable")
+    return group_order(code)
 
 
 def _seg_name(log: LogView, row: int) -> str:

@@ -58,6 +58,7 @@ from storelib.generator.genplan import (
     RecordPlan,
     be_bytes,
 )
+from storelib.scan.arrowcols import group_order
 from storelib.scan.commitlog import offset_to_file_name
 
 
@@ -185,7 +186,7 @@ def _queue_offsets(lay: FileLayout, plan: RecordPlan) -> np.ndarray:
     """
     n = len(plan)
     code = plan.topic_id.astype(np.int64) << 32 | plan.queue_id.astype(np.int64)
-    order = np.argsort(code, kind="stable")
+    order = group_order(code)
     cs = code[order]
     starts_g = np.flatnonzero(np.r_[True, cs[1:] != cs[:-1]])
     grp_len = np.diff(np.r_[starts_g, n])

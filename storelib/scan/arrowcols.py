@@ -39,6 +39,20 @@ def gather_be(a: np.ndarray, offs: np.ndarray, width: int, dtype: str) -> np.nda
     return overlapping(a, dtype)[offs].astype(np.int64)
 
 
+def group_order(code: np.ndarray) -> np.ndarray:
+    """``np.argsort(code, kind="stable")`` for a column of few distinct values (topic, queue or partition
+    codes): their dense ranks fit 16 bits, where numpy's stable argsort is a radix sort (65 k rows: 0.4 ms
+    against 2 ms)."""
+    if len(code) > 1:
+        lo, hi = int(code.min()), int(code.max())
+        if hi - lo < 1 << 16:
+            return np.argsort((code - lo).astype(np.uint16), kind="stable")
+        uniq, inv = np.unique(code, return_inverse=True)
+        if len(uniq) <= 1 << 16:
+            return np.argsort(inv.astype(np.uint16), kind="stable")
+    return np.argsort(code, kind="stable")
+
+
 def offsets_from_lens(lens: np.ndarray) -> np.ndarray:
     out = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(lens, out=out[1:])

@@ -16,6 +16,7 @@ from storelib.broker.recovery import SegmentTask, WalkPlan, iter_task
 from storelib.fileio.bytesource import Location, open_source, resolve, sha256_of
 from storelib.fileio.memory import keep_freed_memory
 from storelib.format.topicname import escape_topic
+from storelib.scan.arrowcols import group_order
 from storelib.scan.messagecols import message_batch
 from storelib.scan.scanner import SegmentEnd
 from storelib.snapshot.directory import file_schema, partitioning
@@ -90,7 +91,7 @@ class _Partitions:
         key = np.zeros(batch.num_rows, np.int64)
         for enc in codes:
             key = key * len(enc.dictionary) + np.asarray(enc.indices, dtype=np.int64)
-        order = np.argsort(key, kind="stable")
+        order = group_order(key)  # dispatch order kept inside a partition
         sk = key[order]
         cuts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1], True])
         data = data.take(pa.array(order))
