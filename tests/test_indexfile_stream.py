@@ -43,16 +43,17 @@ def _stream(runs: list[ChainRun], g: IndexGeometry, prev: IndexState | None, chu
     return out.getvalue(), header, digest
 
 
-def test_local_chains_link_each_key_to_the_previous_key_of_its_slot():
+@pytest.mark.parametrize("slots", [13, 5000, 1 << 20])  # every slot shared; some; nearly every key alone
+def test_local_chains_link_each_key_to_the_previous_key_of_its_slot(slots):
     rng = np.random.default_rng(3)
-    h = rng.integers(0, 2**31 - 1, 500)
+    h = rng.integers(0, 2**31 - 1, 3000)
     h[::7] = 99
-    prev, tail = local_chains(h, 13)
+    prev, tail = local_chains(h, slots)
     last: dict[int, int] = {}
     want_prev = []
     for i, x in enumerate(h.tolist()):
-        want_prev.append(last.get(x % 13, -1))
-        last[x % 13] = i
+        want_prev.append(last.get(x % slots, -1))
+        last[x % slots] = i
     assert prev.tolist() == want_prev
     assert sorted(np.flatnonzero(tail).tolist()) == sorted(last.values())
 
