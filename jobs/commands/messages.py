@@ -125,5 +125,3 @@ def run_args(args: argparse.Namespace) -> int:
         if out is not sys.stdout:
             out.close()
     return 0
-
-

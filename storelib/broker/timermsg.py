@@ -125,8 +125,6 @@ def timer_messages(store: Store, log: TimerLog, precision_ms: int = 1000) -> pa.
 
 def store_timers(store: Store) -> pa.Table:
     """:func:`timer_messages` of a store with its own settings (timerlog file size, precision)."""
-    from storelib.format.timerstore import precision_of, read_timerlog
-
     s = store.settings
     return timer_messages(store, read_timerlog(store.loc, s.mapped_file_size_timer_log), precision_of(s))
 
@@ -173,7 +171,7 @@ def timer_losses(timers: pa.Table, deletions: list[dict], segment_size: int,
             "by_topic": dict(sorted(by_topic.items()))}
 
 
-def timer_store_summary(store: Any) -> dict[str, Any]:
+def timer_store_summary(store: Store) -> dict[str, Any]:
     """The timer store at a glance, read once (``rmqstore timers``): the timerlog, the wheel, every timer
     message (:func:`timer_messages`), the files' findings and a summary dict."""
     s = store.settings

@@ -232,7 +232,8 @@ class SegmentScan:
         The leading run of well-formed records is found column-wise (:class:`ChainRun`); from where it
         ends, one tight Python loop reads only TOTALSIZE. MAGIC and "the record fits" are then checked
         column-wise for what the loop found, and the walk is cut at the first record that fails them;
-        the reason is classified exactly as the broker would. Everything else is validated by :class:`BatchDecoder`. ``starts`` are absolute offsets.
+        the reason is classified exactly as the broker would. Everything else is validated by
+        :class:`BatchDecoder`. ``starts`` are absolute offsets.
         """
         seg_len, stop, rows = self.seg_len, self.stop, self.batch_rows
         vend = view_base + len(view)
