@@ -34,31 +34,29 @@ import contextlib
 import json
 import os
 import sys
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 if __package__ in (None, ""):  # spark-submit jobs/audit.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from typing import Any
 
+import jobs.engines.audit_tasks as audit_tasks
 from jobs.common import note
-from jobs.engines.audit_tasks import run_segments
-from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
+from jobs.engines.schedulers import Engine, LocalEngine, add_engine_args, make_engine, resolve_engine_name
 from jobs.reports.audit_report import build_report, jsonable, render_html
 from jobs.reports.audit_summary import EXIT_FAILED, damage_cost, exit_code, summary_text
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
 from storelib.checks.auditstate import load_state, merge_appended, plan, save_state
 from storelib.checks.crossfile import run_cross_checks
-from storelib.checks.index import load_index_files
 from storelib.checks.logview import ResumeFailed
-from storelib.checks.queuestream import load_queue_meta
 from storelib.checks.segment import (
     SEVERITY_RANK,
     AuditOptions,
     SegmentResult,
 )
+from storelib.checks.tasks.crossplan import QueuePlan, cross_context, partitioned_checks, queue_meta_tasks
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
 from storelib.scan.fingerprint import fingerprint
@@ -69,8 +67,13 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
                 quiet: bool = False, now_ms: int | None = None, version: str | None = None,
                 split_bytes: int | None = None, overrides: dict[str, Any] | None = None,
                 work_dir: str | None = None, transfer: str = "auto", threads: bool = True,
-                workers: int | None = None, master: str | None = None) -> dict[str, Any]:
+                workers: int | None = None, master: str | None = None, cross: str = "tasks") -> dict[str, Any]:
     """Audit a store and return the report dict (the JSON report's content).
+
+    ``cross``: the cross-file checks as partitioned tasks on the engine (``tasks``, the default; the driver
+    merges their findings and summaries), or all on this process (``driver``: streamed, the whole view
+    for what that cannot settle; the reference the tasks' reports are tested against). Spark's in-band
+    collect (no shared work dir) runs them on the driver too.
 
     ``work_dir`` (Spark): a directory or URI the driver and every executor reach, where the tasks leave
     their record tables (default: a temp dir when the master is local, else they come back in-band);
@@ -86,7 +89,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
     """
     kw = dict(broker_conf=broker_conf, engine=engine, spark=spark, fs_options=fs_options, verify_crc=verify_crc,
               quiet=quiet, now_ms=now_ms, version=version, split_bytes=split_bytes, overrides=overrides,
-              work_dir=work_dir, transfer=transfer, threads=threads, workers=workers, master=master)
+              work_dir=work_dir, transfer=transfer, threads=threads, workers=workers, master=master, cross=cross)
     state = load_state(since, None if quiet else note)
     try:
         return _audit(store_uri, since, state, **kw)
@@ -98,7 +101,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
 def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_conf: str | None,
            engine: str | Engine, spark, fs_options: dict | None, verify_crc: bool, quiet: bool, now_ms: int | None,
            version: str | None, split_bytes: int | None, overrides: dict[str, Any] | None, work_dir: str | None,
-           transfer: str, threads: bool, workers: int | None, master: str | None) -> dict[str, Any]:
+           transfer: str, threads: bool, workers: int | None, master: str | None, cross: str) -> dict[str, Any]:
     """One audit run (:func:`audit_store`) from ``state`` ({}: in full)."""
     t0 = time.monotonic()
     fs_options = fs_options or {}
@@ -111,36 +114,33 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(settings.version), verify_crc=verify_crc,
                         fs_options=fs_options)
-    # what the cross-file checks read from disk without needing the records (consume queues, index file
-    # validation) is loaded on a low-priority driver thread while the segments are audited: it takes the
-    # cycles the segment phase leaves idle (Spark local[2] on 2 cores: between tasks; local engine: the
-    # second core), so the cross-file phase starts with it done
-    pre_pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-preload", initializer=_background)
-                if threads else None)
     own_engine: Engine | None = None
+    eng: Engine
     try:
         if isinstance(engine, str):
             engine = resolve_engine_name(engine, master=master or (None if spark is None else "given"),
                                          store_bytes=sum(t.file_size - t.start for t in tasks), segments=len(tasks))
-            if tasks:  # started here, so start-up (a Spark session, pool workers) is not counted as work;
-                # and before the preload thread, so that pool workers are forked (jobs.engines.schedulers)
-                own_engine = engine = make_engine(engine, spark=spark, master=master, workers=workers,
-                                                  app_name="rmqstore-audit")
-        preload = None
-        if pre_pool is not None and resume is None:  # (going on from a state reads only what is new)
-            # the index validation first (the longer one: the index checks wait for it); the consume queues
-            # after it, taken over by the queue checks if the preload thread has not started them by then
-            preload = {"index": pre_pool.submit(load_index_files, store.loc, settings),
-                       "cq": pre_pool.submit(load_queue_meta, store.loc, settings, store.commitlog.min_offset)}
+            # started here, so start-up (a Spark session, pool workers) is not counted as work; with nothing
+            # to audit the cross-file tasks run in this process
+            eng = own_engine = (make_engine(engine, spark=spark, master=master, workers=workers,
+                                            app_name="rmqstore-audit") if tasks else LocalEngine())
+        else:
+            eng = engine
         t1 = time.monotonic()
-        fresh = run_segments(tasks, opts, engine, quiet, store=store, split_bytes=split_bytes, work_dir=work_dir,
-                             transfer=transfer) if tasks else []
-        t_seg = time.monotonic() - t1
-        report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet,
-                                          threads, preload, resume)
+        with audit_tasks.table_place(eng, tasks, work_dir, transfer, fs_options, quiet) as sink:
+            in_memory = audit_tasks.in_memory(eng, tasks)
+            tasked = cross == "tasks" and (in_memory or sink is not None) and resume is None
+            opts.groups = audit_tasks.cross_groups(eng, tasks, in_memory) if tasked else 1
+            queues = queue_meta_tasks(store, settings, opts.groups, fs_options) if tasked else None
+            fresh, metas = audit_tasks.run_segments(tasks, opts, eng, quiet, store=store, split_bytes=split_bytes,
+                                                    sink=sink, meta_tasks=queues.tasks if queues else None,
+                                                    in_memory=in_memory)
+            t_seg = time.monotonic() - t1
+            on = CrossOn(eng, sink.dir if sink is not None else None, queues, metas, opts.groups, fs_options, quiet) \
+                if tasked else None
+            report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet,
+                                              threads, resume, on)
     finally:
-        if pre_pool is not None:
-            pre_pool.shutdown(wait=True, cancel_futures=True)
         if own_engine is not None:
             own_engine.close()
     audited_bytes = sum(t.file_size - t.start for t in tasks)
@@ -162,17 +162,27 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
     return report
 
 
-def _background() -> None:
-    """Lowest CPU priority for this thread (Linux: a thread is a schedulable task): it should use only
-    the cycles the segment audit leaves idle, never slow it down."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+@dataclass
+class CrossOn:
+    """Where the partitioned cross-file tasks run: the engine, the work dir the segment tasks left their
+    tables in (None: this process holds them), the queue summaries made beside the segments."""
+
+    engine: Engine
+    sink: str | None
+    queues: QueuePlan
+    metas: list[dict]
+    groups: int
+    fs_options: dict[str, Any]
+    quiet: bool
+
+    def run(self, fn, items: list, label: str) -> list:
+        return self.engine.map(fn, items, label, None if self.quiet else note)
 
 
 def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentResult],
                     carried: dict[str, SegmentResult], partial: dict[str, SegmentResult], fps: dict[str, dict],
                     since: str | None, now_ms: int | None, quiet: bool, threads: bool,
-                    preload: dict[str, Future] | None, resume: dict | None) -> tuple[dict[str, Any], float]:
+                    resume: dict | None, on: CrossOn | None) -> tuple[dict[str, Any], float]:
     """Merge fresh and carried results, run the cross-file checks, save the state; (report, check seconds)."""
     results: dict[str, SegmentResult] = dict(carried)
     for r in fresh:
@@ -185,8 +195,8 @@ def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentR
     t2 = time.monotonic()
     report, carry = cross_checks(store, ordered, settings,
                                  now_ms=now_ms if now_ms is not None else int(time.time() * 1000), quiet=quiet,
-                                 threads=threads, preload=preload, resume=resume,
-                                 feed=sorted(fresh, key=lambda r: r.base) if resume is not None else None)
+                                 threads=threads, resume=resume,
+                                 feed=sorted(fresh, key=lambda r: r.base) if resume is not None else None, on=on)
     t_cross = time.monotonic() - t2
     if since:
         save_state(since, store, ordered, fps, carry)
@@ -194,18 +204,23 @@ def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentR
 
 
 def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
-                 quiet: bool = False, threads: bool = True, preload: dict[str, Future] | None = None,
-                 resume: dict | None = None, feed: list[SegmentResult] | None = None
+                 quiet: bool = False, threads: bool = True, resume: dict | None = None,
+                 feed: list[SegmentResult] | None = None, on: CrossOn | None = None
                  ) -> tuple[dict[str, Any], dict | None]:
-    """Phase 2 (storelib.checks.crossfile: everything that needs more than one segment or file), then
-    the report dict, and the carry an incremental run goes on from.
+    """Phase 2 (everything that needs more than one segment or file), then the report dict, and the carry
+    an incremental run goes on from.
 
-    ``threads``: run the index checks (and config reading) beside the queue/consume-queue checks; the
-    findings are exactly those of ``threads=False``. ``resume``/``feed``: go on from an earlier run's
-    carry with the records audited since (raises ResumeFailed when that cannot settle the store)."""
+    ``on``: as partitioned tasks on an engine (storelib.checks.tasks); else on this process
+    (storelib.checks.crossfile: streamed, the whole record view for what that cannot settle; ``threads``:
+    the index checks beside the queue checks, same findings). ``resume``/``feed``: go on from an earlier
+    run's carry with the records audited since (raises ResumeFailed when that cannot settle the store)."""
     note("audit: cross-file checks (queue offsets, consume queues, index, checkpoint, config)", quiet)
-    done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, preload=preload,
-                            resume=resume, feed=feed)
+    if on is not None:
+        ctx = cross_context(store, settings, results, on.groups, on.fs_options,
+                            max((m["cq_max_phy"] for m in on.metas), default=-1), on.sink)
+        done = partitioned_checks(store, results, settings, ctx, on.queues, on.metas, now_ms=now_ms, run=on.run)
+    else:
+        done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, resume=resume, feed=feed)
     report = build_report(store, results, done.summary, done.findings, done.qstats, done.consumers, done.idx, done.cp,
                           settings, done.charts)
     report["timer_store"] = done.timers

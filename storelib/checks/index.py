@@ -10,7 +10,7 @@ import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.checks.indexgrowth import grown_file_clean, slots_crc
-from storelib.checks.keystream import KeyStream
+from storelib.checks.keystream import KeyStream, behind_finding
 from storelib.checks.logview import (
     LogView,
     Unsettled,
@@ -160,7 +160,6 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
             _abnormal_start_note(info, out, ref.name, h, idx_ts, abort)
             if c is not None and _resumed_file(c, f, ent, skip, keys, file_info, file_max, out, snap):
                 continue
-            consequences: list[str] = []
             if keys.next_are_entries(ent[skip:]):
                 # the file holds exactly the next keys of the log, in order: every entry points at its
                 # record with one of its keys' hashes, so no entry finding (the comparison would find none)
@@ -171,19 +170,10 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                 if k_ is None:
                     k_ = key_codes(log)
                 wrong = _entries_against_records(log, k_, ent, g, display, out, all_codes, wrong_phy)
-            if len(wrong):
-                consequences = ["slot_not_newest_entry", "prev_index_wrong_slot", "hash_slot_count_mismatch",
-                                "index_chain_broken"]
             # chain structure: the broker links each entry to the previous entry of its slot
             if m and not len(wrong):
                 _check_chains(ent, g, display, fc)
-            for vfi in vf:
-                if vfi.kind in consequences:
-                    continue
-                vfi.file = display
-                if vfi.kind == "slot_not_newest_entry" and not len(wrong):
-                    consequences.append("index_chain_broken")
-                fc.add(vfi)
+            add_validate_findings(vf, bool(len(wrong)), display, fc)
             if snap is not None:
                 out.absorb(fc)
                 snap[ref.name] = _file_snapshot(f, ent, file_info, file_max, fc, ref is loaded.files[-1][0])
@@ -199,6 +189,20 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                            max_end_phy, out)
     info["max_end_phy"] = max_end_phy
     return info
+
+
+def add_validate_findings(vf: list[Finding], wrong: bool, display: str, out: _Capped) -> None:
+    """A file's structural findings, less those its wrong-hash entries (``wrong``) or a slot that does not
+    hold its newest entry already explain."""
+    consequences = (["slot_not_newest_entry", "prev_index_wrong_slot", "hash_slot_count_mismatch",
+                     "index_chain_broken"] if wrong else [])
+    for vfi in vf:
+        if vfi.kind in consequences:
+            continue
+        vfi.file = display
+        if vfi.kind == "slot_not_newest_entry" and not wrong:
+            consequences.append("index_chain_broken")
+        out.add(vfi)
 
 
 def _resumed_file(c: dict, f: IndexFile, ent: np.ndarray, skip: int, keys: KeyStream, file_info: dict,
@@ -280,20 +284,27 @@ def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[
         if wrong_phy:
             wp = np.concatenate(wrong_phy)
             explained |= _member(mphy, np.sort(wp))
-        behind = ~explained & (mphy > max_end_phy)
-        real = ~explained & ~behind
+        behind, real = split_missing(mphy, explained, max_end_phy)
         if behind.any():
-            out.add(Finding("index_behind_commitlog", "warning", "index", None,
-                            f"{int(behind.sum())} keys of messages after the last indexed message "
-                            f"({max_end_phy}) are not indexed yet; the broker indexes them when it dispatches",
-                            {"count": int(behind.sum())}))
+            out.add(behind_finding(int(behind.sum()), max_end_phy))
         for j in np.flatnonzero(real).tolist():
-            p = int(mphy[j])
-            S = log.segment_size
-            sev = "warning" if p < first_begin else "error"
-            out.add(Finding("index_key_missing", sev, f"commitlog/{p // S * S:020d}", p % S,
-                            f"a key of the message at {p} (hash {int(khash[missing[j]])}) is not findable "
-                            "through any index file", {"phy": p, "key_hash": int(khash[missing[j]])}))
+            out.add(key_missing_finding(int(mphy[j]), int(khash[missing[j]]), first_begin, log.segment_size))
+
+
+def split_missing(mphy: np.ndarray, explained: np.ndarray, max_end_phy: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keys no index file holds, by their messages' positions: (not indexed yet: after the last indexed
+    message, missing for good); ``explained`` ones (lost data, expiry, an entry with the wrong hash) neither."""
+    behind = ~explained & (mphy > max_end_phy)
+    return behind, ~explained & ~behind
+
+
+def key_missing_finding(p: int, key_hash: int, first_begin: int, segment_size: int) -> Finding:
+    """A key of the message at ``p`` that no index file finds (a warning before the oldest file's range)."""
+    S = segment_size
+    sev = "warning" if p < first_begin else "error"
+    return Finding("index_key_missing", sev, f"commitlog/{p // S * S:020d}", p % S,
+                   f"a key of the message at {p} (hash {key_hash}) is not findable through any index file",
+                   {"phy": p, "key_hash": key_hash})
 
 
 def _abnormal_start_note(info: dict, out: _Capped, name: str, h: IndexHeader, idx_ts: int | None, abort: bool) -> None:

@@ -3,7 +3,7 @@ records both ways (a unit pointing into a region already reported lost counts ag
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -111,10 +111,12 @@ class CQLoad:
     cq_max_phy: int = -1
 
 
-def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) -> CQLoad:
-    """Read every consume queue's units (one copy out of the mapped files) and offsets."""
+def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int,
+                        queues: Iterable[tuple[str, int, ConsumeQueue]] | None = None) -> CQLoad:
+    """Read every consume queue's units (one copy out of the mapped files) and offsets (``queues``: only
+    these, opened by the caller; default: every queue directory, :func:`walk_queues`)."""
     res = CQLoad()
-    for topic, qid, cq in walk_queues(root, settings, res):
+    for topic, qid, cq in walk_queues(root, settings, res) if queues is None else queues:
         try:
             ns, units, files = [], [], []
             for base, display, u in queue_files(cq, root.path):
@@ -138,6 +140,14 @@ def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterat
     """Every queue directory's :class:`ConsumeQueue` (the caller closes it), the listing's and each queue's
     structural findings into ``res.findings`` in the order found; ``res.failed`` when the queue directory
     cannot be listed (or is a RocksDB consume queue, which rmqstore does not read: said once)."""
+    for topic, qid, loc in queue_listing(root, res) or []:
+        yield topic, qid, open_queue(root, settings, topic, qid, loc, res.findings)
+
+
+def queue_listing(root: Location, res: CQLoad) -> list[tuple[str, int, Location]] | None:
+    """The queue directories (:func:`storelib.format.consumequeue.list_queues`), the listing's findings into
+    ``res.findings``; None (``res.failed``) when the queue directory cannot be listed or is a RocksDB
+    consume queue, which rmqstore does not read (said once)."""
     rootp = root.path
     list_findings: list[Finding] = []
     try:
@@ -151,16 +161,21 @@ def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterat
         else:
             res.findings.append(Finding(e.kind, "error", _rel(rootp, e.file), e.offset, e.detail))
         res.failed = True
-        return
+        return None
     for f in list_findings:
         f.file = _rel(rootp, f.file)
         res.findings.append(f)
-    for topic, qid, loc in queues:
-        cq = ConsumeQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
-        for f in cq.findings:
-            f.file = _rel(rootp, f.file)
-            res.findings.append(f)
-        yield topic, qid, cq
+    return queues
+
+
+def open_queue(root: Location, settings: BrokerSettings, topic: str, qid: int, loc: Location,
+               findings: list[Finding]) -> ConsumeQueue:
+    """One queue's files listed (the caller closes it), their structural findings into ``findings``."""
+    cq = ConsumeQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
+    for f in cq.findings:
+        f.file = _rel(root.path, f.file)
+        findings.append(f)
+    return cq
 
 
 def queue_files(cq: ConsumeQueue, rootp: str) -> Iterator[tuple[int, str | None, np.ndarray]]:
@@ -204,13 +219,18 @@ def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings,
     out.extend(loaded.findings)
     if loaded.failed:
         return {}
-    per_queue = loaded.per_queue
+    stats, reput_from = check_queue_units(log, out, facts, loaded)
+    queues_without_cq(root, log.segment_size, facts, set(loaded.per_queue), reput_from, out, stats)
+    stats["__reput_from__"] = reput_from  # type: ignore[index]
+    return stats
+
+
+def check_queue_units(log: LogView, out: _Capped, facts: dict, loaded: CQLoad) -> tuple[dict, int]:
+    """Each loaded queue's units against the records and its records beyond them: (per-queue stats, the
+    reput position). A queue group's task runs this over its own queues."""
     stats: dict[tuple[str, int], dict] = {}
     reput_from = max(loaded.cq_max_phy, log.log_min, 0)
-
-    seen_queues = set()
-    for (topic, qid), (n, u, files, cq_max, cq_min) in per_queue.items():
-        seen_queues.add((topic, qid))
+    for (topic, qid), (n, u, files, cq_max, cq_min) in loaded.per_queue.items():
         last_valid = _check_units(log, out, topic, qid, n, u, files)
         fact = facts.get((topic, qid))
         lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from)
@@ -218,9 +238,7 @@ def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings,
                                "raw_max_offset": int(n[last_valid]) + 1 if last_valid >= 0 else cq_max,
                                "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                "messages": fact["messages"] if fact else 0, "lag": lag, "lag_bytes": behind_bytes}
-    queues_without_cq(root, log.segment_size, facts, seen_queues, reput_from, out, stats)
-    stats["__reput_from__"] = reput_from  # type: ignore[index]
-    return stats
+    return stats, reput_from
 
 
 def _check_units(log: LogView, out: _Capped, topic: str, qid: int, n: np.ndarray, u: np.ndarray,

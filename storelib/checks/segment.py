@@ -531,20 +531,28 @@ def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int) -> lis
 
 
 def merge_parts(tasks: list[SegmentTask], parts: list[PartResult], opts: AuditOptions,
-                say: Callable[[str], None] | None = None) -> list[SegmentResult]:
+                say: Callable[[str], None] | None = None,
+                rerun: Callable[[list[SegmentTask]], list[PartResult]] | None = None) -> list[SegmentResult]:
     """Merge part results per segment; a segment whose parts do not chain like one scan (corruption
-    across a cut) is audited again as one task, so findings never depend on where the cuts fell."""
+    across a cut) is audited again as one task (``rerun``: on the engine; default: here), so findings
+    never depend on where the cuts fell."""
     by_name: dict[str, list[PartResult]] = {}
     for p in parts:
         by_name.setdefault(p.name, []).append(p)
+    ordered = {t.name: sorted(by_name.get(t.name, []), key=lambda p: p.start) for t in tasks}
+    redo = [t for t in tasks if not (ordered[t.name] and parts_chain(ordered[t.name]))]
+    if redo and say is not None:
+        for t in redo:
+            say(f"audit: {t.name}: splits do not chain (corruption across a cut): auditing it as one task")
+    whole = {t.name: replace(t, end=None) for t in redo}
+    again = dict(zip(whole, rerun(list(whole.values())))) if rerun is not None and redo else {}
     out = []
     for t in tasks:
-        ps = sorted(by_name.get(t.name, []), key=lambda p: p.start)
-        if ps and parts_chain(ps):
-            out.append(finish_segment(t, ps))
+        if t.name not in whole:
+            out.append(finish_segment(t, ordered[t.name]))
+        elif t.name in again:
+            out.append(finish_segment(whole[t.name], [again[t.name]]))
         else:
-            if say is not None:
-                say(f"audit: {t.name}: splits do not chain (corruption across a cut): auditing it as one task")
             out.append(audit_segment(t, opts))
     return out
 

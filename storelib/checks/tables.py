@@ -177,6 +177,9 @@ class PartRef:
     n_misplaced: int = 0  # records whose PHYSICALOFFSET field is not their position
 
     def group_rows(self, g: int) -> tuple[int, int]:
+        """Rows ``[lo, hi)`` of queue group ``g`` (none for a part without records)."""
+        if g + 1 >= len(self.offsets):
+            return 0, 0
         return self.offsets[g], self.offsets[g + 1]
 
     def group_table(self, g: int, fs_options: dict[str, Any] | None = None) -> pa.Table:

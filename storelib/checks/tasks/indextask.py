@@ -1,0 +1,212 @@
+"""The index checks as tasks: one per index file (:func:`index_file_task`: its structure, its chains, and
+whether its entries are exactly the keys of its commitlog range, the ones a healthy broker put there).
+Only when some file is not (or a record sits away from its PHYSICALOFFSET field) do the whole view's
+lookups run: per file against the records its entries point at (:func:`index_lookup_task`), then per
+commitlog segment, which of its keys some entry finds (:func:`coverage_task`). The judgement is
+:mod:`storelib.checks.index`'s, over views that answer as the whole view does for what they are asked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from storelib.checks.index import (
+    _check_chains,
+    _entries_against_records,
+    _index_open_error,
+    key_codes,
+    key_missing_finding,
+    split_missing,
+)
+from storelib.checks.logview import _member
+from storelib.checks.segment import _Capped
+from storelib.checks.tables import RECORD_SCHEMA, TableRef, TableSink
+from storelib.checks.tasks.context import CrossContext, subset_view
+from storelib.errors import StoreError
+from storelib.format.indexdir import IndexFileRef
+from storelib.format.indexfile import IndexFile, IndexGeometry
+
+CHUNK = 1 << 20  # entries compared at a time: no whole-file copy of their columns
+PAIR_SCHEMA = pa.schema([("pos", pa.int64()), ("key_hash", pa.int64())])
+PHY_SCHEMA = pa.schema([("phy", pa.int64())])
+
+
+@dataclass(frozen=True)
+class IndexFileTask:
+    """One index file against the keys its entries should be: keys ``key_lo`` .. ``key_lo + entries``."""
+
+    pos: int  # the file's place among the index files
+    name: str
+    size: int  # as listed
+    key_lo: int
+    keys: tuple[tuple[int, int, int], ...]  # (part, first row, end row) of those keys; () when the log has fewer
+
+
+def _open(ctx: CrossContext, name: str, size: int) -> IndexFile:
+    g = IndexGeometry(ctx.settings.max_hash_slot_num, ctx.settings.max_index_num)
+    return IndexFileRef(name, ctx.root().join("index", name), size).open(g, strict=False, broker_size=True)
+
+
+def _key_chunks(ctx: CrossContext, keys: tuple[tuple[int, int, int], ...]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for i, lo, hi in keys:
+        k = ctx.parts[i].key_table(ctx.fs_options).slice(lo, hi - lo)
+        yield k.column("phy").to_numpy(), k.column("key_hash").to_numpy()
+
+
+def _entries_are_keys(ctx: CrossContext, task: IndexFileTask, ent: np.ndarray) -> bool:
+    """Are the file's entries (phyOffset, keyHash), in entry order, exactly its keys?"""
+    if sum(hi - lo for _i, lo, hi in task.keys) != len(ent):
+        return False
+    at = 0
+    for phy, kh in _key_chunks(ctx, task.keys):
+        for lo in range(0, len(phy), CHUNK):
+            hi = min(lo + CHUNK, len(phy))
+            part = ent[at + lo:at + hi]
+            if (not np.array_equal(phy[lo:hi], part["phy_offset"].astype(np.int64))
+                    or not np.array_equal(kh[lo:hi], part["key_hash"].astype(np.int32))):
+                return False
+        at += len(phy)
+    return True
+
+
+def index_file_task(ctx: CrossContext, task: IndexFileTask) -> dict[str, Any]:
+    """The file's structural findings (:meth:`IndexFile.validate`), the largest position an entry names,
+    whether its entries are its keys and, if so, its chains (a file that is not is looked up later)."""
+    display = f"index/{task.name}"
+    try:
+        f = _open(ctx, task.name, task.size)
+    except StoreError as e:
+        return {"pos": task.pos, "err": _index_open_error(display, e).to_dict()}
+    try:
+        vf = [x.to_dict() for x in f.validate(chunk_entries=1 << 18)]
+        ent = f.entries_array()  # a view of the mapped file
+        m = len(ent)
+        file_max = -1
+        for lo in range(0, m, CHUNK):
+            file_max = max(file_max, int(ent["phy_offset"][lo:lo + CHUNK].max()))
+        matched = _entries_are_keys(ctx, task, ent)
+        chains = _Capped()
+        if matched and m:
+            _check_chains(ent, f.geometry, display, chains)
+    finally:
+        f.close()
+    return {"pos": task.pos, "entries": m, "max_phy": file_max, "matched": matched, "validate": vf,
+            "chains": chains.to_json()}
+
+
+@dataclass(frozen=True)
+class IndexLookupTask:
+    """One index file whose entries are looked up record by record, as the whole view does."""
+
+    pos: int
+    name: str
+    size: int
+
+
+def index_lookup_task(ctx: CrossContext, task: IndexLookupTask) -> dict[str, Any]:
+    """The file's entry findings (bad offsets, entries past the log, wrong hashes), its chains when no
+    hash is wrong, and for the key coverage: which (record, key hash) each entry finds and the positions
+    of wrong-hash entries, per commitlog segment."""
+    display = f"index/{task.name}"
+    f = _open(ctx, task.name, task.size)
+    try:
+        ent = np.array(f.entries_array())
+        g = f.geometry
+    finally:
+        f.close()
+    e_phy = ent["phy_offset"].astype(np.int64)
+    lost = ctx.lost_array()
+    inside = (e_phy >= ctx.log_min) & (e_phy < ctx.log_end)
+    wanted = np.unique(e_phy[inside])
+    if len(lost) and len(wanted):
+        i = np.searchsorted(lost[:, 0], wanted, side="right") - 1
+        wanted = wanted[~((i >= 0) & (wanted < lost[np.clip(i, 0, None), 1]))]
+    view = subset_view(ctx, RECORD_SCHEMA.empty_table(), wanted, with_keys=True).view
+    out, chains = _Capped(), _Capped()
+    all_codes: list[np.ndarray] = []
+    wrong_phy: list[np.ndarray] = []
+    wrong = _entries_against_records(view, key_codes(view), ent, g, display, out, all_codes, wrong_phy)
+    if len(ent) and not len(wrong):
+        _check_chains(ent, g, display, chains)
+    codes = all_codes[0]
+    rank = codes >> 31
+    row = rank if view.field_order is None else view.field_order[rank]
+    pos = view.phy[row] if len(row) else np.zeros(0, np.int64)
+    sink = ctx.table_sink()
+    pairs = _buckets(ctx, sink, f"{task.name}.pairs", pos, pa.table({"pos": pos, "key_hash": codes & 0x7FFFFFFF}))
+    wp = wrong_phy[0]
+    wrongs = _buckets(ctx, sink, f"{task.name}.wrong", wp, pa.table({"phy": wp}))
+    return {"pos": task.pos, "found": out.to_json(), "wrong": int(len(wrong)), "chains": chains.to_json(),
+            "pairs": pairs, "wrong_phy": wrongs}
+
+
+def _buckets(ctx: CrossContext, sink: TableSink | None, stem: str, where: np.ndarray, table: pa.Table) -> dict[int, TableRef]:
+    """``table``'s rows by the commitlog segment of ``where``: files in the work dir (or kept here)."""
+    S = ctx.segment_size
+    out: dict[int, TableRef] = {}
+    if not table.num_rows:
+        return out
+    seg = where // S * S
+    order = np.argsort(seg, kind="stable")
+    seg_s = seg[order]
+    starts = np.flatnonzero(np.r_[True, seg_s[1:] != seg_s[:-1]])
+    for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(seg_s)]):
+        part = table.take(order[a:b])
+        base = int(seg_s[a])
+        out[base] = TableRef(sink.write(f"{stem}-{base}", part)) if sink is not None else TableRef(table=part)
+    return out
+
+
+@dataclass(frozen=True)
+class CoverageTask:
+    """One commitlog segment's keys that no file matched in order: is some entry theirs?"""
+
+    base: int
+    keys: tuple[tuple[int, int, int], ...]  # (part, first row, end row) of those keys
+    pairs: tuple[TableRef, ...]  # (record position, key hash) the looked-up entries find in this segment
+    wrong: tuple[TableRef, ...]  # positions named by entries with a wrong hash, in this segment
+    max_end_phy: int  # the largest position any entry names
+    first_begin: int  # the oldest index file's first position
+
+
+def coverage_task(ctx: CrossContext, task: CoverageTask) -> dict[str, Any]:
+    """How many of the segment's keys are not indexed yet, and the ones missing for good (findings, in
+    key order)."""
+    kp, kh = [], []
+    for phy_, h in _key_chunks_pos(ctx, task.keys):
+        kp.append(phy_)
+        kh.append(h)
+    kphy = np.concatenate(kp) if kp else np.zeros(0, np.int64)
+    khash = np.concatenate(kh).astype(np.int64) if kh else np.zeros(0, np.int64)
+    pairs = [r.read(PAIR_SCHEMA, ctx.fs_options) for r in task.pairs]
+    have = np.sort(np.concatenate([((t.column("pos").to_numpy() - task.base) << 31) | t.column("key_hash").to_numpy()
+                                   for t in pairs])) if pairs else np.zeros(0, np.int64)
+    kcode = ((kphy - task.base) << 31) | khash
+    missing = np.flatnonzero(~_member(kcode, have) & (khash >= 0))
+    out = _Capped()
+    behind_n = 0
+    if len(missing):
+        mphy = kphy[missing]
+        lost = ctx.lost_array()
+        explained = mphy < ctx.log_min
+        if len(lost):
+            i = np.searchsorted(lost[:, 0], mphy, side="right") - 1
+            explained |= (i >= 0) & (mphy < lost[np.clip(i, 0, None), 1])
+        wrongs = [r.read(PHY_SCHEMA, ctx.fs_options).column("phy").to_numpy() for r in task.wrong]
+        if wrongs:
+            explained |= _member(mphy, np.sort(np.concatenate(wrongs)))
+        behind, real = split_missing(mphy, explained, task.max_end_phy)
+        behind_n = int(behind.sum())
+        for j in np.flatnonzero(real).tolist():
+            out.add(key_missing_finding(int(mphy[j]), int(khash[missing[j]]), task.first_begin, ctx.segment_size))
+    return {"base": task.base, "behind": behind_n, "found": out.to_json()}
+
+
+def _key_chunks_pos(ctx: CrossContext, keys: tuple[tuple[int, int, int], ...]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for i, lo, hi in keys:
+        k = ctx.parts[i].key_table(ctx.fs_options).slice(lo, hi - lo)
+        yield k.column("pos").to_numpy(), k.column("key_hash").to_numpy()
