@@ -46,6 +46,7 @@ class IndexPlan:
     key_starts: np.ndarray  # each part's first key's number in the log's key order (and the total last)
     file_tasks: list[IndexFileTask] = field(default_factory=list)
     looked: list[int] = field(default_factory=list)  # files looked up entry by entry (filled by the merge)
+    results: list[dict] = field(default_factory=list)  # the file tasks' (filled by the merge)
 
     @property
     def n_keys(self) -> int:
@@ -75,8 +76,9 @@ def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | Non
         finally:
             f.close()
         plan.files.append(e)
-        keys = key_slices(starts, c, c + e.entries) if c + e.entries <= plan.n_keys else ()
-        plan.file_tasks.append(IndexFileTask(len(plan.file_tasks), ref.name, ref.size, c, keys))
+        # its keys, and the key after them (where a healthy index's unindexed keys begin)
+        keys = key_slices(starts, c, min(c + e.entries + 1, plan.n_keys)) if c + e.entries <= plan.n_keys else ()
+        plan.file_tasks.append(IndexFileTask(len(plan.file_tasks), ref.name, ref.size, c, e.entries, keys))
         c += e.entries
     return plan
 
@@ -107,6 +109,7 @@ def merge_index(ctx: CrossContext, settings: BrokerSettings, plan: IndexPlan, re
 
     out = _Capped()
     out.extend(plan.findings)
+    plan.results = results
     info: dict[str, Any] = {"files": []}
     if not plan.files:
         return out, info
@@ -149,7 +152,8 @@ def _keys_findable(ctx: CrossContext, plan: IndexPlan, info: dict, looked: dict[
     from storelib.checks.tasks.crossplan import run_item
 
     n = plan.n_keys
-    if not looked and _key_pos(ctx, plan, matched_keys) > max_end_phy:
+    after = plan_next_key(plan, looked)
+    if after is not None and after > max_end_phy:
         out.add(behind_finding(n - matched_keys, max_end_phy))  # after every indexed message: all behind
         return
     pairs: dict[int, list] = {}
@@ -173,8 +177,9 @@ def _keys_findable(ctx: CrossContext, plan: IndexPlan, info: dict, looked: dict[
         out.replay_json(d["found"])
 
 
-def _key_pos(ctx: CrossContext, plan: IndexPlan, i: int) -> int:
-    """The position of the record of key number ``i`` (one key read from its part's table)."""
-    p = int(np.searchsorted(plan.key_starts, i, side="right")) - 1
-    t = ctx.parts[p].key_table(ctx.fs_options)
-    return int(t.column("pos")[i - int(plan.key_starts[p])].as_py())
+def plan_next_key(plan: IndexPlan, looked: dict[int, dict]) -> int | None:
+    """The position of the first key no file matched, when every file matched its keys (the last file's
+    task read it); None otherwise (the coverage tasks classify the keys)."""
+    if looked or not plan.file_tasks:
+        return None
+    return plan.results[-1].get("next_key")

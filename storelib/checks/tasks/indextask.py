@@ -43,7 +43,9 @@ class IndexFileTask:
     name: str
     size: int  # as listed
     key_lo: int
-    keys: tuple[tuple[int, int, int], ...]  # (part, first row, end row) of those keys; () when the log has fewer
+    entries: int
+    keys: tuple[tuple[int, int, int], ...]  # (part, first row, end row) of those keys and the next one; ()
+    # when the log has fewer
 
 
 def _open(ctx: CrossContext, name: str, size: int) -> IndexFile:
@@ -51,26 +53,33 @@ def _open(ctx: CrossContext, name: str, size: int) -> IndexFile:
     return IndexFileRef(name, ctx.root().join("index", name), size).open(g, strict=False, broker_size=True)
 
 
-def _key_chunks(ctx: CrossContext, keys: tuple[tuple[int, int, int], ...]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _key_chunks(ctx: CrossContext, keys: tuple[tuple[int, int, int], ...]
+                ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(record position, PHYSICALOFFSET field, hash) of the keys, a part's slice at a time."""
     for i, lo, hi in keys:
         k = ctx.parts[i].key_table(ctx.fs_options).slice(lo, hi - lo)
-        yield k.column("phy").to_numpy(), k.column("key_hash").to_numpy()
+        yield k.column("pos").to_numpy(), k.column("phy").to_numpy(), k.column("key_hash").to_numpy()
 
 
-def _entries_are_keys(ctx: CrossContext, task: IndexFileTask, ent: np.ndarray) -> bool:
-    """Are the file's entries (phyOffset, keyHash), in entry order, exactly its keys?"""
-    if sum(hi - lo for _i, lo, hi in task.keys) != len(ent):
-        return False
+def _entries_are_keys(ctx: CrossContext, task: IndexFileTask, ent: np.ndarray) -> tuple[bool, int | None]:
+    """Are the file's entries (phyOffset, keyHash), in entry order, exactly its keys? And the position of
+    the key after them (None: none, or not read)."""
+    m = len(ent)
+    if m != task.entries or sum(hi - lo for _i, lo, hi in task.keys) < m:
+        return False, None
     at = 0
-    for phy, kh in _key_chunks(ctx, task.keys):
+    for pos, phy, kh in _key_chunks(ctx, task.keys):
         for lo in range(0, len(phy), CHUNK):
             hi = min(lo + CHUNK, len(phy))
             part = ent[at + lo:at + hi]
-            if (not np.array_equal(phy[lo:hi], part["phy_offset"].astype(np.int64))
-                    or not np.array_equal(kh[lo:hi], part["key_hash"].astype(np.int32))):
-                return False
+            k = len(part)
+            if (not np.array_equal(phy[lo:lo + k], part["phy_offset"].astype(np.int64))
+                    or not np.array_equal(kh[lo:lo + k], part["key_hash"].astype(np.int32))):
+                return False, None
+            if k < hi - lo:  # past the file's entries: the next key
+                return True, int(pos[lo + k])
         at += len(phy)
-    return True
+    return True, None
 
 
 def index_file_task(ctx: CrossContext, task: IndexFileTask) -> dict[str, Any]:
@@ -88,14 +97,14 @@ def index_file_task(ctx: CrossContext, task: IndexFileTask) -> dict[str, Any]:
         file_max = -1
         for lo in range(0, m, CHUNK):
             file_max = max(file_max, int(ent["phy_offset"][lo:lo + CHUNK].max()))
-        matched = _entries_are_keys(ctx, task, ent)
+        matched, next_key = _entries_are_keys(ctx, task, ent)
         chains = _Capped()
         if matched and m:
             _check_chains(ent, f.geometry, display, chains)
     finally:
         f.close()
     return {"pos": task.pos, "entries": m, "max_phy": file_max, "matched": matched, "validate": vf,
-            "chains": chains.to_json()}
+            "chains": chains.to_json(), "next_key": next_key}
 
 
 @dataclass(frozen=True)
@@ -177,8 +186,8 @@ def coverage_task(ctx: CrossContext, task: CoverageTask) -> dict[str, Any]:
     """How many of the segment's keys are not indexed yet, and the ones missing for good (findings, in
     key order)."""
     kp, kh = [], []
-    for phy_, h in _key_chunks_pos(ctx, task.keys):
-        kp.append(phy_)
+    for pos, _phy, h in _key_chunks(ctx, task.keys):
+        kp.append(pos)
         kh.append(h)
     kphy = np.concatenate(kp) if kp else np.zeros(0, np.int64)
     khash = np.concatenate(kh).astype(np.int64) if kh else np.zeros(0, np.int64)
@@ -206,7 +215,3 @@ def coverage_task(ctx: CrossContext, task: CoverageTask) -> dict[str, Any]:
     return {"base": task.base, "behind": behind_n, "found": out.to_json()}
 
 
-def _key_chunks_pos(ctx: CrossContext, keys: tuple[tuple[int, int, int], ...]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    for i, lo, hi in keys:
-        k = ctx.parts[i].key_table(ctx.fs_options).slice(lo, hi - lo)
-        yield k.column("pos").to_numpy(), k.column("key_hash").to_numpy()
