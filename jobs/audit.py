@@ -56,6 +56,7 @@ from storelib.checks.segment import (
     AuditOptions,
     SegmentResult,
 )
+from storelib.checks.tasks.carry import CARRY_KIND
 from storelib.checks.tasks.crossplan import QueuePlan, cross_context, partitioned_checks, queue_meta_tasks
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
@@ -110,6 +111,8 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
     settings = store.settings
+    if (state.get("carry") or {}).get("kind", "") != (CARRY_KIND if cross == "tasks" else ""):
+        state = {**state, "carry": None}  # an earlier run's carry of the other way of checking: in full
     tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(settings.version), verify_crc=verify_crc,
@@ -129,15 +132,19 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
         t1 = time.monotonic()
         with audit_tasks.table_place(eng, tasks, work_dir, transfer, fs_options, quiet) as sink:
             in_memory = audit_tasks.in_memory(eng, tasks)
-            tasked = cross == "tasks" and (in_memory or sink is not None) and resume is None
-            opts.groups = audit_tasks.cross_groups(eng, tasks, in_memory) if tasked else 1
-            queues = queue_meta_tasks(store, settings, opts.groups, fs_options) if tasked else None
+            tasked = cross == "tasks" and (in_memory or sink is not None)
+            if resume is not None and not tasked:
+                raise ResumeFailed("the state was written by the partitioned checks, which cannot run here")
+            opts.groups = (resume["groups"] if resume is not None else
+                           audit_tasks.cross_groups(eng, tasks, in_memory) if tasked else 1)
+            queues = queue_meta_tasks(store, settings, opts.groups, fs_options, prev=resume["cq"] if resume else None,
+                                      snapshot=bool(since)) if tasked else None
             fresh, metas = audit_tasks.run_segments(tasks, opts, eng, quiet, store=store, split_bytes=split_bytes,
                                                     sink=sink, meta_tasks=queues.tasks if queues else None,
                                                     in_memory=in_memory)
             t_seg = time.monotonic() - t1
-            on = CrossOn(eng, sink.dir if sink is not None else None, queues, metas, opts.groups, fs_options, quiet) \
-                if tasked else None
+            on = (CrossOn(eng, sink.dir if sink is not None else None, queues, metas, opts.groups, fs_options, quiet,
+                          bool(since)) if tasked else None)
             report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet,
                                               threads, resume, on)
     finally:
@@ -174,6 +181,7 @@ class CrossOn:
     groups: int
     fs_options: dict[str, Any]
     quiet: bool
+    snapshots: bool  # make the carry a later run goes on from (``--since``)
 
     def run(self, fn, items: list, label: str) -> list:
         return self.engine.map(fn, items, label, None if self.quiet else note)
@@ -217,8 +225,10 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSet
     note("audit: cross-file checks (queue offsets, consume queues, index, checkpoint, config)", quiet)
     if on is not None:
         ctx = cross_context(store, settings, results, on.groups, on.fs_options,
-                            max((m["cq_max_phy"] for m in on.metas), default=-1), on.sink)
-        done = partitioned_checks(store, results, settings, ctx, on.queues, on.metas, now_ms=now_ms, run=on.run)
+                            max((m.get("cq_max_phy", -1) for m in on.metas), default=-1), on.sink,
+                            snapshots=on.snapshots, resumed=resume is not None)
+        done = partitioned_checks(store, results, settings, ctx, on.queues, on.metas, now_ms=now_ms, run=on.run,
+                                  carry=resume)
     else:
         done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, resume=resume, feed=feed)
     report = build_report(store, results, done.summary, done.findings, done.qstats, done.consumers, done.idx, done.cp,

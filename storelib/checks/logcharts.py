@@ -27,6 +27,10 @@ class TopicCodes:
     """Topics numbered in first-seen order over a stream of record batches (the series' rows)."""
 
     def __init__(self, names: list[str] | None = None) -> None:
+        self.reset(names)
+
+    def reset(self, names: list[str] | None) -> None:
+        """Start from ``names`` (an earlier run's numbering), in place."""
         self.names: list[str] = list(names or [])
         self.code: dict[str, int] = {t: i for i, t in enumerate(self.names)}
 

@@ -320,7 +320,7 @@ class QueueStream:
     def resume(self, snap: dict) -> None:
         """Go on from a :meth:`snapshot`: the tails back, and the lagging records checked again against the
         units the broker may have written for them since."""
-        self._codes = TopicCodes(snap["topics"])
+        self._codes.reset(snap["topics"])
         self.last_phy, self.log_end = snap["last_phy"], snap["log_end"]
         self.out.replay_json(snap["gaps"])
         touched: list[ConsumeQueue] = []

@@ -38,6 +38,8 @@ class CrossContext:
     parts: tuple[PartRef, ...]  # every segment task's tables, commitlog order
     cq_max_phy: int = -1  # the consume queues' max physical offset (the reput position's source)
     sink: str | None = None  # where a task leaves what a later task reads (None: handed back in its result)
+    snapshots: bool = False  # the tasks also return what a later (``--since``) run goes on from
+    resumed: bool = False  # going on from an earlier run: ``parts`` are only what was audited since
     cut: Any = None  # the extents a run reads up to (a live store), carried for the checks that need it
 
     def root(self) -> Location:
@@ -74,8 +76,19 @@ class ByQueue:
         for f in fs:
             self.add(f)
 
-    def to_json(self) -> dict[tuple[str, int], dict]:
+    def per_queue(self) -> dict[tuple[str, int], dict]:
+        """Each queue's collector as :meth:`_Capped.to_json` gives it."""
         return {k: c.to_json() for k, c in self.queues.items()}
+
+    def to_json(self) -> list:
+        return [[t, q, c.to_json()] for (t, q), c in self.queues.items()]
+
+    def replay_json(self, j: list) -> None:
+        for t, q, cj in j:
+            c = self.queues.get((t, q))
+            if c is None:
+                c = self.queues[(t, q)] = _Capped()
+            c.replay_json(cj)
 
 
 def group_slices(ctx: CrossContext, g: int) -> Iterator[pa.Table]:
@@ -171,7 +184,3 @@ def subset_view(ctx: CrossContext, own: pa.Table, wanted: np.ndarray, with_keys:
     keys = keys_of(ctx, positions) if with_keys else KEY_SCHEMA.empty_table()
     view = LogView(recs, keys, ctx.lost_array(), ctx.log_min, ctx.log_end, ctx.segment_size)
     return SubsetView(view, positions, {"own": own.num_rows, "misplaced": mis.num_rows, "looked_up": looked.num_rows})
-
-
-def capped_json(c: _Capped) -> dict:
-    return c.to_json()

@@ -23,7 +23,7 @@ from storelib.broker.settings.store import Store
 from storelib.checks.crossfile import _store_findings, _unsealed_segments
 from storelib.checks.crossstream import CrossResults, lost_ranges
 from storelib.checks.logcharts import SizeHistogram, TrafficSeries
-from storelib.checks.logview import LogSummary
+from storelib.checks.logview import LogSummary, ResumeFailed, Unsettled
 from storelib.checks.metadata import (
     check_checkpoint,
     check_configs,
@@ -41,6 +41,13 @@ from storelib.checks.segment import (
     audit_part,
 )
 from storelib.checks.tables import TableSink, group_of
+from storelib.checks.tasks.carry import (
+    group_from_json,
+    merge_group,
+    new_carry,
+    schedule_groups,
+    timer_signature,
+)
 from storelib.checks.tasks.context import CrossContext
 from storelib.checks.tasks.indexplan import IndexPlan, index_plan, merge_index
 from storelib.checks.tasks.queuetask import (
@@ -51,9 +58,10 @@ from storelib.checks.tasks.queuetask import (
     queue_group_task,
     queue_meta_task,
 )
-from storelib.checks.tasks.timertask import timer_task
+from storelib.checks.tasks.timertask import TimerTask, timer_task
 from storelib.checks.timers import has_timer_store
 from storelib.errors import Finding
+from storelib.fileio.bytesource import Location
 
 Run = Callable[[Callable[[Any], Any], list, str], list]
 
@@ -68,7 +76,7 @@ class QueuePlan:
 
 
 def queue_meta_tasks(store: Store, settings: BrokerSettings, groups: int, fs_options: dict[str, Any],
-                     prev: dict[str, dict] | None = None) -> QueuePlan:
+                     prev: dict[str, dict] | None = None, snapshot: bool = False) -> QueuePlan:
     """List the queue directories (one listing per topic) and make one summary task per non-empty group."""
     plan = QueuePlan(CQLoad())
     listed = queue_listing(store.loc, plan.listing)
@@ -82,7 +90,7 @@ def queue_meta_tasks(store: Store, settings: BrokerSettings, groups: int, fs_opt
     for g, dirs in sorted(by_group.items()):
         sub = None if prev is None else {k: v for k, v in prev.items() if _prev_group(k, groups) == g}
         plan.tasks.append(QueueMetaTask(g, store.uri, fs_options, settings, store.commitlog.min_offset, tuple(dirs),
-                                        sub))
+                                        sub, snapshot))
     return plan
 
 
@@ -104,9 +112,11 @@ def run_item(ctx: CrossContext, item: Any) -> Any:
         CoverageTask,
         IndexFileTask,
         IndexLookupTask,
+        KeysTailTask,
         coverage_task,
         index_file_task,
         index_lookup_task,
+        keys_tail_task,
     )
 
     if isinstance(item, QueueGroupTask):
@@ -117,13 +127,16 @@ def run_item(ctx: CrossContext, item: Any) -> Any:
         return index_lookup_task(ctx, item)
     if isinstance(item, CoverageTask):
         return coverage_task(ctx, item)
-    if item == "timers":
-        return timer_task(ctx)
+    if isinstance(item, KeysTailTask):
+        return keys_tail_task(ctx, item)
+    if isinstance(item, TimerTask):
+        return timer_task(ctx, item)
     raise TypeError(f"not a cross-file task: {item!r}")
 
 
 def cross_context(store: Store, settings: BrokerSettings, results: list[SegmentResult], groups: int,
-                  fs_options: dict[str, Any], cq_max_phy: int, sink: str | None, cut: Any = None) -> CrossContext:
+                  fs_options: dict[str, Any], cq_max_phy: int, sink: str | None, *, snapshots: bool = False,
+                  resumed: bool = False, cut: Any = None) -> CrossContext:
     """The plain values every task gets: the log's bounds and lost ranges, and where each part's tables are."""
     cl = store.commitlog
     with_recs = [r for r in results if r.records]
@@ -134,47 +147,109 @@ def cross_context(store: Store, settings: BrokerSettings, results: list[SegmentR
                         max((r.rec_end for r in with_recs), default=cl.min_offset), cl.segment_size,
                         tuple((int(a), int(b)) for a, b in lost_ranges(store, results)),
                         any(p.n_misplaced for p in parts), min(lo, default=None), max(hi, default=None), parts,
-                        cq_max_phy, sink, cut)
+                        cq_max_phy, sink, snapshots, resumed, cut)
 
 
 def partitioned_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, ctx: CrossContext,
-                       queues: QueuePlan, metas: list[dict], *, now_ms: int, run: Run) -> CrossResults:
-    """The cross-file checks as tasks, merged into what the whole view reports (findings in its order)."""
+                       queues: QueuePlan, metas: list[dict], *, now_ms: int, run: Run,
+                       carry: dict | None = None) -> CrossResults:
+    """The cross-file checks as tasks, merged into what the whole view reports (findings in its order).
+
+    ``carry``: go on from an earlier run's (``ctx.parts`` are only what was audited since): only the
+    partitions with something new are scheduled; raises ResumeFailed when that cannot settle the store."""
     root = store.loc
     summary = LogSummary(sum(r.records for r in results), sum(r.bytes_valid for r in results), ctx.ts_lo, ctx.ts_hi,
                          ctx.log_min, ctx.log_end, ctx.segment_size)
     c_mk, c_cp, c_ab, c_cfg = (_Capped() for _ in range(4))
     abort = check_markers(root, c_mk)
     cp = check_checkpoint(root, summary, c_cp, now_ms)
-    qtasks = _group_tasks(ctx, queues, metas)
-    ix = index_plan(ctx, settings, cp, abort.exists)
-    timers = has_timer_store(root)
-    items: list[Any] = [*ix.file_tasks, *qtasks, *(["timers"] if timers else [])]
-    done = run(partial(run_item, ctx), items, "audit: cross-file tasks") if items else []
-    n_ix = len(ix.file_tasks)
-    groups: list[QueueGroupResult] = done[n_ix:n_ix + len(qtasks)]
-    c_qo, c_cq, qstats, facts = _merge_queues(ctx, queues, metas, groups)
-    c_idx, idx = merge_index(ctx, settings, ix, done[:n_ix], run)
-    report_abort(abort, idx, c_ab)
+    if any("unsettled" in m for m in metas):
+        raise ResumeFailed(next(m["unsettled"] for m in metas if "unsettled" in m))
+    try:
+        qtasks, kept = schedule_groups(ctx, _group_tasks(ctx, queues, metas), carry)
+        ix = index_plan(ctx, settings, cp, abort.exists, carry)
+        timer = _timer_task(ctx, root, carry)
+        items: list[Any] = [*ix.file_tasks, *qtasks, *([ix.tail] if ix.tail else []), *([timer] if timer else [])]
+        done = run(partial(run_item, ctx), items, "audit: cross-file tasks") if items else []
+        n_ix, n_q = len(ix.file_tasks), len(qtasks)
+        fresh: list[QueueGroupResult] = done[n_ix:n_ix + n_q]
+        tail = done[n_ix + n_q] if ix.tail else None
+        t_res = done[-1] if timer else None
+        groups = _settled_groups(ctx, carry, fresh, kept)
+        c_qo, c_cq, qstats, _facts = _merge_queues(ctx, queues, metas, list(groups.values()))
+        ixm = merge_index(ctx, settings, ix, done[:n_ix], tail, run)
+        if t_res is not None and "unsettled" in t_res:
+            raise Unsettled(t_res["unsettled"])
+    except Unsettled as e:
+        raise ResumeFailed(str(e)) from e
+    report_abort(abort, ixm.info, c_ab)
     out = _Capped()
     _store_findings(store, results, settings, out)
     _unsealed_segments(results, out)
     loaded = check_configs(root, c_cfg)
-    for c in (c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
+    for c in (c_qo, c_mk, c_cp, c_cq, ixm.found, c_ab, c_cfg):
         out.absorb(c)
     consumers = check_consumer_offsets(loaded, qstats, out)
-    timer_summary = None
-    if timers:
-        t = done[-1]
-        out.replay_json(t["found"])
-        timer_summary = t["timers"]
-    whole = sum(1 for g in groups if g.mode != "streamed")
-    mode = (f"partitioned: {len(groups)} queue group(s) ({whole} by the whole view's checks), {len(ix.file_tasks)} "
-            f"index file(s) ({len(ix.looked)} looked up){', the timer store' if timers else ''}")
-    res = CrossResults(qstats, consumers, idx, cp, timer_summary, summary, _charts(ctx, groups), mode=mode)
+    timers = _timer_result(root, carry, t_res, out)
+    res = CrossResults(qstats, consumers, ixm.info, cp, timers["result"]["timers"] if timers else None, summary,
+                       _charts(ctx, list(groups.values())), mode=_mode(groups, ix, timer, carry))
     res.findings = sorted(fold_geometry_findings(out.done()),
                           key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
+    if ctx.snapshots:
+        snaps = {g: (r.snap if g not in kept else carry["queue_groups"][str(g)]["snap"]) for g, r in groups.items()}
+        res.carry = new_carry(ctx, groups, snaps, metas, ixm.carry, timers)
     return res
+
+
+def _settled_groups(ctx: CrossContext, carry: dict | None, fresh: list[QueueGroupResult],
+                    kept: dict[int, QueueGroupResult]) -> dict[int, QueueGroupResult]:
+    """Every group's result: the tasks' (going on from a carry: added to what it held), the carried ones."""
+    out = dict(kept)
+    for r in fresh:
+        if r.mode.startswith("unsettled") or (carry is not None and r.mode != "streamed"):
+            raise Unsettled(r.mode.split(": ", 1)[-1])
+        c = carry["queue_groups"].get(str(r.group)) if carry is not None else None
+        out[r.group] = r if c is None else merge_group(group_from_json(r.group, c["result"], ctx), r)
+    return dict(sorted(out.items()))
+
+
+def _timer_task(ctx: CrossContext, root: Location, carry: dict | None) -> TimerTask | None:
+    """The timer store's task, when it has something new (a full run: whenever there is a timer store)."""
+    if not has_timer_store(root):
+        return None
+    c = carry.get("timers") if carry is not None else None
+    if carry is not None and c is None:
+        raise Unsettled("the earlier run kept no timer store")
+    if c is not None and not ctx.parts and timer_signature(root) == c["files"]:
+        return None
+    return TimerTask(c["records"] if c is not None else None)
+
+
+def _timer_result(root: Location, carry: dict | None, t_res: dict | None, out: _Capped) -> dict | None:
+    """The timer store's findings into ``out``; what the carry keeps of it (its records, result, files)."""
+    if t_res is None:
+        c = carry.get("timers") if carry is not None else None
+        if c is None:
+            return None
+        out.replay_json(c["result"]["found"])
+        return c
+    out.replay_json(t_res["found"])
+    result = {"timers": t_res["timers"], "found": t_res["found"]}
+    if t_res["records"] is None:
+        return {"result": result, "records": None, "files": None}
+    return {"result": result, "records": t_res["records"], "files": timer_signature(root)}
+
+
+def _mode(groups: dict[int, QueueGroupResult], ix: IndexPlan, timer: TimerTask | None, carry: dict | None) -> str:
+    whole = sum(1 for g in groups.values() if g.mode.startswith("whole"))
+    ran = sum(1 for g in groups.values() if g.mode != "carried")
+    files = sum(1 for e in ix.files if e.err is None)
+    text = (f"partitioned: {len(groups)} queue group(s) ({whole} by the whole view's checks), {files} "
+            f"index file(s) ({len(ix.looked)} looked up){', the timer store' if timer else ''}")
+    if carry is not None:
+        text += (f", incremental: {ran} queue group(s) and {len(ix.file_tasks)} index file(s) checked, "
+                 "the rest carried")
+    return text
 
 
 def _group_tasks(ctx: CrossContext, queues: QueuePlan, metas: list[dict]) -> list[QueueGroupTask]:

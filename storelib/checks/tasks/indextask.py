@@ -15,16 +15,21 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.checks.index import (
+    _carried_entries,
     _check_chains,
     _entries_against_records,
+    _entries_fingerprint,
+    _file_snapshot,
     _index_open_error,
+    add_validate_findings,
     key_codes,
     key_missing_finding,
     split_missing,
 )
-from storelib.checks.logview import _member
+from storelib.checks.indexgrowth import grown_file_clean
+from storelib.checks.logview import Unsettled, _member
 from storelib.checks.segment import _Capped
-from storelib.checks.tables import RECORD_SCHEMA, TableRef, TableSink
+from storelib.checks.tables import KEY_SCHEMA, RECORD_SCHEMA, TableRef, TableSink
 from storelib.checks.tasks.context import CrossContext, subset_view
 from storelib.errors import StoreError
 from storelib.format.indexdir import IndexFileRef
@@ -35,17 +40,22 @@ PAIR_SCHEMA = pa.schema([("pos", pa.int64()), ("key_hash", pa.int64())])
 PHY_SCHEMA = pa.schema([("phy", pa.int64())])
 
 
+KeySlices = tuple[tuple[TableRef, int, int], ...]  # (a key table, first row, end row), in key order
+
+
 @dataclass(frozen=True)
 class IndexFileTask:
-    """One index file against the keys its entries should be: keys ``key_lo`` .. ``key_lo + entries``."""
+    """One index file against the keys its entries should be: the log's keys ``key_lo`` ..
+    ``key_lo + entries`` (of an earlier run's file that grew: only its new entries', ``carried``)."""
 
     pos: int  # the file's place among the index files
     name: str
     size: int  # as listed
     key_lo: int
-    entries: int
-    keys: tuple[tuple[int, int, int], ...]  # (part, first row, end row) of those keys and the next one; ()
-    # when the log has fewer
+    entries: int  # entries it holds (a grown file: its new ones)
+    keys: KeySlices  # those keys and the next one; () when the log has fewer
+    carried: dict | None = None  # an earlier run's snapshot of the file (it grew since)
+    last: bool = False  # the newest file (the one that grows: its snapshot keeps its slot table's CRC)
 
 
 def _open(ctx: CrossContext, name: str, size: int) -> IndexFile:
@@ -53,19 +63,18 @@ def _open(ctx: CrossContext, name: str, size: int) -> IndexFile:
     return IndexFileRef(name, ctx.root().join("index", name), size).open(g, strict=False, broker_size=True)
 
 
-def _key_chunks(ctx: CrossContext, keys: tuple[tuple[int, int, int], ...]
-                ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(record position, PHYSICALOFFSET field, hash) of the keys, a part's slice at a time."""
-    for i, lo, hi in keys:
-        k = ctx.parts[i].key_table(ctx.fs_options).slice(lo, hi - lo)
+def _key_chunks(ctx: CrossContext, keys: KeySlices) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(record position, PHYSICALOFFSET field, hash) of the keys, a table's slice at a time."""
+    for ref, lo, hi in keys:
+        k = ref.read(KEY_SCHEMA, ctx.fs_options).slice(lo, hi - lo)
         yield k.column("pos").to_numpy(), k.column("phy").to_numpy(), k.column("key_hash").to_numpy()
 
 
 def _entries_are_keys(ctx: CrossContext, task: IndexFileTask, ent: np.ndarray) -> tuple[bool, int | None]:
-    """Are the file's entries (phyOffset, keyHash), in entry order, exactly its keys? And the position of
+    """Are the entries (phyOffset, keyHash), in entry order, exactly the task's keys? And the position of
     the key after them (None: none, or not read)."""
     m = len(ent)
-    if m != task.entries or sum(hi - lo for _i, lo, hi in task.keys) < m:
+    if m != task.entries or sum(hi - lo for _r, lo, hi in task.keys) < m:
         return False, None
     at = 0
     for pos, phy, kh in _key_chunks(ctx, task.keys):
@@ -82,29 +91,71 @@ def _entries_are_keys(ctx: CrossContext, task: IndexFileTask, ent: np.ndarray) -
     return True, None
 
 
+def _file_info(name: str, h: Any, m: int) -> dict[str, Any]:
+    return {"name": name, "entries": m, "begin_ts": h.begin_timestamp, "end_ts": h.end_timestamp,
+            "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset}
+
+
 def index_file_task(ctx: CrossContext, task: IndexFileTask) -> dict[str, Any]:
     """The file's structural findings (:meth:`IndexFile.validate`), the largest position an entry names,
-    whether its entries are its keys and, if so, its chains (a file that is not is looked up later)."""
+    whether its entries are its keys and, if so, its chains (a file that is not is looked up later); with
+    ``ctx.snapshots``, what a later run goes on from."""
     display = f"index/{task.name}"
     try:
         f = _open(ctx, task.name, task.size)
     except StoreError as e:
         return {"pos": task.pos, "err": _index_open_error(display, e).to_dict()}
     try:
-        vf = [x.to_dict() for x in f.validate(chunk_entries=1 << 18)]
+        if task.carried is not None:
+            return _grown_file(ctx, task, f, display)
+        vf = f.validate(chunk_entries=1 << 18)
         ent = f.entries_array()  # a view of the mapped file
         m = len(ent)
-        file_max = -1
-        for lo in range(0, m, CHUNK):
-            file_max = max(file_max, int(ent["phy_offset"][lo:lo + CHUNK].max()))
+        file_max = _max_phy(ent, 0, -1)
         matched, next_key = _entries_are_keys(ctx, task, ent)
         chains = _Capped()
         if matched and m:
             _check_chains(ent, f.geometry, display, chains)
+        res = {"pos": task.pos, "entries": m, "max_phy": file_max, "matched": matched,
+               "validate": [x.to_dict() for x in vf], "chains": chains.to_json(), "next_key": next_key}
+        if ctx.snapshots and matched:
+            fc = _Capped()
+            fc.replay_json(res["chains"])
+            add_validate_findings(vf, False, display, fc)
+            res["snap"] = _file_snapshot(f, ent, _file_info(task.name, f.header, m), file_max, fc, task.last)
+        return res
     finally:
         f.close()
-    return {"pos": task.pos, "entries": m, "max_phy": file_max, "matched": matched, "validate": vf,
-            "chains": chains.to_json(), "next_key": next_key}
+
+
+def _max_phy(ent: np.ndarray, skip: int, start: int) -> int:
+    """The largest position an entry names (from entry ``skip`` on; ``start`` for the ones before)."""
+    file_max = start
+    for lo in range(skip, len(ent), CHUNK):
+        file_max = max(file_max, int(ent["phy_offset"][lo:lo + CHUNK].max()))
+    return file_max
+
+
+def _grown_file(ctx: CrossContext, task: IndexFileTask, f: IndexFile, display: str) -> dict[str, Any]:
+    """A file an earlier run found clean that has grown since: its old entries unchanged (their sampled
+    CRCs), its new ones the next keys, its slots what the old ones and the new give
+    (:func:`storelib.checks.indexgrowth.grown_file_clean`). Anything else: ``unsettled``."""
+    c = task.carried
+    ent = f.entries_array()
+    try:
+        skip = _carried_entries(c, ent, display)
+    except Unsettled as e:
+        return {"pos": task.pos, "unsettled": str(e)}
+    matched, next_key = _entries_are_keys(ctx, task, ent[skip:])
+    crc = grown_file_clean(f, skip, c["slots_crc"], c["distinct"]) if matched else None
+    if crc is None:
+        return {"pos": task.pos, "unsettled": f"{display}: its new entries or slots need the whole file checked"}
+    file_max = _max_phy(ent, skip, c["max_phy"])
+    info = _file_info(task.name, f.header, len(ent))
+    snap = {**c, "count": len(ent), "index_count": f.header.index_count, "fp": _entries_fingerprint(ent, len(ent)),
+            "info": info, "max_phy": file_max, "slots_crc": crc, "distinct": f.header.hash_slot_count}
+    return {"pos": task.pos, "entries": len(ent) - skip, "max_phy": file_max, "matched": True, "validate": [],
+            "chains": _Capped().to_json(), "next_key": next_key, "snap": snap, "info": info}
 
 
 @dataclass(frozen=True)
@@ -175,7 +226,7 @@ class CoverageTask:
     """One commitlog segment's keys that no file matched in order: is some entry theirs?"""
 
     base: int
-    keys: tuple[tuple[int, int, int], ...]  # (part, first row, end row) of those keys
+    keys: KeySlices  # those keys
     pairs: tuple[TableRef, ...]  # (record position, key hash) the looked-up entries find in this segment
     wrong: tuple[TableRef, ...]  # positions named by entries with a wrong hash, in this segment
     max_end_phy: int  # the largest position any entry names
@@ -215,3 +266,28 @@ def coverage_task(ctx: CrossContext, task: CoverageTask) -> dict[str, Any]:
     return {"base": task.base, "behind": behind_n, "found": out.to_json()}
 
 
+
+
+KEYS_KEEP = 300_000  # keys not indexed yet that a run keeps for the next incremental one (more: full)
+
+
+@dataclass(frozen=True)
+class KeysTailTask:
+    """The keys after the last index file's: what a later (``--since``) run matches new entries against."""
+
+    keys: KeySlices
+
+
+def keys_tail_task(ctx: CrossContext, task: KeysTailTask) -> dict[str, Any]:
+    """The first one's position, and their PHYSICALOFFSET fields and hashes (None: more than
+    :data:`KEYS_KEEP`)."""
+    n = sum(hi - lo for _r, lo, hi in task.keys)
+    first, phy, kh = None, [], []
+    for pos, p, h in _key_chunks(ctx, task.keys[:1] if n > KEYS_KEEP else task.keys):
+        first = int(pos[0]) if first is None and len(pos) else first
+        phy.append(p)
+        kh.append(h)
+    if n > KEYS_KEEP:
+        return {"first": first, "phy": None, "hash": None}
+    return {"first": first, "phy": np.concatenate(phy).tolist() if phy else [],
+            "hash": np.concatenate(kh).tolist() if kh else []}

@@ -27,7 +27,14 @@ from storelib.checks.queues import (
     load_consume_queues,
     open_queue,
 )
-from storelib.checks.queuestream import QueueMeta, QueueMetaLoad, QueueStream, _UnitStats, load_queue_meta
+from storelib.checks.queuestream import (
+    QueueMeta,
+    QueueMetaLoad,
+    QueueStream,
+    _UnitStats,
+    load_queue_meta,
+    queue_meta_snapshot,
+)
 from storelib.checks.tables import RECORD_SCHEMA, group_of
 from storelib.checks.tasks.context import ByQueue, CrossContext, group_slices, subset_view
 from storelib.fileio.bytesource import Location, resolve
@@ -61,11 +68,20 @@ class QueueMetaTask:
     log_min: int
     queues: tuple[QueueDir, ...]
     prev: dict[str, dict] | None = None  # an earlier run's :func:`queue_meta_snapshot` of these queues
+    snapshot: bool = False  # also what a later run goes on from (``--since``)
 
 
 def queue_meta_task(task: QueueMetaTask) -> dict[str, Any]:
     """Each queue's unit summary and offsets, its files' structural findings (by listing position), and
-    the group's largest physical offset of a unit (the broker's reput position is the store's)."""
+    the group's largest physical offset of a unit (the broker's reput position is the store's); with
+    ``prev``, units an earlier run summarised are not read again (``unsettled``: they changed)."""
+    try:
+        return _queue_meta(task)
+    except Unsettled as e:
+        return {"group": task.group, "unsettled": str(e)}
+
+
+def _queue_meta(task: QueueMetaTask) -> dict[str, Any]:
     root = resolve(task.uri, **task.fs_options)
     found: dict[int, list[dict]] = {}
 
@@ -77,10 +93,14 @@ def queue_meta_task(task: QueueMetaTask) -> dict[str, Any]:
             yield q.topic, q.qid, cq
 
     meta = load_queue_meta(root, task.settings, task.log_min, task.prev, queues=opened())
-    dirs = {(q.topic, q.qid): q.dirname for q in task.queues}  # the last of a repeated queue: the one kept
-    queues = [{"topic": t, "qid": qid, "dirname": dirs[(t, qid)], "units": asdict(m.units), "cq_max": m.cq_max,
-               "cq_min": m.cq_min} for (t, qid), m in meta.queues.items()]
-    return {"group": task.group, "queues": queues, "found": found, "cq_max_phy": meta.base.cq_max_phy}
+    try:
+        dirs = {(q.topic, q.qid): q.dirname for q in task.queues}  # a repeated queue: the last, as kept
+        queues = [{"topic": t, "qid": qid, "dirname": dirs[(t, qid)], "units": asdict(m.units), "cq_max": m.cq_max,
+                   "cq_min": m.cq_min} for (t, qid), m in meta.queues.items()]
+        snap = queue_meta_snapshot(meta) if task.snapshot else None
+    finally:
+        meta.close()
+    return {"group": task.group, "queues": queues, "found": found, "cq_max_phy": meta.base.cq_max_phy, "snap": snap}
 
 
 @dataclass(frozen=True)
@@ -90,6 +110,7 @@ class QueueGroupTask:
     group: int
     queues: tuple[dict, ...]  # the group's :func:`queue_meta_task` entries, in the store's queue order
     listing_failed: bool = False  # the queue directory could not be read: records only, no unit
+    resume: dict | None = None  # an earlier run's stream snapshot: go on from it with the new records alone
 
 
 @dataclass
@@ -104,8 +125,9 @@ class QueueGroupResult:
     first_phy: dict[str, int] = field(default_factory=dict)  # each topic's first record here
     traffic: dict[str, list[int]] = field(default_factory=dict)  # per topic, the traffic buckets
     sizes: list[list[int]] = field(default_factory=lambda: [[], []])  # distinct sizes and their counts
-    mode: str = "streamed"
+    mode: str = "streamed"  # or "whole view: why"; "unsettled: why" when going on from a snapshot failed
     records: int = 0
+    snap: dict | None = None  # what a later run goes on from (streamed, when asked: ``ctx.snapshots``)
 
 
 class _Charts:
@@ -118,21 +140,19 @@ class _Charts:
         self.first: dict[int, int] = {}
 
     def feed(self, rec: pa.Table, code: np.ndarray) -> None:
-        n_before = len(self.first)
         self.traffic.feed(rec.column("store_timestamp").to_numpy(), code, len(self.codes.names))
         self.sizes.feed(rec.column("size").to_numpy())
-        new = np.flatnonzero(code >= n_before)
-        if len(new):
-            phy = rec.column("phy_offset").to_numpy()
-            c, i = np.unique(code[new], return_index=True)
-            for cc, ii in zip(c.tolist(), i.tolist()):
-                self.first.setdefault(cc, int(phy[new[ii]]))
+        if not len(code):
+            return
+        for c in np.flatnonzero(np.bincount(code)).tolist():  # topics here (few): their first record
+            if c not in self.first:
+                self.first[c] = int(rec.column("phy_offset")[int(np.argmax(code == c))].as_py())
 
     def into(self, res: QueueGroupResult) -> None:
         names = self.codes.names
         res.first_phy = {names[c]: p for c, p in self.first.items()}
         grid = self.traffic.grid
-        res.traffic = {names[c]: grid[c].tolist() for c in range(len(grid))}
+        res.traffic = {names[c]: grid[c].tolist() for c in range(len(grid)) if grid[c].any()}
         res.sizes = self.sizes.snapshot()
 
 
@@ -153,6 +173,12 @@ def queue_group_task(ctx: CrossContext, task: QueueGroupTask) -> QueueGroupResul
     """One queue group's checks: streamed when the store allows, else (or when the stream meets anything
     it cannot settle) the whole view's judgement over the group's records."""
     res = QueueGroupResult(task.group)
+    if task.resume is not None:  # the earlier records are not here: what the stream cannot settle, nothing can
+        try:
+            _streamed(ctx, task, res)
+        except Unsettled as e:
+            res = QueueGroupResult(task.group, mode=f"unsettled: {e}")
+        return res
     if ctx.streamable:
         try:
             _streamed(ctx, task, res)
@@ -172,6 +198,8 @@ def _streamed(ctx: CrossContext, task: QueueGroupTask, res: QueueGroupResult) ->
     try:
         offsets = ByQueue()
         qs = QueueStream(meta, ctx.log_min, ctx.segment_size, offsets, codes=charts.codes)
+        if task.resume is not None:
+            qs.resume(task.resume)
         for table in group_slices(ctx, task.group):
             for lo in range(0, table.num_rows, ROWS):
                 rec = table.slice(lo, ROWS)
@@ -183,10 +211,11 @@ def _streamed(ctx: CrossContext, task: QueueGroupTask, res: QueueGroupResult) ->
         facts = qs.facts()
         units = ByQueue()
         res.stats = {} if meta.base.failed else qs.finish_queues(facts, units)
+        res.snap = qs.snapshot() if ctx.snapshots else None
     finally:
         meta.close()
     res.facts = facts
-    res.offsets_found, res.units_found = offsets.to_json(), units.to_json()
+    res.offsets_found, res.units_found = offsets.per_queue(), units.per_queue()
     charts.into(res)
 
 
@@ -208,7 +237,7 @@ def _whole(ctx: CrossContext, task: QueueGroupTask, res: QueueGroupResult) -> No
     if not loaded.failed:
         res.stats, _ = check_queue_units(view, units, facts, loaded)
     res.facts = facts
-    res.offsets_found, res.units_found = offsets.inner.to_json(), units.inner.to_json()
+    res.offsets_found, res.units_found = offsets.inner.per_queue(), units.inner.per_queue()
     charts.into(res)
 
 

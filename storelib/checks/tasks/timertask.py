@@ -4,6 +4,7 @@ the timerlog, the wheel and timercheck, with :func:`storelib.checks.timers.check
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,15 +20,27 @@ from storelib.checks.timers import check_timer_store, has_timer_store
 from storelib.errors import StoreError
 from storelib.format.timerstore import TIMER_TOPIC, read_timerlog
 
+TIMERS_KEEP = 100_000  # timer-topic records a run keeps for the next incremental one (more: full)
 
-def timer_task(ctx: CrossContext) -> dict[str, Any]:
-    """The timer store's findings and summary (None: the store keeps no timer store)."""
+
+@dataclass(frozen=True)
+class TimerTask:
+    """The timer store against the timer topic's records (``carried``: an earlier run's, before this run's)."""
+
+    carried: dict | None = None
+
+
+def timer_task(ctx: CrossContext, task: TimerTask) -> dict[str, Any]:
+    """The timer store's findings and summary (None: the store keeps no timer store); with
+    ``ctx.snapshots``, the timer records for a later run (None: more than :data:`TIMERS_KEEP`)."""
     root = ctx.root()
     out = _Capped()
     if not has_timer_store(root):
-        return {"timers": None, "found": out.to_json()}
+        return {"timers": None, "found": out.to_json(), "records": {}}
     g = group_of(TIMER_TOPIC, 0, ctx.groups)
     mine = [t.filter(pc.equal(t.column("topic"), TIMER_TOPIC)) for t in group_slices(ctx, g)]
+    if task.carried:
+        mine.insert(0, pa.table(task.carried, schema=RECORD_SCHEMA))
     own = pa.concat_tables([t for t in mine if t.num_rows]) if any(t.num_rows for t in mine) else \
         RECORD_SCHEMA.empty_table()
     try:  # the records the units point at, read beforehand (check_timer_store reads the files again)
@@ -44,4 +57,9 @@ def timer_task(ctx: CrossContext) -> dict[str, Any]:
                    ctx.segment_size)
     facts = check_queue_offsets(view, _Capped())  # the timer topic's own facts (its records are all here)
     timers = check_timer_store(root, view, ctx.settings, out, facts)
-    return {"timers": timers, "found": out.to_json()}
+    res = {"timers": timers, "found": out.to_json(), "records": None}
+    if ctx.resumed and any(kind == "timer_unit_mismatch" for kind, _ in out.counts):
+        res["unsettled"] = "a timer unit is not a timer record's"  # it may be a record audited before
+    if ctx.snapshots and own.num_rows <= TIMERS_KEEP:
+        res["records"] = own.to_pydict()
+    return res
