@@ -384,102 +384,30 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
     ``ends`` must hold every task of ``plan.tasks`` up to where the walk stops (later ones are
     ignored). Raises StoreError(kind="missing_scan") when one is missing.
     """
-    # one function (~110 lines): the broker's recovery decision sequence (valid end, truncations, dispatch
-    # ranges) in CommitLog.recover* order, kept in one place so it reads against the Java source
     inp = plan.inputs
-    S = inp.segment_size
     segs = plan.segments
     found = list(plan.findings)
-    supported = True
-    outcomes: list[SegmentOutcome] = []
-    reput_outcomes: list[SegmentOutcome] = []
-    dispatch: list[DispatchRange] = []
-    tasks = {t.index: t for t in plan.tasks}
+    n = len(segs)
 
     def end_of(i: int) -> SegmentEnd:
         if i not in ends:
             raise StoreError("commitlog/" + segs[i].name, None, "missing_scan", "no scan result for this segment")
         return ends[i]
 
-    # -- the window walk (§8.3 steps 2-4)
-    failure = None
-    n = len(segs)
-    if n == 0:
-        process_offset = 0
-    else:
-        i = plan.start_index
-        while True:
-            t = tasks[i]
+    outcomes, process_offset, failure, last_walked = _window_walk(plan, end_of)
+    supported = True
+    reput_outcomes: list[SegmentOutcome] = []
+    dispatch: list[DispatchRange] = []
+    if n and plan.reput_from is not None:  # 4.9.8 normal: reput from reput_from to process_offset
+        supported = _reput_ranges(plan, end_of, process_offset, last_walked, dispatch, reput_outcomes, found)
+    elif n:  # recovery dispatches (5.x normal, abnormal): valid window records
+        for i in range(plan.start_index, last_walked + 1):
             e = end_of(i)
-            oc = _outcome(t, e)
-            outcomes.append(oc)
-            if e.kind == "blank" and i + 1 < n:
-                i += 1
-                continue
-            process_offset = segs[i].base + e.file_offset
-            if e.kind == "invalid":
-                failure = oc
-            elif e.kind == "segment_end":
-                # the next read underflows: -1, the walk stops at the segment's end
-                pass
-            break
-        last_walked = i
-
-    # -- what is dispatched
-    if n:
-        if plan.reput_from is not None:  # 4.9.8 normal: reput from reput_from to process_offset
-            prev_base = None
-            stopped = False
-            for t in plan.tasks:
-                if stopped:
-                    break
-                seg = segs[t.index]
-                if prev_base is not None and seg.base != prev_base + S:
-                    found.append(Finding("reput_gap", "critical", seg.display, None,
-                                         f"no segment holds physical offset {prev_base + S}: reput stops there and "
-                                         "nothing after it is dispatched"))
-                    supported = False
-                    break
-                prev_base = seg.base
-                if seg.base >= process_offset and t.crc:
-                    break
-                if t.crc:
-                    if t.index > last_walked:
-                        break
-                    e = end_of(t.index)
-                    stop = min(e.file_offset, process_offset - seg.base)
-                    start = max(t.start, plan.reput_from - seg.base, 0)
-                    if stop > start:
-                        dispatch.append(DispatchRange(seg.base, seg.name, start, stop, None, "reput"))
-                    continue
-                e = end_of(t.index)
-                reput_outcomes.append(_outcome(t, e))
-                if e.file_offset > t.start:
-                    dispatch.append(DispatchRange(seg.base, seg.name, t.start, e.file_offset, None, "reput"))
-                if e.kind == "invalid" and e.size is not None and e.size > 0:
-                    found.append(Finding("reput_length_mismatch", "critical", seg.display, e.file_offset,
-                                         f"length mismatch ({e.detail}): the broker's reput goes on from a "
-                                         "misaligned position; not reproducible byte-identically"))
-                    supported = False
-                    stopped = True
-        else:  # recovery dispatches (5.x normal, abnormal): valid window records
-            after = plan.dispatch_after
-            for i in range(plan.start_index, last_walked + 1):
-                e = end_of(i)
-                seg = segs[i]
-                stop = min(e.file_offset, process_offset - seg.base)
-                if stop > 0:
-                    dispatch.append(DispatchRange(seg.base, seg.name, 0, stop, after, "recovery"))
-
-    # -- truncation (§8.5) and CQ truncation (§8.6)
-    delete: list[int] = []
-    truncate = None
-    for seg in segs:
-        if seg.base + S > process_offset:
-            if process_offset >= seg.base:
-                truncate = (seg.base, process_offset - seg.base)
-            else:
-                delete.append(seg.base)
+            seg = segs[i]
+            stop = min(e.file_offset, process_offset - seg.base)
+            if stop > 0:
+                dispatch.append(DispatchRange(seg.base, seg.name, 0, stop, plan.dispatch_after, "recovery"))
+    delete, truncate = _truncation(plan, process_offset)
     quirk = inp.version == "4" and plan.mode == "abnormal"
     return RecoveryResult(
         version=inp.version, mode=plan.mode, start_index=plan.start_index,
@@ -491,6 +419,82 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
         truncate_consume_queues=n > 0 and inp.cq_max_phy_offset >= process_offset,
         dispatch=tuple(dispatch), supported=supported, findings=tuple(found), delay_levels_quirk=quirk,
     )
+
+
+def _window_walk(plan: WalkPlan, end_of: Callable[[int], SegmentEnd]
+                 ) -> tuple[list[SegmentOutcome], int, SegmentOutcome | None, int]:
+    """§8.3 steps 2-4, the window walk: each segment's outcome, processOffset, the failing segment's
+    outcome (None) and the last segment walked."""
+    segs = plan.segments
+    tasks = {t.index: t for t in plan.tasks}
+    outcomes: list[SegmentOutcome] = []
+    if not segs:
+        return outcomes, 0, None, -1
+    failure = None
+    i = plan.start_index
+    while True:
+        e = end_of(i)
+        oc = _outcome(tasks[i], e)
+        outcomes.append(oc)
+        if e.kind == "blank" and i + 1 < len(segs):
+            i += 1
+            continue
+        if e.kind == "invalid":
+            failure = oc
+        # "segment_end": the next read underflows (-1), the walk stops at the segment's end
+        return outcomes, segs[i].base + e.file_offset, failure, i
+
+
+def _reput_ranges(plan: WalkPlan, end_of: Callable[[int], SegmentEnd], process_offset: int, last_walked: int,
+                  dispatch: list[DispatchRange], reput_outcomes: list[SegmentOutcome], found: list[Finding]) -> bool:
+    """4.9.8 after a normal exit: the reput from ``plan.reput_from`` to processOffset, into ``dispatch``
+    (and the outcomes of the segments only the reput reads); False when it cannot be reproduced."""
+    S = plan.inputs.segment_size
+    segs = plan.segments
+    prev_base = None
+    for t in plan.tasks:
+        seg = segs[t.index]
+        if prev_base is not None and seg.base != prev_base + S:
+            found.append(Finding("reput_gap", "critical", seg.display, None,
+                                 f"no segment holds physical offset {prev_base + S}: reput stops there and "
+                                 "nothing after it is dispatched"))
+            return False
+        prev_base = seg.base
+        if seg.base >= process_offset and t.crc:
+            break
+        if t.crc:
+            if t.index > last_walked:
+                break
+            e = end_of(t.index)
+            stop = min(e.file_offset, process_offset - seg.base)
+            start = max(t.start, plan.reput_from - seg.base, 0)
+            if stop > start:
+                dispatch.append(DispatchRange(seg.base, seg.name, start, stop, None, "reput"))
+            continue
+        e = end_of(t.index)
+        reput_outcomes.append(_outcome(t, e))
+        if e.file_offset > t.start:
+            dispatch.append(DispatchRange(seg.base, seg.name, t.start, e.file_offset, None, "reput"))
+        if e.kind == "invalid" and e.size is not None and e.size > 0:
+            found.append(Finding("reput_length_mismatch", "critical", seg.display, e.file_offset,
+                                 f"length mismatch ({e.detail}): the broker's reput goes on from a "
+                                 "misaligned position; not reproducible byte-identically"))
+            return False
+    return True
+
+
+def _truncation(plan: WalkPlan, process_offset: int) -> tuple[list[int], tuple[int, int] | None]:
+    """§8.5: the segments wholly after processOffset (deleted) and the one it falls in (truncated there)."""
+    S = plan.inputs.segment_size
+    delete: list[int] = []
+    truncate = None
+    for seg in plan.segments:
+        if seg.base + S > process_offset:
+            if process_offset >= seg.base:
+                truncate = (seg.base, process_offset - seg.base)
+            else:
+                delete.append(seg.base)
+    return delete, truncate
 
 
 # ---------------------------------------------------------------------------------------------
