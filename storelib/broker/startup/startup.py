@@ -206,6 +206,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     wplan = plan_recovery(inputs, store.commitlog.segments)
     walk = finish_walk(wplan, walk_runner(wplan, delay_levels))
     findings.extend(walk.findings)
+    findings.extend(_unread_before(store, wplan))
     P = walk.process_offset
     segs = list(wplan.segments)
 
@@ -226,6 +227,19 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
         recovery_records=t_rec.num_rows, reput_records=t_rep.num_rows, index_keys_added=keys_added,
         index_keys_extra=keys_extra, index_extra_records=t_extra.num_rows, complete_index=complete_index,
         findings=findings)
+
+
+def _unread_before(store: Store, wplan: WalkPlan) -> list[Finding]:
+    """Segments before the first one the start-up reads that do not start with a record (random bytes, a
+    segment overwritten): nothing in a start-up reads or reports them."""
+    from storelib.broker.settings.storeroot import unreadable_segments
+
+    tasks = wplan.tasks
+    first = tasks[0].base if tasks else None
+    head = [f for f in store.findings if f.kind == "commitlog_head_not_a_record"]
+    segs = store.commitlog.segments
+    return [*(head if segs and (first is None or segs[0].base < first) else []),
+            *unreadable_segments(store.loc, first)]
 
 
 def _finish_queues(store: Store, queues: dict[tuple[str, int], QueueReplay], commitlog_delete: list[str]
