@@ -43,7 +43,14 @@ from typing import Any
 
 import jobs.engines.audit_tasks as audit_tasks
 from jobs.common import note
-from jobs.engines.schedulers import Engine, LocalEngine, add_engine_args, make_engine, resolve_engine_name
+from jobs.engines.schedulers import (
+    Engine,
+    LocalEngine,
+    add_engine_args,
+    make_engine,
+    resolve_engine_name,
+    walk_on,
+)
 from jobs.reports.audit_report import build_report, jsonable, render_html
 from jobs.reports.audit_summary import EXIT_FAILED, damage_cost, exit_code, summary_text
 from storelib.broker.settings.brokerconf import BrokerSettings
@@ -147,6 +154,11 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
                           bool(since)) if tasked else None)
             report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet,
                                               threads, resume, on)
+        same = [] if not broker_conf else ["--broker-conf", broker_conf]
+        if version not in (None, "auto"):
+            same += ["--broker-version", str(version)]
+        # the start-up replay that prices damage scans its segments on the engine too
+        damage = damage_cost(store, report, quiet, same, walk_on(eng))
     finally:
         if own_engine is not None:
             own_engine.close()
@@ -162,10 +174,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
                      "file_mb_per_s": round(audited_bytes / max(t_seg, 1e-9) / 1e6, 1) if tasks else None,
                      "messages_per_s": round(sum(r.records for r in fresh) / max(t_seg, 1e-9), 1) if tasks else None,
                      "since": since}
-    same = [] if not broker_conf else ["--broker-conf", broker_conf]
-    if version not in (None, "auto"):
-        same += ["--broker-version", str(version)]
-    report["damage"] = damage_cost(store, report, quiet, same)
+    report["damage"] = damage
     return report
 
 

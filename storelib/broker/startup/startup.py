@@ -49,7 +49,6 @@ from storelib.broker.recovery.walk import (
     WalkRunner,
     finish_walk,
     plan_recovery,
-    run_tasks,
     serial_walk,
     store_inputs,
 )
@@ -211,9 +210,9 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     segs = list(wplan.segments)
 
     t_rec = _recovery_dispatch(store, walk, segs, queues, findings)
-    reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema)
+    reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema, walk_runner)
     index_images, keys_added, keys_extra, t_extra = _index_after(
-        store, version, refs, index_delete, wplan, walk, (t_rec, t_rep), complete_index)
+        store, version, refs, index_delete, wplan, walk, (t_rec, t_rep), complete_index, walk_runner)
     zero_from, delete_names = _commitlog_changes(store, walk, segs)
     lost_ranges = _lost_ranges(segs, P, reput_walk, store.commitlog.segment_size)
     new_cp = _checkpoint_after(store, cp, version, P, segs)
@@ -310,8 +309,8 @@ def _recovery_dispatch(store: Store, walk: RecoveryResult, segs: list[Segment],
 
 
 def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
-           queues: dict[tuple[str, int], QueueReplay], findings: list[Finding], schema: pa.Schema
-           ) -> tuple[Reput, pa.Table, RecoveryResult | None]:
+           queues: dict[tuple[str, int], QueueReplay], findings: list[Finding], schema: pa.Schema,
+           walk_runner: WalkRunner = serial_walk) -> tuple[Reput, pa.Table, RecoveryResult | None]:
     """4.9.8 reput (§8.9) from the queues' maxPhysicOffset after recovery, into the queue models;
     (where it ran, the records dispatched, the reput's walk or None)."""
     P = walk.process_offset
@@ -325,7 +324,7 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
         reput.start = reput_from
         if reput_from < P:
             p2 = replace(wplan, reput_from=reput_from)
-            reput_walk = finish_walk(p2, run_tasks(p2, delay_levels_ms=delay_levels))
+            reput_walk = finish_walk(p2, walk_runner(p2, delay_levels))
             rr = [d for d in reput_walk.dispatch if d.by == "reput"]
             reput.ranges = rr
             findings.extend(f for f in reput_walk.findings if f.kind.startswith("reput"))
@@ -342,8 +341,8 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
 
 
 def _index_after(store: Store, version: str, refs: list[IndexFileRef], index_delete: list[str],
-                 wplan: WalkPlan, walk: RecoveryResult, dispatched: tuple[pa.Table, pa.Table], complete_index: bool
-                 ) -> tuple[list[IndexImage], int, int, pa.Table]:
+                 wplan: WalkPlan, walk: RecoveryResult, dispatched: tuple[pa.Table, pa.Table], complete_index: bool,
+                 walk_runner: WalkRunner = serial_walk) -> tuple[list[IndexImage], int, int, pa.Table]:
     """The index: remaining files loaded, the last one continued with every dispatched record's keys;
     (index images, keys the broker adds, keys only ``complete_index`` adds, the records it re-indexes)."""
     settings = store.settings
@@ -373,7 +372,7 @@ def _index_after(store: Store, version: str, refs: list[IndexFileRef], index_del
     start_base = walk.start_base if walk.start_base is not None else P
     if complete_index and index_delete and segs and idx_from < start_base:
         p3 = replace(wplan, reput_from=idx_from)
-        w3 = finish_walk(p3, run_tasks(p3, delay_levels_ms=delay_levels))
+        w3 = finish_walk(p3, walk_runner(p3, delay_levels))
         extra = [replace(d, end=min(d.end, start_base - d.base)) for d in w3.dispatch
                  if d.by == "reput" and d.phy_start < start_base]
         t_extra = _read_ranges(store, extra, delay_levels)
