@@ -65,6 +65,7 @@ from storelib.checks.segment import (
 )
 from storelib.checks.tasks.carry import CARRY_KIND
 from storelib.checks.tasks.crossplan import QueuePlan, cross_context, partitioned_checks, queue_meta_tasks
+from storelib.checks.tasks.indexplan import index_structure_tasks
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
 from storelib.scan.fingerprint import fingerprint
@@ -146,12 +147,17 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
                            audit_tasks.cross_groups(eng, tasks, in_memory) if tasked else 1)
             queues = queue_meta_tasks(store, settings, opts.groups, fs_options, prev=resume["cq"] if resume else None,
                                       snapshot=bool(since)) if tasked else None
-            fresh, metas = audit_tasks.run_segments(tasks, opts, eng, quiet, store=store, split_bytes=split_bytes,
-                                                    sink=sink, meta_tasks=queues.tasks if queues else None,
-                                                    in_memory=in_memory)
+            # what the cross-file checks read without the records runs beside the segments
+            beside: list = [*queues.tasks] if queues else []
+            if tasked and resume is None:
+                beside += index_structure_tasks(store_uri, store.loc, settings, fs_options, bool(since))
+            fresh, done = audit_tasks.run_segments(tasks, opts, eng, quiet, store=store, split_bytes=split_bytes,
+                                                   sink=sink, meta_tasks=beside, in_memory=in_memory)
+            n_q = len(queues.tasks) if queues else 0
+            metas, structures = done[:n_q], done[n_q:]
             t_seg = time.monotonic() - t1
             on = (CrossOn(eng, sink.dir if sink is not None else None, queues, metas, opts.groups, fs_options, quiet,
-                          bool(since)) if tasked else None)
+                          bool(since), structures) if tasked else None)
             report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet,
                                               threads, resume, on)
         same = [] if not broker_conf else ["--broker-conf", broker_conf]
@@ -191,6 +197,7 @@ class CrossOn:
     fs_options: dict[str, Any]
     quiet: bool
     snapshots: bool  # make the carry a later run goes on from (``--since``)
+    structures: list[dict]  # the index files' structure, checked beside the segments
 
     def run(self, fn, items: list, label: str) -> list:
         return self.engine.map(fn, items, label, None if self.quiet else note)
@@ -237,7 +244,7 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSet
                             max((m.get("cq_max_phy", -1) for m in on.metas), default=-1), on.sink,
                             snapshots=on.snapshots, resumed=resume is not None)
         done = partitioned_checks(store, results, settings, ctx, on.queues, on.metas, now_ms=now_ms, run=on.run,
-                                  carry=resume)
+                                  carry=resume, structures=on.structures)
     else:
         done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, resume=resume, feed=feed)
     report = build_report(store, results, done.summary, done.findings, done.qstats, done.consumers, done.idx, done.cp,

@@ -32,7 +32,6 @@ from storelib.checks.segment import (
 )
 from storelib.checks.tables import TableSink
 from storelib.checks.tasks.crossplan import phase_one
-from storelib.checks.tasks.queuetask import QueueMetaTask, queue_meta_task
 from storelib.fileio.bytesource import resolve
 from storelib.scan.splits import parallel_split_bytes
 
@@ -119,10 +118,11 @@ def cross_groups(eng: Engine, tasks: list[SegmentTask], in_memory: bool) -> int:
 
 def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quiet: bool = False,
                  store: Store | None = None, split_bytes: int | None = None, sink: TableSink | None = None,
-                 meta_tasks: list[QueueMetaTask] | None = None, in_memory: bool = False
+                 meta_tasks: list[Any] | None = None, in_memory: bool = False
                  ) -> tuple[list[SegmentResult], list[dict]]:
     """Phase 1 on the given engine (same functions on every engine; the caller starts and closes it), with
-    the consume queues' summaries (``meta_tasks``) beside the segments. With ``split_bytes`` (default on a
+    what the cross-file checks read without records (``meta_tasks``: the consume queues' summaries, the
+    index files' structure) beside the segments; returns the segments' results and those tasks'. With ``split_bytes`` (default on a
     pool or Spark: :func:`storelib.scan.splits.parallel_split_bytes`, about two tasks per core) segments
     are cut at record starts into split tasks whose results are merged per segment.
 
@@ -130,13 +130,13 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quie
     in-band with the results when ``sink`` is None), where the cross-file tasks read them."""
     meta_tasks = meta_tasks or []
     if not tasks:
-        return [], [queue_meta_task(m) for m in meta_tasks] if in_memory else eng.map(
-            partial(phase_one, opts, sink), meta_tasks, "audit: queue summaries")
+        return [], [phase_one(opts, sink, m) for m in meta_tasks] if in_memory else eng.map(
+            partial(phase_one, opts, sink), meta_tasks, "audit: queue and index summaries")
     if split_bytes is None and eng.name != "local":
         split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks), eng.parallelism)
     units = split_tasks(store, tasks, split_bytes) if split_bytes and store is not None else tasks
     if in_memory:
-        return _run_in_process(tasks, units, opts, quiet), [queue_meta_task(m) for m in meta_tasks]
+        return _run_in_process(tasks, units, opts, quiet), [phase_one(opts, sink, m) for m in meta_tasks]
     note(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on {eng.describe()}", quiet)
     t0 = time.monotonic()
     run = partial(phase_one, opts, sink)

@@ -50,6 +50,7 @@ from storelib.checks.tasks.carry import (
 )
 from storelib.checks.tasks.context import CrossContext
 from storelib.checks.tasks.indexplan import IndexPlan, index_plan, merge_index
+from storelib.checks.tasks.indextask import IndexStructureTask, index_structure_task
 from storelib.checks.tasks.queuetask import (
     QueueDir,
     QueueGroupResult,
@@ -99,10 +100,14 @@ def _prev_group(key: str, groups: int) -> int:
     return group_of(topic, int(qid), groups)
 
 
-def phase_one(opts: AuditOptions, sink: TableSink | None, item: SegmentTask | QueueMetaTask) -> Any:
-    """A task of the segment phase: a segment (or split) audited, or a queue group's summaries."""
+def phase_one(opts: AuditOptions, sink: TableSink | None,
+              item: SegmentTask | QueueMetaTask | IndexStructureTask) -> Any:
+    """A task of the segment phase: a segment (or split) audited, a queue group's summaries, or an index
+    file's structure (what the cross-file checks read without records, beside the segments)."""
     if isinstance(item, QueueMetaTask):
         return queue_meta_task(item)
+    if isinstance(item, IndexStructureTask):
+        return index_structure_task(item)
     return audit_part(item, opts, sink)
 
 
@@ -152,7 +157,7 @@ def cross_context(store: Store, settings: BrokerSettings, results: list[SegmentR
 
 def partitioned_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, ctx: CrossContext,
                        queues: QueuePlan, metas: list[dict], *, now_ms: int, run: Run,
-                       carry: dict | None = None) -> CrossResults:
+                       carry: dict | None = None, structures: list[dict] | None = None) -> CrossResults:
     """The cross-file checks as tasks, merged into what the whole view reports (findings in its order).
 
     ``carry``: go on from an earlier run's (``ctx.parts`` are only what was audited since): only the
@@ -167,7 +172,7 @@ def partitioned_checks(store: Store, results: list[SegmentResult], settings: Bro
         raise ResumeFailed(next(m["unsettled"] for m in metas if "unsettled" in m))
     try:
         qtasks, kept = schedule_groups(ctx, _group_tasks(ctx, queues, metas), carry)
-        ix = index_plan(ctx, settings, cp, abort.exists, carry)
+        ix = index_plan(ctx, settings, cp, abort.exists, carry, structures)
         timer = _timer_task(ctx, root, carry)
         items: list[Any] = [*ix.file_tasks, *qtasks, *([ix.tail] if ix.tail else []), *([timer] if timer else [])]
         done = run(partial(run_item, ctx), items, "audit: cross-file tasks") if items else []

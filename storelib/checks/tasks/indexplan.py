@@ -32,11 +32,13 @@ from storelib.checks.tasks.indextask import (
     CoverageTask,
     IndexFileTask,
     IndexLookupTask,
+    IndexStructureTask,
     KeySlices,
     KeysTailTask,
     _file_info,
 )
 from storelib.errors import Finding, StoreError
+from storelib.fileio.bytesource import Location
 from storelib.format.checkpoint import Checkpoint
 from storelib.format.indexdir import IndexFileRef, list_index_files
 from storelib.format.indexfile import IndexGeometry, IndexHeader
@@ -75,10 +77,21 @@ class IndexPlan:
         return int(self.starts[-1])
 
 
+def index_structure_tasks(store_uri: str, root: Location, settings: BrokerSettings, fs_options: dict[str, Any],
+                          snapshot: bool) -> list[IndexStructureTask]:
+    """A task per index file for what needs no record (its structure, chains, extent): they run beside
+    the segment tasks."""
+    refs = list_index_files(root)
+    return [IndexStructureTask(r.name, r.size, store_uri, fs_options, settings.max_hash_slot_num,
+                               settings.max_index_num, k == len(refs) - 1, snapshot) for k, r in enumerate(refs)]
+
+
 def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | None, abort: bool,
-               carry: dict | None = None) -> IndexPlan:
+               carry: dict | None = None, structures: list[dict] | None = None) -> IndexPlan:
     """Each index file's header read (no entry) and its task: which keys its entries should be.
-    ``carry``: an earlier run's index and key snapshots (raises Unsettled when they no longer hold)."""
+    ``carry``: an earlier run's index and key snapshots (raises Unsettled when they no longer hold);
+    ``structures``: the files' :func:`index_structure_task` results (their tasks then only compare keys)."""
+    checked = {r["name"]: r for r in structures or () if "err" not in r}
     root = ctx.root()
     found: list[Finding] = []
     refs = list_index_files(root, found)
@@ -117,8 +130,10 @@ def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | Non
         new = e.entries - (e.carried["count"] if e.carried is not None else 0)
         keys = key_slices(plan, c, min(c + new + 1, plan.n_keys)) if c + new <= plan.n_keys else ()
         e.task = len(plan.file_tasks)
+        st = checked.get(ref.name) if e.carried is None else None
         plan.file_tasks.append(IndexFileTask(e.task, ref.name, ref.size, c, new, keys, e.carried,
-                                             last=k == len(refs) - 1))
+                                             last=k == len(refs) - 1,
+                                             structure=st if st is not None and st["entries"] == new else None))
         plan.files.append(e)
         c += new
     plan.matched_to = c

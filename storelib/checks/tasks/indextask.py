@@ -32,6 +32,7 @@ from storelib.checks.segment import _Capped
 from storelib.checks.tables import KEY_SCHEMA, RECORD_SCHEMA, TableRef, TableSink
 from storelib.checks.tasks.context import CrossContext, subset_view
 from storelib.errors import StoreError
+from storelib.fileio.bytesource import resolve
 from storelib.format.indexdir import IndexFileRef
 from storelib.format.indexfile import IndexFile, IndexGeometry
 
@@ -56,6 +57,7 @@ class IndexFileTask:
     keys: KeySlices  # those keys and the next one; () when the log has fewer
     carried: dict | None = None  # an earlier run's snapshot of the file (it grew since)
     last: bool = False  # the newest file (the one that grows: its snapshot keeps its slot table's CRC)
+    structure: dict | None = None  # its :func:`index_structure_task` result (else checked here)
 
 
 def _open(ctx: CrossContext, name: str, size: int) -> IndexFile:
@@ -97,8 +99,8 @@ def _file_info(name: str, h: Any, m: int) -> dict[str, Any]:
 
 
 def index_file_task(ctx: CrossContext, task: IndexFileTask) -> dict[str, Any]:
-    """The file's structural findings (:meth:`IndexFile.validate`), the largest position an entry names,
-    whether its entries are its keys and, if so, its chains (a file that is not is looked up later); with
+    """Are the file's entries its keys? (``task.structure``: its structure was checked beside the segments,
+    :func:`index_structure_task`; else that too, here). A file that is not is looked up later; with
     ``ctx.snapshots``, what a later run goes on from."""
     display = f"index/{task.name}"
     try:
@@ -108,24 +110,61 @@ def index_file_task(ctx: CrossContext, task: IndexFileTask) -> dict[str, Any]:
     try:
         if task.carried is not None:
             return _grown_file(ctx, task, f, display)
-        vf = f.validate(chunk_entries=1 << 18)
         ent = f.entries_array()  # a view of the mapped file
-        m = len(ent)
-        file_max = _max_phy(ent, 0, -1)
         matched, next_key = _entries_are_keys(ctx, task, ent)
-        chains = _Capped()
-        if matched and m:
-            _check_chains(ent, f.geometry, display, chains)
-        res = {"pos": task.pos, "entries": m, "max_phy": file_max, "matched": matched,
-               "validate": [x.to_dict() for x in vf], "chains": chains.to_json(), "next_key": next_key}
-        if ctx.snapshots and matched:
-            fc = _Capped()
-            fc.replay_json(res["chains"])
-            add_validate_findings(vf, False, display, fc)
-            res["snap"] = _file_snapshot(f, ent, _file_info(task.name, f.header, m), file_max, fc, task.last)
-        return res
+        res = task.structure if task.structure is not None else _structure(f, task.name, task.last, ctx.snapshots)
+        return {**res, "pos": task.pos, "matched": matched, "next_key": next_key}
     finally:
         f.close()
+
+
+@dataclass(frozen=True)
+class IndexStructureTask:
+    """One index file's structure, chains and extent, which need no record: checked beside the segment
+    tasks (the cross-file phase then only compares its entries with the keys)."""
+
+    name: str
+    size: int
+    uri: str
+    fs_options: dict[str, Any]
+    hash_slot_num: int
+    index_num: int
+    last: bool = False
+    snapshot: bool = False
+
+
+def index_structure_task(task: IndexStructureTask) -> dict[str, Any]:
+    """:meth:`IndexFile.validate`'s findings, the chains' (valid when its entries turn out to be its keys),
+    the largest position an entry names, and the file's snapshot for a later run (``snapshot``)."""
+    g = IndexGeometry(task.hash_slot_num, task.index_num)
+    display = f"index/{task.name}"
+    try:
+        f = IndexFileRef(task.name, resolve(task.uri, **task.fs_options).join("index", task.name),
+                         task.size).open(g, strict=False, broker_size=True)
+    except StoreError as e:
+        return {"name": task.name, "err": _index_open_error(display, e).to_dict()}
+    try:
+        return {"name": task.name, **_structure(f, task.name, task.last, task.snapshot)}
+    finally:
+        f.close()
+
+
+def _structure(f: IndexFile, name: str, last: bool, snapshot: bool) -> dict[str, Any]:
+    display = f"index/{name}"
+    vf = f.validate(chunk_entries=1 << 18)
+    ent = f.entries_array()
+    m = len(ent)
+    file_max = _max_phy(ent, 0, -1)
+    chains = _Capped()
+    if m:
+        _check_chains(ent, f.geometry, display, chains)
+    res = {"entries": m, "max_phy": file_max, "validate": [x.to_dict() for x in vf], "chains": chains.to_json()}
+    if snapshot:  # as it stands if its entries are its keys (the only case a carry is made)
+        fc = _Capped()
+        fc.replay_json(res["chains"])
+        add_validate_findings(vf, False, display, fc)
+        res["snap"] = _file_snapshot(f, ent, _file_info(name, f.header, m), file_max, fc, last)
+    return res
 
 
 def _max_phy(ent: np.ndarray, skip: int, start: int) -> int:
