@@ -204,3 +204,24 @@ def test_a_store_of_many_segments_spreads_its_queues_over_groups(tmp_path, monke
     files = _through_files(tmp_path / "g", monkeypatch, broker_conf=str(conf))
     assert _comparable(files) == _comparable(ref)
     assert files["summary"]["queues"] > GROUPS
+
+
+def test_the_tasks_get_the_part_list_once_through_the_work_dir(tmp_path):
+    """Thousands of parts times hundreds of tasks: the list is written once and read once per worker,
+    not pickled into every task."""
+    import pickle
+
+    from storelib.broker.settings.brokerconf import BrokerSettings
+    from storelib.checks.tables import PartRef, TableRef
+    from storelib.checks.tasks import context
+
+    parts = tuple(PartRef(f"{i:020d}", i << 30, 0, i << 30, (i << 30) + 100, TableRef(f"/w/r{i}.arrow"),
+                          TableRef(f"/w/k{i}.arrow"), (0, 50, 100), 10, 0) for i in range(2000))
+    ctx = context.CrossContext("/store", {}, BrokerSettings.defaults("4"), 2, 0, 1 << 40, 1 << 30, (), False, None,
+                               None, parts, sink=str(tmp_path))
+    sent = ctx.for_tasks()
+    assert len(pickle.dumps(sent)) < len(pickle.dumps(ctx)) / 20
+    context._PARTS.clear()
+    assert pickle.loads(pickle.dumps(sent)).parts == parts
+    assert ctx.for_tasks() is not ctx and context.CrossContext(
+        "/store", {}, BrokerSettings.defaults("4"), 2, 0, 1, 1, (), False, None, None, parts).for_tasks().part_list

@@ -6,7 +6,7 @@ view's judgement of a partition is exactly the whole view's (:func:`subset_view`
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -35,12 +35,44 @@ class CrossContext:
     misplaced: bool  # some record is away from its PHYSICALOFFSET field
     ts_lo: int | None  # the records' store-time range (the report's traffic buckets)
     ts_hi: int | None
-    parts: tuple[PartRef, ...]  # every segment task's tables, commitlog order
+    part_list: tuple[PartRef, ...]  # every segment task's tables, commitlog order (see :attr:`parts`)
     cq_max_phy: int = -1  # the consume queues' max physical offset (the reput position's source)
     sink: str | None = None  # where a task leaves what a later task reads (None: handed back in its result)
     snapshots: bool = False  # the tasks also return what a later (``--since``) run goes on from
     resumed: bool = False  # going on from an earlier run: ``parts`` are only what was audited since
     cut: Any = None  # the extents a run reads up to (a live store), carried for the checks that need it
+    parts_file: str | None = None  # ``part_list`` written once in the work dir (:meth:`for_tasks`)
+
+    @property
+    def parts(self) -> tuple[PartRef, ...]:
+        """Every part's tables: held here, or read once per process from :attr:`parts_file`."""
+        if self.part_list or self.parts_file is None:
+            return self.part_list
+        got = _PARTS.get(self.parts_file)
+        if got is None:
+            import pickle
+
+            with resolve(self.parts_file, **self.fs_options).fs.open_input_stream(
+                    resolve(self.parts_file, **self.fs_options).path) as f:
+                got = pickle.loads(f.read())
+            _PARTS.clear()  # one run's at a time
+            _PARTS[self.parts_file] = got
+        return got
+
+    def for_tasks(self) -> CrossContext:
+        """What the tasks are sent: the part list written once to the work dir and read by each worker
+        process, not pickled into every task (thousands of parts times hundreds of tasks)."""
+        sink = self.table_sink()
+        if sink is None or not self.part_list:
+            return self
+        import pickle
+        import uuid
+
+        path = self.sink.rstrip("/") + f"/parts-{uuid.uuid4().hex}.pickle"
+        loc = resolve(path, **(self.fs_options if "://" in path else {}))
+        with loc.fs.open_output_stream(loc.path) as f:
+            f.write(pickle.dumps(self.part_list, protocol=pickle.HIGHEST_PROTOCOL))
+        return replace(self, part_list=(), parts_file=path)
 
     def root(self) -> Location:
         return resolve(self.uri, **self.fs_options)
@@ -56,6 +88,9 @@ class CrossContext:
 
     def table_sink(self) -> TableSink | None:
         return TableSink(self.sink, self.fs_options if "://" in self.sink else {}) if self.sink else None
+
+
+_PARTS: dict[str, tuple[PartRef, ...]] = {}  # a worker's copy of the run's part list (CrossContext.parts)
 
 
 class ByQueue:

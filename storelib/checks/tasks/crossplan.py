@@ -175,14 +175,15 @@ def partitioned_checks(store: Store, results: list[SegmentResult], settings: Bro
         ix = index_plan(ctx, settings, cp, abort.exists, carry, structures)
         timer = _timer_task(ctx, root, carry)
         items: list[Any] = [*ix.file_tasks, *qtasks, *([ix.tail] if ix.tail else []), *([timer] if timer else [])]
-        done = run(partial(run_item, ctx), items, "audit: cross-file tasks") if items else []
+        tctx = ctx.for_tasks()
+        done = run(partial(run_item, tctx), items, "audit: cross-file tasks") if items else []
         n_ix, n_q = len(ix.file_tasks), len(qtasks)
         fresh: list[QueueGroupResult] = done[n_ix:n_ix + n_q]
         tail = done[n_ix + n_q] if ix.tail else None
         t_res = done[-1] if timer else None
         groups = _settled_groups(ctx, carry, fresh, kept)
         c_qo, c_cq, qstats, _facts = _merge_queues(ctx, queues, metas, list(groups.values()))
-        ixm = merge_index(ctx, settings, ix, done[:n_ix], tail, run)
+        ixm = merge_index(ctx, settings, ix, done[:n_ix], tail, run, tctx)
         if t_res is not None and "unsettled" in t_res:
             raise Unsettled(t_res["unsettled"])
     except Unsettled as e:

@@ -183,7 +183,7 @@ class IndexMerge:
 
 
 def merge_index(ctx: CrossContext, settings: BrokerSettings, plan: IndexPlan, results: list[dict],
-                tail: dict | None, run: Run) -> IndexMerge:
+                tail: dict | None, run: Run, task_ctx: CrossContext | None = None) -> IndexMerge:
     """The index findings and the report's index summary from the file tasks' results (scheduling the
     lookups and coverage that damaged files need; raises Unsettled when going on from a carry cannot
     settle them)."""
@@ -200,7 +200,8 @@ def merge_index(ctx: CrossContext, settings: BrokerSettings, plan: IndexPlan, re
     # a misplaced record anywhere, from the first file) it looks every entry up
     j = 0 if ctx.misplaced else next((k for k, r in enumerate(results) if not r["matched"]), len(results))
     plan.looked = list(range(j, len(results)))
-    looked = _lookups(ctx, plan, run)
+    tctx = task_ctx or ctx  # what the tasks are sent (:meth:`CrossContext.for_tasks`)
+    looked = _lookups(tctx, plan, run)
     max_end_phy = max([*(r["max_phy"] for r in results), *(e.carried["max_phy"] for e in plan.files
                                                            if e.carried and e.task is None)], default=-1)
     snaps = _file_findings(plan, results, looked, out, res.info)
@@ -208,7 +209,7 @@ def merge_index(ctx: CrossContext, settings: BrokerSettings, plan: IndexPlan, re
                                   for e in plan.files if e.task is not None and e.task < j)
     total = plan.key_base + plan.n_keys
     if settings.message_index_enable and total and not (not looked and matched == total):
-        _keys_findable(ctx, plan, results, res.info, looked, matched, total, max_end_phy, out, tail, run)
+        _keys_findable(tctx, plan, results, res.info, looked, matched, total, max_end_phy, out, tail, run)
     res.info["max_end_phy"] = max_end_phy
     if ctx.snapshots and not looked and len(snaps) == len(plan.files):
         res.carry = _carry(plan, snaps, matched, total, tail)
