@@ -43,6 +43,7 @@ _JAVA_INT = re.compile(r"[+-]?\d+")
 _SCHED_B = np.frombuffer(SCHEDULE_TOPIC.encode(), np.uint8)
 _PROP_COLUMNS = frozenset({"tags", "keys", "uniq_key", "tags_code", "properties", "properties_raw", "prop_crc_ok"})
 CRC32_NAME = "__CRC32#"
+CLASSIFY_BYTES = 1 << 20  # bytes a remote scan reads to classify a failing record (fields past the record)
 
 
 class ViewCache:
@@ -370,6 +371,10 @@ class BatchDecoder:
         seg_view = view[rel:]
         if isinstance(self.source, LocalSource):
             seg_view = self.source.view()[view_base + rel :]
+        elif len(seg_view) < CLASSIFY_BYTES and view_base + len(view) < self.source.size:
+            # a window may end right after the record: read on, so a field running past the record
+            # is judged as on a local segment (length mismatch, not a parse error)
+            seg_view = self.source.read(view_base + rel, min(CLASSIFY_BYTES, self.source.size - view_base - rel))
         chk = check_record(seg_view, 0, check_crc=False)
         reason = (chk.reason or "parse_error: fields do not fit the record").split(":", 1)
         kind = reason[0].strip()
