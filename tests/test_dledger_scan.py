@@ -190,3 +190,46 @@ def test_damaged_files_end_where_the_scalar_walk_ends_and_the_run_changes_nothin
         _plain(m)
         t2, end2 = scan_buffer(buf, dledger=True, verify_crc=False, window=window, batch_rows=rows)
     assert t2.equals(t) and end2.to_dict() == end.to_dict()
+
+
+def _log(sample: Path, committed: int | None = None):
+    from storelib.scan.commitlog import CommitLog
+
+    return CommitLog(str(sample / "store" / "dledger-n0" / "data"), 4194304, dledger=True,
+                     folder="dledger-n0/data", committed_index=committed)
+
+
+def test_the_dledger_commitlog_scans_looks_up_and_splits_at_entry_starts(dledger_sample):
+    from storelib.scan.splits import find_entry_start, plan_splits
+
+    exp = load_expected(dledger_sample, "messages.jsonl")
+    cl = _log(dledger_sample, 1005)
+    assert not cl.findings and [s.display for s in cl.segments][0] == "dledger-n0/data/" + "0" * 20
+    whole = cl.read_table()
+    assert whole.column("phy_offset").to_pylist() == [m["phyOffset"] for m in exp]
+    assert whole.column("dledger_committed").to_pylist() == [m["dledgerIndex"] <= 1005 for m in exp]
+    m = exp[len(exp) // 2]
+    row = cl.record_at(m["phyOffset"])
+    assert row.column("dledger_index")[0].as_py() == m["dledgerIndex"] and row.column("uniq_key")[0].as_py() == m["uniqKey"]
+    assert cl.read(m["phyOffset"]).message.queue_offset == m["queueOffset"]
+    with pytest.raises(Exception, match="no valid message record"):
+        cl.record_at(m["phyOffset"] + 1)
+    planned = plan_splits(cl, 256 * 1024)
+    assert len(planned) > 4 and all(p.split.dledger for p in planned)
+    entry_starts = {m["fileOffset"] - BODY_OFFSET for m in exp}
+    parts = []
+    for p in planned:
+        sp = p.split
+        assert sp.start == 0 or sp.start in entry_starts
+        src = open_source(resolve(sp.uri))
+        parts += list(SegmentScan(src, sp.segment_name, sp.segment_base, sp.start, sp.end, dledger=True,
+                                  committed_index=1005))
+        src.close()
+    assert pa.Table.from_batches(parts).equals(whole)
+    src = open_source(resolve(cl.segments[0].path))
+    assert find_entry_start(src, 0, 1) == exp[1]["fileOffset"] - BODY_OFFSET
+    src.close()
+    # an offset range keeps the unit holding its first record
+    lo = exp[100]["phyOffset"]
+    units = plan_splits(cl, 256 * 1024, from_offset=lo)
+    assert units[0].split.start == exp[100]["fileOffset"] - BODY_OFFSET
