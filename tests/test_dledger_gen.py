@@ -1,0 +1,95 @@
+"""``generate(..., dledger=DLedgerGen(...))``: DLedger-mode stores written the broker's way (entries, blank
+fillers, index units, checkpoint/currterm), clean or in the shapes a crash leaves."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from storelib.errors import StoreError
+from storelib.format.dledger import BODY_OFFSET, decode_index_units
+from storelib.format.dledgerstate import CurrTerm, DLedgerCheckpoint, read_checkpoint_file, read_currterm_file
+from storelib.generator.dledgergen import DLedgerGen
+from storelib.generator.gen import generate
+from storelib.generator.genplan import GenConfig
+from storelib.scan.commitlog import CommitLog
+
+from .dledger_oracle import oracle_walk
+
+SEG = 256 * 1024
+
+
+def _settings(version: str = "4"):
+    from storelib.broker.brokerconf import BrokerSettings
+
+    return BrokerSettings.defaults(version).with_overrides({"mappedFileSizeCommitLog": SEG})
+
+
+def _gen(tmp_path: Path, n: int = 1500, version: str = "4", dispatch: bool = False, **kw) -> Path:
+    out = tmp_path / "store"
+    generate(out, GenConfig(messages=n, seed=7, version=version), _settings(version), dispatch=dispatch,
+             dledger=DLedgerGen(**kw))
+    return out
+
+
+def _log(root: Path, committed: int | None = None) -> CommitLog:
+    return CommitLog(str(root / "dledger-n0" / "data"), SEG, dledger=True, committed_index=committed)
+
+
+def test_a_clean_generated_store_is_a_contiguous_ledger_with_matching_index_units_and_state(tmp_path):
+    root = _gen(tmp_path)
+    assert not (root / "commitlog").exists() and not (root / "abort").exists() and (root / "lock").exists()
+    ends: list = []
+    t = _log(root).read_table(ends=ends)
+    n = t.num_rows
+    assert t.column("dledger_index").to_pylist() == list(range(n))
+    assert [e.kind for e in ends] == ["blank"] * (len(ends) - 1) + ["end_of_data"]
+    pos = np.asarray(t.column("dledger_pos"))
+    assert (np.asarray(t.column("phy_offset")) == pos + BODY_OFFSET).all()
+    assert (np.asarray(t.column("physical_offset_field")) == pos + BODY_OFFSET).all()
+    # every file is walked by the scalar DLedger walk to the same entries
+    data = sorted((root / "dledger-n0" / "data").iterdir())
+    walked = sum(len(oracle_walk(p.read_bytes(), int(p.name)).entries) for p in data)
+    assert walked == n and all(p.stat().st_size == SEG for p in data)
+    with open(root / "dledger-n0" / "index" / ("0" * 20), "rb") as f:
+        units = decode_index_units(f.read((n + 1) * 32))
+    assert units["pos"][:n].tolist() == pos.tolist() and units["index"][:n].tolist() == list(range(n))
+    assert (units["size"][:n] == np.asarray(t.column("size")) + BODY_OFFSET).all() and units[n].tolist() == (0,) * 5
+    d = root / "dledger-n0"
+    assert read_checkpoint_file(d) == read_checkpoint_file(d, bak=True) == DLedgerCheckpoint(n - 1, n - 1)
+    assert read_currterm_file(d) == CurrTerm(0, "n0")
+    blank = data[0].read_bytes()[ends[0].file_offset:]
+    assert struct.unpack_from(">ii", blank) == (-1, len(blank)) and blank[8:] == bytes(len(blank) - 8)
+
+
+def test_crash_shapes_stale_checkpoint_abort_and_a_torn_last_entry(tmp_path):
+    root = _gen(tmp_path, committed_lag=40, torn_at=60, term=3, self_id="n2")
+    d = root / "dledger-n2"
+    assert (root / "abort").exists()
+    ends: list = []
+    t = CommitLog(str(d / "data"), SEG, dledger=True).read_table(ends=ends)
+    last = t.num_rows  # the torn entry is the one after the last the scan returns
+    assert ends[-1].kind == "invalid" and ends[-1].last_index == last - 1
+    assert read_checkpoint_file(d) == DLedgerCheckpoint(last - 40, last - 40)
+    assert read_checkpoint_file(d, bak=True) == DLedgerCheckpoint(last - 80, last - 80)
+    assert read_currterm_file(d) == CurrTerm(3, "n2") and set(t.column("dledger_term").to_pylist()) == {3}
+    # the torn entry's header survived (DLedger's recovery keeps it), its index unit did not
+    p = sorted((d / "data").iterdir())[-1]
+    head = p.read_bytes()[ends[-1].file_offset: ends[-1].file_offset + 48]
+    assert struct.unpack_from(">iiqq", head)[:3] == (1, struct.unpack_from(">i", head, 4)[0], last)
+    with open(d / "index" / ("0" * 20), "rb") as f:
+        f.seek(last * 32)
+        assert f.read(32) == bytes(32)
+
+
+def test_a_5x_dledger_store_has_no_crc_property_and_bad_options_are_refused(tmp_path):
+    root = _gen(tmp_path, n=300, version="5")
+    t = _log(root).read_table()
+    assert t.column("prop_crc_ok").null_count == t.num_rows
+    with pytest.raises(StoreError):
+        DLedgerGen(self_id="../x")
+    with pytest.raises(StoreError):
+        DLedgerGen(index_file_size=100)
