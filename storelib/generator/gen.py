@@ -13,9 +13,9 @@ concatenation (``binary_join_element_wise``) of a fixed-field prefix built from 
 array, the body (a zero-copy view into a body pool), the topic and the properties, so the data buffer
 of that Arrow array *is* the commitlog bytes. The only per-record Python work is one CRC call per body
 (and, in 5.x with ``enabledAppendPropCRC``, one per record). CQ and index files come from
-:func:`storelib.broker.dispatch.dispatch_store`.
+:func:`storelib.broker.dispatch.dispatch.dispatch_store`.
 
-The bytes are exactly what :class:`storelib.broker.writer.StoreWriter` writes for the same operations:
+The bytes are exactly what :class:`storelib.broker.writer.writer.StoreWriter` writes for the same operations:
 :func:`replay_plan` feeds a plan to a StoreWriter (tests compare the two byte for byte).
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.errors import StoreError
 from storelib.format.crc import MASK, crc32_ranges
 from storelib.format.dledger import BODY_OFFSET, MIN_BLANK_LEN, blank_filler, encode_entry_headers
@@ -376,7 +376,7 @@ def generate(out: str | os.PathLike, cfg: GenConfig, settings: BrokerSettings | 
 
     last_ts = int(tail_ts[-1]) if len(tail_ts) else 0
     if dispatch:
-        from storelib.broker.dispatch import dispatch_store
+        from storelib.broker.dispatch.dispatch import dispatch_store
 
         to = files.dispatch_end() if files is not None else None
         if to is not None and files is not None:  # the reput had not reached the last entries
