@@ -7,7 +7,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from storelib.format.dledger import (
+from storelib.format.dledger.entries import (
     BLANK_MAGIC,
     BODY_OFFSET,
     blank_filler,

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from storelib.errors import StoreError
-from storelib.format import dledger as dl
-from storelib.format.dledgerstate import (
+from storelib.format.dledger import entries as dl
+from storelib.format.dledger.state import (
     CurrTerm,
     DLedgerCheckpoint,
     read_checkpoint_file,

@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 
 from storelib.errors import StoreError
-from storelib.format.dledger import BODY_OFFSET, decode_index_units
-from storelib.format.dledgerstate import CurrTerm, DLedgerCheckpoint, read_checkpoint_file, read_currterm_file
+from storelib.format.dledger.entries import BODY_OFFSET, decode_index_units
+from storelib.format.dledger.state import (
+    CurrTerm,
+    DLedgerCheckpoint,
+    read_checkpoint_file,
+    read_currterm_file,
+)
 from storelib.generator.dledgergen import DLedgerGen
 from storelib.generator.gen import generate
 from storelib.generator.genplan import GenConfig
@@ -23,7 +28,7 @@ SEG = 256 * 1024
 
 
 def _settings(version: str = "4"):
-    from storelib.broker.brokerconf import BrokerSettings
+    from storelib.broker.settings.brokerconf import BrokerSettings
 
     return BrokerSettings.defaults(version).with_overrides({"mappedFileSizeCommitLog": SEG})
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storelib.fileio.bytesource import open_source, resolve
-from storelib.format.dledger import BODY_OFFSET, encode_entry
+from storelib.format.dledger.entries import BODY_OFFSET, encode_entry
 from storelib.format.record import Message, encode_message
 from storelib.scan.messageschema import DLEDGER_NAMES, MESSAGE_SCHEMA
 from storelib.scan.scanner import SegmentScan, scan_buffer

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from storelib.errors import StoreError
-from storelib.format.dledger import (
+from storelib.format.dledger.entries import (
     DATA_DIR,
     DEFAULT_INDEX_FILE_SIZE,
     INDEX_DIR,
@@ -24,7 +24,7 @@ from storelib.format.dledger import (
     dledger_dir_name,
     encode_index_units,
 )
-from storelib.format.dledgerstate import (
+from storelib.format.dledger.state import (
     CurrTerm,
     DLedgerCheckpoint,
     write_checkpoint_file,

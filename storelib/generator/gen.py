@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.errors import StoreError
 from storelib.format.crc import MASK, crc32_ranges
-from storelib.format.dledger import BODY_OFFSET, MIN_BLANK_LEN, blank_filler, encode_entry_headers
+from storelib.format.dledger.entries import BODY_OFFSET, MIN_BLANK_LEN, blank_filler, encode_entry_headers
 from storelib.format.properties import CRC32, CRC32_RESERVED_LEN, NAME_VALUE_SEP, PROPERTY_SEP
 from storelib.format.record import (
     BLANK_MAGIC,

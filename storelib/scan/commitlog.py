@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import DEFAULT_WINDOW, Location, open_source, resolve
-from storelib.format.dledger import BODY_OFFSET
+from storelib.format.dledger.entries import BODY_OFFSET
 from storelib.format.record import RecordCheck, check_record
 from storelib.scan.messageschema import message_schema
 from storelib.scan.scanner import SegmentEnd, SegmentScan

@@ -22,8 +22,8 @@ import pyarrow as pa
 
 from storelib.fileio.bytesource import DEFAULT_WINDOW, LocalSource
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVEL, parse_delay_levels
-from storelib.format.dledger import BLANK_MAGIC as DL_BLANK
-from storelib.format.dledger import BODY_OFFSET, ENTRY_HEADER_DT, ENTRY_MAGIC, header_problem
+from storelib.format.dledger.entries import BLANK_MAGIC as DL_BLANK
+from storelib.format.dledger.entries import BODY_OFFSET, ENTRY_HEADER_DT, ENTRY_MAGIC, header_problem
 from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from storelib.scan.arrowcols import overlapping
 from storelib.scan.batchdecode import BatchDecoder, ViewCache

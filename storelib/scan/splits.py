@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from storelib.format.dledger import BLANK_MAGIC as DL_BLANK
-from storelib.format.dledger import BODY_OFFSET, ENTRY_MAGIC
+from storelib.format.dledger.entries import BLANK_MAGIC as DL_BLANK
+from storelib.format.dledger.entries import BODY_OFFSET, ENTRY_MAGIC
 from storelib.format.record import BLANK_MAGIC, BORNHOST_V6_FLAG, MAGIC_V1, MAGIC_V2
 from storelib.scan.commitlog import CommitLog, Segment, Split
 from storelib.scan.scanner import MIN_RECORD_SIZE
