@@ -178,7 +178,8 @@ class CommitLog:
         seg = self.segments[lo - 1]
         return seg if phy_offset < seg.base + max(S, seg.file_size) else None
 
-    def _dledger_kw(self) -> dict:
+    def scan_options(self) -> dict:
+        """What a :class:`SegmentScan` of this log's segments needs beyond the defaults (DLedger mode)."""
         return {"dledger": True, "committed_index": self.committed_index} if self.dledger else {}
 
     def read(self, phy_offset: int, *, check_crc: bool = True) -> RecordCheck:
@@ -212,7 +213,7 @@ class CommitLog:
         src = seg.open()
         try:
             kw.setdefault("window", 1 << 16)  # remote: one small ranged read, grown only for a long record
-            kw.update(self._dledger_kw())
+            kw.update(self.scan_options())
             scan = SegmentScan(src, seg.display, seg.base, pos - head, pos - head + 1, **kw)
             batches = [b for b in scan if b.num_rows]
         finally:
@@ -233,7 +234,7 @@ class CommitLog:
         segment, not the store). ``ends`` collects each segment's :class:`SegmentEnd`. DLedger data files
         carry the ledger on (index contiguity) from a file that ended in its blank filler.
         """
-        kw.update(self._dledger_kw())
+        kw.update(self.scan_options())
         prev: tuple[int, int] | None = None
         for i, seg in enumerate(self.segments):
             if seg.file_size == 0:
