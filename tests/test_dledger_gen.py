@@ -98,3 +98,44 @@ def test_a_5x_dledger_store_has_no_crc_property_and_bad_options_are_refused(tmp_
         DLedgerGen(self_id="../x")
     with pytest.raises(StoreError):
         DLedgerGen(index_file_size=100)
+
+
+def test_dispatched_generated_stores_have_the_consume_queues_and_index_of_their_entries(tmp_path):
+    from storelib.broker.settings.store import Store, load_settings
+    from storelib.fileio.bytesource import resolve
+    from storelib.format.checkpoint import read_checkpoint
+
+    for name, kw in (("clean", {}), ("behind", {"undispatched": 3, "committed_lag": 5})):
+        root = _gen(tmp_path / name, n=900, dispatch=True, **kw)
+        loc = resolve(str(root))
+        store = Store(loc, load_settings(None, None, None, loc))
+        assert store.dledger is not None and store.dledger.self_id == "n0"
+        t = store.commitlog.read_table()
+        d = store.dledger_state
+        assert d.committed_index == t.num_rows - 1 - kw.get("committed_lag", 0)
+        assert t.column("dledger_committed").to_pylist().count(False) == kw.get("committed_lag", 0)
+        from storelib.format.consumequeue import ConsumeQueue, list_queues
+
+        cq_offsets = []
+        for _, _, qloc in list_queues(loc):
+            for _, chunk in ConsumeQueue(qloc, segment_size=store.settings.mapped_file_size_consume_queue).entries():
+                cq_offsets += chunk["phy_offset"][chunk["size"] > 0].tolist()
+        cq_offsets.sort()
+        dispatched = t.num_rows - kw.get("undispatched", 0)
+        assert cq_offsets == t.column("physical_offset_field").to_pylist()[:dispatched]
+        cp = read_checkpoint(loc)
+        ts = t.column("store_timestamp").to_pylist()
+        assert cp.physic_msg_timestamp == cp.logics_msg_timestamp == ts[dispatched - 1]
+        assert (root / "abort").exists() == bool(kw)
+
+
+def test_gen_command_writes_a_crashed_dledger_store(tmp_path, capsys):
+    from .conftest import run_cli
+
+    out = tmp_path / "g"
+    rc, o, e = run_cli(capsys, "gen", out, "--messages", "400", "--segment-size", "256k", "--dledger",
+                       "--dledger-self-id", "n1", "--dledger-committed-lag", "7", "--dledger-torn-at", "48", "--json")
+    assert rc == 0, e
+    assert (out / "dledger-n1" / "data").is_dir() and (out / "abort").exists()
+    rc, o, e = run_cli(capsys, "gen", tmp_path / "h", "--messages", "10", "--crashed")
+    assert rc == 2 and "--dledger" in e
