@@ -139,3 +139,55 @@ def test_gen_command_writes_a_crashed_dledger_store(tmp_path, capsys):
     assert (out / "dledger-n1" / "data").is_dir() and (out / "abort").exists()
     rc, o, e = run_cli(capsys, "gen", tmp_path / "h", "--messages", "10", "--crashed")
     assert rc == 2 and "--dledger" in e
+
+
+@pytest.mark.parametrize("version", ["4", "5"])
+def test_the_generator_writes_exactly_what_the_store_writer_writes_in_dledger_mode(tmp_path, version):
+    import os
+
+    from storelib.broker.writer.writer import StoreWriter
+    from storelib.generator.gen import iter_plans, replay_plan
+    from storelib.generator.genplan import Generator
+
+    from .test_gen import GEOMETRY, files
+
+    geo = {k: v for k, v in GEOMETRY.items() if k != "enabledAppendPropCRC"}
+    s = _settings(version).with_overrides(geo)
+    cfg = GenConfig(messages=1500, seed=11, version=version, tx_ratio=0.1, delay_ratio=0.1, compressed_ratio=0.05,
+                    ipv6_ratio=0.1, chunk_ops=400)
+    res = generate(tmp_path / "gen", cfg, s, dledger=DLedgerGen(self_id="n1", term=2))
+    assert res.segments > 2
+    g = Generator(cfg, s)
+    plans = list(iter_plans(g))
+    times = iter([int(t) for p in plans for t in p.store_ts])
+    w = StoreWriter(tmp_path / "w", s, clock=lambda: next(times), store_host=cfg.store_host, dledger_self_id="n1",
+                    dledger_term=2)
+    replay_plan(g, plans, w)
+    w.close()
+    for sub in ("dledger-n1/data", "dledger-n1/index", "consumequeue", "index"):
+        a, b = files(tmp_path / "gen", sub), files(tmp_path / "w", sub)
+        assert a.keys() == b.keys() and a, sub
+        diff = [k for k in a if a[k] != b[k]]
+        assert not diff, f"{sub}: {diff[:3]}"
+    for f in ("dledger-n1/checkpoint", "dledger-n1/currterm", "checkpoint"):
+        assert (tmp_path / "gen" / f).read_bytes() == (tmp_path / "w" / f).read_bytes(), f
+    assert not os.path.exists(tmp_path / "w" / "commitlog" / "00000000000000000000")
+
+
+def test_the_store_writer_continues_a_dledger_store_where_it_ended(tmp_path):
+    from storelib.broker.writer.writer import StoreWriter
+    from storelib.format.record import Message
+
+    s = _settings()
+    msgs = [Message(topic="T", body=bytes(300 + i), queue_id=i % 2, properties={"KEYS": f"k{i}"}) for i in range(900)]
+    with StoreWriter(tmp_path / "a", s, dledger_self_id="n0") as w:
+        first = [w.append(m) for m in msgs[:500]]
+    with StoreWriter(tmp_path / "a", s, dledger_self_id="n0") as w:
+        rest = [w.append(m) for m in msgs[500:]]
+    with StoreWriter(tmp_path / "b", s, dledger_self_id="n0") as w:
+        once = [w.append(m) for m in msgs]
+    assert [(r.phy_offset, r.queue_offset) for r in first + rest] == [(r.phy_offset, r.queue_offset) for r in once]
+    t = _log(tmp_path / "a").read_table()
+    assert t.column("dledger_index").to_pylist() == list(range(900))
+    assert read_checkpoint_file(tmp_path / "a" / "dledger-n0") == DLedgerCheckpoint(899, 899)
+    assert read_checkpoint_file(tmp_path / "a" / "dledger-n0", bak=True) == DLedgerCheckpoint(499, 499)
