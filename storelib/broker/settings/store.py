@@ -55,13 +55,19 @@ def load_settings(broker_conf: str | None = None, version: str | None = None,
     if root is not None:
         settings = apply_geometry(settings, root, explicit)
     settings = with_dledger(settings, root, explicit)
-    layout = settings.dledger
-    if root is not None and not explicit & {"mappedFileSizeCommitLog", "mapped_file_size_commit_log"}:
-        size = _segment_file_size(_log_dir(root, layout))
-        if size and size != settings.mapped_file_size_commit_log:
-            settings = dataclasses.replace(
-                settings.with_overrides({"mappedFileSizeCommitLog": size}),
-                source=f"{settings.source or 'defaults'}; {INFERRED_NOTE} {size}")
+    if root is not None:
+        settings = infer_segment_size(settings, root, explicit)
+    return settings
+
+
+def infer_segment_size(settings: BrokerSettings, root: Location, explicit: set[str]) -> BrokerSettings:
+    """mappedFileSizeCommitLog from the segment (or DLedger data) files when no broker.conf/--set gave it."""
+    if explicit & {"mappedFileSizeCommitLog", "mapped_file_size_commit_log"}:
+        return settings
+    size = _segment_file_size(_log_dir(root, settings.dledger))
+    if size and size != settings.mapped_file_size_commit_log:
+        settings = dataclasses.replace(settings.with_overrides({"mappedFileSizeCommitLog": size}),
+                                       source=f"{settings.source or 'defaults'}; {INFERRED_NOTE} {size}")
     return settings
 
 
@@ -185,7 +191,9 @@ class Store:
         if info.type != pafs.FileType.Directory:
             raise StoreLayoutError(self.uri, None, "not_a_directory", "store root is not a directory")
         if settings is None:
-            settings = with_dledger(load_settings(broker_conf), self.loc, set())
+            settings = with_dledger(load_settings(broker_conf), self.loc, _conf_keys(broker_conf))
+            if settings.dledger is not None:  # a DLedger node's data file size is its commitlog segment size
+                settings = infer_segment_size(settings, self.loc, _conf_keys(broker_conf))
         if settings.dledger is None:
             require_store_root(self.loc, self.uri)
         self.settings = settings
