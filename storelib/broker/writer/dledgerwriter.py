@@ -57,14 +57,15 @@ class DLedgerAppender:
         return DLedgerLayout(self.self_id, d, f"{d}/{DATA_DIR}", "written by StoreWriter (DLedger mode)")
 
     @staticmethod
-    def needs_roll(pos: int, segment_size: int, record_len: int) -> bool:
-        """preAppend's rule for the entry holding a ``record_len``-byte record."""
-        return needs_blank(pos, segment_size, BODY_OFFSET + record_len)
-
-    @staticmethod
-    def filler(free: int) -> bytes:
-        """The bytes written at the end of a full data file (int -1, int free; the zeros are there)."""
-        return blank_filler(free)[:MIN_BLANK_LEN]
+    def filler_before(pos: int, segment_size: int, record_len: int) -> bytes | None:
+        """preAppend's rule for the entry of a ``record_len``-byte record at ``pos``: None when it fits, else the
+        bytes ending the data file (int -1, int bytes left; the zeros are there already)."""
+        if not needs_blank(pos, segment_size, BODY_OFFSET + record_len):
+            return None
+        if pos == 0:
+            raise StoreError(None, None, "message_too_large", f"an entry of {record_len + BODY_OFFSET} bytes cannot "
+                             f"fit a {segment_size}-byte data file")
+        return blank_filler(segment_size - pos)[:MIN_BLANK_LEN]
 
     def entry(self, record: bytes | bytearray, pos: int) -> bytes:
         """The entry for ``record`` at data position ``pos``; its index unit is written now."""

@@ -194,8 +194,6 @@ class StoreWriter:
         self.root = os.path.abspath(os.fspath(root))
         self.dl = DLedgerAppender(self.root, dledger_self_id, dledger_term) if dledger_self_id else None
         if self.dl is not None:
-            if settings.enabled_append_prop_crc and str(version or settings.version)[0] == "5":
-                raise StoreError(None, None, "unsupported", "DLedgerCommitLog never appends __CRC32#")
             settings = replace(settings.with_overrides({"enableDLegerCommitLog": True, "dLegerSelfId": dledger_self_id}),
                                dledger=self.dl.layout())
         self.settings = settings
@@ -207,7 +205,7 @@ class StoreWriter:
         self.store_host = store_host
         self.preallocate = preallocate
         self.property_order = property_order
-        self.prop_crc = self.v5 and bool(settings.enabled_append_prop_crc)
+        self.prop_crc = self.v5 and bool(settings.enabled_append_prop_crc) and self.dl is None  # DLedger: never
         self.auto_v2 = self.v5 and bool(settings.auto_message_version_on_topic_len)
         self.delay_levels = list(settings.delay_levels_ms)
         self.max_message_size = int(settings.max_message_size)
@@ -387,7 +385,10 @@ class StoreWriter:
             else:
                 qoff = 0
             if self.dl is not None:  # one entry per record, each placed by DLedger's own rule
-                self._roll_dledger(len(rec))
+                fill = self.dl.filler_before(self._pos, self.segment_size, len(rec))
+                if fill:  # MmapFileList.preAppend: the entry goes to the next data file
+                    self._buf += fill
+                    self._open_segment(self._seg_base + self.segment_size)
                 phy = self._seg_base + self._pos + BODY_OFFSET
                 self._patch(rec, qoff, phy, ts)
                 ent = self.dl.entry(rec, phy - BODY_OFFSET)
@@ -409,17 +410,6 @@ class StoreWriter:
         if len(self._buf) > (4 << 20):
             self._flush_buf()
         return out
-
-    def _roll_dledger(self, record_len: int) -> None:
-        """MmapFileList.preAppend: a blank filler and the next data file when the entry and 8 bytes do not fit."""
-        assert self.dl is not None and self._seg_base is not None
-        if not self.dl.needs_roll(self._pos, self.segment_size, record_len):
-            return
-        if self._pos == 0:
-            raise StoreError(None, None, "message_too_large", f"an entry of {record_len + BODY_OFFSET} bytes "
-                             f"cannot fit a {self.segment_size}-byte data file")
-        self._buf += self.dl.filler(self.segment_size - self._pos)
-        self._open_segment(self._seg_base + self.segment_size)
 
     def _apply_delay(self, topic: str, qid: int, props: dict[str, str], tx: int) -> tuple[str, int]:
         """store-algorithms §2.1 step 2: DELAY > 0 on a NOT/COMMIT message → SCHEDULE_TOPIC_XXXX."""
