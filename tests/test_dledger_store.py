@@ -164,3 +164,23 @@ def test_commands_without_dledger_rules_yet_refuse_in_one_line_instead_of_misrea
     rc, out, err = run_cli(capsys, argv[0], sample_dledger_crashed / "store", *argv[1:])
     assert rc == 2 and "does not handle DLedger-mode stores yet" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_dledger_store_on_s3_reads_as_it_does_locally(tmp_path, s3_server):
+    from storelib.broker.settings.brokerconf import BrokerSettings
+    from storelib.generator.dledgergen import DLedgerGen
+    from storelib.generator.gen import generate
+    from storelib.generator.genplan import GenConfig
+
+    local = tmp_path / "store"
+    generate(local, GenConfig(messages=1500, seed=5),
+             BrokerSettings.defaults("4").with_overrides({"mappedFileSizeCommitLog": 256 * 1024}),
+             dledger=DLedgerGen(committed_lag=30, index_file_size=64 * 1024))
+    uri = s3_server.upload(local, f"{s3_server.new_bucket('dl')}/dump/store")
+    s_l, s_r = Store(resolve(str(local))), Store(uri, **s3_server.fs_options())
+    assert not s_r.local and s_r.dledger == s_l.dledger and s_r.dledger_state == s_l.dledger_state
+    t_l = s_l.commitlog.read_table()
+    t_r = s_r.commitlog.read_table(window=64 * 1024)
+    assert t_r.equals(t_l) and t_l.column("dledger_committed").to_pylist().count(False) == 30
+    phy = t_l.column("phy_offset")[700].as_py()
+    assert s_r.commitlog.record_at(phy).column("dledger_index")[0].as_py() == 700
