@@ -61,11 +61,25 @@ def crc_digits(value: int) -> str:
     return "".join(str((value // 10**i) % 10) for i in range(10))
 
 
-def parse_crc_digits(digits: str) -> int | None:
-    """Inverse of :func:`crc_digits`; None when the text is not 10 decimal digits."""
-    if len(digits) != 10 or not digits.isdigit():
-        return None
-    return int(digits[::-1])
+def crc_expected(value: str) -> int:
+    """The CRC a 5.3.3 broker expects from a ``__CRC32#`` value, as a Java int (negative: none usable).
+
+    CommitLog.checkMessageAndReturnSize (forceVerifyPropCRC) reads the value's UTF-16 units from the
+    last to the first, ``e = e * 10 + (unit - '0')`` in int arithmetic: any text gives a number (no
+    length or digit check), 0 is compared like any other value (5.3.2+: ``expectedCRC >= 0``), and a
+    negative result rejects the record as if the property were missing.
+    """
+    data = value.encode("utf-16-le", "surrogatepass")
+    e, p = 0, 1
+    for i in range(0, len(data), 2):
+        e = (e + (int.from_bytes(data[i : i + 2], "little") - 48) * p) & 0xFFFFFFFF
+        p = p * 10 & 0xFFFFFFFF
+    return e - (1 << 32) if e >= 1 << 31 else e
+
+
+def java_text(value: str) -> str:
+    """A value decoded with surrogateescape as Java's ``new String(bytes, UTF_8)`` has it (U+FFFD)."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def split_keys(keys: str | None) -> list[str]:

@@ -21,8 +21,9 @@ from storelib.format.properties import (
     TAGS,
     UNIQ_KEY,
     crc_digits,
+    crc_expected,
     encode_properties,
-    parse_crc_digits,
+    java_text,
     parse_properties,
 )
 
@@ -267,12 +268,10 @@ def _decode_fields(buf, pos: int, n: int, version: int, check_crc: bool):
     if check_crc and body_len > 0 and body_crc(body) != crc:
         reason = f"crc_mismatch: BODYCRC {crc}, body hashes to {body_crc(body)}"
     prop_crc_ok = None
-    if CRC32 in props:
-        stored = parse_crc_digits(props[CRC32])
-        if stored is not None and total >= CRC32_RESERVED_LEN:
-            prop_crc_ok = stored == 0 or stored == body_crc(buf[pos : pos + total - CRC32_RESERVED_LEN])
-        else:
-            prop_crc_ok = False
+    if CRC32 in props:  # 5.3.3 forceVerifyPropCRC: the value as the broker reads it (crc_expected)
+        expected = crc_expected(java_text(props[CRC32]))
+        prop_crc_ok = (expected >= 0 and total >= CRC32_RESERVED_LEN
+                       and expected == body_crc(buf[pos : pos + total - CRC32_RESERVED_LEN]))
     return msg, prop_crc_ok, reason
 
 

@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.fileio.bytesource import LocalSource
-from storelib.format.crc import MASK, crc32, crc32_ranges
+from storelib.format.crc import MASK, crc32_ranges
+from storelib.format.properties import CRC32, CRC32_RESERVED_LEN, crc_expected
 from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V2, SCHEDULE_TOPIC, STOREHOST_V6_FLAG, check_record
 from storelib.scan.arrowcols import (
     as_utf8,
@@ -42,7 +43,7 @@ _TAIL_DT = {
 _JAVA_INT = re.compile(r"[+-]?\d+")
 _SCHED_B = np.frombuffer(SCHEDULE_TOPIC.encode(), np.uint8)
 _PROP_COLUMNS = frozenset({"tags", "keys", "uniq_key", "tags_code", "properties", "properties_raw", "prop_crc_ok"})
-CRC32_NAME = "__CRC32#"
+_POW10 = 10 ** np.arange(10, dtype=np.int64)  # __CRC32# digits: least significant first
 
 
 class ViewCache:
@@ -329,40 +330,39 @@ class BatchDecoder:
         return cols
 
     def _prop_crc(self, view: memoryview, st: np.ndarray, total: np.ndarray, props) -> pa.Array:
-        """5.x ``__CRC32#`` check: stored digits (least significant first) vs CRC of the record minus 20."""
+        """5.3.3 ``__CRC32#`` check (forceVerifyPropCRC): the value read as the broker reads it
+        (:func:`crc_expected`) against the masked CRC of the record minus its last 20 bytes; null where
+        there is no such property. The 10 ASCII digits the broker writes are read column-wise."""
         k = len(st)
+        expected = np.full(k, -1, np.int64)
+        present = np.zeros(k, bool)
         if isinstance(props, (FastProperties, SplitProperties)):
-            rows, vs, vl = props.value_span(CRC32_NAME)
-            if not len(rows):
-                return pa.nulls(k, pa.bool_())
-            present = np.zeros(k, bool)
+            rows, vs, vl = props.value_span(CRC32)
             present[rows] = True
-            out = np.zeros(k, dtype=bool)
+            scalar = np.ones(len(rows), bool)
             ten = np.flatnonzero(vl == 10)
             if len(ten):
-                dig = rows_at(props.d, vs[ten], 10).astype(np.int64) - 48
-                digit_ok = ((dig >= 0) & (dig <= 9)).all(axis=1)
-                stored = (dig * (10 ** np.arange(10, dtype=np.int64))).sum(axis=1)
-                r = rows[ten[digit_ok]]
-                stored = stored[digit_ok]
-                s0 = st[r].tolist()
-                s1 = (st[r] + total[r] - 20).tolist()
-                crcs = crc32_ranges(view, s0, s1) & MASK
-                out[r] = (stored == 0) | (stored == crcs)
-            return pa.array(out, mask=~present)
-        values = props.value(CRC32_NAME)
-        present = np.asarray(values.is_valid()) if k else np.zeros(0, bool)
+                units = rows_at(props.d, vs[ten], 10).astype(np.int64)
+                asc = (units < 0x80).all(axis=1)  # one byte, one UTF-16 unit
+                e = ((units[asc] - 48) * _POW10).sum(axis=1) & 0xFFFFFFFF
+                expected[rows[ten[asc]]] = np.where(e >= 1 << 31, e - (1 << 32), e)
+                scalar[ten[asc]] = False
+            for i in np.flatnonzero(scalar).tolist():
+                s0 = int(vs[i])
+                expected[rows[i]] = crc_expected(bytes(props.d[s0 : s0 + int(vl[i])]).decode("utf-8"))
+        else:
+            values = props.value(CRC32)
+            present = np.asarray(values.is_valid()) if k else present
+            vals = values.to_pylist()
+            for r in np.flatnonzero(present).tolist():
+                expected[r] = crc_expected(vals[r])  # already U+FFFD-replaced, as Java decodes
         if not present.any():
             return pa.nulls(k, pa.bool_())
         out = np.zeros(k, dtype=bool)
-        vals = values.to_pylist()
-        for r in np.flatnonzero(present).tolist():
-            d = vals[r]
-            if len(d) != 10 or not d.isdigit():
-                continue
-            stored = int(d[::-1])
-            s = int(st[r])
-            out[r] = stored == 0 or stored == (crc32(view[s : s + int(total[r]) - 20]) & MASK)
+        sel = np.flatnonzero(expected >= 0)
+        if len(sel):
+            crcs = crc32_ranges(view, st[sel].tolist(), (st[sel] + total[sel] - CRC32_RESERVED_LEN).tolist()) & MASK
+            out[sel] = crcs == expected[sel]
         return pa.array(out, mask=~present)
 
     def _classify(self, view: memoryview, view_base: int, rel: int, k: int):
