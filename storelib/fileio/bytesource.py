@@ -82,6 +82,10 @@ class LocalSource:
             raise StoreError(self.path, offset, "bad_offset", "negative offset")
         return self.view()[offset : offset + max(0, length)]
 
+    def read_range(self, offset: int, length: int) -> memoryview:
+        """A random read: the same as :meth:`read` here (zero-copy)."""
+        return self.read(offset, length)
+
     def close(self) -> None:
         # a caller may still hold a slice (arrays over the mapping, or a traceback's frames after an error
         # mid-scan): then the mapping stays until they go (the OS unmaps at exit), and the error that
@@ -192,6 +196,13 @@ class ArrowFileSource:
             if self._ahead is not None:
                 return self._ahead.read(offset, length)
         return self._read_at(offset, length)
+
+    def read_range(self, offset: int, length: int) -> memoryview:
+        """A random ranged read outside the sequential pipeline (it neither feeds nor restarts it)."""
+        if offset < 0:
+            raise StoreError(self.path, offset, "bad_offset", "negative offset")
+        length = max(0, min(length, self.size - offset))
+        return self._read_at(offset, length) if length else memoryview(b"")
 
     def _read_at(self, offset: int, length: int) -> memoryview:
         try:

@@ -7,6 +7,7 @@ writers drop the final separator, 5.x (since 5.2.0) keep it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 NAME_VALUE_SEP = "\x01"
@@ -27,6 +28,7 @@ INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
 INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
 CRC32 = "__CRC32#"
 CRC32_RESERVED_LEN = 20
+_JAVA_INT = re.compile(r"[+-]?\d+")
 
 
 def parse_properties(s: str) -> dict[str, str]:
@@ -75,6 +77,16 @@ def crc_expected(value: str) -> int:
         e = (e + (int.from_bytes(data[i : i + 2], "little") - 48) * p) & 0xFFFFFFFF
         p = p * 10 & 0xFFFFFFFF
     return e - (1 << 32) if e >= 1 << 31 else e
+
+
+def java_int(text: str) -> int | None:
+    """``Integer.parseInt(text)``, or None where it throws: an optional sign, then decimal digits
+    (Unicode ones too, as Character.digit takes them, but none outside the BMP: Java sees two
+    surrogate units there), within the int range."""
+    if not _JAVA_INT.fullmatch(text) or any(ord(c) > 0xFFFF for c in text):
+        return None
+    v = int(text)
+    return v if -(1 << 31) <= v < 1 << 31 else None
 
 
 def java_text(value: str) -> str:

@@ -8,15 +8,12 @@ arrays of record offsets (the 88 fixed bytes of the common IPv4/IPv4 layout in o
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pyarrow as pa
 
-from storelib.fileio.bytesource import LocalSource
 from storelib.format.crc import MASK, crc32_ranges
-from storelib.format.properties import CRC32, CRC32_RESERVED_LEN, crc_expected
-from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V2, SCHEDULE_TOPIC, STOREHOST_V6_FLAG, check_record
+from storelib.format.properties import CRC32, CRC32_RESERVED_LEN, crc_expected, java_int
+from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V2, SCHEDULE_TOPIC, STOREHOST_V6_FLAG
 from storelib.scan.arrowcols import (
     as_utf8,
     fast_host_strings,
@@ -29,6 +26,7 @@ from storelib.scan.arrowcols import (
     take_ranges,
 )
 from storelib.scan.propcolumns import FastProperties, PropertyColumns, SplitProperties
+from storelib.scan.recordbytes import check_at, outcome
 
 # the whole fixed part of an IPv4/IPv4 record (the common layout): 88 bytes, BODYLENGTH last
 _V4_DT = np.dtype(
@@ -40,7 +38,6 @@ _TAIL_DT = {
     w: np.dtype([("b", f"V{bhw}"), ("sts", ">i8"), ("s", f"V{shw}"), ("rc", ">i4"), ("prep", ">i8"), ("bl", ">i4")])
     for w, (bhw, shw) in {(8, 8): (8, 8), (20, 8): (20, 8), (8, 20): (8, 20), (20, 20): (20, 20)}.items()
 }
-_JAVA_INT = re.compile(r"[+-]?\d+")
 _SCHED_B = np.frombuffer(SCHEDULE_TOPIC.encode(), np.uint8)
 _PROP_COLUMNS = frozenset({"tags", "keys", "uniq_key", "tags_code", "properties", "properties_raw", "prop_crc_ok"})
 _POW10 = 10 ** np.arange(10, dtype=np.int64)  # __CRC32# digits: least significant first
@@ -166,7 +163,7 @@ class BatchDecoder:
         k = n
         if not lay.ok.all():
             k = int(np.argmin(lay.ok))
-            bad = self._classify(view, view_base, int(st[k]), k)
+            bad = self._classify(view_base, int(st[k]), k)
         # CRC, one call per body (the floor of any scan)
         crc_ok = None
         crc_bad = None
@@ -229,10 +226,11 @@ class BatchDecoder:
         for r, text in zip(rows.tolist(), dv):
             if text is None:
                 continue
-            if not _JAVA_INT.fullmatch(text) or not (-(2**31) <= int(text) < 2**31):
+            v = java_int(text)
+            if v is None:
                 bad_delay = r
                 break
-            delay[r] = int(text)
+            delay[r] = v
         if bad_delay is not None:
             why = (bad_delay, "parse_error", f"DELAY {dv[list(rows).index(bad_delay)]!r} is not a Java int", None)
             return delay, None, bad_delay, why
@@ -365,14 +363,7 @@ class BatchDecoder:
             out[sel] = crcs == expected[sel]
         return pa.array(out, mask=~present)
 
-    def _classify(self, view: memoryview, view_base: int, rel: int, k: int):
-        """Re-check the first structurally bad record with the scalar validator for an exact reason."""
-        seg_view = view[rel:]
-        if isinstance(self.source, LocalSource):
-            seg_view = self.source.view()[view_base + rel :]
-        chk = check_record(seg_view, 0, check_crc=False)
-        reason = (chk.reason or "parse_error: fields do not fit the record").split(":", 1)
-        kind = reason[0].strip()
-        detail = reason[1].strip() if len(reason) > 1 else ""
-        size = chk.size if chk.size > 0 else None
-        return (k, kind, detail, size)
+    def _classify(self, view_base: int, rel: int, k: int):
+        """Re-check the first structurally bad record with the scalar validator (the broker's outcome:
+        reason and size), over the whole segment: its field reads may run past the record and the view."""
+        return (k, *outcome(check_at(self.source, view_base + rel, self.stop_on_crc)))

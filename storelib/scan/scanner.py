@@ -26,6 +26,7 @@ from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from storelib.scan.arrowcols import overlapping
 from storelib.scan.batchdecode import BatchDecoder, ViewCache
 from storelib.scan.messageschema import message_schema
+from storelib.scan.recordbytes import check_at, outcome
 
 DEFAULT_DELAY_LEVELS_MS = list(parse_delay_levels(DEFAULT_DELAY_LEVEL))
 MIN_RECORD_SIZE = 91  # IPv4/IPv4 V1 record with empty body, topic and properties
@@ -286,9 +287,11 @@ class SegmentScan:
             return None, None, starts, pos, (0 if len(starts) else 8)
         total, magic = _PAIR.unpack_from(view, pos - view_base)
         if magic == MAGIC_V1 or magic == MAGIC_V2:
-            if total < MIN_RECORD_SIZE or total > left:
-                return "invalid", ("bad_size", f"TOTALSIZE {total} (record must be {MIN_RECORD_SIZE}..{left} bytes here)", None), starts, pos, 0
-            return None, None, starts, pos, (0 if len(starts) else total)  # does not fit the window
+            if MIN_RECORD_SIZE <= total <= left:  # does not fit the window: read one starting at it
+                return None, None, starts, pos, (0 if len(starts) else total)
+            # too small to be a record, or past the segment: the broker's outcome (-1, or TOTALSIZE for a
+            # length mismatch), by the scalar check
+            return "invalid", outcome(check_at(self.source, pos, self.stop_on_crc)), starts, pos, 0
         if magic == BLANK_MAGIC:
             return "blank", f"blank record, TOTALSIZE {total}", starts, pos, 0
         if total == 0 and magic == 0:
