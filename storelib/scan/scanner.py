@@ -212,6 +212,16 @@ class SegmentScan:
                 records += batch.num_rows
                 yield batch
             if need:  # the next record does not fit the current window: read a window starting at it
+                if need > self.window:
+                    # longer than a window (a valid record, or a damaged TOTALSIZE): the broker's check
+                    # first, which reads the record's own lengths in small reads; only a record that
+                    # passes it is read whole
+                    chk = check_at(self.source, pos, self.stop_on_crc)
+                    if chk.kind != "message":
+                        reason, detail, size = outcome(chk)
+                        self.end = SegmentEnd("invalid", self.file, pos, self.base + pos, reason, detail, size,
+                                              records, crc_errors, first_crc)
+                        return
                 view_base = pos
                 view = self.source.read(pos, max(self.window, need))
                 continue
@@ -287,7 +297,7 @@ class SegmentScan:
             return None, None, starts, pos, (0 if len(starts) else 8)
         total, magic = _PAIR.unpack_from(view, pos - view_base)
         if magic == MAGIC_V1 or magic == MAGIC_V2:
-            if MIN_RECORD_SIZE <= total <= left:  # does not fit the window: read one starting at it
+            if MIN_RECORD_SIZE <= total <= left:  # does not fit the window: the caller reads (bounded)
                 return None, None, starts, pos, (0 if len(starts) else total)
             # too small to be a record, or past the segment: the broker's outcome (-1, or TOTALSIZE for a
             # length mismatch), by the scalar check
