@@ -273,6 +273,16 @@ def test_early_stop_releases_the_source(tmp_path):
     p = _write(tmp_path, _segment([_record(rng, i) for i in range(50)]))
     src = LocalSource(str(p))
     it = iter(SegmentScan(src, "seg", 0, batch_rows=10))
-    next(it)
+    batch = next(it)
     it.close()
-    src.close()  # no BufferError: the scan holds no export of the mapping once closed
+    assert src.mapped
+    src.close()  # close() keeps quiet about an export someone still holds: the mapping must really be gone
+    assert not src.mapped  # neither the closed scan nor its batch (copied columns) pins the mapping
+    assert batch.num_rows == 10
+
+
+def test_a_held_slice_keeps_the_mapping_and_mapped_says_so(tmp_path):
+    src = LocalSource(str(_write(tmp_path, b"x" * 4096)))
+    held = src.read(0, 16)
+    src.close()
+    assert src.mapped and bytes(held) == b"x" * 16

@@ -86,10 +86,15 @@ class LocalSource:
         """A random read: the same as :meth:`read` here (zero-copy)."""
         return self.read(offset, length)
 
+    @property
+    def mapped(self) -> bool:
+        """Is the file still mapped (open, or kept by a slice someone holds after :meth:`close`)?"""
+        return self._mm is not None and not self._mm.closed
+
     def close(self) -> None:
         # a caller may still hold a slice (arrays over the mapping, or a traceback's frames after an error
-        # mid-scan): then the mapping stays until they go (the OS unmaps at exit), and the error that
-        # ended the scan is the one reported, not this
+        # mid-scan): then the mapping stays until they go (the OS unmaps at exit; ``mapped`` stays True),
+        # and the error that ended the scan is the one reported, not this
         if self._view is not None:
             with contextlib.suppress(BufferError):
                 self._view.release()
@@ -97,7 +102,6 @@ class LocalSource:
         if self._mm is not None:
             with contextlib.suppress(BufferError):
                 self._mm.close()
-            self._mm = None
         self._fh.close()
 
     def __enter__(self) -> LocalSource:
