@@ -41,7 +41,7 @@ def test_codecs_are_the_generators_extra_not_core_dependencies():
 def test_the_sample_with_compressed_bodies_is_read_without_any_codec(sample_533):
     code = f"""
 import hashlib, json
-from storelib.broker.store import Store
+from storelib.broker.settings.store import Store
 from storelib.scan.commitlog import CommitLog
 root = {str(sample_533)!r}
 want = {{}}

@@ -15,9 +15,9 @@ import zlib
 
 import pytest
 
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.recovery import RecoveryInputs, recovery_walk
-from storelib.broker.store import Store
+from storelib.broker.recovery.walk import RecoveryInputs, recovery_walk
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.store import Store
 from storelib.format.record import BLANK_MAGIC, Message, check_record, encode_message
 from storelib.scan.scanner import scan_buffer
 from tests.rebuild_storegen import CraftedStore, msg

@@ -17,7 +17,7 @@ import pyarrow.fs as pafs
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.smallfile_io import PathOrLocation, as_location, atomic_write, file_size, local_path
-from storelib.format.javanum import wrap64
+from storelib.format.javahash import wrap64
 
 CHECKPOINT_FILE = "checkpoint"
 CHECKPOINT_SIZE = 4096  # OS_PAGE_SIZE: the broker maps exactly one page
