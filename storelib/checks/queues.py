@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.checks.logview import LogView, _queue_hint, _queue_records_exactly, _rel
 from storelib.checks.segment import _Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, data_ranges
-from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, ConsumeQueue, batch_cq_topics, list_queues
+from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, batch_cq_topics, list_queues
 from storelib.format.record import INNER_BATCH_FLAG
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.arrowcols import group_order
@@ -134,8 +135,8 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) 
     return res
 
 
-def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterator[tuple[str, int, ConsumeQueue]]:
-    """Every queue directory's :class:`ConsumeQueue` (the caller closes it), the listing's and each queue's
+def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterator[tuple[str, int, LoadedQueue]]:
+    """Every queue directory's :class:`LoadedQueue` (the caller closes it), the listing's and each queue's
     structural findings into ``res.findings`` in the order found; ``res.failed`` when the queue directory
     cannot be listed (or is a RocksDB consume queue, which rmqstore does not read: said once)."""
     rootp = root.path
@@ -145,7 +146,7 @@ def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterat
     except StoreError as e:
         if e.kind == "rocksdb_consumequeue":  # a supported broker layout that rmqstore does not read: say so once
             res.findings.append(Finding(e.kind, "warning", _rel(rootp, e.file), None,
-                                        f"{e.detail}: ConsumeQueue checks skipped (rmqstore reads file-based "
+                                        f"{e.detail}: LoadedQueue checks skipped (rmqstore reads file-based "
                                         "consume queues only); commitlog, index, checkpoint and config are audited",
                                         {"supported": False}))
         else:
@@ -156,14 +157,14 @@ def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterat
         f.file = _rel(rootp, f.file)
         res.findings.append(f)
     for topic, qid, loc in queues:
-        cq = ConsumeQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
+        cq = LoadedQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
         for f in cq.findings:
             f.file = _rel(rootp, f.file)
             res.findings.append(f)
         yield topic, qid, cq
 
 
-def queue_files(cq: ConsumeQueue, rootp: str) -> Iterator[tuple[int, str | None, np.ndarray]]:
+def queue_files(cq: LoadedQueue, rootp: str) -> Iterator[tuple[int, str | None, np.ndarray]]:
     """A queue's files in order: (logical byte base, display path, units as mapped). The queue's last file
     is preallocated: its units after the last one with a size are invalid and after every valid unit, so
     no check looks at them (its first unit stays: the queue's first offset)."""

@@ -23,7 +23,8 @@ from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, read_ipc_file, resolve
 from storelib.fileio.memory import keep_freed_memory
 from storelib.fileio.publish import atomic_local_file
-from storelib.scan.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
+from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
+from storelib.scan.scanner import SegmentScan
 from storelib.scan.splits import plan_splits
 
 if TYPE_CHECKING:

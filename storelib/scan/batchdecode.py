@@ -8,6 +8,8 @@ arrays of record offsets (the 88 fixed bytes of the common IPv4/IPv4 layout in o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyarrow as pa
 
@@ -138,7 +140,7 @@ class BatchDecoder:
     """
 
     def __init__(self, source, base: int, schema: pa.Schema, *, verify_crc: bool, stop_on_crc: bool,
-                 delay_levels_ms: list[int]):
+                 delay_levels_ms: Sequence[int]):
         self.source = source
         self.base = base
         self.schema = schema

@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from storelib.fileio.bytesource import DEFAULT_WINDOW, LocalSource
-from storelib.format.delaylevel import DEFAULT_DELAY_LEVEL, parse_delay_levels
+from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
 from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from storelib.scan.arrowcols import overlapping
 from storelib.scan.batchdecode import BatchDecoder, ViewCache
 from storelib.scan.messageschema import message_schema
 from storelib.scan.recordbytes import check_at, outcome
 
-DEFAULT_DELAY_LEVELS_MS = list(parse_delay_levels(DEFAULT_DELAY_LEVEL))
 MIN_RECORD_SIZE = 91  # IPv4/IPv4 V1 record with empty body, topic and properties
 
 
@@ -148,7 +147,7 @@ class SegmentScan:
         stop_on_crc: bool = False,
         with_body: bool = False,
         with_properties: bool = True,
-        delay_levels_ms: list[int] | None = None,
+        delay_levels_ms: Sequence[int] | None = None,
         batch_rows: int = 65536,
         window: int = DEFAULT_WINDOW,
         columns: list[str] | None = None,

@@ -63,9 +63,10 @@ import pyarrow.compute as pc
 from storelib.broker.dispatch.cqwriter import QueueState, build_consume_queues, write_queue_image
 from storelib.broker.index.indexbuild import IndexState, build_index_files, empty_index_count, index_key_rows
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, resolve
-from storelib.format.consumequeue import ConsumeQueue, list_queues
+from storelib.format.consumequeue import list_queues
 from storelib.format.indexdir import list_index_files
 from storelib.format.indexfile import IndexGeometry, IndexHeader
 from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
@@ -285,7 +286,7 @@ class _Dispatcher:
 def _existing_queue_states(out: Location, cq_size: int, findings: list[Finding]) -> dict[tuple[str, int], QueueState]:
     states: dict[tuple[str, int], QueueState] = {}
     for topic, qid, loc in list_queues(out, findings):
-        cq = ConsumeQueue(loc, segment_size=cq_size, topic=topic, queue_id=qid)
+        cq = LoadedQueue(loc, segment_size=cq_size, topic=topic, queue_id=qid)
         try:
             findings.extend(cq.findings)
             if cq.segments:

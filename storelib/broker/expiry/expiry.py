@@ -258,7 +258,8 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
 def _queue_arrays(store: Store, findings: list[Finding]):
     """Per queue (topic, qid, offsets, phy, size, first CQ file base) from the ConsumeQueue files,
     or from one commitlog scan when there are none."""
-    from storelib.format.consumequeue import ConsumeQueue, filler_mask, list_queues, valid_mask
+    from storelib.broker.settings.cqload import LoadedQueue
+    from storelib.format.consumequeue import filler_mask, list_queues, valid_mask
 
     out = []
     S = store.settings.mapped_file_size_consume_queue
@@ -267,7 +268,7 @@ def _queue_arrays(store: Store, findings: list[Finding]):
     except StoreError:
         queues = []
     for topic, qid, loc in queues:
-        with ConsumeQueue(loc, segment_size=S, topic=topic, queue_id=qid) as cq:
+        with LoadedQueue(loc, segment_size=S, topic=topic, queue_id=qid) as cq:
             findings.extend(cq.findings)
             if not cq.segments:
                 continue
