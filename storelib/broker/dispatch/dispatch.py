@@ -54,6 +54,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import tzinfo
 from typing import Any
 
 import numpy as np
@@ -148,7 +149,7 @@ class _Dispatcher:
     """Accumulates dispatch columns chunk by chunk and writes CQ/index files with continued state."""
 
     def __init__(self, out: Location, settings: BrokerSettings, what: Sequence[str], emit_empty_index: bool,
-                 name_tz: str | None, result: DispatchResult, queue_states: dict[tuple[str, int], QueueState],
+                 name_tz: str | tzinfo | None, result: DispatchResult, queue_states: dict[tuple[str, int], QueueState],
                  index_state: IndexState | None):
         self.out = out
         self.settings = settings
@@ -328,7 +329,7 @@ def dispatch_store(
     emit_empty_index: bool = True,
     *,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    name_tz: str | None = "UTC",
+    name_tz: str | tzinfo | None = "UTC",
     commitlog: CommitLog | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> DispatchResult:

@@ -25,11 +25,11 @@ from storelib.broker.expiry.expiry import (  # the inputs and the broker's const
     Policy,
     StoreSnapshot,
     TimeModel,
-    _zone,
     hour_table,
 )
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.scan.commitlog import offset_to_file_name
+from storelib.units import parse_zone
 
 # --------------------------------------------------------------------------------------------------
 # the simulation
@@ -74,7 +74,7 @@ class _Sim:
         self.kmax = (self.until - self.T0) // self.P if self.until >= self.T0 else -1
         self.expired = policy.file_reserved_time * HOUR_MS
         self.table, self.when_problem = hour_table(policy.delete_when)
-        self.zone = _zone(policy.tz)
+        self.zone = parse_zone(policy.tz)
         self.batch = max(1, policy.delete_file_batch_max)
         self.S = snap.segment_size
         self.W0 = snap.write_pos

@@ -43,14 +43,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from datetime import timezone
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.errors import Finding, StoreError
-from storelib.units import parse_time_ms
+from storelib.units import parse_time_ms, parse_zone
 
 if TYPE_CHECKING:
     from storelib.broker.settings.store import Store
@@ -124,14 +123,6 @@ def hour_table(delete_when: str) -> tuple[list[int], str | None]:
     return table, problem
 
 
-def _zone(tz: str) -> Any:
-    if tz in ("UTC", "Z", "GMT"):
-        return timezone.utc
-    from zoneinfo import ZoneInfo
-
-    return ZoneInfo(tz)
-
-
 # --------------------------------------------------------------------------------------------------
 # inputs
 
@@ -177,6 +168,10 @@ class Policy:
         except ValueError as e:
             raise StoreError(where, None, "bad_config", str(e)) from e
         tz = extra.get(EXTRA_TZ, "").strip() or tz
+        try:
+            parse_zone(tz)  # the cleaner reads it per tick: a bad zone is the policy's error, now
+        except ValueError as e:
+            raise StoreError(where, None, "bad_config", f"{EXTRA_TZ}: {e}") from e
         batch = s.delete_file_batch_max if s.version == "5" else DELETE_FILES_BATCH_MAX_4
         logical = s.logical_disk_space_clean_forcibly_threshold
         if s.clean_resource_interval <= 0:
