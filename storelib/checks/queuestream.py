@@ -20,14 +20,14 @@ from storelib.broker.settings.cqload import LoadedQueue
 from storelib.checks.logview import Unsettled
 from storelib.checks.queues import (
     CQLoad,
-    _queue_group_order,
     gap_finding,
     lag_finding,
     queue_files,
+    queue_group_order,
     queues_without_cq,
     walk_queues,
 )
-from storelib.checks.segment import _Capped
+from storelib.checks.segment import Capped
 from storelib.fileio.bytesource import Location
 from storelib.fileio.sampledcrc import sampled_crc
 from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, filler_mask
@@ -194,7 +194,7 @@ LAG_KEEP = 100_000  # lagging records a run keeps for the next incremental one (
 class QueueStream:
     """Feed each segment's record table in commitlog order (:meth:`feed`), then :meth:`finish`."""
 
-    def __init__(self, meta: QueueMetaLoad, log_min: int, segment_size: int, out: _Capped) -> None:
+    def __init__(self, meta: QueueMetaLoad, log_min: int, segment_size: int, out: Capped) -> None:
         self.meta = meta
         self.log_min = log_min
         self.segment_size = segment_size
@@ -240,7 +240,7 @@ class QueueStream:
             raise Unsettled("inner-batch records (queue offsets advance by the batch)")
         qid = col("queue_id")[disp]
         gcode = (code[disp] << 32) | (qid.astype(np.int64) & 0xFFFFFFFF)
-        order = _queue_group_order(gcode, code[disp], qid, len(self.topic_names))
+        order = queue_group_order(gcode, code[disp], qid, len(self.topic_names))
         rows = disp[order]
         g = gcode[order]
         starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
@@ -344,7 +344,7 @@ class QueueStream:
                                                 "first_phy": t.first_phy}
         return out
 
-    def finish(self, root: Location, facts: dict, out: _Capped) -> dict:
+    def finish(self, root: Location, facts: dict, out: Capped) -> dict:
         """Settle every queue (each valid unit a record's or expired; no hole); the queues' stats, with
         the findings :func:`storelib.checks.queues.check_consume_queues` would make, into ``out``."""
         out.extend(self.meta.base.findings)

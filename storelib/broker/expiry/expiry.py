@@ -62,10 +62,10 @@ DEFAULT_HORIZON_MS = 7 * 24 * HOUR_MS
 MTIME_TOLERANCE_MS = 60_000
 MAX_NEW_SEGMENTS = 100_000  # beyond this the timeline is not worth computing (or reading)
 CQ_UNIT = 20
-_KEY_SHIFT = 40  # queue index << 40 | logical offset: one sorted key over every queue
+QUEUE_KEY_SHIFT = 40  # queue index << 40 | logical offset: one sorted key over every queue
 
 # outcome of isTimeToDelete for an hour of day
-_FALSE, _TRUE, _ERROR = 0, 1, 2
+HOUR_FALSE, HOUR_TRUE, HOUR_ERROR = 0, 1, 2
 
 # extra keys a --policy file may carry besides broker.conf keys
 EXTRA_CAPACITY = "diskCapacity"
@@ -99,7 +99,7 @@ def java_split(text: str, sep: str) -> list[str]:
 
 
 def hour_table(delete_when: str) -> tuple[list[int], str | None]:
-    """isTimeToDelete per hour of day: _TRUE, _FALSE or _ERROR (a part that does not parse is reached).
+    """isTimeToDelete per hour of day: HOUR_TRUE, HOUR_FALSE or HOUR_ERROR (a part that does not parse is reached).
 
     UtilAll.isItTimeToDo walks the ``;``-parts in order and returns on the first equal hour, so a bad
     part only throws (aborting that cleaner run) in hours no earlier part matched.
@@ -108,16 +108,16 @@ def hour_table(delete_when: str) -> tuple[list[int], str | None]:
     table: list[int] = []
     problem = None
     for h in range(24):
-        out = _FALSE
+        out = HOUR_FALSE
         for p in parts:
             try:
                 v = java_parse_int(p)
             except ValueError:
-                out = _ERROR
+                out = HOUR_ERROR
                 problem = f"deleteWhen part {p!r} is not an integer: the cleaner run throws (nothing is deleted)"
                 break
             if v == h:
-                out = _TRUE
+                out = HOUR_TRUE
                 break
         table.append(out)
     return table, problem
@@ -355,7 +355,7 @@ def load_snapshot(store: Store, *, mtimes: str = "auto", tolerance_ms: int = MTI
         q_first.append(first_seg)
         q_count.append(len(offs))
         q_mean.append(float(size.mean()) if len(size) else 0.0)
-        key_parts.append((np.int64(i) << _KEY_SHIFT) | offs)
+        key_parts.append((np.int64(i) << QUEUE_KEY_SHIFT) | offs)
         size_parts.append(size)
     key = np.concatenate(key_parts) if key_parts else np.zeros(0, np.int64)
     sizes = np.concatenate(size_parts) if size_parts else np.zeros(0, np.int64)

@@ -30,7 +30,7 @@ from storelib.format.timerstore import (
     SLOTS_TOTAL,
     TIMER_TOPIC,
     UNIT_SIZE,
-    _timerlog_files,
+    list_timerlog_files,
     precision_of,
     read_timer_checkpoint,
     slot_index,
@@ -192,7 +192,7 @@ def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: Com
     """The timer store's start-up (module docstring), read-only; None for a store without one."""
     from storelib.broker.settings.cqload import LoadedQueue
 
-    files = _timerlog_files(root)
+    files = list_timerlog_files(root)
     cp = read_timer_checkpoint(root)
     if not files or cp is None:
         return None
