@@ -441,6 +441,16 @@ def _fs_path(s: str) -> str:
     return s.split("://", 1)[1] if "://" in s else s
 
 
+_REMOTE_OPENED = threading.Event()
+
+
+def remote_filesystem_opened() -> bool:
+    """Has this process resolved a location on a remote filesystem? Its client (the AWS SDK's event loop,
+    a JVM under libhdfs) runs native threads from then on, which a forked child would inherit mid-work:
+    the process pool starts its workers another way after this (jobs.engines.schedulers)."""
+    return _REMOTE_OPENED.is_set()
+
+
 def resolve(uri: str | os.PathLike, filesystem: Any = None, **fs_options: Any) -> Location:
     """Turn a path or URI (``s3://bucket/prefix``, ``gs://``, ``hdfs://``, ``file://``) into a Location.
 
@@ -449,6 +459,13 @@ def resolve(uri: str | os.PathLike, filesystem: Any = None, **fs_options: Any) -
     S3/GCS filesystem built for the URI; without them pyarrow reads credentials, region and endpoint
     from the environment.
     """
+    loc = _resolve(uri, filesystem, **fs_options)
+    if not loc.local:
+        _REMOTE_OPENED.set()
+    return loc
+
+
+def _resolve(uri: str | os.PathLike, filesystem: Any = None, **fs_options: Any) -> Location:
     s = os.fspath(uri)
     if filesystem is not None:
         fs = _as_arrow_fs(filesystem)
