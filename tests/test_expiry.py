@@ -9,6 +9,7 @@ is at 04:02:00 (+60 s), then every 10 s. File mtimes are each segment's last mes
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -441,3 +442,18 @@ def test_a_bad_jvm_time_zone_is_the_policys_error(store):
     root, st = store
     with pytest.raises(StoreError, match="not a time zone"):
         Policy.from_settings("tz", st, tz="Mars/Olympus")
+
+
+def test_the_commands_default_zone_is_the_hosts_as_a_jvm_here_would_use(store, monkeypatch):
+    """``expiry --tz`` defaults to ``local`` (like ``rebuild --tz``): deleteWhen fires in the JVM's zone."""
+    from jobs.expiry import add_model_args
+
+    root, st = store
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    default = p.parse_args([]).tz
+    assert default == "local"
+    monkeypatch.setenv("TZ", "Etc/GMT-1")  # POSIX sign: one hour east of UTC, like +01:00
+    pol = Policy.from_settings("tz", st.with_overrides({"fileReservedTime": 1, "deleteWhen": "06"}), tz=default)
+    res = simulate(pol, load_snapshot(Store(root, st)), STATIC)
+    assert cl_deletions(res)[0][0] == at(5, 0)
