@@ -118,6 +118,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
 
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
+    store.require_default_layout("audit")
     settings = store.settings
     if (state.get("carry") or {}).get("kind", "") != (CARRY_KIND if cross == "tasks" else ""):
         state = {**state, "carry": None}  # an earlier run's carry of the other way of checking: in full

@@ -2,7 +2,7 @@
 the broker does, body and 5.x property CRCs, PHYSICALOFFSET against the position, the end-of-file record;
 after a bad record the scan resynchronises (:mod:`storelib.broker.recovery.resync`) so the rest is still audited. A task
 returns findings, lost regions, a compact record table and its records' index keys; :func:`finish_segment`
-merges a segment's parts. Also the finding collector (:class:`_Capped`) the cross-file checks share."""
+merges a segment's parts. Also the finding collector (:class:`Capped`) the cross-file checks share."""
 
 from __future__ import annotations
 
@@ -24,16 +24,17 @@ from storelib.checks.tables import (
     PartRef,
     TableRef,
     TableSink,
-    _from_ipc,
-    _to_ipc,
+    from_ipc,
     group_sort,
     in_commitlog_order,
     read_table_file,
+    to_ipc,
 )
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, resolve
 from storelib.fileio.memory import keep_freed_memory
-from storelib.scan.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
+from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
+from storelib.scan.scanner import SegmentScan
 from storelib.scan.splits import plan_splits
 
 if TYPE_CHECKING:
@@ -112,13 +113,13 @@ class SegmentResult:
         t = self._tables
         if t is None and self._parts:
             return _concat([p.all_records(fs_options) for p in self._parts], RECORD_SCHEMA)
-        return in_commitlog_order(t[0] if t is not None else _from_ipc(self.records_ipc, RECORD_SCHEMA))
+        return in_commitlog_order(t[0] if t is not None else from_ipc(self.records_ipc, RECORD_SCHEMA))
 
     def key_table(self, fs_options: dict[str, Any] | None = None) -> pa.Table:
         t = self._tables
         if t is None and self._parts:
             return _concat([p.key_table(fs_options) for p in self._parts], KEY_SCHEMA)
-        return t[1] if t is not None else _from_ipc(self.keys_ipc, KEY_SCHEMA)
+        return t[1] if t is not None else from_ipc(self.keys_ipc, KEY_SCHEMA)
 
     def set_tables(self, records: pa.Table, keys: pa.Table) -> None:
         self._tables = (records, keys)
@@ -130,7 +131,7 @@ def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables) if tables else schema.empty_table()
 
 
-class _Capped:
+class Capped:
     """Collects findings, at most MAX_PER_KIND per (kind, file); the rest become one summary each."""
 
     def __init__(self) -> None:
@@ -166,7 +167,7 @@ class _Capped:
     def replay_json(self, j: dict) -> None:
         self.replay([Finding.from_dict(d) for d in j["items"]], {(k, f): n for k, f, n in j["counts"]})
 
-    def absorb(self, other: _Capped) -> None:
+    def absorb(self, other: Capped) -> None:
         """Merge a collector filled elsewhere (a concurrent check), as :meth:`replay`."""
         self.replay(other.items, other.counts)
 
@@ -242,7 +243,7 @@ class PartResult:
         """The record and key tables: held in memory, or decoded from the IPC bytes (zero-copy)."""
         if self._tables is not None:
             return self._tables
-        return _from_ipc(self.records_ipc, RECORD_SCHEMA), _from_ipc(self.keys_ipc, KEY_SCHEMA)
+        return from_ipc(self.records_ipc, RECORD_SCHEMA), from_ipc(self.keys_ipc, KEY_SCHEMA)
 
     def load_tables(self, fs_options: dict[str, Any] | None = None) -> None:
         """Driver side: map the tables a task wrote to a :class:`TableSink` (before its dir is removed)."""
@@ -299,7 +300,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
         keep_freed_memory()
     display = "commitlog/" + task.name
     res = PartResult(task.name, task.start, task.end)
-    found = _Capped()
+    found = Capped()
     try:
         src = _open_task(task, opts)
     except StoreError as e:
@@ -395,7 +396,7 @@ def _keep_tables(res: PartResult, task: SegmentTask, opts: AuditOptions, sink: T
     elif keep_tables:
         res._tables = (recs, keys)
     else:
-        res.records_ipc, res.keys_ipc = _to_ipc(recs), _to_ipc(keys)
+        res.records_ipc, res.keys_ipc = to_ipc(recs), to_ipc(keys)
 
 
 def parts_chain(parts: list[PartResult]) -> bool:
@@ -421,7 +422,7 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
         res.end_kind = "unreadable"
         res.findings = [Finding("segment_unreadable", "critical", display, None, bad.unreadable).to_dict()]
         return res
-    found = _Capped()
+    found = Capped()
     for p in parts:  # replay the scan-time findings: same caps and order as one scan
         found.replay(p.items, p.counts)
     regions = [rg for p in parts for rg in p.regions]
@@ -478,7 +479,7 @@ def _region_extra(rg: LostRegion) -> dict:
             "resumed": rg.resumed}
 
 
-def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, display: str, found: _Capped,
+def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, display: str, found: Capped,
                  bad_rows: list, rec_parts: list, key_parts: list) -> None:
     """Column checks of one scan batch, and its compact columns for the cross-file checks."""
     from storelib.broker.index.indexbuild import index_keys

@@ -35,14 +35,14 @@ RECORD_SCHEMA = pa.schema([
 KEY_SCHEMA = pa.schema([("pos", pa.int64()), ("phy", pa.int64()), ("key_hash", pa.int32())])
 
 
-def _to_ipc(table: pa.Table, compression: str | None = None) -> bytes:
+def to_ipc(table: pa.Table, compression: str | None = None) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
         w.write_table(table)
     return sink.getvalue().to_pybytes()
 
 
-def _from_ipc(data: bytes, schema: pa.Schema) -> pa.Table:
+def from_ipc(data: bytes, schema: pa.Schema) -> pa.Table:
     if not data:
         return schema.empty_table()
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()

@@ -124,7 +124,8 @@ class Generator:
         self.cfg = cfg
         self.settings = settings
         self.v5 = str(cfg.version).startswith("5")
-        self.prop_crc = self.v5 and bool(settings.enabled_append_prop_crc)
+        # DLedgerCommitLog serialises records itself and never appends __CRC32# (enabledAppendPropCRC ignored)
+        self.prop_crc = self.v5 and bool(settings.enabled_append_prop_crc) and not settings.enable_dleger_commit_log
         self.auto_v2 = self.v5 and bool(settings.auto_message_version_on_topic_len)
         self.S = int(settings.mapped_file_size_commit_log)
         self.delay_levels = list(settings.delay_levels_ms)
@@ -338,13 +339,21 @@ class Generator:
 
 
 def _compress(raw: bytes, kind: int) -> bytes:
-    if kind == 1:
-        import lz4.frame
+    """A body compressed as RocketMQ's CompressorFactory does it (1 LZ4 frame, 2 ZSTD, 3 ZLIB).
 
-        return lz4.frame.compress(raw)
-    if kind == 2:
-        import zstandard
+    LZ4 and ZSTD come from the ``gen`` extra: only the generator writes compressed bodies (a reader
+    keeps the stored bytes), so a store-reading install does not carry them."""
+    try:
+        if kind == 1:
+            import lz4.frame
 
-        return zstandard.ZstdCompressor(level=5).compress(raw)
+            return lz4.frame.compress(raw)
+        if kind == 2:
+            import zstandard
+
+            return zstandard.ZstdCompressor(level=5).compress(raw)
+    except ImportError as e:
+        raise ImportError(f"compressed bodies ({'LZ4' if kind == 1 else 'ZSTD'}) need the generator's extra: "
+                          "pip install 'rmqstore[gen]' (or GenConfig(compressed_ratio=0))") from e
     return zlib.compress(raw, 5)
 

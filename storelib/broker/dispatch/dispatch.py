@@ -54,6 +54,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import tzinfo
 from typing import Any
 
 import numpy as np
@@ -63,9 +64,13 @@ import pyarrow.compute as pc
 from storelib.broker.dispatch.cqwriter import QueueState, build_consume_queues, write_queue_image
 from storelib.broker.index.indexbuild import IndexState, build_index_files, empty_index_count, index_key_rows
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.cqload import LoadedQueue
+from storelib.broker.settings.store import open_commitlog
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, resolve
-from storelib.format.consumequeue import ConsumeQueue, list_queues
+from storelib.format.consumequeue import list_queues
+from storelib.format.dledger.entries import BLANK_MAGIC as DL_BLANK
+from storelib.format.dledger.entries import BODY_OFFSET
 from storelib.format.indexdir import list_index_files
 from storelib.format.indexfile import IndexGeometry, IndexHeader
 from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
@@ -131,15 +136,19 @@ def _loc(where: str | os.PathLike | Location) -> Location:
 
 
 def _first_record_present(seg: Segment) -> bool:
-    """Does the segment start with a message record (not zeros/garbage)? Reads 8 bytes."""
+    """Does the segment start with a message record (not zeros/garbage)? Reads 8 bytes (a DLedger
+    entry's record, or its blank filler, 56)."""
+    head_len = BODY_OFFSET if seg.dledger else 0
     src = seg.open()
     try:
-        head = bytes(src.read(0, 8))
+        head = bytes(src.read(0, head_len + 8))
     finally:
         src.close()
-    if len(head) < 8:
+    if len(head) < head_len + 8:
         return False
-    magic = int.from_bytes(head[4:8], "big", signed=True)
+    if seg.dledger and int.from_bytes(head[:4], "big", signed=True) == DL_BLANK:
+        return True
+    magic = int.from_bytes(head[head_len + 4:head_len + 8], "big", signed=True)
     return magic in (MAGIC_V1, MAGIC_V2, BLANK_MAGIC)
 
 
@@ -147,7 +156,7 @@ class _Dispatcher:
     """Accumulates dispatch columns chunk by chunk and writes CQ/index files with continued state."""
 
     def __init__(self, out: Location, settings: BrokerSettings, what: Sequence[str], emit_empty_index: bool,
-                 name_tz: str | None, result: DispatchResult, queue_states: dict[tuple[str, int], QueueState],
+                 name_tz: str | tzinfo | None, result: DispatchResult, queue_states: dict[tuple[str, int], QueueState],
                  index_state: IndexState | None):
         self.out = out
         self.settings = settings
@@ -285,7 +294,7 @@ class _Dispatcher:
 def _existing_queue_states(out: Location, cq_size: int, findings: list[Finding]) -> dict[tuple[str, int], QueueState]:
     states: dict[tuple[str, int], QueueState] = {}
     for topic, qid, loc in list_queues(out, findings):
-        cq = ConsumeQueue(loc, segment_size=cq_size, topic=topic, queue_id=qid)
+        cq = LoadedQueue(loc, segment_size=cq_size, topic=topic, queue_id=qid)
         try:
             findings.extend(cq.findings)
             if cq.segments:
@@ -327,7 +336,7 @@ def dispatch_store(
     emit_empty_index: bool = True,
     *,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    name_tz: str | None = "UTC",
+    name_tz: str | tzinfo | None = "UTC",
     commitlog: CommitLog | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> DispatchResult:
@@ -340,7 +349,7 @@ def dispatch_store(
     _check_supported(settings, what)
     root = _loc(store_root)
     out = _loc(out_root) if out_root is not None else root
-    cl = commitlog or CommitLog(root.join("commitlog"), int(settings.mapped_file_size_commit_log))
+    cl = commitlog or open_commitlog(root, settings)
     S = cl.segment_size
     findings: list[Finding] = []
     geometry = settings.index_geometry
@@ -357,7 +366,7 @@ def dispatch_store(
     pos = max(int(from_offset), cl.min_offset if segs else 0)
     result = DispatchResult(from_offset=pos, end_offset=pos, findings=findings)
     disp = _Dispatcher(out, settings, what, emit_empty_index, name_tz, result, qstates, istate)
-    pos = _reput(disp, segs, S, pos, to_offset, settings, chunk_rows, progress)
+    pos = _reput(disp, segs, S, pos, to_offset, settings, chunk_rows, progress, cl.scan_options())
     disp.finish()
     findings.extend(disp.unsafe_findings(S))
     result.end_offset = pos
@@ -380,7 +389,7 @@ def _check_supported(settings: BrokerSettings, what: tuple[str, ...]) -> None:
 
 
 def _reput(disp: _Dispatcher, segs: list[Segment], S: int, pos: int, to_offset: int | None, settings: BrokerSettings,
-           chunk_rows: int, progress: Callable[[int], None] | None) -> int:
+           chunk_rows: int, progress: Callable[[int], None] | None, scan_opts: dict[str, Any]) -> int:
     """The ReputMessageService loop from ``pos``: each segment scanned into the dispatcher, then what the
     broker does at the segment's end (next segment, stop, skip the rest). Returns where it stopped."""
     delay_levels = list(settings.delay_levels_ms)
@@ -395,7 +404,7 @@ def _reput(disp: _Dispatcher, segs: list[Segment], S: int, pos: int, to_offset: 
         if to_offset is not None and pos >= to_offset:
             break
         end = None if to_offset is None or to_offset >= seg.base + S else to_offset - seg.base
-        e = _scan_into(disp, seg, pos - seg.base, end, delay_levels, chunk_rows, progress)
+        e = _scan_into(disp, seg, pos - seg.base, end, delay_levels, chunk_rows, progress, scan_opts)
         pos = e.phy_offset
         if e.kind == "split_end":
             break
@@ -411,12 +420,12 @@ def _reput(disp: _Dispatcher, segs: list[Segment], S: int, pos: int, to_offset: 
 
 
 def _scan_into(disp: _Dispatcher, seg: Segment, start: int, end: int | None, delay_levels: list[int], chunk_rows: int,
-               progress: Callable[[int], None] | None) -> SegmentEnd:
+               progress: Callable[[int], None] | None, scan_opts: dict[str, Any]) -> SegmentEnd:
     """One segment's records from ``start`` into the dispatcher (flushed ``chunk_rows`` at a time); its end."""
     src = seg.open()
     try:
         scan = SegmentScan(src, seg.display, seg.base, start, end, verify_crc=False, with_properties=False,
-                           delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS)
+                           delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS, **scan_opts)
         for batch in scan:
             disp.add(batch)
             if disp.rows >= chunk_rows:

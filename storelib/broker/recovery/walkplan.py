@@ -31,6 +31,8 @@ class RecoveryInputs:
     message_index_enable: bool = True
     message_index_safe: bool = False
     broker_id: int = 0
+    dledger: bool = False  # a DLedger-mode commitlog (entries in dledger-<selfId>/data)
+    dledger_committed_index: int | None = None  # from DLedger's checkpoint: fills dledger_committed
 
     @classmethod
     def from_settings(cls, settings, **kw) -> RecoveryInputs:
@@ -72,8 +74,8 @@ class SegmentTask:
         ending there: the walk is unchanged, the rows say what a reader of them wants to know.
         """
         crc = self.crc and verify_crc and not prop_crc
-        return SegmentScan(source, "commitlog/" + self.name, self.base, self.start,
-                           verify_crc=crc or verify_all, stop_on_crc=crc, **kw)
+        file = kw.pop("file", "commitlog/" + self.name)
+        return SegmentScan(source, file, self.base, self.start, verify_crc=crc or verify_all, stop_on_crc=crc, **kw)
 
 
 @dataclass(frozen=True)

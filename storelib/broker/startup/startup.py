@@ -52,6 +52,7 @@ from storelib.broker.recovery.walk import (
     serial_walk,
     store_inputs,
 )
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.broker.settings.store import Store
 from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
 from storelib.broker.timer.timerrecovery import TimerRecovery, plan_timer_recovery
@@ -59,7 +60,7 @@ from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.smallfile_io import read_small
 from storelib.format.checkpoint import CHECKPOINT_SIZE, Checkpoint, read_checkpoint
-from storelib.format.consumequeue import ConsumeQueue, list_queues
+from storelib.format.consumequeue import list_queues
 from storelib.format.indexdir import IndexFileRef, list_index_files
 from storelib.format.indexfile import HEADER_SIZE, IndexHeader
 from storelib.format.markers import AbortState, LockState, abort_state, lock_state
@@ -186,6 +187,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     ``walk_runner``: runs the commitlog walk's segment scans (default: here, in order; the jobs pass one
     that maps :func:`storelib.broker.recovery.walk.walk_task` on an engine, with the same result).
     """
+    store.require_default_layout("the start-up replay (simulate / recover)")
     settings = store.settings
     version = version or ("5" if str(settings.version).startswith("5") else "4")
     findings: list[Finding] = list(store.commitlog.findings)
@@ -285,7 +287,7 @@ def _load_queues(store: Store, findings: list[Finding]) -> dict[tuple[str, int],
                 from None
         raise
     for topic, qid, loc in listed:
-        with ConsumeQueue(loc, segment_size=Scq, topic=topic, queue_id=qid) as cq:
+        with LoadedQueue(loc, segment_size=Scq, topic=topic, queue_id=qid) as cq:
             findings.extend(cq.findings)
             queues[(topic, qid)] = QueueReplay(topic, qid, store.loc, Scq, cq)
     return queues

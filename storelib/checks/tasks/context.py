@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.broker.settings.brokerconf import BrokerSettings
-from storelib.checks.logview import LogView, _member
-from storelib.checks.segment import _Capped
+from storelib.checks.logview import LogView, is_member
+from storelib.checks.segment import Capped
 from storelib.checks.tables import KEY_SCHEMA, RECORD_SCHEMA, PartRef, TableSink
 from storelib.errors import Finding
 from storelib.fileio.bytesource import Location, resolve
@@ -98,13 +98,13 @@ class ByQueue:
     findings kept apart so the driver adds them queue by queue in the whole store's order."""
 
     def __init__(self) -> None:
-        self.queues: dict[tuple[str, int], _Capped] = {}
+        self.queues: dict[tuple[str, int], Capped] = {}
 
     def add(self, f: Finding) -> None:
         key = (f.extra["topic"], int(f.extra["queue_id"]))
         c = self.queues.get(key)
         if c is None:
-            c = self.queues[key] = _Capped()
+            c = self.queues[key] = Capped()
         c.add(f)
 
     def extend(self, fs) -> None:
@@ -112,7 +112,7 @@ class ByQueue:
             self.add(f)
 
     def per_queue(self) -> dict[tuple[str, int], dict]:
-        """Each queue's collector as :meth:`_Capped.to_json` gives it."""
+        """Each queue's collector as :meth:`Capped.to_json` gives it."""
         return {k: c.to_json() for k, c in self.queues.items()}
 
     def to_json(self) -> list:
@@ -122,7 +122,7 @@ class ByQueue:
         for t, q, cj in j:
             c = self.queues.get((t, q))
             if c is None:
-                c = self.queues[(t, q)] = _Capped()
+                c = self.queues[(t, q)] = Capped()
             c.replay_json(cj)
 
 
@@ -179,7 +179,7 @@ def keys_of(ctx: CrossContext, positions: np.ndarray) -> pa.Table:
         if b <= a:
             continue
         k = p.key_table(ctx.fs_options)
-        keep = _member(k.column("pos").to_numpy(), positions[a:b])
+        keep = is_member(k.column("pos").to_numpy(), positions[a:b])
         if keep.any():
             out.append(k.filter(pa.array(keep)))
     out = [t for t in out if t.num_rows]
@@ -207,7 +207,7 @@ def subset_view(ctx: CrossContext, own: pa.Table, wanted: np.ndarray, with_keys:
     have = np.concatenate([own.column("phy_offset").to_numpy(), mis.column("phy_offset").to_numpy()])
     want = np.concatenate([wanted.astype(np.int64), mis.column("physical_offset_field").to_numpy()])
     want = np.unique(want)
-    need = want[~_member(want, np.unique(have))] if len(want) else want
+    need = want[~is_member(want, np.unique(have))] if len(want) else want
     looked = records_at(ctx, need)
     allr = _concat([own.cast(RECORD_SCHEMA), mis, looked])
     phy = allr.column("phy_offset").to_numpy()

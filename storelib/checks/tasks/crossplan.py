@@ -20,7 +20,7 @@ import numpy as np
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
-from storelib.checks.crossfile import _store_findings, _unsealed_segments
+from storelib.checks.crossfile import store_findings, unsealed_segments
 from storelib.checks.crossstream import CrossResults, lost_ranges
 from storelib.checks.logcharts import SizeHistogram, TrafficSeries
 from storelib.checks.logview import LogSummary, ResumeFailed, Unsettled
@@ -35,9 +35,9 @@ from storelib.checks.queues import CQLoad, queue_listing, queues_without_cq
 from storelib.checks.segment import (
     SEVERITY_RANK,
     AuditOptions,
+    Capped,
     SegmentResult,
     SegmentTask,
-    _Capped,
     audit_part,
 )
 from storelib.checks.tables import TableSink, group_of
@@ -165,7 +165,7 @@ def partitioned_checks(store: Store, results: list[SegmentResult], settings: Bro
     root = store.loc
     summary = LogSummary(sum(r.records for r in results), sum(r.bytes_valid for r in results), ctx.ts_lo, ctx.ts_hi,
                          ctx.log_min, ctx.log_end, ctx.segment_size)
-    c_mk, c_cp, c_ab, c_cfg = (_Capped() for _ in range(4))
+    c_mk, c_cp, c_ab, c_cfg = (Capped() for _ in range(4))
     abort = check_markers(root, c_mk)
     cp = check_checkpoint(root, summary, c_cp, now_ms)
     if any("unsettled" in m for m in metas):
@@ -189,9 +189,9 @@ def partitioned_checks(store: Store, results: list[SegmentResult], settings: Bro
     except Unsettled as e:
         raise ResumeFailed(str(e)) from e
     report_abort(abort, ixm.info, c_ab)
-    out = _Capped()
-    _store_findings(store, results, settings, out)
-    _unsealed_segments(results, out)
+    out = Capped()
+    store_findings(store, results, settings, out)
+    unsealed_segments(results, out)
     loaded = check_configs(root, c_cfg)
     for c in (c_qo, c_mk, c_cp, c_cq, ixm.found, c_ab, c_cfg):
         out.absorb(c)
@@ -231,7 +231,7 @@ def _timer_task(ctx: CrossContext, root: Location, carry: dict | None) -> TimerT
     return TimerTask(c["records"] if c is not None else None)
 
 
-def _timer_result(root: Location, carry: dict | None, t_res: dict | None, out: _Capped) -> dict | None:
+def _timer_result(root: Location, carry: dict | None, t_res: dict | None, out: Capped) -> dict | None:
     """The timer store's findings into ``out``; what the carry keeps of it (its records, result, files)."""
     if t_res is None:
         c = carry.get("timers") if carry is not None else None
@@ -267,7 +267,7 @@ def _group_tasks(ctx: CrossContext, queues: QueuePlan, metas: list[dict]) -> lis
 
 
 def _merge_queues(ctx: CrossContext, queues: QueuePlan, metas: list[dict], groups: list[QueueGroupResult]
-                  ) -> tuple[_Capped, _Capped, dict, dict]:
+                  ) -> tuple[Capped, Capped, dict, dict]:
     """The queue findings in the whole view's order: offsets queue by queue (topics in first-seen order),
     then the consume queues' (listing order), then queues without one; their stats and facts."""
     first: dict[str, int] = {}
@@ -279,11 +279,11 @@ def _merge_queues(ctx: CrossContext, queues: QueuePlan, metas: list[dict], group
     offsets_found = {k: v for g in groups for k, v in g.offsets_found.items()}
     order = sorted(facts_all, key=lambda k: (rank[k[0]], k[1] & 0xFFFFFFFF))
     facts = {k: facts_all[k] for k in order}
-    c_qo = _Capped()
+    c_qo = Capped()
     for k in order:
         if k in offsets_found:
             c_qo.replay_json(offsets_found[k])
-    c_cq = _Capped()
+    c_cq = Capped()
     c_cq.extend(queues.listing.findings)
     if queues.listing.failed:
         return c_qo, c_cq, {}, facts

@@ -18,14 +18,14 @@ import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.checks.index import (
-    _abnormal_start_note,
-    _carried_entries,
-    _index_open_error,
+    abnormal_start_note,
     add_validate_findings,
+    carried_entries,
+    index_open_error,
 )
 from storelib.checks.keystream import behind_finding, pending_table
 from storelib.checks.logview import Unsettled
-from storelib.checks.segment import _Capped
+from storelib.checks.segment import Capped
 from storelib.checks.tables import TableRef
 from storelib.checks.tasks.context import CrossContext
 from storelib.checks.tasks.indextask import (
@@ -35,7 +35,7 @@ from storelib.checks.tasks.indextask import (
     IndexStructureTask,
     KeySlices,
     KeysTailTask,
-    _file_info,
+    file_info,
 )
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
@@ -113,14 +113,14 @@ def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | Non
         except StoreError as e:
             if carry is not None:
                 raise Unsettled(f"index/{ref.name} cannot be opened") from e
-            plan.files.append(IndexEntry(ref, None, _index_open_error(f"index/{ref.name}", e)))
+            plan.files.append(IndexEntry(ref, None, index_open_error(f"index/{ref.name}", e)))
             continue
         try:
             e = IndexEntry(ref, f.header, None, f.index_count - 1, carried=carried.get(ref.name))
             if e.carried is not None and e.entries == e.carried["count"]:
                 if c or plan.file_tasks:
                     raise Unsettled(f"index/{ref.name}: checked by an earlier run, after a file it did not")
-                _carried_entries(e.carried, f.entries_array(), f"index/{ref.name}")  # unchanged (raises)
+                carried_entries(e.carried, f.entries_array(), f"index/{ref.name}")  # unchanged (raises)
                 plan.files.append(e)
                 continue
         finally:
@@ -177,7 +177,7 @@ Run = Callable[[Callable[[Any], Any], list, str], list]
 class IndexMerge:
     """What the index tasks add up to: their findings, the report's summary, the carry (``--since``)."""
 
-    found: _Capped
+    found: Capped
     info: dict[str, Any]
     carry: dict | None = None
 
@@ -187,7 +187,7 @@ def merge_index(ctx: CrossContext, settings: BrokerSettings, plan: IndexPlan, re
     """The index findings and the report's index summary from the file tasks' results (scheduling the
     lookups and coverage that damaged files need; raises Unsettled when going on from a carry cannot
     settle them)."""
-    out = _Capped()
+    out = Capped()
     out.extend(plan.findings)
     res = IndexMerge(out, {"files": []})
     if not plan.files:
@@ -225,7 +225,7 @@ def _lookups(ctx: CrossContext, plan: IndexPlan, run: Run) -> dict[int, dict]:
     return {r["pos"]: r for r in run(partial(run_item, ctx), tasks, "audit: index lookups")}
 
 
-def _file_findings(plan: IndexPlan, results: list[dict], looked: dict[int, dict], out: _Capped,
+def _file_findings(plan: IndexPlan, results: list[dict], looked: dict[int, dict], out: Capped,
                    info: dict) -> dict[str, dict]:
     """Each file's findings in the whole view's order (its note, its entries', its chains', its
     structure's); returns the files' snapshots a later run goes on from (those the tasks made)."""
@@ -237,13 +237,13 @@ def _file_findings(plan: IndexPlan, results: list[dict], looked: dict[int, dict]
         display = f"index/{e.ref.name}"
         if e.task is None:  # unchanged since an earlier run checked it: what it found then
             info["files"].append(e.carried["info"])
-            _abnormal_start_note(info, out, e.ref.name, e.header, plan.idx_ts, plan.abort)
+            abnormal_start_note(info, out, e.ref.name, e.header, plan.idx_ts, plan.abort)
             out.replay_json(e.carried["found"])
             snaps[e.ref.name] = e.carried
             continue
         r = results[e.task]
-        info["files"].append(r.get("info") or _file_info(e.ref.name, e.header, e.entries))
-        _abnormal_start_note(info, out, e.ref.name, e.header, plan.idx_ts, plan.abort)
+        info["files"].append(r.get("info") or file_info(e.ref.name, e.header, e.entries))
+        abnormal_start_note(info, out, e.ref.name, e.header, plan.idx_ts, plan.abort)
         lk = looked.get(e.task)
         if lk is not None:
             out.replay_json(lk["found"])
@@ -268,7 +268,7 @@ def _carry(plan: IndexPlan, snaps: dict[str, dict], matched: int, total: int, ta
 
 
 def _keys_findable(ctx: CrossContext, plan: IndexPlan, results: list[dict], info: dict, looked: dict[int, dict],
-                   matched: int, total: int, max_end_phy: int, out: _Capped, tail: dict | None, run: Run) -> None:
+                   matched: int, total: int, max_end_phy: int, out: Capped, tail: dict | None, run: Run) -> None:
     """Keys after the files matched in order that no looked-up entry finds: not indexed yet, or missing
     (the whole view's classification, per commitlog segment)."""
     from storelib.checks.tasks.crossplan import run_item

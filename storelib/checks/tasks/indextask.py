@@ -15,20 +15,20 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.checks.index import (
-    _carried_entries,
-    _check_chains,
-    _entries_against_records,
-    _entries_fingerprint,
-    _file_snapshot,
-    _index_open_error,
     add_validate_findings,
+    carried_entries,
+    check_chains,
+    entries_against_records,
+    entries_fingerprint,
+    file_snapshot,
+    index_open_error,
     key_codes,
     key_missing_finding,
     split_missing,
 )
 from storelib.checks.indexgrowth import grown_file_clean
-from storelib.checks.logview import Unsettled, _member
-from storelib.checks.segment import _Capped
+from storelib.checks.logview import Unsettled, is_member
+from storelib.checks.segment import Capped
 from storelib.checks.tables import KEY_SCHEMA, RECORD_SCHEMA, TableRef, TableSink
 from storelib.checks.tasks.context import CrossContext, subset_view
 from storelib.errors import StoreError
@@ -93,7 +93,7 @@ def _entries_are_keys(ctx: CrossContext, task: IndexFileTask, ent: np.ndarray) -
     return True, None
 
 
-def _file_info(name: str, h: Any, m: int) -> dict[str, Any]:
+def file_info(name: str, h: Any, m: int) -> dict[str, Any]:
     return {"name": name, "entries": m, "begin_ts": h.begin_timestamp, "end_ts": h.end_timestamp,
             "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset}
 
@@ -106,7 +106,7 @@ def index_file_task(ctx: CrossContext, task: IndexFileTask) -> dict[str, Any]:
     try:
         f = _open(ctx, task.name, task.size)
     except StoreError as e:
-        return {"pos": task.pos, "err": _index_open_error(display, e).to_dict()}
+        return {"pos": task.pos, "err": index_open_error(display, e).to_dict()}
     try:
         if task.carried is not None:
             return _grown_file(ctx, task, f, display)
@@ -142,7 +142,7 @@ def index_structure_task(task: IndexStructureTask) -> dict[str, Any]:
         f = IndexFileRef(task.name, resolve(task.uri, **task.fs_options).join("index", task.name),
                          task.size).open(g, strict=False, broker_size=True)
     except StoreError as e:
-        return {"name": task.name, "err": _index_open_error(display, e).to_dict()}
+        return {"name": task.name, "err": index_open_error(display, e).to_dict()}
     try:
         return {"name": task.name, **_structure(f, task.name, task.last, task.snapshot)}
     finally:
@@ -155,15 +155,15 @@ def _structure(f: IndexFile, name: str, last: bool, snapshot: bool) -> dict[str,
     ent = f.entries_array()
     m = len(ent)
     file_max = _max_phy(ent, 0, -1)
-    chains = _Capped()
+    chains = Capped()
     if m:
-        _check_chains(ent, f.geometry, display, chains)
+        check_chains(ent, f.geometry, display, chains)
     res = {"entries": m, "max_phy": file_max, "validate": [x.to_dict() for x in vf], "chains": chains.to_json()}
     if snapshot:  # as it stands if its entries are its keys (the only case a carry is made)
-        fc = _Capped()
+        fc = Capped()
         fc.replay_json(res["chains"])
         add_validate_findings(vf, False, display, fc)
-        res["snap"] = _file_snapshot(f, ent, _file_info(name, f.header, m), file_max, fc, last)
+        res["snap"] = file_snapshot(f, ent, file_info(name, f.header, m), file_max, fc, last)
     return res
 
 
@@ -182,7 +182,7 @@ def _grown_file(ctx: CrossContext, task: IndexFileTask, f: IndexFile, display: s
     c = task.carried
     ent = f.entries_array()
     try:
-        skip = _carried_entries(c, ent, display)
+        skip = carried_entries(c, ent, display)
     except Unsettled as e:
         return {"pos": task.pos, "unsettled": str(e)}
     matched, next_key = _entries_are_keys(ctx, task, ent[skip:])
@@ -190,11 +190,11 @@ def _grown_file(ctx: CrossContext, task: IndexFileTask, f: IndexFile, display: s
     if crc is None:
         return {"pos": task.pos, "unsettled": f"{display}: its new entries or slots need the whole file checked"}
     file_max = _max_phy(ent, skip, c["max_phy"])
-    info = _file_info(task.name, f.header, len(ent))
-    snap = {**c, "count": len(ent), "index_count": f.header.index_count, "fp": _entries_fingerprint(ent, len(ent)),
+    info = file_info(task.name, f.header, len(ent))
+    snap = {**c, "count": len(ent), "index_count": f.header.index_count, "fp": entries_fingerprint(ent, len(ent)),
             "info": info, "max_phy": file_max, "slots_crc": crc, "distinct": f.header.hash_slot_count}
     return {"pos": task.pos, "entries": len(ent) - skip, "max_phy": file_max, "matched": True, "validate": [],
-            "chains": _Capped().to_json(), "next_key": next_key, "snap": snap, "info": info}
+            "chains": Capped().to_json(), "next_key": next_key, "snap": snap, "info": info}
 
 
 @dataclass(frozen=True)
@@ -225,12 +225,12 @@ def index_lookup_task(ctx: CrossContext, task: IndexLookupTask) -> dict[str, Any
         i = np.searchsorted(lost[:, 0], wanted, side="right") - 1
         wanted = wanted[~((i >= 0) & (wanted < lost[np.clip(i, 0, None), 1]))]
     view = subset_view(ctx, RECORD_SCHEMA.empty_table(), wanted, with_keys=True).view
-    out, chains = _Capped(), _Capped()
+    out, chains = Capped(), Capped()
     all_codes: list[np.ndarray] = []
     wrong_phy: list[np.ndarray] = []
-    wrong = _entries_against_records(view, key_codes(view), ent, g, display, out, all_codes, wrong_phy)
+    wrong = entries_against_records(view, key_codes(view), ent, g, display, out, all_codes, wrong_phy)
     if len(ent) and not len(wrong):
-        _check_chains(ent, g, display, chains)
+        check_chains(ent, g, display, chains)
     codes = all_codes[0]
     rank = codes >> 31
     row = rank if view.field_order is None else view.field_order[rank]
@@ -285,8 +285,8 @@ def coverage_task(ctx: CrossContext, task: CoverageTask) -> dict[str, Any]:
     have = np.sort(np.concatenate([((t.column("pos").to_numpy() - task.base) << 31) | t.column("key_hash").to_numpy()
                                    for t in pairs])) if pairs else np.zeros(0, np.int64)
     kcode = ((kphy - task.base) << 31) | khash
-    missing = np.flatnonzero(~_member(kcode, have) & (khash >= 0))
-    out = _Capped()
+    missing = np.flatnonzero(~is_member(kcode, have) & (khash >= 0))
+    out = Capped()
     behind_n = 0
     if len(missing):
         mphy = kphy[missing]
@@ -297,7 +297,7 @@ def coverage_task(ctx: CrossContext, task: CoverageTask) -> dict[str, Any]:
             explained |= (i >= 0) & (mphy < lost[np.clip(i, 0, None), 1])
         wrongs = [r.read(PHY_SCHEMA, ctx.fs_options).column("phy").to_numpy() for r in task.wrong]
         if wrongs:
-            explained |= _member(mphy, np.sort(np.concatenate(wrongs)))
+            explained |= is_member(mphy, np.sort(np.concatenate(wrongs)))
         behind, real = split_missing(mphy, explained, task.max_end_phy)
         behind_n = int(behind.sum())
         for j in np.flatnonzero(real).tolist():

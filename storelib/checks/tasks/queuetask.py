@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.checks.logcharts import SizeHistogram, TopicCodes, TrafficSeries
 from storelib.checks.logview import Unsettled
 from storelib.checks.queues import (
@@ -31,14 +32,14 @@ from storelib.checks.queuestream import (
     QueueMeta,
     QueueMetaLoad,
     QueueStream,
-    _UnitStats,
+    UnitStats,
     load_queue_meta,
     queue_meta_snapshot,
 )
 from storelib.checks.tables import RECORD_SCHEMA, group_of
 from storelib.checks.tasks.context import ByQueue, CrossContext, group_slices, subset_view
 from storelib.fileio.bytesource import Location, resolve
-from storelib.format.consumequeue import ConsumeQueue, filler_mask
+from storelib.format.consumequeue import filler_mask
 
 # records taken at a time through a group's streamed checks (as the driver's stream took them)
 ROWS = 1 << 20
@@ -85,7 +86,7 @@ def _queue_meta(task: QueueMetaTask) -> dict[str, Any]:
     root = resolve(task.uri, **task.fs_options)
     found: dict[int, list[dict]] = {}
 
-    def opened() -> Iterator[tuple[str, int, ConsumeQueue]]:
+    def opened() -> Iterator[tuple[str, int, LoadedQueue]]:
         for q in task.queues:
             fl: list = []
             cq = open_queue(root, task.settings, q.topic, q.qid, q.loc(root), fl)
@@ -162,10 +163,10 @@ def _group_meta(ctx: CrossContext, task: QueueGroupTask, root: Location) -> Queu
     meta.base.failed = task.listing_failed
     meta.base.cq_max_phy = ctx.cq_max_phy
     for q in task.queues:
-        cq = ConsumeQueue(root.join("consumequeue", q["topic"], q["dirname"]),
+        cq = LoadedQueue(root.join("consumequeue", q["topic"], q["dirname"]),
                           segment_size=ctx.settings.mapped_file_size_consume_queue, topic=q["topic"],
                           queue_id=q["qid"])
-        meta.queues[(q["topic"], q["qid"])] = QueueMeta(cq, _UnitStats(**q["units"]), q["cq_max"], q["cq_min"])
+        meta.queues[(q["topic"], q["qid"])] = QueueMeta(cq, UnitStats(**q["units"]), q["cq_max"], q["cq_min"])
     return meta
 
 
@@ -267,7 +268,7 @@ def _group_units(ctx: CrossContext, task: QueueGroupTask, root: Location) -> CQL
         loaded.failed = True
         return loaded
 
-    def opened() -> Iterator[tuple[str, int, ConsumeQueue]]:
+    def opened() -> Iterator[tuple[str, int, LoadedQueue]]:
         for q in task.queues:
             yield q["topic"], q["qid"], open_queue(root, ctx.settings, q["topic"], q["qid"],
                                                    root.join("consumequeue", q["topic"], q["dirname"]), [])

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from storelib.checks.logview import LogView
 from storelib.checks.queues import check_queue_offsets
-from storelib.checks.segment import _Capped
+from storelib.checks.segment import Capped
 from storelib.checks.tables import RECORD_SCHEMA, group_of
 from storelib.checks.tasks.context import CrossContext, group_slices, records_at
 from storelib.checks.timers import check_timer_store, has_timer_store
@@ -34,7 +34,7 @@ def timer_task(ctx: CrossContext, task: TimerTask) -> dict[str, Any]:
     """The timer store's findings and summary (None: the store keeps no timer store); with
     ``ctx.snapshots``, the timer records for a later run (None: more than :data:`TIMERS_KEEP`)."""
     root = ctx.root()
-    out = _Capped()
+    out = Capped()
     if not has_timer_store(root):
         return {"timers": None, "found": out.to_json(), "records": {}}
     g = group_of(TIMER_TOPIC, 0, ctx.groups)
@@ -55,7 +55,7 @@ def timer_task(ctx: CrossContext, task: TimerTask) -> dict[str, Any]:
         recs = recs.take(np.argsort(recs.column("phy_offset").to_numpy(), kind="stable"))
     view = LogView(recs, pa.table({"pos": pa.array([], pa.int64())}), ctx.lost_array(), ctx.log_min, ctx.log_end,
                    ctx.segment_size)
-    facts = check_queue_offsets(view, _Capped())  # the timer topic's own facts (its records are all here)
+    facts = check_queue_offsets(view, Capped())  # the timer topic's own facts (its records are all here)
     timers = check_timer_store(root, view, ctx.settings, out, facts)
     res = {"timers": timers, "found": out.to_json(), "records": None}
     if ctx.resumed and any(kind == "timer_unit_mismatch" for kind, _ in out.counts):
