@@ -264,3 +264,24 @@ def test_a_run_from_the_state_checks_only_the_partitions_with_something_new(stor
     inc = _same_as_full(store, state)
     assert "incremental: 1 queue group(s) and 1 index file(s) checked" in inc["run"]["cross_check_mode"]
     assert inc["summary"]["records"] == 440
+
+
+def test_the_lagging_records_kept_are_bounded_for_the_store_not_per_group(store, tmp_path, monkeypatch):
+    """Each queue group keeps at most LAG_KEEP lagging records, and so does the whole state: past that the
+    state keeps no carry and the next run audits in full (with the full report)."""
+    import jobs.engines.audit_tasks as audit_tasks
+    import storelib.checks.queuestream as queuestream
+
+    monkeypatch.setattr(audit_tasks, "IN_MEMORY_TABLES", 0)
+    monkeypatch.setattr(audit_tasks, "cross_groups", lambda eng, tasks, in_memory: 8)
+    monkeypatch.setattr(queuestream, "LAG_KEEP", 20)  # each of the two lagging queues' groups keeps 15
+    _grow(store, 30, dispatch=False)
+    state = tmp_path / "audit.state"
+    first = run(store, since=str(state), now_ms=NOW)
+    assert {"queue_behind_commitlog"} <= {f["kind"] for f in first["findings"]}
+    assert json.loads(state.read_text())["carry"] is None
+    monkeypatch.setattr(queuestream, "LAG_KEEP", 40)
+    run(store, since=str(state), now_ms=NOW)
+    assert json.loads(state.read_text())["carry"] is not None
+    again = _same_as_full(store, state)
+    assert incremental(again)

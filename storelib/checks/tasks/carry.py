@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from storelib.checks import queuestream
 from storelib.checks.logcharts import TrafficSeries
 from storelib.checks.logview import Unsettled
 from storelib.checks.tasks.context import CrossContext
@@ -96,6 +97,11 @@ def schedule_groups(ctx: CrossContext, candidates: list[QueueGroupTask], carry: 
     return out, kept
 
 
+def _lagging(snap: dict) -> int:
+    """Lagging records a group's stream snapshot keeps (:class:`storelib.checks.queuestream.QueueStream`)."""
+    return sum(len(t[-1][0]) if t[-1] else 0 for t in snap["tails"])
+
+
 def timer_signature(root: Location) -> list:
     """The timer store's files as listed (names, sizes, times): whether they changed since a run."""
     import pyarrow.fs as pafs
@@ -115,6 +121,8 @@ def new_carry(ctx: CrossContext, groups: dict[int, QueueGroupResult], snaps: dic
     if index is None or any(r.mode not in ("streamed", "carried") for r in groups.values()):
         return None
     if any(m.get("snap") is None for m in metas) or any(g not in snaps or snaps[g] is None for g in groups):
+        return None
+    if sum(_lagging(s) for s in snaps.values()) > queuestream.LAG_KEEP:  # each group keeps up to that many: the store too
         return None
     qg = {str(g): {"snap": snaps[g], "result": group_to_json(r, ctx),
                    "metas": next((list(m["queues"]) for m in metas if m["group"] == g), [])}
