@@ -161,6 +161,8 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
                           bool(since), structures) if tasked else None)
             report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet,
                                               threads, resume, on)
+            if sink is not None:  # the tables' files go on the workers (freeing their pages is the kernel's work)
+                audit_tasks.drop_tables(eng, fresh, sink)
         same = [] if not broker_conf else ["--broker-conf", broker_conf]
         if version not in (None, "auto"):
             same += ["--broker-version", str(version)]

@@ -30,7 +30,7 @@ from storelib.checks.segment import (
     merge_parts,
     split_tasks,
 )
-from storelib.checks.tables import TableSink
+from storelib.checks.tables import TableSink, remove_files
 from storelib.checks.tasks.crossplan import phase_one
 from storelib.fileio.bytesource import resolve
 from storelib.scan.splits import parallel_split_bytes
@@ -149,6 +149,17 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quie
          f"{sum(p.problem_count() for p in parts)} findings), tables "
          f"{'in files' if sink is not None else 'in-band'}, merged in {time.monotonic() - t1:.2f} s", quiet)
     return out, metas
+
+
+def drop_tables(eng: Engine, results: list[SegmentResult], sink: TableSink) -> None:
+    """Remove the segment tasks' table files on the engine's workers, a share each: on a local work dir the
+    kernel frees their page cache (a quarter of the store's size), work the driver would do in proportion
+    to the records when it removes the directory (which it still does, for anything left)."""
+    paths = [r.path for res in results for p in res._parts for r in (p.records, p.keys) if r.path]
+    if not paths:
+        return
+    n = max(1, min(len(paths), 2 * eng.parallelism))
+    eng.map(partial(remove_files, sink.fs_options), [paths[i::n] for i in range(n)], "audit: work files")
 
 
 def _run_in_process(tasks: list[SegmentTask], units: list[SegmentTask], opts: AuditOptions,
