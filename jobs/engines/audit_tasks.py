@@ -30,9 +30,10 @@ from storelib.checks.segment import (
     merge_parts,
     split_tasks,
 )
-from storelib.checks.tables import TableSink, remove_files
+from storelib.checks.tables import TableSink
 from storelib.checks.tasks.crossplan import phase_one
 from storelib.fileio.bytesource import resolve
+from storelib.fileio.staging import remove_files
 from storelib.scan.splits import parallel_split_bytes
 
 TRANSFERS = ("auto", "files", "collect")

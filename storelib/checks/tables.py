@@ -89,22 +89,6 @@ def read_table_file(path: str | None, schema: pa.Schema, fs_options: dict[str, A
         raise StoreError(path, None, "work_file_unreadable", f"cannot read a task's table file: {e}") from e
 
 
-def remove_files(fs_options: dict[str, Any], paths: list[str]) -> int:
-    """Remove task table files (a task of their own, so their removal is spread); missing ones are fine."""
-    done = 0
-    for path in paths:
-        loc = resolve(path, **(fs_options if "://" in path else {}))
-        try:
-            if loc.local:
-                os.unlink(loc.path)
-            else:
-                loc.fs.delete_file(loc.path)
-            done += 1
-        except (OSError, FileNotFoundError):
-            pass
-    return done
-
-
 # --------------------------------------------------------------------------------------------------
 # queue groups
 # --------------------------------------------------------------------------------------------------
