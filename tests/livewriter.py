@@ -73,6 +73,7 @@ class LiveConfig:
     tx_ratio: float = 0.03
     timer_ratio: float = 0.03  # 5.x only
     timer_ms: int = 2000
+    long_timers: bool = False  # also 1 h timers (pending past the run: lost when the cleaner is this fast)
     pause_at_s: float | None = None  # one record paused halfway through its copy, this long into the run
     pause_ms: int = 400
     seed: int = 7
@@ -178,7 +179,7 @@ class LiveBroker:
 
         m = self._message()
         now = int(time.time() * 1000)
-        delay = self.rnd.choice([1, 2, 3, 3600])
+        delay = self.rnd.choice([1, 2, 3] + ([3600] if self.cfg.long_timers else []))
         out = deliver_ms(now, delay, 1000)
         props = dict(m.properties, TIMER_DELAY_SEC=str(delay), TIMER_OUT_MS=str(out), REAL_TOPIC=m.topic,
                      REAL_QID=str(m.queue_id))

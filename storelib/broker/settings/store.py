@@ -16,6 +16,7 @@ import pyarrow.fs as pafs
 from storelib.broker.settings.brokerconf import BrokerSettings, attribute_of, load_broker_conf
 from storelib.broker.settings.brokerline import detect_broker_line
 from storelib.broker.settings.geometry import Inferred, infer_geometry
+from storelib.broker.settings.livecut import StoreCut
 from storelib.broker.settings.storeroot import (
     NotAStoreError,
     any_segment_starts_with_record,
@@ -150,6 +151,7 @@ class Store:
         if settings is None:
             settings = self._load_settings(broker_conf)
         self.settings = settings
+        self.cut: StoreCut | None = None  # the run's cut (:meth:`take_cut`), None: read as found
         self.findings: list[Finding] = settings_findings(settings)
         head = commitlog_head_finding(self.loc)
         if head is not None:
@@ -162,6 +164,31 @@ class Store:
     @property
     def local(self) -> bool:
         return self.loc.local
+
+    @property
+    def live(self) -> bool:
+        """Does a broker run this store (as the run's cut found)?"""
+        return self.cut is not None and self.cut.live
+
+    def take_cut(self, **kw: Any) -> StoreCut:
+        """Take the run's cut (:func:`storelib.broker.settings.livecut.take_cut`) and read through it from now on."""
+        from storelib.broker.settings.livecut import take_cut
+
+        return self.apply_cut(take_cut(self, **kw))
+
+    def apply_cut(self, cut: StoreCut) -> StoreCut:
+        """Read this store as ``cut`` has it: on a live store its files by ranged reads (never mapped: a file
+        the broker shrinks or the cleaner deletes must not take the process down), the commitlog listed as
+        at the cut and read up to its end. A cut that is not live changes nothing."""
+        self.cut = cut
+        if cut.live:
+            self.loc = dataclasses.replace(self.loc, mapped=False)
+            self.__dict__.pop("commitlog", None)
+            cl = self.commitlog
+            listed = set(cut.segments)
+            cl.segments = [s for s in cl.segments if s.name in listed]
+            cl.cut_end = cut.commitlog_end
+        return cut
 
     def path(self, *parts: str) -> Location:
         """A Location below the root."""
