@@ -6,6 +6,7 @@ pandas DataFrame) for notebooks and tools; :mod:`datasources.commitlog_source` i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -189,7 +190,9 @@ def open_commitlog(store: StoreOpen) -> CommitLog:
 
 
 def plan(opts: MessageReadOptions, pushed: list[Pred] = ()) -> list[Split]:
-    """The scan units for these options and pushed predicates, pruned by offset, segment and time."""
+    """The scan units for these options and pushed predicates, pruned by offset, segment and time; on a
+    store a broker is writing, up to the query's own cut (:meth:`StoreOpen.at_cut`: the units end there and
+    are read with ranged reads: :attr:`LiveSplit.live`)."""
     every, msg = opts.option_preds()
     preds = [*every, *msg, *pushed]
     lo, hi = _int_range(preds, "phy_offset")
@@ -200,12 +203,28 @@ def plan(opts: MessageReadOptions, pushed: list[Pred] = ()) -> list[Split]:
             segments = names if segments is None else segments & names
     t_lo, t_hi = _int_range([*msg, *pushed], "store_timestamp")
     use_time = opts.time_pruning and (t_lo is not None or t_hi is not None)
-    cl = open_commitlog(opts.store)
+    store = opts.store.at_cut()
+    cl = store.commitlog
     planned = plan_splits(cl, opts.max_split_bytes, min_splits=opts.min_partitions, from_offset=lo,
                           to_offset=None if hi is None else hi + 1, segments=segments, with_timestamps=use_time)
     if use_time:
         planned = prune_by_time(planned, t_lo, t_hi)
-    return [p.split for p in planned]
+    if not store.live:
+        return [p.split for p in planned]
+    out = []
+    for p in planned:  # clamped at the cut: what the broker writes after it is not this query's
+        end = min(p.split.end, max(0, cl.cut_end - p.split.segment_base))
+        if end > p.split.start:
+            out.append(LiveSplit(*dataclasses.astuple(p.split)[:4], end, p.split.file_size))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveSplit(Split):
+    """A scan unit of a store a broker is writing: ends at the query's cut, read with ranged reads (a file
+    that shrinks under a map would kill the executor)."""
+
+    live: bool = True
 
 
 def _filter(batch: pa.RecordBatch, preds: list[Pred]) -> pa.RecordBatch:
@@ -250,6 +269,8 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
     settings = opts.store.settings()
     delays = list(settings.delay_levels_ms)
     seg_loc = opts.store.location().join("commitlog", split.segment_name)
+    if getattr(split, "live", False):
+        seg_loc = dataclasses.replace(seg_loc, mapped=False)
     display = "commitlog/" + split.segment_name
     src = open_source(seg_loc, split.file_size)
     try:

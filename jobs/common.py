@@ -146,9 +146,19 @@ def settings_from_args(args: argparse.Namespace, root=None, version: str | None 
     return settings
 
 
-def open_store(args: argparse.Namespace, version: str | None = None) -> Store:
+def open_store(args: argparse.Namespace, version: str | None = None, *, cut: bool = True) -> Store:
+    """The STORE argument opened with its settings; with ``cut``, read as at the run's cut (a store a broker
+    is writing: up to one consistent moment, said once on stderr; storelib.broker.settings.livecut)."""
     loc = resolve(args.store, **fs_options(args))
-    return Store(loc, settings_from_args(args, loc, version), uri=args.store)
+    store = Store(loc, settings_from_args(args, loc, version), uri=args.store)
+    if cut:
+        c = store.take_cut()
+        if c.live:
+            if getattr(args, "expect_stopped", False):
+                raise StoreError("lock", 0, "broker_running", f"--expect-stopped: {c.describe()} ({c.broker.evidence})")
+            if not getattr(args, "quiet", False):
+                print(f"rmqstore: {c.describe()}" + (f" ({c.tail})" if c.tail else ""), file=sys.stderr)
+    return store
 
 
 def print_json(obj: Any) -> None:

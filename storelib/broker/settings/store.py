@@ -25,6 +25,7 @@ from storelib.broker.settings.storeroot import (
 )
 from storelib.errors import Finding, StoreLayoutError
 from storelib.fileio.bytesource import Location, resolve
+from storelib.format.indexdir import IndexFileRef, list_index_files
 from storelib.scan.commitlog import CommitLog
 
 
@@ -169,6 +170,25 @@ class Store:
     def live(self) -> bool:
         """Does a broker run this store (as the run's cut found)?"""
         return self.cut is not None and self.cut.live
+
+    @property
+    def cq_limit(self) -> int | None:
+        """The ``phy_limit`` a ConsumeQueue of this store is read with: the cut's end on a live store."""
+        return self.commitlog.cut_end if self.live else None
+
+    def index_files(self, findings: list[Finding] | None = None) -> list[IndexFileRef]:
+        """``index/`` as the broker orders it, as at the run's cut on a live store (files created since left
+        out, each read as its header stood)."""
+        refs = list_index_files(self.loc, findings)
+        return self.cut.index_refs(refs) if self.cut is not None else refs
+
+    def checkpoint_bytes(self) -> bytes | None:
+        """The checkpoint file's bytes: as the cut read them on a live store (first, before the data)."""
+        from storelib.fileio.smallfile_io import read_small
+
+        if self.live:
+            return self.cut.checkpoint
+        return read_small(self.path("checkpoint"), 1 << 16)
 
     def take_cut(self, **kw: Any) -> StoreCut:
         """Take the run's cut (:func:`storelib.broker.settings.livecut.take_cut`) and read through it from now on."""
