@@ -73,6 +73,7 @@ class LiveConfig:
     tx_ratio: float = 0.03
     timer_ratio: float = 0.03  # 5.x only
     timer_ms: int = 2000
+    timer_delays: tuple[int, ...] = (1, 2, 3)  # seconds (keep them under the retention the cleaner leaves)
     long_timers: bool = False  # also 1 h timers (pending past the run: lost when the cleaner is this fast)
     pause_at_s: float | None = None  # one record paused halfway through its copy, this long into the run
     pause_ms: int = 400
@@ -108,18 +109,33 @@ def settings_overrides(cfg: LiveConfig) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 
 
+def _broker_like_writer():
+    """StoreWriter with segments created as MappedFile.init does: the file opened (created empty) in place,
+    then extended to full size by its mapping (sparse), no temp file."""
+    from storelib.broker.writer.writer import StoreWriter
+
+    class BrokerLikeWriter(StoreWriter):
+        def _create_file(self, base: int) -> None:
+            fd = os.open(self._segment_path(base), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if os.fstat(fd).st_size < self.segment_size:
+                    os.ftruncate(fd, self.segment_size)
+            finally:
+                os.close(fd)
+
+    return BrokerLikeWriter
+
+
 class LiveBroker:
     """The broker's services on one thread: put, reput, checkpoint, cleaner, timers."""
 
     def __init__(self, cfg: LiveConfig):
-        from storelib.broker.writer.writer import StoreWriter
-
         self.cfg = cfg
         self.settings = live_settings(cfg)
         self.rnd = random.Random(cfg.seed)
         self.np = np.random.default_rng(cfg.seed)
         self.pool = self.np.integers(0, 256, 1 << 16, dtype=np.uint8).tobytes()
-        self.w = StoreWriter(cfg.root, self.settings, version=cfg.version, preallocate=True)
+        self.w = _broker_like_writer()(cfg.root, self.settings, version=cfg.version, preallocate=True)
         self.S = self.w.segment_size
         self.cq_size = cfg.cq_units * 20
         self.reput_at = self.w.write_offset
@@ -179,7 +195,7 @@ class LiveBroker:
 
         m = self._message()
         now = int(time.time() * 1000)
-        delay = self.rnd.choice([1, 2, 3] + ([3600] if self.cfg.long_timers else []))
+        delay = self.rnd.choice(list(self.cfg.timer_delays) + ([3600] if self.cfg.long_timers else []))
         out = deliver_ms(now, delay, 1000)
         props = dict(m.properties, TIMER_DELAY_SEC=str(delay), TIMER_OUT_MS=str(out), REAL_TOPIC=m.topic,
                      REAL_QID=str(m.queue_id))

@@ -403,7 +403,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
                 res.end_kind, res.data_end = "blank", r.pos
             break
     finally:
-        care.done(task.start, res.data_end if res.exit_pos is None else res.exit_pos)
+        care.done(task.start, src.size)  # read-ahead windows go past the records: all this task may have read
         src.close()
     res.items, res.counts = found.items, dict(found.counts)
     res.bad_rows, res.regions = bad_rows, regions

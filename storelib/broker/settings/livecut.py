@@ -160,7 +160,8 @@ def take_cut(store: Store, *, tail_wait_s: float = TAIL_WAIT_S, broker: LiveBrok
     cp = read_small(root.join("checkpoint"), 1 << 16)  # 1. the checkpoint first, the timer store's next
     tc = read_small(root.join("config", "timercheck"), 1 << 16)
     g = store.settings.index_geometry
-    headers = tuple((ref.name, _stable_header(ref, g)) for ref in list_index_files(root))  # 2.
+    # 2. (a file shorter than its header is one the broker is creating: not the cut's)
+    headers = tuple((ref.name, _stable_header(ref, g)) for ref in list_index_files(root) if ref.size >= HEADER_SIZE)
     cl = CommitLog(root.join("commitlog"), store.settings.mapped_file_size_commit_log)  # 3. listed last
     end, tail = log_end(cl, max_record=int(store.settings.max_message_size) + (1 << 17), tail_wait_s=tail_wait_s)
     return StoreCut(now, broker, end, tuple(s.name for s in cl.segments), headers, cp, tc, tail,

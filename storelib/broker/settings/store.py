@@ -206,7 +206,9 @@ class Store:
             self.__dict__.pop("commitlog", None)
             cl = self.commitlog
             listed = set(cut.segments)
-            cl.segments = [s for s in cl.segments if s.name in listed]
+            cl.segments = [s for s in cl.segments if s.name in listed and s.file_size]
+            # a zero-length last file is one the broker is creating (opened, not mapped to full size yet)
+            cl.findings = [f for f in cl.findings if f.kind != "empty_last_segment"]
             cl.cut_end = cut.commitlog_end
         return cut
 
