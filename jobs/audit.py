@@ -52,14 +52,13 @@ from storelib.broker.settings.store import Store
 from storelib.checks.auditstate import load_state, merge_appended, plan, save_state
 from storelib.checks.crossfile import run_cross_checks
 from storelib.checks.index import load_index_files
-from storelib.checks.livejudge import DEFAULT_MAX_LAG, drop_expired, expect_stopped_finding
+from storelib.checks.livejudge import DEFAULT_MAX_LAG, cut_tasks, drop_expired, expect_stopped_finding
 from storelib.checks.logview import ResumeFailed
 from storelib.checks.queuestream import load_queue_meta
 from storelib.checks.segment import (
     SEVERITY_RANK,
     AuditOptions,
     SegmentResult,
-    cut_tasks,
 )
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve

@@ -58,6 +58,7 @@ class LiveConfig:
     rate: int = 1200  # messages per second
     body_min: int = 100
     body_max: int = 6000
+    body_dist: str = "log"  # "log" (log-uniform) or "uniform" between body_min and body_max
     segment_size: int = 1 << 20
     cq_units: int = 2000  # units per consume-queue file
     index_slots: int = 400
@@ -145,6 +146,7 @@ class LiveBroker:
         self.logics_ts = 0
         self.halves: list = []
         self.timers: list[tuple[int, Any, int]] = []  # (deliver ms, message, store ms)
+        self.timer_rows: pa.Table | None = None  # every timer the timer store has enqueued
         self.paused = False
         self.stop = False
         self.journal = open(cfg.journal, "a", encoding="utf-8")
@@ -157,7 +159,10 @@ class LiveBroker:
         from storelib.format.record import Message
 
         r = self.rnd
-        n = int(np.exp(r.uniform(np.log(self.cfg.body_min), np.log(self.cfg.body_max))))
+        if self.cfg.body_dist == "uniform":
+            n = r.randint(self.cfg.body_min, self.cfg.body_max)
+        else:  # log-uniform: mostly small bodies, some large
+            n = int(np.exp(r.uniform(np.log(self.cfg.body_min), np.log(self.cfg.body_max))))
         off = r.randrange(0, len(self.pool) - n)
         i = self.counts["messages"]
         p = {"KEYS": f"ORD{r.randrange(10**6):06d} USR{r.randrange(10**5)}", "TAGS": r.choice(["a", "b", "c"]),
@@ -413,6 +418,8 @@ class LiveBroker:
 
     def timer_store(self) -> None:
         """The 5.x timer store as the timer threads leave it now (timerlog, wheel, timercheck)."""
+        import pyarrow.compute as pc
+
         from storelib.broker.settings.store import Store
         from storelib.broker.timer.timermsg import store_timers
         from storelib.broker.timer.timerrebuild import enqueue_units, rebuilt_checkpoint
@@ -420,9 +427,16 @@ class LiveBroker:
         from storelib.format.timerstore import TimerCheckpoint, timerlog_file_size, write_timer_store
 
         now = int(time.time() * 1000)
-        timers = store_timers(Store(resolve(self.cfg.root), self.settings))
+        timers = store_timers(Store(resolve(self.cfg.root), self.settings)).drop_columns(["state"])
+        # the timerlog only grows (its own cleaner deletes whole files, rarely): timers whose records the
+        # commitlog's cleaner took keep their units
+        if self.timer_rows is not None:
+            seen = pc.is_in(self.timer_rows.column("timer_phy_offset"), value_set=timers.column("timer_phy_offset"))
+            gone = self.timer_rows.filter(pc.invert(seen))
+            timers = pa.concat_tables([gone, timers]).sort_by("timer_phy_offset")
+        self.timer_rows = timers
         size = timerlog_file_size(self.settings)
-        units, slots = enqueue_units(timers.drop_columns(["state"]), size, 1000, self.settings.timer_roll_window_slot)
+        units, slots = enqueue_units(timers, size, 1000, self.settings.timer_roll_window_slot)
         n = timers.num_rows
         cp = rebuilt_checkpoint(TimerCheckpoint(now // 1000 * 1000, 0, n, n, 0, now, n), units, size)
         write_timer_store(self.cfg.root, units, slots, cp, file_size=size, precision_ms=1000)
@@ -475,6 +489,9 @@ class LiveBroker:
 
 
 def main(argv: list[str]) -> int:
+    from jobs.engines.nopandas import hide_pandas
+
+    hide_pandas()  # the writer never uses it (pyarrow would import it on a first array: seconds of CPU)
     cfg = LiveConfig(**json.loads(argv[0]))
     broker = LiveBroker(cfg)
 
@@ -504,6 +521,7 @@ class LiveWriter:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.livewriter", json.dumps(asdict(self.cfg))],
                                      cwd=str(REPO), env=env, stdout=subprocess.PIPE, text=True)
+        self.t0 = time.monotonic()
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
             self.proc.kill()

@@ -49,11 +49,11 @@ def _audits_while_writing(cfg: LiveConfig, tmp_path, engine: str = "local") -> t
 @pytest.mark.parametrize("version", ["4", "5"])
 def test_audits_of_a_store_being_written_are_clean_and_say_it_is_live(tmp_path, version):
     # 5.x: timers of 1 s, due well before the cleaner (about 3 s of traffic kept) deletes their records
-    cfg = _cfg(tmp_path, version, keep_segments=3) if version == "4" else _cfg(
-        tmp_path, version, seconds=5.0, keep_segments=10, timer_delays=(1,))
+    cfg = _cfg(tmp_path, version, seconds=6.0, keep_segments=3, segment_size=128 << 10) if version == "4" else _cfg(
+        tmp_path, version, seconds=6.0, keep_segments=16, segment_size=128 << 10, timer_delays=(1,))
     runs, summary = _audits_while_writing(cfg, tmp_path)
     live = [(pid, r) for pid, r in runs if r["live"]["live"]]
-    assert len(live) >= 3, "the audits did not overlap the writer"
+    assert len(live) >= 2, "the audits did not overlap the writer"
     seen = collections.Counter()
     for pid, r in live:
         bad = [(f["kind"], f["severity"], f["file"], f["detail"][:120]) for f in r["findings"] if f["severity"] in WARN]

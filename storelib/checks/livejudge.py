@@ -17,14 +17,15 @@ A store at rest is judged exactly as before: none of this applies.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from storelib.checks.segment import SegmentResult, SegmentTask
 from storelib.errors import Finding
 
 if TYPE_CHECKING:
     from storelib.broker.settings.livecut import StoreCut
     from storelib.broker.settings.store import Store
-    from storelib.checks.segment import SegmentResult
 
 DEFAULT_MAX_LAG = 256 << 20  # bytes of dispatch lag a live store may show before it is a warning
 
@@ -92,6 +93,24 @@ def judge_live(findings: list[Finding], store: Store, max_lag: int | None = None
     return out
 
 
+def cut_tasks(store: Store, tasks: list[SegmentTask], read_rate: float | None = None) -> list[SegmentTask]:
+    """The tasks of a live store read as at its cut (:meth:`Store.take_cut`): each stops at the cut's end in
+    its file, reads by ranged reads, and the cold segments (before the one being written) give the page
+    cache back what they brought in; ``read_rate``: bytes a second for each task. At rest: ``tasks``."""
+    if not store.live and read_rate is None:
+        return tasks
+    cl = store.commitlog
+    by_name = {s.name: s for s in cl.segments}
+    end = cl.cut_end
+    out = []
+    for t in tasks:
+        seg = by_name.get(t.name)
+        lim = cl.limit_of(seg) if seg is not None else None
+        cold = end is not None and seg is not None and seg.base + seg.file_size < end
+        out.append(replace(t, limit=lim, live=store.live, page_care=bool(cold and store.live), read_rate=read_rate))
+    return out
+
+
 def _first_offset_now(store: Store) -> int:
     """The commitlog's first offset as listed now (the cleaner may have moved it since the cut)."""
     from storelib.scan.commitlog import CommitLog
@@ -123,4 +142,4 @@ def drop_expired(store: Store, results: list[SegmentResult]) -> tuple[list[Segme
     return [r for r in results if r.base > upto], names
 
 
-__all__ = ["DEFAULT_MAX_LAG", "LAG_KINDS", "MARKER_KINDS", "drop_expired", "expect_stopped_finding", "judge_live"]
+__all__ = ["DEFAULT_MAX_LAG", "cut_tasks", "LAG_KINDS", "MARKER_KINDS", "drop_expired", "expect_stopped_finding", "judge_live"]

@@ -553,24 +553,6 @@ def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, d
                                    "key_hash": pa.array(kh.astype(np.int32))}, schema=KEY_SCHEMA))
 
 
-def cut_tasks(store: Store, tasks: list[SegmentTask], read_rate: float | None = None) -> list[SegmentTask]:
-    """The tasks of a live store read as at its cut (:meth:`Store.take_cut`): each stops at the cut's end in
-    its file, reads by ranged reads, and the cold segments (before the one being written) give the page
-    cache back what they brought in; ``read_rate``: bytes a second for each task. At rest: ``tasks``."""
-    if not store.live and read_rate is None:
-        return tasks
-    cl = store.commitlog
-    by_name = {s.name: s for s in cl.segments}
-    end = cl.cut_end
-    out = []
-    for t in tasks:
-        seg = by_name.get(t.name)
-        lim = cl.limit_of(seg) if seg is not None else None
-        cold = end is not None and seg is not None and seg.base + seg.file_size < end
-        out.append(replace(t, limit=lim, live=store.live, page_care=bool(cold and store.live), read_rate=read_rate))
-    return out
-
-
 def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int) -> list[SegmentTask]:
     """Cut segment tasks at verified record starts (:func:`storelib.scan.splits.plan_splits`) into tasks of
     about ``split_bytes``, so every core has work and no task holds a whole segment's tables."""
