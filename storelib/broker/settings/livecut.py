@@ -38,7 +38,7 @@ from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, data_ranges, open_source
 from storelib.fileio.smallfile_io import read_small
 from storelib.format.indexdir import IndexFileRef, list_index_files
-from storelib.format.indexfile import HEADER_SIZE, IndexGeometry, IndexHeader, _time_diff
+from storelib.format.indexfile import HEADER_SIZE, IndexGeometry, IndexHeader, index_time_diff
 from storelib.format.markers import abort_state, lock_state, pid_alive
 from storelib.scan.commitlog import CommitLog, Segment
 from storelib.scan.scanner import SegmentScan
@@ -187,7 +187,7 @@ def _stable_header(ref: IndexFileRef, g: IndexGeometry | None, tries: int = 50) 
                 return raw
             phy = int.from_bytes(e[4:12], "big", signed=True)
             td = int.from_bytes(e[12:16], "big", signed=True)
-            if phy == h.end_phy_offset and (n < 2 or td == _time_diff(h.end_timestamp, h.begin_timestamp)):
+            if phy == h.end_phy_offset and (n < 2 or td == index_time_diff(h.end_timestamp, h.begin_timestamp)):
                 return raw
             time.sleep(0.001)
         return raw
