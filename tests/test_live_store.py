@@ -152,4 +152,17 @@ def test_commands_that_write_into_a_store_refuse_while_its_broker_runs(tmp_path)
         assert plan["live"]["live"] and plan["last_exit"]["clean"] is False  # what a crash now would do
         p = subprocess.run(rmq + ["info", cfg.root] + sets, capture_output=True, text=True, env=env)
         assert p.returncode == 0 and "live        live store (pid" in p.stdout
+        p = subprocess.run(rmq + ["messages", cfg.root, "--topic", "LiveTopic1"] + sets, capture_output=True, text=True,
+                           env=env)
+        rows = [json.loads(line) for line in p.stdout.splitlines()]
+        assert p.returncode == 0 and rows and "live store (pid" in p.stderr
+        last = rows[-1]
+        for how in (["--offset", str(last["phy_offset"])], ["--msg-id", last["msg_id"]],
+                    ["--queue", f"LiveTopic1:{last['queue_id']}:{last['queue_offset']}"],
+                    ["--key", last["keys"].split()[0], "--topic", "LiveTopic1"]):
+            p = subprocess.run(rmq + ["get", cfg.root, *how] + sets, capture_output=True, text=True, env=env)
+            assert p.returncode == 0 and json.loads(p.stdout.splitlines()[0])["phy_offset"] == last["phy_offset"], how
+        for c in (["timers", cfg.root], ["expiry", cfg.root, "--json"]):
+            p = subprocess.run(rmq + c + sets, capture_output=True, text=True, env=env)
+            assert p.returncode == 0, (c, p.stderr[-300:])
     assert not os.path.exists(tmp_path / "bk")

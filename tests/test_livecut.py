@@ -190,6 +190,7 @@ def test_index_file_read_as_its_header_stood_at_the_cut(tmp_path):
 
 
 def test_consume_queue_clamped_at_the_cut_and_a_vanished_file_left_out(tmp_path):
+    from storelib.broker.settings.cqload import LoadedQueue
     from storelib.format.consumequeue import ConsumeQueue, make_units
 
     qdir = tmp_path / "q"
@@ -197,7 +198,7 @@ def test_consume_queue_clamped_at_the_cut_and_a_vanished_file_left_out(tmp_path)
     u = make_units(np.arange(10, dtype=np.int64) * 100, np.full(10, 100), np.zeros(10, np.int64))
     (qdir / f"{0:020d}").write_bytes(u[:5].tobytes())
     (qdir / f"{100:020d}").write_bytes(u[5:].tobytes())
-    cq = ConsumeQueue(str(qdir), segment_size=100, phy_limit=750)
+    cq = LoadedQueue(str(qdir), segment_size=100, phy_limit=750)  # the broker's load of it reads the same
     units = np.concatenate([cq.read_units(s) for s in cq.segments])
     assert units["phy_offset"].tolist() == [0, 100, 200, 300, 400, 500, 600, 700, 0, 0]
     assert units["size"].tolist()[-2:] == [0, 0] and cq.max_offset() == 8

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from storelib.broker.recovery.walk import SegmentTask, WalkPlan, iter_task
 from storelib.fileio.bytesource import Location, open_source, resolve, sha256_of
 from storelib.fileio.memory import keep_freed_memory
-from storelib.fileio.pagecare import ReadPacer
+from storelib.fileio.pagecare import PageCare, ReadPacer
 from storelib.format.topicname import escape_topic
 from storelib.scan.arrowcols import group_order
 from storelib.scan.commitlog import at_cut
@@ -164,6 +164,8 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
             return {"idx": idx, "name": name, "start": start, "end": None, "rows": 0, "files": [],
                     "skipped_topics": {}, "seconds": time.monotonic() - t0, "expired": True}
     pacer = ReadPacer(ctx.read_rate)
+    # a cold segment of a live store (wholly before the cut): give the page cache back what this task reads
+    care = PageCare(loc.path if ctx.live and loc.local and stop == file_size else None)
     schema = file_schema(ctx.with_body)
     scan_schema = pa.schema([f for f in schema if f.name != "date"])
     task = SegmentTask(idx, base, name, start, crc)
@@ -200,6 +202,7 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
             out.add(b)
     finally:
         written = out.close()
+        care.done(start, file_size)
     prefix = staging.path.rstrip("/") + "/"
     files = []
     for w in written:

@@ -16,7 +16,9 @@ C. the incremental audit after ``--seconds`` of traffic: a ``--since`` state wri
    a state the cleaner made stale is audited in full);
 D. the writer's slowdown under a concurrent audit: the writer unthrottled, audits in a loop over the
    second half of the run only; its put rate in each half (from the journal's store times), plain and
-   under ``nice -n 10 ionice -c3`` with ``--max-read-rate 50``.
+   under ``nice -n 10 ionice -c3`` with ``--max-read-rate 50``;
+E. the page cache: cold segments out of the cache but for a hot MiB each, then an audit of the live
+   store (page care) and one of the same store at rest (none): the cold pages each leaves cached.
 """
 
 from __future__ import annotations
@@ -177,13 +179,54 @@ def phase_slowdown(tmp: str, a: argparse.Namespace, niced: bool) -> dict:
             "slowdown": round(1 - beside / alone, 3) if alone else None}
 
 
+def _cold_residency(root: str, cold: list[str]) -> tuple[int, int]:
+    from storelib.fileio.pagecare import residency
+
+    got = [residency(os.path.join(root, "commitlog", n)) for n in cold]
+    return sum(int(r.sum()) for r in got if r is not None), sum(len(r) for r in got if r is not None)
+
+
+def phase_page_cache(tmp: str, a: argparse.Namespace) -> dict:
+    """E. An audit of the live store with its cold segments out of the page cache except one hot MiB each:
+    the pages it leaves cached there, against the same audit of the store at rest (no page care)."""
+    from storelib.fileio.pagecare import drop_pages
+
+    cfg = _cfg(_fresh(tmp, "e"), a, seconds=max(20.0, a.seconds / 3), keep_segments=100_000, pause_at_s=None)
+    out = {}
+    with LiveWriter(cfg) as w:
+        while w.running() and time.monotonic() - w.t0 < cfg.seconds - 6:
+            time.sleep(0.2)
+        names = sorted(n for n in os.listdir(os.path.join(cfg.root, "commitlog")) if n.isdigit())
+        cold = names[:-3]  # the one being written, the one created ahead, and the last full one stay hot
+        for n in cold:
+            path = os.path.join(cfg.root, "commitlog", n)
+            drop_pages(path, [(0, os.path.getsize(path))])
+            with open(path, "rb") as f:
+                f.read(1 << 20)  # the broker's hot pages: the first MiB
+        out["cold_segments"] = len(cold)
+        out["before_live"] = _cold_residency(cfg.root, cold)
+        _run(["audit", cfg.root, "--quiet", *_sets(cfg)])
+        out["after_live_audit"] = _cold_residency(cfg.root, cold)
+        w.wait()
+    for n in cold:
+        path = os.path.join(cfg.root, "commitlog", n)
+        drop_pages(path, [(0, os.path.getsize(path))])
+        with open(path, "rb") as f:
+            f.read(1 << 20)
+    out["before_at_rest"] = _cold_residency(cfg.root, cold)
+    _run(["audit", cfg.root, "--quiet", *_sets(cfg)])
+    out["after_audit_at_rest"] = _cold_residency(cfg.root, cold)
+    out["note"] = "(resident pages, pages) of the cold segments"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--rate", type=int, default=1500)
     p.add_argument("--segment-size", type=parse_size, default=parse_size("8MB"))
     p.add_argument("--version", default="4")
-    p.add_argument("--phases", default="ABCD")
+    p.add_argument("--phases", default="ABCDE")
     a = p.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="rmqstore-bench-live-")
     out: dict = {"seconds": a.seconds, "rate": a.rate, "segment_size": a.segment_size, "version": a.version}
@@ -200,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         if "D" in a.phases:
             out["D_slowdown"] = [phase_slowdown(tmp, a, niced) for niced in (False, True)]
             print(json.dumps({"D_slowdown": out["D_slowdown"]}, indent=1), flush=True)
+        if "E" in a.phases:
+            out["E_page_cache"] = phase_page_cache(tmp, a)
+            print(json.dumps({"E_page_cache": out["E_page_cache"]}, indent=1), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
