@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 PAGE = mmap.PAGESIZE
+READ_AHEAD_SETTLE_S = 0.02
 _LIBC = None
 
 
@@ -113,6 +114,10 @@ class PageCare:
         edges = np.flatnonzero(np.diff(np.r_[0, cold.astype(np.int8), 0]))
         runs = [((p0 + int(a)) * PAGE, (p0 + int(b)) * PAGE) for a, b in zip(edges[::2], edges[1::2])]
         self.dropped += drop_pages(self.path, runs)
+        # the kernel's asynchronous read-ahead of the last reads may still be landing (pages under I/O are
+        # not dropped): once more when it is done
+        time.sleep(READ_AHEAD_SETTLE_S)
+        drop_pages(self.path, runs)
         return self.dropped
 
 

@@ -198,6 +198,7 @@ def phase_page_cache(tmp: str, a: argparse.Namespace) -> dict:
             time.sleep(0.2)
         names = sorted(n for n in os.listdir(os.path.join(cfg.root, "commitlog")) if n.isdigit())
         cold = names[:-3]  # the one being written, the one created ahead, and the last full one stay hot
+        os.sync()  # dirty pages (written in the last seconds) cannot be dropped: written back first
         for n in cold:
             path = os.path.join(cfg.root, "commitlog", n)
             drop_pages(path, [(0, os.path.getsize(path))])
