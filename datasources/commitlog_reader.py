@@ -7,6 +7,7 @@ pandas DataFrame) for notebooks and tools; :mod:`datasources.commitlog_source` i
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -271,6 +272,8 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
     seg_loc = opts.store.location().join("commitlog", split.segment_name)
     if getattr(split, "live", False):
         seg_loc = dataclasses.replace(seg_loc, mapped=False)
+        if seg_loc.local and not os.path.exists(seg_loc.path):
+            return  # the broker's cleaner deleted it after the query's cut: expired, nothing to read
     display = "commitlog/" + split.segment_name
     src = open_source(seg_loc, split.file_size)
     try:
