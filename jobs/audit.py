@@ -115,6 +115,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
 
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
+    store.require_default_layout("audit")
     cut = store.take_cut()
     if cut.live:
         note(f"audit: {cut.describe()}" + (f" ({cut.tail})" if cut.tail else ""), quiet)

@@ -166,7 +166,7 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
     pacer = ReadPacer(ctx.read_rate)
     # a cold segment of a live store (wholly before the cut): give the page cache back what this task reads
     care = PageCare(loc.path if ctx.live and loc.local and stop == file_size else None)
-    schema = file_schema(ctx.with_body)
+    schema = file_schema(ctx.with_body, ctx.plan.inputs.dledger)
     scan_schema = pa.schema([f for f in schema if f.name != "date"])
     task = SegmentTask(idx, base, name, start, crc)
     ends: list[SegmentEnd] = []
