@@ -128,6 +128,12 @@ def _throttled(say, every: float = 2.0):
     return out
 
 
+def _file_name(group: str) -> str:
+    """A group's name as one file name (a name from a groups file is untrusted)."""
+    s = "".join(c if c.isalnum() or c in "-_." else "_" for c in group).strip(".")
+    return s[:100] or "group"
+
+
 def _facts(item: tuple[int, StoreSpec]):
     return store_facts(item[1])
 
@@ -225,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     for r in results:
         if "error" not in r:
-            write_reports(r, os.path.join(args.out, r["group"]))
+            write_reports(r, os.path.join(args.out, _file_name(r["group"])))
     atomic_write_json(os.path.join(args.out, "summary.json"), {"groups": [summary_row(r) for r in results]})
     for r in results:
         stage(f"{r['group']}: " + (r["error"] if "error" in r else

@@ -96,6 +96,13 @@ def lagging(tmp_path_factory):
     key = next(k for k in sorted(offs["offsetTable"]) if not k.startswith("%"))
     offs["offsetTable"][key] = {q: max(0, v - 5) for q, v in offs["offsetTable"][key].items()}
     write_config(c / "config" / "consumerOffset.json", offs)
+    groups = {"subscriptionGroupTable": {g: {"groupName": g, "consumeEnable": True} for g in ("group_a", "group_b")}}
+    for root in (a, b, c):
+        write_config(root / "config" / "subscriptionGroup.json", groups)
+        write_config(root / "config" / "delayOffset.json", {"offsetTable": {1: 10, 2: 5}})
+    groups["subscriptionGroupTable"]["group_new"] = {"groupName": "group_new", "consumeEnable": True}
+    write_config(a / "config" / "subscriptionGroup.json", groups)  # created on the master after the last sync
+    write_config(c / "config" / "delayOffset.json", {"offsetTable": {1: 8}})
     return {"a": a, "b": b, "c": c, "cut": int(phys[CUT]), "stop": stop, "late": late, "gone": gone, "key": key}
 
 
@@ -187,6 +194,9 @@ def test_older_config_on_a_slave(lagging):
     diffs = [e for e in res["config"]["consumer_offsets"] if (e["topic"], e["group"]) == (topic, group)]
     assert diffs and all(e["behind"]["slave2"] == min(5, e["offsets"]["master"]) and e["behind"]["master"] == 0
                          for e in diffs)
+    assert [(e["name"], e["on"]) for e in res["config"]["subscription_groups"]["only_on_some"]] == [("group_new", ["master"])]
+    assert res["config"]["delay_offsets"] == [{"level": 1, "offsets": {"master": 10, "slave1": 10, "slave2": 8}},
+                                             {"level": 2, "offsets": {"master": 5, "slave1": 5, "slave2": None}}]
 
 
 def test_classic_failover(failover):
