@@ -86,6 +86,7 @@ class GroupComparison:
         self.reference: int | None = None
         self.aggs: list[pa.Table] = []
         self._stores: dict[int, Store] = {}
+        self._ivs: dict[int, list[dict[str, Any]]] = {}
         self._crcs: list[dict[int, np.ndarray]] = [{} for _ in facts]
 
     # -- driver reads --------------------------------------------------------------------------------
@@ -165,6 +166,8 @@ class GroupComparison:
             self._controller_cuts()
         else:
             self._classic_notes()
+        for i, f in enumerate(self.facts):
+            self._store_notes(i, f)
 
     def pair(self, a: int, b: int) -> Pair:
         return next(p for p in self.pairs if {p.a, p.b} == {a, b})
@@ -229,6 +232,11 @@ class GroupComparison:
     def intervals(self, i: int) -> list[dict[str, Any]]:
         """Store ``i``'s data cut where what the others share with it changes: each interval's holders (the
         other stores that hold its messages) and whether a rejoin drops it."""
+        if i not in self._ivs:
+            self._ivs[i] = self._intervals(i)
+        return self._ivs[i]
+
+    def _intervals(self, i: int) -> list[dict[str, Any]]:
         b = self._bounds(i)
         cut = self.cuts[i].truncated_at if self.cuts[i] is not None else None
         shared = {(p.b if p.a == i else p.a): p.shared() for p in self.pairs if i in (p.a, p.b) and p.shared()}
@@ -344,7 +352,6 @@ class GroupComparison:
                 "shared_with_all_until": min((p.shared_until for p in self.pairs if i in (p.a, p.b)), default=f.end)
                 if n_others else f.end,
             })
-            self._store_notes(i, f)
         cfg = compare_config(self.facts)
         return {
             "schema": SCHEMA, "mode": self.mode, "consistent": not diverged,
