@@ -29,7 +29,7 @@ CUT = 2000  # the slave got records [0, CUT)
 
 def spec(root: Path, name: str | None = None, uri: str | None = None, fs=None) -> StoreSpec:
     u = uri or str(root)
-    return StoreSpec(name or root.name, u, load_settings(None, "5", None, resolve(u, **(fs or {}))), fs or {})
+    return StoreSpec(name or root.name, u, load_settings(None, None, None, resolve(u, **(fs or {}))), fs or {})
 
 
 def count_from(root: Path, lo: int, hi: int | None = None) -> int:
@@ -79,15 +79,15 @@ def tree_digest(root: Path) -> str:
 
 @pytest.fixture(scope="module")
 def lagging(tmp_path_factory):
-    """A master and two slaves: one stopped at record CUT, one that connected late (from the start of the
-    master's 4th file) and stopped inside a record (an HA chunk ends anywhere); its config/ is older."""
+    """4.9.8: a master and two slaves: one stopped at record CUT, one that connected late (from the start of
+    the master's 4th file) and stopped inside a record (an HA chunk ends anywhere); its config/ is older."""
     d = tmp_path_factory.mktemp("lagging")
-    a = rg.master(d / "master", N)
+    a = rg.master(d / "master", N, version="4")
     phys = rg.offsets(a)
-    b = rg.copy_log(a, d / "slave1", int(phys[CUT]))
+    b = rg.copy_log(a, d / "slave1", int(phys[CUT]), version="4")
     late = 3 * rg.SEGMENT
     stop = int(phys[CUT - 300])
-    c = rg.copy_log(a, d / "slave2", stop, start=late, partial=37)
+    c = rg.copy_log(a, d / "slave2", stop, start=late, partial=37, version="4")
     topics = load_config(c, "topics.json").data
     gone = sorted(topics["topicConfigTable"])[0]
     del topics["topicConfigTable"][gone]
@@ -148,6 +148,7 @@ def test_lagging_slaves_are_prefixes(lagging):
     res = run(a, b, c)
     st = by_name(res)
     assert res["mode"] == "classic" and res["consistent"] and res["diverged_at"] is None
+    assert {s["version"][0] for s in res["stores"]} == {"4"}
     assert st["master"]["only_here"] == count_from(a, lagging["cut"])  # what neither slave got
     assert st["master"]["held_only_here"]["first_offset"] == lagging["cut"]
     assert st["slave1"]["only_here"] == st["slave2"]["only_here"] == 0
