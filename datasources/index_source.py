@@ -20,7 +20,6 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from storelib.errors import StoreError
 from storelib.format.checkpoint import read_checkpoint
 from storelib.format.indexdir import IndexFileRef, list_index_files
-from storelib.format.indexfile import IndexGeometry
 from storelib.scan.splits import first_store_timestamp
 
 from .commitlog_reader import open_commitlog
@@ -50,14 +49,9 @@ def _store_only(options: Mapping[str, Any], source: str) -> StoreOpen:
     return StoreOpen.parse(options)
 
 
-def index_geometry(store: StoreOpen) -> IndexGeometry:
-    s = store.settings()
-    return IndexGeometry(s.max_hash_slot_num, s.max_index_num)
-
-
 def read_index_file(store: StoreOpen, ref: IndexFileRef) -> Iterator[pa.RecordBatch]:
     """The used entries of one index file as batches of :data:`INDEX_SCHEMA`."""
-    geo = index_geometry(store)
+    geo = store.settings().index_geometry
     try:
         f = ref.open(geo, strict=False, broker_size=True)
     except StoreError as e:

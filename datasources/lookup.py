@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from storelib.broker.store import Store
+from storelib.broker.settings.store import Store
 from storelib.errors import StoreError
 from storelib.format.record import decode_msg_id
 from storelib.scan.messagecols import TIME_COLUMNS, time_column
@@ -46,7 +46,7 @@ def find_by_key(store: str, topic: str, key: str, *, begin: Any = 0, end: Any = 
                 **options: Any) -> pa.Table:
     """Messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key`` (index lookup, every hit confirmed
     against the commitlog); ``begin``/``end``: store-time bounds (epoch ms or ISO-8601)."""
-    from storelib.broker.lookup import LONG_MAX, lookup_key
+    from storelib.broker.index.lookup import LONG_MAX, lookup_key
 
     st = open_store(store, **options)
     lo = parse_time_ms(begin) if begin not in (None, 0) else 0

@@ -90,7 +90,7 @@ class StoreOpen:
     path: str
     broker_conf: str | None = None
     fs_options: tuple[tuple[str, str], ...] = ()
-    broker_version: str | None = None  # "4" or "5"; None detects (storelib.broker.brokerline)
+    broker_version: str | None = None  # "4" or "5"; None detects (storelib.broker.settings.brokerline)
     overrides: tuple[tuple[str, str], ...] = ()
 
     NAMES = frozenset({"path", "brokerconf", "brokerversion"})
@@ -102,7 +102,7 @@ class StoreOpen:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> StoreOpen:
-        from storelib.broker.brokerline import normalise_version
+        from storelib.broker.settings.brokerline import normalise_version
 
         o = norm_options(options)
         path = o.get("path")
@@ -117,14 +117,14 @@ class StoreOpen:
         return resolve(self.path, **dict(self.fs_options))
 
     def settings(self):
-        """The broker settings (storelib.broker.store.load_settings), computed once per process."""
+        """The broker settings (storelib.broker.settings.store.load_settings), computed once per process."""
         return _settings(self)
 
 
 @functools.lru_cache(maxsize=8)
 def _settings(store: StoreOpen):
-    from storelib.broker.store import load_settings
-    from storelib.broker.storeroot import require_store_root
+    from storelib.broker.settings.store import load_settings
+    from storelib.broker.settings.storeroot import require_store_root
 
     require_store_root(store.location(), store.path)  # planning fails with one line on what is not a store
     return load_settings(store.broker_conf, store.broker_version, dict(store.overrides), store.location())

@@ -1,6 +1,6 @@
 """``rocketmq.timers``: the timer messages of a 5.x store (pending and delivered, where the timer store
 holds them) as a DataFrame, and :func:`read_timers` for pyarrow. Same rows as ``rmqstore timers``
-(storelib.broker.timermsg), plus ``deliver_time`` (UTC timestamp beside the epoch ms). One partition: the
+(storelib.broker.timer.timermsg), plus ``deliver_time`` (UTC timestamp beside the epoch ms). One partition: the
 timer store is small beside the commitlog, and its rows come from one pass over the commitlog."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from storelib.broker.store import Store
-from storelib.broker.timermsg import TIMER_SCHEMA, store_timers
+from storelib.broker.settings.store import Store
+from storelib.broker.timer.timermsg import TIMER_SCHEMA, store_timers
 from storelib.scan.messagecols import TIME_TYPE, time_column
 
 from .index_source import _store_only

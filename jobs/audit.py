@@ -21,8 +21,8 @@ an appended tail) and the streamed checks go on from the state's carry; earlier 
 forward.
 
 Here: :func:`audit_store`, the cross-file checks and the command; the segment phase on the engines is
-:mod:`jobs.audit_tasks`, the ``--since`` state :mod:`storelib.checks.auditstate`, the report dict and page
-:mod:`jobs.audit_report`.
+:mod:`jobs.engines.audit_tasks`, the ``--since`` state :mod:`storelib.checks.auditstate`, the report dict and page
+:mod:`jobs.reports.audit_report`.
 """
 
 
@@ -42,13 +42,13 @@ if __package__ in (None, ""):  # spark-submit jobs/audit.py: make the repo impor
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from typing import Any
 
-from jobs.audit_report import build_report, jsonable, render_html
-from jobs.audit_summary import EXIT_FAILED, damage_cost, exit_code, summary_text
-from jobs.audit_tasks import run_segments
 from jobs.common import note
-from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.store import Store
+from jobs.engines.audit_tasks import run_segments
+from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
+from jobs.reports.audit_report import build_report, jsonable, render_html
+from jobs.reports.audit_summary import EXIT_FAILED, damage_cost, exit_code, summary_text
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.store import Store
 from storelib.checks.auditstate import load_state, merge_appended, plan, save_state
 from storelib.checks.crossfile import run_cross_checks
 from storelib.checks.index import load_index_files
@@ -74,7 +74,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
 
     ``work_dir`` (Spark): a directory or URI the driver and every executor reach, where the tasks leave
     their record tables (default: a temp dir when the master is local, else they come back in-band);
-    ``transfer`` forces ``files`` or ``collect`` (see :func:`jobs.audit_tasks.table_sink`). ``threads=False`` runs the
+    ``transfer`` forces ``files`` or ``collect`` (see :func:`jobs.engines.audit_tasks.table_sink`). ``threads=False`` runs the
     cross-file checks one after the other (same findings).
 
     ``split_bytes``: cut segments into tasks of about this size at record starts (default on Spark:
@@ -102,7 +102,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
     """One audit run (:func:`audit_store`) from ``state`` ({}: in full)."""
     t0 = time.monotonic()
     fs_options = fs_options or {}
-    from storelib.broker.store import load_settings
+    from storelib.broker.settings.store import load_settings
 
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
@@ -123,7 +123,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
             engine = resolve_engine_name(engine, master=master or (None if spark is None else "given"),
                                          store_bytes=sum(t.file_size - t.start for t in tasks), segments=len(tasks))
             if tasks:  # started here, so start-up (a Spark session, pool workers) is not counted as work;
-                # and before the preload thread, so that pool workers are forked (jobs.engines)
+                # and before the preload thread, so that pool workers are forked (jobs.engines.schedulers)
                 own_engine = engine = make_engine(engine, spark=spark, master=master, workers=workers,
                                                   app_name="rmqstore-audit")
         preload = None
@@ -301,7 +301,7 @@ def run_args(args: argparse.Namespace) -> int:
         return EXIT_LOCKED  # the running audit's metrics stay as they are
     finally:
         if args.metrics_file and code != EXIT_LOCKED:
-            from jobs.metrics import audit_families, previous_value, write_textfile
+            from jobs.reports.metrics import audit_families, previous_value, write_textfile
 
             prev = previous_value(args.metrics_file, "rmqstore_audit_last_success_time_seconds", args.store)
             write_textfile(args.metrics_file, audit_families(args.store, report, exit_code=code,

@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def console_main(argv: list[str] | None = None) -> int:
     """The ``rmqstore`` script: :func:`main` in a process of its own, which never needs pandas
-    (:mod:`jobs.nopandas`: ``rmqstore info`` of a small store in 0.33 s instead of 0.54 s)."""
-    from jobs.nopandas import hide_pandas
+    (:mod:`jobs.engines.nopandas`: ``rmqstore info`` of a small store in 0.33 s instead of 0.54 s)."""
+    from jobs.engines.nopandas import hide_pandas
 
     hide_pandas()
     return main(argv)

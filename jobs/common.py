@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from storelib.broker.store import Store, load_settings
+from storelib.broker.settings.store import Store, load_settings
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
 
@@ -106,7 +106,7 @@ def overrides(args: argparse.Namespace) -> dict[str, str]:
 
 
 def settings_from_args(args: argparse.Namespace, root=None, version: str | None = None):
-    """Broker settings from --broker-conf, --broker-version and --set (storelib.broker.store.load_settings).
+    """Broker settings from --broker-conf, --broker-version and --set (storelib.broker.settings.store.load_settings).
 
     ``version`` applies when the command has no --broker-version (or it says auto): None detects."""
     v = getattr(args, "broker_version", None)

@@ -5,8 +5,8 @@ process pool, Spark); also a spark-submit job.
         --broker-conf broker.conf --reserved 24,48,72 --delete-when 04 --delete-when "04;16" \\
         --max-ratio 60,75,90 --capacity 500e9,1e12 --until 2024-02-01T00:00:00Z --out grid.jsonl
 
-Every (store, policy) pair is one simulation (``storelib.broker.cleaner.simulate``, the same pure function the
-``rmqstore expiry`` command runs); the slices and their task are storelib.broker.expirygrid's. Without a
+Every (store, policy) pair is one simulation (``storelib.broker.expiry.cleaner.simulate``, the same pure function the
+``rmqstore expiry`` command runs); the slices and their task are storelib.broker.expiry.expirygrid's. Without a
 master (or spark-submit) the grid runs on a process pool.
 """
 
@@ -23,15 +23,21 @@ if __package__ in (None, ""):  # spark-submit jobs/expiry.py: make the repo impo
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobs.common import size_arg, time_arg
-from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.expiry import Policy, TimeModel
-from storelib.broker.expirygrid import GridContext, grid_policies, grid_slices, merge_slices, simulate_slice
+from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
+from storelib.broker.expiry.expiry import Policy, TimeModel
+from storelib.broker.expiry.expirygrid import (
+    GridContext,
+    grid_policies,
+    grid_slices,
+    merge_slices,
+    simulate_slice,
+)
+from storelib.broker.settings.brokerconf import BrokerSettings
 
 
 class GridRun(NamedTuple):
     """A grid's simulations in (store, policy) order, each tagged ``store``; with ``describe`` each store's
-    simulation assumptions (storelib.broker.cleaner.describe) by store."""
+    simulation assumptions (storelib.broker.expiry.cleaner.describe) by store."""
 
     results: list[dict[str, Any]]
     described: dict[str, dict[str, Any]]
@@ -40,7 +46,7 @@ class GridRun(NamedTuple):
 def run_grid(engine: Engine, stores: list[str], policies: list[Policy], model: TimeModel, settings: BrokerSettings,
              *, mtimes: str = "auto", slices: int | None = None, summary_only: bool = False,
              fs_options: dict[str, Any] | None = None, describe: bool = False) -> GridRun:
-    """Simulate every policy on every store on ``engine`` (storelib.broker.expirygrid's tasks): the same on
+    """Simulate every policy on every store on ``engine`` (storelib.broker.expiry.expirygrid's tasks): the same on
     every engine. ``rmqstore expiry`` runs its policies through this too."""
     parts = grid_slices(stores, len(policies), slices or engine.parallelism * 2)
     ctx = GridContext(policies, model, settings, mtimes, summary_only, fs_options or {}, describe)
@@ -98,7 +104,7 @@ def _rate(text: str, what: str) -> float | None:
 
 def time_model(args: argparse.Namespace) -> TimeModel:
     """The simulation's time model from --from, --until, --ingest and --consumption."""
-    from storelib.broker.expiry import parse_time_ms
+    from storelib.broker.expiry.expiry import parse_time_ms
 
     return TimeModel(start_ms=parse_time_ms(args.start) if args.start else None,
                      until_ms=parse_time_ms(args.until) if args.until else None,
@@ -136,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from jobs.common import fs_options, print_table, settings_from_args
-    from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
+    from jobs.reports.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
     from storelib.fileio.bytesource import resolve
     from storelib.fileio.smallfile_io import atomic_write
 

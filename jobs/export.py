@@ -24,9 +24,9 @@ if __package__ in (None, ""):  # spark-submit jobs/export.py: make the repo impo
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jobs.common import Stage
-from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
-from storelib.broker.recovery import finish_walk, plan_recovery, store_inputs
-from storelib.broker.store import Store, load_settings
+from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
+from storelib.broker.recovery.walk import finish_walk, plan_recovery, store_inputs
+from storelib.broker.settings.store import Store, load_settings
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
 from storelib.format.checkpoint import Checkpoint

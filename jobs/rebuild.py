@@ -4,20 +4,20 @@ Runnable with ``spark-submit --properties-file spark-conf/spark-defaults.conf jo
 --out DIR`` and importable (``rmqstore rebuild`` calls :func:`rebuild`).
 
 The target is store-algorithms §7.1: what a broker writes when started on the commitlog with empty
-``consumequeue/`` and ``index/`` and no abort file. The recovery walk (storelib.broker.recovery) fixes the
+``consumequeue/`` and ``index/`` and no abort file. The recovery walk (storelib.broker.recovery.walk) fixes the
 valid end (processOffset) and which records reput dispatches; then:
 
 * every engine (``local``: in this process, ``pool``, ``spark``) runs the same phase tasks
-  (storelib.broker.rebuildtasks); on Spark: phase A parses every segment on an executor (one task per segment, longest
+  (storelib.broker.dispatch.rebuildtasks); on Spark: phase A parses every segment on an executor (one task per segment, longest
   first; inside the recovery window with CRC checks, so the walk itself is distributed) into Arrow
   columns of what dispatch needs plus the index keys with their slot chains numbered within the
-  segment (storelib.broker.indexstream.local_chains); the driver finishes the walk from the per-segment ends.
+  segment (storelib.broker.index.indexstream.local_chains); the driver finishes the walk from the per-segment ends.
   Phase B shuffles CQ rows by queue (one partition per core) and each task runs build_consume_queues
-  for its queues segment by segment, appending to their files (storelib.broker.cqstream: memory holds one
+  for its queues segment by segment, appending to their files (storelib.broker.dispatch.cqstream: memory holds one
   segment's rows, not the partition's). Phase C numbers the index keys globally (prefix sums of
   per-segment counts), and each index file is built by one task that links the segments' chains
   (each segment's oldest key per slot to the slot table left by the segments before it) and streams
-  the file in order, hashing as it writes (storelib.broker.indexstream.stream_index_file: two passes that
+  the file in order, hashing as it writes (storelib.broker.index.indexstream.stream_index_file: two passes that
   load the file's segments one at a time; slices cut by a file boundary or the duplicate test get
   their chains recomputed). Phases B and C are independent and
   run as one Spark job, index files first, so the consume-queue tasks use the cores an index file
@@ -47,21 +47,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.common import Stage
-from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
-from jobs.rebuild_tasks import run_tasks
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.rebuildsource import (
+from jobs.engines.rebuild_tasks import run_tasks
+from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
+from storelib.broker.dispatch.rebuildsource import (
     cq_layout_notes,
     rebuild_timer_store,
     run_incremental,
     store_fingerprint,
 )
-from storelib.broker.rebuildtasks import EngineResult, check_supported
-from storelib.broker.recovery import (
+from storelib.broker.dispatch.rebuildtasks import EngineResult, check_supported
+from storelib.broker.recovery.walk import (
     rebuild_target,
 )
-from storelib.broker.store import Store
-from storelib.broker.store import load_settings as store_settings
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.store import Store
+from storelib.broker.settings.store import load_settings as store_settings
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, resolve
 from storelib.fileio.publish import (
@@ -121,8 +121,8 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     """Run one rebuild; returns the manifest (also written next to the output).
 
     ``cfg.engine``: ``local``, ``pool`` and ``spark`` run the same phase tasks in this process, on a process
-    pool or on Spark; ``auto`` picks (:func:`jobs.engines.resolve_engine_name`); ``--incremental`` continues
-    the store's own files with storelib.broker.dispatch in this process.
+    pool or on Spark; ``auto`` picks (:func:`jobs.engines.schedulers.resolve_engine_name`); ``--incremental`` continues
+    the store's own files with storelib.broker.dispatch.dispatch in this process.
     ``engine``: run the phase tasks on this engine instead (the caller owns it)."""
     what = _checked_what(cfg)
     say = Stage("rebuild", cfg.progress)

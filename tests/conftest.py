@@ -16,7 +16,7 @@ import pytest
 
 from tests.s3server import s3_server  # noqa: F401  (the loopback S3 server fixture)
 
-# the Spark JVM's class-data archive (jobs/jvmcache.py) is a per-user cache: the test run neither reads
+# the Spark JVM's class-data archive (jobs/spark/jvmcache.py) is a per-user cache: the test run neither reads
 # nor writes the user's; tests/test_jvmcache.py turns it on with a cache dir of its own
 os.environ["RMQSTORE_JVM_CDS"] = "0"
 
@@ -86,7 +86,7 @@ def broker_conf(version: str) -> Path:
 @pytest.fixture(scope="session")
 def spark():
     """The one SparkSession of the test run (local[2], the project's spark-defaults)."""
-    from jobs.sparkutil import get_spark
+    from jobs.spark.sparkutil import get_spark
 
     session = get_spark(master="local[2]", app_name="rmqstore-tests")
     yield session

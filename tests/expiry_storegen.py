@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.format.consumequeue import CQ_DTYPE
 from storelib.format.indexfile import IndexHeader
 from storelib.format.record import Message, blank_record, encode_message

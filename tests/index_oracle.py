@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from storelib.broker.indexbuild import IndexImage, IndexState
+from storelib.broker.index.indexbuild import IndexImage, IndexState
 from storelib.format.indexfile import (
     _ENTRY,
     _I32,

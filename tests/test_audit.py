@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from jobs.audit import audit_store, exit_code, main, summary_text, write_reports
-from storelib.broker.cqwriter import build_consume_queues, write_consume_queues
-from storelib.broker.indexbuild import build_index_files, index_key_rows
+from storelib.broker.dispatch.cqwriter import build_consume_queues, write_consume_queues
+from storelib.broker.index.indexbuild import build_index_files, index_key_rows
 from storelib.format.checkpoint import Checkpoint, write_checkpoint
 from storelib.format.configjson import write_config
 from storelib.format.indexfile import IndexGeometry
@@ -178,7 +178,7 @@ def test_shared_sample_stores_report_clean(version, sample_498, sample_533):
 
 @pytest.mark.parametrize("version", ["4", "5"])
 def test_store_from_storelib_gen_reports_clean(version, tmp_path):
-    from storelib.broker.brokerconf import BrokerSettings
+    from storelib.broker.settings.brokerconf import BrokerSettings
     from storelib.generator.gen import generate
     from storelib.generator.genplan import GenConfig
 

@@ -8,8 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.writer import StoreWriter
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.writer.writer import StoreWriter
 from storelib.format.record import Message
 
 from .test_audit import BASE_TS, _comparable, flip, records, run, seg_file, store_fixtures
@@ -19,7 +19,7 @@ NOW = 1_800_000_000_000
 
 
 def _settings(root: Path) -> BrokerSettings:
-    from storelib.broker.store import load_settings
+    from storelib.broker.settings.store import load_settings
 
     return load_settings(str(root / "broker.conf"), None, None, None)
 
@@ -139,7 +139,7 @@ def test_an_older_state_layout_is_replaced_by_a_full_audit(store, tmp_path):
 def _index_pair(tmp_path: Path, store: Path, n0: int):
     """The same index file after the first ``n0`` records' keys and after all of them (the broker's last
     file as an earlier audit saw it, and as it is now)."""
-    from storelib.broker.indexbuild import build_index_files, index_key_rows
+    from storelib.broker.index.indexbuild import build_index_files, index_key_rows
     from storelib.format.indexfile import IndexFile, IndexGeometry
     from storelib.scan.commitlog import CommitLog
 

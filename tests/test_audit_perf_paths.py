@@ -49,7 +49,7 @@ def count_fallbacks(monkeypatch) -> list[str]:
 
 
 def test_split_tasks_cover_each_segment_from_record_starts(store):
-    from storelib.broker.store import Store
+    from storelib.broker.settings.store import Store
     from storelib.checks.auditstate import plan
     from storelib.checks.segment import split_tasks
 

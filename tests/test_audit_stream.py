@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import storelib.checks.crossfile as crossfile
-from storelib.broker.cqwriter import build_consume_queues, write_consume_queues
-from storelib.broker.indexbuild import build_index_files, index_key_rows
+from storelib.broker.dispatch.cqwriter import build_consume_queues, write_consume_queues
+from storelib.broker.index.indexbuild import build_index_files, index_key_rows
 from storelib.format.indexfile import IndexGeometry
 from storelib.scan.commitlog import CommitLog
 
@@ -213,7 +213,7 @@ def test_real_broker_stores_stream_with_the_whole_views_report(name, tmp_path, m
 
 
 def test_in_process_audit_of_a_big_store_maps_its_task_tables_with_the_same_report(store, monkeypatch):
-    import jobs.audit_tasks as audit_tasks
+    import jobs.engines.audit_tasks as audit_tasks
 
     in_memory = run(store, now_ms=NOW, engine="local")
     monkeypatch.setattr(audit_tasks, "IN_MEMORY_TABLES", 0)  # every store is "big": tables through files

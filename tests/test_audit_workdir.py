@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 import jobs.audit as audit_mod
-import jobs.audit_tasks as audit_tasks
+import jobs.engines.audit_tasks as audit_tasks
 import storelib.checks.segment as checks
 from storelib.checks.segment import KEY_SCHEMA, RECORD_SCHEMA, TableSink, read_table_file
 

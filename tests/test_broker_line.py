@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from storelib.broker.brokerline import FIVE_X_ONLY_KEYS, detect_broker_line, normalise_version
-from storelib.broker.store import load_settings
+from storelib.broker.settings.brokerline import FIVE_X_ONLY_KEYS, detect_broker_line, normalise_version
+from storelib.broker.settings.store import load_settings
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
 from tests.conftest import broker_conf, run_cli
@@ -126,7 +126,7 @@ def _evidence_store(tmp_path, records: list[bytes]):
 
 
 def test_record_evidence_is_the_first_v2_and_crc_property_before_the_first_invalid_record(tmp_path):
-    from storelib.broker.brokerline import _record_evidence
+    from storelib.broker.settings.brokerline import _record_evidence
     from storelib.format.record import Message, encode_message
 
     def rec(i: int, pos: int, v2: bool = False, crc: bool = False) -> bytes:

@@ -1,4 +1,4 @@
-"""storelib.broker.brokerconf: broker.conf parsing, defaults per version, getter rules."""
+"""storelib.broker.settings.brokerconf: broker.conf parsing, defaults per version, getter rules."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import pyarrow.fs as pafs
 import pytest
 
-from storelib.broker.brokerconf import BrokerSettings, load_broker_conf
+from storelib.broker.settings.brokerconf import BrokerSettings, load_broker_conf
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
 from storelib.format.delaylevel import parse_delay_levels

@@ -62,8 +62,8 @@ def test_get_by_msg_id_queue_and_key(capsys, sample_498):
 
 
 def test_every_sample_index_query_is_answered_exactly(sample):
-    from storelib.broker.lookup import lookup_key
-    from storelib.broker.store import Store
+    from storelib.broker.index.lookup import lookup_key
+    from storelib.broker.settings.store import Store
 
     store = Store(sample / "store", broker_conf=str(broker_conf(_version(sample))))
     for q in load_expected(sample, "index_queries.jsonl")[::7]:
@@ -123,7 +123,7 @@ def test_importing_jobs_turns_numpy_hugepage_madvise_off_unless_the_user_chose()
 
 
 def test_local_sessions_load_log4j_by_absolute_path_and_keep_the_other_jvm_options_of_spark_defaults():
-    from jobs.sparkutil import SPARK_CONF, read_defaults, session_settings
+    from jobs.spark.sparkutil import SPARK_CONF, read_defaults, session_settings
 
     s = session_settings()
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
@@ -136,7 +136,7 @@ def test_local_sessions_load_log4j_by_absolute_path_and_keep_the_other_jvm_optio
 
 
 def test_batch_job_sessions_add_the_c1_only_jit_option_and_other_sessions_do_not():
-    from jobs.sparkutil import BATCH_JOB_JVM_OPTIONS, session_settings
+    from jobs.spark.sparkutil import BATCH_JOB_JVM_OPTIONS, session_settings
 
     job, plain = session_settings(batch_job=True), session_settings()
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):

@@ -14,7 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storelib.broker.cqwriter import QueueState, build_consume_queues, write_consume_queues, write_queue_image
+from storelib.broker.dispatch.cqwriter import (
+    QueueState,
+    build_consume_queues,
+    write_consume_queues,
+    write_queue_image,
+)
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, data_ranges
 from storelib.format.consumequeue import (

@@ -1,4 +1,4 @@
-"""Consume queues built chunk by chunk (storelib.broker.cqstream, the rebuild's phase B) equal the one-shot build's
+"""Consume queues built chunk by chunk (storelib.broker.dispatch.cqstream, the rebuild's phase B) equal the one-shot build's
 files byte for byte, with the same digests: the merge's memory is one chunk, not the store."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from storelib.broker.cqstream import ConsumeQueueStream
-from storelib.broker.cqwriter import build_consume_queues, write_consume_queues
+from storelib.broker.dispatch.cqstream import ConsumeQueueStream
+from storelib.broker.dispatch.cqwriter import build_consume_queues, write_consume_queues
 from storelib.fileio.bytesource import Location
 
 S = 20 * 8  # 8 units a file: queues roll over several files

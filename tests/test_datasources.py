@@ -1,7 +1,7 @@
 """The rocketmq data sources: split planning, pyarrow readers and Spark DataFrames equal storelib's reads.
 
 Spark tests use the one session fixture; stores are the real samples and stores written by
-storelib.broker.writer (IPv6 hosts, V2 records, transactions, compressed bodies, 5.x property CRC).
+storelib.broker.writer.writer (IPv6 hosts, V2 records, transactions, compressed bodies, 5.x property CRC).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from chispa import assert_df_equality
 
 from datasources import read_checkpoint_table, read_consumequeue, read_index, read_messages, read_segments
 from datasources.commitlog_reader import MessageReadOptions, Pred, output_schema, plan
-from storelib.broker.brokerconf import BrokerSettings, load_broker_conf
-from storelib.broker.writer import StoreWriter
+from storelib.broker.settings.brokerconf import BrokerSettings, load_broker_conf
+from storelib.broker.writer.writer import StoreWriter
 from storelib.errors import CorruptRecordError
 from storelib.format.checkpoint import read_checkpoint
 from storelib.format.indexdir import list_index_files

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from storelib.broker.brokerconf import BrokerSettings, load_broker_conf
-from storelib.broker.dispatch import dispatch_store
-from storelib.broker.writer import StoreWriter
+from storelib.broker.dispatch.dispatch import dispatch_store
+from storelib.broker.settings.brokerconf import BrokerSettings, load_broker_conf
+from storelib.broker.writer.writer import StoreWriter
 from storelib.format.record import Message
 from tests.conftest import broker_conf
 

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from storelib.broker.cqwriter import (
+from storelib.broker.dispatch.cqwriter import (
     QueueState,
     _data_prefix,
     _write_queue_image_local,
     build_consume_queues,
     write_queue_image,
 )
-from storelib.broker.dispatch import dispatch_store
+from storelib.broker.dispatch.dispatch import dispatch_store
 from storelib.format.consumequeue import file_name
 from tests.test_dispatch import SMALL, index_files, tree
 
@@ -84,7 +84,7 @@ def test_data_prefix_reads_up_to_the_first_hole_only_when_nothing_follows(tmp_pa
 
 
 def test_chunked_dispatch_equals_one_shot_cq_and_index_bytes(tmp_path, sample_498):
-    from storelib.broker.brokerconf import load_broker_conf
+    from storelib.broker.settings.brokerconf import load_broker_conf
     from tests.conftest import broker_conf
 
     small = {k: v for k, v in SMALL.items() if k != "mappedFileSizeCommitLog"}

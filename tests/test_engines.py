@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from jobs.audit import audit_store
-from jobs.engines import POOL_MIN_BYTES, LocalEngine, PoolEngine, make_engine, resolve_engine_name
+from jobs.engines.schedulers import POOL_MIN_BYTES, LocalEngine, PoolEngine, make_engine, resolve_engine_name
 from jobs.rebuild import RebuildConfig, rebuild
-from storelib.broker.storeroot import NotAStoreError
+from storelib.broker.settings.storeroot import NotAStoreError
 from storelib.errors import CorruptRecordError, StoreError
 
 
@@ -130,7 +130,7 @@ def test_make_engine_refuses_an_unknown_name():
 def test_the_pool_forks_only_while_no_other_thread_runs(monkeypatch):
     import threading
 
-    from jobs.engines import _start_method
+    from jobs.engines.schedulers import _start_method
 
     monkeypatch.delenv("RMQSTORE_POOL_START", raising=False)
     stop = threading.Event()
@@ -170,7 +170,7 @@ def test_pool_workers_use_pyarrow_without_importing_pandas(tmp_path):
 
     from tests.conftest import REPO
 
-    code = ("import sys\nfrom jobs.engines import PoolEngine\nfrom tests.test_engines import _pa_array_in_worker\n"
+    code = ("import sys\nfrom jobs.engines.schedulers import PoolEngine\nfrom tests.test_engines import _pa_array_in_worker\n"
             "e = PoolEngine(2)\ne.start()\nprint(e.map(_pa_array_in_worker, [0, 1, 2]), 'pandas' in sys.modules)\n"
             "e.close()\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
@@ -188,7 +188,7 @@ def test_the_pool_works_from_a_script_read_on_stdin(tmp_path, start):
 
     from tests.conftest import REPO
 
-    code = ("from jobs.engines import PoolEngine\nfrom tests.test_engines import _fail_on_two\n"
+    code = ("from jobs.engines.schedulers import PoolEngine\nfrom tests.test_engines import _fail_on_two\n"
             "e = PoolEngine(2)\nprint(e.map(_fail_on_two, [0, 1, 3]))\ne.close()\n")
     p = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(REPO), "RMQSTORE_POOL_START": start}, timeout=120)
@@ -196,10 +196,10 @@ def test_the_pool_works_from_a_script_read_on_stdin(tmp_path, start):
 
 
 def _plan_on(store: Path, engine) -> dict:
-    from jobs.engines import walk_on
-    from storelib.broker.recoveryplan import plan_document
-    from storelib.broker.startup import simulate
-    from storelib.broker.store import Store
+    from jobs.engines.schedulers import walk_on
+    from storelib.broker.settings.store import Store
+    from storelib.broker.startup.recoveryplan import plan_document
+    from storelib.broker.startup.startup import simulate
 
     st = Store(str(store), None)
     try:
@@ -214,7 +214,7 @@ def _plan_on(store: Path, engine) -> dict:
 def test_the_recovery_plan_is_the_same_on_every_engine(store, tmp_path, spark):
     import shutil
 
-    from jobs.engines import SparkEngine
+    from jobs.engines.schedulers import SparkEngine
 
     crashed = tmp_path / "crashed"  # an abnormal exit: the walk checks every segment from the checkpoint's
     shutil.copytree(store, crashed)

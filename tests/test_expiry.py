@@ -16,9 +16,16 @@ from pathlib import Path
 import pytest
 
 from jobs.cli import main as cli_main
-from storelib.broker.cleaner import describe, simulate
-from storelib.broker.expiry import Policy, TimeModel, hour_table, java_parse_int, load_snapshot, parse_time_ms
-from storelib.broker.store import Store
+from storelib.broker.expiry.cleaner import describe, simulate
+from storelib.broker.expiry.expiry import (
+    Policy,
+    TimeModel,
+    hour_table,
+    java_parse_int,
+    load_snapshot,
+    parse_time_ms,
+)
+from storelib.broker.settings.store import Store
 from tests.expiry_storegen import MIN, T0, H, Msg, broker_conf_text, build_store
 
 SNAP = T0 + 4 * H + MIN  # 04:01:00
@@ -312,7 +319,7 @@ def test_no_consume_queue_falls_back_to_a_commitlog_scan(store):
 
 def _ticking(policy, snap, model):
     """The broker's literal schedule: every tick run, no skipping (the oracle for the event jumps)."""
-    from storelib.broker.cleaner import _Sim
+    from storelib.broker.expiry.cleaner import _Sim
 
     sim = _Sim(policy, snap, model)
     sim._sample(sim.start)
@@ -351,9 +358,9 @@ def _generated_store(root: Path):
 
 
 def test_the_policy_grid_equals_each_policy_run_alone_on_every_engine(tmp_path, spark):
-    from jobs.engines import LocalEngine, PoolEngine, SparkEngine
+    from jobs.engines.schedulers import LocalEngine, PoolEngine, SparkEngine
     from jobs.expiry import run_grid
-    from storelib.broker.expirygrid import grid_policies
+    from storelib.broker.expiry.expirygrid import grid_policies
 
     root = tmp_path / "gen"
     st = _generated_store(root)
@@ -380,7 +387,7 @@ def test_the_policy_grid_equals_each_policy_run_alone_on_every_engine(tmp_path, 
 
 
 def test_real_sample_copy_has_lost_mtimes_and_a_burst_shortens_the_default_horizon(sample_498):
-    from storelib.broker.brokerconf import load_broker_conf
+    from storelib.broker.settings.brokerconf import load_broker_conf
     from tests.conftest import broker_conf
 
     st = load_broker_conf(str(broker_conf("4.9.8")))

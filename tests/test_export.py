@@ -14,7 +14,7 @@ import pytest
 
 import datasources as ds
 import storelib.snapshot.directory as snap_mod
-from jobs.engines import LocalEngine, PoolEngine
+from jobs.engines.schedulers import LocalEngine, PoolEngine
 from jobs.export import ExportConfig, export
 from storelib.errors import StoreError
 from tests.conftest import broker_conf
@@ -38,8 +38,8 @@ def source_rows(store: Path, **opts) -> list[dict]:
 
 
 def grow(store: Path, n: int, topic: str = "OrderEvents") -> None:
-    from storelib.broker.store import load_settings
-    from storelib.broker.writer import StoreWriter
+    from storelib.broker.settings.store import load_settings
+    from storelib.broker.writer.writer import StoreWriter
     from storelib.fileio.bytesource import resolve
     from storelib.format.record import Message
 

@@ -11,9 +11,9 @@ import pyarrow.compute as pc
 import pytest
 
 from jobs.cli import main as cli_main
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.store import Store
-from storelib.broker.writer import StoreWriter
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.store import Store
+from storelib.broker.writer.writer import StoreWriter
 from storelib.format.configjson import consumer_offsets, load_config
 from storelib.format.consumequeue import ConsumeQueue
 from storelib.generator.gen import generate, iter_plans, replay_plan

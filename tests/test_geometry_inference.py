@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from storelib.broker.geometry import index_geometry_of, infer_geometry
+from storelib.broker.settings.geometry import index_geometry_of, infer_geometry
 from storelib.fileio.bytesource import resolve
 from storelib.format.indexfile import HEADER_SIZE
 from tests.conftest import SAMPLES, broker_conf, run_cli
@@ -99,7 +99,7 @@ def test_a_setting_the_files_contradict_is_one_finding_not_a_wall(capsys, sample
 def test_broker_conf_still_wins_over_the_files(tmp_path, sample_498):
     store = tmp_path / "store"
     shutil.copytree(sample_498 / "store", store)
-    from storelib.broker.store import load_settings
+    from storelib.broker.settings.store import load_settings
 
     s = load_settings(None, None, {"maxHashSlotNum": "300", "maxIndexNum": "780"}, resolve(str(store)))
     assert (s.max_hash_slot_num, s.max_index_num) == (300, 780)

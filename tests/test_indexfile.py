@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storelib.broker.indexbuild import IndexState, build_index_files, index_key_rows, index_keys
+from storelib.broker.index.indexbuild import IndexState, build_index_files, index_key_rows, index_keys
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, open_source
 from storelib.format.indexdir import index_file_name, list_index_files, parse_index_file_name, query_index
@@ -652,7 +652,7 @@ def test_index_image_sha256_from_memory_equals_the_written_files_hash(tmp_path, 
 
 @pytest.mark.parametrize("continued", [False, True])
 def test_index_build_with_chains_on_a_thread_equals_the_single_thread_build(monkeypatch, continued):
-    import storelib.broker.indexbuild as ix
+    import storelib.broker.index.indexbuild as ix
 
     g = IndexGeometry(97, 400)
     rng = np.random.default_rng(7)

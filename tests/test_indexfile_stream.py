@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import jobs.rebuild as rb
-from jobs.engines import LocalEngine
-from storelib.broker.indexbuild import IndexState, build_index_files
-from storelib.broker.indexmerge import link_file
-from storelib.broker.indexstream import ChainRun, local_chains, stream_index_file
+from jobs.engines.schedulers import LocalEngine
+from storelib.broker.index.indexbuild import IndexState, build_index_files
+from storelib.broker.index.indexmerge import link_file
+from storelib.broker.index.indexstream import ChainRun, local_chains, stream_index_file
 from storelib.format.indexfile import ENTRY_DTYPE, IndexGeometry, IndexHeader
 from tests.rebuild_storegen import CraftedStore, msg
 
@@ -123,7 +123,7 @@ def test_keys_that_do_not_fit_one_file_are_refused():
 
 @pytest.mark.parametrize("chunk", [4, 1 << 19])
 def test_files_linked_from_segments_loaded_one_at_a_time_equal_the_one_shot_build(chunk):
-    """storelib.broker.indexmerge.link_file hands the stream a loader: each pass loads the file's segments one by
+    """storelib.broker.index.indexmerge.link_file hands the stream a loader: each pass loads the file's segments one by
     one (whole ones with their phase-A chains, cut ones re-chained), so the index task holds one or two
     segments' keys, not the file's; the files are the one-shot build's, byte for byte."""
     g = IndexGeometry(7, 40)

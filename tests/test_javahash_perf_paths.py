@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from storelib.broker.indexbuild import index_keys
+from storelib.broker.index.indexbuild import index_keys
 from storelib.format.javahash import (
     index_hash,
     java_hash_array,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import jvmcache
+from jobs.spark import jvmcache
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
                                 reason="no Java runtime")
@@ -57,7 +57,7 @@ def test_a_dump_cut_short_is_never_published(cache):
 
 
 def _spark_child(tmp_path: Path) -> subprocess.CompletedProcess:
-    code = ("from jobs.sparkutil import get_spark\n"
+    code = ("from jobs.spark.sparkutil import get_spark\n"
             "s = get_spark('local[1]', app_name='cds-test')\n"
             "print(s.range(3).count())\n")
     env = {**os.environ, "TMPDIR": str(tmp_path)}

@@ -9,6 +9,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # bottom up: a module may import from its own folder and any folder before it in this list
 STORELIB_LAYERS = ["", "fileio", "format", "scan", "broker", "generator", "checks", "snapshot"]
+# broker/'s rooms, bottom up: a room imports only from rooms before it here (rooms of one rank are apart)
+BROKER_ROOMS = [("settings",), ("recovery", "index", "timer"), ("dispatch",), ("startup", "expiry", "writer")]
+MAX_MODULES_PER_FOLDER = 16
 
 
 def _imports(path: Path) -> list[str]:
@@ -56,3 +59,42 @@ def test_every_storelib_folder_is_a_package_that_says_what_it_is():
     for d in sorted(p for p in (REPO / "storelib").iterdir() if p.is_dir() and p.name != "__pycache__"):
         init = d / "__init__.py"
         assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), d
+
+
+def _rank(room: str) -> int:
+    return next(i for i, rank in enumerate(BROKER_ROOMS) if room in rank)
+
+
+def test_broker_rooms_import_only_downwards():
+    """The recovery walk sits below dispatch, the start-up replay (plan, apply, salvage) above it."""
+    wrong = []
+    known = {r for rank in BROKER_ROOMS for r in rank}
+    for path in sorted((REPO / "storelib" / "broker").rglob("*.py")):
+        rel = path.relative_to(REPO)
+        if len(rel.parts) < 4:
+            continue
+        room = rel.parts[2]
+        assert room in known, f"{rel}: room {room} is not in BROKER_ROOMS"
+        for mod in _imports(path):
+            parts = mod.split(".")
+            if parts[:2] == ["storelib", "broker"] and len(parts) > 3 and parts[2] != room:
+                if _rank(parts[2]) >= _rank(room):
+                    wrong.append(f"{rel} imports {mod}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_folder_holds_more_than_sixteen_modules():
+    for top in ("storelib", "jobs", "datasources"):
+        for d in [REPO / top, *(p for p in (REPO / top).rglob("*") if p.is_dir())]:
+            if d.name == "__pycache__":
+                continue
+            mods = [f for f in d.glob("*.py") if f.name != "__init__.py"]
+            assert len(mods) <= MAX_MODULES_PER_FOLDER, f"{d.relative_to(REPO)} holds {len(mods)} modules"
+
+
+def test_every_subpackage_says_what_it_is():
+    for top in ("storelib", "jobs"):
+        for init in sorted((REPO / top).rglob("__init__.py")):
+            if init.parent.parent == REPO:
+                continue
+            assert ast.get_docstring(ast.parse(init.read_text())), init.parent

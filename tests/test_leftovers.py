@@ -8,7 +8,7 @@ import sys
 import tempfile
 
 from jobs.cli import main
-from jobs.sparkutil import PYFILES_PREFIX, _package_zip, _sweep_pyfiles
+from jobs.spark.sparkutil import PYFILES_PREFIX, _package_zip, _sweep_pyfiles
 from tests.conftest import REPO
 
 
@@ -22,7 +22,7 @@ def test_a_recover_preview_writes_nothing(tmp_path, sample_498, capsys, monkeypa
 
 
 def test_the_shipped_code_directory_is_removed_when_the_process_exits(tmp_path):
-    code = (f"import os, sys; sys.path.insert(0, {str(REPO)!r}); from jobs.sparkutil import _package_zip; "
+    code = (f"import os, sys; sys.path.insert(0, {str(REPO)!r}); from jobs.spark.sparkutil import _package_zip; "
             "print(os.path.dirname(_package_zip()))")
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from jobs.cli import main
-from storelib.broker.storeroot import NotAStoreError
+from storelib.broker.settings.storeroot import NotAStoreError
 from storelib.errors import StoreError
 from tests.conftest import run_cli
 
@@ -62,7 +62,7 @@ def test_audit_of_a_random_commitlog_reports_why(capsys, random_segment_store):
 
 def test_python_api_raises_a_typed_error(tmp_path, sample_498):
     from datasources.commitlog_reader import read_messages
-    from storelib.broker.store import Store
+    from storelib.broker.settings.store import Store
 
     with pytest.raises(NotAStoreError, match="does not exist"):
         read_messages(str(tmp_path / "nonexistent"))

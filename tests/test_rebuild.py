@@ -20,9 +20,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from jobs.rebuild import RebuildConfig, rebuild
-from storelib.broker.brokerconf import BrokerSettings, load_broker_conf
-from storelib.broker.dispatch import index_geometry
-from storelib.broker.store import Store
+from storelib.broker.settings.brokerconf import BrokerSettings, load_broker_conf
+from storelib.broker.settings.store import Store
 from storelib.errors import StoreError
 from storelib.fileio.publish import MANIFEST_NAME, publish_tree, read_manifest
 from storelib.format.consumequeue import CQ_DTYPE
@@ -135,7 +134,7 @@ def expected_cq(table: pa.Table) -> dict[tuple[str, int], list[tuple[int, int, i
 
 
 def scalar_index(table: pa.Table, settings: BrokerSettings) -> list[bytes]:
-    svc = ScalarIndexService(index_geometry(settings))
+    svc = ScalarIndexService(settings.index_geometry)
     for r in table.select(["topic", "uniq_key", "keys", "tran_type", "physical_offset_field",
                            "store_timestamp"]).to_pylist():
         svc.build_index(r["topic"], r["uniq_key"], r["keys"], r["tran_type"], r["physical_offset_field"],

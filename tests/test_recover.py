@@ -1,5 +1,5 @@
 """rmqstore recover: plan (= the broker's recovery, computed independently here), apply, restore, kill -9
-resumption, salvage. Crafted stores: CraftedStore commitlogs + CQ/index written by storelib.broker.dispatch."""
+resumption, salvage. Crafted stores: CraftedStore commitlogs + CQ/index written by storelib.broker.dispatch.dispatch."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from jobs.audit import audit_store
-from storelib.broker import recoverapply as ra
-from storelib.broker import recoveryplan as recover_plan
-from storelib.broker import salvage as sv
-from storelib.broker.brokerconf import load_broker_conf
-from storelib.broker.dispatch import dispatch_store
-from storelib.broker.startup import simulate
-from storelib.broker.store import Store
+from storelib.broker.dispatch.dispatch import dispatch_store
+from storelib.broker.settings.brokerconf import load_broker_conf
+from storelib.broker.settings.store import Store
+from storelib.broker.startup import recoverapply as ra
+from storelib.broker.startup import recoveryplan as recover_plan
+from storelib.broker.startup import salvage as sv
+from storelib.broker.startup.startup import simulate
 from storelib.errors import StoreError
 from storelib.fileio.backup import Backup
 from storelib.format.checkpoint import Checkpoint, write_checkpoint
@@ -523,7 +523,7 @@ def test_cli_plan_writes_json_and_exit_code_says_whether_anything_changes(tmp_pa
 
 def test_apply_without_a_backup_directory_is_refused_before_the_store_is_read(tmp_path, capsys, monkeypatch):
     from jobs.cli import main
-    from storelib.broker import store as store_mod
+    from storelib.broker.settings import store as store_mod
 
     monkeypatch.setattr(store_mod.Store, "__init__", lambda *a, **k: pytest.fail("the store was opened"))
     assert main(["recover", str(tmp_path / "nowhere"), "--apply", "--engine", "pool"]) == 2

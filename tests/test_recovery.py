@@ -1,11 +1,10 @@
-"""The recovery walk (storelib.broker.recovery) on crafted stores, expectations computed from where records went."""
+"""The recovery walk (storelib.broker.recovery.walk) on crafted stores, expectations computed from where records went."""
 
 from __future__ import annotations
 
 import pytest
 
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.recovery import (
+from storelib.broker.recovery.walk import (
     RecoveryInputs,
     finish_walk,
     plan_recovery,
@@ -13,7 +12,8 @@ from storelib.broker.recovery import (
     recovery_walk,
     run_tasks,
 )
-from storelib.broker.store import Store
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.store import Store
 from storelib.format.checkpoint import Checkpoint
 from storelib.format.record import MAGIC_V1
 from tests.rebuild_storegen import CraftedStore, msg

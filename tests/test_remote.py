@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from jobs.cli import main as cli_main
-from storelib.broker.store import Store
+from storelib.broker.settings.store import Store
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import (
     READ_AHEAD_RESERVE,
@@ -48,7 +48,7 @@ def _gen_store(dest: Path) -> tuple[Path, Path] | None:
     try:
         import dataclasses
 
-        from storelib.broker.brokerconf import BrokerSettings
+        from storelib.broker.settings.brokerconf import BrokerSettings
         from storelib.generator.gen import generate
         from storelib.generator.genplan import GenConfig
     except ImportError:
@@ -597,8 +597,8 @@ def test_commitlog_scan_hands_the_next_segments_first_window_over_without_a_stal
 def test_index_image_written_to_a_remote_location_equals_the_local_file(tmp_path):
     import hashlib
 
-    from storelib.broker.indexbuild import build_index_files
-    from storelib.broker.indexwrite import write_index_image
+    from storelib.broker.index.indexbuild import build_index_files
+    from storelib.broker.index.indexwrite import write_index_image
     from storelib.format.indexfile import IndexGeometry
 
     g = IndexGeometry(7, 10)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.expiry_report import MAX_POINTS, disk_figure, loss_figure, render_html
+from jobs.reports.expiry_report import MAX_POINTS, disk_figure, loss_figure, render_html
 
 HOUR = 3_600_000
 

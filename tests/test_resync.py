@@ -1,4 +1,4 @@
-"""storelib.broker.resync: after a bad record, valid data is found again at the right place (message or blank
+"""storelib.broker.recovery.resync: after a bad record, valid data is found again at the right place (message or blank
 end record), with the bytes lost counted, in bounded windows."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from storelib.broker.resync import find_next_record, lost_region, scan_regions
+from storelib.broker.recovery.resync import find_next_record, lost_region, scan_regions
 from storelib.format.record import Message, blank_record, encode_message
 
 SEG = 16 * 1024
@@ -96,7 +96,7 @@ def test_clean_segment_has_no_regions_and_valid_start_is_returned_as_is():
 
 def test_data_end_is_not_moved_by_all_zero_windows_after_stale_bytes():
     """Stale bytes followed by a zero tail longer than one window: data_end is the end of the stale bytes."""
-    from storelib.broker.resync import find_next_record
+    from storelib.broker.recovery.resync import find_next_record
 
     buf = bytearray(3 * 1024 * 1024)
     buf[100:200] = b"\x07" * 100  # garbage that is not a record

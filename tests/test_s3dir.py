@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.fileio.bytesource import resolve
 from storelib.generator.gen import generate
 from storelib.generator.genplan import GenConfig

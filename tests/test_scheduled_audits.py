@@ -134,7 +134,7 @@ def test_a_second_run_is_refused_while_the_first_holds_the_lock(tmp_path, sample
 
 
 def test_the_lock_is_free_when_the_run_ends_even_while_workers_it_forked_live_on(tmp_path, monkeypatch):
-    from jobs.engines import PoolEngine
+    from jobs.engines.schedulers import PoolEngine
 
     monkeypatch.setenv("RMQSTORE_POOL_START", "fork")  # forked, whatever threads this test process runs
     lock = str(tmp_path / "audit.lock")

@@ -1,4 +1,4 @@
-"""The Python daemon of the Spark sessions rmqstore starts on this machine (jobs.sparkdaemon): PySpark
+"""The Python daemon of the Spark sessions rmqstore starts on this machine (jobs.spark.sparkdaemon): PySpark
 comes from its installed package, compiled once, not from Spark's zip; and a local session that imports
 our packages from the checkout is not shipped a zip of them."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jobs import sparkdaemon
+from jobs.spark import sparkdaemon
 
 
 def _fake_install(tmp_path):
@@ -49,11 +49,11 @@ def _where(_):
 
 @pytest.mark.spark
 def test_workers_of_a_local_session_import_pyspark_and_our_code_compiled_not_from_zips(spark):
-    from jobs.engines import SparkEngine
-    from jobs.sparkutil import REPO
+    from jobs.engines.schedulers import SparkEngine
+    from jobs.spark.sparkutil import REPO
 
     sc = spark.sparkContext
-    assert sc.getConf().get("spark.python.daemon.module") == "jobs.sparkdaemon"
+    assert sc.getConf().get("spark.python.daemon.module") == "jobs.spark.sparkdaemon"
     got = SparkEngine(spark).map(_where, [0, 1])
     import pyspark
 
@@ -63,7 +63,7 @@ def test_workers_of_a_local_session_import_pyspark_and_our_code_compiled_not_fro
 
 
 def test_only_local_sessions_get_the_daemon(monkeypatch):
-    import jobs.sparkutil as su
+    import jobs.spark.sparkutil as su
 
     seen = {}
 
@@ -79,7 +79,7 @@ def test_only_local_sessions_get_the_daemon(monkeypatch):
     for master in ("local[2]", None, "spark://host:7077", "yarn"):
         with pytest.raises(RuntimeError, match="stop here"):
             su.get_spark(master=master)
-    assert seen["local[2]"]["spark.python.daemon.module"] == "jobs.sparkdaemon"
-    assert seen[None]["spark.python.daemon.module"] == "jobs.sparkdaemon"
+    assert seen["local[2]"]["spark.python.daemon.module"] == "jobs.spark.sparkdaemon"
+    assert seen[None]["spark.python.daemon.module"] == "jobs.spark.sparkdaemon"
     assert "spark.python.daemon.module" not in seen["spark://host:7077"]
     assert "spark.python.daemon.module" not in seen["yarn"]

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.cli import main
-from storelib.broker.store import Store, load_settings
-from storelib.broker.timermsg import timer_messages
+from storelib.broker.settings.store import Store, load_settings
+from storelib.broker.timer.timermsg import timer_messages
 from storelib.fileio.bytesource import resolve
 from storelib.format.timerstore import (
     UNIT_SIZE,
@@ -248,7 +248,7 @@ def test_rocketmq_timers_data_source(spark, timer_sample):
 def test_timer_losses_count_pending_timers_whose_segment_goes_before_their_deliver_time():
     import pyarrow as pa
 
-    from storelib.broker.timermsg import TIMER_SCHEMA, timer_losses
+    from storelib.broker.timer.timermsg import TIMER_SCHEMA, timer_losses
 
     rows = [{"uniq_key": k, "state": st, "real_topic": t, "deliver_time_ms": due, "timer_phy_offset": phy}
             for k, st, t, due, phy in [("a", "pending", "T1", 5_000, 10), ("b", "pending", "T1", 1_000, 20),

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storelib.broker.brokerconf import BrokerSettings, load_broker_conf
-from storelib.broker.store import Store
-from storelib.broker.writer import StoreWriter, java_hashmap_order, serialize_properties
+from storelib.broker.settings.brokerconf import BrokerSettings, load_broker_conf
+from storelib.broker.settings.store import Store
+from storelib.broker.writer.writer import StoreWriter, java_hashmap_order, serialize_properties
 from storelib.format.checkpoint import read_checkpoint
 from storelib.format.properties import parse_properties
 from storelib.format.record import BLANK_MAGIC, Message

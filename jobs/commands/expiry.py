@@ -19,14 +19,14 @@ from jobs.common import (
     size_arg,
     time_arg,
 )
-from jobs.engines import add_engine_args
+from jobs.engines.schedulers import add_engine_args
 from jobs.expiry import add_model_args, run_grid_for, time_model
-from jobs.expiry_report import _ranges_text
-from storelib.broker.brokerconf import BrokerSettings, load_conf_over
+from jobs.reports.expiry_report import _ranges_text
+from storelib.broker.settings.brokerconf import BrokerSettings, load_conf_over
 from storelib.fileio.bytesource import resolve
 
 if TYPE_CHECKING:
-    from storelib.broker.store import Store
+    from storelib.broker.settings.store import Store
 
 EXAMPLE = """example:
   rmqstore expiry /data/store --broker-conf broker.conf --policy keep24h.conf --policy keep72h.conf \\
@@ -61,7 +61,7 @@ def load_policy(path: str, base: BrokerSettings) -> BrokerSettings:
 
 
 def build_policies(args: argparse.Namespace) -> tuple[BrokerSettings, list]:
-    from storelib.broker.expiry import Policy, parse_time_ms
+    from storelib.broker.expiry.expiry import Policy, parse_time_ms
 
     base = settings_from_args(args, resolve(args.store, **fs_options(args)))
     manual = tuple(parse_time_ms(t) for t in args.manual_delete)
@@ -84,7 +84,7 @@ def _timer_losses(store: Store, report: dict) -> None:
     """Per policy, the pending timer messages it loses (5.x stores with a timer store only)."""
     if not store.exists("timerlog"):
         return
-    from storelib.broker.timermsg import store_timers, timer_losses
+    from storelib.broker.timer.timermsg import store_timers, timer_losses
     from storelib.format.configjson import load_config
 
     timers = store_timers(store)
@@ -97,14 +97,14 @@ def _timer_losses(store: Store, report: dict) -> None:
 
 
 def run_args(args: argparse.Namespace) -> int:
-    from jobs.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
-    from storelib.broker.store import Store
+    from jobs.reports.expiry_report import COMPARE_COLUMNS, compare_rows, write_html
+    from storelib.broker.settings.store import Store
 
     base, policies = build_policies(args)
     model = time_model(args)
     store = Store(args.store, base, **fs_options(args))
     store.require_records("expiry")
-    # the policies run as tasks (storelib.broker.expirygrid), like the grid job's: one after the other in
+    # the policies run as tasks (storelib.broker.expiry.expirygrid), like the grid job's: one after the other in
     # this process for one policy, on a process pool or Spark for several
     grid = run_grid_for(args, [args.store], policies, model, base, mtimes=args.mtimes, fs_options=fs_options(args),
                         describe=True)
@@ -119,7 +119,7 @@ def run_args(args: argparse.Namespace) -> int:
     if args.html:
         write_html(args.html, report)
     if args.metrics_file:
-        from jobs.metrics import expiry_families, write_textfile
+        from jobs.reports.metrics import expiry_families, write_textfile
 
         write_textfile(args.metrics_file, expiry_families(args.store, report))
     if args.json:

@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _add_timers(args: argparse.Namespace, settings) -> dict:
     from dataclasses import asdict
 
-    from storelib.broker.store import Store
+    from storelib.broker.settings.store import Store
     from storelib.fileio.bytesource import resolve
     from storelib.generator.timergen import add_timer_messages
 

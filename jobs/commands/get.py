@@ -14,7 +14,7 @@ from storelib.format.uniqkey import decode_uniq_key
 from storelib.scan.messagecols import row_to_json
 
 if TYPE_CHECKING:
-    from storelib.broker.store import Store
+    from storelib.broker.settings.store import Store
 
 EXAMPLE = """examples:
   rmqstore get /data/store --offset 1048576
@@ -52,7 +52,7 @@ def lookup(store: Store, args: argparse.Namespace) -> list[dict]:
             raise StoreError(None, None, "bad_msg_id", str(e)) from e
         return [row_to_json(cl.record_at(phy, **kw).to_pylist()[0], args.with_body)]
     if args.queue is not None:
-        from storelib.broker.lookup import lookup_queue
+        from storelib.broker.index.lookup import lookup_queue
 
         topic, _, rest = args.queue.rpartition(":")
         topic, _, qid = topic.rpartition(":")
@@ -62,7 +62,7 @@ def lookup(store: Store, args: argparse.Namespace) -> list[dict]:
         return [row_to_json(cl.record_at(phy, **kw).to_pylist()[0], args.with_body)]
     if not args.topic:
         raise StoreError(None, None, "bad_argument", "--key needs --topic")
-    from storelib.broker.lookup import lookup_key
+    from storelib.broker.index.lookup import lookup_key
 
     rows = lookup_key(store, args.topic, args.key, args.begin_ms, args.end_ms, with_body=args.with_body)
     return [row_to_json(r, args.with_body) for r in rows]

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from jobs.common import Progress, add_store_args, human_ms, open_store, print_json, print_table
-from storelib.broker.storeinfo import collect
+from storelib.broker.settings.storeinfo import collect
 from storelib.errors import StoreError
 
 EXAMPLE = """example:

@@ -21,7 +21,7 @@ from jobs.common import (
 from storelib.scan.messagecols import iso_utc_column, row_to_json, with_time_columns
 
 if TYPE_CHECKING:
-    from storelib.broker.store import Store
+    from storelib.broker.settings.store import Store
 
 EXAMPLE = """example:
   rmqstore messages /data/store --topic OrderEvents --limit 5

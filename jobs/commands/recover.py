@@ -17,9 +17,9 @@ import os
 import sys
 
 from jobs.common import add_fs_args, add_settings_args, open_store, print_json
-from jobs.engines import add_engine_args, make_engine, resolve_engine_name, walk_on
-from storelib.broker.recovery import WalkRunner
-from storelib.broker.store import Store
+from jobs.engines.schedulers import add_engine_args, make_engine, resolve_engine_name, walk_on
+from storelib.broker.recovery.walk import WalkRunner
+from storelib.broker.settings.store import Store
 from storelib.errors import StoreError
 
 EXAMPLE = """examples:
@@ -59,7 +59,7 @@ def _open(args: argparse.Namespace) -> Store:
 
 
 def run_args(args: argparse.Namespace) -> int:
-    from storelib.broker.recoverapply import restore
+    from storelib.broker.startup.recoverapply import restore
 
     if args.restore:
         actions = restore(args.restore, os.path.abspath(args.store) if args.store else None)
@@ -86,10 +86,10 @@ def run_args(args: argparse.Namespace) -> int:
 
 def _run_on(args: argparse.Namespace, store: Store, walk_runner: WalkRunner) -> int:
     """The plan, apply or salvage of ``store``, its recovery walk's scans run by ``walk_runner``."""
-    from storelib.broker.recoverapply import apply
-    from storelib.broker.recoveryplan import plan_document
-    from storelib.broker.salvage import salvage
-    from storelib.broker.startup import simulate
+    from storelib.broker.startup.recoverapply import apply
+    from storelib.broker.startup.recoveryplan import plan_document
+    from storelib.broker.startup.salvage import salvage
+    from storelib.broker.startup.startup import simulate
     from storelib.fileio.smallfile_io import atomic_write_json
 
     if args.apply:

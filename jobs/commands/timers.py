@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.common import add_store_args, open_store, print_table, time_arg
-from storelib.broker.timermsg import deliver_histogram, timer_store_summary
+from storelib.broker.timer.timermsg import deliver_histogram, timer_store_summary
 from storelib.scan.messagecols import iso_utc, iso_utc_column
 
 EXAMPLE = """examples:

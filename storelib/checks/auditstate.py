@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from storelib.broker.store import Store
+from storelib.broker.settings.store import Store
 from storelib.checks.segment import SegmentResult, SegmentTask
 from storelib.errors import StoreError
 from storelib.scan.fingerprint import prefix_unchanged

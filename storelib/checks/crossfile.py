@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.geometry import fold_geometry_findings
-from storelib.broker.store import Store
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.geometry import fold_geometry_findings
+from storelib.broker.settings.store import Store
 from storelib.checks.crossstream import CrossResults, lost_ranges, preloaded, streamable, streamed_checks
 from storelib.checks.index import check_index, load_index_files
 from storelib.checks.logcharts import view_charts

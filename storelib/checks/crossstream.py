@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.store import Store
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.store import Store
 from storelib.checks.index import check_index, load_index_files
 from storelib.checks.keystream import KeyStream, pending_table
 from storelib.checks.logcharts import SizeHistogram, TrafficSeries

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.checks.indexgrowth import grown_file_clean, slots_crc
 from storelib.checks.keystream import KeyStream
 from storelib.checks.logview import (

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.checks.logview import LogView, _queue_hint, _queue_records_exactly, _rel
 from storelib.checks.segment import _Capped
 from storelib.errors import Finding, StoreError

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.checks.logview import Unsettled
 from storelib.checks.queues import (
     CQLoad,

@@ -1,6 +1,6 @@
 """The per-segment checks of an audit (one task per segment or split, any engine): every record validated as
 the broker does, body and 5.x property CRCs, PHYSICALOFFSET against the position, the end-of-file record;
-after a bad record the scan resynchronises (:mod:`storelib.broker.resync`) so the rest is still audited. A task
+after a bad record the scan resynchronises (:mod:`storelib.broker.recovery.resync`) so the rest is still audited. A task
 returns findings, lost regions, a compact record table and its records' index keys; :func:`finish_segment`
 merges a segment's parts. Also the finding collector (:class:`_Capped`) the cross-file checks share."""
 
@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.broker.resync import LostRegion, find_next_record, lost_region
+from storelib.broker.recovery.resync import LostRegion, find_next_record, lost_region
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, read_ipc_file, resolve
 from storelib.fileio.memory import keep_freed_memory
@@ -27,8 +27,8 @@ from storelib.scan.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
 from storelib.scan.splits import plan_splits
 
 if TYPE_CHECKING:
-    from storelib.broker.brokerline import BrokerLine
-    from storelib.broker.store import Store
+    from storelib.broker.settings.brokerline import BrokerLine
+    from storelib.broker.settings.store import Store
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 MAX_PER_KIND = 50  # findings of one kind per file before they are summarised
@@ -485,7 +485,7 @@ def _region_extra(rg: LostRegion) -> dict:
 def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, display: str, found: _Capped,
                  bad_rows: list, rec_parts: list, key_parts: list) -> None:
     """Column checks of one scan batch, and its compact columns for the cross-file checks."""
-    from storelib.broker.indexbuild import index_keys
+    from storelib.broker.index.indexbuild import index_keys
 
     phy = batch.column("phy_offset").to_numpy()
     field_ = batch.column("physical_offset_field").to_numpy()

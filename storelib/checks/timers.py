@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.checks.logview import LogView
 from storelib.checks.segment import _Capped
 from storelib.errors import Finding, StoreError

@@ -1,7 +1,7 @@
 """Where a rebuild writes: the destination checks (never inside the store, never over something that is
 not a rebuild's output), the staging directory beside the destination (stale ones of dead runs removed),
 file hashes for the manifest, and the publish in place with a backup.
-The index file writers are storelib.broker.indexwrite; the job is :mod:`jobs.rebuild`."""
+The index file writers are storelib.broker.index.indexwrite; the job is :mod:`jobs.rebuild`."""
 
 from __future__ import annotations
 

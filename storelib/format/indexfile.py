@@ -8,7 +8,7 @@ file size).
 Two builders produce the same bytes (store-algorithms.md §6, §7.4), sharing the chain and timeDiff
 helpers here:
 
-* :func:`storelib.broker.indexbuild.build_index_files` — the vectorised rebuild used by the jobs: every
+* :func:`storelib.broker.index.indexbuild.build_index_files` — the vectorised rebuild used by the jobs: every
   entry's file number, entry number, timeDiff, prevIndex, slot table and header come from column
   operations (a stable sort by ``(file, slot)`` gives the prevIndex chains), no per-entry Python.
 * ``IndexFileWriter`` / ``ScalarIndexService`` (tests/index_oracle.py) — a step-by-step transcription of the

@@ -13,9 +13,9 @@ concatenation (``binary_join_element_wise``) of a fixed-field prefix built from 
 array, the body (a zero-copy view into a body pool), the topic and the properties, so the data buffer
 of that Arrow array *is* the commitlog bytes. The only per-record Python work is one CRC call per body
 (and, in 5.x with ``enabledAppendPropCRC``, one per record). CQ and index files come from
-:func:`storelib.broker.dispatch.dispatch_store`.
+:func:`storelib.broker.dispatch.dispatch.dispatch_store`.
 
-The bytes are exactly what :class:`storelib.broker.writer.StoreWriter` writes for the same operations:
+The bytes are exactly what :class:`storelib.broker.writer.writer.StoreWriter` writes for the same operations:
 :func:`replay_plan` feeds a plan to a StoreWriter (tests compare the two byte for byte).
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.broker.brokerconf import BrokerSettings
+from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.errors import StoreError
 from storelib.format.crc import MASK, crc32_ranges
 from storelib.format.properties import CRC32, CRC32_RESERVED_LEN, NAME_VALUE_SEP, PROPERTY_SEP
@@ -351,7 +351,7 @@ def generate(out: str | os.PathLike, cfg: GenConfig, settings: BrokerSettings | 
     from storelib.format.checkpoint import Checkpoint, write_checkpoint
 
     if dispatch:
-        from storelib.broker.dispatch import dispatch_store
+        from storelib.broker.dispatch.dispatch import dispatch_store
 
         res.dispatch = dispatch_store(stage, settings, from_offset=0)
     if write_config_files:

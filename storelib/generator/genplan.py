@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.writer import OP_REMOVE_TAG, java_hashmap_order
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.writer.writer import OP_REMOVE_TAG, java_hashmap_order
 from storelib.format.properties import NAME_VALUE_SEP, PROPERTY_SEP
 from storelib.format.record import (
     BORNHOST_V6_FLAG,

@@ -7,7 +7,7 @@ precision earlier when it is exact), ``REAL_TOPIC``/``REAL_QID`` added, stored u
 before ``now`` are delivered: the timer store's re-put (TimerMessageStore.convertMessage) writes a copy on
 the real topic and queue with the enqueue's properties plus ``TIMER_ENQUEUE_MS``/``TIMER_DEQUEUE_MS``,
 born time, host, flag and sysflag kept. The timer files then hold every enqueue as doEnqueue writes it
-(storelib.broker.timerrebuild; wheel slots are not cleared by delivery), ``timercheck`` the read position and
+(storelib.broker.timer.timerrebuild; wheel slots are not cleared by delivery), ``timercheck`` the read position and
 queue offsets, ``timermetrics`` the pending count per real topic.
 """
 
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import pyarrow.compute as pc
 
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.store import Store
-from storelib.broker.timermsg import store_timers
-from storelib.broker.timerrebuild import enqueue_units, rebuilt_checkpoint
-from storelib.broker.writer import StoreWriter
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.store import Store
+from storelib.broker.timer.timermsg import store_timers
+from storelib.broker.timer.timerrebuild import enqueue_units, rebuilt_checkpoint
+from storelib.broker.writer.writer import StoreWriter
 from storelib.fileio.bytesource import resolve
 from storelib.fileio.publish import atomic_local_file
 from storelib.format.record import Message

@@ -11,7 +11,7 @@ its first byte. Each nominal cut point (every ``max_split_bytes``) is moved forw
   clean end of the chain: blank end record, zeros, the exact segment end).
 
 The same search is the minimal resync used by permissive readers after a bad record
-(:func:`find_record_start`); it is stricter than :mod:`storelib.broker.resync` (the PHYSICALOFFSET match is
+(:func:`find_record_start`); it is stricter than :mod:`storelib.broker.recovery.resync` (the PHYSICALOFFSET match is
 required, not one of two signals) because a false split boundary would silently mis-decode a region,
 and it reads through ``ByteSource.read`` windows instead of needing the whole segment in memory.
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from storelib.broker.recovery import SegmentTask, WalkPlan, iter_task
+from storelib.broker.recovery.walk import SegmentTask, WalkPlan, iter_task
 from storelib.fileio.bytesource import Location, open_source, resolve, sha256_of
 from storelib.fileio.memory import keep_freed_memory
 from storelib.format.topicname import escape_topic

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from storelib.broker.recovery import WalkPlan
-from storelib.broker.store import Store
+from storelib.broker.recovery.walk import WalkPlan
+from storelib.broker.settings.store import Store
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
 from storelib.scan.commitlog import Segment

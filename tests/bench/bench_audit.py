@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from jobs.audit import audit_store
-    from storelib.broker.brokerconf import BrokerSettings
+    from storelib.broker.settings.brokerconf import BrokerSettings
     from storelib.generator.gen import generate
     from storelib.generator.genplan import GenConfig
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         for engine in args.engines.split(","):
             spark = None
             if engine == "spark":
-                from jobs.sparkutil import get_spark
+                from jobs.spark.sparkutil import get_spark
 
                 spark = get_spark(master="local[2]", app_name="bench-audit", batch_job=True)  # as `rmqstore audit` does
             for attempt in ("warm-up", "measured"):

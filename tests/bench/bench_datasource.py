@@ -227,7 +227,7 @@ def main() -> None:
         print("storelib single process, to Parquet  :", _rate(rows, single_pq))
 
         from datasources import register
-        from jobs.sparkutil import get_spark
+        from jobs.spark.sparkutil import get_spark
 
         spark = get_spark(master="local[2]", app_name="bench_datasource")
         register(spark)

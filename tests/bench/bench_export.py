@@ -11,7 +11,7 @@ Not part of the test run. ``python -m tests.bench.bench_export [--size 2GB] [--s
   and nothing else: what no export of these columns with zstd can beat.
 * SQL: ``count(*)``, ``group by topic``, and a store-time range filter with a count, each run twice
   (the second timed) on the snapshot (``datasources.read_snapshot``) and on ``spark.read.format("rocketmq")``.
-* incremental: 1% more messages appended through storelib.broker.writer (the broker's write path), then
+* incremental: 1% more messages appended through storelib.broker.writer.writer (the broker's write path), then
   ``export --incremental`` against the full export's time.
 Also storelib's own one-process scan (CommitLog.scan, all columns, CRCs). Targets (issue "columnar
 snapshots"): export >= 0.8 of the scan; snapshot SQL >= 10x the data source;
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     out = os.path.join(work, "snap")
     try:
         from jobs.cli import main as cli
-        from jobs.engines import PoolEngine
+        from jobs.engines.schedulers import PoolEngine
         from jobs.export import ExportConfig, export
 
         if not os.path.isdir(store):
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _sql(store: str, out: str) -> None:
     import datasources as ds
-    from jobs.sparkutil import get_spark
+    from jobs.spark.sparkutil import get_spark
 
     spark = get_spark(master="local[2]", app_name="bench-export")
     ds.register(spark)

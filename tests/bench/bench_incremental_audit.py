@@ -5,7 +5,7 @@ Not part of the test run. ``python -m tests.bench.bench_incremental_audit [--siz
 
 Steps (all with the in-process engine, so the figures compare like with like): a full audit without
 state; a full audit that writes the state; 1% more messages appended through the broker's write path
-(storelib.broker.writer.StoreWriter, dispatched); an incremental audit from the state. Printed: seconds of each,
+(storelib.broker.writer.writer.StoreWriter, dispatched); an incremental audit from the state. Printed: seconds of each,
 state bytes (file + sidecar directory) and bytes per GB of store, the incremental/full ratio, peak RSS.
 Targets (issue "scheduled audits"): state under 1 MB per GB; incremental after 1% growth under 10% of full.
 """
@@ -40,8 +40,8 @@ def _audit(store: str, since: str | None) -> tuple[float, dict]:
 
 def grow_store(store: str, nbytes: int) -> int:
     """Append about ``nbytes`` of messages the way the broker writes them (CQ and index dispatched)."""
-    from storelib.broker.store import load_settings
-    from storelib.broker.writer import StoreWriter
+    from storelib.broker.settings.store import load_settings
+    from storelib.broker.writer.writer import StoreWriter
     from storelib.fileio.bytesource import resolve
     from storelib.format.record import Message
 

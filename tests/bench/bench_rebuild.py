@@ -125,7 +125,7 @@ def main() -> None:
     SPARK: dict = {}
     local = one("local (1 process)")
     t0 = time.time()
-    from jobs.sparkutil import get_spark
+    from jobs.spark.sparkutil import get_spark
 
     SPARK["s"] = get_spark("local[2]", app_name="rmqstore-bench", batch_job=True)  # as `rmqstore rebuild` does
     start = time.time() - t0

@@ -79,7 +79,7 @@ class PeakRss:
 
 def build(root: Path, size: int, segment_size: int) -> dict:
     """A generated 4.x store of ``size`` commitlog bytes (no CQ/index: the scan needs only the commitlog)."""
-    from storelib.broker.brokerconf import BrokerSettings
+    from storelib.broker.settings.brokerconf import BrokerSettings
     from storelib.generator.gen import generate
     from storelib.generator.genplan import GenConfig
 

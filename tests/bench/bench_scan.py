@@ -214,7 +214,7 @@ def rebuild(root: Path) -> tuple[int, float, str, dict]:
     """(c) single-process ConsumeQueue + IndexFile rebuild from the store (files in a temp dir, removed
     after the clock stops)."""
     try:
-        from storelib.broker import dispatch
+        from storelib.broker.dispatch import dispatch
         have_dispatch = hasattr(dispatch, "dispatch_store")
     except ImportError:
         have_dispatch = False
@@ -223,7 +223,7 @@ def rebuild(root: Path) -> tuple[int, float, str, dict]:
         t0, c0 = time.perf_counter(), time.process_time()
         if have_dispatch:
             msgs, extra = _rebuild_dispatch(root, out)
-            how = "storelib.broker.dispatch.dispatch_store, files written to a temp dir"
+            how = "storelib.broker.dispatch.dispatch.dispatch_store, files written to a temp dir"
         else:
             msgs, extra = _rebuild_direct(root)
             how = "scan → build_consume_queues + index_keys/build_index_files, in memory"
@@ -234,7 +234,7 @@ def rebuild(root: Path) -> tuple[int, float, str, dict]:
 
 
 def _rebuild_dispatch(root: Path, out: Path) -> tuple[int, dict]:
-    from storelib.broker.dispatch import dispatch_store
+    from storelib.broker.dispatch.dispatch import dispatch_store
 
     res = dispatch_store(str(root), out_root=str(out))
     return int(res.records), {"cq_records": res.cq_records, "index_keys": res.index_keys,
@@ -244,8 +244,8 @@ def _rebuild_dispatch(root: Path, out: Path) -> tuple[int, dict]:
 def _rebuild_direct(root: Path) -> tuple[int, dict]:
     import pyarrow as pa
 
-    from storelib.broker.cqwriter import build_consume_queues
-    from storelib.broker.indexbuild import build_index_files, index_keys
+    from storelib.broker.dispatch.cqwriter import build_consume_queues
+    from storelib.broker.index.indexbuild import build_index_files, index_keys
     from storelib.format.indexfile import IndexGeometry
 
     cl = CommitLog(str(root / "commitlog"))

@@ -1,0 +1,137 @@
+"""The rebuild as tasks on an engine (this process, a process pool or Spark): this module only schedules
+storelib.broker.dispatch.rebuildtasks' tasks and merge steps and reports progress. Phase A parses each segment;
+then one job runs phase B (ConsumeQueue files, one partition per core) beside phase C (one task per
+index file). Intermediates go through files in ``staging/_work``, removed here when the job ends.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from jobs.common import Stage
+from jobs.engines.schedulers import Engine
+from storelib.broker.dispatch.rebuildtasks import (
+    WORK,
+    EngineResult,
+    IndexPlan,
+    Meta,
+    RebuildContext,
+    check_supported,
+    count_kept,
+    cq_jobs,
+    dispatched_segments,
+    first_times,
+    phase_a,
+    phase_bc,
+    segment_items,
+    segment_keys,
+    unsafe_topic_findings,
+    write_extra_index,
+)
+from storelib.broker.index.indexmerge import kept_counts, layout, name_files, running_max_before
+from storelib.broker.recovery.walk import finish_walk, plan_recovery, store_inputs
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.store import Store
+from storelib.fileio.bytesource import Location
+from storelib.fileio.staging import drop_staging
+from storelib.format.checkpoint import Checkpoint
+
+
+def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
+              say: Stage, fs_options: dict[str, Any], partitions: int | None = None,
+              name_tz: str = "UTC") -> EngineResult:
+    """Phases A/B/C as tasks on ``engine`` (a process pool or Spark); intermediates are exchanged through
+    files in ``staging/_work`` (no shuffle or cache of Python objects), which every worker reads and
+    writes itself."""
+    inputs = store_inputs(store, version=settings.version, last_exit_ok=True, cq_max_phy_offset=-1,
+                          checkpoint=Checkpoint())
+    plan = plan_recovery(inputs, store.commitlog.segments)
+    # one consume-queue partition per core: they run beside the index-file task(s), and a task costs
+    # tens of ms of scheduling here, more than finer balancing gains
+    P = partitions or engine.parallelism
+    ctx = RebuildContext.make(plan, settings, staging, what, P, fs_options)
+    if not plan.tasks:
+        return EngineResult(finish_walk(plan, {}))
+    items = segment_items(plan)
+    say(f"phase A: parsing {len(items)} segment(s) on executors")
+    try:
+        metas = {m["idx"]: m for m in engine.map(partial(phase_a, ctx), items, "phase A: segments", say)}
+        say(f"phase A: {len(metas)}/{len(items)} segments parsed, {sum(m['rows'] for m in metas.values())} records")
+        res = finish_walk(plan, {i: m["end"] for i, m in metas.items()})
+        check_supported(res)
+        say(f"walk: processOffset {res.process_offset} ({res.start_reason})")
+        inc = dispatched_segments(plan, res, metas)
+        out = EngineResult(res, records=sum(metas[i]["rows"] for i in inc))
+        # an unsafe name never reaches an executor's makedirs (write_consume_queues skips it): reported once
+        out.findings.extend(unsafe_topic_findings(plan, metas, inc))
+        jobs = cq_jobs(metas, inc, P) if ctx.do_cq else []
+        ix = _index_plan(engine, metas, inc, ctx, out, say, name_tz) if ctx.do_index else None
+        out.files = _run_bc(engine, ctx, jobs, ix, out, say)
+        return out
+    finally:
+        drop_staging(staging.join(WORK))
+
+
+def _run_bc(engine: Engine, ctx: RebuildContext, jobs: list[tuple[int, list[int]]], ix: IndexPlan | None,
+            out: EngineResult, say: Stage) -> dict[str, dict[str, Any]]:
+    """Phases B and C in one engine job; returns the written files' {rel: {size, sha256}}, sorted."""
+    # phases B and C are independent: one Spark job runs both, index files first (one long task
+    # per file) so the consume-queue tasks fill the other cores around them
+    work: list[tuple[str, Any]] = [("index", f) for f in range(ix.nfiles if ix else 0)]
+    work += [("cq", j) for j in jobs]
+    if ctx.do_cq:
+        say(f"phase B: consume queues in {len(jobs)} partition(s)")
+    if ix is not None and ix.nfiles:
+        say(f"phase C: {ix.keys} index keys → {ix.nfiles} index file(s)")
+    results = []
+    if work:
+        results = engine.map(partial(phase_bc, ctx, ix.job_args() if ix else None), work, "phases B/C: tasks", say)
+    files: dict[str, dict[str, Any]] = {}
+    for kind, s in results:
+        if kind == "cq":
+            files.update(s["files"])
+            out.queues += s["queues"]
+            out.cq_records += s["cq_records"]
+        else:
+            files[s["rel"]] = {"size": s["size"], "sha256": s["sha256"]}
+    if ctx.do_cq:
+        say(f"phase B: {out.queues} queues, {out.cq_records} entries, "
+            f"{sum(1 for r in files if r.startswith('consumequeue/'))} files "
+            f"(task seconds: {sum(s['seconds'] for k, s in results if k == 'cq'):.1f})")
+    if any(k == "index" for k, _ in results):
+        say(f"phase C: longest index-file task {max(s['seconds'] for k, s in results if k == 'index'):.1f} s")
+    if ix is not None:
+        files.update(write_extra_index(ix, ctx.staging))
+        say(f"phase C: {sum(1 for r in files if r.startswith('index/'))} index file(s) written")
+    return dict(sorted(files.items()))
+
+
+def _index_plan(engine: Engine, metas: dict[int, Meta], inc: list[int], ctx: RebuildContext, out: EngineResult,
+                say: Stage, name_tz: str) -> IndexPlan:
+    """Schedule the index merge steps: the duplicate test's counts (on the engine when a segment needs it),
+    the layout, each file's first time (for its name)."""
+    g = ctx.geometry
+    E = g.entries_per_file
+    segs = {i: segment_keys(metas[i]) for i in inc}
+    keyed = [i for i in inc if segs[i].n_keys]
+    m_before, whole = running_max_before(segs, inc)
+    mb = None if whole else m_before
+    kept = None
+    if not whole:
+        say("phase C: PHYSICALOFFSET fields are not increasing: applying the broker's duplicate test")
+        kept = {i: (c, lr, lk) for i, c, lr, lk in engine.map(partial(count_kept, ctx, m_before), keyed,
+                                                             "phase C: duplicate test")}
+    counts, last = kept_counts(segs, keyed, kept)
+    ix = layout(g, inc, segs, counts, last, out.records, ctx.empty_index_count)
+    out.index_keys = ix.keys
+    firsts: dict[int, int] = {}
+    if ix.nfiles:
+        with_keys = [i for i in keyed if ix.counts[i]]
+        if ctx.staging.local:  # memory-mapped key files: the driver reads one time per file itself
+            firsts = dict(pair for i in with_keys for pair in first_times(ctx, E, ix.offsets, mb, i))
+        else:
+            firsts = dict(pair for lst in engine.map(partial(first_times, ctx, E, ix.offsets, mb), with_keys,
+                                                     "phase C: first times")
+                          for pair in lst)
+    return IndexPlan(ix, mb, name_files(ix, firsts, name_tz))

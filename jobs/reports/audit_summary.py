@@ -1,0 +1,136 @@
+"""The audit's verdict for people and for schedulers: the exit code, the one-screen console summary
+(findings wrapped at words, the full text in the report), and what the damage costs at a broker
+start-up with the commands that salvage or repair it."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import textwrap
+from typing import Any
+
+from storelib.broker.settings.store import Store
+from storelib.checks.segment import SEVERITY_RANK
+from storelib.errors import StoreError
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_FAILED = 0, 1, 2
+
+
+def exit_code(report: dict[str, Any], fail_on: str) -> int:
+    """0 clean, 1 findings at or above ``fail_on``."""
+    th = SEVERITY_RANK[fail_on]
+    return EXIT_FINDINGS if any(SEVERITY_RANK.get(f["severity"], 0) >= th for f in report["findings"]) else EXIT_CLEAN
+
+
+def summary_text(report: dict[str, Any], fail_on: str) -> str:
+    """The one-screen summary printed at the end of a run."""
+    s = report["summary"]
+    run = report.get("run", {})
+    sev = s["by_severity"]
+    lines = [
+        f"rmqstore audit: {report['store']}",
+        f"  {s['segments']} segments, {s['records']} records ({s['bytes_valid'] / 1e6:.1f} MB), {s['queues']} queues, "
+        f"{s['index_files']} index files",
+        f"  findings: {sev.get('critical', 0)} critical, {sev.get('error', 0)} error, {sev.get('warning', 0)} warning, "
+        f"{sev.get('info', 0)} info",
+        f"  damaged data: {s['bytes_lost']} bytes in corrupt regions, {s.get('crc_errors', 0)} record(s) "
+        f"failing their CRC ({s.get('bytes_crc_failed', 0)} bytes)",
+    ]
+    if run:
+        rate = f", {run['mb_per_s']} MB/s" if run.get("mb_per_s") else ""
+        split = ""
+        if run.get("startup_seconds") is not None:
+            work = float(run.get("segment_seconds") or 0) + float(run.get("cross_check_seconds") or 0)
+            split = f" (start-up {run['startup_seconds']:.2f} s, work {work:.2f} s)"
+        lines.append(f"  engine {run['engine']}: {run['seconds']} s{split}; {run['segments_audited']} segments audited, "
+                     f"{run['segments_carried']} carried forward{rate}")
+    shown = [f for f in report["findings"] if SEVERITY_RANK.get(f["severity"], 0) >= 1][:12]
+    for f in shown:
+        where = f["file"] or "<store>"
+        if f["offset"] is not None:
+            where += f" @ {f['offset']}"
+        lines.extend(_wrapped(f"  [{f['severity']}] {where}: {f['kind']}: {f['detail']}"))
+    more = sum(1 for f in report["findings"] if SEVERITY_RANK.get(f["severity"], 0) >= 1) - len(shown)
+    if more > 0:
+        lines.append(f"  ... {more} more (see the JSON/HTML report: --report-dir D or --json)")
+    lines.extend(damage_lines(report.get("damage")))
+    code = exit_code(report, fail_on)
+    lines.append(f"  result: {'CLEAN' if code == 0 else 'FINDINGS'} (fail-on {fail_on}, exit {code})")
+    return "\n".join(lines)
+
+
+SUMMARY_WIDTH = 110
+DETAIL_LINES = 4
+
+
+def _wrapped(line: str, indent: str = "      ") -> list[str]:
+    """A finding on the console: wrapped at word boundaries, at most :data:`DETAIL_LINES` lines, a cut
+    one ending in an ellipsis that points to the report (which holds the whole text)."""
+    return textwrap.wrap(line, SUMMARY_WIDTH, subsequent_indent=indent, max_lines=DETAIL_LINES,
+                         placeholder=" ... (full text in the report)", break_on_hyphens=False)
+
+
+def damage_lines(damage: dict[str, Any] | None) -> list[str]:
+    """What the damage costs and what to run next (the report's ``damage`` section), for the console."""
+    if not damage:
+        return []
+    if damage.get("error"):
+        return [f"  cost: could not replay a start-up ({damage['error']})"]
+    out = _wrapped(f"  cost: a broker start-up would drop {damage['messages_lost']} message(s) "
+           f"({damage['messages_intact']} intact and salvageable, {damage['bytes_lost']} bytes); the commitlog "
+           f"would end at physical offset {damage['process_offset']}", "        ")
+    for c in damage["next"]:
+        out.append(f"  next: {c['command']}")
+        out.extend(_wrapped(f"        {c['why']}", "        "))
+    return out
+
+
+COMMITLOG_DAMAGE = frozenset({"body_crc_mismatch", "prop_crc_mismatch", "torn_tail", "corrupt_region", "zeroed_region",
+                              "missing_segment", "segment_unreadable", "segment_not_sealed"})
+DERIVED_DAMAGE_PREFIXES = ("consumequeue/", "index/")
+
+
+def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
+                same_args: list[str] | None = None) -> dict[str, Any] | None:
+    """What the findings cost and what to run next; None on a store without damage at error or above.
+
+    The cost is the one recovery walk ``rmqstore recover`` shows (read-only): the messages a broker
+    start-up would drop (its CRC check truncates the commitlog at the first bad record of the recovery
+    window and everything after it goes), how many of them are intact (salvageable), and where the
+    commitlog would end. A CRC error in a segment the start-up does not re-check costs nothing at start-up.
+    """
+    serious = [f for f in report["findings"] if SEVERITY_RANK.get(f["severity"], 0) >= SEVERITY_RANK["error"]]
+    log_damage = any(f["kind"] in COMMITLOG_DAMAGE for f in serious)
+    derived = any((f["file"] or "").startswith(DERIVED_DAMAGE_PREFIXES) for f in serious)
+    if not (log_damage or derived):
+        return None
+    from storelib.broker.startup.startup import simulate
+    from storelib.broker.startup.startuplost import scan_lost
+
+    quoted = " ".join(shlex.quote(a) for a in [store.uri, *(same_args or [])])  # the audit's own settings
+    if not quiet:
+        sys.stderr.write("audit: replaying a broker start-up (read-only) to price the damage\n")
+    try:
+        sim = simulate(store)
+        totals = scan_lost(sim)["totals"]
+    except (StoreError, OSError, ValueError) as e:
+        return {"error": str(e), "next": [{"command": f"rmqstore recover {quoted}",
+                                           "why": "preview what a broker start-up would do"}]}
+    steps: list[dict[str, str]] = []
+    if totals["messages"]:
+        steps.append({"command": f"rmqstore recover {quoted} --salvage SALVAGE_DIR",
+                      "why": f"export the {totals['messages']} message(s) a start-up would drop "
+                             f"({totals['intact']} intact) before anything changes"})
+    if log_damage:
+        steps.append({"command": f"rmqstore recover {quoted} --apply --backup BACKUP_DIR",
+                      "why": "do what the broker's start-up would (truncate, re-dispatch), keeping a backup; "
+                             "rmqstore recover without --apply previews it"})
+    if derived:
+        steps.append({"command": f"rmqstore rebuild {quoted} --out REBUILT_DIR",
+                      "why": "rebuild ConsumeQueue and index files from the commitlog, as the broker's dispatch writes them"})
+    return {"messages_lost": totals["messages"], "messages_intact": totals["intact"], "bytes_lost": totals["bytes"],
+            "bytes_unreadable": totals["bytes_unreadable"], "by_topic": totals["by_topic"],
+            "process_offset": sim.walk.process_offset, "next": steps}
+
+
+__all__ = ["EXIT_CLEAN", "EXIT_FAILED", "EXIT_FINDINGS", "damage_cost", "damage_lines", "exit_code", "summary_text"]

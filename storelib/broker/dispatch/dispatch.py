@@ -1,0 +1,436 @@
+"""Dispatch: commitlog records → ConsumeQueue and IndexFile files, as ReputMessageService does.
+
+This module is the single place that turns scan batches into CQ and index files. Everything that
+writes consume queues or index files (the StoreWriter, the generator, the rebuild job's local engine)
+calls :func:`dispatch_store`.
+
+API
+---
+
+``dispatch_store(store_root, settings=None, from_offset=None, to_offset=None, out_root=None,
+what=("consumequeue", "index"), emit_empty_index=True, ...) -> DispatchResult``
+
+* ``store_root``: the store whose ``commitlog/`` is read (never written).
+* ``out_root``: where ``consumequeue/`` and ``index/`` are written (default: ``store_root``). Existing
+  queues and the last index file there are **continued** (reput semantics): each queue's state is
+  recovered from its files (``QueueState.from_existing``) and the last index file is extended, so a
+  dispatch in several steps writes the same bytes as one dispatch over the whole range.
+* ``from_offset``: the reput position (a record start). ``None`` computes it like a 4.9.8 broker at
+  start-up (store-algorithms §8.9): the largest ``maxPhysicOffset`` over the consume queues under
+  ``out_root``, at least the commitlog min offset (so 0 for an empty ``consumequeue/``).
+* ``to_offset``: stop before records starting at or after it (e.g. recovery's ``processOffset``).
+  ``None``: the end of the log.
+* ``what``: any of ``"consumequeue"``, ``"index"``.
+* ``emit_empty_index``: records were dispatched but none had keys → write the broker's one empty index
+  file (store-algorithms §7.4 step 6).
+
+Reput rules (store-algorithms §4.1) applied while scanning, with no CRC check (dispatch never checks
+it) and without bodies or the property map:
+
+* blank record → continue at the next segment's base;
+* a record the broker decodes as size −1 (bad magic, zeros, truncated, parse error): if a later
+  segment holds data, a master (``brokerId == 0``) skips the rest of this segment (finding
+  ``reput_skipped_rest_of_segment``) and a slave stops there; otherwise it is the end of the log;
+* a length mismatch (positive size) stops the dispatch with finding ``unsupported_length_mismatch``
+  and ``DispatchResult.unsupported = True``: the broker then decodes from a misaligned position,
+  which no byte-identical rebuild should emulate.
+
+Not supported (raise ``StoreError(kind="unsupported")``): ConsumeQueueExt, multi-dispatch/LMQ copies.
+5.x BatchConsumeQueue topics are not routed (their records get ordinary CQ entries).
+
+Memory bound
+------------
+
+Records are accumulated ``chunk_rows`` at a time (default 1 Mi) and then written, so memory holds:
+the seven CQ columns of one chunk (about 45 bytes + the topic text per record), the index keys of one
+chunk (key hash, phy offset, store time: 20 bytes per key, plus sort temporaries), the CQ units written
+for the chunk (20 bytes per entry, plus one segment per queue while it is written), and the index file
+being continued (header + slots + entries: at most ``40 + 4 * maxHashSlotNum + 20 * maxIndexNum``
+bytes, 420 MB at the default geometry). Bodies and property maps are never held.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storelib.broker.dispatch.cqwriter import QueueState, build_consume_queues, write_queue_image
+from storelib.broker.index.indexbuild import IndexState, build_index_files, empty_index_count, index_key_rows
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.errors import Finding, StoreError
+from storelib.fileio.bytesource import Location, resolve
+from storelib.format.consumequeue import ConsumeQueue, list_queues
+from storelib.format.indexdir import list_index_files
+from storelib.format.indexfile import IndexGeometry, IndexHeader
+from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
+from storelib.format.topicname import unsafe_reason, unsafe_topic_finding
+from storelib.scan.commitlog import CommitLog, Segment
+from storelib.scan.scanner import SegmentScan
+
+DISPATCH_COLUMNS = [
+    "phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset", "tran_type",
+    "store_timestamp", "tags_code", "uniq_key", "keys",
+]
+CQ_COLUMNS = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type",
+              "store_timestamp"]
+DEFAULT_CHUNK_ROWS = 1 << 20
+WHAT = ("consumequeue", "index")
+
+
+@dataclass
+class DispatchResult:
+    """What one dispatch did.
+
+    ``end_offset`` is the reput position afterwards (pass it as the next ``from_offset``).
+    ``last_cq_store_timestamp``: store time of the last record that got a CQ entry (the broker's
+    checkpoint.logicsMsgTimestamp); ``index_msg_timestamp``: endTimestamp of the newest index file
+    that is followed by another one (full and flushed: checkpoint.indexMsgTimestamp), 0 if none.
+    """
+
+    from_offset: int
+    end_offset: int
+    records: int = 0
+    cq_records: int = 0
+    index_keys: int = 0
+    last_store_timestamp: int = 0
+    last_cq_store_timestamp: int = 0
+    index_msg_timestamp: int = 0
+    cq_files: list[str] = field(default_factory=list)
+    index_files: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    unsupported: bool = False
+    queue_states: dict[tuple[str, int], QueueState] = field(default_factory=dict)
+    index_state: IndexState | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "from_offset": self.from_offset, "end_offset": self.end_offset, "records": self.records,
+            "cq_records": self.cq_records, "index_keys": self.index_keys,
+            "last_store_timestamp": self.last_store_timestamp,
+            "last_cq_store_timestamp": self.last_cq_store_timestamp,
+            "index_msg_timestamp": self.index_msg_timestamp, "cq_files": len(self.cq_files),
+            "index_files": len(self.index_files), "unsupported": self.unsupported,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _settings(settings: BrokerSettings | None, version: str | None = None) -> BrokerSettings:
+    if settings is not None:
+        return settings
+    return BrokerSettings.defaults(version or "4")
+
+
+def _loc(where: str | os.PathLike | Location) -> Location:
+    return where if isinstance(where, Location) else resolve(where)
+
+
+def _first_record_present(seg: Segment) -> bool:
+    """Does the segment start with a message record (not zeros/garbage)? Reads 8 bytes."""
+    src = seg.open()
+    try:
+        head = bytes(src.read(0, 8))
+    finally:
+        src.close()
+    if len(head) < 8:
+        return False
+    magic = int.from_bytes(head[4:8], "big", signed=True)
+    return magic in (MAGIC_V1, MAGIC_V2, BLANK_MAGIC)
+
+
+class _Dispatcher:
+    """Accumulates dispatch columns chunk by chunk and writes CQ/index files with continued state."""
+
+    def __init__(self, out: Location, settings: BrokerSettings, what: Sequence[str], emit_empty_index: bool,
+                 name_tz: str | None, result: DispatchResult, queue_states: dict[tuple[str, int], QueueState],
+                 index_state: IndexState | None):
+        self.out = out
+        self.settings = settings
+        self.do_cq = "consumequeue" in what
+        self.do_index = "index" in what and bool(settings.message_index_enable)
+        self.emit_empty_index = emit_empty_index
+        self.name_tz = name_tz
+        self.result = result
+        self.cq_size = int(settings.mapped_file_size_consume_queue)
+        self.geometry = settings.index_geometry
+        self.qstate = queue_states
+        self.istate = index_state
+        self.empty_index_count = empty_index_count(settings.version)
+        self.batches: list[pa.RecordBatch] = []
+        self.keys: list[dict[str, np.ndarray]] = []
+        self.rows = 0
+        self.any_dispatched = False
+        # the newest index image is written once, when a later one follows it or at the end: its
+        # state (slots + entries) is held for continuation anyway, and rewriting a file of up to
+        # 420 MB after every chunk cost more than building it
+        self.pending_index: Any = None
+        self._cq_seen: set[str] = set()
+        # topics that cannot be a directory: topic -> [records, first phy offset], reported by finish()
+        self.unsafe: dict[str, list[int]] = {}
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        r = self.result
+        r.records += batch.num_rows
+        ts = batch.column("store_timestamp")
+        r.last_store_timestamp = int(ts[-1].as_py())
+        tt = np.asarray(batch.column("tran_type"))
+        cq_rows = np.flatnonzero((tt == 0) | (tt == 2))
+        r.cq_records += len(cq_rows)
+        if len(cq_rows):
+            r.last_cq_store_timestamp = int(ts[int(cq_rows[-1])].as_py())
+        if self.do_index:
+            kr = index_key_rows(batch)
+            kr["n_rows"] = np.array([batch.num_rows])
+            self.keys.append(kr)
+        if self.do_cq:
+            self.batches.append(batch.select(CQ_COLUMNS))
+        self.rows += batch.num_rows
+
+    def flush(self) -> None:
+        if self.rows == 0:
+            return
+        if self.do_cq and self.batches:
+            self._flush_cq()
+        if self.do_index:
+            self._flush_index()
+        self.batches, self.keys, self.rows = [], [], 0
+
+    def _flush_cq(self) -> None:
+        table = pa.Table.from_batches(self.batches)
+        self._unsafe_chunk: set[str] = set()
+        images = build_consume_queues(table, segment_size=self.cq_size, state=self.qstate)
+        root = self.out.join("consumequeue")
+        for key, img in sorted(images.items(), key=lambda kv: kv[0]):
+            topic, qid = key
+            if unsafe_reason(topic) is not None:
+                self._note_unsafe(table, topic)
+                continue
+            files = write_queue_image(img, root.join(topic, str(qid)), self.cq_size)
+            self.result.cq_files += [f for f in files if f not in self._cq_seen]
+            self._cq_seen.update(files)
+            self.qstate[key] = img.state
+
+    def _note_unsafe(self, table: pa.Table, topic: str) -> None:
+        """Count a skipped topic's records in this chunk (once per chunk: every queue of it is skipped)."""
+        if topic in self._unsafe_chunk:
+            return
+        self._unsafe_chunk.add(topic)
+        phy = np.asarray(table.column("physical_offset_field"))[np.asarray(pc.equal(table.column("topic"), topic))]
+        seen = self.unsafe.setdefault(topic, [0, int(phy.min())])
+        seen[0] += len(phy)
+
+    def unsafe_findings(self, segment_size: int) -> list[Finding]:
+        return [unsafe_topic_finding(t, f"commitlog/{first - first % segment_size:020d}", first % segment_size, n,
+                                     first) for t, (n, first) in sorted(self.unsafe.items())]
+
+    def _flush_index(self) -> None:
+        # global row numbers across the chunk's batches → was anything dispatched after the last key?
+        hs, ps, ts = [], [], []
+        last_key_row = -1
+        base = 0
+        for kr in self.keys:
+            if len(kr["row_index"]):
+                last_key_row = base + int(kr["row_index"][-1])
+            hs.append(kr["key_hash"])
+            ps.append(kr["phy_offset"])
+            ts.append(kr["store_timestamp"])
+            base += int(kr["n_rows"][0])
+        key_rows = {
+            "key_hash": np.concatenate(hs) if hs else np.zeros(0, np.int32),
+            "phy_offset": np.concatenate(ps) if ps else np.zeros(0, np.int64),
+            "store_timestamp": np.concatenate(ts) if ts else np.zeros(0, np.int64),
+        }
+        self.result.index_keys += len(key_rows["key_hash"])
+        trailing = last_key_row < base - 1
+        images = build_index_files(
+            key_rows, geometry=self.geometry, prev_state=self.istate,
+            emit_empty=self.emit_empty_index, trailing_dispatch=trailing,
+            empty_index_count=self.empty_index_count, name_tz=self.name_tz or "UTC",
+        )
+        if not images:
+            return
+        d = self.out.join("index")
+        if not d.local:
+            raise StoreError(d.path, None, "unsupported", "index files are only written to local paths")
+        if self.pending_index is not None and images[0].name != self.pending_index.name:
+            self._write_index(self.pending_index)
+        for im in images[:-1]:
+            self._write_index(im)
+        self.pending_index = images[-1]
+        self.istate = images[-1].state()
+
+    def _write_index(self, im: Any) -> None:
+        d = self.out.join("index")
+        os.makedirs(d.path, exist_ok=True)
+        path = os.path.join(d.path, im.name)
+        im.write(path)
+        if path not in self.result.index_files:
+            self.result.index_files.append(path)
+
+    def finish(self) -> None:
+        """Flush what is accumulated and write the pending index file."""
+        self.flush()
+        if self.pending_index is not None:
+            self._write_index(self.pending_index)
+            self.pending_index = None
+
+
+def _existing_queue_states(out: Location, cq_size: int, findings: list[Finding]) -> dict[tuple[str, int], QueueState]:
+    states: dict[tuple[str, int], QueueState] = {}
+    for topic, qid, loc in list_queues(out, findings):
+        cq = ConsumeQueue(loc, segment_size=cq_size, topic=topic, queue_id=qid)
+        try:
+            findings.extend(cq.findings)
+            if cq.segments:
+                states[(topic, qid)] = QueueState.from_existing(cq)
+        finally:
+            cq.close()
+    return states
+
+
+def _existing_index_state(out: Location, geometry: IndexGeometry) -> IndexState | None:
+    refs = list_index_files(out)
+    if not refs:
+        return None
+    f = refs[-1].open(geometry, broker_size=True)
+    try:
+        return IndexState.from_file(f)
+    finally:
+        f.close()
+
+
+def _index_msg_timestamp(out: Location, geometry: IndexGeometry) -> int:
+    refs = list_index_files(out)
+    if len(refs) < 2:
+        return 0
+    ref = refs[-2]
+    src_loc = ref.loc
+    with src_loc.fs.open_input_file(src_loc.path) as f:
+        head = f.read_at(40, 0)
+    return IndexHeader.from_bytes(head, ref.name).end_timestamp
+
+
+def dispatch_store(
+    store_root: str | os.PathLike | Location,
+    settings: BrokerSettings | None = None,
+    from_offset: int | None = None,
+    to_offset: int | None = None,
+    out_root: str | os.PathLike | Location | None = None,
+    what: Iterable[str] = WHAT,
+    emit_empty_index: bool = True,
+    *,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    name_tz: str | None = "UTC",
+    commitlog: CommitLog | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> DispatchResult:
+    """Dispatch the commitlog of ``store_root`` from ``from_offset`` into CQ and index files.
+
+    See the module docstring for every parameter and rule. Returns a :class:`DispatchResult`.
+    """
+    # one function (~110 lines): the ReputMessageService loop (scan, filter, CQ, index, checkpoint) in its
+    # order, as the broker runs it; the steps it calls are the module's other functions
+    settings = _settings(settings)
+    what = tuple(what)
+    for w in what:
+        if w not in WHAT:
+            raise StoreError(None, None, "bad_value", f"what must be among {WHAT}, not {w!r}")
+    if settings.enable_consume_queue_ext:
+        raise StoreError(None, None, "unsupported", "ConsumeQueueExt (enableConsumeQueueExt=true) is not supported")
+    if settings.enable_multi_dispatch:
+        raise StoreError(None, None, "unsupported", "multi-dispatch / LMQ (enableMultiDispatch=true) is not supported")
+    root = _loc(store_root)
+    out = _loc(out_root) if out_root is not None else root
+    cl = commitlog or CommitLog(root.join("commitlog"), int(settings.mapped_file_size_commit_log))
+    S = cl.segment_size
+    findings: list[Finding] = []
+    cq_size = int(settings.mapped_file_size_consume_queue)
+    geometry = settings.index_geometry
+
+    qstates: dict[tuple[str, int], QueueState] = {}
+    if "consumequeue" in what or from_offset is None:
+        qstates = _existing_queue_states(out, cq_size, findings)
+    istate = _existing_index_state(out, geometry) if "index" in what else None
+
+    segs = [s for s in cl.segments if s.file_size > 0]
+    if from_offset is None:
+        from_offset = max([st.max_physic_offset for st in qstates.values()] + [0])
+        from_offset = max(from_offset, cl.min_offset)
+    pos = max(int(from_offset), cl.min_offset if segs else 0)
+    result = DispatchResult(from_offset=pos, end_offset=pos, findings=findings)
+    disp = _Dispatcher(out, settings, what, emit_empty_index, name_tz, result, qstates, istate)
+    delay_levels = list(settings.delay_levels_ms)
+    slave = int(settings.broker_id or 0) != 0
+
+    i = 0
+    while i < len(segs) and segs[i].base + S <= pos:
+        i += 1
+    while i < len(segs):
+        seg = segs[i]
+        if pos < seg.base:
+            pos = seg.base
+        if to_offset is not None and pos >= to_offset:
+            break
+        start = pos - seg.base
+        end = None if to_offset is None or to_offset >= seg.base + S else to_offset - seg.base
+        src = seg.open()
+        try:
+            scan = SegmentScan(src, seg.display, seg.base, start, end, verify_crc=False, with_properties=False,
+                               delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS)
+            for batch in scan:
+                disp.add(batch)
+                if disp.rows >= chunk_rows:
+                    disp.flush()
+                if progress is not None and batch.num_rows:
+                    progress(int(batch.column("phy_offset")[-1].as_py()))
+        finally:
+            src.close()
+        e = scan.end
+        assert e is not None
+        pos = e.phy_offset
+        if e.kind == "split_end":
+            break
+        if e.segment_full:
+            pos = seg.base + S
+            i += 1
+            continue
+        if e.kind == "invalid" and e.size is not None and e.size > 0:
+            result.unsupported = True
+            findings.append(Finding(
+                "unsupported_length_mismatch", "critical", e.file, e.file_offset,
+                f"TOTALSIZE {e.size} disagrees with the record's fields ({e.reason}: {e.detail}); the broker "
+                "would go on decoding from a misaligned position, which a rebuild does not emulate",
+                {"phy_offset": e.phy_offset}))
+            break
+        later = any(_first_record_present(s) for s in segs[i + 1:])
+        if not later:
+            break  # end of the log
+        what_kind = e.reason or e.kind
+        if slave:
+            findings.append(Finding("reput_stopped", "error", e.file, e.file_offset,
+                                    f"{what_kind}: a slave's reput retries this offset forever"))
+            break
+        findings.append(Finding("reput_skipped_rest_of_segment", "error", e.file, e.file_offset,
+                                f"{what_kind}: a master's reput skips to the next segment "
+                                f"({seg.base + S - e.phy_offset} bytes of this segment not dispatched)",
+                                {"phy_offset": e.phy_offset, "next": seg.base + S}))
+        pos = seg.base + S
+        i += 1
+    disp.finish()
+    findings.extend(disp.unsafe_findings(S))
+    result.end_offset = pos
+    result.queue_states = disp.qstate
+    result.index_state = disp.istate
+    if "index" in what:
+        result.index_msg_timestamp = _index_msg_timestamp(out, geometry)
+    return result
+
+
+__all__ = ["DISPATCH_COLUMNS", "DispatchResult", "dispatch_store"]

@@ -1,0 +1,350 @@
+"""The rebuild's tasks for a task engine (a process pool or Spark) and the merge steps over their results.
+
+Phase A parses each segment the recovery walk's way into dispatch columns and index keys (with their
+per-segment slot chains); phase B writes the consume queues of one partition (storelib.broker.dispatch.cqstream);
+phase C writes one index file, linking the segments' chains (storelib.broker.index.indexmerge/indexstream).
+Intermediates go through Arrow IPC files in ``staging/_work``, never through the scheduler. The task
+functions are module-level so that they pickle by reference (the job only maps them on an engine and
+reports progress). The in-process engine (storelib.broker.dispatch.dispatch) writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from storelib.broker.dispatch.cqstream import ConsumeQueueStream
+from storelib.broker.index.indexbuild import IndexImage, empty_index_count, index_key_rows
+from storelib.broker.index.indexmerge import IndexLayout, SegmentKeys, first_entry_times, kept_keys, link_file
+from storelib.broker.index.indexstream import ChainRun, local_chains
+from storelib.broker.index.indexwrite import write_index_image, write_index_runs
+from storelib.broker.recovery.walk import RecoveryResult, SegmentTask, WalkPlan, iter_task
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.errors import StoreError
+from storelib.fileio.bytesource import Location, open_source, read_ipc_file, resolve
+from storelib.fileio.memory import keep_freed_memory
+from storelib.format.indexfile import IndexGeometry
+from storelib.format.javahash import java_hash_array
+from storelib.format.topicname import unsafe_reason, unsafe_topic_finding
+from storelib.scan.commitlog import Split
+
+CQ_COLS = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type"]
+SCAN_COLS = ["phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset", "tran_type",
+             "store_timestamp", "tags_code", "uniq_key", "keys"]
+WORK = "_work"  # intermediate files inside staging (removed before publishing)
+
+SegmentItem = tuple[int, Split, bool]  # (segment index, the split to scan, CRC checks on)
+Meta = dict[str, Any]  # phase A's small per-segment summary
+
+
+@dataclass(frozen=True)
+class RebuildContext:
+    """What every task needs, shipped once per job with the task function (it pickles small: the walk
+    plan, the settings' few numbers and where staging is)."""
+
+    plan: WalkPlan
+    staging: Location
+    geometry: IndexGeometry
+    fs_options: dict[str, Any]
+    delay_levels: tuple[int, ...]
+    do_cq: bool
+    do_index: bool
+    parts: int  # consume-queue partitions
+    cq_size: int
+    empty_index_count: int
+
+    @classmethod
+    def make(cls, plan: WalkPlan, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
+             parts: int, fs_options: dict[str, Any]) -> RebuildContext:
+        return cls(plan=plan, staging=staging, geometry=settings.index_geometry, fs_options=dict(fs_options),
+                   delay_levels=tuple(settings.delay_levels_ms), do_cq="consumequeue" in what,
+                   do_index="index" in what and bool(settings.message_index_enable), parts=parts,
+                   cq_size=int(settings.mapped_file_size_consume_queue),
+                   empty_index_count=empty_index_count(settings.version))
+
+
+def segment_items(plan: WalkPlan) -> list[SegmentItem]:
+    """Phase A's items, longest first (segments scanned with CRC checks, then the biggest): the stage
+    ends evenly."""
+    items = []
+    for t in plan.tasks:
+        seg = plan.segments[t.index]
+        uri = seg.loc.path if seg.loc.local else f"{seg.loc.fs.type_name}://{seg.loc.path}"
+        items.append((t.index, Split(seg.base, seg.name, uri, t.start, seg.file_size, seg.file_size), t.crc))
+    items.sort(key=lambda it: (not it[2], -it[1].file_size, it[0]))
+    return items
+
+
+def _queue_partition(table: pa.Table, parts: int) -> tuple[np.ndarray, list[str]]:
+    """Deterministic partition of each CQ row by (topic, queue id) (Java hash; the same on every worker),
+    and the distinct topics. Each distinct topic is hashed once."""
+    enc = table.column("topic").combine_chunks().dictionary_encode()
+    th = java_hash_array(enc.dictionary).astype(np.int64)
+    h = th[np.asarray(enc.indices)]
+    q = np.asarray(table.column("queue_id").combine_chunks()).astype(np.int64)
+    return ((h * 31 + q) % parts + parts) % parts, enc.dictionary.to_pylist()
+
+
+def _write_ipc(loc: Location, table: pa.Table) -> None:
+    if loc.local:
+        os.makedirs(os.path.dirname(loc.path), exist_ok=True)
+    with loc.fs.open_output_stream(loc.path) as f, pa.ipc.new_file(f, table.schema) as w:
+        w.write_table(table)
+
+
+def _cq_part(staging: Location, idx: int, p: int) -> Location:
+    return staging.join(WORK, f"cq-{idx:06d}-{p:05d}.arrow")
+
+
+def _keys_file(staging: Location, idx: int) -> Location:
+    return staging.join(WORK, f"keys-{idx:06d}.arrow")
+
+
+def _recs_file(staging: Location, idx: int) -> Location:
+    return staging.join(WORK, f"recs-{idx:06d}.arrow")
+
+
+def _write_cq_parts(ctx: RebuildContext, idx: int, cq_tables: list[pa.Table]) -> tuple[list[int], int, list[str]]:
+    """A segment's dispatched CQ rows (normal and commit messages), grouped by queue partition, one work
+    file per partition; returns (partitions written, rows, distinct topics)."""
+    parts: list[int] = []
+    if not cq_tables:
+        return parts, 0, []
+    t = pa.concat_tables(cq_tables)
+    tt = np.asarray(t.column("tran_type"))
+    keep = np.flatnonzero((tt == 0) | (tt == 2))
+    if len(keep) < t.num_rows:
+        t = t.take(pa.array(keep))
+    if not t.num_rows:
+        return parts, 0, []
+    P = ctx.parts
+    part, topics = _queue_partition(t, P)
+    order = np.argsort(part.astype(np.int16 if P < 2**15 else np.int64), kind="stable")  # radix sort
+    sp = part[order]
+    t = t.take(pa.array(order))  # rows grouped by partition, dispatch order kept within each
+    cuts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1], True])
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        p = int(sp[a])
+        _write_ipc(_cq_part(ctx.staging, idx, p), t.slice(int(a), int(b - a)))
+        parts.append(p)
+    return parts, t.num_rows, topics
+
+
+def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
+    """Parse one segment (the walk's view of it): CQ rows per queue partition and the index keys go to
+    files under staging/_work; returns the segment's small summary (its scan end, counts, key stats)."""
+    idx, split, crc = item
+    keep_freed_memory()
+    loc = resolve(split.uri, **ctx.fs_options)
+    task = SegmentTask(idx, split.segment_base, split.segment_name, split.start, crc)
+    ends: list = []
+    cq_tables: list[pa.Table] = []
+    hs, ps, ts, rs, rec_p, rec_t = [], [], [], [], [], []
+    rows = 0
+    last_key_row = -1
+    cols = SCAN_COLS + (["prop_crc_ok"] if ctx.plan.prop_crc and crc else [])
+    with open_source(loc, split.file_size) as src:
+        for batch in iter_task(ctx.plan, task, src, delay_levels_ms=list(ctx.delay_levels), ends=ends,
+                               with_properties=False, columns=cols):
+            if batch.num_rows == 0:
+                continue
+            if ctx.do_cq:
+                cq_tables.append(pa.Table.from_batches([batch.select(CQ_COLS)]))
+            if ctx.do_index:
+                kr = index_key_rows(batch)
+                if len(kr["row_index"]):
+                    last_key_row = rows + int(kr["row_index"][-1])
+                hs.append(kr["key_hash"])
+                ps.append(kr["phy_offset"])
+                ts.append(kr["store_timestamp"])
+                rs.append(kr["row_index"] + rows)
+                rec_p.append(np.asarray(batch.column("physical_offset_field")))
+                rec_t.append(np.asarray(batch.column("store_timestamp")))
+            rows += batch.num_rows
+    parts, cq_rows, topics = _write_cq_parts(ctx, idx, cq_tables)
+    h = np.concatenate(hs, dtype=np.int32) if hs else np.zeros(0, np.int32)
+    p_ = np.concatenate(ps, dtype=np.int64) if ps else np.zeros(0, np.int64)
+    tsa = np.concatenate(ts, dtype=np.int64) if ts else np.zeros(0, np.int64)
+    ra = np.concatenate(rs, dtype=np.int32) if rs else np.zeros(0, np.int32)
+    if ctx.do_index and len(h):
+        # the segment's slot chains with local numbers: the index-file task only links them up
+        q, e = local_chains(h, ctx.geometry.hash_slot_num)
+        # a record's PHYSICALOFFSET and store time are kept once, not once per key (~3 keys a record)
+        _write_ipc(_keys_file(ctx.staging, idx), pa.table({"h": h, "r": ra, "q": q, "e": e}))
+        _write_ipc(_recs_file(ctx.staging, idx), pa.table({"p": np.concatenate(rec_p, dtype=np.int64),
+                                                           "t": np.concatenate(rec_t, dtype=np.int64)}))
+    mono = bool(len(p_) < 2 or np.all(p_[1:] >= np.maximum.accumulate(p_)[:-1]))
+    return {
+        "idx": idx, "end": ends[0], "rows": rows, "cq_rows": cq_rows, "n_keys": len(h), "topics": topics,
+        "parts": parts, "p_first": int(p_[0]) if len(p_) else None, "p_max": int(p_.max()) if len(p_) else None,
+        "monotone": mono, "last_key_row": last_key_row,
+        "last_key": (int(p_[-1]), int(tsa[-1])) if len(p_) else None,
+    }
+
+
+def dispatched_segments(plan: WalkPlan, res: RecoveryResult, metas: dict[int, Meta]) -> list[int]:
+    """The segments the walk dispatches (in order); a full rebuild dispatches whole segment scans only."""
+    base_to_idx = {s.base: i for i, s in enumerate(plan.segments)}
+    for d in res.dispatch:
+        m = metas[base_to_idx[d.base]]
+        if d.start != 0 or d.end != m["end"].file_offset:
+            raise StoreError("commitlog/" + d.name, d.end, "internal", "dispatch range is not a whole scan")
+    return sorted({base_to_idx[d.base] for d in res.dispatch})
+
+
+def unsafe_topic_findings(plan: WalkPlan, metas: dict[int, Meta], inc: list[int]) -> list[Any]:
+    """One finding per topic name no executor may turn into a directory (the CQ writers skip it), naming
+    the first segment that has it."""
+    unsafe = sorted({(t, plan.segments[i].name) for i in inc for t in metas[i]["topics"]
+                     if unsafe_reason(t) is not None}, key=lambda x: (x[0], x[1]))
+    out = []
+    for topic in dict.fromkeys(t for t, _ in unsafe):
+        first = next(seg for t, seg in unsafe if t == topic)
+        out.append(unsafe_topic_finding(topic, f"commitlog/{first}", None, None))
+    return out
+
+
+def cq_jobs(metas: dict[int, Meta], inc: list[int], parts: int) -> list[tuple[int, list[int]]]:
+    """Phase B's items: each non-empty partition with the segments that have rows in it."""
+    jobs = [(p, [i for i in inc if p in metas[i]["parts"]]) for p in range(parts)]
+    return [j for j in jobs if j[1]]
+
+
+def _load_keys(ctx: RebuildContext, idx: int, m_before: dict[int, int] | None, *, runs: bool = False) -> tuple:
+    """(hash, phy, time, record row) of a segment's indexed keys; with ``runs`` also its ChainRun when
+    its precomputed chains still hold (every key kept), else None."""
+    tb = read_ipc_file(_keys_file(ctx.staging, idx))
+    recs = read_ipc_file(_recs_file(ctx.staging, idx))
+    h, r = np.asarray(tb.column("h")), np.asarray(tb.column("r"))
+    keys = (h, np.asarray(recs.column("p"))[r], np.asarray(recs.column("t"))[r], r)
+    if m_before is not None:
+        keys = kept_keys(keys, m_before[idx])
+    if not runs:
+        return keys
+    whole = len(keys[0]) == tb.num_rows
+    run = ChainRun(*keys[:3], np.asarray(tb.column("q")), np.asarray(tb.column("e"))) if whole else None
+    return keys, run
+
+
+def count_kept(ctx: RebuildContext, m_before: dict[int, int], idx: int) -> tuple[int, int, int, tuple[int, int] | None]:
+    """(segment, kept keys, record row of the last kept key, its (phy, time)) — slow path only."""
+    h, p, t, r = _load_keys(ctx, idx, m_before)
+    if len(p) == 0:
+        return idx, 0, -1, None
+    return idx, len(p), int(r[-1]), (int(p[-1]), int(t[-1]))
+
+
+def first_times(ctx: RebuildContext, E: int, offsets: dict[int, int], m_before: dict[int, int] | None,
+                idx: int) -> list[tuple[int, int]]:
+    """(file number, store time of its first entry) for files whose first key is in segment ``idx``."""
+    if m_before is None:  # every parsed key kept: look up only the keys that start a file
+        r = read_ipc_file(_keys_file(ctx.staging, idx)).column("r")
+        t = read_ipc_file(_recs_file(ctx.staging, idx)).column("t")
+        return first_entry_times(E, offsets[idx], len(r), lambda k: t[r[k].as_py()].as_py())
+    _, _, tk, _ = _load_keys(ctx, idx, m_before)
+    return first_entry_times(E, offsets[idx], len(tk), lambda k: tk[k])
+
+
+def phase_b(ctx: RebuildContext, job: tuple[int, list[int]]) -> dict[str, Any]:
+    """Build and write the consume queues of partition ``p`` from its per-segment parts, segment by segment
+    in dispatch order (storelib.broker.dispatch.cqstream): memory holds one segment's part, not the partition."""
+    p, segs = job
+    staging = ctx.staging
+    digests: dict[str, str] = {}  # hashed as written: reading back sparse files costs page-cache fills
+    with ConsumeQueueStream(staging.join("consumequeue"), ctx.cq_size, digests) as cqs:
+        for i in sorted(segs):
+            cqs.feed(read_ipc_file(_cq_part(staging, i, p)))
+    base = staging.path.rstrip("/") + "/"
+    files = {path[len(base):]: {"size": ctx.cq_size, "sha256": digests[path]} for path in cqs.paths}
+    return {"queues": cqs.queues, "cq_records": cqs.records, "files": files}
+
+
+def phase_c(ctx: RebuildContext, names: list[str], E: int, offsets: dict[int, int], counts: dict[int, int],
+            m_before: dict[int, int] | None, f: int) -> dict[str, Any]:
+    """Build and write index file ``f`` from the segments that hold its keys (storelib.broker.index.indexmerge.link_file)."""
+    g = ctx.geometry
+    spans = {i: (offsets[i], counts[i]) for i in offsets}
+    runs, state = link_file(f, g, spans, lambda idx: _load_keys(ctx, idx, m_before, runs=True))
+    name = names[f]
+    header, digest = write_index_runs(runs, ctx.staging.join("index", name), g, state)
+    return {"file": f, "rel": f"index/{name}", "size": g.file_size, "sha256": digest,
+            "keys": header.index_count - 1}
+
+
+def phase_bc(ctx: RebuildContext, index_args: tuple | None, item: tuple[str, Any]) -> tuple[str, dict[str, Any]]:
+    """One task of the combined phase B/C job: a consume-queue partition or an index file."""
+    kind, arg = item
+    keep_freed_memory()
+    t0 = time.monotonic()
+    if kind == "cq":
+        res = phase_b(ctx, arg)
+    else:
+        names, E, offsets, counts, m_before = index_args
+        res = phase_c(ctx, names, E, offsets, counts, m_before, arg)
+    res["seconds"] = round(time.monotonic() - t0, 3)
+    return kind, res
+
+
+@dataclass
+class EngineResult:
+    """What a rebuild dispatched and wrote, whichever engine ran it (or the incremental dispatch)."""
+
+    recovery: RecoveryResult
+    records: int = 0
+    cq_records: int = 0
+    queues: int = 0
+    index_keys: int = 0
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    findings: list[Any] = field(default_factory=list)
+
+
+def check_supported(res: RecoveryResult) -> None:
+    if not res.supported:
+        why = "; ".join(str(f) for f in res.findings if f.severity == "critical")
+        raise StoreError("commitlog", None, "unsupported", f"the broker's dispatch cannot be reproduced: {why}")
+
+
+@dataclass
+class IndexPlan:
+    """The index files' layout (storelib.broker.index.indexmerge), their names and the duplicate test's bounds when
+    the tasks must apply it (None: every key is kept as parsed)."""
+
+    layout: IndexLayout
+    m_before: dict[int, int] | None
+    names: list[str]
+
+    @property
+    def nfiles(self) -> int:
+        return len(self.names)
+
+    @property
+    def keys(self) -> int:
+        return self.layout.keys
+
+    @property
+    def extra(self) -> list[IndexImage]:
+        return self.layout.extra
+
+    def job_args(self) -> tuple:
+        return self.names, self.layout.E, self.layout.offsets, self.layout.counts, self.m_before
+
+
+def segment_keys(m: Meta) -> SegmentKeys:
+    """A phase A summary as indexmerge's per-segment key stats."""
+    return SegmentKeys(m["rows"], m["n_keys"], m["monotone"], m["p_first"], m["p_max"], m["last_key_row"],
+                       m["last_key"])
+
+
+def write_extra_index(ix: IndexPlan, staging: Location) -> dict[str, dict[str, Any]]:
+    """The empty successor/only file the broker would have (built on the driver, no keys)."""
+    files = {}
+    for im in ix.extra:
+        write_index_image(im, staging.join("index", im.name))
+        # hashed from memory: the file is all but empty, and reading back its holes fills page cache
+        files[f"index/{im.name}"] = {"size": im.geometry.file_size, "sha256": im.sha256()}
+    return files

@@ -1,0 +1,492 @@
+"""The broker's file cleaner replayed (store-algorithms §9): :func:`simulate` runs one :class:`Policy` over a
+:class:`StoreSnapshot` and :class:`TimeModel` (storelib.broker.expiry.expiry) exactly on the cleaner's 10-s tick grid
+without ticking; the model and conventions are in :mod:`storelib.broker.expiry.expiry`'s docstring.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from storelib.broker.expiry.expiry import (  # the inputs and the broker's constants
+    _ERROR,
+    _FALSE,
+    _KEY_SHIFT,
+    _TRUE,
+    CQ_UNIT,
+    DEFAULT_HORIZON_MS,
+    FIRST_RUN_DELAY_MS,
+    HOUR_MS,
+    MANUAL_DELETE_RUNS,
+    MAX_NEW_SEGMENTS,
+    Policy,
+    StoreSnapshot,
+    TimeModel,
+    _zone,
+    hour_table,
+)
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.scan.commitlog import offset_to_file_name
+
+# --------------------------------------------------------------------------------------------------
+# the simulation
+
+
+class _Sim:
+    """One policy over one snapshot; state advanced tick by tick, jumping over idle ticks."""
+
+    def __init__(self, policy: Policy, snap: StoreSnapshot, model: TimeModel):
+        self.p, self.s = policy, snap
+        self.t_snap = snap.last_store_ms or int(snap.seg_mtime.max())
+        span_ms = snap.last_store_ms - snap.first_store_ms
+        observed = (snap.write_pos - snap.first_phy) * 1000.0 / span_ms if span_ms > 0 else 0.0
+        self.R = float(observed if model.ingest_bytes_per_s is None else model.ingest_bytes_per_s)
+        if self.R < 0:
+            raise ValueError("ingest rate must not be negative")
+        self.ingest_source = "observed" if model.ingest_bytes_per_s is None else "given"
+        self.start = self.t_snap if model.start_ms is None else int(model.start_ms)
+        if self.start < self.t_snap:
+            raise ValueError(f"--from {self.start} is before the store's snapshot time {self.t_snap} "
+                             "(the store's state is only known from then on)")
+        self.until = self.start + DEFAULT_HORIZON_MS if model.until_ms is None else int(model.until_ms)
+        self.horizon_source = "default (7 days)" if model.until_ms is None else "given (--until)"
+        if self.until < self.start:
+            raise ValueError("--until is before the simulation start")
+        new_segments = self.R * (self.until - self.t_snap) / 1000.0 / snap.segment_size
+        if new_segments > MAX_NEW_SEGMENTS and model.until_ms is None:
+            # a store written in a burst makes the observed rate absurd over 7 days: answer anyway, over the
+            # horizon in which the simulated segments stay worth computing, and say so
+            self.until = max(self.start, self.t_snap + int(MAX_NEW_SEGMENTS * snap.segment_size * 1000.0 / self.R))
+            self.horizon_source = (f"shortened from 7 days: {self.ingest_source} ingest of {self.R:.0f} bytes/s would "
+                                   f"write {new_segments:.0f} segments; the simulation ends after {MAX_NEW_SEGMENTS} "
+                                   "(give --ingest or --until to choose)")
+            new_segments = MAX_NEW_SEGMENTS
+        if new_segments > MAX_NEW_SEGMENTS:
+            raise ValueError(
+                f"{self.ingest_source} ingest of {self.R:.0f} bytes/s would write {new_segments:.0f} new "
+                f"{snap.segment_size}-byte segments before the end of the simulation (a store written in a "
+                f"burst?); give --ingest BYTES_PER_S or an earlier --until")
+        self.P = policy.clean_resource_interval
+        self.T0 = self.start + FIRST_RUN_DELAY_MS
+        self.kmax = (self.until - self.T0) // self.P if self.until >= self.T0 else -1
+        self.expired = policy.file_reserved_time * HOUR_MS
+        self.table, self.when_problem = hour_table(policy.delete_when)
+        self.zone = _zone(policy.tz)
+        self.batch = max(1, policy.delete_file_batch_max)
+        self.S = snap.segment_size
+        self.W0 = snap.write_pos
+        self.n_exist = len(snap.seg_base)
+        self.last_exist_base = int(snap.seg_base[-1])
+        # queues
+        observed_bytes = snap.write_pos - snap.first_phy
+        self.mpb = (snap.q_count / observed_bytes) if observed_bytes > 0 else np.zeros(len(snap.q_count))
+        self.bound_row = {int(b): i for i, b in enumerate(snap.bounds)}
+        self.E = snap.cq_entries_per_file
+        self.cq_k = snap.q_first_cq_seg.copy()
+        self.n0 = int(snap.q_max_offset.sum())
+        self.mpb_total = float(self.mpb.sum())
+        self.cq_base_sum = int((self.cq_k * self.E).sum())
+        self.idx_first = 0
+        self.idx_bytes = sum(f[2] for f in snap.index_files)
+        self.last_phys_min = 0
+        self.i0 = 0  # first live segment
+        self.manual_count = 0
+        self.manual_pending = [t for t in policy.manual_deletes]
+        # consumers (pairs whose queue exists in the store)
+        qindex = {(t, int(q)): i for i, (t, q) in enumerate(zip(snap.q_topic, snap.q_id))}
+        self.pairs = snap.groups
+        self.pq = np.array([qindex.get((t, q), -1) for (_g, t, q, _o) in self.pairs], np.int64)
+        if model.consumption_msgs_per_s is None:
+            rate = np.where(self.pq >= 0, self.mpb[np.maximum(self.pq, 0)] * self.R, 0.0) if len(self.pq) else \
+                np.zeros(0)
+            self.consumption = "observed (each queue's production rate: groups keep their lag)"
+        else:
+            rate = np.full(len(self.pairs), float(model.consumption_msgs_per_s))
+            self.consumption = f"{model.consumption_msgs_per_s} messages/s per queue"
+        self.c_rate = rate.astype(np.float64)
+        self.lost_msgs = np.zeros(len(self.pairs), np.int64)
+        self.lost_bytes = np.zeros(len(self.pairs), np.int64)
+        self.first_loss: list[int | None] = [None] * len(self.pairs)
+        self.ranges: list[list[list[int]]] = [[] for _ in self.pairs]
+        # the pairs whose queue is in the store, as flat per-pair arrays (no per-queue gathers per deletion)
+        self.lp = np.flatnonzero(self.pq >= 0)
+        lq = self.pq[self.lp]
+        self.l_rate = self.c_rate[self.lp]
+        self.l_max0 = snap.q_max_offset[lq]
+        self.l_mpb = self.mpb[lq]
+        self.l_mean = snap.q_mean_size[lq]
+        self.l_key = lq.astype(np.int64) << _KEY_SHIFT
+        self.l_below = snap.below[:, lq]
+        self.c_base = np.array([self.pairs[j][3] for j in self.lp], np.float64)
+        self.t_base = float(self.t_snap)
+        if len(self.lp):
+            # losses before the simulation starts are not the policy's doing: start at the min offset
+            self._jump(self.t_snap, self._below_pairs(int(snap.seg_base[0])))
+        self.deletions: list[dict[str, Any]] = []
+        self.disk: list[dict[str, Any]] = []
+        self.max_ratio: float | None = None
+
+    # -- geometry over time -----------------------------------------------------------------
+    def base(self, i: int) -> int:
+        if i < self.n_exist:
+            return int(self.s.seg_base[i])
+        return self.last_exist_base + (i - self.n_exist + 1) * self.S
+
+    def W(self, t: int) -> int:
+        return self.W0 + math.floor(self.R * (t - self.t_snap) / 1000.0) if t > self.t_snap else self.W0
+
+    def fill_time(self, i: int) -> float:
+        """When segment i stops being the newest (the write position reaches its end)."""
+        if i < self.n_exist - 1:
+            return -math.inf
+        end = self.base(i) + self.S
+        if end <= self.W0:
+            return float(self.t_snap)
+        if self.R <= 0:
+            return math.inf
+        return float(self.t_snap + math.ceil((end - self.W0) * 1000.0 / self.R))
+
+    def newest(self, T: int) -> int:
+        """Index of the newest segment at T (the first one the write position has not left)."""
+        lo = max(self.i0, self.n_exist - 1)  # older existing segments all have newer ones after them
+        if self.fill_time(lo) > T:
+            return lo
+        # segment i >= n_exist - 1 ends at last_exist_base + (i - n_exist + 2) * S: start from the guess
+        i = max(lo, self.n_exist - 2 + (self.W(T) - self.last_exist_base) // self.S)
+        while self.fill_time(i) <= T:
+            i += 1
+        while i > lo and self.fill_time(i - 1) > T:
+            i -= 1
+        return i
+
+    def mtime(self, i: int) -> float:
+        return float(self.s.seg_mtime[i]) if i < self.n_exist - 1 else self.fill_time(i)
+
+    def _proj(self, x: int) -> np.ndarray:
+        return self.s.q_max_offset + np.floor((x - self.W0) * self.mpb).astype(np.int64)
+
+    def _below(self, x: int) -> np.ndarray:
+        """Per queue: first logical offset whose message starts at or after physical offset x."""
+        if x > self.W0:
+            return self._proj(x)
+        row = self.bound_row.get(x)
+        if row is not None:
+            return self.s.below[row]
+        return self.s.q_max_offset.copy()  # only for boundaries that are not segment bases
+
+    def max_offsets(self, t: int) -> np.ndarray:
+        return self._proj(max(self.W(t), self.W0))
+
+    def used(self, t: int) -> tuple[int, int]:
+        """(bytes used on the partition, store bytes) at time t.
+
+        CQ bytes are 20 per live unit, with the projected unit count taken over all queues at once
+        (a disk model: it differs from the per-queue sum by less than one unit per queue).
+        """
+        M = self.base(self.i0)
+        cl = max(0, self.W(t) - M)
+        cq = 0
+        if self.s.cq_files:
+            units = self.n0 + math.floor((max(self.W(t), self.W0) - self.W0) * self.mpb_total) - self.cq_base_sum
+            cq = CQ_UNIT * max(0, units)
+        store = cl + cq + self.idx_bytes
+        return self.p.disk_other_used + store, store
+
+    def ratios(self, t: int) -> tuple[float | None, bool, bool]:
+        """(commitlog ratio, isSpaceToDelete, cleanImmediately) as the broker computes them at t."""
+        p = self.p
+        if p.disk_capacity is None:
+            return None, False, False
+        used, store = self.used(t)
+        pct = -(-100 * used // p.disk_capacity)  # ceil, integers: exact
+        phys = pct / 100  # same double as Math.ceil(...) / 100
+        ratio = p.disk_max_used_space_ratio / 100.0
+        warn, force = p.warn_ratio, p.force_ratio
+        clean = False
+        if p.version == "4":
+            # commitlog, then the CQ directory: one partition, so both see the same ratio
+            if phys > warn or phys > force:
+                clean = True
+            return phys, phys > ratio, clean
+        if phys > warn or phys > force:
+            return phys, True, True
+        if p.replicas_per_disk_partition <= 1:
+            return phys, phys > ratio, False
+        logical = store / (p.disk_capacity / p.replicas_per_disk_partition)
+        if logical > p.logical_force_threshold:
+            return phys, True, True
+        return phys, logical > ratio, False
+
+    # -- ticks --------------------------------------------------------------------------------
+    def tick(self, k: int) -> int:
+        return self.T0 + k * self.P
+
+    def k_at(self, t: float) -> int:
+        """Index of the first tick at or after t."""
+        if t <= self.T0:
+            return 0
+        return int(-(-(int(math.ceil(t)) - self.T0) // self.P))
+
+    def hour(self, t: int) -> int:
+        return datetime.fromtimestamp(t // 1000, self.zone).hour
+
+    def next_hour(self, t: int) -> int:
+        off = datetime.fromtimestamp(t // 1000, self.zone).utcoffset()
+        off_ms = int(off.total_seconds() * 1000) if off else 0
+        nb = ((t + off_ms) // HOUR_MS + 1) * HOUR_MS - off_ms
+        return nb if nb > t else t + 1
+
+    def first_tick_where(self, k: int, allowed: tuple[int, ...]) -> int | None:
+        """First tick >= k whose isTimeToDelete outcome is in ``allowed``."""
+        if not any(x in allowed for x in self.table):
+            return None
+        while k <= self.kmax:
+            t = self.tick(k)
+            if self.table[self.hour(t)] in allowed:
+                return k
+            k = max(k + 1, self.k_at(self.next_hour(t)))
+        return None
+
+    def first_tick_pred(self, k: int, pred) -> int | None:
+        """First tick >= k where a predicate monotone in time (between deletions) holds: binary search."""
+        if k > self.kmax or not pred(self.tick(self.kmax)):
+            return None
+        lo, hi = k, self.kmax
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if pred(self.tick(mid)):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def next_event(self, k: int) -> int | None:
+        if k > self.kmax:
+            return None
+        cands: list[int] = []
+        if self.manual_count > 0 or self.base(self.i0) > self.last_phys_min:
+            return k
+        if self.manual_pending:
+            cands.append(max(k, self.k_at(self.manual_pending[0])))
+        F = self.fill_time(self.i0)
+        if F != math.inf:
+            E = max(F, self.mtime(self.i0) + self.expired)
+            kf = max(k, self.k_at(F))
+            ke = max(k, self.k_at(E))
+            ok_run = (_FALSE, _TRUE)
+            a = self.first_tick_where(ke, (_TRUE,))
+            if a is not None:
+                cands.append(a)
+            if self.p.disk_capacity is not None:
+                tS = self.first_tick_pred(kf, lambda t: self.ratios(t)[1])
+                tC = (self.first_tick_pred(kf, lambda t: self.ratios(t)[2])
+                      if self.p.clean_file_forcibly_enable else None)
+                if tS is not None:
+                    b = self.first_tick_where(max(tS, ke), ok_run)
+                    if b is not None:
+                        cands.append(b)
+                if tC is not None:
+                    c = self.first_tick_where(tC, (_TRUE,))
+                    if c is not None:
+                        cands.append(c)
+                    if tS is not None:
+                        d = self.first_tick_where(max(tC, tS), ok_run)
+                        if d is not None:
+                            cands.append(d)
+        cands = [c for c in cands if c <= self.kmax]
+        return min(cands) if cands else None
+
+    def run(self) -> None:
+        self._sample(self.start)
+        k = 0
+        while True:
+            k = self.next_event(k)
+            if k is None:
+                break
+            self.run_tick(self.tick(k))
+            k += 1
+        self._sample(self.until)
+
+    def run_tick(self, T: int) -> None:
+        """One run of the clean task at tick T: commit-log cleaner, then the queue/index cleaner."""
+        while self.manual_pending and self.manual_pending[0] <= T:
+            self.manual_pending.pop(0)
+            self.manual_count = MANUAL_DELETE_RUNS
+        outcome = self.table[self.hour(T)]
+        moved_by: str | None = None
+        t_last = T
+        before = len(self.deletions)
+        pre = phys = None
+        if outcome != _ERROR:  # otherwise isTimeToDelete throws: the whole run is lost
+            phys, space, clean_imm = self.ratios(T)
+            time_up = outcome == _TRUE
+            manual = self.manual_count > 0
+            if time_up or space or manual:
+                if manual:
+                    self.manual_count -= 1
+                pre = self.used(T)
+                t_last, moved_by = self._delete_commitlog(T, time_up, space, clean_imm)
+        M = self.base(self.i0)
+        if M > self.last_phys_min:
+            self.last_phys_min = M
+            self._clean_queues(t_last, M, moved_by or "startup")
+        if len(self.deletions) > before:
+            self._sample(T, phys, used=pre)
+            self._sample(t_last)
+
+    def _delete_commitlog(self, T: int, time_up: bool, space: bool, clean_imm: bool) -> tuple[int, str | None]:
+        """MappedFileQueue.deleteExpiredFileByTime on the segment list as it is at tick T."""
+        clean_at_once = self.p.clean_file_forcibly_enable and clean_imm
+        # the list snapshot: segments i0 .. last, where last = newest segment at T
+        last = self.newest(T)
+        now, i, n = T, self.i0, 0
+        reason = None
+        while i < last:
+            aged = now >= self.mtime(i) + self.expired
+            if not (aged or clean_at_once):
+                break
+            reason = ("time" if time_up else "space" if space else "manual") if aged else "forced"
+            self._lose(i, now)
+            self.deletions.append({"time_ms": now, "file": "commitlog/" + offset_to_file_name(self.base(i)),
+                                   "kind": "commitlog", "reason": reason})
+            n += 1
+            self.i0 = i + 1
+            if n >= self.batch:
+                break
+            if self.p.delete_commit_log_files_interval > 0 and i + 1 < last:
+                now += self.p.delete_commit_log_files_interval
+            i += 1
+        return now, reason
+
+    def _below_pairs(self, x: int) -> np.ndarray:
+        """_below(x) for the live pairs' queues."""
+        if x > self.W0:
+            return self.l_max0 + np.floor((x - self.W0) * self.l_mpb).astype(np.int64)
+        row = self.bound_row.get(x)
+        return self.l_below[row] if row is not None else self.l_max0
+
+    def _consumed(self, t: int) -> np.ndarray:
+        """Committed offsets of the live pairs at t (never past the queue's end)."""
+        c = np.floor(self.c_base + self.l_rate * ((t - self.t_base) / 1000.0)).astype(np.int64)
+        cap = self.l_max0 + np.floor((max(self.W(t), self.W0) - self.W0) * self.l_mpb).astype(np.int64)
+        return np.minimum(c, cap)
+
+    def _jump(self, t: int, below: np.ndarray) -> None:
+        """Consumers behind the queue's new min offset resume there."""
+        self.c_base = np.maximum(self._consumed(t), below).astype(np.float64)
+        self.t_base = float(t)
+
+    def _lose(self, i: int, t: int) -> None:
+        """Segment i deleted at t: per pair, the offsets in it at or past the committed offset."""
+        if not len(self.lp):
+            return
+        a = self.base(i)
+        lo, hi = self._below_pairs(a), self._below_pairs(a + self.S)
+        start = np.maximum(self._consumed(t), lo)
+        hit = np.flatnonzero(start < hi)
+        if len(hit):
+            s_, e_, qmax = start[hit], hi[hit], self.l_max0[hit]
+            # existing entries: count and bytes from the sorted (queue, offset) key
+            kq = self.l_key[hit]
+            i1 = np.searchsorted(self.s.key, kq | np.minimum(s_, qmax), "left")
+            i2 = np.searchsorted(self.s.key, kq | np.minimum(e_, qmax), "left")
+            # projected entries past the snapshot have the queue's mean size
+            fut = np.maximum(0, e_ - np.maximum(s_, qmax))
+            cnt = (i2 - i1) + fut
+            byt = (self.s.cum_size[i2] - self.s.cum_size[i1]) + np.rint(fut * self.l_mean[hit]).astype(np.int64)
+            for j, h in enumerate(self.lp[hit].tolist()):
+                if cnt[j] <= 0:
+                    continue
+                self.lost_msgs[h] += int(cnt[j])
+                self.lost_bytes[h] += int(byt[j])
+                if self.first_loss[h] is None:
+                    self.first_loss[h] = t
+                rr = self.ranges[h]
+                lo_, hi_ = int(s_[j]), int(e_[j]) - 1
+                if rr and rr[-1][1] + 1 >= lo_:
+                    rr[-1][1] = max(rr[-1][1], hi_)
+                else:
+                    rr.append([lo_, hi_])
+        self._jump(t, hi)
+
+    def _clean_queues(self, t: int, M: int, reason: str) -> None:
+        """CleanConsumeQueueService: CQ files whose last unit is below M, then index files."""
+        if self.s.cq_files and len(self.cq_k):
+            below = self._below(M)
+            mx = self.max_offsets(t)
+            last_k = np.where(mx > 0, (mx - 1) // self.E, self.cq_k)  # CQ file holding the last entry
+            new_k = np.maximum(self.cq_k, np.minimum(last_k, below // self.E))
+            for qi in np.flatnonzero(new_k > self.cq_k):
+                d = f"consumequeue/{self.s.q_topic[qi]}/{int(self.s.q_id[qi])}/"
+                for kk in range(int(self.cq_k[qi]), int(new_k[qi])):
+                    self.deletions.append({"time_ms": t, "file": d + offset_to_file_name(kk * self.E * CQ_UNIT),
+                                           "kind": "consumequeue", "reason": reason})
+            self.cq_k = new_k
+            self.cq_base_sum = int((self.cq_k * self.E).sum())
+        files = self.s.index_files
+        if self.idx_first < len(files) and files[self.idx_first][1] < M:
+            while self.idx_first < len(files) - 1 and files[self.idx_first][1] < M:
+                name, _end, size = files[self.idx_first]
+                self.deletions.append({"time_ms": t, "file": "index/" + name, "kind": "index", "reason": reason})
+                self.idx_bytes -= size
+                self.idx_first += 1
+
+    def _sample(self, t: int, phys: float | None = None, used: tuple[int, int] | None = None) -> None:
+        used, store = used or self.used(t)
+        if phys is None and self.p.disk_capacity is not None:
+            phys = -(-100 * used // self.p.disk_capacity) / 100
+        if phys is not None:
+            self.max_ratio = phys if self.max_ratio is None else max(self.max_ratio, phys)
+        if self.disk and self.disk[-1]["time_ms"] == t and self.disk[-1]["used_bytes"] == used:
+            return
+        self.disk.append({"time_ms": int(t), "used_bytes": int(used), "store_bytes": int(store), "ratio": phys})
+
+    # -- output -------------------------------------------------------------------------------
+    def result(self) -> dict[str, Any]:
+        groups = []
+        for j, (g, t, q, off) in enumerate(self.pairs):
+            groups.append({"group": g, "topic": t, "queue_id": int(q), "committed_offset": int(off),
+                           "lost_messages": int(self.lost_msgs[j]), "lost_bytes": int(self.lost_bytes[j]),
+                           "lost_offsets": [list(r) for r in self.ranges[j]], "first_loss_ms": self.first_loss[j],
+                           "in_store": bool(self.pq[j] >= 0)})
+        cl = [d for d in self.deletions if d["kind"] == "commitlog"]
+        losses = [x["first_loss_ms"] for x in groups if x["first_loss_ms"] is not None]
+        summary = {
+            "commitlog_deleted": len(cl),
+            "consumequeue_deleted": sum(1 for d in self.deletions if d["kind"] == "consumequeue"),
+            "index_deleted": sum(1 for d in self.deletions if d["kind"] == "index"),
+            "by_reason": {r: sum(1 for d in cl if d["reason"] == r) for r in ("time", "space", "forced", "manual")},
+            "first_deletion_ms": cl[0]["time_ms"] if cl else None,
+            "lost_messages": int(self.lost_msgs.sum()), "lost_bytes": int(self.lost_bytes.sum()),
+            "groups_with_loss": len({x["group"] for x in groups if x["lost_messages"]}),
+            "first_loss_ms": min(losses) if losses else None, "max_ratio": self.max_ratio,
+        }
+        return {"name": self.p.name, "settings": self.p.settings_dict(),
+                "warnings": [self.when_problem] if self.when_problem else [],
+                "deletions": self.deletions, "disk_usage": self.disk, "groups": groups, "summary": summary}
+
+
+def simulate(policy: Policy, snap: StoreSnapshot, model: TimeModel | None = None) -> dict[str, Any]:
+    """Run one policy over one snapshot: deletion timeline, disk usage and per-group losses (JSON-ready)."""
+    sim = _Sim(policy, snap, model or TimeModel())
+    sim.run()
+    return sim.result()
+
+
+def describe(snap: StoreSnapshot, model: TimeModel | None = None, policy: Policy | None = None) -> dict[str, Any]:
+    """The simulation's assumptions for one store (snapshot and time model), for the report."""
+    sim = _Sim(policy or Policy.from_settings("describe", BrokerSettings()), snap, model or TimeModel())
+    return {
+        "store": snap.name, "snapshot_ms": sim.t_snap, "start_ms": sim.start, "until_ms": sim.until,
+        "horizon_source": sim.horizon_source,
+        "first_tick_ms": sim.T0, "segment_size": snap.segment_size, "write_pos": snap.write_pos,
+        "ingest_bytes_per_s": sim.R, "ingest_source": sim.ingest_source, "consumption": sim.consumption,
+        "mtime_source": snap.mtime_source,
+        "segments": [{"file": "commitlog/" + offset_to_file_name(int(b)), "mtime_ms": int(m), "mtime_source": s}
+                     for b, m, s in zip(snap.seg_base, snap.seg_mtime, snap.seg_mtime_source)],
+        "queues": len(snap.q_topic), "groups": len(snap.groups),
+        "findings": [f.to_dict() for f in snap.findings],
+    }

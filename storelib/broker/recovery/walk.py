@@ -1,0 +1,593 @@
+"""THE recovery walk: what the broker's commitlog recovery (and the reput that follows it) does.
+
+CommitLog.recoverNormally and recoverAbnormally (store-algorithms §8.3/§8.4, both versions) are one
+walk parameterised by its *window*: the start segment, whether CRCs are checked in it, and which
+valid records are dispatched. In 4.9.8 the reput thread then dispatches from the CQ's max physical
+offset; records before the window are seen only by reput (no CRC; a -1 record skips the rest of its
+segment, §4.1). This module computes, without modifying anything:
+
+* the start segment and why it was chosen (``plan_recovery``);
+* per segment how far the walk / reput gets (``walk_segment``: one :class:`SegmentScan` each);
+* ``process_offset``, the failing record, the segments the broker deletes or truncates, and the
+  exact ranges the broker dispatches (``finish_walk``).
+
+The three steps are separate so that the per-segment scans can run anywhere (the Spark rebuild
+scans segments on executors and feeds their ends to :func:`finish_walk`); :func:`recovery_walk`
+runs them in-process. A rebuild's target (store-algorithms §7.1) is :func:`rebuild_target`: a
+normal start with an empty consume queue.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from storelib.errors import Finding, StoreError
+from storelib.format.checkpoint import Checkpoint
+from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V1, MAGIC_V2
+from storelib.scan.commitlog import Segment
+from storelib.scan.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentEnd, SegmentScan
+
+if TYPE_CHECKING:
+    from storelib.broker.settings.store import Store
+
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+
+
+@dataclass(frozen=True)
+class RecoveryInputs:
+    """Everything the walk depends on besides the segment files themselves.
+
+    ``cq_max_phy_offset``: the store's maxPhyOffsetOfConsumeQueue (§8.2; -1 for no/empty CQ).
+    ``last_exit_ok``: no ``abort`` file (normal recovery) — abnormal recovery otherwise.
+    """
+
+    version: str = "4"  # "4" = 4.9.8, "5" = 5.3.3
+    last_exit_ok: bool = True
+    cq_max_phy_offset: int = -1
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    segment_size: int = 1024 * 1024 * 1024
+    check_crc_on_recover: bool = True
+    force_verify_prop_crc: bool = False
+    message_index_enable: bool = True
+    message_index_safe: bool = False
+    broker_id: int = 0
+
+    @classmethod
+    def from_settings(cls, settings, **kw) -> RecoveryInputs:
+        """Inputs from a BrokerSettings (version, CRC and index flags, segment size) plus ``kw``."""
+        version = str(settings.version)
+        base = dict(
+            version="5" if version.startswith("5") else "4",
+            segment_size=int(settings.mapped_file_size_commit_log),
+            check_crc_on_recover=bool(settings.check_crc_on_recover),
+            force_verify_prop_crc=bool(settings.force_verify_prop_crc),
+            message_index_enable=bool(settings.message_index_enable),
+            message_index_safe=bool(settings.message_index_safe),
+            broker_id=int(settings.broker_id),
+        )
+        base.update(kw)
+        return cls(**base)
+
+
+@dataclass(frozen=True)
+class SegmentTask:
+    """One segment's part of the walk: scan ``[start, end)`` of file ``index``.
+
+    ``crc``: inside the recovery window (records are CRC-checked and the first failure ends the valid
+    log); outside it (4.9.8 reput over earlier segments) nothing is CRC-checked.
+    """
+
+    index: int
+    base: int
+    name: str
+    start: int
+    crc: bool
+
+    def scan(self, source, *, verify_crc: bool, prop_crc: bool = False, verify_all: bool = False,
+             **kw) -> SegmentScan:
+        """The :class:`SegmentScan` of this task over an open ``source`` (the segment file).
+
+        ``verify_crc``: checkCRCOnRecover (body CRC checked and ended on inside the window).
+        ``verify_all``: also check (and report in ``crc_ok``) body CRCs outside the window, without
+        ending there: the walk is unchanged, the rows say what a reader of them wants to know.
+        """
+        crc = self.crc and verify_crc and not prop_crc
+        return SegmentScan(source, "commitlog/" + self.name, self.base, self.start,
+                           verify_crc=crc or verify_all, stop_on_crc=crc, **kw)
+
+
+@dataclass(frozen=True)
+class WalkPlan:
+    """Where the walk starts and what it checks (the output of :func:`plan_recovery`)."""
+
+    inputs: RecoveryInputs
+    segments: tuple[Segment, ...]
+    mode: str  # "normal" | "abnormal"
+    start_index: int  # first segment of the CRC window (recovery start segment)
+    start_reason: str
+    reput_from: int | None  # 4.9.8 normal: where reput starts (segments before the window); else None
+    dispatch_after: int | None  # 5.x normal: only records whose PHYSICALOFFSET field > this are dispatched
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def tasks(self) -> list[SegmentTask]:
+        """Every segment scan the walk may need, in commitlog order (reput segments, then the window)."""
+        out: list[SegmentTask] = []
+        S = self.inputs.segment_size
+        for i, seg in enumerate(self.segments):
+            if i >= self.start_index:
+                out.append(SegmentTask(i, seg.base, seg.name, 0, True))
+            elif self.reput_from is not None and seg.base + S > self.reput_from:
+                out.append(SegmentTask(i, seg.base, seg.name, max(0, self.reput_from - seg.base), False))
+        return out
+
+    @property
+    def prop_crc(self) -> bool:
+        """5.x ``forceVerifyPropCRC``: the window checks the ``__CRC32#`` property instead of the body CRC."""
+        return self.inputs.version == "5" and self.inputs.force_verify_prop_crc
+
+
+@dataclass(frozen=True)
+class DispatchRange:
+    """Records the broker dispatches from one segment: valid records starting in ``[start, end)``.
+
+    ``after``: only records whose PHYSICALOFFSET field is strictly greater (5.x normal recovery), or
+    None. ``by``: ``reput`` or ``recovery`` (who dispatches them; the same records either way).
+    """
+
+    base: int
+    name: str
+    start: int
+    end: int
+    after: int | None
+    by: str
+
+    @property
+    def phy_start(self) -> int:
+        return self.base + self.start
+
+    @property
+    def phy_end(self) -> int:
+        return self.base + self.end
+
+
+@dataclass(frozen=True)
+class SegmentOutcome:
+    """How far the walk (or reput) got in one segment."""
+
+    base: int
+    name: str
+    start: int
+    crc_checked: bool
+    end_kind: str
+    end_offset: int  # file offset where the scan stopped
+    reason: str | None = None
+    detail: str | None = None
+    size: int | None = None
+    records: int = 0
+
+
+@dataclass(frozen=True)
+class RecoveryResult:
+    """The outcome of the recovery walk (store-algorithms §8.3–§8.5, §4.1 for 4.9.8 reput).
+
+    ``process_offset``: end of the valid commitlog; ``failure``: the record that ended the window
+    walk (None when it ended at the last segment's blank / end of data); ``delete_segments``: bases
+    of segments the broker deletes; ``truncate``: (base, write position) of the segment cut at
+    ``process_offset``; ``truncate_consume_queues``: the CQ is cut at ``process_offset`` too
+    (§8.6); ``dispatch``: the ranges dispatched, in dispatch order; ``supported``: False when the
+    broker's dispatch cannot be reproduced byte-identically (a length-mismatch record under reput, a
+    missing segment in the dispatched range) — see ``findings``.
+    """
+
+    version: str
+    mode: str
+    start_index: int
+    start_base: int | None
+    start_reason: str
+    window_start: int | None  # physical offset where CRC checking starts
+    crc_checked: bool
+    process_offset: int
+    failure: SegmentOutcome | None
+    segments: tuple[SegmentOutcome, ...]
+    delete_segments: tuple[int, ...]
+    truncate: tuple[int, int] | None
+    cq_max_phy_offset: int
+    truncate_consume_queues: bool
+    dispatch: tuple[DispatchRange, ...]
+    supported: bool
+    findings: tuple[Finding, ...] = ()
+    delay_levels_quirk: bool = False  # 4.9.8 abnormal: recovery dispatch sees no delay levels (§8.4)
+
+    def summary(self) -> dict:
+        """A JSON-able digest (for manifests and CLI output)."""
+        f = self.failure
+        return {
+            "version": self.version, "mode": self.mode, "start_index": self.start_index,
+            "start_base": self.start_base, "start_reason": self.start_reason,
+            "window_start": self.window_start, "crc_checked": self.crc_checked,
+            "process_offset": self.process_offset,
+            "failure": None if f is None else {"segment": f.name, "offset": f.end_offset, "reason": f.reason,
+                                                "detail": f.detail},
+            "delete_segments": list(self.delete_segments), "truncate": self.truncate,
+            "truncate_consume_queues": self.truncate_consume_queues, "supported": self.supported,
+            "findings": [str(x) for x in self.findings],
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# planning
+
+
+def loaded_segments(segments: Iterable[Segment], version: str, segment_size: int) -> tuple[list[Segment], list[Finding]]:
+    """The segments the broker's loader keeps (§8.1 step 2) and what it would complain about.
+
+    A zero-length last file: 5.x deletes it; 4.9.8 refuses to start (reported as an error, skipped
+    here so the walk can still say what the rest holds). A file of the wrong size fails both loads
+    (reported; it is still walked as far as it goes).
+    """
+    segs = list(segments)
+    found: list[Finding] = []
+    if segs and segs[-1].file_size == 0:
+        sev = "warning" if version == "5" else "error"
+        found.append(Finding("empty_last_segment", sev, segs[-1].display, None,
+                             "zero-length last segment: " + ("deleted by the 5.x loader" if version == "5"
+                                                             else "the 4.9.8 loader fails on it")))
+        segs = segs[:-1]
+    for s in segs:
+        if s.file_size != segment_size:
+            found.append(Finding("wrong_segment_size", "error", s.display, None,
+                                 f"{s.file_size} bytes, expected {segment_size}: the broker refuses to load"))
+    return segs, found
+
+
+def _first_record_probe(seg: Segment) -> tuple[int, int] | None:
+    """(magic, storeTimestamp) of the record at offset 0 (isMappedFileMatchedRecover), None if unreadable."""
+    try:
+        with seg.open() as src:
+            head = bytes(src.read(0, 76))
+    except (OSError, pa.ArrowException, StoreError):
+        return None
+    if len(head) < 28:
+        return None
+    magic = _I32.unpack_from(head, 4)[0]
+    sysflag = _I32.unpack_from(head, 36)[0]
+    pos = 48 + (20 if sysflag & BORNHOST_V6_FLAG else 8)
+    if len(head) < pos + 8:
+        return magic, 0
+    return magic, _I64.unpack_from(head, pos)[0]
+
+
+def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
+                  probe: Callable[[Segment], tuple[int, int] | None] = _first_record_probe) -> WalkPlan:
+    """Choose the start segment and window (§8.3/§8.4) for the loaded ``segments``.
+
+    * normal 4.9.8: the third-last segment (pre-allocated zero segments count); reput covers earlier
+      segments from ``max(cq_max_phy_offset, min offset)``;
+    * normal 5.x: walking down from the last, the first segment with base <= cq_max_phy_offset (the
+      first segment when the CQ is empty); records dispatched when PHYSICALOFFSET > cq_max_phy_offset;
+    * abnormal (both): walking down from the last, the first segment whose first record matches
+      (V1/V2 magic, store time != 0 and <= the checkpoint's min timestamp, index-bounded with
+      messageIndexSafe); the first segment when none does. Every valid record is re-dispatched.
+    """
+    segs, found = loaded_segments(segments, inputs.version, inputs.segment_size)
+    n = len(segs)
+    cq_max = inputs.cq_max_phy_offset
+    reput_from = dispatch_after = None
+    if inputs.last_exit_ok:
+        mode = "normal"
+        if inputs.version == "4":
+            start = max(0, n - 3)
+            why = f"normal 4.9.8: third-last of {n} segment(s)"
+            reput_from = max(cq_max, segs[0].base if segs else 0, 0)
+        else:
+            start = 0
+            why = f"normal 5.x: no segment base <= CQ max physical offset {cq_max}: first segment"
+            for i in range(n - 1, -1, -1):
+                if segs[i].base <= cq_max:
+                    start = i
+                    why = f"normal 5.x: last segment with base <= CQ max physical offset {cq_max}"
+                    break
+            dispatch_after = cq_max
+    else:
+        mode = "abnormal"
+        cp = inputs.checkpoint
+        if inputs.message_index_enable and inputs.message_index_safe:
+            limit = cp.min_timestamp_index()
+            rule = f"store time <= min(checkpoint min timestamp - 3 s, index timestamp) = {limit}"
+        else:
+            limit = cp.min_timestamp()
+            rule = f"store time <= checkpoint min timestamp - 3 s = {limit}"
+        magics = (MAGIC_V1, MAGIC_V2) if inputs.version == "5" else (MAGIC_V1,)
+        start = 0
+        why = f"abnormal: no segment's first record has {rule}: first segment"
+        for i in range(n - 1, -1, -1):
+            got = probe(segs[i])
+            if got is None:
+                continue
+            magic, ts = got
+            if magic in magics and ts != 0 and ts <= limit:
+                start = i
+                why = f"abnormal: last segment whose first record has {rule} (store time {ts})"
+                break
+    return WalkPlan(inputs, tuple(segs), mode, start, why, reput_from, dispatch_after, tuple(found))
+
+
+# ---------------------------------------------------------------------------------------------
+# per-segment scans
+
+
+def walk_segment(plan: WalkPlan, task: SegmentTask, *, delay_levels_ms: list[int] | None = None,
+                 batches: list[pa.RecordBatch] | None = None, **scan_kw) -> SegmentEnd:
+    """Run one task's scan in-process; returns its :class:`SegmentEnd` (records appended to ``batches``)."""
+    seg = plan.segments[task.index]
+    ends: list[SegmentEnd] = []
+    with seg.open() as src:
+        for batch in iter_task(plan, task, src, delay_levels_ms=delay_levels_ms, ends=ends, **scan_kw):
+            if batches is not None:
+                batches.append(batch)
+    return ends[0]
+
+
+def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: list[int] | None = None,
+              ends: list[SegmentEnd] | None = None, **scan_kw) -> Iterator[pa.RecordBatch]:
+    """The batches of one task's scan (the walk's view of the segment) over an open ``source``.
+
+    Inside the window the scan ends at the first CRC failure (or, with 5.x forceVerifyPropCRC, the
+    first record whose ``__CRC32#`` property is missing or wrong). The :class:`SegmentEnd` is appended
+    to ``ends``.
+    """
+    check = plan.inputs.check_crc_on_recover
+    prop = plan.prop_crc and check and task.crc
+    scan_kw.setdefault("delay_levels_ms", DEFAULT_DELAY_LEVELS_MS if delay_levels_ms is None else delay_levels_ms)
+    scan = task.scan(source, verify_crc=check, prop_crc=prop, **scan_kw)
+    end: SegmentEnd | None = None
+    for batch in scan:
+        if prop and batch.num_rows:
+            ok = np.asarray(batch.column("prop_crc_ok").fill_null(False), dtype=bool)
+            bad = np.flatnonzero(~ok)
+            if len(bad):
+                k = int(bad[0])
+                phy = int(batch.column("phy_offset")[k].as_py())
+                if k:
+                    yield batch.slice(0, k)
+                end = SegmentEnd("invalid", scan.file, phy - task.base, phy, "crc_mismatch",
+                                 "__CRC32# property missing or wrong (forceVerifyPropCRC)")
+                break
+        yield batch
+    if end is None:
+        end = scan.end
+    assert end is not None
+    if ends is not None:
+        ends.append(end)
+
+
+# ---------------------------------------------------------------------------------------------
+# combining
+
+
+def _outcome(task: SegmentTask, end: SegmentEnd) -> SegmentOutcome:
+    return SegmentOutcome(task.base, task.name, task.start, task.crc, end.kind, end.file_offset, end.reason,
+                          end.detail, end.size, end.records)
+
+
+def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResult:
+    """Combine per-segment scan ends (keyed by segment index) into the :class:`RecoveryResult`.
+
+    ``ends`` must hold every task of ``plan.tasks`` up to where the walk stops (later ones are
+    ignored). Raises StoreError(kind="missing_scan") when one is missing.
+    """
+    # one function (~110 lines): the broker's recovery decision sequence (valid end, truncations, dispatch
+    # ranges) in CommitLog.recover* order, kept in one place so it reads against the Java source
+    inp = plan.inputs
+    S = inp.segment_size
+    segs = plan.segments
+    found = list(plan.findings)
+    supported = True
+    outcomes: list[SegmentOutcome] = []
+    reput_outcomes: list[SegmentOutcome] = []
+    dispatch: list[DispatchRange] = []
+    tasks = {t.index: t for t in plan.tasks}
+
+    def end_of(i: int) -> SegmentEnd:
+        if i not in ends:
+            raise StoreError("commitlog/" + segs[i].name, None, "missing_scan", "no scan result for this segment")
+        return ends[i]
+
+    # -- the window walk (§8.3 steps 2-4)
+    failure = None
+    n = len(segs)
+    if n == 0:
+        process_offset = 0
+    else:
+        i = plan.start_index
+        while True:
+            t = tasks[i]
+            e = end_of(i)
+            oc = _outcome(t, e)
+            outcomes.append(oc)
+            if e.kind == "blank" and i + 1 < n:
+                i += 1
+                continue
+            process_offset = segs[i].base + e.file_offset
+            if e.kind == "invalid":
+                failure = oc
+            elif e.kind == "segment_end":
+                # the next read underflows: -1, the walk stops at the segment's end
+                pass
+            break
+        last_walked = i
+
+    # -- what is dispatched
+    if n:
+        if plan.reput_from is not None:  # 4.9.8 normal: reput from reput_from to process_offset
+            prev_base = None
+            stopped = False
+            for t in plan.tasks:
+                if stopped:
+                    break
+                seg = segs[t.index]
+                if prev_base is not None and seg.base != prev_base + S:
+                    found.append(Finding("reput_gap", "critical", seg.display, None,
+                                         f"no segment holds physical offset {prev_base + S}: reput stops there and "
+                                         "nothing after it is dispatched"))
+                    supported = False
+                    break
+                prev_base = seg.base
+                if seg.base >= process_offset and t.crc:
+                    break
+                if t.crc:
+                    if t.index > last_walked:
+                        break
+                    e = end_of(t.index)
+                    stop = min(e.file_offset, process_offset - seg.base)
+                    start = max(t.start, plan.reput_from - seg.base, 0)
+                    if stop > start:
+                        dispatch.append(DispatchRange(seg.base, seg.name, start, stop, None, "reput"))
+                    continue
+                e = end_of(t.index)
+                reput_outcomes.append(_outcome(t, e))
+                if e.file_offset > t.start:
+                    dispatch.append(DispatchRange(seg.base, seg.name, t.start, e.file_offset, None, "reput"))
+                if e.kind == "invalid" and e.size is not None and e.size > 0:
+                    found.append(Finding("reput_length_mismatch", "critical", seg.display, e.file_offset,
+                                         f"length mismatch ({e.detail}): the broker's reput goes on from a "
+                                         "misaligned position; not reproducible byte-identically"))
+                    supported = False
+                    stopped = True
+        else:  # recovery dispatches (5.x normal, abnormal): valid window records
+            after = plan.dispatch_after
+            for i in range(plan.start_index, last_walked + 1):
+                e = end_of(i)
+                seg = segs[i]
+                stop = min(e.file_offset, process_offset - seg.base)
+                if stop > 0:
+                    dispatch.append(DispatchRange(seg.base, seg.name, 0, stop, after, "recovery"))
+
+    # -- truncation (§8.5) and CQ truncation (§8.6)
+    delete: list[int] = []
+    truncate = None
+    for seg in segs:
+        if seg.base + S > process_offset:
+            if process_offset >= seg.base:
+                truncate = (seg.base, process_offset - seg.base)
+            else:
+                delete.append(seg.base)
+    quirk = inp.version == "4" and plan.mode == "abnormal"
+    return RecoveryResult(
+        version=inp.version, mode=plan.mode, start_index=plan.start_index,
+        start_base=segs[plan.start_index].base if n else None, start_reason=plan.start_reason,
+        window_start=segs[plan.start_index].base if n else None,
+        crc_checked=inp.check_crc_on_recover, process_offset=process_offset, failure=failure,
+        segments=tuple(reput_outcomes + outcomes), delete_segments=tuple(delete), truncate=truncate,
+        cq_max_phy_offset=inp.cq_max_phy_offset,
+        truncate_consume_queues=n > 0 and inp.cq_max_phy_offset >= process_offset,
+        dispatch=tuple(dispatch), supported=supported, findings=tuple(found), delay_levels_quirk=quirk,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# whole walks over a Store
+
+
+def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool | None = None,
+                 cq_max_phy_offset: int | None = None, checkpoint: Checkpoint | None = None) -> RecoveryInputs:
+    """RecoveryInputs read from a :class:`~storelib.broker.settings.store.Store` (abort marker, checkpoint, CQ max)."""
+    from storelib.format.checkpoint import read_checkpoint
+    from storelib.format.markers import abort_state
+
+    if last_exit_ok is None:
+        last_exit_ok = abort_state(store.loc).last_exit_ok
+    if checkpoint is None:
+        checkpoint = read_checkpoint(store.loc, strict=False) if store.exists("checkpoint") else Checkpoint()
+    if cq_max_phy_offset is None:
+        cq_max_phy_offset = consume_queue_max_phy_offset(store)
+    kw = dict(last_exit_ok=last_exit_ok, checkpoint=checkpoint, cq_max_phy_offset=cq_max_phy_offset,
+              segment_size=store.commitlog.segment_size)
+    if version is not None:
+        kw["version"] = version
+    return RecoveryInputs.from_settings(store.settings, **kw)
+
+
+def consume_queue_max_phy_offset(store: Store) -> int:
+    """maxPhyOffsetOfConsumeQueue: the largest recovered maxPhysicOffset over all queues (-1 if none)."""
+    from storelib.format.consumequeue import ConsumeQueue, list_queues
+
+    if not store.exists("consumequeue"):
+        return -1
+    size = store.settings.mapped_file_size_consume_queue
+    best = -1
+    for topic, qid, loc in list_queues(store.loc):
+        with ConsumeQueue(loc, segment_size=size, topic=topic, queue_id=qid) as cq:
+            best = max(best, cq.max_physic_offset())
+    return best
+
+
+def recovery_walk(store: Store, inputs: RecoveryInputs | None = None, *,
+                  on_segment: Callable[[SegmentTask, SegmentEnd], None] | None = None) -> RecoveryResult:
+    """The broker's recovery of ``store``'s commitlog, computed in-process (read-only).
+
+    ``inputs`` default to :func:`store_inputs`. Segments after the walk's stop are not scanned.
+    """
+    inputs = inputs or store_inputs(store)
+    plan = plan_recovery(inputs, store.commitlog.segments)
+    ends = run_tasks(plan, delay_levels_ms=list(store.delay_levels_ms), on_segment=on_segment)
+    return finish_walk(plan, ends)
+
+
+def run_tasks(plan: WalkPlan, *, delay_levels_ms: list[int] | None = None,
+              on_segment: Callable[[SegmentTask, SegmentEnd], None] | None = None,
+              columns: list[str] | None = None) -> dict[int, SegmentEnd]:
+    """Scan the plan's tasks in order, skipping window segments after the walk has stopped.
+
+    Only the segment ends are kept, so by default the scans build one column (validity, CRC and the
+    DELAY rule are decided whatever the columns): about half the cost of decoding the usual ones.
+    """
+    ends: dict[int, SegmentEnd] = {}
+    stopped = False
+    for t in plan.tasks:
+        if t.crc and stopped:
+            break
+        cols = columns if columns is not None else _walk_columns(plan, t)
+        end = walk_segment(plan, t, delay_levels_ms=delay_levels_ms, columns=cols, with_properties=False)
+        ends[t.index] = end
+        if on_segment:
+            on_segment(t, end)
+        if t.crc and end.kind != "blank":
+            stopped = True
+    return ends
+
+
+def _walk_columns(plan: WalkPlan, task: SegmentTask) -> list[str]:
+    """The one column a walk scan builds (its end is all it keeps), and the 5.x property CRC in the window."""
+    return ["phy_offset"] + (["prop_crc_ok"] if plan.prop_crc and task.crc else [])
+
+
+def walk_task(plan: WalkPlan, delay_levels_ms: list[int], task: SegmentTask) -> tuple[int, SegmentEnd]:
+    """One segment of the walk as a task for any engine (module-level, so it pickles by reference):
+    (segment index, its end). An engine may scan window segments past the walk's stop; :func:`finish_walk`
+    ignores them, so the result is :func:`run_tasks`'."""
+    return task.index, walk_segment(plan, task, delay_levels_ms=delay_levels_ms, columns=_walk_columns(plan, task),
+                                    with_properties=False)
+
+
+WalkRunner = Callable[[WalkPlan, list[int]], Mapping[int, SegmentEnd]]  # (plan, delay levels) -> ends
+
+
+def serial_walk(plan: WalkPlan, delay_levels_ms: list[int]) -> dict[int, SegmentEnd]:
+    """The walk's scans in this process, in order, stopping where the walk stops."""
+    return run_tasks(plan, delay_levels_ms=delay_levels_ms)
+
+
+def rebuild_target(store: Store, *, version: str | None = None) -> RecoveryResult:
+    """The walk that defines a rebuild (store-algorithms §7.1): normal start, empty CQ, no abort."""
+    inputs = store_inputs(store, version=version, last_exit_ok=True, cq_max_phy_offset=-1,
+                          checkpoint=Checkpoint())
+    return recovery_walk(store, inputs)

@@ -1,0 +1,2 @@
+"""Settings and detection: broker.conf with the broker's defaults, which line (4.x/5.x) wrote a store, the
+geometry its files imply, the ``Store`` facade, and what a store looks like at a glance."""

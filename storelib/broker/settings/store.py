@@ -1,0 +1,205 @@
+"""Store: the facade over one broker store root (local path or any pyarrow filesystem URI).
+
+It only knows where things are and which settings apply; each file kind's reading and writing lives
+in its own module (commitlog, consumequeue, indexfile, checkpoint, markers, configjson).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from functools import cached_property
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from storelib.broker.settings.brokerconf import BrokerSettings, attribute_of, load_broker_conf
+from storelib.broker.settings.brokerline import detect_broker_line
+from storelib.broker.settings.geometry import Inferred, infer_geometry
+from storelib.broker.settings.storeroot import (
+    NotAStoreError,
+    any_segment_starts_with_record,
+    commitlog_head_finding,
+    require_store_root,
+)
+from storelib.errors import Finding, StoreLayoutError
+from storelib.fileio.bytesource import Location, resolve
+from storelib.scan.commitlog import CommitLog
+
+
+def load_settings(broker_conf: str | None = None, version: str | None = None,
+                  overrides: dict[str, Any] | None = None, root: Location | None = None) -> BrokerSettings:
+    """The one way every command and data source gets its broker settings.
+
+    ``version`` "4"/"5" is explicit; None/"auto" detects the line (storelib.broker.settings.brokerline: broker.conf and
+    ``overrides`` keys only 5.x has, then the store at ``root``, then 4.x). Then ``broker_conf`` (or the
+    line's defaults), then ``overrides`` (broker.conf key -> value, e.g. from ``--set``). Geometry
+    that neither gives is taken from the files themselves and reported (see :func:`infer_geometry`).
+    """
+    conf_keys = _conf_keys(broker_conf)
+    line = detect_broker_line(root, conf_keys | set(overrides or ()), version,
+                              conf_name=os.path.basename(str(broker_conf)) if broker_conf else "--set")
+    settings = (load_broker_conf(broker_conf, line.version) if broker_conf
+                else BrokerSettings.defaults(line.version))
+    if overrides:
+        settings = settings.with_overrides(overrides)
+    settings = dataclasses.replace(settings, line=line)
+    explicit = set(overrides or ()) | conf_keys
+    if root is not None:
+        settings = apply_geometry(settings, root, explicit)
+    if root is not None and not explicit & {"mappedFileSizeCommitLog", "mapped_file_size_commit_log"}:
+        size = _segment_file_size(root.join("commitlog"))
+        if size and size != settings.mapped_file_size_commit_log:
+            settings = dataclasses.replace(
+                settings.with_overrides({"mappedFileSizeCommitLog": size}),
+                source=f"{settings.source or 'defaults'}; {INFERRED_NOTE} {size}")
+    return settings
+
+
+def apply_geometry(settings: BrokerSettings, root: Location, explicit: set[str]) -> BrokerSettings:
+    """Settings with the geometry the files show where ``explicit`` keys are silent; disagreements noted."""
+    applied: dict[str, int] = {}
+    inferred, conflicts = [], []
+    for inf in infer_geometry(root):
+        attr = attribute_of(inf.key)
+        if inf.key in explicit or attr in explicit:
+            if _effective(settings, attr) != inf.value:
+                conflicts.append(inf)
+        elif _effective(settings, attr) != inf.value:
+            applied[inf.key] = inf.value
+            inferred.append(inf)
+    if applied:
+        settings = settings.with_overrides(applied)
+    return dataclasses.replace(settings, inferred=tuple(inferred), geometry_conflicts=tuple(conflicts))
+
+
+def _effective(settings: BrokerSettings, attr: str) -> int | None:
+    """The value the broker uses (the CQ size rounded up to whole 20-byte units)."""
+    if attr == "mapped_file_size_consume_queue_config":
+        return settings.mapped_file_size_consume_queue
+    return getattr(settings, attr)
+
+
+def settings_findings(settings: BrokerSettings) -> list[Finding]:
+    """What the settings took from the files, where the files disagree with broker.conf/--set, and what
+    in broker.conf a broker would ignore."""
+    out = [*settings.conf_findings, *[Finding("geometry_inferred", "info", inf.file, None,
+                   f"no broker.conf or --set gave {inf.key}: using {inf.value}, as {inf.evidence}",
+                   {"key": inf.key, "value": inf.value}) for inf in settings.inferred]]
+    by_file: dict[str, list[Inferred]] = {}
+    for inf in settings.geometry_conflicts:  # one finding per file kind (the index's two numbers together)
+        by_file.setdefault(inf.file, []).append(inf)
+    for file, infs in by_file.items():
+        conf = ", ".join(f"{i.key}={_effective(settings, attribute_of(i.key))}" for i in infs)
+        files = ", ".join(f"{i.key}={i.value}" for i in infs)
+        out.append(Finding("geometry_conflict", "error", file, None,
+                           f"broker.conf/--set gives {conf}, but {infs[0].evidence}: the broker that wrote them used "
+                           f"{files}; reading with the configured values (the per-file findings they cause are folded "
+                           f"into this one); if that broker.conf is not the store's, drop it or pass "
+                           + " ".join(f"--set {i.key}={i.value}" for i in infs),
+                           {"key": infs[0].key, "keys": [i.key for i in infs], "files": files, "configured": conf}))
+    return out
+
+
+INFERRED_NOTE = "mappedFileSizeCommitLog inferred from the segment files:"
+
+
+def _conf_keys(broker_conf: str | None) -> set[str]:
+    if not broker_conf:
+        return set()
+    from storelib.fileio.smallfile_io import as_location, read_small
+    from storelib.format.javaprops import parse_properties_text
+
+    data = read_small(as_location(broker_conf))
+    return set(parse_properties_text(data.decode("utf-8", "replace"))) if data else set()
+
+
+def _segment_file_size(loc: Location) -> int | None:
+    """The size shared by the commitlog's segment files (None when there are none or they disagree).
+
+    Lets a store copied without its broker.conf be read with the segment size it was written with;
+    the caller reports that the size was inferred.
+    """
+    import re
+
+    try:
+        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
+    except OSError:
+        return None
+    sizes = [int(i.size or 0) for i in infos if i.type == pafs.FileType.File and re.fullmatch(r"[0-9]{20}", i.base_name)]
+    full = {s for s in sizes if s > 0}
+    return full.pop() if len(full) == 1 else None
+
+
+class Store:
+    """A RocketMQ broker store root: ``commitlog/``, ``consumequeue/``, ``index/``, ``checkpoint``, ``config/``..."""
+
+    def __init__(self, root: str | os.PathLike | Location, settings: BrokerSettings | None = None, *,
+                 broker_conf: str | None = None, filesystem: pafs.FileSystem | None = None, uri: str | None = None,
+                 **fs_options: Any):
+        """``root`` is a path/URI, or an already resolved Location (then ``uri`` names it as the user wrote it,
+        which is also what tasks on other processes reopen)."""
+        self.loc = root if isinstance(root, Location) else resolve(root, filesystem, **fs_options)
+        self.uri = uri or (os.fspath(root) if not isinstance(root, Location) else root.path)
+        info = self.loc.fs.get_file_info(self.loc.path)
+        if info.type == pafs.FileType.NotFound:
+            raise StoreLayoutError(self.uri, None, "not_found", "store root does not exist")
+        if info.type != pafs.FileType.Directory:
+            raise StoreLayoutError(self.uri, None, "not_a_directory", "store root is not a directory")
+        require_store_root(self.loc, self.uri)
+        if settings is None:
+            settings = self._load_settings(broker_conf)
+        self.settings = settings
+        self.findings: list[Finding] = settings_findings(settings)
+        head = commitlog_head_finding(self.loc)
+        if head is not None:
+            self.findings.append(head)
+
+    @staticmethod
+    def _load_settings(broker_conf: str | None):
+        return load_settings(broker_conf)
+
+    @property
+    def local(self) -> bool:
+        return self.loc.local
+
+    def path(self, *parts: str) -> Location:
+        """A Location below the root."""
+        return self.loc.join(*parts)
+
+    def exists(self, *parts: str) -> bool:
+        return self.loc.fs.get_file_info(self.path(*parts).path).type != pafs.FileType.NotFound
+
+    @cached_property
+    def commitlog(self) -> CommitLog:
+        size = self.settings.mapped_file_size_commit_log
+        cl = CommitLog(self.path("commitlog"), size)
+        source = self.settings.source or ""
+        if INFERRED_NOTE in source:
+            cl.findings.insert(0, Finding("segment_size_inferred", "info", "commitlog", None,
+                                          f"no broker.conf or --set gave mappedFileSizeCommitLog: using {size} bytes, "
+                                          "the size of the segment files"))
+        return cl
+
+    @property
+    def delay_levels_ms(self) -> list[int]:
+
+        return list(self.settings.delay_levels_ms)
+
+    def scan(self, **kw):
+        """Every valid record in commitlog order as Arrow batches (see CommitLog.scan)."""
+        kw.setdefault("delay_levels_ms", self.delay_levels_ms)
+        return self.commitlog.scan(**kw)
+
+    def require_records(self, what: str) -> None:
+        """Fail (one line) where a command would otherwise print nothing for a commitlog that is not one."""
+        for f in self.findings:
+            if f.kind == "commitlog_head_not_a_record" and not any_segment_starts_with_record(self.loc):
+                raise NotAStoreError(f.file, f.offset, "not_a_commitlog", f"{what}: {f.detail}")
+
+    def require_local(self, what: str) -> str:
+        """The local root path, or a clear error for operations that modify a store in place."""
+        if not self.local:
+            raise StoreLayoutError(self.uri, None, "remote_store",
+                                   f"{what} modifies a store in place and only works on a local path")
+        return self.loc.path

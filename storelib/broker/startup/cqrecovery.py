@@ -1,0 +1,205 @@
+"""One consume queue through a broker start-up, in memory: ConsumeQueue.recover, the records dispatched during
+recovery, truncateDirtyLogicFiles, the 4.9.8 reput and correctMinOffset (store-algorithms §8.2, §8.6, §8.8).
+
+The model starts from the files on disk and records what the start-up writes as overlays, so the store is
+never touched: :meth:`QueueReplay.outputs` gives the new content of every file that changes, which the
+offline recovery (``rmqstore recover``) plans and applies. The unit rules are :mod:`storelib.format.consumequeue`'s
+and the writer is :mod:`storelib.broker.dispatch.cqwriter`'s; this module only keeps the files' state between the steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from storelib.broker.dispatch.cqwriter import QueueImage, QueueState
+from storelib.fileio.bytesource import Location
+from storelib.format.consumequeue import (
+    CQ_DTYPE,
+    CQ_UNIT_SIZE,
+    ConsumeQueue,
+    _wrap64,
+    file_name,
+    first_unit_from,
+    kept_after_truncation,
+    parse_file_name,
+)
+
+
+def _read_upto(fs: pafs.FileSystem | None, path: str, n: int) -> bytes:
+    """Up to ``n`` bytes from the start of a file: a local path, or a path on a remote store's filesystem."""
+    if fs is None:
+        with open(path, "rb") as f:
+            return f.read(n)
+    with fs.open_input_file(path) as f:
+        return f.read(min(n, f.size()))
+
+
+@dataclass
+class _Seg:
+    """One CQ segment as the simulated broker sees it: the file's bytes (or zeros) plus units written."""
+
+    file: str | None  # path of the on-disk file whose bytes it starts from; None = new (zeros)
+    overlays: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (byte pos, units)
+    fs: pafs.FileSystem | None = None  # the file's filesystem when the store is remote (None: local path)
+
+    def units(self, S: int) -> np.ndarray:
+        out = np.zeros(S // CQ_UNIT_SIZE, dtype=CQ_DTYPE)
+        if self.file is not None:
+            raw = np.frombuffer(_read_upto(self.fs, self.file, S), dtype=np.uint8)
+            n = len(raw) // CQ_UNIT_SIZE
+            out[:n] = raw[: n * CQ_UNIT_SIZE].view(CQ_DTYPE)
+        for pos, u in self.overlays:
+            i = pos // CQ_UNIT_SIZE
+            out[i: i + len(u)] = u
+        return out
+
+
+@dataclass
+class QueueReport:
+    """Per-queue outcome of a start-up (the recover plan's ``consume_queues.queues[]``)."""
+
+    topic: str
+    queue_id: int
+    recovered_max_offset: int
+    recovered_max_phy_offset: int
+    files_deleted_on_load: list[str] = field(default_factory=list)
+    truncated_max_offset: int | None = None
+    entries_truncated: int = 0
+    files_deleted_on_truncate: list[str] = field(default_factory=list)
+    entries_added: int = 0
+    added_from: int | None = None
+    added_by: list[str] = field(default_factory=list)
+    final_min_offset: int = 0
+    final_max_offset: int = 0
+    final_max_phy_offset: int = -1
+
+
+class QueueReplay:
+    """One consume queue through recover → recovery dispatch → truncation → reput, on a model of its files."""
+
+    def __init__(self, topic: str, qid: int, root: Location, S: int, cq: ConsumeQueue | None):
+        self.topic, self.qid, self.S = topic, qid, S
+        self.rel_dir = f"consumequeue/{topic}/{qid}"
+        qloc = root.join("consumequeue", topic, str(qid))
+        self.fs = None if qloc.local else qloc.fs  # a remote store (plan only) is read through its fs
+        self.dir = qloc.path
+        self.disk: dict[int, str] = {}
+        for info in qloc.fs.get_file_info(pafs.FileSelector(qloc.path, allow_not_found=True)):
+            b = parse_file_name(info.base_name)
+            if b is not None and info.type == pafs.FileType.File:
+                self.disk[b] = info.path
+        self.model: dict[int, _Seg] = {}
+        if cq is not None:
+            rec = cq.recover()
+            for seg, _ in rec.segments:
+                self.model[seg.base] = _Seg(seg.path, fs=self.fs)
+            self.state = replace(QueueState.from_existing(cq), backing=None)
+            self.report = QueueReport(topic, qid, rec.end // CQ_UNIT_SIZE, rec.max_physic_offset)
+            self.report.files_deleted_on_load = sorted(file_name(b) for b in self.disk if b not in self.model)
+        else:
+            self.state = QueueState()
+            self.report = QueueReport(topic, qid, 0, -1)
+
+    # -- writes ---------------------------------------------------------------------------------
+    def put(self, img: QueueImage, by: str) -> None:
+        """Overlay the units a build_consume_queues image wrote (``by``: which dispatch wrote them)."""
+        S = self.S
+        for base in img.segment_bases:
+            if base not in self.model:
+                self.model[base] = _Seg(None)
+        ents = img.entries
+        for base in img.segment_bases:
+            lo, hi = max(base, img.start), min(base + S, img.end)
+            if hi > lo:
+                self.model[base].overlays.append((lo - base, ents[(lo - img.start) // CQ_UNIT_SIZE:
+                                                                  (hi - img.start) // CQ_UNIT_SIZE].copy()))
+        self.state = replace(img.state, backing=None)
+        written = img.slots[img.slots >= 0]
+        if len(written):
+            self.report.entries_added += len(written)
+            first = int(written.min())
+            self.report.added_from = first if self.report.added_from is None else min(self.report.added_from, first)
+            if by not in self.report.added_by:
+                self.report.added_by.append(by)
+
+    def truncate(self, P: int) -> None:
+        """truncateDirtyLogicFiles(P) (store-algorithms §8.6): later files whose first unit is at or past P
+        go, the last one keeps its leading units (consumequeue.kept_after_truncation); an emptied queue
+        keeps P as its provisional maxPhysicOffset."""
+        S = self.S
+        state = QueueState(max_physic_offset=P)
+        deleted: list[str] = []
+        while self.model:
+            last = max(self.model)
+            u = self.model[last].units(S)
+            if int(u["phy_offset"][0]) >= P:
+                del self.model[last]
+                deleted.append(file_name(last))
+                continue
+            n = kept_after_truncation(u, P)
+            lu = u[n - 1]
+            max_phy = _wrap64(int(lu["phy_offset"]) + int(lu["size"]))
+            state = QueueState(max_physic_offset=max_phy, last_base=last, write_pos=n * CQ_UNIT_SIZE)
+            break
+        self.state = state
+        self.report.files_deleted_on_truncate = deleted
+        self.report.truncated_max_offset = self.max_offset()
+        self.report.entries_truncated = max(0, self.report.recovered_max_offset - self.report.truncated_max_offset)
+
+    def destroy(self) -> None:
+        """ConsumeQueue.destroy (no commitlog segment left)."""
+        self.report.files_deleted_on_truncate = sorted(file_name(b) for b in self.model)
+        self.model.clear()
+        self.state = QueueState()
+        self.report.truncated_max_offset = 0
+        self.report.entries_truncated = self.report.recovered_max_offset
+
+    # -- results --------------------------------------------------------------------------------
+    def max_offset(self) -> int:
+        """getMaxOffsetInQueue of the model: one past the last unit written."""
+        st = self.state
+        return 0 if st.last_base is None else (st.last_base + st.write_pos) // CQ_UNIT_SIZE
+
+    def min_offset(self, commitlog_min: int) -> int:
+        """correctMinOffset 4.9.8 on the final model (consumequeue.first_unit_from over the first segment's
+        written part); 0 when no unit qualifies, the value a starting broker holds."""
+        if not self.model:
+            return 0
+        first = min(self.model)
+        end = self.S if first != self.state.last_base else self.state.write_pos
+        u = self.model[first].units(self.S)[: end // CQ_UNIT_SIZE]
+        hit = first_unit_from(u, first, commitlog_min)
+        return 0 if hit is None else hit // CQ_UNIT_SIZE
+
+    def finish(self, commitlog_min: int) -> QueueReport:
+        """Fill the report's final offsets (after every dispatch) and return it."""
+        r = self.report
+        r.final_max_offset = self.max_offset()
+        r.final_max_phy_offset = self.state.max_physic_offset
+        r.final_min_offset = min(self.min_offset(commitlog_min), r.final_max_offset)
+        return r
+
+    def outputs(self) -> Iterable[tuple[str, bytes | None]]:
+        """(relative path, new full content or None to delete) for every file that changes."""
+        S = self.S
+        last = self.state.last_base
+        for base in sorted(self.model):
+            seg = self.model[base]
+            u = seg.units(S)
+            if base == last:
+                u[self.state.write_pos // CQ_UNIT_SIZE:] = np.zeros(1, dtype=CQ_DTYPE)
+            data = u.tobytes()
+            path = self.disk.get(base)
+            if path is not None and _read_upto(self.fs, path, S + 1) == data:
+                continue
+            yield f"{self.rel_dir}/{file_name(base)}", data
+        for base in sorted(self.disk):
+            if base not in self.model:
+                yield f"{self.rel_dir}/{file_name(base)}", None
+
+
+__all__ = ["QueueReplay", "QueueReport"]

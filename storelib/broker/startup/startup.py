@@ -1,0 +1,457 @@
+"""The broker's start-up replayed read-only: what a RocketMQ broker would change in a store when it starts.
+
+One simulation (:func:`simulate`) follows what a broker does at start-up (store-algorithms §8), in
+the broker's order, on in-memory models of the files it changes:
+
+1. load (§8.1): ``abort`` decides normal/abnormal; with an abnormal last exit, index files whose
+   endTimestamp > checkpoint.indexMsgTimestamp are deleted;
+2. ConsumeQueue.recover per queue (§8.2): the recovered end, maxPhysicOffset, later files deleted;
+   the store's maxPhyOffsetOfConsumeQueue;
+3. the commitlog recovery walk (:mod:`storelib.broker.recovery.walk`): start segment and why, CRC window,
+   processOffset, failing record, segments deleted / truncated;
+4. records dispatched *during* recovery (abnormal both versions, 5.x normal) go into the CQ models
+   (the broker's CQ writer, ``build_consume_queues``) and the index (``build_index_files``);
+5. truncateDirtyLogicFiles(processOffset) per queue when maxPhyOffsetOfConsumeQueue >= processOffset
+   (§8.6, including the "first entry only" rule and the provisional maxPhysicOffset of emptied queues);
+6. 4.9.8: the reput from max(maxPhysicOffset over queues, commitlog min offset) (§8.9) — same writers;
+7. lost messages: where the data a start-up drops begins (after processOffset; 4.9.8 reput skipping the
+   rest of a segment after an undecodable record); the records themselves are scanned by
+   :mod:`storelib.broker.startup.startuplost`.
+
+The checkpoint is rewritten so it never claims more than the store holds: physicMsgTimestamp = store
+time of the last valid record, logicsMsgTimestamp = store time of the last record with a CQ entry in
+that segment (else min(old, physic)), indexMsgTimestamp = min(old, physic); 5.x also sets
+confirmPhyOffset to the start of the last valid record (as its recovery does); bytes 24.. are kept
+for 4.9.8 (it never writes them).
+
+The result (:class:`Simulation`) is what ``rmqstore recover`` turns into its plan, applies and salvages;
+nothing here writes to the store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storelib.broker.dispatch.cqwriter import build_consume_queues
+from storelib.broker.dispatch.dispatch import DISPATCH_COLUMNS
+from storelib.broker.index.indexbuild import IndexImage, IndexState, index_dispatched
+from storelib.broker.recovery.walk import (
+    DispatchRange,
+    RecoveryInputs,
+    RecoveryResult,
+    WalkPlan,
+    WalkRunner,
+    finish_walk,
+    plan_recovery,
+    run_tasks,
+    serial_walk,
+    store_inputs,
+)
+from storelib.broker.settings.store import Store
+from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
+from storelib.broker.timer.timerrecovery import TimerRecovery, plan_timer_recovery
+from storelib.errors import Finding, StoreError
+from storelib.fileio.bytesource import Location
+from storelib.fileio.smallfile_io import read_small
+from storelib.format.checkpoint import CHECKPOINT_SIZE, Checkpoint, read_checkpoint
+from storelib.format.consumequeue import ConsumeQueue, list_queues
+from storelib.format.indexdir import IndexFileRef, list_index_files
+from storelib.format.indexfile import HEADER_SIZE, IndexHeader
+from storelib.format.markers import AbortState, LockState, abort_state, lock_state
+from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
+from storelib.scan.commitlog import Segment
+from storelib.scan.scanner import SegmentScan
+
+_ZERO_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass
+class IndexFileOnLoad:
+    """One index file as the start-up loads it (header fields None when the header cannot be read)."""
+
+    name: str
+    end_timestamp: int | None
+    end_phy_offset: int | None
+    index_count: int | None
+    delete: bool
+
+
+@dataclass
+class Reput:
+    """The reput after recovery (§8.9; 4.9.8 reads ``ranges``): where it starts (None: no reput), where it
+    ends, what it dispatches."""
+
+    start: int | None
+    end: int
+    ranges: list[DispatchRange] = field(default_factory=list)
+
+
+@dataclass
+class Simulation:
+    """Everything a start-up would do to one store, computed read-only: the file changes (for apply and
+    salvage) and the broker's view on the way (for the plan)."""
+
+    store: Store
+    version: str
+    walk: RecoveryResult
+    queues: dict[tuple[str, int], QueueReplay]
+    queue_reports: list[QueueReport]  # the queues' final reports, by (topic, queue id)
+    index_delete: list[str]
+    index_images: list[IndexImage]
+    checkpoint_bytes: bytes | None
+    commitlog_zero_from: tuple[str, int] | None
+    commitlog_delete: list[str]
+    lost_ranges: list[tuple[Segment, int, str]]  # (segment, file offset, why) where lost data starts
+    timer: TimerRecovery | None  # the 5.x timer store's start-up (storelib.broker.timer.timerrecovery)
+    abort: AbortState
+    lock: LockState
+    checkpoint: Checkpoint  # as the start-up reads it
+    checkpoint_after: Checkpoint
+    inputs: RecoveryInputs
+    index_files: list[IndexFileOnLoad]
+    reput: Reput
+    recovery_records: int  # records dispatched during recovery
+    reput_records: int
+    index_keys_added: int  # the broker's
+    index_keys_extra: int  # only complete_index adds these
+    index_extra_records: int
+    complete_index: bool
+    findings: list[Finding]
+
+
+def _read_ranges(store: Store, ranges: Iterable[DispatchRange], delay_levels: list[int]) -> pa.Table:
+    """The dispatch columns of every record in ``ranges`` (PHYSICALOFFSET filter for 5.x ``after``)."""
+    by_base = {s.base: s for s in store.commitlog.segments}
+    batches: list[pa.RecordBatch] = []
+    for d in ranges:
+        seg = by_base[d.base]
+        with seg.open() as src:
+            scan = SegmentScan(src, seg.display, seg.base, d.start, d.end, verify_crc=False, with_properties=False,
+                               delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS)
+            for b in scan:
+                if d.after is not None and b.num_rows:
+                    b = b.filter(pc.greater(b.column("physical_offset_field"), d.after))
+                if b.num_rows:
+                    batches.append(b)
+    if not batches:
+        from storelib.scan.messageschema import message_schema
+
+        full = message_schema(False, False)
+        schema = pa.schema([full.field(c) for c in DISPATCH_COLUMNS])
+        return schema.empty_table()
+    return pa.Table.from_batches(batches)
+
+
+def _last_records(store: Store, P: int) -> tuple[int, int, int] | None:
+    """(start, store time, store time of the last CQ-able record or 0) of the last record before P."""
+    segs = [s for s in store.commitlog.segments if s.base < P and s.file_size > 0]
+    for seg in reversed(segs):
+        with seg.open() as src:
+            scan = SegmentScan(src, seg.display, seg.base, 0, P - seg.base, verify_crc=False, with_properties=False,
+                               columns=["phy_offset", "store_timestamp", "tran_type"])
+            last = None
+            last_cq = 0
+            for b in scan:
+                if b.num_rows:
+                    last = (int(b.column("phy_offset")[-1].as_py()), int(b.column("store_timestamp")[-1].as_py()))
+                    tt = np.asarray(b.column("tran_type"))
+                    cq = np.flatnonzero((tt == 0) | (tt == 2))
+                    if len(cq):
+                        last_cq = int(b.column("store_timestamp")[int(cq[-1])].as_py())
+            if last is not None:
+                return last[0], last[1], last_cq
+    return None
+
+
+def _index_header(ref: IndexFileRef) -> IndexHeader | None:
+    try:
+        with ref.loc.fs.open_input_file(ref.loc.path) as f:
+            return IndexHeader.from_bytes(f.read_at(HEADER_SIZE, 0), "index/" + ref.name)
+    except (OSError, StoreError):
+        return None
+
+
+def simulate(store: Store, version: str | None = None, *, complete_index: bool = True,
+             walk_runner: WalkRunner = serial_walk) -> Simulation:
+    """Replay a broker start-up on ``store`` (read-only); see the module docstring for the order.
+
+    ``complete_index`` (a named deviation, default on): after an abnormal exit also re-index records
+    before the recovery start segment whose index file was deleted, which the broker leaves out of
+    the index. The simulation keeps both counts (``index_keys_added`` is the broker's).
+    ``walk_runner``: runs the commitlog walk's segment scans (default: here, in order; the jobs pass one
+    that maps :func:`storelib.broker.recovery.walk.walk_task` on an engine, with the same result).
+    """
+    settings = store.settings
+    version = version or ("5" if str(settings.version).startswith("5") else "4")
+    findings: list[Finding] = list(store.commitlog.findings)
+    delay_levels = list(settings.delay_levels_ms)
+    abort = abort_state(store.loc)
+    lock = lock_state(store.loc)
+    cp = _checkpoint_before(store, findings)
+    refs = list_index_files(store.loc, findings)
+    index_files = _index_on_load(refs, abort.last_exit_ok, cp)
+    index_delete = [f.name for f in index_files if f.delete]
+    queues = _load_queues(store, findings)
+    cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1])
+
+    # §8.3/8.4 the commitlog walk
+    inputs = store_inputs(store, version=version, last_exit_ok=abort.last_exit_ok, cq_max_phy_offset=cq_max,
+                          checkpoint=cp)
+    wplan = plan_recovery(inputs, store.commitlog.segments)
+    walk = finish_walk(wplan, walk_runner(wplan, delay_levels))
+    findings.extend(walk.findings)
+    P = walk.process_offset
+    segs = list(wplan.segments)
+
+    t_rec = _recovery_dispatch(store, walk, segs, queues, findings)
+    reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema)
+    index_images, keys_added, keys_extra, t_extra = _index_after(
+        store, version, refs, index_delete, wplan, walk, (t_rec, t_rep), complete_index)
+    zero_from, delete_names = _commitlog_changes(store, walk, segs)
+    lost_ranges = _lost_ranges(segs, P, reput_walk, store.commitlog.segment_size)
+    new_cp = _checkpoint_after(store, cp, version, P, segs)
+    cp_bytes = _checkpoint_image(store, new_cp, version)
+    timer = plan_timer_recovery(store.loc, settings, store.commitlog, int(time.time() * 1000)) \
+        if version == "5" and store.exists("timerlog") else None
+    return Simulation(
+        store, version, walk, queues, _finish_queues(store, queues, delete_names), index_delete, index_images,
+        cp_bytes, zero_from, delete_names, lost_ranges, timer, abort=abort, lock=lock, checkpoint=cp,
+        checkpoint_after=new_cp, inputs=inputs, index_files=index_files, reput=reput,
+        recovery_records=t_rec.num_rows, reput_records=t_rep.num_rows, index_keys_added=keys_added,
+        index_keys_extra=keys_extra, index_extra_records=t_extra.num_rows, complete_index=complete_index,
+        findings=findings)
+
+
+def _finish_queues(store: Store, queues: dict[tuple[str, int], QueueReplay], commitlog_delete: list[str]
+                   ) -> list[QueueReport]:
+    """Each queue's final report (correctMinOffset against the commitlog that remains), by (topic, queue id);
+    after every dispatch, once."""
+    remaining = [s for s in store.commitlog.segments if s.name not in commitlog_delete]
+    commitlog_min = remaining[0].base if remaining else 0
+    return [queues[key].finish(commitlog_min) for key in sorted(queues)]
+
+
+def _checkpoint_before(store: Store, findings: list[Finding]) -> Checkpoint:
+    """The checkpoint the start-up reads (all zeros, and a finding, when there is none)."""
+    if store.exists("checkpoint"):
+        return read_checkpoint(store.loc, strict=False)
+    findings.append(Finding("checkpoint_missing", "warning", "checkpoint", None,
+                            "no checkpoint file: every timestamp reads as 0"))
+    return Checkpoint()
+
+
+def _index_on_load(refs: list[IndexFileRef], last_exit_ok: bool, cp: Checkpoint) -> list[IndexFileOnLoad]:
+    """§8.1 step 5: index files newer than the index checkpoint are deleted after an abnormal exit."""
+    out: list[IndexFileOnLoad] = []
+    for r in refs:
+        h = _index_header(r)
+        delete = (not last_exit_ok) and h is not None and h.end_timestamp > cp.index_msg_timestamp
+        out.append(IndexFileOnLoad(r.name, None if h is None else h.end_timestamp,
+                                   None if h is None else h.end_phy_offset, None if h is None else h.index_count,
+                                   delete))
+    return out
+
+
+def _load_queues(store: Store, findings: list[Finding]) -> dict[tuple[str, int], QueueReplay]:
+    """§8.2 ConsumeQueue.recover per queue: a model of each queue as the start-up loads it."""
+    Scq = int(store.settings.mapped_file_size_consume_queue)
+    queues: dict[tuple[str, int], QueueReplay] = {}
+    try:
+        listed = list_queues(store.loc, findings)
+    except StoreError as e:
+        if e.kind == "rocksdb_consumequeue":
+            raise StoreError("consumequeue", None, "unsupported_layout",
+                             f"{e.detail}: recover replays the file-based ConsumeQueue recovery only; a RocksDB "
+                             "consume-queue store's start-up is not modelled (rebuild --out and audit still apply)") \
+                from None
+        raise
+    for topic, qid, loc in listed:
+        with ConsumeQueue(loc, segment_size=Scq, topic=topic, queue_id=qid) as cq:
+            findings.extend(cq.findings)
+            queues[(topic, qid)] = QueueReplay(topic, qid, store.loc, Scq, cq)
+    return queues
+
+
+def _recovery_dispatch(store: Store, walk: RecoveryResult, segs: list[Segment],
+                       queues: dict[tuple[str, int], QueueReplay], findings: list[Finding]) -> pa.Table:
+    """Records dispatched during recovery (abnormal both versions; 5.x normal) into the queue models, then
+    the CQ truncation at processOffset; the records dispatched."""
+    delay_levels = list(store.settings.delay_levels_ms)
+    rec_ranges = [d for d in walk.dispatch if d.by == "recovery"]
+    t_rec = _read_ranges(store, rec_ranges, [] if walk.delay_levels_quirk else delay_levels)
+    _cq_dispatch(queues, t_rec, store.loc, int(store.settings.mapped_file_size_consume_queue), "recovery", findings)
+    if not segs:
+        for q in queues.values():
+            q.destroy()
+    elif walk.truncate_consume_queues:
+        for q in queues.values():
+            q.truncate(walk.process_offset)
+    return t_rec
+
+
+def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
+           queues: dict[tuple[str, int], QueueReplay], findings: list[Finding], schema: pa.Schema
+           ) -> tuple[Reput, pa.Table, RecoveryResult | None]:
+    """4.9.8 reput (§8.9) from the queues' maxPhysicOffset after recovery, into the queue models;
+    (where it ran, the records dispatched, the reput's walk or None)."""
+    P = walk.process_offset
+    segs = list(wplan.segments)
+    delay_levels = list(store.settings.delay_levels_ms)
+    reput = Reput(None, P)
+    t_rep = schema.empty_table()
+    reput_walk = None
+    if version == "4" and segs:
+        reput_from = max([q.state.max_physic_offset for q in queues.values()] + [segs[0].base, 0])
+        reput.start = reput_from
+        if reput_from < P:
+            p2 = replace(wplan, reput_from=reput_from)
+            reput_walk = finish_walk(p2, run_tasks(p2, delay_levels_ms=delay_levels))
+            rr = [d for d in reput_walk.dispatch if d.by == "reput"]
+            reput.ranges = rr
+            findings.extend(f for f in reput_walk.findings if f.kind.startswith("reput"))
+            t_rep = _read_ranges(store, rr, delay_levels)
+            _cq_dispatch(queues, t_rep, store.loc, int(store.settings.mapped_file_size_consume_queue), "reput",
+                         findings)
+        elif reput_from > P:
+            findings.append(Finding("reput_from_beyond_end", "warning", None, None,
+                                    f"the consume queues' maxPhysicOffset {reput_from} is past processOffset {P}: "
+                                    "reput dispatches nothing until the commitlog grows past it"))
+    if version == "5":
+        reput.start = P
+    return reput, t_rep, reput_walk
+
+
+def _index_after(store: Store, version: str, refs: list[IndexFileRef], index_delete: list[str],
+                 wplan: WalkPlan, walk: RecoveryResult, dispatched: tuple[pa.Table, pa.Table], complete_index: bool
+                 ) -> tuple[list[IndexImage], int, int, pa.Table]:
+    """The index: remaining files loaded, the last one continued with every dispatched record's keys;
+    (index images, keys the broker adds, keys only ``complete_index`` adds, the records it re-indexes)."""
+    settings = store.settings
+    t_rec, t_rep = dispatched
+    delay_levels = list(settings.delay_levels_ms)
+    segs = list(wplan.segments)
+    geometry = settings.index_geometry
+    index_images: list[IndexImage] = []
+    keys_added = keys_extra = 0
+    t_extra = t_rec.schema.empty_table()
+    if not (settings.message_index_enable and (t_rec.num_rows + t_rep.num_rows)):
+        return index_images, keys_added, keys_extra, t_extra
+    remaining = [r for r in refs if r.name not in index_delete]
+    prev = None
+    if remaining:
+        f = remaining[-1].open(geometry, broker_size=True)
+        try:
+            prev = IndexState.from_file(f)
+        finally:
+            f.close()
+    index_images, keys_added = index_dispatched(prev, (t_rec, t_rep), geometry=geometry, version=version)
+    # deviation (named, on by default): the broker re-indexes only from the recovery start segment, so keys
+    # of earlier records that were in a deleted index file are lost from the index (store-algorithms §8.4);
+    # complete_index re-adds them from the end of the last kept index file
+    P = walk.process_offset
+    idx_from = max(prev.header.end_phy_offset if prev is not None else 0, segs[0].base if segs else 0)
+    start_base = walk.start_base if walk.start_base is not None else P
+    if complete_index and index_delete and segs and idx_from < start_base:
+        p3 = replace(wplan, reput_from=idx_from)
+        w3 = finish_walk(p3, run_tasks(p3, delay_levels_ms=delay_levels))
+        extra = [replace(d, end=min(d.end, start_base - d.base)) for d in w3.dispatch
+                 if d.by == "reput" and d.phy_start < start_base]
+        t_extra = _read_ranges(store, extra, delay_levels)
+        if t_extra.num_rows:
+            index_images, total = index_dispatched(prev, (t_extra, t_rec, t_rep), geometry=geometry,
+                                                    version=version)
+            keys_extra = total - keys_added
+    return index_images, keys_added, keys_extra, t_extra
+
+
+def _commitlog_changes(store: Store, walk: RecoveryResult, segs: list[Segment]
+                       ) -> tuple[tuple[str, int] | None, list[str]]:
+    """(segment and position to zero from, when bytes follow the truncation point; segments deleted)."""
+    zero_from = None
+    if walk.truncate is not None:
+        base, pos = walk.truncate
+        seg = next(s for s in segs if s.base == base)
+        if _has_nonzero(seg, pos):
+            zero_from = (seg.name, pos)
+    delete_names = [s.name for s in segs if s.base in set(walk.delete_segments)]
+    delete_names += [s.name for s in store.commitlog.segments if s.file_size == 0 and s.name not in delete_names]
+    return zero_from, delete_names
+
+
+def _lost_ranges(segs: list[Segment], P: int, reput_walk: RecoveryResult | None, S: int
+                 ) -> list[tuple[Segment, int, str]]:
+    """Where lost data starts: after processOffset, and (4.9.8) what reput skips."""
+    lost_ranges: list[tuple[Segment, int, str]] = []
+    for s in segs:
+        if s.base + S > P:
+            lost_ranges.append((s, max(0, P - s.base), "after_process_offset"))
+    if reput_walk is not None:
+        for o in reput_walk.segments:
+            if not o.crc_checked and o.end_kind == "invalid" and not (o.size and o.size > 0):
+                seg = next(s for s in segs if s.base == o.base)
+                if seg.base + S <= P:
+                    lost_ranges.append((seg, o.end_offset, "reput_skipped_rest_of_segment"))
+    return lost_ranges
+
+
+def _checkpoint_after(store: Store, cp: Checkpoint, version: str, P: int, segs: list[Segment]) -> Checkpoint:
+    """The checkpoint rewritten to claim no more than the store holds after the start-up."""
+    last = _last_records(store, P) if segs else None
+    if last is None:
+        return replace(cp, physic_msg_timestamp=0, logics_msg_timestamp=0, index_msg_timestamp=0)
+    start, t_last, t_cq = last
+    new_cp = replace(cp, physic_msg_timestamp=t_last,
+                     logics_msg_timestamp=t_cq if t_cq else min(cp.logics_msg_timestamp, t_last),
+                     index_msg_timestamp=min(cp.index_msg_timestamp, t_last))
+    if version == "5":
+        new_cp = replace(new_cp, confirm_phy_offset=start)
+    return new_cp
+
+
+def _has_nonzero(seg: Segment, pos: int) -> bool:
+    """Any non-zero byte from ``pos`` to the end of the segment (local mmap or ranged remote reads)."""
+    with seg.open() as src:
+        while pos < src.size:
+            b = src.read(pos, _ZERO_CHUNK)
+            n, nonzero = len(b), bool(np.frombuffer(b, dtype=np.uint8).any())
+            b.release()
+            if nonzero:
+                return True
+            pos += n
+        return False
+
+
+def _checkpoint_image(store: Store, cp: Checkpoint, version: str) -> bytes:
+    """The new 4096-byte checkpoint: fields patched into the existing page (4.9.8 keeps bytes 24..)."""
+    old = read_small(store.path("checkpoint"), 1 << 20)
+    page = bytearray(old[:CHECKPOINT_SIZE]) if old else bytearray(CHECKPOINT_SIZE)
+    if len(page) < CHECKPOINT_SIZE:
+        page += bytes(CHECKPOINT_SIZE - len(page))
+    n = 40 if version == "5" else 24
+    page[:n] = cp.to_bytes()[:n]
+    return bytes(page)
+
+
+def _cq_dispatch(queues: dict[tuple[str, int], QueueReplay], table: pa.Table, root: Location, S: int,
+                 by: str, findings: list[Finding]) -> None:
+    """Dispatch ``table`` into the queue models; a topic that cannot be a directory is a finding, never a path."""
+    if table.num_rows == 0:
+        return
+    states = {k: q.state for k, q in queues.items()}
+    images = build_consume_queues(table, segment_size=S, state=states)
+    for key, img in images.items():
+        if unsafe_reason(key[0]) is not None:
+            if not any(f.kind == "unsafe_topic_name" and f.extra.get("topic_escaped") == escape_topic(key[0], 1000)
+                       for f in findings):
+                findings.append(unsafe_topic_finding(key[0], None, None, None))
+            continue
+        q = queues.get(key)
+        if q is None:
+            q = queues[key] = QueueReplay(key[0], key[1], root, S, None)
+        q.put(img, by)

@@ -1,0 +1,1 @@
+"""The write path: append messages as the broker does, roll segments, dispatch and checkpoint."""
