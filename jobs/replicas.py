@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 if __package__ in (None, ""):  # spark-submit jobs/replicas.py: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs.engines import Engine, add_engine_args, make_engine, resolve_engine_name
+from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
 from storelib.broker.replicas.facts import StoreSpec, store_facts
 from storelib.broker.replicas.group import MODES, GroupComparison
 from storelib.broker.replicas.holdings import hold_task
@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from jobs.common import Stage
-    from jobs.replicas_report import summary_row, write_reports
+    from jobs.reports.replicas_report import summary_row, write_reports
     from storelib.fileio.smallfile_io import atomic_write_json
 
     args = build_parser().parse_args(argv)

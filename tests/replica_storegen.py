@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.writer import StoreWriter
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.writer.writer import StoreWriter
 from storelib.format.record import Message
 from storelib.generator.gen import generate
 from storelib.generator.genplan import GenConfig

@@ -10,7 +10,7 @@ import pytest
 
 from storelib.broker.replicas.epochs import epoch_cache, find_consistent_point, newest, rejoin_cut
 from storelib.format.crc import body_crc
-from storelib.format.epochfile import (
+from storelib.format.ha.epochfile import (
     LONG_MAX,
     EpochEntry,
     encode_epoch_file,

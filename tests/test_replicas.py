@@ -16,10 +16,10 @@ import pytest
 from storelib.broker.replicas.facts import StoreSpec
 from storelib.broker.replicas.group import GroupComparison, compare_group
 from storelib.broker.replicas.ranges import first_difference
-from storelib.broker.store import load_settings
+from storelib.broker.settings.store import load_settings
 from storelib.fileio.bytesource import resolve
 from storelib.format.configjson import consumer_offsets, load_config, write_config
-from storelib.format.epochfile import EpochEntry, write_epoch_file
+from storelib.format.ha.epochfile import EpochEntry, write_epoch_file
 from tests import replica_storegen as rg
 from tests.test_remote import run_cli
 
@@ -410,7 +410,7 @@ def test_remote_stores_give_the_same_answer(failover, s3_server):
 
 
 def test_every_engine_gives_the_same_answer(failover, spark):
-    from jobs.engines import PoolEngine, SparkEngine
+    from jobs.engines.schedulers import PoolEngine, SparkEngine
     from jobs.replicas import Group, run_groups
 
     f = failover["controller"]

@@ -19,7 +19,7 @@ import json
 import sys
 
 from jobs.common import add_fs_args, add_settings_args, note, size_arg
-from jobs.engines import add_engine_args
+from jobs.engines.schedulers import add_engine_args
 
 EXAMPLE = """examples:
   rmqstore replicas /data/broker-a-master/store /data/broker-a-slave/store
@@ -67,7 +67,7 @@ def store_names(stores: list[str], names: list[str] | None) -> list[str]:
 
 def run_args(args: argparse.Namespace) -> int:
     from jobs.replicas import Group, engine_for, exit_code, run_groups, specs_for
-    from jobs.replicas_report import summary_text, write_reports
+    from jobs.reports.replicas_report import summary_text, write_reports
     from storelib.errors import StoreError
 
     if len(args.stores) < 2:
@@ -96,7 +96,7 @@ def run_args(args: argparse.Namespace) -> int:
         jp, hp = write_reports(result, prefix)
         note(f"replicas: wrote {hp} and {jp}", args.json)
     if args.json:
-        from jobs.audit_report import jsonable
+        from jobs.reports.audit_report import jsonable
 
         json.dump(jsonable(result), sys.stdout, indent=1, ensure_ascii=False)
         sys.stdout.write("\n")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from storelib.format.epochfile import LONG_MAX, EpochEntry
+from storelib.format.ha.epochfile import LONG_MAX, EpochEntry
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from storelib.broker.brokerconf import BrokerSettings
-from storelib.broker.store import Store
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.store import Store
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import resolve
-from storelib.format.epochfile import EpochEntry, load_epoch_file
+from storelib.format.ha.epochfile import EpochEntry, load_epoch_file
 
 STALE_PROBE = 16 << 20  # bytes past the end searched for valid records a truncation left behind
 
@@ -84,7 +84,7 @@ def _segment_uri(store: Store, seg) -> str:
 
 def store_facts(spec: StoreSpec) -> StoreFacts:
     """The facts of one store (a task: module-level, so it pickles by reference)."""
-    from storelib.broker.recovery import recovery_walk
+    from storelib.broker.recovery.walk import recovery_walk
     from storelib.format.checkpoint import read_checkpoint
 
     store = spec.open()
@@ -144,7 +144,7 @@ def stale_tail(store: Store, end: int) -> dict[str, Any] | None:
     """Valid records still on disk past the store's end (what a truncation that only moved the write
     position leaves: apache/rocketmq#10666), or None. The broker's next recovery ignores them unless new
     data happens to end exactly where one of them starts."""
-    from storelib.broker.resync import find_next_record
+    from storelib.broker.recovery.resync import find_next_record
     from storelib.scan.scanner import SegmentScan
 
     seg = store.commitlog.segment_for(end)

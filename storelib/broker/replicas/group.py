@@ -33,7 +33,7 @@ from storelib.broker.replicas.ranges import (
     pair_difference,
     segment_lengths,
 )
-from storelib.broker.store import Store
+from storelib.broker.settings.store import Store
 from storelib.errors import Finding, StoreError
 from storelib.scan.scanner import SegmentScan
 

@@ -101,7 +101,7 @@ class _Sinks:
             self._put(rows)
 
     def _put(self, rows: list[dict[str, Any]]) -> None:
-        from storelib.broker.writer import StoreWriter
+        from storelib.broker.writer.writer import StoreWriter
 
         for r in rows:
             if self.writer is None:

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from jobs.audit_report import CSS, _e, _findings, _ms, jsonable
+from jobs.reports.audit_report import CSS, _e, _findings, _ms, jsonable
 
 MAX_ROWS = 500  # rows per HTML table (the JSON has them all)
 
