@@ -442,3 +442,13 @@ def test_the_job_over_many_groups(lagging, failover, tmp_path):
     assert main(["--groups", str(groups), "--out", str(tmp_path / "out2"), "--engine", "local"]) == 2
     summary = json.loads((tmp_path / "out2" / "summary.json").read_text())["groups"]
     assert summary[0]["consistent"] and "error" in summary[1]
+    dump = tmp_path / "dump"
+    for group, stores in (("broker-a", (lagging["a"], lagging["b"])), ("broker-b", (failover["classic"]["old"],
+                                                                                   failover["classic"]["new"]))):
+        (dump / group).mkdir(parents=True)
+        for k, st in enumerate(stores):
+            os.symlink(st, dump / group / f"node{k}")
+    assert main(["--dump-root", str(dump), "--out", str(tmp_path / "out3"), "--engine", "local"]) == 1
+    summary = json.loads((tmp_path / "out3" / "summary.json").read_text())["groups"]
+    assert [(g["group"], [s["name"] for s in g["stores"]], g["consistent"]) for g in summary] == [
+        ("broker-a", ["node0", "node1"], True), ("broker-b", ["node0", "node1"], False)]
