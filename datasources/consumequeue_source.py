@@ -1,7 +1,7 @@
 """``spark.read.format("rocketmq.consumequeue")``: every ConsumeQueue unit of a store, one row each.
 
 Rows are the units of each ``consumequeue/<topic>/<queueId>`` from its first file up to the queue's
-end as the broker's recovery sees it (``ConsumeQueue.max_offset``), fillers included (phy_offset 0,
+end as the broker's recovery sees it (``LoadedQueue.max_offset``), fillers included (phy_offset 0,
 size 2147483647). Options: ``brokerConf`` (CQ file size), ``topics`` (comma-separated, prunes queue
 directories), ``maxSplitBytes`` (CQ bytes per partition), ``fs.*`` filesystem options.
 """
@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, list_queues
 
 from .options import StoreOpen, norm_options, parse_bytes, spark_ddl
@@ -75,7 +76,7 @@ def read_queues(opts: CQReadOptions, queues: list[tuple[str, int]]) -> Iterator[
     root = opts.store.location()
     seg_size = opts.store.settings().mapped_file_size_consume_queue
     for topic, qid in queues:
-        cq = ConsumeQueue(root.join("consumequeue", topic, str(qid)), segment_size=seg_size, topic=topic,
+        cq = LoadedQueue(root.join("consumequeue", topic, str(qid)), segment_size=seg_size, topic=topic,
                           queue_id=qid)
         try:
             for first, units in cq.entries(0):

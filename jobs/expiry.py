@@ -78,7 +78,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="commitlog growth per second, e.g. 5MB (default: observed over the store's message times)")
     p.add_argument("--consumption", default="observed", metavar="observed|MSGS_PER_S",
                    help="per-queue consumer speed (default: each queue's production rate, i.e. constant lag)")
-    p.add_argument("--tz", default="UTC", help="the broker JVM's time zone for deleteWhen (default UTC)")
+    p.add_argument("--tz", default="local", help="the broker JVM's time zone for deleteWhen: UTC, an "
+                   "offset or an IANA name (default: this host's zone, as a JVM here uses; give the broker's for a copy)")
     p.add_argument("--mtimes", choices=["auto", "file", "store-time"], default="auto",
                    help="segment last-modified times: file mtimes, last message store times, or auto-detect "
                         "mtimes lost in a copy (default)")

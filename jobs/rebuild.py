@@ -25,9 +25,12 @@ valid end (processOffset) and which records reput dispatches; then:
   (storelib.fileio.memory.keep_freed_memory) and write index files past the page cache (storelib.fileio.direct_write).
 
 Index file names are not derivable (the broker uses the wall clock at creation): the policy is
-``yyyyMMddHHmmssSSS`` of the file's first entry's store time in UTC (the empty successor of a full
-last file: the last entry's time), bumped by 1 ms to stay strictly increasing
-(storelib.format.indexdir.index_file_name). Compare index files by order, not by name.
+``yyyyMMddHHmmssSSS`` of the file's first entry's store time (the empty successor of a full last
+file: the last entry's time), bumped by 1 ms to stay strictly increasing
+(storelib.format.indexdir.index_file_name), in the zone the broker's JVM names its own files in:
+``--tz``, by default this host's (storelib.units.local_zone, as a JVM here would). IndexService sorts
+files by name and deleteExpiredFile stops at the first unexpired one, so names in another zone than
+the broker's would sort its next files before the rebuilt ones. Compare index files by order.
 
 Output goes to a staging directory next to the destination and is published atomically with a
 manifest (``rebuild-manifest.json``: counts, per-file sha256, source fingerprint, settings, the
@@ -75,6 +78,7 @@ from storelib.fileio.staging import (
     make_staging,
     publish_in_place,
 )
+from storelib.units import LOCAL, parse_zone, zone_name
 
 DESCRIPTION = ("Rebuild ConsumeQueue and IndexFile files from the commitlog, byte-identical to the broker (in this "
                "process, on a process pool over all cores, or on Spark: --engine).")
@@ -110,7 +114,7 @@ class RebuildConfig:
     partitions: int | None = None
     fs_options: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
-    name_tz: str = "UTC"
+    name_tz: str = LOCAL  # the broker JVM's zone for index file names ("local": this host's)
 
 
 def load_settings(cfg: RebuildConfig, root: Location) -> BrokerSettings:
@@ -127,6 +131,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     what = _checked_what(cfg)
     say = Stage("rebuild", cfg.progress)
     t0 = time.time()
+    zone = parse_zone(cfg.name_tz)  # a bad --tz stops here, before any work
     root = resolve(cfg.store, **cfg.fs_options)
     settings = load_settings(cfg, root)
     store = Store(root, settings)
@@ -154,7 +159,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
             check_supported(res)
             er = EngineResult(res)
         elif cfg.incremental:
-            er, changed = run_incremental(store, settings, staging, what, say, cfg.name_tz)
+            er, changed = run_incremental(store, settings, staging, what, say, zone)
         else:  # every engine runs the same phase tasks (in this process, on a pool, on Spark)
             own = engine is None
             if own:
@@ -163,7 +168,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
                 t_work = time.time()
             say(f"engine: {engine.describe()}")
             try:
-                er = run_tasks(engine, store, settings, staging, what, say, cfg.fs_options, cfg.partitions, cfg.name_tz)
+                er = run_tasks(engine, store, settings, staging, what, say, cfg.fs_options, cfg.partitions, zone)
             finally:
                 if own:
                     engine.close()
@@ -238,7 +243,8 @@ def _manifest(cfg: RebuildConfig, store: Store, settings: BrokerSettings, engine
             "max_hash_slot_num": int(settings.max_hash_slot_num), "max_index_num": int(settings.max_index_num),
             "message_delay_level": settings.message_delay_level,
             "message_index_enable": bool(settings.message_index_enable),
-            "index_name_policy": f"first entry store time, yyyyMMddHHmmssSSS in {cfg.name_tz}, +1 ms to stay "
+            "index_name_policy": f"first entry store time, yyyyMMddHHmmssSSS in {zone_name(parse_zone(cfg.name_tz))}, "
+                                 "+1 ms to stay "
                                  "strictly increasing",
             "broker_conf": cfg.broker_conf,
         },
@@ -304,6 +310,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--incremental", action="store_true",
                    help="only dispatch what the store's consume queues lack (continues the last files)")
     p.add_argument("--partitions", type=int, help="spark engine: consume-queue partitions")
+    p.add_argument("--tz", default=LOCAL, metavar="ZONE",
+                   help="the broker JVM's time zone, in which it names index files (default: this host's, as a JVM "
+                        "here would; e.g. Asia/Shanghai, UTC, +08:00)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON instead of the summary")
     add_fs_args(p)
@@ -316,7 +325,8 @@ def config_from_args(args: argparse.Namespace) -> RebuildConfig:
                          broker_conf=args.broker_conf, broker_version=args.broker_version, overrides=overrides(args),
                          engine=args.engine or "auto", workers=args.workers,
                          master=args.master, in_place=args.in_place, incremental=args.incremental,
-                         partitions=args.partitions, fs_options=fs_options(args), progress=not args.quiet)
+                         partitions=args.partitions, fs_options=fs_options(args), progress=not args.quiet,
+                         name_tz=args.tz)
 
 
 def run_args(args: argparse.Namespace) -> int:

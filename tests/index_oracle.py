@@ -21,7 +21,7 @@ from storelib.format.indexfile import (
     IndexFile,
     IndexGeometry,
     IndexHeader,
-    _time_diff,
+    index_time_diff,
 )
 from storelib.format.javahash import index_hash
 
@@ -90,7 +90,7 @@ class IndexFileWriter:
         old = _I32.unpack_from(self.buf, spos)[0]
         if old <= 0 or old > cnt:
             old = 0
-        d = _time_diff(store_timestamp, self.header.begin_timestamp)
+        d = index_time_diff(store_timestamp, self.header.begin_timestamp)
         _ENTRY.pack_into(self.buf, g.entry_pos(cnt), kh, phy_offset, d, old)
         _I32.pack_into(self.buf, spos, cnt)
         if cnt <= 1:

@@ -12,14 +12,13 @@ import os
 from dataclasses import dataclass, replace
 
 from storelib.format.record import (
+    SCHEDULE_TOPIC,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     Message,
     blank_record,
     encode_message,
 )
-
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 
 
 @dataclass

@@ -18,7 +18,7 @@ import storelib.checks.index as index_checks
 import storelib.checks.keystream as keystream
 import storelib.checks.queues as queue_checks
 from storelib.checks.keystream import KeyStream
-from storelib.checks.queues import _queue_group_order, _units_before_invalid_tail
+from storelib.checks.queues import _units_before_invalid_tail, queue_group_order
 from storelib.checks.segment import _zero_tail
 from storelib.fileio.bytesource import data_ranges
 from storelib.format.consumequeue import CQ_DTYPE, make_units
@@ -45,7 +45,7 @@ def _plain(monkeypatch) -> None:
 
     monkeypatch.setattr(keystream.KeyStream, "next_are_entries", never)
     monkeypatch.setattr(queue_checks, "_units_before_invalid_tail", lambda units, path: len(units))
-    monkeypatch.setattr(queue_checks, "_queue_records_exactly", lambda log, recs, phy, qoffs: None)
+    monkeypatch.setattr(queue_checks, "queue_records_exactly", lambda log, recs, phy, qoffs: None)
 
 
 def _same_as_plain(root: Path, monkeypatch) -> dict:
@@ -116,14 +116,14 @@ def test_cq_unit_with_another_offset_size_or_tags_same_findings_as_lookups(store
 
 def test_queue_rows_are_taken_as_is_only_when_units_match_them_exactly(store, monkeypatch):
     seen: list[bool] = []
-    real = queue_checks._queue_records_exactly
+    real = queue_checks.queue_records_exactly
 
     def spy(log, recs, phy, qoffs):
         r = real(log, recs, phy, qoffs)
         seen.append(r is not None)
         return r
 
-    monkeypatch.setattr(queue_checks, "_queue_records_exactly", spy)
+    monkeypatch.setattr(queue_checks, "queue_records_exactly", spy)
     _whole_view(monkeypatch)
     run(store)
     assert len(seen) == 4 and all(seen)
@@ -216,7 +216,7 @@ def test_queue_group_order_equals_the_stable_sort_of_the_codes():
         t = rng.integers(0, n_topics, 20000).astype(np.int64)
         q = rng.integers(qids[0], qids[1], 20000).astype(np.int32)
         code = (t << 32) | (q.astype(np.int64) & 0xFFFFFFFF)
-        assert np.array_equal(_queue_group_order(code, t, q, n_topics), np.argsort(code, kind="stable"))
+        assert np.array_equal(queue_group_order(code, t, q, n_topics), np.argsort(code, kind="stable"))
 
 
 def test_group_order_equals_the_stable_sort_on_every_path():
@@ -349,7 +349,7 @@ def _chains_reference(kh: np.ndarray, prev: np.ndarray, slots: int) -> tuple[int
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
 def test_index_chains_checked_in_chunks_find_what_the_whole_file_check_finds(chunk):
-    from storelib.checks.segment import _Capped
+    from storelib.checks.segment import Capped
     from storelib.format.indexfile import ENTRY_DTYPE, IndexGeometry
 
     g = IndexGeometry(64, 4000)
@@ -368,7 +368,7 @@ def test_index_chains_checked_in_chunks_find_what_the_whole_file_check_finds(chu
     for corrupt in ([], [2999], [5, 1700, 2400], list(rng.choice(m, 50, replace=False))):
         e = ent.copy()
         e["prev_index"][corrupt] += 1
-        out = _Capped()
+        out = Capped()
         index_checks._check_chains(e, g, "index/x", out, chunk=chunk)
         found = [f for f in out.done() if f.kind == "index_chain_broken"]
         count, first = _chains_reference(e["key_hash"].astype(np.int64), e["prev_index"].astype(np.int64), 64)
@@ -385,7 +385,7 @@ def test_index_chains_proved_without_sorting_exactly_when_no_entry_is_off(chunk)
     every link plausible: a link to an earlier entry of the same slot that is not the previous one, two
     entries linked to the same one, links swapped within a slot, across chunks, into another slot, forward,
     to 0, negative."""
-    from storelib.checks.segment import _Capped
+    from storelib.checks.segment import Capped
     from storelib.format.indexfile import ENTRY_DTYPE, IndexGeometry
 
     slots = 16
@@ -432,7 +432,7 @@ def test_index_chains_proved_without_sorting_exactly_when_no_entry_is_off(chunk)
             corrupt(kind, e)
         count, first = _chains_reference(kh, e["prev_index"].astype(np.int64), slots)
         assert index_checks._chains_hold(e, slots, chunk) == (count == 0), trial
-        out = _Capped()
+        out = Capped()
         index_checks._check_chains(e, g, "index/x", out, chunk=chunk)
         found = [f for f in out.done() if f.kind == "index_chain_broken"]
         assert (found[0].extra["count"], found[0].offset) == (count, g.entry_pos(first) + 16) if count else not found

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 import storelib.checks.segment as segment_checks
-from storelib.checks.logview import _member
+from storelib.checks.logview import is_member
 from storelib.checks.segment import _zero_tail
 from storelib.scan.commitlog import CommitLog
 from storelib.scan.splits import plan_splits
@@ -185,7 +185,7 @@ def test_member_equals_isin():
     for n, m in ((0, 5), (5, 0), (1000, 300), (50, 5000)):
         vals = rng.integers(-5, 2000, n).astype(np.int64)
         s = rng.integers(-5, 2000, m).astype(np.int64)
-        assert np.array_equal(_member(vals, np.sort(s)), np.isin(vals, s))
+        assert np.array_equal(is_member(vals, np.sort(s)), np.isin(vals, s))
 
 
 def _key_batch(rows: list[tuple[str, str | None, str | None, int]]) -> pa.RecordBatch:

@@ -183,12 +183,12 @@ def test_capped_absorb_equals_adding_in_order():
         return [Finding(kind, "error", file, i, f"{kind} {i}") for i in range(n)]
 
     parts = [fs("a", 70) + fs("b", 3), fs("a", 40) + fs("c", 60, "g"), fs("b", 60)]
-    one = checks._Capped()
+    one = checks.Capped()
     for p in parts:
         one.extend(p)
-    merged = checks._Capped()
+    merged = checks.Capped()
     for p in parts:
-        c = checks._Capped()
+        c = checks.Capped()
         c.extend(p)
         merged.absorb(c)
     key = [(f.kind, f.file, f.offset, f.detail, f.extra) for f in one.done()]

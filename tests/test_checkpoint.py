@@ -94,3 +94,14 @@ def test_checkpoint_read_through_non_local_filesystem(tmp_path):
     write_checkpoint(tmp_path, Checkpoint(7, 8, 9))
     fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     assert read_checkpoint(Location(fs, "checkpoint", False)) == Checkpoint(7, 8, 9)
+
+
+def test_min_timestamp_wraps_like_a_java_long():
+    """StoreCheckpoint.getMinTimestamp: ``min -= 1000 * 3`` in long arithmetic, then ``if (min < 0) min = 0``."""
+    flipped = -(2**63) + 1000  # a store time with its sign bit flipped
+    cp = Checkpoint(physic_msg_timestamp=flipped, logics_msg_timestamp=1_700_000_000_000, index_msg_timestamp=5)
+    assert cp.min_timestamp() == 2**63 - 2000  # wrapped past Long.MIN_VALUE to near Long.MAX_VALUE
+    assert cp.min_timestamp_index() == 5
+    assert Checkpoint(-(2**63) + 3000, 0).min_timestamp() == 0  # exactly Long.MIN_VALUE: negative, clamped
+    assert Checkpoint(-5, 10).min_timestamp() == 0
+    assert Checkpoint(10_000, 20_000).min_timestamp() == 7_000

@@ -20,6 +20,7 @@ from storelib.broker.dispatch.cqwriter import (
     write_consume_queues,
     write_queue_image,
 )
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, data_ranges
 from storelib.format.consumequeue import (
@@ -27,8 +28,6 @@ from storelib.format.consumequeue import (
     CQ_UNIT_SIZE,
     DEFAULT_CQ_SEGMENT_SIZE,
     FILLER_BYTES,
-    ConsumeQueue,
-    _units_before_hole,
     cq_file_size,
     file_name,
     filler_mask,
@@ -37,11 +36,13 @@ from storelib.format.consumequeue import (
     make_units,
     parse_file_name,
     parse_queue_dir,
-    tags_code,
+    units_before_hole,
     valid_mask,
     view_units,
 )
+from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
 from storelib.format.topicname import safe_topic_dirname
+from storelib.scan.arrowcols import tags_codes
 
 SAMPLE_NAMES = ["rocketmq-4.9.8-small", "rocketmq-5.3.3-small"]
 SAMPLE_CQ_SIZE = 2000  # mappedFileSizeConsumeQueue in both *.broker.conf
@@ -186,10 +187,12 @@ def test_filler_unit_bytes_are_the_broker_filler():
 # tagsCode (TV-2)
 
 
+NOT_DELAYED = -(2**62)  # the decoder's mark for a row without a SCHEDULE_TOPIC_XXXX DELAY
+
+
 def test_tags_code_tv2_sign_extended_hashes():
     tags = pa.array(["TagA", "TagB", "*", "TagA||TagB", "ORDER_CREATED", "标签", None, ""])
-    topics = pa.array(["TopicTest"] * 8)
-    got = tags_code(tags, topics, np.zeros(8, np.int64), None)
+    got = tags_codes(tags, None, np.zeros(8, np.int64), None, DEFAULT_DELAY_LEVELS_MS)
     assert got.dtype == np.int64
     assert got.tolist() == [2_598_919, 2_598_920, 42, 1_789_476_431, -394_906_953, 857_175, 0, 0]
     assert struct.pack(">q", int(got[4])) == bytes.fromhex("FFFFFFFFE87632B7")
@@ -198,9 +201,9 @@ def test_tags_code_tv2_sign_extended_hashes():
 def test_tags_code_schedule_topic_delay_rules():
     ts = 1_700_000_000_123
     tags = pa.array(["TagA"] * 7)
-    topics = pa.array(["SCHEDULE_TOPIC_XXXX"] * 6 + ["TopicTest"])
-    levels = pa.array([3, 99, 0, -2, None, 18, 3], pa.int32())
-    got = tags_code(tags, topics, np.full(7, ts, np.int64), levels).tolist()
+    # levels of SCHEDULE_TOPIC_XXXX rows; the last row is another topic's (its DELAY is not looked at)
+    levels = np.array([3, 99, 0, -2, NOT_DELAYED, 18, NOT_DELAYED], np.int64)
+    got = tags_codes(tags, None, np.full(7, ts, np.int64), levels, DEFAULT_DELAY_LEVELS_MS).tolist()
     assert got[0] == 1_700_000_010_123  # TV-2 delay example: level 3 = 10 s
     assert got[1] == ts + 7_200_000  # clamped to level 18 (2 h)
     assert got[2] == got[3] == got[4] == 2_598_919  # level <= 0 or absent keeps the TAGS hash
@@ -208,14 +211,13 @@ def test_tags_code_schedule_topic_delay_rules():
     assert got[6] == 2_598_919  # DELAY outside SCHEDULE_TOPIC_XXXX has no effect
 
 
-def test_tags_code_level_missing_from_table_adds_1000_and_empty_table_keeps_hash():
+def test_tags_code_empty_delay_table_keeps_hash():
     ts = np.array([1000, 1000], np.int64)
-    topics = pa.array(["SCHEDULE_TOPIC_XXXX"] * 2)
     tags = pa.array([None, "TagA"])
-    levels = pa.array([2, 3], pa.int32())
-    assert tags_code(tags, topics, ts, levels, {1: 500, 3: 9000}).tolist() == [2000, 10000]
+    levels = np.array([2, 3], np.int64)
     # 4.9.8 abnormal recovery: delay table not loaded yet → max level 0 → tag hash stays
-    assert tags_code(tags, topics, ts, levels, []).tolist() == [0, 2_598_919]
+    assert tags_codes(tags, None, ts, levels, []).tolist() == [0, 2_598_919]
+    assert tags_codes(tags, None, ts, levels, (500, 1000, 9000)).tolist() == [2000, 10000]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +256,7 @@ def test_sample_cq_files_read_equal_java_consumequeue_entries(cq_samples, name):
     assert {(t, q) for t, q, _ in queues} == set(exp)
     summary = json.loads((base / "expected" / "export_summary.json").read_text())["afterLoad_queues"]
     for topic, qid, loc in queues:
-        with ConsumeQueue(loc, segment_size=SAMPLE_CQ_SIZE, topic=topic, queue_id=qid) as cq:
+        with LoadedQueue(loc, segment_size=SAMPLE_CQ_SIZE, topic=topic, queue_id=qid) as cq:
             assert cq.findings == []
             got = []
             for off, chunk in cq.entries(chunk_entries=37):
@@ -294,7 +296,7 @@ def test_sample_incremental_build_from_existing_queue_equals_one_shot(cq_samples
     write_consume_queues(first, out, SAMPLE_CQ_SIZE)
     states = {}
     for topic, qid, loc in list_queues(tmp_path):
-        states[(topic, qid)] = QueueState.from_existing(ConsumeQueue(loc, segment_size=SAMPLE_CQ_SIZE))
+        states[(topic, qid)] = QueueState.from_existing(LoadedQueue(loc, segment_size=SAMPLE_CQ_SIZE))
     second = build_consume_queues(tbl.slice(cut), segment_size=SAMPLE_CQ_SIZE, state=states)
     write_consume_queues(second, out, SAMPLE_CQ_SIZE)
     assert tree_bytes(out) == tree_bytes(base / "store" / "consumequeue")
@@ -315,7 +317,7 @@ def test_tv7_first_entry_at_1234567_fills_pre_blank_units(tmp_path):
     assert data[:691_340] == FILLER_BYTES * 34_567
     assert data[691_340:691_360] == unit(100, 200, 5)
     assert data[691_360:] == bytes(DEFAULT_CQ_SEGMENT_SIZE - 691_360)
-    cq = ConsumeQueue(tmp_path)
+    cq = LoadedQueue(tmp_path)
     assert cq.max_offset() == 1_234_568  # fillers count in the max offset
     assert cq.min_offset(0) == 1_200_000  # 4.9.8: fillers (phy 0) qualify when M = 0
     assert cq.min_offset(1) == 1_234_567
@@ -398,7 +400,7 @@ def test_incremental_continuation_equals_one_shot_build_for_irregular_queue(tmp_
     for cut in range(len(rows) + 1):
         inc = tmp_path / f"inc{cut}"
         build_and_write(rows[:cut], 100, inc)
-        state = QueueState.from_existing(ConsumeQueue(inc, segment_size=100)) if inc.exists() else None
+        state = QueueState.from_existing(LoadedQueue(inc, segment_size=100)) if inc.exists() else None
         build_and_write(rows[cut:], 100, inc, state=state)
         assert dir_bytes(inc) == dir_bytes(one), cut
         chained = tmp_path / f"chain{cut}"
@@ -411,7 +413,7 @@ def test_continuation_keeps_stale_bytes_after_the_new_end(tmp_path):
     S = 100
     stale = unit(0, 10, 1) + unit(10, 10, 2) + bytes(20) + unit(999, 9, 9) + unit(998, 9, 9)
     (tmp_path / file_name(0)).write_bytes(stale)
-    cq = ConsumeQueue(tmp_path, segment_size=S)
+    cq = LoadedQueue(tmp_path, segment_size=S)
     state = QueueState.from_existing(cq)
     assert (state.last_base, state.write_pos, state.max_physic_offset) == (0, 40, 20)
     img = build_and_write([(20, 10, 3, 2)], S, tmp_path, state=state)
@@ -443,7 +445,7 @@ def test_writer_matches_independent_broker_model(tmp_path_factory, steps, n0, S,
         cut = data.draw(st.integers(0, len(rows)))
         inc = tmp_path_factory.mktemp("model_inc")
         build_and_write(rows[:cut], S, inc)
-        state = QueueState.from_existing(ConsumeQueue(inc, segment_size=S)) if any(inc.iterdir()) else None
+        state = QueueState.from_existing(LoadedQueue(inc, segment_size=S)) if any(inc.iterdir()) else None
         build_and_write(rows[cut:], S, inc, state=state)
         # recovery stops at the first invalid unit; the model never writes invalid ones here
         assert dir_bytes(inc) == got
@@ -460,7 +462,7 @@ def test_short_wrong_size_and_badly_named_files_become_findings(tmp_path):
     (tmp_path / file_name(300)).write_bytes(bytes(120))  # gap and too long
     (tmp_path / "0000000000000000000x").write_bytes(b"")
     (tmp_path / "sub").mkdir()
-    cq = ConsumeQueue(tmp_path, segment_size=S)
+    cq = LoadedQueue(tmp_path, segment_size=S)
     kinds = {(f.kind, os.path.basename(f.file), f.offset) for f in cq.findings}
     assert ("short_segment", file_name(100), 27) in kinds
     assert ("partial_unit", file_name(100), 20) in kinds
@@ -477,7 +479,7 @@ def test_short_wrong_size_and_badly_named_files_become_findings(tmp_path):
 def test_empty_last_segment_is_reported_and_skipped(tmp_path):
     (tmp_path / file_name(0)).write_bytes(unit(0, 10, 1) + bytes(80))
     (tmp_path / file_name(100)).write_bytes(b"")
-    cq = ConsumeQueue(tmp_path, segment_size=100)
+    cq = LoadedQueue(tmp_path, segment_size=100)
     assert [f.kind for f in cq.findings] == ["empty_last_segment"]
     assert [s.name for s in cq.segments] == [file_name(0)]
 
@@ -487,7 +489,7 @@ def test_recovery_stops_at_first_invalid_unit_in_window_and_reports_later_segmen
     (tmp_path / file_name(0)).write_bytes(unit(0, 10, 1) * 3)
     (tmp_path / file_name(60)).write_bytes(unit(10, 10, 1) + bytes(20) + unit(30, 10, 1))
     (tmp_path / file_name(120)).write_bytes(unit(40, 10, 1) + bytes(40))
-    cq = ConsumeQueue(tmp_path, segment_size=S)
+    cq = LoadedQueue(tmp_path, segment_size=S)
     rec = cq.recover()
     assert rec.end == 80 and cq.max_offset() == 4 and cq.max_physic_offset() == 20
     assert [(s.base, w) for s, w in rec.segments] == [(0, 60), (60, 20)]
@@ -500,7 +502,7 @@ def test_min_offset_rules_against_commitlog_min(tmp_path):
     data = b"".join(unit(100 * i, 10, 0) for i in range(10))  # phy 0,100,...,900
     (tmp_path / file_name(0)).write_bytes(data)
     (tmp_path / file_name(200)).write_bytes(unit(1000, 10, 0) + unit(1100, 10, 0) + bytes(160))
-    cq = ConsumeQueue(tmp_path, segment_size=S)
+    cq = LoadedQueue(tmp_path, segment_size=S)
     assert cq.max_offset() == 12
     for M, want in [(0, 0), (1, 1), (450, 5), (900, 9)]:
         assert cq.min_offset(M) == want
@@ -518,7 +520,7 @@ def test_min_offset_rules_against_commitlog_min(tmp_path):
 def test_entries_stream_in_bounded_chunks_with_logical_offsets(tmp_path):
     rows = [(i * 10, 10, i, i + 3) for i in range(40)]
     build_and_write(rows, 200, tmp_path)
-    cq = ConsumeQueue(tmp_path, segment_size=200)
+    cq = LoadedQueue(tmp_path, segment_size=200)
     chunks = list(cq.entries(chunk_entries=4))
     assert all(len(c) <= 4 for _, c in chunks)
     assert chunks[0][0] == 0
@@ -540,7 +542,7 @@ def test_remote_location_reads_and_writes_through_arrow_filesystem(tmp_path):
     local = tmp_path / "local"
     write_queue_image(imgs[("T", 0)], local, 100)
     assert dir_bytes(local) == dir_bytes(tmp_path / "remote" / "T" / "0")
-    cq = ConsumeQueue(loc, segment_size=100)
+    cq = LoadedQueue(loc, segment_size=100)
     assert cq.max_offset() == 9 and cq.entry(7) == (70, 10, 7)
     found = list_queues(Location(fs, str(tmp_path / "rootx"), False))
     assert found == []
@@ -644,7 +646,7 @@ def test_digests_recorded_while_writing_equal_the_written_files_fresh_and_contin
     for part, state in ((tbl.slice(0, 1234), None), (tbl.slice(1234), "existing")):
         states = None
         if state:  # the second build continues the files the first wrote (prefix bytes read back)
-            states = {(t, q): QueueState.from_existing(ConsumeQueue(loc, segment_size=SAMPLE_CQ_SIZE))
+            states = {(t, q): QueueState.from_existing(LoadedQueue(loc, segment_size=SAMPLE_CQ_SIZE))
                       for t, q, loc in list_queues(tmp_path)}
         imgs = build_consume_queues(part, segment_size=SAMPLE_CQ_SIZE, state=states)
         digests: dict[str, str] = {}
@@ -687,13 +689,13 @@ def test_recovery_of_a_sparse_preallocated_file_equals_the_dense_one(tmp_path, l
                     f.write(bytes(S - len(data)))
                 else:
                     f.truncate(S)
-        with ConsumeQueue(Location(pafs.LocalFileSystem(), str(qdir), True), segment_size=S, topic="T",
+        with LoadedQueue(Location(pafs.LocalFileSystem(), str(qdir), True), segment_size=S, topic="T",
                           queue_id=0) as cq:
             r = cq.recover()
             ends[kind] = (r.end, r.max_physic_offset, cq.max_offset())
             holes = data_ranges(str(qdir / f"{0:020d}"), 0, S) != [(0, S)]  # can the filesystem say?
             if kind == "sparse" and layout != "full" and holes:  # then the hole is not read
-                assert _units_before_hole(cq.segments[0], 3000) <= 410
+                assert units_before_hole(cq.segments[0], 3000) <= 410
     assert ends["sparse"] == ends["dense"]
     want = {"valid_then_hole": 210, "invalid_unit_then_hole": 150, "hole_first": 0, "full": 3000, "odd_edge": 409}
     assert ends["dense"][2] == want[layout]

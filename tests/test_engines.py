@@ -130,12 +130,12 @@ def test_make_engine_refuses_an_unknown_name():
 def test_the_pool_forks_only_while_no_other_thread_runs(monkeypatch):
     import threading
 
-    from jobs.engines.schedulers import _start_method
+    from jobs.engines.schedulers import _start_method, fork_hazards
 
     monkeypatch.delenv("RMQSTORE_POOL_START", raising=False)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
-    alone = threading.active_count() == 1
+    alone = not fork_hazards()  # this test process may have opened S3 already (other tests)
     other.start()
     try:
         assert _start_method() == "forkserver"
@@ -227,3 +227,56 @@ def test_the_recovery_plan_is_the_same_on_every_engine(store, tmp_path, spark):
         failure = plans[0]["commitlog"]["failure"]
         assert (failure is not None and failure["reason"] == "crc_mismatch") == crc_stop
         assert plans[0]["changes"] == crc_stop
+
+
+def _parent_pid(_: int) -> int:
+    import os
+
+    return os.getppid()
+
+
+_ON_S3 = """
+import json, os, sys
+from jobs.engines import schedulers
+from jobs.engines.schedulers import PoolEngine
+from storelib.broker.settings.store import Store
+from storelib.fileio.bytesource import resolve
+from tests.test_engines import _parent_pid
+
+opts = json.loads(sys.argv[2])
+fork_hazards = getattr(schedulers, "fork_hazards", lambda: None)
+before = fork_hazards()
+store = Store(resolve(sys.argv[1], **opts), None)  # lists the remote store: the S3 client's threads start
+segments = len(store.commitlog.segments)
+e = PoolEngine(2)
+e.start()
+print(json.dumps({"before": before, "after": fork_hazards(), "segments": segments,
+                  "method": getattr(e, "start_method", None),
+                  "parents": e.map(_parent_pid, [0, 1, 2, 3]), "me": os.getpid()}))
+e.close()
+"""
+
+
+def test_the_pool_does_not_fork_a_driver_that_opened_a_remote_store(store, tmp_path, s3_server):
+    """Listing an s3:// store starts the AWS SDK's native threads, which threading.active_count() does not
+    see; a worker forked from that process could inherit one of their locks held. The pool's workers then
+    come from a forkserver (their parent is the server, not the driver), and a rebuild on the pool from
+    S3 gives the local engine's bytes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    uri = s3_server.upload(store, f"{s3_server.new_bucket('pool')}/store")
+    p = subprocess.run([sys.executable, "-c", _ON_S3, uri, json.dumps(s3_server.fs_options())], capture_output=True,
+                       text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["segments"] > 1 and got["me"] not in got["parents"]  # no worker is the driver's fork
+    assert got["method"] == "forkserver" and got["before"] == []
+    assert "a remote filesystem client" in got["after"] and any("AwsEventLoop" in w for w in got["after"])
+    remote = _rebuild(uri, tmp_path / "s3pool", "pool", workers=2, fs_options=s3_server.fs_options())
+    local = _rebuild(store, tmp_path / "local", "local")
+    assert remote["files"] == local["files"] and remote["counts"] == local["counts"]

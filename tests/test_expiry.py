@@ -9,6 +9,7 @@ is at 04:02:00 (+60 s), then every 10 s. File mtimes are each segment's last mes
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -26,6 +27,7 @@ from storelib.broker.expiry.expiry import (
     parse_time_ms,
 )
 from storelib.broker.settings.store import Store
+from storelib.errors import StoreError
 from tests.expiry_storegen import MIN, T0, H, Msg, broker_conf_text, build_store
 
 SNAP = T0 + 4 * H + MIN  # 04:01:00
@@ -424,3 +426,34 @@ def test_the_grid_job_runs_without_spark_and_writes_one_line_per_store_and_polic
     assert len(outs["local"]) == 4 and outs["local"] == outs["auto"]
     assert [r["name"] for r in outs["local"]] == [f"reserved={h}h when=04 max={m}% cap=-" for h in (1, 24) for m in (40, 95)]
     assert "4 policies" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tz,hour", [("+01:00", 5), ("GMT+1", 5), ("UTC-02:30", 8), ("Z", 6), ("GMT", 6)])
+def test_jvm_time_zone_takes_offsets_and_utc_spellings(store, tz, hour):
+    """``--tz``/``jvmTimeZone`` read by storelib.units.parse_zone, as ``rebuild --tz`` is: offsets too."""
+    root, st = store
+    pol = Policy.from_settings("tz", st.with_overrides({"fileReservedTime": 1, "deleteWhen": "06"}), tz=tz)
+    res = simulate(pol, load_snapshot(Store(root, st)), STATIC)
+    first = cl_deletions(res)[0][0]
+    assert first == at(hour, 30 if tz == "UTC-02:30" else 0)
+
+
+def test_a_bad_jvm_time_zone_is_the_policys_error(store):
+    root, st = store
+    with pytest.raises(StoreError, match="not a time zone"):
+        Policy.from_settings("tz", st, tz="Mars/Olympus")
+
+
+def test_the_commands_default_zone_is_the_hosts_as_a_jvm_here_would_use(store, monkeypatch):
+    """``expiry --tz`` defaults to ``local`` (like ``rebuild --tz``): deleteWhen fires in the JVM's zone."""
+    from jobs.expiry import add_model_args
+
+    root, st = store
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    default = p.parse_args([]).tz
+    assert default == "local"
+    monkeypatch.setenv("TZ", "Etc/GMT-1")  # POSIX sign: one hour east of UTC, like +01:00
+    pol = Policy.from_settings("tz", st.with_overrides({"fileReservedTime": 1, "deleteWhen": "06"}), tz=default)
+    res = simulate(pol, load_snapshot(Store(root, st)), STATIC)
+    assert cl_deletions(res)[0][0] == at(5, 0)

@@ -1,54 +1,144 @@
-"""Random corruption of a valid segment never makes the scanner or the validator raise.
+"""Random corruption of a valid segment: the scan and the scalar check agree, and neither raises.
 
 Bad input must end a scan with a reason and an offset (or be read past by resync), never a traceback
-from deep inside numpy or Arrow.
+from deep inside numpy or Arrow. The column-wise scan (over a ranged source and a mapped file) and
+``check_record`` walked record by record give the same records and the same stop on every outcome:
+kind, reason, the size the broker reports, offset; with and without the CRC check. The fixture holds
+delayed (SCHEDULE_TOPIC_XXXX, whose DELAY the broker parses) and timer records.
 """
 
 from __future__ import annotations
 
 import struct
+import tempfile
 
+import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from storelib.fileio.bytesource import LocalSource
 from storelib.format.record import BLANK_MAGIC, Message, check_record, encode_message
-from storelib.scan.scanner import scan_buffer
+from storelib.scan.scanner import SegmentEnd, SegmentScan, scan_buffer
 
 SEG = 8192
 
 
-def _segment() -> bytes:
+def _message(i: int, at: int) -> Message:
+    """Plain, delayed (SCHEDULE_TOPIC_XXXX with DELAY) and timer (rmq_sys_wheel_timer) records, IPv4 and
+    IPv6 born hosts, V1 and V2."""
+    props = {"TAGS": f"tag{i}", "KEYS": f"k{i} k{i + 1}", "UNIQ_KEY": f"{i:032X}"}
+    topic = f"T{i % 3}"
+    if i % 4 == 1:
+        topic = "SCHEDULE_TOPIC_XXXX"
+        props.update({"DELAY": str(1 + i % 18), "REAL_TOPIC": f"T{i % 3}", "REAL_QID": "0"})
+    elif i % 4 == 2:
+        topic = "rmq_sys_wheel_timer"
+        props.update({"TIMER_OUT_MS": str(1_700_000_100_000 + i), "TIMER_DELIVER_MS": str(1_700_000_100_000 + i),
+                      "REAL_TOPIC": f"T{i % 3}", "REAL_QID": "1", "TIMER_ENQUEUE_MS": "1700000000000"})
+    return Message(topic=topic, body=bytes([i]) * (20 + 7 * i), queue_offset=i, physical_offset=at,
+                   store_timestamp=1_700_000_000_000 + i, born_host="10.0.0.1:1" if i % 5 else "[::1]:5",
+                   properties=props, magic_version=2 if i % 5 == 0 else 1)
+
+
+def _segment() -> tuple[bytes, list[int]]:
     out = bytearray()
+    fields: list[int] = []  # offsets of the bytes a damaged record most often differs in
     for i in range(12):
-        m = Message(topic=f"T{i % 3}", body=bytes([i]) * (20 + 7 * i), queue_offset=i, physical_offset=len(out),
-                    store_timestamp=1_700_000_000_000 + i, born_host="10.0.0.1:1" if i % 4 else "[::1]:5",
-                    properties={"TAGS": f"tag{i}", "KEYS": f"k{i} k{i + 1}", "UNIQ_KEY": f"{i:032X}"},
-                    magic_version=2 if i % 5 == 0 else 1)
-        out += encode_message(m)
+        at = len(out)
+        rec = encode_message(_message(i, at))
+        v6 = i % 5 == 0
+        body_len_at = at + (96 if v6 else 84)
+        topic_len_at = body_len_at + 4 + 20 + 7 * i
+        tl = 2 if i % 5 == 0 else 1
+        topic_len = int.from_bytes(rec[topic_len_at - at : topic_len_at - at + tl], "big")
+        props_len_at = topic_len_at + tl + topic_len
+        fields += [at, at + 3, body_len_at + 2, body_len_at + 3, topic_len_at + tl - 1, props_len_at, props_len_at + 1]
+        d = rec.find(b"DELAY\x01")
+        if d >= 0:
+            fields += [at + d + 6, at + d + 7]
+        out += rec
     free = SEG - len(out)
-    return bytes(out) + struct.pack(">ii", free, BLANK_MAGIC) + b"\0" * (free - 8)
+    return bytes(out) + struct.pack(">ii", free, BLANK_MAGIC) + b"\0" * (free - 8), fields
 
 
-BASE = _segment()
+BASE, FIELDS = _segment()
+
+
+def _scalar_walk(buf: bytes, check_crc: bool) -> tuple[list[int], tuple]:
+    """Record starts and the stop (kind, reason, size) by check_record alone, record by record."""
+    pos, starts = 0, []
+    while pos < len(buf):
+        chk = check_record(buf, pos, check_crc=check_crc)
+        if chk.kind == "message":
+            starts.append(pos)
+            pos += chk.size
+            continue
+        if chk.kind == "blank":
+            return starts, ("blank", None, None, pos)
+        reason = (chk.reason or "").split(":")[0]
+        if reason == "end_of_data":
+            return starts, ("end_of_data", None, None, pos)
+        return starts, ("invalid", reason, chk.size if chk.size > 0 else None, pos)
+    return starts, ("segment_end", None, None, pos)
+
+
+def _scan_local(buf: bytes, **kw) -> tuple[pa.Table, SegmentEnd]:
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(buf)
+        f.flush()
+        with LocalSource(f.name) as src:
+            scan = SegmentScan(src, "<local>", 0, **kw)
+            table = pa.Table.from_batches(list(scan), schema=scan.schema)
+    assert scan.end is not None
+    return table, scan.end
+
+
+def _agree(buf: bytes, crc: bool, window: int) -> None:
+    """The scan (column-wise walk and decoder), over a ranged source and over a mapped file, and the
+    scalar walk give the same records and the same stop: kind, reason, size and offset."""
+    starts, stop = _scalar_walk(buf, crc)
+    for table, end in (scan_buffer(buf, verify_crc=crc, stop_on_crc=crc, window=window),
+                       _scan_local(buf, verify_crc=crc, stop_on_crc=crc)):
+        assert table.column("phy_offset").to_pylist() == starts
+        assert table.num_rows == end.records
+        assert (end.kind, end.reason, end.size, end.file_offset) == stop
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, SEG - 1), st.integers(0, 255)), min_size=1, max_size=8),
-       st.integers(16, SEG))
-def test_random_byte_corruption_and_truncation_never_raise(edits, cut):
+       st.integers(16, SEG), st.booleans(), st.sampled_from([64, 300, 4 << 20]))
+def test_random_byte_corruption_and_truncation_the_scan_and_the_scalar_check_agree(edits, cut, crc, window):
     buf = bytearray(BASE)
     for pos, val in edits:
         buf[pos] = val
     buf = bytes(buf[:cut])
-    table, end = scan_buffer(buf)
-    assert end.kind in ("blank", "end_of_data", "segment_end", "invalid")
-    assert table.num_rows == end.records
-    if end.kind == "invalid":
-        assert 0 <= end.file_offset <= len(buf) and end.reason
-    # every row the scan returned is a record the scalar validator accepts at that position
-    for off in table.column("phy_offset").to_pylist():
-        assert check_record(buf, off, check_crc=False).kind == "message"
+    _agree(buf, crc, window)
     check_record(buf, 0)  # the scalar path must not raise either
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(FIELDS), st.integers(0, 255)), min_size=1, max_size=3),
+       st.booleans(), st.sampled_from([64, 4 << 20]))
+def test_damaged_lengths_sizes_and_delays_the_scan_and_the_scalar_check_agree(edits, crc, window):
+    buf = bytearray(BASE)
+    for pos, val in edits:
+        buf[pos] = val
+    _agree(bytes(buf), crc, window)
+
+
+@pytest.mark.parametrize("value", ["x", "3 ", "", "99999999999", "+4", "-2", "\u0663"])
+def test_a_delay_that_is_no_java_int_fails_both_paths(value):
+    """Integer.parseInt(DELAY) of a SCHEDULE_TOPIC_XXXX record: it throws → -1 (an empty value is no
+    property, a sign or an Arabic-Indic digit parse)."""
+    m = _message(1, 0)
+    m.properties["DELAY"] = value
+    rec = encode_message(m)
+    buf = rec + struct.pack(">ii", 64, BLANK_MAGIC) + b"\0" * 56
+    chk = check_record(buf, 0)
+    parses = value in ("", "+4", "-2", "\u0663")
+    assert chk.kind == ("message" if parses else "invalid")
+    _agree(buf, True, 4 << 20)
 
 
 @settings(max_examples=200, deadline=None)
@@ -57,6 +147,7 @@ def test_garbage_buffers_never_raise(blob):
     table, end = scan_buffer(blob)
     assert end.kind in ("blank", "end_of_data", "segment_end", "invalid") and table.num_rows == end.records
     check_record(blob, 0)
+    _agree(blob, True, 4 << 20)
 
 
 # ------------------------------------------------------------------------------------------------

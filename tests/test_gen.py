@@ -12,10 +12,10 @@ import pytest
 
 from jobs.cli import main as cli_main
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.broker.settings.store import Store
 from storelib.broker.writer.writer import StoreWriter
 from storelib.format.configjson import consumer_offsets, load_config
-from storelib.format.consumequeue import ConsumeQueue
 from storelib.generator.gen import generate, iter_plans, replay_plan
 from storelib.generator.genplan import GenConfig, Generator
 
@@ -80,7 +80,7 @@ def test_generated_store_has_the_promised_variety(tmp_path):
         if topic.startswith("%RETRY%"):
             continue
         for q, off in qs.items():
-            cq = ConsumeQueue(tmp_path / "g" / "consumequeue" / topic / str(q), segment_size=2000)
+            cq = LoadedQueue(tmp_path / "g" / "consumequeue" / topic / str(q), segment_size=2000)
             assert 0 <= off <= cq.max_offset()
             cq.close()
 

@@ -98,3 +98,52 @@ def test_every_subpackage_says_what_it_is():
             if init.parent.parent == REPO:
                 continue
             assert ast.get_docstring(ast.parse(init.read_text())), init.parent
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A name with a leading underscore is its module's own: another module that needs it gets a public one."""
+    wrong = []
+    for top in ("storelib", "jobs", "datasources"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            for n in ast.walk(ast.parse(path.read_text())):
+                if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] in ("storelib", "jobs", "datasources"):
+                    wrong += [f"{path.relative_to(REPO)}: {n.module}.{a.name}" for a in n.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not wrong, "\n".join(wrong)
+
+
+def _constants(tree: ast.AST) -> list[ast.Constant]:
+    docs = {id(b.body[0].value) for b in ast.walk(tree)
+            if isinstance(b, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and b.body and isinstance(b.body[0], ast.Expr) and isinstance(b.body[0].value, ast.Constant)}
+    return [c for c in ast.walk(tree) if isinstance(c, ast.Constant) and id(c) not in docs]
+
+
+def test_the_schedule_topic_and_the_default_delay_levels_are_defined_once():
+    """One SCHEDULE_TOPIC (format.record) and one default delay table (format.delaylevel) in the library."""
+    from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
+
+    topic_literals, tables = [], []
+    for top in ("storelib", "jobs", "datasources"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            rel = str(path.relative_to(REPO))
+            topic_literals += [rel for c in _constants(tree) if c.value == "SCHEDULE_TOPIC_XXXX"]
+            for n in ast.walk(tree):
+                if isinstance(n, (ast.Tuple, ast.List)) and len(n.elts) == len(DEFAULT_DELAY_LEVELS_MS) and all(
+                        isinstance(e, ast.Constant) for e in n.elts):
+                    if tuple(e.value for e in n.elts) == DEFAULT_DELAY_LEVELS_MS:
+                        tables.append(rel)
+    assert topic_literals == ["storelib/format/record.py"]
+    assert tables == []  # the table is parsed from messageDelayLevel's default text, once
+
+
+def test_format_reads_consume_queue_files_and_the_broker_room_loads_them():
+    """ConsumeQueue.recover and correctMinOffset are start-up rules: broker/settings/cqload, not format/."""
+    from storelib.broker.settings.cqload import LoadedQueue
+    from storelib.format import consumequeue
+
+    for rule in ("recover", "max_offset", "max_physic_offset", "min_offset"):
+        assert not hasattr(consumequeue.ConsumeQueue, rule) and hasattr(LoadedQueue, rule)
+    for name in ("first_unit_from", "kept_after_truncation", "tags_code", "SCHEDULE_TOPIC", "DEFAULT_DELAY_LEVELS_MS"):
+        assert not hasattr(consumequeue, name)

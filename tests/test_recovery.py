@@ -260,3 +260,15 @@ def test_walk_parts_compose_like_the_whole(tmp_path, five):
     plan = plan_recovery(_inputs(store), store.commitlog.segments)
     ends = run_tasks(plan)
     assert finish_walk(plan, ends) == _run(store)
+
+
+def test_abnormal_start_with_a_sign_flipped_checkpoint_time_is_the_last_segment(tmp_path):
+    """min(physic, logics) - 3000 wraps (Java long) to near Long.MAX_VALUE: every first record is older,
+    so the broker starts from the last segment, not the first."""
+    cs = CraftedStore(S)
+    _fill(cs, 3)
+    store = _store(tmp_path, cs)
+    ts = cs.placed[-1].msg.store_timestamp
+    cp = Checkpoint(physic_msg_timestamp=-(2**63) + 1000, logics_msg_timestamp=ts)
+    res = _run(store, last_exit_ok=False, checkpoint=cp)
+    assert res.mode == "abnormal" and res.start_index == 3 and "last segment" in res.start_reason

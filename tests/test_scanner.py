@@ -70,21 +70,37 @@ def test_scan_stops_at_bad_magic_with_offset_and_reason():
     assert (end.kind, end.reason, end.file_offset) == ("invalid", "bad_magic", len(r1))
 
 
-@pytest.mark.parametrize("size_field", [-5, 10, 10_000])
-def test_scan_rejects_negative_tiny_or_oversized_totalsize(size_field):
+@pytest.mark.parametrize("size_field,reason,size", [(-5, "bad_size", None), (7, "bad_size", None),
+                                                    (10, "length_mismatch", 10), (10_000, "bad_size", None)])
+def test_scan_rejects_negative_tiny_or_oversized_totalsize(size_field, reason, size):
+    # below the minimum with a valid magic the broker still reads the record: new byte[7] cannot take
+    # the 8-byte host (-1), new byte[10] can, and every length fits it: (TOTALSIZE, fail)
     r = bytearray(_msg())
     r[0:4] = struct.pack(">i", size_field)
-    table, end = scan_buffer(_segment([bytes(r)]))
-    assert table.num_rows == 0 and end.reason == "bad_size" and end.file_offset == 0
+    seg = _segment([bytes(r)])
+    table, end = scan_buffer(seg)
+    chk = check_record(seg, 0, check_crc=False)
+    assert table.num_rows == 0 and end.reason == reason and end.file_offset == 0 and end.size == size
+    assert chk.reason.split(":")[0] == reason and chk.size == (size or -1)
 
 
 def test_scan_reports_length_mismatch_with_the_broker_size():
     r = bytearray(_msg(body=b"x" * 20))
-    r[84:88] = struct.pack(">i", 10)  # body length lies: fields no longer add up to TOTALSIZE
+    r[-8:-6] = struct.pack(">h", 5)  # properties length lies: fields no longer add up to TOTALSIZE
     seg = _segment([bytes(r)])
     table, end = scan_buffer(seg)
     chk = check_record(seg, 0, check_crc=False)
     assert table.num_rows == 0 and end.reason == "length_mismatch" and chk.size == len(r) == end.size
+
+
+def test_a_length_past_totalsize_is_minus_one_as_the_broker_read_throws():
+    r = bytearray(_msg(body=b"x" * 20))
+    r[84:88] = struct.pack(">i", 10)  # body length lies: the topic length is then 'x' = 120 > TOTALSIZE 118
+    seg = _segment([bytes(r)])
+    table, end = scan_buffer(seg)
+    chk = check_record(seg, 0, check_crc=False)
+    assert len(r) == 118 and (chk.kind, chk.size) == ("invalid", -1)  # byteBuffer.get(new byte[118], 0, 120)
+    assert table.num_rows == 0 and end.reason == "parse_error" and end.size is None
 
 
 def test_scan_marks_crc_mismatch_and_can_stop_there():

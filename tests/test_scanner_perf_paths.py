@@ -251,7 +251,7 @@ def test_hosts_msg_ids_and_prop_crc_match_scalar_decoder(tmp_path):
     bad = bytearray(recs[4])  # stored digits that do not match
     bad[-5] = ord("9") if bad[-5] != ord("9") else ord("8")
     recs[4] = bytes(bad)
-    zero = bytearray(recs[5])
+    zero = bytearray(recs[5])  # ten zeros are the value 0, compared like any other (5.3.3: expectedCRC >= 0)
     zero[-11:-1] = b"0000000000"
     recs[5] = bytes(zero)
     seg = _segment(recs)
@@ -265,7 +265,7 @@ def test_hosts_msg_ids_and_prop_crc_match_scalar_decoder(tmp_path):
         assert row["msg_id"] == offset_msg_id(m._store_host_bytes, m.physical_offset)
         assert row["prop_crc_ok"] == chk.prop_crc_ok
         pos += len(rec)
-    assert [r["prop_crc_ok"] for r in rows[3:6]] == [None, False, True]
+    assert [r["prop_crc_ok"] for r in rows[3:8]] == [None, False, False, None, True]
 
 
 def test_early_stop_releases_the_source(tmp_path):
@@ -273,6 +273,16 @@ def test_early_stop_releases_the_source(tmp_path):
     p = _write(tmp_path, _segment([_record(rng, i) for i in range(50)]))
     src = LocalSource(str(p))
     it = iter(SegmentScan(src, "seg", 0, batch_rows=10))
-    next(it)
+    batch = next(it)
     it.close()
-    src.close()  # no BufferError: the scan holds no export of the mapping once closed
+    assert src.mapped
+    src.close()  # close() keeps quiet about an export someone still holds: the mapping must really be gone
+    assert not src.mapped  # neither the closed scan nor its batch (copied columns) pins the mapping
+    assert batch.num_rows == 10
+
+
+def test_a_held_slice_keeps_the_mapping_and_mapped_says_so(tmp_path):
+    src = LocalSource(str(_write(tmp_path, b"x" * 4096)))
+    held = src.read(0, 16)
+    src.close()
+    assert src.mapped and bytes(held) == b"x" * 16

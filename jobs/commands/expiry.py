@@ -21,7 +21,7 @@ from jobs.common import (
 )
 from jobs.engines.schedulers import add_engine_args
 from jobs.expiry import add_model_args, run_grid_for, time_model
-from jobs.reports.expiry_report import _ranges_text
+from jobs.reports.expiry_report import ranges_text
 from storelib.broker.settings.brokerconf import BrokerSettings, load_conf_over
 from storelib.fileio.bytesource import resolve
 
@@ -143,7 +143,7 @@ def run_args(args: argparse.Namespace) -> int:
         lost = [g for g in p["groups"] if g["lost_messages"]]
         if lost:
             print(f"\n{p['name']}: unconsumed messages deleted")
-            rows = [dict(g, lost_offsets=_ranges_text(g["lost_offsets"], 4)) for g in lost]
+            rows = [dict(g, lost_offsets=ranges_text(g["lost_offsets"], 4)) for g in lost]
             print_table(rows, ["group", "topic", "queue_id", "lost_messages", "lost_bytes", "lost_offsets",
                                "first_loss_ms"])
     return 0

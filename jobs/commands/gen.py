@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 
 from jobs.common import Progress, add_settings_args, print_json, print_table, size_arg
@@ -82,6 +83,11 @@ def run_args(args: argparse.Namespace) -> int:
         prog.update(nbytes - last[0], f"bytes, {records} records")
         last[0] = nbytes
 
+    missing = [m for m in ("lz4", "zstandard") if args.compressed_ratio and importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"rmqstore gen: compressed bodies need {' and '.join(missing)}: pip install 'rmqstore[gen]' "
+              "(or --compressed-ratio 0)", file=sys.stderr)
+        return 2
     if args.timers and (args.version != "5" or args.no_dispatch or args.timers < 0):
         print("rmqstore gen: --timers needs --version 5 and dispatch (timer messages are a 5.x feature)",
               file=sys.stderr)

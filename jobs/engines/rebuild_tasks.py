@@ -6,6 +6,7 @@ index file). Intermediates go through files in ``staging/_work``, removed here w
 
 from __future__ import annotations
 
+from datetime import tzinfo
 from functools import partial
 from typing import Any
 
@@ -40,7 +41,7 @@ from storelib.format.checkpoint import Checkpoint
 
 def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
               say: Stage, fs_options: dict[str, Any], partitions: int | None = None,
-              name_tz: str = "UTC") -> EngineResult:
+              name_tz: str | tzinfo = "UTC") -> EngineResult:
     """Phases A/B/C as tasks on ``engine`` (a process pool or Spark); intermediates are exchanged through
     files in ``staging/_work`` (no shuffle or cache of Python objects), which every worker reads and
     writes itself."""
@@ -108,7 +109,7 @@ def _run_bc(engine: Engine, ctx: RebuildContext, jobs: list[tuple[int, list[int]
 
 
 def _index_plan(engine: Engine, metas: dict[int, Meta], inc: list[int], ctx: RebuildContext, out: EngineResult,
-                say: Stage, name_tz: str) -> IndexPlan:
+                say: Stage, name_tz: str | tzinfo) -> IndexPlan:
     """Schedule the index merge steps: the duplicate test's counts (on the engine when a segment needs it),
     the layout, each file's first time (for its name)."""
     g = ctx.geometry

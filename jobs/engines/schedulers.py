@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from jobs.engines.nopandas import hide_pandas
+from storelib.fileio.bytesource import remote_filesystem_opened
 
 ENGINES = ("auto", "local", "pool", "spark")
 # below this much commitlog a process pool's start-up costs more than it saves (measured on 2 cores: audit
@@ -79,10 +80,11 @@ class PoolEngine:
     def __init__(self, workers: int | None = None):
         self.parallelism = max(1, workers or os.cpu_count() or 1)
         self._pool: ProcessPoolExecutor | None = None
+        self.start_method: str | None = None  # how the workers were started (fork, forkserver, spawn)
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            method = _start_method()
+            method = self.start_method = _start_method()
             ctx = multiprocessing.get_context(method)
             if method == "forkserver":
                 ctx.set_forkserver_preload(POOL_PRELOAD)
@@ -116,7 +118,8 @@ class PoolEngine:
         return [f.result() for f in futures]
 
     def describe(self) -> str:
-        return f"pool ({self.parallelism} worker processes)"
+        how = f", {self.start_method}" if self.start_method else ""
+        return f"pool ({self.parallelism} worker processes{how})"
 
     def close(self) -> None:
         if self._pool is not None:
@@ -125,18 +128,51 @@ class PoolEngine:
 
 
 def _start_method() -> str:
-    """``fork`` while this process runs no other Python thread: the workers start in milliseconds with what
-    the driver has imported (a forkserver and its preload take ~0.3 s on 2 cores, paid by every run; all
-    workers are forked at the first submit, before the pool's own thread starts). With other threads alive
-    (a notebook's Spark gateway, a caller's threads) one of them could hold a lock at fork time that the
-    child would never see released: then ``forkserver``, else ``spawn``. RMQSTORE_POOL_START overrides."""
+    """``fork`` while nothing but this interpreter's own threads runs (:func:`fork_hazards`): the workers
+    start in milliseconds with what the driver has imported (a forkserver and its preload take ~0.3 s on
+    2 cores, paid by every run; all workers are forked at the first submit, before the pool's own thread
+    starts). Otherwise one of the other threads could hold a lock at fork time that the child would
+    never see released: then ``forkserver`` (its server is forked from a clean process), else ``spawn``.
+    RMQSTORE_POOL_START overrides."""
     methods = multiprocessing.get_all_start_methods()
     forced = os.environ.get("RMQSTORE_POOL_START")
     if forced in methods:
         return forced
-    if "fork" in methods and threading.active_count() == 1:
+    if "fork" in methods and not fork_hazards():
         return "fork"
     return "forkserver" if "forkserver" in methods else "spawn"
+
+
+# native threads a fork is known to survive: jemalloc's background purger (Arrow's allocator); OpenBLAS's
+# and Arrow's pools carry the main thread's name and reset themselves in the child (pthread_atfork)
+_FORK_SAFE_NATIVE = frozenset({"jemalloc_bg_thd"})
+
+
+def fork_hazards() -> list[str]:
+    """Why forking this process now would be unsafe (empty: it is safe): other Python threads (a
+    notebook's Spark gateway, a caller's), a remote filesystem client opened here (the AWS SDK's event
+    loop, a JVM under libhdfs: native threads ``threading`` cannot see), or, on Linux, any OS thread
+    (/proc/self/task) whose name is neither the main thread's nor a known fork-safe one."""
+    out = []
+    if threading.active_count() > 1:
+        out.append(f"{threading.active_count() - 1} other Python thread(s)")
+    if remote_filesystem_opened():
+        out.append("a remote filesystem client")
+    out += [f"native thread {name!r}" for name in _foreign_native_threads()]
+    return out
+
+
+def _foreign_native_threads() -> list[str]:
+    try:
+        with open("/proc/self/comm") as f:
+            own = f.read().strip()
+        names = []
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+    except OSError:  # not Linux (or no /proc): Python threads and the remote-filesystem mark decide
+        return []
+    return sorted({n for n in names if n != own and n not in _FORK_SAFE_NATIVE})
 
 
 def _one_core_worker() -> None:

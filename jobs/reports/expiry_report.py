@@ -194,7 +194,7 @@ def render_html(report: dict[str, Any]) -> str:
         cl = [dict(d, time=human_ms(d["time_ms"])) for d in p["deletions"]]
         parts.append(f"<h3>Deletion timeline ({len(cl)} files)</h3>")
         parts.append(_table(cl, ["time", "file", "kind", "reason"], limit=300))
-        lost = [dict(g, first_loss=human_ms(g["first_loss_ms"]), ranges=_ranges_text(g["lost_offsets"]))
+        lost = [dict(g, first_loss=human_ms(g["first_loss_ms"]), ranges=ranges_text(g["lost_offsets"]))
                 for g in p["groups"]]
         parts.append("<h3>Consumer groups</h3>")
         parts.append(_table(lost, ["group", "topic", "queue_id", "committed_offset", "lost_messages", "lost_bytes",
@@ -208,7 +208,7 @@ def write_html(path: str, report: dict[str, Any]) -> None:
     atomic_write(path, render_html(report).encode("utf-8"))
 
 
-def _ranges_text(ranges: list, show: int = 20) -> str:
+def ranges_text(ranges: list, show: int = 20) -> str:
     """Lost offset ranges for a report table: the first ``show`` and how many there are in all."""
     txt = " ".join(f"[{a},{b}]" for a, b in ranges[:show])
     return txt + (f" ... ({len(ranges)} ranges; all in the JSON)" if len(ranges) > show else "")

@@ -12,7 +12,11 @@ import json
 import os
 from typing import Any
 
-from jobs.reports.audit_report import CSS, _e, _findings, _ms, jsonable
+from jobs.reports.audit_report import jsonable
+from jobs.reports.htmlpage import CSS
+from jobs.reports.htmlpage import esc as _e
+from jobs.reports.htmlpage import findings_section as _findings
+from jobs.reports.htmlpage import utc as _ms
 
 MAX_ROWS = 500  # rows per HTML table (the JSON has them all)
 

@@ -32,8 +32,8 @@ from storelib.checks.segment import (
     KEY_SCHEMA,
     RECORD_SCHEMA,
     SEVERITY_RANK,
+    Capped,
     SegmentResult,
-    _Capped,
     merge_v2_findings,
 )
 from storelib.checks.timers import check_timer_store
@@ -54,7 +54,7 @@ def run_cross_checks(store: Store, results: list[SegmentResult], settings: Broke
     ``resume``: an earlier streamed run's carry, going on with ``feed`` (what was audited since) alone;
     when the stream cannot settle that, :class:`ResumeFailed` (the caller audits in full: the whole view
     needs every segment's records)."""
-    out = _Capped()
+    out = Capped()
     _store_findings(store, results, settings, out)
     _unsealed_segments(results, out)
     done: CrossResults | None = None
@@ -89,7 +89,7 @@ def run_cross_checks(store: Store, results: list[SegmentResult], settings: Broke
     return done
 
 
-def _store_findings(store: Store, results: list[SegmentResult], settings: BrokerSettings, out: _Capped) -> None:
+def _store_findings(store: Store, results: list[SegmentResult], settings: BrokerSettings, out: Capped) -> None:
     """The store's and the segments' findings into ``out``."""
     cl = store.commitlog
     for f in [*cl.findings, *store.findings]:
@@ -112,7 +112,7 @@ def _record_view(store: Store, results: list[SegmentResult]) -> LogView:
     return LogView(recs, keys, lost_arr, cl.min_offset, log_end, cl.segment_size)
 
 
-def _unsealed_segments(results: list[SegmentResult], out: _Capped) -> None:
+def _unsealed_segments(results: list[SegmentResult], out: Capped) -> None:
     """Middle segments whose data ends without the end-of-file blank record while later ones hold data."""
     data_segs = [r for r in results if r.records or r.end_kind not in ("end_of_data",) or r.data_end]
     last_data = max((r.base for r in data_segs), default=-1)
@@ -123,7 +123,7 @@ def _unsealed_segments(results: list[SegmentResult], out: _Capped) -> None:
                             "data: bytes were lost or the segment was replaced"))
 
 
-def _serial_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, now_ms: int) -> CrossResults:
+def _serial_checks(root, log: LogView, settings: BrokerSettings, out: Capped, now_ms: int) -> CrossResults:
     """The checks one after the other into one collector (the reference the threaded path equals)."""
     facts = check_queue_offsets(log, out)
     abort = check_markers(root, out)
@@ -138,12 +138,12 @@ def _serial_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, n
     return CrossResults(qstats, consumers, idx, cp, timers, log.summary(), view_charts(log))
 
 
-def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: _Capped, now_ms: int,
+def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: Capped, now_ms: int,
                      pre: dict[str, Future]) -> CrossResults:
     """The index checks need only the checkpoint and the abort marker, the consume-queue checks only the
     queue-offset facts: both chains run at once (numpy releases the GIL), each into its own collector,
     merged below in the serial order so caps and findings are exactly those of a serial run."""
-    c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg = (_Capped() for _ in range(7))
+    c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg = (Capped() for _ in range(7))
     abort = check_markers(root, c_mk)
     cp = check_checkpoint(root, log.summary(), c_cp, now_ms)
     extra_box: list[Any] = [None]

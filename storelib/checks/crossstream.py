@@ -36,7 +36,7 @@ from storelib.checks.metadata import (
     report_abort,
 )
 from storelib.checks.queuestream import QueueMetaLoad, QueueStream, load_queue_meta, queue_meta_snapshot
-from storelib.checks.segment import RECORD_SCHEMA, SegmentResult, _Capped
+from storelib.checks.segment import RECORD_SCHEMA, Capped, SegmentResult
 from storelib.checks.timers import TIMER_TOPIC, check_timer_store, has_timer_store
 from storelib.errors import Finding
 from storelib.format.checkpoint import Checkpoint
@@ -84,7 +84,7 @@ class CrossResults:
 
 def streamed_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, now_ms: int, *,
                     threads: bool = True, preload: dict[str, Future] | None = None, resume: dict | None = None,
-                    feed: list[SegmentResult] | None = None) -> tuple[_Capped, CrossResults]:
+                    feed: list[SegmentResult] | None = None) -> tuple[Capped, CrossResults]:
     """The cross-file checks streamed: their findings (in the whole view's order) and results, with the
     carry a later run can go on from (``CrossResults.carry``). Raises :class:`Unsettled` (nothing reported)
     when the store needs the whole view.
@@ -97,7 +97,7 @@ def streamed_checks(store: Store, results: list[SegmentResult], settings: Broker
     summary = summary_of(store, results)
     if resume is not None and (resume["log_min"], resume["segment_size"]) != (summary.log_min, summary.segment_size):
         raise Unsettled("the commitlog starts elsewhere than when the state was written (segments expired)")
-    c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg, out = (_Capped() for _ in range(8))
+    c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg, out = (Capped() for _ in range(8))
     abort = check_markers(root, c_mk)
     cp = check_checkpoint(root, summary, c_cp, now_ms)
     meta: QueueMetaLoad = (preloaded(pre.get("cq"), load_queue_meta, root, settings, summary.log_min)
@@ -183,7 +183,7 @@ def _records_pass(results: list[SegmentResult], qs: QueueStream, traffic: Traffi
 
 
 def _timers(store: Store, feed: list[SegmentResult], settings: BrokerSettings, summary: LogSummary,
-            facts: dict, out: _Capped, carried: dict | None) -> tuple[Any, dict | None]:
+            facts: dict, out: Capped, carried: dict | None) -> tuple[Any, dict | None]:
     """The timer store against a view of the timer topic's records only (``carried``: an earlier run's,
     before ``feed``'s); a unit that is not one of them needs the whole view (it may be another topic's
     record). Returns the summary and those records for a later run (None: too many to carry)."""
@@ -194,7 +194,7 @@ def _timers(store: Store, feed: list[SegmentResult], settings: BrokerSettings, s
     records = pa.concat_tables([*parts, *_timer_records(feed)])
     view = LogView(records, pa.table({"pos": pa.array([], pa.int64())}),
                    np.zeros((0, 2), np.int64), summary.log_min, summary.log_end, summary.segment_size)
-    c = _Capped()
+    c = Capped()
     timers = check_timer_store(root, view, settings, c, facts)
     if any(kind == "timer_unit_mismatch" for kind, _ in c.counts):
         raise Unsettled("a timer unit is not a timer record's")

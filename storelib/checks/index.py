@@ -14,12 +14,12 @@ from storelib.checks.keystream import KeyStream
 from storelib.checks.logview import (
     LogView,
     Unsettled,
-    _lookup_repeats,
-    _member,
-    _run_of,
-    _searchsorted_repeats,
+    is_member,
+    lookup_repeats,
+    run_of,
+    searchsorted_repeats,
 )
-from storelib.checks.segment import _Capped
+from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.sampledcrc import sampled_crc
@@ -89,7 +89,7 @@ class KeyCodes:
 def key_codes(log: LogView) -> KeyCodes:
     kphy = log.keys.column("pos").to_numpy()
     khash = log.keys.column("key_hash").to_numpy().astype(np.int64)
-    krow = _searchsorted_repeats(log.phy, kphy) if len(kphy) else np.zeros(0, np.int64)
+    krow = searchsorted_repeats(log.phy, kphy) if len(kphy) else np.zeros(0, np.int64)
     if len(krow):
         krow = np.where(log.phy[np.clip(krow, 0, len(log.phy) - 1)] == kphy, krow, -1)
     if log.field_order is None:  # fields already sorted: a record's rank is its row
@@ -102,7 +102,7 @@ def key_codes(log: LogView) -> KeyCodes:
     return KeyCodes(kphy, khash, rank, kcode, kcode_sorted, kcode_sorted[np.searchsorted(kcode_sorted, 0):])
 
 
-def check_index(root: Location, log: LogView | None, settings: BrokerSettings, out: _Capped, checkpoint: Checkpoint | None,
+def check_index(root: Location, log: LogView | None, settings: BrokerSettings, out: Capped, checkpoint: Checkpoint | None,
                 abort: bool, loaded: IndexLoad | None = None, stream: KeyStream | None = None,
                 carried: dict[str, dict] | None = None, snap: dict[str, dict] | None = None) -> dict:
     """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
@@ -145,7 +145,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
             continue
         ent = None
         c = (carried or {}).get(ref.name)
-        fc = _Capped() if snap is not None else out  # the file's findings after its note (kept for ``snap``)
+        fc = Capped() if snap is not None else out  # the file's findings after its note (kept for ``snap``)
         try:
             ent = f.entries_array()  # a view of the mapped file: columns are copied a chunk at a time
             m = len(ent)
@@ -202,7 +202,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
 
 
 def _resumed_file(c: dict, f: IndexFile, ent: np.ndarray, skip: int, keys: KeyStream, file_info: dict,
-                  file_max: int, out: _Capped, snap: dict[str, dict] | None) -> bool:
+                  file_max: int, out: Capped, snap: dict[str, dict] | None) -> bool:
     """A file an earlier run checked (``c``): unchanged, what it found then is found again; grown since a
     clean check, only its new entries (against the keys) and its slot table are checked
     (:mod:`storelib.checks.indexgrowth`). False: check the file in full."""
@@ -224,7 +224,7 @@ def _resumed_file(c: dict, f: IndexFile, ent: np.ndarray, skip: int, keys: KeySt
     return True
 
 
-def _file_snapshot(f: IndexFile, ent: np.ndarray, file_info: dict, file_max: int, fc: _Capped, last: bool) -> dict:
+def _file_snapshot(f: IndexFile, ent: np.ndarray, file_info: dict, file_max: int, fc: Capped, last: bool) -> dict:
     """What a later run needs of a file checked in full: its entry count and fingerprint, what was found;
     for the last file (the one that grows) when clean, its slot table's CRC."""
     snap = {"count": len(ent), "index_count": f.header.index_count, "fp": _entries_fingerprint(ent, len(ent)),
@@ -259,7 +259,7 @@ def _entries_fingerprint(ent: np.ndarray, n: int) -> list[int]:
 
 
 def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[np.ndarray],
-                   wrong_phy: list[np.ndarray], info: dict, max_end_phy: int, out: _Capped) -> None:
+                   wrong_phy: list[np.ndarray], info: dict, max_end_phy: int, out: Capped) -> None:
     """Every record key is some entry's (by code): keys not indexed yet after the last indexed message, or
     missing for good (explained by lost data, expiry or an entry with the wrong hash, or not)."""
     kphy, khash, kcode, kpos = k_.kphy, k_.khash, k_.kcode, k_.kpos
@@ -272,14 +272,14 @@ def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[
     if np.array_equal(kpos, have):  # every key's code is some entry's: none missing
         missing = np.zeros(0, np.int64)
     else:
-        missing = np.flatnonzero(~_member(kcode, have) & (kcode >= 0))
+        missing = np.flatnonzero(~is_member(kcode, have) & (kcode >= 0))
     if len(missing):
         mphy = kphy[missing]
         first_begin = min((fi["begin_phy"] for fi in info["files"]), default=0)
         explained = log.in_lost(mphy) | (mphy < log.log_min)
         if wrong_phy:
             wp = np.concatenate(wrong_phy)
-            explained |= _member(mphy, np.sort(wp))
+            explained |= is_member(mphy, np.sort(wp))
         behind = ~explained & (mphy > max_end_phy)
         real = ~explained & ~behind
         if behind.any():
@@ -296,7 +296,7 @@ def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[
                             "through any index file", {"phy": p, "key_hash": int(khash[missing[j]])}))
 
 
-def _abnormal_start_note(info: dict, out: _Capped, name: str, h: IndexHeader, idx_ts: int | None, abort: bool) -> None:
+def _abnormal_start_note(info: dict, out: Capped, name: str, h: IndexHeader, idx_ts: int | None, abort: bool) -> None:
     """A file whose endTimestamp is after the checkpoint's indexMsgTimestamp: an abnormal start deletes it."""
     if idx_ts is not None and h.end_timestamp > idx_ts:
         info.setdefault("deleted_on_abnormal_start", []).append(name)
@@ -308,13 +308,13 @@ def _abnormal_start_note(info: dict, out: _Capped, name: str, h: IndexHeader, id
                         {"end_timestamp": h.end_timestamp, "index_msg_timestamp": idx_ts}))
 
 
-def _entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: IndexGeometry, display: str, out: _Capped,
+def _entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: IndexGeometry, display: str, out: Capped,
                              all_codes: list[np.ndarray], wrong_phy: list[np.ndarray]) -> np.ndarray:
     """Each entry of a file that is not the log's next keys looked up: the record it points at and whether
     its hash is one of that record's keys'. Returns the entries whose hash is wrong (0-based)."""
     e_phy = ent["phy_offset"].astype(np.int64)
     e_kh = ent["key_hash"].astype(np.int64)
-    rows = _lookup_repeats(log, e_phy)
+    rows = lookup_repeats(log, e_phy)
     found = rows >= 0
     if len(k_.rank):
         codes = np.where(found, (k_.rank[np.clip(rows, 0, None)] << 31) | np.clip(e_kh, 0, None), -2)
@@ -322,10 +322,10 @@ def _entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: Ind
         codes = np.full(len(rows), -2, dtype=np.int64)
     cs = np.sort(codes[found])
     all_codes.append(cs)
-    if _run_of(cs, k_.kpos):  # every entry's code is a key's code: nothing to look up one by one
+    if run_of(cs, k_.kpos):  # every entry's code is a key's code: nothing to look up one by one
         wrong = np.zeros(0, np.int64)
     else:
-        wrong = np.flatnonzero(found & ~_member(codes, k_.kcode_sorted))
+        wrong = np.flatnonzero(found & ~is_member(codes, k_.kcode_sorted))
     wrong_phy.append(e_phy[wrong])
     miss = np.flatnonzero(~found)
     mp = e_phy[miss]
@@ -355,7 +355,7 @@ def _entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: Ind
     return wrong
 
 
-def _check_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: _Capped, chunk: int = 1 << 17) -> None:
+def _check_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: Capped, chunk: int = 1 << 17) -> None:
     """Every entry's prevIndex is the previous entry of its slot (0 for a slot's first).
 
     Entries are taken ``chunk`` at a time in entry order with the newest entry of each slot so far carried
@@ -406,7 +406,7 @@ def _chains_hold(ent: np.ndarray, N: int, chunk: int) -> bool:
     return True
 
 
-def _broken_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: _Capped, chunk: int = 1 << 17) -> None:
+def _broken_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: Capped, chunk: int = 1 << 17) -> None:
     """The chains entry by entry (sorted by slot a chunk at a time): how many entries are off, and the
     first one a sort of all entries by (slot, entry number) meets."""
     N = g.hash_slot_num

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.checks.logview import LogView, Unsettled
-from storelib.checks.segment import _Capped
+from storelib.checks.segment import Capped
 from storelib.errors import Finding
 
 
@@ -110,7 +110,7 @@ class KeyStream:
         """Did the files, in order, hold every key exactly (so every key is findable)?"""
         return self.aligned and self.cur == self.n
 
-    def behind(self, max_end_phy: int, out: _Capped) -> None:
+    def behind(self, max_end_phy: int, out: Capped) -> None:
         """The keys no file holds are those of messages after the last indexed one (the broker indexes them
         when it dispatches): said as the whole view says it; any other unmatched key raises Unsettled."""
         if not self._fill(1):

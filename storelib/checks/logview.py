@@ -1,6 +1,6 @@
 """The whole commitlog as the cross-file checks see it (:class:`LogView`: the segment tasks' compact record
 tables, the lost ranges) and the lookups they share. Healthy stores take shortcuts that reach the same
-conclusions as the full comparisons (:func:`_queue_records_exactly`, :func:`_run_of`)."""
+conclusions as the full comparisons (:func:`queue_records_exactly`, :func:`run_of`)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ class LogView:
         return out
 
 
-def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+def is_member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     """``np.isin(values, set)`` for a sorted int64 set by binary search: numpy's hash-based unique
     behind ``isin`` takes seconds on millions of 64-bit codes, a searchsorted takes milliseconds."""
     if not len(sorted_set) or not len(values):
@@ -123,7 +123,7 @@ def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     return sorted_set[np.minimum(i, len(sorted_set) - 1)] == values
 
 
-def _queue_records_exactly(log: LogView, recs: np.ndarray | None, phy: np.ndarray, qoffs: np.ndarray
+def queue_records_exactly(log: LogView, recs: np.ndarray | None, phy: np.ndarray, qoffs: np.ndarray
                            ) -> np.ndarray | None:
     """``recs`` (a queue's dispatchable record rows, commitlog order) when the queue's checked units are
     exactly those records in order: same count, each unit's phyOffset its record's PHYSICALOFFSET field and
@@ -135,7 +135,7 @@ def _queue_records_exactly(log: LogView, recs: np.ndarray | None, phy: np.ndarra
     return recs
 
 
-def _queue_hint(log: LogView, key: tuple[str, int], qoffs: np.ndarray) -> np.ndarray | None:
+def queue_hint(log: LogView, key: tuple[str, int], qoffs: np.ndarray) -> np.ndarray | None:
     """Guessed record rows of a queue's CQ units: its record with the same queue offset (a clean queue
     has exactly one), for :meth:`LogView.lookup_field`."""
     recs = log.queue_rows.get(key)
@@ -156,19 +156,19 @@ def _by_runs(fn, q: np.ndarray) -> np.ndarray:
     return np.repeat(fn(q[starts]), np.diff(np.r_[starts, len(q)]))
 
 
-def _lookup_repeats(log: LogView, phy: np.ndarray) -> np.ndarray:
+def lookup_repeats(log: LogView, phy: np.ndarray) -> np.ndarray:
     """``log.lookup_field(phy)``, each distinct value of sorted ``phy`` once (:func:`_by_runs`)."""
     return _by_runs(log.lookup_field, phy)
 
 
-def _searchsorted_repeats(a: np.ndarray, q: np.ndarray) -> np.ndarray:
+def searchsorted_repeats(a: np.ndarray, q: np.ndarray) -> np.ndarray:
     """``np.searchsorted(a, q)``, each distinct value of sorted ``q`` once (:func:`_by_runs`)."""
     return _by_runs(lambda v: np.searchsorted(a, v), q)
 
 
-def _run_of(sorted_vals: np.ndarray, sorted_set: np.ndarray) -> bool:
+def run_of(sorted_vals: np.ndarray, sorted_set: np.ndarray) -> bool:
     """Is ``sorted_vals`` a contiguous run of ``sorted_set`` (so every value is a member)? A sufficient,
-    cheap test of ``_member(vals, set).all()`` for the common case: an index file's entries are the keys
+    cheap test of ``is_member(vals, set).all()`` for the common case: an index file's entries are the keys
     of a range of records, exactly."""
     if not len(sorted_vals):
         return True
@@ -176,7 +176,7 @@ def _run_of(sorted_vals: np.ndarray, sorted_set: np.ndarray) -> bool:
     return bool(np.array_equal(sorted_set[i:i + len(sorted_vals)], sorted_vals))
 
 
-def _rel(root: str, path: str | None) -> str | None:
+def rel_path(root: str, path: str | None) -> str | None:
     if path is None:
         return None
     r = root.rstrip("/") + "/"

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from storelib.checks.logview import LogSummary, _rel
-from storelib.checks.segment import _Capped
+from storelib.checks.logview import LogSummary, rel_path
+from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
+from storelib.format.record import SCHEDULE_TOPIC
 
 
-def check_checkpoint(root: Location, log: LogSummary, out: _Capped, now_ms: int):
+def check_checkpoint(root: Location, log: LogSummary, out: Capped, now_ms: int):
     """Checkpoint timestamps within the data's store-time range (and not in the future)."""
     from storelib.format.checkpoint import read_checkpoint
 
@@ -44,7 +45,7 @@ def check_checkpoint(root: Location, log: LogSummary, out: _Capped, now_ms: int)
     return cp
 
 
-def check_markers(root: Location, out: _Capped):
+def check_markers(root: Location, out: Capped):
     """lock marker (a live broker?); returns the abort state (reported by :func:`report_abort`)."""
     from storelib.format.markers import abort_state, lock_state
 
@@ -62,7 +63,7 @@ def check_markers(root: Location, out: _Capped):
     return ab
 
 
-def report_abort(ab, idx_info: dict, out: _Capped) -> None:
+def report_abort(ab, idx_info: dict, out: Capped) -> None:
     """An abort file: say what the next broker start does, including the index files it deletes."""
     from storelib.format.markers import what_broker_does
 
@@ -80,7 +81,7 @@ CONFIG_FILES = ["topics.json", "consumerOffset.json", "subscriptionGroup.json", 
                 "consumerFilter.json", "lmqConsumerOffset.json"]
 
 
-def check_configs(root: Location, out: _Capped) -> dict[str, Any]:
+def check_configs(root: Location, out: Capped) -> dict[str, Any]:
     """config/*.json readable (fastjson quirks), ``.bak`` agreeing or older; returns the loaded data."""
     from storelib.fileio.smallfile_io import read_small
     from storelib.format.configjson import load_config
@@ -94,7 +95,7 @@ def check_configs(root: Location, out: _Capped) -> dict[str, Any]:
             continue
         ld = load_config(root, name)
         for f in ld.findings:
-            f.file = _rel(root.path, f.file)
+            f.file = rel_path(root.path, f.file)
             if f.kind in ("config_unparseable", "config_empty") and f.severity == "warning":
                 f.severity = "error" if ld.source is None else "warning"
             if f.kind == "config_missing" and ld.source == "bak":
@@ -114,7 +115,7 @@ def check_configs(root: Location, out: _Capped) -> dict[str, Any]:
     return loaded
 
 
-def _compare_bak(name: str, data: dict, bak: dict, out: _Capped) -> None:
+def _compare_bak(name: str, data: dict, bak: dict, out: Capped) -> None:
     dv, bv = data.get("dataVersion") or {}, bak.get("dataVersion") or {}
     if isinstance(dv, dict) and isinstance(bv, dict) and dv.get("counter") is not None and bv.get("counter") is not None:
         try:
@@ -137,7 +138,7 @@ def _compare_bak(name: str, data: dict, bak: dict, out: _Capped) -> None:
                             "unless offsets were reset, the file looks older than its backup"))
 
 
-def check_consumer_offsets(loaded: dict, qstats: dict, out: _Capped) -> list[dict]:
+def check_consumer_offsets(loaded: dict, qstats: dict, out: Capped) -> list[dict]:
     """Consumer offsets within their queues' [min, max]; returns per-group lag rows for the report."""
     from storelib.format.configjson import consumer_offsets, delay_offsets
 
@@ -170,9 +171,9 @@ def check_consumer_offsets(loaded: dict, qstats: dict, out: _Capped) -> list[dic
     d = loaded.get("delayOffset.json")
     if d:
         for level, off in delay_offsets(d).items():
-            st = qstats.get(("SCHEDULE_TOPIC_XXXX", level - 1))
+            st = qstats.get((SCHEDULE_TOPIC, level - 1))
             if st is not None and off > st["max_offset"]:
                 out.add(Finding("delay_offset_past_queue", "error", "config/delayOffset.json", None,
-                                f"delay level {level}: offset {off} is past SCHEDULE_TOPIC_XXXX/{level - 1} max "
+                                f"delay level {level}: offset {off} is past {SCHEDULE_TOPIC}/{level - 1} max "
                                 f"{st['max_offset']}", {"level": level, "offset": off}))
     return rows

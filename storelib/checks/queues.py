@@ -9,17 +9,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
-from storelib.checks.logview import LogView, _queue_hint, _queue_records_exactly, _rel
-from storelib.checks.segment import _Capped
+from storelib.broker.settings.cqload import LoadedQueue
+from storelib.checks.logview import LogView, queue_hint, queue_records_exactly, rel_path
+from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, data_ranges
-from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, ConsumeQueue, batch_cq_topics, list_queues
+from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, batch_cq_topics, list_queues
 from storelib.format.record import INNER_BATCH_FLAG
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.arrowcols import group_order
 
 
-def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dict]:
+def check_queue_offsets(log: LogView, out: Capped) -> dict[tuple[str, int], dict]:
     """Per (topic, queue): QUEUEOFFSETs of dispatchable records contiguous and unique, in commitlog order.
 
     Returns per-queue facts: min/max queue offset and message count in the commitlog.
@@ -29,7 +30,7 @@ def check_queue_offsets(log: LogView, out: _Capped) -> dict[tuple[str, int], dic
     if not len(disp):
         return facts
     code = (log.topic_idx[disp] << 32) | (log.qid[disp].astype(np.int64) & 0xFFFFFFFF)
-    o = _queue_group_order(code, log.topic_idx[disp], log.qid[disp], len(log.topic_names))
+    o = queue_group_order(code, log.topic_idx[disp], log.qid[disp], len(log.topic_names))
     order = disp[o]
     code_s = code[o]
     del code, disp, o  # 8 bytes a record each: not needed past here (the check's peak memory)
@@ -79,7 +80,7 @@ def gap_finding(topic: str, qid: int, before: int, after: int, phy: int, segment
                    "written)", {"topic": topic, "queue_id": qid, "missing": after - before - 1, "phy": phy})
 
 
-def _queue_group_order(code: np.ndarray, topic_idx: np.ndarray, qid: np.ndarray, n_topics: int) -> np.ndarray:
+def queue_group_order(code: np.ndarray, topic_idx: np.ndarray, qid: np.ndarray, n_topics: int) -> np.ndarray:
     """``np.argsort(code, kind="stable")`` for ``code = topic_idx << 32 | qid (as uint32)``: when queue ids
     are small and non-negative, (topic, queue) numbered densely in the same order fit 16 bits (a radix
     sort, no ``unique``); otherwise :func:`storelib.scan.arrowcols.group_order`."""
@@ -134,8 +135,8 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) 
     return res
 
 
-def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterator[tuple[str, int, ConsumeQueue]]:
-    """Every queue directory's :class:`ConsumeQueue` (the caller closes it), the listing's and each queue's
+def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterator[tuple[str, int, LoadedQueue]]:
+    """Every queue directory's :class:`LoadedQueue` (the caller closes it), the listing's and each queue's
     structural findings into ``res.findings`` in the order found; ``res.failed`` when the queue directory
     cannot be listed (or is a RocksDB consume queue, which rmqstore does not read: said once)."""
     rootp = root.path
@@ -144,26 +145,26 @@ def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterat
         queues = list_queues(root, list_findings)
     except StoreError as e:
         if e.kind == "rocksdb_consumequeue":  # a supported broker layout that rmqstore does not read: say so once
-            res.findings.append(Finding(e.kind, "warning", _rel(rootp, e.file), None,
-                                        f"{e.detail}: ConsumeQueue checks skipped (rmqstore reads file-based "
+            res.findings.append(Finding(e.kind, "warning", rel_path(rootp, e.file), None,
+                                        f"{e.detail}: LoadedQueue checks skipped (rmqstore reads file-based "
                                         "consume queues only); commitlog, index, checkpoint and config are audited",
                                         {"supported": False}))
         else:
-            res.findings.append(Finding(e.kind, "error", _rel(rootp, e.file), e.offset, e.detail))
+            res.findings.append(Finding(e.kind, "error", rel_path(rootp, e.file), e.offset, e.detail))
         res.failed = True
         return
     for f in list_findings:
-        f.file = _rel(rootp, f.file)
+        f.file = rel_path(rootp, f.file)
         res.findings.append(f)
     for topic, qid, loc in queues:
-        cq = ConsumeQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
+        cq = LoadedQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
         for f in cq.findings:
-            f.file = _rel(rootp, f.file)
+            f.file = rel_path(rootp, f.file)
             res.findings.append(f)
         yield topic, qid, cq
 
 
-def queue_files(cq: ConsumeQueue, rootp: str) -> Iterator[tuple[int, str | None, np.ndarray]]:
+def queue_files(cq: LoadedQueue, rootp: str) -> Iterator[tuple[int, str | None, np.ndarray]]:
     """A queue's files in order: (logical byte base, display path, units as mapped). The queue's last file
     is preallocated: its units after the last one with a size are invalid and after every valid unit, so
     no check looks at them (its first unit stays: the queue's first offset)."""
@@ -172,7 +173,7 @@ def queue_files(cq: ConsumeQueue, rootp: str) -> Iterator[tuple[int, str | None,
         if i == len(cq.segments) - 1:
             keep = _units_before_invalid_tail(u, seg.loc.path if seg.loc.local else None)
             u = u[:max(keep, 1 if i == 0 else 0)]
-        yield seg.base, _rel(rootp, seg.path), u
+        yield seg.base, rel_path(rootp, seg.path), u
 
 
 def _units_before_invalid_tail(units: np.ndarray, path: str | None) -> int:
@@ -194,7 +195,7 @@ def _units_before_invalid_tail(units: np.ndarray, path: str | None) -> int:
     return n - j if n and nz[j] else 0
 
 
-def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings, out: _Capped, facts: dict,
+def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings, out: Capped, facts: dict,
                          loaded: CQLoad | None = None) -> dict:
     """ConsumeQueue entries vs records both ways; queue min/max offsets and lag. Returns per-queue stats.
 
@@ -223,7 +224,7 @@ def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings,
     return stats
 
 
-def _check_units(log: LogView, out: _Capped, topic: str, qid: int, n: np.ndarray, u: np.ndarray,
+def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, u: np.ndarray,
                  files: list[tuple[int, str | None]]) -> int:
     """One queue's units against the records: holes before the last valid unit, units pointing past the
     log or at no record start, units whose record disagrees. Returns the last valid unit's index (-1)."""
@@ -253,10 +254,10 @@ def _check_units(log: LogView, out: _Capped, topic: str, qid: int, n: np.ndarray
                             "entries; the broker's queue ends here (recovery truncates it, later entries are lost)",
                             {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "count": ln}))
     chk = np.flatnonzero(valid & ~filler)
-    rows = _queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
+    rows = queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
     exact = rows is not None
     if rows is None:
-        rows = log.lookup_field(phy[chk], _queue_hint(log, (topic, qid), n[chk]))
+        rows = log.lookup_field(phy[chk], queue_hint(log, (topic, qid), n[chk]))
     tcode = log.topic_code.get(topic, -1)
     miss = rows < 0
     mp = phy[chk][miss]
@@ -309,7 +310,7 @@ def _check_units(log: LogView, out: _Capped, topic: str, qid: int, n: np.ndarray
     return last_valid
 
 
-def _message_side(log: LogView, out: _Capped, topic: str, qid: int, n: np.ndarray, last_valid: int,
+def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, last_valid: int,
                   fact: dict | None, reput_from: int) -> tuple[int, int]:
     """Records of the queue beyond its valid units (lag, or lost to the broker before the reput position)
     and below its first file. Returns (lag messages, lag bytes)."""
@@ -352,7 +353,7 @@ def lag_finding(topic: str, qid: int, count: int, nbytes: int, first_offset: int
 
 
 def queues_without_cq(root: Location, segment_size: int, facts: dict, seen_queues: set, reput_from: int,
-                      out: _Capped, stats: dict) -> None:
+                      out: Capped, stats: dict) -> None:
     """Queues with dispatchable records and no consume-queue directory: missing, behind, BatchConsumeQueue
     topics (not read), or topics whose name cannot be a directory (their queues' stats say all is lag)."""
     unsafe: dict[str, list[int]] = {}  # topics that cannot be a directory: [records, first phy], one finding each

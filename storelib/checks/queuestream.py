@@ -16,20 +16,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.checks.logview import Unsettled
 from storelib.checks.queues import (
     CQLoad,
-    _queue_group_order,
     gap_finding,
     lag_finding,
     queue_files,
+    queue_group_order,
     queues_without_cq,
     walk_queues,
 )
-from storelib.checks.segment import _Capped
+from storelib.checks.segment import Capped
 from storelib.fileio.bytesource import Location
 from storelib.fileio.sampledcrc import sampled_crc
-from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, ConsumeQueue, _wrap64, filler_mask
+from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, filler_mask
+from storelib.format.javahash import wrap64
 from storelib.format.record import INNER_BATCH_FLAG
 
 
@@ -66,7 +68,7 @@ class _UnitStats:
 class QueueMeta:
     """One consume queue summarised from its files, without holding its units."""
 
-    cq: ConsumeQueue  # files listed; mapped on demand, closed after each commitlog segment
+    cq: LoadedQueue  # files listed; mapped on demand, closed after each commitlog segment
     units: _UnitStats
     cq_max: int
     cq_min: int
@@ -101,7 +103,7 @@ def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
                 # no invalid unit before the last valid one: recovery's end is right after it (what
                 # ConsumeQueue.recover finds, without reading its last three files again)
                 last = _read_units(cq, st.last_valid, 1)
-                cq_max, mpo = st.last_valid + 1, _wrap64(int(last["phy_offset"][0]) + int(last["size"][0]))
+                cq_max, mpo = st.last_valid + 1, wrap64(int(last["phy_offset"][0]) + int(last["size"][0]))
             else:
                 if st is None:
                     st = _UnitStats()
@@ -124,7 +126,7 @@ def _queue_key(topic: str, qid: int) -> str:
     return f"{qid}/{topic}"  # a queue id has no "/"; a topic name may
 
 
-def _resumed_stats(cq: ConsumeQueue, rootp: str, p: dict, log_min: int) -> _UnitStats:
+def _resumed_stats(cq: LoadedQueue, rootp: str, p: dict, log_min: int) -> _UnitStats:
     """A queue's stats carried from ``p`` and extended by the units after its last valid one."""
     st = _UnitStats(**p["units"])
     if _units_fingerprint(cq, st.first_n, st.last_valid) != p["fp"]:
@@ -139,7 +141,7 @@ def _resumed_stats(cq: ConsumeQueue, rootp: str, p: dict, log_min: int) -> _Unit
     return st
 
 
-def _units_fingerprint(cq: ConsumeQueue, first_n: int, last_valid: int) -> list[int]:
+def _units_fingerprint(cq: LoadedQueue, first_n: int, last_valid: int) -> list[int]:
     """Sampled CRCs of units ``first_n..last_valid`` (:mod:`storelib.fileio.sampledcrc`) and their count: a
     later run trusts those units while they match."""
     n = last_valid - first_n + 1
@@ -192,7 +194,7 @@ LAG_KEEP = 100_000  # lagging records a run keeps for the next incremental one (
 class QueueStream:
     """Feed each segment's record table in commitlog order (:meth:`feed`), then :meth:`finish`."""
 
-    def __init__(self, meta: QueueMetaLoad, log_min: int, segment_size: int, out: _Capped) -> None:
+    def __init__(self, meta: QueueMetaLoad, log_min: int, segment_size: int, out: Capped) -> None:
         self.meta = meta
         self.log_min = log_min
         self.segment_size = segment_size
@@ -238,13 +240,13 @@ class QueueStream:
             raise Unsettled("inner-batch records (queue offsets advance by the batch)")
         qid = col("queue_id")[disp]
         gcode = (code[disp] << 32) | (qid.astype(np.int64) & 0xFFFFFFFF)
-        order = _queue_group_order(gcode, code[disp], qid, len(self.topic_names))
+        order = queue_group_order(gcode, code[disp], qid, len(self.topic_names))
         rows = disp[order]
         g = gcode[order]
         starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
         stops = np.r_[starts[1:], len(g)]
         qoff, tags = col("queue_offset"), col("tags_code")
-        touched: list[ConsumeQueue] = []
+        touched: list[LoadedQueue] = []
         try:
             for a, b in zip(starts.tolist(), stops.tolist()):
                 r = rows[a:b]
@@ -255,7 +257,7 @@ class QueueStream:
                 cq.close()
 
     def _queue(self, key: tuple[int, int], qq: np.ndarray, phy: np.ndarray, size: np.ndarray, tags: np.ndarray,
-               touched: list[ConsumeQueue]) -> None:
+               touched: list[LoadedQueue]) -> None:
         """One queue's records of one segment (commitlog order) against its tail and its units."""
         t = self.tails.get(key)
         topic, qid = self.topic_names[key[0]], key[1]
@@ -273,7 +275,7 @@ class QueueStream:
         self._units(t, topic, qid, qq, phy, size, tags, touched)
 
     def _units(self, t: _Tail, topic: str, qid: int, qq: np.ndarray, phy: np.ndarray, size: np.ndarray,
-               tags: np.ndarray, touched: list[ConsumeQueue]) -> None:
+               tags: np.ndarray, touched: list[LoadedQueue]) -> None:
         """Records of a queue (ascending offsets) against its units: equal where a valid unit exists, lag
         after the reput position past the last one."""
         m = None if self.meta.base.failed else self.meta.queues.get((topic, qid))
@@ -321,7 +323,7 @@ class QueueStream:
         self.topic_code = {t: i for i, t in enumerate(self.topic_names)}
         self.last_phy, self.log_end = snap["last_phy"], snap["log_end"]
         self.out.replay_json(snap["gaps"])
-        touched: list[ConsumeQueue] = []
+        touched: list[LoadedQueue] = []
         try:
             for tc, qid, *v in snap["tails"]:
                 t = self.tails[(tc, qid)] = _Tail.from_json(v)
@@ -342,7 +344,7 @@ class QueueStream:
                                                 "first_phy": t.first_phy}
         return out
 
-    def finish(self, root: Location, facts: dict, out: _Capped) -> dict:
+    def finish(self, root: Location, facts: dict, out: Capped) -> dict:
         """Settle every queue (each valid unit a record's or expired; no hole); the queues' stats, with
         the findings :func:`storelib.checks.queues.check_consume_queues` would make, into ``out``."""
         out.extend(self.meta.base.findings)
@@ -366,7 +368,7 @@ class QueueStream:
         return stats
 
 
-def _read_units(cq: ConsumeQueue, first: int, count: int) -> np.ndarray:
+def _read_units(cq: LoadedQueue, first: int, count: int) -> np.ndarray:
     """Units of queue offsets [first, first + count) copied out of the mapped files (fewer when a file is
     missing or short)."""
     parts = []

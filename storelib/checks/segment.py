@@ -2,7 +2,7 @@
 the broker does, body and 5.x property CRCs, PHYSICALOFFSET against the position, the end-of-file record;
 after a bad record the scan resynchronises (:mod:`storelib.broker.recovery.resync`) so the rest is still audited. A task
 returns findings, lost regions, a compact record table and its records' index keys; :func:`finish_segment`
-merges a segment's parts. Also the finding collector (:class:`_Capped`) the cross-file checks share."""
+merges a segment's parts. Also the finding collector (:class:`Capped`) the cross-file checks share."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, read_ipc_file, resolve
 from storelib.fileio.memory import keep_freed_memory
 from storelib.fileio.publish import atomic_local_file
-from storelib.scan.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentScan
+from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
+from storelib.scan.scanner import SegmentScan
 from storelib.scan.splits import plan_splits
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def _from_ipc(data: bytes, schema: pa.Schema) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
-class _Capped:
+class Capped:
     """Collects findings, at most MAX_PER_KIND per (kind, file); the rest become one summary each."""
 
     def __init__(self) -> None:
@@ -165,7 +166,7 @@ class _Capped:
     def replay_json(self, j: dict) -> None:
         self.replay([Finding.from_dict(d) for d in j["items"]], {(k, f): n for k, f, n in j["counts"]})
 
-    def absorb(self, other: _Capped) -> None:
+    def absorb(self, other: Capped) -> None:
         """Merge a collector filled elsewhere (a concurrent check), as :meth:`replay`."""
         self.replay(other.items, other.counts)
 
@@ -318,7 +319,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
         keep_freed_memory()
     display = "commitlog/" + task.name
     res = PartResult(task.name, task.start, task.end)
-    found = _Capped()
+    found = Capped()
     try:
         src = _open_task(task, opts)
     except StoreError as e:
@@ -424,7 +425,7 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
         res.end_kind = "unreadable"
         res.findings = [Finding("segment_unreadable", "critical", display, None, bad.unreadable).to_dict()]
         return res
-    found = _Capped()
+    found = Capped()
     for p in parts:  # replay the scan-time findings: same caps and order as one scan
         found.replay(p.items, p.counts)
     regions = [rg for p in parts for rg in p.regions]
@@ -482,7 +483,7 @@ def _region_extra(rg: LostRegion) -> dict:
             "resumed": rg.resumed}
 
 
-def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, display: str, found: _Capped,
+def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, display: str, found: Capped,
                  bad_rows: list, rec_parts: list, key_parts: list) -> None:
     """Column checks of one scan batch, and its compact columns for the cross-file checks."""
     from storelib.broker.index.indexbuild import index_keys

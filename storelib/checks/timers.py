@@ -21,7 +21,7 @@ import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.checks.logview import LogView
-from storelib.checks.segment import _Capped
+from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 from storelib.format.timerstore import (
@@ -35,7 +35,7 @@ from storelib.format.timerstore import (
 SHOWN = 10  # findings of one kind listed one by one; the rest are counted in the last
 
 
-def _each(out: _Capped, kind: str, severity: str, items: list[tuple[str, int | None, str, dict]]) -> None:
+def _each(out: Capped, kind: str, severity: str, items: list[tuple[str, int | None, str, dict]]) -> None:
     for file, off, detail, extra in items[:SHOWN]:
         out.add(Finding(kind, severity, file, off, detail, extra))
     if len(items) > SHOWN:
@@ -72,7 +72,7 @@ def _deliver_times(root: Location, log: LogView, u: Any, slot: np.ndarray, last_
 MAX_DELIVER_CHECKS = 20_000  # the newest units whose record's TIMER_OUT_MS is read (one random read each)
 
 
-def _check_deliver_times(root: Location, log: LogView, u: Any, hit_rows: tuple, out: _Capped) -> None:
+def _check_deliver_times(root: Location, log: LogView, u: Any, hit_rows: tuple, out: Capped) -> None:
     """An unrolled unit's slot is its record's deliver time (TIMER_OUT_MS): the newest units (pending ones
     among them) are checked, by reading their records' properties."""
     from storelib.scan.commitlog import CommitLog
@@ -99,7 +99,7 @@ def _check_deliver_times(root: Location, log: LogView, u: Any, hit_rows: tuple, 
 
 
 def _check_lost_records(log: LogView, timer_code: int, unit_py: np.ndarray, read_queue_offset: int,
-                        out: _Capped) -> None:
+                        out: Capped) -> None:
     """Timer records the timer store read (queue offset below timercheck's lastTimerQueueOffset) but holds
     no unit for, from the oldest unit's record on (older units may have gone with their timerlog files):
     messages the timer store has lost; they are never delivered."""
@@ -120,7 +120,7 @@ def has_timer_store(root: Location) -> bool:
     return root.fs.get_file_info(root.join("timerlog").path).type.name != "NotFound"
 
 
-def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, out: _Capped,
+def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, out: Capped,
                       facts: dict[tuple[str, int], dict]) -> dict[str, Any] | None:
     """The timer store's findings into ``out``; a small summary for the report (None without a timerlog)."""
     if not has_timer_store(root):

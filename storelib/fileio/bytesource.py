@@ -82,10 +82,19 @@ class LocalSource:
             raise StoreError(self.path, offset, "bad_offset", "negative offset")
         return self.view()[offset : offset + max(0, length)]
 
+    def read_range(self, offset: int, length: int) -> memoryview:
+        """A random read: the same as :meth:`read` here (zero-copy)."""
+        return self.read(offset, length)
+
+    @property
+    def mapped(self) -> bool:
+        """Is the file still mapped (open, or kept by a slice someone holds after :meth:`close`)?"""
+        return self._mm is not None and not self._mm.closed
+
     def close(self) -> None:
         # a caller may still hold a slice (arrays over the mapping, or a traceback's frames after an error
-        # mid-scan): then the mapping stays until they go (the OS unmaps at exit), and the error that
-        # ended the scan is the one reported, not this
+        # mid-scan): then the mapping stays until they go (the OS unmaps at exit; ``mapped`` stays True),
+        # and the error that ended the scan is the one reported, not this
         if self._view is not None:
             with contextlib.suppress(BufferError):
                 self._view.release()
@@ -93,7 +102,6 @@ class LocalSource:
         if self._mm is not None:
             with contextlib.suppress(BufferError):
                 self._mm.close()
-            self._mm = None
         self._fh.close()
 
     def __enter__(self) -> LocalSource:
@@ -192,6 +200,13 @@ class ArrowFileSource:
             if self._ahead is not None:
                 return self._ahead.read(offset, length)
         return self._read_at(offset, length)
+
+    def read_range(self, offset: int, length: int) -> memoryview:
+        """A random ranged read outside the sequential pipeline (it neither feeds nor restarts it)."""
+        if offset < 0:
+            raise StoreError(self.path, offset, "bad_offset", "negative offset")
+        length = max(0, min(length, self.size - offset))
+        return self._read_at(offset, length) if length else memoryview(b"")
 
     def _read_at(self, offset: int, length: int) -> memoryview:
         try:
@@ -426,6 +441,16 @@ def _fs_path(s: str) -> str:
     return s.split("://", 1)[1] if "://" in s else s
 
 
+_REMOTE_OPENED = threading.Event()
+
+
+def remote_filesystem_opened() -> bool:
+    """Has this process resolved a location on a remote filesystem? Its client (the AWS SDK's event loop,
+    a JVM under libhdfs) runs native threads from then on, which a forked child would inherit mid-work:
+    the process pool starts its workers another way after this (jobs.engines.schedulers)."""
+    return _REMOTE_OPENED.is_set()
+
+
 def resolve(uri: str | os.PathLike, filesystem: Any = None, **fs_options: Any) -> Location:
     """Turn a path or URI (``s3://bucket/prefix``, ``gs://``, ``hdfs://``, ``file://``) into a Location.
 
@@ -434,6 +459,13 @@ def resolve(uri: str | os.PathLike, filesystem: Any = None, **fs_options: Any) -
     S3/GCS filesystem built for the URI; without them pyarrow reads credentials, region and endpoint
     from the environment.
     """
+    loc = _resolve(uri, filesystem, **fs_options)
+    if not loc.local:
+        _REMOTE_OPENED.set()
+    return loc
+
+
+def _resolve(uri: str | os.PathLike, filesystem: Any = None, **fs_options: Any) -> Location:
     s = os.fspath(uri)
     if filesystem is not None:
         fs = _as_arrow_fs(filesystem)

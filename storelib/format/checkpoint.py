@@ -17,6 +17,7 @@ import pyarrow.fs as pafs
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.smallfile_io import PathOrLocation, as_location, atomic_write, file_size, local_path
+from storelib.format.javahash import wrap64
 
 CHECKPOINT_FILE = "checkpoint"
 CHECKPOINT_SIZE = 4096  # OS_PAGE_SIZE: the broker maps exactly one page
@@ -37,8 +38,12 @@ class Checkpoint:
     confirm_phy_offset: int = 0
 
     def min_timestamp(self) -> int:
-        """Newest store time recovery may trust: min(physic, logics) minus the broker's 3 s margin, >= 0."""
-        return max(0, min(self.physic_msg_timestamp, self.logics_msg_timestamp) - RECOVERY_SAFETY_MS)
+        """Newest store time recovery may trust: min(physic, logics) minus the broker's 3 s margin, >= 0.
+
+        StoreCheckpoint.getMinTimestamp subtracts in long arithmetic, then clamps below 0: a minimum
+        within 3 s of Long.MIN_VALUE (a flipped sign bit) wraps to near Long.MAX_VALUE, which every
+        segment's first record is older than."""
+        return max(0, wrap64(min(self.physic_msg_timestamp, self.logics_msg_timestamp) - RECOVERY_SAFETY_MS))
 
     def min_timestamp_index(self) -> int:
         """Same, also bounded by the index checkpoint (used when messageIndexSafe is on)."""

@@ -1,13 +1,10 @@
-"""ConsumeQueue files: 20-byte units as numpy, naming, fillers, tagsCode, and the broker's CQ writer.
+"""ConsumeQueue files: 20-byte units as numpy, naming, fillers, the queue directories, one queue's files.
 
 A CQ unit is ``phyOffset:i64, size:i32, tagsCode:i64`` big-endian with no header (store-format §4).
 Reading views a segment's bytes as a structured numpy array without copying (mmap for local files,
-ranged reads for remote ones). Writing reproduces ``ConsumeQueue.putMessagePositionInfo`` exactly
-(store-algorithms §5.2): a duplicate test on the physical *end*, filler units in the first segment ever
-created, the order check skipped for logical offset 0, repeats dropped and gaps *sliding* (an entry is
-written at the current position, not at ``20 × queueOffset``). The common case (consecutive offsets,
-increasing physical ends) is detected per queue and done with numpy; only irregular queues take the
-per-entry loop, which is the broker's state machine written out.
+ranged reads for remote ones). Bytes and files only: what the broker makes of them at start-up (its
+recovery scan, the min and max offsets) is :mod:`storelib.broker.settings.cqload`, its writer
+:mod:`storelib.broker.dispatch.cqwriter`.
 """
 
 from __future__ import annotations
@@ -15,17 +12,15 @@ from __future__ import annotations
 import bisect
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from storelib.errors import Finding, StoreError, StoreLayoutError
 from storelib.fileio.bytesource import ArrowFileSource, LocalSource, Location, data_ranges, resolve
-from storelib.format.javahash import java_hash_array
 from storelib.format.topicname import escape_topic, is_standard_topic
 
 CQ_UNIT_SIZE = 20
@@ -34,19 +29,12 @@ FILLER_PHY_OFFSET = 0
 FILLER_SIZE = 0x7FFFFFFF
 FILLER_TAGS_CODE = 0
 FILLER_ENTRY = (FILLER_PHY_OFFSET, FILLER_SIZE, FILLER_TAGS_CODE)
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 MAX_SEGMENT_SIZE = 2**31 - 1  # a MappedFile's size is a Java int
-# messageDelayLevel default "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h" in ms
-DEFAULT_DELAY_LEVELS_MS: tuple[int, ...] = (
-    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000,
-    420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
-)
 
 CQ_DTYPE = np.dtype([("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 assert CQ_DTYPE.itemsize == CQ_UNIT_SIZE
 FILLER_BYTES = np.array([FILLER_ENTRY], dtype=CQ_DTYPE).tobytes()
 
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _ROCKSDB_NAMES = re.compile(r"^(CURRENT|IDENTITY|LOCK|MANIFEST-\d+|OPTIONS-\d+|\d+\.(sst|log))$")
 
 
@@ -73,23 +61,13 @@ def cq_file_size(configured: int) -> int:
     return -(-int(configured) // CQ_UNIT_SIZE) * CQ_UNIT_SIZE
 
 
-def _check_segment_size(segment_size: int) -> int:
+def check_segment_size(segment_size: int) -> int:
+    """A CQ segment size as a MappedFile takes it (a positive multiple of 20 below 2^31), else StoreError."""
     s = int(segment_size)
     if s <= 0 or s % CQ_UNIT_SIZE or s > MAX_SEGMENT_SIZE:
         raise StoreError(None, None, "bad_segment_size",
                          f"CQ segment size {s} must be a positive multiple of 20 below 2^31 (see cq_file_size)")
     return s
-
-
-def _jrem(a: int, b: int) -> int:
-    """Java ``%``: the remainder takes the sign of the dividend."""
-    r = abs(a) % abs(b)
-    return -r if a < 0 else r
-
-
-def _wrap64(x: int) -> int:
-    """Java long arithmetic wraps; Python ints do not."""
-    return ((x - _I64_MIN) % 2**64) + _I64_MIN
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +101,7 @@ def first_invalid(units: np.ndarray) -> int:
     return int(np.argmax(bad)) if bad.any() else len(units)
 
 
-def _units_before_hole(seg: CQSegment, n: int) -> int:
+def units_before_hole(seg: CQSegment, n: int) -> int:
     """How many of a CQ file's ``n`` units lie before its first hole (a preallocated file's unwritten,
     sparse tail): the units after are zeros, so the first of them is invalid without being read. ``n``
     when the file is not local or has no hole."""
@@ -131,23 +109,6 @@ def _units_before_hole(seg: CQSegment, n: int) -> int:
     if not ranges or ranges[0][0] > 0:
         return 0
     return min(n, -(-ranges[0][1] // CQ_UNIT_SIZE))
-
-
-def first_unit_from(units: np.ndarray, base: int, commitlog_min_offset: int) -> int | None:
-    """correctMinOffset 4.9.8's scan of the first segment (store-algorithms §8.8): the logical byte offset
-    of the first unit whose phyOffset >= M, None when none is (fillers have phy 0, so they count only
-    when M = 0, as in the broker). Shared by the reader and the recovery model."""
-    hit = np.flatnonzero(units["phy_offset"] >= int(commitlog_min_offset))
-    return base + int(hit[0]) * CQ_UNIT_SIZE if len(hit) else None
-
-
-def kept_after_truncation(units: np.ndarray, process_offset: int) -> int:
-    """truncateDirtyLogicFiles' scan of the last segment that survives it (store-algorithms §8.6): how many
-    units stay. The first unit is kept unchecked (the caller deletes the file when its phyOffset >=
-    processOffset); later ones while valid and phyOffset < processOffset."""
-    rest = units[1:]
-    ok = valid_mask(rest) & (rest["phy_offset"] < int(process_offset))
-    return 1 + (int(np.argmax(~ok)) if (~ok).any() else len(rest))
 
 
 def make_units(phy_offset, size, tags_code) -> np.ndarray:
@@ -160,62 +121,11 @@ def make_units(phy_offset, size, tags_code) -> np.ndarray:
     return out
 
 
-def _fillers(n: int) -> np.ndarray:
+def fillers(n: int) -> np.ndarray:
+    """``n`` filler units (0, 0x7FFFFFFF, 0)."""
     out = np.zeros(n, dtype=CQ_DTYPE)
     out["size"] = FILLER_SIZE
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# tagsCode
-
-
-def tags_code(
-    tags: pa.Array,
-    topics: pa.Array,
-    store_ts,
-    delay_level: pa.Array | None,
-    delay_levels_ms: Sequence[int] | Mapping[int, int] = DEFAULT_DELAY_LEVELS_MS,
-) -> np.ndarray:
-    """CQ tagsCode per record (store-format §4.3), vectorised, int64.
-
-    Java ``String.hashCode`` of the whole TAGS value sign-extended to 64 bits (0 when absent or empty);
-    in ``SCHEDULE_TOPIC_XXXX`` with a DELAY level: level clamped to the table's max level, and if > 0
-    the delivery time STORETIMESTAMP + delay(level), or + 1000 ms when the level is missing from the
-    table. ``delay_levels_ms`` is a list (index 0 = level 1) or a {level: ms} map; an empty table
-    reproduces the 4.9.8 abnormal-recovery quirk (max level 0 → the tag hash is kept).
-    """
-    h = java_hash_array(tags).astype(np.int64)
-    if delay_level is None or len(h) == 0:
-        return h
-    if isinstance(delay_level, pa.ChunkedArray):
-        delay_level = delay_level.combine_chunks()
-    if isinstance(delay_level, pa.Array):
-        present = np.asarray(delay_level.is_valid())
-        lv = np.asarray(delay_level.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    else:
-        lv = np.asarray(delay_level, dtype=np.int64)
-        present = np.ones(len(lv), dtype=bool)
-    sched = np.asarray(pc.equal(topics, SCHEDULE_TOPIC).fill_null(False)) & present
-    if not sched.any():
-        return h
-    if isinstance(delay_levels_ms, Mapping):
-        table = {int(k): int(v) for k, v in delay_levels_ms.items()}
-    else:
-        table = {i + 1: int(v) for i, v in enumerate(delay_levels_ms)}
-    max_level = max(table) if table else 0
-    lv = np.minimum(lv, max_level)
-    use = sched & (lv > 0)
-    if not use.any():
-        return h
-    size = max_level + 1
-    delay = np.full(size, 1000, dtype=np.int64)  # level missing from the table → +1000 ms
-    for k, v in table.items():
-        if k >= 0:
-            delay[k] = v
-    ts = np.asarray(store_ts, dtype=np.int64)
-    with np.errstate(over="ignore"):
-        return np.where(use, ts + delay[np.clip(lv, 0, max_level)], h)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,7 +151,8 @@ def _list(loc: Location) -> list[pafs.FileInfo]:
     return sorted(infos, key=lambda i: i.base_name)
 
 
-def _as_location(where: Location | str | os.PathLike) -> Location:
+def as_location(where: Location | str | os.PathLike) -> Location:
+    """A Location as given, or the one a path or URI resolves to."""
     return where if isinstance(where, Location) else resolve(where)
 
 
@@ -253,7 +164,7 @@ def list_queues(store_root: Location | str | os.PathLike, findings: list[Finding
     and reported as findings (so are stray files and unusual topic names). A RocksDB consume-queue
     store (5.x ``storeType=defaultRocksDB``) raises ``StoreLayoutError(kind="rocksdb_consumequeue")``.
     """
-    root = _as_location(store_root)
+    root = as_location(store_root)
     cq = root.join("consumequeue")
     found = findings if findings is not None else []
     out: list[tuple[str, int, Location]] = []
@@ -291,7 +202,7 @@ def list_queues(store_root: Location | str | os.PathLike, findings: list[Finding
 
 def is_rocksdb_consumequeue(store_root: Location | str | os.PathLike) -> bool:
     """Does ``consumequeue/`` hold a RocksDB database (5.x ``storeType=defaultRocksDB``) instead of topics?"""
-    cq = _as_location(store_root).join("consumequeue")
+    cq = as_location(store_root).join("consumequeue")
     return any(i.type == pafs.FileType.File and _ROCKSDB_NAMES.match(i.base_name) for i in _list(cq))
 
 
@@ -299,7 +210,7 @@ def batch_cq_topics(store_root: Location | str | os.PathLike) -> dict[str, list[
     """Topics with 5.x BatchConsumeQueue files (``batchconsumequeue/<topic>/<queueId>``) and their queue
     ids: a layout the broker supports and rmqstore does not read (callers say so instead of calling
     the topic's consume queues missing)."""
-    root = _as_location(store_root)
+    root = as_location(store_root)
     out: dict[str, list[int]] = {}
     for t in _list(root.join("batchconsumequeue")):
         if t.type == pafs.FileType.Directory:
@@ -327,20 +238,6 @@ class CQSegment:
         return self.loc.path
 
 
-@dataclass(frozen=True)
-class CQRecovery:
-    """What ``ConsumeQueue.recover`` (store-algorithms §8.2) leaves in memory.
-
-    ``end``: logical byte offset after the last valid unit; ``max_physic_offset``: end (phy + size)
-    of that unit, -1 if none was scanned; ``segments``: the segments kept (later ones are deleted by
-    the broker) with their write positions.
-    """
-
-    end: int
-    max_physic_offset: int
-    segments: tuple[tuple[CQSegment, int], ...]
-
-
 class ConsumeQueue:
     """The segments of one ``consumequeue/<topic>/<queueId>`` directory, read-only.
 
@@ -350,13 +247,12 @@ class ConsumeQueue:
 
     def __init__(self, loc: Location | str | os.PathLike, *, segment_size: int = DEFAULT_CQ_SEGMENT_SIZE,
                  topic: str | None = None, queue_id: int | None = None):
-        self.loc = _as_location(loc)
-        self.segment_size = _check_segment_size(segment_size)
+        self.loc = as_location(loc)
+        self.segment_size = check_segment_size(segment_size)
         self.topic = topic
         self.queue_id = queue_id
         self.findings: list[Finding] = []
         self._sources: dict[str, LocalSource | ArrowFileSource] = {}
-        self._recovery: CQRecovery | None = None
         self.segments: list[CQSegment] = self._discover()
 
     def _discover(self) -> list[CQSegment]:
@@ -436,7 +332,7 @@ class ConsumeQueue:
         """(phyOffset, size, tagsCode) stored at logical offset ``n``, or None if no file holds it.
 
         Raw read: the unit may be invalid, a filler or stale data past the queue's end; compare with
-        ``min_offset``/``max_offset`` for the broker's view (store-algorithms §10.2).
+        ``LoadedQueue.min_offset``/``max_offset`` for the broker's view (store-algorithms §10.2).
         """
         if n < 0:
             return None
@@ -452,12 +348,13 @@ class ConsumeQueue:
                 ) -> Iterator[tuple[int, np.ndarray]]:
         """Yield (logical offset of the first unit, CQ_DTYPE chunk) over logical offsets [start, end).
 
-        ``end`` defaults to ``max_offset()``; a larger ``end`` reads stale units past the queue's end.
+        ``end`` defaults to every unit on disk (the broker's end is ``LoadedQueue.max_offset()``); past
+        the queue's end the units are stale or zeros.
         Offsets no file holds are skipped (the yielded offsets show the hole). Memory is bounded by
         ``chunk_entries`` units per chunk.
         """
         if end is None:
-            end = self.max_offset()
+            end = max((s.base // CQ_UNIT_SIZE + self.readable_units(s) for s in self.segments), default=0)
         chunk_entries = max(1, int(chunk_entries))
         S = self.segment_size
         for seg in self.segments:
@@ -469,115 +366,6 @@ class ConsumeQueue:
                 k = min(chunk_entries, b - i)
                 yield i, self.read_units(seg, i - lo_n, k)
                 i += k
-
-    # -- broker views ----------------------------------------------------------------------
-
-    def recover(self) -> CQRecovery:
-        """ConsumeQueue.recover (store-algorithms §8.2): scan from the third-last segment.
-
-        Units are valid while ``phyOffset >= 0 && size > 0``; the end is the position after the last
-        valid unit. Segments after the end are the ones the broker would delete (reported).
-        """
-        if self._recovery is not None:
-            return self._recovery
-        S = self.segment_size
-        segs = self.segments
-        if not segs:
-            self._recovery = CQRecovery(0, -1, ())
-            return self._recovery
-        index = max(0, len(segs) - 3)
-        max_phy = -1
-        while True:
-            seg = segs[index]
-            units = self.read_units(seg)
-            k = first_invalid(units[:_units_before_hole(seg, len(units))])
-            if k:
-                last = units[k - 1]
-                max_phy = _wrap64(int(last["phy_offset"]) + int(last["size"]))
-            pos = k * CQ_UNIT_SIZE
-            if pos == S and index + 1 < len(segs):
-                index += 1
-                continue
-            break
-        end = seg.base + pos
-        kept: list[tuple[CQSegment, int]] = []
-        for s in segs:
-            if s.base + S <= end:
-                kept.append((s, S))
-            elif end >= s.base:
-                kept.append((s, end - s.base))
-            else:
-                self.findings.append(Finding("segment_after_end", "warning", s.path, 0,
-                                             f"queue ends at logical byte {end}; the broker deletes this file "
-                                             "on recovery"))
-        self._recovery = CQRecovery(end, max_phy, tuple(kept))
-        return self._recovery
-
-    def max_offset(self) -> int:
-        """getMaxOffsetInQueue after recovery: logical offset one past the last valid unit (fillers count)."""
-        return self.recover().end // CQ_UNIT_SIZE
-
-    def max_physic_offset(self) -> int:
-        """maxPhysicOffset after recovery: phy + size of the last valid unit scanned, -1 if none."""
-        return self.recover().max_physic_offset
-
-    def min_offset(self, commitlog_min_offset: int, *, variant: str = "4.9.8",
-                   previous_min_logic_offset: int = 0) -> int:
-        """getMinOffsetInQueue after correctMinOffset (store-algorithms §8.8), as a logical offset.
-
-        ``variant="4.9.8"``: first unit of the first segment's readable part with phyOffset ≥ M sets
-        the min; none → the previous value stays. ``variant="5.x"``: keep when already ≥ max; all
-        expired (last unit < M) → max; else reuse the previous value if still valid, or binary search
-        the first segment. ``previous_min_logic_offset`` (bytes) is the in-memory value before the call
-        (0 at broker start).
-        """
-        rec = self.recover()
-        M = int(commitlog_min_offset)
-        min_logic = int(previous_min_logic_offset)
-        if not rec.segments:
-            return min_logic // CQ_UNIT_SIZE
-        first, first_read = rec.segments[0]
-        if variant in ("4.9.8", "4"):
-            units = self.read_units(first, 0, first_read // CQ_UNIT_SIZE)
-            hit = first_unit_from(units, first.base, M)
-            return (min_logic if hit is None else hit) // CQ_UNIT_SIZE
-        if variant not in ("5.x", "5", "5.3.3"):
-            raise ValueError(f"unknown variant {variant!r}")
-        if min_logic >= rec.end:
-            return min_logic // CQ_UNIT_SIZE
-        last, last_read = rec.segments[-1]
-        if last_read >= CQ_UNIT_SIZE:
-            u = self.read_units(last, last_read // CQ_UNIT_SIZE - 1, 1)
-            if len(u) and int(u["phy_offset"][0]) < M:
-                return (last.base + last_read) // CQ_UNIT_SIZE
-        start = min_logic - first.base
-        intact = True
-        if start < 0:
-            intact, start = False, 0
-        if start >= first_read:  # selectMappedBuffer(start) returns null (or "should have been deleted")
-            return min_logic // CQ_UNIT_SIZE
-        units = self.read_units(first, start // CQ_UNIT_SIZE, (first_read - start) // CQ_UNIT_SIZE)
-        if len(units) == 0:
-            return min_logic // CQ_UNIT_SIZE
-        phy = units["phy_offset"]
-        if intact and int(phy[0]) >= M:
-            return min_logic // CQ_UNIT_SIZE
-        low, high = 0, (len(units) - 1) * CQ_UNIT_SIZE
-        while high - low > CQ_UNIT_SIZE:
-            mid = (low + high) // 2 // CQ_UNIT_SIZE * CQ_UNIT_SIZE
-            v = int(phy[mid // CQ_UNIT_SIZE])
-            if v > M:
-                high = mid
-            elif v == M:
-                low = high = mid
-                break
-            else:
-                low = mid
-        for i in range(low, high + 1, CQ_UNIT_SIZE):
-            if int(phy[i // CQ_UNIT_SIZE]) >= M:
-                min_logic = first.base + start + i
-                break
-        return min_logic // CQ_UNIT_SIZE
 
     def close(self) -> None:
         for src in self._sources.values():

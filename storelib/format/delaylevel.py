@@ -32,3 +32,6 @@ def parse_delay_levels(text: str, *, file: str | None = None, line: int | None =
             )
         out.append(int(num) * unit)
     return tuple(out)
+
+
+DEFAULT_DELAY_LEVELS_MS: tuple[int, ...] = parse_delay_levels(DEFAULT_DELAY_LEVEL)  # the one default table

@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -20,6 +20,7 @@ from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import ByteSource, Location, open_source, resolve
 from storelib.format.indexfile import HEADER_SIZE, LONG_MAX, IndexFile, IndexGeometry, open_owned
 from storelib.format.javahash import index_hash
+from storelib.units import parse_zone
 
 INDEX_NAME_RE = re.compile(r"^\d{17}$")
 
@@ -101,21 +102,12 @@ def list_index_files(store_root: Location | str | os.PathLike, findings: list[Fi
     return out
 
 
-def _zone(tz: str | timezone | None) -> Any:
-    if tz is None or tz == "UTC":
-        return timezone.utc
-    if isinstance(tz, str):
-        from zoneinfo import ZoneInfo
-
-        return ZoneInfo(tz)
-    return tz
-
-
 _MAX_NAME_MS = 253_402_300_799_999 - 14 * 3_600_000  # 9999-12-31 in every zone
 
 
-def index_file_name(first_ts_ms: int, tz: str | Any = "UTC", *, after: str | None = None) -> str:
-    """``yyyyMMddHHmmssSSS`` of ``first_ts_ms`` in ``tz`` (UtilAll.timeMillisToHumanString).
+def index_file_name(first_ts_ms: int, tz: str | tzinfo = "UTC", *, after: str | None = None) -> str:
+    """``yyyyMMddHHmmssSSS`` of ``first_ts_ms`` in ``tz`` (UtilAll.timeMillisToHumanString, which formats in
+    the JVM's default zone: :func:`storelib.units.parse_zone` reads ``tz``, ``local`` included).
 
     The broker names a file by its wall-clock creation time, which no rebuild can know; this policy
     uses the first entry's store time instead. With ``after`` (the previous file's name) the time is
@@ -123,7 +115,7 @@ def index_file_name(first_ts_ms: int, tz: str | Any = "UTC", *, after: str | Non
     (corrupt records) are clamped; past the end, names continue as ``int(after) + 1`` (the broker
     only sorts names, it never parses them).
     """
-    zone = _zone(tz)
+    zone = parse_zone(tz)
     ms = min(max(int(first_ts_ms), 0), _MAX_NAME_MS)  # corrupt store times: keep a 17-digit name
     if after is not None:
         try:
@@ -139,11 +131,11 @@ def index_file_name(first_ts_ms: int, tz: str | Any = "UTC", *, after: str | Non
     return f"{dt.year:04d}{dt.month:02d}{dt.day:02d}{dt.hour:02d}{dt.minute:02d}{dt.second:02d}{dt.microsecond // 1000:03d}"
 
 
-def parse_index_file_name(name: str, tz: str | Any = "UTC") -> int:
+def parse_index_file_name(name: str, tz: str | tzinfo = "UTC") -> int:
     """Epoch milliseconds of an index file name read in ``tz``."""
     if not INDEX_NAME_RE.match(name):
         raise StoreError(name, None, "bad_name", "index file name is not yyyyMMddHHmmssSSS")
-    zone = _zone(tz)
+    zone = parse_zone(tz)
     try:
         dt = datetime(int(name[0:4]), int(name[4:6]), int(name[6:8]), int(name[8:10]), int(name[10:12]),
                       int(name[12:14]), int(name[14:17]) * 1000, tzinfo=zone)

@@ -165,7 +165,7 @@ class IndexHeader:
 # --------------------------------------------------------------------------------------------------
 
 
-def _time_diff(t: int, begin: int) -> int:
+def index_time_diff(t: int, begin: int) -> int:
     """store-format.md §5.9 for one entry (Java long arithmetic, truncating division, clamping)."""
     x = ((t - begin + 2**63) % 2**64) - 2**63  # Java long wrap-around
     d = 0 if x < 0 else x // 1000  # negative results are clamped to 0 anyway
@@ -174,7 +174,7 @@ def _time_diff(t: int, begin: int) -> int:
     return min(d, INT_MAX)
 
 
-def _slot_chains(slot: np.ndarray, n0: int) -> tuple[np.ndarray, np.ndarray]:
+def slot_chains(slot: np.ndarray, n0: int) -> tuple[np.ndarray, np.ndarray]:
     """Entries grouped by slot, oldest first: (slot, entry number) pairs sorted by slot then number.
 
     Entry ``n0 + i`` has slot ``slot[i]``; both fit in 31 bits, so (slot << bits) | number is one
@@ -191,7 +191,7 @@ def _slot_chains(slot: np.ndarray, n0: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 
-def _chains(hs: np.ndarray, n0: int, S: int, old_slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def index_chains(hs: np.ndarray, n0: int, S: int, old_slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """prevIndex of entries ``n0, n0+1, ...`` with index hashes ``hs``, and the resulting slot table.
 
     ``old_slots``: the slot table of the file being continued (None for a new file).
@@ -199,7 +199,7 @@ def _chains(hs: np.ndarray, n0: int, S: int, old_slots: np.ndarray | None) -> tu
     m = len(hs)
     slot = hs % S
     # entries sorted by (slot, number); within a slot the previous (older) number is the link
-    ss, ns = _slot_chains(slot, n0)
+    ss, ns = slot_chains(slot, n0)
     del slot
     first = np.ones(m, dtype=bool)
     first[1:] = ss[1:] != ss[:-1]
@@ -222,7 +222,7 @@ def _chains(hs: np.ndarray, n0: int, S: int, old_slots: np.ndarray | None) -> tu
     return prev, slots
 
 
-def _entry_bytes(entries: np.ndarray) -> memoryview | bytes:
+def entry_bytes(entries: np.ndarray) -> memoryview | bytes:
     """The on-disk bytes of index entries, without a copy when they already are contiguous ENTRY_DTYPE."""
     e = np.asarray(entries)
     if e.dtype == ENTRY_DTYPE and e.flags.c_contiguous:
@@ -230,8 +230,8 @@ def _entry_bytes(entries: np.ndarray) -> memoryview | bytes:
     return np.asarray(e, dtype=ENTRY_DTYPE).tobytes()
 
 
-def _time_diffs(t: np.ndarray, begin: int) -> np.ndarray:
-    """Vectorised :func:`_time_diff` of many store times against one beginTimestamp, as int32."""
+def index_time_diffs(t: np.ndarray, begin: int) -> np.ndarray:
+    """Vectorised :func:`index_time_diff` of many store times against one beginTimestamp, as int32."""
     if begin <= 0:
         return np.zeros(len(t), dtype=np.int32)
     x = t - np.int64(begin)  # int64 arrays wrap like Java longs
@@ -535,7 +535,7 @@ class IndexFile:
                 add("end_phy_offset_mismatch", "warning", 24,
                     f"endPhyOffset {h.end_phy_offset} but entry {m} has {int(phy[-1])}", expected=int(phy[-1]))
             if m >= 2:
-                want = _time_diff(h.end_timestamp, h.begin_timestamp)
+                want = index_time_diff(h.end_timestamp, h.begin_timestamp)
                 got = int(ent["time_diff"][-1])
                 if want != got:
                     add("end_timestamp_mismatch", "warning", 8,

@@ -1,4 +1,5 @@
-"""Java ``String.hashCode`` (over UTF-16 code units), scalar and vectorised over Arrow strings.
+"""Java ``String.hashCode`` (over UTF-16 code units), scalar and vectorised over Arrow strings; and
+Java's long arithmetic (``wrap64``, ``jrem``) where a broker rule computes with numbers read from disk.
 
 tagsCode and every IndexFile key hash is this function; computing it per message in Python would
 dominate a scan, so the vectorised form works on an Arrow string array's data buffer with numpy:
@@ -309,3 +310,22 @@ def topic_key_hashes(topic_hash: np.ndarray, key_hash: np.ndarray, key_len16: np
     with np.errstate(over="ignore"):
         th = topic_hash.view(np.uint32) * np.uint32(31) + np.uint32(ord("#"))
     return to_index_hash(combine_hash(th.astype(np.uint32).view(np.int32), key_hash, key_len16))
+
+
+# ---------------------------------------------------------------------------------------------
+# Java long arithmetic: Python ints neither overflow nor round remainders toward zero; a rule that
+# computes with a value read from a damaged file (a checkpoint time with its sign bit flipped, an
+# offset near the long range) must do what the JVM does with it, or it picks another file than the broker
+
+I64_MIN = -(2**63)
+
+
+def wrap64(x: int) -> int:
+    """``x`` as a Java long: two's complement wrap-around at 64 bits."""
+    return ((x - I64_MIN) % 2**64) + I64_MIN
+
+
+def jrem(a: int, b: int) -> int:
+    """Java ``a % b``: the remainder takes the sign of the dividend."""
+    r = abs(a) % abs(b)
+    return -r if a < 0 else r

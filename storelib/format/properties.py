@@ -7,6 +7,7 @@ writers drop the final separator, 5.x (since 5.2.0) keep it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 NAME_VALUE_SEP = "\x01"
@@ -27,6 +28,7 @@ INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
 INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
 CRC32 = "__CRC32#"
 CRC32_RESERVED_LEN = 20
+_JAVA_INT = re.compile(r"[+-]?\d+")
 
 
 def parse_properties(s: str) -> dict[str, str]:
@@ -61,11 +63,35 @@ def crc_digits(value: int) -> str:
     return "".join(str((value // 10**i) % 10) for i in range(10))
 
 
-def parse_crc_digits(digits: str) -> int | None:
-    """Inverse of :func:`crc_digits`; None when the text is not 10 decimal digits."""
-    if len(digits) != 10 or not digits.isdigit():
+def crc_expected(value: str) -> int:
+    """The CRC a 5.3.3 broker expects from a ``__CRC32#`` value, as a Java int (negative: none usable).
+
+    CommitLog.checkMessageAndReturnSize (forceVerifyPropCRC) reads the value's UTF-16 units from the
+    last to the first, ``e = e * 10 + (unit - '0')`` in int arithmetic: any text gives a number (no
+    length or digit check), 0 is compared like any other value (5.3.2+: ``expectedCRC >= 0``), and a
+    negative result rejects the record as if the property were missing.
+    """
+    data = value.encode("utf-16-le", "surrogatepass")
+    e, p = 0, 1
+    for i in range(0, len(data), 2):
+        e = (e + (int.from_bytes(data[i : i + 2], "little") - 48) * p) & 0xFFFFFFFF
+        p = p * 10 & 0xFFFFFFFF
+    return e - (1 << 32) if e >= 1 << 31 else e
+
+
+def java_int(text: str) -> int | None:
+    """``Integer.parseInt(text)``, or None where it throws: an optional sign, then decimal digits
+    (Unicode ones too, as Character.digit takes them, but none outside the BMP: Java sees two
+    surrogate units there), within the int range."""
+    if not _JAVA_INT.fullmatch(text) or any(ord(c) > 0xFFFF for c in text):
         return None
-    return int(digits[::-1])
+    v = int(text)
+    return v if -(1 << 31) <= v < 1 << 31 else None
+
+
+def java_text(value: str) -> str:
+    """A value decoded with surrogateescape as Java's ``new String(bytes, UTF_8)`` has it (U+FFFD)."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def split_keys(keys: str | None) -> list[str]:

@@ -10,19 +10,23 @@ from __future__ import annotations
 import ipaddress
 import struct
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from storelib.errors import CorruptRecordError
 from storelib.format.crc import body_crc
 from storelib.format.properties import (
     CRC32,
     CRC32_RESERVED_LEN,
+    DELAY,
     KEYS,
     PROPERTY_SEP,
     TAGS,
     UNIQ_KEY,
     crc_digits,
+    crc_expected,
     encode_properties,
-    parse_crc_digits,
+    java_int,
+    java_text,
     parse_properties,
 )
 
@@ -158,7 +162,8 @@ class RecordCheck:
     """Outcome of validating one record, as CommitLog.checkMessageAndReturnSize reports it.
 
     ``kind``: ``message`` (valid), ``blank`` (end of segment), ``invalid``. ``size`` is TOTALSIZE for a
-    message, -1 for a failure the broker reports as -1, or TOTALSIZE for a length mismatch.
+    message, -1 for a failure the broker reports as -1, or TOTALSIZE for a length mismatch (the only
+    failure with a positive size). ``message`` is decoded for valid records only.
     """
 
     kind: str
@@ -168,112 +173,145 @@ class RecordCheck:
     prop_crc_ok: bool | None = None
 
 
+class RecordBytes(Protocol):
+    """Bytes of a segment as :func:`check_record` reads them: ``len`` is where the segment ends,
+    ``take(lo, hi)`` the bytes of ``[lo, hi)`` (short at the end), ``crc(lo, hi)`` their masked CRC-32.
+
+    A plain buffer is one (:class:`BufferBytes`); a ranged source is another
+    (:class:`storelib.scan.recordbytes.SourceBytes`: small reads, never the record's TOTALSIZE at once).
+    """
+
+    def __len__(self) -> int: ...
+
+    def take(self, lo: int, hi: int) -> bytes | memoryview: ...
+
+    def crc(self, lo: int, hi: int) -> int: ...
+
+
+class BufferBytes:
+    """:class:`RecordBytes` over an in-memory buffer (a mapped segment, a test image)."""
+
+    def __init__(self, buf: bytes | bytearray | memoryview):
+        self.buf = buf
+
+    def __len__(self) -> int:
+        return len(self.buf)
+
+    def take(self, lo: int, hi: int) -> bytes | memoryview:
+        return self.buf[lo:hi]
+
+    def crc(self, lo: int, hi: int) -> int:
+        return body_crc(self.buf[lo:hi])
+
+
+FIXED_MAX = 112  # TOTALSIZE .. BODYLENGTH with both hosts IPv6: the most a record's fixed part holds
+
+
 def check_record(
-    buf: bytes | memoryview,
+    buf: bytes | bytearray | memoryview | RecordBytes,
     pos: int,
     *,
     check_crc: bool = True,
     file: str | None = None,
     file_offset: int | None = None,
-    max_message_size: int = 4 * 1024 * 1024,
 ) -> RecordCheck:
     """Validate and decode the record at ``pos`` of ``buf`` (which ends where the segment ends).
 
-    Mirrors the broker's outcomes (store-algorithms §3) and never reads or allocates past ``buf`` or
-    past a size it has not checked.
+    Mirrors CommitLog.checkMessageAndReturnSize (5.3.3; 4.9.8 has the same steps but the ``remaining``
+    checks), step by step and in its order: every read the broker makes past a length it has not
+    checked throws there (-1), the body CRC is checked before the topic is read, DELAY of a
+    SCHEDULE_TOPIC_XXXX record is an ``Integer.parseInt``, and only then the length. It reads no more
+    than the broker does: the fixed part and each length-prefixed field, never TOTALSIZE at once.
+    ``file``/``file_offset`` name the record in errors raised by callers.
     """
-    n = len(buf)
-    if n - pos <= 4:
-        return RecordCheck("invalid", -1, "truncated: 4 bytes or fewer left in the segment")
-    total = _I32.unpack_from(buf, pos)[0]
-    magic = _I32.unpack_from(buf, pos + 4)[0] if n - pos >= 8 else 0
+    acc: RecordBytes = buf if hasattr(buf, "crc") else BufferBytes(buf)  # type: ignore[assignment,arg-type]
+    left = len(acc) - pos
+    if left < 8:  # MAGIC cannot be read: the broker's getInt throws (-1)
+        return RecordCheck("invalid", -1, f"truncated: {left} bytes left in the segment, no room for a record")
+    head = bytes(acc.take(pos, pos + min(left, FIXED_MAX)))
+    total = _I32.unpack_from(head, 0)[0]
+    magic = _I32.unpack_from(head, 4)[0]
     if magic == BLANK_MAGIC:
         return RecordCheck("blank", 0)
     if magic not in (MAGIC_V1, MAGIC_V2):
         if total == 0 and magic == 0:
             return RecordCheck("invalid", -1, "end_of_data: zeros (no record written here)")
         return RecordCheck("invalid", -1, f"bad_magic: 0x{magic & 0xFFFFFFFF:08X}")
-    if total < 0 or total - 4 > n - pos - 4:
-        return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {n - pos} bytes left")
-    version = 2 if magic == MAGIC_V2 else 1
+    if total < 0 or total > left:  # remaining < totalSize - 4; a negative size: new byte[totalSize] throws
+        return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left")
     try:
-        msg, prop_crc_ok, reason = _decode_fields(buf, pos, n, version, check_crc)
+        return _check_fields(acc, head, pos, 2 if magic == MAGIC_V2 else 1, check_crc)
     except (struct.error, IndexError, ValueError) as e:
         return RecordCheck("invalid", -1, f"parse_error: {e}")
-    if reason is not None:
-        return RecordCheck("invalid", -1, reason, msg)
-    assert msg is not None
-    body_len, topic_len, props_len = msg._raw_lens  # type: ignore[attr-defined]
-    expect = record_length(msg.sys_flag, body_len, topic_len, props_len, version)
-    if expect != total:
-        return RecordCheck("invalid", total, f"length_mismatch: TOTALSIZE {total}, fields add up to {expect}", msg)
-    return RecordCheck("message", total, None, msg, prop_crc_ok)
 
 
-def _decode_fields(buf, pos: int, n: int, version: int, check_crc: bool):
-    (total, magic, crc, qid, flag, qoff, phy, sysf, born_ts) = _HDR.unpack_from(buf, pos)
-    p = pos + 48
+def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_crc: bool) -> RecordCheck:
+    """The steps after MAGIC (see :func:`check_record`); raises ValueError where the broker's read throws."""
+    n = len(acc)
+    (total, _magic, crc, qid, flag, qoff, phy, sysf, born_ts) = _HDR.unpack_from(head, 0)
     bh = host_width(sysf, BORNHOST_V6_FLAG)
     sh = host_width(sysf, STOREHOST_V6_FLAG)
-    if p + bh + 8 + sh + 16 > n:
+    if total < max(bh, sh):  # the hosts are read into new byte[totalSize]
+        return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} cannot hold a {max(bh, sh)}-byte host")
+    fixed = 48 + bh + 8 + sh + 16
+    if fixed > len(head):
         raise ValueError("record header runs past the end of the segment")
-    born_host = bytes(buf[p : p + bh])
-    p += bh
-    store_ts = _I64.unpack_from(buf, p)[0]
-    p += 8
-    store_host = bytes(buf[p : p + sh])
-    p += sh
-    reconsume = _I32.unpack_from(buf, p)[0]
-    prep = _I64.unpack_from(buf, p + 4)[0]
-    body_len = _I32.unpack_from(buf, p + 12)[0]
-    p += 16
-    body = b""
+    p = 48 + bh
+    store_ts = _I64.unpack_from(head, p)[0]
+    store_host = head[p + 8 : p + 8 + sh]
+    p += 8 + sh
+    reconsume = _I32.unpack_from(head, p)[0]
+    prep = _I64.unpack_from(head, p + 4)[0]
+    body_len = _I32.unpack_from(head, p + 12)[0]
+    body_at = p = pos + fixed
     if body_len > 0:
-        if body_len > n - p or body_len > total:
+        if body_len > total or body_len > n - p:
             raise ValueError(f"BODYLENGTH {body_len} runs past the record")
-        body = bytes(buf[p : p + body_len])
+        if check_crc:
+            got = acc.crc(p, p + body_len)
+            if got != crc:
+                return RecordCheck("invalid", -1, f"crc_mismatch: BODYCRC {crc}, body hashes to {got}")
         p += body_len
     tl = 2 if version == 2 else 1
-    if p + tl > n:
-        raise ValueError("topic length runs past the end of the segment")
-    topic_len = int.from_bytes(buf[p : p + tl], "big", signed=True)
+    topic_len = _signed(acc.take(p, p + tl), tl, "topic length")
     p += tl
-    if topic_len < 0 or p + topic_len > n:
+    if topic_len < 0 or topic_len > total or p + topic_len > n:
         raise ValueError(f"bad topic length {topic_len}")
-    topic = bytes(buf[p : p + topic_len]).decode("utf-8", "replace")
+    topic = bytes(acc.take(p, p + topic_len)).decode("utf-8", "replace")
     p += topic_len
-    if p + 2 > n:
-        raise ValueError("properties length runs past the end of the segment")
-    props_len = int.from_bytes(buf[p : p + 2], "big", signed=True)
+    props_len = _signed(acc.take(p, p + 2), 2, "properties length")
     p += 2
     raw = ""
     props: dict[str, str] = {}
     if props_len > 0:
-        if p + props_len > n:
-            raise ValueError(f"PROPERTIESLENGTH {props_len} runs past the end of the segment")
-        raw = bytes(buf[p : p + props_len]).decode("utf-8", "surrogateescape")
+        if props_len > total or p + props_len > n:
+            raise ValueError(f"PROPERTIESLENGTH {props_len} runs past the record")
+        raw = bytes(acc.take(p, p + props_len)).decode("utf-8", "surrogateescape")
         props = parse_properties(raw)
-        p += props_len
+    if topic == SCHEDULE_TOPIC and DELAY in props and java_int(java_text(props[DELAY])) is None:
+        raise ValueError(f"DELAY {props[DELAY]!r} is not a Java int")  # Integer.parseInt throws
+    expect = record_length(sysf, body_len, topic_len, props_len, version)
+    if expect != total:
+        return RecordCheck("invalid", total, f"length_mismatch: TOTALSIZE {total}, fields add up to {expect}")
+    body = bytes(acc.take(body_at, body_at + body_len)) if body_len > 0 else b""
     msg = Message(
         topic=topic, body=body, queue_id=qid, flag=flag, queue_offset=qoff, physical_offset=phy,
-        sys_flag=sysf, born_timestamp=born_ts, born_host=decode_host(born_host), store_timestamp=store_ts,
+        sys_flag=sysf, born_timestamp=born_ts, born_host=decode_host(head[48 : 48 + bh]), store_timestamp=store_ts,
         store_host=decode_host(store_host), reconsume_times=reconsume, prepared_transaction_offset=prep,
         properties=props, body_crc=crc, magic_version=version, properties_raw=raw or None,
     )
     msg._store_host_bytes = store_host  # type: ignore[attr-defined]
-    # the stored lengths (not the decoded text's, which U+FFFD replacement may change) decide validity
-    msg._raw_lens = (max(body_len, 0), topic_len, max(props_len, 0))  # type: ignore[attr-defined]
-    reason = None
-    if check_crc and body_len > 0 and body_crc(body) != crc:
-        reason = f"crc_mismatch: BODYCRC {crc}, body hashes to {body_crc(body)}"
     prop_crc_ok = None
-    if CRC32 in props:
-        stored = parse_crc_digits(props[CRC32])
-        if stored is not None and total >= CRC32_RESERVED_LEN:
-            prop_crc_ok = stored == 0 or stored == body_crc(buf[pos : pos + total - CRC32_RESERVED_LEN])
-        else:
-            prop_crc_ok = False
-    return msg, prop_crc_ok, reason
+    if CRC32 in props:  # 5.3.3 forceVerifyPropCRC: the value as the broker reads it (crc_expected)
+        expected = crc_expected(java_text(props[CRC32]))
+        prop_crc_ok = expected >= 0 and expected == acc.crc(pos, pos + total - CRC32_RESERVED_LEN)
+    return RecordCheck("message", total, None, msg, prop_crc_ok)
+
+
+def _signed(b: bytes | memoryview, width: int, what: str) -> int:
+    if len(b) < width:
+        raise ValueError(f"{what} runs past the end of the segment")
+    return int.from_bytes(b, "big", signed=True)
 
 
 def encode_message(msg: Message, *, trailing_sep: bool = False, prop_crc: bool = False) -> bytes:

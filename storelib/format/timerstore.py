@@ -118,7 +118,7 @@ class TimerLog:
         return dict(zip(pos.tolist(), prev.tolist()))
 
 
-def _timerlog_files(root: Location) -> list[tuple[int, str, int]]:
+def list_timerlog_files(root: Location) -> list[tuple[int, str, int]]:
     import pyarrow.fs as pafs
 
     d = root.join("timerlog")
@@ -142,7 +142,7 @@ def read_timerlog(root: Location, file_size: int | None = None) -> TimerLog:
     findings: list[Finding] = []
     tables: list[pa.Table] = []
     files: list[dict[str, Any]] = []
-    listed = _timerlog_files(root)
+    listed = list_timerlog_files(root)
     expect = file_size or (listed[0][2] if listed else DEFAULT_TIMERLOG_FILE_SIZE)
     for base, name, size in listed:
         rel = f"timerlog/{name}"

@@ -338,13 +338,21 @@ class Generator:
 
 
 def _compress(raw: bytes, kind: int) -> bytes:
-    if kind == 1:
-        import lz4.frame
+    """A body compressed as RocketMQ's CompressorFactory does it (1 LZ4 frame, 2 ZSTD, 3 ZLIB).
 
-        return lz4.frame.compress(raw)
-    if kind == 2:
-        import zstandard
+    LZ4 and ZSTD come from the ``gen`` extra: only the generator writes compressed bodies (a reader
+    keeps the stored bytes), so a store-reading install does not carry them."""
+    try:
+        if kind == 1:
+            import lz4.frame
 
-        return zstandard.ZstdCompressor(level=5).compress(raw)
+            return lz4.frame.compress(raw)
+        if kind == 2:
+            import zstandard
+
+            return zstandard.ZstdCompressor(level=5).compress(raw)
+    except ImportError as e:
+        raise ImportError(f"compressed bodies ({'LZ4' if kind == 1 else 'ZSTD'}) need the generator's extra: "
+                          "pip install 'rmqstore[gen]' (or GenConfig(compressed_ratio=0))") from e
     return zlib.compress(raw, 5)
 

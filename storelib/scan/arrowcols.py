@@ -6,6 +6,8 @@ Shared by the batch decoder (:mod:`storelib.scan.batchdecode`) and the property 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -131,7 +133,7 @@ def or_reduce(out: np.ndarray, par: np.ndarray | None, bits: np.ndarray, counts:
 
 
 def tags_codes(tags: pa.Array, topics: pa.Array, store_ts: np.ndarray, delay: np.ndarray | None,
-               delay_levels_ms: list[int]) -> np.ndarray:
+               delay_levels_ms: Sequence[int]) -> np.ndarray:
     """CQ tagsCode per record (store-format §4.3): hash of TAGS, or the delivery time for delay records."""
     h = java_hashes_repeated(tags)[0].astype(np.int64)  # few distinct tags; sign-extended: int32 → int64
     if delay is not None:

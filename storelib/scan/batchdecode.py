@@ -8,14 +8,14 @@ arrays of record offsets (the 88 fixed bytes of the common IPv4/IPv4 layout in o
 
 from __future__ import annotations
 
-import re
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from storelib.fileio.bytesource import LocalSource
-from storelib.format.crc import MASK, crc32, crc32_ranges
-from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V2, SCHEDULE_TOPIC, STOREHOST_V6_FLAG, check_record
+from storelib.format.crc import MASK, crc32_ranges
+from storelib.format.properties import CRC32, CRC32_RESERVED_LEN, crc_expected, java_int
+from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V2, SCHEDULE_TOPIC, STOREHOST_V6_FLAG
 from storelib.scan.arrowcols import (
     as_utf8,
     fast_host_strings,
@@ -28,6 +28,7 @@ from storelib.scan.arrowcols import (
     take_ranges,
 )
 from storelib.scan.propcolumns import FastProperties, PropertyColumns, SplitProperties
+from storelib.scan.recordbytes import check_at, outcome
 
 # the whole fixed part of an IPv4/IPv4 record (the common layout): 88 bytes, BODYLENGTH last
 _V4_DT = np.dtype(
@@ -39,10 +40,9 @@ _TAIL_DT = {
     w: np.dtype([("b", f"V{bhw}"), ("sts", ">i8"), ("s", f"V{shw}"), ("rc", ">i4"), ("prep", ">i8"), ("bl", ">i4")])
     for w, (bhw, shw) in {(8, 8): (8, 8), (20, 8): (20, 8), (8, 20): (8, 20), (20, 20): (20, 20)}.items()
 }
-_JAVA_INT = re.compile(r"[+-]?\d+")
 _SCHED_B = np.frombuffer(SCHEDULE_TOPIC.encode(), np.uint8)
 _PROP_COLUMNS = frozenset({"tags", "keys", "uniq_key", "tags_code", "properties", "properties_raw", "prop_crc_ok"})
-CRC32_NAME = "__CRC32#"
+_POW10 = 10 ** np.arange(10, dtype=np.int64)  # __CRC32# digits: least significant first
 
 
 class ViewCache:
@@ -140,7 +140,7 @@ class BatchDecoder:
     """
 
     def __init__(self, source, base: int, schema: pa.Schema, *, verify_crc: bool, stop_on_crc: bool,
-                 delay_levels_ms: list[int]):
+                 delay_levels_ms: Sequence[int]):
         self.source = source
         self.base = base
         self.schema = schema
@@ -165,7 +165,7 @@ class BatchDecoder:
         k = n
         if not lay.ok.all():
             k = int(np.argmin(lay.ok))
-            bad = self._classify(view, view_base, int(st[k]), k)
+            bad = self._classify(view_base, int(st[k]), k)
         # CRC, one call per body (the floor of any scan)
         crc_ok = None
         crc_bad = None
@@ -228,10 +228,11 @@ class BatchDecoder:
         for r, text in zip(rows.tolist(), dv):
             if text is None:
                 continue
-            if not _JAVA_INT.fullmatch(text) or not (-(2**31) <= int(text) < 2**31):
+            v = java_int(text)
+            if v is None:
                 bad_delay = r
                 break
-            delay[r] = int(text)
+            delay[r] = v
         if bad_delay is not None:
             why = (bad_delay, "parse_error", f"DELAY {dv[list(rows).index(bad_delay)]!r} is not a Java int", None)
             return delay, None, bad_delay, why
@@ -329,50 +330,42 @@ class BatchDecoder:
         return cols
 
     def _prop_crc(self, view: memoryview, st: np.ndarray, total: np.ndarray, props) -> pa.Array:
-        """5.x ``__CRC32#`` check: stored digits (least significant first) vs CRC of the record minus 20."""
+        """5.3.3 ``__CRC32#`` check (forceVerifyPropCRC): the value read as the broker reads it
+        (:func:`crc_expected`) against the masked CRC of the record minus its last 20 bytes; null where
+        there is no such property. The 10 ASCII digits the broker writes are read column-wise."""
         k = len(st)
+        expected = np.full(k, -1, np.int64)
+        present = np.zeros(k, bool)
         if isinstance(props, (FastProperties, SplitProperties)):
-            rows, vs, vl = props.value_span(CRC32_NAME)
-            if not len(rows):
-                return pa.nulls(k, pa.bool_())
-            present = np.zeros(k, bool)
+            rows, vs, vl = props.value_span(CRC32)
             present[rows] = True
-            out = np.zeros(k, dtype=bool)
+            scalar = np.ones(len(rows), bool)
             ten = np.flatnonzero(vl == 10)
             if len(ten):
-                dig = rows_at(props.d, vs[ten], 10).astype(np.int64) - 48
-                digit_ok = ((dig >= 0) & (dig <= 9)).all(axis=1)
-                stored = (dig * (10 ** np.arange(10, dtype=np.int64))).sum(axis=1)
-                r = rows[ten[digit_ok]]
-                stored = stored[digit_ok]
-                s0 = st[r].tolist()
-                s1 = (st[r] + total[r] - 20).tolist()
-                crcs = crc32_ranges(view, s0, s1) & MASK
-                out[r] = (stored == 0) | (stored == crcs)
-            return pa.array(out, mask=~present)
-        values = props.value(CRC32_NAME)
-        present = np.asarray(values.is_valid()) if k else np.zeros(0, bool)
+                units = rows_at(props.d, vs[ten], 10).astype(np.int64)
+                asc = (units < 0x80).all(axis=1)  # one byte, one UTF-16 unit
+                e = ((units[asc] - 48) * _POW10).sum(axis=1) & 0xFFFFFFFF
+                expected[rows[ten[asc]]] = np.where(e >= 1 << 31, e - (1 << 32), e)
+                scalar[ten[asc]] = False
+            for i in np.flatnonzero(scalar).tolist():
+                s0 = int(vs[i])
+                expected[rows[i]] = crc_expected(bytes(props.d[s0 : s0 + int(vl[i])]).decode("utf-8"))
+        else:
+            values = props.value(CRC32)
+            present = np.asarray(values.is_valid()) if k else present
+            vals = values.to_pylist()
+            for r in np.flatnonzero(present).tolist():
+                expected[r] = crc_expected(vals[r])  # already U+FFFD-replaced, as Java decodes
         if not present.any():
             return pa.nulls(k, pa.bool_())
         out = np.zeros(k, dtype=bool)
-        vals = values.to_pylist()
-        for r in np.flatnonzero(present).tolist():
-            d = vals[r]
-            if len(d) != 10 or not d.isdigit():
-                continue
-            stored = int(d[::-1])
-            s = int(st[r])
-            out[r] = stored == 0 or stored == (crc32(view[s : s + int(total[r]) - 20]) & MASK)
+        sel = np.flatnonzero(expected >= 0)
+        if len(sel):
+            crcs = crc32_ranges(view, st[sel].tolist(), (st[sel] + total[sel] - CRC32_RESERVED_LEN).tolist()) & MASK
+            out[sel] = crcs == expected[sel]
         return pa.array(out, mask=~present)
 
-    def _classify(self, view: memoryview, view_base: int, rel: int, k: int):
-        """Re-check the first structurally bad record with the scalar validator for an exact reason."""
-        seg_view = view[rel:]
-        if isinstance(self.source, LocalSource):
-            seg_view = self.source.view()[view_base + rel :]
-        chk = check_record(seg_view, 0, check_crc=False)
-        reason = (chk.reason or "parse_error: fields do not fit the record").split(":", 1)
-        kind = reason[0].strip()
-        detail = reason[1].strip() if len(reason) > 1 else ""
-        size = chk.size if chk.size > 0 else None
-        return (k, kind, detail, size)
+    def _classify(self, view_base: int, rel: int, k: int):
+        """Re-check the first structurally bad record with the scalar validator (the broker's outcome:
+        reason and size), over the whole segment: its field reads may run past the record and the view."""
+        return (k, *outcome(check_at(self.source, view_base + rel, self.stop_on_crc)))

@@ -17,6 +17,7 @@ from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import DEFAULT_WINDOW, Location, open_source, resolve
 from storelib.format.record import RecordCheck, check_record
 from storelib.scan.messageschema import message_schema
+from storelib.scan.recordbytes import SourceBytes
 from storelib.scan.scanner import SegmentEnd, SegmentScan
 
 DEFAULT_SEGMENT_SIZE = 1024 * 1024 * 1024
@@ -159,7 +160,12 @@ class CommitLog:
         return seg if phy_offset < seg.base + max(S, seg.file_size) else None
 
     def read(self, phy_offset: int, *, check_crc: bool = True) -> RecordCheck:
-        """Validate and decode the record at ``phy_offset`` (random access)."""
+        """Validate and decode the record at ``phy_offset`` (random access).
+
+        The broker's check reads the fixed part and each length-prefixed field in small reads
+        (:class:`SourceBytes`), never TOTALSIZE at once: a damaged size costs a few KiB, and only a
+        record that passes is taken whole.
+        """
         seg = self.segment_for(phy_offset)
         if seg is None:
             raise StoreError("commitlog", phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
@@ -167,12 +173,7 @@ class CommitLog:
         with seg.open() as src:
             if pos >= src.size:
                 raise StoreError(seg.display, pos, "past_end", f"offset past the end of the {src.size}-byte file")
-            head = bytes(src.read(pos, 8))
-            total = int.from_bytes(head[:4], "big", signed=True) if len(head) >= 4 else 0
-            want = total if 0 < total <= src.size - pos else 8
-            buf = src.read(pos, min(max(want, 8), src.size - pos))
-            buf = bytes(buf)
-        return check_record(buf, 0, check_crc=check_crc, file=seg.display, file_offset=pos)
+            return check_record(SourceBytes(src), pos, check_crc=check_crc, file=seg.display, file_offset=pos)
 
     def record_at(self, phy_offset: int, **kw) -> pa.RecordBatch:
         """The record starting at ``phy_offset`` as a one-row batch of the scan schema.

@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from storelib.fileio.bytesource import DEFAULT_WINDOW, LocalSource
-from storelib.format.delaylevel import DEFAULT_DELAY_LEVEL, parse_delay_levels
+from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
 from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from storelib.scan.arrowcols import overlapping
 from storelib.scan.batchdecode import BatchDecoder, ViewCache
 from storelib.scan.messageschema import message_schema
+from storelib.scan.recordbytes import check_at, outcome
 
-DEFAULT_DELAY_LEVELS_MS = list(parse_delay_levels(DEFAULT_DELAY_LEVEL))
 MIN_RECORD_SIZE = 91  # IPv4/IPv4 V1 record with empty body, topic and properties
 
 
@@ -147,7 +147,7 @@ class SegmentScan:
         stop_on_crc: bool = False,
         with_body: bool = False,
         with_properties: bool = True,
-        delay_levels_ms: list[int] | None = None,
+        delay_levels_ms: Sequence[int] | None = None,
         batch_rows: int = 65536,
         window: int = DEFAULT_WINDOW,
         columns: list[str] | None = None,
@@ -211,6 +211,16 @@ class SegmentScan:
                 records += batch.num_rows
                 yield batch
             if need:  # the next record does not fit the current window: read a window starting at it
+                if need > self.window:
+                    # longer than a window (a valid record, or a damaged TOTALSIZE): the broker's check
+                    # first, which reads the record's own lengths in small reads; only a record that
+                    # passes it is read whole
+                    chk = check_at(self.source, pos, self.stop_on_crc)
+                    if chk.kind != "message":
+                        reason, detail, size = outcome(chk)
+                        self.end = SegmentEnd("invalid", self.file, pos, self.base + pos, reason, detail, size,
+                                              records, crc_errors, first_crc)
+                        return
                 view_base = pos
                 view = self.source.read(pos, max(self.window, need))
                 continue
@@ -286,9 +296,11 @@ class SegmentScan:
             return None, None, starts, pos, (0 if len(starts) else 8)
         total, magic = _PAIR.unpack_from(view, pos - view_base)
         if magic == MAGIC_V1 or magic == MAGIC_V2:
-            if total < MIN_RECORD_SIZE or total > left:
-                return "invalid", ("bad_size", f"TOTALSIZE {total} (record must be {MIN_RECORD_SIZE}..{left} bytes here)", None), starts, pos, 0
-            return None, None, starts, pos, (0 if len(starts) else total)  # does not fit the window
+            if MIN_RECORD_SIZE <= total <= left:  # does not fit the window: the caller reads (bounded)
+                return None, None, starts, pos, (0 if len(starts) else total)
+            # too small to be a record, or past the segment: the broker's outcome (-1, or TOTALSIZE for a
+            # length mismatch), by the scalar check
+            return "invalid", outcome(check_at(self.source, pos, self.stop_on_crc)), starts, pos, 0
         if magic == BLANK_MAGIC:
             return "blank", f"blank record, TOTALSIZE {total}", starts, pos, 0
         if total == 0 and magic == 0:

@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from storelib.broker.dispatch.cqwriter import QueueImage, QueueState, _write_file, build_consume_queues
+from storelib.broker.dispatch.cqwriter import QueueImage, QueueState, build_consume_queues, write_file
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
 from storelib.format.consumequeue import (
     CQ_DTYPE,
     DEFAULT_CQ_SEGMENT_SIZE,
-    _as_location,
-    _check_segment_size,
+    as_location,
+    check_segment_size,
     file_name,
 )
 from storelib.format.topicname import unsafe_reason
@@ -55,8 +55,8 @@ class ConsumeQueueStream:
 
     def __init__(self, consumequeue_dir: Location | str, segment_size: int = DEFAULT_CQ_SEGMENT_SIZE,
                  digests: dict[str, str] | None = None):
-        self.root = _as_location(consumequeue_dir)
-        self.S = _check_segment_size(segment_size)
+        self.root = as_location(consumequeue_dir)
+        self.S = check_segment_size(segment_size)
         self.digests = digests
         self.state: dict[tuple[str, int], QueueState] = {}
         self.open: dict[tuple[str, int], _OpenFile] = {}
@@ -124,7 +124,7 @@ class ConsumeQueueStream:
     def _finish(self, key: tuple[str, int]) -> None:
         f = self.open.pop(key)
         if f.tmp is None:
-            _write_file(f.target, f.chunks, f.first, self.S, self.digests)
+            write_file(f.target, f.chunks, f.first, self.S, self.digests)
         else:
             with open(f.tmp, "r+b") as out:
                 out.truncate(self.S)  # sparse zero tail, like the broker's freshly mapped file

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
 from storelib.format.consumequeue import (  # the readers' constants and helpers
@@ -23,15 +24,13 @@ from storelib.format.consumequeue import (  # the readers' constants and helpers
     CQ_UNIT_SIZE,
     DEFAULT_CQ_SEGMENT_SIZE,
     FILLER_ENTRY,
-    ConsumeQueue,
-    _as_location,
-    _check_segment_size,
-    _fillers,
-    _jrem,
-    _wrap64,
+    as_location,
+    check_segment_size,
     file_name,
+    fillers,
     make_units,
 )
+from storelib.format.javahash import jrem, wrap64
 from storelib.format.topicname import unsafe_reason
 
 # ---------------------------------------------------------------------------------------------
@@ -60,7 +59,7 @@ class QueueState:
         return None if self.last_base is None else self.last_base + self.write_pos
 
     @classmethod
-    def from_existing(cls, cq: ConsumeQueue) -> QueueState:
+    def from_existing(cls, cq: LoadedQueue) -> QueueState:
         """The state a broker holds for ``cq`` after recovery (§8.2): last segment's write position
         and maxPhysicOffset from the scan; loaded segments are never first-create."""
         rec = cq.recover()
@@ -154,19 +153,19 @@ class _Machine:
         return slot
 
     def put(self, p: int, z: int, c: int, n: int) -> int:
-        end = _wrap64(p + z)
+        end = wrap64(p + z)
         if end <= self.max_phy:
             self.dups += 1
             return -1
-        expect = _wrap64(n * CQ_UNIT_SIZE)
+        expect = wrap64(n * CQ_UNIT_SIZE)
         S = self.S
         if self.last_base is None:
-            self._create(expect - _jrem(expect, S), True)
+            self._create(expect - jrem(expect, S), True)
         elif self.wpos >= S:
             self._create(self.last_base + S, False)
         if self.first_create and n != 0 and self.wpos == 0:
             self.min_logic = expect
-            until = _jrem(expect, S)
+            until = jrem(expect, S)
             for _ in range(0, until, CQ_UNIT_SIZE):
                 self._append(FILLER_ENTRY)
         if n != 0:
@@ -209,7 +208,7 @@ def build_consume_queues(records: pa.Table | pa.RecordBatch, *, segment_size: in
     """
     # one function (~120 lines): the broker's per-queue dispatch state machine over one vectorised pass; its
     # intermediate columns feed each other step by step, and split up they would travel as a dozen arguments
-    S = _check_segment_size(segment_size)
+    S = check_segment_size(segment_size)
     state = state or {}
     cols = {name: _column(records, name) for name in _REQUIRED}
     tt = _np(cols["tran_type"], np.int64)
@@ -301,7 +300,7 @@ def build_consume_queues(records: pa.Table | pa.RecordBatch, *, segment_size: in
             if st.last_base is None:
                 base0 = c0 - c0 % S
                 nfill = (c0 - base0) // CQ_UNIT_SIZE
-                ents = np.concatenate([_fillers(nfill), units_all[a:b]]) if nfill else units_all[a:b]
+                ents = np.concatenate([fillers(nfill), units_all[a:b]]) if nfill else units_all[a:b]
                 start = base0
                 min_logic = c0 if c0 else st.min_logic_offset
             else:
@@ -356,8 +355,8 @@ def write_queue_image(image: QueueImage, out_dir: Location | str | os.PathLike,
     the filesystem supports it. ``digests``: filled with each written path's SHA-256 (hex), computed
     from the bytes as they are written (no read-back).
     """
-    S = _check_segment_size(segment_size)
-    loc = _as_location(out_dir)
+    S = check_segment_size(segment_size)
+    loc = as_location(out_dir)
     if loc.local and digests is None and (image.prefix is None or image.prefix.local):
         return _write_queue_image_local(image, loc.path, S)
     raw = np.ascontiguousarray(image.entries, dtype=CQ_DTYPE).tobytes()
@@ -384,7 +383,7 @@ def write_queue_image(image: QueueImage, out_dir: Location | str | os.PathLike,
             pos_first = 0
         else:
             chunks, fill_to, pos_first = [data], S, pos
-        _write_file(target, chunks, pos_first, fill_to, digests)
+        write_file(target, chunks, pos_first, fill_to, digests)
         written.append(target.path)
     return written
 
@@ -464,7 +463,7 @@ _ZEROS = memoryview(bytes(1 << 20))
 
 
 def _sha256_of(chunks: list, pos: int, size: int) -> str:
-    """SHA-256 (hex) of the file :func:`_write_file` makes: ``pos`` zeros, the chunks, zeros up to ``size``."""
+    """SHA-256 (hex) of the file :func:`write_file` makes: ``pos`` zeros, the chunks, zeros up to ``size``."""
     h = hashlib.sha256()
 
     def zeros(n: int) -> None:
@@ -480,7 +479,7 @@ def _sha256_of(chunks: list, pos: int, size: int) -> str:
     return h.hexdigest()
 
 
-def _write_file(target: Location, chunks: list, pos: int, size: int, digests: dict[str, str] | None = None) -> None:
+def write_file(target: Location, chunks: list, pos: int, size: int, digests: dict[str, str] | None = None) -> None:
     """Write ``chunks`` at ``pos`` of a new file of ``size`` bytes (zeros elsewhere), atomically;
     with ``digests``, record the file's SHA-256 under its path."""
     if digests is not None:
@@ -523,7 +522,7 @@ def write_consume_queues(images: Mapping[tuple[str, int], QueueImage], consumequ
     """Write every image under ``consumequeue_dir/<topic>/<queueId>/``, skipping topics that cannot be a
     directory (storelib.format.topicname);
     ``digests`` as in :func:`write_queue_image`."""
-    root = _as_location(consumequeue_dir)
+    root = as_location(consumequeue_dir)
     paths: list[str] = []
     for (topic, qid), img in sorted(images.items(), key=lambda kv: kv[0]):
         if unsafe_reason(topic) is None:  # an unsafe name is never a path (the caller reports it)

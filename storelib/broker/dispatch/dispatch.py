@@ -54,6 +54,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import tzinfo
 from typing import Any
 
 import numpy as np
@@ -63,9 +64,10 @@ import pyarrow.compute as pc
 from storelib.broker.dispatch.cqwriter import QueueState, build_consume_queues, write_queue_image
 from storelib.broker.index.indexbuild import IndexState, build_index_files, empty_index_count, index_key_rows
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, resolve
-from storelib.format.consumequeue import ConsumeQueue, list_queues
+from storelib.format.consumequeue import list_queues
 from storelib.format.indexdir import list_index_files
 from storelib.format.indexfile import IndexGeometry, IndexHeader
 from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
@@ -147,7 +149,7 @@ class _Dispatcher:
     """Accumulates dispatch columns chunk by chunk and writes CQ/index files with continued state."""
 
     def __init__(self, out: Location, settings: BrokerSettings, what: Sequence[str], emit_empty_index: bool,
-                 name_tz: str | None, result: DispatchResult, queue_states: dict[tuple[str, int], QueueState],
+                 name_tz: str | tzinfo | None, result: DispatchResult, queue_states: dict[tuple[str, int], QueueState],
                  index_state: IndexState | None):
         self.out = out
         self.settings = settings
@@ -285,7 +287,7 @@ class _Dispatcher:
 def _existing_queue_states(out: Location, cq_size: int, findings: list[Finding]) -> dict[tuple[str, int], QueueState]:
     states: dict[tuple[str, int], QueueState] = {}
     for topic, qid, loc in list_queues(out, findings):
-        cq = ConsumeQueue(loc, segment_size=cq_size, topic=topic, queue_id=qid)
+        cq = LoadedQueue(loc, segment_size=cq_size, topic=topic, queue_id=qid)
         try:
             findings.extend(cq.findings)
             if cq.segments:
@@ -327,7 +329,7 @@ def dispatch_store(
     emit_empty_index: bool = True,
     *,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    name_tz: str | None = "UTC",
+    name_tz: str | tzinfo | None = "UTC",
     commitlog: CommitLog | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> DispatchResult:

@@ -9,6 +9,7 @@ import hashlib
 import os
 import shutil
 from collections.abc import Callable
+from datetime import tzinfo
 from typing import Any
 
 from storelib.broker.dispatch.dispatch import dispatch_store
@@ -100,7 +101,7 @@ def _seed_incremental(root: Location, staging: Location, settings: BrokerSetting
 
 
 def run_incremental(store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
-                    say: Callable[[str], None], name_tz: str = "UTC") -> tuple[EngineResult, list[str]]:
+                    say: Callable[[str], None], name_tz: str | tzinfo = "UTC") -> tuple[EngineResult, list[str]]:
     if not store.local:
         raise StoreError(store.uri, None, "unsupported", "--incremental needs a local store")
     keep_freed_memory()

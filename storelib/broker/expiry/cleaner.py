@@ -12,24 +12,24 @@ from typing import Any
 import numpy as np
 
 from storelib.broker.expiry.expiry import (  # the inputs and the broker's constants
-    _ERROR,
-    _FALSE,
-    _KEY_SHIFT,
-    _TRUE,
     CQ_UNIT,
     DEFAULT_HORIZON_MS,
     FIRST_RUN_DELAY_MS,
+    HOUR_ERROR,
+    HOUR_FALSE,
     HOUR_MS,
+    HOUR_TRUE,
     MANUAL_DELETE_RUNS,
     MAX_NEW_SEGMENTS,
+    QUEUE_KEY_SHIFT,
     Policy,
     StoreSnapshot,
     TimeModel,
-    _zone,
     hour_table,
 )
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.scan.commitlog import offset_to_file_name
+from storelib.units import parse_zone
 
 # --------------------------------------------------------------------------------------------------
 # the simulation
@@ -74,7 +74,7 @@ class _Sim:
         self.kmax = (self.until - self.T0) // self.P if self.until >= self.T0 else -1
         self.expired = policy.file_reserved_time * HOUR_MS
         self.table, self.when_problem = hour_table(policy.delete_when)
-        self.zone = _zone(policy.tz)
+        self.zone = parse_zone(policy.tz)
         self.batch = max(1, policy.delete_file_batch_max)
         self.S = snap.segment_size
         self.W0 = snap.write_pos
@@ -118,7 +118,7 @@ class _Sim:
         self.l_max0 = snap.q_max_offset[lq]
         self.l_mpb = self.mpb[lq]
         self.l_mean = snap.q_mean_size[lq]
-        self.l_key = lq.astype(np.int64) << _KEY_SHIFT
+        self.l_key = lq.astype(np.int64) << QUEUE_KEY_SHIFT
         self.l_below = snap.below[:, lq]
         self.c_base = np.array([self.pairs[j][3] for j in self.lp], np.float64)
         self.t_base = float(self.t_snap)
@@ -276,8 +276,8 @@ class _Sim:
             E = max(F, self.mtime(self.i0) + self.expired)
             kf = max(k, self.k_at(F))
             ke = max(k, self.k_at(E))
-            ok_run = (_FALSE, _TRUE)
-            a = self.first_tick_where(ke, (_TRUE,))
+            ok_run = (HOUR_FALSE, HOUR_TRUE)
+            a = self.first_tick_where(ke, (HOUR_TRUE,))
             if a is not None:
                 cands.append(a)
             if self.p.disk_capacity is not None:
@@ -289,7 +289,7 @@ class _Sim:
                     if b is not None:
                         cands.append(b)
                 if tC is not None:
-                    c = self.first_tick_where(tC, (_TRUE,))
+                    c = self.first_tick_where(tC, (HOUR_TRUE,))
                     if c is not None:
                         cands.append(c)
                     if tS is not None:
@@ -320,9 +320,9 @@ class _Sim:
         t_last = T
         before = len(self.deletions)
         pre = phys = None
-        if outcome != _ERROR:  # otherwise isTimeToDelete throws: the whole run is lost
+        if outcome != HOUR_ERROR:  # otherwise isTimeToDelete throws: the whole run is lost
             phys, space, clean_imm = self.ratios(T)
-            time_up = outcome == _TRUE
+            time_up = outcome == HOUR_TRUE
             manual = self.manual_count > 0
             if time_up or space or manual:
                 if manual:

@@ -43,14 +43,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from datetime import timezone
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.errors import Finding, StoreError
-from storelib.units import parse_time_ms
+from storelib.units import parse_time_ms, parse_zone
 
 if TYPE_CHECKING:
     from storelib.broker.settings.store import Store
@@ -63,10 +62,10 @@ DEFAULT_HORIZON_MS = 7 * 24 * HOUR_MS
 MTIME_TOLERANCE_MS = 60_000
 MAX_NEW_SEGMENTS = 100_000  # beyond this the timeline is not worth computing (or reading)
 CQ_UNIT = 20
-_KEY_SHIFT = 40  # queue index << 40 | logical offset: one sorted key over every queue
+QUEUE_KEY_SHIFT = 40  # queue index << 40 | logical offset: one sorted key over every queue
 
 # outcome of isTimeToDelete for an hour of day
-_FALSE, _TRUE, _ERROR = 0, 1, 2
+HOUR_FALSE, HOUR_TRUE, HOUR_ERROR = 0, 1, 2
 
 # extra keys a --policy file may carry besides broker.conf keys
 EXTRA_CAPACITY = "diskCapacity"
@@ -100,7 +99,7 @@ def java_split(text: str, sep: str) -> list[str]:
 
 
 def hour_table(delete_when: str) -> tuple[list[int], str | None]:
-    """isTimeToDelete per hour of day: _TRUE, _FALSE or _ERROR (a part that does not parse is reached).
+    """isTimeToDelete per hour of day: HOUR_TRUE, HOUR_FALSE or HOUR_ERROR (a part that does not parse is reached).
 
     UtilAll.isItTimeToDo walks the ``;``-parts in order and returns on the first equal hour, so a bad
     part only throws (aborting that cleaner run) in hours no earlier part matched.
@@ -109,27 +108,19 @@ def hour_table(delete_when: str) -> tuple[list[int], str | None]:
     table: list[int] = []
     problem = None
     for h in range(24):
-        out = _FALSE
+        out = HOUR_FALSE
         for p in parts:
             try:
                 v = java_parse_int(p)
             except ValueError:
-                out = _ERROR
+                out = HOUR_ERROR
                 problem = f"deleteWhen part {p!r} is not an integer: the cleaner run throws (nothing is deleted)"
                 break
             if v == h:
-                out = _TRUE
+                out = HOUR_TRUE
                 break
         table.append(out)
     return table, problem
-
-
-def _zone(tz: str) -> Any:
-    if tz in ("UTC", "Z", "GMT"):
-        return timezone.utc
-    from zoneinfo import ZoneInfo
-
-    return ZoneInfo(tz)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -177,6 +168,10 @@ class Policy:
         except ValueError as e:
             raise StoreError(where, None, "bad_config", str(e)) from e
         tz = extra.get(EXTRA_TZ, "").strip() or tz
+        try:
+            parse_zone(tz)  # the cleaner reads it per tick: a bad zone is the policy's error, now
+        except ValueError as e:
+            raise StoreError(where, None, "bad_config", f"{EXTRA_TZ}: {e}") from e
         batch = s.delete_file_batch_max if s.version == "5" else DELETE_FILES_BATCH_MAX_4
         logical = s.logical_disk_space_clean_forcibly_threshold
         if s.clean_resource_interval <= 0:
@@ -258,7 +253,8 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
 def _queue_arrays(store: Store, findings: list[Finding]):
     """Per queue (topic, qid, offsets, phy, size, first CQ file base) from the ConsumeQueue files,
     or from one commitlog scan when there are none."""
-    from storelib.format.consumequeue import ConsumeQueue, filler_mask, list_queues, valid_mask
+    from storelib.broker.settings.cqload import LoadedQueue
+    from storelib.format.consumequeue import filler_mask, list_queues, valid_mask
 
     out = []
     S = store.settings.mapped_file_size_consume_queue
@@ -267,7 +263,7 @@ def _queue_arrays(store: Store, findings: list[Finding]):
     except StoreError:
         queues = []
     for topic, qid, loc in queues:
-        with ConsumeQueue(loc, segment_size=S, topic=topic, queue_id=qid) as cq:
+        with LoadedQueue(loc, segment_size=S, topic=topic, queue_id=qid) as cq:
             findings.extend(cq.findings)
             if not cq.segments:
                 continue
@@ -359,7 +355,7 @@ def load_snapshot(store: Store, *, mtimes: str = "auto", tolerance_ms: int = MTI
         q_first.append(first_seg)
         q_count.append(len(offs))
         q_mean.append(float(size.mean()) if len(size) else 0.0)
-        key_parts.append((np.int64(i) << _KEY_SHIFT) | offs)
+        key_parts.append((np.int64(i) << QUEUE_KEY_SHIFT) | offs)
         size_parts.append(size)
     key = np.concatenate(key_parts) if key_parts else np.zeros(0, np.int64)
     sizes = np.concatenate(size_parts) if size_parts else np.zeros(0, np.int64)

@@ -29,10 +29,10 @@ from storelib.format.indexfile import (  # the file format and the reader's help
     IndexFile,
     IndexGeometry,
     IndexHeader,
-    _chains,
-    _entry_bytes,
-    _time_diff,
-    _time_diffs,
+    entry_bytes,
+    index_chains,
+    index_time_diff,
+    index_time_diffs,
 )
 from storelib.format.javahash import java_hashes, java_hashes_repeated, topic_key_hashes
 
@@ -153,7 +153,7 @@ class IndexImage:
         done = pad(g.entry_pos(1))
         step = 1 << 20  # entries per update: bounded temporaries whatever the file size
         for a in range(0, len(ent), step):
-            h.update(_entry_bytes(ent[a : a + step]))
+            h.update(entry_bytes(ent[a : a + step]))
         done += ENTRY_SIZE * len(ent)
         pad(g.file_size)
         return h.hexdigest()
@@ -167,7 +167,7 @@ class IndexImage:
             fh.write(self.header.to_bytes())
             fh.write(np.asarray(self.slots, dtype=">i4").tobytes())
             fh.write(bytes(ENTRY_SIZE))  # entry 0
-            fh.write(_entry_bytes(self.entries))
+            fh.write(entry_bytes(self.entries))
             fh.truncate(self.geometry.file_size)
 
     def state(self) -> IndexState:
@@ -289,9 +289,9 @@ def build_index_files(
             # release the GIL) while this one fills the other entry fields
             old_slots = prev_state.slots if is_cont else None
             pool = ThreadPoolExecutor(1, thread_name_prefix="rmqstore-index") if m >= _THREAD_MIN else None
-            chains = pool.submit(_chains, hs, n0, S, old_slots) if pool is not None else None
+            chains = pool.submit(index_chains, hs, n0, S, old_slots) if pool is not None else None
             if chains is None:
-                prev, slots = _chains(hs, n0, S, old_slots)
+                prev, slots = index_chains(hs, n0, S, old_slots)
 
             # timeDiff: entry 1 is measured from the file's initial beginTimestamp (the previous
             # file's end), later entries from the file's beginTimestamp (its entry 1)
@@ -300,9 +300,9 @@ def build_index_files(
             else:
                 begin_ts, begin_phy = int(ts[0]), int(ps[0])
             init_begin = prev_state.header.begin_timestamp if is_cont else prev_file_end_ts
-            td = _time_diffs(ts, begin_ts)
+            td = index_time_diffs(ts, begin_ts)
             if n0 == 1:
-                td[0] = _time_diff(int(ts[0]), init_begin)
+                td[0] = index_time_diff(int(ts[0]), init_begin)
 
             ent = np.empty(n0 - 1 + m, dtype=ENTRY_DTYPE)
             if is_cont:

@@ -19,10 +19,10 @@ from storelib.format.indexfile import (
     ENTRY_SIZE,
     IndexGeometry,
     IndexHeader,
-    _entry_bytes,
-    _slot_chains,
-    _time_diff,
-    _time_diffs,
+    entry_bytes,
+    index_time_diff,
+    index_time_diffs,
+    slot_chains,
 )
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def local_chains(key_hash: np.ndarray, hash_slot_num: int) -> tuple[np.ndarray, 
     tail = np.zeros(m, dtype=bool)
     if m == 0:
         return prev, tail
-    ss, ns = _slot_chains(h % hash_slot_num, 0)  # numbers grouped by slot, oldest first
+    ss, ns = slot_chains(h % hash_slot_num, 0)  # numbers grouped by slot, oldest first
     same = ss[1:] == ss[:-1]  # sorted neighbours in one slot: ns[i] follows ns[i-1]
     del ss
     prev[ns[0]] = -1
@@ -189,7 +189,7 @@ def stream_index_file(
     with ThreadPoolExecutor(1, thread_name_prefix="rmqstore-index-out") as ex:
         done = [ex.submit(put, head)]
         if continued and c0:
-            done.append(ex.submit(put, _entry_bytes(prev_state.entries[:c0])))
+            done.append(ex.submit(put, entry_bytes(prev_state.entries[:c0])))
         done += _pass2(runs, ex, put, bufs, initial_slots(), n0, S, begin_ts, init_begin, chunk_entries)
         for f in done:  # every write so far has succeeded (and in order: one worker)
             f.result()
@@ -219,9 +219,9 @@ def _pass2(runs: Runs, ex: ThreadPoolExecutor, put: Callable[[Any], None], bufs:
             e = bufs[turn][: b - a]
             e["key_hash"] = r.key_hash[a:b]
             e["phy_offset"] = r.phy_offset[a:b]
-            td = _time_diffs(np.asarray(r.store_timestamp[a:b], dtype=np.int64), begin_ts)
+            td = index_time_diffs(np.asarray(r.store_timestamp[a:b], dtype=np.int64), begin_ts)
             if n + a == 1:
-                td[0] = _time_diff(int(r.store_timestamp[0]), init_begin)
+                td[0] = index_time_diff(int(r.store_timestamp[0]), init_begin)
             e["time_diff"] = td
             pl = r.prev_local[a:b]
             pv = pl + np.int32(n)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.errors import StoreError
-from storelib.format.consumequeue import CQ_UNIT_SIZE, ConsumeQueue
+from storelib.format.consumequeue import CQ_UNIT_SIZE
 from storelib.format.indexdir import list_index_files
 from storelib.format.javahash import index_hash
 from storelib.format.properties import split_keys
@@ -22,10 +23,10 @@ if TYPE_CHECKING:
 LONG_MAX = 2**63 - 1
 
 
-def consume_queue(store: Store, topic: str, queue_id: int) -> ConsumeQueue:
+def consume_queue(store: Store, topic: str, queue_id: int) -> LoadedQueue:
     """The ConsumeQueue of (topic, queue_id) with the store's CQ segment size; the name is validated."""
     loc = store.path("consumequeue", safe_topic_dirname(topic), str(int(queue_id)))
-    return ConsumeQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic,
+    return LoadedQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic,
                         queue_id=queue_id)
 
 

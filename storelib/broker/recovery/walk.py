@@ -29,9 +29,10 @@ import pyarrow as pa
 
 from storelib.errors import Finding, StoreError
 from storelib.format.checkpoint import Checkpoint
+from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
 from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V1, MAGIC_V2
 from storelib.scan.commitlog import Segment
-from storelib.scan.scanner import DEFAULT_DELAY_LEVELS_MS, SegmentEnd, SegmentScan
+from storelib.scan.scanner import SegmentEnd, SegmentScan
 
 if TYPE_CHECKING:
     from storelib.broker.settings.store import Store
@@ -518,14 +519,15 @@ def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool
 
 def consume_queue_max_phy_offset(store: Store) -> int:
     """maxPhyOffsetOfConsumeQueue: the largest recovered maxPhysicOffset over all queues (-1 if none)."""
-    from storelib.format.consumequeue import ConsumeQueue, list_queues
+    from storelib.broker.settings.cqload import LoadedQueue
+    from storelib.format.consumequeue import list_queues
 
     if not store.exists("consumequeue"):
         return -1
     size = store.settings.mapped_file_size_consume_queue
     best = -1
     for topic, qid, loc in list_queues(store.loc):
-        with ConsumeQueue(loc, segment_size=size, topic=topic, queue_id=qid) as cq:
+        with LoadedQueue(loc, segment_size=size, topic=topic, queue_id=qid) as cq:
             best = max(best, cq.max_physic_offset())
     return best
 

@@ -10,12 +10,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
 from storelib.errors import Finding, StoreError
 from storelib.format.checkpoint import read_checkpoint
 from storelib.format.configjson import consumer_offsets, load_config
-from storelib.format.consumequeue import ConsumeQueue, batch_cq_topics, list_queues
+from storelib.format.consumequeue import batch_cq_topics, list_queues
 from storelib.format.indexdir import list_index_files
 from storelib.format.markers import abort_state, lock_state, what_broker_does
 
@@ -121,7 +122,7 @@ def _queue_rows(store: Store, stats: dict, findings: list[Finding], out: dict[st
                                 f"{len(batch)} topic(s) keep 5.x BatchConsumeQueue files, which rmqstore does not "
                                 f"read: {', '.join(sorted(batch)[:5])}"))
     for topic, qid, loc in listed:
-        cq = ConsumeQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
+        cq = LoadedQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
         try:
             findings.extend(cq.findings)
             q = {"topic": topic, "queue_id": qid, "cq_min_offset": cq.min_offset(cl.min_offset) if cq.segments else 0,

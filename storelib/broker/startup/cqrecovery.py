@@ -3,8 +3,8 @@ recovery, truncateDirtyLogicFiles, the 4.9.8 reput and correctMinOffset (store-a
 
 The model starts from the files on disk and records what the start-up writes as overlays, so the store is
 never touched: :meth:`QueueReplay.outputs` gives the new content of every file that changes, which the
-offline recovery (``rmqstore recover``) plans and applies. The unit rules are :mod:`storelib.format.consumequeue`'s
-and the writer is :mod:`storelib.broker.dispatch.cqwriter`'s; this module only keeps the files' state between the steps.
+offline recovery (``rmqstore recover``) plans and applies. The unit rules are :mod:`storelib.format.consumequeue`'s, the load
+:mod:`storelib.broker.settings.cqload`'s and the writer is :mod:`storelib.broker.dispatch.cqwriter`'s; this module only keeps the files' state between the steps.
 """
 
 from __future__ import annotations
@@ -16,17 +16,10 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from storelib.broker.dispatch.cqwriter import QueueImage, QueueState
+from storelib.broker.settings.cqload import LoadedQueue, first_unit_from
 from storelib.fileio.bytesource import Location
-from storelib.format.consumequeue import (
-    CQ_DTYPE,
-    CQ_UNIT_SIZE,
-    ConsumeQueue,
-    _wrap64,
-    file_name,
-    first_unit_from,
-    kept_after_truncation,
-    parse_file_name,
-)
+from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, file_name, parse_file_name, valid_mask
+from storelib.format.javahash import wrap64
 
 
 def _read_upto(fs: pafs.FileSystem | None, path: str, n: int) -> bytes:
@@ -36,6 +29,15 @@ def _read_upto(fs: pafs.FileSystem | None, path: str, n: int) -> bytes:
             return f.read(n)
     with fs.open_input_file(path) as f:
         return f.read(min(n, f.size()))
+
+
+def kept_after_truncation(units: np.ndarray, process_offset: int) -> int:
+    """truncateDirtyLogicFiles' scan of the last segment that survives it (store-algorithms §8.6): how many
+    units stay. The first unit is kept unchecked (the caller deletes the file when its phyOffset >=
+    processOffset); later ones while valid and phyOffset < processOffset."""
+    rest = units[1:]
+    ok = valid_mask(rest) & (rest["phy_offset"] < int(process_offset))
+    return 1 + (int(np.argmax(~ok)) if (~ok).any() else len(rest))
 
 
 @dataclass
@@ -81,7 +83,7 @@ class QueueReport:
 class QueueReplay:
     """One consume queue through recover → recovery dispatch → truncation → reput, on a model of its files."""
 
-    def __init__(self, topic: str, qid: int, root: Location, S: int, cq: ConsumeQueue | None):
+    def __init__(self, topic: str, qid: int, root: Location, S: int, cq: LoadedQueue | None):
         self.topic, self.qid, self.S = topic, qid, S
         self.rel_dir = f"consumequeue/{topic}/{qid}"
         qloc = root.join("consumequeue", topic, str(qid))
@@ -128,7 +130,7 @@ class QueueReplay:
 
     def truncate(self, P: int) -> None:
         """truncateDirtyLogicFiles(P) (store-algorithms §8.6): later files whose first unit is at or past P
-        go, the last one keeps its leading units (consumequeue.kept_after_truncation); an emptied queue
+        go, the last one keeps its leading units (:func:`kept_after_truncation`); an emptied queue
         keeps P as its provisional maxPhysicOffset."""
         S = self.S
         state = QueueState(max_physic_offset=P)
@@ -142,7 +144,7 @@ class QueueReplay:
                 continue
             n = kept_after_truncation(u, P)
             lu = u[n - 1]
-            max_phy = _wrap64(int(lu["phy_offset"]) + int(lu["size"]))
+            max_phy = wrap64(int(lu["phy_offset"]) + int(lu["size"]))
             state = QueueState(max_physic_offset=max_phy, last_base=last, write_pos=n * CQ_UNIT_SIZE)
             break
         self.state = state
@@ -165,7 +167,7 @@ class QueueReplay:
         return 0 if st.last_base is None else (st.last_base + st.write_pos) // CQ_UNIT_SIZE
 
     def min_offset(self, commitlog_min: int) -> int:
-        """correctMinOffset 4.9.8 on the final model (consumequeue.first_unit_from over the first segment's
+        """correctMinOffset 4.9.8 on the final model (cqload.first_unit_from over the first segment's
         written part); 0 when no unit qualifies, the value a starting broker holds."""
         if not self.model:
             return 0

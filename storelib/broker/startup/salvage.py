@@ -15,12 +15,12 @@ from storelib.broker.startup.startup import Simulation
 from storelib.broker.startup.startuplost import lost_table
 from storelib.errors import StoreError
 from storelib.fileio.smallfile_io import atomic_write, atomic_write_json
+from storelib.format.record import SCHEDULE_TOPIC, TRANS_HALF_TOPIC
 
 # ---------------------------------------------------------------------------------------------
 # salvage
 
-RESEND_TOPIC_PROPS = {"SCHEDULE_TOPIC_XXXX": ("REAL_TOPIC", "REAL_QID"),
-                      "RMQ_SYS_TRANS_HALF_TOPIC": ("REAL_TOPIC", "REAL_QID")}
+RESEND_TOPIC_PROPS = {SCHEDULE_TOPIC: ("REAL_TOPIC", "REAL_QID"), TRANS_HALF_TOPIC: ("REAL_TOPIC", "REAL_QID")}
 
 
 def salvage(sim: Simulation, out_dir: str | os.PathLike) -> dict:

@@ -53,6 +53,7 @@ from storelib.broker.recovery.walk import (
     serial_walk,
     store_inputs,
 )
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.broker.settings.store import Store
 from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
 from storelib.broker.timer.timerrecovery import TimerRecovery, plan_timer_recovery
@@ -60,7 +61,7 @@ from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.smallfile_io import read_small
 from storelib.format.checkpoint import CHECKPOINT_SIZE, Checkpoint, read_checkpoint
-from storelib.format.consumequeue import ConsumeQueue, list_queues
+from storelib.format.consumequeue import list_queues
 from storelib.format.indexdir import IndexFileRef, list_index_files
 from storelib.format.indexfile import HEADER_SIZE, IndexHeader
 from storelib.format.markers import AbortState, LockState, abort_state, lock_state
@@ -272,7 +273,7 @@ def _load_queues(store: Store, findings: list[Finding]) -> dict[tuple[str, int],
                 from None
         raise
     for topic, qid, loc in listed:
-        with ConsumeQueue(loc, segment_size=Scq, topic=topic, queue_id=qid) as cq:
+        with LoadedQueue(loc, segment_size=Scq, topic=topic, queue_id=qid) as cq:
             findings.extend(cq.findings)
             queues[(topic, qid)] = QueueReplay(topic, qid, store.loc, Scq, cq)
     return queues

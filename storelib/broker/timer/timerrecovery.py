@@ -30,7 +30,7 @@ from storelib.format.timerstore import (
     SLOTS_TOTAL,
     TIMER_TOPIC,
     UNIT_SIZE,
-    _timerlog_files,
+    list_timerlog_files,
     precision_of,
     read_timer_checkpoint,
     slot_index,
@@ -190,9 +190,9 @@ def _queue_offset(root: Location, files: list[tuple[int, str, int]], process_off
 def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: CommitLog, now_ms: int
                         ) -> TimerRecovery | None:
     """The timer store's start-up (module docstring), read-only; None for a store without one."""
-    from storelib.format.consumequeue import ConsumeQueue
+    from storelib.broker.settings.cqload import LoadedQueue
 
-    files = _timerlog_files(root)
+    files = list_timerlog_files(root)
     cp = read_timer_checkpoint(root)
     if not files or cp is None:
         return None
@@ -205,7 +205,7 @@ def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: Com
         cq_loc = root.join("consumequeue", TIMER_TOPIC, "0")
         cq = None
         if root.fs.get_file_info(cq_loc.path).type.name != "NotFound":
-            cq = ConsumeQueue(cq_loc, segment_size=int(settings.mapped_file_size_consume_queue), topic=TIMER_TOPIC,
+            cq = LoadedQueue(cq_loc, segment_size=int(settings.mapped_file_size_consume_queue), topic=TIMER_TOPIC,
                               queue_id=0)
         try:
             q = _queue_offset(root, files, process, commitlog, cq)

@@ -1,0 +1,170 @@
+"""A consume queue as the broker loads it: ConsumeQueue.recover and the offsets it answers with.
+
+:class:`LoadedQueue` is one queue's files (:class:`storelib.format.consumequeue.ConsumeQueue`) seen
+through the broker's start-up rules: the recovery scan from the third-last file (store-algorithms
+§8.2: where the queue ends, its maxPhysicOffset, the files deleted after the end), getMaxOffsetInQueue,
+and getMinOffsetInQueue after correctMinOffset, 4.9.8's and 5.x's (§8.8). Readers of a store (info,
+lookups, the audit, the data source) and the start-up replay all ask it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from storelib.errors import Finding
+from storelib.format.consumequeue import (
+    CQ_UNIT_SIZE,
+    ConsumeQueue,
+    CQSegment,
+    first_invalid,
+    units_before_hole,
+)
+from storelib.format.javahash import wrap64
+
+
+@dataclass(frozen=True)
+class CQRecovery:
+    """What ``ConsumeQueue.recover`` (store-algorithms §8.2) leaves in memory.
+
+    ``end``: logical byte offset after the last valid unit; ``max_physic_offset``: end (phy + size)
+    of that unit, -1 if none was scanned; ``segments``: the segments kept (later ones are deleted by
+    the broker) with their write positions.
+    """
+
+    end: int
+    max_physic_offset: int
+    segments: tuple[tuple[CQSegment, int], ...]
+
+
+def first_unit_from(units: np.ndarray, base: int, commitlog_min_offset: int) -> int | None:
+    """correctMinOffset 4.9.8's scan of the first segment (store-algorithms §8.8): the logical byte offset
+    of the first unit whose phyOffset >= M, None when none is (fillers have phy 0, so they count only
+    when M = 0, as in the broker). Shared by the reader and the start-up replay."""
+    hit = np.flatnonzero(units["phy_offset"] >= int(commitlog_min_offset))
+    return base + int(hit[0]) * CQ_UNIT_SIZE if len(hit) else None
+
+
+class LoadedQueue(ConsumeQueue):
+    """One ``consumequeue/<topic>/<queueId>`` directory as a started broker holds it (read-only)."""
+
+    _recovery: CQRecovery | None = None
+
+    def recover(self) -> CQRecovery:
+        """ConsumeQueue.recover (store-algorithms §8.2): scan from the third-last segment.
+
+        Units are valid while ``phyOffset >= 0 && size > 0``; the end is the position after the last
+        valid unit. Segments after the end are the ones the broker would delete (reported).
+        """
+        if self._recovery is not None:
+            return self._recovery
+        S = self.segment_size
+        segs = self.segments
+        if not segs:
+            self._recovery = CQRecovery(0, -1, ())
+            return self._recovery
+        index = max(0, len(segs) - 3)
+        max_phy = -1
+        while True:
+            seg = segs[index]
+            units = self.read_units(seg)
+            k = first_invalid(units[:units_before_hole(seg, len(units))])
+            if k:
+                last = units[k - 1]
+                max_phy = wrap64(int(last["phy_offset"]) + int(last["size"]))
+            pos = k * CQ_UNIT_SIZE
+            if pos == S and index + 1 < len(segs):
+                index += 1
+                continue
+            break
+        end = seg.base + pos
+        kept: list[tuple[CQSegment, int]] = []
+        for s in segs:
+            if s.base + S <= end:
+                kept.append((s, S))
+            elif end >= s.base:
+                kept.append((s, end - s.base))
+            else:
+                self.findings.append(Finding("segment_after_end", "warning", s.path, 0,
+                                             f"queue ends at logical byte {end}; the broker deletes this file "
+                                             "on recovery"))
+        self._recovery = CQRecovery(end, max_phy, tuple(kept))
+        return self._recovery
+
+    def max_offset(self) -> int:
+        """getMaxOffsetInQueue after recovery: logical offset one past the last valid unit (fillers count)."""
+        return self.recover().end // CQ_UNIT_SIZE
+
+    def max_physic_offset(self) -> int:
+        """maxPhysicOffset after recovery: phy + size of the last valid unit scanned, -1 if none."""
+        return self.recover().max_physic_offset
+
+    def entries(self, start: int = 0, end: int | None = None, *, chunk_entries: int = 65536,
+                ) -> Iterator[tuple[int, np.ndarray]]:
+        """:meth:`ConsumeQueue.entries`, ending by default where the broker's queue ends (``max_offset``)."""
+        return super().entries(start, self.max_offset() if end is None else end, chunk_entries=chunk_entries)
+
+    def min_offset(self, commitlog_min_offset: int, *, variant: str = "4.9.8",
+                   previous_min_logic_offset: int = 0) -> int:
+        """getMinOffsetInQueue after correctMinOffset (store-algorithms §8.8), as a logical offset.
+
+        ``variant="4.9.8"``: first unit of the first segment's readable part with phyOffset ≥ M sets
+        the min; none → the previous value stays. ``variant="5.x"``: keep when already ≥ max; all
+        expired (last unit < M) → max; else reuse the previous value if still valid, or binary search
+        the first segment. ``previous_min_logic_offset`` (bytes) is the in-memory value before the call
+        (0 at broker start).
+        """
+        rec = self.recover()
+        M = int(commitlog_min_offset)
+        min_logic = int(previous_min_logic_offset)
+        if not rec.segments:
+            return min_logic // CQ_UNIT_SIZE
+        first, first_read = rec.segments[0]
+        if variant in ("4.9.8", "4"):
+            units = self.read_units(first, 0, first_read // CQ_UNIT_SIZE)
+            hit = first_unit_from(units, first.base, M)
+            return (min_logic if hit is None else hit) // CQ_UNIT_SIZE
+        if variant not in ("5.x", "5", "5.3.3"):
+            raise ValueError(f"unknown variant {variant!r}")
+        if min_logic >= rec.end:
+            return min_logic // CQ_UNIT_SIZE
+        last, last_read = rec.segments[-1]
+        if last_read >= CQ_UNIT_SIZE:
+            u = self.read_units(last, last_read // CQ_UNIT_SIZE - 1, 1)
+            if len(u) and int(u["phy_offset"][0]) < M:
+                return (last.base + last_read) // CQ_UNIT_SIZE
+        return self._min_5x(first, first_read, min_logic, M)
+
+    def _min_5x(self, first: CQSegment, first_read: int, min_logic: int, M: int) -> int:
+        """5.x correctMinOffset over the first segment: the previous value if still valid, else the
+        broker's binary search (its exact steps) for the first unit with phyOffset >= M."""
+        start = min_logic - first.base
+        intact = True
+        if start < 0:
+            intact, start = False, 0
+        if start >= first_read:  # selectMappedBuffer(start) returns null (or "should have been deleted")
+            return min_logic // CQ_UNIT_SIZE
+        units = self.read_units(first, start // CQ_UNIT_SIZE, (first_read - start) // CQ_UNIT_SIZE)
+        if len(units) == 0:
+            return min_logic // CQ_UNIT_SIZE
+        phy = units["phy_offset"]
+        if intact and int(phy[0]) >= M:
+            return min_logic // CQ_UNIT_SIZE
+        low, high = 0, (len(units) - 1) * CQ_UNIT_SIZE
+        while high - low > CQ_UNIT_SIZE:
+            mid = (low + high) // 2 // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+            v = int(phy[mid // CQ_UNIT_SIZE])
+            if v > M:
+                high = mid
+            elif v == M:
+                low = high = mid
+                break
+            else:
+                low = mid
+        for i in range(low, high + 1, CQ_UNIT_SIZE):
+            if int(phy[i // CQ_UNIT_SIZE]) >= M:
+                min_logic = first.base + start + i
+                break
+        return min_logic // CQ_UNIT_SIZE
