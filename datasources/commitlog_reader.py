@@ -6,6 +6,7 @@ pandas DataFrame) for notebooks and tools; :mod:`datasources.commitlog_source` i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,9 +17,15 @@ import pyarrow.compute as pc
 from storelib.errors import CorruptRecordError
 from storelib.fileio.bytesource import open_source
 from storelib.scan.commitlog import CommitLog, Split
-from storelib.scan.messagecols import MESSAGE_COLUMNS, TIME_COLUMNS, message_batch, output_schema
+from storelib.scan.messagecols import (
+    DLEDGER_COLUMNS,
+    MESSAGE_COLUMNS,
+    TIME_COLUMNS,
+    message_batch,
+    output_schema,
+)
 from storelib.scan.scanner import SegmentScan
-from storelib.scan.splits import find_record_start, plan_splits, prune_by_time
+from storelib.scan.splits import find_entry_start, find_record_start, plan_splits, prune_by_time
 
 from .options import StoreOpen, norm_options, parse_bool, parse_bytes, parse_int, parse_time, spark_ddl
 
@@ -27,12 +34,13 @@ MODES = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
 # columns a pushed filter may test (scalar columns of the schema); pruning uses the first three
 PUSHABLE = {"phy_offset", "store_timestamp", "segment", "topic", "queue_id", "queue_offset", "tags", "keys",
             "uniq_key", "msg_id", "tran_type", "magic_version", "size", "body_len", "sys_flag",
-            "born_timestamp", "flag", "tags_code", "crc_ok", "store_host", "born_host"}
+            "born_timestamp", "flag", "tags_code", "crc_ok", "store_host", "born_host",
+            "dledger_index", "dledger_term", "dledger_committed"}
 
 
 def rows_schema(opts: MessageReadOptions) -> pa.Schema:
     """The schema of the rows these options produce (a user-given schema's columns, in its order)."""
-    full = output_schema(opts.with_body)
+    full = output_schema(opts.with_body, opts.dledger)
     return full if opts.columns is None else pa.schema([full.field(c) for c in opts.columns])
 
 
@@ -44,8 +52,8 @@ def with_user_schema(opts: MessageReadOptions, schema: Any) -> MessageReadOption
     type (``body`` turns ``withBody`` on); anything else is a clear error, not a wrong read.
     """
     names = [f.name for f in getattr(schema, "fields", [])]
-    full = output_schema(True)
-    if not names or names == output_schema(opts.with_body).names:
+    full = output_schema(True, opts.dledger)
+    if not names or names == output_schema(opts.with_body, opts.dledger).names:
         return opts
     for f in schema.fields:
         if f.name not in full.names:
@@ -159,6 +167,11 @@ class MessageReadOptions:
             batch_rows=max(1, parse_int("batchRows", o.get("batchrows", 65536))),
         )
 
+    @property
+    def dledger(self) -> bool:
+        """A DLedger-mode store: the rows carry the entry columns (known from the store's settings)."""
+        return self.store.settings().dledger is not None
+
     def option_preds(self) -> tuple[list[Pred], list[Pred]]:
         """(predicates on every row, predicates on message rows only) from the options.
 
@@ -184,8 +197,16 @@ class MessageReadOptions:
 
 
 def open_commitlog(store: StoreOpen) -> CommitLog:
-    """The store's commitlog; the segment size comes from broker.conf or set.* when given, else from the files."""
-    return CommitLog(store.location().join("commitlog"), store.settings().mapped_file_size_commit_log)
+    """The store's commitlog (``commitlog/`` or a DLedger node's data files, with DLedger's committed index);
+    the segment size comes from broker.conf or set.* when given, else from the files."""
+    return _commitlog(store)
+
+
+@functools.lru_cache(maxsize=8)
+def _commitlog(store: StoreOpen) -> CommitLog:
+    from storelib.broker.settings.store import Store
+
+    return Store(store.location(), store.settings(), uri=store.path).commitlog
 
 
 def plan(opts: MessageReadOptions, pushed: list[Pred] = ()) -> list[Split]:
@@ -238,19 +259,22 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
     msg_preds = [*every, *msg, *pushed]
     bad_preds = [*every, *pushed]
     out_names = rows_schema(opts).names
-    names = MESSAGE_COLUMNS + (["body"] if opts.with_body else [])
+    dl = opts.dledger
+    names = MESSAGE_COLUMNS + (DLEDGER_COLUMNS if dl else []) + (["body"] if opts.with_body else [])
     scan_cols = None
     if opts.columns is not None:  # decode only what is returned or filtered on (phy_offset always)
         need = {*out_names, *(p.column for p in msg_preds), "phy_offset"}
         need |= {TIME_COLUMNS[c] for c in need if c in TIME_COLUMNS}
         names = [c for c in names if c in need]
         scan_cols = [c for c in names if c not in TIME_COLUMNS]
-    schema = pa.schema([output_schema(opts.with_body).field(c) for c in [*names, "segment", "_corrupt"]])
+    schema = pa.schema([output_schema(opts.with_body, dl).field(c) for c in [*names, "segment", "_corrupt"]])
     project = out_names != schema.names
     settings = opts.store.settings()
     delays = list(settings.delay_levels_ms)
-    seg_loc = opts.store.location().join("commitlog", split.segment_name)
-    display = "commitlog/" + split.segment_name
+    cl = open_commitlog(opts.store)
+    seg_loc = cl.loc.join(split.segment_name)
+    display = f"{cl.folder}/{split.segment_name}"
+    find_start = find_entry_start if split.dledger else find_record_start
     src = open_source(seg_loc, split.file_size)
     try:
         seg_len = src.size
@@ -259,7 +283,7 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
         while pos < end:
             scan = SegmentScan(src, display, split.segment_base, pos, end, verify_crc=opts.verify_crc,
                                with_body=opts.with_body, delay_levels_ms=delays, batch_rows=opts.batch_rows,
-                               columns=scan_cols)
+                               columns=scan_cols, **cl.scan_options())
             for batch in scan:
                 n = batch.num_rows
                 if not n:
@@ -270,16 +294,16 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
             e = scan.end
             if e is None or e.kind != "invalid":
                 return
-            nxt = find_record_start(src, split.segment_base, e.file_offset + 1, end)
+            nxt = find_start(src, split.segment_base, e.file_offset + 1, end)
             where = f"{e.reason}: {e.detail}".rstrip(": ")
-            resumed = (f"resumed at physical offset {split.segment_base + nxt}" if nxt is not None
+            resumed = (f"resumed at physical offset {split.segment_base + nxt + split.head}" if nxt is not None
                        else "nothing valid follows in this unit")
             if opts.mode == "FAILFAST":
-                if _filter(_corrupt_row(schema, e.phy_offset, split.segment_name, where), bad_preds).num_rows:
+                if _filter(_corrupt_row(schema, e.phy_offset + split.head, split.segment_name, where), bad_preds).num_rows:
                     raise CorruptRecordError(display, e.file_offset, e.reason or "invalid",
-                                             f"{e.detail} (physical offset {e.phy_offset}; mode FAILFAST)")
+                                             f"{e.detail} (physical offset {e.phy_offset + split.head}; mode FAILFAST)")
             elif opts.mode == "PERMISSIVE":
-                row = _filter(_corrupt_row(schema, e.phy_offset, split.segment_name, f"{where} ({resumed})"),
+                row = _filter(_corrupt_row(schema, e.phy_offset + split.head, split.segment_name, f"{where} ({resumed})"),
                               bad_preds)
                 if row.num_rows:
                     yield row.select(out_names) if project else row
@@ -300,7 +324,7 @@ def read_messages(store: str, *, as_pandas: bool = False, columns: list[str] | N
     """
     opts = MessageReadOptions.parse({**options, "path": store})
     if columns is not None:
-        full = output_schema(True)
+        full = output_schema(True, opts.dledger)
         bad = [c for c in columns if c not in full.names]
         if bad or not columns or len(set(columns)) != len(columns):
             raise ValueError(f"rocketmq: bad columns {list(columns)!r} (columns: {', '.join(full.names)})")

@@ -122,7 +122,8 @@ class RocketMQDataSource(DataSource):
         return "rocketmq"
 
     def schema(self) -> str:
-        return spark_ddl(output_schema(MessageReadOptions.parse(self.options).with_body))
+        opts = MessageReadOptions.parse(self.options)
+        return spark_ddl(output_schema(opts.with_body, opts.dledger))
 
     def reader(self, schema: Any) -> DataSourceReader:
         return RocketMQReader(with_user_schema(MessageReadOptions.parse(self.options), schema))

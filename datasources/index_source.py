@@ -104,7 +104,7 @@ def segments_batch(store: StoreOpen) -> pa.RecordBatch:
         ts = None
         if seg.file_size:
             with seg.open() as src:
-                ts = first_store_timestamp(src, seg.base, 0)
+                ts = first_store_timestamp(src, seg.base, 48 if seg.dledger else 0)
         names.append(seg.name)
         bases.append(seg.base)
         sizes.append(seg.file_size)

@@ -29,7 +29,7 @@ def open_store(store: str, **options: Any) -> Store:
 
 def _table(rows: list[dict[str, Any]], with_body: bool, st: Store) -> pa.Table:
     """Rows of :func:`storelib.scan.commitlog.CommitLog.record_at` as the ``rocketmq`` schema (segment named)."""
-    schema = output_schema(with_body)
+    schema = output_schema(with_body, st.dledger is not None)
     size = st.commitlog.segment_size
     cols = {}
     for f in schema:

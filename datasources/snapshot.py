@@ -30,7 +30,7 @@ def snapshot_dataset(path: str, **fs_options: Any) -> pads.Dataset:
     m = load_manifest(path, **fs_options)
     loc = resolve(path, **fs_options)
     return pads.dataset(loc.path, format="parquet", filesystem=loc.fs,
-                        partitioning=partitioning(tuple(m["partition_by"])), schema=file_schema(m["with_body"]))
+                        partitioning=partitioning(tuple(m["partition_by"])), schema=file_schema(m["with_body"], bool(m.get("dledger"))))
 
 
 # a snapshot is many small files (one per partition and exported segment: ~1 MB each for a 2 GB store):
@@ -51,7 +51,7 @@ def read_snapshot(spark: Any, path: str, view: str | None = None, *, tune_splits
     m = load_manifest(path)
     if tune_splits:
         _small_file_splits(spark)
-    df = spark.read.schema(spark_ddl(file_schema(m["with_body"]))).parquet(path)
+    df = spark.read.schema(spark_ddl(file_schema(m["with_body"], bool(m.get("dledger"))))).parquet(path)
     if view:
         df.createOrReplaceTempView(view)
     return df

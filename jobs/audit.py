@@ -106,6 +106,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
 
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
+    store.require_default_layout("audit")
     settings = store.settings
     tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),

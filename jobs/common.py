@@ -41,6 +41,9 @@ def add_settings_args(p: argparse.ArgumentParser, conf: bool = True, line: bool 
                             "files), else 4; `rmqstore info` shows what was detected and why")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="set",
                    help="override one broker setting, e.g. --set mappedFileSizeCommitLog=524288 (repeatable)")
+    p.add_argument("--dledger-self-id", metavar="ID",
+                   help="DLedger mode: read node ID's files (dledger-ID/), needed when the root holds several nodes' "
+                        "folders; the same as --set dLegerSelfId=ID")
 
 
 def add_fs_args(p: argparse.ArgumentParser) -> None:
@@ -102,6 +105,8 @@ def overrides(args: argparse.Namespace) -> dict[str, str]:
         if not eq or not key.strip():
             raise StoreError(None, None, "bad_argument", f"--set needs KEY=VALUE, got {item!r}")
         out[key.strip()] = value.strip()
+    if getattr(args, "dledger_self_id", None):
+        out["dLegerSelfId"] = args.dledger_self_id
     return out
 
 

@@ -123,6 +123,7 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
         "schema": SCHEMA, "store": store.uri, "created_ms": int(time.time() * 1000),
         "broker_line": settings.line.to_json() if settings.line else None,
         "with_body": cfg.with_body, "partition_by": list(cfg.partition_by), "process_offset": P,
+        "dledger": store.dledger is not None,
         "segments": manifest_segs, "skipped": skipped,
         "totals": {"rows": sum(s["rows"] for s in manifest_segs.values()),
                    "files": sum(len(s["files"]) for s in manifest_segs.values()),

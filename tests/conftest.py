@@ -23,7 +23,8 @@ os.environ["RMQSTORE_JVM_CDS"] = "0"
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RMQSTORE_SHARED", REPO.parent / "shared"))
 SAMPLES = SHARED / "samples"
-SAMPLE_NAMES = {"4.9.8": "rocketmq-4.9.8-small", "5.3.3": "rocketmq-5.3.3-small"}
+SAMPLE_NAMES = {"4.9.8": "rocketmq-4.9.8-small", "5.3.3": "rocketmq-5.3.3-small",
+                "dledger": "rocketmq-4.9.8-dledger-small", "dledger-crashed": "rocketmq-4.9.8-dledger-crashed-small"}
 
 
 def _extract(version: str, dest: Path) -> Path:
@@ -50,6 +51,24 @@ def sample_498(tmp_path_factory, samples_dir) -> Path:
 def sample_533(tmp_path_factory, samples_dir) -> Path:
     """Read-only extracted 5.3.3 sample (``store/``, ``expected/``). Copy it before modifying."""
     return _extract("5.3.3", tmp_path_factory.mktemp("s533"))
+
+
+@pytest.fixture(scope="session")
+def sample_dledger(tmp_path_factory, samples_dir) -> Path:
+    """Read-only extracted clean DLedger sample (4.9.8 over DLedger 0.3.1.2). Copy it before modifying."""
+    return _extract("dledger", tmp_path_factory.mktemp("sdl"))
+
+
+@pytest.fixture(scope="session")
+def sample_dledger_crashed(tmp_path_factory, samples_dir) -> Path:
+    """Read-only extracted crashed DLedger sample (JVM halted mid-write). Copy it before modifying."""
+    return _extract("dledger-crashed", tmp_path_factory.mktemp("sdlc"))
+
+
+@pytest.fixture(params=["dledger", "dledger-crashed"])
+def dledger_sample(request, sample_dledger, sample_dledger_crashed) -> Path:
+    """Each DLedger sample in turn (read-only)."""
+    return sample_dledger if request.param == "dledger" else sample_dledger_crashed
 
 
 @pytest.fixture(params=["4.9.8", "5.3.3"])

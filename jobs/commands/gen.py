@@ -6,11 +6,12 @@ import argparse
 import importlib.util
 import sys
 
-from jobs.common import Progress, add_settings_args, print_json, print_table, size_arg
+from jobs.common import Progress, add_settings_args, non_negative_int, print_json, print_table, size_arg
 
 EXAMPLE = """example:
   rmqstore gen /tmp/store --messages 100000 --topics 6 --queues 8 --seed 42
   rmqstore gen /tmp/big --size 1GB --version 5 --broker-conf broker.conf --json
+  rmqstore gen /tmp/dl --messages 20000 --dledger --dledger-committed-lag 500 --dledger-undispatched 3
 """
 def _ratio(text: str) -> float:
     v = float(text)
@@ -41,6 +42,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timers", type=int, default=0, metavar="N",
                    help="--version 5: also N timer messages (TIMER_DELAY_SEC from seconds to 5 days) and the timer "
                         "store as 5.3.3 leaves it: the due ones delivered, the rest pending")
+    d = p.add_argument_group("DLedger mode (enableDLegerCommitLog=true)")
+    d.add_argument("--dledger", action="store_true",
+                   help="write a DLedger-mode store: dledger-<selfId>/ (data, index, checkpoint, currterm) instead of "
+                        "commitlog/; the node is --dledger-self-id (default n0)")
+    d.add_argument("--dledger-term", type=non_negative_int, default=0, metavar="N", help="the entries' term (default 0)")
+    d.add_argument("--dledger-committed-lag", type=non_negative_int, default=0, metavar="N",
+                   help="crash: DLedger's checkpoint lags the last entry by N entries (it is written every 3 s)")
+    d.add_argument("--dledger-undispatched", type=non_negative_int, default=0, metavar="N",
+                   help="crash: the last N entries were not dispatched to the ConsumeQueue and IndexFile yet")
+    d.add_argument("--dledger-torn-at", type=non_negative_int, default=0, metavar="BYTES",
+                   help="crash: the last entry reached the disk only up to BYTES from its start (48: its header)")
+    d.add_argument("--crashed", action="store_true", help="crash: leave abort behind (any crash option implies it)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -92,7 +105,20 @@ def run_args(args: argparse.Namespace) -> int:
         print("rmqstore gen: --timers needs --version 5 and dispatch (timer messages are a 5.x feature)",
               file=sys.stderr)
         return 2
-    res = generate(args.out, cfg, settings, progress=on_progress, dispatch=not args.no_dispatch)
+    dledger = None
+    if args.dledger and args.timers:
+        print("rmqstore gen: --timers with --dledger is not supported yet", file=sys.stderr)
+        return 2
+    if args.dledger:
+        from storelib.generator.dledgergen import DLedgerGen
+
+        dledger = DLedgerGen(self_id=args.dledger_self_id or "n0", term=args.dledger_term,
+                             committed_lag=args.dledger_committed_lag, undispatched=args.dledger_undispatched,
+                             torn_at=args.dledger_torn_at, crashed=args.crashed)
+    elif args.crashed or args.dledger_committed_lag or args.dledger_undispatched or args.dledger_torn_at:
+        print("rmqstore gen: the crash options shape a DLedger store: add --dledger", file=sys.stderr)
+        return 2
+    res = generate(args.out, cfg, settings, progress=on_progress, dispatch=not args.no_dispatch, dledger=dledger)
     prog.close()
     d = res.to_dict()
     if args.timers:

@@ -21,6 +21,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-scan", action="store_true", help="skip the commitlog scan (no message counts)")
 
 
+def _dledger_lines(dl: dict, w) -> None:
+    """The ledger: term and vote, entries, what load() commits, what is on disk but not committed."""
+    cp, bak = dl.get("checkpoint"), dl.get("checkpoint_bak")
+    w(f"term        {dl.get('term')}, voted for {dl.get('voted_for') or '-'} (currterm)\n")
+    if "ledger_end_index" in dl:
+        w(f"ledger      entries {dl['ledger_begin_index']}..{dl['ledger_end_index']} ({dl['entries']}), end term "
+          f"{dl['ledger_end_term']}, data end {dl['write_pos']}\n")
+    where = (f"checkpoint committedIndex={cp['committed_index']}" if cp else "no checkpoint") + \
+        (f", .bak {bak['committed_index']}" if bak else "")
+    if "committed_index_after_load" in dl:
+        w(f"committed   index {dl['committed_index_after_load']} ({where}), position {dl['committed_pos']}: the "
+          f"broker's max offset after load() is {dl['broker_max_offset']}\n")
+    else:
+        w(f"committed   {where}\n")
+    unc = dl.get("uncommitted")
+    if unc:
+        w(f"uncommitted {unc['entries']} entries (index {unc['from_index']}..{unc['to_index']}, {unc['bytes']} bytes "
+          f"from physical offset {unc['from_phy_offset']}) on disk past the committed index\n")
+
+
 def run_args(args: argparse.Namespace) -> int:
     store = open_store(args)
     try:
@@ -42,7 +62,13 @@ def run_args(args: argparse.Namespace) -> int:
         why = "; ".join(bl["reasons"])
         w(f"broker      {bl['version']}.x rules ({bl['source']}: {why})\n")
     segs = info["segments"]
-    w(f"commitlog   {len(segs)} segment(s) of {info['segment_size']} bytes\n")
+    dl = info.get("dledger")
+    if dl:
+        w(f"commitlog   DLedger node {dl['self_id']}: {dl['data']}, {len(segs)} data file(s) of {info['segment_size']} "
+          f"bytes ({dl['reason']})\n")
+        _dledger_lines(dl, w)
+    else:
+        w(f"commitlog   {len(segs)} segment(s) of {info['segment_size']} bytes\n")
     if "messages" in info:
         w(f"messages    {info['messages']} ({info['bytes']} bytes), stored {human_ms(info['first_store_ms'])} .. "
           f"{human_ms(info['last_store_ms'])}\n")

@@ -1,4 +1,8 @@
-"""``rmqstore messages``: every record in commitlog order, as JSONL, a table or Parquet."""
+"""``rmqstore messages``: every record in commitlog order, as JSONL, a table or Parquet.
+
+On a DLedger-mode store every entry on disk is listed (up to where its data ends), each with its
+``dledger_index``/``dledger_term``/``dledger_pos`` and ``dledger_committed`` (false past DLedger's
+checkpoint committedIndex: data an operator needs to see after a crash)."""
 
 from __future__ import annotations
 
@@ -100,7 +104,7 @@ def run_args(args: argparse.Namespace) -> int:
             if writer is None:
                 from storelib.scan.messageschema import message_schema
 
-                schema = message_schema(args.with_body)
+                schema = message_schema(args.with_body, dledger=store.dledger is not None)
                 schema = with_time_columns(schema.remove(schema.get_field_index("properties_raw")).empty_table()).schema
                 writer = pq.ParquetWriter(tmp, schema)
             writer.close()
@@ -110,6 +114,8 @@ def run_args(args: argparse.Namespace) -> int:
     try:
         if args.format == "table":
             cols = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "tags", "keys", "store_time", "crc_ok"]
+            if store.dledger is not None:  # the entry's ledger index and whether DLedger has committed it
+                cols += ["dledger_index", "dledger_committed"]
             rows = []
             for batch in filtered_batches(store, args):
                 part = batch.select([c for c in cols if c != "store_time"]).to_pylist()

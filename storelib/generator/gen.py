@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.errors import StoreError
 from storelib.format.crc import MASK, crc32_ranges
+from storelib.format.dledger.entries import BODY_OFFSET, MIN_BLANK_LEN, blank_filler, encode_entry_headers
 from storelib.format.properties import CRC32, CRC32_RESERVED_LEN, NAME_VALUE_SEP, PROPERTY_SEP
 from storelib.format.record import (
     BLANK_MAGIC,
@@ -45,6 +46,7 @@ from storelib.format.record import (
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
 )
+from storelib.generator.dledgergen import DLedgerFiles, DLedgerGen
 from storelib.generator.genplan import (
     BROKER_ADDED,
     COMMIT,
@@ -121,7 +123,10 @@ def encode_chunk(g: Generator, plan: RecordPlan, lay: FileLayout) -> None:
     tl = np.asarray(pc.binary_length(topic_part)).astype(np.int64)  # includes the length field
     total = 74 + bh + sh + blen + tl + plen
 
-    phy, runs = _place(lay, total)
+    dl = lay.dledger
+    head = BODY_OFFSET if dl is not None else 0  # a DLedger entry's header precedes each record
+    pos, runs = _place(lay, total + head)
+    phy = pos + head  # the broker's offset of each record (entry pos + 48 in DLedger mode)
     qoff = _queue_offsets(lay, plan)
 
     # body CRC: one call per body
@@ -132,7 +137,11 @@ def encode_chunk(g: Generator, plan: RecordPlan, lay: FileLayout) -> None:
 
     prefix = _prefixes(g, plan, total, crc, qoff, phy, v2, bh, sh, blen)
     proplen = _fixed_binary(be_bytes(plen, 2))
-    recs = pc.binary_join_element_wise(prefix, bb, topic_part, proplen, props_b, pa.scalar(b""))
+    parts = [prefix, bb, topic_part, proplen, props_b]
+    if dl is not None:
+        idx = dl.append(pos, total + head)
+        parts.insert(0, _fixed_binary(encode_entry_headers(total + head, idx, np.full(n, dl.opts.term), pos)))
+    recs = pc.binary_join_element_wise(*parts, pa.scalar(b""))
     roffs = np.asarray(recs.buffers()[1]).view(np.int32)[recs.offset: recs.offset + n + 1].astype(np.int64)
     data = np.frombuffer(recs.buffers()[2], dtype=np.uint8)
     if g.prop_crc:
@@ -144,14 +153,16 @@ def encode_chunk(g: Generator, plan: RecordPlan, lay: FileLayout) -> None:
         data[idx] = digits.astype(np.uint8)
 
     # write runs
-    for base, pos, lo, hi in runs:
+    for base, at, lo, hi in runs:
         lay.open_file(base)
-        if lo < 0:  # blank record: only its 8 bytes are written
+        if lo < 0 and dl is not None:  # DLedger's blank filler: int -1, int remaining (zeros after it)
+            os.pwrite(lay.fd, blank_filler(int(hi))[:MIN_BLANK_LEN], at)
+        elif lo < 0:  # blank record: only its 8 bytes are written
             os.pwrite(lay.fd, int(hi).to_bytes(4, "big", signed=True) + BLANK_MAGIC.to_bytes(4, "big", signed=True),
-                      pos)
+                      at)
         else:
-            os.pwrite(lay.fd, memoryview(data)[int(roffs[lo]): int(roffs[hi])], pos)
-    lay.bytes += int(total.sum())
+            os.pwrite(lay.fd, memoryview(data)[int(roffs[lo]): int(roffs[hi])], at)
+    lay.bytes += int(total.sum()) + head * n
 
 
 def _place(lay: FileLayout, total: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
@@ -246,10 +257,13 @@ def _prefixes(g: Generator, plan: RecordPlan, total: np.ndarray, crc: np.ndarray
 
 
 class FileLayout:
-    """Segment files of the generated commitlog (created full size, written only by the generator)."""
+    """Segment files of the generated commitlog (created full size, written only by the generator);
+    with ``dledger`` the DLedger data files and their ledger (index units)."""
 
-    def __init__(self, root: str, segment_size: int):
+    def __init__(self, root: str, segment_size: int, dledger: DLedgerFiles | None = None):
         self.root = root
+        self.dledger = dledger
+        self.dir = dledger.data_dir if dledger is not None else os.path.join(root, "commitlog")
         self.S = segment_size
         self.base = 0
         self.pos = 0
@@ -264,7 +278,7 @@ class FileLayout:
             return
         if self.fd is not None:
             os.close(self.fd)
-        path = os.path.join(self.root, "commitlog", offset_to_file_name(base))
+        path = os.path.join(self.dir, offset_to_file_name(base))
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if os.fstat(self.fd).st_size != self.S:
             os.ftruncate(self.fd, self.S)
@@ -275,6 +289,8 @@ class FileLayout:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+        if self.dledger is not None:
+            self.dledger.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,11 +326,13 @@ def iter_plans(g: Generator, written: Callable[[], int] | None = None) -> Iterat
 
 def generate(out: str | os.PathLike, cfg: GenConfig, settings: BrokerSettings | None = None, *,
              progress: Callable[[int, int], None] | None = None, dispatch: bool = True,
-             write_config_files: bool = True) -> GenResult:
+             write_config_files: bool = True, dledger: DLedgerGen | None = None) -> GenResult:
     """Generate a store at ``out`` (must not exist, or be an empty directory).
 
     Everything is written into a staging directory beside ``out`` and renamed into place at the end,
     so ``out`` never holds a half-generated store. ``progress(bytes, records)`` is called per chunk.
+    ``dledger``: a DLedger-mode store (``dledger-<selfId>/`` instead of ``commitlog/``, see
+    :mod:`storelib.generator.dledgergen`); the settings then say ``enableDLegerCommitLog``.
     """
     if cfg.messages is None and cfg.size is None:
         raise StoreError(None, None, "bad_value", "give a message count or a size")
@@ -325,35 +343,47 @@ def generate(out: str | os.PathLike, cfg: GenConfig, settings: BrokerSettings | 
         raise StoreError(out, None, "exists", "output exists and is not an empty directory")
     stage = out.rstrip("/") + f".gen-{os.getpid()}.tmp"
     shutil.rmtree(stage, ignore_errors=True)
-    os.makedirs(os.path.join(stage, "commitlog"))
+    os.makedirs(stage)
+    if dledger is not None:
+        settings = settings.with_overrides({"enableDLegerCommitLog": True, "dLegerSelfId": dledger.self_id})
     t0 = time.perf_counter()
     g = Generator(cfg, settings)
-    lay = FileLayout(stage, g.S)
+    files = DLedgerFiles(stage, dledger) if dledger is not None else None
+    lay = FileLayout(stage, g.S, files)
+    os.makedirs(lay.dir, exist_ok=True)
     lay.open_file(0)
     res = GenResult(out)
     counts = np.zeros(4, dtype=np.int64)
-    last_ts = 0
+    tail_ts = np.zeros(0, np.int64)  # the last records' store times (the last dispatched one's is the checkpoint's)
     try:
         for plan in iter_plans(g, lambda: lay.bytes):
             encode_chunk(g, plan, lay)
             res.records += len(plan)
             counts += np.bincount(plan.rtype, minlength=4)
-            last_ts = int(plan.store_ts[-1])
+            tail_ts = np.concatenate([tail_ts, plan.store_ts])[-(len(files.tail_pos) if files else 1):]
             if progress is not None:
                 progress(lay.bytes, res.records)
     finally:
         lay.close()
     res.bytes = lay.bytes
-    res.segments = len(os.listdir(os.path.join(stage, "commitlog")))
+    res.segments = len(os.listdir(lay.dir))
     res.per_type = {"normal": int(counts[NORMAL]), "half": int(counts[HALF]), "commit": int(counts[COMMIT]),
                     "op": int(counts[OP])}
     res.messages = int(counts[NORMAL] + counts[HALF])
     from storelib.format.checkpoint import Checkpoint, write_checkpoint
 
+    last_ts = int(tail_ts[-1]) if len(tail_ts) else 0
     if dispatch:
         from storelib.broker.dispatch.dispatch import dispatch_store
 
-        res.dispatch = dispatch_store(stage, settings, from_offset=0)
+        to = files.dispatch_end() if files is not None else None
+        if to is not None and files is not None:  # the reput had not reached the last entries
+            k = files.next_index - _entries_before(files, to)
+            last_ts = int(tail_ts[-1 - k]) if len(tail_ts) > k else 0
+        res.dispatch = dispatch_store(stage, settings, from_offset=0, to_offset=to,
+                                      commitlog=_dledger_log(stage, g.S, files) if files is not None else None)
+    if files is not None:
+        files.finish(stage)
     if write_config_files:
         _write_configs(stage, g, lay, settings)
     idx_ts = res.dispatch.index_msg_timestamp if res.dispatch is not None else 0
@@ -365,6 +395,19 @@ def generate(out: str | os.PathLike, cfg: GenConfig, settings: BrokerSettings | 
     os.replace(stage, out)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _entries_before(files: DLedgerFiles, pos: int) -> int:
+    """How many entries start before ``pos`` (``pos`` is one of the last entries' starts)."""
+    k = len(files.tail_pos) - int(np.searchsorted(files.tail_pos, pos))
+    return files.next_index - k
+
+
+def _dledger_log(stage: str, segment_size: int, files: DLedgerFiles):
+    from storelib.scan.commitlog import CommitLog
+
+    return CommitLog(files.data_dir, segment_size, dledger=True,
+                     folder=files.opts.dir_name() + "/data")
 
 
 def _write_configs(stage: str, g: Generator, lay: FileLayout, settings: BrokerSettings) -> None:

@@ -124,7 +124,8 @@ class Generator:
         self.cfg = cfg
         self.settings = settings
         self.v5 = str(cfg.version).startswith("5")
-        self.prop_crc = self.v5 and bool(settings.enabled_append_prop_crc)
+        # DLedgerCommitLog serialises records itself and never appends __CRC32# (enabledAppendPropCRC ignored)
+        self.prop_crc = self.v5 and bool(settings.enabled_append_prop_crc) and not settings.enable_dleger_commit_log
         self.auto_v2 = self.v5 and bool(settings.auto_message_version_on_topic_len)
         self.S = int(settings.mapped_file_size_commit_log)
         self.delay_levels = list(settings.delay_levels_ms)

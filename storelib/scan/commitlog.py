@@ -2,6 +2,11 @@
 
 A missing, mis-named or mis-sized segment is a :class:`Finding`, not a crash: an operator looking at
 a broken store needs to see everything that is still readable.
+
+A DLedger-mode store's commitlog is the same object over ``dledger-<selfId>/data`` (``dledger=True``):
+its segments are DLedger data files, scanned entry by entry (:class:`SegmentScan` ``dledger``), and
+``committed_index`` (from DLedger's checkpoint, when the caller knows it) fills ``dledger_committed``.
+Physical offsets are the broker's (entry pos + 48), so lookups by offset work unchanged.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import pyarrow.fs as pafs
 
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import DEFAULT_WINDOW, Location, open_source, resolve
+from storelib.format.dledger.entries import BODY_OFFSET
 from storelib.format.record import RecordCheck, check_record
 from storelib.scan.messageschema import message_schema
 from storelib.scan.recordbytes import SourceBytes
@@ -40,6 +46,8 @@ class Segment:
     loc: Location
     file_size: int
     mtime_ms: int | None = None
+    folder: str = "commitlog"  # the segment's directory as shown to users (``dledger-n0/data`` in DLedger mode)
+    dledger: bool = False  # a DLedger data file: entries, records at +48
 
     @property
     def path(self) -> str:
@@ -47,7 +55,7 @@ class Segment:
 
     @property
     def display(self) -> str:
-        return "commitlog/" + self.name
+        return self.folder + "/" + self.name
 
     def open(self):
         return open_source(self.loc, self.file_size)
@@ -63,6 +71,12 @@ class Split:
     start: int
     end: int
     file_size: int
+    dledger: bool = False  # a DLedger data file: ``start`` is an entry start
+
+    @property
+    def head(self) -> int:
+        """Bytes before a unit's record: 48 for DLedger entries (the record, and phy offset, are at +48)."""
+        return BODY_OFFSET if self.dledger else 0
 
 
 def list_files(loc: Location) -> list[pafs.FileInfo]:
@@ -75,32 +89,38 @@ def list_files(loc: Location) -> list[pafs.FileInfo]:
 
 
 class CommitLog:
-    """The commitlog of a store: ``commitlog/`` under the root, or any directory Location."""
+    """The commitlog of a store: ``commitlog/`` under the root, or any directory Location; with
+    ``dledger`` a DLedger data directory (``folder`` names it in findings and segment names)."""
 
-    def __init__(self, loc: Location | str, segment_size: int | None = None):
+    def __init__(self, loc: Location | str, segment_size: int | None = None, *, dledger: bool = False,
+                 folder: str | None = None, committed_index: int | None = None):
         self.loc = resolve(loc) if isinstance(loc, str) else loc
+        self.dledger = dledger
+        self.folder = folder or ("dledger/data" if dledger else "commitlog")
+        self.committed_index = committed_index
         self.findings: list[Finding] = []
         self.segments: list[Segment] = []
         kind = self.loc.fs.get_file_info(self.loc.path).type
+        f = self.folder
         if kind == pafs.FileType.NotFound:
-            self.findings.append(Finding("no_commitlog_dir", "error", "commitlog", None,
-                                         "no commitlog/ directory: not a broker store root (or the wrong path)"))
+            self.findings.append(Finding("no_commitlog_dir", "error", f, None,
+                                         f"no {f}/ directory: not a broker store root (or the wrong path)"))
         infos = list_files(self.loc)
         if kind == pafs.FileType.Directory and not any(i.type == pafs.FileType.File for i in infos):
-            self.findings.append(Finding("no_commitlog_segments", "warning", "commitlog", None,
-                                         "commitlog/ holds no segment files: the store has no messages"))
+            self.findings.append(Finding("no_commitlog_segments", "warning", f, None,
+                                         f"{f}/ holds no segment files: the store has no messages"))
         for info in infos:
             if info.type == pafs.FileType.Directory:
-                self.findings.append(Finding("unexpected_directory", "info", "commitlog/" + info.base_name, None,
-                                             "sub-directory in commitlog/ (skipped, as a 5.x broker does)"))
+                self.findings.append(Finding("unexpected_directory", "info", f"{f}/{info.base_name}", None,
+                                             f"sub-directory in {f}/ (skipped, as a 5.x broker does)"))
                 continue
             if not _NAME.match(info.base_name):
-                self.findings.append(Finding("bad_segment_name", "warning", "commitlog/" + info.base_name, None,
+                self.findings.append(Finding("bad_segment_name", "warning", f"{f}/{info.base_name}", None,
                                              "not a 20-digit segment name; ignored"))
                 continue
             mtime = int(info.mtime.timestamp() * 1000) if info.mtime is not None else None
             self.segments.append(Segment(int(info.base_name), info.base_name, self.loc.join(info.base_name),
-                                         int(info.size or 0), mtime))
+                                         int(info.size or 0), mtime, f, dledger))
         self.segments.sort(key=lambda s: s.base)
         self.segment_size = segment_size or self._infer_segment_size()
         self._check_layout()
@@ -159,8 +179,12 @@ class CommitLog:
         seg = self.segments[lo - 1]
         return seg if phy_offset < seg.base + max(S, seg.file_size) else None
 
+    def scan_options(self) -> dict:
+        """What a :class:`SegmentScan` of this log's segments needs beyond the defaults (DLedger mode)."""
+        return {"dledger": True, "committed_index": self.committed_index} if self.dledger else {}
+
     def read(self, phy_offset: int, *, check_crc: bool = True) -> RecordCheck:
-        """Validate and decode the record at ``phy_offset`` (random access).
+        """Validate and decode the record at ``phy_offset`` (random access; the record only, not its entry).
 
         The broker's check reads the fixed part and each length-prefixed field in small reads
         (:class:`SourceBytes`), never TOTALSIZE at once: a damaged size costs a few KiB, and only a
@@ -168,7 +192,7 @@ class CommitLog:
         """
         seg = self.segment_for(phy_offset)
         if seg is None:
-            raise StoreError("commitlog", phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
+            raise StoreError(self.folder, phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
         pos = phy_offset - seg.base
         with seg.open() as src:
             if pos >= src.size:
@@ -182,12 +206,16 @@ class CommitLog:
         """
         seg = self.segment_for(phy_offset)
         if seg is None:
-            raise StoreError("commitlog", phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
+            raise StoreError(self.folder, phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
         pos = phy_offset - seg.base
+        head = BODY_OFFSET if self.dledger else 0
+        if pos < head:
+            raise StoreError(seg.display, pos, "no_record", f"no DLedger entry can hold a record at file offset {pos}")
         src = seg.open()
         try:
             kw.setdefault("window", 1 << 16)  # remote: one small ranged read, grown only for a long record
-            scan = SegmentScan(src, seg.display, seg.base, pos, pos + 1, **kw)
+            kw.update(self.scan_options())
+            scan = SegmentScan(src, seg.display, seg.base, pos - head, pos - head + 1, **kw)
             batches = [b for b in scan if b.num_rows]
         finally:
             src.close()
@@ -204,8 +232,11 @@ class CommitLog:
 
         Each segment is read from offset 0 until its blank record, end of data or first invalid record,
         and the scan goes on with the next segment (so one bad record loses at most the rest of its
-        segment, not the store). ``ends`` collects each segment's :class:`SegmentEnd`.
+        segment, not the store). ``ends`` collects each segment's :class:`SegmentEnd`. DLedger data files
+        carry the ledger on (index contiguity) from a file that ended in its blank filler.
         """
+        kw.update(self.scan_options())
+        prev: tuple[int, int] | None = None
         for i, seg in enumerate(self.segments):
             if seg.file_size == 0:
                 continue
@@ -218,6 +249,8 @@ class CommitLog:
                 nxt = self.segments[i + 1] if i + 1 < len(self.segments) else None
                 if nxt is not None and hasattr(src, "read_ahead"):  # remote: no stall between segments
                     src.read_ahead(kw.get("window", DEFAULT_WINDOW), then=(nxt.path, nxt.file_size))
+                if self.dledger:
+                    kw["prev_entry"] = prev
                 scan = SegmentScan(src, seg.display, seg.base, **kw)
                 for batch in scan:
                     if from_offset is not None or to_offset is not None:
@@ -227,12 +260,15 @@ class CommitLog:
                     yield batch
                 if ends is not None and scan.end is not None:
                     ends.append(scan.end)
+                e = scan.end
+                prev = (e.last_index, e.last_term) if e is not None and e.kind == "blank" and e.last_index is not None \
+                    else None
             finally:
                 src.close()
 
     def read_table(self, **kw) -> pa.Table:
         """The whole commitlog as one table (small stores and tests only)."""
-        schema = message_schema(kw.get("with_body", False), kw.get("with_properties", True))
+        schema = message_schema(kw.get("with_body", False), kw.get("with_properties", True), self.dledger)
         return pa.Table.from_batches(list(self.scan(**kw)), schema=schema)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.scan.messageschema import MESSAGE_SCHEMA
+from storelib.scan.messageschema import DLEDGER_FIELDS, MESSAGE_SCHEMA
 
 # the message columns in their public order (body, and the data source's segment/_corrupt, come after);
 # prop_crc_ok: the 5.x ``__CRC32#`` property checked against the record (null where there is none)
@@ -27,6 +27,10 @@ MESSAGE_COLUMNS = [
     "store_host", "reconsume_times", "prepared_transaction_offset", "body_len", "topic", "tags", "keys",
     "uniq_key", "msg_id", "tags_code", "properties", "prop_crc_ok", "born_time", "store_time",
 ]
+
+# a DLedger-mode store's rows also carry their entry's ledger fields (after the message columns)
+DLEDGER_COLUMNS = [f.name for f in DLEDGER_FIELDS]
+_DLEDGER_SCHEMA = pa.schema(DLEDGER_FIELDS)
 
 # typed twin -> the epoch-ms column it is derived from
 TIME_COLUMNS = {"born_time": "born_timestamp", "store_time": "store_timestamp"}
@@ -75,6 +79,7 @@ def row_to_json(row: dict[str, Any], with_body: bool = False) -> dict[str, Any]:
     out = {k: row.get(k) for k in MESSAGE_COLUMNS}
     for name, src in TIME_COLUMNS.items():  # the typed twins as ISO-8601 UTC text
         out[name] = iso_utc(row.get(src))
+    out.update({k: row[k] for k in DLEDGER_COLUMNS if k in row})
     props = row.get("properties")
     if props is not None and not isinstance(props, dict):
         out["properties"] = dict(props)
@@ -88,10 +93,12 @@ def row_to_json(row: dict[str, Any], with_body: bool = False) -> dict[str, Any]:
     return out
 
 
-def output_schema(with_body: bool = False) -> pa.Schema:
-    """Arrow schema of the rows: message columns (all nullable: corrupt rows), ``body``, ``segment``, ``_corrupt``."""
-    names = MESSAGE_COLUMNS + (["body"] if with_body else [])
-    fields = [pa.field(n, TIME_TYPE) if n in TIME_COLUMNS else MESSAGE_SCHEMA.field(n).with_nullable(True)
+def output_schema(with_body: bool = False, dledger: bool = False) -> pa.Schema:
+    """Arrow schema of the rows: message columns (all nullable: corrupt rows), with ``dledger`` the entry
+    columns, ``body``, ``segment``, ``_corrupt``."""
+    names = MESSAGE_COLUMNS + (DLEDGER_COLUMNS if dledger else []) + (["body"] if with_body else [])
+    fields = [pa.field(n, TIME_TYPE) if n in TIME_COLUMNS
+              else (_DLEDGER_SCHEMA.field(n) if n in DLEDGER_COLUMNS else MESSAGE_SCHEMA.field(n)).with_nullable(True)
               for n in names]
     fields += [pa.field("segment", pa.string()), pa.field("_corrupt", pa.string())]
     return pa.schema(fields)
@@ -115,5 +122,5 @@ def message_batch(batch: pa.RecordBatch, schema: pa.Schema, segment_name: str) -
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
-__all__ = ["MESSAGE_COLUMNS", "message_batch", "output_schema", "row_to_json", "TIME_COLUMNS", "TIME_TYPE", "iso_utc", "iso_utc_column", "time_column",
+__all__ = ["DLEDGER_COLUMNS", "MESSAGE_COLUMNS", "message_batch", "output_schema", "row_to_json", "TIME_COLUMNS", "TIME_TYPE", "iso_utc", "iso_utc_column", "time_column",
            "time_fields", "with_time_columns"]

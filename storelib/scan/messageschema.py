@@ -37,12 +37,22 @@ MESSAGE_FIELDS: list[pa.Field] = [
 ]
 MESSAGE_SCHEMA = pa.schema(MESSAGE_FIELDS)
 
+# a DLedger-mode commitlog's entries add their header's ledger fields (after the message columns);
+# ``dledger_committed`` is null when the scan was not told the committed index
+DLEDGER_FIELDS: list[pa.Field] = [
+    pa.field("dledger_index", pa.int64(), False),
+    pa.field("dledger_term", pa.int64(), False),
+    pa.field("dledger_pos", pa.int64(), False),
+    pa.field("dledger_committed", pa.bool_()),
+]
+DLEDGER_NAMES = frozenset(f.name for f in DLEDGER_FIELDS)
 
-def message_schema(with_body: bool = False, with_properties: bool = True) -> pa.Schema:
-    """The scan schema for a choice of optional columns."""
+
+def message_schema(with_body: bool = False, with_properties: bool = True, dledger: bool = False) -> pa.Schema:
+    """The scan schema for a choice of optional columns (``dledger``: with the DLedger entry columns)."""
     drop = set()
     if not with_body:
         drop.add("body")
     if not with_properties:
         drop.add("properties")
-    return pa.schema([f for f in MESSAGE_FIELDS if f.name not in drop])
+    return pa.schema([f for f in MESSAGE_FIELDS if f.name not in drop] + (DLEDGER_FIELDS if dledger else []))

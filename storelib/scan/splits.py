@@ -15,6 +15,10 @@ The same search is the minimal resync used by permissive readers after a bad rec
 required, not one of two signals) because a false split boundary would silently mis-decode a region,
 and it reads through ``ByteSource.read`` windows instead of needing the whole segment in memory.
 
+In a DLedger data file a unit starts at a verified *entry* start: magic 1, the pos field equal to
+``base + p``, size = body length + 48, the record at ``p + 48`` passing the tests above (its
+PHYSICALOFFSET is ``base + p + 48``), confirmed by the entry chain (:func:`find_entry_start`).
+
 No Spark here: the result is a list of :class:`storelib.scan.commitlog.Split` values, cheap to ship.
 """
 
@@ -26,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from storelib.format.dledger.entries import BLANK_MAGIC as DL_BLANK
+from storelib.format.dledger.entries import BODY_OFFSET, ENTRY_MAGIC
 from storelib.format.record import BLANK_MAGIC, BORNHOST_V6_FLAG, MAGIC_V1, MAGIC_V2
 from storelib.scan.commitlog import CommitLog, Segment, Split
 from storelib.scan.scanner import MIN_RECORD_SIZE
@@ -130,6 +136,62 @@ def find_record_start(source, base: int, start: int, limit: int | None = None, *
     return None
 
 
+_ENTRY = struct.Struct(">iiqqq")  # magic, size, index, term, pos
+
+
+def _sane_entry(head: bytes | memoryview, base: int, pos: int, seg_len: int) -> int:
+    """The entry size when ``head`` (>= 84 bytes at ``pos``) is a DLedger entry written at ``pos`` holding a
+    record written at ``pos + 48``, else 0."""
+    if len(head) < BODY_OFFSET + 36:
+        return 0
+    magic, size, _, _, p = _ENTRY.unpack_from(head, 0)
+    if magic != ENTRY_MAGIC or p != base + pos or size > seg_len - pos:
+        return 0
+    if _HEAD.unpack_from(head, 44)[0] + BODY_OFFSET != size:
+        return 0
+    rec = _sane_start(head[BODY_OFFSET:], base, pos + BODY_OFFSET, seg_len)
+    return size if rec and rec + BODY_OFFSET == size else 0
+
+
+def _entry_chain_ok(source, base: int, seg_len: int, pos: int, confirm: int) -> bool:
+    """Do ``confirm`` entries follow ``pos`` (a blank filler or zeros also confirm)?"""
+    for _ in range(confirm):
+        left = seg_len - pos
+        if left < 8:
+            return False
+        head = source.read(pos, min(BODY_OFFSET + 36, left))
+        magic, size = _HEAD.unpack_from(head, 0)
+        if magic == DL_BLANK:
+            return size == left
+        if size == 0:
+            return magic == 0
+        size = _sane_entry(head, base, pos, seg_len)
+        if not size:
+            return False
+        pos += size
+    return True
+
+
+def find_entry_start(source, base: int, start: int, limit: int | None = None, *,
+                     confirm: int = CONFIRM_RECORDS, window: int = SEARCH_WINDOW) -> int | None:
+    """:func:`find_record_start` for a DLedger data file: the first verified entry start in
+    ``[start, limit)``, found through its record's magic 52 bytes in, or None."""
+    seg_len = source.size
+    limit = seg_len if limit is None else min(limit, seg_len)
+    lo = max(0, start)
+    while lo < limit:
+        count = min(window, limit - lo)
+        buf = source.read(lo, count + BODY_OFFSET + 35)
+        if len(buf) > BODY_OFFSET:
+            recs = _candidates(buf[BODY_OFFSET:], lo + BODY_OFFSET, count, base, seg_len)
+            for p in (recs - BODY_OFFSET).tolist():
+                size = _sane_entry(buf[p - lo: p - lo + BODY_OFFSET + 36], base, p, seg_len)
+                if size and _entry_chain_ok(source, base, seg_len, p + size, confirm):
+                    return p
+        lo += count
+    return None
+
+
 def first_store_timestamp(source, base: int, pos: int) -> int | None:
     """STORETIMESTAMP of the record at ``pos`` (None when no message record starts there)."""
     head = source.read(pos, 80)
@@ -153,10 +215,11 @@ def _segment_cuts(seg: Segment, source, step: int, search: int, extra: list[int]
     size = seg.file_size
     wanted = sorted({c for c in [*range(step, size, step), *extra] if 0 < c < size})
     cuts: list[int] = []
+    find = find_entry_start if seg.dledger else find_record_start
     for c in wanted:
         if cuts and c <= cuts[-1]:
             continue
-        p = find_record_start(source, seg.base, c, min(size, c + search))
+        p = find(source, seg.base, c, min(size, c + search))
         if p is not None and (not cuts or p > cuts[-1]):
             cuts.append(p)
     return cuts
@@ -210,18 +273,19 @@ def plan_splits(commitlog: CommitLog, max_split_bytes: int | None = DEFAULT_MAX_
         step = min(step, max(MIN_SPLIT_BYTES, -(-total // min_splits)))
     out: list[PlannedSplit] = []
     for seg in segs:
-        extra = [o - seg.base for o in (from_offset, to_offset) if o is not None]
+        head = BODY_OFFSET if seg.dledger else 0  # a unit starts at the entry of its first record
+        extra = [o - seg.base - head for o in (from_offset, to_offset) if o is not None]
         src = seg.open()
         try:
             cuts = _segment_cuts(seg, src, step, cut_search, extra)
             bounds = [0, *cuts, seg.file_size]
             for a, b in zip(bounds[:-1], bounds[1:]):
-                if from_offset is not None and seg.base + b <= from_offset:
+                if from_offset is not None and seg.base + b + head <= from_offset:
                     continue
-                if to_offset is not None and seg.base + a >= to_offset:
+                if to_offset is not None and seg.base + a + head >= to_offset:
                     continue
-                ts = first_store_timestamp(src, seg.base, a) if with_timestamps else None
-                out.append(PlannedSplit(Split(seg.base, seg.name, seg.path, a, b, seg.file_size), ts))
+                ts = first_store_timestamp(src, seg.base, a + head) if with_timestamps else None
+                out.append(PlannedSplit(Split(seg.base, seg.name, seg.path, a, b, seg.file_size, seg.dledger), ts))
         finally:
             src.close()
     return out

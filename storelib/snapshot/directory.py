@@ -26,10 +26,10 @@ SCHEMA = "rmqstore.snapshot/1"
 MANIFEST = "_manifest.json"
 
 
-def file_schema(with_body: bool) -> pa.Schema:
+def file_schema(with_body: bool, dledger: bool = False) -> pa.Schema:
     """The exported columns: the data source's (``segment`` included, no ``_corrupt``: only valid records
-    are exported) plus ``date`` (UTC store date) for partitioning."""
-    s = output_schema(with_body)
+    are exported; a DLedger store's entry columns) plus ``date`` (UTC store date) for partitioning."""
+    s = output_schema(with_body, dledger)
     return s.remove(s.get_field_index("_corrupt")).append(pa.field("date", pa.string()))
 
 

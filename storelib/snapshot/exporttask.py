@@ -152,7 +152,7 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
     idx, name, base, uri, file_size, start, crc, stop = item
     t0 = time.monotonic()
     keep_freed_memory()
-    schema = file_schema(ctx.with_body)
+    schema = file_schema(ctx.with_body, ctx.plan.inputs.dledger)
     scan_schema = pa.schema([f for f in schema if f.name != "date"])
     task = SegmentTask(idx, base, name, start, crc)
     ends: list[SegmentEnd] = []

@@ -65,9 +65,12 @@ from storelib.broker.dispatch.cqwriter import QueueState, build_consume_queues, 
 from storelib.broker.index.indexbuild import IndexState, build_index_files, empty_index_count, index_key_rows
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue
+from storelib.broker.settings.store import open_commitlog
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, resolve
 from storelib.format.consumequeue import list_queues
+from storelib.format.dledger.entries import BLANK_MAGIC as DL_BLANK
+from storelib.format.dledger.entries import BODY_OFFSET
 from storelib.format.indexdir import list_index_files
 from storelib.format.indexfile import IndexGeometry, IndexHeader
 from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
@@ -133,15 +136,19 @@ def _loc(where: str | os.PathLike | Location) -> Location:
 
 
 def _first_record_present(seg: Segment) -> bool:
-    """Does the segment start with a message record (not zeros/garbage)? Reads 8 bytes."""
+    """Does the segment start with a message record (not zeros/garbage)? Reads 8 bytes (a DLedger
+    entry's record, or its blank filler, 56)."""
+    head_len = BODY_OFFSET if seg.dledger else 0
     src = seg.open()
     try:
-        head = bytes(src.read(0, 8))
+        head = bytes(src.read(0, head_len + 8))
     finally:
         src.close()
-    if len(head) < 8:
+    if len(head) < head_len + 8:
         return False
-    magic = int.from_bytes(head[4:8], "big", signed=True)
+    if seg.dledger and int.from_bytes(head[:4], "big", signed=True) == DL_BLANK:
+        return True
+    magic = int.from_bytes(head[head_len + 4:head_len + 8], "big", signed=True)
     return magic in (MAGIC_V1, MAGIC_V2, BLANK_MAGIC)
 
 
@@ -350,7 +357,7 @@ def dispatch_store(
         raise StoreError(None, None, "unsupported", "multi-dispatch / LMQ (enableMultiDispatch=true) is not supported")
     root = _loc(store_root)
     out = _loc(out_root) if out_root is not None else root
-    cl = commitlog or CommitLog(root.join("commitlog"), int(settings.mapped_file_size_commit_log))
+    cl = commitlog or open_commitlog(root, settings)
     S = cl.segment_size
     findings: list[Finding] = []
     cq_size = int(settings.mapped_file_size_consume_queue)
@@ -385,7 +392,7 @@ def dispatch_store(
         src = seg.open()
         try:
             scan = SegmentScan(src, seg.display, seg.base, start, end, verify_crc=False, with_properties=False,
-                               delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS)
+                               delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS, **cl.scan_options())
             for batch in scan:
                 disp.add(batch)
                 if disp.rows >= chunk_rows:

@@ -322,6 +322,7 @@ def load_snapshot(store: Store, *, mtimes: str = "auto", tolerance_ms: int = MTI
     message's store time or later than the next segment's first one (beyond ``tolerance_ms``), as after
     a copy that did not keep times (tar with epoch dates, cp without -p).
     """
+    store.require_default_layout("the expiry simulation")
     from storelib.format.configjson import consumer_offsets, load_config
 
     if mtimes not in ("auto", "file", "store-time"):

@@ -15,6 +15,10 @@ The three steps are separate so that the per-segment scans can run anywhere (the
 scans segments on executors and feeds their ends to :func:`finish_walk`); :func:`recovery_walk`
 runs them in-process. A rebuild's target (store-algorithms §7.1) is :func:`rebuild_target`: a
 normal start with an empty consume queue.
+
+A DLedger-mode store (``RecoveryInputs.dledger``) is walked as its reput sees it once committed: every
+data file, no message CRC, through blank fillers to the ledger's end (DLedger's finer recovery rules:
+/work/notes/dledger.md §5-6).
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ class RecoveryInputs:
     message_index_enable: bool = True
     message_index_safe: bool = False
     broker_id: int = 0
+    dledger: bool = False  # a DLedger-mode commitlog (entries in dledger-<selfId>/data)
+    dledger_committed_index: int | None = None  # from DLedger's checkpoint: fills dledger_committed
 
     @classmethod
     def from_settings(cls, settings, **kw) -> RecoveryInputs:
@@ -100,8 +106,8 @@ class SegmentTask:
         ending there: the walk is unchanged, the rows say what a reader of them wants to know.
         """
         crc = self.crc and verify_crc and not prop_crc
-        return SegmentScan(source, "commitlog/" + self.name, self.base, self.start,
-                           verify_crc=crc or verify_all, stop_on_crc=crc, **kw)
+        file = kw.pop("file", "commitlog/" + self.name)
+        return SegmentScan(source, file, self.base, self.start, verify_crc=crc or verify_all, stop_on_crc=crc, **kw)
 
 
 @dataclass(frozen=True)
@@ -282,6 +288,9 @@ def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
     n = len(segs)
     cq_max = inputs.cq_max_phy_offset
     reput_from = dispatch_after = None
+    if inputs.dledger:  # DLedger's own checks keep the entries; the reput dispatches them from the first file
+        return WalkPlan(inputs, tuple(segs), "dledger", 0, "DLedger: every data file, no message CRC", None, None,
+                        tuple(found))
     if inputs.last_exit_ok:
         mode = "normal"
         if inputs.version == "4":
@@ -345,9 +354,12 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     first record whose ``__CRC32#`` property is missing or wrong). The :class:`SegmentEnd` is appended
     to ``ends``.
     """
-    check = plan.inputs.check_crc_on_recover
+    check = plan.inputs.check_crc_on_recover and not plan.inputs.dledger
     prop = plan.prop_crc and check and task.crc
     scan_kw.setdefault("delay_levels_ms", DEFAULT_DELAY_LEVELS_MS if delay_levels_ms is None else delay_levels_ms)
+    seg = plan.segments[task.index]
+    if seg.dledger:
+        scan_kw.update(dledger=True, committed_index=plan.inputs.dledger_committed_index, file=seg.display)
     scan = task.scan(source, verify_crc=check, prop_crc=prop, **scan_kw)
     end: SegmentEnd | None = None
     for batch in scan:
@@ -399,7 +411,7 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
 
     def end_of(i: int) -> SegmentEnd:
         if i not in ends:
-            raise StoreError("commitlog/" + segs[i].name, None, "missing_scan", "no scan result for this segment")
+            raise StoreError(segs[i].display, None, "missing_scan", "no scan result for this segment")
         return ends[i]
 
     # -- the window walk (§8.3 steps 2-4)
@@ -486,7 +498,7 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
         version=inp.version, mode=plan.mode, start_index=plan.start_index,
         start_base=segs[plan.start_index].base if n else None, start_reason=plan.start_reason,
         window_start=segs[plan.start_index].base if n else None,
-        crc_checked=inp.check_crc_on_recover, process_offset=process_offset, failure=failure,
+        crc_checked=inp.check_crc_on_recover and not inp.dledger, process_offset=process_offset, failure=failure,
         segments=tuple(reput_outcomes + outcomes), delete_segments=tuple(delete), truncate=truncate,
         cq_max_phy_offset=inp.cq_max_phy_offset,
         truncate_consume_queues=n > 0 and inp.cq_max_phy_offset >= process_offset,
@@ -512,6 +524,8 @@ def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool
         cq_max_phy_offset = consume_queue_max_phy_offset(store)
     kw = dict(last_exit_ok=last_exit_ok, checkpoint=checkpoint, cq_max_phy_offset=cq_max_phy_offset,
               segment_size=store.commitlog.segment_size)
+    if store.dledger is not None and store.dledger_state is not None:
+        kw.update(dledger=True, dledger_committed_index=store.dledger_state.committed_index)
     if version is not None:
         kw["version"] = version
     return RecoveryInputs.from_settings(store.settings, **kw)

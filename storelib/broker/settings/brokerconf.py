@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from storelib.broker.settings.brokerkeys import KNOWN_BROKER_CONF_KEYS
 from storelib.broker.settings.brokerline import BrokerLine
+from storelib.broker.settings.dledgerlayout import DLedgerLayout
 from storelib.errors import Finding, StoreError
 from storelib.fileio.smallfile_io import PathOrLocation, as_location, read_small
 from storelib.format.consumequeue import CQ_UNIT_SIZE
@@ -144,6 +145,10 @@ _KEYS: tuple[tuple[str, str, str, Any, Any, bool], ...] = (
         True,
     ),
     ("enableDLegerCommitLog", "enable_dleger_commit_log", "bool", False, False, True),
+    ("dLegerSelfId", "d_leger_self_id", "str", None, None, True),
+    ("dLegerGroup", "d_leger_group", "str", None, None, True),
+    ("dLegerPeers", "d_leger_peers", "str", None, None, True),
+    ("storePathDLedgerCommitLog", "store_path_d_ledger_commit_log", "str", None, None, True),
     ("duplicationEnable", "duplication_enable", "bool", False, False, True),
     ("enableMultiDispatch", "enable_multi_dispatch", "bool", False, False, True),
     ("enableLmq", "enable_lmq", "bool", False, False, True),
@@ -235,6 +240,10 @@ class BrokerSettings:
     flush_consume_queue_least_pages: int = 2
     flush_consume_queue_thorough_interval: int = 60_000
     enable_dleger_commit_log: bool = False
+    d_leger_self_id: str | None = None
+    d_leger_group: str | None = None
+    d_leger_peers: str | None = None
+    store_path_d_ledger_commit_log: str | None = None
     duplication_enable: bool = False
     enable_multi_dispatch: bool = False
     enable_lmq: bool = False
@@ -252,6 +261,7 @@ class BrokerSettings:
     extra: dict[str, str] = field(default_factory=dict)
     source: str | None = None
     line: BrokerLine | None = None  # how ``version`` was chosen (storelib.broker.settings.store.load_settings sets it)
+    dledger: DLedgerLayout | None = None  # DLedger mode: where its files are and why (load_settings sets it)
     inferred: tuple[Inferred, ...] = ()  # geometry taken from the files (no broker.conf/--set gave it)
     geometry_conflicts: tuple[Inferred, ...] = ()  # the files disagree with broker.conf/--set (which win)
     conf_findings: tuple[Finding, ...] = ()  # keys no broker reads (typos), a JSON file given as broker.conf

@@ -163,14 +163,23 @@ def _checkpoint_evidence(root: Location) -> list[str]:
 
 def _record_evidence(root: Location) -> list[str]:
     """V2 record magic and the ``__CRC32#`` property in the first records of the oldest segment."""
+    from storelib.broker.settings.dledgerlayout import dledger_dirs
     from storelib.scan.commitlog import list_files
 
-    cl = root.join("commitlog")
-    try:
-        infos = [i for i in list_files(cl) if i.type == pafs.FileType.File and len(i.base_name) == 20
-                 and i.base_name.isdigit() and (i.size or 0) > 0]
-    except (StoreError, OSError):
-        return []
+    def segments(d: Location) -> list:
+        try:
+            return [i for i in list_files(d) if i.type == pafs.FileType.File and len(i.base_name) == 20
+                    and i.base_name.isdigit() and (i.size or 0) > 0]
+        except (StoreError, OSError):
+            return []
+
+    cl, folder, dledger = root.join("commitlog"), "commitlog", False
+    infos = segments(cl)
+    nodes = dledger_dirs(root) if not infos else []
+    if len(nodes) == 1:  # a DLedger-mode store: the records are in its data files, 48 bytes into each entry
+        folder, dledger = f"{nodes[0]}/data", True
+        cl = root.join(nodes[0], "data")
+        infos = segments(cl)
     if not infos:
         return []
     first = min(infos, key=lambda i: i.base_name)
@@ -187,16 +196,16 @@ def _record_evidence(root: Location) -> list[str]:
 
     from storelib.scan.scanner import scan_buffer
 
-    table, _end = scan_buffer(buf, verify_crc=False, columns=["phy_offset", "magic_version", "properties"],
-                              batch_rows=EVIDENCE_RECORDS)
+    table, _end = scan_buffer(buf, base=int(first.base_name), verify_crc=False, dledger=dledger,
+                              columns=["phy_offset", "magic_version", "properties"], batch_rows=EVIDENCE_RECORDS)
     table = table.slice(0, EVIDENCE_RECORDS)
-    pos = table.column("phy_offset").to_numpy()
+    pos = table.column("phy_offset").to_numpy() - int(first.base_name)  # file offsets
     hit_v2 = np.flatnonzero(table.column("magic_version").to_numpy() == 2)
     hit_crc = np.flatnonzero(pc.is_valid(pc.map_lookup(table.column("properties"), CRC32, "first")).to_numpy(
         zero_copy_only=False))
     v2 = int(pos[hit_v2[0]]) if len(hit_v2) else None
     crc = int(pos[hit_crc[0]]) if len(hit_crc) else None
-    where = f"commitlog/{first.base_name}"
+    where = f"{folder}/{first.base_name}"
     out = []
     if v2 is not None:
         out.append(f"V2 record (magic 0xDAA320AB) at {where} @ {v2}")

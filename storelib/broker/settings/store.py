@@ -15,6 +15,12 @@ import pyarrow.fs as pafs
 
 from storelib.broker.settings.brokerconf import BrokerSettings, attribute_of, load_broker_conf
 from storelib.broker.settings.brokerline import detect_broker_line
+from storelib.broker.settings.dledgerlayout import (
+    DLedgerLayout,
+    DLedgerState,
+    detect_dledger,
+    read_dledger_state,
+)
 from storelib.broker.settings.geometry import Inferred, infer_geometry
 from storelib.broker.settings.storeroot import (
     NotAStoreError,
@@ -35,6 +41,7 @@ def load_settings(broker_conf: str | None = None, version: str | None = None,
     ``overrides`` keys only 5.x has, then the store at ``root``, then 4.x). Then ``broker_conf`` (or the
     line's defaults), then ``overrides`` (broker.conf key -> value, e.g. from ``--set``). Geometry
     that neither gives is taken from the files themselves and reported (see :func:`infer_geometry`).
+    A DLedger-mode store (storelib.broker.settings.dledgerlayout) sets ``settings.dledger``.
     """
     conf_keys = _conf_keys(broker_conf)
     line = detect_broker_line(root, conf_keys | set(overrides or ()), version,
@@ -47,13 +54,29 @@ def load_settings(broker_conf: str | None = None, version: str | None = None,
     explicit = set(overrides or ()) | conf_keys
     if root is not None:
         settings = apply_geometry(settings, root, explicit)
-    if root is not None and not explicit & {"mappedFileSizeCommitLog", "mapped_file_size_commit_log"}:
-        size = _segment_file_size(root.join("commitlog"))
-        if size and size != settings.mapped_file_size_commit_log:
-            settings = dataclasses.replace(
-                settings.with_overrides({"mappedFileSizeCommitLog": size}),
-                source=f"{settings.source or 'defaults'}; {INFERRED_NOTE} {size}")
+    settings = with_dledger(settings, root, explicit)
+    if root is not None:
+        settings = infer_segment_size(settings, root, explicit)
     return settings
+
+
+def infer_segment_size(settings: BrokerSettings, root: Location, explicit: set[str]) -> BrokerSettings:
+    """mappedFileSizeCommitLog from the segment (or DLedger data) files when no broker.conf/--set gave it."""
+    if explicit & {"mappedFileSizeCommitLog", "mapped_file_size_commit_log"}:
+        return settings
+    size = _segment_file_size(_log_dir(root, settings.dledger))
+    if size and size != settings.mapped_file_size_commit_log:
+        settings = dataclasses.replace(settings.with_overrides({"mappedFileSizeCommitLog": size}),
+                                       source=f"{settings.source or 'defaults'}; {INFERRED_NOTE} {size}")
+    return settings
+
+
+def with_dledger(settings: BrokerSettings, root: Location | None, explicit: set[str]) -> BrokerSettings:
+    """The settings with the DLedger layout the settings and the files give (unchanged for a default store)."""
+    layout = detect_dledger(root, settings, explicit)
+    if layout is None:
+        return settings
+    return dataclasses.replace(settings, dledger=layout, enable_dleger_commit_log=True, d_leger_self_id=layout.self_id)
 
 
 def apply_geometry(settings: BrokerSettings, root: Location, explicit: set[str]) -> BrokerSettings:
@@ -104,6 +127,27 @@ def settings_findings(settings: BrokerSettings) -> list[Finding]:
 INFERRED_NOTE = "mappedFileSizeCommitLog inferred from the segment files:"
 
 
+def open_commitlog(root: Location, settings: BrokerSettings, committed_index: int | None = None) -> CommitLog:
+    """The store's commitlog as its settings place it: ``commitlog/``, or a DLedger node's data files
+    (``committed_index`` from DLedger's checkpoint fills ``dledger_committed``; None leaves it null)."""
+    size = int(settings.mapped_file_size_commit_log)
+    d = settings.dledger
+    if d is None:
+        return CommitLog(root.join("commitlog"), size)
+    cl = CommitLog(_log_dir(root, d), size, dledger=True, folder=d.data, committed_index=committed_index)
+    cl.findings[:0] = d.findings
+    return cl
+
+
+def _log_dir(root: Location, layout: DLedgerLayout | None) -> Location:
+    """The directory of the commitlog's segment files: ``commitlog/`` or the DLedger data directory."""
+    if layout is None:
+        return root.join("commitlog")
+    if layout.data.startswith("/"):
+        return Location(root.fs, layout.data, root.local)
+    return root.join(*layout.data.split("/"))
+
+
 def _conf_keys(broker_conf: str | None) -> set[str]:
     if not broker_conf:
         return set()
@@ -146,18 +190,17 @@ class Store:
             raise StoreLayoutError(self.uri, None, "not_found", "store root does not exist")
         if info.type != pafs.FileType.Directory:
             raise StoreLayoutError(self.uri, None, "not_a_directory", "store root is not a directory")
-        require_store_root(self.loc, self.uri)
         if settings is None:
-            settings = self._load_settings(broker_conf)
+            settings = with_dledger(load_settings(broker_conf), self.loc, _conf_keys(broker_conf))
+            if settings.dledger is not None:  # a DLedger node's data file size is its commitlog segment size
+                settings = infer_segment_size(settings, self.loc, _conf_keys(broker_conf))
+        if settings.dledger is None:
+            require_store_root(self.loc, self.uri)
         self.settings = settings
         self.findings: list[Finding] = settings_findings(settings)
         head = commitlog_head_finding(self.loc)
         if head is not None:
             self.findings.append(head)
-
-    @staticmethod
-    def _load_settings(broker_conf: str | None):
-        return load_settings(broker_conf)
 
     @property
     def local(self) -> bool:
@@ -170,13 +213,29 @@ class Store:
     def exists(self, *parts: str) -> bool:
         return self.loc.fs.get_file_info(self.path(*parts).path).type != pafs.FileType.NotFound
 
+    @property
+    def dledger(self) -> DLedgerLayout | None:
+        """The DLedger layout of a DLedger-mode store (None for a default-mode one)."""
+        return self.settings.dledger
+
+    @cached_property
+    def dledger_state(self) -> DLedgerState | None:
+        """DLedger's checkpoint and currterm (with their .bak) as its load reads them."""
+        d = self.dledger
+        return None if d is None else read_dledger_state(self.path(d.dir), d.dir)
+
     @cached_property
     def commitlog(self) -> CommitLog:
-        size = self.settings.mapped_file_size_commit_log
-        cl = CommitLog(self.path("commitlog"), size)
+        """The commitlog: ``commitlog/``, or in DLedger mode the node's data files (entries scanned with
+        the DLedger columns, ``dledger_committed`` from DLedger's checkpoint)."""
+        st = self.dledger_state
+        cl = open_commitlog(self.loc, self.settings, st.committed_index if st is not None else None)
+        if st is not None:
+            cl.findings[:0] = st.findings
+        size = cl.segment_size
         source = self.settings.source or ""
         if INFERRED_NOTE in source:
-            cl.findings.insert(0, Finding("segment_size_inferred", "info", "commitlog", None,
+            cl.findings.insert(0, Finding("segment_size_inferred", "info", cl.folder, None,
                                           f"no broker.conf or --set gave mappedFileSizeCommitLog: using {size} bytes, "
                                           "the size of the segment files"))
         return cl
@@ -196,6 +255,15 @@ class Store:
         for f in self.findings:
             if f.kind == "commitlog_head_not_a_record" and not any_segment_starts_with_record(self.loc):
                 raise NotAStoreError(f.file, f.offset, "not_a_commitlog", f"{what}: {f.detail}")
+
+    def require_default_layout(self, what: str) -> None:
+        """Fail (one line) where ``what`` does not model DLedger-mode stores yet, rather than apply the
+        default store's rules to DLedger files (issue #28 stage B: audit, recover, expiry, timers)."""
+        d = self.dledger
+        if d is not None:
+            raise StoreLayoutError(self.uri, None, "dledger_unsupported",
+                                   f"{what} does not handle DLedger-mode stores yet ({d.dir}/: {d.reason}); info, "
+                                   "messages, get, export, rebuild and the data sources read them")
 
     def require_local(self, what: str) -> str:
         """The local root path, or a clear error for operations that modify a store in place."""

@@ -24,14 +24,56 @@ CONFIG_FILES = ["topics.json", "consumerOffset.json", "subscriptionGroup.json", 
 OnSegment = Callable[[int, int], None] | None
 
 
-def _queue_stats(store: Store, on_segment: OnSegment) -> tuple[dict, list[dict]]:
+class _LedgerStats:
+    """What one scan of a DLedger store's entries tells about its ledger (first/last entry, the committed
+    entry's end, the entries past the committed index)."""
+
+    def __init__(self, committed: int | None):
+        self.committed = committed
+        self.first: int | None = None
+        self.last: tuple[int, int, int] | None = None  # index, term, end position of the last entry
+        self.committed_end: int | None = None
+        self.unc_entries = self.unc_bytes = 0
+        self.unc_first_phy: int | None = None
+        self.unc_queues: dict[str, int] = {}
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if not batch.num_rows:
+            return
+        idx = batch.column("dledger_index").to_numpy()
+        end = batch.column("dledger_pos").to_numpy() + 48 + batch.column("size").to_numpy()
+        if self.first is None:
+            self.first = int(idx[0])
+        self.last = (int(idx[-1]), int(batch.column("dledger_term")[-1].as_py()), int(end[-1]))
+        if self.committed is None:
+            return
+        hit = idx == self.committed
+        if hit.any():
+            self.committed_end = int(end[hit][0])
+        unc = idx > self.committed
+        if unc.any():
+            self.unc_entries += int(unc.sum())
+            self.unc_bytes += int((end[unc] - batch.column("dledger_pos").to_numpy()[unc]).sum())
+            if self.unc_first_phy is None:
+                self.unc_first_phy = int(batch.column("phy_offset").to_numpy()[unc][0])
+            t = pa.Table.from_batches([batch.filter(pa.array(unc))]).group_by(["topic", "queue_id"]).aggregate(
+                [("size", "count")])
+            for r in t.to_pylist():
+                k = f"{r['topic']}:{r['queue_id']}"
+                self.unc_queues[k] = self.unc_queues.get(k, 0) + r["size_count"]
+
+
+def _queue_stats(store: Store, on_segment: OnSegment, ledger: _LedgerStats | None = None) -> tuple[dict, list[dict]]:
     """Per (topic, queue) message stats from one commitlog scan, plus per-segment results."""
     acc: dict[tuple[str, int], list[int]] = {}
     ends: list = []
     cols = ["topic", "queue_id", "queue_offset", "store_timestamp", "size", "tran_type"]
+    scan_cols = cols + (["phy_offset", "dledger_index", "dledger_term", "dledger_pos"] if ledger is not None else [])
     records = 0
-    for batch in store.scan(verify_crc=False, with_properties=False, columns=cols, ends=ends):
+    for batch in store.scan(verify_crc=False, with_properties=False, columns=scan_cols, ends=ends):
         records += batch.num_rows
+        if ledger is not None:
+            ledger.add(batch)
         if on_segment is not None:
             on_segment(len(ends), records)
         t = pa.Table.from_batches([batch.select(cols)])
@@ -65,8 +107,10 @@ def collect(store: Store, scan: bool = True, on_segment: OnSegment = None) -> di
     out["segment_size"] = cl.segment_size
     out["segments"] = [{"name": s.name, "base": s.base, "size": s.file_size, "mtime_ms": s.mtime_ms} for s in cl.segments]
     stats: dict = {}
+    st = store.dledger_state
+    ledger = _LedgerStats(st.committed_index if st is not None else None) if store.dledger is not None else None
     if scan:
-        stats, ends = _queue_stats(store, on_segment)
+        stats, ends = _queue_stats(store, on_segment, ledger)
         for seg, e in zip([s for s in cl.segments if s.file_size], ends):
             for d in out["segments"]:
                 if d["name"] == seg.name:
@@ -87,7 +131,10 @@ def collect(store: Store, scan: bool = True, on_segment: OnSegment = None) -> di
         out["checkpoint"] = None
         findings.append(Finding(e.kind, "warning", e.file, e.offset, e.detail))
     ab = abort_state(store.loc)
-    out["abort"] = {"exists": ab.exists, "pid": ab.pid, "meaning": what_broker_does(ab)}
+    meaning = what_broker_does(ab) if store.dledger is None else dledger_restart(store.settings.version, ab.exists)
+    out["abort"] = {"exists": ab.exists, "pid": ab.pid, "meaning": meaning}
+    if store.dledger is not None:
+        out["dledger"] = dledger_summary(store, ledger if scan else None, findings)
     lk = lock_state(store.loc)
     out["lock"] = {"exists": lk.exists, "held_by_other": lk.held_by_other, "detail": lk.detail}
     out["timer_store"] = _timer_summary(store, findings)
@@ -96,6 +143,54 @@ def collect(store: Store, scan: bool = True, on_segment: OnSegment = None) -> di
     out["findings"] = [f.to_dict() for f in fold_geometry_findings(findings)]
     return out
 
+
+
+def dledger_restart(version: str, abnormal: bool) -> str:
+    """What a start-up does to a DLedger-mode store (DLedgerCommitLog.recover; /work/notes/dledger.md §6)."""
+    if not abnormal:
+        return ("no abort file: a clean exit; DLedger recovers its data and index files and reads its checkpoint, "
+                "and the consume queues are cut only where they point past the data's end")
+    if version == "4":
+        return ("abort file present: the last exit was abnormal; 4.9.8's DLedgerCommitLog recovers exactly as after a "
+                "clean exit (DLedger's own recovery, no message re-scan or re-dispatch), but IndexService.load first "
+                "deletes index files newer than the checkpoint's indexMsgTimestamp and they are not rebuilt")
+    return ("abort file present: the last exit was abnormal; 5.3.3's DLedgerCommitLog re-walks the messages from the "
+            "newest data file older than the checkpoint, re-dispatching them, and truncates the consume queues at "
+            "its processOffset; IndexService.load first deletes index files newer than indexMsgTimestamp")
+
+
+def dledger_summary(store: Store, ledger: _LedgerStats | None, findings: list[Finding]) -> dict[str, Any]:
+    """The ledger at a glance: DLedger's state files, the entries' first and last index, the committed index
+    and position a load() ends with, the broker's max offset, and what is on disk but not committed."""
+    d, st = store.dledger, store.dledger_state
+    assert d is not None and st is not None
+    findings.extend(st.findings)
+    out: dict[str, Any] = {**d.to_json(), **st.to_json()}
+    out.pop("findings", None)
+    if st.currterm is not None:
+        out["term"], out["voted_for"] = st.currterm.curr_term, st.currterm.vote_leader
+    if ledger is None or ledger.last is None:
+        return out
+    begin, (end, end_term, write_pos) = ledger.first, ledger.last
+    cp = st.committed_index
+    committed = None if cp is None else (-1 if cp < begin else min(cp, end))
+    committed_pos = -1 if committed is None or committed < 0 else (write_pos if committed == end else ledger.committed_end)
+    min_offset = store.commitlog.min_offset
+    out.update({"ledger_begin_index": begin, "ledger_end_index": end, "ledger_end_term": end_term,
+                "entries": end - begin + 1, "write_pos": write_pos, "committed_index_after_load": committed,
+                "committed_pos": committed_pos,
+                "broker_max_offset": committed_pos if committed_pos and committed_pos > 0 else (min_offset if min_offset > 0 else 0)})
+    if committed is not None and committed < end:
+        unc = {"entries": ledger.unc_entries, "bytes": ledger.unc_bytes, "from_index": committed + 1, "to_index": end,
+               "from_phy_offset": ledger.unc_first_phy, "end_pos": write_pos, "queues": ledger.unc_queues}
+        out["uncommitted"] = unc
+        findings.append(Finding(
+            "dledger_uncommitted_entries", "warning", f"{d.dir}/checkpoint", None,
+            f"{unc['entries']} entries (index {committed + 1}..{end}, {unc['bytes']} bytes from physical offset "
+            f"{ledger.unc_first_phy}) are on disk past DLedger's committed index {committed}: after load() the broker's "
+            f"max offset is {out['broker_max_offset']}, not {write_pos}; consumers see them only once DLedger commits "
+            "them again", {"committed_index": committed, "ledger_end_index": end}))
+    return out
 
 
 def _queue_rows(store: Store, stats: dict, findings: list[Finding], out: dict[str, Any]) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import re
 
 import pyarrow.fs as pafs
 
+from storelib.broker.settings.dledgerlayout import dledger_dirs
 from storelib.errors import Finding, StoreLayoutError
 from storelib.fileio.bytesource import Location, open_source
 from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
@@ -24,7 +25,7 @@ class NotAStoreError(StoreLayoutError):
 
 
 def require_store_root(loc: Location, shown: str) -> None:
-    """Raise :class:`NotAStoreError` unless ``loc`` holds a ``commitlog/`` directory.
+    """Raise :class:`NotAStoreError` unless ``loc`` holds a ``commitlog/`` directory (or DLedger's folders).
 
     ``shown`` is the path as the user wrote it; the error names a store one level down when there is one.
     """
@@ -32,7 +33,7 @@ def require_store_root(loc: Location, shown: str) -> None:
         kind = loc.fs.get_file_info(loc.join("commitlog").path).type
     except OSError as e:
         raise NotAStoreError(shown, None, "unreadable", str(e)) from None
-    if kind == pafs.FileType.Directory:
+    if kind == pafs.FileType.Directory or dledger_dirs(loc):
         return
     if loc.fs.get_file_info(loc.path).type == pafs.FileType.NotFound:
         raise NotAStoreError(shown, None, "not_found", "store root does not exist")
@@ -43,10 +44,12 @@ def require_store_root(loc: Location, shown: str) -> None:
     except OSError:
         below = []
     for name in sorted(below, key=lambda n: (n != "store", n))[:64]:
-        if loc.fs.get_file_info(loc.join(name, "commitlog").path).type == pafs.FileType.Directory:
+        if (loc.fs.get_file_info(loc.join(name, "commitlog").path).type == pafs.FileType.Directory
+                or dledger_dirs(loc.join(name))):
             hint = f"; did you mean {shown.rstrip('/')}/{name}?"
             break
-    raise NotAStoreError(shown, None, "not_a_store", f"not a RocketMQ store root: no commitlog/ here{hint}")
+    raise NotAStoreError(shown, None, "not_a_store",
+                         f"not a RocketMQ store root: no commitlog/ here (nor DLedger's dledger-<selfId>/){hint}")
 
 
 def _segments(loc: Location) -> list[pafs.FileInfo]:

@@ -188,6 +188,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     ``walk_runner``: runs the commitlog walk's segment scans (default: here, in order; the jobs pass one
     that maps :func:`storelib.broker.recovery.walk.walk_task` on an engine, with the same result).
     """
+    store.require_default_layout("the start-up replay (simulate / recover)")
     settings = store.settings
     version = version or ("5" if str(settings.version).startswith("5") else "4")
     findings: list[Finding] = list(store.commitlog.findings)

@@ -125,6 +125,7 @@ def timer_messages(store: Store, log: TimerLog, precision_ms: int = 1000) -> pa.
 
 def store_timers(store: Store) -> pa.Table:
     """:func:`timer_messages` of a store with its own settings (timerlog file size, precision)."""
+    store.require_default_layout("the timer store reader")
     s = store.settings
     return timer_messages(store, read_timerlog(store.loc, s.mapped_file_size_timer_log), precision_of(s))
 
@@ -174,6 +175,7 @@ def timer_losses(timers: pa.Table, deletions: list[dict], segment_size: int,
 def timer_store_summary(store: Store) -> dict[str, Any]:
     """The timer store at a glance, read once (``rmqstore timers``): the timerlog, the wheel, every timer
     message (:func:`timer_messages`), the files' findings and a summary dict."""
+    store.require_default_layout("the timer store reader")
     s = store.settings
     precision = precision_of(s)
     log = read_timerlog(store.loc, s.mapped_file_size_timer_log)

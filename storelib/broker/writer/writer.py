@@ -25,6 +25,10 @@ did not create): the topic-queue table and write position are recovered from a s
 recoverTopicQueueTable). Segment files are created full size through a temp file + rename and then
 written in place only by this writer, which holds the store's ``lock`` while open.
 
+DLedger mode (``dledger_self_id``): records go into ``dledger-<selfId>/data`` as entries (one per
+message, batches included), each entry's index unit into ``index/``, a shutdown writes DLedger's
+checkpoint and currterm (:mod:`storelib.broker.writer.dledgerwriter`); offsets are entry pos + 48.
+
 Not supported: 5.x inner batches (BatchCQ topics), timer messages, LMQ multi-dispatch.
 """
 
@@ -41,8 +45,10 @@ import numpy as np
 import pyarrow.compute as pc
 
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.writer.dledgerwriter import DLedgerAppender
 from storelib.errors import StoreError
 from storelib.format.crc import body_crc
+from storelib.format.dledger.entries import BODY_OFFSET
 from storelib.format.javahash import java_string_hash
 from storelib.format.markers import hold_lock, remove_abort, write_abort
 from storelib.format.properties import (
@@ -181,20 +187,25 @@ class StoreWriter:
 
     def __init__(self, root: str | os.PathLike, settings: BrokerSettings | None = None, *, version: str | None = None,
                  clock: Callable[[], int] | None = None, store_host: str = DEFAULT_STORE_HOST,
-                 preallocate: bool = False, property_order: str = "hashmap", lock: bool = True):
+                 preallocate: bool = False, property_order: str = "hashmap", lock: bool = True,
+                 dledger_self_id: str | None = None, dledger_term: int = 0):
         if settings is None:
             settings = BrokerSettings.defaults(version or "4")
+        self.root = os.path.abspath(os.fspath(root))
+        self.dl = DLedgerAppender(self.root, dledger_self_id, dledger_term) if dledger_self_id else None
+        if self.dl is not None:
+            settings = replace(settings.with_overrides({"enableDLegerCommitLog": True, "dLegerSelfId": dledger_self_id}),
+                               dledger=self.dl.layout())
         self.settings = settings
         self.version = str(version or settings.version)[0]
         if self.version not in ("4", "5"):
             raise StoreError(None, None, "bad_value", f"version must be '4' or '5', not {version!r}")
         self.v5 = self.version == "5"
-        self.root = os.path.abspath(os.fspath(root))
         self.segment_size = int(settings.mapped_file_size_commit_log)
         self.store_host = store_host
         self.preallocate = preallocate
         self.property_order = property_order
-        self.prop_crc = self.v5 and bool(settings.enabled_append_prop_crc)
+        self.prop_crc = self.v5 and bool(settings.enabled_append_prop_crc) and self.dl is None  # DLedger: never
         self.auto_v2 = self.v5 and bool(settings.auto_message_version_on_topic_len)
         self.delay_levels = list(settings.delay_levels_ms)
         self.max_message_size = int(settings.max_message_size)
@@ -204,7 +215,7 @@ class StoreWriter:
         self.last_dispatch = None
         self.closed = False
         self._stack = contextlib.ExitStack()
-        os.makedirs(os.path.join(self.root, "commitlog"), exist_ok=True)
+        os.makedirs(self._log_dir(), exist_ok=True)
         if lock:
             self._stack.enter_context(hold_lock(self.root))
         self._seg_base: int | None = None
@@ -217,8 +228,11 @@ class StoreWriter:
         write_abort(self.root, os.getpid() if self.v5 else None)
 
     # -- open / recover ------------------------------------------------------------------------
+    def _log_dir(self) -> str:
+        return self.dl.data_dir if self.dl is not None else os.path.join(self.root, "commitlog")
+
     def _commitlog(self) -> CommitLog:
-        return CommitLog(os.path.join(self.root, "commitlog"), self.segment_size)
+        return CommitLog(self._log_dir(), self.segment_size, dledger=self.dl is not None)
 
     def _recover(self) -> None:
         """Continue an existing commitlog: write position and topic-queue table from a scan."""
@@ -232,12 +246,16 @@ class StoreWriter:
                              f"cannot append to this commitlog: {bad[0].detail}")
         ends: list = []
         cols = ["topic", "queue_id", "queue_offset", "tran_type", "store_timestamp"]
+        if self.dl is not None:
+            cols.append("dledger_index")
         last: dict[tuple[str, int], int] = {}
         for batch in cl.scan(ends=ends, verify_crc=False, with_properties=False, columns=cols):
             if batch.num_rows == 0:
                 continue
             ts = np.asarray(batch.column("store_timestamp"))
             self.last_store_timestamp = max(self.last_store_timestamp, int(ts.max()))
+            if self.dl is not None:
+                self.dl.next_index = int(batch.column("dledger_index")[-1].as_py()) + 1
             tt = np.asarray(batch.column("tran_type"))
             keep = np.flatnonzero((tt == 0) | (tt == 2))
             if not len(keep):
@@ -274,7 +292,7 @@ class StoreWriter:
 
     # -- segments ------------------------------------------------------------------------------
     def _segment_path(self, base: int) -> str:
-        return os.path.join(self.root, "commitlog", offset_to_file_name(base))
+        return os.path.join(self._log_dir(), offset_to_file_name(base))
 
     def _create_file(self, base: int) -> None:
         path = self._segment_path(base)
@@ -350,7 +368,7 @@ class StoreWriter:
         need = sum(len(r) for r, *_ in recs)
         if self._seg_base is None:
             self._open_segment(0)
-        if self._pos + need + END_FILE_MIN_BLANK_LENGTH > S:
+        if self.dl is None and self._pos + need + END_FILE_MIN_BLANK_LENGTH > S:
             free = S - self._pos
             if self._pos == 0:
                 raise StoreError(None, None, "message_too_large", f"{need} bytes cannot fit a segment")
@@ -366,10 +384,21 @@ class StoreWriter:
                 offsets[key] = qoff + 1
             else:
                 qoff = 0
-            phy = self._seg_base + self._pos
-            self._patch(rec, qoff, phy, ts)
-            self._buf += rec
-            self._pos += len(rec)
+            if self.dl is not None:  # one entry per record, each placed by DLedger's own rule
+                fill = self.dl.filler_before(self._pos, self.segment_size, len(rec))
+                if fill:  # MmapFileList.preAppend: the entry goes to the next data file
+                    self._buf += fill
+                    self._open_segment(self._seg_base + self.segment_size)
+                phy = self._seg_base + self._pos + BODY_OFFSET
+                self._patch(rec, qoff, phy, ts)
+                ent = self.dl.entry(rec, phy - BODY_OFFSET)
+                self._buf += ent
+                self._pos += len(ent)
+            else:
+                phy = self._seg_base + self._pos
+                self._patch(rec, qoff, phy, ts)
+                self._buf += rec
+                self._pos += len(rec)
             sysf = int.from_bytes(rec[36:40], "big", signed=True)
             sh = 20 if sysf & 0x20 else 8
             bh = 20 if sysf & BORNHOST_V6_FLAG else 8
@@ -538,6 +567,10 @@ class StoreWriter:
         write_checkpoint(self.root, Checkpoint(self.last_store_timestamp, logics, index_ts))
         if clean:
             remove_abort(self.root)
+        if self.dl is not None:
+            if clean:
+                self.dl.shutdown()
+            self.dl.close()
         self.closed = True
         self._stack.close()
 
