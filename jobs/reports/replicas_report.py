@@ -32,7 +32,8 @@ def summary_row(r: dict[str, Any]) -> dict[str, Any]:
 
 def summary_text(r: dict[str, Any]) -> str:
     """The console summary of one comparison."""
-    lines = [f"mode: {r['mode']}" + (f" (reference: {r['reference']}, the newest epoch)" if r.get("reference") else ""),
+    what = "the leader" if r["mode"] == "dledger" else "the newest epoch"
+    lines = [f"mode: {r['mode']}" + (f" (reference: {r['reference']}, {what})" if r.get("reference") else ""),
              "consistent: each store is a prefix of another" if r["consistent"]
              else f"DIVERGED at offset {r['diverged_at']:,}"]
     w = max(len(s["name"]) for s in r["stores"])
@@ -62,7 +63,8 @@ def summary_text(r: dict[str, Any]) -> str:
 def _summary(r: dict) -> str:
     status = ('<b style="color:#2f9e44">CONSISTENT</b>' if r["consistent"]
               else f'<b style="color:#d9480f">DIVERGED at {r["diverged_at"]:,}</b>')
-    cells = [("status", status), ("mode", _e(r["mode"])), ("reference (newest epoch)", _e(r.get("reference") or "-")),
+    ref = "reference (the DLedger leader)" if r["mode"] == "dledger" else "reference (newest epoch)"
+    cells = [("status", status), ("mode", _e(r["mode"])), (ref, _e(r.get("reference") or "-")),
              ("stores", len(r["stores"]))]
     rows = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in cells)
     st = []
@@ -73,11 +75,20 @@ def _summary(r: dict) -> str:
                   f'<td class="num">{s["held_only_here"]["bytes"]:,}</td><td class="num">'
                   f'{"-" if s["truncated_at"] is None else format(s["truncated_at"], ",")}</td>'
                   f'<td>{_e(rj.get("outcome", "-"))}</td>'
-                  f'<td class="mono">{_e(" ".join(f"{e}-{o}" for e, o in s["epochs"]) or "-")}</td></tr>')
+                  f'<td class="mono">{_e(_meta(s))}</td></tr>')
     return (f'<section id="summary"><h2>Summary</h2><table class="kv">{rows}</table><h3>Stores</h3>'
             '<table class="grid"><thead><tr><th>store</th><th>uri</th><th>min offset</th><th>end</th><th>only here</th>'
-            '<th>bytes only here</th><th>truncated at</th><th>rejoin</th><th>epochs</th></tr></thead><tbody>'
+            '<th>bytes only here</th><th>truncated at</th><th>rejoin</th><th>epochs / ledger</th></tr></thead><tbody>'
             + "".join(st) + "</tbody></table></section>")
+
+
+def _meta(s: dict) -> str:
+    """A store's epochs (controller mode) or ledger (DLedger: index range, last term, committed index)."""
+    led = s.get("ledger")
+    if led:
+        return (f"{led['self_id']}: index {led['begin_index']}..{led['end_index']} (term {led['end_term']}), committed "
+                f"{led['committed_index']}, current term {led['term']}")
+    return " ".join(f"{e}-{o}" for e, o in s["epochs"]) or "-"
 
 
 def _map(r: dict) -> str:
@@ -142,8 +153,9 @@ def _holdings(r: dict) -> str:
         parts.append(_queue_table(f"{s['name']}: {s['only_here']:,} message(s) no other store holds",
                                   s["held_only_here"]["queues"]))
         rj = s.get("rejoin")
-        if rj and rj.get("drops"):
-            parts.append(f'<p class="note">{_e(rj["detail"])}</p>')
+        if rj:
+            parts.append(f'<p class="note">{_e(s["name"])} rejoining {_e(rj["master"])}: {_e(rj["detail"])}</p>')
+        if rj and rj.get("drops") and rj["drops"]["messages"]:
             parts.append(_queue_table(f"{s['name']}: {rj['drops']['messages']:,} message(s) a rejoin of "
                                       f"{rj['master']} drops", rj["drops"]["queues"]))
     return '<section id="holdings"><h2>What each store holds alone, and what a rejoin drops</h2>' + "".join(parts) + "</section>"

@@ -41,6 +41,7 @@ class SegmentRef:
     name: str
     uri: str
     file_size: int
+    dledger: bool = False  # a DLedger data file (entries; records at +48)
 
 
 @dataclass
@@ -75,25 +76,42 @@ class StoreFacts:
     stale_tail: dict[str, Any] | None
     config: ConfigFacts
     findings: list[Finding] = field(default_factory=list)
+    ledger: dict[str, Any] | None = None  # DLedger mode: the node's ledger after load (storelib.broker.replicas.ledger)
 
 
 def _segment_uri(store: Store, seg) -> str:
     u = store.uri.rstrip("/")
-    return u + "/commitlog/" + seg.name if "://" in u else seg.loc.path
+    return u + "/" + seg.folder.strip("/") + "/" + seg.name if "://" in u else seg.loc.path
 
 
 def store_facts(spec: StoreSpec) -> StoreFacts:
     """The facts of one store (a task: module-level, so it pickles by reference)."""
-    from storelib.broker.recovery.walk import recovery_walk
+    from storelib.broker.recovery.walk import finish_walk, plan_recovery, run_tasks, store_inputs
+    from storelib.broker.replicas.ledger import ledger_facts, stale_entries
     from storelib.format.checkpoint import read_checkpoint
 
     store = spec.open()
     cl = store.commitlog
     findings = [f for f in [*store.findings, *cl.findings] if f.severity in ("warning", "error", "critical")]
-    segs = [SegmentRef(s.base, s.name, _segment_uri(store, s), s.file_size) for s in cl.segments if s.file_size > 0]
-    rec = recovery_walk(store)
+    segs = [SegmentRef(s.base, s.name, _segment_uri(store, s), s.file_size, s.dledger)
+            for s in cl.segments if s.file_size > 0]
+    plan = plan_recovery(store_inputs(store), cl.segments)
+    ends = run_tasks(plan, delay_levels_ms=list(store.delay_levels_ms))
+    rec = finish_walk(plan, ends)
     end = rec.process_offset
     min_offset = segs[0].base if segs else 0
+    if store.dledger is not None:
+        last = next(((e.last_index, e.last_term) for _, e in sorted(ends.items(), reverse=True)
+                     if e.last_index is not None), (None, None))
+        ledger = ledger_facts(store, end, last)
+        if store.dledger_state is not None:
+            findings += [f for f in store.dledger_state.findings if f.severity != "info"]
+        return StoreFacts(
+            name=spec.name, uri=spec.uri, version=store.settings.version, segment_size=cl.segment_size, segments=segs,
+            min_offset=min_offset, end=end, recovery={"mode": rec.mode, "process_offset": end, "failure": None},
+            confirm_offset=None, epochs=[], epoch_source=None, epoch_present=False, epoch_broker_fails=False,
+            stale_tail=stale_entries(store, end, ledger["end_index"]), config=config_facts(store, findings),
+            findings=findings, ledger=ledger)
     confirm = None
     if store.settings.version.startswith("5") and store.exists("checkpoint"):
         try:

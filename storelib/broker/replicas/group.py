@@ -35,10 +35,11 @@ from storelib.broker.replicas.ranges import (
 )
 from storelib.broker.settings.store import Store
 from storelib.errors import Finding, StoreError
+from storelib.format.dledger.entries import BODY_OFFSET
 from storelib.scan.scanner import SegmentScan
 
 SCHEMA = "rmqstore.replicas/1"
-MODES = ("auto", "classic", "controller")
+MODES = ("auto", "classic", "controller", "dledger")
 Runner = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
 
 
@@ -77,8 +78,19 @@ class GroupComparison:
             raise StoreError(None, None, "bad_argument", "a replica comparison needs at least two stores")
         if mode not in MODES:
             raise StoreError(None, None, "bad_argument", f"mode must be one of {MODES}, not {mode!r}")
+        kinds = {f.ledger is not None for f in facts}
+        if len(kinds) > 1:
+            raise StoreError(None, None, "bad_argument", "DLedger-mode stores and default-layout stores are not replicas "
+                                                         "of one group: compare each kind on its own")
+        self.dledger = kinds == {True}
+        if mode not in ("auto", "dledger") and self.dledger or mode == "dledger" and not self.dledger:
+            raise StoreError(None, None, "bad_argument", f"--mode {mode} does not fit these stores "
+                                                         f"({'DLedger' if self.dledger else 'default'} layout)")
         self.facts, self.specs, self.block, self.tag = facts, specs, block, tag
-        self.mode = mode if mode != "auto" else ("controller" if any(f.epoch_present for f in facts) else "classic")
+        self.mode = mode if mode != "auto" else ("dledger" if self.dledger else
+                                                  "controller" if any(f.epoch_present for f in facts) else "classic")
+        self.head = BODY_OFFSET if self.dledger else 0  # offsets as ConsumeQueue counts them: DLedger entry pos + 48
+        self.walks: list[dict[str, Any] | None] = [None] * len(facts)
         self.ext = [Extent(f.min_offset, f.end, f.segment_size, tuple(s.base for s in f.segments)) for f in facts]
         self.findings: list[Finding] = [_named(f, x.name) for x in facts for f in x.findings]
         self.pairs: list[Pair] = []
@@ -105,16 +117,19 @@ class GroupComparison:
         return read
 
     def _starts(self, i: int):
+        """Record starts and sizes (DLedger: entry starts and sizes) of a segment up to a byte."""
         def starts(seg_base: int, d: int) -> tuple[np.ndarray, np.ndarray]:
-            seg = self.store(i).commitlog.segment_for(d)
+            cl = self.store(i).commitlog
+            seg = cl.segment_for(d)
+            first = "dledger_pos" if self.dledger else "phy_offset"
             with seg.open() as src:
                 scan = SegmentScan(src, seg.display, seg.base, 0, d - seg.base + 1, verify_crc=False,
-                                   with_properties=False, columns=["phy_offset", "size"])
+                                   with_properties=False, columns=[first, "size"], **cl.scan_options())
                 batches = [b for b in scan if b.num_rows]
             if not batches:
                 return np.empty(0, np.int64), np.empty(0, np.int64)
-            return (np.concatenate([np.asarray(b.column("phy_offset")) for b in batches]),
-                    np.concatenate([np.asarray(b.column("size")).astype(np.int64) for b in batches]))
+            return (np.concatenate([np.asarray(b.column(first)) for b in batches]),
+                    np.concatenate([np.asarray(b.column("size")).astype(np.int64) for b in batches]) + self.head)
         return starts
 
     # -- step 2: byte blocks -----------------------------------------------------------------------
@@ -142,12 +157,12 @@ class GroupComparison:
 
     def take_blocks(self, results: list[tuple[tuple, np.ndarray]]) -> None:
         """The tasks' CRCs: compare every pair, find where each parts, then the controller-mode cuts."""
-        k = len(self.tag)
+        k, h = len(self.tag), self.head
         for key, crcs in results:
             self._crcs[key[k]][key[k + 1]] = crcs
         for a, b, lo, hi in self._overlaps():
             if lo >= hi:
-                self.pairs.append(Pair(a, b, lo, hi, None, lo))
+                self.pairs.append(Pair(a, b, lo + h, hi + h, None, lo + h))
                 self.findings.append(Finding("no_overlap", "warning", None, None,
                                              f"{self.facts[a].name} and {self.facts[b].name} hold no common offsets "
                                              f"([{self.ext[a].min_offset}, {self.ext[a].end}) and "
@@ -156,14 +171,18 @@ class GroupComparison:
             d, lo, hi = pair_difference(self.ext[a], self._crcs[a], self._reader(a), self.ext[b], self._crcs[b],
                                         self._reader(b), self.block)
             if d is None:
-                self.pairs.append(Pair(a, b, lo, hi, None, hi))
+                self.pairs.append(Pair(a, b, lo + h, hi + h, None, hi + h))
                 continue
             seg_base = d - d % self.ext[a].segment_size
             r = divergence_record(self._starts(a), seg_base, d)
-            self.pairs.append(Pair(a, b, lo, hi, d, r))
+            self.pairs.append(Pair(a, b, lo + h, hi + h, d, r + h))
         self._crcs = [{} for _ in self.facts]
         if self.mode == "controller":
             self._controller_cuts()
+        elif self.mode == "dledger":
+            from storelib.broker.replicas.dledgergroup import dledger_cuts
+
+            dledger_cuts(self)
         else:
             self._classic_notes()
         for i, f in enumerate(self.facts):
@@ -221,13 +240,13 @@ class GroupComparison:
 
     # -- step 3: what is not shared, scanned ----------------------------------------------------------
     def _bounds(self, i: int) -> list[int]:
-        x = self.ext[i]
+        x, h = self.ext[i], self.head
         cuts = [self.cuts[i].truncated_at] if self.cuts[i] is not None and self.cuts[i].truncated_at is not None else []
-        pts = {x.min_offset, x.end, *cuts}
+        pts = {x.min_offset + h, x.end + h, *cuts}
         for p in self.pairs:
             if i in (p.a, p.b) and p.shared():
                 pts.update(p.shared())
-        return sorted(v for v in pts if x.min_offset <= v <= x.end)
+        return sorted(v for v in pts if x.min_offset + h <= v <= x.end + h)
 
     def intervals(self, i: int) -> list[dict[str, Any]]:
         """Store ``i``'s data cut where what the others share with it changes: each interval's holders (the
@@ -256,14 +275,16 @@ class GroupComparison:
             bounds = tuple(self._bounds(i))
             S = f.segment_size
             levels = tuple(self.specs[i].settings.delay_levels_ms)
+            h = self.head
             for iv in ivs:
                 if len(iv["holders"]) == n_others and not iv["dropped"]:
                     continue
-                for seg in f.segments:
-                    lo, hi = max(iv["lo"], seg.base), min(iv["hi"], seg.base + S)
+                for seg in f.segments:  # records (DLedger: entries) starting in the interval, by file offset
+                    lo, hi = max(iv["lo"] - h, seg.base), min(iv["hi"] - h, seg.base + S)
                     if lo < hi:
                         tasks.append(HoldTask((*self.tag, i, seg.base, lo), seg.uri, seg.file_size, seg.base,
-                                              lo - seg.base, hi - seg.base, bounds, levels, self.specs[i].fs_options))
+                                              lo - seg.base, hi - seg.base, bounds, levels, self.specs[i].fs_options,
+                                              seg.dledger))
         return tasks
 
     def take_holdings(self, results: list[tuple[tuple, pa.Table, int]]) -> None:
@@ -347,7 +368,9 @@ class GroupComparison:
                 "only_here": only["messages"], "held_only_here": only,
                 "truncated_at": cut.truncated_at if cut else None,
                 "rejoin": None if cut is None else {"master": self.facts[self.reference].name, "outcome": cut.outcome,
-                                                    "point": cut.point, "detail": cut.detail, "drops": dropped},
+                                                    "point": cut.point, "detail": cut.detail, "drops": dropped,
+                                                    **({"dledger": self.walks[i]} if self.walks[i] else {})},
+                "ledger": f.ledger,
                 "stale_tail": f.stale_tail,
                 "shared_with_all_until": min((p.shared_until for p in self.pairs if i in (p.a, p.b)), default=f.end)
                 if n_others else f.end,
@@ -358,7 +381,8 @@ class GroupComparison:
             "diverged_at": min(diverged) if diverged else None,
             "reference": None if self.reference is None else self.facts[self.reference].name,
             "stores": stores,
-            "pairs": [{"a": self.facts[p.a].name, "b": self.facts[p.b].name, "overlap": [p.lo, p.hi],
+            "pairs": [{"a": self.facts[p.a].name, "b": self.facts[p.b].name,
+                       "overlap": [p.lo - self.head, p.hi - self.head],
                        "first_difference": p.first_difference, "shared_until": p.shared_until,
                        "relation": _relation(p, self.ext)} for p in self.pairs],
             "consumers": self.consumers(), "config": cfg, "config_summary": config_summary(cfg),
@@ -366,7 +390,19 @@ class GroupComparison:
         }
 
     def _store_notes(self, i: int, f: StoreFacts) -> None:
-        if f.stale_tail:
+        if f.stale_tail and f.ledger is not None:
+            s = f.stale_tail
+            parts = []
+            if s.get("entries"):
+                parts.append(f"{s['entries']} valid entr(ies) (index {s['first_index']}..{s['last_index']}, data "
+                             f"[{s['resumes_at']}, {s['until']})) lie past the ledger's end {f.end}")
+            if s.get("index_units_past_end"):
+                parts.append(f"{s['index_units_past_end']} index unit(s) after index {f.ledger['end_index']} are not zero")
+            self.findings.append(Finding(
+                "stale_entries_past_end", "warning", f"{f.name}/{f.ledger['dir']}", s.get("resumes_at"),
+                "; ".join(parts) + ": left by a truncation that only moved DLedger's write positions (a rejoin); "
+                "DLedger's reload ignores them unless they happen to continue the chain"))
+        elif f.stale_tail:
             s = f.stale_tail
             self.findings.append(Finding(
                 "stale_records_past_end", "warning", f"{f.name}/commitlog", s["resumes_at"],

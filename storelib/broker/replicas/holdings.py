@@ -42,6 +42,7 @@ class HoldTask:
     bounds: tuple[int, ...]
     delay_levels_ms: tuple[int, ...] = ()
     fs_options: dict[str, Any] = field(default_factory=dict)
+    dledger: bool = False  # a DLedger data file: ``start``/``end`` are entry starts, rows at entry pos + 48
 
 
 def _aggregate(tables: list[pa.Table]) -> pa.Table:
@@ -81,7 +82,7 @@ def hold_task(task: HoldTask) -> tuple[tuple, pa.Table, int]:
     try:
         scan = SegmentScan(src, task.uri.rsplit("/", 1)[-1], task.base, task.start, task.end, verify_crc=False,
                            with_properties=False, columns=COLUMNS,
-                           delay_levels_ms=list(task.delay_levels_ms) or None)
+                           delay_levels_ms=list(task.delay_levels_ms) or None, dledger=task.dledger)
         parts = [_aggregate([_rows(b, bounds)]) for b in scan if b.num_rows]
         stop = scan.end.file_offset if scan.end is not None else task.end
     finally:

@@ -10,6 +10,8 @@ read; each output appears complete or not at all (temp file or staging directory
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import os
 import shutil
@@ -38,15 +40,16 @@ def _ranges(g: GroupComparison, i: int, which: str) -> list[tuple[int, int]]:
 def _batches(g: GroupComparison, i: int, ranges: list[tuple[int, int]]) -> Iterator[tuple[str, pa.RecordBatch]]:
     """Every record of store ``i`` starting in the ranges, with body and properties, in commitlog order."""
     store = g.store(i)
-    S = store.commitlog.segment_size
-    for lo, hi in ranges:
+    S, h = store.commitlog.segment_size, g.head
+    opts = store.commitlog.scan_options()
+    for lo, hi in ranges:  # offsets as ConsumeQueue counts them; a DLedger entry starts 48 bytes before
         for seg in store.commitlog.segments:
-            a, b = max(lo, seg.base), min(hi, seg.base + S)
+            a, b = max(lo - h, seg.base), min(hi - h, seg.base + S)
             if a >= b or seg.file_size == 0:
                 continue
             with seg.open() as src:
                 scan = SegmentScan(src, seg.display, seg.base, a - seg.base, b - seg.base, verify_crc=True,
-                                   with_body=True, delay_levels_ms=list(store.delay_levels_ms))
+                                   with_body=True, delay_levels_ms=list(store.delay_levels_ms), **opts)
                 for batch in scan:
                     if batch.num_rows:
                         yield seg.name, batch
@@ -84,8 +87,9 @@ class _Sinks:
         self.pq = pq.ParquetWriter(os.path.join(self.stage, "messages.parquet"), self.schema) if "parquet" in formats else None
         self.jsonl = open(os.path.join(self.stage, "messages.jsonl"), "w", encoding="utf-8") if "jsonl" in formats else None
         self.writer = None
-        self.times: list[int] = []
+        self.times: collections.deque[int] = collections.deque()
         self.messages = 0
+        self.skipped = 0
 
     def add(self, seg_name: str, batch: pa.RecordBatch) -> None:
         from storelib.scan.messagecols import message_batch, row_to_json
@@ -104,9 +108,12 @@ class _Sinks:
         from storelib.broker.writer.writer import StoreWriter
 
         for r in rows:
+            if r.get("crc_ok") is False:  # a body that fails its CRC is not put again (JSONL/Parquet keep it)
+                self.skipped += 1
+                continue
             if self.writer is None:
                 self.writer = StoreWriter(os.path.join(self.stage, "store"), self.settings, version=self.version,
-                                          clock=lambda: self.times.pop(0), store_host=r["store_host"])
+                                          clock=self.times.popleft, store_host=r["store_host"])
             self.times.append(r["store_timestamp"])
             self.writer.append(resend_message(r))
 
@@ -157,7 +164,10 @@ def salvage(g: GroupComparison, out_dir: str | os.PathLike, formats: tuple[str, 
                 continue
             path = os.path.join(out, _safe(f.name), which)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            sinks = _Sinks(path, formats, g.specs[i].settings, g.specs[i].settings.version[0])
+            settings = g.specs[i].settings  # the new store is a default-layout one, whatever the source's
+            if getattr(settings, "dledger", None) is not None:
+                settings = dataclasses.replace(settings, dledger=None, enable_dleger_commit_log=False)
+            sinks = _Sinks(path, formats, settings, settings.version[0])
             try:
                 for seg_name, batch in _batches(g, i, ranges):
                     sinks.add(seg_name, batch)
@@ -165,7 +175,8 @@ def salvage(g: GroupComparison, out_dir: str | os.PathLike, formats: tuple[str, 
                 sinks.abort()
                 raise
             sinks.close()
-            entry[which] = {"dir": path, "messages": sinks.messages, "ranges": [list(r) for r in ranges],
+            entry[which] = {"dir": path, "messages": sinks.messages, "not_put_again_crc": sinks.skipped,
+                            "ranges": [list(r) for r in ranges],
                             "files": sorted(os.listdir(path))}
         report["stores"].append(entry)
     os.makedirs(out, exist_ok=True)
