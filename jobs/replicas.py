@@ -160,13 +160,19 @@ def engine_for(args: argparse.Namespace, stores: int) -> Engine:
     return make_engine(name, master=args.master, workers=args.workers, app_name="rmqstore-replicas")
 
 
-def specs_for(names: list[str], uris: list[str], args: argparse.Namespace) -> list[StoreSpec]:
-    """Each store's settings from the shared options and its own files (segment size, broker line)."""
+def specs_for(names: list[str], uris: list[str], args: argparse.Namespace,
+              nodes: list[str] | None = None) -> list[StoreSpec]:
+    """Each store's settings from the shared options and its own files (segment size, broker line, DLedger
+    node); ``nodes``: each store's DLedger node id (a root holding several nodes' folders)."""
     from jobs.common import fs_options, settings_from_args
     from storelib.fileio.bytesource import resolve
 
     fs = fs_options(args)
-    return [StoreSpec(n, u, settings_from_args(args, resolve(u, **fs)), fs) for n, u in zip(names, uris)]
+    out = []
+    for k, (n, u) in enumerate(zip(names, uris)):
+        a = argparse.Namespace(**{**vars(args), "dledger_self_id": nodes[k]}) if nodes else args
+        out.append(StoreSpec(n, u, settings_from_args(a, resolve(u, **fs)), fs))
+    return out
 
 
 def read_groups(args: argparse.Namespace) -> list[Group]:

@@ -165,3 +165,18 @@ def test_same_answer_on_every_engine_and_from_s3(group, spark, s3_server, tmp_pa
     assert remote == near
     assert remote["diverged_at"] == want["diverged_at"]
     assert [s["truncated_at"] for s in remote["stores"]] == [s["truncated_at"] for s in want["stores"]]
+
+
+def test_one_root_holding_every_node(group, tmp_path):
+    """A group copied into one root (dledger-n0/, dledger-n1/, dledger-n2/): the root once per node, --node each."""
+    root = tmp_path / "together"
+    root.mkdir()
+    for n in NODES:
+        (root / f"dledger-{n}").symlink_to(group["root"] / f"store-{n}" / f"dledger-{n}")
+    argv = ["replicas", root, root, root, *(x for n in NODES for x in ("--node", n)), "--json", "--engine", "local"]
+    rc, out, _ = run_cli(argv)
+    doc = json.loads(out)
+    assert rc == 1 and [s["name"] for s in doc["stores"]] == ["together:n0", "together:n1", "together:n2"]
+    assert doc["diverged_at"] == 1376654 and [s["only_here"] for s in doc["stores"]] == [0, 0, 208]
+    rc, _, err = run_cli(["replicas", root, root, "--engine", "local"])
+    assert rc == 2 and "Traceback" not in err

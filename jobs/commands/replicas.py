@@ -5,8 +5,9 @@ consumer groups stand past another store's end, how their ``config/`` differs; a
 Classic HA copies the master's commitlog bytes to the slave at the same offsets, and so does controller mode:
 the stores are compared by CRCs of byte blocks, and only where they part is anything read again. In controller
 mode (a store has an ``epochFileCheckpoint``) each store rejoining the one with the newest epoch is cut where
-EpochFileCache.findConsistentPoint says, and that is checked against the bytes. Offsets are physical offsets
-as ConsumeQueue units hold them. The inputs are only read.
+EpochFileCache.findConsistentPoint says, and that is checked against the bytes. In a DLedger group each node
+rejoining the leader is cut where DLedger's compare walk and truncate put it. Offsets are physical offsets as
+ConsumeQueue units hold them (a DLedger entry's pos + 48). The inputs are only read.
 
 Exit codes: 0 the stores are consistent (each a prefix of another), 1 they diverged, 2 the comparison could not
 run.
@@ -35,8 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("stores", nargs="+", metavar="STORE", help="two or more store roots (local paths or URIs)")
     p.add_argument("--name", action="append", metavar="NAME", help="a name for each store, in order (default: the "
                    "last path component, numbered when they repeat)")
-    p.add_argument("--mode", choices=MODES, default="auto", help="classic HA or controller mode (default: controller "
-                   "when a store has an epochFileCheckpoint)")
+    p.add_argument("--node", action="append", metavar="ID", help="DLedger: each store's node id, in order (when a "
+                   "root holds several nodes' dledger-<id>/ folders, give the root once per node)")
+    p.add_argument("--mode", choices=MODES, default="auto", help="classic HA, controller mode or a DLedger group "
+                   "(default: dledger for DLedger-mode stores, controller when a store has an epochFileCheckpoint)")
     p.add_argument("--json", action="store_true", help="print the whole comparison as JSON (schema rmqstore.replicas/1)")
     p.add_argument("--html", metavar="FILE", help="write the HTML report (and FILE's .json beside it)")
     p.add_argument("--salvage", metavar="DIR", help="save what only one store holds and what a rejoin drops, under DIR")
@@ -72,8 +75,17 @@ def run_args(args: argparse.Namespace) -> int:
 
     if len(args.stores) < 2:
         raise StoreError(None, None, "bad_argument", "give at least two stores to compare")
-    names = store_names(args.stores, args.name)
-    specs = specs_for(names, args.stores, args)
+    if args.node and len(args.node) != len(args.stores):
+        raise StoreError(None, None, "bad_argument", "give one --node per store")
+    names = store_names(args.stores, args.name or ([f"{s.rstrip('/').rsplit('/', 1)[-1]}:{n}"
+                                                    for s, n in zip(args.stores, args.node)] if args.node else None))
+    try:
+        specs = specs_for(names, args.stores, args, args.node)
+    except StoreError as e:
+        if e.kind != "several_dledger_nodes":
+            raise
+        raise StoreError(e.file, e.offset, e.kind, e.detail.split(": pick one")[0] + ": give the root once per node "
+                         "with --node ID each (e.g. ROOT ROOT --node n0 --node n1)") from None
     engine = engine_for(args, len(specs))
 
     def salvage(res: dict, comparison) -> None:
