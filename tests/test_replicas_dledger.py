@@ -180,3 +180,31 @@ def test_one_root_holding_every_node(group, tmp_path):
     assert doc["diverged_at"] == 1376654 and [s["only_here"] for s in doc["stores"]] == [0, 0, 208]
     rc, _, err = run_cli(["replicas", root, root, "--engine", "local"])
     assert rc == 2 and "Traceback" not in err
+
+
+def test_a_follower_behind_is_a_prefix(group, tmp_path):
+    """A follower that stopped at entry 1100 (n1's files up to that entry, zeros after, its checkpoint): consistent,
+    nothing cut (the walk finds the follower's last entry equal: DLedger appends)."""
+    import struct
+
+    stop = 1100
+    dest = tmp_path / "store-n0"
+    shutil.copytree(group["root"] / "store-n1", dest)
+    (dest / "dledger-n1").rename(dest / "dledger-n0")
+    name = "00000000000000000000"
+    raw = (dest / "dledger-n0" / "index" / name).read_bytes()
+    cut = struct.unpack_from(">q", raw, (stop + 1) * 32 + 4)[0]  # the unit of entry 1101: magic i32, pos i64
+    with open(dest / "dledger-n0" / "data" / name, "r+b") as f:
+        f.seek(cut)
+        f.write(bytes(4 * 1024 * 1024 - cut))
+    with open(dest / "dledger-n0" / "index" / name, "r+b") as f:
+        f.seek((stop + 1) * 32)
+        f.write(bytes(len(raw) - (stop + 1) * 32))
+    (dest / "dledger-n0" / "checkpoint").write_text(f"committedIndex={stop}\nendIndex={stop}\n")
+    res = compare_group(specs(group["root"], ("n1", "n0"), dirs={"n0": dest}))
+    st = {s["name"]: s for s in res["stores"]}
+    assert res["consistent"] and res["diverged_at"] is None and res["reference"] == "n1"
+    assert st["n0"]["ledger"]["end_index"] == stop and st["n0"]["end"] == cut
+    assert st["n0"]["truncated_at"] is None and st["n0"]["rejoin"]["dledger"]["outcome"] == "append"
+    assert st["n1"]["only_here"] == 1192 - stop and st["n1"]["held_only_here"]["first_offset"] == cut + 48
+    assert st["n0"]["only_here"] == 0 and st["n0"]["stale_tail"] is None
