@@ -78,8 +78,7 @@ class RecoveryInputs:
     def from_settings(cls, settings, **kw) -> RecoveryInputs:
         """Inputs from a BrokerSettings (version, CRC and index flags, segment size) plus ``kw``; a
         ``version`` in ``kw`` other than the settings' is told."""
-        version = str(settings.version)
-        version = "5" if version.startswith("5") else "4"
+        version = "5" if str(settings.version).startswith("5") else "4"
         base = dict(
             version=version,
             version_told=settings.scan_line is not None or kw.get("version", version) != version,
