@@ -134,7 +134,7 @@ def _read_ranges(store: Store, ranges: Iterable[DispatchRange], delay_levels: li
         seg = by_base[d.base]
         with seg.open() as src:
             scan = SegmentScan(src, seg.display, seg.base, d.start, d.end, verify_crc=False, with_properties=False,
-                               delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS)
+                               delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS, line=store.commitlog.line)
             for b in scan:
                 if d.after is not None and b.num_rows:
                     b = b.filter(pc.greater(b.column("physical_offset_field"), d.after))
@@ -155,7 +155,7 @@ def _last_records(store: Store, P: int) -> tuple[int, int, int] | None:
     for seg in reversed(segs):
         with seg.open() as src:
             scan = SegmentScan(src, seg.display, seg.base, 0, P - seg.base, verify_crc=False, with_properties=False,
-                               columns=["phy_offset", "store_timestamp", "tran_type"])
+                               columns=["phy_offset", "store_timestamp", "tran_type"], line=store.commitlog.line)
             last = None
             last_cq = 0
             for b in scan:
