@@ -57,6 +57,7 @@ from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
 from storelib.checks.auditstate import load_state, merge_appended, plan, save_state
 from storelib.checks.crossfile import run_cross_checks
+from storelib.checks.livejudge import DEFAULT_MAX_LAG, cut_tasks, drop_expired, expect_stopped_finding
 from storelib.checks.logview import ResumeFailed
 from storelib.checks.segment import (
     SEVERITY_RANK,
@@ -76,7 +77,9 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
                 quiet: bool = False, now_ms: int | None = None, version: str | None = None,
                 split_bytes: int | None = None, overrides: dict[str, Any] | None = None,
                 work_dir: str | None = None, transfer: str = "auto", threads: bool = True,
-                workers: int | None = None, master: str | None = None, cross: str = "tasks") -> dict[str, Any]:
+                workers: int | None = None, master: str | None = None, cross: str = "tasks",
+                expect_stopped: bool = False, max_lag: int | None = DEFAULT_MAX_LAG,
+                max_read_rate: float | None = None) -> dict[str, Any]:
     """Audit a store and return the report dict (the JSON report's content).
 
     ``cross``: the cross-file checks as partitioned tasks on the engine (``tasks``, the default; the driver
@@ -95,10 +98,16 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
     ``run.mb_per_s`` / ``run.messages_per_s`` are over the bytes of the records scanned
     (``run.bytes_scanned``) in the per-segment phase; ``run.file_mb_per_s`` over the file bytes
     audited (``run.bytes_audited``, which counts an unwritten segment tail too).
+
+    A store a broker is writing is read as at one cut taken at the start (:mod:`storelib.broker.settings.livecut`)
+    and judged as :mod:`storelib.checks.livejudge` says (``max_lag``: bytes of dispatch lag before it is a
+    warning); ``expect_stopped``: a running broker is an error finding. ``max_read_rate``: commitlog bytes
+    a second for the whole run, shared by the engine's workers.
     """
     kw = dict(broker_conf=broker_conf, engine=engine, spark=spark, fs_options=fs_options, verify_crc=verify_crc,
               quiet=quiet, now_ms=now_ms, version=version, split_bytes=split_bytes, overrides=overrides,
-              work_dir=work_dir, transfer=transfer, threads=threads, workers=workers, master=master, cross=cross)
+              work_dir=work_dir, transfer=transfer, threads=threads, workers=workers, master=master, cross=cross,
+              expect_stopped=expect_stopped, max_lag=max_lag, max_read_rate=max_read_rate)
     state = load_state(since, None if quiet else note)
     try:
         return _audit(store_uri, since, state, **kw)
@@ -110,7 +119,8 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
 def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_conf: str | None,
            engine: str | Engine, spark, fs_options: dict | None, verify_crc: bool, quiet: bool, now_ms: int | None,
            version: str | None, split_bytes: int | None, overrides: dict[str, Any] | None, work_dir: str | None,
-           transfer: str, threads: bool, workers: int | None, master: str | None, cross: str) -> dict[str, Any]:
+           transfer: str, threads: bool, workers: int | None, master: str | None, cross: str,
+           expect_stopped: bool, max_lag: int | None, max_read_rate: float | None) -> dict[str, Any]:
     """One audit run (:func:`audit_store`) from ``state`` ({}: in full)."""
     t0 = time.monotonic()
     fs_options = fs_options or {}
@@ -119,12 +129,18 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
     store.require_default_layout("audit")
+    cut = store.take_cut()
+    if cut.live:
+        note(f"audit: {cut.describe()}" + (f" ({cut.tail})" if cut.tail else ""), quiet)
+        if expect_stopped:
+            store.findings.append(expect_stopped_finding(cut))
     settings = store.settings
     if (state.get("carry") or {}).get("kind", "") != (CARRY_KIND if cross == "tasks" else ""):
         state = {**state, "carry": None}  # an earlier run's carry of the other way of checking: in full
     tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note)
+    tasks = cut_tasks(store, tasks)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
-                        broker_version=str(settings.version), verify_crc=verify_crc,
+                        broker_version=str(settings.version), line=settings.scan_line, verify_crc=verify_crc,
                         fs_options=fs_options)
     own_engine: Engine | None = None
     eng: Engine
@@ -139,30 +155,12 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
         else:
             eng = engine
         t1 = time.monotonic()
+        if max_read_rate:  # the run's budget shared by the tasks that run at once
+            tasks = cut_tasks(store, tasks, max_read_rate / max(1, eng.parallelism))
         with audit_tasks.table_place(eng, tasks, work_dir, transfer, fs_options, quiet) as sink:
-            in_memory = audit_tasks.in_memory(eng, tasks)
-            tasked = cross == "tasks" and (in_memory or sink is not None)
-            if resume is not None and not tasked:
-                raise ResumeFailed("the state was written by the partitioned checks, which cannot run here")
-            opts.groups = (resume["groups"] if resume is not None else
-                           audit_tasks.cross_groups(eng, tasks, in_memory) if tasked else 1)
-            queues = queue_meta_tasks(store, settings, opts.groups, fs_options, prev=resume["cq"] if resume else None,
-                                      snapshot=bool(since)) if tasked else None
-            # what the cross-file checks read without the records runs beside the segments
-            beside: list = [*queues.tasks] if queues else []
-            if tasked and resume is None:
-                beside += index_structure_tasks(store_uri, store.loc, settings, fs_options, bool(since))
-            fresh, done = audit_tasks.run_segments(tasks, opts, eng, quiet, store=store, split_bytes=split_bytes,
-                                                   sink=sink, meta_tasks=beside, in_memory=in_memory)
-            n_q = len(queues.tasks) if queues else 0
-            metas, structures = done[:n_q], done[n_q:]
-            t_seg = time.monotonic() - t1
-            on = (CrossOn(eng, sink.dir if sink is not None else None, queues, metas, opts.groups, fs_options, quiet,
-                          bool(since), structures) if tasked else None)
-            report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet,
-                                              threads, resume, on)
-            if sink is not None:  # the tables' files go on the workers (freeing their pages is the kernel's work)
-                audit_tasks.drop_tables(eng, fresh, sink)
+            report, t_seg, t_cross, fresh = _phases(store, settings, tasks, opts, eng, sink, carried, grown, fps,
+                                                    resume, since=since, now_ms=now_ms, quiet=quiet, threads=threads,
+                                                    cross=cross, split_bytes=split_bytes, max_lag=max_lag)
         same = [] if not broker_conf else ["--broker-conf", broker_conf]
         if version not in (None, "auto"):
             same += ["--broker-version", str(version)]
@@ -183,8 +181,43 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
                      "file_mb_per_s": round(audited_bytes / max(t_seg, 1e-9) / 1e6, 1) if tasks else None,
                      "messages_per_s": round(sum(r.records for r in fresh) / max(t_seg, 1e-9), 1) if tasks else None,
                      "since": since}
+    report["live"] = {**cut.to_dict(), "max_lag": max_lag if cut.live else None}
     report["damage"] = damage
     return report
+
+
+def _phases(store: Store, settings: BrokerSettings, tasks: list, opts: AuditOptions, eng: Engine, sink: Any,
+            carried: dict[str, SegmentResult], grown: dict[str, SegmentResult], fps: dict[str, dict],
+            resume: dict | None, *, since: str | None, now_ms: int | None, quiet: bool, threads: bool, cross: str,
+            split_bytes: int | None, max_lag: int | None) -> tuple[dict[str, Any], float, float, list[SegmentResult]]:
+    """The segment phase, with what the cross-file checks read without records beside it (the consume
+    queues' summaries, the index files' structure), then the cross-file checks, while the task tables are
+    where ``sink`` says; (report, segment seconds, cross-file seconds, the fresh segment results)."""
+    t1 = time.monotonic()
+    in_memory = audit_tasks.in_memory(eng, tasks)
+    tasked = cross == "tasks" and (in_memory or sink is not None)
+    if resume is not None and not tasked:
+        raise ResumeFailed("the state was written by the partitioned checks, which cannot run here")
+    opts.groups = (resume["groups"] if resume is not None else
+                   audit_tasks.cross_groups(eng, tasks, in_memory) if tasked else 1)
+    queues = queue_meta_tasks(store, settings, opts.groups, opts.fs_options, prev=resume["cq"] if resume else None,
+                              snapshot=bool(since)) if tasked else None
+    beside: list = [*queues.tasks] if queues else []
+    if tasked and resume is None:
+        beside += index_structure_tasks(store.uri, store.loc, settings, opts.fs_options, bool(since), store.cut,
+                                        store.commitlog.min_offset)
+    fresh, done = audit_tasks.run_segments(tasks, opts, eng, quiet, store=store, split_bytes=split_bytes,
+                                           sink=sink, meta_tasks=beside, in_memory=in_memory)
+    n_q = len(queues.tasks) if queues else 0
+    metas, structures = done[:n_q], done[n_q:]
+    t_seg = time.monotonic() - t1
+    on = (CrossOn(eng, sink.dir if sink is not None else None, queues, metas, opts.groups, opts.fs_options, quiet,
+                  bool(since), structures) if tasked else None)
+    report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet, threads,
+                                      resume, on, max_lag)
+    if sink is not None:  # the tables' files go on the workers (freeing their pages is the kernel's work)
+        audit_tasks.drop_tables(eng, fresh, sink)
+    return report, t_seg, t_cross, fresh
 
 
 @dataclass
@@ -209,11 +242,19 @@ class CrossOn:
 def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentResult],
                     carried: dict[str, SegmentResult], partial: dict[str, SegmentResult], fps: dict[str, dict],
                     since: str | None, now_ms: int | None, quiet: bool, threads: bool,
-                    resume: dict | None, on: CrossOn | None) -> tuple[dict[str, Any], float]:
+                    resume: dict | None, on: CrossOn | None, max_lag: int | None = None
+                    ) -> tuple[dict[str, Any], float]:
     """Merge fresh and carried results, run the cross-file checks, save the state; (report, check seconds)."""
     results: dict[str, SegmentResult] = dict(carried)
     for r in fresh:
         results[r.name] = merge_appended(partial[r.name], r) if r.name in partial else r
+    kept, gone = drop_expired(store, list(results.values()))  # a live store's cleaner at work
+    if gone:
+        note(f"audit: {len(gone)} segment(s) expired during the run (deleted by the broker's cleaner)", quiet)
+        results = {r.name: r for r in kept}
+        fresh = [r for r in fresh if r.name in results]
+        if resume is not None:
+            raise ResumeFailed("segments expired during the run")
     if since:
         by_name = {s.name: s for s in store.commitlog.segments}
         for r in fresh:
@@ -223,7 +264,8 @@ def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentR
     report, carry = cross_checks(store, ordered, settings,
                                  now_ms=now_ms if now_ms is not None else int(time.time() * 1000), quiet=quiet,
                                  threads=threads, resume=resume,
-                                 feed=sorted(fresh, key=lambda r: r.base) if resume is not None else None, on=on)
+                                 feed=sorted(fresh, key=lambda r: r.base) if resume is not None else None, on=on,
+                                 max_lag=max_lag)
     t_cross = time.monotonic() - t2
     if since:
         save_state(since, store, ordered, fps, carry)
@@ -232,7 +274,7 @@ def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentR
 
 def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
                  quiet: bool = False, threads: bool = True, resume: dict | None = None,
-                 feed: list[SegmentResult] | None = None, on: CrossOn | None = None
+                 feed: list[SegmentResult] | None = None, on: CrossOn | None = None, max_lag: int | None = None
                  ) -> tuple[dict[str, Any], dict | None]:
     """Phase 2 (everything that needs more than one segment or file), then the report dict, and the carry
     an incremental run goes on from.
@@ -245,11 +287,12 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSet
     if on is not None:
         ctx = cross_context(store, settings, results, on.groups, on.fs_options,
                             max((m.get("cq_max_phy", -1) for m in on.metas), default=-1), on.sink,
-                            snapshots=on.snapshots, resumed=resume is not None)
+                            snapshots=on.snapshots, resumed=resume is not None, cut=store.cut)
         done = partitioned_checks(store, results, settings, ctx, on.queues, on.metas, now_ms=now_ms, run=on.run,
-                                  carry=resume, structures=on.structures)
+                                  carry=resume, structures=on.structures, max_lag=max_lag)
     else:
-        done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, resume=resume, feed=feed)
+        done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, resume=resume, feed=feed,
+                                max_lag=max_lag)
     report = build_report(store, results, done.summary, done.findings, done.qstats, done.consumers, done.idx, done.cp,
                           settings, done.charts)
     report["timer_store"] = done.timers
@@ -299,7 +342,7 @@ exit codes: 0 clean, 1 findings at or above --fail-on, 2 could not run, 3 anothe
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from jobs.common import add_store_args
+    from jobs.common import add_live_args, add_store_args
 
     add_store_args(p)
     add_engine_args(p, "per-segment audit")
@@ -321,6 +364,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "also when the run fails (rmqstore_audit_up 0); see docs/scheduling.md")
     p.add_argument("--fail-on", choices=list(SEVERITY_RANK), default="error",
                    help="exit 1 when a finding has at least this severity (default error)")
+    add_live_args(p, lag=True)
     p.add_argument("--no-crc", action="store_true", help="skip body CRC verification (faster, weaker)")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -361,7 +405,9 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, int]:
         report = audit_store(args.store, broker_conf=args.broker_conf, engine=args.engine,
                              since=args.since, fs_options=fs_options(args), verify_crc=not args.no_crc,
                              quiet=args.quiet, version=args.broker_version, overrides=overrides(args),
-                             work_dir=args.work_dir, workers=args.workers, master=args.master)
+                             work_dir=args.work_dir, workers=args.workers, master=args.master,
+                             expect_stopped=args.expect_stopped, max_read_rate=args.max_read_rate,
+                             max_lag=DEFAULT_MAX_LAG if args.max_lag is None else args.max_lag)
     except StoreError as e:
         print(f"rmqstore audit: {e}", file=sys.stderr)
         return None, EXIT_FAILED

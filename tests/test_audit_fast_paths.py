@@ -19,8 +19,8 @@ import storelib.checks.keystream as keystream
 import storelib.checks.queues as queue_checks
 from storelib.checks.keystream import KeyStream
 from storelib.checks.queues import _units_before_invalid_tail, queue_group_order
-from storelib.checks.segment import _zero_tail
 from storelib.fileio.bytesource import data_ranges
+from storelib.fileio.bytesource import zero_tail as _zero_tail
 from storelib.format.consumequeue import CQ_DTYPE, make_units
 
 from .test_audit import _comparable, flip, store_fixtures

@@ -4,7 +4,7 @@ whose entries are exactly the log's keys in order skips the per-entry lookups: :
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from storelib.format.checkpoint import Checkpoint
 from storelib.format.indexdir import IndexFileRef
 from storelib.format.indexfile import IndexFile, IndexGeometry, IndexHeader
 
+if TYPE_CHECKING:
+    from storelib.broker.settings.livecut import StoreCut
+
 
 @dataclass
 class IndexLoad:
@@ -37,6 +40,7 @@ class IndexLoad:
     files: list[tuple[IndexFileRef, IndexHeader | None, list[Finding] | None, Finding | None]] = field(
         default_factory=list)
     # per file: (ref, header, validate findings, or the finding that it could not be opened)
+    live: bool = False  # read as at a live store's cut (headers of then, files created since left out)
 
 
 def index_open_error(display: str, e: StoreError) -> Finding:
@@ -44,15 +48,15 @@ def index_open_error(display: str, e: StoreError) -> Finding:
                    e.offset, e.detail)
 
 
-def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str, dict] | None = None) -> IndexLoad:
+def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str, dict] | None = None,
+                     cut: StoreCut | None = None) -> IndexLoad:
     """List, open and validate every index file (headers and structure; entries are not kept).
 
     ``carried`` (an earlier run's :func:`check_index` ``snap``): files it checked that hold the same number
-    of entries are not validated again (their findings are replayed, :func:`check_index`)."""
-    from storelib.format.indexdir import list_index_files
-
-    res = IndexLoad()
-    refs = list_index_files(root, res.findings)
+    of entries are not validated again (their findings are replayed, :func:`check_index`). ``cut``: a live
+    store's, whose files are read as they stood at it; files the cleaner deleted since are said once."""
+    res = IndexLoad(live=cut is not None and cut.live)
+    refs = index_refs_at(root, res.findings, cut)
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
     for ref in refs:
         size_note = ref.size_finding(g)
@@ -61,7 +65,10 @@ def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str
         try:
             f = ref.open(g, strict=False, broker_size=True)
         except StoreError as e:
-            res.files.append((ref, None, None, index_open_error(f"index/{ref.name}", e)))
+            if index_gone(ref, res.live):
+                res.findings.extend(expired_index(ref))
+            else:
+                res.files.append((ref, None, None, index_open_error(f"index/{ref.name}", e)))
             continue
         c = (carried or {}).get(ref.name)
         try:
@@ -71,6 +78,35 @@ def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str
         finally:
             f.close()
     return res
+
+
+def index_refs_at(root: Location, findings: list[Finding], cut: StoreCut | None) -> list[IndexFileRef]:
+    """The index files, the listing's findings into ``findings``; a live store's as at its ``cut`` (files
+    created since left out, those the cleaner deleted since said once)."""
+    from storelib.format.indexdir import list_index_files
+
+    refs = list_index_files(root, findings)
+    if cut is not None:
+        listed = {r.name for r in refs}
+        gone = [n for n, _ in cut.index_headers if n not in listed]
+        refs = cut.index_refs(refs)
+        if gone:
+            findings.append(Finding("expired_during_run", "info", "index", None,
+                                    f"{len(gone)} index file(s) deleted by the broker's cleaner after this run's "
+                                    f"cut ({gone[0]}{' .. ' + gone[-1] if len(gone) > 1 else ''}): expired during "
+                                    "the run", {"files": gone}))
+    return refs
+
+
+def expired_index(ref: IndexFileRef) -> list[Finding]:
+    """A live store's index file that could not be opened because the cleaner deleted it during the run."""
+    return [Finding("expired_during_run", "info", f"index/{ref.name}", None,
+                    "deleted by the broker's cleaner during the run: not read")]
+
+
+def index_gone(ref: IndexFileRef, live: bool) -> bool:
+    """Is a file that could not be opened one a live store's cleaner deleted during the run?"""
+    return live and not _exists(ref.loc)
 
 
 @dataclass
@@ -102,9 +138,14 @@ def key_codes(log: LogView) -> KeyCodes:
     return KeyCodes(kphy, khash, rank, kcode, kcode_sorted, kcode_sorted[np.searchsorted(kcode_sorted, 0):])
 
 
+def _exists(loc: Location) -> bool:
+    return loc.fs.get_file_info(loc.path).type.name != "NotFound"
+
+
 def check_index(root: Location, log: LogView | None, settings: BrokerSettings, out: Capped, checkpoint: Checkpoint | None,
                 abort: bool, loaded: IndexLoad | None = None, stream: KeyStream | None = None,
-                carried: dict[str, dict] | None = None, snap: dict[str, dict] | None = None) -> dict:
+                carried: dict[str, dict] | None = None, snap: dict[str, dict] | None = None,
+                cut: StoreCut | None = None, log_min: int | None = None) -> dict:
     """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
 
     Needs nothing from the consume-queue checks, so it runs beside them (:func:`storelib.checks.crossfile.run_cross_checks`);
@@ -116,7 +157,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
     from storelib.format.indexfile import IndexGeometry
 
     if loaded is None:
-        loaded = load_index_files(root, settings)
+        loaded = load_index_files(root, settings, cut=cut)
     out.extend(loaded.findings)
     info: dict[str, Any] = {"files": []}
     if not loaded.files:
@@ -139,6 +180,9 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
         try:
             f = ref.open(g, strict=False, broker_size=True)
         except StoreError as e:  # changed since it was validated
+            if index_gone(ref, loaded.live):  # the cleaner took it during the run
+                out.extend(expired_index(ref))
+                continue
             out.add(index_open_error(display, e))
             if snap is not None:
                 raise Unsettled(f"{display} cannot be opened") from e
@@ -153,6 +197,8 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                          "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset}
             info["files"].append(file_info)
             skip = carried_entries(c, ent, display)
+            if c is None and log is None and log_min is not None:
+                skip = expired_head(ent, log_min)  # what the whole view calls expired: nothing to match
             file_max = c["max_phy"] if c is not None else -1
             for lo in range(skip, m, 1 << 20):  # a chunk at a time: no whole-file copy of the column
                 file_max = max(file_max, int(ent["phy_offset"][lo:lo + (1 << 20)].max()))
@@ -182,11 +228,13 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
             f.close()
     # every keyed message findable
     if settings.message_index_enable and keys.n and not keys.all_matched():
+        # a live store's cut can fall between two keys of one record (IndexService.buildIndex puts them one
+        # by one): its keys not indexed yet are lag too
         if stream is not None:
-            keys.behind(max_end_phy, out)
+            keys.behind(max_end_phy - 1 if loaded.live else max_end_phy, out)
         else:
             _keys_findable(log, k_ if k_ is not None else key_codes(log), keys, all_codes, wrong_phy, info,
-                           max_end_phy, out)
+                           max_end_phy, out, loaded.live)
     info["max_end_phy"] = max_end_phy
     return info
 
@@ -203,6 +251,15 @@ def add_validate_findings(vf: list[Finding], wrong: bool, display: str, out: Cap
         if vfi.kind == "slot_not_newest_entry" and not wrong:
             consequences.append("index_chain_broken")
         out.add(vfi)
+
+
+def expired_head(ent: np.ndarray, log_min: int) -> int:
+    """How many leading entries point below the commitlog's first offset (their records expired; the
+    cleaner deletes an index file only once its last entry is below it)."""
+    if not len(ent):
+        return 0
+    below = ent["phy_offset"][: 1 << 20].astype(np.int64) < log_min
+    return int(np.argmin(below)) if not below.all() else (len(below) if len(below) == len(ent) else 0)
 
 
 def _resumed_file(c: dict, f: IndexFile, ent: np.ndarray, skip: int, keys: KeyStream, file_info: dict,
@@ -263,7 +320,7 @@ def entries_fingerprint(ent: np.ndarray, n: int) -> list[int]:
 
 
 def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[np.ndarray],
-                   wrong_phy: list[np.ndarray], info: dict, max_end_phy: int, out: Capped) -> None:
+                   wrong_phy: list[np.ndarray], info: dict, max_end_phy: int, out: Capped, live: bool = False) -> None:
     """Every record key is some entry's (by code): keys not indexed yet after the last indexed message, or
     missing for good (explained by lost data, expiry or an entry with the wrong hash, or not)."""
     kphy, khash, kcode, kpos = k_.kphy, k_.khash, k_.kcode, k_.kpos
@@ -284,17 +341,20 @@ def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[
         if wrong_phy:
             wp = np.concatenate(wrong_phy)
             explained |= is_member(mphy, np.sort(wp))
-        behind, real = split_missing(mphy, explained, max_end_phy)
+        behind, real = split_missing(mphy, explained, max_end_phy, live)
         if behind.any():
             out.add(behind_finding(int(behind.sum()), max_end_phy))
         for j in np.flatnonzero(real).tolist():
             out.add(key_missing_finding(int(mphy[j]), int(khash[missing[j]]), first_begin, log.segment_size))
 
 
-def split_missing(mphy: np.ndarray, explained: np.ndarray, max_end_phy: int) -> tuple[np.ndarray, np.ndarray]:
+def split_missing(mphy: np.ndarray, explained: np.ndarray, max_end_phy: int, live: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Keys no index file holds, by their messages' positions: (not indexed yet: after the last indexed
-    message, missing for good); ``explained`` ones (lost data, expiry, an entry with the wrong hash) neither."""
-    behind = ~explained & (mphy > max_end_phy)
+    message, missing for good); ``explained`` ones (lost data, expiry, an entry with the wrong hash) neither.
+    ``live``: a live store's cut can fall between two keys of one record (IndexService.buildIndex puts them
+    one by one), so the last indexed message's other keys are not indexed yet either."""
+    behind = ~explained & ((mphy >= max_end_phy) if live else (mphy > max_end_phy))
     return behind, ~explained & ~behind
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, batch_cq_topics
 from storelib.format.record import INNER_BATCH_FLAG
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.arrowcols import group_order
+
+if TYPE_CHECKING:
+    from storelib.broker.settings.livecut import StoreCut
 
 
 def check_queue_offsets(log: LogView, out: Capped) -> dict[tuple[str, int], dict]:
@@ -110,14 +114,24 @@ class CQLoad:
     failed: bool = False  # the queue directory could not be listed (the one finding says why)
     per_queue: dict[tuple[str, int], tuple] = field(default_factory=dict)  # (n, units, files, max, min)
     cq_max_phy: int = -1
+    live: bool = False  # read as at a live store's cut: clamped at its end, files the cleaner took left out
+    vanished: list[str] = field(default_factory=list)  # CQ files deleted after the listing (live)
+
+    def reput_from(self, log_min: int) -> int:
+        """Where the broker's reput would start: past every unit. On a live store, whose queues are read one
+        after the other while the reput thread moves on, every queue's missing suffix is lag: no position
+        before which a message would be "never dispatched again" can be told, so it is the log's start."""
+        return max(log_min, 0) if self.live else max(self.cq_max_phy, log_min, 0)
 
 
-def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int,
-                        queues: Iterable[tuple[str, int, LoadedQueue]] | None = None) -> CQLoad:
-    """Read every consume queue's units (one copy out of the mapped files) and offsets (``queues``: only
-    these, opened by the caller; default: every queue directory, :func:`walk_queues`)."""
-    res = CQLoad()
-    for topic, qid, cq in walk_queues(root, settings, res) if queues is None else queues:
+def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, cut: StoreCut | None = None,
+                        queues: Iterable[tuple[str, int, LoadedQueue]] | None = None, res: CQLoad | None = None
+                        ) -> CQLoad:
+    """Read every consume queue's units (one copy out of the mapped files) and offsets (as at ``cut``;
+    ``queues``: only these, opened by the caller into ``res``; default: every queue directory,
+    :func:`walk_queues`)."""
+    res = res if res is not None else CQLoad()
+    for topic, qid, cq in walk_queues(root, settings, res, cut) if queues is None else queues:
         try:
             ns, units, files = [], [], []
             for base, display, u in queue_files(cq, root.path):
@@ -137,26 +151,33 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int,
     return res
 
 
-def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterator[tuple[str, int, LoadedQueue]]:
+def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad, cut: StoreCut | None = None
+                ) -> Iterator[tuple[str, int, LoadedQueue]]:
     """Every queue directory's :class:`LoadedQueue` (the caller closes it), the listing's and each queue's
     structural findings into ``res.findings`` in the order found; ``res.failed`` when the queue directory
-    cannot be listed (or is a RocksDB consume queue, which rmqstore does not read: said once)."""
-    for topic, qid, loc in queue_listing(root, res) or []:
-        yield topic, qid, open_queue(root, settings, topic, qid, loc, res.findings)
+    cannot be listed (or is a RocksDB consume queue, which rmqstore does not read: said once). With a live
+    ``cut`` each queue is read as at the cut (units dispatched after it are not there yet) and its files
+    deleted by the cleaner since the listing are left out (said once, :attr:`CQLoad.vanished`)."""
+    for topic, qid, loc in queue_listing(root, res, cut) or []:
+        yield topic, qid, open_queue(root, settings, topic, qid, loc, res, cut)
+    vanished_finding(res)
 
 
-def queue_listing(root: Location, res: CQLoad) -> list[tuple[str, int, Location]] | None:
+def queue_listing(root: Location, res: CQLoad, cut: StoreCut | None = None
+                  ) -> list[tuple[str, int, Location]] | None:
     """The queue directories (:func:`storelib.format.consumequeue.list_queues`), the listing's findings into
     ``res.findings``; None (``res.failed``) when the queue directory cannot be listed or is a RocksDB
-    consume queue, which rmqstore does not read (said once)."""
+    consume queue, which rmqstore does not read (said once). ``res.live``: read as at a live ``cut``."""
     rootp = root.path
+    limit = cut.commitlog_end if cut is not None and cut.live else None
+    res.live = limit is not None
     list_findings: list[Finding] = []
     try:
         queues = list_queues(root, list_findings)
     except StoreError as e:
         if e.kind == "rocksdb_consumequeue":  # a supported broker layout that rmqstore does not read: say so once
             res.findings.append(Finding(e.kind, "warning", rel_path(rootp, e.file), None,
-                                        f"{e.detail}: LoadedQueue checks skipped (rmqstore reads file-based "
+                                        f"{e.detail}: ConsumeQueue checks skipped (rmqstore reads file-based "
                                         "consume queues only); commitlog, index, checkpoint and config are audited",
                                         {"supported": False}))
         else:
@@ -169,14 +190,28 @@ def queue_listing(root: Location, res: CQLoad) -> list[tuple[str, int, Location]
     return queues
 
 
-def open_queue(root: Location, settings: BrokerSettings, topic: str, qid: int, loc: Location,
-               findings: list[Finding]) -> LoadedQueue:
-    """One queue's files listed (the caller closes it), their structural findings into ``findings``."""
-    cq = LoadedQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
+def open_queue(root: Location, settings: BrokerSettings, topic: str, qid: int, loc: Location, res: CQLoad,
+               cut: StoreCut | None = None) -> LoadedQueue:
+    """One queue's files listed (the caller closes it), as at a live ``cut``; their structural findings into
+    ``res.findings``, its files the cleaner deleted since the listing into ``res.vanished``."""
+    limit = cut.commitlog_end if cut is not None and cut.live else None
+    cq = LoadedQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid,
+                     phy_limit=limit)
     for f in cq.findings:
         f.file = rel_path(root.path, f.file)
-        findings.append(f)
+        res.findings.append(f)
+    if cq.vanished:
+        res.vanished += [f"consumequeue/{topic}/{qid}/{n}" for n in cq.vanished]
     return cq
+
+
+def vanished_finding(res: CQLoad) -> None:
+    """The consume-queue files the cleaner deleted after the listing (a live store), said once."""
+    if res.vanished:
+        res.findings.append(Finding("expired_during_run", "info", "consumequeue", None,
+                                    f"{len(res.vanished)} consume-queue file(s) deleted by the broker's cleaner after "
+                                    f"this run listed them (first: {res.vanished[0]}): expired during the run",
+                                    {"files": res.vanished[:100]}))
 
 
 def queue_files(cq: LoadedQueue, rootp: str) -> Iterator[tuple[int, str | None, np.ndarray]]:
@@ -211,12 +246,13 @@ def _units_before_invalid_tail(units: np.ndarray, path: str | None) -> int:
 
 
 def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings, out: Capped, facts: dict,
-                         loaded: CQLoad | None = None) -> dict:
+                         loaded: CQLoad | None = None, cut: StoreCut | None = None) -> dict:
     """ConsumeQueue entries vs records both ways; queue min/max offsets and lag. Returns per-queue stats.
 
-    ``loaded``: the queues read beforehand (:func:`load_consume_queues`, same ``log.log_min``)."""
+    ``loaded``: the queues read beforehand (:func:`load_consume_queues`, same ``log.log_min``), else they are
+    read here (as at ``cut``)."""
     if loaded is None:
-        loaded = load_consume_queues(root, settings, log.log_min)
+        loaded = load_consume_queues(root, settings, log.log_min, cut)
     out.extend(loaded.findings)
     if loaded.failed:
         return {}
@@ -230,7 +266,7 @@ def check_queue_units(log: LogView, out: Capped, facts: dict, loaded: CQLoad) ->
     """Each loaded queue's units against the records and its records beyond them: (per-queue stats, the
     reput position). A queue group's task runs this over its own queues."""
     stats: dict[tuple[str, int], dict] = {}
-    reput_from = max(loaded.cq_max_phy, log.log_min, 0)
+    reput_from = loaded.reput_from(log.log_min)
     for (topic, qid), (n, u, files, cq_max, cq_min) in loaded.per_queue.items():
         last_valid = _check_units(log, out, topic, qid, n, u, files)
         fact = facts.get((topic, qid))
@@ -358,7 +394,8 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
             if len(before):
                 out.add(Finding("cq_file_missing", "error", f"consumequeue/{topic}/{qid}", None,
                                 f"{len(before)} messages with queue offsets below {first_n} are in the commitlog but "
-                                "no CQ file holds their entries", {"topic": topic, "queue_id": qid}))
+                                "no CQ file holds their entries", {"topic": topic, "queue_id": qid,
+                                                                    "last_phy": int(log.phy[before[-1]])}))
     return lag, behind_bytes
 
 

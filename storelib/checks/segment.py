@@ -6,6 +6,7 @@ merges a segment's parts. Also the finding collector (:class:`Capped`) the cross
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -31,14 +32,15 @@ from storelib.checks.tables import (
     to_ipc,
 )
 from storelib.errors import Finding, StoreError
-from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, resolve
+from storelib.fileio.bytesource import LocalSource, open_source, resolve, zero_tail
 from storelib.fileio.memory import keep_freed_memory
+from storelib.fileio.pagecare import PageCare, ReadPacer
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
+from storelib.scan.commitlog import at_cut
 from storelib.scan.scanner import SegmentScan
 from storelib.scan.splits import plan_splits
 
 if TYPE_CHECKING:
-    from storelib.broker.settings.brokerline import BrokerLine
     from storelib.broker.settings.store import Store
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
@@ -66,6 +68,10 @@ class SegmentTask:
     local: bool = True
     start: int = 0  # incremental: resume at this file offset (records before it were audited)
     end: int | None = None  # a split: only records starting before this file offset (None: to the end)
+    limit: int | None = None  # a live store: the run's cut in this file (records from here are not read)
+    live: bool = False  # a broker runs the store: read by ranged reads (never mapped), a vanished file expired
+    read_rate: float | None = None  # bytes a second this task may read (its share of --max-read-rate)
+    page_care: bool = False  # drop the page-cache pages this task brought in (a cold segment of a live store)
 
 
 @dataclass
@@ -74,6 +80,7 @@ class AuditOptions:
 
     delay_levels_ms: list[int] = field(default_factory=lambda: list(DEFAULT_DELAY_LEVELS_MS))
     broker_version: str = "4"
+    line: str | None = None  # the settings' scan_line: the line whose record check applies (None: not told)
     verify_crc: bool = True
     fs_options: dict[str, Any] = field(default_factory=dict)
     groups: int = 1  # queue groups the record tables are laid out by (:func:`storelib.checks.tables.group_sort`)
@@ -182,11 +189,23 @@ class Capped:
         return out
 
 
+def _scan_line(opts: AuditOptions) -> str | None:
+    """The line the audit's scans apply: the store's, but V2 records are read under 4.x rules too (4.9.8
+    stops at the first one, which ``v2_record_on_4x`` reports once, with its cost), so that the rest of
+    the log and the queues pointing at them are still audited rather than lost to a flood of regions."""
+    return None if opts.line == "4" else opts.line
+
+
 def _open_task(task: SegmentTask, opts: AuditOptions):
-    if task.local:
+    if task.local and not task.live:
         return LocalSource(task.uri)
     loc = resolve(task.uri, **opts.fs_options)
-    return open_source(loc, task.file_size)
+    return open_source(replace(loc, mapped=False) if task.live else loc, task.file_size)
+
+
+def _vanished(task: SegmentTask) -> bool:
+    """Has the segment been deleted (the broker's cleaner) since the run listed it?"""
+    return task.live and task.local and not os.path.exists(task.uri)
 
 
 def _whole(src) -> memoryview:
@@ -263,31 +282,6 @@ class PartResult:
                        self.n_keys, self.n_misplaced)
 
 
-def _zero_tail(view: memoryview, start: int, chunk: int = 64 << 20, path: str | None = None) -> bool:
-    """Are all bytes from ``start`` to the end zero? (the unwritten tail of the last segment: checked at
-    memory speed before the byte-wise resync search, which would find nothing there anyway).
-
-    ``path``: the mapped file; its holes (``SEEK_DATA``/``SEEK_HOLE``: a preallocated segment is sparse,
-    so most of a young last segment is one hole) read as zeros by definition and are not touched, which
-    saves faulting in and scanning up to a whole segment of zero pages."""
-    a = np.frombuffer(view, dtype=np.uint8)
-    return not any(_nonzero_in(a, lo, hi, chunk) for lo, hi in data_ranges(path, start, len(view)))
-
-
-def _nonzero_in(a: np.ndarray, lo: int, hi: int, chunk: int) -> bool:
-    """Is any byte of ``a[lo:hi]`` non-zero? (8 bytes at a time, in chunks: bounded temporaries)."""
-    head = min(hi, (lo + 7) // 8 * 8)
-    if a[lo:head].any():
-        return True
-    lo = head
-    while lo + 8 <= hi:
-        stop = min(hi - (hi - lo) % 8, lo + chunk)
-        if a[lo:stop].view(np.uint64).any():
-            return True
-        lo = stop
-    return bool(a[lo:hi].any())
-
-
 def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = None,
                keep_tables: bool = False) -> PartResult:
     """Audit the records of ``task`` that start in ``[task.start, task.end)`` (the whole rest of the
@@ -299,14 +293,16 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
     if not keep_tables:  # a worker process (in-process callers keep the tables): its arrays reuse freed pages
         keep_freed_memory()
     display = "commitlog/" + task.name
-    res = PartResult(task.name, task.start, task.end)
+    res = PartResult(task.name, task.start, task.end, data_end=task.start)
     found = Capped()
     try:
         src = _open_task(task, opts)
     except StoreError as e:
-        res.end_kind = "unreadable"
+        res.end_kind = "expired" if _vanished(task) else "unreadable"
         res.unreadable = e.detail
         return res
+    pacer = ReadPacer(task.read_rate)
+    care = PageCare(task.uri if task.local and task.page_care else None)
     rec_parts: list[pa.Table] = []
     key_parts: list[pa.Table] = []
     regions: list[LostRegion] = []
@@ -316,17 +312,22 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
         pos = task.start
         seg_len = src.size
         stop = seg_len if task.end is None else min(task.end, seg_len)
+        if task.limit is not None:
+            stop = min(stop, task.limit)
         res.exit_pos = pos
         while pos < stop:
-            scan = SegmentScan(src, display, task.base, pos, None if task.end is None else stop,
+            scan = SegmentScan(src, display, task.base, pos, None if task.end is None and task.limit is None else stop,
                                verify_crc=opts.verify_crc, with_properties=False,
-                               delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS)
+                               delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS, line=_scan_line(opts))
             for batch in scan:
                 _check_batch(batch, task, opts, display, found, bad_rows, rec_parts, key_parts)
-            end = scan.end
+                pacer.took(_batch_bytes(batch))
+            end = at_cut(scan.end, task.limit if stop == task.limit else None)
             assert end is not None
             res.end_kind, res.data_end = end.kind, end.file_offset
             res.exit_pos = None
+            if task.limit is not None and end.kind == "end_of_data" and end.file_offset >= task.limit:
+                break  # the run's cut: what the broker wrote after it is not this run's
             if end.kind == "blank":
                 left = seg_len - end.file_offset
                 total = int.from_bytes(bytes(src.read(end.file_offset, 4)), "big", signed=True)
@@ -340,7 +341,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
                 break
             view = _whole(src)
             if end.kind == "end_of_data":
-                if _zero_tail(view, end.file_offset, path=task.uri if task.local else None):
+                if zero_tail(view, end.file_offset, path=task.uri if task.local else None):
                     break  # nothing but zeros up to the segment end: no record, no stale bytes
                 r = find_next_record(view, end.file_offset, base=task.base)
                 if r.kind == "message":  # zeros inside the data: a zeroed/unwritten hole
@@ -367,6 +368,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
                 res.end_kind, res.data_end = "blank", r.pos
             break
     finally:
+        care.done(task.start, src.size)  # read-ahead windows go past the records: all this task may have read
         src.close()
     res.items, res.counts = found.items, dict(found.counts)
     res.bad_rows, res.regions = bad_rows, regions
@@ -408,7 +410,7 @@ def parts_chain(parts: list[PartResult]) -> bool:
 
 def audit_segment(task: SegmentTask, opts: AuditOptions) -> SegmentResult:
     """Audit one commitlog segment from ``task.start``; never raises for content problems."""
-    whole = SegmentTask(task.name, task.base, task.uri, task.file_size, task.segment_size, task.local, task.start)
+    whole = replace(task, end=None)
     return finish_segment(whole, [audit_part(whole, opts, keep_tables=True)])
 
 
@@ -418,6 +420,10 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
     display = "commitlog/" + task.name
     res = SegmentResult(task.name, task.base, task.file_size, task.start)
     bad = next((p for p in parts if p.unreadable is not None), None)
+    if bad is not None and bad.end_kind == "expired":
+        res.end_kind = "expired"
+        res.findings = [expired_finding(display).to_dict()]
+        return res
     if bad is not None:
         res.end_kind = "unreadable"
         res.findings = [Finding("segment_unreadable", "critical", display, None, bad.unreadable).to_dict()]
@@ -474,6 +480,17 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
     return res
 
 
+def expired_finding(display: str) -> Finding:
+    """A file of a live store that the broker's cleaner deleted after the run listed it: said once."""
+    return Finding("expired_during_run", "info", display, None,
+                   "deleted by the broker's cleaner after this run listed it (it expired during the run): not read")
+
+
+def _batch_bytes(batch: pa.RecordBatch) -> int:
+    sizes = batch.column("size")
+    return int(pc.sum(sizes).as_py() or 0) if batch.num_rows else 0
+
+
 def _region_extra(rg: LostRegion) -> dict:
     return {"end": rg.end, "bytes_lost": rg.bytes_lost, "phy": rg.phy_start, "reason": rg.reason,
             "resumed": rg.resumed}
@@ -525,7 +542,8 @@ def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int) -> lis
         cuts.setdefault(ps.split.segment_name, []).append(ps.split.start)
     out: list[SegmentTask] = []
     for t in tasks:
-        bounds = [t.start, *(c for c in cuts.get(t.name, []) if c > t.start)]
+        lim = t.limit if t.limit is not None else t.file_size
+        bounds = [t.start, *(c for c in cuts.get(t.name, []) if t.start < c < lim)]
         for a, b in zip(bounds, [*bounds[1:], None]):
             out.append(replace(t, start=a, end=b))
     return out
@@ -555,27 +573,4 @@ def merge_parts(tasks: list[SegmentTask], parts: list[PartResult], opts: AuditOp
             out.append(finish_segment(whole[t.name], [again[t.name]]))
         else:
             out.append(audit_segment(t, opts))
-    return out
-
-
-def merge_v2_findings(findings: list[Finding], line: BrokerLine | None) -> list[Finding]:
-    """All ``v2_record_on_4x`` findings as one (first place, total count), with the broker-line conflict.
-
-    Under 4.x rules every V2 record is an error, but only the first matters (4.9.8's recovery stops
-    there) and they usually mean the wrong line was chosen: one finding that says so, not one per record.
-    A conflict without V2 records is a warning of its own."""
-    v2 = [f for f in findings if f.kind == "v2_record_on_4x"]
-    out = [f for f in findings if f.kind != "v2_record_on_4x"]
-    conflict = line.conflict if line is not None else None
-    if v2:
-        first = min(v2, key=lambda f: (f.file or "", f.offset or 0))
-        n = sum(int((f.extra or {}).get("count", 1)) for f in v2)
-        detail = (f"{n} V2 (0xDAA320AB) record(s), the first here: a 4.9.8 broker treats it as corrupt, ends its "
-                  "recovery there and drops every message after it")
-        if conflict:
-            detail += "; the store's own evidence says 5.x wrote it: audit with --broker-version 5 (or auto)"
-        out.append(Finding("v2_record_on_4x", "error", first.file, first.offset, detail,
-                           {"count": n, "broker_line": line.source if line is not None else None}))
-    elif conflict:
-        out.append(Finding("broker_line_conflict", "warning", None, None, conflict))
     return out

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,9 +30,13 @@ from storelib.format.timerstore import (
     read_timer_checkpoint,
     read_timerlog,
     read_wheel,
+    timer_checkpoint_of,
 )
 
 SHOWN = 10  # findings of one kind listed one by one; the rest are counted in the last
+
+if TYPE_CHECKING:
+    from storelib.broker.settings.livecut import StoreCut
 
 
 def _each(out: Capped, kind: str, severity: str, items: list[tuple[str, int | None, str, dict]]) -> None:
@@ -120,9 +124,54 @@ def has_timer_store(root: Location) -> bool:
     return root.fs.get_file_info(root.join("timerlog").path).type.name != "NotFound"
 
 
+def _units_against_records(log: LogView, py: np.ndarray, size_py: np.ndarray, files: list, offs: np.ndarray,
+                           out: Capped) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each unit inside the log points (offsetPy, sizePy) at a timer record of that size; (the units inside,
+    their record rows, whether a record starts there)."""
+    inside = np.flatnonzero((py >= log.log_min) & (py < log.log_end))
+    row = np.searchsorted(log.phy, py[inside])
+    rowc = np.clip(row, 0, max(len(log.phy) - 1, 0))
+    hit = (row < len(log.phy)) & (log.phy[rowc] == py[inside]) if len(log.phy) else np.zeros(len(inside), bool)
+    timer_code = log.topic_code.get(TIMER_TOPIC, -1)
+    bad: list[tuple[str, int | None, str, dict]] = []
+    for j, i in enumerate(inside.tolist()):
+        if not hit[j]:
+            if not log.in_lost(np.array([py[i]]))[0]:
+                bad.append((files[i], int(offs[i]), f"offsetPy {int(py[i])} is not the start of a record", {}))
+            continue
+        r = int(rowc[j])
+        if int(log.topic_idx[r]) != timer_code:
+            bad.append((files[i], int(offs[i]), f"offsetPy {int(py[i])} is a record of topic "
+                        f"{log.topic_names[int(log.topic_idx[r])]!r}, not {TIMER_TOPIC}", {}))
+        elif int(log.size[r]) != int(size_py[i]):
+            bad.append((files[i], int(offs[i]), f"sizePy {int(size_py[i])} but the record at {int(py[i])} has "
+                        f"{int(log.size[r])} bytes", {}))
+    _each(out, "timer_unit_mismatch", "error", bad)
+    return inside, rowc, hit
+
+
+def _timercheck_ahead(cp: Any, log_end: int, facts: dict[tuple[str, int], dict], out: Capped) -> None:
+    """timercheck past the timerlog's end, or past the timer topic's messages in the commitlog."""
+    if cp.last_timer_log_flush_pos > log_end:
+        out.add(Finding("timercheck_ahead", "error", "config/timercheck", 8,
+                        f"lastTimerLogFlushPos {cp.last_timer_log_flush_pos} is past the timerlog's end {log_end}"))
+    cq = facts.get((TIMER_TOPIC, 0))
+    cl_max = cq["cl_max_offset"] if cq else 0
+    if cp.last_timer_queue_offset > cl_max:
+        out.add(Finding("timercheck_ahead", "error", "config/timercheck", 16,
+                        f"lastTimerQueueOffset {cp.last_timer_queue_offset} is past the timer topic's "
+                        f"{cl_max} messages in the commitlog"))
+
+
 def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, out: Capped,
-                      facts: dict[tuple[str, int], dict]) -> dict[str, Any] | None:
-    """The timer store's findings into ``out``; a small summary for the report (None without a timerlog)."""
+                      facts: dict[tuple[str, int], dict], cut: StoreCut | None = None) -> dict[str, Any] | None:
+    """The timer store's findings into ``out``; a small summary for the report (None without a timerlog).
+
+    A live store's (``cut``): its timercheck is the one the cut read before the commitlog's end (the
+    timer threads flush it after the timerlog, so the timerlog read later holds what it claims), and its
+    units may point past the cut (enqueued since: in flight); of the units pointing before the commitlog's
+    first offset only pending ones are lost (delivered ones wait for the timerlog's own cleaner)."""
+    live = cut is not None and cut.live
     if not has_timer_store(root):
         return None
     precision = precision_of(settings)
@@ -143,33 +192,26 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
     offs = u.column("file_offset").to_numpy()
 
     past = np.flatnonzero(py >= log.log_end)
+    if live:
+        past = past[:0]
     _each(out, "timer_unit_past_commitlog", "error", [
         (files[i], int(offs[i]), f"points at commitlog offset {int(py[i])}, past its end {log.log_end}: the broker's "
          "dequeue retries it forever (apache/rocketmq#10668)", {"offset_py": int(py[i])}) for i in past.tolist()])
+    cp = None
+    try:
+        cp = timer_checkpoint_of(cut.timercheck) if live and cut.timercheck is not None else (
+            None if live else read_timer_checkpoint(root))
+    except StoreError as e:
+        out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
     expired = np.flatnonzero(py < log.log_min)
+    if live and cp is not None:
+        expired = expired[u.column("slot_time_ms").to_numpy()[expired] >= cp.last_read_time_ms]
     if len(expired):
         out.add(Finding("timer_unit_expired", "warning", "timerlog", None,
                         f"{len(expired)} unit(s) point before the commitlog's first offset {log.log_min}: their "
                         "messages were deleted before delivery", {"count": int(len(expired))}))
-    inside = np.flatnonzero((py >= log.log_min) & (py < log.log_end))
-    row = np.searchsorted(log.phy, py[inside])
-    rowc = np.clip(row, 0, max(len(log.phy) - 1, 0))
-    hit = (row < len(log.phy)) & (log.phy[rowc] == py[inside]) if len(log.phy) else np.zeros(len(inside), bool)
+    inside, rowc, hit = _units_against_records(log, py, size_py, files, offs, out)
     timer_code = log.topic_code.get(TIMER_TOPIC, -1)
-    bad: list[tuple[str, int | None, str, dict]] = []
-    for j, i in enumerate(inside.tolist()):
-        if not hit[j]:
-            if not log.in_lost(np.array([py[i]]))[0]:
-                bad.append((files[i], int(offs[i]), f"offsetPy {int(py[i])} is not the start of a record", {}))
-            continue
-        r = int(rowc[j])
-        if int(log.topic_idx[r]) != timer_code:
-            bad.append((files[i], int(offs[i]), f"offsetPy {int(py[i])} is a record of topic "
-                        f"{log.topic_names[int(log.topic_idx[r])]!r}, not {TIMER_TOPIC}", {}))
-        elif int(log.size[r]) != int(size_py[i]):
-            bad.append((files[i], int(offs[i]), f"sizePy {int(size_py[i])} but the record at {int(py[i])} has "
-                        f"{int(log.size[r])} bytes", {}))
-    _each(out, "timer_unit_mismatch", "error", bad)
 
     big_limit = int(settings.max_message_size) + 100
     if timer_code >= 0:
@@ -182,11 +224,6 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
 
     _check_deliver_times(root, log, u, hit_rows=(inside, rowc, hit), out=out)
 
-    cp = None
-    try:
-        cp = read_timer_checkpoint(root)
-    except StoreError as e:
-        out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
     if cp is not None and timer_code >= 0 and u.num_rows:
         _check_lost_records(log, timer_code, py, cp.last_timer_queue_offset, out)
     if cp is not None and u.num_rows:  # units the wheel has not reached yet are pending (#9006)
@@ -202,17 +239,8 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
                             "delete their commitlog segment before delivery (apache/rocketmq#9006); "
                             "rmqstore expiry says which a policy loses",
                             {"count": int(len(outlive)), "first_pos": int(u.column("pos").to_numpy()[outlive[0]])}))
-    log_end = max((f["base"] + f["end_offset"] for f in tl.files), default=0)
     if cp is not None:
-        if cp.last_timer_log_flush_pos > log_end:
-            out.add(Finding("timercheck_ahead", "error", "config/timercheck", 8,
-                            f"lastTimerLogFlushPos {cp.last_timer_log_flush_pos} is past the timerlog's end {log_end}"))
-        cq = facts.get((TIMER_TOPIC, 0))
-        cl_max = cq["cl_max_offset"] if cq else 0
-        if cp.last_timer_queue_offset > cl_max:
-            out.add(Finding("timercheck_ahead", "error", "config/timercheck", 16,
-                            f"lastTimerQueueOffset {cp.last_timer_queue_offset} is past the timer topic's "
-                            f"{cl_max} messages in the commitlog"))
+        _timercheck_ahead(cp, max((f["base"] + f["end_offset"] for f in tl.files), default=0), facts, out)
     return {"timerlog_units": u.num_rows, "timerlog_files": len(tl.files), "wheel_slots_used": wheel.num_rows,
             "units_past_commitlog": int(len(past)), "units_expired": int(len(expired)),
             "checkpoint": None if cp is None else cp.__dict__}

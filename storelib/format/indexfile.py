@@ -174,54 +174,6 @@ def index_time_diff(t: int, begin: int) -> int:
     return min(d, INT_MAX)
 
 
-def slot_chains(slot: np.ndarray, n0: int) -> tuple[np.ndarray, np.ndarray]:
-    """Entries grouped by slot, oldest first: (slot, entry number) pairs sorted by slot then number.
-
-    Entry ``n0 + i`` has slot ``slot[i]``; both fit in 31 bits, so (slot << bits) | number is one
-    int64 whose plain sort (numpy's SIMD sort, no index indirection) is the stable sort by slot,
-    several times faster than a stable argsort plus two gathers on a default-geometry file.
-    """
-    m = len(slot)
-    bits = max(1, int(n0 + m).bit_length())
-    comp = slot.astype(np.int64) << bits
-    comp |= np.arange(n0, n0 + m, dtype=np.int64)
-    comp.sort()
-    return comp >> bits, (comp & ((1 << bits) - 1)).astype(np.int32)
-
-
-
-
-def index_chains(hs: np.ndarray, n0: int, S: int, old_slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """prevIndex of entries ``n0, n0+1, ...`` with index hashes ``hs``, and the resulting slot table.
-
-    ``old_slots``: the slot table of the file being continued (None for a new file).
-    """
-    m = len(hs)
-    slot = hs % S
-    # entries sorted by (slot, number); within a slot the previous (older) number is the link
-    ss, ns = slot_chains(slot, n0)
-    del slot
-    first = np.ones(m, dtype=bool)
-    first[1:] = ss[1:] != ss[:-1]
-    prev_sorted = np.empty(m, dtype=np.int32)
-    prev_sorted[1:] = ns[:-1]
-    if old_slots is not None:
-        slots = old_slots.astype(np.int32).copy()
-        old = slots[ss[first]].astype(np.int64)
-        # putKey: a slot value <= 0 or > indexCount (= n at insert) reads as empty
-        prev_sorted[first] = np.where((old > 0) & (old <= ns[first]), old, 0)
-    else:
-        slots = np.zeros(S, dtype=np.int32)
-        prev_sorted[first] = 0
-    prev = np.empty(m, dtype=np.int32)
-    prev[ns - n0] = prev_sorted
-    last = np.empty(m, dtype=bool)
-    last[:-1] = first[1:]
-    last[-1] = True
-    slots[ss[last]] = ns[last]  # the newest entry of each slot
-    return prev, slots
-
-
 def entry_bytes(entries: np.ndarray) -> memoryview | bytes:
     """The on-disk bytes of index entries, without a copy when they already are contiguous ENTRY_DTYPE."""
     e = np.asarray(entries)
@@ -286,6 +238,7 @@ class IndexFile:
         index_num: int | None = None,
         name: str | None = None,
         strict: bool = True,
+        at: bytes | None = None,
     ):
         self.source = source
         self.path = source.path
@@ -297,7 +250,10 @@ class IndexFile:
         else:
             geometry.check_size(source.size, self.path)
         self.geometry = geometry
-        self.header = IndexHeader.from_bytes(self._read(0, HEADER_SIZE), self.path)
+        # ``at``: the 40 header bytes as a run's cut read them from a file a broker is still writing;
+        # then the file is read as it stood then (:meth:`slots`, :meth:`slot_value`, the tail check)
+        self.at_cut = at is not None
+        self.header = IndexHeader.from_bytes(at if at is not None else self._read(0, HEADER_SIZE), self.path)
         if strict:
             self._check_header_strict()
 
@@ -355,12 +311,30 @@ class IndexFile:
         return self.index_count - 1
 
     def slots(self) -> np.ndarray:
-        """The whole slot table as ``>i4`` (zero-copy for local files)."""
+        """The whole slot table as ``>i4`` (zero-copy for local files; as at the cut: :meth:`_as_at_cut`)."""
         g = self.geometry
-        return np.frombuffer(self._read(HEADER_SIZE, SLOT_SIZE * g.hash_slot_num), dtype=">i4")
+        slots = np.frombuffer(self._read(HEADER_SIZE, SLOT_SIZE * g.hash_slot_num), dtype=">i4")
+        return self._as_at_cut(slots) if self.at_cut else slots
 
     def slot_value(self, slot: int) -> int:
-        return _I32.unpack(self._read(self.geometry.slot_pos(slot), SLOT_SIZE))[0]
+        v = _I32.unpack(self._read(self.geometry.slot_pos(slot), SLOT_SIZE))[0]
+        return int(self._as_at_cut(np.array([v], dtype=">i4"))[0]) if self.at_cut else v
+
+    def _as_at_cut(self, slots: np.ndarray) -> np.ndarray:
+        """Slot values as they were when the cut read the header: a slot the broker pointed at a newer
+        entry since (IndexFile.putKey writes the entry, then the slot, then the header) is followed back
+        through the entries' prevIndex (each holds the slot's value before it) until it is older than the
+        cut's indexCount. Values outside the geometry are left for :meth:`validate` to report."""
+        ic, cap = self.index_count, self.geometry.index_num
+        out = slots.astype(np.int32)
+        todo = np.flatnonzero((out >= ic) & (out < cap))
+        while len(todo):
+            v = out[todo]
+            prev = np.array([self.entry(int(n))[3] for n in v.tolist()], dtype=np.int32)
+            prev = np.where((prev >= 0) & (prev < v), prev, 0)  # a chain that does not go back: ends
+            out[todo] = prev
+            todo = todo[prev >= ic]
+        return out
 
     def entries(self, first: int = 0, stop: int | None = None) -> np.ndarray:
         """Raw entries ``first .. stop-1`` (entry numbers, bounded by the geometry) as ENTRY_DTYPE."""
@@ -546,7 +520,10 @@ class IndexFile:
                 "file without entries but begin and end header fields differ")
 
     def first_data_beyond_count(self, chunk_entries: int) -> int | None:
-        """The first non-zero entry at or after indexCount, read in bounded chunks (see validate)."""
+        """The first non-zero entry at or after indexCount, read in bounded chunks (see validate); none for
+        a file read as at a cut (entries after its indexCount were put since)."""
+        if self.at_cut:
+            return None
         g, ic = self.geometry, self.index_count
         lo, hi = g.entry_pos(ic), g.entry_pos(g.index_num)
         # holes (the unused part of a sparse file) read as zeros: only the file's data is read

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from storelib.broker.index.indexchains import index_chains
 from storelib.fileio.direct_write import atomic_direct_file
 from storelib.format.indexdir import index_file_name
 from storelib.format.indexfile import (  # the file format and the reader's helpers
@@ -30,7 +31,6 @@ from storelib.format.indexfile import (  # the file format and the reader's help
     IndexGeometry,
     IndexHeader,
     entry_bytes,
-    index_chains,
     index_time_diff,
     index_time_diffs,
 )

@@ -41,7 +41,7 @@ from storelib.broker.recovery.walkplan import (
 from storelib.errors import Finding, StoreError
 from storelib.format.checkpoint import Checkpoint
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
-from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V1, MAGIC_V2
+from storelib.format.record import BORNHOST_V6_FLAG, message_magics
 from storelib.scan.commitlog import Segment
 from storelib.scan.scanner import SegmentEnd
 
@@ -104,8 +104,9 @@ def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
     * normal 5.x: walking down from the last, the first segment with base <= cq_max_phy_offset (the
       first segment when the CQ is empty); records dispatched when PHYSICALOFFSET > cq_max_phy_offset;
     * abnormal (both): walking down from the last, the first segment whose first record matches
-      (V1/V2 magic, store time != 0 and <= the checkpoint's min timestamp, index-bounded with
-      messageIndexSafe); the first segment when none does. Every valid record is re-dispatched.
+      (a magic the line's check takes: V1, and V2 but under 4.9.8's rules; store time != 0 and <= the
+      checkpoint's min timestamp, index-bounded with messageIndexSafe); the first segment when none
+      does. Every valid record is re-dispatched.
     """
     segs, found = loaded_segments(segments, inputs.version, inputs.segment_size)
     n = len(segs)
@@ -138,7 +139,7 @@ def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
         else:
             limit = cp.min_timestamp()
             rule = f"store time <= checkpoint min timestamp - 3 s = {limit}"
-        magics = (MAGIC_V1, MAGIC_V2) if inputs.version == "5" else (MAGIC_V1,)
+        magics = message_magics(inputs.line)  # isMappedFileMatchedRecover: V1 only in 4.9.8
         start = 0
         why = f"abnormal: no segment's first record has {rule}: first segment"
         for i in range(n - 1, -1, -1):
@@ -180,6 +181,7 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     check = plan.inputs.check_crc_on_recover and not plan.inputs.dledger
     prop = plan.prop_crc and check and task.crc
     scan_kw.setdefault("delay_levels_ms", DEFAULT_DELAY_LEVELS_MS if delay_levels_ms is None else delay_levels_ms)
+    scan_kw.setdefault("line", plan.inputs.line)
     seg = plan.segments[task.index]
     if seg.dledger:
         scan_kw.update(dledger=True, committed_index=plan.inputs.dledger_committed_index, file=seg.display)
@@ -358,7 +360,9 @@ def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool
     if last_exit_ok is None:
         last_exit_ok = abort_state(store.loc).last_exit_ok
     if checkpoint is None:
-        checkpoint = read_checkpoint(store.loc, strict=False) if store.exists("checkpoint") else Checkpoint()
+        raw = store.checkpoint_bytes()
+        checkpoint = Checkpoint.from_bytes(raw[:40]) if raw is not None and len(raw) >= 40 else (
+            read_checkpoint(store.loc, strict=False) if raw is not None else Checkpoint())
     if cq_max_phy_offset is None:
         cq_max_phy_offset = consume_queue_max_phy_offset(store)
     kw = dict(last_exit_ok=last_exit_ok, checkpoint=checkpoint, cq_max_phy_offset=cq_max_phy_offset,
@@ -380,7 +384,7 @@ def consume_queue_max_phy_offset(store: Store) -> int:
     size = store.settings.mapped_file_size_consume_queue
     best = -1
     for topic, qid, loc in list_queues(store.loc):
-        with LoadedQueue(loc, segment_size=size, topic=topic, queue_id=qid) as cq:
+        with LoadedQueue(loc, segment_size=size, topic=topic, queue_id=qid, phy_limit=store.cq_limit) as cq:
             best = max(best, cq.max_physic_offset())
     return best
 

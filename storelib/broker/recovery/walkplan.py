@@ -19,9 +19,12 @@ class RecoveryInputs:
 
     ``cq_max_phy_offset``: the store's maxPhyOffsetOfConsumeQueue (§8.2; -1 for no/empty CQ).
     ``last_exit_ok``: no ``abort`` file (normal recovery) — abnormal recovery otherwise.
+    ``version_told``: something said which line wrote the store (an option, broker.conf, its own evidence);
+    False for the 4.x default, whose records are then judged as an unknown line's (:attr:`line`).
     """
 
     version: str = "4"  # "4" = 4.9.8, "5" = 5.3.3
+    version_told: bool = True
     last_exit_ok: bool = True
     cq_max_phy_offset: int = -1
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
@@ -34,12 +37,19 @@ class RecoveryInputs:
     dledger: bool = False  # a DLedger-mode commitlog (entries in dledger-<selfId>/data)
     dledger_committed_index: int | None = None  # from DLedger's checkpoint: fills dledger_committed
 
+    @property
+    def line(self) -> str | None:
+        """The line whose record check the walk's scans apply (BrokerLine.scan_line: None when not told)."""
+        return self.version if self.version_told else None
+
     @classmethod
     def from_settings(cls, settings, **kw) -> RecoveryInputs:
-        """Inputs from a BrokerSettings (version, CRC and index flags, segment size) plus ``kw``."""
-        version = str(settings.version)
+        """Inputs from a BrokerSettings (version, CRC and index flags, segment size) plus ``kw``; a
+        ``version`` in ``kw`` other than the settings' is told."""
+        version = "5" if str(settings.version).startswith("5") else "4"
         base = dict(
-            version="5" if version.startswith("5") else "4",
+            version=version,
+            version_told=settings.scan_line is not None or kw.get("version", version) != version,
             segment_size=int(settings.mapped_file_size_commit_log),
             check_crc_on_recover=bool(settings.check_crc_on_recover),
             force_verify_prop_crc=bool(settings.force_verify_prop_crc),

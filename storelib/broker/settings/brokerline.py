@@ -10,13 +10,14 @@ and names a conflict between the chosen line and the store's evidence, with its 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, open_source
+from storelib.fileio.pagecare import PageCare
 from storelib.format.properties import CRC32
 
 VERSIONS = ("4", "5")
@@ -107,6 +108,16 @@ class BrokerLine:
     store_evidence: tuple[str, ...] = field(default=(), compare=False)
     conflict: str | None = None  # the chosen line disagrees with the store's own evidence
 
+    @property
+    def scan_line(self) -> str | None:
+        """The line whose record check scans apply (``SegmentScan(line=)``): the version when something
+        told it (an option, broker.conf, the store's evidence), None when nothing did. The 4.x default is a
+        guess from the absence of 5.x evidence in a bounded prefix (EVIDENCE_BYTES); a scan that meets a V2
+        record meets exactly the evidence that would have made it 5.x, so an untold line keeps 4.9.8's
+        rules (a blank record is taken whatever its size) but reads V2 records, and no command drops
+        records the store's own bytes say a 5.x broker keeps."""
+        return None if self.source == "default" else self.version
+
     def describe(self) -> str:
         """One line for ``info`` and the reports."""
         why = "; ".join(self.reasons) if self.reasons else "no 5.x-only evidence"
@@ -184,11 +195,17 @@ def _record_evidence(root: Location) -> list[str]:
         return []
     first = min(infos, key=lambda i: i.base_name)
     n = min(int(first.size or 0), EVIDENCE_BYTES)
+    # by ranged reads (a segment a running broker's cleaner may take, never mapped), and the page cache
+    # left as found: the oldest segment is the coldest, and every command reads this at its start
+    loc = replace(cl.join(first.base_name), mapped=False)
+    care = PageCare(loc.path if loc.local else None)
     try:
-        with open_source(cl.join(first.base_name), int(first.size or 0)) as src:
+        with open_source(loc, int(first.size or 0)) as src:
             buf = bytes(src.read(0, n))
     except (StoreError, OSError):
         return []
+    finally:
+        care.done(0, int(first.size or 0))
     # the prefix decoded column-wise (a scalar decode of its ~8 k records cost 0.1 s of every command's
     # start on a store that has neither mark); the scan stops where the broker would, like the walk did
     import numpy as np

@@ -22,6 +22,7 @@ from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
 from storelib.checks.crossfile import store_findings, unsealed_segments
 from storelib.checks.crossstream import CrossResults, lost_ranges
+from storelib.checks.livejudge import judge_live
 from storelib.checks.logcharts import SizeHistogram, TrafficSeries
 from storelib.checks.logview import LogSummary, ResumeFailed, Unsettled
 from storelib.checks.metadata import (
@@ -31,7 +32,7 @@ from storelib.checks.metadata import (
     check_markers,
     report_abort,
 )
-from storelib.checks.queues import CQLoad, queue_listing, queues_without_cq
+from storelib.checks.queues import CQLoad, queue_listing, queues_without_cq, vanished_finding
 from storelib.checks.segment import (
     SEVERITY_RANK,
     AuditOptions,
@@ -80,7 +81,7 @@ def queue_meta_tasks(store: Store, settings: BrokerSettings, groups: int, fs_opt
                      prev: dict[str, dict] | None = None, snapshot: bool = False) -> QueuePlan:
     """List the queue directories (one listing per topic) and make one summary task per non-empty group."""
     plan = QueuePlan(CQLoad())
-    listed = queue_listing(store.loc, plan.listing)
+    listed = queue_listing(store.loc, plan.listing, store.cut)
     if listed is None:
         return plan
     by_group: dict[int, list[QueueDir]] = {}
@@ -91,7 +92,7 @@ def queue_meta_tasks(store: Store, settings: BrokerSettings, groups: int, fs_opt
     for g, dirs in sorted(by_group.items()):
         sub = None if prev is None else {k: v for k, v in prev.items() if _prev_group(k, groups) == g}
         plan.tasks.append(QueueMetaTask(g, store.uri, fs_options, settings, store.commitlog.min_offset, tuple(dirs),
-                                        sub, snapshot))
+                                        sub, snapshot, store.cut))
     return plan
 
 
@@ -157,17 +158,19 @@ def cross_context(store: Store, settings: BrokerSettings, results: list[SegmentR
 
 def partitioned_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, ctx: CrossContext,
                        queues: QueuePlan, metas: list[dict], *, now_ms: int, run: Run,
-                       carry: dict | None = None, structures: list[dict] | None = None) -> CrossResults:
+                       carry: dict | None = None, structures: list[dict] | None = None,
+                       max_lag: int | None = None) -> CrossResults:
     """The cross-file checks as tasks, merged into what the whole view reports (findings in its order).
 
     ``carry``: go on from an earlier run's (``ctx.parts`` are only what was audited since): only the
-    partitions with something new are scheduled; raises ResumeFailed when that cannot settle the store."""
+    partitions with something new are scheduled; raises ResumeFailed when that cannot settle the store.
+    A live store (``ctx.cut``) is read as at its cut and judged as :mod:`storelib.checks.livejudge` says."""
     root = store.loc
     summary = LogSummary(sum(r.records for r in results), sum(r.bytes_valid for r in results), ctx.ts_lo, ctx.ts_hi,
                          ctx.log_min, ctx.log_end, ctx.segment_size)
     c_mk, c_cp, c_ab, c_cfg = (Capped() for _ in range(4))
-    abort = check_markers(root, c_mk)
-    cp = check_checkpoint(root, summary, c_cp, now_ms)
+    abort = check_markers(root, c_mk, ctx.cut)
+    cp = check_checkpoint(root, summary, c_cp, now_ms, ctx.cut)
     if any("unsettled" in m for m in metas):
         raise ResumeFailed(next(m["unsettled"] for m in metas if "unsettled" in m))
     try:
@@ -199,7 +202,7 @@ def partitioned_checks(store: Store, results: list[SegmentResult], settings: Bro
     timers = _timer_result(root, carry, t_res, out)
     res = CrossResults(qstats, consumers, ixm.info, cp, timers["result"]["timers"] if timers else None, summary,
                        _charts(ctx, list(groups.values())), mode=_mode(groups, ix, timer, carry))
-    res.findings = sorted(fold_geometry_findings(out.done()),
+    res.findings = sorted(fold_geometry_findings(judge_live(out.done(), store, max_lag)),
                           key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
     if ctx.snapshots:
         snaps = {g: (r.snap if g not in kept else carry["queue_groups"][str(g)]["snap"]) for g, r in groups.items()}
@@ -288,8 +291,13 @@ def _merge_queues(ctx: CrossContext, queues: QueuePlan, metas: list[dict], group
     if queues.listing.failed:
         return c_qo, c_cq, {}, facts
     found = {i: fl for m in metas for i, fl in m["found"].items()}
+    vanished = {i: v for m in metas for i, v in m.get("vanished", {}).items()}
+    listing = CQLoad()  # the files a live store's cleaner deleted after the listing, said once after the rest
     for d in queues.dirs:
         c_cq.extend(Finding.from_dict(f) for f in found.get(d.idx, []))
+        listing.vanished += vanished.get(d.idx, [])
+    vanished_finding(listing)
+    c_cq.extend(listing.findings)
     stats_all = {k: v for g in groups for k, v in g.stats.items()}
     units_found = {k: v for g in groups for k, v in g.units_found.items()}
     keys = list(dict.fromkeys((d.topic, d.qid) for d in queues.dirs))  # a repeated queue: its first place
@@ -299,7 +307,8 @@ def _merge_queues(ctx: CrossContext, queues: QueuePlan, metas: list[dict], group
             c_cq.replay_json(units_found[k])
         if k in stats_all:
             stats[k] = stats_all[k]
-    reput_from = max(ctx.cq_max_phy, ctx.log_min, 0)
+    listing.cq_max_phy, listing.live = ctx.cq_max_phy, ctx.cut is not None and ctx.cut.live
+    reput_from = listing.reput_from(ctx.log_min)
     queues_without_cq(ctx.root(), ctx.segment_size, facts, set(keys), reput_from, c_cq, stats)
     return c_qo, c_cq, stats, facts
 

@@ -17,11 +17,15 @@ from typing import Any
 import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.livecut import StoreCut
 from storelib.checks.index import (
     abnormal_start_note,
     add_validate_findings,
     carried_entries,
+    expired_index,
+    index_gone,
     index_open_error,
+    index_refs_at,
 )
 from storelib.checks.keystream import behind_finding, pending_table
 from storelib.checks.logview import Unsettled
@@ -40,7 +44,7 @@ from storelib.checks.tasks.indextask import (
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 from storelib.format.checkpoint import Checkpoint
-from storelib.format.indexdir import IndexFileRef, list_index_files
+from storelib.format.indexdir import IndexFileRef
 from storelib.format.indexfile import IndexGeometry, IndexHeader
 
 
@@ -78,12 +82,13 @@ class IndexPlan:
 
 
 def index_structure_tasks(store_uri: str, root: Location, settings: BrokerSettings, fs_options: dict[str, Any],
-                          snapshot: bool) -> list[IndexStructureTask]:
-    """A task per index file for what needs no record (its structure, chains, extent): they run beside
-    the segment tasks."""
-    refs = list_index_files(root)
+                          snapshot: bool, cut: StoreCut | None, log_min: int) -> list[IndexStructureTask]:
+    """A task per index file for what needs no record (its structure, chains, extent, its entries whose
+    records expired): they run beside the segment tasks."""
+    refs = index_refs_at(root, [], cut)
     return [IndexStructureTask(r.name, r.size, store_uri, fs_options, settings.max_hash_slot_num,
-                               settings.max_index_num, k == len(refs) - 1, snapshot) for k, r in enumerate(refs)]
+                               settings.max_index_num, k == len(refs) - 1, snapshot, r.at, log_min)
+            for k, r in enumerate(refs)]
 
 
 def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | None, abort: bool,
@@ -94,7 +99,8 @@ def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | Non
     checked = {r["name"]: r for r in structures or () if "err" not in r}
     root = ctx.root()
     found: list[Finding] = []
-    refs = list_index_files(root, found)
+    refs = index_refs_at(root, found, ctx.cut)
+    live = ctx.cut is not None and ctx.cut.live
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
     sources = _key_sources(ctx, carry)
     plan = IndexPlan(found, [], cp.index_msg_timestamp if cp is not None else None, abort, sources,
@@ -111,6 +117,9 @@ def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | Non
         try:
             f = ref.open(g, strict=False, broker_size=True)
         except StoreError as e:
+            if index_gone(ref, live):
+                found.extend(expired_index(ref))
+                continue
             if carry is not None:
                 raise Unsettled(f"index/{ref.name} cannot be opened") from e
             plan.files.append(IndexEntry(ref, None, index_open_error(f"index/{ref.name}", e)))
@@ -127,13 +136,17 @@ def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | Non
             f.close()
         if e.carried is not None and (e.entries < e.carried["count"] or "slots_crc" not in e.carried):
             raise Unsettled(f"index/{ref.name}: changed since an earlier run checked it")
-        new = e.entries - (e.carried["count"] if e.carried is not None else 0)
+        st = checked.get(ref.name) if e.carried is None else None
+        st = st if st is not None and st["entries"] == e.entries else None
+        # entries to match: a grown file's new ones; a file's whose first records expired (the oldest
+        # file outlives the segments its first entries point into), those after them, as the stream does
+        skip = e.carried["count"] if e.carried is not None else st["skip"] if st is not None else 0
+        new = e.entries - skip
         keys = key_slices(plan, c, min(c + new + 1, plan.n_keys)) if c + new <= plan.n_keys else ()
         e.task = len(plan.file_tasks)
-        st = checked.get(ref.name) if e.carried is None else None
         plan.file_tasks.append(IndexFileTask(e.task, ref.name, ref.size, c, new, keys, e.carried,
-                                             last=k == len(refs) - 1,
-                                             structure=st if st is not None and st["entries"] == new else None))
+                                             last=k == len(refs) - 1, structure=st,
+                                             skip=skip if e.carried is None else 0, at=ref.at))
         plan.files.append(e)
         c += new
     plan.matched_to = c
@@ -221,7 +234,8 @@ def _lookups(ctx: CrossContext, plan: IndexPlan, run: Run) -> dict[int, dict]:
 
     if not plan.looked:
         return {}
-    tasks = [IndexLookupTask(k, plan.file_tasks[k].name, plan.file_tasks[k].size) for k in plan.looked]
+    tasks = [IndexLookupTask(k, plan.file_tasks[k].name, plan.file_tasks[k].size, plan.file_tasks[k].at)
+             for k in plan.looked]
     return {r["pos"]: r for r in run(partial(run_item, ctx), tasks, "audit: index lookups")}
 
 
@@ -274,7 +288,8 @@ def _keys_findable(ctx: CrossContext, plan: IndexPlan, results: list[dict], info
     from storelib.checks.tasks.crossplan import run_item
 
     after = _next_key(plan, results, tail) if not looked else None
-    if after is not None and after > max_end_phy:
+    live = ctx.cut is not None and ctx.cut.live  # the cut may fall between two keys of one record
+    if after is not None and (after >= max_end_phy if live else after > max_end_phy):
         out.add(behind_finding(total - matched, max_end_phy))  # after every indexed message: all behind
         return
     if plan.key_base or any(e.carried for e in plan.files):

@@ -20,6 +20,7 @@ from storelib.checks.index import (
     check_chains,
     entries_against_records,
     entries_fingerprint,
+    expired_head,
     file_snapshot,
     index_open_error,
     key_codes,
@@ -58,11 +59,13 @@ class IndexFileTask:
     carried: dict | None = None  # an earlier run's snapshot of the file (it grew since)
     last: bool = False  # the newest file (the one that grows: its snapshot keeps its slot table's CRC)
     structure: dict | None = None  # its :func:`index_structure_task` result (else checked here)
+    skip: int = 0  # leading entries not matched: their records expired
+    at: bytes | None = None  # its header as a live store's cut read it
 
 
-def _open(ctx: CrossContext, name: str, size: int) -> IndexFile:
+def _open(ctx: CrossContext, name: str, size: int, at: bytes | None = None) -> IndexFile:
     g = IndexGeometry(ctx.settings.max_hash_slot_num, ctx.settings.max_index_num)
-    return IndexFileRef(name, ctx.root().join("index", name), size).open(g, strict=False, broker_size=True)
+    return IndexFileRef(name, ctx.root().join("index", name), size, at).open(g, strict=False, broker_size=True)
 
 
 def _key_chunks(ctx: CrossContext, keys: KeySlices) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -104,14 +107,14 @@ def index_file_task(ctx: CrossContext, task: IndexFileTask) -> dict[str, Any]:
     ``ctx.snapshots``, what a later run goes on from."""
     display = f"index/{task.name}"
     try:
-        f = _open(ctx, task.name, task.size)
+        f = _open(ctx, task.name, task.size, task.at)
     except StoreError as e:
         return {"pos": task.pos, "err": index_open_error(display, e).to_dict()}
     try:
         if task.carried is not None:
             return _grown_file(ctx, task, f, display)
         ent = f.entries_array()  # a view of the mapped file
-        matched, next_key = _entries_are_keys(ctx, task, ent)
+        matched, next_key = _entries_are_keys(ctx, task, ent[task.skip:])
         res = task.structure if task.structure is not None else _structure(f, task.name, task.last, ctx.snapshots)
         return {**res, "pos": task.pos, "matched": matched, "next_key": next_key}
     finally:
@@ -131,6 +134,8 @@ class IndexStructureTask:
     index_num: int
     last: bool = False
     snapshot: bool = False
+    at: bytes | None = None  # its header as a live store's cut read it
+    log_min: int | None = None  # the commitlog's first offset: how many leading entries point below it
 
 
 def index_structure_task(task: IndexStructureTask) -> dict[str, Any]:
@@ -140,11 +145,13 @@ def index_structure_task(task: IndexStructureTask) -> dict[str, Any]:
     display = f"index/{task.name}"
     try:
         f = IndexFileRef(task.name, resolve(task.uri, **task.fs_options).join("index", task.name),
-                         task.size).open(g, strict=False, broker_size=True)
+                         task.size, task.at).open(g, strict=False, broker_size=True)
     except StoreError as e:
         return {"name": task.name, "err": index_open_error(display, e).to_dict()}
     try:
-        return {"name": task.name, **_structure(f, task.name, task.last, task.snapshot)}
+        res = {"name": task.name, **_structure(f, task.name, task.last, task.snapshot)}
+        res["skip"] = expired_head(f.entries_array(), task.log_min) if task.log_min is not None else 0
+        return res
     finally:
         f.close()
 
@@ -204,6 +211,7 @@ class IndexLookupTask:
     pos: int
     name: str
     size: int
+    at: bytes | None = None
 
 
 def index_lookup_task(ctx: CrossContext, task: IndexLookupTask) -> dict[str, Any]:
@@ -211,7 +219,7 @@ def index_lookup_task(ctx: CrossContext, task: IndexLookupTask) -> dict[str, Any
     hash is wrong, and for the key coverage: which (record, key hash) each entry finds and the positions
     of wrong-hash entries, per commitlog segment."""
     display = f"index/{task.name}"
-    f = _open(ctx, task.name, task.size)
+    f = _open(ctx, task.name, task.size, task.at)
     try:
         ent = np.array(f.entries_array())
         g = f.geometry
@@ -298,7 +306,7 @@ def coverage_task(ctx: CrossContext, task: CoverageTask) -> dict[str, Any]:
         wrongs = [r.read(PHY_SCHEMA, ctx.fs_options).column("phy").to_numpy() for r in task.wrong]
         if wrongs:
             explained |= is_member(mphy, np.sort(np.concatenate(wrongs)))
-        behind, real = split_missing(mphy, explained, task.max_end_phy)
+        behind, real = split_missing(mphy, explained, task.max_end_phy, ctx.cut is not None and ctx.cut.live)
         behind_n = int(behind.sum())
         for j in np.flatnonzero(real).tolist():
             out.add(key_missing_finding(int(mphy[j]), int(khash[missing[j]]), task.first_begin, ctx.segment_size))

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue
+from storelib.broker.settings.livecut import StoreCut
 from storelib.checks.logcharts import SizeHistogram, TopicCodes, TrafficSeries
 from storelib.checks.logview import Unsettled
 from storelib.checks.queues import (
@@ -70,6 +71,7 @@ class QueueMetaTask:
     queues: tuple[QueueDir, ...]
     prev: dict[str, dict] | None = None  # an earlier run's :func:`queue_meta_snapshot` of these queues
     snapshot: bool = False  # also what a later run goes on from (``--since``)
+    cut: StoreCut | None = None  # a live store's: the queues read as at it
 
 
 def queue_meta_task(task: QueueMetaTask) -> dict[str, Any]:
@@ -85,12 +87,13 @@ def queue_meta_task(task: QueueMetaTask) -> dict[str, Any]:
 def _queue_meta(task: QueueMetaTask) -> dict[str, Any]:
     root = resolve(task.uri, **task.fs_options)
     found: dict[int, list[dict]] = {}
+    vanished: dict[int, list[str]] = {}
 
     def opened() -> Iterator[tuple[str, int, LoadedQueue]]:
         for q in task.queues:
-            fl: list = []
-            cq = open_queue(root, task.settings, q.topic, q.qid, q.loc(root), fl)
-            found[q.idx] = [f.to_dict() for f in fl]
+            one = CQLoad()  # this queue's structural findings and files deleted since the listing (live)
+            cq = open_queue(root, task.settings, q.topic, q.qid, q.loc(root), one, task.cut)
+            found[q.idx], vanished[q.idx] = [f.to_dict() for f in one.findings], one.vanished
             yield q.topic, q.qid, cq
 
     meta = load_queue_meta(root, task.settings, task.log_min, task.prev, queues=opened())
@@ -101,7 +104,8 @@ def _queue_meta(task: QueueMetaTask) -> dict[str, Any]:
         snap = queue_meta_snapshot(meta) if task.snapshot else None
     finally:
         meta.close()
-    return {"group": task.group, "queues": queues, "found": found, "cq_max_phy": meta.base.cq_max_phy, "snap": snap}
+    return {"group": task.group, "queues": queues, "found": found, "vanished": vanished,
+            "cq_max_phy": meta.base.cq_max_phy, "snap": snap}
 
 
 @dataclass(frozen=True)
@@ -162,10 +166,11 @@ def _group_meta(ctx: CrossContext, task: QueueGroupTask, root: Location) -> Queu
     meta = QueueMetaLoad()
     meta.base.failed = task.listing_failed
     meta.base.cq_max_phy = ctx.cq_max_phy
+    meta.base.live = ctx.cut is not None and ctx.cut.live
     for q in task.queues:
         cq = LoadedQueue(root.join("consumequeue", q["topic"], q["dirname"]),
-                          segment_size=ctx.settings.mapped_file_size_consume_queue, topic=q["topic"],
-                          queue_id=q["qid"])
+                         segment_size=ctx.settings.mapped_file_size_consume_queue, topic=q["topic"],
+                         queue_id=q["qid"], phy_limit=ctx.cut.commitlog_end if meta.base.live else None)
         meta.queues[(q["topic"], q["qid"])] = QueueMeta(cq, UnitStats(**q["units"]), q["cq_max"], q["cq_min"])
     return meta
 
@@ -268,12 +273,16 @@ def _group_units(ctx: CrossContext, task: QueueGroupTask, root: Location) -> CQL
         loaded.failed = True
         return loaded
 
+    loaded = CQLoad()
+    loaded.live = ctx.cut is not None and ctx.cut.live
+
     def opened() -> Iterator[tuple[str, int, LoadedQueue]]:
         for q in task.queues:
             yield q["topic"], q["qid"], open_queue(root, ctx.settings, q["topic"], q["qid"],
-                                                   root.join("consumequeue", q["topic"], q["dirname"]), [])
+                                                   root.join("consumequeue", q["topic"], q["dirname"]), loaded,
+                                                   ctx.cut)
 
-    loaded = load_consume_queues(root, ctx.settings, ctx.log_min, opened())
+    loaded = load_consume_queues(root, ctx.settings, ctx.log_min, ctx.cut, opened(), loaded)
     loaded.findings = []  # reported by the driver, from the summaries (in the store's order)
     loaded.cq_max_phy = ctx.cq_max_phy
     return loaded

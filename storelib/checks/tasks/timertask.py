@@ -56,7 +56,7 @@ def timer_task(ctx: CrossContext, task: TimerTask) -> dict[str, Any]:
     view = LogView(recs, pa.table({"pos": pa.array([], pa.int64())}), ctx.lost_array(), ctx.log_min, ctx.log_end,
                    ctx.segment_size)
     facts = check_queue_offsets(view, Capped())  # the timer topic's own facts (its records are all here)
-    timers = check_timer_store(root, view, ctx.settings, out, facts)
+    timers = check_timer_store(root, view, ctx.settings, out, facts, ctx.cut)
     res = {"timers": timers, "found": out.to_json(), "records": None}
     if ctx.resumed and any(kind == "timer_unit_mismatch" for kind, _ in out.counts):
         res["unsettled"] = "a timer unit is not a timer record's"  # it may be a record audited before
