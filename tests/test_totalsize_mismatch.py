@@ -164,3 +164,34 @@ def test_a_4x_reput_drift_after_a_bad_record_lands_in_the_next_file(tmp_path, fi
     assert _spans(r) == head + mid + [_whole(five, i) for i in range(2, 5)]
     skip = [f for f in r.findings if f.kind == "reput_drift_skip"]
     assert [(f.offset, f.extra["next"]) for f in skip] == [(broken.file_offset, S + landing)]
+
+
+def _cq_phys(root, qids=(0, 1, 2)) -> list[int]:
+    import numpy as np
+
+    from storelib.format.consumequeue import CQ_DTYPE, filler_mask
+
+    out: list[int] = []
+    for q in qids:
+        d = root / "consumequeue" / "T" / str(q)
+        if not d.exists():
+            continue
+        u = np.frombuffer(b"".join(p.read_bytes() for p in sorted(d.iterdir())), CQ_DTYPE)
+        u = u[(u["size"] > 0) & ~filler_mask(u)]
+        out += [int(x) for x in u["phy_offset"]]
+    return sorted(out)
+
+
+@pytest.mark.parametrize("past_end", [False, True])
+def test_rebuild_dispatches_what_the_4x_reput_reads_around_a_mismatch(tmp_path, five, capsys, past_end):
+    """The rebuild's consume queues hold exactly the records the broker's reput dispatches: not the
+    mismatched one, and (TOTALSIZE past the file's end) none of segment 1, which rollNextFile skips."""
+    bad = _seg(five, 0)[2]
+    _set_total(five, bad, S - bad.file_offset + 100 if past_end else bad.size + 1)
+    root = five.write(tmp_path / "store")
+    out = tmp_path / "out"
+    rc, _, err = run_cli(capsys, "rebuild", root, "--out", out, "--engine", "local", "--broker-version", "4",
+                         "--set", f"mappedFileSizeCommitLog={S}", "--quiet")
+    assert rc == 0, err
+    lost = {bad.phy} | ({p.phy for p in _seg(five, 1)} if past_end else set())
+    assert _cq_phys(out) == sorted(p.phy for p in five.placed if p.phy not in lost)
