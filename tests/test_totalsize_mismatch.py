@@ -82,11 +82,13 @@ def test_a_totalsize_past_the_segment_end_is_a_length_mismatch_under_4x_and_minu
     e = _ends(store, "5")[3]
     assert (e.kind, e.reason, e.file_offset, e.size) == ("invalid", "bad_size", bad.file_offset, None)
     assert "5.3.3 checks the size first" in e.detail
-    # recovery stops at it either way: the truncation point; the next segment is deleted
+    # recovery (normal and abnormal) stops at it either way: the truncation point; the next segment is deleted
     for line in (None, "4", "5"):
-        r = _walk(store, line)
-        assert (r.process_offset, r.truncate, r.delete_segments) == (bad.phy, (3 * S, bad.file_offset), (4 * S,))
-        assert r.failure.reason == ("bad_size" if line == "5" else "length_mismatch")
+        for ok in (True, False):
+            r = _walk(store, line, last_exit_ok=ok)
+            assert r.mode == ("normal" if ok else "abnormal")
+            assert (r.process_offset, r.truncate, r.delete_segments) == (bad.phy, (3 * S, bad.file_offset), (4 * S,))
+            assert r.failure.reason == ("bad_size" if line == "5" else "length_mismatch")
     # ... and so does the recover plan, in both lines
     for version, reason in (("4", "length_mismatch"), ("5", "bad_size")):
         rc, out, _ = run_cli(capsys, "recover", store.loc.path, "--broker-version", version, "--json",
@@ -195,3 +197,27 @@ def test_rebuild_dispatches_what_the_4x_reput_reads_around_a_mismatch(tmp_path, 
     assert rc == 0, err
     lost = {bad.phy} | ({p.phy for p in _seg(five, 1)} if past_end else set())
     assert _cq_phys(out) == sorted(p.phy for p in five.placed if p.phy not in lost)
+    # the recover plan (a start-up from an empty consume queue) says the same: those messages are lost, the
+    # mismatched record is an unreadable range
+    rc, plan_out, _ = run_cli(capsys, "recover", root, "--broker-version", "4", "--json", "--plan-file", "-",
+                              "--set", f"mappedFileSizeCommitLog={S}")
+    plan = json.loads(plan_out)
+    assert plan["commitlog"]["process_offset"] == five.placed[-1].phy + five.placed[-1].size
+    assert sorted(m["phy_offset"] for m in plan["lost"]["messages"]) == sorted(lost - {bad.phy})
+    assert [(r["phy_start"], r["reason"]) for r in plan["lost"]["ranges"]] == [(bad.phy, "length_mismatch")]
+
+
+@pytest.mark.parametrize("version", ["4", "5"])
+def test_the_audit_names_the_record_and_what_recovery_and_the_reput_do(tmp_path, five, capsys, version):
+    bad = _seg(five, 0)[2]
+    _set_total(five, bad, bad.size + 1)
+    root = five.write(tmp_path / "store")
+    rc, out, _ = run_cli(capsys, "audit", root, "--quiet", "--json", "--broker-version", version,
+                         "--set", f"mappedFileSizeCommitLog={S}")
+    found = [f for f in json.loads(out)["findings"]
+             if f["file"] == f"commitlog/{0:020d}" and f["offset"] == bad.file_offset]
+    assert rc == 1 and len(found) == 1, found
+    d = found[0]["detail"]
+    assert f"TOTALSIZE {bad.size + 1}, fields add up to {bad.size}" in d
+    assert "recovery (normal or abnormal) stops here" in d
+    assert ("4.9.8 reput" in d and "reputFromOffset +=" in d) == (version == "4")

@@ -285,6 +285,8 @@ def check_record(
     try:
         chk = _check_fields(acc, head, pos, 2 if magic == MAGIC_V2 else 1, check_crc)
     except (struct.error, IndexError, ValueError) as e:
+        if total > left:  # a record cut by the segment's end: its field reads run out of bytes (-1)
+            return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left ({e})")
         return RecordCheck("invalid", -1, f"parse_error: {e}")
     if chk.kind == "invalid" and chk.size > 0 and total > left:  # 4.9.8 reads the fields whatever TOTALSIZE says
         chk.reason = f"{chk.reason}; it runs {total - left} bytes past the end of the segment. {alloc_note(total)}"
