@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from storelib.broker.recovery.reputpath import reput_path
 from storelib.broker.recovery.walkplan import (
     DispatchRange,
     RecoveryInputs,
@@ -237,7 +238,9 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
     reput_outcomes: list[SegmentOutcome] = []
     dispatch: list[DispatchRange] = []
     if n and plan.reput_from is not None:  # 4.9.8 normal: reput from reput_from to process_offset
-        supported = _reput_ranges(plan, end_of, process_offset, last_walked, dispatch, reput_outcomes, found)
+        path = reput_path(plan, end_of, process_offset, _reput_scan(plan))
+        dispatch, reput_outcomes, supported = path.dispatch, path.outcomes, path.supported
+        found += path.findings
     elif n:  # recovery dispatches (5.x normal, abnormal): valid window records
         for i in range(plan.start_index, last_walked + 1):
             e = end_of(i)
@@ -283,54 +286,14 @@ def _window_walk(plan: WalkPlan, end_of: Callable[[int], SegmentEnd]
         return outcomes, segs[i].base + e.file_offset, failure, i
 
 
-def _reput_ranges(plan: WalkPlan, end_of: Callable[[int], SegmentEnd], process_offset: int, last_walked: int,
-                  dispatch: list[DispatchRange], reput_outcomes: list[SegmentOutcome], found: list[Finding]) -> bool:
-    """4.9.8 after a normal exit: the reput from ``plan.reput_from`` to processOffset, into ``dispatch``
-    (and the outcomes of the segments only the reput reads); False when it cannot be reproduced."""
-    S = plan.inputs.segment_size
-    segs = plan.segments
-    prev_base = None
-    for t in plan.tasks:
-        seg = segs[t.index]
-        if prev_base is not None and seg.base != prev_base + S:
-            found.append(Finding("reput_gap", "critical", seg.display, None,
-                                 f"no segment holds physical offset {prev_base + S}: reput stops there and "
-                                 "nothing after it is dispatched"))
-            return False
-        prev_base = seg.base
-        if seg.base >= process_offset and t.crc:
-            break
-        if t.crc:
-            if t.index > last_walked:
-                break
-            e = end_of(t.index)
-            stop = min(e.file_offset, process_offset - seg.base)
-            start = max(t.start, plan.reput_from - seg.base, 0)
-            if stop > start:
-                dispatch.append(DispatchRange(seg.base, seg.name, start, stop, None, "reput"))
-            continue
-        e = end_of(t.index)
-        reput_outcomes.append(_outcome(t, e))
-        if e.file_offset > t.start:
-            dispatch.append(DispatchRange(seg.base, seg.name, t.start, e.file_offset, None, "reput"))
-        if e.kind == "invalid" and e.size is not None and e.size > 0:
-            found.append(Finding("reput_length_mismatch", "critical", seg.display, e.file_offset,
-                                 f"length mismatch ({e.detail}): the broker's reput goes on from a "
-                                 "misaligned position; not reproducible byte-identically"))
-            return False
-        if e.kind == "invalid":
-            found.append(_unread_rest(seg, e))
-    return True
-
-
-def _unread_rest(seg: Segment, e: SegmentEnd) -> Finding:
-    """A segment before the recovery window whose records end at an invalid one: the reput dispatches
-    nothing after it (a master goes on with the next segment, a slave stops), and no start-up checks it."""
-    left = max(seg.file_size - e.file_offset, 0)
-    return Finding("reput_skipped_rest_of_segment", "error", seg.display, e.file_offset,
-                   f"{e.reason or 'invalid record'} ({e.detail or 'not a record'}): the reput dispatches none of the "
-                   f"{left} bytes after it (a master skips to the next segment, a slave stops); the segment lies "
-                   "before the recovery window, so no start-up reports it", {"bytes": left, "phy": e.phy_offset})
+def _reput_scan(plan: WalkPlan) -> Callable[[int, int, int | None], SegmentEnd]:
+    """A reput scan (no CRC) of a segment from any offset, to ``end`` (the read position) when given:
+    where a drifted reputFromOffset lands (:mod:`storelib.broker.recovery.reputpath`)."""
+    def scan(i: int, start: int, end: int | None) -> SegmentEnd:
+        seg = plan.segments[i]
+        return walk_segment(plan, SegmentTask(i, seg.base, seg.name, start, False), columns=["phy_offset"],
+                            with_properties=False, end=end)
+    return scan
 
 
 def _truncation(plan: WalkPlan, process_offset: int) -> tuple[list[int], tuple[int, int] | None]:

@@ -167,9 +167,10 @@ class RecoveryResult:
     walk (None when it ended at the last segment's blank / end of data); ``delete_segments``: bases
     of segments the broker deletes; ``truncate``: (base, write position) of the segment cut at
     ``process_offset``; ``truncate_consume_queues``: the CQ is cut at ``process_offset`` too
-    (§8.6); ``dispatch``: the ranges dispatched, in dispatch order; ``supported``: False when the
-    broker's dispatch cannot be reproduced byte-identically (a length-mismatch record under reput, a
-    missing segment in the dispatched range) — see ``findings``.
+    (§8.6); ``dispatch``: the ranges dispatched, in dispatch order (a 4.9.8 reput that meets a length
+    mismatch reads around it: :mod:`storelib.broker.recovery.reputpath`); ``supported``: False when the
+    broker's dispatch cannot be reproduced byte-identically (a missing segment in the dispatched range)
+    — see ``findings``.
     """
 
     version: str

@@ -107,7 +107,7 @@ class Simulation:
     checkpoint_bytes: bytes | None
     commitlog_zero_from: tuple[str, int] | None
     commitlog_delete: list[str]
-    lost_ranges: list[tuple[Segment, int, str]]  # (segment, file offset, why) where lost data starts
+    lost_ranges: list[tuple]  # (segment, file offset, why[, end]) where lost data starts (and ends)
     timer: TimerRecovery | None  # the 5.x timer store's start-up (storelib.broker.timer.timerrecovery)
     abort: AbortState
     lock: LockState
@@ -408,13 +408,28 @@ def _lost_ranges(segs: list[Segment], P: int, reput_walk: RecoveryResult | None,
     for s in segs:
         if s.base + S > P:
             lost_ranges.append((s, max(0, P - s.base), "after_process_offset"))
-    if reput_walk is not None:
+    if reput_walk is not None and any(f.kind == "reput_length_mismatch" for f in reput_walk.findings):
+        lost_ranges += _reput_gaps(segs, reput_walk, P, S)
+    elif reput_walk is not None:
         for o in reput_walk.segments:
             if not o.crc_checked and o.end_kind == "invalid" and not (o.size and o.size > 0):
                 seg = next(s for s in segs if s.base == o.base)
                 if seg.base + S <= P:
                     lost_ranges.append((seg, o.end_offset, "reput_skipped_rest_of_segment"))
     return lost_ranges
+
+
+def _reput_gaps(segs: list[Segment], reput_walk: RecoveryResult, P: int, S: int) -> list[tuple]:
+    """What a 4.9.8 reput that met a length mismatch leaves undispatched before processOffset: the gaps
+    between the ranges it reads (storelib.broker.recovery.reputpath), as (segment, start, why, end)."""
+    rr = sorted((d for d in reput_walk.dispatch if d.by == "reput"), key=lambda d: d.phy_start)
+    gaps = [(a.phy_end, b.phy_start) for a, b in zip(rr, rr[1:])] + ([(rr[-1].phy_end, P)] if rr else [])
+    out: list[tuple] = []
+    for g0, g1 in gaps:
+        for s in segs:
+            if g0 < g1 and s.base < g1 and s.base + S > g0:
+                out.append((s, max(g0 - s.base, 0), "reput_skipped_by_length_mismatch", min(g1 - s.base, S)))
+    return out
 
 
 def _checkpoint_after(store: Store, cp: Checkpoint, version: str, P: int, segs: list[Segment]) -> Checkpoint:

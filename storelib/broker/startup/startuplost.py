@@ -21,16 +21,17 @@ LOST_COLUMNS = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "keys
 
 
 def _scan_from(seg: Segment, start: int, why: str, *, with_body: bool, delay_levels: list[int],
-               batches: list[pa.Table], regions: list[dict]) -> None:
-    """Every structurally valid record from ``start`` to the segment's end, resynchronising after
-    each corrupt region (records with a bad body CRC are kept, flagged ``crc_ok=false``)."""
+               batches: list[pa.Table], regions: list[dict], end: int | None = None) -> None:
+    """Every structurally valid record from ``start`` to the segment's end (records starting before ``end``
+    when given), resynchronising after each corrupt region (records with a bad body CRC are kept, flagged
+    ``crc_ok=false``)."""
     src = seg.open()
     try:
         view = src.view() if isinstance(src, LocalSource) else memoryview(bytes(src.read(0, src.size)))
-        n = len(view)
+        n = len(view) if end is None else min(len(view), end)
         pos = start
         while pos < n:
-            scan = SegmentScan(src, seg.display, seg.base, pos, verify_crc=True, stop_on_crc=False,
+            scan = SegmentScan(src, seg.display, seg.base, pos, end, verify_crc=True, stop_on_crc=False,
                                with_body=with_body, with_properties=True, delay_levels_ms=delay_levels)
             for b in scan:
                 if b.num_rows:
@@ -68,9 +69,10 @@ def lost_table(sim: Simulation, with_body: bool) -> tuple[pa.Table | None, list[
     batches: list[pa.Table] = []
     regions: list[dict] = []
     delay = list(sim.store.settings.delay_levels_ms)
-    for seg, start, why in sim.lost_ranges:
+    for seg, start, why, *end in sim.lost_ranges:
         if seg.file_size:
-            _scan_from(seg, start, why, with_body=with_body, delay_levels=delay, batches=batches, regions=regions)
+            _scan_from(seg, start, why, with_body=with_body, delay_levels=delay, batches=batches, regions=regions,
+                       end=end[0] if end else None)
     table = pa.concat_tables(batches) if batches else None
     if table is not None:
         bad = table.filter(pc.equal(table.column("crc_ok"), False))
