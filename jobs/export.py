@@ -25,12 +25,12 @@ if __package__ in (None, ""):  # spark-submit jobs/export.py: make the repo impo
 
 from jobs.common import Stage
 from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
+from storelib.broker.recovery.dledgerfacts import end_from_dict
 from storelib.broker.recovery.walk import finish_walk, plan_recovery, store_inputs
 from storelib.broker.settings.store import Store, load_settings
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
 from storelib.format.checkpoint import Checkpoint
-from storelib.scan.scanner import SegmentEnd
 from storelib.snapshot.directory import (
     COMMIT,
     MANIFEST,
@@ -113,8 +113,8 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
     finally:
         if own:
             eng.close()
-    ends = {i: SegmentEnd(**p["end"]) for i, p in carried.items()}
-    ends.update({i: SegmentEnd(**r["end"]) for i, r in done.items()})
+    ends = {i: end_from_dict(p["end"]) for i, p in carried.items()}
+    ends.update({i: end_from_dict(r["end"]) for i, r in done.items()})
     res = finish_walk(plan, ends)
     P = res.process_offset
     manifest_segs, moves, drop, skipped = segment_entries(plan, prev, prev_segs, carried, done, ends, P,
