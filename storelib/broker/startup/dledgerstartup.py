@@ -28,7 +28,7 @@ class DLedgerChanges:
     index_create: dict[str, int] = field(default_factory=dict)  # rel -> file size
 
     def to_json(self) -> dict:
-        return {"index_delete": self.index_delete, "index_create": sorted(self.index_create),
+        return {"index_paths_deleted": self.index_delete, "index_paths_created": sorted(self.index_create),
                 "index_units_written": [{"file": rel, "offset": off, "units": len(b) // INDEX_UNIT_SIZE}
                                         for rel, off, b in self.index_writes]}
 
