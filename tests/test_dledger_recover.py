@@ -58,7 +58,7 @@ def _gen(tmp_path: Path, name: str = "s", n: int = 600, version: str = "4", **kw
 
 def _entries(root: Path, node: str = "n0") -> list[tuple[int, int, int]]:
     """(index, pos, entry size) of every entry the scan reads, in order."""
-    t = _store((root)).commitlog.read_table(with_properties=False)
+    t = _store(root).commitlog.read_table(with_properties=False)
     return list(zip(t.column("dledger_index").to_pylist(), t.column("dledger_pos").to_pylist(),
                     [s + BODY_OFFSET for s in t.column("size").to_pylist()]))
 
@@ -81,7 +81,7 @@ def _unit(root: Path, index: int) -> tuple[Path, int]:
 
 
 def _plan(root: Path, version: str | None = None, **kw) -> dict:
-    return plan_document(simulate(_store((root)), version, **kw))
+    return plan_document(simulate(_store(root), version, **kw))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ def test_the_crashed_sample_plan_is_the_brokers_load_field_by_field(sample_dledg
     # once DLedger commits again the reput dispatches the two entries afterStart shows in two queues
     ar = dl["after_recommit"]
     assert (ar["from"], ar["to"]) == (2096059, rec["afterStart"]["dledger"]["committedPos"])
-    t = _store((root)).commitlog.read_table(from_offset=ar["from"], to_offset=ar["to"], with_properties=False)
+    t = _store(root).commitlog.read_table(from_offset=ar["from"], to_offset=ar["to"], with_properties=False)
     got = {f"{tp}/{q}": p + s for tp, q, p, s in zip(t.column("topic").to_pylist(), t.column("queue_id").to_pylist(),
                                                      t.column("phy_offset").to_pylist(), t.column("size").to_pylist())}
     assert got == {k: v["afterStart"]["maxPhysicOffset"] for k, v in rec["afterStart"]["queuesChangedByStart"].items()}
@@ -161,7 +161,7 @@ def test_apply_on_the_crashed_sample_re_indexes_what_the_broker_loses_and_restor
     new_index = [k for k in after if k.startswith("index/")]
     assert changed == {"abort", "checkpoint", "index/20261126194122348", *new_index}
     # the broker loses every key of the deleted file (#7477); the apply re-adds them from the entries it kept
-    store = _store((root))
+    store = _store(root)
     from storelib.broker.index.lookup import key_candidates
 
     t = store.commitlog.read_table(with_properties=False, to_offset=2096059)
@@ -175,12 +175,12 @@ def test_apply_on_the_crashed_sample_re_indexes_what_the_broker_loses_and_restor
 
 
 def test_broker_exact_index_deletes_the_index_file_and_writes_none(tmp_path, sample_dledger_crashed):
-    sim = simulate(_store((sample_dledger_crashed / "store")), complete_index=False)
+    sim = simulate(_store(sample_dledger_crashed / "store"), complete_index=False)
     assert sim.index_delete == ["20261126194122348"] and sim.index_images == [] and sim.index_keys_added == 0
 
 
 def test_salvage_exports_the_uncommitted_entries_of_the_crashed_sample(tmp_path, sample_dledger_crashed):
-    rep = salvage(simulate(_store((sample_dledger_crashed / "store"))), tmp_path / "out")
+    rep = salvage(simulate(_store(sample_dledger_crashed / "store")), tmp_path / "out")
     assert rep["by_why"] == {"uncommitted": 1718 - 1005} and rep["messages"] == 713
     rows = [json.loads(x) for x in (tmp_path / "out" / "messages.jsonl").read_text().splitlines()]
     exp = {m["dledgerIndex"]: m for m in
@@ -203,7 +203,7 @@ def test_a_torn_last_entry_is_kept_by_dledger_and_its_index_unit_rewritten(tmp_p
     assert "magic 0 != entry magic 1" in dl["index_rewrite_why"]
     assert dl["committed_index"] == torn - 20 and plan["commitlog"]["process_offset"] == dl["committed_pos"]
     assert [x[2] for x in dl["reput_skips"]] == ["reput_skips_rest_of_file"]
-    res = apply(_store((root)), tmp_path / "bk")
+    res = apply(_store(root), tmp_path / "bk")
     assert res.file_changes >= 3
     path, at = _unit(root, torn)
     with open(path, "rb") as f:
@@ -241,7 +241,7 @@ def test_a_term_that_goes_down_in_a_later_file_ends_dledgers_data_and_salvage_ke
     assert dl["index_end"] == (last_before + 1) * INDEX_UNIT_SIZE
     dropped = [i for i, p, _ in ents if p >= cut]
     assert plan["lost"]["totals"]["messages"] == len(dropped)
-    rep = salvage(simulate(_store((root)), "4"), tmp_path / "salv")
+    rep = salvage(simulate(_store(root), "4"), tmp_path / "salv")
     assert rep["by_why"] == {"dledger_truncated": len(dropped)}
 
 
@@ -324,7 +324,7 @@ def test_dledger_stops_the_jvm_when_its_data_ends_more_than_a_file_below_the_las
     assert dl["data_end"] == ents[1][1] and "System.exit(-1)" in dl["load_failure"]
     assert not plan["commitlog"]["supported"]
     with pytest.raises(Exception, match="cannot be reproduced"):
-        apply(_store((root)), tmp_path / "bk")
+        apply(_store(root), tmp_path / "bk")
 
 
 def test_5x_abnormal_recovery_redispatches_and_cuts_the_queues_at_9084s_short_offset(tmp_path):
@@ -383,7 +383,7 @@ def test_a_bad_record_inside_a_good_entry_is_kept_by_dledger_and_skipped_by_the_
     # the lifetime walk (rebuild) dispatches file 1 up to the bad record, then every later file
     from storelib.broker.recovery.walk import rebuild_target
 
-    res = rebuild_target(_store((root)))
+    res = rebuild_target(_store(root))
     got = [(d.base, d.start, d.end) for d in res.dispatch]
     assert (files[1], 0, victim[1] - files[1]) in got and any(d[0] == files[2] for d in got)
     lost = [m for m in plan["lost"]["messages"] if m["why"] == "reput_skips_rest_of_file"]
