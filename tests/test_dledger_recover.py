@@ -50,7 +50,8 @@ def _tree(root: Path) -> dict[str, str]:
 
 def _gen(tmp_path: Path, name: str = "s", n: int = 600, version: str = "4", **kw) -> Path:
     out = tmp_path / name
-    s = BrokerSettings.defaults(version).with_overrides({"mappedFileSizeCommitLog": SEG})
+    s = BrokerSettings.defaults(version).with_overrides({"mappedFileSizeCommitLog": SEG, "maxHashSlotNum": 500,
+                                                         "maxIndexNum": 4000})
     generate(out, GenConfig(messages=n, seed=5, version=version), s, dispatch=True,
              dledger=DLedgerGen(index_file_size=IDX, **kw))
     return out
