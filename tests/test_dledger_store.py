@@ -156,8 +156,7 @@ def test_get_by_offset_msg_id_queue_and_key_on_the_broker_offsets(sample_dledger
     assert rc == 2 and "no valid message record" in err
 
 
-@pytest.mark.parametrize("argv", [["audit", "--engine", "local"],
-                                  ["rebuild", "--incremental", "--out", "OUT"]])
+@pytest.mark.parametrize("argv", [["audit", "--engine", "local"]])
 def test_commands_without_dledger_rules_yet_refuse_in_one_line_instead_of_misreading(tmp_path, sample_dledger_crashed,
                                                                                        capsys, argv):
     argv = [str(tmp_path / "o") if a == "OUT" else a for a in argv]
