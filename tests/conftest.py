@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RMQSTORE_SHARED", REPO.parent / "shared"))
 SAMPLES = SHARED / "samples"
 SAMPLE_NAMES = {"4.9.8": "rocketmq-4.9.8-small", "5.3.3": "rocketmq-5.3.3-small",
-                "dledger": "rocketmq-4.9.8-dledger-small", "dledger-crashed": "rocketmq-4.9.8-dledger-crashed-small"}
+                "dledger": "rocketmq-4.9.8-dledger-small", "dledger-crashed": "rocketmq-4.9.8-dledger-crashed-small",
+                "dledger-group": "rocketmq-4.9.8-dledger-group-small"}
 
 
 def _extract(version: str, dest: Path) -> Path:
@@ -63,6 +64,12 @@ def sample_dledger(tmp_path_factory, samples_dir) -> Path:
 def sample_dledger_crashed(tmp_path_factory, samples_dir) -> Path:
     """Read-only extracted crashed DLedger sample (JVM halted mid-write). Copy it before modifying."""
     return _extract("dledger-crashed", tmp_path_factory.mktemp("sdlc"))
+
+
+@pytest.fixture(scope="session")
+def sample_dledger_group(tmp_path_factory, samples_dir) -> Path:
+    """Read-only extracted three-node DLedger group (store-n0/1/2, expected/rejoin.json). Copy it before modifying."""
+    return _extract("dledger-group", tmp_path_factory.mktemp("sdlg"))
 
 
 @pytest.fixture(params=["dledger", "dledger-crashed"])

@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 # bottom up: a module may import from its own folder and any folder before it in this list
 STORELIB_LAYERS = ["", "fileio", "format", "scan", "broker", "generator", "checks", "snapshot"]
 # broker/'s rooms, bottom up: a room imports only from rooms before it here (rooms of one rank are apart)
-BROKER_ROOMS = [("settings",), ("recovery", "index", "timer"), ("dispatch",), ("startup", "expiry", "writer")]
+BROKER_ROOMS = [("settings",), ("recovery", "index", "timer"), ("dispatch",), ("startup", "expiry", "writer"), ("replicas",)]
 MAX_MODULES_PER_FOLDER = 16
 
 

@@ -18,5 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "expiry": ("jobs.commands.expiry", "simulate file expiry policies and the unconsumed messages they delete"),
     "export": ("jobs.export", "write the store as a Parquet snapshot (Hive partitions, incremental)"),
     "timers": ("jobs.commands.timers", "5.x timer store: pending/delivered timer messages, timerlog, wheel"),
+    "replicas": ("jobs.commands.replicas", "compare a broker group's replicas: where they part, what each holds alone, "
+                                           "what a rejoin cuts; salvage it"),
 }
 HELP: dict[str, str] = {name: help_ for name, (_, help_) in COMMANDS.items()}

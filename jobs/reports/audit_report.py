@@ -8,13 +8,16 @@ table, per-segment health map, traffic per topic over time, message size distrib
 
 from __future__ import annotations
 
-import html
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from jobs.reports.htmlpage import CSS
+from jobs.reports.htmlpage import esc as _e
+from jobs.reports.htmlpage import findings_section as _findings
+from jobs.reports.htmlpage import utc as _ms
 from storelib.checks.segment import SEVERITY_RANK
 from storelib.errors import Finding
 
@@ -113,16 +116,6 @@ def jsonable(x: Any) -> Any:
 
 
 
-def _e(x: Any) -> str:
-    return html.escape("" if x is None else str(x))
-
-
-def _ms(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + "Z"
-
-
 def _summary(rep: dict) -> str:
     s = rep["summary"]
     sev = s["by_severity"]
@@ -158,17 +151,6 @@ def _damage(rep: dict) -> str:
                 f"end at physical offset {d['process_offset']:,}.</p>")
     steps = "".join(f'<li><code>{_e(c["command"])}</code> — {_e(c["why"])}</li>' for c in d.get("next", []))
     return f'<section id="damage"><h2>What it costs and what to do</h2>{cost}<ol>{steps}</ol></section>'
-
-
-def _findings(rep: dict) -> str:
-    rows = []
-    for f in rep["findings"]:
-        rows.append(f'<tr class="{_e(f["severity"])}"><td><span class="sev {_e(f["severity"])}">{_e(f["severity"])}'
-                    f'</span></td><td>{_e(f["kind"])}</td><td class="mono">{_e(f["file"])}</td>'
-                    f'<td class="num">{_e(f["offset"])}</td><td>{_e(f["detail"])}</td></tr>')
-    body = "".join(rows) or '<tr><td colspan="5">No findings.</td></tr>'
-    return ('<section id="findings"><h2>Findings</h2><table class="grid"><thead><tr><th>severity</th><th>kind</th>'
-            f'<th>file</th><th>offset</th><th>detail</th></tr></thead><tbody>{body}</tbody></table></section>')
 
 
 def _health_map(rep: dict) -> str:
@@ -277,22 +259,6 @@ def _lag(rep: dict) -> str:
           '<th>topic</th><th>queue</th><th>offset</th><th>CQ max</th><th>lag</th><th></th></tr></thead><tbody>'
           + ("".join(crow) or '<tr><td colspan="7">No consumer offsets.</td></tr>') + "</tbody></table>")
     return f'<section id="lag"><h2>Queue lag</h2>{qt}{ct}</section>'
-
-
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#212529;background:#fff}
-h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;border-bottom:2px solid #dee2e6;padding-bottom:4px;margin-top:28px}
-h3{font-size:15px} .note{color:#495057;font-size:13px} .mono{font-family:ui-monospace,monospace;font-size:12px}
-table{border-collapse:collapse;font-size:13px} td,th{padding:3px 8px;border-bottom:1px solid #e9ecef;text-align:left;
-vertical-align:top} table.kv th{width:190px;color:#495057;font-weight:600} .num{text-align:right}
-table.grid thead th{background:#f1f3f5;position:sticky;top:0} .sev{display:inline-block;padding:1px 6px;border-radius:3px;
-color:#fff;font-size:12px} .sev.critical{background:#8b0000}.sev.error{background:#d9480f}.sev.warning{background:#f59f00}
-.sev.info{background:#4dabf7} .map{display:flex;flex-wrap:wrap;gap:4px;max-width:1000px} .cell{position:relative;
-width:64px;height:44px;border-radius:3px;overflow:hidden} .cell .fill{position:absolute;top:0;left:0;right:0;
-background:rgba(255,255,255,.55)} .cell span{position:absolute;bottom:2px;left:3px;font-size:10px;color:#fff;
-text-shadow:0 0 2px #000;font-family:ui-monospace,monospace} .lg{display:inline-block;width:11px;height:11px;margin:0 3px 0 10px;
-vertical-align:middle;border-radius:2px} .bar{height:10px;background:#e8590c;border-radius:2px}
-"""
 
 
 def render_html(rep: dict) -> str:
