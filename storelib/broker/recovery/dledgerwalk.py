@@ -43,7 +43,7 @@ from storelib.broker.recovery.dledgerfacts import (
     walk_headers,
 )
 from storelib.errors import Finding, StoreError
-from storelib.format.dledger.entries import INDEX_UNIT_SIZE
+from storelib.format.dledger.entries import ENTRY_MAGIC, INDEX_UNIT_SIZE, EntryHeader
 from storelib.format.record import MAGIC_V1
 from storelib.scan.commitlog import Segment, offset_to_file_name
 from storelib.scan.recordbytes import check_at
@@ -348,14 +348,12 @@ def outcomes_by_file(plan: WalkPlan, result: RecoveryResult) -> dict[int, Segmen
 
 def _entry_at(seg: Segment, rel: int) -> bool:
     """Does an entry written at file offset ``rel`` start there (magic 1, its pos field = its offset)?"""
-    from storelib.broker.recovery.dledgerfacts import _HDR
-
     with seg.open() as src:
         head = bytes(src.read(rel, BODY_OFFSET))
     if len(head) < BODY_OFFSET:
         return False
-    m, _, _, _, p, *_ = _HDR.unpack_from(head, 0)
-    return m == 1 and p == seg.base + rel
+    h = EntryHeader.from_bytes(head)
+    return h.magic == ENTRY_MAGIC and h.pos == seg.base + rel
 # ---------------------------------------------------------------------------------------------
 # plan and finish (called by storelib.broker.recovery.walk in DLedger mode)
 
