@@ -45,7 +45,7 @@ from typing import Any
 from jobs.common import note
 from jobs.engines.audit_tasks import run_segments
 from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
-from jobs.reports.audit_report import build_report, jsonable, render_html
+from jobs.reports.audit_report import add_dledger, build_report, jsonable, render_html
 from jobs.reports.audit_summary import EXIT_FAILED, damage_cost, exit_code, summary_text
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
@@ -106,12 +106,12 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
 
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
-    store.require_default_layout("audit")
     settings = store.settings
     tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(settings.version), verify_crc=verify_crc,
-                        fs_options=fs_options)
+                        fs_options=fs_options, dledger=store.dledger is not None)
+    dledger = None
     # what the cross-file checks read from disk without needing the records (consume queues, index file
     # validation) is loaded on a low-priority driver thread while the segments are audited: it takes the
     # cycles the segment phase leaves idle (Spark local[2] on 2 cores: between tasks; local engine: the
@@ -137,8 +137,12 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
         fresh = run_segments(tasks, opts, engine, quiet, store=store, split_bytes=split_bytes, work_dir=work_dir,
                              transfer=transfer) if tasks else []
         t_seg = time.monotonic() - t1
+        if store.dledger is not None:  # DLedger's own checks: its start-up walk, on the engine
+            dledger = _dledger_checks(store, engine, quiet)
         report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet,
                                           threads, preload, resume)
+        if dledger is not None:
+            add_dledger(report, *dledger, store.commitlog.folder)
     finally:
         if pre_pool is not None:
             pre_pool.shutdown(wait=True, cancel_futures=True)
@@ -161,6 +165,15 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
         same += ["--broker-version", str(version)]
     report["damage"] = damage_cost(store, report, quiet, same)
     return report
+
+
+def _dledger_checks(store: Store, engine: str | Engine, quiet: bool) -> tuple[list, dict[str, Any]]:
+    """A DLedger store's checks (storelib.checks.dledger) with its start-up walk's scans on ``engine``."""
+    from jobs.engines.schedulers import walk_on
+    from storelib.checks.dledger import dledger_audit
+
+    note("audit: DLedger's load and recovery (entry headers, index units, checkpoint, start-up deletions)", quiet)
+    return dledger_audit(store, None if isinstance(engine, str) else walk_on(engine))
 
 
 def _background() -> None:

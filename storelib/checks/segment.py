@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storelib.broker.recovery.resync import LostRegion, find_next_record, lost_region
+from storelib.checks.dledger import dledger_after_end
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, read_ipc_file, resolve
 from storelib.fileio.memory import keep_freed_memory
@@ -75,6 +76,7 @@ class AuditOptions:
     broker_version: str = "4"
     verify_crc: bool = True
     fs_options: dict[str, Any] = field(default_factory=dict)
+    dledger: bool = False  # DLedger data files: entries scanned, resync on entry starts (storelib.checks.dledger)
 
 
 @dataclass
@@ -339,13 +341,18 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
         while pos < stop:
             scan = SegmentScan(src, display, task.base, pos, None if task.end is None else stop,
                                verify_crc=opts.verify_crc, with_properties=False,
-                               delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS)
+                               delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS, dledger=opts.dledger)
             for batch in scan:
                 _check_batch(batch, task, opts, display, found, bad_rows, rec_parts, key_parts)
             end = scan.end
             assert end is not None
             res.end_kind, res.data_end = end.kind, end.file_offset
             res.exit_pos = None
+            if opts.dledger and end.kind not in ("segment_end", "split_end"):
+                pos = res.exit_pos = dledger_after_end(src, task, end, display, found, regions)
+                if pos is None:
+                    break
+                continue
             if end.kind == "blank":
                 left = seg_len - end.file_offset
                 total = int.from_bytes(bytes(src.read(end.file_offset, 4)), "big", signed=True)

@@ -434,10 +434,12 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
                              "bytes after it are dropped"))
     if load_failure:
         found.append(Finding("dledger_broker_does_not_start", "critical", None, None, load_failure))
-    files = tuple({"file": s.display, "entries": facts[i].entries, "first": facts[i].first, "last": facts[i].last,
+    files = tuple({"file": s.display, "base": s.base, "entries": facts[i].entries, "first": facts[i].first, "last": facts[i].last,
                    "start_check": facts[i].start_problem or "ok", "dledger_end": facts[i].end_offset,
                    "dledger_end_kind": facts[i].end_kind, "dledger_end_detail": facts[i].end_detail,
-                   "records_end": outcomes[i].end_offset if i in outcomes else None}
+                   "records_end": outcomes[i].end_offset if i in outcomes else None,
+                   "records_end_reason": outcomes[i].reason if i in outcomes else None,
+                   "index_mismatch": facts[i].index_mismatch}
                   for i, s in enumerate(segs))
     dl = DLedgerRecovery(
         segs[start].display, start_why, w.data_end, w.last_end, w.stop, begin, end_index, end_term,

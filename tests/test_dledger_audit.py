@@ -1,0 +1,169 @@
+"""``audit`` on DLedger-mode stores: clean stores exit 0; the crashed sample names the committed position and
+the index file a start-up deletes; damaged generated stores get findings an operator can act on (a bad entry
+header where DLedger's recovery ends the log, an index unit that differs, a record CRC inside an entry, a
+consume-queue unit that is not entry pos + 48)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.format.consumequeue import CQ_DTYPE
+from storelib.format.dledger.entries import BODY_OFFSET, INDEX_UNIT_SIZE
+from storelib.generator.dledgergen import DLedgerGen
+from storelib.generator.gen import generate
+from storelib.generator.genplan import GenConfig
+
+from .conftest import run_cli
+
+SEG = 64 * 1024
+IDX = 16 * 1024
+
+
+def _audit(capsys, root: Path, *extra) -> tuple[int, dict]:
+    rc, out, err = run_cli(capsys, "audit", root, "--engine", "local", "--quiet", "--json", *extra)
+    assert rc in (0, 1), err
+    return rc, json.loads(out)
+
+
+def _bad(rep: dict, level: str = "warning") -> list[dict]:
+    rank = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+    return [f for f in rep["findings"] if rank[f["severity"]] >= rank[level]]
+
+
+def _gen(tmp_path: Path, n: int = 900, version: str = "4", **kw) -> Path:
+    out = tmp_path / "s"
+    s = BrokerSettings.defaults(version).with_overrides({"mappedFileSizeCommitLog": SEG, "maxHashSlotNum": 500,
+                                                         "maxIndexNum": 4000})
+    generate(out, GenConfig(messages=n, seed=3, version=version), s, dispatch=True,
+             dledger=DLedgerGen(index_file_size=IDX, **kw))
+    return out
+
+
+def _entries(root: Path) -> list[tuple[int, int, int]]:
+    from storelib.broker.settings.store import Store, load_settings
+    from storelib.fileio.bytesource import resolve
+
+    loc = resolve(str(root))
+    t = Store(loc, load_settings(None, None, None, loc)).commitlog.read_table(with_properties=False)
+    return list(zip(t.column("dledger_index").to_pylist(), t.column("dledger_pos").to_pylist(),
+                    t.column("size").to_pylist()))
+
+
+def _patch(path: Path, at: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(data)
+
+
+def _data(root: Path, pos: int) -> tuple[Path, int]:
+    return root / "dledger-n0" / "data" / f"{pos - pos % SEG:020d}", pos % SEG
+
+
+def test_the_clean_sample_audits_clean(sample_dledger, capsys):
+    rc, rep = _audit(capsys, sample_dledger / "store")
+    assert rc == 0 and _bad(rep) == []
+    d = rep["dledger"]
+    assert d["committed_index"] == d["ledger_end_index"] == 2013 and d["committed_pos"] == 4960165
+    assert d["uncommitted_entries"] == 0 and d["index_files_deleted_at_startup"] == []
+    assert all(not (f["file"] or "").startswith("commitlog/") for f in rep["findings"])
+
+
+def test_the_crashed_sample_names_the_committed_position_and_the_index_file_a_start_deletes(sample_dledger_crashed,
+                                                                                            capsys):
+    rc, rep = _audit(capsys, sample_dledger_crashed / "store")
+    assert rc == 1
+    kinds = {f["kind"]: f for f in rep["findings"]}
+    unc = kinds["dledger_uncommitted_entries"]
+    assert unc["extra"]["committed_pos"] == 1243691 and unc["extra"]["committed_index"] == 1005
+    assert unc["extra"]["uncommitted"] == 713 and "1243691" in unc["detail"]
+    gone = kinds["index_deleted_at_startup"]
+    assert gone["file"] == "index/20261126194122348" and gone["severity"] == "error"
+    assert "index_deleted_on_abnormal_start" not in kinds  # the default store's note gives way to DLedger's
+    assert not [f for f in rep["findings"] if f["severity"] == "critical"]
+    assert rep["dledger"]["max_offset_after_load"] == 1243691
+    assert "recover" in rep["damage"]["next"][0]["command"]
+
+
+@pytest.mark.parametrize("version", ["4", "5"])
+def test_clean_generated_dledger_stores_audit_clean(tmp_path, capsys, version):
+    root = _gen(tmp_path, version=version)
+    rc, rep = _audit(capsys, root)
+    assert rc == 0 and _bad(rep) == [], _bad(rep)
+
+
+def test_a_bad_entry_header_where_dledgers_walk_ends_is_critical_and_named(tmp_path, capsys):
+    root = _gen(tmp_path)
+    ents = _entries(root)
+    files = sorted({p - p % SEG for _, p, _ in ents})
+    victim = [e for e in ents if files[-2] <= e[1] < files[-1]][3]  # inside the walked files
+    path, off = _data(root, victim[1])
+    _patch(path, off + 24, struct.pack(">q", victim[1] + 7))  # its pos field
+    rc, rep = _audit(capsys, root)
+    bad = [f for f in rep["findings"] if f["kind"] == "dledger_bad_entry"]
+    assert rc == 1 and len(bad) == 1
+    assert bad[0]["severity"] == "critical" and bad[0]["file"] == f"dledger-n0/data/{files[-2]:020d}"
+    assert bad[0]["offset"] == off and "pos field" in bad[0]["detail"]
+    assert any(f["kind"] == "dledger_data_files_deleted" for f in rep["findings"])
+
+
+def test_an_index_unit_that_differs_is_named_in_the_index_file(tmp_path, capsys):
+    root = _gen(tmp_path)
+    ents = _entries(root)
+    k = len(ents) - 20
+    at = k * INDEX_UNIT_SIZE
+    _patch(root / "dledger-n0" / "index" / f"{at - at % IDX:020d}", at % IDX + 24, struct.pack(">q", 9))  # its term
+    rc, rep = _audit(capsys, root)
+    mm = [f for f in rep["findings"] if f["kind"] == "dledger_index_unit_mismatch"]
+    assert rc == 1 and len(mm) == 1 and mm[0]["extra"]["entry_index"] == k
+    assert mm[0]["file"] == f"dledger-n0/index/{at - at % IDX:020d}" and mm[0]["offset"] == at % IDX
+    assert "term 9" in mm[0]["detail"]
+
+
+def test_a_body_crc_inside_an_entry_is_reported_in_dledger_terms(tmp_path, capsys):
+    from storelib.broker.settings.store import Store, load_settings
+    from storelib.fileio.bytesource import resolve
+
+    root = _gen(tmp_path)
+    loc = resolve(str(root))
+    t = Store(loc, load_settings(None, None, None, loc)).commitlog.read_table(with_properties=False)
+    k = next(i for i in range(100, t.num_rows) if t.column("sys_flag")[i].as_py() & 0x30 == 0
+             and t.column("body_len")[i].as_py() > 8)
+    pos = t.column("dledger_pos")[k].as_py()
+    path, off = _data(root, pos)
+    body = off + BODY_OFFSET + 88  # IPv4 hosts: the body starts 88 bytes into the record
+    _patch(path, body + 2, bytes([path.read_bytes()[body + 2] ^ 0xFF]))
+    rc, rep = _audit(capsys, root)
+    crc = [f for f in rep["findings"] if f["kind"] == "body_crc_mismatch"]
+    assert rc == 1 and len(crc) == 1 and crc[0]["file"].startswith("dledger-n0/data/")
+    assert "DLedger keeps the entry" in crc[0]["detail"]
+    assert not any(f["kind"] == "dledger_bad_entry" for f in rep["findings"])  # the header is fine
+
+
+def test_a_consume_queue_unit_must_point_at_entry_pos_plus_48(tmp_path, capsys):
+    root = _gen(tmp_path)
+    cq = sorted((root / "consumequeue").rglob("0000*"))[0]
+    u = bytearray(cq.read_bytes())
+    first = bytes(u[:20])
+    import numpy as np
+
+    unit = np.frombuffer(first, CQ_DTYPE).copy()
+    unit["phy_offset"] -= BODY_OFFSET  # the entry's pos, not its record
+    _patch(cq, 0, unit.tobytes())
+    rc, rep = _audit(capsys, root)
+    got = [f for f in _bad(rep, "error") if (f["file"] or "").startswith("consumequeue/")]
+    assert rc == 1 and got, _bad(rep)
+
+
+def test_the_audit_runs_dledgers_walk_on_a_pool_with_the_same_findings(tmp_path, capsys):
+    root = _gen(tmp_path, committed_lag=7)
+    rc, out, err = run_cli(capsys, "audit", root, "--engine", "pool", "--workers", "2", "--quiet", "--json")
+    rep = json.loads(out)
+    assert rc == 1, err  # the crash's index file, which the start-up deletes
+    assert rep["dledger"]["uncommitted_entries"] == 7
+    rc2, local = _audit(capsys, root)
+    assert rc2 == rc and local["findings"] == rep["findings"] and local["dledger"] == rep["dledger"]
