@@ -400,3 +400,23 @@ def test_a_missing_or_unparseable_checkpoint_decides_the_committed_position(tmp_
     (root / "dledger-n0" / "checkpoint").write_text("committedIndex=x1\nendIndex=3\n")
     plan = _plan(root, "4")
     assert "Long.valueOf" in plan["dledger"]["load_failure"] and not plan["commitlog"]["supported"]
+
+
+def test_533_reputs_from_the_committed_position_unless_recheck_reput_offset_from_cq(tmp_path):
+    root = _gen(tmp_path, n=600, version="5", undispatched=6)
+    (root / "abort").unlink()  # a clean shutdown before the reput caught up
+    ents = _entries(root)
+    cq_end = ents[-7][1] + ents[-7][2]
+    plan = _plan(root, "5")
+    # 5.3.3 start(): reputFromOffset = getConfirmOffset() = the committed position (the data's end here)
+    assert plan["dispatch"]["reput"]["from"] == plan["commitlog"]["process_offset"] == ents[-1][1] + ents[-1][2]
+    assert plan["dispatch"]["reput_records"] == 0 and plan["consume_queues"]["totals"]["entries_added"] == 0
+    # recheckReputOffsetFromCq=true: from the consume queues' end, as 4.9.8 does: the six entries are dispatched
+    from storelib.broker.settings.store import load_settings
+    from storelib.fileio.bytesource import resolve
+
+    loc = resolve(str(root))
+    st = load_settings(None, None, {"recheckReputOffsetFromCq": "true"}, loc)
+    plan = plan_document(simulate(Store(loc, st), "5"))
+    assert plan["dispatch"]["reput"]["from"] == cq_end and plan["dispatch"]["reput_records"] == 6
+    assert plan["consume_queues"]["totals"]["entries_added"] == 6

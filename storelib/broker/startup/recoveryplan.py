@@ -97,8 +97,7 @@ def _after_recommit(sim: Simulation) -> dict[str, Any] | None:
     """Where the reput goes on once DLedger commits the whole log (a leader; not part of this start-up)."""
     dl = sim.walk.dledger
     assert dl is not None
-    frm = dl.committed_pos if sim.version == "5" else max(sim.reput.start or 0, sim.reput.end)
-    frm = max(frm, dl.min_offset)
+    frm = max(sim.reput.start or 0, sim.reput.end, dl.min_offset)  # where the reput stands after the start
     if frm >= dl.last_entry_end:
         return None
     return {"from": frm, "to": dl.last_entry_end,

@@ -331,8 +331,10 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
     reput = Reput(None, P)
     t_rep = schema.empty_table()
     reput_walk = None
-    if walk.dledger is not None:  # 4.9.8: from the queues to the committed position; 5.3.3: from the latter
-        if version == "4" and segs:
+    if walk.dledger is not None:  # 4.9.8 (5.3.3 with recheckReputOffsetFromCq): from the queues to the committed
+        # position; 5.3.3: from the committed position (DefaultMessageStore.start)
+        recheck = str(store.settings.extra.get("recheckReputOffsetFromCq", "")).strip().lower() == "true"
+        if (version == "4" or recheck) and segs:
             reput.start = reput_start(walk, [q.state.max_physic_offset for q in queues.values()])
             outcomes = outcomes_by_file(wplan, walk)
             reput.ranges, more = reput_ranges(wplan, outcomes, walk.dledger.data_end, reput.start, P)
