@@ -6,7 +6,9 @@ pandas DataFrame) for notebooks and tools; :mod:`datasources.commitlog_source` i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -210,7 +212,9 @@ def _commitlog(store: StoreOpen) -> CommitLog:
 
 
 def plan(opts: MessageReadOptions, pushed: list[Pred] = ()) -> list[Split]:
-    """The scan units for these options and pushed predicates, pruned by offset, segment and time."""
+    """The scan units for these options and pushed predicates, pruned by offset, segment and time; on a
+    store a broker is writing, up to the query's own cut (:meth:`StoreOpen.at_cut`: the units end there and
+    are read with ranged reads: :attr:`LiveSplit.live`)."""
     every, msg = opts.option_preds()
     preds = [*every, *msg, *pushed]
     lo, hi = _int_range(preds, "phy_offset")
@@ -221,12 +225,28 @@ def plan(opts: MessageReadOptions, pushed: list[Pred] = ()) -> list[Split]:
             segments = names if segments is None else segments & names
     t_lo, t_hi = _int_range([*msg, *pushed], "store_timestamp")
     use_time = opts.time_pruning and (t_lo is not None or t_hi is not None)
-    cl = open_commitlog(opts.store)
+    store = opts.store.at_cut()
+    cl = store.commitlog
     planned = plan_splits(cl, opts.max_split_bytes, min_splits=opts.min_partitions, from_offset=lo,
                           to_offset=None if hi is None else hi + 1, segments=segments, with_timestamps=use_time)
     if use_time:
         planned = prune_by_time(planned, t_lo, t_hi)
-    return [p.split for p in planned]
+    if not store.live or cl.cut_end is None:
+        return [p.split for p in planned]
+    out = []
+    for p in planned:  # clamped at the cut: what the broker writes after it is not this query's
+        end = min(p.split.end, max(0, cl.cut_end - p.split.segment_base))
+        if end > p.split.start:
+            out.append(LiveSplit(**{**dataclasses.asdict(p.split), "end": end}))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveSplit(Split):
+    """A scan unit of a store a broker is writing: ends at the query's cut, read with ranged reads (a file
+    that shrinks under a map would kill the executor)."""
+
+    live: bool = True
 
 
 def _filter(batch: pa.RecordBatch, preds: list[Pred]) -> pa.RecordBatch:
@@ -273,6 +293,10 @@ def read_split(opts: MessageReadOptions, split: Split, pushed: list[Pred] = ()) 
     delays = list(settings.delay_levels_ms)
     cl = open_commitlog(opts.store)
     seg_loc = cl.loc.join(split.segment_name)
+    if getattr(split, "live", False):
+        seg_loc = dataclasses.replace(seg_loc, mapped=False)
+        if seg_loc.local and not os.path.exists(seg_loc.path):
+            return  # the broker's cleaner deleted it after the query's cut: expired, nothing to read
     display = f"{cl.folder}/{split.segment_name}"
     find_start = find_entry_start if split.dledger else find_record_start
     src = open_source(seg_loc, split.file_size)

@@ -9,7 +9,7 @@ directories), ``maxSplitBytes`` (CQ bytes per partition), ``fs.*`` filesystem op
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,10 @@ class CQReadOptions:
 
 
 def plan_queues(opts: CQReadOptions) -> list[list[tuple[str, int]]]:
-    """Queues grouped into partitions of about ``max_split_bytes`` of CQ files each (queue order kept)."""
+    """Queues grouped into partitions of about ``max_split_bytes`` of CQ files each (queue order kept). On a
+    store a broker is writing each group ends with the query's cut: ``("", limit)`` (units pointing at or
+    past it are not read: dispatched after the cut)."""
+    store = opts.store.at_cut()
     root = opts.store.location()
     seg = opts.store.settings().mapped_file_size_consume_queue
     groups: list[list[tuple[str, int]]] = []
@@ -68,16 +71,22 @@ def plan_queues(opts: CQReadOptions) -> list[list[tuple[str, int]]]:
         size += qbytes
     if cur:
         groups.append(cur)
+    if store.live:
+        groups = [[*g, ("", store.cq_limit)] for g in groups]
     return groups
 
 
 def read_queues(opts: CQReadOptions, queues: list[tuple[str, int]]) -> Iterator[pa.RecordBatch]:
-    """The units of the given queues as batches of :data:`CQ_SCHEMA`."""
+    """The units of the given queues as batches of :data:`CQ_SCHEMA` (a trailing ``("", limit)``: the cut)."""
     root = opts.store.location()
+    limit = None
+    if queues and queues[-1][0] == "":  # no queue has an empty topic name: the plan's cut marker
+        limit, queues = queues[-1][1], queues[:-1]
+        root = replace(root, mapped=False)
     seg_size = opts.store.settings().mapped_file_size_consume_queue
     for topic, qid in queues:
         cq = LoadedQueue(root.join("consumequeue", topic, str(qid)), segment_size=seg_size, topic=topic,
-                          queue_id=qid)
+                         queue_id=qid, phy_limit=limit)
         try:
             for first, units in cq.entries(0):
                 n = len(units)

@@ -18,11 +18,10 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from storelib.errors import StoreError
-from storelib.format.checkpoint import read_checkpoint
-from storelib.format.indexdir import IndexFileRef, list_index_files
+from storelib.format.checkpoint import Checkpoint, read_checkpoint
+from storelib.format.indexdir import IndexFileRef
 from storelib.scan.splits import first_store_timestamp
 
-from .commitlog_reader import open_commitlog
 from .options import StoreOpen, norm_options, spark_ddl
 
 INDEX_SCHEMA = pa.schema([
@@ -79,8 +78,9 @@ def read_index_file(store: StoreOpen, ref: IndexFileRef) -> Iterator[pa.RecordBa
 
 
 def _index_refs(store: StoreOpen) -> list[IndexFileRef]:
+    """The index files of the query's own cut (on a live store: each read as its header stood then)."""
     store.settings()  # checks the store root (and loads the settings the reads use) before planning
-    return list_index_files(store.location())
+    return store.at_cut().index_files()
 
 
 def read_index(store: str, *, as_pandas: bool = False, **options: Any) -> pa.Table | Any:
@@ -91,14 +91,17 @@ def read_index(store: str, *, as_pandas: bool = False, **options: Any) -> pa.Tab
 
 
 def checkpoint_batch(store: StoreOpen) -> pa.RecordBatch:
-    cp = read_checkpoint(store.location(), strict=False)
+    st = store.at_cut()
+    raw = st.checkpoint_bytes() if st.live else None
+    cp = Checkpoint.from_bytes(raw[:40]) if raw is not None and len(raw) >= 40 else read_checkpoint(
+        store.location(), strict=False)
     vals = [cp.physic_msg_timestamp, cp.logics_msg_timestamp, cp.index_msg_timestamp, cp.master_flushed_offset,
             cp.confirm_phy_offset, cp.min_timestamp()]
     return pa.RecordBatch.from_arrays([pa.array([v], pa.int64()) for v in vals], schema=CHECKPOINT_SCHEMA)
 
 
 def segments_batch(store: StoreOpen) -> pa.RecordBatch:
-    cl = open_commitlog(store)
+    cl = store.at_cut().commitlog
     names, bases, sizes, firsts = [], [], [], []
     for seg in cl.segments:
         ts = None

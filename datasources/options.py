@@ -120,6 +120,15 @@ class StoreOpen:
         """The broker settings (storelib.broker.settings.store.load_settings), computed once per process."""
         return _settings(self)
 
+    def at_cut(self):
+        """The store read as at a cut taken now (a store a broker is writing: each query plans on its own cut,
+        storelib.broker.settings.livecut; a store at rest reads as it is)."""
+        from storelib.broker.settings.store import Store
+
+        store = Store(self.location(), self.settings(), uri=self.path)
+        store.take_cut()
+        return store
+
 
 @functools.lru_cache(maxsize=8)
 def _settings(store: StoreOpen):

@@ -11,7 +11,6 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from storelib.broker.settings.store import Store
 from storelib.broker.timer.timermsg import TIMER_SCHEMA, store_timers
 from storelib.scan.messagecols import TIME_TYPE, time_column
 
@@ -22,7 +21,7 @@ SCHEMA = TIMER_SCHEMA.append(pa.field("deliver_time", TIME_TYPE))
 
 
 def timers_table(store: StoreOpen) -> pa.Table:
-    t = store_timers(Store(store.location(), store.settings(), uri=store.path))
+    t = store_timers(store.at_cut())
     return t.append_column(SCHEMA.field("deliver_time"), time_column(t.column("deliver_time_ms")))
 
 

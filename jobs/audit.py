@@ -52,6 +52,7 @@ from storelib.broker.settings.store import Store
 from storelib.checks.auditstate import load_state, merge_appended, plan, save_state
 from storelib.checks.crossfile import run_cross_checks
 from storelib.checks.index import load_index_files
+from storelib.checks.livejudge import DEFAULT_MAX_LAG, cut_tasks, drop_expired, expect_stopped_finding
 from storelib.checks.logview import ResumeFailed
 from storelib.checks.queuestream import load_queue_meta
 from storelib.checks.segment import (
@@ -69,7 +70,8 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
                 quiet: bool = False, now_ms: int | None = None, version: str | None = None,
                 split_bytes: int | None = None, overrides: dict[str, Any] | None = None,
                 work_dir: str | None = None, transfer: str = "auto", threads: bool = True,
-                workers: int | None = None, master: str | None = None) -> dict[str, Any]:
+                workers: int | None = None, master: str | None = None, expect_stopped: bool = False,
+                max_lag: int | None = DEFAULT_MAX_LAG, max_read_rate: float | None = None) -> dict[str, Any]:
     """Audit a store and return the report dict (the JSON report's content).
 
     ``work_dir`` (Spark): a directory or URI the driver and every executor reach, where the tasks leave
@@ -83,10 +85,16 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
     ``run.mb_per_s`` / ``run.messages_per_s`` are over the bytes of the records scanned
     (``run.bytes_scanned``) in the per-segment phase; ``run.file_mb_per_s`` over the file bytes
     audited (``run.bytes_audited``, which counts an unwritten segment tail too).
+
+    A store a broker is writing is read as at one cut taken at the start (:mod:`storelib.broker.settings.livecut`)
+    and judged as :mod:`storelib.checks.livejudge` says (``max_lag``: bytes of dispatch lag before it is a
+    warning); ``expect_stopped``: a running broker is an error finding. ``max_read_rate``: commitlog bytes
+    a second for the whole run, shared by the engine's workers.
     """
     kw = dict(broker_conf=broker_conf, engine=engine, spark=spark, fs_options=fs_options, verify_crc=verify_crc,
               quiet=quiet, now_ms=now_ms, version=version, split_bytes=split_bytes, overrides=overrides,
-              work_dir=work_dir, transfer=transfer, threads=threads, workers=workers, master=master)
+              work_dir=work_dir, transfer=transfer, threads=threads, workers=workers, master=master,
+              expect_stopped=expect_stopped, max_lag=max_lag, max_read_rate=max_read_rate)
     state = load_state(since, None if quiet else note)
     try:
         return _audit(store_uri, since, state, **kw)
@@ -98,7 +106,8 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
 def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_conf: str | None,
            engine: str | Engine, spark, fs_options: dict | None, verify_crc: bool, quiet: bool, now_ms: int | None,
            version: str | None, split_bytes: int | None, overrides: dict[str, Any] | None, work_dir: str | None,
-           transfer: str, threads: bool, workers: int | None, master: str | None) -> dict[str, Any]:
+           transfer: str, threads: bool, workers: int | None, master: str | None, expect_stopped: bool,
+           max_lag: int | None, max_read_rate: float | None) -> dict[str, Any]:
     """One audit run (:func:`audit_store`) from ``state`` ({}: in full)."""
     t0 = time.monotonic()
     fs_options = fs_options or {}
@@ -106,8 +115,14 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
 
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
+    cut = store.take_cut()
+    if cut.live:
+        note(f"audit: {cut.describe()}" + (f" ({cut.tail})" if cut.tail else ""), quiet)
+        if expect_stopped:
+            store.findings.append(expect_stopped_finding(cut))
     settings = store.settings
     tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note)
+    tasks = cut_tasks(store, tasks)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(settings.version), verify_crc=verify_crc,
                         fs_options=fs_options, dledger=store.dledger is not None)
@@ -131,16 +146,20 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
         if pre_pool is not None and resume is None:  # (going on from a state reads only what is new)
             # the index validation first (the longer one: the index checks wait for it); the consume queues
             # after it, taken over by the queue checks if the preload thread has not started them by then
-            preload = {"index": pre_pool.submit(load_index_files, store.loc, settings),
-                       "cq": pre_pool.submit(load_queue_meta, store.loc, settings, store.commitlog.min_offset)}
+            preload = {"index": pre_pool.submit(load_index_files, store.loc, settings, None, cut),
+                       "cq": pre_pool.submit(load_queue_meta, store.loc, settings, store.commitlog.min_offset,
+                                             None, cut)}
         t1 = time.monotonic()
+        if max_read_rate:  # the run's budget shared by the tasks that run at once
+            par = 1 if isinstance(engine, str) else max(1, engine.parallelism)
+            tasks = cut_tasks(store, tasks, max_read_rate / par)
         fresh = run_segments(tasks, opts, engine, quiet, store=store, split_bytes=split_bytes, work_dir=work_dir,
                              transfer=transfer) if tasks else []
         t_seg = time.monotonic() - t1
         if store.dledger is not None:  # DLedger's own checks: its start-up walk, on the engine
             dledger = _dledger_checks(store, engine, quiet)
         report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet,
-                                          threads, preload, resume)
+                                          threads, preload, resume, max_lag)
         if dledger is not None:
             add_dledger(report, *dledger, store.commitlog.folder)
     finally:
@@ -160,6 +179,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
                      "file_mb_per_s": round(audited_bytes / max(t_seg, 1e-9) / 1e6, 1) if tasks else None,
                      "messages_per_s": round(sum(r.records for r in fresh) / max(t_seg, 1e-9), 1) if tasks else None,
                      "since": since}
+    report["live"] = {**cut.to_dict(), "max_lag": max_lag if cut.live else None}
     same = [] if not broker_conf else ["--broker-conf", broker_conf]
     if version not in (None, "auto"):
         same += ["--broker-version", str(version)]
@@ -186,11 +206,19 @@ def _background() -> None:
 def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentResult],
                     carried: dict[str, SegmentResult], partial: dict[str, SegmentResult], fps: dict[str, dict],
                     since: str | None, now_ms: int | None, quiet: bool, threads: bool,
-                    preload: dict[str, Future] | None, resume: dict | None) -> tuple[dict[str, Any], float]:
+                    preload: dict[str, Future] | None, resume: dict | None,
+                    max_lag: int | None = None) -> tuple[dict[str, Any], float]:
     """Merge fresh and carried results, run the cross-file checks, save the state; (report, check seconds)."""
     results: dict[str, SegmentResult] = dict(carried)
     for r in fresh:
         results[r.name] = merge_appended(partial[r.name], r) if r.name in partial else r
+    kept, gone = drop_expired(store, list(results.values()))  # a live store's cleaner at work
+    if gone:
+        note(f"audit: {len(gone)} segment(s) expired during the run (deleted by the broker's cleaner)", quiet)
+        results = {r.name: r for r in kept}
+        fresh = [r for r in fresh if r.name in results]
+        if resume is not None:
+            raise ResumeFailed("segments expired during the run")
     if since:
         by_name = {s.name: s for s in store.commitlog.segments}
         for r in fresh:
@@ -200,7 +228,8 @@ def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentR
     report, carry = cross_checks(store, ordered, settings,
                                  now_ms=now_ms if now_ms is not None else int(time.time() * 1000), quiet=quiet,
                                  threads=threads, preload=preload, resume=resume,
-                                 feed=sorted(fresh, key=lambda r: r.base) if resume is not None else None)
+                                 feed=sorted(fresh, key=lambda r: r.base) if resume is not None else None,
+                                 max_lag=max_lag)
     t_cross = time.monotonic() - t2
     if since:
         save_state(since, store, ordered, fps, carry)
@@ -209,7 +238,7 @@ def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentR
 
 def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
                  quiet: bool = False, threads: bool = True, preload: dict[str, Future] | None = None,
-                 resume: dict | None = None, feed: list[SegmentResult] | None = None
+                 resume: dict | None = None, feed: list[SegmentResult] | None = None, max_lag: int | None = None
                  ) -> tuple[dict[str, Any], dict | None]:
     """Phase 2 (storelib.checks.crossfile: everything that needs more than one segment or file), then
     the report dict, and the carry an incremental run goes on from.
@@ -219,7 +248,7 @@ def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSet
     carry with the records audited since (raises ResumeFailed when that cannot settle the store)."""
     note("audit: cross-file checks (queue offsets, consume queues, index, checkpoint, config)", quiet)
     done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, preload=preload,
-                            resume=resume, feed=feed)
+                            resume=resume, feed=feed, max_lag=max_lag)
     report = build_report(store, results, done.summary, done.findings, done.qstats, done.consumers, done.idx, done.cp,
                           settings, done.charts)
     report["timer_store"] = done.timers
@@ -269,7 +298,7 @@ exit codes: 0 clean, 1 findings at or above --fail-on, 2 could not run, 3 anothe
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from jobs.common import add_store_args
+    from jobs.common import add_live_args, add_store_args
 
     add_store_args(p)
     add_engine_args(p, "per-segment audit")
@@ -291,6 +320,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "also when the run fails (rmqstore_audit_up 0); see docs/scheduling.md")
     p.add_argument("--fail-on", choices=list(SEVERITY_RANK), default="error",
                    help="exit 1 when a finding has at least this severity (default error)")
+    add_live_args(p, lag=True)
     p.add_argument("--no-crc", action="store_true", help="skip body CRC verification (faster, weaker)")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -331,7 +361,9 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, int]:
         report = audit_store(args.store, broker_conf=args.broker_conf, engine=args.engine,
                              since=args.since, fs_options=fs_options(args), verify_crc=not args.no_crc,
                              quiet=args.quiet, version=args.broker_version, overrides=overrides(args),
-                             work_dir=args.work_dir, workers=args.workers, master=args.master)
+                             work_dir=args.work_dir, workers=args.workers, master=args.master,
+                             expect_stopped=args.expect_stopped, max_read_rate=args.max_read_rate,
+                             max_lag=DEFAULT_MAX_LAG if args.max_lag is None else args.max_lag)
     except StoreError as e:
         print(f"rmqstore audit: {e}", file=sys.stderr)
         return None, EXIT_FAILED

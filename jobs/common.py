@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -76,6 +77,34 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def rate_arg(text: str) -> float:
+    """argparse type: a read rate in MB/s (``50``, ``12.5``) or a size a second (``50MB``, ``1GB/s``) as bytes a
+    second (binary units, storelib.units)."""
+    from storelib.units import parse_size
+
+    t = str(text).strip().removesuffix("/s")
+    try:
+        v = float(t) * (1 << 20) if re.fullmatch(r"\d+(\.\d+)?", t) else float(parse_size(t))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"a read rate must be positive, got {text!r}")
+    return v
+
+
+def add_live_args(p: argparse.ArgumentParser, *, lag: bool = False) -> None:
+    """The options of a reading command that may run beside a live broker (docs/scheduling.md)."""
+    p.add_argument("--expect-stopped", action="store_true",
+                   help="a broker running the store (its lock held) is an error: the check before a recovery")
+    p.add_argument("--max-read-rate", type=rate_arg, metavar="MB/S",
+                   help="read the commitlog at most this fast, for the whole run across workers (MB/s, or e.g. "
+                        "64MB); for runs beside a live broker")
+    if lag:
+        p.add_argument("--max-lag", type=size_arg, metavar="SIZE", default=None,
+                       help="a live store's dispatch lag (commitlog bytes written but not in the consume queues "
+                            "yet) above this is a warning; below, info (default 256MB)")
+
+
 def time_arg(text: str) -> int:
     """argparse type: ISO-8601 (UTC unless it says otherwise) or epoch milliseconds, as epoch ms."""
     from storelib.units import parse_time_ms
@@ -122,9 +151,19 @@ def settings_from_args(args: argparse.Namespace, root=None, version: str | None 
     return settings
 
 
-def open_store(args: argparse.Namespace, version: str | None = None) -> Store:
+def open_store(args: argparse.Namespace, version: str | None = None, *, cut: bool = True) -> Store:
+    """The STORE argument opened with its settings; with ``cut``, read as at the run's cut (a store a broker
+    is writing: up to one consistent moment, said once on stderr; storelib.broker.settings.livecut)."""
     loc = resolve(args.store, **fs_options(args))
-    return Store(loc, settings_from_args(args, loc, version), uri=args.store)
+    store = Store(loc, settings_from_args(args, loc, version), uri=args.store)
+    if cut:
+        c = store.take_cut()
+        if c.live:
+            if getattr(args, "expect_stopped", False):
+                raise StoreError("lock", 0, "broker_running", f"--expect-stopped: {c.describe()} ({c.broker.evidence})")
+            if not getattr(args, "quiet", False):
+                print(f"rmqstore: {c.describe()}" + (f" ({c.tail})" if c.tail else ""), file=sys.stderr)
+    return store
 
 
 def print_json(obj: Any) -> None:

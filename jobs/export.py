@@ -64,10 +64,59 @@ class ExportConfig:
     partition_by: tuple[str, ...] = PARTITIONS
     incremental: bool = False
     progress: bool = True
+    expect_stopped: bool = False
+    max_read_rate: float | None = None  # bytes a second for the whole run
+
+
+EXPIRED_RETRIES = 3  # runs redone when the broker's cleaner deletes a segment while a run reads it
 
 
 def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -> dict[str, Any]:
-    """Export (or bring up to date) the snapshot; returns the manifest."""
+    """Export (or bring up to date) the snapshot; returns the manifest.
+
+    A store a broker is writing is exported up to the run's cut (:meth:`Store.take_cut`): everything
+    written before it, the segment being written included (the next run goes on from there). A segment
+    the cleaner deletes while the run reads it expired during the run: the run is done again without it
+    (what the snapshot already holds of it stays: an archive keeps what the broker expired)."""
+    expired: list[str] = []
+    for _ in range(EXPIRED_RETRIES):
+        try:
+            m = _export(cfg, spark, engine)
+        except StoreError as e:
+            gone = _vanished_segment(e)
+            if gone is None:
+                raise
+            expired.append(gone)
+            continue
+        except _Expired as e:
+            expired += e.names
+            Stage("export", cfg.progress)(f"{len(e.names)} segment(s) expired during the run (the broker's "
+                                          "cleaner): exporting again without them")
+            continue
+        if expired:
+            m["run"]["expired_during_run"] = expired
+        return m
+    raise StoreError(cfg.store, None, "expired", f"segments kept expiring under {EXPIRED_RETRIES} runs in a row "
+                     f"({', '.join(expired[-3:])}): the cleaner deletes faster than this export reads")
+
+
+def _vanished_segment(e: StoreError) -> str | None:
+    """The commitlog segment an error could not read because it no longer exists (the cleaner), if so."""
+    f = str(e.file or "")
+    name = os.path.basename(f.rstrip("/"))
+    if "commitlog" not in f or not name.isdigit() or len(name) != 20:
+        return None
+    return name if f.startswith("/") and not os.path.exists(f) or "No such file" in str(e.detail) else None
+
+
+class _Expired(Exception):
+    def __init__(self, names: list[str]):
+        super().__init__(", ".join(names))
+        self.names = names
+
+
+def _export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -> dict[str, Any]:
+    """One run of :func:`export` (raises _Expired when the cleaner took a segment it was reading)."""
     say = Stage("export", cfg.progress)
     t0 = time.monotonic()
     for p in cfg.partition_by:
@@ -77,6 +126,11 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
     settings = load_settings(cfg.broker_conf, cfg.broker_version, cfg.overrides, root)
     store = Store(root, settings, uri=cfg.store)
     store.require_records("export")
+    cut = store.take_cut()
+    if cut.live:
+        if cfg.expect_stopped:
+            raise StoreError("lock", 0, "broker_running", f"--expect-stopped: {cut.describe()} ({cut.broker.evidence})")
+        say(cut.describe() + (f" ({cut.tail})" if cut.tail else ""))
     out = resolve(cfg.out, **cfg.fs_options)
     if out.local and os.path.realpath(out.path).startswith(os.path.realpath(root.path) + os.sep):
         raise StoreError(cfg.out, None, "bad_output", "the snapshot cannot go inside the store")
@@ -92,7 +146,7 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
                           checkpoint=Checkpoint())
     plan = plan_recovery(inputs, store.commitlog.segments)
     prev_segs = (prev or {}).get("segments", {}) if cfg.incremental else {}
-    items, carried = export_items(plan, prev_segs)
+    items, carried = export_items(plan, prev_segs, cut if cut.live else None)
     segs = store.commitlog.segments
     name = engine.name if engine is not None else resolve_engine_name(
         cfg.engine, master=cfg.master if spark is None else "given", segments=len(items),
@@ -105,26 +159,32 @@ def export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) -
     eng = make_engine(name, spark=spark, master=cfg.master, workers=cfg.workers, app_name="rmqstore-export") \
         if own else engine
     try:
+        rate = cfg.max_read_rate / max(1, eng.parallelism) if cfg.max_read_rate else None
         ctx = TaskCtx(plan, staging.path if staging.local else f"{staging.fs.type_name}://{staging.path}",
-                      cfg.fs_options, list(settings.delay_levels_ms), cfg.with_body, cfg.partition_by, run)
+                      cfg.fs_options, list(settings.delay_levels_ms), cfg.with_body, cfg.partition_by, run,
+                      cut.live, rate)
         t1 = time.monotonic()
         done = {r["idx"]: r for r in eng.map(partial(export_segment, ctx), items, "export: segments", say)}
         t_work = time.monotonic() - t1
     finally:
         if own:
             eng.close()
+    gone = [r["name"] for r in done.values() if r.get("expired")]
+    if gone:
+        out.fs.delete_dir(staging.path)
+        raise _Expired(gone)
     ends = {i: end_from_dict(p["end"]) for i, p in carried.items()}
     ends.update({i: end_from_dict(r["end"]) for i, r in done.items()})
     res = finish_walk(plan, ends)
     P = res.process_offset
     manifest_segs, moves, drop, skipped = segment_entries(plan, prev, prev_segs, carried, done, ends, P,
-                                                                   segs)
+                                                                   segs, cut)
     manifest = {
         "schema": SCHEMA, "store": store.uri, "created_ms": int(time.time() * 1000),
         "broker_line": settings.line.to_json() if settings.line else None,
         "with_body": cfg.with_body, "partition_by": list(cfg.partition_by), "process_offset": P,
         "dledger": store.dledger is not None,
-        "segments": manifest_segs, "skipped": skipped,
+        "segments": manifest_segs, "skipped": skipped, "live": cut.to_dict(),
         "totals": {"rows": sum(s["rows"] for s in manifest_segs.values()),
                    "files": sum(len(s["files"]) for s in manifest_segs.values()),
                    "bytes": sum(f["bytes"] for s in manifest_segs.values() for f in s["files"])},
@@ -160,6 +220,12 @@ def summary_text(m: dict[str, Any], out: str) -> str:
              f"{r['rows_written']} rows, {r['files_written']} file(s) written, {r['files_deleted']} deleted"
              + (" (snapshot up to date)" if r["unchanged"] else ""),
              f"  engine     {r['engine']}: {r['seconds']} s ({r['work_seconds']} s exporting)"]
+    live = m.get("live") or {}
+    if live.get("live"):
+        who = f"pid {live['pid']}" if live.get("pid") else "pid unknown"
+        lines.append(f"  live store ({who}): read up to a cut at offset {live['cut_offset']} taken at {live['cut_time']}")
+    if r.get("expired_during_run"):
+        lines.append(f"  expired    {len(r['expired_during_run'])} segment(s) deleted by the broker's cleaner during the run")
     for s in m["skipped"]:
         lines.append(f"  skipped    {s.get('segment', '')} {s['why']}".rstrip())
     return "\n".join(lines)
@@ -180,9 +246,10 @@ or datasources.read_snapshot(spark, path)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from jobs.common import add_store_args
+    from jobs.common import add_live_args, add_store_args
 
     add_store_args(p)
+    add_live_args(p)
     p.add_argument("--out", required=True, metavar="DIR|URI", help="the snapshot directory (created; a snapshot "
                    "there is replaced, or brought up to date with --incremental)")
     add_engine_args(p, "export")
@@ -204,7 +271,8 @@ def config_from_args(args: argparse.Namespace) -> ExportConfig:
                         broker_version=None if v in (None, "auto") else v, overrides=overrides(args),
                         fs_options=fs_options(args), engine=args.engine, workers=args.workers, master=args.master,
                         with_body=args.with_body, partition_by=parts, incremental=args.incremental,
-                        progress=not args.quiet)
+                        progress=not args.quiet, expect_stopped=args.expect_stopped,
+                        max_read_rate=args.max_read_rate)
 
 
 def run_args(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,61 @@ def test_lock_state_on_non_local_store_cannot_probe(tmp_path):
     fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     ls = lock_state(Location(fs, "", False))
     assert ls.exists and ls.content_ok and ls.held_by_other is None
+
+
+def test_lock_probe_only_asks_and_never_takes_a_lock(tmp_path, monkeypatch):
+    """A broker starting while a run reads its store must never meet a lock of ours in its tryLock: the
+    probe asks with F_GETLK and takes nothing (not even a shared lock for a moment)."""
+    import fcntl
+
+    (tmp_path / "lock").write_bytes(b"lock")
+    taken = []
+    real_fcntl = fcntl.fcntl
+
+    def spy(fd, cmd, *a):
+        taken.append(cmd)
+        return real_fcntl(fd, cmd, *a)
+
+    def refuse(*a, **k):
+        raise AssertionError("the probe took a lock")
+
+    monkeypatch.setattr(fcntl, "lockf", refuse)
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    monkeypatch.setattr(fcntl, "fcntl", spy)
+    ls = lock_state(tmp_path)
+    assert ls.held_by_other is False
+    if sys.platform.startswith("linux"):
+        assert taken and set(taken) == {fcntl.F_GETLK}
+
+
+_JAVA_HOLDER = """
+import java.io.RandomAccessFile;
+import java.nio.channels.FileLock;
+public class Holder {
+    public static void main(String[] a) throws Exception {
+        RandomAccessFile f = new RandomAccessFile(a[0], "rw");
+        FileLock lock = f.getChannel().tryLock(0, 1, false);  // DefaultMessageStore.start()
+        System.out.println(lock != null && lock.isValid() ? "locked " + ProcessHandle.current().pid() : "failed");
+        System.out.flush();
+        System.in.read();
+    }
+}
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not shutil.which("java"), reason="needs a JVM on Linux")
+def test_lock_probe_sees_the_jvm_filechannel_lock_a_broker_takes(tmp_path):
+    src = tmp_path / "Holder.java"
+    src.write_text(_JAVA_HOLDER)
+    (tmp_path / "lock").write_bytes(b"lock")
+    proc = subprocess.Popen(["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", str(src), str(tmp_path / "lock")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().split()
+        assert line and line[0] == "locked", line
+        ls = lock_state(tmp_path)
+        assert ls.held_by_other is True and ls.holder_pid == int(line[1])
+    finally:
+        proc.stdin.close()
+        proc.wait()
+    assert lock_state(tmp_path).held_by_other is False

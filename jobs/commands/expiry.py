@@ -104,6 +104,10 @@ def run_args(args: argparse.Namespace) -> int:
     model = time_model(args)
     store = Store(args.store, base, **fs_options(args))
     store.require_records("expiry")
+    cut = store.take_cut()
+    if cut.live:
+        print(f"rmqstore expiry: {cut.describe()}: the what-if starts from the store as read at the cut",
+              file=sys.stderr)
     # the policies run as tasks (storelib.broker.expiry.expirygrid), like the grid job's: one after the other in
     # this process for one policy, on a process pool or Spark for several
     grid = run_grid_for(args, [args.store], policies, model, base, mtimes=args.mtimes, fs_options=fs_options(args),

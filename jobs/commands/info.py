@@ -80,6 +80,11 @@ def run_args(args: argparse.Namespace) -> int:
     lk = info["lock"]
     w(f"lock        {'present' if lk['exists'] else 'absent'}"
       f"{'; HELD BY A RUNNING PROCESS' if lk['held_by_other'] else ''}\n")
+    live = info.get("live") or {}
+    if live.get("live"):
+        who = f"pid {live['pid']}" if live.get("pid") else "pid unknown"
+        w(f"live        live store ({who}): read up to a cut at offset {live['cut_offset']} taken at "
+          f"{live['cut_time']}\n")
     ix = info["index_files"]
     w(f"index       {len(ix)} file(s), {sum(i['entries'] for i in ix)} entries\n")
     ts = info.get("timer_store")

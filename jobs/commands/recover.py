@@ -167,6 +167,9 @@ def summary_lines(plan: dict) -> list[str]:
     lost = plan.get("lost") or {"totals": {"messages": 0, "intact": 0, "bytes": 0}}
     out = [
         f"store {plan['store']} ({plan['version']} rules)",
+        *([f"live store (pid {plan['live']['pid'] or 'unknown'}): a broker runs it; this plans what a crash now "
+           f"would do: its start-up over the store as read up to a cut at offset {plan['live']['cut_offset']} "
+           f"taken at {plan['live']['cut_time']}"] if plan.get("live") else []),
         f"last exit: {'clean' if plan['last_exit']['clean'] else 'ABNORMAL (abort file)'} -> "
         f"{plan['last_exit']['recovery']} recovery",
         f"checkpoint: physic {plan['checkpoint']['physic_msg_timestamp']} logics "

@@ -275,6 +275,17 @@ def _lag(rep: dict) -> str:
     return f'<section id="lag"><h2>Queue lag</h2>{qt}{ct}</section>'
 
 
+def _live(rep: dict) -> str:
+    """The live-store line: a broker ran the store and the run read up to its cut."""
+    live = rep.get("live") or {}
+    if not live.get("live"):
+        return ""
+    who = f"pid {live['pid']}" if live.get("pid") else "pid unknown"
+    tail = f"; {live['tail']}" if live.get("tail") else ""
+    return (f"<p class=\"note\"><b>live store ({_e(who)})</b>: read up to a cut at offset {live['cut_offset']:,} "
+            f"taken at {_e(str(live['cut_time']))}{_e(tail)}</p>")
+
+
 def render_html(rep: dict) -> str:
     """The self-contained HTML page for a report dict."""
     title = f"rmqstore audit — {rep['store']}"
@@ -283,7 +294,7 @@ def render_html(rep: dict) -> str:
             f"<h1>{_e(title)}</h1><p class=\"note\">Generated {_ms(rep['generated_at_ms'])} · schema "
             f"{_e(rep['schema'])} · broker {_e(rep['settings']['version'])}.x settings, commitlog segment "
             f"{rep['settings']['commitlog_segment_size']:,} bytes</p>"
-            + _summary(rep) + _damage(rep) + _findings(rep) + _health_map(rep) + _traffic(rep) + _sizes(rep) + _lag(rep)
+            + _live(rep) + _summary(rep) + _damage(rep) + _findings(rep) + _health_map(rep) + _traffic(rep) + _sizes(rep) + _lag(rep)
             + "</body></html>")
 
 

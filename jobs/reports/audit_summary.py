@@ -36,6 +36,11 @@ def summary_text(report: dict[str, Any], fail_on: str) -> str:
         f"  damaged data: {s['bytes_lost']} bytes in corrupt regions, {s.get('crc_errors', 0)} record(s) "
         f"failing their CRC ({s.get('bytes_crc_failed', 0)} bytes)",
     ]
+    live = report.get("live") or {}
+    if live.get("live"):
+        who = f"pid {live['pid']}" if live.get("pid") else "pid unknown"
+        lines.append(f"  live store ({who}): read up to a cut at offset {live['cut_offset']} taken at {live['cut_time']}"
+                     + (f"; {live['tail']}" if live.get("tail") else ""))
     if run:
         rate = f", {run['mb_per_s']} MB/s" if run.get("mb_per_s") else ""
         split = ""

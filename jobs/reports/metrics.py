@@ -156,6 +156,21 @@ def audit_families(store: str, report: dict[str, Any] | None, *, exit_code: int,
     damage = report.get("damage") or {}
     one("rmqstore_audit_startup_loss_messages", "messages a broker start-up would drop (0 without damage)",
         damage.get("messages_lost", 0))
+    live = report.get("live") or {}
+    one("rmqstore_audit_live", "1 when a broker ran the store during the run (its lock held): read up to a cut",
+        1 if live.get("live") else 0)
+    if live.get("live"):
+        one("rmqstore_audit_live_pid", "pid of the broker running the store (absent when unknown)", live.get("pid"))
+        one("rmqstore_audit_cut_offset_bytes", "physical commitlog offset of the run's cut (a live store)",
+            live.get("cut_offset"))
+        one("rmqstore_audit_cut_time_seconds", "when the run's cut was taken (unix seconds)",
+            live["cut_time_ms"] / 1000 if live.get("cut_time_ms") else None)
+        lagf = next((f for f in report["findings"] if f["kind"] == "dispatch_lag"), None)
+        extra = (lagf or {}).get("extra") or {}
+        one("rmqstore_audit_dispatch_lag_messages", "messages written before the cut, not in their consume queue yet",
+            extra.get("messages", 0))
+        one("rmqstore_audit_dispatch_lag_bytes", "bytes of those messages (over --max-lag: a warning)",
+            extra.get("bytes", 0))
 
     lag = Family("rmqstore_audit_queue_lag_messages",
                  "per ConsumeQueue: messages in the commitlog that its ConsumeQueue lacks (commitlog max - CQ max)")

@@ -15,9 +15,11 @@ import pyarrow as pa
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.geometry import fold_geometry_findings
+from storelib.broker.settings.livecut import StoreCut
 from storelib.broker.settings.store import Store
 from storelib.checks.crossstream import CrossResults, lost_ranges, preloaded, streamable, streamed_checks
 from storelib.checks.index import check_index, load_index_files
+from storelib.checks.livejudge import judge_live
 from storelib.checks.logcharts import view_charts
 from storelib.checks.logview import LogView, ResumeFailed, Unsettled
 from storelib.checks.metadata import (
@@ -43,7 +45,7 @@ from storelib.errors import Finding
 def run_cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
                      threads: bool = True, preload: dict[str, Future] | None = None,
                      stream: bool = True, resume: dict | None = None,
-                     feed: list[SegmentResult] | None = None) -> CrossResults:
+                     feed: list[SegmentResult] | None = None, max_lag: int | None = None) -> CrossResults:
     """The cross-file checks over the segments' results (in commitlog order).
 
     ``stream``: first the streamed checks (:mod:`storelib.checks.crossstream`: memory bounded by a segment),
@@ -53,7 +55,8 @@ def run_cross_checks(store: Store, results: list[SegmentResult], settings: Broke
     ``preload``: the index validation / consume-queue summary already started ("index", "cq");
     ``resume``: an earlier streamed run's carry, going on with ``feed`` (what was audited since) alone;
     when the stream cannot settle that, :class:`ResumeFailed` (the caller audits in full: the whole view
-    needs every segment's records)."""
+    needs every segment's records). A live store (``store.cut``) is read as at its cut and judged as
+    :mod:`storelib.checks.livejudge` says (``max_lag``: bytes of dispatch lag before it is a warning)."""
     out = Capped()
     _store_findings(store, results, settings, out)
     _unsealed_segments(results, out)
@@ -80,11 +83,11 @@ def run_cross_checks(store: Store, results: list[SegmentResult], settings: Broke
         pre = {k: v for k, v in (preload or {}).items() if k == "index"}  # "cq" is the streamed summary
         log = _record_view(store, results)
         if threads:
-            done = _threaded_checks(store.loc, log, settings, out, now_ms, pre)
+            done = _threaded_checks(store.loc, log, settings, out, now_ms, pre, store.cut)
         else:
-            done = _serial_checks(store.loc, log, settings, out, now_ms)
+            done = _serial_checks(store.loc, log, settings, out, now_ms, store.cut)
         done.mode = mode
-    done.findings = sorted(fold_geometry_findings(out.done()),
+    done.findings = sorted(fold_geometry_findings(judge_live(out.done(), store, max_lag)),
                            key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.file or "", f.offset or -1, f.kind))
     return done
 
@@ -123,29 +126,30 @@ def _unsealed_segments(results: list[SegmentResult], out: Capped) -> None:
                             "data: bytes were lost or the segment was replaced"))
 
 
-def _serial_checks(root, log: LogView, settings: BrokerSettings, out: Capped, now_ms: int) -> CrossResults:
+def _serial_checks(root, log: LogView, settings: BrokerSettings, out: Capped, now_ms: int,
+                   cut: StoreCut | None = None) -> CrossResults:
     """The checks one after the other into one collector (the reference the threaded path equals)."""
     facts = check_queue_offsets(log, out)
-    abort = check_markers(root, out)
-    cp = check_checkpoint(root, log.summary(), out, now_ms)
-    qstats = check_consume_queues(root, log, settings, out, facts)
+    abort = check_markers(root, out, cut)
+    cp = check_checkpoint(root, log.summary(), out, now_ms, cut)
+    qstats = check_consume_queues(root, log, settings, out, facts, cut=cut)
     qstats.pop("__reput_from__", None)
-    idx = check_index(root, log, settings, out, cp, abort.exists)
+    idx = check_index(root, log, settings, out, cp, abort.exists, cut=cut)
     report_abort(abort, idx, out)
     loaded = check_configs(root, out)
     consumers = check_consumer_offsets(loaded, qstats, out)
-    timers = check_timer_store(root, log, settings, out, facts)
+    timers = check_timer_store(root, log, settings, out, facts, cut)
     return CrossResults(qstats, consumers, idx, cp, timers, log.summary(), view_charts(log))
 
 
 def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: Capped, now_ms: int,
-                     pre: dict[str, Future]) -> CrossResults:
+                     pre: dict[str, Future], cut: StoreCut | None = None) -> CrossResults:
     """The index checks need only the checkpoint and the abort marker, the consume-queue checks only the
     queue-offset facts: both chains run at once (numpy releases the GIL), each into its own collector,
     merged below in the serial order so caps and findings are exactly those of a serial run."""
     c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg = (Capped() for _ in range(7))
-    abort = check_markers(root, c_mk)
-    cp = check_checkpoint(root, log.summary(), c_cp, now_ms)
+    abort = check_markers(root, c_mk, cut)
+    cp = check_checkpoint(root, log.summary(), c_cp, now_ms, cut)
     extra_box: list[Any] = [None]
     once = threading.Lock()
 
@@ -155,7 +159,7 @@ def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: Capped, 
 
     def index() -> dict:
         r = check_index(root, log, settings, c_idx, cp, abort.exists,
-                        preloaded(pre.get("index"), load_index_files, root, settings))
+                        preloaded(pre.get("index"), load_index_files, root, settings, None, cut))
         charts_if_first()
         return r
 
@@ -164,7 +168,7 @@ def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: Capped, 
         f_cfg = pool.submit(check_configs, root, c_cfg)
         f_cq = pre.get("cq")
         if f_cq is None or f_cq.cancel():  # not started by the preload: loaded beside the offset check
-            f_cq = pool.submit(load_consume_queues, root, settings, log.log_min)
+            f_cq = pool.submit(load_consume_queues, root, settings, log.log_min, cut)
         facts = check_queue_offsets(log, c_qo)
         qstats = check_consume_queues(root, log, settings, c_cq, facts, f_cq.result())
         charts_if_first()
@@ -174,5 +178,5 @@ def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: Capped, 
     for c in (c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg):
         out.absorb(c)
     consumers = check_consumer_offsets(loaded, qstats, out)
-    timers = check_timer_store(root, log, settings, out, facts)
+    timers = check_timer_store(root, log, settings, out, facts, cut)
     return CrossResults(qstats, consumers, idx, cp, timers, log.summary(), extra_box[0])

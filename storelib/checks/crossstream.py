@@ -98,22 +98,23 @@ def streamed_checks(store: Store, results: list[SegmentResult], settings: Broker
     if resume is not None and (resume["log_min"], resume["segment_size"]) != (summary.log_min, summary.segment_size):
         raise Unsettled("the commitlog starts elsewhere than when the state was written (segments expired)")
     c_qo, c_mk, c_cp, c_cq, c_idx, c_ab, c_cfg, out = (Capped() for _ in range(8))
-    abort = check_markers(root, c_mk)
-    cp = check_checkpoint(root, summary, c_cp, now_ms)
-    meta: QueueMetaLoad = (preloaded(pre.get("cq"), load_queue_meta, root, settings, summary.log_min)
-                           if resume is None else load_queue_meta(root, settings, summary.log_min, resume["cq"]))
+    cut = store.cut
+    abort = check_markers(root, c_mk, cut)
+    cp = check_checkpoint(root, summary, c_cp, now_ms, cut)
+    meta: QueueMetaLoad = (preloaded(pre.get("cq"), load_queue_meta, root, settings, summary.log_min, None, cut)
+                           if resume is None else load_queue_meta(root, settings, summary.log_min, resume["cq"], cut))
     try:
         def index() -> tuple[dict, dict, dict | None]:
             carried = resume["index"] if resume is not None else None
-            loaded = (preloaded(pre.get("index"), load_index_files, root, settings) if resume is None
-                      else load_index_files(root, settings, carried))
+            loaded = (preloaded(pre.get("index"), load_index_files, root, settings, None, cut) if resume is None
+                      else load_index_files(root, settings, carried, cut))
             before = [pending_table(resume["keys"])] if resume is not None else []
             n = (resume["keys"]["n"] if resume is not None else 0) + sum(r.key_table().num_rows for r in feed)
             keys = KeyStream(chain(before, (r.key_table() for r in feed)), n,
                              resume["keys"]["cur"] if resume is not None else 0)
             snap: dict[str, dict] = {}
             info = check_index(root, None, settings, c_idx, cp, abort.exists, loaded, stream=keys, carried=carried,
-                               snap=snap)
+                               snap=snap, log_min=summary.log_min)
             return info, snap, keys.snapshot(KEYS_KEEP, indexed=bool(loaded.files))
 
         qs = QueueStream(meta, summary.log_min, summary.segment_size, c_qo)
@@ -195,7 +196,7 @@ def _timers(store: Store, feed: list[SegmentResult], settings: BrokerSettings, s
     view = LogView(records, pa.table({"pos": pa.array([], pa.int64())}),
                    np.zeros((0, 2), np.int64), summary.log_min, summary.log_end, summary.segment_size)
     c = Capped()
-    timers = check_timer_store(root, view, settings, c, facts)
+    timers = check_timer_store(root, view, settings, c, facts, store.cut)
     if any(kind == "timer_unit_mismatch" for kind, _ in c.counts):
         raise Unsettled("a timer unit is not a timer record's")
     out.absorb(c)

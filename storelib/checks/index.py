@@ -4,7 +4,7 @@ whose entries are exactly the log's keys in order skips the per-entry lookups: :
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from storelib.format.checkpoint import Checkpoint
 from storelib.format.indexdir import IndexFileRef
 from storelib.format.indexfile import IndexFile, IndexGeometry, IndexHeader
 
+if TYPE_CHECKING:
+    from storelib.broker.settings.livecut import StoreCut
+
 
 @dataclass
 class IndexLoad:
@@ -37,6 +40,7 @@ class IndexLoad:
     files: list[tuple[IndexFileRef, IndexHeader | None, list[Finding] | None, Finding | None]] = field(
         default_factory=list)
     # per file: (ref, header, validate findings, or the finding that it could not be opened)
+    live: bool = False  # read as at a live store's cut (headers of then, files created since left out)
 
 
 def _index_open_error(display: str, e: StoreError) -> Finding:
@@ -44,15 +48,26 @@ def _index_open_error(display: str, e: StoreError) -> Finding:
                    e.offset, e.detail)
 
 
-def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str, dict] | None = None) -> IndexLoad:
+def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str, dict] | None = None,
+                     cut: StoreCut | None = None) -> IndexLoad:
     """List, open and validate every index file (headers and structure; entries are not kept).
 
     ``carried`` (an earlier run's :func:`check_index` ``snap``): files it checked that hold the same number
-    of entries are not validated again (their findings are replayed, :func:`check_index`)."""
+    of entries are not validated again (their findings are replayed, :func:`check_index`). ``cut``: a live
+    store's, whose files are read as they stood at it; files the cleaner deleted since are said once."""
     from storelib.format.indexdir import list_index_files
 
-    res = IndexLoad()
+    res = IndexLoad(live=cut is not None and cut.live)
     refs = list_index_files(root, res.findings)
+    if cut is not None:
+        listed = {r.name for r in refs}
+        gone = [n for n, _ in cut.index_headers if n not in listed]
+        refs = cut.index_refs(refs)
+        if gone:
+            res.findings.append(Finding("expired_during_run", "info", "index", None,
+                                        f"{len(gone)} index file(s) deleted by the broker's cleaner after this run's "
+                                        f"cut ({gone[0]}{' .. ' + gone[-1] if len(gone) > 1 else ''}): expired during "
+                                        "the run", {"files": gone}))
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
     for ref in refs:
         size_note = ref.size_finding(g)
@@ -61,6 +76,10 @@ def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str
         try:
             f = ref.open(g, strict=False, broker_size=True)
         except StoreError as e:
+            if res.live and not _exists(ref.loc):
+                res.findings.append(Finding("expired_during_run", "info", f"index/{ref.name}", None,
+                                            "deleted by the broker's cleaner during the run: not read"))
+                continue
             res.files.append((ref, None, None, _index_open_error(f"index/{ref.name}", e)))
             continue
         c = (carried or {}).get(ref.name)
@@ -102,9 +121,14 @@ def key_codes(log: LogView) -> KeyCodes:
     return KeyCodes(kphy, khash, rank, kcode, kcode_sorted, kcode_sorted[np.searchsorted(kcode_sorted, 0):])
 
 
+def _exists(loc: Location) -> bool:
+    return loc.fs.get_file_info(loc.path).type.name != "NotFound"
+
+
 def check_index(root: Location, log: LogView | None, settings: BrokerSettings, out: Capped, checkpoint: Checkpoint | None,
                 abort: bool, loaded: IndexLoad | None = None, stream: KeyStream | None = None,
-                carried: dict[str, dict] | None = None, snap: dict[str, dict] | None = None) -> dict:
+                carried: dict[str, dict] | None = None, snap: dict[str, dict] | None = None,
+                cut: StoreCut | None = None, log_min: int | None = None) -> dict:
     """IndexFile headers, entries vs records, keys findable; files an abnormal start would delete.
 
     Needs nothing from the consume-queue checks, so it runs beside them (:func:`storelib.checks.crossfile.run_cross_checks`);
@@ -116,7 +140,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
     from storelib.format.indexfile import IndexGeometry
 
     if loaded is None:
-        loaded = load_index_files(root, settings)
+        loaded = load_index_files(root, settings, cut=cut)
     out.extend(loaded.findings)
     info: dict[str, Any] = {"files": []}
     if not loaded.files:
@@ -139,6 +163,10 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
         try:
             f = ref.open(g, strict=False, broker_size=True)
         except StoreError as e:  # changed since it was validated
+            if loaded.live and not _exists(ref.loc):  # the cleaner took it during the run
+                out.add(Finding("expired_during_run", "info", display, None,
+                                "deleted by the broker's cleaner during the run: not read"))
+                continue
             out.add(_index_open_error(display, e))
             if snap is not None:
                 raise Unsettled(f"{display} cannot be opened") from e
@@ -153,6 +181,8 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                          "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset}
             info["files"].append(file_info)
             skip = _carried_entries(c, ent, display)
+            if c is None and log is None and log_min is not None:
+                skip = _expired_head(ent, log_min)  # what the whole view calls expired: nothing to match
             file_max = c["max_phy"] if c is not None else -1
             for lo in range(skip, m, 1 << 20):  # a chunk at a time: no whole-file copy of the column
                 file_max = max(file_max, int(ent["phy_offset"][lo:lo + (1 << 20)].max()))
@@ -192,13 +222,24 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
             f.close()
     # every keyed message findable
     if settings.message_index_enable and keys.n and not keys.all_matched():
+        # a live store's cut can fall between two keys of one record (IndexService.buildIndex puts them one
+        # by one): its keys not indexed yet are lag too
         if stream is not None:
-            keys.behind(max_end_phy, out)
+            keys.behind(max_end_phy - 1 if loaded.live else max_end_phy, out)
         else:
             _keys_findable(log, k_ if k_ is not None else key_codes(log), keys, all_codes, wrong_phy, info,
-                           max_end_phy, out)
+                           max_end_phy, out, loaded.live)
     info["max_end_phy"] = max_end_phy
     return info
+
+
+def _expired_head(ent: np.ndarray, log_min: int) -> int:
+    """How many leading entries point below the commitlog's first offset (their records expired; the
+    cleaner deletes an index file only once its last entry is below it)."""
+    if not len(ent):
+        return 0
+    below = ent["phy_offset"][: 1 << 20].astype(np.int64) < log_min
+    return int(np.argmin(below)) if not below.all() else (len(below) if len(below) == len(ent) else 0)
 
 
 def _resumed_file(c: dict, f: IndexFile, ent: np.ndarray, skip: int, keys: KeyStream, file_info: dict,
@@ -259,7 +300,7 @@ def _entries_fingerprint(ent: np.ndarray, n: int) -> list[int]:
 
 
 def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[np.ndarray],
-                   wrong_phy: list[np.ndarray], info: dict, max_end_phy: int, out: Capped) -> None:
+                   wrong_phy: list[np.ndarray], info: dict, max_end_phy: int, out: Capped, live: bool = False) -> None:
     """Every record key is some entry's (by code): keys not indexed yet after the last indexed message, or
     missing for good (explained by lost data, expiry or an entry with the wrong hash, or not)."""
     kphy, khash, kcode, kpos = k_.kphy, k_.khash, k_.kcode, k_.kpos
@@ -280,7 +321,7 @@ def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[
         if wrong_phy:
             wp = np.concatenate(wrong_phy)
             explained |= is_member(mphy, np.sort(wp))
-        behind = ~explained & (mphy > max_end_phy)
+        behind = ~explained & ((mphy >= max_end_phy) if live else (mphy > max_end_phy))
         real = ~explained & ~behind
         if behind.any():
             out.add(Finding("index_behind_commitlog", "warning", "index", None,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from storelib.checks.logview import LogSummary, rel_path
 from storelib.checks.segment import Capped
@@ -11,13 +11,17 @@ from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 from storelib.format.record import SCHEDULE_TOPIC
 
+if TYPE_CHECKING:
+    from storelib.broker.settings.livecut import StoreCut
 
-def check_checkpoint(root: Location, log: LogSummary, out: Capped, now_ms: int):
-    """Checkpoint timestamps within the data's store-time range (and not in the future)."""
+
+def check_checkpoint(root: Location, log: LogSummary, out: Capped, now_ms: int, cut: StoreCut | None = None):
+    """Checkpoint timestamps within the data's store-time range (and not in the future). A live store's is
+    the one its cut read first, before the data it is compared with."""
     from storelib.format.checkpoint import read_checkpoint
 
     try:
-        cp = read_checkpoint(root, strict=False)
+        cp = _checkpoint_at(cut, root) if cut is not None and cut.live else read_checkpoint(root, strict=False)
     except StoreError as e:
         sev = "warning" if e.kind == "missing" else "error"
         out.add(Finding("checkpoint_" + e.kind, sev, "checkpoint", e.offset, e.detail))
@@ -45,8 +49,23 @@ def check_checkpoint(root: Location, log: LogSummary, out: Capped, now_ms: int):
     return cp
 
 
-def check_markers(root: Location, out: Capped):
-    """lock marker (a live broker?); returns the abort state (reported by :func:`report_abort`)."""
+def _checkpoint_at(cut: StoreCut, root: Location):
+    """The checkpoint as the cut read it (the same errors as reading the file)."""
+    from storelib.format.checkpoint import FIELDS_SIZE, Checkpoint
+
+    path = root.join("checkpoint").path
+    if cut.checkpoint is None:
+        raise StoreError(path, None, "missing", "no checkpoint file")
+    if len(cut.checkpoint) < FIELDS_SIZE:
+        raise StoreError(path, len(cut.checkpoint), "truncated",
+                         f"checkpoint is {len(cut.checkpoint)} bytes, expected {FIELDS_SIZE}")
+    return Checkpoint.from_bytes(cut.checkpoint[:FIELDS_SIZE], path)
+
+
+def check_markers(root: Location, out: Capped, cut: StoreCut | None = None):
+    """lock marker (a live broker?); returns the abort state (reported by :func:`report_abort`). A broker
+    the run's cut found is a fact of the report (its ``live`` block); one that holds the lock now but did
+    not when the cut was taken started during the run, which then read a moving target."""
     from storelib.format.markers import abort_state, lock_state
 
     ab = abort_state(root)
@@ -54,10 +73,11 @@ def check_markers(root: Location, out: Capped):
         lk = lock_state(root)
     except StoreError:
         return ab
-    if lk.held_by_other:
+    if lk.held_by_other and not (cut is not None and cut.live):
         out.add(Finding("broker_running", "critical", "lock", 0,
                         f"another process{f' (pid {lk.holder_pid})' if lk.holder_pid else ''} holds the store lock: "
-                        "a live broker is writing this store; the audit saw a moving target"))
+                        "a live broker is writing this store; the audit saw a moving target"
+                        + (" (it started during the run)" if cut is not None else "")))
     elif lk.exists and not lk.content_ok:
         out.add(Finding("lock_content", "info", "lock", 0, "lock file does not hold the 4 bytes 'lock'"))
     return ab

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, batch_cq_topics
 from storelib.format.record import INNER_BATCH_FLAG
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.arrowcols import group_order
+
+if TYPE_CHECKING:
+    from storelib.broker.settings.livecut import StoreCut
 
 
 def check_queue_offsets(log: LogView, out: Capped) -> dict[tuple[str, int], dict]:
@@ -110,12 +114,20 @@ class CQLoad:
     failed: bool = False  # the queue directory could not be listed (the one finding says why)
     per_queue: dict[tuple[str, int], tuple] = field(default_factory=dict)  # (n, units, files, max, min)
     cq_max_phy: int = -1
+    live: bool = False  # read as at a live store's cut: clamped at its end, files the cleaner took left out
+    vanished: list[str] = field(default_factory=list)  # CQ files deleted after the listing (live)
+
+    def reput_from(self, log_min: int) -> int:
+        """Where the broker's reput would start: past every unit. On a live store, whose queues are read one
+        after the other while the reput thread moves on, every queue's missing suffix is lag: no position
+        before which a message would be "never dispatched again" can be told, so it is the log's start."""
+        return max(log_min, 0) if self.live else max(self.cq_max_phy, log_min, 0)
 
 
-def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) -> CQLoad:
-    """Read every consume queue's units (one copy out of the mapped files) and offsets."""
+def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, cut: StoreCut | None = None) -> CQLoad:
+    """Read every consume queue's units (one copy out of the mapped files) and offsets (as at ``cut``)."""
     res = CQLoad()
-    for topic, qid, cq in walk_queues(root, settings, res):
+    for topic, qid, cq in walk_queues(root, settings, res, cut):
         try:
             ns, units, files = [], [], []
             for base, display, u in queue_files(cq, root.path):
@@ -135,11 +147,16 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int) 
     return res
 
 
-def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterator[tuple[str, int, LoadedQueue]]:
+def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad, cut: StoreCut | None = None
+                ) -> Iterator[tuple[str, int, LoadedQueue]]:
     """Every queue directory's :class:`LoadedQueue` (the caller closes it), the listing's and each queue's
     structural findings into ``res.findings`` in the order found; ``res.failed`` when the queue directory
-    cannot be listed (or is a RocksDB consume queue, which rmqstore does not read: said once)."""
+    cannot be listed (or is a RocksDB consume queue, which rmqstore does not read: said once). With a live
+    ``cut`` each queue is read as at the cut (units dispatched after it are not there yet) and its files
+    deleted by the cleaner since the listing are left out (said once, :attr:`CQLoad.vanished`)."""
     rootp = root.path
+    limit = cut.commitlog_end if cut is not None and cut.live else None
+    res.live = limit is not None
     list_findings: list[Finding] = []
     try:
         queues = list_queues(root, list_findings)
@@ -157,11 +174,19 @@ def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad) -> Iterat
         f.file = rel_path(rootp, f.file)
         res.findings.append(f)
     for topic, qid, loc in queues:
-        cq = LoadedQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
+        cq = LoadedQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid,
+                         phy_limit=limit)
         for f in cq.findings:
             f.file = rel_path(rootp, f.file)
             res.findings.append(f)
+        if cq.vanished:
+            res.vanished += [f"consumequeue/{topic}/{qid}/{n}" for n in cq.vanished]
         yield topic, qid, cq
+    if res.vanished:
+        res.findings.append(Finding("expired_during_run", "info", "consumequeue", None,
+                                    f"{len(res.vanished)} consume-queue file(s) deleted by the broker's cleaner after "
+                                    f"this run listed them (first: {res.vanished[0]}): expired during the run",
+                                    {"files": res.vanished[:100]}))
 
 
 def queue_files(cq: LoadedQueue, rootp: str) -> Iterator[tuple[int, str | None, np.ndarray]]:
@@ -196,18 +221,19 @@ def _units_before_invalid_tail(units: np.ndarray, path: str | None) -> int:
 
 
 def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings, out: Capped, facts: dict,
-                         loaded: CQLoad | None = None) -> dict:
+                         loaded: CQLoad | None = None, cut: StoreCut | None = None) -> dict:
     """ConsumeQueue entries vs records both ways; queue min/max offsets and lag. Returns per-queue stats.
 
-    ``loaded``: the queues read beforehand (:func:`load_consume_queues`, same ``log.log_min``)."""
+    ``loaded``: the queues read beforehand (:func:`load_consume_queues`, same ``log.log_min``), else they are
+    read here (as at ``cut``)."""
     if loaded is None:
-        loaded = load_consume_queues(root, settings, log.log_min)
+        loaded = load_consume_queues(root, settings, log.log_min, cut)
     out.extend(loaded.findings)
     if loaded.failed:
         return {}
     per_queue = loaded.per_queue
     stats: dict[tuple[str, int], dict] = {}
-    reput_from = max(loaded.cq_max_phy, log.log_min, 0)
+    reput_from = loaded.reput_from(log.log_min)
 
     seen_queues = set()
     for (topic, qid), (n, u, files, cq_max, cq_min) in per_queue.items():
@@ -340,7 +366,8 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
             if len(before):
                 out.add(Finding("cq_file_missing", "error", f"consumequeue/{topic}/{qid}", None,
                                 f"{len(before)} messages with queue offsets below {first_n} are in the commitlog but "
-                                "no CQ file holds their entries", {"topic": topic, "queue_id": qid}))
+                                "no CQ file holds their entries", {"topic": topic, "queue_id": qid,
+                                                                    "last_phy": int(log.phy[before[-1]])}))
     return lag, behind_bytes
 
 

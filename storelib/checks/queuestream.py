@@ -10,6 +10,7 @@ Anything else raises :class:`~storelib.checks.logview.Unsettled`: the whole view
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +34,9 @@ from storelib.fileio.sampledcrc import sampled_crc
 from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, filler_mask
 from storelib.format.javahash import wrap64
 from storelib.format.record import INNER_BATCH_FLAG
+
+if TYPE_CHECKING:
+    from storelib.broker.settings.livecut import StoreCut
 
 
 @dataclass
@@ -87,15 +91,16 @@ class QueueMetaLoad:
 
 
 def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
-                    prev: dict[str, dict] | None = None) -> QueueMetaLoad:
+                    prev: dict[str, dict] | None = None, cut: StoreCut | None = None) -> QueueMetaLoad:
     """Each queue's first and last valid offsets, holes and unit counts, file by file (a CQ file's units at
     a time, never a queue's): the streamed counterpart of :func:`storelib.checks.queues.load_consume_queues`,
     with the same findings.
 
     ``prev`` (:func:`queue_meta_snapshot` of an earlier run): a queue found there is read only past the
-    last valid unit it had, once the units up to it still fingerprint the same (else Unsettled)."""
+    last valid unit it had, once the units up to it still fingerprint the same (else Unsettled). ``cut``: a
+    live store's, the queues read as at it (:func:`storelib.checks.queues.walk_queues`)."""
     res = QueueMetaLoad()
-    for topic, qid, cq in walk_queues(root, settings, res.base):
+    for topic, qid, cq in walk_queues(root, settings, res.base, cut):
         p = (prev or {}).get(_queue_key(topic, qid))
         try:
             st = _resumed_stats(cq, root.path, p, log_min) if p is not None else None
@@ -199,7 +204,7 @@ class QueueStream:
         self.log_min = log_min
         self.segment_size = segment_size
         self.out = out  # the queue-offset findings (gaps), in the whole view's order
-        self.reput_from = max(meta.base.cq_max_phy, log_min, 0)
+        self.reput_from = meta.base.reput_from(log_min)
         self.topic_names: list[str] = []
         self.topic_code: dict[str, int] = {}
         self.tails: dict[tuple[int, int], _Tail] = {}

@@ -23,8 +23,10 @@ from storelib.checks.dledger import dledger_after_end
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, read_ipc_file, resolve
 from storelib.fileio.memory import keep_freed_memory
+from storelib.fileio.pagecare import PageCare, ReadPacer
 from storelib.fileio.publish import atomic_local_file
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
+from storelib.scan.commitlog import at_cut
 from storelib.scan.scanner import SegmentScan
 from storelib.scan.splits import plan_splits
 
@@ -66,6 +68,10 @@ class SegmentTask:
     local: bool = True
     start: int = 0  # incremental: resume at this file offset (records before it were audited)
     end: int | None = None  # a split: only records starting before this file offset (None: to the end)
+    limit: int | None = None  # a live store: the run's cut in this file (records from here are not read)
+    live: bool = False  # a broker runs the store: read by ranged reads (never mapped), a vanished file expired
+    read_rate: float | None = None  # bytes a second this task may read (its share of --max-read-rate)
+    page_care: bool = False  # drop the page-cache pages this task brought in (a cold segment of a live store)
 
 
 @dataclass
@@ -184,10 +190,15 @@ class Capped:
 
 
 def _open_task(task: SegmentTask, opts: AuditOptions):
-    if task.local:
+    if task.local and not task.live:
         return LocalSource(task.uri)
     loc = resolve(task.uri, **opts.fs_options)
-    return open_source(loc, task.file_size)
+    return open_source(replace(loc, mapped=False) if task.live else loc, task.file_size)
+
+
+def _vanished(task: SegmentTask) -> bool:
+    """Has the segment been deleted (the broker's cleaner) since the run listed it?"""
+    return task.live and task.local and not os.path.exists(task.uri)
 
 
 def _whole(src) -> memoryview:
@@ -320,14 +331,16 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
     if not keep_tables:  # a worker process (in-process callers keep the tables): its arrays reuse freed pages
         keep_freed_memory()
     display = "commitlog/" + task.name
-    res = PartResult(task.name, task.start, task.end)
+    res = PartResult(task.name, task.start, task.end, data_end=task.start)
     found = Capped()
     try:
         src = _open_task(task, opts)
     except StoreError as e:
-        res.end_kind = "unreadable"
+        res.end_kind = "expired" if _vanished(task) else "unreadable"
         res.unreadable = e.detail
         return res
+    pacer = ReadPacer(task.read_rate)
+    care = PageCare(task.uri if task.local and task.page_care else None)
     rec_parts: list[pa.Table] = []
     key_parts: list[pa.Table] = []
     regions: list[LostRegion] = []
@@ -337,17 +350,22 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
         pos = task.start
         seg_len = src.size
         stop = seg_len if task.end is None else min(task.end, seg_len)
+        if task.limit is not None:
+            stop = min(stop, task.limit)
         res.exit_pos = pos
         while pos < stop:
-            scan = SegmentScan(src, display, task.base, pos, None if task.end is None else stop,
+            scan = SegmentScan(src, display, task.base, pos, None if task.end is None and task.limit is None else stop,
                                verify_crc=opts.verify_crc, with_properties=False,
                                delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS, dledger=opts.dledger)
             for batch in scan:
                 _check_batch(batch, task, opts, display, found, bad_rows, rec_parts, key_parts)
-            end = scan.end
+                pacer.took(_batch_bytes(batch))
+            end = at_cut(scan.end, task.limit if stop == task.limit else None)
             assert end is not None
             res.end_kind, res.data_end = end.kind, end.file_offset
             res.exit_pos = None
+            if task.limit is not None and end.kind == "end_of_data" and end.file_offset >= task.limit:
+                break  # the run's cut: what the broker wrote after it is not this run's
             if opts.dledger and end.kind not in ("segment_end", "split_end"):
                 pos = res.exit_pos = dledger_after_end(src, task, end, display, found, regions)
                 if pos is None:
@@ -393,6 +411,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
                 res.end_kind, res.data_end = "blank", r.pos
             break
     finally:
+        care.done(task.start, src.size)  # read-ahead windows go past the records: all this task may have read
         src.close()
     res.items, res.counts = found.items, dict(found.counts)
     res.bad_rows, res.regions = bad_rows, regions
@@ -418,7 +437,7 @@ def parts_chain(parts: list[PartResult]) -> bool:
 
 def audit_segment(task: SegmentTask, opts: AuditOptions) -> SegmentResult:
     """Audit one commitlog segment from ``task.start``; never raises for content problems."""
-    whole = SegmentTask(task.name, task.base, task.uri, task.file_size, task.segment_size, task.local, task.start)
+    whole = replace(task, end=None)
     return finish_segment(whole, [audit_part(whole, opts, keep_tables=True)])
 
 
@@ -428,6 +447,10 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
     display = "commitlog/" + task.name
     res = SegmentResult(task.name, task.base, task.file_size, task.start)
     bad = next((p for p in parts if p.unreadable is not None), None)
+    if bad is not None and bad.end_kind == "expired":
+        res.end_kind = "expired"
+        res.findings = [expired_finding(display).to_dict()]
+        return res
     if bad is not None:
         res.end_kind = "unreadable"
         res.findings = [Finding("segment_unreadable", "critical", display, None, bad.unreadable).to_dict()]
@@ -485,6 +508,17 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
     return res
 
 
+def expired_finding(display: str) -> Finding:
+    """A file of a live store that the broker's cleaner deleted after the run listed it: said once."""
+    return Finding("expired_during_run", "info", display, None,
+                   "deleted by the broker's cleaner after this run listed it (it expired during the run): not read")
+
+
+def _batch_bytes(batch: pa.RecordBatch) -> int:
+    sizes = batch.column("size")
+    return int(pc.sum(sizes).as_py() or 0) if batch.num_rows else 0
+
+
 def _region_extra(rg: LostRegion) -> dict:
     return {"end": rg.end, "bytes_lost": rg.bytes_lost, "phy": rg.phy_start, "reason": rg.reason,
             "resumed": rg.resumed}
@@ -536,7 +570,8 @@ def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int) -> lis
         cuts.setdefault(ps.split.segment_name, []).append(ps.split.start)
     out: list[SegmentTask] = []
     for t in tasks:
-        bounds = [t.start, *(c for c in cuts.get(t.name, []) if c > t.start)]
+        lim = t.limit if t.limit is not None else t.file_size
+        bounds = [t.start, *(c for c in cuts.get(t.name, []) if t.start < c < lim)]
         for a, b in zip(bounds, [*bounds[1:], None]):
             out.append(replace(t, start=a, end=b))
     return out

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,9 +30,13 @@ from storelib.format.timerstore import (
     read_timer_checkpoint,
     read_timerlog,
     read_wheel,
+    timer_checkpoint_of,
 )
 
 SHOWN = 10  # findings of one kind listed one by one; the rest are counted in the last
+
+if TYPE_CHECKING:
+    from storelib.broker.settings.livecut import StoreCut
 
 
 def _each(out: Capped, kind: str, severity: str, items: list[tuple[str, int | None, str, dict]]) -> None:
@@ -121,8 +125,14 @@ def has_timer_store(root: Location) -> bool:
 
 
 def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, out: Capped,
-                      facts: dict[tuple[str, int], dict]) -> dict[str, Any] | None:
-    """The timer store's findings into ``out``; a small summary for the report (None without a timerlog)."""
+                      facts: dict[tuple[str, int], dict], cut: StoreCut | None = None) -> dict[str, Any] | None:
+    """The timer store's findings into ``out``; a small summary for the report (None without a timerlog).
+
+    A live store's (``cut``): its timercheck is the one the cut read before the commitlog's end (the
+    timer threads flush it after the timerlog, so the timerlog read later holds what it claims), and its
+    units may point past the cut (enqueued since: in flight); of the units pointing before the commitlog's
+    first offset only pending ones are lost (delivered ones wait for the timerlog's own cleaner)."""
+    live = cut is not None and cut.live
     if not has_timer_store(root):
         return None
     precision = precision_of(settings)
@@ -143,10 +153,20 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
     offs = u.column("file_offset").to_numpy()
 
     past = np.flatnonzero(py >= log.log_end)
+    if live:
+        past = past[:0]
     _each(out, "timer_unit_past_commitlog", "error", [
         (files[i], int(offs[i]), f"points at commitlog offset {int(py[i])}, past its end {log.log_end}: the broker's "
          "dequeue retries it forever (apache/rocketmq#10668)", {"offset_py": int(py[i])}) for i in past.tolist()])
+    cp = None
+    try:
+        cp = timer_checkpoint_of(cut.timercheck) if live and cut.timercheck is not None else (
+            None if live else read_timer_checkpoint(root))
+    except StoreError as e:
+        out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
     expired = np.flatnonzero(py < log.log_min)
+    if live and cp is not None:
+        expired = expired[u.column("slot_time_ms").to_numpy()[expired] >= cp.last_read_time_ms]
     if len(expired):
         out.add(Finding("timer_unit_expired", "warning", "timerlog", None,
                         f"{len(expired)} unit(s) point before the commitlog's first offset {log.log_min}: their "
@@ -182,11 +202,6 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
 
     _check_deliver_times(root, log, u, hit_rows=(inside, rowc, hit), out=out)
 
-    cp = None
-    try:
-        cp = read_timer_checkpoint(root)
-    except StoreError as e:
-        out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
     if cp is not None and timer_code >= 0 and u.num_rows:
         _check_lost_records(log, timer_code, py, cp.last_timer_queue_offset, out)
     if cp is not None and u.num_rows:  # units the wheel has not reached yet are pending (#9006)

@@ -380,14 +380,19 @@ def _handoff_take(fs: pafs.FileSystem, path: str) -> tuple[int, np.ndarray, Futu
 
 @dataclass(frozen=True)
 class Location:
-    """A resolved store location: a filesystem plus a path on it (``local`` when it is the OS's)."""
+    """A resolved store location: a filesystem plus a path on it (``local`` when it is the OS's).
+
+    ``mapped`` False: its local files are read with ranged reads (``pread``), never mapped; for a store a
+    broker is writing, whose files may shrink or vanish under a reader (a mapped page of a truncated file
+    is a SIGBUS that kills the process; a short read is an error naming the file). Carried by ``join``."""
 
     fs: pafs.FileSystem
     path: str
     local: bool
+    mapped: bool = True
 
     def join(self, *parts: str) -> Location:
-        return Location(self.fs, "/".join([self.path.rstrip("/"), *parts]), self.local)
+        return Location(self.fs, "/".join([self.path.rstrip("/"), *parts]), self.local, self.mapped)
 
 
 _BOOL_OPTIONS = {"anonymous", "background_writes", "allow_bucket_creation", "allow_bucket_deletion",
@@ -517,7 +522,8 @@ def read_ipc_file(loc: Location) -> pa.Table:
 
 
 def open_source(loc: Location, size: int | None = None) -> LocalSource | ArrowFileSource:
-    """Open one file of a Location for reading."""
-    if loc.local:
+    """Open one file of a Location for reading: mapped when local (unless ``loc.mapped`` is off), ranged
+    reads otherwise."""
+    if loc.local and loc.mapped:
         return LocalSource(loc.path)
     return ArrowFileSource(loc.fs, loc.path, size)

@@ -246,14 +246,21 @@ class ConsumeQueue:
     """
 
     def __init__(self, loc: Location | str | os.PathLike, *, segment_size: int = DEFAULT_CQ_SEGMENT_SIZE,
-                 topic: str | None = None, queue_id: int | None = None):
+                 topic: str | None = None, queue_id: int | None = None, phy_limit: int | None = None):
+        """``phy_limit``: the commitlog end of a run's cut on a store a broker is writing: units pointing at
+        or past it read as unwritten (zeros: dispatched after the cut), and files the cleaner deletes
+        between the listing and their opening are left out (named in :attr:`vanished`)."""
         self.loc = as_location(loc)
         self.segment_size = check_segment_size(segment_size)
         self.topic = topic
         self.queue_id = queue_id
+        self.phy_limit = phy_limit
         self.findings: list[Finding] = []
+        self.vanished: list[str] = []
         self._sources: dict[str, LocalSource | ArrowFileSource] = {}
         self.segments: list[CQSegment] = self._discover()
+        if phy_limit is not None:  # open them now: an open file outlives its deletion by the cleaner
+            self.segments = [seg for seg in self.segments if self._opened(seg)]
 
     def _discover(self) -> list[CQSegment]:
         S = self.segment_size
@@ -271,8 +278,9 @@ class ConsumeQueue:
             segs.append(CQSegment(info.base_name, base, int(info.size or 0), self.loc.join(info.base_name)))
         segs.sort(key=lambda s: s.base)
         if segs and segs[-1].size == 0:
-            self.findings.append(Finding("empty_last_segment", "warning", segs[-1].path, 0,
-                                         "zero-length last segment: 4.9.8 fails the load, 5.x deletes it"))
+            if self.phy_limit is None:  # on a live store: a file the broker is creating (opened, not mapped yet)
+                self.findings.append(Finding("empty_last_segment", "warning", segs[-1].path, 0,
+                                             "zero-length last segment: 4.9.8 fails the load, 5.x deletes it"))
             segs.pop()
         for i, s in enumerate(segs):
             if s.size != S:
@@ -299,12 +307,23 @@ class ConsumeQueue:
     def _source(self, seg: CQSegment) -> LocalSource | ArrowFileSource:
         src = self._sources.get(seg.name)
         if src is None:
-            if seg.loc.local:
+            if seg.loc.local and seg.loc.mapped:
                 src = LocalSource(seg.path)
             else:
                 src = ArrowFileSource(seg.loc.fs, seg.path, seg.size)
             self._sources[seg.name] = src
         return src
+
+    def _opened(self, seg: CQSegment) -> bool:
+        """Open ``seg`` (kept until :meth:`close`); False when it no longer exists (noted in ``vanished``)."""
+        try:
+            self._source(seg)
+        except StoreError:
+            if self.loc.fs.get_file_info(seg.path).type != pafs.FileType.NotFound:
+                raise
+            self.vanished.append(seg.name)
+            return False
+        return True
 
     def readable_units(self, seg: CQSegment) -> int:
         """Whole units of ``seg`` that exist on disk, capped at the segment size."""
@@ -317,8 +336,15 @@ class ConsumeQueue:
         last = n if count is None else max(first, min(n, first + count))
         if last == first:
             return np.zeros(0, dtype=CQ_DTYPE)
-        buf = self._source(seg).read(first * CQ_UNIT_SIZE, (last - first) * CQ_UNIT_SIZE)
-        return view_units(buf)
+        if self.phy_limit is not None and seg.name not in self._sources and not self._opened(seg):
+            return np.zeros(0, dtype=CQ_DTYPE)  # deleted by the cleaner since the queue was listed
+        units = view_units(self._source(seg).read(first * CQ_UNIT_SIZE, (last - first) * CQ_UNIT_SIZE))
+        if self.phy_limit is not None:
+            ahead = units["phy_offset"] >= self.phy_limit
+            if ahead.any():  # dispatched after the cut: not there yet as far as this run is concerned
+                units = np.array(units)
+                units[ahead] = np.zeros(1, dtype=CQ_DTYPE)
+        return units
 
     def segment_for(self, byte_offset: int) -> CQSegment | None:
         """The segment holding logical byte offset ``byte_offset`` (by name), if present."""

@@ -37,6 +37,7 @@ class IndexFileRef:
     name: str
     loc: Location
     size: int
+    at: bytes | None = None  # the header as a run's cut read it (a live store's file): read as it stood then
 
     def open(self, geometry: IndexGeometry | None = None, *, broker_size: bool = False, **kw: Any) -> IndexFile:
         """The file read with ``geometry``; ``broker_size``: as the broker maps it, at the configured size
@@ -44,6 +45,8 @@ class IndexFileRef:
         src: ByteSource = open_source(self.loc, self.size)
         if broker_size and geometry is not None and self.size >= HEADER_SIZE and self.size != geometry.file_size:
             src = BrokerSizedSource(src, geometry.file_size)
+        if self.at is not None:
+            kw.setdefault("at", self.at)
         return open_owned(IndexFile, src, geometry, name=self.name, **kw)
 
     def size_finding(self, geometry: IndexGeometry) -> Finding | None:
@@ -97,7 +100,7 @@ def list_index_files(store_root: Location | str | os.PathLike, findings: list[Fi
                 findings.append(Finding("foreign_index_file", "warning", f"index/{name}", None,
                                         f"{what} name is not yyyyMMddHHmmssSSS; ignored"))
             continue
-        out.append(IndexFileRef(name, Location(root.fs, info.path, root.local), int(info.size or 0)))
+        out.append(IndexFileRef(name, Location(root.fs, info.path, root.local, root.mapped), int(info.size or 0)))
     out.sort(key=lambda r: r.name)
     return out
 

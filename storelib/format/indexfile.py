@@ -286,6 +286,7 @@ class IndexFile:
         index_num: int | None = None,
         name: str | None = None,
         strict: bool = True,
+        at: bytes | None = None,
     ):
         self.source = source
         self.path = source.path
@@ -297,7 +298,10 @@ class IndexFile:
         else:
             geometry.check_size(source.size, self.path)
         self.geometry = geometry
-        self.header = IndexHeader.from_bytes(self._read(0, HEADER_SIZE), self.path)
+        # ``at``: the 40 header bytes as a run's cut read them from a file a broker is still writing;
+        # then the file is read as it stood then (:meth:`slots`, :meth:`slot_value`, the tail check)
+        self.at_cut = at is not None
+        self.header = IndexHeader.from_bytes(at if at is not None else self._read(0, HEADER_SIZE), self.path)
         if strict:
             self._check_header_strict()
 
@@ -355,12 +359,30 @@ class IndexFile:
         return self.index_count - 1
 
     def slots(self) -> np.ndarray:
-        """The whole slot table as ``>i4`` (zero-copy for local files)."""
+        """The whole slot table as ``>i4`` (zero-copy for local files; as at the cut: :meth:`_as_at_cut`)."""
         g = self.geometry
-        return np.frombuffer(self._read(HEADER_SIZE, SLOT_SIZE * g.hash_slot_num), dtype=">i4")
+        slots = np.frombuffer(self._read(HEADER_SIZE, SLOT_SIZE * g.hash_slot_num), dtype=">i4")
+        return self._as_at_cut(slots) if self.at_cut else slots
 
     def slot_value(self, slot: int) -> int:
-        return _I32.unpack(self._read(self.geometry.slot_pos(slot), SLOT_SIZE))[0]
+        v = _I32.unpack(self._read(self.geometry.slot_pos(slot), SLOT_SIZE))[0]
+        return int(self._as_at_cut(np.array([v], dtype=">i4"))[0]) if self.at_cut else v
+
+    def _as_at_cut(self, slots: np.ndarray) -> np.ndarray:
+        """Slot values as they were when the cut read the header: a slot the broker pointed at a newer
+        entry since (IndexFile.putKey writes the entry, then the slot, then the header) is followed back
+        through the entries' prevIndex (each holds the slot's value before it) until it is older than the
+        cut's indexCount. Values outside the geometry are left for :meth:`validate` to report."""
+        ic, cap = self.index_count, self.geometry.index_num
+        out = slots.astype(np.int32)
+        todo = np.flatnonzero((out >= ic) & (out < cap))
+        while len(todo):
+            v = out[todo]
+            prev = np.array([self.entry(int(n))[3] for n in v.tolist()], dtype=np.int32)
+            prev = np.where((prev >= 0) & (prev < v), prev, 0)  # a chain that does not go back: ends
+            out[todo] = prev
+            todo = todo[prev >= ic]
+        return out
 
     def entries(self, first: int = 0, stop: int | None = None) -> np.ndarray:
         """Raw entries ``first .. stop-1`` (entry numbers, bounded by the geometry) as ENTRY_DTYPE."""
@@ -546,7 +568,10 @@ class IndexFile:
                 "file without entries but begin and end header fields differ")
 
     def first_data_beyond_count(self, chunk_entries: int) -> int | None:
-        """The first non-zero entry at or after indexCount, read in bounded chunks (see validate)."""
+        """The first non-zero entry at or after indexCount, read in bounded chunks (see validate); none for
+        a file read as at a cut (entries after its indexCount were put since)."""
+        if self.at_cut:
+            return None
         g, ic = self.geometry, self.index_count
         lo, hi = g.entry_pos(ic), g.entry_pos(g.index_num)
         # holes (the unused part of a sparse file) read as zeros: only the file's data is read

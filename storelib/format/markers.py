@@ -134,39 +134,47 @@ def remove_abort(root: str | os.PathLike | Location) -> bool:
 _FLOCK = struct.Struct("hhqqi0q")  # Linux struct flock: l_type, l_whence, l_start, l_len, l_pid (+ padding)
 
 
-def _lock_holder(fd: int) -> int | None:
-    """PID of a process holding a lock that conflicts with a read lock on byte 0 (Linux F_GETLK)."""
-    try:
-        req = _FLOCK.pack(fcntl.F_RDLCK, os.SEEK_SET, 0, 1, 0)
-        l_type, _, _, _, l_pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, req))
-    except (OSError, struct.error):
-        return None
-    return l_pid if l_type != fcntl.F_UNLCK and l_pid > 0 else None
-
-
 def _probe_lock(path: str) -> tuple[bool | None, int | None, str]:
-    """Try a shared, non-blocking POSIX lock on byte 0; it conflicts with the broker's exclusive one.
+    """Ask (F_GETLK) whether another process holds a lock on byte 0 that an exclusive lock would meet.
 
-    The JVM's FileChannel.tryLock is an fcntl record lock on Linux, so fcntl (not flock) is the call
-    that sees it. A read lock needs no write permission and never changes the file.
+    The JVM's ``FileChannel.tryLock(0, 1, false)`` is an fcntl record lock on Linux (``/proc/locks``
+    shows ``POSIX ... WRITE``), so fcntl is the call that sees it. F_GETLK only asks: it takes nothing,
+    so a broker starting while we look never finds our lock in its way (its ``tryLock`` would fail and
+    the start abort). Needs no write permission. Off Linux the struct's layout differs: not probed.
     """
+    if not sys.platform.startswith("linux"):
+        return None, None, "lock probe not supported on this platform"
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as e:
         return None, None, f"cannot open: {e}"
     try:
-        holder = _lock_holder(fd) if sys.platform.startswith("linux") else None
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
-        except (BlockingIOError, PermissionError):
-            who = f" (pid {holder})" if holder else ""
-            return True, holder, f"another process{who} holds the lock on byte 0: a live broker?"
-        except OSError as e:
-            return None, None, f"lock probe failed: {e}"
-        fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0, os.SEEK_SET)
-        return False, None, "not locked"
+        req = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
+        l_type, _, _, _, l_pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, req))
+    except (OSError, struct.error) as e:
+        return None, None, f"lock probe failed: {e}"
     finally:
-        os.close(fd)  # note: closing drops every POSIX lock this process held on the file
+        os.close(fd)  # we held no lock: closing drops nothing
+    if l_type == fcntl.F_UNLCK:
+        return False, None, "not locked"
+    pid = l_pid if l_pid > 0 else None  # 0: the holder is in another pid namespace
+    who = f" (pid {pid})" if pid else ""
+    return True, pid, f"another process{who} holds the lock on byte 0: a live broker?"
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Is ``pid`` a running process on this host? (signal 0: no signal sent, only the permission check)"""
+    if pid is None or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _read_first(loc: Location, n: int) -> bytes | None:

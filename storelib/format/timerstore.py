@@ -295,8 +295,14 @@ def read_timer_checkpoint(root: Location) -> TimerCheckpoint | None:
     if size < 56:
         raise StoreError("config/timercheck", None, "truncated", f"{size} bytes, fewer than the 56 its fields need")
     with open_source(loc, size) as src:
-        vals = struct.unpack(">7q", bytes(src.read(0, 56)))
-    return TimerCheckpoint(*vals)
+        return timer_checkpoint_of(bytes(src.read(0, 56)))
+
+
+def timer_checkpoint_of(raw: bytes) -> TimerCheckpoint:
+    """``config/timercheck``'s fields from its bytes (StoreError when too short to hold them)."""
+    if len(raw) < 56:
+        raise StoreError("config/timercheck", None, "truncated", f"{len(raw)} bytes, fewer than the 56 its fields need")
+    return TimerCheckpoint(*struct.unpack(">7q", raw[:56]))
 
 
 def read_timer_metrics(root: Location) -> tuple[dict[str, int], list[Finding]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -88,9 +88,20 @@ def list_files(loc: Location) -> list[pafs.FileInfo]:
     return sorted(infos, key=lambda i: i.base_name)
 
 
+def at_cut(end: SegmentEnd, limit: int | None) -> SegmentEnd:
+    """A scan stopped at a run's cut (``limit``, a file offset) ends there as data does: what the broker
+    wrote after the cut is not this run's (:meth:`CommitLog.limit_of`)."""
+    if limit is None or end.kind != "split_end" or end.file_offset < limit:
+        return end
+    return replace(end, kind="end_of_data", detail="the run's cut: what was written after it is not read")
+
+
 class CommitLog:
     """The commitlog of a store: ``commitlog/`` under the root, or any directory Location; with
-    ``dledger`` a DLedger data directory (``folder`` names it in findings and segment names)."""
+    ``dledger`` a DLedger data directory (``folder`` names it in findings and segment names).
+
+    ``cut_end``: the physical offset a run's cut ends at, on a store a broker is writing (records starting
+    at or after it are not read; None: no cut, everything is)."""
 
     def __init__(self, loc: Location | str, segment_size: int | None = None, *, dledger: bool = False,
                  folder: str | None = None, committed_index: int | None = None):
@@ -100,6 +111,7 @@ class CommitLog:
         self.committed_index = committed_index
         self.findings: list[Finding] = []
         self.segments: list[Segment] = []
+        self.cut_end: int | None = None
         kind = self.loc.fs.get_file_info(self.loc.path).type
         f = self.folder
         if kind == pafs.FileType.NotFound:
@@ -164,6 +176,17 @@ class CommitLog:
     def min_offset(self) -> int:
         return self.segments[0].base if self.segments else 0
 
+    def limit_of(self, seg: Segment) -> int | None:
+        """The file offset in ``seg`` where reading stops at the cut (None without one)."""
+        if self.cut_end is None:
+            return None
+        return max(0, min(seg.file_size, self.cut_end - seg.base))
+
+    def _before_cut(self, phy_offset: int) -> None:
+        if self.cut_end is not None and phy_offset >= self.cut_end:
+            raise StoreError("commitlog", phy_offset, "past_cut",
+                             f"offset {phy_offset} is at or after this run's cut ({self.cut_end}): written since")
+
     def segment_for(self, phy_offset: int) -> Segment | None:
         """The segment holding ``phy_offset`` (MappedFileQueue.findMappedFileByOffset), or None."""
         S = self.segment_size
@@ -190,6 +213,7 @@ class CommitLog:
         (:class:`SourceBytes`), never TOTALSIZE at once: a damaged size costs a few KiB, and only a
         record that passes is taken whole.
         """
+        self._before_cut(phy_offset)
         seg = self.segment_for(phy_offset)
         if seg is None:
             raise StoreError(self.folder, phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
@@ -204,6 +228,7 @@ class CommitLog:
 
         Raises a StoreError naming the segment and offset when no valid record starts there.
         """
+        self._before_cut(phy_offset)
         seg = self.segment_for(phy_offset)
         if seg is None:
             raise StoreError(self.folder, phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
@@ -244,6 +269,9 @@ class CommitLog:
                 break
             if from_offset is not None and seg.base + seg.file_size <= from_offset:
                 continue
+            limit = self.limit_of(seg)
+            if limit == 0:
+                break  # the cut ends before this segment
             src = seg.open()
             try:
                 nxt = self.segments[i + 1] if i + 1 < len(self.segments) else None
@@ -251,7 +279,7 @@ class CommitLog:
                     src.read_ahead(kw.get("window", DEFAULT_WINDOW), then=(nxt.path, nxt.file_size))
                 if self.dledger:
                     kw["prev_entry"] = prev
-                scan = SegmentScan(src, seg.display, seg.base, **kw)
+                scan = SegmentScan(src, seg.display, seg.base, end=limit, **kw)
                 for batch in scan:
                     if from_offset is not None or to_offset is not None:
                         batch = _clip(batch, from_offset, to_offset)
@@ -259,10 +287,9 @@ class CommitLog:
                             continue
                     yield batch
                 if ends is not None and scan.end is not None:
-                    ends.append(scan.end)
+                    ends.append(at_cut(scan.end, limit))
                 e = scan.end
-                prev = (e.last_index, e.last_term) if e is not None and e.kind == "blank" and e.last_index is not None \
-                    else None
+                prev = (e.last_index, e.last_term) if e is not None and e.kind == "blank" and e.last_index is not None                     else None
             finally:
                 src.close()
 

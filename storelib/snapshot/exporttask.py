@@ -3,8 +3,9 @@ staging directory (:mod:`storelib.snapshot.directory`), module-level so that eve
 
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -15,8 +16,10 @@ import pyarrow.parquet as pq
 from storelib.broker.recovery.walk import SegmentTask, WalkPlan, iter_task
 from storelib.fileio.bytesource import Location, open_source, resolve, sha256_of
 from storelib.fileio.memory import keep_freed_memory
+from storelib.fileio.pagecare import PageCare, ReadPacer
 from storelib.format.topicname import escape_topic
 from storelib.scan.arrowcols import group_order
+from storelib.scan.commitlog import at_cut
 from storelib.scan.messagecols import message_batch
 from storelib.scan.scanner import SegmentEnd
 from storelib.snapshot.directory import file_schema, partitioning
@@ -37,6 +40,8 @@ class TaskCtx:
     with_body: bool
     partition_by: tuple[str, ...]
     run: str  # in every file name: a re-exported segment never overwrites the files it replaces
+    live: bool = False  # a broker runs the store: files read by ranged reads, one deleted since the listing expired
+    read_rate: float | None = None  # bytes a second each task may read (its share of --max-read-rate)
 
 
 # dictionary encoding only where values repeat (on msg ids, keys and offsets it costs time and bytes);
@@ -149,9 +154,18 @@ class _Partitions:
 def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool, int | None]) -> dict[str, Any]:
     """One segment from ``start`` (up to ``stop`` when given): the walk's scan of it, written as Parquet
     files under the staging directory. Returns the scan end, rows, files and skipped rows."""
-    idx, name, base, uri, file_size, start, crc, stop = item
+    idx, name, base, uri, file_size, start, crc, stop = item  # stop: the run's cut in this file (a live store)
     t0 = time.monotonic()
     keep_freed_memory()
+    loc = resolve(uri, **ctx.fs_options)
+    if ctx.live:
+        loc = replace(loc, mapped=False)
+        if loc.local and not os.path.exists(loc.path):  # the broker's cleaner took it after the listing
+            return {"idx": idx, "name": name, "start": start, "end": None, "rows": 0, "files": [],
+                    "skipped_topics": {}, "seconds": time.monotonic() - t0, "expired": True}
+    pacer = ReadPacer(ctx.read_rate)
+    # a cold segment of a live store (wholly before the cut): give the page cache back what this task reads
+    care = PageCare(loc.path if ctx.live and loc.local and stop == file_size else None)
     schema = file_schema(ctx.with_body, ctx.plan.inputs.dledger)
     scan_schema = pa.schema([f for f in schema if f.name != "date"])
     task = SegmentTask(idx, base, name, start, crc)
@@ -161,12 +175,13 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
 
     def batches():
         nonlocal rows
-        with open_source(resolve(uri, **ctx.fs_options), file_size) as src:
+        with open_source(loc, file_size) as src:
             kw = {"end": stop} if stop is not None else {}
             for b in iter_task(ctx.plan, task, src, delay_levels_ms=ctx.delay_levels, ends=ends,
                                with_body=ctx.with_body, verify_all=True, **kw):
                 if not b.num_rows:
                     continue
+                pacer.took(int(pc.sum(b.column("size")).as_py() or 0))
                 out = message_batch(b, scan_schema, name)
                 topics = out.column("topic")
                 bad = [t for t in pc.unique(topics).to_pylist() if partition_problem(t) is not None]
@@ -187,13 +202,14 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
             out.add(b)
     finally:
         written = out.close()
+        care.done(start, file_size)
     prefix = staging.path.rstrip("/") + "/"
     files = []
     for w in written:
         info = staging.fs.get_file_info(w["path"])
         files.append({"path": w["path"][len(prefix):], "rows": w["rows"], "bytes": info.size,
                       "sha256": sha256_of(Location(staging.fs, w["path"], staging.local))[0]})
-    end = ends[0] if ends else None
+    end = at_cut(ends[0], stop) if ends else None
     return {"idx": idx, "name": name, "start": start, "end": None if end is None else end.to_dict(), "rows": rows,
             "files": files, "skipped_topics": skipped, "seconds": time.monotonic() - t0}
 

@@ -285,7 +285,7 @@ def _queue_arrays(store: Store, findings: list[Finding]):
     except StoreError:
         queues = []
     for topic, qid, loc in queues:
-        with LoadedQueue(loc, segment_size=S, topic=topic, queue_id=qid) as cq:
+        with LoadedQueue(loc, segment_size=S, topic=topic, queue_id=qid, phy_limit=store.cq_limit) as cq:
             findings.extend(cq.findings)
             if not cq.segments:
                 continue
@@ -456,12 +456,11 @@ def _segment_mtimes(cl, segs: list, all_phy: np.ndarray, bases: np.ndarray, mtim
 def _index_file_ends(store: Store, findings: list[Finding]) -> list[tuple[str, int, int]]:
     """(name, endPhyOffset, size) of every readable index file: what decides when the cleaner deletes it."""
     from storelib.fileio.bytesource import open_source
-    from storelib.format.indexdir import list_index_files
     from storelib.format.indexfile import IndexHeader
 
     # index files
     idx_files = []
-    for ref in list_index_files(store.loc, findings):
+    for ref in store.index_files(findings):
         try:
             head = open_source(ref.loc, ref.size)
             try:

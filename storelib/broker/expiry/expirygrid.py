@@ -62,7 +62,9 @@ def simulate_slice(ctx: GridContext, part: list[GridItem]) -> list[tuple[str, in
     snap_of: tuple[str, Any] | None = None
     for store, i in part:
         if snap_of is None or snap_of[0] != store:
-            snap_of = (store, load_snapshot(Store(store, ctx.settings, **ctx.fs_options), mtimes=ctx.mtimes))
+            st = Store(store, ctx.settings, **ctx.fs_options)
+            st.take_cut()  # a store a broker is writing: its files as at one moment, read robustly
+            snap_of = (store, load_snapshot(st, mtimes=ctx.mtimes))
         if ctx.describe and i == 0:
             out.append((store, -1, json.dumps(describe(snap_of[1], ctx.model, ctx.policies[0]))))
         res = simulate(ctx.policies[i], snap_of[1], ctx.model)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from storelib.broker.settings.cqload import LoadedQueue
 from storelib.errors import StoreError
 from storelib.format.consumequeue import CQ_UNIT_SIZE
-from storelib.format.indexdir import list_index_files
 from storelib.format.javahash import index_hash
 from storelib.format.properties import split_keys
 from storelib.format.topicname import safe_topic_dirname
@@ -27,7 +26,7 @@ def consume_queue(store: Store, topic: str, queue_id: int) -> LoadedQueue:
     """The ConsumeQueue of (topic, queue_id) with the store's CQ segment size; the name is validated."""
     loc = store.path("consumequeue", safe_topic_dirname(topic), str(int(queue_id)))
     return LoadedQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic,
-                        queue_id=queue_id)
+                       queue_id=queue_id, phy_limit=store.cq_limit)
 
 
 def lookup_queue(store: Store, topic: str, queue_id: int, queue_offset: int) -> int:
@@ -59,7 +58,7 @@ def key_candidates(store: Store, topic: str, key: str, begin_ms: int = 0, end_ms
     h = index_hash(f"{topic}#{key}")
     geom = store.settings.index_geometry
     found: set[int] = set()
-    for ref in reversed(list_index_files(store.loc)):
+    for ref in reversed(store.index_files()):
         f = ref.open(geom, strict=False, broker_size=True)
         try:
             found.update(f.query_hash(h, begin_ms, end_ms))

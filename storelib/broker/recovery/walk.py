@@ -553,7 +553,9 @@ def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool
     if last_exit_ok is None:
         last_exit_ok = abort_state(store.loc).last_exit_ok
     if checkpoint is None:
-        checkpoint = read_checkpoint(store.loc, strict=False) if store.exists("checkpoint") else Checkpoint()
+        raw = store.checkpoint_bytes()
+        checkpoint = Checkpoint.from_bytes(raw[:40]) if raw is not None and len(raw) >= 40 else (
+            read_checkpoint(store.loc, strict=False) if raw is not None else Checkpoint())
     if cq_max_phy_offset is None:
         cq_max_phy_offset = consume_queue_max_phy_offset(store)
     kw = dict(last_exit_ok=last_exit_ok, checkpoint=checkpoint, cq_max_phy_offset=cq_max_phy_offset,
@@ -575,7 +577,7 @@ def consume_queue_max_phy_offset(store: Store) -> int:
     size = store.settings.mapped_file_size_consume_queue
     best = -1
     for topic, qid, loc in list_queues(store.loc):
-        with LoadedQueue(loc, segment_size=size, topic=topic, queue_id=qid) as cq:
+        with LoadedQueue(loc, segment_size=size, topic=topic, queue_id=qid, phy_limit=store.cq_limit) as cq:
             best = max(best, cq.max_physic_offset())
     return best
 

@@ -10,13 +10,14 @@ and names a conflict between the chosen line and the store's evidence, with its 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, open_source
+from storelib.fileio.pagecare import PageCare
 from storelib.format.properties import CRC32
 
 VERSIONS = ("4", "5")
@@ -184,11 +185,17 @@ def _record_evidence(root: Location) -> list[str]:
         return []
     first = min(infos, key=lambda i: i.base_name)
     n = min(int(first.size or 0), EVIDENCE_BYTES)
+    # by ranged reads (a segment a running broker's cleaner may take, never mapped), and the page cache
+    # left as found: the oldest segment is the coldest, and every command reads this at its start
+    loc = replace(cl.join(first.base_name), mapped=False)
+    care = PageCare(loc.path if loc.local else None)
     try:
-        with open_source(cl.join(first.base_name), int(first.size or 0)) as src:
+        with open_source(loc, int(first.size or 0)) as src:
             buf = bytes(src.read(0, n))
     except (StoreError, OSError):
         return []
+    finally:
+        care.done(0, int(first.size or 0))
     # the prefix decoded column-wise (a scalar decode of its ~8 k records cost 0.1 s of every command's
     # start on a store that has neither mark); the scan stops where the broker would, like the walk did
     import numpy as np

@@ -22,6 +22,7 @@ from storelib.broker.settings.dledgerlayout import (
     read_dledger_state,
 )
 from storelib.broker.settings.geometry import Inferred, infer_geometry
+from storelib.broker.settings.livecut import StoreCut
 from storelib.broker.settings.storeroot import (
     NotAStoreError,
     any_segment_starts_with_record,
@@ -30,6 +31,7 @@ from storelib.broker.settings.storeroot import (
 )
 from storelib.errors import Finding, StoreLayoutError
 from storelib.fileio.bytesource import Location, resolve
+from storelib.format.indexdir import IndexFileRef, list_index_files
 from storelib.scan.commitlog import CommitLog
 
 
@@ -197,6 +199,7 @@ class Store:
         if settings.dledger is None:
             require_store_root(self.loc, self.uri)
         self.settings = settings
+        self.cut: StoreCut | None = None  # the run's cut (:meth:`take_cut`), None: read as found
         self.findings: list[Finding] = settings_findings(settings)
         head = commitlog_head_finding(self.loc)
         if head is not None:
@@ -205,6 +208,53 @@ class Store:
     @property
     def local(self) -> bool:
         return self.loc.local
+
+    @property
+    def live(self) -> bool:
+        """Does a broker run this store (as the run's cut found)?"""
+        return self.cut is not None and self.cut.live
+
+    @property
+    def cq_limit(self) -> int | None:
+        """The ``phy_limit`` a ConsumeQueue of this store is read with: the cut's end on a live store."""
+        return self.commitlog.cut_end if self.live else None
+
+    def index_files(self, findings: list[Finding] | None = None) -> list[IndexFileRef]:
+        """``index/`` as the broker orders it, as at the run's cut on a live store (files created since left
+        out, each read as its header stood)."""
+        refs = list_index_files(self.loc, findings)
+        return self.cut.index_refs(refs) if self.cut is not None else refs
+
+    def checkpoint_bytes(self) -> bytes | None:
+        """The checkpoint file's bytes: as the cut read them on a live store (first, before the data)."""
+        from storelib.fileio.smallfile_io import read_small
+
+        if self.live:
+            return self.cut.checkpoint
+        return read_small(self.path("checkpoint"), 1 << 16)
+
+    def take_cut(self, **kw: Any) -> StoreCut:
+        """Take the run's cut (:func:`storelib.broker.settings.livecut.take_cut`) and read through it from now on."""
+        from storelib.broker.settings.livecut import take_cut
+
+        return self.apply_cut(take_cut(self, **kw))
+
+    def apply_cut(self, cut: StoreCut) -> StoreCut:
+        """Read this store as ``cut`` has it: on a live store its files by ranged reads (never mapped: a file
+        the broker shrinks or the cleaner deletes must not take the process down), the commitlog listed as
+        at the cut and read up to its end. A cut that is not live changes nothing."""
+        self.cut = cut
+        if cut.live:
+            self.loc = dataclasses.replace(self.loc, mapped=False)
+            self.__dict__.pop("commitlog", None)
+            cl = self.commitlog
+            if cut.segments or cut.commitlog_end is not None:  # (a DLedger store's cut lists nothing)
+                listed = set(cut.segments)
+                cl.segments = [s for s in cl.segments if s.name in listed and s.file_size]
+            # a zero-length last file is one the broker is creating (opened, not mapped to full size yet)
+            cl.findings = [f for f in cl.findings if f.kind != "empty_last_segment"]
+            cl.cut_end = cut.commitlog_end
+        return cut
 
     def path(self, *parts: str) -> Location:
         """A Location below the root."""

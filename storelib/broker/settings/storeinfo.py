@@ -14,7 +14,7 @@ from storelib.broker.settings.cqload import LoadedQueue
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
 from storelib.errors import Finding, StoreError
-from storelib.format.checkpoint import read_checkpoint
+from storelib.format.checkpoint import Checkpoint, read_checkpoint
 from storelib.format.configjson import consumer_offsets, load_config
 from storelib.format.consumequeue import batch_cq_topics, list_queues
 from storelib.format.indexdir import list_index_files
@@ -124,8 +124,10 @@ def collect(store: Store, scan: bool = True, on_segment: OnSegment = None) -> di
         ts = [v[3] for v in stats.values()] + [v[4] for v in stats.values()]
         out["first_store_ms"], out["last_store_ms"] = (min(ts), max(ts)) if ts else (None, None)
     out["queues"] = _queue_rows(store, stats, findings, out)
+    out["live"] = store.cut.to_dict() if store.cut is not None else None
     try:
-        cp = read_checkpoint(store.loc)
+        cp = (Checkpoint.from_bytes(store.cut.checkpoint[:40]) if store.live and store.cut.checkpoint
+              and len(store.cut.checkpoint) >= 40 else read_checkpoint(store.loc))
         out["checkpoint"] = dict(cp.__dict__)
     except StoreError as e:
         out["checkpoint"] = None
@@ -217,7 +219,8 @@ def _queue_rows(store: Store, stats: dict, findings: list[Finding], out: dict[st
                                 f"{len(batch)} topic(s) keep 5.x BatchConsumeQueue files, which rmqstore does not "
                                 f"read: {', '.join(sorted(batch)[:5])}"))
     for topic, qid, loc in listed:
-        cq = LoadedQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid)
+        cq = LoadedQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid,
+                         phy_limit=cl.cut_end)
         try:
             findings.extend(cq.findings)
             q = {"topic": topic, "queue_id": qid, "cq_min_offset": cq.min_offset(cl.min_offset) if cq.segments else 0,
@@ -240,15 +243,17 @@ def _index_rows(store: Store, findings: list[Finding]) -> list[dict[str, Any]]:
     """Each index file's header: entries, time and offset span."""
     geom = store.settings.index_geometry
     idx = []
-    for ref in list_index_files(store.loc, findings):
+    refs = list_index_files(store.loc, findings)
+    for ref in store.cut.index_refs(refs) if store.cut is not None else refs:
         note = ref.size_finding(geom)
         if note is not None:
             findings.append(note)
         try:
             f = ref.open(geom, strict=False, broker_size=True)
         except StoreError as e:
-            findings.append(Finding(e.kind, "error", e.file, e.offset, e.detail))
-            continue
+            if not (store.live and store.loc.fs.get_file_info(ref.loc.path).type.name == "NotFound"):
+                findings.append(Finding(e.kind, "error", e.file, e.offset, e.detail))
+            continue  # (on a live store: deleted by the cleaner since the listing)
         h = f.header
         idx.append({"name": ref.name, "entries": f.entry_count, "begin_ms": h.begin_timestamp,
                     "end_ms": h.end_timestamp, "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset})

@@ -9,6 +9,7 @@ record, a blank record nor unwritten zeros is a finding, and commands that would
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pyarrow.fs as pafs
 
@@ -65,7 +66,8 @@ def _segments(loc: Location) -> list[pafs.FileInfo]:
 def _head(loc: Location, info: pafs.FileInfo) -> tuple[int, int] | None:
     """(TOTALSIZE, magic) of a segment's first record slot; None when unreadable or unwritten (zeros)."""
     try:
-        with open_source(loc.join("commitlog", info.base_name), int(info.size or 0)) as src:
+        # 8 bytes by a ranged read: a running broker's cleaner may take the file, never map it
+        with open_source(replace(loc.join("commitlog", info.base_name), mapped=False), int(info.size or 0)) as src:
             head = bytes(src.read(0, 8))
     except OSError:
         return None

@@ -36,6 +36,7 @@ def plan_document(sim: Simulation, *, lost: bool = True) -> dict:
             "recovery": walk.mode,
             "lock": {"exists": lock.exists, "held_by_other": lock.held_by_other, "holder_pid": lock.holder_pid},
         },
+        "live": store.cut.to_dict() if store.live else None,  # a broker runs it: the plan is of a crash now
         "checkpoint": _checkpoint_doc(sim.checkpoint, sim.inputs),
         "commitlog": _commitlog_doc(sim),
         "consume_queues": queues_doc,

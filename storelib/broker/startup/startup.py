@@ -71,7 +71,7 @@ from storelib.fileio.bytesource import Location
 from storelib.fileio.smallfile_io import read_small
 from storelib.format.checkpoint import CHECKPOINT_SIZE, Checkpoint, read_checkpoint
 from storelib.format.consumequeue import list_queues
-from storelib.format.indexdir import IndexFileRef, list_index_files
+from storelib.format.indexdir import IndexFileRef
 from storelib.format.indexfile import HEADER_SIZE, IndexHeader
 from storelib.format.markers import AbortState, LockState, abort_state, lock_state
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
@@ -212,7 +212,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     abort = abort_state(store.loc)
     lock = lock_state(store.loc)
     cp = _checkpoint_before(store, findings)
-    refs = list_index_files(store.loc, findings)
+    refs = store.index_files(findings)
     index_files = _index_on_load(refs, abort.last_exit_ok, cp)
     index_delete = [f.name for f in index_files if f.delete]
     queues = _load_queues(store, findings)
@@ -263,6 +263,8 @@ def _finish_queues(store: Store, queues: dict[tuple[str, int], QueueReplay], com
 
 def _checkpoint_before(store: Store, findings: list[Finding]) -> Checkpoint:
     """The checkpoint the start-up reads (all zeros, and a finding, when there is none)."""
+    if store.live and store.cut.checkpoint is not None and len(store.cut.checkpoint) >= 40:
+        return Checkpoint.from_bytes(store.cut.checkpoint[:40])  # read first, before the data (the cut)
     if store.exists("checkpoint"):
         return read_checkpoint(store.loc, strict=False)
     findings.append(Finding("checkpoint_missing", "warning", "checkpoint", None,
@@ -296,7 +298,7 @@ def _load_queues(store: Store, findings: list[Finding]) -> dict[tuple[str, int],
                 from None
         raise
     for topic, qid, loc in listed:
-        with LoadedQueue(loc, segment_size=Scq, topic=topic, queue_id=qid) as cq:
+        with LoadedQueue(loc, segment_size=Scq, topic=topic, queue_id=qid, phy_limit=store.cq_limit) as cq:
             findings.extend(cq.findings)
             queues[(topic, qid)] = QueueReplay(topic, qid, store.loc, Scq, cq)
     return queues

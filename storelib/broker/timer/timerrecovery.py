@@ -206,7 +206,7 @@ def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: Com
         cq = None
         if root.fs.get_file_info(cq_loc.path).type.name != "NotFound":
             cq = LoadedQueue(cq_loc, segment_size=int(settings.mapped_file_size_consume_queue), topic=TIMER_TOPIC,
-                              queue_id=0)
+                             queue_id=0, phy_limit=commitlog.cut_end)
         try:
             q = _queue_offset(root, files, process, commitlog, cq)
             queue_offset, source = (q + 1, "the last unit's record") if q != -1 else \
