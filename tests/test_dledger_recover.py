@@ -12,6 +12,7 @@ import shutil
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from storelib.broker.settings.brokerconf import BrokerSettings
@@ -20,6 +21,7 @@ from storelib.broker.startup.recoverapply import apply, restore
 from storelib.broker.startup.recoveryplan import plan_document
 from storelib.broker.startup.salvage import salvage
 from storelib.broker.startup.startup import simulate
+from storelib.format.consumequeue import CQ_DTYPE
 from storelib.format.dledger.entries import BODY_OFFSET, INDEX_UNIT_SIZE, decode_index_units
 from storelib.generator.dledgergen import DLedgerGen
 from storelib.generator.gen import generate
@@ -420,3 +422,32 @@ def test_533_reputs_from_the_committed_position_unless_recheck_reput_offset_from
     plan = plan_document(simulate(Store(loc, st), "5"))
     assert plan["dispatch"]["reput"]["from"] == cq_end and plan["dispatch"]["reput_records"] == 6
     assert plan["consume_queues"]["totals"]["entries_added"] == 6
+
+
+def test_498_reput_from_past_a_bad_record_scans_on_and_from_inside_an_entry_skips_the_file(tmp_path):
+    root = _gen(tmp_path, n=900, version="4", undispatched=5)
+    (root / "abort").unlink()  # a clean stop before the reput caught up: no index file is deleted
+    ents = _entries(root)
+    last_file = ents[-1][1] - ents[-1][1] % SEG
+    in_last = [e for e in ents if e[1] >= last_file]
+    assert len(in_last) > 7
+    r = ents[-6][1] + ents[-6][2]  # the consume queues end here: five entries to dispatch
+    # a record damaged before that point (its entry header intact): the scan of the file stops there, the
+    # reput, starting after it, reads on
+    victim = in_last[1]
+    path, off = _data(root, victim[1])
+    _patch(path, off + BODY_OFFSET + 4, b"\0\0\0\0")
+    plan = _plan(root, "4")
+    assert plan["dispatch"]["reput"]["from"] == r and plan["dispatch"]["reput_records"] == 5
+    assert [(d["from"], d["to"]) for d in plan["dispatch"]["reput"]["ranges"]] == [(r, ents[-1][1] + ents[-1][2])]
+    # a queue whose last unit ends one byte later: the reput starts inside an entry, reads nothing there and
+    # skips the rest of the file (the broker's [BUG] path)
+    q = max((p for p in (root / "consumequeue").rglob("0000*")),
+            key=lambda p: max(np.frombuffer(p.read_bytes(), CQ_DTYPE)["phy_offset"]))
+    units = np.frombuffer(q.read_bytes(), CQ_DTYPE).copy()
+    k = int(np.argmax(units["phy_offset"]))
+    units["size"][k] += 1
+    q.write_bytes(units.tobytes())
+    plan = _plan(root, "4")
+    assert plan["dispatch"]["reput"]["from"] == r + 1 and plan["dispatch"]["reput_records"] == 0
+    assert any(f["kind"] == "reput_inside_entry" for f in plan["findings"])
