@@ -451,3 +451,21 @@ def test_498_reput_from_past_a_bad_record_scans_on_and_from_inside_an_entry_skip
     plan = _plan(root, "4")
     assert plan["dispatch"]["reput"]["from"] == r + 1 and plan["dispatch"]["reput_records"] == 0
     assert any(f["kind"] == "reput_inside_entry" for f in plan["findings"])
+
+
+@pytest.mark.parametrize("node", ["n0", "n1", "n2"])
+def test_each_node_of_the_group_sample_plans_its_own_load(sample_dledger_group, node, capsys):
+    """The three-node group (rocketmq-4.9.8-dledger-group-small): each node's plan against the Java view after
+    load() on a copy (export_summary-<node>.json); n2, the killed old leader, keeps its 208 entries past the
+    others' log but commits only 997 from its stale checkpoint."""
+    root = sample_dledger_group / f"store-{node}"
+    exp = json.loads((sample_dledger_group / "expected" / f"export_summary-{node}.json").read_text())
+    rc, out, err = run_cli(capsys, "recover", root, "--json")
+    plan = json.loads(out)
+    d, e = plan["dledger"], exp["dledger"]
+    assert plan["commitlog"]["process_offset"] == exp["afterLoad_maxPhyOffset"]
+    assert d["min_offset"] == exp["afterLoad_minPhyOffset"]
+    assert (d["ledger_begin_index"], d["ledger_end_index"], d["committed_index"], d["committed_pos"]) == \
+        (e["ledgerBeginIndex"], e["ledgerEndIndex"], e["committedIndex"], e["committedPos"])
+    assert (d["data_end"], d["index_end"]) == (e["writePos"], e["indexMaxWrotePosition"])
+    assert rc == (1 if exp["abortFileBeforeLoad"] else 0), err
