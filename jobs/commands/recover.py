@@ -176,7 +176,8 @@ def summary_lines(plan: dict) -> list[str]:
         f"{plan['checkpoint']['logics_msg_timestamp']} index {plan['checkpoint']['index_msg_timestamp']} "
         f"(trusted up to {plan['checkpoint']['trusted_up_to']}, margin {plan['checkpoint']['safety_margin_ms']} ms)",
         f"start segment: {c['start_segment']} ({c['start_reason']})",
-        f"CRC window: {c['crc_window']['from']} .. {c['crc_window']['to']}",
+        (f"CRC window: {c['crc_window']['from']} .. {c['crc_window']['to']}" if c["crc_window"]["from"] is not None
+         else "CRC window: none (no message CRC is checked at this start-up)"),
         f"processOffset: {c['process_offset']}" + (
             f"  (stopped by {c['failure']['reason']} at {c['failure']['segment']} @ {c['failure']['file_offset']})"
             if c["failure"] else ""),
@@ -189,8 +190,10 @@ def summary_lines(plan: dict) -> list[str]:
                f"{t['entries_truncated']} entr(ies) truncated, {t['entries_added']} added "
                f"({t['files_written']} file(s) written, {t['files_deleted']} deleted)")
     rp = plan["dispatch"]["reput"]
+    waits = (" (past the broker's max offset: it waits for the commitlog to grow)"
+             if rp["from"] is not None and rp["from"] > rp["to"] else "")
     out.append(f"dispatch: {plan['dispatch']['recovery_records']} record(s) during recovery, reput from {rp['from']} "
-               f"to {rp['to']}: {plan['dispatch']['reput_records']} record(s)")
+               f"to {rp['to']}: {plan['dispatch']['reput_records']} record(s){waits}")
     ix = plan["index"]
     out.append(f"index: {len(ix['deleted'])} file(s) deleted, {len(ix['written'])} written, "
                f"{ix['entries_added']} entr(ies) added")
