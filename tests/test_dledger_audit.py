@@ -167,3 +167,22 @@ def test_the_audit_runs_dledgers_walk_on_a_pool_with_the_same_findings(tmp_path,
     assert rep["dledger"]["uncommitted_entries"] == 7
     rc2, local = _audit(capsys, root)
     assert rc2 == rc and local["findings"] == rep["findings"] and local["dledger"] == rep["dledger"]
+
+
+def test_a_533_crash_names_the_consume_queue_units_9084_cuts(tmp_path, capsys):
+    for n in range(900, 1300, 23):  # a last data file with enough entries for the short offset to reach a unit
+        root = tmp_path / f"s{n}"
+        s = BrokerSettings.defaults("5").with_overrides({"mappedFileSizeCommitLog": SEG, "maxHashSlotNum": 500,
+                                                         "maxIndexNum": 4000})
+        generate(root, GenConfig(messages=n, seed=5, version="5"), s, dispatch=True,
+                 dledger=DLedgerGen(index_file_size=IDX, committed_lag=10, crashed=True))
+        ents = _entries(root)
+        last = ents[-1][1] - ents[-1][1] % SEG
+        end = ents[-1][1] + BODY_OFFSET + ents[-1][2]  # (the record size is the entry's minus 48)
+        short = end - BODY_OFFSET * sum(1 for e in ents if e[1] >= last)
+        if sum(1 for _, p, _ in ents if p + BODY_OFFSET >= short) > 1:
+            break
+    rc, rep = _audit(capsys, root, "--broker-version", "5")
+    cut = [f for f in rep["findings"] if f["kind"] == "cq_truncated_at_startup"]
+    assert rc == 1 and len(cut) == 1 and cut[0]["severity"] == "critical" and "#9084" in cut[0]["detail"]
+    assert sum(cut[0]["extra"]["queues"].values()) == sum(1 for _, p, _ in ents if p + BODY_OFFSET >= short)
