@@ -124,7 +124,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
     tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note)
     tasks = cut_tasks(store, tasks)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
-                        broker_version=str(settings.version), verify_crc=verify_crc,
+                        broker_version=str(settings.version), line=settings.scan_line, verify_crc=verify_crc,
                         fs_options=fs_options, dledger=store.dledger is not None)
     dledger = None
     # what the cross-file checks read from disk without needing the records (consume queues, index file

@@ -59,6 +59,39 @@ _I64 = struct.Struct(">q")
 _HDR = struct.Struct(">iiiiiqqiq")  # totalSize..bornTimestamp (48 bytes)
 
 
+LINES = ("4", "5")  # a check's ``line``: 4.9.8's or 5.3.3's rules; None when the line is not known
+
+
+def message_magics(line: str | None) -> tuple[int, ...]:
+    """The MAGIC values the line's check takes for a message. 4.9.8's CommitLog.checkMessageAndReturnSize
+    knows only V1 (a V2 record is an illegal magic: -1); 5.3.3 takes both. An unknown line (``None``) takes
+    both: only 5.x writes V2, so a V2 record is itself the evidence that 5.x wrote the store."""
+    return (MAGIC_V1,) if line == "4" else (MAGIC_V1, MAGIC_V2)
+
+
+def blank_fits(total: int, left: int, line: str | None) -> bool:
+    """Does the line's check take an end-of-file blank record with TOTALSIZE ``total``, ``left`` bytes
+    before the end of the file? 5.3.3 checks ``remaining < totalSize - 4`` (Java int arithmetic) right
+    after TOTALSIZE, before it reads the magic, so a blank longer than what is left is -1; 4.9.8 reads the
+    magic first and takes any blank (0), as does an unknown line."""
+    if line != "5":
+        return True
+    return ((total - 4 + 2**31) % 2**32) - 2**31 <= left - 4
+
+
+def oversized_blank(total: int, left: int) -> str:
+    """Why 5.3.3 fails a blank record (the detail of its ``bad_size``)."""
+    return (f"blank record, TOTALSIZE {total} but {left} bytes left in the file: 5.3.3 checks the size "
+            "before the magic (-1)")
+
+
+def magic_text(magic: int, line: str | None) -> str:
+    """A magic as a failure detail names it (a V2 magic under 4.9.8's rules says why it fails)."""
+    if magic == MAGIC_V2 and line == "4":
+        return "0xDAA320AB (V2: 4.9.8 knows only V1 0xDAA320A7, an illegal magic)"
+    return f"0x{magic & 0xFFFFFFFF:08X}"
+
+
 def tran_type(sys_flag: int) -> int:
     """Transaction type bits (0 NOT, 4 PREPARED, 8 COMMIT, 12 ROLLBACK) as 0..3."""
     return (sys_flag & 0xC) >> 2
@@ -214,6 +247,7 @@ def check_record(
     check_crc: bool = True,
     file: str | None = None,
     file_offset: int | None = None,
+    line: str | None = None,
 ) -> RecordCheck:
     """Validate and decode the record at ``pos`` of ``buf`` (which ends where the segment ends).
 
@@ -222,7 +256,8 @@ def check_record(
     checked throws there (-1), the body CRC is checked before the topic is read, DELAY of a
     SCHEDULE_TOPIC_XXXX record is an ``Integer.parseInt``, and only then the length. It reads no more
     than the broker does: the fixed part and each length-prefixed field, never TOTALSIZE at once.
-    ``file``/``file_offset`` name the record in errors raised by callers.
+    ``line`` "4"/"5" applies what only that line does (:func:`message_magics`, :func:`blank_fits`); None
+    when the line is not known. ``file``/``file_offset`` name the record in errors raised by callers.
     """
     acc: RecordBytes = buf if hasattr(buf, "crc") else BufferBytes(buf)  # type: ignore[assignment,arg-type]
     left = len(acc) - pos
@@ -232,11 +267,13 @@ def check_record(
     total = _I32.unpack_from(head, 0)[0]
     magic = _I32.unpack_from(head, 4)[0]
     if magic == BLANK_MAGIC:
-        return RecordCheck("blank", 0)
-    if magic not in (MAGIC_V1, MAGIC_V2):
+        if blank_fits(total, left, line):
+            return RecordCheck("blank", 0)
+        return RecordCheck("invalid", -1, f"bad_size: {oversized_blank(total, left)}")
+    if magic not in message_magics(line):
         if total == 0 and magic == 0:
             return RecordCheck("invalid", -1, "end_of_data: zeros (no record written here)")
-        return RecordCheck("invalid", -1, f"bad_magic: 0x{magic & 0xFFFFFFFF:08X}")
+        return RecordCheck("invalid", -1, f"bad_magic: {magic_text(magic, line)}")
     if total < 0 or total > left:  # remaining < totalSize - 4; a negative size: new byte[totalSize] throws
         return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left")
     try:

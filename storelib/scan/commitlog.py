@@ -98,15 +98,17 @@ def at_cut(end: SegmentEnd, limit: int | None) -> SegmentEnd:
 
 class CommitLog:
     """The commitlog of a store: ``commitlog/`` under the root, or any directory Location; with
-    ``dledger`` a DLedger data directory (``folder`` names it in findings and segment names).
+    ``dledger`` a DLedger data directory (``folder`` names it in findings and segment names). ``line``:
+    the broker line whose record check its scans and reads apply (:class:`SegmentScan`; None: not known).
 
     ``cut_end``: the physical offset a run's cut ends at, on a store a broker is writing (records starting
     at or after it are not read; None: no cut, everything is)."""
 
     def __init__(self, loc: Location | str, segment_size: int | None = None, *, dledger: bool = False,
-                 folder: str | None = None, committed_index: int | None = None):
+                 folder: str | None = None, committed_index: int | None = None, line: str | None = None):
         self.loc = resolve(loc) if isinstance(loc, str) else loc
         self.dledger = dledger
+        self.line = line
         self.folder = folder or ("dledger/data" if dledger else "commitlog")
         self.committed_index = committed_index
         self.findings: list[Finding] = []
@@ -203,8 +205,12 @@ class CommitLog:
         return seg if phy_offset < seg.base + max(S, seg.file_size) else None
 
     def scan_options(self) -> dict:
-        """What a :class:`SegmentScan` of this log's segments needs beyond the defaults (DLedger mode)."""
-        return {"dledger": True, "committed_index": self.committed_index} if self.dledger else {}
+        """What a :class:`SegmentScan` of this log's segments needs beyond the defaults (the broker line,
+        DLedger mode)."""
+        opts: dict = {"line": self.line}
+        if self.dledger:
+            opts.update(dledger=True, committed_index=self.committed_index)
+        return opts
 
     def read(self, phy_offset: int, *, check_crc: bool = True) -> RecordCheck:
         """Validate and decode the record at ``phy_offset`` (random access; the record only, not its entry).
@@ -221,7 +227,8 @@ class CommitLog:
         with seg.open() as src:
             if pos >= src.size:
                 raise StoreError(seg.display, pos, "past_end", f"offset past the end of the {src.size}-byte file")
-            return check_record(SourceBytes(src), pos, check_crc=check_crc, file=seg.display, file_offset=pos)
+            return check_record(SourceBytes(src), pos, check_crc=check_crc, file=seg.display, file_offset=pos,
+                                line=self.line)
 
     def record_at(self, phy_offset: int, **kw) -> pa.RecordBatch:
         """The record starting at ``phy_offset`` as a one-row batch of the scan schema.
@@ -239,7 +246,7 @@ class CommitLog:
         src = seg.open()
         try:
             kw.setdefault("window", 1 << 16)  # remote: one small ranged read, grown only for a long record
-            kw.update(self.scan_options())
+            kw = {**self.scan_options(), **kw}  # a caller may choose another line
             scan = SegmentScan(src, seg.display, seg.base, pos - head, pos - head + 1, **kw)
             batches = [b for b in scan if b.num_rows]
         finally:
@@ -260,7 +267,7 @@ class CommitLog:
         segment, not the store). ``ends`` collects each segment's :class:`SegmentEnd`. DLedger data files
         carry the ledger on (index contiguity) from a file that ended in its blank filler.
         """
-        kw.update(self.scan_options())
+        kw = {**self.scan_options(), **kw}  # a caller may choose another line
         prev: tuple[int, int] | None = None
         for i, seg in enumerate(self.segments):
             if seg.file_size == 0:

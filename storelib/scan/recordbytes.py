@@ -63,11 +63,11 @@ class SourceBytes:
         return value & MASK
 
 
-def check_at(source, pos: int, check_crc: bool) -> RecordCheck:
+def check_at(source, pos: int, check_crc: bool, line: str | None = None) -> RecordCheck:
     """The scalar check of the record at file offset ``pos`` of ``source``, over the whole segment
-    (a local mapping as it is, a ranged source in small reads)."""
+    (a local mapping as it is, a ranged source in small reads), by ``line``'s rules."""
     data = source.view() if isinstance(source, LocalSource) else SourceBytes(source)
-    return check_record(data, pos, check_crc=check_crc)
+    return check_record(data, pos, check_crc=check_crc, line=line)
 
 
 def outcome(chk: RecordCheck) -> tuple[str, str, int | None]:

@@ -24,7 +24,16 @@ from storelib.fileio.bytesource import DEFAULT_WINDOW, LocalSource
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
 from storelib.format.dledger.entries import BLANK_MAGIC as DL_BLANK
 from storelib.format.dledger.entries import BODY_OFFSET, ENTRY_HEADER_DT, ENTRY_MAGIC, header_problem
-from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
+from storelib.format.record import (
+    BLANK_MAGIC,
+    LINES,
+    MAGIC_V1,
+    MAGIC_V2,
+    blank_fits,
+    magic_text,
+    message_magics,
+    oversized_blank,
+)
 from storelib.scan.arrowcols import overlapping
 from storelib.scan.batchdecode import BatchDecoder, ViewCache
 from storelib.scan.messageschema import DLEDGER_NAMES, message_schema
@@ -87,10 +96,11 @@ class ChainRun:
     are taken at once; the plain walk goes on where the run ends (a magic inside a body, a record the
     broker rejects, the window's end). Every start of the run is one the walk would reach first and pass
     (magic, size, fit), so the starts are identical by construction. Measured on 256 MB segments of
-    538 k records: 0.16-0.26 s of walk -> ~0.08 s."""
+    538 k records: 0.16-0.26 s of walk -> ~0.08 s. ``v2``: a V2 magic links records (not under 4.9.8's rules)."""
 
-    def __init__(self) -> None:
+    def __init__(self, v2: bool = True) -> None:
         self._scratch = np.empty(0, dtype=bool)
+        self.v2 = v2
 
     def run(self, a: np.ndarray, rel: int, lim: int, rel_end: int, rows: int,
             head: int = 0) -> tuple[list[np.ndarray], int]:
@@ -114,7 +124,8 @@ class ChainRun:
                 break
             idx += lo
             last = a[idx + 3]
-            idx = idx[(a[idx + 1] == 0xA3) & (a[idx + 2] == 0x20) & ((last == 0xA7) | (last == 0xAB))]
+            tail = (last == 0xA7) | (last == 0xAB) if self.v2 else last == 0xA7
+            idx = idx[(a[idx + 1] == 0xA3) & (a[idx + 2] == 0x20) & tail]
             c = idx - 4 - head if head else idx - 4
             if not len(c) or c[0] != rel:
                 break
@@ -151,6 +162,10 @@ class SegmentScan:
     each is decoded at ``phy_offset`` = entry pos + 48, and the DLedger columns are added
     (``dledger_committed``: index <= ``committed_index`` when given). ``start`` is then an entry start,
     and ``prev_entry`` the (index, term) of the entry before it, when known, for the contiguity rules.
+
+    ``line``: the broker line whose check judges the records, where the two differ: "4" (4.9.8: a V2
+    record is an illegal magic), "5" (5.3.3: a blank record longer than the rest of the file is -1), or
+    None when the line is not known (4.9.8's blank rule; V2 taken, as only 5.x writes it).
     """
 
     def __init__(
@@ -172,7 +187,10 @@ class SegmentScan:
         dledger: bool = False,
         committed_index: int | None = None,
         prev_entry: tuple[int, int] | None = None,
+        line: str | None = None,
     ):
+        if line is not None and line not in LINES:
+            raise ValueError(f"line must be one of {LINES} or None, not {line!r}")
         self.source = source
         self.file = file
         self.base = base
@@ -190,7 +208,10 @@ class SegmentScan:
         if columns is not None:
             self.schema = pa.schema([self.schema.field(c) for c in columns])
         self.end: SegmentEnd | None = None
-        self._chain = ChainRun()
+        self.line = line
+        self._magics = message_magics(line)
+        self._v2 = MAGIC_V2 in self._magics
+        self._chain = ChainRun(self._v2)
         self.dledger = dledger
         self.committed_index = committed_index
         self._prev = prev_entry
@@ -212,7 +233,7 @@ class SegmentScan:
         dl = self.dledger
         schema = pa.schema([f for f in self.schema if f.name not in DLEDGER_NAMES]) if dl else self.schema
         decoder = BatchDecoder(self.source, self.base, schema, verify_crc=self.verify_crc,
-                               stop_on_crc=self.stop_on_crc, delay_levels_ms=self.delay_levels_ms)
+                               stop_on_crc=self.stop_on_crc, delay_levels_ms=self.delay_levels_ms, line=self.line)
         walk = self._walk_dledger if dl else self._walk
         head = BODY_OFFSET if dl else 0
         while True:
@@ -247,7 +268,7 @@ class SegmentScan:
                     # longer than a window (a valid record, or a damaged TOTALSIZE): the broker's check
                     # first, which reads the record's own lengths in small reads; only a record that
                     # passes it is read whole
-                    chk = check_at(self.source, pos + head, self.stop_on_crc)  # a DLedger entry's record
+                    chk = check_at(self.source, pos + head, self.stop_on_crc, self.line)  # a DLedger entry's record
                     if chk.kind != "message":
                         reason, detail, size = outcome(chk)
                         self.end = SegmentEnd("invalid", self.file, pos, self.base + pos, reason, detail, size,
@@ -306,7 +327,8 @@ class SegmentScan:
         ok &= term >= np.r_[prev_term, term[:-1]]
         i4 = overlapping(a, ">i4")
         rmag, rtot = i4[starts + BODY_OFFSET + 4], i4[starts + BODY_OFFSET]
-        ok &= ((rmag == MAGIC_V1) | (rmag == MAGIC_V2)) & (rtot == h["body_len"]) & (rtot >= MIN_RECORD_SIZE)
+        ok &= ((rmag == MAGIC_V1) | (rmag == MAGIC_V2) if self._v2 else rmag == MAGIC_V1)
+        ok &= (rtot == h["body_len"]) & (rtot >= MIN_RECORD_SIZE)
         return ok
 
     def _walk_dledger(self, view: memoryview, view_base: int, pos: int, a: np.ndarray | None = None,
@@ -395,9 +417,9 @@ class SegmentScan:
         if why is not None:
             return "invalid", ("bad_entry", f"DLedger's recovery stops here: {why}", None), 0
         rtot, rmag = _PAIR.unpack_from(view, rel + BODY_OFFSET)
-        if rmag != MAGIC_V1 and rmag != MAGIC_V2:
-            return "invalid", ("bad_magic", f"the entry's record has magic 0x{rmag & 0xFFFFFFFF:08X}, TOTALSIZE {rtot}",
-                               None), 0
+        if rmag not in self._magics:
+            return "invalid", ("bad_magic", f"the entry's record has magic {magic_text(rmag, self.line)}, TOTALSIZE "
+                               f"{rtot}", None), 0
         if rtot != blen:
             return "invalid", ("length_mismatch", f"record TOTALSIZE {rtot} != the entry's body length {blen}",
                                rtot if rtot > 0 else None), 0
@@ -441,7 +463,7 @@ class SegmentScan:
         starts = np.frombuffer(found, np.int64) if len(found) else np.zeros(0, np.int64)
         if len(starts):
             magic = overlapping(a, ">i4")[starts + 4]
-            good = (magic == MAGIC_V1) | (magic == MAGIC_V2)
+            good = (magic == MAGIC_V1) | (magic == MAGIC_V2) if self._v2 else magic == MAGIC_V1
             if rel > rel_end:  # the last record does not fit: it is where the walk stops
                 good[-1] = False
             if not good.all():
@@ -465,17 +487,19 @@ class SegmentScan:
         if pos + 8 > vend:
             return None, None, starts, pos, (0 if len(starts) else 8)
         total, magic = _PAIR.unpack_from(view, pos - view_base)
-        if magic == MAGIC_V1 or magic == MAGIC_V2:
+        if magic == MAGIC_V1 or magic == MAGIC_V2 and self._v2:
             if MIN_RECORD_SIZE <= total <= left:  # does not fit the window: the caller reads (bounded)
                 return None, None, starts, pos, (0 if len(starts) else total)
             # too small to be a record, or past the segment: the broker's outcome (-1, or TOTALSIZE for a
             # length mismatch), by the scalar check
-            return "invalid", outcome(check_at(self.source, pos, self.stop_on_crc)), starts, pos, 0
+            return "invalid", outcome(check_at(self.source, pos, self.stop_on_crc, self.line)), starts, pos, 0
         if magic == BLANK_MAGIC:
-            return "blank", f"blank record, TOTALSIZE {total}", starts, pos, 0
+            if blank_fits(total, left, self.line):
+                return "blank", f"blank record, TOTALSIZE {total}", starts, pos, 0
+            return "invalid", ("bad_size", oversized_blank(total, left), None), starts, pos, 0
         if total == 0 and magic == 0:
             return "end_of_data", "zeros: no record written here", starts, pos, 0
-        return "invalid", ("bad_magic", f"magic 0x{magic & 0xFFFFFFFF:08X}, TOTALSIZE {total}", None), starts, pos, 0
+        return "invalid", ("bad_magic", f"magic {magic_text(magic, self.line)}, TOTALSIZE {total}", None), starts, pos, 0
 
 
 def scan_buffer(buf: bytes, base: int = 0, **kw) -> tuple[pa.Table, SegmentEnd]:

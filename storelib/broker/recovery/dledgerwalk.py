@@ -333,7 +333,7 @@ def _scan_end_from(plan: WalkPlan, seg: Segment, rel: int) -> tuple[int, str]:
 
     with seg.open() as src:
         scan = SegmentScan(src, seg.display, seg.base, rel, verify_crc=False, with_properties=False,
-                           columns=["phy_offset"], dledger=True)
+                           columns=["phy_offset"], dledger=True, line=plan.inputs.line)
         for _ in scan:
             pass
     assert scan.end is not None

@@ -42,7 +42,7 @@ from storelib.broker.recovery.dledgerwalk import (
 from storelib.errors import Finding, StoreError
 from storelib.format.checkpoint import Checkpoint
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
-from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V1, MAGIC_V2
+from storelib.format.record import BORNHOST_V6_FLAG, message_magics
 from storelib.scan.commitlog import Segment
 from storelib.scan.scanner import SegmentEnd, SegmentScan
 
@@ -59,9 +59,12 @@ class RecoveryInputs:
 
     ``cq_max_phy_offset``: the store's maxPhyOffsetOfConsumeQueue (§8.2; -1 for no/empty CQ).
     ``last_exit_ok``: no ``abort`` file (normal recovery) — abnormal recovery otherwise.
+    ``version_told``: something said which line wrote the store (an option, broker.conf, its own evidence);
+    False for the 4.x default, whose records are then judged as an unknown line's (:attr:`line`).
     """
 
     version: str = "4"  # "4" = 4.9.8, "5" = 5.3.3
+    version_told: bool = True
     last_exit_ok: bool = True
     cq_max_phy_offset: int = -1
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
@@ -77,12 +80,19 @@ class RecoveryInputs:
     dledger_index: IndexFiles | None = None  # DLedger's index file list
     dledger_load_findings: tuple[Finding, ...] = ()  # what makes DLedger's load fail
 
+    @property
+    def line(self) -> str | None:
+        """The line whose record check the walk's scans apply (BrokerLine.scan_line: None when not told)."""
+        return self.version if self.version_told else None
+
     @classmethod
     def from_settings(cls, settings, **kw) -> RecoveryInputs:
-        """Inputs from a BrokerSettings (version, CRC and index flags, segment size) plus ``kw``."""
-        version = str(settings.version)
+        """Inputs from a BrokerSettings (version, CRC and index flags, segment size) plus ``kw``; a
+        ``version`` in ``kw`` other than the settings' is told."""
+        version = "5" if str(settings.version).startswith("5") else "4"
         base = dict(
-            version="5" if version.startswith("5") else "4",
+            version=version,
+            version_told=settings.scan_line is not None or kw.get("version", version) != version,
             segment_size=int(settings.mapped_file_size_commit_log),
             check_crc_on_recover=bool(settings.check_crc_on_recover),
             force_verify_prop_crc=bool(settings.force_verify_prop_crc),
@@ -297,8 +307,9 @@ def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
     * normal 5.x: walking down from the last, the first segment with base <= cq_max_phy_offset (the
       first segment when the CQ is empty); records dispatched when PHYSICALOFFSET > cq_max_phy_offset;
     * abnormal (both): walking down from the last, the first segment whose first record matches
-      (V1/V2 magic, store time != 0 and <= the checkpoint's min timestamp, index-bounded with
-      messageIndexSafe); the first segment when none does. Every valid record is re-dispatched.
+      (a magic the line's check takes: V1, and V2 but under 4.9.8's rules; store time != 0 and <= the
+      checkpoint's min timestamp, index-bounded with messageIndexSafe); the first segment when none
+      does. Every valid record is re-dispatched.
     """
     if inputs.dledger:  # every data file: DLedger's load, its walk and the reput (dledgerwalk)
         files, mode, why, notes = plan_dledger(inputs, segments)
@@ -331,7 +342,7 @@ def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
         else:
             limit = cp.min_timestamp()
             rule = f"store time <= checkpoint min timestamp - 3 s = {limit}"
-        magics = (MAGIC_V1, MAGIC_V2) if inputs.version == "5" else (MAGIC_V1,)
+        magics = message_magics(inputs.line)  # isMappedFileMatchedRecover: V1 only in 4.9.8
         start = 0
         why = f"abnormal: no segment's first record has {rule}: first segment"
         for i in range(n - 1, -1, -1):
@@ -373,6 +384,7 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     check = plan.inputs.check_crc_on_recover and (task.crc or not plan.inputs.dledger)
     prop = plan.prop_crc and check and task.crc
     scan_kw.setdefault("delay_levels_ms", DEFAULT_DELAY_LEVELS_MS if delay_levels_ms is None else delay_levels_ms)
+    scan_kw.setdefault("line", plan.inputs.line)
     seg = plan.segments[task.index]
     facts = cols = None
     if seg.dledger:  # the entry columns feed the file's DLedger facts, then are dropped if not asked for

@@ -284,7 +284,7 @@ class GroupComparison:
                     if lo < hi:
                         tasks.append(HoldTask((*self.tag, i, seg.base, lo), seg.uri, seg.file_size, seg.base,
                                               lo - seg.base, hi - seg.base, bounds, levels, self.specs[i].fs_options,
-                                              seg.dledger))
+                                              seg.dledger, self.specs[i].settings.scan_line))
         return tasks
 
     def take_holdings(self, results: list[tuple[tuple, pa.Table, int]]) -> None:

@@ -43,6 +43,7 @@ class HoldTask:
     delay_levels_ms: tuple[int, ...] = ()
     fs_options: dict[str, Any] = field(default_factory=dict)
     dledger: bool = False  # a DLedger data file: ``start``/``end`` are entry starts, rows at entry pos + 48
+    line: str | None = None  # the store's broker line (settings.scan_line): whose record check applies
 
 
 def _aggregate(tables: list[pa.Table]) -> pa.Table:
@@ -82,7 +83,7 @@ def hold_task(task: HoldTask) -> tuple[tuple, pa.Table, int]:
     try:
         scan = SegmentScan(src, task.uri.rsplit("/", 1)[-1], task.base, task.start, task.end, verify_crc=False,
                            with_properties=False, columns=COLUMNS,
-                           delay_levels_ms=list(task.delay_levels_ms) or None, dledger=task.dledger)
+                           delay_levels_ms=list(task.delay_levels_ms) or None, dledger=task.dledger, line=task.line)
         parts = [_aggregate([_rows(b, bounds)]) for b in scan if b.num_rows]
         stop = scan.end.file_offset if scan.end is not None else task.end
     finally:

@@ -295,6 +295,12 @@ class BrokerSettings:
     # ---- derived values (the broker's getters) -------------------------------------------------
 
     @property
+    def scan_line(self) -> str | None:
+        """The line whose record check the store's scans apply (BrokerLine.scan_line; None when these
+        settings were not made by :func:`storelib.broker.settings.store.load_settings`)."""
+        return self.line.scan_line if self.line is not None else None
+
+    @property
     def mapped_file_size_consume_queue(self) -> int:
         """CQ segment size as the broker uses it: the configured value rounded up to a multiple of 20."""
         return -(-self.mapped_file_size_consume_queue_config // CQ_UNIT_SIZE) * CQ_UNIT_SIZE

@@ -108,6 +108,16 @@ class BrokerLine:
     store_evidence: tuple[str, ...] = field(default=(), compare=False)
     conflict: str | None = None  # the chosen line disagrees with the store's own evidence
 
+    @property
+    def scan_line(self) -> str | None:
+        """The line whose record check scans apply (``SegmentScan(line=)``): the version when something
+        told it (an option, broker.conf, the store's evidence), None when nothing did. The 4.x default is a
+        guess from the absence of 5.x evidence in a bounded prefix (EVIDENCE_BYTES); a scan that meets a V2
+        record meets exactly the evidence that would have made it 5.x, so an untold line keeps 4.9.8's
+        rules (a blank record is taken whatever its size) but reads V2 records, and no command drops
+        records the store's own bytes say a 5.x broker keeps."""
+        return None if self.source == "default" else self.version
+
     def describe(self) -> str:
         """One line for ``info`` and the reports."""
         why = "; ".join(self.reasons) if self.reasons else "no 5.x-only evidence"

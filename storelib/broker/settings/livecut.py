@@ -165,7 +165,8 @@ def take_cut(store: Store, *, tail_wait_s: float = TAIL_WAIT_S, broker: LiveBrok
     g = store.settings.index_geometry
     # 2. (a file shorter than its header is one the broker is creating: not the cut's)
     headers = tuple((ref.name, _stable_header(ref, g)) for ref in list_index_files(root) if ref.size >= HEADER_SIZE)
-    cl = CommitLog(root.join("commitlog"), store.settings.mapped_file_size_commit_log)  # 3. listed last
+    cl = CommitLog(root.join("commitlog"), store.settings.mapped_file_size_commit_log,  # 3. listed last
+                   line=store.settings.scan_line)
     end, tail = log_end(cl, max_record=int(store.settings.max_message_size) + (1 << 17), tail_wait_s=tail_wait_s)
     return StoreCut(now, broker, end, tuple(s.name for s in cl.segments), headers, cp, tc, tail,
                     time.monotonic() - t0)
@@ -212,7 +213,7 @@ def log_end(cl: CommitLog, *, max_record: int, tail_wait_s: float = TAIL_WAIT_S)
         with seg.open() as src:
             if i and not _has_data(src, seg):
                 continue  # the next file, created ahead (AllocateMappedFileService): nothing in it yet
-            return _segment_end(src, seg, max_record, tail_wait_s)
+            return _segment_end(src, seg, max_record, tail_wait_s, cl.line)
     return segs[0].base, None
 
 
@@ -232,7 +233,8 @@ def _last_nonzero(src, seg: Segment) -> int:
     return -1
 
 
-def _segment_end(src, seg: Segment, max_record: int, tail_wait_s: float) -> tuple[int, str | None]:
+def _segment_end(src, seg: Segment, max_record: int, tail_wait_s: float,
+                 line: str | None = None) -> tuple[int, str | None]:
     """Walk the tail of the segment being written (see :func:`log_end`)."""
     last = _last_nonzero(src, seg)
     if last < 0:
@@ -242,7 +244,7 @@ def _segment_end(src, seg: Segment, max_record: int, tail_wait_s: float) -> tupl
     delay = 0.005
     waited = 0.0
     while True:
-        end, pending = _walk(src, seg, start)
+        end, pending = _walk(src, seg, start, line)
         if pending is None:
             note = f"a record at {seg.base + start} was being copied in: read after {waited * 1000:.0f} ms" \
                 if waited else None
@@ -260,11 +262,11 @@ def _segment_end(src, seg: Segment, max_record: int, tail_wait_s: float) -> tupl
         start = pending
 
 
-def _walk(src, seg: Segment, start: int) -> tuple[int, int | None]:
+def _walk(src, seg: Segment, start: int, line: str | None = None) -> tuple[int, int | None]:
     """Records from ``start`` (a record start) to where the chain ends: (physical end of the last record
     whose CRCs hold, the file offset of a record there that fails its checks or None)."""
     scan = SegmentScan(src, seg.display, seg.base, start, verify_crc=True, with_properties=False,
-                       columns=_TAIL_COLUMNS, batch_rows=1 << 16)
+                       columns=_TAIL_COLUMNS, batch_rows=1 << 16, line=line)
     last_ok = start
     bad_at = None
     for b in scan:

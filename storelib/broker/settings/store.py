@@ -131,12 +131,14 @@ INFERRED_NOTE = "mappedFileSizeCommitLog inferred from the segment files:"
 
 def open_commitlog(root: Location, settings: BrokerSettings, committed_index: int | None = None) -> CommitLog:
     """The store's commitlog as its settings place it: ``commitlog/``, or a DLedger node's data files
-    (``committed_index`` from DLedger's checkpoint fills ``dledger_committed``; None leaves it null)."""
+    (``committed_index`` from DLedger's checkpoint fills ``dledger_committed``; None leaves it null),
+    scanned by the settings' broker line (``settings.scan_line``)."""
     size = int(settings.mapped_file_size_commit_log)
     d = settings.dledger
+    line = settings.scan_line
     if d is None:
-        return CommitLog(root.join("commitlog"), size)
-    cl = CommitLog(_log_dir(root, d), size, dledger=True, folder=d.data, committed_index=committed_index)
+        return CommitLog(root.join("commitlog"), size, line=line)
+    cl = CommitLog(_log_dir(root, d), size, dledger=True, folder=d.data, committed_index=committed_index, line=line)
     cl.findings[:0] = d.findings
     return cl
 
