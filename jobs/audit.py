@@ -31,35 +31,44 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 if __package__ in (None, ""):  # spark-submit jobs/audit.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from typing import Any
 
+import jobs.engines.audit_tasks as audit_tasks
 from jobs.common import note
-from jobs.engines.audit_tasks import run_segments
-from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
+from jobs.engines.schedulers import (
+    Engine,
+    LocalEngine,
+    add_engine_args,
+    make_engine,
+    resolve_engine_name,
+    walk_on,
+)
 from jobs.reports.audit_report import add_dledger, build_report, jsonable, render_html
 from jobs.reports.audit_summary import EXIT_FAILED, damage_cost, exit_code, summary_text
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
 from storelib.checks.auditstate import load_state, merge_appended, plan, save_state
 from storelib.checks.crossfile import run_cross_checks
-from storelib.checks.index import load_index_files
 from storelib.checks.livejudge import DEFAULT_MAX_LAG, cut_tasks, drop_expired, expect_stopped_finding
 from storelib.checks.logview import ResumeFailed
-from storelib.checks.queuestream import load_queue_meta
 from storelib.checks.segment import (
     SEVERITY_RANK,
     AuditOptions,
     SegmentResult,
 )
+from storelib.checks.tasks import dledgertask
+from storelib.checks.tasks.carry import CARRY_KIND
+from storelib.checks.tasks.crossplan import QueuePlan, cross_context, partitioned_checks, queue_meta_tasks
+from storelib.checks.tasks.indexplan import index_structure_tasks
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
 from storelib.scan.fingerprint import fingerprint
@@ -70,9 +79,15 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
                 quiet: bool = False, now_ms: int | None = None, version: str | None = None,
                 split_bytes: int | None = None, overrides: dict[str, Any] | None = None,
                 work_dir: str | None = None, transfer: str = "auto", threads: bool = True,
-                workers: int | None = None, master: str | None = None, expect_stopped: bool = False,
-                max_lag: int | None = DEFAULT_MAX_LAG, max_read_rate: float | None = None) -> dict[str, Any]:
+                workers: int | None = None, master: str | None = None, cross: str = "tasks",
+                expect_stopped: bool = False, max_lag: int | None = DEFAULT_MAX_LAG,
+                max_read_rate: float | None = None) -> dict[str, Any]:
     """Audit a store and return the report dict (the JSON report's content).
+
+    ``cross``: the cross-file checks as partitioned tasks on the engine (``tasks``, the default; the driver
+    merges their findings and summaries), or all on this process (``driver``: streamed, the whole view
+    for what that cannot settle; the reference the tasks' reports are tested against). Spark's in-band
+    collect (no shared work dir) runs them on the driver too.
 
     ``work_dir`` (Spark): a directory or URI the driver and every executor reach, where the tasks leave
     their record tables (default: a temp dir when the master is local, else they come back in-band);
@@ -93,7 +108,7 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
     """
     kw = dict(broker_conf=broker_conf, engine=engine, spark=spark, fs_options=fs_options, verify_crc=verify_crc,
               quiet=quiet, now_ms=now_ms, version=version, split_bytes=split_bytes, overrides=overrides,
-              work_dir=work_dir, transfer=transfer, threads=threads, workers=workers, master=master,
+              work_dir=work_dir, transfer=transfer, threads=threads, workers=workers, master=master, cross=cross,
               expect_stopped=expect_stopped, max_lag=max_lag, max_read_rate=max_read_rate)
     state = load_state(since, None if quiet else note)
     try:
@@ -106,8 +121,8 @@ def audit_store(store_uri: str, *, broker_conf: str | None = None, engine: str |
 def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_conf: str | None,
            engine: str | Engine, spark, fs_options: dict | None, verify_crc: bool, quiet: bool, now_ms: int | None,
            version: str | None, split_bytes: int | None, overrides: dict[str, Any] | None, work_dir: str | None,
-           transfer: str, threads: bool, workers: int | None, master: str | None, expect_stopped: bool,
-           max_lag: int | None, max_read_rate: float | None) -> dict[str, Any]:
+           transfer: str, threads: bool, workers: int | None, master: str | None, cross: str,
+           expect_stopped: bool, max_lag: int | None, max_read_rate: float | None) -> dict[str, Any]:
     """One audit run (:func:`audit_store`) from ``state`` ({}: in full)."""
     t0 = time.monotonic()
     fs_options = fs_options or {}
@@ -121,50 +136,38 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
         if expect_stopped:
             store.findings.append(expect_stopped_finding(cut))
     settings = store.settings
+    if (state.get("carry") or {}).get("kind", "") != (CARRY_KIND if cross == "tasks" else ""):
+        state = {**state, "carry": None}  # an earlier run's carry of the other way of checking: in full
     tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note)
     tasks = cut_tasks(store, tasks)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(settings.version), line=settings.scan_line, verify_crc=verify_crc,
                         fs_options=fs_options, dledger=store.dledger is not None)
-    dledger = None
-    # what the cross-file checks read from disk without needing the records (consume queues, index file
-    # validation) is loaded on a low-priority driver thread while the segments are audited: it takes the
-    # cycles the segment phase leaves idle (Spark local[2] on 2 cores: between tasks; local engine: the
-    # second core), so the cross-file phase starts with it done
-    pre_pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-preload", initializer=_background)
-                if threads else None)
     own_engine: Engine | None = None
+    eng: Engine
     try:
         if isinstance(engine, str):
             engine = resolve_engine_name(engine, master=master or (None if spark is None else "given"),
                                          store_bytes=sum(t.file_size - t.start for t in tasks), segments=len(tasks))
-            if tasks:  # started here, so start-up (a Spark session, pool workers) is not counted as work;
-                # and before the preload thread, so that pool workers are forked (jobs.engines.schedulers)
-                own_engine = engine = make_engine(engine, spark=spark, master=master, workers=workers,
-                                                  app_name="rmqstore-audit")
-        preload = None
-        if pre_pool is not None and resume is None:  # (going on from a state reads only what is new)
-            # the index validation first (the longer one: the index checks wait for it); the consume queues
-            # after it, taken over by the queue checks if the preload thread has not started them by then
-            preload = {"index": pre_pool.submit(load_index_files, store.loc, settings, None, cut),
-                       "cq": pre_pool.submit(load_queue_meta, store.loc, settings, store.commitlog.min_offset,
-                                             None, cut)}
+            # started here, so start-up (a Spark session, pool workers) is not counted as work; with nothing
+            # to audit the cross-file tasks run in this process
+            eng = own_engine = (make_engine(engine, spark=spark, master=master, workers=workers,
+                                            app_name="rmqstore-audit") if tasks else LocalEngine())
+        else:
+            eng = engine
         t1 = time.monotonic()
         if max_read_rate:  # the run's budget shared by the tasks that run at once
-            par = 1 if isinstance(engine, str) else max(1, engine.parallelism)
-            tasks = cut_tasks(store, tasks, max_read_rate / par)
-        fresh = run_segments(tasks, opts, engine, quiet, store=store, split_bytes=split_bytes, work_dir=work_dir,
-                             transfer=transfer) if tasks else []
-        t_seg = time.monotonic() - t1
-        if store.dledger is not None:  # DLedger's own checks: its start-up walk, on the engine
-            dledger = _dledger_checks(store, engine, quiet)
-        report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet,
-                                          threads, preload, resume, max_lag)
-        if dledger is not None:
-            add_dledger(report, *dledger, store.commitlog.folder)
+            tasks = cut_tasks(store, tasks, max_read_rate / max(1, eng.parallelism))
+        with audit_tasks.table_place(eng, tasks, work_dir, transfer, fs_options, quiet) as sink:
+            report, t_seg, t_cross, fresh = _phases(store, settings, tasks, opts, eng, sink, carried, grown, fps,
+                                                    resume, since=since, now_ms=now_ms, quiet=quiet, threads=threads,
+                                                    cross=cross, split_bytes=split_bytes, max_lag=max_lag)
+        same = [] if not broker_conf else ["--broker-conf", broker_conf]
+        if version not in (None, "auto"):
+            same += ["--broker-version", str(version)]
+        # the start-up replay that prices damage scans its segments on the engine too
+        damage = damage_cost(store, report, quiet, same, walk_on(eng))
     finally:
-        if pre_pool is not None:
-            pre_pool.shutdown(wait=True, cancel_futures=True)
         if own_engine is not None:
             own_engine.close()
     audited_bytes = sum(t.file_size - t.start for t in tasks)
@@ -180,34 +183,103 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
                      "messages_per_s": round(sum(r.records for r in fresh) / max(t_seg, 1e-9), 1) if tasks else None,
                      "since": since}
     report["live"] = {**cut.to_dict(), "max_lag": max_lag if cut.live else None}
-    same = [] if not broker_conf else ["--broker-conf", broker_conf]
-    if version not in (None, "auto"):
-        same += ["--broker-version", str(version)]
-    report["damage"] = damage_cost(store, report, quiet, same)
+    report["damage"] = damage
     return report
 
 
-def _dledger_checks(store: Store, engine: str | Engine, quiet: bool) -> tuple[list, dict[str, Any]]:
-    """A DLedger store's checks (storelib.checks.dledger) with its start-up walk's scans on ``engine``."""
-    from jobs.engines.schedulers import walk_on
-    from storelib.checks.dledger import dledger_audit
+def _phases(store: Store, settings: BrokerSettings, tasks: list, opts: AuditOptions, eng: Engine, sink: Any,
+            carried: dict[str, SegmentResult], grown: dict[str, SegmentResult], fps: dict[str, dict],
+            resume: dict | None, *, since: str | None, now_ms: int | None, quiet: bool, threads: bool, cross: str,
+            split_bytes: int | None, max_lag: int | None) -> tuple[dict[str, Any], float, float, list[SegmentResult]]:
+    """The segment phase, with what the cross-file checks read without records beside it (the consume
+    queues' summaries, the index files' structure), then the cross-file checks, while the task tables are
+    where ``sink`` says; (report, segment seconds, cross-file seconds, the fresh segment results)."""
+    t1 = time.monotonic()
+    in_memory = audit_tasks.in_memory(eng, tasks)
+    tasked = cross == "tasks" and (in_memory or sink is not None)
+    if resume is not None and not tasked:
+        raise ResumeFailed("the state was written by the partitioned checks, which cannot run here")
+    opts.groups = (resume["groups"] if resume is not None else
+                   audit_tasks.cross_groups(eng, tasks, in_memory) if tasked else 1)
+    queues = queue_meta_tasks(store, settings, opts.groups, opts.fs_options, prev=resume["cq"] if resume else None,
+                              snapshot=bool(since)) if tasked else None
+    beside: list = [*queues.tasks] if queues else []
+    if tasked and resume is None:
+        beside += index_structure_tasks(store.uri, store.loc, settings, opts.fs_options, bool(since), store.cut,
+                                        store.commitlog.min_offset)
+    n_q, n_s = len(queues.tasks) if queues else 0, len(beside)
+    dl = _DLedger.start(store, resume, set(carried), opts.fs_options, eng) if store.dledger is not None else None
+    if dl is not None:  # DLedger's walk per data file and the queue ends, beside the segments too
+        beside += [*dl.run.tasks, *dl.queue_tasks]
+    fresh, done = audit_tasks.run_segments(tasks, opts, eng, quiet, store=store, split_bytes=split_bytes,
+                                           sink=sink, meta_tasks=beside, in_memory=in_memory)
+    metas, structures = done[:n_q], done[n_q:n_s]
+    if dl is not None:
+        dl.done(done[n_s:])
+    t_seg = time.monotonic() - t1
+    on = (CrossOn(eng, sink.dir if sink is not None else None, queues, metas, opts.groups, opts.fs_options, quiet,
+                  bool(since), structures) if tasked else None)
+    report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet, threads,
+                                      resume, on, max_lag, dl)
+    if sink is not None:  # the tables' files go on the workers (freeing their pages is the kernel's work)
+        audit_tasks.drop_tables(eng, fresh, sink)
+    return report, t_seg, t_cross, fresh
 
-    note("audit: DLedger's load and recovery (entry headers, index units, checkpoint, start-up deletions)", quiet)
-    return dledger_audit(store, None if isinstance(engine, str) else walk_on(engine))
+
+@dataclass
+class _DLedger:
+    """A DLedger store's checks on the engine (storelib.checks.tasks.dledgertask): the walk's file tasks and
+    the queue-end tasks run beside the segments; the driver merges their findings and summaries."""
+
+    run: dledgertask.DLedgerRun
+    queue_tasks: list
+    engine: Engine
+    files_done: list = dataclasses.field(default_factory=list)
+    queues_done: list = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def start(cls, store: Store, resume: dict | None, carried: set[str], fs_options: dict, eng: Engine) -> _DLedger:
+        run = dledgertask.start(store, resume, carried)
+        return cls(run, dledgertask.queue_tasks(store, fs_options, eng.parallelism, []), eng)
+
+    def done(self, results: list) -> None:
+        n = len(self.run.tasks)
+        self.files_done, self.queues_done = list(results[:n]), list(results[n:])
+
+    def merge(self, quiet: bool) -> tuple[list, dict[str, Any], dict]:
+        note(f"audit: DLedger's start-up walk ({len(self.run.tasks)} data file(s) read, {len(self.run.carried)} "
+             "carried), its index units, checkpoint and what a start-up deletes", quiet)
+
+        def run_on(fn, items, label):
+            return self.engine.map(fn, items, label, None if quiet else note) if items else []
+
+        return dledgertask.merge(self.run, self.files_done, self.queue_tasks, self.queues_done, run_on)
 
 
-def _background() -> None:
-    """Lowest CPU priority for this thread (Linux: a thread is a schedulable task): it should use only
-    the cycles the segment audit leaves idle, never slow it down."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+@dataclass
+class CrossOn:
+    """Where the partitioned cross-file tasks run: the engine, the work dir the segment tasks left their
+    tables in (None: this process holds them), the queue summaries made beside the segments."""
+
+    engine: Engine
+    sink: str | None
+    queues: QueuePlan
+    metas: list[dict]
+    groups: int
+    fs_options: dict[str, Any]
+    quiet: bool
+    snapshots: bool  # make the carry a later run goes on from (``--since``)
+    structures: list[dict]  # the index files' structure, checked beside the segments
+
+    def run(self, fn, items: list, label: str) -> list:
+        return self.engine.map(fn, items, label, None if self.quiet else note)
 
 
 def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentResult],
                     carried: dict[str, SegmentResult], partial: dict[str, SegmentResult], fps: dict[str, dict],
                     since: str | None, now_ms: int | None, quiet: bool, threads: bool,
-                    preload: dict[str, Future] | None, resume: dict | None,
-                    max_lag: int | None = None) -> tuple[dict[str, Any], float]:
+                    resume: dict | None, on: CrossOn | None, max_lag: int | None = None, dl: _DLedger | None = None
+                    ) -> tuple[dict[str, Any], float]:
     """Merge fresh and carried results, run the cross-file checks, save the state; (report, check seconds)."""
     results: dict[str, SegmentResult] = dict(carried)
     for r in fresh:
@@ -227,28 +299,41 @@ def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentR
     t2 = time.monotonic()
     report, carry = cross_checks(store, ordered, settings,
                                  now_ms=now_ms if now_ms is not None else int(time.time() * 1000), quiet=quiet,
-                                 threads=threads, preload=preload, resume=resume,
-                                 feed=sorted(fresh, key=lambda r: r.base) if resume is not None else None,
+                                 threads=threads, resume=resume,
+                                 feed=sorted(fresh, key=lambda r: r.base) if resume is not None else None, on=on,
                                  max_lag=max_lag)
     t_cross = time.monotonic() - t2
+    if dl is not None:  # after the cleaner's deletions are known: the walk over the files left
+        found, summary, files = dl.merge(quiet)
+        add_dledger(report, found, summary, store.commitlog.folder)
+        if isinstance(carry, dict):
+            carry = {**carry, "dledger_files": files}
     if since:
         save_state(since, store, ordered, fps, carry)
     return report, t_cross
 
 
 def cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
-                 quiet: bool = False, threads: bool = True, preload: dict[str, Future] | None = None,
-                 resume: dict | None = None, feed: list[SegmentResult] | None = None, max_lag: int | None = None
+                 quiet: bool = False, threads: bool = True, resume: dict | None = None,
+                 feed: list[SegmentResult] | None = None, on: CrossOn | None = None, max_lag: int | None = None
                  ) -> tuple[dict[str, Any], dict | None]:
-    """Phase 2 (storelib.checks.crossfile: everything that needs more than one segment or file), then
-    the report dict, and the carry an incremental run goes on from.
+    """Phase 2 (everything that needs more than one segment or file), then the report dict, and the carry
+    an incremental run goes on from.
 
-    ``threads``: run the index checks (and config reading) beside the queue/consume-queue checks; the
-    findings are exactly those of ``threads=False``. ``resume``/``feed``: go on from an earlier run's
-    carry with the records audited since (raises ResumeFailed when that cannot settle the store)."""
+    ``on``: as partitioned tasks on an engine (storelib.checks.tasks); else on this process
+    (storelib.checks.crossfile: streamed, the whole record view for what that cannot settle; ``threads``:
+    the index checks beside the queue checks, same findings). ``resume``/``feed``: go on from an earlier
+    run's carry with the records audited since (raises ResumeFailed when that cannot settle the store)."""
     note("audit: cross-file checks (queue offsets, consume queues, index, checkpoint, config)", quiet)
-    done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, preload=preload,
-                            resume=resume, feed=feed, max_lag=max_lag)
+    if on is not None:
+        ctx = cross_context(store, settings, results, on.groups, on.fs_options,
+                            max((m.get("cq_max_phy", -1) for m in on.metas), default=-1), on.sink,
+                            snapshots=on.snapshots, resumed=resume is not None, cut=store.cut)
+        done = partitioned_checks(store, results, settings, ctx, on.queues, on.metas, now_ms=now_ms, run=on.run,
+                                  carry=resume, structures=on.structures, max_lag=max_lag)
+    else:
+        done = run_cross_checks(store, results, settings, now_ms=now_ms, threads=threads, resume=resume, feed=feed,
+                                max_lag=max_lag)
     report = build_report(store, results, done.summary, done.findings, done.qstats, done.consumers, done.idx, done.cp,
                           settings, done.charts)
     report["timer_store"] = done.timers

@@ -188,6 +188,18 @@ def print_table(rows: list[dict[str, Any]], columns: list[str], out=None) -> Non
         out.write("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + "\n")
 
 
+def name_unread(command: str, findings: list) -> None:
+    """Say on stderr, whatever ``--quiet`` says, which commitlog bytes are not messages (random bytes, a
+    segment overwritten, a record no reader can take): one line each, so no command passes them silently."""
+    from storelib.broker.settings.storeroot import UNREAD_KINDS
+
+    named = set()
+    for f in findings:
+        if f.kind in UNREAD_KINDS and (f.file, f.offset) not in named:  # one line a place, the first saying
+            named.add((f.file, f.offset))
+            sys.stderr.write(f"rmqstore {command}: {f.file} @ {f.offset}: {f.kind}: {f.detail}\n")
+
+
 def note(msg: str, quiet: bool = False) -> None:
     """A progress line on stderr, flushed at once (a scheduler's log shows it as it happens); none when quiet."""
     if not quiet:

@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.common import Stage
+from jobs.common import Stage, name_unread
 from jobs.engines.rebuild_tasks import run_tasks
 from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
 from storelib.broker.dispatch.rebuildsource import (
@@ -172,6 +172,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
             finally:
                 if own:
                     engine.close()
+        _name_unread(store, root, er)
         if timer:
             er.files.update(rebuild_timer_store(store, settings, staging, say))
         elapsed = time.time() - t0
@@ -190,6 +191,16 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     except BaseException:
         drop_staging(staging)
         raise
+
+
+def _name_unread(store: Store, root: Location, er: EngineResult) -> None:
+    """Commitlog bytes the rebuild dispatched nothing from though they are no record (random bytes, a
+    segment overwritten), and segments it did not read that do not start with one: named on stderr."""
+    from storelib.broker.settings.storeroot import unreadable_segments
+
+    first = min((o.base for o in er.recovery.segments), default=None)
+    name_unread("rebuild", [*er.recovery.findings, *er.findings, *unreadable_segments(root, first),
+                            *(f for f in store.findings if f.kind == "commitlog_head_not_a_record")])
 
 
 def _checked_what(cfg: RebuildConfig) -> tuple[str, ...]:

@@ -19,13 +19,19 @@ import storelib.checks.keystream as keystream
 import storelib.checks.queues as queue_checks
 from storelib.checks.keystream import KeyStream
 from storelib.checks.queues import _units_before_invalid_tail, queue_group_order
-from storelib.checks.segment import _zero_tail
 from storelib.fileio.bytesource import data_ranges
+from storelib.fileio.bytesource import zero_tail as _zero_tail
 from storelib.format.consumequeue import CQ_DTYPE, make_units
 
-from .test_audit import _comparable, flip, run, store_fixtures
+from .test_audit import _comparable, flip, store_fixtures
+from .test_audit import run as _run
 
 base_store, store = store_fixtures("auditfast")
+
+def run(root: Path, **kw) -> dict:
+    """The audit with the cross-file checks on the driver, whose shortcuts these tests look inside."""
+    return _run(root, cross="driver", **kw)
+
 
 ENTRIES = 40 + 64 * 4  # IndexFile header + slot table of the test geometry: entry 0 starts here
 
@@ -369,7 +375,7 @@ def test_index_chains_checked_in_chunks_find_what_the_whole_file_check_finds(chu
         e = ent.copy()
         e["prev_index"][corrupt] += 1
         out = Capped()
-        index_checks._check_chains(e, g, "index/x", out, chunk=chunk)
+        index_checks.check_chains(e, g, "index/x", out, chunk=chunk)
         found = [f for f in out.done() if f.kind == "index_chain_broken"]
         count, first = _chains_reference(e["key_hash"].astype(np.int64), e["prev_index"].astype(np.int64), 64)
         if not count:
@@ -433,7 +439,7 @@ def test_index_chains_proved_without_sorting_exactly_when_no_entry_is_off(chunk)
         count, first = _chains_reference(kh, e["prev_index"].astype(np.int64), slots)
         assert index_checks._chains_hold(e, slots, chunk) == (count == 0), trial
         out = Capped()
-        index_checks._check_chains(e, g, "index/x", out, chunk=chunk)
+        index_checks.check_chains(e, g, "index/x", out, chunk=chunk)
         found = [f for f in out.done() if f.kind == "index_chain_broken"]
         assert (found[0].extra["count"], found[0].offset) == (count, g.entry_pos(first) + 16) if count else not found
 

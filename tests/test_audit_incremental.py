@@ -1,5 +1,6 @@
-"""``audit --since``: the state holds the streamed checks' carry, not records, and a run after the store
-grew reads only what is new, with exactly the report of a full audit; whatever the carry cannot settle
+"""``audit --since``: the state holds the partitioned checks' carry (per queue group, index file and the
+timer store), not records, and a run after the store grew reads only what is new and schedules only the
+partitions with something new, with exactly the report of a full audit; whatever the carry cannot settle
 (a changed unit, entry or segment, expired segments, damage) is audited in full."""
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ def _grow(root: Path, n: int, *, dispatch: bool = True, start: int = 0) -> None:
         w.close(dispatch=dispatch)
 
 
+def full_mode(rep: dict) -> bool:
+    m = rep["run"]["cross_check_mode"]
+    return m.startswith("partitioned: ") and "incremental" not in m
+
+
+def incremental(rep: dict) -> bool:
+    return "incremental: " in rep["run"]["cross_check_mode"]
+
+
 def _same_as_full(root: Path, state: Path) -> dict:
     inc = run(root, since=str(state), now_ms=NOW)
     full = run(root, now_ms=NOW)
@@ -49,13 +59,15 @@ def _same_as_full(root: Path, state: Path) -> dict:
 def test_state_holds_no_records_and_an_unchanged_store_is_not_read_again(store, tmp_path):
     state = tmp_path / "audit.state"
     first = run(store, since=str(state), now_ms=NOW)
-    assert first["run"]["cross_check_mode"] == "streamed"
+    assert full_mode(first)
     assert not (tmp_path / "audit.state.d").exists()
     doc = json.loads(state.read_text())
-    assert doc["schema"] == "rmqstore.audit-state/2" and doc["carry"] is not None
+    assert doc["schema"] == "rmqstore.audit-state/3" and doc["carry"]["kind"] == "partitioned/1"
     assert os.path.getsize(state) < 64 * 1024  # segments, queues and index files, not 420 records' tables
     again = _same_as_full(store, state)
-    assert again["run"]["segments_audited"] == 0 and again["run"]["cross_check_mode"] == "streamed, incremental"
+    assert again["run"]["segments_audited"] == 0 and incremental(again)
+    # nothing new: no queue group, no index file checked again
+    assert "incremental: 0 queue group(s) and 0 index file(s) checked" in again["run"]["cross_check_mode"]
 
 
 def test_growth_written_the_brokers_way_is_audited_alone_with_the_full_report(store, tmp_path):
@@ -63,11 +75,11 @@ def test_growth_written_the_brokers_way_is_audited_alone_with_the_full_report(st
     run(store, since=str(state), now_ms=NOW)
     _grow(store, 40)
     inc = _same_as_full(store, state)
-    assert inc["run"]["cross_check_mode"] == "streamed, incremental"
+    assert incremental(inc)
     assert inc["run"]["segments_audited"] <= 2 and inc["summary"]["records"] == 460
     _grow(store, 300, start=40)  # across a segment end
     inc = _same_as_full(store, state)
-    assert inc["run"]["cross_check_mode"] == "streamed, incremental" and inc["summary"]["records"] == 760
+    assert incremental(inc) and inc["summary"]["records"] == 760
 
 
 def test_messages_dispatched_after_the_state_are_checked_against_their_new_units(store, tmp_path):
@@ -77,10 +89,10 @@ def test_messages_dispatched_after_the_state_are_checked_against_their_new_units
     lagging = _same_as_full(store, state)
     kinds = {f["kind"] for f in lagging["findings"]}
     assert {"queue_behind_commitlog", "index_behind_commitlog"} <= kinds
-    assert lagging["run"]["cross_check_mode"] == "streamed, incremental"
+    assert incremental(lagging)
     StoreWriter(str(store), _settings(store)).close()  # the broker dispatches them on its next start
     caught_up = _same_as_full(store, state)
-    assert caught_up["run"]["cross_check_mode"] == "streamed, incremental"
+    assert incremental(caught_up)
     assert not {"queue_behind_commitlog", "index_behind_commitlog"} & {f["kind"] for f in caught_up["findings"]}
 
 
@@ -90,10 +102,10 @@ def test_gaps_and_carried_findings_stay_in_the_report(store, tmp_path):
     path, name, off = seg_file(store, rec["phy_offset"])
     flip(path, off + 88 + 5)  # a body CRC error: the stream settles the store all the same
     first = run(store, since=str(state), now_ms=NOW)
-    assert first["run"]["cross_check_mode"] == "streamed"
+    assert full_mode(first)
     _grow(store, 10)
     inc = _same_as_full(store, state)
-    assert inc["run"]["cross_check_mode"] == "streamed, incremental"
+    assert incremental(inc)
     assert any(f["kind"] == "body_crc_mismatch" for f in inc["findings"])
 
 
@@ -104,7 +116,7 @@ def test_a_changed_unit_or_entry_checked_before_is_caught_by_a_full_audit(store,
     flip(cq, 20 * 3 + 7)  # a unit the first run compared with its record
     _grow(store, 5)
     inc = _same_as_full(store, state)
-    assert inc["run"]["cross_check_mode"].startswith("whole view")
+    assert full_mode(inc) and "(1 by the whole view's checks)" in inc["run"]["cross_check_mode"]
     assert any(f["kind"].startswith("cq_entry") for f in inc["findings"])
 
 
@@ -132,7 +144,7 @@ def test_an_older_state_layout_is_replaced_by_a_full_audit(store, tmp_path):
     (tmp_path / "audit.state.d" / "x.arrow").write_bytes(b"old tables")
     first = run(store, since=str(state), now_ms=NOW)
     assert first["run"]["segments_audited"] == len(first["segments"])
-    assert json.loads(state.read_text())["schema"] == "rmqstore.audit-state/2"
+    assert json.loads(state.read_text())["schema"] == "rmqstore.audit-state/3"
     assert not (tmp_path / "audit.state.d").exists()
 
 
@@ -203,7 +215,7 @@ def test_an_incremental_run_validates_no_index_file_again_when_nothing_went_wron
     real = IndexFile.validate
     monkeypatch.setattr(IndexFile, "validate", lambda self, **kw: calls.append(self.path) or real(self, **kw))
     inc = run(store, since=str(state), now_ms=NOW)
-    assert inc["run"]["cross_check_mode"] == "streamed, incremental" and calls == []
+    assert incremental(inc) and calls == []
     monkeypatch.undo()
     _same_as_full(store, state)
 
@@ -221,9 +233,55 @@ def test_a_timer_store_is_carried_with_its_timer_records(tmp_path):
     conf = str(SAMPLES / "rocketmq-5.3.3-timer-small.broker.conf")
     state = tmp_path / "audit.state"
     first = audit_store(str(root), broker_conf=conf, quiet=True, now_ms=NOW, since=str(state))
-    assert json.loads(state.read_text())["carry"]["timers"]
+    assert json.loads(state.read_text())["carry"]["timers"]["records"]
     again = audit_store(str(root), broker_conf=conf, quiet=True, now_ms=NOW, since=str(state))
-    assert again["run"]["cross_check_mode"] == "streamed, incremental" and again["run"]["segments_audited"] == 0
+    assert incremental(again) and again["run"]["segments_audited"] == 0
     for f in again["findings"]:
         f["extra"].pop("carried_forward", None)
     assert _comparable(again) == _comparable(first) and again["timer_store"]["timerlog_units"] > 0
+
+
+def test_a_run_from_the_state_checks_only_the_partitions_with_something_new(store, tmp_path, monkeypatch):
+    """Four queues in four groups, task tables in files: after messages for one queue only, one queue
+    group and the growing index file are checked again; the rest is the carry's, and the report a full
+    audit's."""
+    import jobs.engines.audit_tasks as audit_tasks
+
+    monkeypatch.setattr(audit_tasks, "IN_MEMORY_TABLES", 0)
+    monkeypatch.setattr(audit_tasks, "cross_groups", lambda eng, tasks, in_memory: 8)
+    state = tmp_path / "audit.state"
+    first = run(store, since=str(state), now_ms=NOW)
+    assert first["run"]["cross_check_mode"].startswith("partitioned: 4 queue group(s)")
+    w = StoreWriter(str(store), _settings(store))
+    try:
+        for i in range(20):
+            w.append(Message(topic="PaymentNotify", body=b"one queue %d" % i, queue_id=1,
+                             born_timestamp=BASE_TS + 10**6 + i, store_timestamp=BASE_TS + 10**6 + i,
+                             born_host="10.0.0.7:52011", store_host="10.0.0.1:10911",
+                             properties={"KEYS": f"pay-{i}", "UNIQ_KEY": f"{i:032X}"}))
+    finally:
+        w.close(dispatch=True)
+    inc = _same_as_full(store, state)
+    assert "incremental: 1 queue group(s) and 1 index file(s) checked" in inc["run"]["cross_check_mode"]
+    assert inc["summary"]["records"] == 440
+
+
+def test_the_lagging_records_kept_are_bounded_for_the_store_not_per_group(store, tmp_path, monkeypatch):
+    """Each queue group keeps at most LAG_KEEP lagging records, and so does the whole state: past that the
+    state keeps no carry and the next run audits in full (with the full report)."""
+    import jobs.engines.audit_tasks as audit_tasks
+    import storelib.checks.queuestream as queuestream
+
+    monkeypatch.setattr(audit_tasks, "IN_MEMORY_TABLES", 0)
+    monkeypatch.setattr(audit_tasks, "cross_groups", lambda eng, tasks, in_memory: 8)
+    monkeypatch.setattr(queuestream, "LAG_KEEP", 20)  # each of the two lagging queues' groups keeps 15
+    _grow(store, 30, dispatch=False)
+    state = tmp_path / "audit.state"
+    first = run(store, since=str(state), now_ms=NOW)
+    assert {"queue_behind_commitlog"} <= {f["kind"] for f in first["findings"]}
+    assert json.loads(state.read_text())["carry"] is None
+    monkeypatch.setattr(queuestream, "LAG_KEEP", 40)
+    run(store, since=str(state), now_ms=NOW)
+    assert json.loads(state.read_text())["carry"] is not None
+    again = _same_as_full(store, state)
+    assert incremental(again)

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 import storelib.checks.segment as segment_checks
 from storelib.checks.logview import is_member
-from storelib.checks.segment import _zero_tail
+from storelib.fileio.bytesource import zero_tail as _zero_tail
 from storelib.scan.commitlog import CommitLog
 from storelib.scan.splits import plan_splits
 

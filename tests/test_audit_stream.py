@@ -26,13 +26,19 @@ from .test_audit import (
     _comparable,
     flip,
     records,
-    run,
     seg_file,
     store_fixtures,
 )
+from .test_audit import run as _run
 
 base_store, store = store_fixtures("auditstream")
 NOW = 1_800_000_000_000
+
+
+def run(root: Path, **kw) -> dict:
+    """The audit with the cross-file checks on the driver (streamed, the whole view for the rest): what
+    these tests look inside; the partitioned tasks are tested against it (tests/test_audit_partitioned.py)."""
+    return _run(root, cross="driver", **kw)
 
 
 def _both(root: Path, monkeypatch, **kw) -> tuple[dict, dict]:
@@ -202,10 +208,10 @@ def test_real_broker_stores_stream_with_the_whole_views_report(name, tmp_path, m
         tf.extractall(tmp_path, filter="data")
     root = next(p.parent for p in tmp_path.rglob("commitlog"))
     conf = str(SAMPLES / f"{stem}.broker.conf")
-    streamed = audit_store(str(root), broker_conf=conf, quiet=True, now_ms=NOW)
+    streamed = audit_store(str(root), broker_conf=conf, quiet=True, now_ms=NOW, cross="driver")
     with monkeypatch.context() as m:
         m.setattr(crossfile, "streamable", lambda store, results: False)
-        whole = audit_store(str(root), broker_conf=conf, quiet=True, now_ms=NOW)
+        whole = audit_store(str(root), broker_conf=conf, quiet=True, now_ms=NOW, cross="driver")
     assert streamed["run"]["cross_check_mode"] == "streamed"
     assert _comparable(streamed) == _comparable(whole)
     if name == "5.3.3-timer":

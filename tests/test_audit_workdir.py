@@ -67,9 +67,11 @@ def test_spark_files_and_in_band_collect_give_the_local_report(store, spark, tem
     corrupt(store)
     local = run(store)
     files = loud(store, engine="spark", spark=spark, split_bytes=SPLIT, transfer="files")
-    assert "tables mapped from files" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "tables in files" in err and "partitioned" in files["run"]["cross_check_mode"]
     collect = loud(store, engine="spark", spark=spark, split_bytes=SPLIT, transfer="collect")
-    assert "tables in-band" in capsys.readouterr().err
+    assert "tables in-band" in capsys.readouterr().err  # no shared directory: the checks run on the driver
+    assert not collect["run"]["cross_check_mode"].startswith("partitioned")
     assert _comparable(files) == _comparable(local)
     assert _comparable(collect) == _comparable(local)
     assert {"body_crc_mismatch", "corrupt_region", "physical_offset_mismatch",
@@ -77,17 +79,25 @@ def test_spark_files_and_in_band_collect_give_the_local_report(store, spark, tem
     assert work_dirs(tempdir) == []  # the work dir is removed
 
 
-def test_auto_transfer_uses_a_temp_work_dir_on_a_local_master_and_removes_it(store, spark, tempdir, monkeypatch):
+def _part_files(monkeypatch) -> list[str]:
+    """The table files the segment tasks report to the driver (each checked to exist when reported)."""
     seen: list[str] = []
-    real = checks.read_table_file
+    real = audit_tasks.merge_parts
 
-    def spy(path, schema, fs_options=None):
-        if path is not None:
-            seen.append(path)
-            assert os.path.exists(path)
-        return real(path, schema, fs_options)
+    def spy(tasks, parts, *a, **k):
+        for p in parts:
+            for path in (p.records_path, p.keys_path):
+                if path is not None:
+                    assert os.path.exists(path)
+                    seen.append(path)
+        return real(tasks, parts, *a, **k)
 
-    monkeypatch.setattr(checks, "read_table_file", spy)
+    monkeypatch.setattr(audit_tasks, "merge_parts", spy)
+    return seen
+
+
+def test_auto_transfer_uses_a_temp_work_dir_on_a_local_master_and_removes_it(store, spark, tempdir, monkeypatch):
+    seen = _part_files(monkeypatch)
     rep = run(store, engine="spark", spark=spark, split_bytes=SPLIT)
     assert seen and all(p.startswith(str(tempdir) + os.sep) for p in seen)
     assert work_dirs(tempdir) == []
@@ -97,15 +107,7 @@ def test_auto_transfer_uses_a_temp_work_dir_on_a_local_master_and_removes_it(sto
 def test_work_dir_option_holds_the_files_during_the_run_and_is_left_empty(store, spark, tmp_path, monkeypatch):
     wd = tmp_path / "shared-work"
     wd.mkdir()
-    seen: list[str] = []
-    real = checks.read_table_file
-
-    def spy(path, schema, fs_options=None):
-        if path is not None:
-            seen.append(path)
-        return real(path, schema, fs_options)
-
-    monkeypatch.setattr(checks, "read_table_file", spy)
+    seen = _part_files(monkeypatch)
     rep = run(store, engine="spark", spark=spark, split_bytes=SPLIT, work_dir=str(wd))
     assert seen and all(p.startswith(str(wd) + os.sep) for p in seen)
     assert list(wd.iterdir()) == []
@@ -115,15 +117,15 @@ def test_work_dir_option_holds_the_files_during_the_run_and_is_left_empty(store,
 def test_work_dir_is_removed_after_a_failing_task(store, spark, tmp_path, tempdir, monkeypatch):
     """A task that fails after writing its files: the job fails, the error reaches the caller, and
     neither the temp work dir nor the files under ``--work-dir`` stay behind."""
-    real = audit_tasks.audit_part
+    real = audit_tasks.phase_one
 
-    def failing(task, opts, sink=None, keep_tables=False):
-        res = real(task, opts, sink, keep_tables)
-        if task.start > 0:
+    def failing(opts, sink, item):
+        res = real(opts, sink, item)
+        if getattr(item, "start", 0) > 0:
             raise RuntimeError("injected task failure")
         return res
 
-    monkeypatch.setattr(audit_tasks, "audit_part", failing)  # a local function: shipped to the workers by value
+    monkeypatch.setattr(audit_tasks, "phase_one", failing)  # a local function: shipped to the workers by value
     with pytest.raises(Exception, match="injected task failure"):
         run(store, engine="spark", spark=spark, split_bytes=SPLIT)
     assert work_dirs(tempdir) == []
@@ -167,8 +169,8 @@ def test_threaded_cross_checks_give_exactly_the_serial_findings(store, monkeypat
             f.write(struct.pack(">q", 7))  # entries pointing mid-record
     (store / "abort").write_bytes(b"")
     (store / "config" / "topics.json").write_text('{"dataVersion": {"counter": 1')  # truncated: falls back to .bak
-    serial = run(store, threads=False)
-    threaded = run(store, threads=True)
+    serial = run(store, threads=False, cross="driver")
+    threaded = run(store, threads=True, cross="driver")
     assert threaded["findings"] == serial["findings"]
     assert _comparable(threaded) == _comparable(serial)
     kinds = {f["kind"] for f in serial["findings"]}
@@ -218,18 +220,18 @@ def test_command_line_work_dir_option(store, spark, tmp_path, capsys):
     code = audit_mod.main([str(store), "--broker-conf", str(store / "broker.conf"), "--engine", "spark",
                            "--master", "local[2]", "--work-dir", str(wd), "--json"])
     captured = capsys.readouterr()
-    assert code == 0 and "tables mapped from files" in captured.err and f"through {wd}" in captured.err
+    assert code == 0 and "tables in files" in captured.err and f"through {wd}" in captured.err
     assert list(wd.iterdir()) == []
 
 
 def test_incremental_state_from_a_spark_run_goes_on_locally(store, spark, tmp_path, tempdir):
-    """A Spark run's state (no table files: the carry of the streamed checks) is continued by a local run;
-    a damaged store's (judged by the whole record view, nothing to carry) is audited in full again."""
+    """A Spark run's state (no table files: the carry of the partitioned checks) is continued by a local run;
+    a damaged store's (judged by the whole view's checks, nothing to carry) is audited in full again."""
     state = tmp_path / "audit.state"
     first = run(store, engine="spark", spark=spark, split_bytes=SPLIT, since=str(state))
     assert work_dirs(tempdir) == [] and not (tmp_path / "audit.state.d").exists()
     again = run(store, since=str(state))  # local engine, everything carried forward
-    assert again["run"]["segments_audited"] == 0 and again["run"]["cross_check_mode"] == "streamed, incremental"
+    assert again["run"]["segments_audited"] == 0 and "incremental: 0 queue group(s)" in again["run"]["cross_check_mode"]
     assert _comparable(again) == _comparable(first)
     corrupt(store)
     damaged = run(store, engine="spark", spark=spark, split_bytes=SPLIT, since=str(state))

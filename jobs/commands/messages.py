@@ -18,10 +18,12 @@ import pyarrow.compute as pc
 from jobs.common import (
     Progress,
     add_store_args,
+    name_unread,
     non_negative_int,
     open_store,
     print_table,
 )
+from storelib.broker.settings.storeroot import unread_ends
 from storelib.scan.messagecols import iso_utc_column, row_to_json, with_time_columns
 
 if TYPE_CHECKING:
@@ -53,16 +55,25 @@ def filtered_batches(store: Store, args: argparse.Namespace) -> Iterator[pa.Reco
     """
     left = args.limit
     progress = Progress("messages", force=False)
+    ends: list = []
     try:
-        yield from _filtered(store, args, left, progress)
+        yield from _filtered(store, args, left, progress, ends)
     finally:
         progress.close()
+    # bytes the scan could not read as records (a segment of random bytes, a torn record): named, not passed
+    sizes = {s.display: s.file_size for s in store.commitlog.segments}
+    name_unread("messages", [f for f in store.findings if f.kind == "commitlog_head_not_a_record"]
+                + unread_ends([e for e in ends if not (e.file_offset == 0 and _head_named(store, e.file))], sizes))
 
 
-def _filtered(store: Store, args: argparse.Namespace, left: int | None, progress: Progress
+def _head_named(store: Store, file: str) -> bool:
+    return any(f.kind == "commitlog_head_not_a_record" and f.file == file for f in store.findings)
+
+
+def _filtered(store: Store, args: argparse.Namespace, left: int | None, progress: Progress, ends: list
               ) -> Iterator[pa.RecordBatch]:
     for batch in store.scan(from_offset=args.from_offset, to_offset=args.to_offset, with_body=args.with_body,
-                            verify_crc=not args.no_crc):
+                            verify_crc=not args.no_crc, ends=ends):
         mask = None
         if args.topic is not None:
             mask = pc.equal(batch.column("topic"), args.topic)

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from jobs.common import add_fs_args, add_settings_args, open_store, print_json
+from jobs.common import add_fs_args, add_settings_args, name_unread, open_store, print_json
 from jobs.engines.schedulers import add_engine_args, make_engine, resolve_engine_name, walk_on
 from storelib.broker.recovery.walk import WalkRunner
 from storelib.broker.settings.store import Store
@@ -114,6 +114,7 @@ def _run_on(args: argparse.Namespace, store: Store, walk_runner: WalkRunner) -> 
                       + f"; backup and manifest in {args.backup} (undo: rmqstore recover --restore {args.backup})")
         return 0
     sim = simulate(store, None, complete_index=not args.broker_exact_index, walk_runner=walk_runner)
+    name_unread("recover", sim.findings)
     if args.salvage:
         rep = salvage(sim, args.salvage)
         if args.json:

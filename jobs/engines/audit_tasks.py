@@ -26,18 +26,22 @@ from storelib.checks.segment import (
     AuditOptions,
     SegmentResult,
     SegmentTask,
-    TableSink,
     audit_part,
     merge_parts,
     split_tasks,
 )
+from storelib.checks.tables import TableSink
+from storelib.checks.tasks.crossplan import phase_one
 from storelib.fileio.bytesource import resolve
+from storelib.fileio.staging import remove_files
 from storelib.scan.splits import parallel_split_bytes
 
 TRANSFERS = ("auto", "files", "collect")
 # in this process, the task tables of up to this much store stay in memory (~26 B a record); more go
 # through mapped files like the pool's, so a big store audited in-process keeps its memory flat
 IN_MEMORY_TABLES = 1 << 30
+GROUP_BYTES = 2 << 30  # store bytes per queue group, at least (a group's whole-view memory)
+MAX_GROUPS = 4096
 
 
 @contextlib.contextmanager
@@ -87,40 +91,76 @@ def _remove_settled(path: str, patience_s: float = 10.0) -> None:
         time.sleep(0.2)
 
 
-def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quiet: bool = False,
-                 store: Store | None = None, split_bytes: int | None = None, work_dir: str | None = None,
-                 transfer: str = "auto") -> list[SegmentResult]:
-    """Phase 1 on the given engine (same functions on every engine; the caller starts and closes it). With
-    ``split_bytes`` (default on a pool or Spark: :func:`storelib.scan.splits.parallel_split_bytes`, about
-    two tasks per core) segments are cut at record starts into split tasks whose results are merged per
-    segment.
+def table_place(eng: Engine, tasks: list[SegmentTask], work_dir: str | None, transfer: str, fs_options: dict[str, Any],
+                quiet: bool = False) -> contextlib.AbstractContextManager[TableSink | None]:
+    """Where the run's task tables live while it lasts: this process's memory (the local engine on a store
+    of up to :data:`IN_MEMORY_TABLES`: a null context), else a work directory (:func:`table_sink`; None
+    there: Spark's in-band collect)."""
+    if in_memory(eng, tasks):
+        return contextlib.nullcontext(None)
+    where = eng.sc.master if isinstance(eng, SparkEngine) else "local"
+    return table_sink(where, work_dir, transfer, fs_options, quiet)
 
-    In-process the parts keep their tables in memory; on a pool or Spark the tasks' tables come back
-    through files (:func:`table_sink`) or in-band with the results; the driver maps the files and
-    removes them before returning."""
+
+def in_memory(eng: Engine, tasks: list[SegmentTask]) -> bool:
+    """Do the run's task tables stay in this process (the local engine, a store of up to
+    :data:`IN_MEMORY_TABLES`)?"""
+    return eng.name == "local" and sum(t.file_size - t.start for t in tasks) <= IN_MEMORY_TABLES
+
+
+def cross_groups(eng: Engine, tasks: list[SegmentTask], in_memory: bool) -> int:
+    """Queue groups for the cross-file tasks: about two per core, and at least one per
+    :data:`GROUP_BYTES` of store (a group judged by the whole view holds its records); one in memory."""
+    if in_memory:
+        return 1
+    audited = sum(t.file_size - t.start for t in tasks)
+    return int(min(MAX_GROUPS, max(2 * eng.parallelism, -(-audited // GROUP_BYTES))))
+
+
+def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quiet: bool = False,
+                 store: Store | None = None, split_bytes: int | None = None, sink: TableSink | None = None,
+                 meta_tasks: list[Any] | None = None, in_memory: bool = False
+                 ) -> tuple[list[SegmentResult], list[dict]]:
+    """Phase 1 on the given engine (same functions on every engine; the caller starts and closes it), with
+    what the cross-file checks read without records (``meta_tasks``: the consume queues' summaries, the
+    index files' structure) beside the segments; returns the segments' results and those tasks'. With ``split_bytes`` (default on a
+    pool or Spark: :func:`storelib.scan.splits.parallel_split_bytes`, about two tasks per core) segments
+    are cut at record starts into split tasks whose results are merged per segment.
+
+    ``in_memory``: the parts keep their tables in this process; else they go to ``sink`` files (or
+    in-band with the results when ``sink`` is None), where the cross-file tasks read them."""
+    meta_tasks = meta_tasks or []
     if not tasks:
-        return []
+        return [], [phase_one(opts, sink, m) for m in meta_tasks] if in_memory else eng.map(
+            partial(phase_one, opts, sink), meta_tasks, "audit: queue and index summaries")
     if split_bytes is None and eng.name != "local":
         split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks), eng.parallelism)
     units = split_tasks(store, tasks, split_bytes) if split_bytes and store is not None else tasks
-    audited = sum(t.file_size - t.start for t in tasks)
-    if eng.name == "local" and audited <= IN_MEMORY_TABLES:
-        return _run_in_process(tasks, units, opts, quiet)
-    where = eng.sc.master if isinstance(eng, SparkEngine) else "local"
+    if in_memory:
+        return _run_in_process(tasks, units, opts, quiet), [phase_one(opts, sink, m) for m in meta_tasks]
     note(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on {eng.describe()}", quiet)
-    with table_sink(where, work_dir, transfer, opts.fs_options, quiet) as sink:
-        t0 = time.monotonic()
-        parts = eng.map(partial(audit_part, opts=opts, sink=sink), units, "audit: tasks", None if quiet else note)
-        t1 = time.monotonic()
-        if sink is not None:
-            for p in parts:
-                p.load_tables(sink.fs_options)
-        out = merge_parts(tasks, parts, opts, None if quiet else note)
-        note(f"audit: tasks {t1 - t0:.2f} s (task time {sum(p.seconds for p in parts):.2f} s, "
-             f"{sum(p.problem_count() for p in parts)} findings), tables "
-             f"{'mapped from files' if sink is not None else 'in-band'}, merged in {time.monotonic() - t1:.2f} s",
-             quiet)
-        return out
+    t0 = time.monotonic()
+    run = partial(phase_one, opts, sink)
+    done = eng.map(run, [*units, *meta_tasks], "audit: tasks", None if quiet else note)
+    parts, metas = done[:len(units)], done[len(units):]
+    t1 = time.monotonic()
+    out = merge_parts(tasks, parts, opts, None if quiet else note,
+                      rerun=lambda whole: eng.map(run, whole, "audit: segments again"))
+    note(f"audit: tasks {t1 - t0:.2f} s (task time {sum(p.seconds for p in parts):.2f} s, "
+         f"{sum(p.problem_count() for p in parts)} findings), tables "
+         f"{'in files' if sink is not None else 'in-band'}, merged in {time.monotonic() - t1:.2f} s", quiet)
+    return out, metas
+
+
+def drop_tables(eng: Engine, results: list[SegmentResult], sink: TableSink) -> None:
+    """Remove the segment tasks' table files on the engine's workers, a share each: on a local work dir the
+    kernel frees their page cache (a quarter of the store's size), work the driver would do in proportion
+    to the records when it removes the directory (which it still does, for anything left)."""
+    paths = [r.path for res in results for p in res._parts for r in (p.records, p.keys) if r.path]
+    if not paths:
+        return
+    n = max(1, min(len(paths), 2 * eng.parallelism))
+    eng.map(partial(remove_files, sink.fs_options), [paths[i::n] for i in range(n)], "audit: work files")
 
 
 def _run_in_process(tasks: list[SegmentTask], units: list[SegmentTask], opts: AuditOptions,

@@ -10,6 +10,8 @@ from datetime import tzinfo
 from functools import partial
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from jobs.common import Stage
 from jobs.engines.schedulers import Engine
 from storelib.broker.dispatch.rebuildtasks import (
@@ -35,7 +37,7 @@ from storelib.broker.recovery.walk import finish_walk, plan_recovery, store_inpu
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
 from storelib.fileio.bytesource import Location
-from storelib.fileio.staging import drop_staging
+from storelib.fileio.staging import drop_staging, remove_files
 from storelib.format.checkpoint import Checkpoint
 
 
@@ -69,9 +71,22 @@ def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: L
         jobs = cq_jobs(metas, inc, P) if ctx.do_cq else []
         ix = _index_plan(engine, metas, inc, ctx, out, say, name_tz) if ctx.do_index else None
         out.files = _run_bc(engine, ctx, jobs, ix, out, say)
+        _drop_work(engine, ctx)
         return out
     finally:
         drop_staging(staging.join(WORK))
+
+
+def _drop_work(engine: Engine, ctx: RebuildContext) -> None:
+    """Remove phase A's intermediate files on the workers, a share each (on a local disk freeing their
+    page cache is work in proportion to the records); the driver removes the directory after."""
+    work = ctx.staging.join(WORK)
+    paths = [Location(work.fs, i.path, work.local)
+             for i in work.fs.get_file_info(pafs.FileSelector(work.path, allow_not_found=True, recursive=True))
+             if i.type == pafs.FileType.File]
+    if paths:
+        n = max(1, min(len(paths), 2 * engine.parallelism))
+        engine.map(partial(remove_files, ctx.fs_options), [paths[i::n] for i in range(n)], "rebuild: work files")
 
 
 def _run_bc(engine: Engine, ctx: RebuildContext, jobs: list[tuple[int, list[int]]], ix: IndexPlan | None,

@@ -27,8 +27,9 @@ from storelib.checks.segment import SegmentResult, SegmentTask
 from storelib.errors import StoreError
 from storelib.scan.fingerprint import prefix_unchanged
 
-STATE_SCHEMA = "rmqstore.audit-state/2"
-OLD_SCHEMAS = ("rmqstore.audit-state/1",)  # kept record tables in a sidecar directory: read as no state
+STATE_SCHEMA = "rmqstore.audit-state/3"
+OLD_SCHEMAS = ("rmqstore.audit-state/1", "rmqstore.audit-state/2")  # /1 kept record tables in a sidecar
+# directory, /2 the driver's streamed carry and no record end per segment: read as no state
 
 
 Say = Callable[[str], None] | None  # where the state's progress lines go (None: nowhere)
@@ -84,6 +85,8 @@ def merge_appended(old: SegmentResult, new: SegmentResult) -> SegmentResult:
     ts = [t for t in (old.last_ts, new.last_ts) if t is not None]
     out.last_ts = max(ts) if ts else None
     out.seconds = new.seconds
+    out.rec_end = max(old.rec_end, new.rec_end)
+    out._parts = new._parts  # the new part's tables: what the cross-file tasks read of the segment
     return out
 
 

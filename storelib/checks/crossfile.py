@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,10 +36,12 @@ from storelib.checks.segment import (
     SEVERITY_RANK,
     Capped,
     SegmentResult,
-    merge_v2_findings,
 )
 from storelib.checks.timers import check_timer_store
 from storelib.errors import Finding
+
+if TYPE_CHECKING:
+    from storelib.broker.settings.brokerline import BrokerLine
 
 
 def run_cross_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, *, now_ms: int,
@@ -58,8 +60,8 @@ def run_cross_checks(store: Store, results: list[SegmentResult], settings: Broke
     needs every segment's records). A live store (``store.cut``) is read as at its cut and judged as
     :mod:`storelib.checks.livejudge` says (``max_lag``: bytes of dispatch lag before it is a warning)."""
     out = Capped()
-    _store_findings(store, results, settings, out)
-    _unsealed_segments(results, out)
+    store_findings(store, results, settings, out)
+    unsealed_segments(results, out)
     done: CrossResults | None = None
     mode = "whole view: lost regions or missing segments"
     if resume is not None:
@@ -92,7 +94,7 @@ def run_cross_checks(store: Store, results: list[SegmentResult], settings: Broke
     return done
 
 
-def _store_findings(store: Store, results: list[SegmentResult], settings: BrokerSettings, out: Capped) -> None:
+def store_findings(store: Store, results: list[SegmentResult], settings: BrokerSettings, out: Capped) -> None:
     """The store's and the segments' findings into ``out``."""
     cl = store.commitlog
     for f in [*cl.findings, *store.findings]:
@@ -115,7 +117,7 @@ def _record_view(store: Store, results: list[SegmentResult]) -> LogView:
     return LogView(recs, keys, lost_arr, cl.min_offset, log_end, cl.segment_size)
 
 
-def _unsealed_segments(results: list[SegmentResult], out: Capped) -> None:
+def unsealed_segments(results: list[SegmentResult], out: Capped) -> None:
     """Middle segments whose data ends without the end-of-file blank record while later ones hold data."""
     data_segs = [r for r in results if r.records or r.end_kind not in ("end_of_data",) or r.data_end]
     last_data = max((r.base for r in data_segs), default=-1)
@@ -180,3 +182,26 @@ def _threaded_checks(root, log: LogView, settings: BrokerSettings, out: Capped, 
     consumers = check_consumer_offsets(loaded, qstats, out)
     timers = check_timer_store(root, log, settings, out, facts, cut)
     return CrossResults(qstats, consumers, idx, cp, timers, log.summary(), extra_box[0])
+
+
+def merge_v2_findings(findings: list[Finding], line: BrokerLine | None) -> list[Finding]:
+    """All ``v2_record_on_4x`` findings as one (first place, total count), with the broker-line conflict.
+
+    Under 4.x rules every V2 record is an error, but only the first matters (4.9.8's recovery stops
+    there) and they usually mean the wrong line was chosen: one finding that says so, not one per record.
+    A conflict without V2 records is a warning of its own."""
+    v2 = [f for f in findings if f.kind == "v2_record_on_4x"]
+    out = [f for f in findings if f.kind != "v2_record_on_4x"]
+    conflict = line.conflict if line is not None else None
+    if v2:
+        first = min(v2, key=lambda f: (f.file or "", f.offset or 0))
+        n = sum(int((f.extra or {}).get("count", 1)) for f in v2)
+        detail = (f"{n} V2 (0xDAA320AB) record(s), the first here: a 4.9.8 broker treats it as corrupt, ends its "
+                  "recovery there and drops every message after it")
+        if conflict:
+            detail += "; the store's own evidence says 5.x wrote it: audit with --broker-version 5 (or auto)"
+        out.append(Finding("v2_record_on_4x", "error", first.file, first.offset, detail,
+                           {"count": n, "broker_line": line.source if line is not None else None}))
+    elif conflict:
+        out.append(Finding("broker_line_conflict", "warning", None, None, conflict))
+    return out

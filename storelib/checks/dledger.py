@@ -15,8 +15,8 @@ its queues' ends, the index files a start-up deletes), in words an operator can 
 * what a start-up deletes: index files newer than the store checkpoint after a crash, which DLedger mode
   never rebuilds (:func:`startup_deletion_findings`), consume-queue tails, data and index files.
 
-The caller runs the walk (:func:`storelib.broker.startup.startup.simulate` with a walk runner on its
-engine); :func:`dledger_audit` does both in this process.
+The walk's per-file scans and the queue ends run as engine tasks (:mod:`storelib.checks.tasks.dledgertask`);
+:func:`audit_findings` turns their merged values into the findings.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from storelib.scan.splits import find_entry_start
 
 if TYPE_CHECKING:
     from storelib.broker.recovery.dledgerwalk import DLedgerRecovery
-    from storelib.broker.recovery.walk import WalkRunner
+    from storelib.broker.recovery.walkplan import RecoveryResult
     from storelib.broker.settings.store import Store
     from storelib.broker.startup.cqrecovery import QueueReport
-    from storelib.broker.startup.startup import IndexFileOnLoad, Simulation
+    from storelib.broker.startup.startup import IndexFileOnLoad
     from storelib.checks.segment import Capped, SegmentTask
+    from storelib.format.checkpoint import Checkpoint
     from storelib.scan.scanner import SegmentEnd
 
 
@@ -229,32 +230,32 @@ def ledger_summary(dl: DLedgerRecovery) -> dict[str, Any]:
             "index_rewrite_from": dl.index_rewrite_from, "load_failure": dl.load_failure}
 
 
-def simulation_findings(sim: Simulation) -> tuple[list[Finding], dict[str, Any]]:
-    """Every DLedger finding of a start-up simulation, and the report's summary block."""
-    dl = sim.walk.dledger
-    assert dl is not None and sim.store.dledger is not None
-    from storelib.broker.recovery.dledgerwalk import list_index_files
+def audit_findings(store: Store, walk: RecoveryResult, queues: list[QueueReport], index_file_size: int,
+                   checkpoint: Checkpoint, live: bool = False) -> tuple[list[Finding], dict[str, Any]]:
+    """Every DLedger finding of a DLedger store's start-up walk (``walk``: from the data files' facts) and its
+    queues' ends (``queues``), and the report's summary block: per-file and per-queue values only. The index
+    files a start-up deletes are judged from their headers; ``live``: a running broker's abort file is its
+    own, so no start-up deletion is said."""
+    from storelib.broker.startup.startup import index_on_load
+    from storelib.format.markers import abort_state
 
-    st = sim.store.dledger_state
-    index = list_index_files(sim.store.path(sim.store.dledger.index), sim.store.dledger.index)
-    out = data_file_findings(dl, sim.store.dledger.index, index.file_size)
-    out += ledger_findings(dl, sim.store.dledger.dir, st.findings if st is not None else ())
-    out += queue_findings(sim.queue_reports, dl)
-    out += startup_deletion_findings(sim.index_files, sim.checkpoint.index_msg_timestamp)
-    out += [f for f in sim.walk.findings if f.kind == "dledger_data_truncated"]
+    dl = walk.dledger
+    assert dl is not None and store.dledger is not None
+    st = store.dledger_state
+    out = data_file_findings(dl, store.dledger.index, index_file_size)
+    out += ledger_findings(dl, store.dledger.dir, st.findings if st is not None else ())
+    out += queue_findings(queues, dl)
+    deleted: list[str] = []
+    if not live:
+        cp = checkpoint
+        on_load = index_on_load(store.index_files(), abort_state(store.loc).last_exit_ok, cp)
+        out += startup_deletion_findings(on_load, cp.index_msg_timestamp)
+        deleted = [f.name for f in on_load if f.delete]
+    out += [f for f in walk.findings if f.kind == "dledger_data_truncated"]
     summary = ledger_summary(dl)
-    summary["index_files_deleted_at_startup"] = list(sim.index_delete)
+    summary["index_files_deleted_at_startup"] = deleted
     return out, summary
 
 
-def dledger_audit(store: Store, walk_runner: WalkRunner | None = None) -> tuple[list[Finding], dict[str, Any]]:
-    """The DLedger checks of ``store`` in this process (the start-up walk on ``walk_runner``, default here)."""
-    from storelib.broker.recovery.walk import serial_walk
-    from storelib.broker.startup.startup import simulate
-
-    sim = simulate(store, complete_index=False, walk_runner=walk_runner or serial_walk)
-    return simulation_findings(sim)
-
-
-__all__ = ["data_file_findings", "dledger_audit", "ledger_findings", "ledger_summary", "queue_findings",
-           "restate_record_findings", "simulation_findings", "startup_deletion_findings"]
+__all__ = ["audit_findings", "data_file_findings", "ledger_findings", "ledger_summary", "queue_findings",
+           "restate_record_findings", "startup_deletion_findings"]

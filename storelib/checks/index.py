@@ -10,7 +10,7 @@ import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.checks.indexgrowth import grown_file_clean, slots_crc
-from storelib.checks.keystream import KeyStream
+from storelib.checks.keystream import KeyStream, behind_finding
 from storelib.checks.logview import (
     LogView,
     Unsettled,
@@ -43,7 +43,7 @@ class IndexLoad:
     live: bool = False  # read as at a live store's cut (headers of then, files created since left out)
 
 
-def _index_open_error(display: str, e: StoreError) -> Finding:
+def index_open_error(display: str, e: StoreError) -> Finding:
     return Finding("index_bad_size" if e.kind in ("bad_size", "truncated") else e.kind, "error", display,
                    e.offset, e.detail)
 
@@ -55,19 +55,8 @@ def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str
     ``carried`` (an earlier run's :func:`check_index` ``snap``): files it checked that hold the same number
     of entries are not validated again (their findings are replayed, :func:`check_index`). ``cut``: a live
     store's, whose files are read as they stood at it; files the cleaner deleted since are said once."""
-    from storelib.format.indexdir import list_index_files
-
     res = IndexLoad(live=cut is not None and cut.live)
-    refs = list_index_files(root, res.findings)
-    if cut is not None:
-        listed = {r.name for r in refs}
-        gone = [n for n, _ in cut.index_headers if n not in listed]
-        refs = cut.index_refs(refs)
-        if gone:
-            res.findings.append(Finding("expired_during_run", "info", "index", None,
-                                        f"{len(gone)} index file(s) deleted by the broker's cleaner after this run's "
-                                        f"cut ({gone[0]}{' .. ' + gone[-1] if len(gone) > 1 else ''}): expired during "
-                                        "the run", {"files": gone}))
+    refs = index_refs_at(root, res.findings, cut)
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
     for ref in refs:
         size_note = ref.size_finding(g)
@@ -76,11 +65,10 @@ def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str
         try:
             f = ref.open(g, strict=False, broker_size=True)
         except StoreError as e:
-            if res.live and not _exists(ref.loc):
-                res.findings.append(Finding("expired_during_run", "info", f"index/{ref.name}", None,
-                                            "deleted by the broker's cleaner during the run: not read"))
-                continue
-            res.files.append((ref, None, None, _index_open_error(f"index/{ref.name}", e)))
+            if index_gone(ref, res.live):
+                res.findings.extend(expired_index(ref))
+            else:
+                res.files.append((ref, None, None, index_open_error(f"index/{ref.name}", e)))
             continue
         c = (carried or {}).get(ref.name)
         try:
@@ -90,6 +78,35 @@ def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str
         finally:
             f.close()
     return res
+
+
+def index_refs_at(root: Location, findings: list[Finding], cut: StoreCut | None) -> list[IndexFileRef]:
+    """The index files, the listing's findings into ``findings``; a live store's as at its ``cut`` (files
+    created since left out, those the cleaner deleted since said once)."""
+    from storelib.format.indexdir import list_index_files
+
+    refs = list_index_files(root, findings)
+    if cut is not None:
+        listed = {r.name for r in refs}
+        gone = [n for n, _ in cut.index_headers if n not in listed]
+        refs = cut.index_refs(refs)
+        if gone:
+            findings.append(Finding("expired_during_run", "info", "index", None,
+                                    f"{len(gone)} index file(s) deleted by the broker's cleaner after this run's "
+                                    f"cut ({gone[0]}{' .. ' + gone[-1] if len(gone) > 1 else ''}): expired during "
+                                    "the run", {"files": gone}))
+    return refs
+
+
+def expired_index(ref: IndexFileRef) -> list[Finding]:
+    """A live store's index file that could not be opened because the cleaner deleted it during the run."""
+    return [Finding("expired_during_run", "info", f"index/{ref.name}", None,
+                    "deleted by the broker's cleaner during the run: not read")]
+
+
+def index_gone(ref: IndexFileRef, live: bool) -> bool:
+    """Is a file that could not be opened one a live store's cleaner deleted during the run?"""
+    return live and not _exists(ref.loc)
 
 
 @dataclass
@@ -163,11 +180,10 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
         try:
             f = ref.open(g, strict=False, broker_size=True)
         except StoreError as e:  # changed since it was validated
-            if loaded.live and not _exists(ref.loc):  # the cleaner took it during the run
-                out.add(Finding("expired_during_run", "info", display, None,
-                                "deleted by the broker's cleaner during the run: not read"))
+            if index_gone(ref, loaded.live):  # the cleaner took it during the run
+                out.extend(expired_index(ref))
                 continue
-            out.add(_index_open_error(display, e))
+            out.add(index_open_error(display, e))
             if snap is not None:
                 raise Unsettled(f"{display} cannot be opened") from e
             continue
@@ -180,17 +196,16 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
             file_info = {"name": ref.name, "entries": m, "begin_ts": h.begin_timestamp, "end_ts": h.end_timestamp,
                          "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset}
             info["files"].append(file_info)
-            skip = _carried_entries(c, ent, display)
+            skip = carried_entries(c, ent, display)
             if c is None and log is None and log_min is not None:
-                skip = _expired_head(ent, log_min)  # what the whole view calls expired: nothing to match
+                skip = expired_head(ent, log_min)  # what the whole view calls expired: nothing to match
             file_max = c["max_phy"] if c is not None else -1
             for lo in range(skip, m, 1 << 20):  # a chunk at a time: no whole-file copy of the column
                 file_max = max(file_max, int(ent["phy_offset"][lo:lo + (1 << 20)].max()))
             max_end_phy = max(max_end_phy, file_max)
-            _abnormal_start_note(info, out, ref.name, h, idx_ts, abort)
+            abnormal_start_note(info, out, ref.name, h, idx_ts, abort)
             if c is not None and _resumed_file(c, f, ent, skip, keys, file_info, file_max, out, snap):
                 continue
-            consequences: list[str] = []
             if keys.next_are_entries(ent[skip:]):
                 # the file holds exactly the next keys of the log, in order: every entry points at its
                 # record with one of its keys' hashes, so no entry finding (the comparison would find none)
@@ -200,23 +215,14 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
                     raise Unsettled(f"{display}: its entries are not the records' keys in order")
                 if k_ is None:
                     k_ = key_codes(log)
-                wrong = _entries_against_records(log, k_, ent, g, display, out, all_codes, wrong_phy)
-            if len(wrong):
-                consequences = ["slot_not_newest_entry", "prev_index_wrong_slot", "hash_slot_count_mismatch",
-                                "index_chain_broken"]
+                wrong = entries_against_records(log, k_, ent, g, display, out, all_codes, wrong_phy)
             # chain structure: the broker links each entry to the previous entry of its slot
             if m and not len(wrong):
-                _check_chains(ent, g, display, fc)
-            for vfi in vf:
-                if vfi.kind in consequences:
-                    continue
-                vfi.file = display
-                if vfi.kind == "slot_not_newest_entry" and not len(wrong):
-                    consequences.append("index_chain_broken")
-                fc.add(vfi)
+                check_chains(ent, g, display, fc)
+            add_validate_findings(vf, bool(len(wrong)), display, fc)
             if snap is not None:
                 out.absorb(fc)
-                snap[ref.name] = _file_snapshot(f, ent, file_info, file_max, fc, ref is loaded.files[-1][0])
+                snap[ref.name] = file_snapshot(f, ent, file_info, file_max, fc, ref is loaded.files[-1][0])
         finally:
             del ent
             f.close()
@@ -233,7 +239,21 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
     return info
 
 
-def _expired_head(ent: np.ndarray, log_min: int) -> int:
+def add_validate_findings(vf: list[Finding], wrong: bool, display: str, out: Capped) -> None:
+    """A file's structural findings, less those its wrong-hash entries (``wrong``) or a slot that does not
+    hold its newest entry already explain."""
+    consequences = (["slot_not_newest_entry", "prev_index_wrong_slot", "hash_slot_count_mismatch",
+                     "index_chain_broken"] if wrong else [])
+    for vfi in vf:
+        if vfi.kind in consequences:
+            continue
+        vfi.file = display
+        if vfi.kind == "slot_not_newest_entry" and not wrong:
+            consequences.append("index_chain_broken")
+        out.add(vfi)
+
+
+def expired_head(ent: np.ndarray, log_min: int) -> int:
     """How many leading entries point below the commitlog's first offset (their records expired; the
     cleaner deletes an index file only once its last entry is below it)."""
     if not len(ent):
@@ -260,15 +280,15 @@ def _resumed_file(c: dict, f: IndexFile, ent: np.ndarray, skip: int, keys: KeySt
     if crc is None:
         raise Unsettled(f"{display}: its new entries or slots need the whole file checked")
     snap[file_info["name"]] = {**c, "count": len(ent), "index_count": f.header.index_count,  # type: ignore[index]
-                               "fp": _entries_fingerprint(ent, len(ent)), "info": file_info, "max_phy": file_max,
+                               "fp": entries_fingerprint(ent, len(ent)), "info": file_info, "max_phy": file_max,
                                "slots_crc": crc, "distinct": f.header.hash_slot_count}
     return True
 
 
-def _file_snapshot(f: IndexFile, ent: np.ndarray, file_info: dict, file_max: int, fc: Capped, last: bool) -> dict:
+def file_snapshot(f: IndexFile, ent: np.ndarray, file_info: dict, file_max: int, fc: Capped, last: bool) -> dict:
     """What a later run needs of a file checked in full: its entry count and fingerprint, what was found;
     for the last file (the one that grows) when clean, its slot table's CRC."""
-    snap = {"count": len(ent), "index_count": f.header.index_count, "fp": _entries_fingerprint(ent, len(ent)),
+    snap = {"count": len(ent), "index_count": f.header.index_count, "fp": entries_fingerprint(ent, len(ent)),
             "info": file_info, "max_phy": file_max, "found": fc.to_json()}
     if last and not fc.counts:
         snap.update(slots_crc=slots_crc(f.slots()), distinct=f.header.hash_slot_count)
@@ -282,18 +302,18 @@ def _carried_all_present(carried: dict[str, dict] | None, loaded: IndexLoad) -> 
         raise Unsettled("an index file checked by an earlier run is gone")
 
 
-def _carried_entries(c: dict | None, ent: np.ndarray, display: str) -> int:
+def carried_entries(c: dict | None, ent: np.ndarray, display: str) -> int:
     """How many leading entries of a file an earlier run checked (0 without ``c``); Unsettled when they
     do not fingerprint the same or the file holds fewer entries now."""
     if c is None:
         return 0
     n = c["count"]
-    if len(ent) < n or _entries_fingerprint(ent, n) != c["fp"]:
+    if len(ent) < n or entries_fingerprint(ent, n) != c["fp"]:
         raise Unsettled(f"{display}: entries checked by an earlier run have changed")
     return n
 
 
-def _entries_fingerprint(ent: np.ndarray, n: int) -> list[int]:
+def entries_fingerprint(ent: np.ndarray, n: int) -> list[int]:
     """Sampled CRCs of the first ``n`` entries (:mod:`storelib.fileio.sampledcrc`) and their count."""
     head, tail = sampled_crc(lambda i, k: ent[i:i + k].tobytes(), n, ent.dtype.itemsize)
     return [head, tail, n]
@@ -321,23 +341,33 @@ def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[
         if wrong_phy:
             wp = np.concatenate(wrong_phy)
             explained |= is_member(mphy, np.sort(wp))
-        behind = ~explained & ((mphy >= max_end_phy) if live else (mphy > max_end_phy))
-        real = ~explained & ~behind
+        behind, real = split_missing(mphy, explained, max_end_phy, live)
         if behind.any():
-            out.add(Finding("index_behind_commitlog", "warning", "index", None,
-                            f"{int(behind.sum())} keys of messages after the last indexed message "
-                            f"({max_end_phy}) are not indexed yet; the broker indexes them when it dispatches",
-                            {"count": int(behind.sum())}))
+            out.add(behind_finding(int(behind.sum()), max_end_phy))
         for j in np.flatnonzero(real).tolist():
-            p = int(mphy[j])
-            S = log.segment_size
-            sev = "warning" if p < first_begin else "error"
-            out.add(Finding("index_key_missing", sev, f"commitlog/{p // S * S:020d}", p % S,
-                            f"a key of the message at {p} (hash {int(khash[missing[j]])}) is not findable "
-                            "through any index file", {"phy": p, "key_hash": int(khash[missing[j]])}))
+            out.add(key_missing_finding(int(mphy[j]), int(khash[missing[j]]), first_begin, log.segment_size))
 
 
-def _abnormal_start_note(info: dict, out: Capped, name: str, h: IndexHeader, idx_ts: int | None, abort: bool) -> None:
+def split_missing(mphy: np.ndarray, explained: np.ndarray, max_end_phy: int, live: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Keys no index file holds, by their messages' positions: (not indexed yet: after the last indexed
+    message, missing for good); ``explained`` ones (lost data, expiry, an entry with the wrong hash) neither.
+    ``live``: a live store's cut can fall between two keys of one record (IndexService.buildIndex puts them
+    one by one), so the last indexed message's other keys are not indexed yet either."""
+    behind = ~explained & ((mphy >= max_end_phy) if live else (mphy > max_end_phy))
+    return behind, ~explained & ~behind
+
+
+def key_missing_finding(p: int, key_hash: int, first_begin: int, segment_size: int) -> Finding:
+    """A key of the message at ``p`` that no index file finds (a warning before the oldest file's range)."""
+    S = segment_size
+    sev = "warning" if p < first_begin else "error"
+    return Finding("index_key_missing", sev, f"commitlog/{p // S * S:020d}", p % S,
+                   f"a key of the message at {p} (hash {key_hash}) is not findable through any index file",
+                   {"phy": p, "key_hash": key_hash})
+
+
+def abnormal_start_note(info: dict, out: Capped, name: str, h: IndexHeader, idx_ts: int | None, abort: bool) -> None:
     """A file whose endTimestamp is after the checkpoint's indexMsgTimestamp: an abnormal start deletes it."""
     if idx_ts is not None and h.end_timestamp > idx_ts:
         info.setdefault("deleted_on_abnormal_start", []).append(name)
@@ -349,7 +379,7 @@ def _abnormal_start_note(info: dict, out: Capped, name: str, h: IndexHeader, idx
                         {"end_timestamp": h.end_timestamp, "index_msg_timestamp": idx_ts}))
 
 
-def _entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: IndexGeometry, display: str, out: Capped,
+def entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: IndexGeometry, display: str, out: Capped,
                              all_codes: list[np.ndarray], wrong_phy: list[np.ndarray]) -> np.ndarray:
     """Each entry of a file that is not the log's next keys looked up: the record it points at and whether
     its hash is one of that record's keys'. Returns the entries whose hash is wrong (0-based)."""
@@ -396,7 +426,7 @@ def _entries_against_records(log: LogView, k_: KeyCodes, ent: np.ndarray, g: Ind
     return wrong
 
 
-def _check_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: Capped, chunk: int = 1 << 17) -> None:
+def check_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: Capped, chunk: int = 1 << 17) -> None:
     """Every entry's prevIndex is the previous entry of its slot (0 for a slot's first).
 
     Entries are taken ``chunk`` at a time in entry order with the newest entry of each slot so far carried

@@ -118,10 +118,7 @@ class KeyStream:
         first = int(self._phy[0][0])
         if first <= max_end_phy:
             raise Unsettled("a key at or before the last indexed message is in no index file")
-        count = self.n - self.cur
-        out.add(Finding("index_behind_commitlog", "warning", "index", None,
-                        f"{count} keys of messages after the last indexed message ({max_end_phy}) are not indexed "
-                        "yet; the broker indexes them when it dispatches", {"count": count}))
+        out.add(behind_finding(self.n - self.cur, max_end_phy))
 
     def snapshot(self, limit: int, indexed: bool) -> dict | None:
         """The keys no index file holds yet (the rest of the stream), for a later run to go on from; None
@@ -135,6 +132,13 @@ class KeyStream:
         phy = np.concatenate(self._phy) if self._phy else np.zeros(0, np.int64)
         kh = np.concatenate(self._hash) if self._hash else np.zeros(0, np.int32)
         return {"cur": self.cur, "n": self.n, "phy": phy.tolist(), "hash": kh.tolist()}
+
+
+def behind_finding(count: int, max_end_phy: int) -> Finding:
+    """``count`` keys of messages after the last indexed one: the broker indexes them when it dispatches."""
+    return Finding("index_behind_commitlog", "warning", "index", None,
+                   f"{count} keys of messages after the last indexed message ({max_end_phy}) are not indexed yet; "
+                   "the broker indexes them when it dispatches", {"count": count})
 
 
 def pending_table(snap: dict) -> pa.Table:

@@ -134,9 +134,10 @@ def drop_expired(store: Store, results: list[SegmentResult]) -> tuple[list[Segme
     upto = max(gone)
     names = [s.name for s in cl.segments if s.base <= upto]
     cl.segments = [s for s in cl.segments if s.base > upto]
+    who = "DLedger's cleaner" if store.dledger is not None else "the broker's cleaner"
     store.findings.append(Finding(
-        "expired_during_run", "info", "commitlog", None,
-        f"{len(names)} segment(s) deleted by the broker's cleaner while this run read the store "
+        "expired_during_run", "info", cl.folder, None,
+        f"{len(names)} segment(s) deleted by {who} while this run read the store "
         f"({names[0]}{' .. ' + names[-1] if len(names) > 1 else ''}): they expired during the run; the "
         "checks start after them", {"segments": names}))
     return [r for r in results if r.base > upto], names

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 MAX_TOPICS = 8
 
@@ -19,6 +21,32 @@ def time_buckets(lo: int, hi: int, buckets: int = 60) -> tuple[int, int, int]:
     bucket = next((b for b in nice if span / b <= buckets), nice[-1] * (span // (nice[-1] * buckets) + 1))
     start = lo - lo % bucket
     return bucket, start, int((hi - start) // bucket) + 1
+
+
+class TopicCodes:
+    """Topics numbered in first-seen order over a stream of record batches (the series' rows)."""
+
+    def __init__(self, names: list[str] | None = None) -> None:
+        self.reset(names)
+
+    def reset(self, names: list[str] | None) -> None:
+        """Start from ``names`` (an earlier run's numbering), in place."""
+        self.names: list[str] = list(names or [])
+        self.code: dict[str, int] = {t: i for i, t in enumerate(self.names)}
+
+    def of(self, topics: pa.ChunkedArray | pa.Array) -> np.ndarray:
+        """Each row's topic code (new topics numbered as they first appear)."""
+        enc = pc.dictionary_encode(topics)
+        if isinstance(enc, pa.ChunkedArray):
+            enc = enc.combine_chunks()
+        local = np.empty(len(enc.dictionary), np.int64)
+        for i, t in enumerate(enc.dictionary.to_pylist()):
+            c = self.code.get(t)
+            if c is None:
+                c = self.code[t] = len(self.names)
+                self.names.append(t)
+            local[i] = c
+        return local[np.asarray(enc.indices, dtype=np.int64)]
 
 
 class TrafficSeries:

@@ -3,7 +3,7 @@ records both ways (a unit pointing into a region already reported lost counts ag
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -124,10 +124,14 @@ class CQLoad:
         return max(log_min, 0) if self.live else max(self.cq_max_phy, log_min, 0)
 
 
-def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, cut: StoreCut | None = None) -> CQLoad:
-    """Read every consume queue's units (one copy out of the mapped files) and offsets (as at ``cut``)."""
-    res = CQLoad()
-    for topic, qid, cq in walk_queues(root, settings, res, cut):
+def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, cut: StoreCut | None = None,
+                        queues: Iterable[tuple[str, int, LoadedQueue]] | None = None, res: CQLoad | None = None
+                        ) -> CQLoad:
+    """Read every consume queue's units (one copy out of the mapped files) and offsets (as at ``cut``;
+    ``queues``: only these, opened by the caller into ``res``; default: every queue directory,
+    :func:`walk_queues`)."""
+    res = res if res is not None else CQLoad()
+    for topic, qid, cq in walk_queues(root, settings, res, cut) if queues is None else queues:
         try:
             ns, units, files = [], [], []
             for base, display, u in queue_files(cq, root.path):
@@ -154,6 +158,16 @@ def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad, cut: Stor
     cannot be listed (or is a RocksDB consume queue, which rmqstore does not read: said once). With a live
     ``cut`` each queue is read as at the cut (units dispatched after it are not there yet) and its files
     deleted by the cleaner since the listing are left out (said once, :attr:`CQLoad.vanished`)."""
+    for topic, qid, loc in queue_listing(root, res, cut) or []:
+        yield topic, qid, open_queue(root, settings, topic, qid, loc, res, cut)
+    vanished_finding(res)
+
+
+def queue_listing(root: Location, res: CQLoad, cut: StoreCut | None = None
+                  ) -> list[tuple[str, int, Location]] | None:
+    """The queue directories (:func:`storelib.format.consumequeue.list_queues`), the listing's findings into
+    ``res.findings``; None (``res.failed``) when the queue directory cannot be listed or is a RocksDB
+    consume queue, which rmqstore does not read (said once). ``res.live``: read as at a live ``cut``."""
     rootp = root.path
     limit = cut.commitlog_end if cut is not None and cut.live else None
     res.live = limit is not None
@@ -163,25 +177,36 @@ def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad, cut: Stor
     except StoreError as e:
         if e.kind == "rocksdb_consumequeue":  # a supported broker layout that rmqstore does not read: say so once
             res.findings.append(Finding(e.kind, "warning", rel_path(rootp, e.file), None,
-                                        f"{e.detail}: LoadedQueue checks skipped (rmqstore reads file-based "
+                                        f"{e.detail}: ConsumeQueue checks skipped (rmqstore reads file-based "
                                         "consume queues only); commitlog, index, checkpoint and config are audited",
                                         {"supported": False}))
         else:
             res.findings.append(Finding(e.kind, "error", rel_path(rootp, e.file), e.offset, e.detail))
         res.failed = True
-        return
+        return None
     for f in list_findings:
         f.file = rel_path(rootp, f.file)
         res.findings.append(f)
-    for topic, qid, loc in queues:
-        cq = LoadedQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid,
-                         phy_limit=limit)
-        for f in cq.findings:
-            f.file = rel_path(rootp, f.file)
-            res.findings.append(f)
-        if cq.vanished:
-            res.vanished += [f"consumequeue/{topic}/{qid}/{n}" for n in cq.vanished]
-        yield topic, qid, cq
+    return queues
+
+
+def open_queue(root: Location, settings: BrokerSettings, topic: str, qid: int, loc: Location, res: CQLoad,
+               cut: StoreCut | None = None) -> LoadedQueue:
+    """One queue's files listed (the caller closes it), as at a live ``cut``; their structural findings into
+    ``res.findings``, its files the cleaner deleted since the listing into ``res.vanished``."""
+    limit = cut.commitlog_end if cut is not None and cut.live else None
+    cq = LoadedQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid,
+                     phy_limit=limit)
+    for f in cq.findings:
+        f.file = rel_path(root.path, f.file)
+        res.findings.append(f)
+    if cq.vanished:
+        res.vanished += [f"consumequeue/{topic}/{qid}/{n}" for n in cq.vanished]
+    return cq
+
+
+def vanished_finding(res: CQLoad) -> None:
+    """The consume-queue files the cleaner deleted after the listing (a live store), said once."""
     if res.vanished:
         res.findings.append(Finding("expired_during_run", "info", "consumequeue", None,
                                     f"{len(res.vanished)} consume-queue file(s) deleted by the broker's cleaner after "
@@ -231,13 +256,18 @@ def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings,
     out.extend(loaded.findings)
     if loaded.failed:
         return {}
-    per_queue = loaded.per_queue
+    stats, reput_from = check_queue_units(log, out, facts, loaded)
+    queues_without_cq(root, log.segment_size, facts, set(loaded.per_queue), reput_from, out, stats)
+    stats["__reput_from__"] = reput_from  # type: ignore[index]
+    return stats
+
+
+def check_queue_units(log: LogView, out: Capped, facts: dict, loaded: CQLoad) -> tuple[dict, int]:
+    """Each loaded queue's units against the records and its records beyond them: (per-queue stats, the
+    reput position). A queue group's task runs this over its own queues."""
     stats: dict[tuple[str, int], dict] = {}
     reput_from = loaded.reput_from(log.log_min)
-
-    seen_queues = set()
-    for (topic, qid), (n, u, files, cq_max, cq_min) in per_queue.items():
-        seen_queues.add((topic, qid))
+    for (topic, qid), (n, u, files, cq_max, cq_min) in loaded.per_queue.items():
         last_valid = _check_units(log, out, topic, qid, n, u, files)
         fact = facts.get((topic, qid))
         lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from)
@@ -245,9 +275,7 @@ def check_consume_queues(root: Location, log: LogView, settings: BrokerSettings,
                                "raw_max_offset": int(n[last_valid]) + 1 if last_valid >= 0 else cq_max,
                                "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                "messages": fact["messages"] if fact else 0, "lag": lag, "lag_bytes": behind_bytes}
-    queues_without_cq(root, log.segment_size, facts, seen_queues, reput_from, out, stats)
-    stats["__reput_from__"] = reput_from  # type: ignore[index]
-    return stats
+    return stats, reput_from
 
 
 def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, u: np.ndarray,

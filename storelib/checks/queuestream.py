@@ -9,15 +9,16 @@ Anything else raises :class:`~storelib.checks.logview.Unsettled`: the whole view
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue
+from storelib.checks.logcharts import TopicCodes
 from storelib.checks.logview import Unsettled
 from storelib.checks.queues import (
     CQLoad,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _UnitStats:
+class UnitStats:
     """A queue's units summarised as they are read in order (a file's units at a time)."""
 
     first_n: int | None = None  # queue offset of its first unit (None: no unit)
@@ -73,7 +74,7 @@ class QueueMeta:
     """One consume queue summarised from its files, without holding its units."""
 
     cq: LoadedQueue  # files listed; mapped on demand, closed after each commitlog segment
-    units: _UnitStats
+    units: UnitStats
     cq_max: int
     cq_min: int
 
@@ -91,16 +92,18 @@ class QueueMetaLoad:
 
 
 def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
-                    prev: dict[str, dict] | None = None, cut: StoreCut | None = None) -> QueueMetaLoad:
+                    prev: dict[str, dict] | None = None, cut: StoreCut | None = None,
+                    queues: Iterable[tuple[str, int, LoadedQueue]] | None = None) -> QueueMetaLoad:
     """Each queue's first and last valid offsets, holes and unit counts, file by file (a CQ file's units at
     a time, never a queue's): the streamed counterpart of :func:`storelib.checks.queues.load_consume_queues`,
     with the same findings.
 
     ``prev`` (:func:`queue_meta_snapshot` of an earlier run): a queue found there is read only past the
     last valid unit it had, once the units up to it still fingerprint the same (else Unsettled). ``cut``: a
-    live store's, the queues read as at it (:func:`storelib.checks.queues.walk_queues`)."""
+    live store's, the queues read as at it (:func:`storelib.checks.queues.walk_queues`). ``queues``: only
+    these, opened by the caller (default: every queue directory)."""
     res = QueueMetaLoad()
-    for topic, qid, cq in walk_queues(root, settings, res.base, cut):
+    for topic, qid, cq in walk_queues(root, settings, res.base, cut) if queues is None else queues:
         p = (prev or {}).get(_queue_key(topic, qid))
         try:
             st = _resumed_stats(cq, root.path, p, log_min) if p is not None else None
@@ -111,7 +114,7 @@ def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
                 cq_max, mpo = st.last_valid + 1, wrap64(int(last["phy_offset"][0]) + int(last["size"][0]))
             else:
                 if st is None:
-                    st = _UnitStats()
+                    st = UnitStats()
                     for base, _display, u in queue_files(cq, root.path):
                         st.add(base // CQ_UNIT_SIZE, u, log_min)
                         del u
@@ -131,9 +134,9 @@ def _queue_key(topic: str, qid: int) -> str:
     return f"{qid}/{topic}"  # a queue id has no "/"; a topic name may
 
 
-def _resumed_stats(cq: LoadedQueue, rootp: str, p: dict, log_min: int) -> _UnitStats:
+def _resumed_stats(cq: LoadedQueue, rootp: str, p: dict, log_min: int) -> UnitStats:
     """A queue's stats carried from ``p`` and extended by the units after its last valid one."""
-    st = _UnitStats(**p["units"])
+    st = UnitStats(**p["units"])
     if _units_fingerprint(cq, st.first_n, st.last_valid) != p["fp"]:
         raise Unsettled("consume-queue units checked by an earlier run have changed")
     start = st.last_valid + 1
@@ -199,14 +202,14 @@ LAG_KEEP = 100_000  # lagging records a run keeps for the next incremental one (
 class QueueStream:
     """Feed each segment's record table in commitlog order (:meth:`feed`), then :meth:`finish`."""
 
-    def __init__(self, meta: QueueMetaLoad, log_min: int, segment_size: int, out: Capped) -> None:
+    def __init__(self, meta: QueueMetaLoad, log_min: int, segment_size: int, out: Capped,
+                 codes: TopicCodes | None = None) -> None:
         self.meta = meta
         self.log_min = log_min
         self.segment_size = segment_size
         self.out = out  # the queue-offset findings (gaps), in the whole view's order
         self.reput_from = meta.base.reput_from(log_min)
-        self.topic_names: list[str] = []
-        self.topic_code: dict[str, int] = {}
+        self._codes = codes if codes is not None else TopicCodes()  # may be shared with the report's series
         self.tails: dict[tuple[int, int], _Tail] = {}
         self.last_phy = -1
         self.log_end: int | None = None
@@ -214,15 +217,15 @@ class QueueStream:
 
     def topic_codes(self, topics: pa.ChunkedArray) -> np.ndarray:
         """Each record's topic as a code numbered in first-seen order over the whole log."""
-        enc = pc.dictionary_encode(topics).combine_chunks()
-        local = np.empty(len(enc.dictionary), np.int64)
-        for i, t in enumerate(enc.dictionary.to_pylist()):
-            c = self.topic_code.get(t)
-            if c is None:
-                c = self.topic_code[t] = len(self.topic_names)
-                self.topic_names.append(t)
-            local[i] = c
-        return local[np.asarray(enc.indices, dtype=np.int64)]
+        return self._codes.of(topics)
+
+    @property
+    def topic_names(self) -> list[str]:
+        return self._codes.names
+
+    @property
+    def topic_code(self) -> dict[str, int]:
+        return self._codes.code
 
     def feed(self, rec: pa.Table, code: np.ndarray) -> None:
         """One segment's records (``code``: :meth:`topic_codes` of them)."""
@@ -324,8 +327,7 @@ class QueueStream:
     def resume(self, snap: dict) -> None:
         """Go on from a :meth:`snapshot`: the tails back, and the lagging records checked again against the
         units the broker may have written for them since."""
-        self.topic_names = list(snap["topics"])
-        self.topic_code = {t: i for i, t in enumerate(self.topic_names)}
+        self._codes.reset(snap["topics"])
         self.last_phy, self.log_end = snap["last_phy"], snap["log_end"]
         self.out.replay_json(snap["gaps"])
         touched: list[LoadedQueue] = []
@@ -355,6 +357,12 @@ class QueueStream:
         out.extend(self.meta.base.findings)
         if self.meta.base.failed:
             return {}
+        stats = self.finish_queues(facts, out)
+        queues_without_cq(root, self.segment_size, facts, set(self.meta.queues), self.reput_from, out, stats)
+        return stats
+
+    def finish_queues(self, facts: dict, out: Capped) -> dict:
+        """:meth:`finish` for the queues that have consume-queue files (a queue group's task runs this)."""
         stats: dict[tuple[str, int], dict] = {}
         for (topic, qid), m in self.meta.queues.items():
             tc = self.topic_code.get(topic)
@@ -369,7 +377,6 @@ class QueueStream:
                                    "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                    "messages": fact["messages"] if fact else 0,
                                    "lag": t.lag if t else 0, "lag_bytes": t.lag_bytes if t else 0}
-        queues_without_cq(root, self.segment_size, facts, set(self.meta.queues), self.reput_from, out, stats)
         return stats
 
 

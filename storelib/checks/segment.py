@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -20,35 +19,37 @@ import pyarrow.compute as pc
 
 from storelib.broker.recovery.resync import LostRegion, find_next_record, lost_region
 from storelib.checks.dledger import dledger_after_end
+from storelib.checks.tables import (
+    KEY_SCHEMA,
+    RECORD_COLUMNS,
+    RECORD_SCHEMA,
+    PartRef,
+    TableRef,
+    TableSink,
+    from_ipc,
+    group_sort,
+    in_commitlog_order,
+    read_table_file,
+    to_ipc,
+)
 from storelib.errors import Finding, StoreError
-from storelib.fileio.bytesource import LocalSource, data_ranges, open_source, read_ipc_file, resolve
+from storelib.fileio.bytesource import LocalSource, open_source, resolve, zero_tail
 from storelib.fileio.memory import keep_freed_memory
 from storelib.fileio.pagecare import PageCare, ReadPacer
-from storelib.fileio.publish import atomic_local_file
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
 from storelib.scan.commitlog import at_cut
 from storelib.scan.scanner import SegmentScan
 from storelib.scan.splits import plan_splits
 
 if TYPE_CHECKING:
-    from storelib.broker.settings.brokerline import BrokerLine
     from storelib.broker.settings.store import Store
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 MAX_PER_KIND = 50  # findings of one kind per file before they are summarised
 
-# compact record columns shipped from the segment tasks to the driver
-RECORD_COLUMNS = ["phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset",
-                  "tran_type", "sys_flag", "tags_code", "store_timestamp", "crc_ok"]
-RECORD_SCHEMA = pa.schema([
-    ("phy_offset", pa.int64()), ("size", pa.int32()), ("physical_offset_field", pa.int64()),
-    ("topic", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("tran_type", pa.int8()),
-    ("sys_flag", pa.int32()), ("tags_code", pa.int64()), ("store_timestamp", pa.int64()), ("crc_ok", pa.bool_()),
-])
 # what the segment checks read from a scan (nothing else is decoded)
 SCAN_COLUMNS = ["phy_offset", "size", "magic_version", "crc_ok", "queue_id", "queue_offset", "physical_offset_field",
                 "sys_flag", "tran_type", "store_timestamp", "topic", "keys", "uniq_key", "tags_code", "prop_crc_ok"]
-KEY_SCHEMA = pa.schema([("pos", pa.int64()), ("phy", pa.int64()), ("key_hash", pa.int32())])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -83,6 +84,7 @@ class AuditOptions:
     line: str | None = None  # the settings' scan_line: the line whose record check applies (None: not told)
     verify_crc: bool = True
     fs_options: dict[str, Any] = field(default_factory=dict)
+    groups: int = 1  # queue groups the record tables are laid out by (:func:`storelib.checks.tables.group_sort`)
     dledger: bool = False  # DLedger data files: entries scanned, resync on entry starts (storelib.checks.dledger)
 
 
@@ -107,36 +109,35 @@ class SegmentResult:
     first_ts: int | None = None
     last_ts: int | None = None
     seconds: float = 0.0
+    rec_end: int = -1  # end of its last valid record (-1: none); the whole view's log end is their max
 
     # The tables may instead be held in memory (``_tables``, a class-level default, not a dataclass field,
     # so ``asdict`` and the state file never see them): in-process parts and per-task table files skip an
-    # IPC round trip.
+    # IPC round trip. ``_parts``: where the cross-file tasks find each part's tables.
     _tables: ClassVar[tuple[pa.Table, pa.Table] | None] = None
+    _parts: ClassVar[tuple[PartRef, ...]] = ()
 
-    def record_table(self) -> pa.Table:
+    def record_table(self, fs_options: dict[str, Any] | None = None) -> pa.Table:
+        """The segment's records in commitlog order (the parts lay theirs out by queue group)."""
         t = self._tables
-        return t[0] if t is not None else _from_ipc(self.records_ipc, RECORD_SCHEMA)
+        if t is None and self._parts:
+            return _concat([p.all_records(fs_options) for p in self._parts], RECORD_SCHEMA)
+        return in_commitlog_order(t[0] if t is not None else from_ipc(self.records_ipc, RECORD_SCHEMA))
 
-    def key_table(self) -> pa.Table:
+    def key_table(self, fs_options: dict[str, Any] | None = None) -> pa.Table:
         t = self._tables
-        return t[1] if t is not None else _from_ipc(self.keys_ipc, KEY_SCHEMA)
+        if t is None and self._parts:
+            return _concat([p.key_table(fs_options) for p in self._parts], KEY_SCHEMA)
+        return t[1] if t is not None else from_ipc(self.keys_ipc, KEY_SCHEMA)
 
     def set_tables(self, records: pa.Table, keys: pa.Table) -> None:
         self._tables = (records, keys)
         self.records_ipc = self.keys_ipc = b""
 
 
-def _to_ipc(table: pa.Table, compression: str | None = None) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _from_ipc(data: bytes, schema: pa.Schema) -> pa.Table:
-    if not data:
-        return schema.empty_table()
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    tables = [t for t in tables if t.num_rows]
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 class Capped:
@@ -243,6 +244,15 @@ class PartResult:
     records_path: str | None = None  # the tables as files in a TableSink (then the *_ipc fields are empty)
     keys_path: str | None = None
     seconds: float = 0.0
+    offsets: tuple[int, ...] = ()  # queue-group boundaries of the record table (:func:`group_sort`)
+    n_records: int = 0
+    n_keys: int = 0
+    n_misplaced: int = 0  # records whose PHYSICALOFFSET field is not their position
+    phy_lo: int = -1  # position of the first record and end of the last (-1: no record)
+    phy_hi: int = -1
+    bytes_valid: int = 0
+    first_ts: int | None = None
+    last_ts: int | None = None
     _tables: ClassVar[tuple[pa.Table, pa.Table] | None] = None  # held in memory (as SegmentResult's)
 
     def problem_count(self) -> int:
@@ -254,78 +264,24 @@ class PartResult:
         """The record and key tables: held in memory, or decoded from the IPC bytes (zero-copy)."""
         if self._tables is not None:
             return self._tables
-        return _from_ipc(self.records_ipc, RECORD_SCHEMA), _from_ipc(self.keys_ipc, KEY_SCHEMA)
+        return from_ipc(self.records_ipc, RECORD_SCHEMA), from_ipc(self.keys_ipc, KEY_SCHEMA)
 
     def load_tables(self, fs_options: dict[str, Any] | None = None) -> None:
         """Driver side: map the tables a task wrote to a :class:`TableSink` (before its dir is removed)."""
         self._tables = (read_table_file(self.records_path, RECORD_SCHEMA, fs_options),
                         read_table_file(self.keys_path, KEY_SCHEMA, fs_options))
 
-
-@dataclass(frozen=True)
-class TableSink:
-    """A work directory (local path or URI every executor and the driver can reach) where split tasks
-    leave their record/key tables as Arrow IPC files, so a task returns only its small result through
-    Spark (a ~150 MB collect of pickled bytes through the JVM costs seconds; a memory-mapped file
-    nothing). File names are unique per task attempt (a retried task never collides with the files of
-    an earlier attempt, which the driver never reads and removes with the directory)."""
-
-    dir: str
-    fs_options: dict[str, Any] = field(default_factory=dict)
-
-    def write(self, stem: str, table: pa.Table) -> str | None:
-        """Write ``table`` as an IPC file; returns its path/URI (None for an empty table: nothing written)."""
-        if table.num_rows == 0:
-            return None
-        name = f"{stem}-{uuid.uuid4().hex}.arrow"
-        loc = resolve(self.dir, **self.fs_options)
-        if loc.local:  # temp + rename: the file appears under its name only when complete (scratch: no fsync)
-            path = os.path.join(loc.path, name)
-            # no makedirs: a task still running after the driver removed the sink (a cancelled stage)
-            # fails here instead of bringing the directory back
-            with atomic_local_file(path, durable=False, create_dir=False) as tmp, pa.OSFile(tmp, "wb") as f, \
-                    pa.ipc.new_file(f, table.schema) as w:
-                w.write_table(table)
-            return path
-        # object stores: one output stream = one PUT, the object appears only when complete
-        with loc.fs.open_output_stream(loc.join(name).path) as f, pa.ipc.new_file(f, table.schema) as w:
-            w.write_table(table)
-        return self.dir.rstrip("/") + "/" + name
-
-
-def read_table_file(path: str | None, schema: pa.Schema, fs_options: dict[str, Any] | None = None) -> pa.Table:
-    """A table written by :meth:`TableSink.write`: memory-mapped (zero-copy) when local, read whole otherwise."""
-    if path is None:
-        return schema.empty_table()
-    try:
-        return read_ipc_file(resolve(path, **(fs_options or {})))
-    except (OSError, pa.ArrowInvalid) as e:
-        raise StoreError(path, None, "work_file_unreadable", f"cannot read a task's table file: {e}") from e
-
-
-def _zero_tail(view: memoryview, start: int, chunk: int = 64 << 20, path: str | None = None) -> bool:
-    """Are all bytes from ``start`` to the end zero? (the unwritten tail of the last segment: checked at
-    memory speed before the byte-wise resync search, which would find nothing there anyway).
-
-    ``path``: the mapped file; its holes (``SEEK_DATA``/``SEEK_HOLE``: a preallocated segment is sparse,
-    so most of a young last segment is one hole) read as zeros by definition and are not touched, which
-    saves faulting in and scanning up to a whole segment of zero pages."""
-    a = np.frombuffer(view, dtype=np.uint8)
-    return not any(_nonzero_in(a, lo, hi, chunk) for lo, hi in data_ranges(path, start, len(view)))
-
-
-def _nonzero_in(a: np.ndarray, lo: int, hi: int, chunk: int) -> bool:
-    """Is any byte of ``a[lo:hi]`` non-zero? (8 bytes at a time, in chunks: bounded temporaries)."""
-    head = min(hi, (lo + 7) // 8 * 8)
-    if a[lo:head].any():
-        return True
-    lo = head
-    while lo + 8 <= hi:
-        stop = min(hi - (hi - lo) % 8, lo + chunk)
-        if a[lo:stop].view(np.uint64).any():
-            return True
-        lo = stop
-    return bool(a[lo:hi].any())
+    def ref(self, base: int) -> PartRef:
+        """Where the cross-file tasks find this part's tables: its files, or the tables held here."""
+        held = self._tables
+        if held is None and (self.records_ipc or self.keys_ipc):  # in-band: decoded here, kept in this process
+            held = self.tables()
+        recs = TableRef(self.records_path, held[0] if held is not None else None)
+        keys = TableRef(self.keys_path, held[1] if held is not None else None)
+        lo = self.phy_lo if self.n_records else base + self.start
+        hi = self.phy_hi if self.n_records else base + self.start
+        return PartRef(self.name, base, self.start, lo, hi, recs, keys, self.offsets or (0, self.n_records),
+                       self.n_keys, self.n_misplaced)
 
 
 def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = None,
@@ -393,7 +349,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
                 break
             view = _whole(src)
             if end.kind == "end_of_data":
-                if _zero_tail(view, end.file_offset, path=task.uri if task.local else None):
+                if zero_tail(view, end.file_offset, path=task.uri if task.local else None):
                     break  # nothing but zeros up to the segment end: no record, no stale bytes
                 r = find_next_record(view, end.file_offset, base=task.base)
                 if r.kind == "message":  # zeros inside the data: a zeroed/unwritten hole
@@ -424,17 +380,33 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
         src.close()
     res.items, res.counts = found.items, dict(found.counts)
     res.bad_rows, res.regions = bad_rows, regions
+    res.n_misplaced = found.counts.get(("physical_offset_mismatch", display), 0)
+    _keep_tables(res, task, opts, sink, keep_tables, rec_parts, key_parts)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def _keep_tables(res: PartResult, task: SegmentTask, opts: AuditOptions, sink: TableSink | None, keep_tables: bool,
+                 rec_parts: list[pa.Table], key_parts: list[pa.Table]) -> None:
+    """The part's record table laid out by queue group (:func:`storelib.checks.tables.group_sort`) and its
+    key table, into ``sink`` files, kept in memory, or as IPC bytes in the result."""
     recs = pa.concat_tables(rec_parts) if rec_parts else RECORD_SCHEMA.empty_table()
     keys = pa.concat_tables(key_parts) if key_parts else KEY_SCHEMA.empty_table()
+    res.n_records, res.n_keys = recs.num_rows, keys.num_rows
+    if recs.num_rows:
+        phy = recs.column("phy_offset")
+        res.phy_lo, res.phy_hi = int(phy[0].as_py()), int(phy[-1].as_py()) + int(recs.column("size")[-1].as_py())
+        res.bytes_valid = int(pc.sum(recs.column("size")).as_py())
+        ts = recs.column("store_timestamp")
+        res.first_ts, res.last_ts = int(pc.min(ts).as_py()), int(pc.max(ts).as_py())
+    recs, res.offsets = group_sort(recs, opts.groups)
     if sink is not None:
         stem = f"{task.name}-{task.start}"
         res.records_path, res.keys_path = sink.write(stem + ".records", recs), sink.write(stem + ".keys", keys)
     elif keep_tables:
         res._tables = (recs, keys)
     else:
-        res.records_ipc, res.keys_ipc = _to_ipc(recs), _to_ipc(keys)
-    res.seconds = time.monotonic() - t0
-    return res
+        res.records_ipc, res.keys_ipc = to_ipc(recs), to_ipc(keys)
 
 
 def parts_chain(parts: list[PartResult]) -> bool:
@@ -502,14 +474,13 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
                               f"{rg.reason} ({rg.detail}); {rg.bytes_lost} bytes lost, valid data resumes at "
                               f"{rg.end} ({rg.resumed}); the broker stops at the first bad record", _region_extra(rg)))
     res.regions = [r.to_dict() for r in regions]
-    tabs = [p.tables() for p in parts]  # chunks of the parts' tables, no copy
-    recs = tabs[0][0] if len(tabs) == 1 else pa.concat_tables([t[0] for t in tabs])
-    res.set_tables(recs, tabs[0][1] if len(tabs) == 1 else pa.concat_tables([t[1] for t in tabs]))
-    res.records = recs.num_rows
-    if recs.num_rows:
-        res.bytes_valid = int(pc.sum(recs.column("size")).as_py())
-        ts = recs.column("store_timestamp")
-        res.first_ts, res.last_ts = int(pc.min(ts).as_py()), int(pc.max(ts).as_py())
+    res._parts = tuple(p.ref(task.base) for p in parts)  # the tables stay where the tasks left them
+    res.records = sum(p.n_records for p in parts)
+    res.bytes_valid = sum(p.bytes_valid for p in parts)
+    firsts = [p.first_ts for p in parts if p.first_ts is not None]
+    lasts = [p.last_ts for p in parts if p.last_ts is not None]
+    res.first_ts, res.last_ts = min(firsts, default=None), max(lasts, default=None)
+    res.rec_end = max((p.phy_hi for p in parts if p.n_records), default=-1)
     res.crc_errors = len(bad_rows)
     res.crc_bytes = sum(size for _, size, _ in bad_rows)
     res.findings = [f.to_dict() for f in found.done()]
@@ -587,42 +558,27 @@ def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int) -> lis
 
 
 def merge_parts(tasks: list[SegmentTask], parts: list[PartResult], opts: AuditOptions,
-                say: Callable[[str], None] | None = None) -> list[SegmentResult]:
+                say: Callable[[str], None] | None = None,
+                rerun: Callable[[list[SegmentTask]], list[PartResult]] | None = None) -> list[SegmentResult]:
     """Merge part results per segment; a segment whose parts do not chain like one scan (corruption
-    across a cut) is audited again as one task, so findings never depend on where the cuts fell."""
+    across a cut) is audited again as one task (``rerun``: on the engine; default: here), so findings
+    never depend on where the cuts fell."""
     by_name: dict[str, list[PartResult]] = {}
     for p in parts:
         by_name.setdefault(p.name, []).append(p)
+    ordered = {t.name: sorted(by_name.get(t.name, []), key=lambda p: p.start) for t in tasks}
+    redo = [t for t in tasks if not (ordered[t.name] and parts_chain(ordered[t.name]))]
+    if redo and say is not None:
+        for t in redo:
+            say(f"audit: {t.name}: splits do not chain (corruption across a cut): auditing it as one task")
+    whole = {t.name: replace(t, end=None) for t in redo}
+    again = dict(zip(whole, rerun(list(whole.values())))) if rerun is not None and redo else {}
     out = []
     for t in tasks:
-        ps = sorted(by_name.get(t.name, []), key=lambda p: p.start)
-        if ps and parts_chain(ps):
-            out.append(finish_segment(t, ps))
+        if t.name not in whole:
+            out.append(finish_segment(t, ordered[t.name]))
+        elif t.name in again:
+            out.append(finish_segment(whole[t.name], [again[t.name]]))
         else:
-            if say is not None:
-                say(f"audit: {t.name}: splits do not chain (corruption across a cut): auditing it as one task")
             out.append(audit_segment(t, opts))
-    return out
-
-
-def merge_v2_findings(findings: list[Finding], line: BrokerLine | None) -> list[Finding]:
-    """All ``v2_record_on_4x`` findings as one (first place, total count), with the broker-line conflict.
-
-    Under 4.x rules every V2 record is an error, but only the first matters (4.9.8's recovery stops
-    there) and they usually mean the wrong line was chosen: one finding that says so, not one per record.
-    A conflict without V2 records is a warning of its own."""
-    v2 = [f for f in findings if f.kind == "v2_record_on_4x"]
-    out = [f for f in findings if f.kind != "v2_record_on_4x"]
-    conflict = line.conflict if line is not None else None
-    if v2:
-        first = min(v2, key=lambda f: (f.file or "", f.offset or 0))
-        n = sum(int((f.extra or {}).get("count", 1)) for f in v2)
-        detail = (f"{n} V2 (0xDAA320AB) record(s), the first here: a 4.9.8 broker treats it as corrupt, ends its "
-                  "recovery there and drops every message after it")
-        if conflict:
-            detail += "; the store's own evidence says 5.x wrote it: audit with --broker-version 5 (or auto)"
-        out.append(Finding("v2_record_on_4x", "error", first.file, first.offset, detail,
-                           {"count": n, "broker_line": line.source if line is not None else None}))
-    elif conflict:
-        out.append(Finding("broker_line_conflict", "warning", None, None, conflict))
     return out

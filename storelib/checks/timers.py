@@ -124,6 +124,45 @@ def has_timer_store(root: Location) -> bool:
     return root.fs.get_file_info(root.join("timerlog").path).type.name != "NotFound"
 
 
+def _units_against_records(log: LogView, py: np.ndarray, size_py: np.ndarray, files: list, offs: np.ndarray,
+                           out: Capped) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each unit inside the log points (offsetPy, sizePy) at a timer record of that size; (the units inside,
+    their record rows, whether a record starts there)."""
+    inside = np.flatnonzero((py >= log.log_min) & (py < log.log_end))
+    row = np.searchsorted(log.phy, py[inside])
+    rowc = np.clip(row, 0, max(len(log.phy) - 1, 0))
+    hit = (row < len(log.phy)) & (log.phy[rowc] == py[inside]) if len(log.phy) else np.zeros(len(inside), bool)
+    timer_code = log.topic_code.get(TIMER_TOPIC, -1)
+    bad: list[tuple[str, int | None, str, dict]] = []
+    for j, i in enumerate(inside.tolist()):
+        if not hit[j]:
+            if not log.in_lost(np.array([py[i]]))[0]:
+                bad.append((files[i], int(offs[i]), f"offsetPy {int(py[i])} is not the start of a record", {}))
+            continue
+        r = int(rowc[j])
+        if int(log.topic_idx[r]) != timer_code:
+            bad.append((files[i], int(offs[i]), f"offsetPy {int(py[i])} is a record of topic "
+                        f"{log.topic_names[int(log.topic_idx[r])]!r}, not {TIMER_TOPIC}", {}))
+        elif int(log.size[r]) != int(size_py[i]):
+            bad.append((files[i], int(offs[i]), f"sizePy {int(size_py[i])} but the record at {int(py[i])} has "
+                        f"{int(log.size[r])} bytes", {}))
+    _each(out, "timer_unit_mismatch", "error", bad)
+    return inside, rowc, hit
+
+
+def _timercheck_ahead(cp: Any, log_end: int, facts: dict[tuple[str, int], dict], out: Capped) -> None:
+    """timercheck past the timerlog's end, or past the timer topic's messages in the commitlog."""
+    if cp.last_timer_log_flush_pos > log_end:
+        out.add(Finding("timercheck_ahead", "error", "config/timercheck", 8,
+                        f"lastTimerLogFlushPos {cp.last_timer_log_flush_pos} is past the timerlog's end {log_end}"))
+    cq = facts.get((TIMER_TOPIC, 0))
+    cl_max = cq["cl_max_offset"] if cq else 0
+    if cp.last_timer_queue_offset > cl_max:
+        out.add(Finding("timercheck_ahead", "error", "config/timercheck", 16,
+                        f"lastTimerQueueOffset {cp.last_timer_queue_offset} is past the timer topic's "
+                        f"{cl_max} messages in the commitlog"))
+
+
 def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, out: Capped,
                       facts: dict[tuple[str, int], dict], cut: StoreCut | None = None) -> dict[str, Any] | None:
     """The timer store's findings into ``out``; a small summary for the report (None without a timerlog).
@@ -171,25 +210,8 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
         out.add(Finding("timer_unit_expired", "warning", "timerlog", None,
                         f"{len(expired)} unit(s) point before the commitlog's first offset {log.log_min}: their "
                         "messages were deleted before delivery", {"count": int(len(expired))}))
-    inside = np.flatnonzero((py >= log.log_min) & (py < log.log_end))
-    row = np.searchsorted(log.phy, py[inside])
-    rowc = np.clip(row, 0, max(len(log.phy) - 1, 0))
-    hit = (row < len(log.phy)) & (log.phy[rowc] == py[inside]) if len(log.phy) else np.zeros(len(inside), bool)
+    inside, rowc, hit = _units_against_records(log, py, size_py, files, offs, out)
     timer_code = log.topic_code.get(TIMER_TOPIC, -1)
-    bad: list[tuple[str, int | None, str, dict]] = []
-    for j, i in enumerate(inside.tolist()):
-        if not hit[j]:
-            if not log.in_lost(np.array([py[i]]))[0]:
-                bad.append((files[i], int(offs[i]), f"offsetPy {int(py[i])} is not the start of a record", {}))
-            continue
-        r = int(rowc[j])
-        if int(log.topic_idx[r]) != timer_code:
-            bad.append((files[i], int(offs[i]), f"offsetPy {int(py[i])} is a record of topic "
-                        f"{log.topic_names[int(log.topic_idx[r])]!r}, not {TIMER_TOPIC}", {}))
-        elif int(log.size[r]) != int(size_py[i]):
-            bad.append((files[i], int(offs[i]), f"sizePy {int(size_py[i])} but the record at {int(py[i])} has "
-                        f"{int(log.size[r])} bytes", {}))
-    _each(out, "timer_unit_mismatch", "error", bad)
 
     big_limit = int(settings.max_message_size) + 100
     if timer_code >= 0:
@@ -217,17 +239,8 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
                             "delete their commitlog segment before delivery (apache/rocketmq#9006); "
                             "rmqstore expiry says which a policy loses",
                             {"count": int(len(outlive)), "first_pos": int(u.column("pos").to_numpy()[outlive[0]])}))
-    log_end = max((f["base"] + f["end_offset"] for f in tl.files), default=0)
     if cp is not None:
-        if cp.last_timer_log_flush_pos > log_end:
-            out.add(Finding("timercheck_ahead", "error", "config/timercheck", 8,
-                            f"lastTimerLogFlushPos {cp.last_timer_log_flush_pos} is past the timerlog's end {log_end}"))
-        cq = facts.get((TIMER_TOPIC, 0))
-        cl_max = cq["cl_max_offset"] if cq else 0
-        if cp.last_timer_queue_offset > cl_max:
-            out.add(Finding("timercheck_ahead", "error", "config/timercheck", 16,
-                            f"lastTimerQueueOffset {cp.last_timer_queue_offset} is past the timer topic's "
-                            f"{cl_max} messages in the commitlog"))
+        _timercheck_ahead(cp, max((f["base"] + f["end_offset"] for f in tl.files), default=0), facts, out)
     return {"timerlog_units": u.num_rows, "timerlog_files": len(tl.files), "wheel_slots_used": wheel.num_rows,
             "units_past_commitlog": int(len(past)), "units_expired": int(len(expired)),
             "checkpoint": None if cp is None else cp.__dict__}

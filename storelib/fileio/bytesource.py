@@ -527,3 +527,28 @@ def open_source(loc: Location, size: int | None = None) -> LocalSource | ArrowFi
     if loc.local and loc.mapped:
         return LocalSource(loc.path)
     return ArrowFileSource(loc.fs, loc.path, size)
+
+
+def zero_tail(view: memoryview, start: int, chunk: int = 64 << 20, path: str | None = None) -> bool:
+    """Are all bytes from ``start`` to the end zero? (the unwritten tail of the last segment: checked at
+    memory speed before the byte-wise resync search, which would find nothing there anyway).
+
+    ``path``: the mapped file; its holes (``SEEK_DATA``/``SEEK_HOLE``: a preallocated segment is sparse,
+    so most of a young last segment is one hole) read as zeros by definition and are not touched, which
+    saves faulting in and scanning up to a whole segment of zero pages."""
+    a = np.frombuffer(view, dtype=np.uint8)
+    return not any(nonzero_in(a, lo, hi, chunk) for lo, hi in data_ranges(path, start, len(view)))
+
+
+def nonzero_in(a: np.ndarray, lo: int, hi: int, chunk: int) -> bool:
+    """Is any byte of ``a[lo:hi]`` non-zero? (8 bytes at a time, in chunks: bounded temporaries)."""
+    head = min(hi, (lo + 7) // 8 * 8)
+    if a[lo:head].any():
+        return True
+    lo = head
+    while lo + 8 <= hi:
+        stop = min(hi - (hi - lo) % 8, lo + chunk)
+        if a[lo:stop].view(np.uint64).any():
+            return True
+        lo = stop
+    return bool(a[lo:hi].any())

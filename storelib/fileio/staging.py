@@ -102,6 +102,24 @@ def make_staging(in_place: bool, root: Location, out: Location | None, engine_na
     return resolve(tempfile.mkdtemp(prefix="rmqstore" + STAGING_TAG))
 
 
+def remove_files(fs_options: dict[str, Any], paths: list[str | Location]) -> int:
+    """Remove intermediate files, paths/URIs or Locations (as a task of their own, so that their removal,
+    which on a local disk frees their page cache, is spread over the workers); missing ones are fine.
+    Returns how many went."""
+    done = 0
+    for path in paths:
+        loc = path if isinstance(path, Location) else resolve(path, **(fs_options if "://" in path else {}))
+        try:
+            if loc.local:
+                os.unlink(loc.path)
+            else:
+                loc.fs.delete_file(loc.path)
+            done += 1
+        except OSError:
+            pass
+    return done
+
+
 def drop_staging(st: Location) -> None:
     if st.local:
         shutil.rmtree(st.path, ignore_errors=True)

@@ -196,137 +196,135 @@ def salvage_prefix_detail(text: str, *, file: str | None = None) -> SalvageResul
     mid-way ("10017" -> "100") cannot be told from a whole one, so it is dropped. Objects cut short
     keep their complete entries; arrays cut short are dropped (a shorter array is a wrong value).
     """
-    # one function (~135 lines): one character-level state machine whose small helpers share the scan
-    # position, the frame stack and the result; split into modules, each would pass all of them around
-    pos = 0
-    n = len(text)
-    if text[:1] == "\ufeff":
-        pos = 1
-    stack: list[_Frame] = []
-    root: dict | None = None
+    sv = _Salvager(text, file)
+    while sv.step():
+        pass
+    stopped = sv.pos
+    complete = not sv.stack and sv.root is not None and sv.skip_ws(stopped) >= len(text)
+    result = SalvageResult(sv.root if sv.root is not None else {}, complete, _byte_offset(text, stopped))
+    _unwind_at_cut(sv.stack, result)
+    return result
 
-    def skip_ws(p: int) -> int:
-        while p < n and text[p] in _WS:
+
+class _Salvager:
+    """The character-level state machine of :func:`salvage_prefix_detail`: the scan position, the frame
+    stack and the root; :meth:`step` takes one token (False: stop at ``pos``)."""
+
+    def __init__(self, text: str, file: str | None) -> None:
+        self.text, self.file, self.n = text, file, len(text)
+        self.pos = 1 if text[:1] == "\ufeff" else 0
+        self.stack: list[_Frame] = []
+        self.root: dict | None = None
+
+    def skip_ws(self, p: int) -> int:
+        while p < self.n and self.text[p] in _WS:
             p += 1
         return p
 
-    def attach(value: Any) -> None:
-        fr = stack[-1]
+    def attach(self, value: Any) -> None:
+        fr = self.stack[-1]
         fr.pending = value
         fr.has_pending = True
         fr.state = "sep"
 
-    stopped = n
-    while True:
-        pos = skip_ws(pos)
-        if pos >= n:
-            stopped = pos
-            break
-        c = text[pos]
-        fr = stack[-1] if stack else None
-        if fr is None:
-            if root is not None or c != "{":
-                stopped = pos
-                break
-            root = {}
-            stack.append(_Frame(root, True, ""))
-            pos += 1
-            continue
+    def step(self) -> bool:
+        self.pos = self.skip_ws(self.pos)
+        if self.pos >= self.n:
+            return False
+        c = self.text[self.pos]
+        if not self.stack:
+            if self.root is not None or c != "{":
+                return False
+            self.root = {}
+            self.stack.append(_Frame(self.root, True, ""))
+            self.pos += 1
+            return True
+        fr = self.stack[-1]
         st = fr.state
         if st in ("key_or_end", "key") and fr.is_dict:
-            if c == "}" and st == "key_or_end":
-                pos += 1
-                stack.pop()
-                if stack:
-                    attach(fr.obj)
-                    continue
-                stopped = pos
-                break
-            if c == '"':
-                try:
-                    key, end = json.decoder.scanstring(text, pos + 1, False)
-                except json.JSONDecodeError:
-                    stopped = pos
-                    break
-                if key == "$ref":
-                    raise _bad(
-                        file, text, pos, 'fastjson "$ref" reference: refusing to guess what it points to'
-                    )
-                fr.key, pos, fr.state = key, end, "colon"
-                continue
-            m = _NUMBER.match(text, pos) if c == "-" or c.isdigit() else None
-            if m and "." not in m.group() and "e" not in m.group().lower() and m.end() < n:
-                fr.key, pos, fr.state = int(m.group()), m.end(), "colon"
-                continue
-            stopped = pos
-            break
+            return self._key(fr, c, st)
         if st == "colon":
             if c != ":":
-                stopped = pos
-                break
-            pos += 1
+                return False
+            self.pos += 1
             fr.state = "value"
-            continue
+            return True
         if st in ("value", "value_or_end"):
-            if c == "]" and st == "value_or_end" and not fr.is_dict:
-                pos += 1
-                stack.pop()
-                attach(fr.obj)
-                continue
-            if c == "{":
-                stack.append(_Frame({}, True, _child_path(fr)))
-                pos += 1
-                continue
-            if c == "[":
-                stack.append(_Frame([], False, _child_path(fr)))
-                pos += 1
-                continue
-            if c == '"':
-                try:
-                    s, end = json.decoder.scanstring(text, pos + 1, False)
-                except json.JSONDecodeError:
-                    stopped = pos
-                    break
-                attach(s)
-                pos = end
-                continue
-            m = _NUMBER.match(text, pos)
-            if m:
-                tok = m.group()
-                attach(int(tok) if re.fullmatch(r"-?[0-9]+", tok) else float(tok))
-                pos = m.end()
-                continue
-            lit = next((w for w in _LITERALS if text.startswith(w, pos)), None)
-            if lit is not None:
-                attach(_LITERALS[lit])
-                pos += len(lit)
-                continue
-            stopped = pos
-            break
+            return self._value(fr, c, st)
         if st == "sep":
-            if c == ",":
-                _commit(fr)
-                pos += 1
-                fr.state = "key" if fr.is_dict else "value"
-                continue
-            if (c == "}" and fr.is_dict) or (c == "]" and not fr.is_dict):
-                _commit(fr)
-                pos += 1
-                stack.pop()
-                if stack:
-                    attach(fr.obj)
-                    continue
-                stopped = pos
-                break
-            stopped = pos
-            break
-        stopped = pos
-        break
+            return self._sep(fr, c)
+        return False
 
-    complete = not stack and root is not None and skip_ws(stopped) >= n
-    result = SalvageResult(root if root is not None else {}, complete, _byte_offset(text, stopped))
-    _unwind_at_cut(stack, result)
-    return result
+    def _close(self, fr: _Frame) -> bool:
+        """The frame's closing bracket taken: its value into its parent (False: the root is complete)."""
+        self.pos += 1
+        self.stack.pop()
+        if self.stack:
+            self.attach(fr.obj)
+            return True
+        return False
+
+    def _key(self, fr: _Frame, c: str, st: str) -> bool:
+        text, pos = self.text, self.pos
+        if c == "}" and st == "key_or_end":
+            return self._close(fr)
+        if c == '"':
+            try:
+                key, end = json.decoder.scanstring(text, pos + 1, False)
+            except json.JSONDecodeError:
+                return False
+            if key == "$ref":
+                raise _bad(self.file, text, pos, 'fastjson "$ref" reference: refusing to guess what it points to')
+            fr.key, self.pos, fr.state = key, end, "colon"
+            return True
+        m = _NUMBER.match(text, pos) if c == "-" or c.isdigit() else None
+        if m and "." not in m.group() and "e" not in m.group().lower() and m.end() < self.n:
+            fr.key, self.pos, fr.state = int(m.group()), m.end(), "colon"
+            return True
+        return False
+
+    def _value(self, fr: _Frame, c: str, st: str) -> bool:
+        text, pos = self.text, self.pos
+        if c == "]" and st == "value_or_end" and not fr.is_dict:
+            self.pos += 1
+            self.stack.pop()
+            self.attach(fr.obj)
+            return True
+        if c in "{[":
+            self.stack.append(_Frame({} if c == "{" else [], c == "{", _child_path(fr)))
+            self.pos += 1
+            return True
+        if c == '"':
+            try:
+                s, end = json.decoder.scanstring(text, pos + 1, False)
+            except json.JSONDecodeError:
+                return False
+            self.attach(s)
+            self.pos = end
+            return True
+        m = _NUMBER.match(text, pos)
+        if m:
+            tok = m.group()
+            self.attach(int(tok) if re.fullmatch(r"-?[0-9]+", tok) else float(tok))
+            self.pos = m.end()
+            return True
+        lit = next((w for w in _LITERALS if text.startswith(w, pos)), None)
+        if lit is not None:
+            self.attach(_LITERALS[lit])
+            self.pos += len(lit)
+            return True
+        return False
+
+    def _sep(self, fr: _Frame, c: str) -> bool:
+        if c == ",":
+            _commit(fr)
+            self.pos += 1
+            fr.state = "key" if fr.is_dict else "value"
+            return True
+        if (c == "}" and fr.is_dict) or (c == "]" and not fr.is_dict):
+            _commit(fr)
+            return self._close(fr)
+        return False
 
 
 def _unwind_at_cut(stack: list[_Frame], result: SalvageResult) -> None:

@@ -174,54 +174,6 @@ def index_time_diff(t: int, begin: int) -> int:
     return min(d, INT_MAX)
 
 
-def slot_chains(slot: np.ndarray, n0: int) -> tuple[np.ndarray, np.ndarray]:
-    """Entries grouped by slot, oldest first: (slot, entry number) pairs sorted by slot then number.
-
-    Entry ``n0 + i`` has slot ``slot[i]``; both fit in 31 bits, so (slot << bits) | number is one
-    int64 whose plain sort (numpy's SIMD sort, no index indirection) is the stable sort by slot,
-    several times faster than a stable argsort plus two gathers on a default-geometry file.
-    """
-    m = len(slot)
-    bits = max(1, int(n0 + m).bit_length())
-    comp = slot.astype(np.int64) << bits
-    comp |= np.arange(n0, n0 + m, dtype=np.int64)
-    comp.sort()
-    return comp >> bits, (comp & ((1 << bits) - 1)).astype(np.int32)
-
-
-
-
-def index_chains(hs: np.ndarray, n0: int, S: int, old_slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """prevIndex of entries ``n0, n0+1, ...`` with index hashes ``hs``, and the resulting slot table.
-
-    ``old_slots``: the slot table of the file being continued (None for a new file).
-    """
-    m = len(hs)
-    slot = hs % S
-    # entries sorted by (slot, number); within a slot the previous (older) number is the link
-    ss, ns = slot_chains(slot, n0)
-    del slot
-    first = np.ones(m, dtype=bool)
-    first[1:] = ss[1:] != ss[:-1]
-    prev_sorted = np.empty(m, dtype=np.int32)
-    prev_sorted[1:] = ns[:-1]
-    if old_slots is not None:
-        slots = old_slots.astype(np.int32).copy()
-        old = slots[ss[first]].astype(np.int64)
-        # putKey: a slot value <= 0 or > indexCount (= n at insert) reads as empty
-        prev_sorted[first] = np.where((old > 0) & (old <= ns[first]), old, 0)
-    else:
-        slots = np.zeros(S, dtype=np.int32)
-        prev_sorted[first] = 0
-    prev = np.empty(m, dtype=np.int32)
-    prev[ns - n0] = prev_sorted
-    last = np.empty(m, dtype=bool)
-    last[:-1] = first[1:]
-    last[-1] = True
-    slots[ss[last]] = ns[last]  # the newest entry of each slot
-    return prev, slots
-
-
 def entry_bytes(entries: np.ndarray) -> memoryview | bytes:
     """The on-disk bytes of index entries, without a copy when they already are contiguous ENTRY_DTYPE."""
     e = np.asarray(entries)

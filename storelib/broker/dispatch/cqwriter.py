@@ -205,52 +205,95 @@ def build_consume_queues(records: pa.Table | pa.RecordBatch, *, segment_size: in
     tran_type (only NOT=0 and COMMIT=2 get entries). ``state`` maps (topic, queue_id) to the state of
     an existing queue (``QueueState.from_existing`` or a previous image's ``state``); other queues start
     empty. Returns one image per queue that had at least one NOT/COMMIT record.
-    """
-    # one function (~120 lines): the broker's per-queue dispatch state machine over one vectorised pass; its
-    # intermediate columns feed each other step by step, and split up they would travel as a dozen arguments
+
+    Steps: the records grouped by queue in one vectorised pass (:func:`_grouped`), each queue's starting
+    state (:func:`_first_states`), the queues whose records the fast path cannot take
+    (:func:`_irregular`), then each queue's image: the state machine record by record for those
+    (:func:`_machine_image`), column slices for the rest (:func:`_fast_image`)."""
     S = check_segment_size(segment_size)
-    state = state or {}
+    gr = _grouped(records)
+    out: dict[tuple[str, int], QueueImage] = {}
+    if gr is None:
+        return out
+    keys, init, cur0, max0, ok0 = _first_states(gr, state or {}, S)
+    irregular = _irregular(gr, cur0, max0, ok0)
+    units_all = np.empty(len(gr.code_s), dtype=CQ_DTYPE)
+    units_all["phy_offset"] = gr.P
+    units_all["size"] = gr.Z.astype(np.int32)
+    units_all["tags_code"] = gr.C
+    for g in range(len(gr.starts)):
+        a, b = int(gr.starts[g]), int(gr.stops[g])
+        st = init[g]
+        img = (_machine_image(gr, a, b, st, keys[g], S) if irregular[g] else
+               _fast_image(gr, a, b, st, keys[g], int(cur0[g]), S, units_all))
+        if img.state.last_base is not None and img.state.last_base != st.last_base:
+            img.state = replace(img.state, backing=None)
+        out[keys[g]] = img
+    return out
+
+
+@dataclass
+class _Grouped:
+    """Dispatchable records in queue order (one gather per column: ``rows_s`` are their input rows) and
+    the queues' row ranges (``starts``/``stops``)."""
+
+    names: list[str]  # topic names by code
+    code_s: np.ndarray  # topic code << 32 | queue id, per row
+    rows_s: np.ndarray
+    P: np.ndarray  # PHYSICALOFFSET field
+    Z: np.ndarray  # size
+    C: np.ndarray  # tags code
+    N: np.ndarray  # QUEUEOFFSET
+    ends: np.ndarray  # P + Z
+    expect: np.ndarray  # N * unit size: where the broker expects the unit
+    starts: np.ndarray
+    stops: np.ndarray
+
+
+def _grouped(records: pa.Table | pa.RecordBatch) -> _Grouped | None:
+    """The NOT/COMMIT records grouped by queue, stable (None: there are none)."""
     cols = {name: _column(records, name) for name in _REQUIRED}
     tt = _np(cols["tran_type"], np.int64)
     keep = np.flatnonzero((tt == 0) | (tt == 2))
-    out: dict[tuple[str, int], QueueImage] = {}
     if len(keep) == 0:
-        return out
+        return None
     every = len(keep) == len(tt)
     topic = cols["topic"]
     if isinstance(topic, pa.ChunkedArray):
         topic = topic.combine_chunks()
     enc = pc.dictionary_encode(topic if every else topic.take(pa.array(keep)))
     tidx = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-    names = enc.dictionary.to_pylist()
     Q = _np(cols["queue_id"], np.int64)
     qu = (Q if every else Q[keep]) & 0xFFFFFFFF
     code = (tidx << 32) | qu
     order = _group_order(tidx, qu, code)
     code_s = code[order]
-    rows_s = order if every else keep[order]  # one gather per column: input rows in queue order
+    rows_s = order if every else keep[order]
     P = _np(cols["physical_offset_field"], np.int64)[rows_s]
     Z = _np(cols["size"], np.int64)[rows_s]
-    C = _np(cols["tags_code"], np.int64)[rows_s]
     N = _np(cols["queue_offset"], np.int64)[rows_s]
     starts = np.flatnonzero(np.r_[True, code_s[1:] != code_s[:-1]])
-    stops = np.r_[starts[1:], len(code_s)]
-    G = len(starts)
     with np.errstate(over="ignore"):
-        ends = P + Z
-        expect = N * CQ_UNIT_SIZE
+        ends, expect = P + Z, N * CQ_UNIT_SIZE
+    return _Grouped(enc.dictionary.to_pylist(), code_s, rows_s, P, Z, _np(cols["tags_code"], np.int64)[rows_s], N,
+                    ends, expect, starts, np.r_[starts[1:], len(code_s)])
 
-    # per-group initial state → the fast-path test, vectorised over all rows
+
+def _first_states(gr: _Grouped, state: Mapping[tuple[str, int], QueueState], S: int
+                  ) -> tuple[list[tuple[str, int]], list[QueueState], np.ndarray, np.ndarray, np.ndarray]:
+    """Per queue: its key, its starting state, where its next unit goes, its max physical offset, and
+    whether its first record continues the queue as the fast path needs."""
+    G = len(gr.starts)
     keys: list[tuple[str, int]] = []
     init: list[QueueState] = []
     cur0 = np.zeros(G, dtype=np.int64)
     max0 = np.zeros(G, dtype=np.int64)
     ok0 = np.zeros(G, dtype=bool)
-    n_first = N[starts]
+    n_first = gr.N[gr.starts]
     for g in range(G):
-        c = int(code_s[starts[g]])
+        c = int(gr.code_s[gr.starts[g]])
         q = c & 0xFFFFFFFF
-        key = (names[c >> 32], q - 2**32 if q >= 2**31 else q)
+        key = (gr.names[c >> 32], q - 2**32 if q >= 2**31 else q)
         st = state.get(key, QueueState())
         keys.append(key)
         init.append(st)
@@ -264,63 +307,66 @@ def build_consume_queues(records: pa.Table | pa.RecordBatch, *, segment_size: in
             ok0[g] = (n0 == 0 or n0 * CQ_UNIT_SIZE == cur) and not (st.first_create and st.write_pos == 0 and n0)
             ok0[g] = ok0[g] and 0 <= st.write_pos <= S and st.last_base % S == 0 and 0 <= cur < 2**62
             cur0[g] = cur
-    grp = np.repeat(np.arange(G), stops - starts)
-    idx = np.arange(len(code_s)) - starts[grp]
+    return keys, init, cur0, max0, ok0
+
+
+def _irregular(gr: _Grouped, cur0: np.ndarray, max0: np.ndarray, ok0: np.ndarray) -> np.ndarray:
+    """The queues the fast path cannot take (a record not past its predecessor's end, or not at the slot
+    its QUEUEOFFSET names): the state machine replays them record by record."""
+    grp = np.repeat(np.arange(len(gr.starts)), gr.stops - gr.starts)
+    idx = np.arange(len(gr.code_s)) - gr.starts[grp]
     first_row = idx == 0
-    prev_end = np.r_[np.int64(0), ends[:-1]]
-    end_ok = np.where(first_row, ends > max0[grp], ends > prev_end)
+    prev_end = np.r_[np.int64(0), gr.ends[:-1]]
+    end_ok = np.where(first_row, gr.ends > max0[grp], gr.ends > prev_end)
     with np.errstate(over="ignore"):
         slot_b = cur0[grp] + idx * CQ_UNIT_SIZE
-    off_ok = first_row | (N == 0) | (expect == slot_b)
+    off_ok = first_row | (gr.N == 0) | (gr.expect == slot_b)
     bad = ~(end_ok & off_ok)
     irregular = ~ok0
     if bad.any():
         irregular[np.unique(grp[bad])] = True
+    return irregular
 
-    units_all = np.empty(len(code_s), dtype=CQ_DTYPE)
-    units_all["phy_offset"] = P
-    units_all["size"] = Z.astype(np.int32)
-    units_all["tags_code"] = C
-    for g in range(G):
-        a, b = int(starts[g]), int(stops[g])
-        st, key = init[g], keys[g]
-        prefix = st.backing
-        if irregular[g]:
-            m = _Machine(st, S)
-            slots = np.array([m.put(p, z, c, n) for p, z, c, n in zip(
-                P[a:b].tolist(), Z[a:b].tolist(), C[a:b].tolist(), N[a:b].tolist())], dtype=np.int64)
-            ents = make_units(*zip(*m.units)) if m.units else np.zeros(0, dtype=CQ_DTYPE)
-            start = m.start if m.start is not None else 0
-            img = QueueImage(key[0], key[1], start, ents, m.bases, m.state(prefix),
-                             prefix if st.last_base is not None and st.last_base in m.bases[:1] else None,
-                             rows_s[a:b], slots, m.dups, m.repeats, m.slides)
-        else:
-            c0 = int(cur0[g])
-            k = b - a
-            if st.last_base is None:
-                base0 = c0 - c0 % S
-                nfill = (c0 - base0) // CQ_UNIT_SIZE
-                ents = np.concatenate([fillers(nfill), units_all[a:b]]) if nfill else units_all[a:b]
-                start = base0
-                min_logic = c0 if c0 else st.min_logic_offset
-            else:
-                base0 = c0 - c0 % S
-                ents = units_all[a:b]
-                start = c0
-                min_logic = st.min_logic_offset
-            end_pos = c0 + k * CQ_UNIT_SIZE
-            last_base = (end_pos - CQ_UNIT_SIZE) // S * S
-            first_create = (st.last_base is None and last_base == base0) or (
-                st.last_base is not None and last_base == st.last_base and st.first_create)
-            new_state = QueueState(int(ends[b - 1]), last_base, end_pos - last_base, first_create, min_logic,
-                                   prefix if last_base == st.last_base else None)
-            img = QueueImage(key[0], key[1], start, ents, list(range(base0, last_base + 1, S)), new_state,
-                             prefix if st.last_base is not None and base0 == st.last_base else None,
-                             rows_s[a:b], (c0 // CQ_UNIT_SIZE) + np.arange(k, dtype=np.int64))
-        if img.state.last_base is not None and img.state.last_base != st.last_base:
-            img.state = replace(img.state, backing=None)
-        out[key] = img
-    return out
+
+def _machine_image(gr: _Grouped, a: int, b: int, st: QueueState, key: tuple[str, int], S: int) -> QueueImage:
+    """One queue's image from the broker's state machine, record by record."""
+    prefix = st.backing
+    m = _Machine(st, S)
+    slots = np.array([m.put(p, z, c, n) for p, z, c, n in zip(
+        gr.P[a:b].tolist(), gr.Z[a:b].tolist(), gr.C[a:b].tolist(), gr.N[a:b].tolist())], dtype=np.int64)
+    ents = make_units(*zip(*m.units)) if m.units else np.zeros(0, dtype=CQ_DTYPE)
+    start = m.start if m.start is not None else 0
+    return QueueImage(key[0], key[1], start, ents, m.bases, m.state(prefix),
+                      prefix if st.last_base is not None and st.last_base in m.bases[:1] else None,
+                      gr.rows_s[a:b], slots, m.dups, m.repeats, m.slides)
+
+
+def _fast_image(gr: _Grouped, a: int, b: int, st: QueueState, key: tuple[str, int], c0: int, S: int,
+                units_all: np.ndarray) -> QueueImage:
+    """One queue's image when every record goes to the next slot (column slices, fillers before a new
+    queue's first unit)."""
+    prefix = st.backing
+    k = b - a
+    if st.last_base is None:
+        base0 = c0 - c0 % S
+        nfill = (c0 - base0) // CQ_UNIT_SIZE
+        ents = np.concatenate([fillers(nfill), units_all[a:b]]) if nfill else units_all[a:b]
+        start = base0
+        min_logic = c0 if c0 else st.min_logic_offset
+    else:
+        base0 = c0 - c0 % S
+        ents = units_all[a:b]
+        start = c0
+        min_logic = st.min_logic_offset
+    end_pos = c0 + k * CQ_UNIT_SIZE
+    last_base = (end_pos - CQ_UNIT_SIZE) // S * S
+    first_create = (st.last_base is None and last_base == base0) or (
+        st.last_base is not None and last_base == st.last_base and st.first_create)
+    new_state = QueueState(int(gr.ends[b - 1]), last_base, end_pos - last_base, first_create, min_logic,
+                           prefix if last_base == st.last_base else None)
+    return QueueImage(key[0], key[1], start, ents, list(range(base0, last_base + 1, S)), new_state,
+                      prefix if st.last_base is not None and base0 == st.last_base else None,
+                      gr.rows_s[a:b], (c0 // CQ_UNIT_SIZE) + np.arange(k, dtype=np.int64))
 
 
 # ---------------------------------------------------------------------------------------------

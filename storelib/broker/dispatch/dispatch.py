@@ -76,7 +76,7 @@ from storelib.format.indexfile import IndexGeometry, IndexHeader
 from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from storelib.format.topicname import unsafe_reason, unsafe_topic_finding
 from storelib.scan.commitlog import CommitLog, Segment
-from storelib.scan.scanner import SegmentScan
+from storelib.scan.scanner import SegmentEnd, SegmentScan
 
 DISPATCH_COLUMNS = [
     "phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset", "tran_type",
@@ -344,28 +344,19 @@ def dispatch_store(
 
     See the module docstring for every parameter and rule. Returns a :class:`DispatchResult`.
     """
-    # one function (~110 lines): the ReputMessageService loop (scan, filter, CQ, index, checkpoint) in its
-    # order, as the broker runs it; the steps it calls are the module's other functions
     settings = _settings(settings)
     what = tuple(what)
-    for w in what:
-        if w not in WHAT:
-            raise StoreError(None, None, "bad_value", f"what must be among {WHAT}, not {w!r}")
-    if settings.enable_consume_queue_ext:
-        raise StoreError(None, None, "unsupported", "ConsumeQueueExt (enableConsumeQueueExt=true) is not supported")
-    if settings.enable_multi_dispatch:
-        raise StoreError(None, None, "unsupported", "multi-dispatch / LMQ (enableMultiDispatch=true) is not supported")
+    _check_supported(settings, what)
     root = _loc(store_root)
     out = _loc(out_root) if out_root is not None else root
     cl = commitlog or open_commitlog(root, settings)
     S = cl.segment_size
     findings: list[Finding] = []
-    cq_size = int(settings.mapped_file_size_consume_queue)
     geometry = settings.index_geometry
 
     qstates: dict[tuple[str, int], QueueState] = {}
     if "consumequeue" in what or from_offset is None:
-        qstates = _existing_queue_states(out, cq_size, findings)
+        qstates = _existing_queue_states(out, int(settings.mapped_file_size_consume_queue), findings)
     istate = _existing_index_state(out, geometry) if "index" in what else None
 
     segs = [s for s in cl.segments if s.file_size > 0]
@@ -375,9 +366,34 @@ def dispatch_store(
     pos = max(int(from_offset), cl.min_offset if segs else 0)
     result = DispatchResult(from_offset=pos, end_offset=pos, findings=findings)
     disp = _Dispatcher(out, settings, what, emit_empty_index, name_tz, result, qstates, istate)
+    pos = _reput(disp, segs, S, pos, to_offset, settings, chunk_rows, progress, cl.scan_options())
+    disp.finish()
+    findings.extend(disp.unsafe_findings(S))
+    result.end_offset = pos
+    result.queue_states = disp.qstate
+    result.index_state = disp.istate
+    if "index" in what:
+        result.index_msg_timestamp = _index_msg_timestamp(out, geometry)
+    return result
+
+
+def _check_supported(settings: BrokerSettings, what: tuple[str, ...]) -> None:
+    """Refuse what the dispatch cannot reproduce (an unknown output, ConsumeQueueExt, multi-dispatch)."""
+    for w in what:
+        if w not in WHAT:
+            raise StoreError(None, None, "bad_value", f"what must be among {WHAT}, not {w!r}")
+    if settings.enable_consume_queue_ext:
+        raise StoreError(None, None, "unsupported", "ConsumeQueueExt (enableConsumeQueueExt=true) is not supported")
+    if settings.enable_multi_dispatch:
+        raise StoreError(None, None, "unsupported", "multi-dispatch / LMQ (enableMultiDispatch=true) is not supported")
+
+
+def _reput(disp: _Dispatcher, segs: list[Segment], S: int, pos: int, to_offset: int | None, settings: BrokerSettings,
+           chunk_rows: int, progress: Callable[[int], None] | None, scan_opts: dict[str, Any]) -> int:
+    """The ReputMessageService loop from ``pos``: each segment scanned into the dispatcher, then what the
+    broker does at the segment's end (next segment, stop, skip the rest). Returns where it stopped."""
     delay_levels = list(settings.delay_levels_ms)
     slave = int(settings.broker_id or 0) != 0
-
     i = 0
     while i < len(segs) and segs[i].base + S <= pos:
         i += 1
@@ -387,22 +403,8 @@ def dispatch_store(
             pos = seg.base
         if to_offset is not None and pos >= to_offset:
             break
-        start = pos - seg.base
         end = None if to_offset is None or to_offset >= seg.base + S else to_offset - seg.base
-        src = seg.open()
-        try:
-            scan = SegmentScan(src, seg.display, seg.base, start, end, verify_crc=False, with_properties=False,
-                               delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS, **cl.scan_options())
-            for batch in scan:
-                disp.add(batch)
-                if disp.rows >= chunk_rows:
-                    disp.flush()
-                if progress is not None and batch.num_rows:
-                    progress(int(batch.column("phy_offset")[-1].as_py()))
-        finally:
-            src.close()
-        e = scan.end
-        assert e is not None
+        e = _scan_into(disp, seg, pos - seg.base, end, delay_levels, chunk_rows, progress, scan_opts)
         pos = e.phy_offset
         if e.kind == "split_end":
             break
@@ -410,36 +412,56 @@ def dispatch_store(
             pos = seg.base + S
             i += 1
             continue
-        if e.kind == "invalid" and e.size is not None and e.size > 0:
-            result.unsupported = True
-            findings.append(Finding(
-                "unsupported_length_mismatch", "critical", e.file, e.file_offset,
-                f"TOTALSIZE {e.size} disagrees with the record's fields ({e.reason}: {e.detail}); the broker "
-                "would go on decoding from a misaligned position, which a rebuild does not emulate",
-                {"phy_offset": e.phy_offset}))
+        if not _skip_rest(disp.result, e, seg, segs[i + 1:], S, slave):
             break
-        later = any(_first_record_present(s) for s in segs[i + 1:])
-        if not later:
-            break  # end of the log
-        what_kind = e.reason or e.kind
-        if slave:
-            findings.append(Finding("reput_stopped", "error", e.file, e.file_offset,
-                                    f"{what_kind}: a slave's reput retries this offset forever"))
-            break
-        findings.append(Finding("reput_skipped_rest_of_segment", "error", e.file, e.file_offset,
-                                f"{what_kind}: a master's reput skips to the next segment "
-                                f"({seg.base + S - e.phy_offset} bytes of this segment not dispatched)",
-                                {"phy_offset": e.phy_offset, "next": seg.base + S}))
         pos = seg.base + S
         i += 1
-    disp.finish()
-    findings.extend(disp.unsafe_findings(S))
-    result.end_offset = pos
-    result.queue_states = disp.qstate
-    result.index_state = disp.istate
-    if "index" in what:
-        result.index_msg_timestamp = _index_msg_timestamp(out, geometry)
-    return result
+    return pos
+
+
+def _scan_into(disp: _Dispatcher, seg: Segment, start: int, end: int | None, delay_levels: list[int], chunk_rows: int,
+               progress: Callable[[int], None] | None, scan_opts: dict[str, Any]) -> SegmentEnd:
+    """One segment's records from ``start`` into the dispatcher (flushed ``chunk_rows`` at a time); its end."""
+    src = seg.open()
+    try:
+        scan = SegmentScan(src, seg.display, seg.base, start, end, verify_crc=False, with_properties=False,
+                           delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS, **scan_opts)
+        for batch in scan:
+            disp.add(batch)
+            if disp.rows >= chunk_rows:
+                disp.flush()
+            if progress is not None and batch.num_rows:
+                progress(int(batch.column("phy_offset")[-1].as_py()))
+    finally:
+        src.close()
+    assert scan.end is not None
+    return scan.end
+
+
+def _skip_rest(result: DispatchResult, e: SegmentEnd, seg: Segment, later_segs: list[Segment], S: int, slave: bool) -> bool:
+    """After a segment whose records end before its end: does the reput go on with the next segment (a
+    master skips the rest of this one; True), or stop (the log's end, a slave, a record it cannot read)?"""
+    findings = result.findings
+    if e.kind == "invalid" and e.size is not None and e.size > 0:
+        result.unsupported = True
+        findings.append(Finding(
+            "unsupported_length_mismatch", "critical", e.file, e.file_offset,
+            f"TOTALSIZE {e.size} disagrees with the record's fields ({e.reason}: {e.detail}); the broker "
+            "would go on decoding from a misaligned position, which a rebuild does not emulate",
+            {"phy_offset": e.phy_offset}))
+        return False
+    if not any(_first_record_present(s) for s in later_segs):
+        return False  # end of the log
+    what_kind = e.reason or e.kind
+    if slave:
+        findings.append(Finding("reput_stopped", "error", e.file, e.file_offset,
+                                f"{what_kind}: a slave's reput retries this offset forever"))
+        return False
+    findings.append(Finding("reput_skipped_rest_of_segment", "error", e.file, e.file_offset,
+                            f"{what_kind}: a master's reput skips to the next segment "
+                            f"({seg.base + S - e.phy_offset} bytes of this segment not dispatched)",
+                            {"phy_offset": e.phy_offset, "next": seg.base + S}))
+    return True
 
 
 __all__ = ["DISPATCH_COLUMNS", "DispatchResult", "dispatch_store"]

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from storelib.broker.index.indexchains import index_chains
 from storelib.fileio.direct_write import atomic_direct_file
 from storelib.format.indexdir import index_file_name
 from storelib.format.indexfile import (  # the file format and the reader's helpers
@@ -30,7 +31,6 @@ from storelib.format.indexfile import (  # the file format and the reader's help
     IndexGeometry,
     IndexHeader,
     entry_bytes,
-    index_chains,
     index_time_diff,
     index_time_diffs,
 )
@@ -240,8 +240,6 @@ def build_index_files(
       (5.x, flushed at clean shutdown, differences-4x-5x row 22).
     * ``name_tz``: zone of the naming policy (:func:`index_file_name`); None leaves names unset.
     """
-    # one function (~140 lines): a single vectorised pass (file, entry number, timeDiff, prevIndex, slot
-    # table) whose columns are each the input of the next; split up, every part would pass all of them
     g = geometry
     E = g.entries_per_file
     S = g.hash_slot_num
@@ -252,17 +250,9 @@ def build_index_files(
     prev_end_phy = prev_state.header.end_phy_offset if prev_state else 0
     prev_end_ts = prev_state.header.end_timestamp if prev_state else 0
 
-    # §6.1 step 2: skip keys of records whose phyOffset < endPhyOffset at their dispatch
     had_rows = len(p) > 0
-    if had_rows:
-        before = np.maximum.accumulate(np.concatenate(([prev_end_phy], p[:-1])))
-        keep = p >= before
-        if not keep.all():
-            # a dropped row after the last kept one is a record dispatched after the last key
-            kept_at = np.flatnonzero(keep)
-            if len(kept_at) == 0 or kept_at[-1] < len(keep) - 1:
-                trailing_dispatch = True
-            h, p, t = h[keep], p[keep], t[keep]
+    h, p, t, dropped_last = _kept_keys(h, p, t, prev_end_phy)
+    trailing_dispatch = trailing_dispatch or dropped_last
     K = len(h)
 
     c0 = 0  # entries already in the continued file
@@ -277,58 +267,14 @@ def build_index_files(
     if K:
         # one file at a time: memory stays bounded by one file's entries, whatever K is
         base = c0 if continued else 0
-        nfiles = (K - 1 + base) // E + 1
         prev_file_end_ts = prev_end_ts if prev_end_ts > 0 else 0
-        for fi in range(nfiles):
+        for fi in range((K - 1 + base) // E + 1):
             lo, hi = max(0, fi * E - base), min(K, (fi + 1) * E - base)
-            is_cont = continued and fi == 0
-            n0 = c0 + 1 if is_cont else 1  # entry number of the first new entry
-            m = hi - lo
-            hs, ps, ts = h[lo:hi], p[lo:hi], t[lo:hi]
-            # prevIndex chains and the slot table on a second thread (numpy sorts and scatters
-            # release the GIL) while this one fills the other entry fields
-            old_slots = prev_state.slots if is_cont else None
-            pool = ThreadPoolExecutor(1, thread_name_prefix="rmqstore-index") if m >= _THREAD_MIN else None
-            chains = pool.submit(index_chains, hs, n0, S, old_slots) if pool is not None else None
-            if chains is None:
-                prev, slots = index_chains(hs, n0, S, old_slots)
-
-            # timeDiff: entry 1 is measured from the file's initial beginTimestamp (the previous
-            # file's end), later entries from the file's beginTimestamp (its entry 1)
-            if is_cont and c0 >= 1:
-                begin_ts, begin_phy = prev_state.header.begin_timestamp, prev_state.header.begin_phy_offset
-            else:
-                begin_ts, begin_phy = int(ts[0]), int(ps[0])
-            init_begin = prev_state.header.begin_timestamp if is_cont else prev_file_end_ts
-            td = index_time_diffs(ts, begin_ts)
-            if n0 == 1:
-                td[0] = index_time_diff(int(ts[0]), init_begin)
-
-            ent = np.empty(n0 - 1 + m, dtype=ENTRY_DTYPE)
-            if is_cont:
-                ent[: n0 - 1] = prev_state.entries[: n0 - 1]
-            new = ent[n0 - 1:]
-            new["key_hash"] = hs
-            new["phy_offset"] = ps
-            new["time_diff"] = td
-            if pool is not None:
-                try:
-                    prev, slots = chains.result()
-                finally:
-                    pool.shutdown()
-            new["prev_index"] = prev
-            hsc0 = prev_state.header.hash_slot_count if is_cont else 0
-            header = IndexHeader(
-                begin_timestamp=int(begin_ts), end_timestamp=int(ts[-1]),
-                begin_phy_offset=int(begin_phy), end_phy_offset=int(ps[-1]),
-                hash_slot_count=int(hsc0 + np.count_nonzero(prev == 0)), index_count=n0 + m,
-            )
-            images.append(IndexImage(g, header, slots, ent,
-                                     name=prev_state.name if is_cont else None,
-                                     first_timestamp=None if is_cont else int(ts[0])))
-            prev_file_end_ts = int(ts[-1])
-            last_n = n0 + m - 1
-        last_full = last_n == E
+            img = _file_image(g, h[lo:hi], p[lo:hi], t[lo:hi], prev_state if continued and fi == 0 else None, c0,
+                              prev_file_end_ts)
+            images.append(img)
+            prev_file_end_ts = img.header.end_timestamp
+        last_full = images[-1].header.index_count - 1 == E
         last_end = (int(p[-1]), int(t[-1]))
     else:
         last_full = prev_state is not None and c0 >= E
@@ -338,18 +284,84 @@ def build_index_files(
                                      np.zeros(S, np.int32), np.zeros(0, ENTRY_DTYPE), first_timestamp=0))
 
     if trailing_dispatch and last_full:
-        ep, et = last_end
-        hdr = IndexHeader(
-            begin_timestamp=et if et > 0 else 0, end_timestamp=et if et > 0 else 0,
-            begin_phy_offset=ep if ep > 0 else 0, end_phy_offset=ep if ep > 0 else 0,
-            hash_slot_count=0, index_count=empty_index_count,
-        )
-        images.append(IndexImage(g, hdr, np.zeros(S, np.int32), np.zeros(0, ENTRY_DTYPE),
-                                 first_timestamp=max(et, 0)))
-
+        images.append(_successor(g, last_end, empty_index_count))
     if name_tz is not None:
         name_images(images, name_tz, after=prev_state.name if prev_state is not None else None)
     return images
+
+
+def _kept_keys(h: np.ndarray, p: np.ndarray, t: np.ndarray, prev_end_phy: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """§6.1 step 2: keys of records whose phyOffset < endPhyOffset at their dispatch are skipped; and
+    whether a dropped key came after the last kept one (a record dispatched after the last key)."""
+    if not len(p):
+        return h, p, t, False
+    before = np.maximum.accumulate(np.concatenate(([prev_end_phy], p[:-1])))
+    keep = p >= before
+    if keep.all():
+        return h, p, t, False
+    kept_at = np.flatnonzero(keep)
+    return h[keep], p[keep], t[keep], len(kept_at) == 0 or kept_at[-1] < len(keep) - 1
+
+
+def _file_image(g: IndexGeometry, hs: np.ndarray, ps: np.ndarray, ts: np.ndarray, cont: IndexState | None,
+                c0: int, prev_file_end_ts: int) -> IndexImage:
+    """One file's image for its keys: a new file, or ``cont`` (holding ``c0`` entries) continued."""
+    n0 = c0 + 1 if cont is not None else 1  # entry number of the first new entry
+    m = len(hs)
+    S = g.hash_slot_num
+    # prevIndex chains and the slot table on a second thread (numpy sorts and scatters release the GIL)
+    # while this one fills the other entry fields
+    old_slots = cont.slots if cont is not None else None
+    pool = ThreadPoolExecutor(1, thread_name_prefix="rmqstore-index") if m >= _THREAD_MIN else None
+    chains = pool.submit(index_chains, hs, n0, S, old_slots) if pool is not None else None
+    if chains is None:
+        prev, slots = index_chains(hs, n0, S, old_slots)
+
+    # timeDiff: entry 1 is measured from the file's initial beginTimestamp (the previous file's end),
+    # later entries from the file's beginTimestamp (its entry 1)
+    if cont is not None and c0 >= 1:
+        begin_ts, begin_phy = cont.header.begin_timestamp, cont.header.begin_phy_offset
+    else:
+        begin_ts, begin_phy = int(ts[0]), int(ps[0])
+    init_begin = cont.header.begin_timestamp if cont is not None else prev_file_end_ts
+    td = index_time_diffs(ts, begin_ts)
+    if n0 == 1:
+        td[0] = index_time_diff(int(ts[0]), init_begin)
+
+    ent = np.empty(n0 - 1 + m, dtype=ENTRY_DTYPE)
+    if cont is not None:
+        ent[: n0 - 1] = cont.entries[: n0 - 1]
+    new = ent[n0 - 1:]
+    new["key_hash"] = hs
+    new["phy_offset"] = ps
+    new["time_diff"] = td
+    if pool is not None:
+        try:
+            prev, slots = chains.result()
+        finally:
+            pool.shutdown()
+    new["prev_index"] = prev
+    hsc0 = cont.header.hash_slot_count if cont is not None else 0
+    header = IndexHeader(
+        begin_timestamp=int(begin_ts), end_timestamp=int(ts[-1]),
+        begin_phy_offset=int(begin_phy), end_phy_offset=int(ps[-1]),
+        hash_slot_count=int(hsc0 + np.count_nonzero(prev == 0)), index_count=n0 + m,
+    )
+    return IndexImage(g, header, slots, ent, name=cont.name if cont is not None else None,
+                      first_timestamp=None if cont is not None else int(ts[0]))
+
+
+def _successor(g: IndexGeometry, last_end: tuple[int, int], empty_index_count: int) -> IndexImage:
+    """The empty file the broker creates after a full one when a record is dispatched after the last key."""
+    ep, et = last_end
+    hdr = IndexHeader(
+        begin_timestamp=et if et > 0 else 0, end_timestamp=et if et > 0 else 0,
+        begin_phy_offset=ep if ep > 0 else 0, end_phy_offset=ep if ep > 0 else 0,
+        hash_slot_count=0, index_count=empty_index_count,
+    )
+    return IndexImage(g, hdr, np.zeros(g.hash_slot_num, np.int32), np.zeros(0, ENTRY_DTYPE),
+                      first_timestamp=max(et, 0))
 
 
 def empty_index_count(version: str) -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from storelib.broker.index.indexchains import slot_chains
 from storelib.format.indexfile import (
     ENTRY_DTYPE,
     ENTRY_SIZE,
@@ -22,7 +23,6 @@ from storelib.format.indexfile import (
     entry_bytes,
     index_time_diff,
     index_time_diffs,
-    slot_chains,
 )
 
 if TYPE_CHECKING:

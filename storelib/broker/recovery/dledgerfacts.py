@@ -313,8 +313,9 @@ class FactsBuilder:
     batch's units compared as it comes: memory is a batch), then finishes them past the scan's end
     (:meth:`finish`)."""
 
-    def __init__(self, seg: Segment, index_files: IndexFiles, start: int = 0):
+    def __init__(self, seg: Segment, index_files: IndexFiles, start: int = 0, limit: int | None = None):
         self.seg, self.index_files, self.start = seg, index_files, start
+        self.limit = limit  # a run's cut in this file (a live store): nothing after it is read
         self.entries = 0
         self.first: tuple[int, int] | None = None
         self.last: tuple[int, int] | None = None
@@ -340,7 +341,11 @@ class FactsBuilder:
     def finish(self, source, end: SegmentEnd) -> DLedgerEnd:
         """The scan's end with the file's facts (reads byte 0's header and record, and the headers past the
         scan's end until DLedger's walk stops)."""
-        tail = walk_headers(source, self.seg.base, end.file_offset, self.last)
+        if self.limit is not None and end.file_offset >= self.limit:  # the run's cut: written since
+            tail = HeaderWalk(end_kind="end_of_data", end_offset=end.file_offset,
+                              end_detail="the run's cut: what was written after it is not read")
+        else:
+            tail = walk_headers(source, self.seg.base, end.file_offset, self.last)
         self._take(*(np.asarray(x, np.int64) for x in (tail.index, tail.term, tail.pos, tail.size)))
         head = bytes(source.read(0, min(source.size, BODY_OFFSET + 80)))
         magic, ts = _record_probe(head)

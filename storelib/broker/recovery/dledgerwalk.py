@@ -42,6 +42,7 @@ from storelib.broker.recovery.dledgerfacts import (
     list_index_files,
     walk_headers,
 )
+from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
 from storelib.errors import Finding, StoreError
 from storelib.format.dledger.entries import ENTRY_MAGIC, INDEX_UNIT_SIZE, EntryHeader
 from storelib.format.record import MAGIC_V1
@@ -50,7 +51,6 @@ from storelib.scan.recordbytes import check_at
 from storelib.scan.scanner import SegmentEnd
 
 if TYPE_CHECKING:
-    from storelib.broker.recovery.walk import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
     from storelib.broker.settings.store import Store
 
 
@@ -291,8 +291,6 @@ def reput_ranges(plan: WalkPlan, outcomes: Mapping[int, SegmentOutcome], data_en
     the committed position): good entries are dispatched, a -1 filler rolls to the next file, a bad record
     skips the rest of the file's buffer ([BUG] in doReput). ``outcomes``: each file's record scan from
     byte 0 (a start past a file's scan end is scanned from there)."""
-    from storelib.broker.recovery.walk import DispatchRange
-
     S = plan.inputs.segment_size
     files = {s.base: (i, s) for i, s in enumerate(plan.segments)}
     out: list[DispatchRange] = []
@@ -365,17 +363,9 @@ def dledger_mode(inputs) -> str:
     return "normal" if inputs.last_exit_ok else "abnormal"
 
 
-def dledger_crc(inputs) -> bool:
-    """Are records CRC-checked in the walk's scans? Only by 5.3.3's own walk after an abnormal exit."""
-    return bool(inputs.dledger_startup and inputs.version == "5" and not inputs.last_exit_ok
-                and inputs.check_crc_on_recover)
-
-
 def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResult:
     """Combine the data files' scan ends and facts into the :class:`RecoveryResult` of a DLedger-mode walk
     (every data file's end is needed: DLedger's own walk reads them all)."""
-    from storelib.broker.recovery.walk import RecoveryResult, SegmentOutcome
-
     inp = plan.inputs
     S, segs = inp.segment_size, plan.segments
     found = list(plan.findings)
@@ -384,7 +374,7 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
         if i not in ends and seg.file_size:
             raise StoreError(seg.display, None, "missing_scan", "no scan result for this data file")
     facts = [_facts(seg, ends.get(i)) for i, seg in enumerate(segs)]
-    outcomes = {i: SegmentOutcome(seg.base, seg.name, 0, dledger_crc(inp), e.kind, e.file_offset, e.reason,
+    outcomes = {i: SegmentOutcome(seg.base, seg.name, 0, inp.dledger_crc, e.kind, e.file_offset, e.reason,
                                   e.detail, e.size, e.records) for i, seg in enumerate(segs) if (e := ends.get(i))}
     load_failure = next((f.detail for f in found if f.kind == "dledger_load_fails"), None)
     if n == 0:
@@ -454,7 +444,7 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
     return RecoveryResult(
         version=inp.version, mode=dledger_mode(inp), start_index=start, start_base=segs[start].base,
         start_reason=f"DLedger: {start_why}", window_start=None if abn is None else segs[kept[0]].base,
-        crc_checked=dledger_crc(inp), process_offset=max_offset, failure=failure,
+        crc_checked=inp.dledger_crc, process_offset=max_offset, failure=failure,
         segments=tuple(outcomes[i] for i in sorted(outcomes)), delete_segments=data_delete, truncate=truncate,
         cq_max_phy_offset=inp.cq_max_phy_offset, truncate_consume_queues=truncate_cq, dispatch=tuple(dispatch),
         supported=supported, findings=tuple(found), dledger=dl, cq_truncate_offset=cq_cut if truncate_cq else None)
@@ -468,8 +458,6 @@ def _abnormal_533(plan: WalkPlan, facts: list[FileFacts], outcomes: Mapping[int,
                   found: list[Finding]) -> tuple[Abnormal533, list[DispatchRange]]:
     """dledgerRecoverAbnormally's own walk (5.3.3): the start file by isMmapFileMatchedRecover, every valid
     record re-dispatched file by file, and its processOffset summing record sizes only (#9084)."""
-    from storelib.broker.recovery.walk import DispatchRange
-
     inp = plan.inputs
     cp = inp.checkpoint
     if inp.message_index_enable and inp.message_index_safe:
@@ -503,7 +491,7 @@ def _abnormal_533(plan: WalkPlan, facts: list[FileFacts], outcomes: Mapping[int,
     supported = True
     if o is not None and o.reason == "bad_entry":
         with seg.open() as src:
-            if e + BODY_OFFSET < src.size and check_at(src, e + BODY_OFFSET, dledger_crc(inp)).kind == "message":
+            if e + BODY_OFFSET < src.size and check_at(src, e + BODY_OFFSET, inp.dledger_crc).kind == "message":
                 supported = False
                 found.append(Finding("dledger_533_reads_past_entry", "critical", seg.display, e,
                                      "5.3.3's abnormal recovery reads records, not entry headers: it goes on past this "

@@ -25,234 +25,33 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from storelib.broker.recovery.dledgerfacts import FACT_COLUMNS, FactsBuilder, IndexFiles
-from storelib.broker.recovery.dledgerwalk import (
-    DLedgerRecovery,
-    dledger_crc,
-    dledger_inputs,
-    finish_dledger,
-    plan_dledger,
+from storelib.broker.recovery.dledgerwalk import dledger_inputs, finish_dledger, plan_dledger
+from storelib.broker.recovery.walkplan import (
+    DispatchRange,
+    RecoveryInputs,
+    RecoveryResult,
+    SegmentOutcome,
+    SegmentTask,
+    WalkPlan,
 )
 from storelib.errors import Finding, StoreError
 from storelib.format.checkpoint import Checkpoint
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
 from storelib.format.record import BORNHOST_V6_FLAG, message_magics
 from storelib.scan.commitlog import Segment
-from storelib.scan.scanner import SegmentEnd, SegmentScan
+from storelib.scan.scanner import SegmentEnd
 
 if TYPE_CHECKING:
     from storelib.broker.settings.store import Store
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
-
-
-@dataclass(frozen=True)
-class RecoveryInputs:
-    """Everything the walk depends on besides the segment files themselves.
-
-    ``cq_max_phy_offset``: the store's maxPhyOffsetOfConsumeQueue (§8.2; -1 for no/empty CQ).
-    ``last_exit_ok``: no ``abort`` file (normal recovery) — abnormal recovery otherwise.
-    ``version_told``: something said which line wrote the store (an option, broker.conf, its own evidence);
-    False for the 4.x default, whose records are then judged as an unknown line's (:attr:`line`).
-    """
-
-    version: str = "4"  # "4" = 4.9.8, "5" = 5.3.3
-    version_told: bool = True
-    last_exit_ok: bool = True
-    cq_max_phy_offset: int = -1
-    checkpoint: Checkpoint = field(default_factory=Checkpoint)
-    segment_size: int = 1024 * 1024 * 1024
-    check_crc_on_recover: bool = True
-    force_verify_prop_crc: bool = False
-    message_index_enable: bool = True
-    message_index_safe: bool = False
-    broker_id: int = 0
-    dledger: bool = False  # a DLedger-mode commitlog (entries in dledger-<selfId>/data)
-    dledger_committed_index: int | None = None  # from DLedger's checkpoint: fills dledger_committed
-    dledger_startup: bool = False  # a DLedger start-up (recover), not the lifetime walk (rebuild, export)
-    dledger_index: IndexFiles | None = None  # DLedger's index file list
-    dledger_load_findings: tuple[Finding, ...] = ()  # what makes DLedger's load fail
-
-    @property
-    def line(self) -> str | None:
-        """The line whose record check the walk's scans apply (BrokerLine.scan_line: None when not told)."""
-        return self.version if self.version_told else None
-
-    @classmethod
-    def from_settings(cls, settings, **kw) -> RecoveryInputs:
-        """Inputs from a BrokerSettings (version, CRC and index flags, segment size) plus ``kw``; a
-        ``version`` in ``kw`` other than the settings' is told."""
-        version = "5" if str(settings.version).startswith("5") else "4"
-        base = dict(
-            version=version,
-            version_told=settings.scan_line is not None or kw.get("version", version) != version,
-            segment_size=int(settings.mapped_file_size_commit_log),
-            check_crc_on_recover=bool(settings.check_crc_on_recover),
-            force_verify_prop_crc=bool(settings.force_verify_prop_crc),
-            message_index_enable=bool(settings.message_index_enable),
-            message_index_safe=bool(settings.message_index_safe),
-            broker_id=int(settings.broker_id),
-        )
-        base.update(kw)
-        return cls(**base)
-
-
-@dataclass(frozen=True)
-class SegmentTask:
-    """One segment's part of the walk: scan ``[start, end)`` of file ``index``.
-
-    ``crc``: inside the recovery window (records are CRC-checked and the first failure ends the valid
-    log); outside it (4.9.8 reput over earlier segments) nothing is CRC-checked.
-    """
-
-    index: int
-    base: int
-    name: str
-    start: int
-    crc: bool
-
-    def scan(self, source, *, verify_crc: bool, prop_crc: bool = False, verify_all: bool = False,
-             **kw) -> SegmentScan:
-        """The :class:`SegmentScan` of this task over an open ``source`` (the segment file).
-
-        ``verify_crc``: checkCRCOnRecover (body CRC checked and ended on inside the window).
-        ``verify_all``: also check (and report in ``crc_ok``) body CRCs outside the window, without
-        ending there: the walk is unchanged, the rows say what a reader of them wants to know.
-        """
-        crc = self.crc and verify_crc and not prop_crc
-        file = kw.pop("file", "commitlog/" + self.name)
-        return SegmentScan(source, file, self.base, self.start, verify_crc=crc or verify_all, stop_on_crc=crc, **kw)
-
-
-@dataclass(frozen=True)
-class WalkPlan:
-    """Where the walk starts and what it checks (the output of :func:`plan_recovery`)."""
-
-    inputs: RecoveryInputs
-    segments: tuple[Segment, ...]
-    mode: str  # "normal" | "abnormal"
-    start_index: int  # first segment of the CRC window (recovery start segment)
-    start_reason: str
-    reput_from: int | None  # 4.9.8 normal: where reput starts (segments before the window); else None
-    dispatch_after: int | None  # 5.x normal: only records whose PHYSICALOFFSET field > this are dispatched
-    findings: tuple[Finding, ...] = ()
-
-    @property
-    def tasks(self) -> list[SegmentTask]:
-        """Every segment scan the walk may need, in commitlog order (reput segments, then the window)."""
-        out: list[SegmentTask] = []
-        S = self.inputs.segment_size
-        if self.inputs.dledger:  # DLedger reads every data file from byte 0
-            crc = dledger_crc(self.inputs)
-            return [SegmentTask(i, s.base, s.name, 0, crc) for i, s in enumerate(self.segments) if s.file_size]
-        for i, seg in enumerate(self.segments):
-            if i >= self.start_index:
-                out.append(SegmentTask(i, seg.base, seg.name, 0, True))
-            elif self.reput_from is not None and seg.base + S > self.reput_from:
-                out.append(SegmentTask(i, seg.base, seg.name, max(0, self.reput_from - seg.base), False))
-        return out
-
-    @property
-    def prop_crc(self) -> bool:
-        """5.x ``forceVerifyPropCRC``: the window checks the ``__CRC32#`` property instead of the body CRC."""
-        return self.inputs.version == "5" and self.inputs.force_verify_prop_crc
-
-
-@dataclass(frozen=True)
-class DispatchRange:
-    """Records the broker dispatches from one segment: valid records starting in ``[start, end)``.
-
-    ``after``: only records whose PHYSICALOFFSET field is strictly greater (5.x normal recovery), or
-    None. ``by``: ``reput`` or ``recovery`` (who dispatches them; the same records either way).
-    """
-
-    base: int
-    name: str
-    start: int
-    end: int
-    after: int | None
-    by: str
-
-    @property
-    def phy_start(self) -> int:
-        return self.base + self.start
-
-    @property
-    def phy_end(self) -> int:
-        return self.base + self.end
-
-
-@dataclass(frozen=True)
-class SegmentOutcome:
-    """How far the walk (or reput) got in one segment."""
-
-    base: int
-    name: str
-    start: int
-    crc_checked: bool
-    end_kind: str
-    end_offset: int  # file offset where the scan stopped
-    reason: str | None = None
-    detail: str | None = None
-    size: int | None = None
-    records: int = 0
-
-
-@dataclass(frozen=True)
-class RecoveryResult:
-    """The outcome of the recovery walk (store-algorithms §8.3–§8.5, §4.1 for 4.9.8 reput).
-
-    ``process_offset``: end of the valid commitlog; ``failure``: the record that ended the window
-    walk (None when it ended at the last segment's blank / end of data); ``delete_segments``: bases
-    of segments the broker deletes; ``truncate``: (base, write position) of the segment cut at
-    ``process_offset``; ``truncate_consume_queues``: the CQ is cut at ``process_offset`` too
-    (§8.6); ``dispatch``: the ranges dispatched, in dispatch order; ``supported``: False when the
-    broker's dispatch cannot be reproduced byte-identically (a length-mismatch record under reput, a
-    missing segment in the dispatched range) — see ``findings``.
-    """
-
-    version: str
-    mode: str
-    start_index: int
-    start_base: int | None
-    start_reason: str
-    window_start: int | None  # physical offset where CRC checking starts
-    crc_checked: bool
-    process_offset: int
-    failure: SegmentOutcome | None
-    segments: tuple[SegmentOutcome, ...]
-    delete_segments: tuple[int, ...]
-    truncate: tuple[int, int] | None
-    cq_max_phy_offset: int
-    truncate_consume_queues: bool
-    dispatch: tuple[DispatchRange, ...]
-    supported: bool
-    findings: tuple[Finding, ...] = ()
-    delay_levels_quirk: bool = False  # 4.9.8 abnormal: recovery dispatch sees no delay levels (§8.4)
-    dledger: DLedgerRecovery | None = None  # a DLedger-mode walk: DLedger's load and recover
-    cq_truncate_offset: int | None = None  # where the consume queues are cut when not at process_offset
-
-    def summary(self) -> dict:
-        """A JSON-able digest (for manifests and CLI output)."""
-        f = self.failure
-        return {
-            "version": self.version, "mode": self.mode, "start_index": self.start_index,
-            "start_base": self.start_base, "start_reason": self.start_reason,
-            "window_start": self.window_start, "crc_checked": self.crc_checked,
-            "process_offset": self.process_offset,
-            "failure": None if f is None else {"segment": f.name, "offset": f.end_offset, "reason": f.reason,
-                                                "detail": f.detail},
-            "delete_segments": list(self.delete_segments), "truncate": self.truncate,
-            "truncate_consume_queues": self.truncate_consume_queues, "supported": self.supported,
-            "findings": [str(x) for x in self.findings],
-        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,7 +188,7 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     facts = cols = None
     if seg.dledger:  # the entry columns feed the file's DLedger facts, then are dropped if not asked for
         scan_kw.update(dledger=True, committed_index=plan.inputs.dledger_committed_index, file=seg.display)
-        facts = FactsBuilder(seg, plan.inputs.dledger_index or IndexFiles(), task.start)
+        facts = FactsBuilder(seg, plan.inputs.dledger_index or IndexFiles(), task.start, scan_kw.get("end"))
         cols = scan_kw.get("columns")
         if cols is not None:
             scan_kw["columns"] = list(cols) + [c for c in FACT_COLUMNS if c not in cols]
@@ -441,102 +240,30 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
     """
     if plan.inputs.dledger:
         return finish_dledger(plan, ends)
-    # one function (~110 lines): the broker's recovery decision sequence (valid end, truncations, dispatch
-    # ranges) in CommitLog.recover* order, kept in one place so it reads against the Java source
     inp = plan.inputs
-    S = inp.segment_size
     segs = plan.segments
     found = list(plan.findings)
-    supported = True
-    outcomes: list[SegmentOutcome] = []
-    reput_outcomes: list[SegmentOutcome] = []
-    dispatch: list[DispatchRange] = []
-    tasks = {t.index: t for t in plan.tasks}
+    n = len(segs)
 
     def end_of(i: int) -> SegmentEnd:
         if i not in ends:
             raise StoreError(segs[i].display, None, "missing_scan", "no scan result for this segment")
         return ends[i]
 
-    # -- the window walk (§8.3 steps 2-4)
-    failure = None
-    n = len(segs)
-    if n == 0:
-        process_offset = 0
-    else:
-        i = plan.start_index
-        while True:
-            t = tasks[i]
+    outcomes, process_offset, failure, last_walked = _window_walk(plan, end_of)
+    supported = True
+    reput_outcomes: list[SegmentOutcome] = []
+    dispatch: list[DispatchRange] = []
+    if n and plan.reput_from is not None:  # 4.9.8 normal: reput from reput_from to process_offset
+        supported = _reput_ranges(plan, end_of, process_offset, last_walked, dispatch, reput_outcomes, found)
+    elif n:  # recovery dispatches (5.x normal, abnormal): valid window records
+        for i in range(plan.start_index, last_walked + 1):
             e = end_of(i)
-            oc = _outcome(t, e)
-            outcomes.append(oc)
-            if e.kind == "blank" and i + 1 < n:
-                i += 1
-                continue
-            process_offset = segs[i].base + e.file_offset
-            if e.kind == "invalid":
-                failure = oc
-            elif e.kind == "segment_end":
-                # the next read underflows: -1, the walk stops at the segment's end
-                pass
-            break
-        last_walked = i
-
-    # -- what is dispatched
-    if n:
-        if plan.reput_from is not None:  # 4.9.8 normal: reput from reput_from to process_offset
-            prev_base = None
-            stopped = False
-            for t in plan.tasks:
-                if stopped:
-                    break
-                seg = segs[t.index]
-                if prev_base is not None and seg.base != prev_base + S:
-                    found.append(Finding("reput_gap", "critical", seg.display, None,
-                                         f"no segment holds physical offset {prev_base + S}: reput stops there and "
-                                         "nothing after it is dispatched"))
-                    supported = False
-                    break
-                prev_base = seg.base
-                if seg.base >= process_offset and t.crc:
-                    break
-                if t.crc:
-                    if t.index > last_walked:
-                        break
-                    e = end_of(t.index)
-                    stop = min(e.file_offset, process_offset - seg.base)
-                    start = max(t.start, plan.reput_from - seg.base, 0)
-                    if stop > start:
-                        dispatch.append(DispatchRange(seg.base, seg.name, start, stop, None, "reput"))
-                    continue
-                e = end_of(t.index)
-                reput_outcomes.append(_outcome(t, e))
-                if e.file_offset > t.start:
-                    dispatch.append(DispatchRange(seg.base, seg.name, t.start, e.file_offset, None, "reput"))
-                if e.kind == "invalid" and e.size is not None and e.size > 0:
-                    found.append(Finding("reput_length_mismatch", "critical", seg.display, e.file_offset,
-                                         f"length mismatch ({e.detail}): the broker's reput goes on from a "
-                                         "misaligned position; not reproducible byte-identically"))
-                    supported = False
-                    stopped = True
-        else:  # recovery dispatches (5.x normal, abnormal): valid window records
-            after = plan.dispatch_after
-            for i in range(plan.start_index, last_walked + 1):
-                e = end_of(i)
-                seg = segs[i]
-                stop = min(e.file_offset, process_offset - seg.base)
-                if stop > 0:
-                    dispatch.append(DispatchRange(seg.base, seg.name, 0, stop, after, "recovery"))
-
-    # -- truncation (§8.5) and CQ truncation (§8.6)
-    delete: list[int] = []
-    truncate = None
-    for seg in segs:
-        if seg.base + S > process_offset:
-            if process_offset >= seg.base:
-                truncate = (seg.base, process_offset - seg.base)
-            else:
-                delete.append(seg.base)
+            seg = segs[i]
+            stop = min(e.file_offset, process_offset - seg.base)
+            if stop > 0:
+                dispatch.append(DispatchRange(seg.base, seg.name, 0, stop, plan.dispatch_after, "recovery"))
+    delete, truncate = _truncation(plan, process_offset)
     quirk = inp.version == "4" and plan.mode == "abnormal"
     return RecoveryResult(
         version=inp.version, mode=plan.mode, start_index=plan.start_index,
@@ -548,6 +275,94 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
         truncate_consume_queues=n > 0 and inp.cq_max_phy_offset >= process_offset,
         dispatch=tuple(dispatch), supported=supported, findings=tuple(found), delay_levels_quirk=quirk,
     )
+
+
+def _window_walk(plan: WalkPlan, end_of: Callable[[int], SegmentEnd]
+                 ) -> tuple[list[SegmentOutcome], int, SegmentOutcome | None, int]:
+    """§8.3 steps 2-4, the window walk: each segment's outcome, processOffset, the failing segment's
+    outcome (None) and the last segment walked."""
+    segs = plan.segments
+    tasks = {t.index: t for t in plan.tasks}
+    outcomes: list[SegmentOutcome] = []
+    if not segs:
+        return outcomes, 0, None, -1
+    failure = None
+    i = plan.start_index
+    while True:
+        e = end_of(i)
+        oc = _outcome(tasks[i], e)
+        outcomes.append(oc)
+        if e.kind == "blank" and i + 1 < len(segs):
+            i += 1
+            continue
+        if e.kind == "invalid":
+            failure = oc
+        # "segment_end": the next read underflows (-1), the walk stops at the segment's end
+        return outcomes, segs[i].base + e.file_offset, failure, i
+
+
+def _reput_ranges(plan: WalkPlan, end_of: Callable[[int], SegmentEnd], process_offset: int, last_walked: int,
+                  dispatch: list[DispatchRange], reput_outcomes: list[SegmentOutcome], found: list[Finding]) -> bool:
+    """4.9.8 after a normal exit: the reput from ``plan.reput_from`` to processOffset, into ``dispatch``
+    (and the outcomes of the segments only the reput reads); False when it cannot be reproduced."""
+    S = plan.inputs.segment_size
+    segs = plan.segments
+    prev_base = None
+    for t in plan.tasks:
+        seg = segs[t.index]
+        if prev_base is not None and seg.base != prev_base + S:
+            found.append(Finding("reput_gap", "critical", seg.display, None,
+                                 f"no segment holds physical offset {prev_base + S}: reput stops there and "
+                                 "nothing after it is dispatched"))
+            return False
+        prev_base = seg.base
+        if seg.base >= process_offset and t.crc:
+            break
+        if t.crc:
+            if t.index > last_walked:
+                break
+            e = end_of(t.index)
+            stop = min(e.file_offset, process_offset - seg.base)
+            start = max(t.start, plan.reput_from - seg.base, 0)
+            if stop > start:
+                dispatch.append(DispatchRange(seg.base, seg.name, start, stop, None, "reput"))
+            continue
+        e = end_of(t.index)
+        reput_outcomes.append(_outcome(t, e))
+        if e.file_offset > t.start:
+            dispatch.append(DispatchRange(seg.base, seg.name, t.start, e.file_offset, None, "reput"))
+        if e.kind == "invalid" and e.size is not None and e.size > 0:
+            found.append(Finding("reput_length_mismatch", "critical", seg.display, e.file_offset,
+                                 f"length mismatch ({e.detail}): the broker's reput goes on from a "
+                                 "misaligned position; not reproducible byte-identically"))
+            return False
+        if e.kind == "invalid":
+            found.append(_unread_rest(seg, e))
+    return True
+
+
+def _unread_rest(seg: Segment, e: SegmentEnd) -> Finding:
+    """A segment before the recovery window whose records end at an invalid one: the reput dispatches
+    nothing after it (a master goes on with the next segment, a slave stops), and no start-up checks it."""
+    left = max(seg.file_size - e.file_offset, 0)
+    return Finding("reput_skipped_rest_of_segment", "error", seg.display, e.file_offset,
+                   f"{e.reason or 'invalid record'} ({e.detail or 'not a record'}): the reput dispatches none of the "
+                   f"{left} bytes after it (a master skips to the next segment, a slave stops); the segment lies "
+                   "before the recovery window, so no start-up reports it", {"bytes": left, "phy": e.phy_offset})
+
+
+def _truncation(plan: WalkPlan, process_offset: int) -> tuple[list[int], tuple[int, int] | None]:
+    """§8.5: the segments wholly after processOffset (deleted) and the one it falls in (truncated there)."""
+    S = plan.inputs.segment_size
+    delete: list[int] = []
+    truncate = None
+    for seg in plan.segments:
+        if seg.base + S > process_offset:
+            if process_offset >= seg.base:
+                truncate = (seg.base, process_offset - seg.base)
+            else:
+                delete.append(seg.base)
+    return delete, truncate
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,3 +470,8 @@ def rebuild_target(store: Store, *, version: str | None = None) -> RecoveryResul
     inputs = store_inputs(store, version=version, last_exit_ok=True, cq_max_phy_offset=-1,
                           checkpoint=Checkpoint())
     return recovery_walk(store, inputs)
+
+
+__all__ = ["DispatchRange", "RecoveryInputs", "RecoveryResult", "SegmentOutcome", "SegmentTask", "WalkPlan",
+           "WalkRunner", "consume_queue_max_phy_offset", "finish_walk", "iter_task", "loaded_segments", "plan_recovery",
+           "rebuild_target", "recovery_walk", "run_tasks", "serial_walk", "store_inputs", "walk_segment", "walk_task"]

@@ -100,3 +100,45 @@ def commitlog_head_finding(loc: Location) -> Finding | None:
                    f"the oldest segment does not start with a record (TOTALSIZE {total}, magic "
                    f"0x{magic & 0xFFFFFFFF:08X}): not a RocketMQ commitlog, or its head is destroyed; the broker "
                    "would dispatch nothing from it")
+
+
+def unreadable_segments(loc: Location, before: int | None = None) -> list[Finding]:
+    """Segments after the oldest (below physical offset ``before``) whose first bytes are neither a record,
+    a blank record nor unwritten zeros: random bytes, a segment overwritten or copied in from elsewhere. The
+    broker never checks a segment before its recovery window, and readers skip one whose first record is
+    invalid, so without this nothing would name it (8 bytes read per segment). The oldest segment is
+    :func:`commitlog_head_finding`'s."""
+    out = []
+    for info in _segments(loc)[1:]:
+        base = int(info.base_name)
+        if before is not None and base >= before:
+            break
+        head = _head(loc, info)
+        if head is None or _is_record(head):
+            continue
+        total, magic = head
+        out.append(Finding("segment_not_records", "error", f"commitlog/{info.base_name}", 0,
+                           f"does not start with a record (TOTALSIZE {total}, magic 0x{magic & 0xFFFFFFFF:08X}): its "
+                           f"{info.size} bytes hold no message a reader can take; it lies before the recovery window, "
+                           "which is all a broker start-up checks", {"bytes": int(info.size or 0)}))
+    return out
+
+
+# findings that name commitlog bytes no reader takes as messages (the commands say them on stderr)
+UNREAD_KINDS = ("commitlog_head_not_a_record", "segment_not_records", "reput_skipped_rest_of_segment", "segment_unread")
+
+
+def unread_ends(ends: list, sizes: dict[str, int]) -> list[Finding]:
+    """A scan's segment ends (:class:`storelib.scan.scanner.SegmentEnd`) that stopped at an invalid record:
+    the rest of each such segment (``sizes``: file sizes by display name) is not read as messages."""
+    out = []
+    for e in ends:
+        if e.kind != "invalid":
+            continue
+        left = max(sizes.get(e.file, 0) - e.file_offset, 0)
+        out.append(Finding("segment_unread", "error", e.file, e.file_offset,
+                           f"{e.reason or 'invalid record'} ({e.detail or 'not a record'}): the {left} bytes from here "
+                           "to the segment's end hold no record a reader can take; they were skipped",
+                           {"bytes": left, "phy": e.phy_offset}))
+    return out
+

@@ -57,7 +57,6 @@ from storelib.broker.recovery.walk import (
     WalkRunner,
     finish_walk,
     plan_recovery,
-    run_tasks,
     serial_walk,
     store_inputs,
 )
@@ -213,7 +212,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     lock = lock_state(store.loc)
     cp = _checkpoint_before(store, findings)
     refs = store.index_files(findings)
-    index_files = _index_on_load(refs, abort.last_exit_ok, cp)
+    index_files = index_on_load(refs, abort.last_exit_ok, cp)
     index_delete = [f.name for f in index_files if f.delete]
     queues = _load_queues(store, findings)
     cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1])
@@ -224,13 +223,15 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     wplan = plan_recovery(inputs, store.commitlog.segments)
     walk = finish_walk(wplan, walk_runner(wplan, delay_levels))
     findings.extend(walk.findings)
+    if walk.dledger is None:  # (DLedger's walk reads every data file)
+        findings.extend(_unread_before(store, wplan))
     P = walk.process_offset
     segs = list(wplan.segments)
 
     t_rec = _recovery_dispatch(store, walk, segs, queues, findings)
-    reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema)
+    reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema, walk_runner)
     index_images, keys_added, keys_extra, t_extra = _index_after(
-        store, version, refs, index_delete, wplan, walk, (t_rec, t_rep), complete_index, reput)
+        store, version, refs, index_delete, wplan, walk, (t_rec, t_rep), complete_index, reput, walk_runner)
     zero_from, delete_names = _commitlog_changes(store, walk, segs)
     S = store.commitlog.segment_size
     if walk.dledger is not None:  # what DLedger drops and what no reput dispatches; its data end for the checkpoint
@@ -250,6 +251,19 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
         index_keys_extra=keys_extra, index_extra_records=t_extra.num_rows, complete_index=complete_index,
         findings=findings,
         dledger=None if walk.dledger is None else dledger_changes(store, walk, inputs.dledger_index))
+
+
+def _unread_before(store: Store, wplan: WalkPlan) -> list[Finding]:
+    """Segments before the first one the start-up reads that do not start with a record (random bytes, a
+    segment overwritten): nothing in a start-up reads or reports them."""
+    from storelib.broker.settings.storeroot import unreadable_segments
+
+    tasks = wplan.tasks
+    first = tasks[0].base if tasks else None
+    head = [f for f in store.findings if f.kind == "commitlog_head_not_a_record"]
+    segs = store.commitlog.segments
+    return [*(head if segs and (first is None or segs[0].base < first) else []),
+            *unreadable_segments(store.loc, first)]
 
 
 def _finish_queues(store: Store, queues: dict[tuple[str, int], QueueReplay], commitlog_delete: list[str]
@@ -272,7 +286,7 @@ def _checkpoint_before(store: Store, findings: list[Finding]) -> Checkpoint:
     return Checkpoint()
 
 
-def _index_on_load(refs: list[IndexFileRef], last_exit_ok: bool, cp: Checkpoint) -> list[IndexFileOnLoad]:
+def index_on_load(refs: list[IndexFileRef], last_exit_ok: bool, cp: Checkpoint) -> list[IndexFileOnLoad]:
     """§8.1 step 5: index files newer than the index checkpoint are deleted after an abnormal exit."""
     out: list[IndexFileOnLoad] = []
     for r in refs:
@@ -323,8 +337,8 @@ def _recovery_dispatch(store: Store, walk: RecoveryResult, segs: list[Segment],
 
 
 def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
-           queues: dict[tuple[str, int], QueueReplay], findings: list[Finding], schema: pa.Schema
-           ) -> tuple[Reput, pa.Table, RecoveryResult | None]:
+           queues: dict[tuple[str, int], QueueReplay], findings: list[Finding], schema: pa.Schema,
+           walk_runner: WalkRunner = serial_walk) -> tuple[Reput, pa.Table, RecoveryResult | None]:
     """4.9.8 reput (§8.9) from the queues' maxPhysicOffset after recovery, into the queue models;
     (where it ran, the records dispatched, the reput's walk or None)."""
     P = walk.process_offset
@@ -352,7 +366,7 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
         reput.start = reput_from
         if reput_from < P:
             p2 = replace(wplan, reput_from=reput_from)
-            reput_walk = finish_walk(p2, run_tasks(p2, delay_levels_ms=delay_levels))
+            reput_walk = finish_walk(p2, walk_runner(p2, delay_levels))
             rr = [d for d in reput_walk.dispatch if d.by == "reput"]
             reput.ranges = rr
             findings.extend(f for f in reput_walk.findings if f.kind.startswith("reput"))
@@ -370,7 +384,7 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
 
 def _index_after(store: Store, version: str, refs: list[IndexFileRef], index_delete: list[str],
                  wplan: WalkPlan, walk: RecoveryResult, dispatched: tuple[pa.Table, pa.Table], complete_index: bool,
-                 reput: Reput) -> tuple[list[IndexImage], int, int, pa.Table]:
+                 reput: Reput, walk_runner: WalkRunner = serial_walk) -> tuple[list[IndexImage], int, int, pa.Table]:
     """The index: remaining files loaded, the last one continued with every dispatched record's keys;
     (index images, keys the broker adds, keys only ``complete_index`` adds, the records it re-indexes)."""
     settings = store.settings
@@ -410,7 +424,7 @@ def _index_after(store: Store, version: str, refs: list[IndexFileRef], index_del
             extra = reput_ranges(wplan, outcomes, dl.data_end, idx_from, min(start_base, dl.last_entry_end))[0]
         else:
             p3 = replace(wplan, reput_from=idx_from)
-            w3 = finish_walk(p3, run_tasks(p3, delay_levels_ms=delay_levels))
+            w3 = finish_walk(p3, walk_runner(p3, delay_levels))
             extra = [replace(d, end=min(d.end, start_base - d.base)) for d in w3.dispatch
                      if d.by == "reput" and d.phy_start < start_base]
         t_extra = _read_ranges(store, extra, delay_levels)
