@@ -186,3 +186,58 @@ def test_a_533_crash_names_the_consume_queue_units_9084_cuts(tmp_path, capsys):
     cut = [f for f in rep["findings"] if f["kind"] == "cq_truncated_at_startup"]
     assert rc == 1 and len(cut) == 1 and cut[0]["severity"] == "critical" and "#9084" in cut[0]["detail"]
     assert sum(cut[0]["extra"]["queues"].values()) == sum(1 for _, p, _ in ents if p + BODY_OFFSET >= short)
+
+
+def _comparable(rep: dict) -> tuple:
+    return rep["findings"], rep["dledger"] if "files_walked" not in rep["dledger"] else {
+        k: v for k, v in rep["dledger"].items() if k not in ("files_walked", "files_carried")}
+
+
+def test_the_dledger_checks_run_as_tasks_with_the_same_findings_on_every_engine(sample_dledger_crashed, spark,
+                                                                              monkeypatch):
+    """The crashed sample on the local engine, a pool and Spark: the same findings and DLedger block; DLedger's
+    walk reads its entries in tasks only (the driver merges per-file facts: it never scans a data file)."""
+    import os
+
+    import storelib.broker.recovery.walk as walk
+    from jobs.audit import audit_store
+
+    store = str(sample_dledger_crashed / "store")
+    ref = audit_store(store, quiet=True, engine="local")
+    driver = os.getpid()
+    real = walk.iter_task
+
+    def only_in_tasks(plan, task, *a, **kw):
+        assert os.getpid() != driver, "the driver scanned a data file"
+        return real(plan, task, *a, **kw)
+
+    monkeypatch.setattr(walk, "iter_task", only_in_tasks)
+    monkeypatch.setenv("RMQSTORE_POOL_START", "fork")  # the workers get the spy too
+    for eng in ("pool", "spark"):
+        got = audit_store(store, quiet=True, engine=eng, workers=2 if eng == "pool" else None,
+                          spark=spark if eng == "spark" else None)
+        assert _comparable(got) == _comparable(ref), eng
+    assert ref["dledger"]["committed_pos"] == 1243691 and ref["dledger"]["files_walked"] >= 1
+
+
+def test_since_carries_each_data_files_dledger_facts_and_reports_the_same(tmp_path):
+    """--since on a DLedger store: a second run reads no data file again (their facts carried while they and
+    their index units fingerprint the same), with the first run's findings; an index unit rewritten since
+    makes its file be walked again."""
+    from jobs.audit import audit_store
+
+    root = _gen(tmp_path, committed_lag=5)
+    state = str(tmp_path / "state.json")
+    first = audit_store(str(root), quiet=True, since=state)
+    second = audit_store(str(root), quiet=True, since=state)
+    assert first["dledger"]["files_carried"] == 0 and first["dledger"]["files_walked"] >= 2
+    assert second["dledger"]["files_walked"] == 0 and second["dledger"]["files_carried"] == first["dledger"][
+        "files_walked"]
+    assert _comparable(second) == _comparable(first)
+    ents = _entries(root)
+    at = 3 * INDEX_UNIT_SIZE  # entry 3's unit, in the first data file
+    _patch(root / "dledger-n0" / "index" / f"{at - at % IDX:020d}", at % IDX + 24, struct.pack(">q", 9))
+    third = audit_store(str(root), quiet=True, since=state)
+    assert third["dledger"]["files_walked"] == 1, third["dledger"]
+    mm = [f for f in third["findings"] if f["kind"] == "dledger_index_unit_mismatch"]
+    assert len(mm) == 1 and mm[0]["extra"]["entry_index"] == 3 and ents[3][0] == 3
