@@ -241,3 +241,51 @@ def test_since_carries_each_data_files_dledger_facts_and_reports_the_same(tmp_pa
     assert third["dledger"]["files_walked"] == 1, third["dledger"]
     mm = [f for f in third["findings"] if f["kind"] == "dledger_index_unit_mismatch"]
     assert len(mm) == 1 and mm[0]["extra"]["entry_index"] == 3 and ents[3][0] == 3
+
+
+_HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_live_dledger_store_is_read_as_at_one_cut(tmp_path, capsys):
+    """A DLedger store whose lock a broker holds, with an entry being copied in at the tail (its header and half
+    its record, the rest zeros): the cut ends at the last whole entry, and the audit judges the store as at it
+    (no torn entry said, DLedger's walk ending at the cut); at rest the same bytes are a torn tail."""
+    import subprocess
+    import sys
+
+    from storelib.broker.settings.store import Store, load_settings
+    from storelib.fileio.bytesource import resolve
+
+    root = _gen(tmp_path)
+    idx, pos, size = _entries(root)[-1]
+    end = pos + BODY_OFFSET + size
+    path, off = _data(root, pos)
+    entry = bytearray(path.read_bytes()[off:off + BODY_OFFSET + size])
+    assert off + 2 * len(entry) + 8 < SEG, "the next entry must fit the file"
+    entry[8:16], entry[24:32] = struct.pack(">q", idx + 1), struct.pack(">q", end)
+    _patch(path, end % SEG, bytes(entry[:BODY_OFFSET + size // 2]))  # DLedger's put, half done
+    rc0, at_rest = _audit(capsys, root)
+    assert any(f["offset"] == end % SEG for f in _bad(at_rest)), _bad(at_rest)  # at rest: the torn entry
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(root / "lock")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        loc = resolve(str(root))
+        store = Store(loc, load_settings(None, None, None, loc))
+        cut = store.take_cut(tail_wait_s=0.05)
+        assert cut.live and cut.commitlog_end == end and "incomplete" in (cut.tail or "")
+        assert store.commitlog.cut_end == end
+        rc, rep = _audit(capsys, root)
+    finally:
+        proc.stdin.close()
+        proc.wait()
+    assert rep["live"]["live"] and rep["live"]["cut_offset"] == end
+    assert not [f for f in _bad(rep) if f["offset"] == end % SEG], _bad(rep)
+    d = rep["dledger"]
+    assert d["ledger_end_index"] == idx and d["data_end"] == end and d["index_files_deleted_at_startup"] == []

@@ -113,10 +113,9 @@ def cut_tasks(store: Store, tasks: list[SegmentTask], read_rate: float | None = 
 
 def _first_offset_now(store: Store) -> int:
     """The commitlog's first offset as listed now (the cleaner may have moved it since the cut)."""
-    from storelib.scan.commitlog import CommitLog
+    from storelib.broker.settings.store import open_commitlog
 
-    cl = CommitLog(store.path("commitlog"), store.commitlog.segment_size)
-    return cl.min_offset
+    return open_commitlog(store.loc, store.settings).min_offset
 
 
 def drop_expired(store: Store, results: list[SegmentResult]) -> tuple[list[SegmentResult], list[str]]:

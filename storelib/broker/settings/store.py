@@ -250,7 +250,7 @@ class Store:
             self.loc = dataclasses.replace(self.loc, mapped=False)
             self.__dict__.pop("commitlog", None)
             cl = self.commitlog
-            if cut.segments or cut.commitlog_end is not None:  # (a DLedger store's cut lists nothing)
+            if cut.segments or cut.commitlog_end is not None:
                 listed = set(cut.segments)
                 cl.segments = [s for s in cl.segments if s.name in listed and s.file_size]
             # a zero-length last file is one the broker is creating (opened, not mapped to full size yet)
