@@ -241,6 +241,10 @@ def audit_findings(store: Store, walk: RecoveryResult, queues: list[QueueReport]
 
     dl = walk.dledger
     assert dl is not None and store.dledger is not None
+    if live:  # index files wholly past the cut's last entry hold the units of entries written after the cut
+        from dataclasses import replace
+
+        dl = replace(dl, index_delete=tuple(n for n in dl.index_delete if int(n) < dl.index_end))
     st = store.dledger_state
     out = data_file_findings(dl, store.dledger.index, index_file_size)
     out += ledger_findings(dl, store.dledger.dir, st.findings if st is not None else ())
@@ -252,6 +256,10 @@ def audit_findings(store: Store, walk: RecoveryResult, queues: list[QueueReport]
         out += startup_deletion_findings(on_load, cp.index_msg_timestamp)
         deleted = [f.name for f in on_load if f.delete]
     out += [f for f in walk.findings if f.kind == "dledger_data_truncated"]
+    if live:
+        from storelib.checks.livejudge import dledger_progress
+
+        out = dledger_progress(out)
     summary = ledger_summary(dl)
     summary["index_files_deleted_at_startup"] = deleted
     return out, summary

@@ -14,7 +14,7 @@ record whose header is fine), so an intact file costs one vectorised index compa
 from __future__ import annotations
 
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -189,6 +189,20 @@ class DLedgerEnd(SegmentEnd):
         if self.facts is not None:
             d["dledger_facts"] = self.facts.to_dict()
         return d
+
+
+def join_ends(head: SegmentEnd, tail: SegmentEnd) -> SegmentEnd:
+    """A data file scanned in two parts (an incremental export goes on where the last run's cut stopped): the
+    tail's end with facts from byte 0: the head's first entry, entry count and first differing unit, the tail's
+    last entry and stop (byte 0's start check and index are read by every part). ``tail`` as it is when the
+    parts do not join (no facts, or the tail did not start where the head's facts end)."""
+    h = head.facts if isinstance(head, DLedgerEnd) else None
+    t = tail.facts if isinstance(tail, DLedgerEnd) else None
+    if h is None or t is None or h.from_offset != 0 or t.from_offset != h.end_offset or h.end_kind != "end_of_data":
+        return tail
+    facts = replace(t, entries=h.entries + t.entries, first=h.first or t.first, last=t.last or h.last,
+                    index_mismatch=h.index_mismatch or t.index_mismatch, from_offset=0)
+    return replace(tail, facts=facts)
 
 
 def end_from_dict(d: dict) -> SegmentEnd:
@@ -370,5 +384,5 @@ def _record_probe(head: bytes) -> tuple[int | None, int | None]:
 
 
 __all__ = ["FACT_COLUMNS", "DLedgerEnd", "FactsBuilder", "FileFacts", "HeaderWalk", "IndexFiles",
-           "data_list_problems", "end_from_dict", "list_index_files", "start_problem", "unit_mismatches",
+           "data_list_problems", "end_from_dict", "join_ends", "list_index_files", "start_problem", "unit_mismatches",
            "walk_headers"]
