@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from storelib.broker.recovery.reputpath import mismatch_note
 from storelib.broker.recovery.resync import LostRegion, find_next_record, lost_region
+from storelib.checks.dledger import dledger_after_end
 from storelib.checks.tables import (
     KEY_SCHEMA,
     RECORD_COLUMNS,
@@ -85,6 +86,7 @@ class AuditOptions:
     verify_crc: bool = True
     fs_options: dict[str, Any] = field(default_factory=dict)
     groups: int = 1  # queue groups the record tables are laid out by (:func:`storelib.checks.tables.group_sort`)
+    dledger: bool = False  # DLedger data files: entries scanned, resync on entry starts (storelib.checks.dledger)
 
 
 @dataclass
@@ -319,7 +321,8 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
         while pos < stop:
             scan = SegmentScan(src, display, task.base, pos, None if task.end is None and task.limit is None else stop,
                                verify_crc=opts.verify_crc, with_properties=False,
-                               delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS, line=_scan_line(opts))
+                               delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS, line=_scan_line(opts),
+                               dledger=opts.dledger)
             for batch in scan:
                 _check_batch(batch, task, opts, display, found, bad_rows, rec_parts, key_parts)
                 pacer.took(_batch_bytes(batch))
@@ -329,6 +332,11 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
             res.exit_pos = None
             if task.limit is not None and end.kind == "end_of_data" and end.file_offset >= task.limit:
                 break  # the run's cut: what the broker wrote after it is not this run's
+            if opts.dledger and end.kind not in ("segment_end", "split_end"):
+                pos = res.exit_pos = dledger_after_end(src, task, end, display, found, regions)
+                if pos is None:
+                    break
+                continue
             if end.kind == "blank":
                 left = seg_len - end.file_offset
                 total = int.from_bytes(bytes(src.read(end.file_offset, 4)), "big", signed=True)

@@ -16,9 +16,9 @@ scans segments on executors and feeds their ends to :func:`finish_walk`); :func:
 runs them in-process. A rebuild's target (store-algorithms §7.1) is :func:`rebuild_target`: a
 normal start with an empty consume queue.
 
-A DLedger-mode store (``RecoveryInputs.dledger``) is walked as its reput sees it once committed: every
-data file, no message CRC, through blank fillers to the ledger's end (DLedger's finer recovery rules:
-/work/notes/dledger.md §5-6).
+A DLedger-mode store (``RecoveryInputs.dledger``) is walked by :mod:`storelib.broker.recovery.dledgerwalk`
+(DLedger's load and recover over every data file, then DLedgerCommitLog's recovery): the same tasks, one
+per data file, each also giving the file's DLedger facts (:mod:`storelib.broker.recovery.dledgerfacts`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from storelib.broker.recovery.dledgerfacts import FACT_COLUMNS, FactsBuilder, IndexFiles
+from storelib.broker.recovery.dledgerwalk import dledger_inputs, finish_dledger, plan_dledger
 from storelib.broker.recovery.reputpath import reput_path
 from storelib.broker.recovery.walkplan import (
     DispatchRange,
@@ -109,13 +111,13 @@ def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
       checkpoint's min timestamp, index-bounded with messageIndexSafe); the first segment when none
       does. Every valid record is re-dispatched.
     """
+    if inputs.dledger:  # every data file: DLedger's load, its walk and the reput (dledgerwalk)
+        files, mode, why, notes = plan_dledger(inputs, segments)
+        return WalkPlan(inputs, files, mode, 0, why, None, None, notes)
     segs, found = loaded_segments(segments, inputs.version, inputs.segment_size)
     n = len(segs)
     cq_max = inputs.cq_max_phy_offset
     reput_from = dispatch_after = None
-    if inputs.dledger:  # DLedger's own checks keep the entries; the reput dispatches them from the first file
-        return WalkPlan(inputs, tuple(segs), "dledger", 0, "DLedger: every data file, no message CRC", None, None,
-                        tuple(found))
     if inputs.last_exit_ok:
         mode = "normal"
         if inputs.version == "4":
@@ -179,13 +181,18 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     first record whose ``__CRC32#`` property is missing or wrong). The :class:`SegmentEnd` is appended
     to ``ends``.
     """
-    check = plan.inputs.check_crc_on_recover and not plan.inputs.dledger
+    check = plan.inputs.check_crc_on_recover and (task.crc or not plan.inputs.dledger)
     prop = plan.prop_crc and check and task.crc
     scan_kw.setdefault("delay_levels_ms", DEFAULT_DELAY_LEVELS_MS if delay_levels_ms is None else delay_levels_ms)
     scan_kw.setdefault("line", plan.inputs.line)
     seg = plan.segments[task.index]
-    if seg.dledger:
+    facts = cols = None
+    if seg.dledger:  # the entry columns feed the file's DLedger facts, then are dropped if not asked for
         scan_kw.update(dledger=True, committed_index=plan.inputs.dledger_committed_index, file=seg.display)
+        facts = FactsBuilder(seg, plan.inputs.dledger_index or IndexFiles(), task.start, scan_kw.get("end"))
+        cols = scan_kw.get("columns")
+        if cols is not None:
+            scan_kw["columns"] = list(cols) + [c for c in FACT_COLUMNS if c not in cols]
     scan = task.scan(source, verify_crc=check, prop_crc=prop, **scan_kw)
     end: SegmentEnd | None = None
     for batch in scan:
@@ -195,15 +202,24 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
             if len(bad):
                 k = int(bad[0])
                 phy = int(batch.column("phy_offset")[k].as_py())
-                if k:
-                    yield batch.slice(0, k)
                 end = SegmentEnd("invalid", scan.file, phy - task.base, phy, "crc_mismatch",
-                                 "__CRC32# property missing or wrong (forceVerifyPropCRC)")
+                                 "__CRC32# property missing or wrong (forceVerifyPropCRC)", records=k)
+                batch = batch.slice(0, k)
+                if facts is not None:
+                    facts.add(batch)
+                if k:
+                    yield batch if cols is None else batch.select(cols)
                 break
+        if facts is not None:
+            facts.add(batch)
+            if cols is not None:
+                batch = batch.select(cols)
         yield batch
     if end is None:
         end = scan.end
     assert end is not None
+    if facts is not None:
+        end = facts.finish(source, end)
     if ends is not None:
         ends.append(end)
 
@@ -221,8 +237,10 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
     """Combine per-segment scan ends (keyed by segment index) into the :class:`RecoveryResult`.
 
     ``ends`` must hold every task of ``plan.tasks`` up to where the walk stops (later ones are
-    ignored). Raises StoreError(kind="missing_scan") when one is missing.
+    ignored; a DLedger-mode walk needs them all). Raises StoreError(kind="missing_scan") when one is missing.
     """
+    if plan.inputs.dledger:
+        return finish_dledger(plan, ends)
     inp = plan.inputs
     segs = plan.segments
     found = list(plan.findings)
@@ -315,8 +333,10 @@ def _truncation(plan: WalkPlan, process_offset: int) -> tuple[list[int], tuple[i
 
 
 def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool | None = None,
-                 cq_max_phy_offset: int | None = None, checkpoint: Checkpoint | None = None) -> RecoveryInputs:
-    """RecoveryInputs read from a :class:`~storelib.broker.settings.store.Store` (abort marker, checkpoint, CQ max)."""
+                 cq_max_phy_offset: int | None = None, checkpoint: Checkpoint | None = None,
+                 dledger_startup: bool = False) -> RecoveryInputs:
+    """RecoveryInputs read from a :class:`~storelib.broker.settings.store.Store` (abort marker, checkpoint, CQ max;
+    a DLedger-mode store's index list and state; ``dledger_startup``: replay its start-up, not its lifetime)."""
     from storelib.format.checkpoint import read_checkpoint
     from storelib.format.markers import abort_state
 
@@ -331,7 +351,7 @@ def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool
     kw = dict(last_exit_ok=last_exit_ok, checkpoint=checkpoint, cq_max_phy_offset=cq_max_phy_offset,
               segment_size=store.commitlog.segment_size)
     if store.dledger is not None and store.dledger_state is not None:
-        kw.update(dledger=True, dledger_committed_index=store.dledger_state.committed_index)
+        kw.update(dledger_inputs(store), dledger_startup=dledger_startup)
     if version is not None:
         kw["version"] = version
     return RecoveryInputs.from_settings(store.settings, **kw)
@@ -382,7 +402,7 @@ def run_tasks(plan: WalkPlan, *, delay_levels_ms: list[int] | None = None,
         ends[t.index] = end
         if on_segment:
             on_segment(t, end)
-        if t.crc and end.kind != "blank":
+        if t.crc and end.kind != "blank" and not plan.inputs.dledger:
             stopped = True
     return ends
 
