@@ -49,6 +49,7 @@ from jobs.engines.schedulers import (
     LocalEngine,
     add_engine_args,
     make_engine,
+    map_on,
     resolve_engine_name,
     walk_on,
 )
@@ -166,7 +167,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
         if version not in (None, "auto"):
             same += ["--broker-version", str(version)]
         # the start-up replay that prices damage scans its segments on the engine too
-        damage = damage_cost(store, report, quiet, same, walk_on(eng))
+        damage = damage_cost(store, report, quiet, same, walk_on(eng), map_on(eng, "damage: lost ranges"))
     finally:
         if own_engine is not None:
             own_engine.close()

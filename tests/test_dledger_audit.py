@@ -289,3 +289,102 @@ def test_a_live_dledger_store_is_read_as_at_one_cut(tmp_path, capsys):
     assert not [f for f in _bad(rep) if f["offset"] == end % SEG], _bad(rep)
     d = rep["dledger"]
     assert d["ledger_end_index"] == idx and d["data_end"] == end and d["index_files_deleted_at_startup"] == []
+
+
+
+def test_the_damage_price_reads_no_data_file_in_the_driver(tmp_path, sample_dledger_crashed, monkeypatch):
+    """The audit's damage price (a start-up replay, then the lost entries) on a pool: the driver opens no
+    DLedger data file while it prices (the walk and the lost ranges' scans are the engine's tasks; the queue
+    and index models are not fed), and the price equals the full in-process replay's lost section (the
+    recover plan's)."""
+    import os
+
+    import jobs.audit as audit_mod
+    import storelib.scan.commitlog as commitlog
+    from storelib.broker.settings.store import Store, load_settings
+    from storelib.broker.startup.startup import simulate
+    from storelib.broker.startup.startuplost import scan_lost
+    from storelib.fileio.bytesource import resolve
+
+    root = tmp_path / "g"
+    s = BrokerSettings.defaults("4").with_overrides({"mappedFileSizeCommitLog": SEG, "maxHashSlotNum": 500,
+                                                     "maxIndexNum": 4000})
+    generate(root, GenConfig(messages=900, seed=3), s, dispatch=True,
+             dledger=DLedgerGen(index_file_size=IDX, committed_lag=9, crashed=True))
+    ents = _entries(root)
+    files = sorted({p - p % SEG for _, p, _ in ents})
+    victim = [e for e in ents if files[-2] <= e[1] < files[-1]][3]
+    path, off = _data(root, victim[1])
+    _patch(path, off + 24, struct.pack(">q", victim[1] + 7))  # DLedger's data ends here: the rest is lost
+    driver, real_open, real_cost = os.getpid(), commitlog.Segment.open, audit_mod.damage_cost
+    reads: list[str] = []
+
+    def spy_open(self):
+        if os.getpid() == driver and "/data/" in self.loc.path:
+            reads.append(self.display)
+        return real_open(self)
+
+    def spied_cost(*a, **kw):  # only the pricing is watched (the audit plans its splits in the driver)
+        monkeypatch.setattr(commitlog.Segment, "open", spy_open)
+        try:
+            return real_cost(*a, **kw)
+        finally:
+            monkeypatch.setattr(commitlog.Segment, "open", real_open)
+
+    monkeypatch.setattr(audit_mod, "damage_cost", spied_cost)
+    monkeypatch.setenv("RMQSTORE_POOL_START", "fork")
+    got = {}
+    for name, store in (("generated", root), ("crashed", sample_dledger_crashed / "store")):
+        loc = resolve(str(store))
+        full = scan_lost(simulate(Store(loc, load_settings(None, None, None, loc))))["totals"]
+        d = audit_mod.audit_store(str(store), quiet=True, engine="pool", workers=2)["damage"]
+        assert d is not None and "error" not in d, d
+        assert (d["messages_lost"], d["messages_intact"], d["bytes_lost"], d["by_topic"]) == \
+            (full["messages"], full["intact"], full["bytes"], full["by_topic"]), name
+        got[name] = d
+    assert reads == [], reads
+    assert got["generated"]["messages_lost"] > 0 and got["generated"]["data_end"] == victim[1]
+    assert got["crashed"]["process_offset"] == 1243691 and got["crashed"]["messages_lost"] == 0
+
+
+@pytest.mark.parametrize("what, at, fmt, value, text, readable", [
+    ("entry magic", 0, ">i", 2, "magic 2", False),
+    ("entry size", 4, ">i", 40, "size 40", False),
+    ("index gap", 8, ">q", 10 ** 6, "does not follow", True),
+    ("lower term", 16, ">q", -1, "lower", True),
+])
+def test_each_entry_header_rule_where_dledgers_walk_ends_is_critical_and_named(tmp_path, capsys, what, at, fmt,
+                                                                                value, text, readable):
+    """Issue 28 point 4, the headers: magic, size, a contiguous index and a term that never decreases, each
+    broken in an entry DLedger's start-up walks: named at the entry, critical, with what a start-up drops (the
+    damaged entry's record among them when its header still frames it, else as unreadable bytes)."""
+    root = _gen(tmp_path)
+    ents = _entries(root)
+    files = sorted({p - p % SEG for _, p, _ in ents})
+    victim = [e for e in ents if files[-2] <= e[1] < files[-1]][3]
+    path, off = _data(root, victim[1])
+    _patch(path, off + at, struct.pack(fmt, value))
+    rc, rep = _audit(capsys, root)
+    bad = [f for f in rep["findings"] if f["kind"] == "dledger_bad_entry"]
+    assert rc == 1 and len(bad) == 1, (what, _bad(rep))
+    assert bad[0]["severity"] == "critical" and bad[0]["file"] == f"dledger-n0/data/{files[-2]:020d}", what
+    assert bad[0]["offset"] == off and text in bad[0]["detail"], (what, bad[0]["detail"])
+    assert rep["damage"]["messages_lost"] == sum(1 for _, p, _ in ents if p > victim[1]) + readable, what
+    assert (rep["damage"]["bytes_unreadable"] >= BODY_OFFSET + victim[2]) is not readable, what
+
+
+def test_an_index_file_entry_must_point_at_entry_pos_plus_48(tmp_path, capsys):
+    """Issue 28 point 4, IndexFile against the entries: an index entry holding the entry's pos (not its record's
+    offset, pos + 48) is named in the index file."""
+    root = _gen(tmp_path)
+    idx = sorted((root / "index").iterdir())[0]
+    at = 40 + 4 * 500 + 20 * 5 + 4  # entry 5's phyOffset (header, 500 slots, 20-byte entries)
+    phy = struct.unpack_from(">q", idx.read_bytes(), at)[0]
+    assert any(p + BODY_OFFSET == phy for _, p, _ in _entries(root))
+    _patch(idx, at, struct.pack(">q", phy - BODY_OFFSET))
+    rc, rep = _audit(capsys, root)
+    got = [f for f in _bad(rep, "error") if f["file"] == f"index/{idx.name}"]
+    assert rc == 1 and got, _bad(rep)
+    # the record's key is missing from the index now, named at the record (pos + 48), nothing else
+    assert [(f["kind"], f["offset"]) for f in _bad(rep, "error") if not f["file"].startswith("index/")] == \
+        [("index_key_missing", phy)], _bad(rep)

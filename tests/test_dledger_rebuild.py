@@ -113,21 +113,33 @@ def test_clean_sample_consume_queue_entries_field_by_field(tmp_path, sample_dled
         assert (int(u["phy_offset"]), int(u["size"]), int(u["tags_code"])) == (e["phyOffset"], e["size"], e["tagsCode"])
 
 
-def test_export_holds_every_entry_with_the_committed_column(tmp_path, sample_dledger_crashed, capsys):
+def test_export_holds_every_entry_with_the_committed_column(tmp_path, dledger_sample, capsys):
+    """The export of both samples holds the broker's records field by field (expected/messages.jsonl, bodies by
+    sha256), at the broker's offsets, with every entry to the ledger's end and the committed column."""
     from datasources.snapshot import snapshot_dataset
 
     from .conftest import run_cli
 
-    rc, out, err = run_cli(capsys, "export", sample_dledger_crashed / "store", "--out", tmp_path / "snap",
+    crashed = "crashed" in dledger_sample.name
+    rc, out, err = run_cli(capsys, "export", dledger_sample / "store", "--out", tmp_path / "snap", "--with-body",
                            "--engine", "local", "--quiet", "--json")
     assert rc == 0, err
     manifest = json.loads(out)
-    assert manifest["dledger"] is True and manifest["process_offset"] == 2096707
+    assert manifest["dledger"] is True and manifest["process_offset"] == (2096707 if crashed else 4960165)
     t = snapshot_dataset(str(tmp_path / "snap")).to_table().sort_by("phy_offset")
-    exp = load_expected(sample_dledger_crashed, "messages.jsonl")
-    assert t.column("phy_offset").to_pylist() == [m["phyOffset"] for m in exp]
-    assert t.column("dledger_committed").to_pylist() == [m["dledgerCommittedPerCheckpointAtCrash"] for m in exp]
-    assert t.column("msg_id").to_pylist() == [m["offsetMsgId"] for m in exp]
+    exp = load_expected(dledger_sample, "messages.jsonl")
+    assert t.num_rows == len(exp) == (1719 if crashed else 2014)
+    fields = {"phy_offset": "phyOffset", "size": "size", "queue_id": "queueId", "queue_offset": "queueOffset",
+              "physical_offset_field": "physicalOffsetField", "sys_flag": "sysFlag", "born_timestamp": "bornTimestamp",
+              "store_timestamp": "storeTimestamp", "body_crc": "bodyCRC", "body_len": "bodyLen", "topic": "topic",
+              "tags": "tags", "keys": "keys", "uniq_key": "uniqKey", "msg_id": "offsetMsgId",
+              "tags_code": "tagsCode", "dledger_index": "dledgerIndex", "dledger_term": "dledgerTerm",
+              "dledger_pos": "dledgerPos"}
+    for col, key in fields.items():
+        assert t.column(col).to_pylist() == [m.get(key) for m in exp], col
+    assert [hashlib.sha256(b).hexdigest() for b in t.column("body").to_pylist()] == [m["bodySha256"] for m in exp]
+    want = [m["dledgerCommittedPerCheckpointAtCrash"] for m in exp] if crashed else [True] * len(exp)
+    assert t.column("dledger_committed").to_pylist() == want
 
 
 def test_the_pyarrow_reader_and_lookups_carry_the_entry_columns(sample_dledger_crashed):

@@ -139,9 +139,11 @@ def test_the_crashed_sample_plan_is_the_brokers_load_field_by_field(sample_dledg
 def test_the_clean_sample_plan_changes_nothing_and_ends_at_the_brokers_offset(sample_dledger, capsys):
     root = sample_dledger / "store"
     summ = json.loads((sample_dledger / "expected" / "export_summary.json").read_text())
+    before = _tree(root)
     rc, out, err = run_cli(capsys, "recover", root, "--json")
     plan = json.loads(out)
     assert rc == 0 and not plan["changes"], err
+    assert _tree(root) == before  # --plan writes nothing
     dl = plan["dledger"]
     assert plan["commitlog"]["process_offset"] == summ["afterLoad_maxPhyOffset"] == dl["data_end"] == 4960165
     assert (dl["ledger_begin_index"], dl["ledger_end_index"]) == (summ["dledger"]["ledgerBeginIndex"],
@@ -469,3 +471,56 @@ def test_each_node_of_the_group_sample_plans_its_own_load(sample_dledger_group, 
         (e["ledgerBeginIndex"], e["ledgerEndIndex"], e["committedIndex"], e["committedPos"])
     assert (d["data_end"], d["index_end"]) == (e["writePos"], e["indexMaxWrotePosition"])
     assert rc == (1 if exp["abortFileBeforeLoad"] else 0), err
+
+
+def test_533_abnormal_recovery_starts_at_the_newest_file_older_than_the_checkpoint(tmp_path):
+    """5.3.3's dledgerRecoverAbnormally picks its start file by isMmapFileMatchedRecover (the newest data file
+    whose first record is a V1 message stored at or before the checkpoint's min timestamp) and re-dispatches
+    from there; with forceVerifyPropCRC its walk stops at the first record (DLedger records carry no
+    __CRC32#): processOffset is that file's start, while DLedger's own header walk (the data's end) is
+    unchanged."""
+    root = _gen(tmp_path, n=900, version="5", committed_lag=10, crashed=True)
+    t = _store(root).commitlog.read_table(with_properties=False)
+    pos, ts = t.column("dledger_pos").to_pylist(), t.column("store_timestamp").to_pylist()
+    files = sorted({p - p % SEG for p in pos})
+    first_time = [next(tm for p, tm in zip(pos, ts) if p == b) for b in files]
+    k = len(files) - 3
+    limit = first_time[k]
+    want = max(j for j, tm in enumerate(first_time) if tm <= limit)
+    cp = root / "checkpoint"
+    page = bytearray(cp.read_bytes())
+    for at in (0, 8, 16):
+        struct.pack_into(">q", page, at, limit + 3000)  # min(physic, logics) - 3 s = the file's first record time
+    cp.write_bytes(bytes(page))
+    plan = _plan(root, "5")
+    a, dl = plan["dledger"]["abnormal_533"], plan["dledger"]
+    assert a["start_file"].endswith(f"{files[want]:020d}") and "newest data file" in a["start_reason"]
+    assert a["records"] == sum(1 for p in pos if p >= files[want]) == plan["dispatch"]["recovery_records"]
+    from storelib.broker.settings.store import load_settings
+    from storelib.fileio.bytesource import resolve
+
+    loc = resolve(str(root))
+    forced = plan_document(simulate(Store(loc, load_settings(None, None, {"forceVerifyPropCRC": "true"}, loc)), "5"))
+    f = forced["dledger"]
+    assert (f["abnormal_533"]["records"], f["abnormal_533"]["process_offset"]) == (0, files[want])
+    assert f["data_end"] == dl["data_end"] and f["ledger_end_index"] == dl["ledger_end_index"]
+    assert forced["dispatch"]["recovery_records"] == 0
+    assert forced["consume_queues"]["totals"]["entries_truncated"] == sum(1 for p in pos if p >= files[want])
+
+
+def test_533_abnormal_recovery_past_a_damaged_header_is_named_and_not_applied(tmp_path):
+    """5.3.3's own walk reads records, not entry headers: past a header DLedger rejects whose record is intact it
+    reads on, which rmqstore does not replay: the plan says so, and apply refuses."""
+    root = _gen(tmp_path, n=900, version="5", committed_lag=10, crashed=True)
+    ents = _entries(root)
+    files = sorted({p - p % SEG for _, p, _ in ents})
+    victim = [e for e in ents if files[-2] <= e[1] < files[-1]][3]
+    path, off = _data(root, victim[1])
+    _patch(path, off + 24, struct.pack(">q", victim[1] + 7))  # its pos field: DLedger's data ends here
+    plan = _plan(root, "5")
+    assert plan["dledger"]["data_end"] == victim[1] and plan["dledger"]["abnormal_533"]["supported"] is False
+    named = [f for f in plan["findings"] if f["kind"] == "dledger_533_reads_past_entry"]
+    assert len(named) == 1 and named[0]["file"] == f"dledger-n0/data/{files[-2]:020d}" and named[0]["offset"] == off
+    assert not plan["commitlog"]["supported"]
+    with pytest.raises(Exception, match="cannot be reproduced"):
+        apply(_store(root), tmp_path / "bk")

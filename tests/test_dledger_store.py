@@ -174,3 +174,34 @@ def test_a_dledger_store_on_s3_reads_as_it_does_locally(tmp_path, s3_server):
     assert t_r.equals(t_l) and t_l.column("dledger_committed").to_pylist().count(False) == 30
     phy = t_l.column("phy_offset")[700].as_py()
     assert s_r.commitlog.record_at(phy).column("dledger_index")[0].as_py() == 700
+
+
+def test_dledger_self_id_or_store_path_alone_say_dledger(tmp_path, sample_dledger_crashed, sample_498,
+                                                         sample_dledger):
+    """Issue 28 point 1: each of the three broker.conf keys alone chooses DLedger mode (and dLegerSelfId picks the
+    node); the reason names the key."""
+    root = _two_nodes(tmp_path / "a", sample_dledger_crashed)
+    s = _settings(root, dLegerSelfId="n1")
+    assert s.dledger.dir == "dledger-n1" and "dLegerSelfId=n1" in s.dledger.reason
+    both = tmp_path / "b" / "store"
+    shutil.copytree(sample_498 / "store", both)
+    shutil.copytree(sample_dledger / "store" / "dledger-n0", both / "dledger-n0")
+    s = _settings(both, storePathDLedgerCommitLog="/data/rocketmq/store/dledger-n0/data")
+    assert s.dledger is not None and s.dledger.data == "dledger-n0/data"
+    assert "storePathDLedgerCommitLog=" in s.dledger.reason
+    assert Store(resolve(str(both)), s).commitlog.read_table(with_properties=False).num_rows == 2014
+
+
+def test_get_on_the_crashed_samples_uncommitted_tail_says_it_is_not_committed(sample_dledger_crashed, capsys):
+    """An entry past the committed index (on disk, not served by the broker until DLedger commits it again) is
+    found by offset and by msgId, with its entry fields and dledger_committed false; a committed one says true."""
+    root = sample_dledger_crashed / "store"
+    exp = load_expected(sample_dledger_crashed, "messages.jsonl")
+    for m, committed in ((exp[1500], False), (exp[1000], True)):
+        assert m["dledgerCommittedPerCheckpointAtCrash"] is committed
+        for how in (("--offset", m["phyOffset"]), ("--msg-id", m["offsetMsgId"])):
+            rc, out, err = run_cli(capsys, "get", root, *how)
+            assert rc == 0, err
+            row = json.loads(out)
+            assert (row["phy_offset"], row["dledger_index"], row["dledger_pos"], row["dledger_committed"]) == \
+                (m["phyOffset"], m["dledgerIndex"], m["dledgerPos"], committed), how

@@ -324,6 +324,16 @@ def walk_on(engine: Engine) -> Callable[[Any, list[int]], dict[int, Any]]:
     return run
 
 
+def map_on(engine: Engine, label: str) -> Callable[[Callable[[Any], Any], list[Any]], list[Any]]:
+    """A (task function, items) -> results runner on ``engine`` for storelib's task maps (the lost ranges'
+    scans: storelib.broker.startup.startuplost.TaskMap)."""
+
+    def run(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        return engine.map(fn, items, label)
+
+    return run
+
+
 def add_engine_args(p: argparse.ArgumentParser, what: str,
                     pool_when: str = "a store of more than one segment and 512 MB") -> None:
     """``--engine``, ``--workers`` and ``--master``, the same on every job."""
@@ -336,4 +346,4 @@ def add_engine_args(p: argparse.ArgumentParser, what: str,
 
 
 __all__ = ["ENGINES", "Engine", "LocalEngine", "PoolEngine", "SparkEngine", "add_engine_args", "make_engine",
-           "resolve_engine_name", "spark_errors", "walk_on"]
+           "map_on", "resolve_engine_name", "spark_errors", "walk_on"]

@@ -99,14 +99,17 @@ DERIVED_DAMAGE_PREFIXES = ("consumequeue/", "index/")
 
 
 def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
-                same_args: list[str] | None = None, walk_runner: Any = None) -> dict[str, Any] | None:
+                same_args: list[str] | None = None, walk_runner: Any = None,
+                task_map: Any = None) -> dict[str, Any] | None:
     """What the findings cost and what to run next; None on a store without damage at error or above.
 
     The cost is the one recovery walk ``rmqstore recover`` shows (read-only): the messages a broker
     start-up would drop (its CRC check truncates the commitlog at the first bad record of the recovery
     window and everything after it goes), how many of them are intact (salvageable), and where the
     commitlog would end. A CRC error in a segment the start-up does not re-check costs nothing at start-up.
-    ``walk_runner``: where the walk's segment scans run (the audit's engine; default: here).
+    ``walk_runner``: where the walk's segment scans run, ``task_map`` (fn, items) -> results: where the lost
+    ranges are scanned (the audit's engine; default: here). The replay reads no record in this process
+    (``simulate(records=False)``): nothing it prices needs the queue and index models.
     """
     serious = [f for f in report["findings"] if SEVERITY_RANK.get(f["severity"], 0) >= SEVERITY_RANK["error"]]
     log_damage = any(f["kind"] in COMMITLOG_DAMAGE for f in serious)
@@ -120,8 +123,9 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
     if not quiet:
         sys.stderr.write("audit: replaying a broker start-up (read-only) to price the damage\n")
     try:
-        sim = simulate(store) if walk_runner is None else simulate(store, walk_runner=walk_runner)
-        totals = scan_lost(sim)["totals"]
+        sim = simulate(store, records=False) if walk_runner is None else simulate(store, walk_runner=walk_runner,
+                                                                                  records=False)
+        totals = (scan_lost(sim) if task_map is None else scan_lost(sim, run=task_map))["totals"]
     except (StoreError, OSError, ValueError) as e:
         return {"error": str(e), "next": [{"command": f"rmqstore recover {quoted}",
                                            "why": "preview what a broker start-up would do"}]}

@@ -202,6 +202,8 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
             if len(bad):
                 k = int(bad[0])
                 phy = int(batch.column("phy_offset")[k].as_py())
+                if seg.dledger:  # the walk ends at the entry (its header), not at the record inside it
+                    phy = int(batch.column("dledger_pos")[k].as_py())
                 end = SegmentEnd("invalid", scan.file, phy - task.base, phy, "crc_mismatch",
                                  "__CRC32# property missing or wrong (forceVerifyPropCRC)", records=k)
                 batch = batch.slice(0, k)

@@ -195,7 +195,7 @@ def _index_header(ref: IndexFileRef) -> IndexHeader | None:
 
 
 def simulate(store: Store, version: str | None = None, *, complete_index: bool = True,
-             walk_runner: WalkRunner = serial_walk) -> Simulation:
+             walk_runner: WalkRunner = serial_walk, records: bool = True) -> Simulation:
     """Replay a broker start-up on ``store`` (read-only); see the module docstring for the order.
 
     ``complete_index`` (a named deviation, default on): after an abnormal exit also re-index records
@@ -203,6 +203,10 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     the index. The simulation keeps both counts (``index_keys_added`` is the broker's).
     ``walk_runner``: runs the commitlog walk's segment scans (default: here, in order; the jobs pass one
     that maps :func:`storelib.broker.recovery.walk.walk_task` on an engine, with the same result).
+    ``records=False`` (the audit's damage price): this process reads no record: the walks (on
+    ``walk_runner``), where lost data starts and the index files the load deletes are exact; the queue and
+    index models get nothing dispatched, and no file image (checkpoint, zeroed tail, DLedger's index
+    units, timers) is made, so such a simulation is never applied.
     """
     settings = store.settings
     version = version or ("5" if str(settings.version).startswith("5") else "4")
@@ -228,29 +232,34 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     P = walk.process_offset
     segs = list(wplan.segments)
 
-    t_rec = _recovery_dispatch(store, walk, segs, queues, findings)
-    reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema, walk_runner)
+    t_rec = _recovery_dispatch(store, walk, segs, queues, findings, records)
+    reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema, walk_runner,
+                                      records)
     index_images, keys_added, keys_extra, t_extra = _index_after(
-        store, version, refs, index_delete, wplan, walk, (t_rec, t_rep), complete_index, reput, walk_runner)
-    zero_from, delete_names = _commitlog_changes(store, walk, segs)
+        store, version, refs, index_delete, wplan, walk, (t_rec, t_rep), complete_index and records, reput,
+        walk_runner)
+    zero_from, delete_names = _commitlog_changes(store, walk, segs, records)
     S = store.commitlog.segment_size
     if walk.dledger is not None:  # what DLedger drops and what no reput dispatches; its data end for the checkpoint
         lost_ranges = dledger_lost_ranges(walk, segs, S)
-        new_cp = _checkpoint_after(store, cp, "4", walk.dledger.data_end, segs)
+        new_cp = _checkpoint_after(store, cp, "4", walk.dledger.data_end, segs) if records else cp
     else:
         lost_ranges = _lost_ranges(segs, P, reput_walk, S)
-        new_cp = _checkpoint_after(store, cp, version, P, segs)
-    cp_bytes = _checkpoint_image(store, new_cp, version)
+        new_cp = _checkpoint_after(store, cp, version, P, segs) if records else cp
+    cp_bytes = _checkpoint_image(store, new_cp, version) if records else None
     timer = plan_timer_recovery(store.loc, settings, store.commitlog, int(time.time() * 1000)) \
-        if version == "5" and store.exists("timerlog") else None
+        if records and version == "5" and store.exists("timerlog") else None
+    changes = None
+    if walk.dledger is not None:
+        changes = dledger_changes(store, walk, inputs.dledger_index) if records else DLedgerChanges(
+            index_delete=[f"{store.dledger.index}/{n}" for n in walk.dledger.index_delete] if store.dledger else [])
     return Simulation(
         store, version, walk, queues, _finish_queues(store, queues, delete_names), index_delete, index_images,
         cp_bytes, zero_from, delete_names, lost_ranges, timer, abort=abort, lock=lock, checkpoint=cp,
         checkpoint_after=new_cp, inputs=inputs, index_files=index_files, reput=reput,
         recovery_records=t_rec.num_rows, reput_records=t_rep.num_rows, index_keys_added=keys_added,
         index_keys_extra=keys_extra, index_extra_records=t_extra.num_rows, complete_index=complete_index,
-        findings=findings,
-        dledger=None if walk.dledger is None else dledger_changes(store, walk, inputs.dledger_index))
+        findings=findings, dledger=changes)
 
 
 def _unread_before(store: Store, wplan: WalkPlan) -> list[Finding]:
@@ -319,11 +328,12 @@ def _load_queues(store: Store, findings: list[Finding]) -> dict[tuple[str, int],
 
 
 def _recovery_dispatch(store: Store, walk: RecoveryResult, segs: list[Segment],
-                       queues: dict[tuple[str, int], QueueReplay], findings: list[Finding]) -> pa.Table:
+                       queues: dict[tuple[str, int], QueueReplay], findings: list[Finding],
+                       records: bool = True) -> pa.Table:
     """Records dispatched during recovery (abnormal both versions; 5.x normal) into the queue models, then
-    the CQ truncation at processOffset; the records dispatched."""
+    the CQ truncation at processOffset; the records dispatched (none read when not ``records``)."""
     delay_levels = list(store.settings.delay_levels_ms)
-    rec_ranges = [d for d in walk.dispatch if d.by == "recovery"]
+    rec_ranges = [d for d in walk.dispatch if d.by == "recovery"] if records else []
     t_rec = _read_ranges(store, rec_ranges, [] if walk.delay_levels_quirk else delay_levels)
     _cq_dispatch(queues, t_rec, store.loc, int(store.settings.mapped_file_size_consume_queue), "recovery", findings)
     if not segs:
@@ -338,9 +348,11 @@ def _recovery_dispatch(store: Store, walk: RecoveryResult, segs: list[Segment],
 
 def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
            queues: dict[tuple[str, int], QueueReplay], findings: list[Finding], schema: pa.Schema,
-           walk_runner: WalkRunner = serial_walk) -> tuple[Reput, pa.Table, RecoveryResult | None]:
+           walk_runner: WalkRunner = serial_walk, records: bool = True
+           ) -> tuple[Reput, pa.Table, RecoveryResult | None]:
     """4.9.8 reput (§8.9) from the queues' maxPhysicOffset after recovery, into the queue models;
-    (where it ran, the records dispatched, the reput's walk or None)."""
+    (where it ran, the records dispatched, the reput's walk or None). Not ``records``: where it starts and
+    its walk (on ``walk_runner``) only, no record read here."""
     P = walk.process_offset
     segs = list(wplan.segments)
     delay_levels = list(store.settings.delay_levels_ms)
@@ -352,6 +364,8 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
         recheck = str(store.settings.extra.get("recheckReputOffsetFromCq", "")).strip().lower() == "true"
         if (version == "4" or recheck) and segs:
             reput.start = reput_start(walk, [q.state.max_physic_offset for q in queues.values()])
+            if not records:  # DLedger's lost data does not depend on the reput
+                return reput, t_rep, None
             outcomes = outcomes_by_file(wplan, walk)
             reput.ranges, more = reput_ranges(wplan, outcomes, walk.dledger.data_end, reput.start, P)
             findings.extend(more)
@@ -370,7 +384,7 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
             rr = [d for d in reput_walk.dispatch if d.by == "reput"]
             reput.ranges = rr
             findings.extend(f for f in reput_walk.findings if f.kind.startswith("reput"))
-            t_rep = _read_ranges(store, rr, delay_levels)
+            t_rep = _read_ranges(store, rr if records else [], delay_levels)
             _cq_dispatch(queues, t_rep, store.loc, int(store.settings.mapped_file_size_consume_queue), "reput",
                          findings)
         elif reput_from > P:
@@ -435,11 +449,12 @@ def _index_after(store: Store, version: str, refs: list[IndexFileRef], index_del
     return index_images, keys_added, keys_extra, t_extra
 
 
-def _commitlog_changes(store: Store, walk: RecoveryResult, segs: list[Segment]
+def _commitlog_changes(store: Store, walk: RecoveryResult, segs: list[Segment], records: bool = True
                        ) -> tuple[tuple[str, int] | None, list[str]]:
-    """(segment and position to zero from, when bytes follow the truncation point; segments deleted)."""
+    """(segment and position to zero from, when bytes follow the truncation point; segments deleted). Not
+    ``records``: the tail is not read (no zeroing said)."""
     zero_from = None
-    if walk.truncate is not None:
+    if walk.truncate is not None and records:
         base, pos = walk.truncate
         seg = next(s for s in segs if s.base == base)
         if _has_nonzero(seg, pos):

@@ -11,6 +11,9 @@ own, and a damaged entry is skipped to the next verified entry start (:func:`sto
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -112,26 +115,74 @@ def uncommitted_ranges(sim: Simulation) -> list[tuple[Segment, int, str]]:
             if s.base + S > frm and s.base < dl.last_entry_end]
 
 
-def lost_table(sim: Simulation, with_body: bool, *, uncommitted: bool = False) -> tuple[pa.Table | None, list[dict]]:
-    """Every record in the simulation's lost ranges (with a ``why`` column; None when there is none) and the
-    byte ranges nothing can be read from (corrupt regions, and records whose body CRC fails), by offset.
-    ``uncommitted``: a DLedger store's uncommitted entries too."""
+@dataclass(frozen=True)
+class LostScan:
+    """One lost range to scan, as a task any engine can run (picklable): a default store's records from
+    ``start`` (to ``end``), or a DLedger data file's entries in ``[start, end)``."""
+
+    seg: Segment
+    start: int
+    why: str
+    end: int | None
+    with_body: bool
+    delay_levels: tuple[int, ...]
+    dledger: bool = False
+    committed: int | None = None
+
+
+def lost_scan_task(job: LostScan) -> tuple[pa.Table | None, list[dict]]:
+    """The records of one lost range (with their ``why``) and its unreadable regions: a task, so the audit's
+    damage price reads no record in the driver."""
     batches: list[pa.Table] = []
     regions: list[dict] = []
-    delay = list(sim.store.settings.delay_levels_ms)
+    if job.dledger:
+        assert job.end is not None
+        _scan_entries(job.seg, job.start, job.end, job.why, with_body=job.with_body,
+                      delay_levels=list(job.delay_levels), committed=job.committed, batches=batches, regions=regions)
+    else:
+        _scan_from(job.seg, job.start, job.why, with_body=job.with_body, delay_levels=list(job.delay_levels),
+                   batches=batches, regions=regions, end=job.end)
+    return (pa.concat_tables(batches) if batches else None), regions
+
+
+def _serial_map(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    return [fn(x) for x in items]
+
+
+TaskMap = Callable[[Callable[[Any], Any], list[Any]], list[Any]]  # (task function, items) -> results, in order
+
+
+def lost_scans(sim: Simulation, with_body: bool, *, uncommitted: bool = False) -> list[LostScan]:
+    """The simulation's lost ranges (and with ``uncommitted`` a DLedger store's uncommitted entries) as scans;
+    in a DLedger data file a range ends where the next one in the same file begins."""
+    delay = tuple(sim.store.settings.delay_levels_ms)
     ranges = list(sim.lost_ranges) + (uncommitted_ranges(sim) if uncommitted else [])
     dl = sim.walk.dledger
+    out: list[LostScan] = []
     for seg, start, why, *end in ranges:
         if not seg.file_size:
             continue
         if dl is None:
-            _scan_from(seg, start, why, with_body=with_body, delay_levels=delay, batches=batches, regions=regions,
-                       end=end[0] if end else None)
+            out.append(LostScan(seg, start, why, end[0] if end else None, with_body, delay))
             continue
         later = [a for s2, a, *_ in ranges if s2.base == seg.base and a > start]
         stop = min(later + [seg.file_size, dl.last_entry_end - seg.base if why == "uncommitted" else seg.file_size])
-        _scan_entries(seg, start, stop, why, with_body=with_body, delay_levels=delay,
-                      committed=dl.committed_index, batches=batches, regions=regions)
+        out.append(LostScan(seg, start, why, stop, with_body, delay, True, dl.committed_index))
+    return out
+
+
+def lost_table(sim: Simulation, with_body: bool, *, uncommitted: bool = False, run: TaskMap = _serial_map
+               ) -> tuple[pa.Table | None, list[dict]]:
+    """Every record in the simulation's lost ranges (with a ``why`` column; None when there is none) and the
+    byte ranges nothing can be read from (corrupt regions, and records whose body CRC fails), by offset.
+    ``uncommitted``: a DLedger store's uncommitted entries too. ``run``: where the ranges' scans run (a
+    task per range; default: here, in order)."""
+    batches: list[pa.Table] = []
+    regions: list[dict] = []
+    for t, r in run(lost_scan_task, lost_scans(sim, with_body, uncommitted=uncommitted)):
+        if t is not None:
+            batches.append(t)
+        regions += r
     table = pa.concat_tables(batches) if batches else None
     if table is not None:
         bad = table.filter(pc.equal(table.column("crc_ok"), False))
@@ -146,9 +197,10 @@ def lost_table(sim: Simulation, with_body: bool, *, uncommitted: bool = False) -
     return table, regions
 
 
-def scan_lost(sim: Simulation, *, with_body: bool = False) -> dict:
-    """The plan's ``lost`` section: every record a start-up drops, corrupt byte ranges, totals."""
-    table, regions = lost_table(sim, with_body)
+def scan_lost(sim: Simulation, *, with_body: bool = False, run: TaskMap = _serial_map) -> dict:
+    """The plan's ``lost`` section: every record a start-up drops, corrupt byte ranges, totals (``run``: where
+    the ranges' scans run, see :func:`lost_table`)."""
+    table, regions = lost_table(sim, with_body, run=run)
     msgs: list[dict] = []
     if table is not None:
         t = table.select(LOST_COLUMNS + ["why"])
