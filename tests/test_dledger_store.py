@@ -111,6 +111,8 @@ def test_info_reports_the_ledger_the_committed_position_and_what_is_not_committe
     assert d["ledger_end_term"] == java["ledgerEndTerm"] and d["term"] == java["memberStateCurrTerm"]
     assert d["committed_index_after_load"] == java["committedIndex"] and d["committed_pos"] == java["committedPos"]
     assert d["write_pos"] == java["writePos"] and d["broker_max_offset"] == java["storeMaxPhyOffset"]
+    # the leader as a node's files know it: currterm's voteLeader (a single-node group votes for itself)
+    assert d["voted_for"] == "n0" == d["currterm"]["vote_leader"]
     if "crashed" in dledger_sample.name:
         unc = d["uncommitted"]
         assert (unc["entries"], unc["from_index"], unc["to_index"]) == (713, 1006, 1718)
@@ -121,6 +123,7 @@ def test_info_reports_the_ledger_the_committed_position_and_what_is_not_committe
         assert "uncommitted" not in d
     rc, out, err = run_cli(capsys, "info", dledger_sample / "store")
     assert rc == 0 and "DLedger node n0" in out and "broker's max offset after load() is" in out
+    assert "term        0, voted for n0 (currterm)" in out
 
 
 def test_messages_list_every_entry_with_its_committed_state(sample_dledger_crashed, capsys):
