@@ -210,13 +210,15 @@ def _phases(store: Store, settings: BrokerSettings, tasks: list, opts: AuditOpti
                                         store.commitlog.min_offset)
     n_q, n_s = len(queues.tasks) if queues else 0, len(beside)
     dl = _DLedger.start(store, resume, set(carried), opts.fs_options, eng) if store.dledger is not None else None
-    if dl is not None:  # DLedger's walk per data file and the queue ends, beside the segments too
-        beside += [*dl.run.tasks, *dl.queue_tasks]
+    if dl is not None:  # DLedger's walk per data file (from the segment parts' own scans when it can) and the
+        opts.dledger_walk = dledgertask.part_walk(dl.run, opts)  # queue ends, beside the segments
+        dl.in_parts = opts.dledger_walk is not None
+        beside += [*([] if dl.in_parts else dl.run.tasks), *dl.queue_tasks]
     fresh, done = audit_tasks.run_segments(tasks, opts, eng, quiet, store=store, split_bytes=split_bytes,
                                            sink=sink, meta_tasks=beside, in_memory=in_memory)
     metas, structures = done[:n_q], done[n_q:n_s]
     if dl is not None:
-        dl.done(done[n_s:])
+        dl.done(done[n_s:], fresh, quiet)
     t_seg = time.monotonic() - t1
     on = (CrossOn(eng, sink.dir if sink is not None else None, queues, metas, opts.groups, opts.fs_options, quiet,
                   bool(since), structures) if tasked else None)
@@ -237,24 +239,30 @@ class _DLedger:
     engine: Engine
     files_done: list = dataclasses.field(default_factory=list)
     queues_done: list = dataclasses.field(default_factory=list)
+    in_parts: bool = False  # the segment parts give the walk its files' facts (each data file read once)
 
     @classmethod
     def start(cls, store: Store, resume: dict | None, carried: set[str], fs_options: dict, eng: Engine) -> _DLedger:
         run = dledgertask.start(store, resume, carried)
         return cls(run, dledgertask.queue_tasks(store, fs_options, eng.parallelism, []), eng)
 
-    def done(self, results: list) -> None:
-        n = len(self.run.tasks)
+    def done(self, results: list, fresh: list[SegmentResult], quiet: bool) -> None:
+        n = 0 if self.in_parts else len(self.run.tasks)
         self.files_done, self.queues_done = list(results[:n]), list(results[n:])
+        if self.in_parts:
+            self.files_done = dledgertask.ends_from_parts(self.run, {r.name: r.dledger_end for r in fresh},
+                                                          self._run_on(quiet))
+
+    def _run_on(self, quiet: bool):
+        def run_on(fn, items, label):
+            return self.engine.map(fn, items, label, None if quiet else note) if items else []
+
+        return run_on
 
     def merge(self, quiet: bool) -> tuple[list, dict[str, Any], dict]:
         note(f"audit: DLedger's start-up walk ({len(self.run.tasks)} data file(s) read, {len(self.run.carried)} "
              "carried), its index units, checkpoint and what a start-up deletes", quiet)
-
-        def run_on(fn, items, label):
-            return self.engine.map(fn, items, label, None if quiet else note) if items else []
-
-        return dledgertask.merge(self.run, self.files_done, self.queue_tasks, self.queues_done, run_on)
+        return dledgertask.merge(self.run, self.files_done, self.queue_tasks, self.queues_done, self._run_on(quiet))
 
 
 @dataclass

@@ -388,3 +388,103 @@ def test_an_index_file_entry_must_point_at_entry_pos_plus_48(tmp_path, capsys):
     # the record's key is missing from the index now, named at the record (pos + 48), nothing else
     assert [(f["kind"], f["offset"]) for f in _bad(rep, "error") if not f["file"].startswith("index/")] == \
         [("index_key_missing", phy)], _bad(rep)
+
+
+def _damaged(tmp_path: Path, how: str) -> Path:
+    """A generated DLedger store with one kind of damage (or none)."""
+    root = _gen(tmp_path / how, committed_lag=4)
+    ents = _entries(root)
+    files = sorted({p - p % SEG for _, p, _ in ents})
+    inner = [e for e in ents if files[-2] <= e[1] < files[-1]]
+    path, off = _data(root, inner[3][1])
+    if how == "header":
+        _patch(path, off + 24, struct.pack(">q", inner[3][1] + 7))
+    elif how == "record":  # the record's magic inside a good entry: the reput skips the rest of the file
+        _patch(path, off + BODY_OFFSET + 4, b"\0\0\0\0")
+    elif how == "body_crc":
+        _patch(path, off + BODY_OFFSET + 88 + 2, b"\xff\xfe")
+    elif how == "unit":
+        at = inner[5][0] * INDEX_UNIT_SIZE
+        _patch(root / "dledger-n0" / "index" / f"{at - at % IDX:020d}", at % IDX + 24, struct.pack(">q", 9))
+    elif how == "index_gap":  # an entry index that does not follow, at a part's first entry as much as inside
+        _patch(path, off + 8, struct.pack(">q", 10 ** 6))
+    return root
+
+
+@pytest.mark.parametrize("how", ["clean", "header", "record", "body_crc", "unit", "index_gap"])
+def test_each_data_file_is_read_once_and_the_report_is_the_walk_tasks(tmp_path, how, monkeypatch):
+    """The segment parts give DLedger's walk its per-file facts (one read per data file): with one task per file
+    the walk's own task never runs, and the report equals the one from the walk's own tasks, there and on
+    files cut into parts (a pool with small splits, where damage across a cut falls back to the walk's task),
+    whatever the damage."""
+    from jobs.audit import audit_store
+    from storelib.checks.tasks import dledgertask
+
+    root = _damaged(tmp_path, how)
+    monkeypatch.setenv("RMQSTORE_POOL_START", "fork")
+    real_part_walk = dledgertask.part_walk
+    monkeypatch.setattr(dledgertask, "part_walk", lambda run, opts: None)
+    ref = audit_store(str(root), quiet=True, engine="local")
+    monkeypatch.setattr(dledgertask, "part_walk", real_part_walk)
+    walked: list[str] = []  # the data files the audit's walk reads again (its own tasks)
+    real_task = dledgertask.dledger_file_task
+
+    def counted(item):
+        walked.append(item.plan.segments[item.task.index].name)
+        return real_task(item)
+
+    monkeypatch.setattr(dledgertask, "dledger_file_task", counted)
+    one = audit_store(str(root), quiet=True, engine="local")
+    assert _comparable(one) == _comparable(ref)
+    assert walked == []  # one task per file: its part's facts are the walk's, damaged or not
+    monkeypatch.setattr(dledgertask, "dledger_file_task", real_task)
+    split = audit_store(str(root), quiet=True, engine="pool", workers=2, split_bytes=16 * 1024)
+    assert _comparable(split) == _comparable(ref)
+    assert one["damage"] == ref["damage"] == split["damage"]
+
+
+def test_a_v2_record_read_under_498s_rules_leaves_the_walk_to_its_own_task(tmp_path, monkeypatch):
+    """A 5.x DLedger store with V2 records (a topic over 127 bytes) audited as 4.9.8's: the audit reads V2
+    records leniently, 4.9.8's walk stops at them, so the files holding them are walked by their own task and
+    the report is the walk tasks'."""
+    from jobs.audit import audit_store
+    from storelib.checks.tasks import dledgertask
+
+    root = tmp_path / "v2"
+    s = BrokerSettings.defaults("5").with_overrides({"mappedFileSizeCommitLog": SEG, "maxHashSlotNum": 500,
+                                                     "maxIndexNum": 4000})
+    generate(root, GenConfig(messages=600, seed=3, version="5", topic_names=("T" * 200, "Short")), s,
+             dispatch=True, dledger=DLedgerGen(index_file_size=IDX))
+    real_part_walk, real_task = dledgertask.part_walk, dledgertask.dledger_file_task
+    monkeypatch.setattr(dledgertask, "part_walk", lambda run, opts: None)
+    ref = audit_store(str(root), quiet=True, engine="local", version="4")
+    monkeypatch.setattr(dledgertask, "part_walk", real_part_walk)
+    walked: list[str] = []
+
+    def counted(item):
+        walked.append(item.plan.segments[item.task.index].name)
+        return real_task(item)
+
+    monkeypatch.setattr(dledgertask, "dledger_file_task", counted)
+    got = audit_store(str(root), quiet=True, engine="local", version="4")
+    assert _comparable(got) == _comparable(ref)
+    assert walked and any(f["kind"] == "dledger_data_truncated" or "V2" in f["detail"] for f in ref["findings"])
+
+
+def test_a_running_nodes_index_file_being_created_is_not_a_load_failure(tmp_path, monkeypatch):
+    """DLedger maps its next index file as it creates it: a running node's last index file may be listed at 0
+    bytes. At rest that file stops the JVM (MmapFileList.load's size rule); on a live node it is the file being
+    made, not a load failure."""
+    from storelib.broker.recovery.dledgerwalk import dledger_inputs
+    from storelib.broker.settings.store import Store, load_settings
+    from storelib.fileio.bytesource import resolve
+
+    root = _gen(tmp_path)
+    idx = sorted((root / "dledger-n0" / "index").iterdir())
+    (idx[-1].parent / f"{int(idx[-1].name) + IDX:020d}").write_bytes(b"")
+    loc = resolve(str(root))
+    store = Store(loc, load_settings(None, None, None, loc))
+    at_rest = [f for f in dledger_inputs(store)["dledger_load_findings"] if f.kind == "dledger_load_fails"]
+    assert len(at_rest) == 1 and "0 bytes, not the" in at_rest[0].detail
+    monkeypatch.setattr(Store, "live", property(lambda s: True))
+    assert [f for f in dledger_inputs(store)["dledger_load_findings"] if f.kind == "dledger_load_fails"] == []

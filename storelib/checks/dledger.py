@@ -21,11 +21,22 @@ The walk's per-file scans and the queue ends run as engine tasks (:mod:`storelib
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.compute as pc
+
+from storelib.broker.recovery.dledgerfacts import (
+    FACT_COLUMNS,
+    FactsBuilder,
+    IndexFiles,
+    end_from_dict,
+    join_ends,
+)
 from storelib.broker.recovery.resync import LostRegion
 from storelib.errors import Finding
+from storelib.scan.commitlog import at_cut
 from storelib.scan.splits import find_entry_start
 
 if TYPE_CHECKING:
@@ -267,3 +278,75 @@ def audit_findings(store: Store, walk: RecoveryResult, queues: list[QueueReport]
 
 __all__ = ["audit_findings", "data_file_findings", "ledger_findings", "ledger_summary", "queue_findings",
            "restate_record_findings", "startup_deletion_findings"]
+
+
+# ---------------------------------------------------------------------------------------------
+# DLedger's per-file facts from the audit's own segment scan (one read per data file)
+
+
+@dataclass(frozen=True)
+class PartWalk:
+    """Set on the audit's options when the walk's record scan of a data file is the audit's first scan of it
+    (no CRC stop in the walk): each segment part then gives DLedger's walk its facts
+    (:class:`storelib.broker.recovery.dledgerfacts.FactsBuilder` over the same batches), and the walk's file
+    task is not run. ``v2_invalid``: the walk reads under 4.9.8's rules and the audit leniently, so a V2
+    record makes the part's facts unusable (the walk's task reads the file instead)."""
+
+    index: IndexFiles
+    folder: str  # the data files' folder as the walk names them ("dledger-n0/data")
+    v2_invalid: bool = False
+
+
+class PartFacts:
+    """One audit part's DLedger facts, fed the batches of its first scan (from the part's start, an entry
+    start, to its end or the run's cut)."""
+
+    def __init__(self, walk: PartWalk, task: SegmentTask):
+        self.walk, self.task = walk, task
+        bound = task.end if task.end is not None else task.limit
+        self.bound = bound if bound is not None and bound < task.file_size else None
+        self.builder = FactsBuilder(task.base, walk.index, task.start, self.bound)
+        self.usable = True
+
+    def columns(self, cols: list[str]) -> list[str]:
+        return list(cols) + [c for c in FACT_COLUMNS if c not in cols]
+
+    def feed(self, scan: Iterable[Any], cols: list[str]) -> Iterator[Any]:
+        """The scan's batches, taken in, with ``cols`` only (the audit's own columns)."""
+        for batch in scan:
+            if self.walk.v2_invalid and batch.num_rows and pc.any(pc.equal(batch.column("magic_version"), 2)).as_py():
+                self.usable = False
+            if self.usable:
+                self.builder.add(batch)
+            yield batch.select(cols)
+
+    def finish(self, src: Any, end: SegmentEnd | None) -> dict | None:
+        """The walk's :class:`DLedgerEnd` of this part as a dict (None: unusable, or a split part whose scan
+        did not reach its end: DLedger's header walk would go on into the next part)."""
+        if end is None or not self.usable or (self.task.end is not None and (
+                end.kind != "split_end" or end.file_offset != self.task.end)):
+            return None
+        done = self.builder.finish(src, end)
+        done = replace(done, file=f"{self.walk.folder}/{self.task.name}", crc_errors=0, first_crc_error=None)
+        return at_cut(done, self.task.limit).to_dict()
+
+
+def join_part_ends(parts: list[tuple[int, dict | None]]) -> dict | None:
+    """A data file's walk end from its audit parts' (``(start, end dict)`` in file order), as the walk's own
+    task of the whole file gives it; None when they do not make one (a part missing or unusable, the first not
+    at byte 0, or an entry index / term that does not follow across a cut: the walk's task reads the file)."""
+    if not parts or parts[0][0] != 0 or any(d is None for _, d in parts):
+        return None
+    head = end_from_dict(parts[0][1])  # type: ignore[arg-type]
+    for start, d in parts[1:]:
+        tail = end_from_dict(d)  # type: ignore[arg-type]
+        hf, tf = getattr(head, "facts", None), getattr(tail, "facts", None)
+        if hf is None or tf is None or head.kind != "split_end" or head.file_offset != start:
+            return None
+        if hf.last is not None and tf.first is not None and (tf.first[0] != hf.last[0] + 1 or tf.first[1] < hf.last[1]):
+            return None
+        joined = join_ends(head, tail)
+        if joined is tail:
+            return None
+        head = replace(joined, records=head.records + tail.records)
+    return head.to_dict()

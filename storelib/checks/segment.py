@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from storelib.broker.recovery.reputpath import mismatch_note
 from storelib.broker.recovery.resync import LostRegion, find_next_record, lost_region
-from storelib.checks.dledger import dledger_after_end
+from storelib.checks.dledger import PartFacts, PartWalk, dledger_after_end, join_part_ends
 from storelib.checks.tables import (
     KEY_SCHEMA,
     RECORD_COLUMNS,
@@ -87,6 +87,7 @@ class AuditOptions:
     fs_options: dict[str, Any] = field(default_factory=dict)
     groups: int = 1  # queue groups the record tables are laid out by (:func:`storelib.checks.tables.group_sort`)
     dledger: bool = False  # DLedger data files: entries scanned, resync on entry starts (storelib.checks.dledger)
+    dledger_walk: PartWalk | None = None  # the parts give DLedger's walk its per-file facts (one read per file)
 
 
 @dataclass
@@ -117,6 +118,7 @@ class SegmentResult:
     # IPC round trip. ``_parts``: where the cross-file tasks find each part's tables.
     _tables: ClassVar[tuple[pa.Table, pa.Table] | None] = None
     _parts: ClassVar[tuple[PartRef, ...]] = ()
+    dledger_end: ClassVar[dict | None] = None  # DLedger's walk end of the file, joined from its parts' (or None)
 
     def record_table(self, fs_options: dict[str, Any] | None = None) -> pa.Table:
         """The segment's records in commitlog order (the parts lay theirs out by queue group)."""
@@ -192,7 +194,7 @@ class Capped:
         return out
 
 
-def _scan_line(opts: AuditOptions) -> str | None:
+def audit_scan_line(opts: AuditOptions) -> str | None:
     """The line the audit's scans apply: the store's, but V2 records are read under 4.x rules too (4.9.8
     stops at the first one, which ``v2_record_on_4x`` reports once, with its cost), so that the rest of
     the log and the queues pointing at them are still audited rather than lost to a flood of regions."""
@@ -250,6 +252,7 @@ class PartResult:
     n_keys: int = 0
     n_misplaced: int = 0  # records whose PHYSICALOFFSET field is not their position
     phy_lo: int = -1  # position of the first record and end of the last (-1: no record)
+    dledger_end: dict | None = None  # DLedger's walk end of this part (AuditOptions.dledger_walk)
     phy_hi: int = -1
     bytes_valid: int = 0
     first_ts: int | None = None
@@ -314,18 +317,19 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
     try:
         pos = task.start
         seg_len = src.size
-        stop = seg_len if task.end is None else min(task.end, seg_len)
-        if task.limit is not None:
-            stop = min(stop, task.limit)
+        stop = min([seg_len, *(b for b in (task.end, task.limit) if b is not None)])
         res.exit_pos = pos
+        facts = PartFacts(opts.dledger_walk, task) if opts.dledger_walk is not None else None  # the first scan's
         while pos < stop:
             scan = SegmentScan(src, display, task.base, pos, None if task.end is None and task.limit is None else stop,
-                               verify_crc=opts.verify_crc, with_properties=False,
-                               delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS, line=_scan_line(opts),
-                               dledger=opts.dledger)
-            for batch in scan:
+                               verify_crc=opts.verify_crc, with_properties=False, delay_levels_ms=opts.delay_levels_ms,
+                               columns=SCAN_COLUMNS if facts is None else facts.columns(SCAN_COLUMNS),
+                               line=audit_scan_line(opts), dledger=opts.dledger)
+            for batch in scan if facts is None else facts.feed(scan, SCAN_COLUMNS):
                 _check_batch(batch, task, opts, display, found, bad_rows, rec_parts, key_parts)
                 pacer.took(_batch_bytes(batch))
+            if facts is not None:
+                res.dledger_end, facts = facts.finish(src, scan.end), None
             end = at_cut(scan.end, task.limit if stop == task.limit else None)
             assert end is not None
             res.end_kind, res.data_end = end.kind, end.file_offset
@@ -484,6 +488,7 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
                               f"{rg.end} ({rg.resumed}); the broker stops at the first bad record", _region_extra(rg)))
     res.regions = [r.to_dict() for r in regions]
     res._parts = tuple(p.ref(task.base) for p in parts)  # the tables stay where the tasks left them
+    res.dledger_end = join_part_ends([(p.start, p.dledger_end) for p in parts])
     res.records = sum(p.n_records for p in parts)
     res.bytes_valid = sum(p.bytes_valid for p in parts)
     firsts = [p.first_ts for p in parts if p.first_ts is not None]

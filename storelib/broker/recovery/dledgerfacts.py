@@ -327,8 +327,8 @@ class FactsBuilder:
     batch's units compared as it comes: memory is a batch), then finishes them past the scan's end
     (:meth:`finish`)."""
 
-    def __init__(self, seg: Segment, index_files: IndexFiles, start: int = 0, limit: int | None = None):
-        self.seg, self.index_files, self.start = seg, index_files, start
+    def __init__(self, base: int, index_files: IndexFiles, start: int = 0, limit: int | None = None):
+        self.base, self.index_files, self.start = base, index_files, start  # the data file's start offset
         self.limit = limit  # a run's cut in this file (a live store): nothing after it is read
         self.entries = 0
         self.first: tuple[int, int] | None = None
@@ -345,7 +345,7 @@ class FactsBuilder:
         if self.mismatch is None:
             m = unit_mismatches(self.index_files, idx, term, pos, size)
             if m is not None:
-                self.mismatch = (int(idx[m[0]]), int(pos[m[0]]) - self.seg.base, m[1])
+                self.mismatch = (int(idx[m[0]]), int(pos[m[0]]) - self.base, m[1])
 
     def add(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows:
@@ -359,12 +359,12 @@ class FactsBuilder:
             tail = HeaderWalk(end_kind="end_of_data", end_offset=end.file_offset,
                               end_detail="the run's cut: what was written after it is not read")
         else:
-            tail = walk_headers(source, self.seg.base, end.file_offset, self.last)
+            tail = walk_headers(source, self.base, end.file_offset, self.last)
         self._take(*(np.asarray(x, np.int64) for x in (tail.index, tail.term, tail.pos, tail.size)))
         head = bytes(source.read(0, min(source.size, BODY_OFFSET + 80)))
         magic, ts = _record_probe(head)
         facts = FileFacts(
-            start_problem=start_problem(head, self.seg.base, self.index_files),
+            start_problem=start_problem(head, self.base, self.index_files),
             head_index=_I64.unpack_from(head, 8)[0] if len(head) >= 16 else None,
             entries=self.entries, first=self.first, last=self.last,
             end_kind=tail.end_kind, end_offset=tail.end_offset, end_detail=tail.end_detail,

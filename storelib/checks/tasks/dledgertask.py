@@ -20,6 +20,8 @@ from storelib.broker.recovery.walk import finish_walk, plan_recovery, store_inpu
 from storelib.broker.recovery.walkplan import RecoveryResult, SegmentTask, WalkPlan
 from storelib.broker.settings.cqload import LoadedQueue
 from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
+from storelib.checks.dledger import PartWalk
+from storelib.checks.segment import AuditOptions, audit_scan_line
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import resolve
 from storelib.fileio.sampledcrc import sampled_crc
@@ -95,6 +97,35 @@ def start(store: Store, carry: dict | None, carried_files: set[str]) -> DLedgerR
             continue
         run.tasks.append(DLedgerFileTask(plan, tuple(store.delay_levels_ms), t, limit_of(seg), store.live))
     return run
+
+
+def part_walk(run: DLedgerRun, opts: AuditOptions) -> PartWalk | None:
+    """The :class:`PartWalk` that lets the audit's segment parts give each data file's walk facts, so a file is
+    read once (None: the walk's record scan is not the audit's: 5.3.3's walk after a crash stops on CRCs, or
+    another line's rules)."""
+    audit_line = audit_scan_line(opts)
+    if not run.tasks:
+        return None
+    plan = run.tasks[0].plan
+    inp = plan.inputs
+    if inp.check_crc_on_recover and any(t.task.crc for t in run.tasks):
+        return None
+    if audit_line != inp.line and not (inp.line == "4" and audit_line is None):
+        return None
+    folder = plan.segments[run.tasks[0].task.index].display.rsplit("/", 1)[0]
+    return PartWalk(inp.dledger_index or IndexFiles(), folder, v2_invalid=audit_line != inp.line)
+
+
+def ends_from_parts(run: DLedgerRun, joined: dict[str, dict | None], run_on: Run) -> list[tuple[str, dict | None]]:
+    """Each walked file's end: joined from its audit parts (``joined``: file name -> end), else (a part
+    unusable, damage across a cut, a file audited from past byte 0) read by its own walk task on the engine."""
+    out: list[tuple[str, dict | None]] = []
+    missing: list[DLedgerFileTask] = []
+    for t in run.tasks:
+        name = t.plan.segments[t.task.index].name
+        e = joined.get(name)
+        (out.append((name, e)) if e is not None else missing.append(t))
+    return out + list(run_on(dledger_file_task, missing, "audit: DLedger walk of files the segment scans left"))
 
 
 def units_fingerprint(index: IndexFiles, end: dict) -> list[int] | None:
@@ -205,5 +236,5 @@ def with_cut(tasks: list[DLedgerQueueTask], cut: int) -> list[DLedgerQueueTask]:
 
 
 __all__ = ["DLedgerFileTask", "DLedgerQueueTask", "DLedgerRun", "cq_max_of", "dledger_file_task",
-           "dledger_queue_task", "finish", "merge", "queue_reports", "queue_tasks", "start", "units_fingerprint",
-           "with_cut"]
+           "dledger_queue_task", "ends_from_parts", "finish", "merge", "part_walk", "queue_reports", "queue_tasks",
+           "start", "units_fingerprint", "with_cut"]
