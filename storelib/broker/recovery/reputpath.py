@@ -58,7 +58,7 @@ def read_length(plan: WalkPlan, index: int, pos: int) -> int | None:
     """calMsgLength of the length-mismatch record at ``pos`` of segment ``index``: where the check leaves
     the buffer (one scalar check, small reads)."""
     with plan.segments[index].open() as src:
-        return check_at(src, pos, False, plan.inputs.line).read_length
+        return check_at(src, pos, False, plan.inputs.line, read_body=False).read_length
 
 
 @dataclass
