@@ -34,7 +34,7 @@ from storelib.checks.tables import (
     to_ipc,
 )
 from storelib.errors import Finding, StoreError
-from storelib.fileio.bytesource import LocalSource, open_source, resolve, zero_tail
+from storelib.fileio.bytesource import ByteSource, LocalSource, open_source, resolve, zero_tail
 from storelib.fileio.memory import keep_freed_memory
 from storelib.fileio.pagecare import PageCare, ReadPacer
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
@@ -338,12 +338,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
                     break
                 continue
             if end.kind == "blank":
-                left = seg_len - end.file_offset
-                total = int.from_bytes(bytes(src.read(end.file_offset, 4)), "big", signed=True)
-                if total != min(left, S - end.file_offset) or seg_len != S and total != S - end.file_offset:
-                    found.add(Finding("bad_blank_record", "warning", display, end.file_offset,
-                                      f"end-of-file blank record says {total} bytes, {S - end.file_offset} are left"
-                                      " (readers skip it without checking)", {"total_size": total}))
+                _check_blank(src, end.file_offset, S, display, found)
                 break
             if end.kind in ("segment_end", "split_end"):
                 res.exit_pos = end.file_offset
@@ -388,6 +383,16 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
     _keep_tables(res, task, opts, sink, keep_tables, rec_parts, key_parts)
     res.seconds = time.monotonic() - t0
     return res
+
+
+def _check_blank(src: ByteSource, at: int, segment_size: int, display: str, found: Capped) -> None:
+    """The end-of-file blank record's TOTALSIZE against what is left of the segment."""
+    seg_len, S = src.size, segment_size
+    total = int.from_bytes(bytes(src.read(at, 4)), "big", signed=True)
+    if total != min(seg_len - at, S - at) or seg_len != S and total != S - at:
+        found.add(Finding("bad_blank_record", "warning", display, at,
+                          f"end-of-file blank record says {total} bytes, {S - at} are left"
+                          " (readers skip it without checking)", {"total_size": total}))
 
 
 def _keep_tables(res: PartResult, task: SegmentTask, opts: AuditOptions, sink: TableSink | None, keep_tables: bool,
