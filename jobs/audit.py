@@ -137,7 +137,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
     settings = store.settings
     if (state.get("carry") or {}).get("kind", "") != (CARRY_KIND if cross == "tasks" else ""):
         state = {**state, "carry": None}  # an earlier run's carry of the other way of checking: in full
-    tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note)
+    tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note, expire_ok=cross == "tasks")
     tasks = cut_tasks(store, tasks)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(settings.version), line=settings.scan_line, verify_crc=verify_crc,
@@ -253,8 +253,10 @@ def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentR
         note(f"audit: {len(gone)} segment(s) expired during the run (deleted by the broker's cleaner)", quiet)
         results = {r.name: r for r in kept}
         fresh = [r for r in fresh if r.name in results]
-        if resume is not None:
+        if resume is not None and on is None:
             raise ResumeFailed("segments expired during the run")
+        if on is not None:  # the queues' summaries judged again against the log's first offset now
+            on.metas = audit_tasks.queue_metas_again(on.engine, on.queues.tasks, store.commitlog.min_offset, quiet)
     if since:
         by_name = {s.name: s for s in store.commitlog.segments}
         for r in fresh:

@@ -31,6 +31,7 @@ FILLER_TAGS_CODE = 0
 FILLER_ENTRY = (FILLER_PHY_OFFSET, FILLER_SIZE, FILLER_TAGS_CODE)
 MAX_SEGMENT_SIZE = 2**31 - 1  # a MappedFile's size is a Java int
 
+TAIL_WAIT_S = 0.5  # how long a live queue's last unit, still being copied in, is waited for
 CQ_DTYPE = np.dtype([("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 assert CQ_DTYPE.itemsize == CQ_UNIT_SIZE
 FILLER_BYTES = np.array([FILLER_ENTRY], dtype=CQ_DTYPE).tobytes()
@@ -345,6 +346,28 @@ class ConsumeQueue:
                 units = np.array(units)
                 units[ahead] = np.zeros(1, dtype=CQ_DTYPE)
         return units
+
+    def settle_unit(self, n: int, wait_s: float = TAIL_WAIT_S) -> np.ndarray:
+        """A live queue's unit at queue offset ``n`` read again after short waits (doubling, up to
+        ``wait_s``) until it holds still: the broker copies a unit's 20 bytes front to back (4.9.8
+        ``ConsumeQueue.java:488-490`` fills offset, size, tags code; ``MappedFile.appendMessage`` copies
+        them), so a pread may see its size without its tags code yet. A reader that finds the queue's last
+        unit differing from its record asks this before calling it damage."""
+        import time
+
+        seg = self.segment_for(n * CQ_UNIT_SIZE)
+        if seg is None:
+            return np.zeros(0, CQ_DTYPE)
+        i = (n * CQ_UNIT_SIZE - seg.base) // CQ_UNIT_SIZE
+        raw = bytes(self._source(seg).read(i * CQ_UNIT_SIZE, CQ_UNIT_SIZE))
+        deadline, delay = time.monotonic() + wait_s, 0.001
+        while time.monotonic() < deadline:
+            time.sleep(delay)
+            now = bytes(self._source(seg).read(i * CQ_UNIT_SIZE, CQ_UNIT_SIZE))
+            if now == raw and delay >= 0.008:
+                break
+            raw, delay = now, min(delay * 2, 0.1)
+        return np.frombuffer(raw, CQ_DTYPE)
 
     def segment_for(self, byte_offset: int) -> CQSegment | None:
         """The segment holding logical byte offset ``byte_offset`` (by name), if present."""

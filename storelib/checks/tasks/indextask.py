@@ -151,6 +151,7 @@ def index_structure_task(task: IndexStructureTask) -> dict[str, Any]:
     try:
         res = {"name": task.name, **_structure(f, task.name, task.last, task.snapshot)}
         res["skip"] = expired_head(f.entries_array(), task.log_min) if task.log_min is not None else 0
+        res["log_min"] = task.log_min
         return res
     finally:
         f.close()
