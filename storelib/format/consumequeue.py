@@ -364,7 +364,9 @@ class ConsumeQueue:
         while time.monotonic() < deadline:
             time.sleep(delay)
             now = bytes(self._source(seg).read(i * CQ_UNIT_SIZE, CQ_UNIT_SIZE))
-            if now == raw and delay >= 0.008:
+            # still as a copy stopped part way leaves it (no size, or no tags code): keep waiting
+            partial = int.from_bytes(now[8:12], "big", signed=True) <= 0 or not any(now[12:])
+            if now == raw and delay >= 0.008 and not partial:
                 break
             raw, delay = now, min(delay * 2, 0.1)
         return np.frombuffer(raw, CQ_DTYPE)
