@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -341,11 +342,37 @@ class ConsumeQueue:
             return np.zeros(0, dtype=CQ_DTYPE)  # deleted by the cleaner since the queue was listed
         units = view_units(self._source(seg).read(first * CQ_UNIT_SIZE, (last - first) * CQ_UNIT_SIZE))
         if self.phy_limit is not None:
+            units = self._held_last(seg, first, units)
             ahead = units["phy_offset"] >= self.phy_limit
-            if ahead.any():  # dispatched after the cut: not there yet as far as this run is concerned
+            if ahead.any():  # dispatched after the cut: not there yet as far as this run is concerned (nor
+                # any unit after one that is: dispatch follows the commitlog)
                 units = np.array(units)
-                units[ahead] = np.zeros(1, dtype=CQ_DTYPE)
+                units[int(np.argmax(ahead)):] = np.zeros(1, dtype=CQ_DTYPE)
         return units
+
+    def _held_last(self, seg: CQSegment, first: int, units: np.ndarray) -> np.ndarray:
+        """A live queue's units with their last written one (zeros after it) read again until two reads
+        agree: a read racing the broker's copy of those 20 bytes may see any part of them (a size with
+        half an offset), which no unit ever held."""
+        raw = units.view(np.uint8).reshape(-1, CQ_UNIT_SIZE) if len(units) else None
+        used = np.flatnonzero(raw.any(axis=1)) if raw is not None else ()
+        if not len(used):
+            return units
+        j = int(used[-1])
+        src, pos = self._source(seg), (first + j) * CQ_UNIT_SIZE
+        was = units[j:j + 1].tobytes()
+        for k in range(50):
+            now = bytes(src.read(pos, CQ_UNIT_SIZE))
+            if now == was:
+                break
+            was = now
+            if k > 4:
+                time.sleep(0.0005)
+        if was == units[j:j + 1].tobytes():
+            return units
+        out = np.array(units)
+        out[j:j + 1] = np.frombuffer(was, CQ_DTYPE)
+        return out
 
     def settle_unit(self, n: int, wait_s: float = TAIL_WAIT_S) -> np.ndarray:
         """A live queue's unit at queue offset ``n`` read again after short waits (doubling, up to
@@ -353,8 +380,6 @@ class ConsumeQueue:
         ``ConsumeQueue.java:488-490`` fills offset, size, tags code; ``MappedFile.appendMessage`` copies
         them), so a pread may see its size without its tags code yet. A reader that finds the queue's last
         unit differing from its record asks this before calling it damage."""
-        import time
-
         seg = self.segment_for(n * CQ_UNIT_SIZE)
         if seg is None:
             return np.zeros(0, CQ_DTYPE)
