@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -51,7 +52,7 @@ from jobs.engines.schedulers import (
     resolve_engine_name,
     walk_on,
 )
-from jobs.reports.audit_report import build_report, jsonable, render_html
+from jobs.reports.audit_report import add_dledger, build_report, jsonable, render_html
 from jobs.reports.audit_summary import EXIT_FAILED, damage_cost, exit_code, summary_text
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
@@ -64,6 +65,7 @@ from storelib.checks.segment import (
     AuditOptions,
     SegmentResult,
 )
+from storelib.checks.tasks import dledgertask
 from storelib.checks.tasks.carry import CARRY_KIND
 from storelib.checks.tasks.crossplan import QueuePlan, cross_context, partitioned_checks, queue_meta_tasks
 from storelib.checks.tasks.indexplan import index_structure_tasks
@@ -128,7 +130,6 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
 
     loc = resolve(store_uri, **fs_options)
     store = Store(loc, load_settings(broker_conf, version, overrides, loc), uri=store_uri)
-    store.require_default_layout("audit")
     cut = store.take_cut()
     if cut.live:
         note(f"audit: {cut.describe()}" + (f" ({cut.tail})" if cut.tail else ""), quiet)
@@ -141,7 +142,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
     tasks = cut_tasks(store, tasks)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(settings.version), line=settings.scan_line, verify_crc=verify_crc,
-                        fs_options=fs_options)
+                        fs_options=fs_options, dledger=store.dledger is not None)
     own_engine: Engine | None = None
     eng: Engine
     try:
@@ -206,18 +207,53 @@ def _phases(store: Store, settings: BrokerSettings, tasks: list, opts: AuditOpti
     if tasked and resume is None:
         beside += index_structure_tasks(store.uri, store.loc, settings, opts.fs_options, bool(since), store.cut,
                                         store.commitlog.min_offset)
+    n_q, n_s = len(queues.tasks) if queues else 0, len(beside)
+    dl = _DLedger.start(store, resume, set(carried), opts.fs_options, eng) if store.dledger is not None else None
+    if dl is not None:  # DLedger's walk per data file and the queue ends, beside the segments too
+        beside += [*dl.run.tasks, *dl.queue_tasks]
     fresh, done = audit_tasks.run_segments(tasks, opts, eng, quiet, store=store, split_bytes=split_bytes,
                                            sink=sink, meta_tasks=beside, in_memory=in_memory)
-    n_q = len(queues.tasks) if queues else 0
-    metas, structures = done[:n_q], done[n_q:]
+    metas, structures = done[:n_q], done[n_q:n_s]
+    if dl is not None:
+        dl.done(done[n_s:])
     t_seg = time.monotonic() - t1
     on = (CrossOn(eng, sink.dir if sink is not None else None, queues, metas, opts.groups, opts.fs_options, quiet,
                   bool(since), structures) if tasked else None)
     report, t_cross = _after_segments(store, settings, fresh, carried, grown, fps, since, now_ms, quiet, threads,
-                                      resume, on, max_lag)
+                                      resume, on, max_lag, dl)
     if sink is not None:  # the tables' files go on the workers (freeing their pages is the kernel's work)
         audit_tasks.drop_tables(eng, fresh, sink)
     return report, t_seg, t_cross, fresh
+
+
+@dataclass
+class _DLedger:
+    """A DLedger store's checks on the engine (storelib.checks.tasks.dledgertask): the walk's file tasks and
+    the queue-end tasks run beside the segments; the driver merges their findings and summaries."""
+
+    run: dledgertask.DLedgerRun
+    queue_tasks: list
+    engine: Engine
+    files_done: list = dataclasses.field(default_factory=list)
+    queues_done: list = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def start(cls, store: Store, resume: dict | None, carried: set[str], fs_options: dict, eng: Engine) -> _DLedger:
+        run = dledgertask.start(store, resume, carried)
+        return cls(run, dledgertask.queue_tasks(store, fs_options, eng.parallelism, []), eng)
+
+    def done(self, results: list) -> None:
+        n = len(self.run.tasks)
+        self.files_done, self.queues_done = list(results[:n]), list(results[n:])
+
+    def merge(self, quiet: bool) -> tuple[list, dict[str, Any], dict]:
+        note(f"audit: DLedger's start-up walk ({len(self.run.tasks)} data file(s) read, {len(self.run.carried)} "
+             "carried), its index units, checkpoint and what a start-up deletes", quiet)
+
+        def run_on(fn, items, label):
+            return self.engine.map(fn, items, label, None if quiet else note) if items else []
+
+        return dledgertask.merge(self.run, self.files_done, self.queue_tasks, self.queues_done, run_on)
 
 
 @dataclass
@@ -242,7 +278,7 @@ class CrossOn:
 def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentResult],
                     carried: dict[str, SegmentResult], partial: dict[str, SegmentResult], fps: dict[str, dict],
                     since: str | None, now_ms: int | None, quiet: bool, threads: bool,
-                    resume: dict | None, on: CrossOn | None, max_lag: int | None = None
+                    resume: dict | None, on: CrossOn | None, max_lag: int | None = None, dl: _DLedger | None = None
                     ) -> tuple[dict[str, Any], float]:
     """Merge fresh and carried results, run the cross-file checks, save the state; (report, check seconds)."""
     results: dict[str, SegmentResult] = dict(carried)
@@ -269,6 +305,11 @@ def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentR
                                  feed=sorted(fresh, key=lambda r: r.base) if resume is not None else None, on=on,
                                  max_lag=max_lag)
     t_cross = time.monotonic() - t2
+    if dl is not None:  # after the cleaner's deletions are known: the walk over the files left
+        found, summary, files = dl.merge(quiet)
+        add_dledger(report, found, summary, store.commitlog.folder)
+        if isinstance(carry, dict):
+            carry = {**carry, "dledger_files": files}
     if since:
         save_state(since, store, ordered, fps, carry)
     return report, t_cross

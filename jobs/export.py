@@ -25,12 +25,12 @@ if __package__ in (None, ""):  # spark-submit jobs/export.py: make the repo impo
 
 from jobs.common import Stage
 from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
+from storelib.broker.recovery.dledgerfacts import end_from_dict, join_ends
 from storelib.broker.recovery.walk import finish_walk, plan_recovery, store_inputs
 from storelib.broker.settings.store import Store, load_settings
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
 from storelib.format.checkpoint import Checkpoint
-from storelib.scan.scanner import SegmentEnd
 from storelib.snapshot.directory import (
     COMMIT,
     MANIFEST,
@@ -104,7 +104,7 @@ def _vanished_segment(e: StoreError) -> str | None:
     """The commitlog segment an error could not read because it no longer exists (the cleaner), if so."""
     f = str(e.file or "")
     name = os.path.basename(f.rstrip("/"))
-    if "commitlog" not in f or not name.isdigit() or len(name) != 20:
+    if ("commitlog" not in f and "dledger-" not in f) or not name.isdigit() or len(name) != 20:  # or a DLedger file
         return None
     return name if f.startswith("/") and not os.path.exists(f) or "No such file" in str(e.detail) else None
 
@@ -173,8 +173,11 @@ def _export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) 
     if gone:
         out.fs.delete_dir(staging.path)
         raise _Expired(gone)
-    ends = {i: SegmentEnd(**p["end"]) for i, p in carried.items()}
-    ends.update({i: SegmentEnd(**r["end"]) for i, r in done.items()})
+    ends = {i: end_from_dict(p["end"]) for i, p in carried.items()}
+    for i, r in done.items():  # a data file the last run read to its cut: its DLedger facts from byte 0
+        p = prev_segs.get(r["name"])
+        head = end_from_dict(p["end"]) if p and r["start"] and r["end"] else None
+        ends[i] = end_from_dict(r["end"]) if head is None else join_ends(head, end_from_dict(r["end"]))
     res = finish_walk(plan, ends)
     P = res.process_offset
     manifest_segs, moves, drop, skipped = segment_entries(plan, prev, prev_segs, carried, done, ends, P,

@@ -136,8 +136,6 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     settings = load_settings(cfg, root)
     store = Store(root, settings)
     store.require_records("rebuild")
-    if cfg.incremental or "timer" in what:
-        store.require_default_layout("rebuild --incremental" if cfg.incremental else "rebuild --what timer")
     layout_notes = cq_layout_notes(root, what, cfg.in_place)
     out = _destination(cfg, store, root)
     segs = store.commitlog.segments

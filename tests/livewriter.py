@@ -85,6 +85,11 @@ class LiveConfig:
     seed: int = 7
     exit_clean: bool = False  # on stop: dispatch everything, remove abort (a clean shutdown)
     extra: dict[str, Any] = field(default_factory=dict)
+    # DLedger mode (tests/livewriter_dledger.py): entries in dledger-<id>/data, index units, checkpoint
+    dledger: bool = False
+    dledger_self_id: str = "n0"
+    dledger_checkpoint_ms: int = 3000  # DLedger's checkPointInterval
+    dledger_index_file_size: int = 32 * 2048  # units per index file x 32 (DLedger's own is 160 MiB)
 
     @property
     def journal(self) -> str:
@@ -106,6 +111,8 @@ def settings_overrides(cfg: LiveConfig) -> dict[str, Any]:
                          "maxHashSlotNum": cfg.index_slots, "maxIndexNum": cfg.index_num}
     if cfg.version == "5":
         o["mappedFileSizeTimerLog"] = 52 * 2000
+    if cfg.dledger:
+        o.update(enableDLegerCommitLog=True, dLegerSelfId=cfg.dledger_self_id)
     return o
 
 
@@ -134,13 +141,15 @@ def _broker_like_writer():
 class LiveBroker:
     """The broker's services on one thread: put, reput, checkpoint, cleaner, timers."""
 
+    HEAD = 0  # bytes in front of each record (DLedger mode: its entry header)
+
     def __init__(self, cfg: LiveConfig):
         self.cfg = cfg
         self.settings = live_settings(cfg)
         self.rnd = random.Random(cfg.seed)
         self.np = np.random.default_rng(cfg.seed)
         self.pool = self.np.integers(0, 256, 1 << 16, dtype=np.uint8).tobytes()
-        self.w = _broker_like_writer()(cfg.root, self.settings, version=cfg.version, preallocate=True)
+        self.w = self._writer()
         self.S = self.w.segment_size
         self.cq_size = cfg.cq_units * 20
         self.reput_at = self.w.write_offset
@@ -157,6 +166,9 @@ class LiveBroker:
         self.fds: dict[str, int] = {}
         self.topics = [f"LiveTopic{i}" for i in range(cfg.topics)]
         self.counts = {"messages": 0, "records": 0, "deleted_segments": 0}
+
+    def _writer(self):
+        return _broker_like_writer()(self.cfg.root, self.settings, version=self.cfg.version, preallocate=True)
 
     # -- puts -------------------------------------------------------------------------------------
     def _message(self, topic: str | None = None, qid: int | None = None, **props: str):
@@ -246,9 +258,9 @@ class LiveBroker:
         """The put's bytes into the segment (the broker's copy into the mapped file), then the journal."""
         w = self.w
         if self.cfg.pause_at_s is not None and not self.paused and self._elapsed() >= self.cfg.pause_at_s \
-                and len(results) == 1 and len(w._buf) == results[0].size:
+                and len(results) == 1 and len(w._buf) == results[0].size + self.HEAD:
             self.paused = True
-            half = results[0].size // 2
+            half = len(w._buf) // 2
             os.pwrite(w._fd, bytes(w._buf[:half]), w._buf_pos)  # TOTALSIZE, MAGIC, ... half the record
             print(f"paused {results[0].phy_offset} {results[0].size}", flush=True)
             time.sleep(self.cfg.pause_ms / 1000)
@@ -280,16 +292,16 @@ class LiveBroker:
         from storelib.scan.commitlog import offset_to_file_name
         from storelib.scan.scanner import SegmentScan
 
-        end = self.w.write_offset
+        end = self._reput_end()
         pos = self.reput_at
         batches = []
         while pos < end:
             base = pos - pos % self.S
-            path = os.path.join(self.cfg.root, "commitlog", offset_to_file_name(base))
+            path = os.path.join(self.w._log_dir(), offset_to_file_name(base))
             with LocalSource(path) as src:
                 stop = end - base if end < base + self.S else None
                 scan = SegmentScan(src, path, base, pos - base, stop, verify_crc=False, with_properties=False,
-                                   columns=DISPATCH_COLUMNS)
+                                   columns=DISPATCH_COLUMNS, dledger=self.w.dl is not None)
                 batches += [b for b in scan if b.num_rows]
                 e = scan.end
             if e.kind == "blank":
@@ -301,6 +313,10 @@ class LiveBroker:
         if not batches:
             return None
         return pa.Table.from_batches(batches).combine_chunks()
+
+    def _reput_end(self) -> int:
+        """Where the reput may read to: everything put (DLedger mode: the committed position)."""
+        return self.w.write_offset
 
     def reput(self) -> None:
         """ReputMessageService.doReput over what was put since the last call."""
@@ -400,7 +416,7 @@ class LiveBroker:
         """CleanCommitLogService + CleanConsumeQueueService: the oldest segment, then what lies below it."""
         from storelib.format.indexdir import list_index_files
 
-        seg_dir = os.path.join(self.cfg.root, "commitlog")
+        seg_dir = self.w._log_dir()
         names = sorted(n for n in os.listdir(seg_dir) if n.isdigit())
         data = [n for n in names if int(n) < self.w.write_offset]
         if len(data) <= self.cfg.keep_segments:
@@ -510,7 +526,12 @@ def main(argv: list[str]) -> int:
 
     hide_pandas()  # the writer never uses it (pyarrow would import it on a first array: seconds of CPU)
     cfg = LiveConfig(**json.loads(argv[0]))
-    broker = LiveBroker(cfg)
+    if cfg.dledger:  # the DLedger writer mode (tests/livewriter_dledger.py)
+        from tests.livewriter_dledger import DLedgerLiveBroker
+
+        broker = DLedgerLiveBroker(cfg)
+    else:
+        broker = LiveBroker(cfg)
 
     def _stop(*_: object) -> None:
         broker.stop = True

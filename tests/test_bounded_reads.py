@@ -37,13 +37,13 @@ def _records(n: int = 40) -> list[bytes]:
     return out
 
 
-def _store(tmp_path, bad: int) -> tuple[str, int, int]:
+def _store(tmp_path, bad: int, flip: int = FLIP) -> tuple[str, int, int]:
     """A commitlog with one 16 MiB segment; record ``bad`` has a flipped TOTALSIZE bit. Returns
     (commitlog dir, the bad record's offset, the flipped size)."""
     recs = _records()
     at = sum(len(r) for r in recs[:bad])
     data = bytearray(b"".join(recs))
-    total = struct.unpack_from(">i", data, at)[0] ^ FLIP
+    total = struct.unpack_from(">i", data, at)[0] ^ flip
     struct.pack_into(">i", data, at, total)
     data += struct.pack(">ii", SEG - len(data), BLANK_MAGIC)
     d = tmp_path / "commitlog"
@@ -120,6 +120,33 @@ def test_a_flipped_totalsize_costs_small_reads_on_a_local_segment(tmp_path, monk
     assert peak < (1 << 20) + scratch  # no copy of the 8 MiB the size claims
     good = log.read(0)
     assert good.kind == "message" and good.message.body == bytes([0]) * 300
+
+
+def test_a_totalsize_far_past_the_segment_is_read_as_4x_does_in_small_reads(tmp_path, monkeypatch):
+    """TOTALSIZE ~1 GiB in a 16 MiB segment: 4.9.8 (and an untold line) allocates new byte[TOTALSIZE] and reads
+    the fields, which fit: a length mismatch of that size, said with the allocation; 5.3.3 fails its size check
+    (-1). Either way the record costs small reads and no allocation of what it claims."""
+    d, at, total = _store(tmp_path, 20, 1 << 30)
+    assert total > SEG
+    logs = {line: CommitLog(d, line=line) for line in (None, "4", "5")}
+    logs[None].read(at)  # warm
+    req = Requests(monkeypatch)
+    tracemalloc.start()
+    try:
+        for line in (None, "4"):
+            chk = logs[line].read(at, check_crc=True)
+            assert (chk.kind, chk.size) == ("invalid", total) and chk.reason.startswith("length_mismatch")
+            assert f"new byte[{total}]" in chk.reason and "past the end of the segment" in chk.reason
+            ends: list = []
+            assert sum(b.num_rows for b in logs[line].scan(window=1 << 20, ends=ends)) == 20
+            assert (ends[0].reason, ends[0].size) == ("length_mismatch", total)
+        chk = logs["5"].read(at, check_crc=True)
+        assert (chk.kind, chk.size) == ("invalid", -1) and chk.reason.startswith("bad_size")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < (1 << 20) + CHAIN_WINDOW
+    assert max(n for _, n in req.seen) <= 1 << 20
 
 
 @pytest.mark.parametrize("op", list(OPS))

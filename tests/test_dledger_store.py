@@ -156,16 +156,6 @@ def test_get_by_offset_msg_id_queue_and_key_on_the_broker_offsets(sample_dledger
     assert rc == 2 and "no valid message record" in err
 
 
-@pytest.mark.parametrize("argv", [["audit", "--engine", "local"], ["recover"], ["expiry"], ["timers"],
-                                  ["rebuild", "--incremental", "--out", "OUT"]])
-def test_commands_without_dledger_rules_yet_refuse_in_one_line_instead_of_misreading(tmp_path, sample_dledger_crashed,
-                                                                                       capsys, argv):
-    argv = [str(tmp_path / "o") if a == "OUT" else a for a in argv]
-    rc, out, err = run_cli(capsys, argv[0], sample_dledger_crashed / "store", *argv[1:])
-    assert rc == 2 and "does not handle DLedger-mode stores yet" in err and "Traceback" not in err
-    assert not (tmp_path / "o").exists()
-
-
 def test_a_dledger_store_on_s3_reads_as_it_does_locally(tmp_path, s3_server):
     from storelib.broker.settings.brokerconf import BrokerSettings
     from storelib.generator.dledgergen import DLedgerGen

@@ -65,6 +65,25 @@ def test_audits_of_a_store_being_written_are_clean_and_say_it_is_live(tmp_path, 
     assert summary["done"]["deleted_segments"] >= 1  # the cleaner ran during the audits
 
 
+def test_a_live_timer_whose_record_the_cleaner_deleted_before_its_time_is_lost_and_one_due_before_the_cut_unsettled(
+        tmp_path):
+    # 1 h timers beside 1 s ones, and a cleaner that keeps well under 1 h of traffic: every 1 h timer whose
+    # record the cleaner deleted is lost (a warning); a 1 s timer whose record went while the timercheck read
+    # was older than its time may have been delivered first (info), never a warning
+    cfg = _cfg(tmp_path, "5", seconds=6.0, keep_segments=4, segment_size=128 << 10, timer_delays=(1,),
+               long_timers=True, timer_ratio=0.05)
+    runs, summary = _audits_while_writing(cfg, tmp_path)
+    live = [r for _pid, r in runs if r["live"]["live"]]
+    assert len(live) >= 2 and summary["done"]["deleted_segments"] >= 1
+    lost = [f for r in live for f in r["findings"] if f["kind"] == "timer_unit_expired"]
+    assert lost and all(f["severity"] == "warning" for f in lost)
+    for r in live:
+        cut_ms = r["live"]["cut_time_ms"]
+        for f in r["findings"]:
+            if f["kind"] == "timer_unit_expired_unsettled":
+                assert f["severity"] == "info" and f["extra"]["count"] >= 1 and cut_ms is not None
+
+
 def test_expect_stopped_makes_a_running_broker_an_error(tmp_path):
     cfg = _cfg(tmp_path, seconds=2.0, pause_at_s=None)
     with LiveWriter(cfg) as w:

@@ -385,3 +385,36 @@ def test_a_generated_5x_store_with_timers_reads_at_its_own_cut_as_at_rest(tmp_pa
     assert live["live"]["live"] and not rest["live"]["live"]
     assert _findings(live) == [f for f in _findings(rest) if f[0] not in MARKER_KINDS]
     assert _summary(live) == _summary(rest) and live["timer_store"] == rest["timer_store"]
+
+
+def test_an_index_file_the_cleaner_deletes_before_its_lookup_is_said_expired_and_the_audit_goes_on(
+        held_lock, monkeypatch):
+    """A damaged index file is looked up entry by entry after the file tasks; the broker's cleaner may
+    delete it in between (seen in a live audit under load): said once, no traceback."""
+    import storelib.checks.tasks.indextask as indextask
+    from jobs.audit import audit_store
+
+    root, _pid = held_lock
+    loc = resolve(str(root))
+    g = load_settings(None, None, None, loc).index_geometry
+    idx = sorted((root / "index").iterdir())[0]
+    first = 40 + 4 * g.hash_slot_num + 20  # entry 1 (the broker leaves entry 0 unused)
+    with open(idx, "r+b") as f:  # its key hash: the file is no longer its keys in order
+        f.seek(first)
+        h = f.read(4)
+        f.seek(first)
+        f.write(bytes(b ^ 0x5A for b in h))
+    looked = []
+    original = indextask.index_lookup_task
+
+    def cleaner_first(ctx, task):
+        looked.append(task.name)
+        if task.name == idx.name:
+            (root / "index" / task.name).unlink()
+        return original(ctx, task)
+
+    monkeypatch.setattr(indextask, "index_lookup_task", cleaner_first)
+    rep = audit_store(str(root), engine="local", quiet=True)
+    assert looked[0] == idx.name and rep["live"]["live"]  # (it and every later file: the whole view's rule)
+    said = [f for f in rep["findings"] if f["file"] == f"index/{idx.name}" and f["kind"] == "expired_during_run"]
+    assert len(said) == 1 and said[0]["severity"] == "info"

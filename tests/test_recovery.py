@@ -109,15 +109,6 @@ def test_498_bad_magic_before_the_window_skips_the_rest_of_that_segment_only(tmp
     assert res.segments[0].end_kind == "invalid" and res.segments[0].reason == "bad_magic"
 
 
-def test_498_length_mismatch_under_reput_is_reported_unsupported(tmp_path, five):
-    bad = _by_segment(five, 0)[2]
-    # grow TOTALSIZE by one: still fits, recomputed length differs
-    five.corrupt(bad.phy, 3, (bad.size + 1) & 0xFF)
-    res = _run(_store(tmp_path, five))
-    assert not res.supported
-    assert any(f.kind == "reput_length_mismatch" for f in res.findings)
-
-
 def test_498_preallocated_zero_segment_counts_in_the_last_three(tmp_path, five):
     bad = _by_segment(five, 2)[1]  # third-last data segment: outside the window once a zero file follows
     five.corrupt(bad.phy, five.body_pos(bad))

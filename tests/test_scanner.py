@@ -70,16 +70,20 @@ def test_scan_stops_at_bad_magic_with_offset_and_reason():
     assert (end.kind, end.reason, end.file_offset) == ("invalid", "bad_magic", len(r1))
 
 
-@pytest.mark.parametrize("size_field,reason,size", [(-5, "bad_size", None), (7, "bad_size", None),
-                                                    (10, "length_mismatch", 10), (10_000, "bad_size", None)])
-def test_scan_rejects_negative_tiny_or_oversized_totalsize(size_field, reason, size):
+@pytest.mark.parametrize("size_field,reason,size,line", [
+    (-5, "bad_size", None, None), (7, "bad_size", None, None), (10, "length_mismatch", 10, None),
+    (10_000, "length_mismatch", 10_000, None), (10_000, "length_mismatch", 10_000, "4"),
+    (10_000, "bad_size", None, "5")])
+def test_scan_rejects_negative_tiny_or_oversized_totalsize(size_field, reason, size, line):
     # below the minimum with a valid magic the broker still reads the record: new byte[7] cannot take
-    # the 8-byte host (-1), new byte[10] can, and every length fits it: (TOTALSIZE, fail)
+    # the 8-byte host (-1), new byte[10] can, and every length fits it: (TOTALSIZE, fail); past the
+    # segment's end 4.9.8 reads the fields all the same (a mismatch), 5.3.3 checks the size first (-1)
     r = bytearray(_msg())
     r[0:4] = struct.pack(">i", size_field)
     seg = _segment([bytes(r)])
-    table, end = scan_buffer(seg)
-    chk = check_record(seg, 0, check_crc=False)
+    assert len(seg) < 10_000
+    table, end = scan_buffer(seg, line=line)
+    chk = check_record(seg, 0, check_crc=False, line=line)
     assert table.num_rows == 0 and end.reason == reason and end.file_offset == 0 and end.size == size
     assert chk.reason.split(":")[0] == reason and chk.size == (size or -1)
 
@@ -114,9 +118,12 @@ def test_scan_marks_crc_mismatch_and_can_stop_there():
 
 
 def test_scan_truncated_segment_tail_is_reported():
+    """A record cut by the segment's end is -1 in both lines: 5.3.3 by its size check, 4.9.8 (and an untold
+    line) where its reads of the fields run out of bytes."""
     seg = _msg() + _msg()[:50]
-    table, end = scan_buffer(seg)
-    assert table.num_rows == 1 and end.kind == "invalid" and end.reason == "bad_size"
+    for line, reason in ((None, "bad_size"), ("4", "bad_size"), ("5", "bad_size")):
+        table, end = scan_buffer(seg, line=line)
+        assert table.num_rows == 1 and (end.kind, end.reason, end.size) == ("invalid", reason, None)
 
 
 def test_non_utf8_topic_and_properties_decode_with_replacement():

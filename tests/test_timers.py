@@ -455,3 +455,19 @@ def test_audit_finds_a_unit_firing_at_the_wrong_time_and_a_timer_record_the_stor
     got = {(f["kind"], f["file"], f["offset"]) for f in rep["findings"]}
     assert ("timer_unit_deliver_mismatch", "timerlog/00000000000000000000", k * UNIT_SIZE) in got
     assert ("timer_record_lost", "commitlog/00000000000000000000", lost["offset_py"]) in got
+
+
+def test_on_a_live_store_an_expired_timer_due_before_the_cut_is_unsettled_and_one_due_after_it_lost():
+    import numpy as np
+
+    from storelib.checks.segment import Capped
+    from storelib.checks.timers import _live_expired
+
+    # units 0-3 point before the first offset: 0 delivered before the timercheck's read time, 1 and 2 due
+    # between that read time and the cut (perhaps delivered since), 3 due after the cut (cannot have been)
+    slot = np.array([1_000, 2_000, 3_000, 9_000, 9_000], dtype=np.int64)
+    out = Capped()
+    lost = _live_expired(slot, np.array([0, 1, 2, 3]), (1_500, 5_000), 4096, out)
+    assert lost.tolist() == [3]
+    [f] = out.items
+    assert (f.kind, f.severity, f.extra["count"]) == ("timer_unit_expired_unsettled", "info", 2)

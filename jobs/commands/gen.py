@@ -60,11 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _add_timers(args: argparse.Namespace, settings) -> dict:
     from dataclasses import asdict
 
-    from storelib.broker.settings.store import Store
+    from storelib.broker.settings.store import Store, with_dledger
     from storelib.fileio.bytesource import resolve
     from storelib.generator.timergen import add_timer_messages
 
-    store = Store(resolve(args.out), settings)
+    store = Store(resolve(args.out), with_dledger(settings, resolve(args.out), set()))
     last = max((int(b.column("store_timestamp").to_numpy().max()) for b in store.scan(columns=["store_timestamp"])
                 if b.num_rows), default=1_700_000_000_000)
     start = last + 1000
@@ -106,8 +106,9 @@ def run_args(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     dledger = None
-    if args.dledger and args.timers:
-        print("rmqstore gen: --timers with --dledger is not supported yet", file=sys.stderr)
+    if args.dledger and args.timers and (args.crashed or args.dledger_committed_lag or args.dledger_undispatched
+                                         or args.dledger_torn_at):
+        print("rmqstore gen: --timers with --dledger writes a clean DLedger store (no crash options)", file=sys.stderr)
         return 2
     if args.dledger:
         from storelib.generator.dledgergen import DLedgerGen

@@ -136,6 +136,31 @@ def _run_on(args: argparse.Namespace, store: Store, walk_runner: WalkRunner) -> 
     return 1 if plan["changes"] else 0
 
 
+def dledger_lines(dl: dict) -> list[str]:
+    """The DLedger part of a plan's summary: what DLedger's load keeps and what the broker serves after it."""
+    out = [f"DLedger: start file {dl['start_file']} ({dl['start_reason']}); data ends at {dl['data_end']}"
+           + (f" ({dl['stop']})" if dl["stop"] else ""),
+           f"  ledger {dl['ledger_begin_index']}..{dl['ledger_end_index']} (term {dl['ledger_end_term']}); committed "
+           f"index {dl['committed_index']} at {dl['committed_pos']} ({dl['committed_note']}); the broker's max offset "
+           f"after load: {dl['max_offset']}"]
+    if dl.get("uncommitted"):
+        u = dl["uncommitted"]
+        out.append(f"  uncommitted: entries {u['from_index']}..{u['to_index']} ({u['from_phy_offset']}.."
+                   f"{u['to_phy_offset']}): not served until DLedger commits them again")
+    if dl["index_rewrite_from"] is not None:
+        out.append(f"  index: units from entry {dl['index_rewrite_from']} rewritten ({dl['index_rewrite_why']})")
+    if dl["index_delete"]:
+        out.append(f"  index files deleted: {', '.join(dl['index_delete'])}")
+    a = dl.get("abnormal_533")
+    if a:
+        out.append(f"  5.3.3 abnormal recovery: from {a['start_file']}, {a['records']} record(s) re-dispatched; its "
+                   f"processOffset {a['process_offset']} (the walk ended at {a['process_offset_without_bug']}: "
+                   "#9084 counts record sizes without the 48-byte entry headers)")
+    if dl["load_failure"]:
+        out.append(f"  THE BROKER DOES NOT START: {dl['load_failure']}")
+    return out
+
+
 def summary_lines(plan: dict) -> list[str]:
     """A human summary of a plan."""
     c = plan["commitlog"]
@@ -152,7 +177,8 @@ def summary_lines(plan: dict) -> list[str]:
         f"{plan['checkpoint']['logics_msg_timestamp']} index {plan['checkpoint']['index_msg_timestamp']} "
         f"(trusted up to {plan['checkpoint']['trusted_up_to']}, margin {plan['checkpoint']['safety_margin_ms']} ms)",
         f"start segment: {c['start_segment']} ({c['start_reason']})",
-        f"CRC window: {c['crc_window']['from']} .. {c['crc_window']['to']}",
+        (f"CRC window: {c['crc_window']['from']} .. {c['crc_window']['to']}" if c["crc_window"]["from"] is not None
+         else "CRC window: none (no message CRC is checked at this start-up)"),
         f"processOffset: {c['process_offset']}" + (
             f"  (stopped by {c['failure']['reason']} at {c['failure']['segment']} @ {c['failure']['file_offset']})"
             if c["failure"] else ""),
@@ -165,13 +191,18 @@ def summary_lines(plan: dict) -> list[str]:
                f"{t['entries_truncated']} entr(ies) truncated, {t['entries_added']} added "
                f"({t['files_written']} file(s) written, {t['files_deleted']} deleted)")
     rp = plan["dispatch"]["reput"]
+    waits = (" (past the broker's max offset: it waits for the commitlog to grow)"
+             if rp["from"] is not None and rp["from"] > rp["to"] else "")
     out.append(f"dispatch: {plan['dispatch']['recovery_records']} record(s) during recovery, reput from {rp['from']} "
-               f"to {rp['to']}: {plan['dispatch']['reput_records']} record(s)")
+               f"to {rp['to']}: {plan['dispatch']['reput_records']} record(s){waits}")
     ix = plan["index"]
     out.append(f"index: {len(ix['deleted'])} file(s) deleted, {len(ix['written'])} written, "
                f"{ix['entries_added']} entr(ies) added")
     lt = lost["totals"]
     out.append(f"lost: {lt['messages']} message(s) ({lt.get('intact', 0)} intact, salvageable), {lt['bytes']} bytes")
+    dl = plan.get("dledger")
+    if dl:
+        out += dledger_lines(dl)
     ts = plan.get("timer_store")
     if ts:
         out.append(f"timer store: timerlog ends at {ts['process_offset']} ({len(ts['delete_files'])} file(s) deleted), "

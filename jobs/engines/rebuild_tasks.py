@@ -27,6 +27,7 @@ from storelib.broker.dispatch.rebuildtasks import (
     first_times,
     phase_a,
     phase_bc,
+    rescan_items,
     segment_items,
     segment_keys,
     unsafe_topic_findings,
@@ -64,6 +65,10 @@ def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: L
         res = finish_walk(plan, {i: m["end"] for i, m in metas.items()})
         check_supported(res)
         say(f"walk: processOffset {res.process_offset} ({res.start_reason})")
+        again = rescan_items(plan, res, metas)
+        if again:  # the 4.9.8 reput reads around a length mismatch: those segments by its ranges
+            say(f"phase A: {len(again)} segment(s) again, as the reput reads them around a length mismatch")
+            metas.update({m["idx"]: m for m in engine.map(partial(phase_a, ctx), again, "phase A: reput ranges", say)})
         inc = dispatched_segments(plan, res, metas)
         out = EngineResult(res, records=sum(metas[i]["rows"] for i in inc))
         # an unsafe name never reaches an executor's makedirs (write_consume_queues skips it): reported once

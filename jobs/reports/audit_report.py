@@ -98,6 +98,20 @@ def build_report(store: Store, results: list[SegmentResult], log: LogSummary, fi
     }
 
 
+def add_dledger(report: dict[str, Any], findings: list[Finding], summary: dict[str, Any], folder: str) -> None:
+    """A DLedger store's report: its own findings added, every finding in DLedger's terms (data files named
+    in ``folder``, record findings restated: storelib.checks.dledger), the counts again, the ledger block."""
+    from storelib.checks.dledger import restate_record_findings
+
+    allf = restate_record_findings([Finding.from_dict(f) for f in report["findings"]] + list(findings), folder)
+    report["findings"] = [_finding_json(f) for f in allf]
+    by_sev = {s: 0 for s in SEVERITY_RANK}
+    for f in allf:
+        by_sev[f.severity] = by_sev.get(f.severity, 0) + 1
+    report["summary"].update(findings=len(allf), by_severity=by_sev)
+    report["dledger"] = {**summary, "data_folder": folder}
+
+
 def _finding_json(f: Finding) -> dict[str, Any]:
     """Stable shape: every finding has kind, severity, file, offset, detail and extra."""
     return {"kind": f.kind, "severity": f.severity, "file": f.file, "offset": f.offset, "detail": f.detail,

@@ -81,9 +81,12 @@ def damage_lines(damage: dict[str, Any] | None) -> list[str]:
         return []
     if damage.get("error"):
         return [f"  cost: could not replay a start-up ({damage['error']})"]
+    end = (f"DLedger's data would end at {damage['data_end']} and the broker serve up to its committed position "
+           f"{damage['process_offset']}" if damage.get("data_end") is not None else
+           f"the commitlog would end at physical offset {damage['process_offset']}")
     out = _wrapped(f"  cost: a broker start-up would drop {damage['messages_lost']} message(s) "
-           f"({damage['messages_intact']} intact and salvageable, {damage['bytes_lost']} bytes); the commitlog "
-           f"would end at physical offset {damage['process_offset']}", "        ")
+                   f"({damage['messages_intact']} intact and salvageable, {damage['bytes_lost']} bytes); {end}",
+                   "        ")
     for c in damage["next"]:
         out.append(f"  next: {c['command']}")
         out.extend(_wrapped(f"        {c['why']}", "        "))
@@ -132,11 +135,16 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
                       "why": "do what the broker's start-up would (truncate, re-dispatch), keeping a backup; "
                              "rmqstore recover without --apply previews it"})
     if derived:
+        if sim.walk.dledger is not None and sim.index_delete:
+            steps.append({"command": f"rmqstore recover {quoted} --apply --backup BACKUP_DIR",
+                          "why": "a start-up deletes index file(s) it never rebuilds in DLedger mode: the apply deletes "
+                                 "them and re-indexes their records"})
         steps.append({"command": f"rmqstore rebuild {quoted} --out REBUILT_DIR",
                       "why": "rebuild ConsumeQueue and index files from the commitlog, as the broker's dispatch writes them"})
     return {"messages_lost": totals["messages"], "messages_intact": totals["intact"], "bytes_lost": totals["bytes"],
             "bytes_unreadable": totals["bytes_unreadable"], "by_topic": totals["by_topic"],
-            "process_offset": sim.walk.process_offset, "next": steps}
+            "process_offset": sim.walk.process_offset, "next": steps,
+            "data_end": None if sim.walk.dledger is None else sim.walk.dledger.data_end}
 
 
 __all__ = ["EXIT_CLEAN", "EXIT_FAILED", "EXIT_FINDINGS", "damage_cost", "damage_lines", "exit_code", "summary_text"]

@@ -41,6 +41,16 @@ def expect_stopped_finding(cut: StoreCut) -> Finding:
 # findings a running broker always gives: its markers (the report's live block says it runs)
 MARKER_KINDS = frozenset({"broker_running", "abort_present", "index_deleted_on_abnormal_start"})
 LAG_KINDS = frozenset({"queue_behind_commitlog", "index_behind_commitlog"})
+# a running DLedger node's progress, not damage: its checkpoint is written every checkPointInterval (3 s,
+# DLedgerMmapFileStore.FlushDataService), so the committed index read from it trails the entries (and the
+# queues the reput filled from the in-memory committed position); a fresh node has none for its first 3 s
+DLEDGER_PROGRESS = {
+    "dledger_uncommitted_entries": "a running node: DLedger's checkpoint trails its committed index by up to 3 s",
+    "cq_past_committed_position": "a running node: the reput follows the committed index in memory, which DLedger's "
+                                  "checkpoint trails by up to 3 s",
+    "dledger_checkpoint_missing": "a running node writes its first checkpoint 3 s after its start, and rewrites it "
+                                  "by delete and rename (IOUtils.string2File)",
+}
 
 
 # findings about records the cleaner may have taken (with their consume-queue and index files) while the
@@ -93,6 +103,12 @@ def judge_live(findings: list[Finding], store: Store, max_lag: int | None = None
     return out
 
 
+def dledger_progress(findings: list[Finding]) -> list[Finding]:
+    """A running DLedger node's findings: its checkpoint's lag behind the entries is progress (info, with why)."""
+    return [replace(f, severity="info", detail=f"{f.detail} ({DLEDGER_PROGRESS[f.kind]})") if f.kind in
+            DLEDGER_PROGRESS else f for f in findings]
+
+
 def cut_tasks(store: Store, tasks: list[SegmentTask], read_rate: float | None = None) -> list[SegmentTask]:
     """The tasks of a live store read as at its cut (:meth:`Store.take_cut`): each stops at the cut's end in
     its file, reads by ranged reads, and the cold segments (before the one being written) give the page
@@ -113,10 +129,9 @@ def cut_tasks(store: Store, tasks: list[SegmentTask], read_rate: float | None = 
 
 def _first_offset_now(store: Store) -> int:
     """The commitlog's first offset as listed now (the cleaner may have moved it since the cut)."""
-    from storelib.scan.commitlog import CommitLog
+    from storelib.broker.settings.store import open_commitlog
 
-    cl = CommitLog(store.path("commitlog"), store.commitlog.segment_size)
-    return cl.min_offset
+    return open_commitlog(store.loc, store.settings).min_offset
 
 
 def drop_expired(store: Store, results: list[SegmentResult]) -> tuple[list[SegmentResult], list[str]]:
@@ -134,12 +149,13 @@ def drop_expired(store: Store, results: list[SegmentResult]) -> tuple[list[Segme
     upto = max(gone)
     names = [s.name for s in cl.segments if s.base <= upto]
     cl.segments = [s for s in cl.segments if s.base > upto]
+    who = "DLedger's cleaner" if store.dledger is not None else "the broker's cleaner"
     store.findings.append(Finding(
-        "expired_during_run", "info", "commitlog", None,
-        f"{len(names)} segment(s) deleted by the broker's cleaner while this run read the store "
+        "expired_during_run", "info", cl.folder, None,
+        f"{len(names)} segment(s) deleted by {who} while this run read the store "
         f"({names[0]}{' .. ' + names[-1] if len(names) > 1 else ''}): they expired during the run; the "
         "checks start after them", {"segments": names}))
     return [r for r in results if r.base > upto], names
 
 
-__all__ = ["DEFAULT_MAX_LAG", "cut_tasks", "LAG_KINDS", "MARKER_KINDS", "drop_expired", "expect_stopped_finding", "judge_live"]
+__all__ = ["DEFAULT_MAX_LAG", "DLEDGER_PROGRESS", "cut_tasks", "dledger_progress", "LAG_KINDS", "MARKER_KINDS", "drop_expired", "expect_stopped_finding", "judge_live"]

@@ -17,7 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from storelib.broker.recovery.reputpath import mismatch_note
 from storelib.broker.recovery.resync import LostRegion, find_next_record, lost_region
+from storelib.checks.dledger import dledger_after_end
 from storelib.checks.tables import (
     KEY_SCHEMA,
     RECORD_COLUMNS,
@@ -32,7 +34,7 @@ from storelib.checks.tables import (
     to_ipc,
 )
 from storelib.errors import Finding, StoreError
-from storelib.fileio.bytesource import LocalSource, open_source, resolve, zero_tail
+from storelib.fileio.bytesource import ByteSource, LocalSource, open_source, resolve, zero_tail
 from storelib.fileio.memory import keep_freed_memory
 from storelib.fileio.pagecare import PageCare, ReadPacer
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
@@ -84,6 +86,7 @@ class AuditOptions:
     verify_crc: bool = True
     fs_options: dict[str, Any] = field(default_factory=dict)
     groups: int = 1  # queue groups the record tables are laid out by (:func:`storelib.checks.tables.group_sort`)
+    dledger: bool = False  # DLedger data files: entries scanned, resync on entry starts (storelib.checks.dledger)
 
 
 @dataclass
@@ -318,7 +321,8 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
         while pos < stop:
             scan = SegmentScan(src, display, task.base, pos, None if task.end is None and task.limit is None else stop,
                                verify_crc=opts.verify_crc, with_properties=False,
-                               delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS, line=_scan_line(opts))
+                               delay_levels_ms=opts.delay_levels_ms, columns=SCAN_COLUMNS, line=_scan_line(opts),
+                               dledger=opts.dledger)
             for batch in scan:
                 _check_batch(batch, task, opts, display, found, bad_rows, rec_parts, key_parts)
                 pacer.took(_batch_bytes(batch))
@@ -328,13 +332,13 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
             res.exit_pos = None
             if task.limit is not None and end.kind == "end_of_data" and end.file_offset >= task.limit:
                 break  # the run's cut: what the broker wrote after it is not this run's
+            if opts.dledger and end.kind not in ("segment_end", "split_end"):
+                pos = res.exit_pos = dledger_after_end(src, task, end, display, found, regions)
+                if pos is None:
+                    break
+                continue
             if end.kind == "blank":
-                left = seg_len - end.file_offset
-                total = int.from_bytes(bytes(src.read(end.file_offset, 4)), "big", signed=True)
-                if total != min(left, S - end.file_offset) or seg_len != S and total != S - end.file_offset:
-                    found.add(Finding("bad_blank_record", "warning", display, end.file_offset,
-                                      f"end-of-file blank record says {total} bytes, {S - end.file_offset} are left"
-                                      " (readers skip it without checking)", {"total_size": total}))
+                _check_blank(src, end.file_offset, S, display, found)
                 break
             if end.kind in ("segment_end", "split_end"):
                 res.exit_pos = end.file_offset
@@ -359,7 +363,10 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
                 break
             # invalid record: report it and resynchronise
             reason = end.reason or "invalid"
-            region, r = lost_region(view, display, task.base, end.file_offset, reason, end.detail or "")
+            detail = end.detail or ""
+            if reason == "length_mismatch":  # what recovery and the reput each do with it
+                detail += "; " + mismatch_note("5" if opts.line == "5" else "4", end.size)
+            region, r = lost_region(view, display, task.base, end.file_offset, reason, detail)
             regions.append(region)
             if r.kind == "message":
                 pos = res.exit_pos = r.pos
@@ -376,6 +383,16 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
     _keep_tables(res, task, opts, sink, keep_tables, rec_parts, key_parts)
     res.seconds = time.monotonic() - t0
     return res
+
+
+def _check_blank(src: ByteSource, at: int, segment_size: int, display: str, found: Capped) -> None:
+    """The end-of-file blank record's TOTALSIZE against what is left of the segment."""
+    seg_len, S = src.size, segment_size
+    total = int.from_bytes(bytes(src.read(at, 4)), "big", signed=True)
+    if total != min(seg_len - at, S - at) or seg_len != S and total != S - at:
+        found.add(Finding("bad_blank_record", "warning", display, at,
+                          f"end-of-file blank record says {total} bytes, {S - at} are left"
+                          " (readers skip it without checking)", {"total_size": total}))
 
 
 def _keep_tables(res: PartResult, task: SegmentTask, opts: AuditOptions, sink: TableSink | None, keep_tables: bool,

@@ -119,6 +119,25 @@ def _check_lost_records(log: LogView, timer_code: int, unit_py: np.ndarray, read
          f"{read_queue_offset}) but held by no timerlog unit: it is never delivered", {}) for r in missing.tolist()])
 
 
+def _live_expired(slot: np.ndarray, expired: np.ndarray, times: tuple[int, int], log_min: int,
+                  out: Capped) -> np.ndarray:
+    """Of the units whose records the cleaner deleted, those a live broker has certainly not delivered.
+
+    The timercheck the cut read is up to a flush interval old: a unit due between its read time and the
+    cut's wall clock may have been delivered since (its record read, then deleted), so it is unsettled
+    (info). One due after the cut cannot have been delivered yet: its message is lost."""
+    last_read_ms, cut_ms = times
+    pending = expired[slot[expired] >= last_read_ms]
+    unsettled = pending[slot[pending] <= cut_ms]
+    if len(unsettled):
+        out.add(Finding("timer_unit_expired_unsettled", "info", "timerlog", None,
+                        f"{len(unsettled)} unit(s) due before the cut point before the commitlog's first offset "
+                        f"{log_min}: the timer checkpoint read is older than their time, so the "
+                        "broker may have delivered them before the cleaner deleted their records",
+                        {"count": int(len(unsettled))}))
+    return pending[slot[pending] > cut_ms]
+
+
 def has_timer_store(root: Location) -> bool:
     """Does the store keep a 5.x timer store (a ``timerlog/``)?"""
     return root.fs.get_file_info(root.join("timerlog").path).type.name != "NotFound"
@@ -205,7 +224,8 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
         out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
     expired = np.flatnonzero(py < log.log_min)
     if live and cp is not None:
-        expired = expired[u.column("slot_time_ms").to_numpy()[expired] >= cp.last_read_time_ms]
+        expired = _live_expired(u.column("slot_time_ms").to_numpy(), expired, (cp.last_read_time_ms, cut.taken_ms),
+                                log.log_min, out)
     if len(expired):
         out.add(Finding("timer_unit_expired", "warning", "timerlog", None,
                         f"{len(expired)} unit(s) point before the commitlog's first offset {log.log_min}: their "

@@ -204,6 +204,7 @@ class RecordCheck:
     reason: str | None = None
     message: Message | None = None
     prop_crc_ok: bool | None = None
+    read_length: int | None = None  # a length mismatch: calMsgLength of the fields (where the reader stands after)
 
 
 class RecordBytes(Protocol):
@@ -256,8 +257,10 @@ def check_record(
     checked throws there (-1), the body CRC is checked before the topic is read, DELAY of a
     SCHEDULE_TOPIC_XXXX record is an ``Integer.parseInt``, and only then the length. It reads no more
     than the broker does: the fixed part and each length-prefixed field, never TOTALSIZE at once.
-    ``line`` "4"/"5" applies what only that line does (:func:`message_magics`, :func:`blank_fits`); None
-    when the line is not known. ``file``/``file_offset`` name the record in errors raised by callers.
+    ``line`` "4"/"5" applies what only that line does (:func:`message_magics`, :func:`blank_fits`, and
+    5.3.3's ``remaining < totalSize - 4``: a TOTALSIZE past the segment's end is -1 there, where 4.9.8 reads
+    the fields and, when they fit, reports the length mismatch with that TOTALSIZE, as does an unknown line);
+    None when the line is not known. ``file``/``file_offset`` name the record in errors raised by callers.
     """
     acc: RecordBytes = buf if hasattr(buf, "crc") else BufferBytes(buf)  # type: ignore[assignment,arg-type]
     left = len(acc) - pos
@@ -274,12 +277,25 @@ def check_record(
         if total == 0 and magic == 0:
             return RecordCheck("invalid", -1, "end_of_data: zeros (no record written here)")
         return RecordCheck("invalid", -1, f"bad_magic: {magic_text(magic, line)}")
-    if total < 0 or total > left:  # remaining < totalSize - 4; a negative size: new byte[totalSize] throws
-        return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left")
+    if total < 0:  # new byte[totalSize] throws NegativeArraySizeException (-1)
+        return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} is negative")
+    if total > left and line == "5":  # 5.3.3: remaining < totalSize - 4, before the magic (-1)
+        return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left "
+                                          "(5.3.3 checks the size first: -1)")
     try:
-        return _check_fields(acc, head, pos, 2 if magic == MAGIC_V2 else 1, check_crc)
+        chk = _check_fields(acc, head, pos, 2 if magic == MAGIC_V2 else 1, check_crc)
     except (struct.error, IndexError, ValueError) as e:
+        if total > left:  # a record cut by the segment's end: its field reads run out of bytes (-1)
+            return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left ({e})")
         return RecordCheck("invalid", -1, f"parse_error: {e}")
+    if chk.kind == "invalid" and chk.size > 0 and total > left:  # 4.9.8 reads the fields whatever TOTALSIZE says
+        chk.reason = f"{chk.reason}; it runs {total - left} bytes past the end of the segment. {alloc_note(total)}"
+    return chk
+
+
+def alloc_note(total: int) -> str:
+    """What 4.9.8 does first with a message's TOTALSIZE, unbounded: ``new byte[totalSize]``, before any field."""
+    return f"4.9.8 first allocates new byte[{total}] ({total / 2**20:.1f} MiB of heap)"
 
 
 def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_crc: bool) -> RecordCheck:
@@ -329,7 +345,8 @@ def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_c
         raise ValueError(f"DELAY {props[DELAY]!r} is not a Java int")  # Integer.parseInt throws
     expect = record_length(sysf, body_len, topic_len, props_len, version)
     if expect != total:
-        return RecordCheck("invalid", total, f"length_mismatch: TOTALSIZE {total}, fields add up to {expect}")
+        return RecordCheck("invalid", total, f"length_mismatch: TOTALSIZE {total}, fields add up to {expect}",
+                           read_length=expect)
     body = bytes(acc.take(body_at, body_at + body_len)) if body_len > 0 else b""
     msg = Message(
         topic=topic, body=body, queue_id=qid, flag=flag, queue_offset=qoff, physical_offset=phy,

@@ -385,7 +385,11 @@ def generate(out: str | os.PathLike, cfg: GenConfig, settings: BrokerSettings | 
     if files is not None:
         files.finish(stage)
     if write_config_files:
-        _write_configs(stage, g, lay, settings)
+        caps = None  # a reput behind the log: consumers cannot be past what the consume queues hold
+        if res.dispatch is not None and files is not None and files.dispatch_end() is not None:
+            caps = {k: (st.last_base + st.write_pos) // 20 if st.last_base is not None else 0
+                    for k, st in res.dispatch.queue_states.items()}
+        _write_configs(stage, g, lay, settings, caps)
     idx_ts = res.dispatch.index_msg_timestamp if res.dispatch is not None else 0
     write_checkpoint(stage, Checkpoint(last_ts, last_ts if dispatch else 0, idx_ts))
     with open(os.path.join(stage, "lock"), "wb") as f:
@@ -410,8 +414,10 @@ def _dledger_log(stage: str, segment_size: int, files: DLedgerFiles):
                      folder=files.opts.dir_name() + "/data")
 
 
-def _write_configs(stage: str, g: Generator, lay: FileLayout, settings: BrokerSettings) -> None:
-    """config/topics.json and consumerOffset.json (fastjson style) with plausible consumer offsets."""
+def _write_configs(stage: str, g: Generator, lay: FileLayout, settings: BrokerSettings,
+                   caps: dict[tuple[str, int], int] | None = None) -> None:
+    """config/topics.json and consumerOffset.json (fastjson style) with plausible consumer offsets (at most
+    ``caps``, each queue's dispatched end, when given)."""
     from storelib.format.configjson import write_config
 
     cfgdir = os.path.join(stage, "config")
@@ -439,6 +445,8 @@ def _write_configs(stage: str, g: Generator, lay: FileLayout, settings: BrokerSe
             qs: dict[int, int] = {}
             for q in range(g.cfg.queues):
                 mx = lay.queue_table.get(ti << 32 | q, 0)
+                if caps is not None:
+                    mx = min(mx, caps.get((t, q), 0))
                 lag = 0 if gi == 0 else int(rng.integers(0, max(1, mx // 10 + 1)))
                 qs[q] = max(0, mx - lag)
             offsets[f"{t}@{group}"] = qs

@@ -68,7 +68,14 @@ def add_timer_messages(root: str | os.PathLike, settings: BrokerSettings, *, cou
         return clock[0]
 
     sent: list[tuple[int, Message, int]] = []  # (deliver ms, enqueue message, store ms)
-    with StoreWriter(root, settings, clock=tick) as w:
+    dl = settings.dledger  # a DLedger-mode store goes on as DLedger entries, in the node's term
+    term = 0
+    if dl is not None:
+        from storelib.format.dledger.state import read_currterm_file
+
+        ct = read_currterm_file(os.path.join(str(root), dl.dir))
+        term = ct.curr_term if ct is not None else 0
+    with StoreWriter(root, settings, clock=tick, dledger_self_id=dl.self_id if dl else None, dledger_term=term) as w:
         for i in range(count):
             clock[0] = start_ms + i * 500
             delay = rnd.choice([rnd.randint(1, 30), rnd.randint(60, 3_600), rnd.randint(3_600, max_delay_s)])

@@ -63,8 +63,13 @@ END_FIELDS = ("kind", "file", "file_offset", "phy_offset", "reason", "detail", "
 
 
 def _end(e: SegmentEnd) -> dict[str, Any]:
-    """A segment's scan end as the manifest keeps it (where and why, not the counters of one scan)."""
-    return {k: getattr(e, k) for k in END_FIELDS}
+    """A segment's scan end as the manifest keeps it (where and why, not the counters of one scan; a DLedger
+    data file's facts too: the next run's walk carries them, the ledger's begin read from the first file's)."""
+    d = {k: getattr(e, k) for k in END_FIELDS}
+    facts = getattr(e, "facts", None)
+    if facts is not None:
+        d["dledger_facts"] = facts.to_dict()
+    return d
 
 
 def manifest_content(segs: dict[str, Any]) -> dict[str, Any]:

@@ -25,11 +25,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-from tests.bench.bench_engines import _anon_kb, _children, complete_store
+from tests.bench.bench_engines import complete_store, run_measured
 from tests.bench.bench_scan import build_store, parse_size
 
 # the rmqstore script, reporting its own process's CPU seconds (user, system) at exit
@@ -48,31 +46,12 @@ def run_driver(argv: list[str]) -> dict[str, float]:
     the largest descendant."""
     fd, times = tempfile.mkstemp(prefix="rmq-bench-times-")
     os.close(fd)
-    t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-c", SCRIPT, *argv], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, env={**os.environ, "RMQ_BENCH_TIMES": times})
-    peaks = {"driver": 0, "worker": 0}
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            peaks["driver"] = max(peaks["driver"], _anon_kb(p.pid))
-            for c in _children(p.pid):
-                peaks["worker"] = max(peaks["worker"], _anon_kb(c))
-            stop.wait(0.05)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    rc = p.wait()
-    wall = time.monotonic() - t0
-    stop.set()
-    th.join()
-    if rc not in (0, 1):
-        raise SystemExit(f"{' '.join(argv)} exited {rc}")
+    wall, driver_kb, worker_kb = run_measured([sys.executable, "-c", SCRIPT, *argv],
+                                              env={**os.environ, "RMQ_BENCH_TIMES": times})
     with open(times) as f:
         user, system = json.load(f)
     os.unlink(times)
-    return {"wall": wall, "cpu": user + system, "driver_mb": peaks["driver"] / 1024, "worker_mb": peaks["worker"] / 1024}
+    return {"wall": wall, "cpu": user + system, "driver_mb": driver_kb / 1024, "worker_mb": worker_kb / 1024}
 
 
 def _argv(cmd: str, store: Path, out: Path, workers: int | None, rmq: list[str]) -> tuple[list[str], Path]:

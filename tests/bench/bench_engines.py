@@ -61,10 +61,10 @@ def _children(root: int) -> list[int]:
     return out
 
 
-def run_measured(argv: list[str]) -> tuple[float, int, int]:
+def run_measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int]:
     """(wall s, peak RssAnon KB of the command's own process, of its largest descendant)."""
     t0 = time.monotonic()
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     peaks = {"driver": 0, "worker": 0}
     stop = threading.Event()
 
@@ -78,11 +78,12 @@ def run_measured(argv: list[str]) -> tuple[float, int, int]:
     th = threading.Thread(target=sample, daemon=True)
     th.start()
     rc = p.wait()
+    wall = time.monotonic() - t0
     stop.set()
     th.join()
     if rc not in (0, 1):
         raise SystemExit(f"{' '.join(argv)} exited {rc}")
-    return time.monotonic() - t0, peaks["driver"], peaks["worker"]
+    return wall, peaks["driver"], peaks["worker"]
 
 
 def complete_store(store: Path, rmq: list[str]) -> Path:

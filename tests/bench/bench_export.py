@@ -14,8 +14,8 @@ Not part of the test run. ``python -m tests.bench.bench_export [--size 2GB] [--s
 * incremental: 1% more messages appended through storelib.broker.writer.writer (the broker's write path), then
   ``export --incremental`` against the full export's time.
 Also storelib's own one-process scan (CommitLog.scan, all columns, CRCs). Targets (issue "columnar
-snapshots"): export >= 0.8 of the scan; snapshot SQL >= 10x the data source;
-incremental < 0.10 of the full export.
+snapshots"): snapshot SQL >= 10x the data source; incremental < 0.10 of the full export; and (issue
+"scale-out", which replaced "export >= 0.8 of the scan") export >= 0.9 of the bound measured in the same run.
 """
 
 from __future__ import annotations
@@ -133,8 +133,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"scan + Parquet write (pool){t_bound:7.2f} s  ratio to the pool scan {t_scan / t_bound:.2f}: the bound "
               f"of any export of these columns with zstd (no partitioning, no manifest)")
         print(f"export (default engine)    {t_exp:7.2f} s  {rows / t_exp:12,.0f} rows/s   "
-              f"ratio to the pool scan {t_scan / t_exp:.2f} (target >= 0.8), to storelib's one-process scan "
-              f"{t_one / t_exp:.2f}")
+              f"ratio to the pool scan {t_scan / t_exp:.2f}, to storelib's one-process scan {t_one / t_exp:.2f}")
+        print(f"export vs its bound        {t_bound / t_exp:7.2f}  (target >= 0.9: partitioning and the manifest "
+              f"cost at most 10% over a plain Parquet write of the same rows)")
         _sql(store, out)
         _incremental(store, out, size, t_exp)
         print(f"peak RSS (this process)    {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:7.0f} MB")

@@ -38,7 +38,9 @@ SCAN_COLS = ["phy_offset", "size", "physical_offset_field", "topic", "queue_id",
              "store_timestamp", "tags_code", "uniq_key", "keys"]
 WORK = "_work"  # intermediate files inside staging (removed before publishing)
 
-SegmentItem = tuple[int, Split, bool]  # (segment index, the split to scan, CRC checks on)
+# (segment index, the split to scan, CRC checks on[, the [start, end) ranges to scan instead of the split's
+# start to the scan's end: where the 4.9.8 reput reads around a length mismatch])
+SegmentItem = tuple  # (int, Split, bool) or (int, Split, bool, tuple[tuple[int, int], ...])
 Meta = dict[str, Any]  # phase A's small per-segment summary
 
 
@@ -138,10 +140,10 @@ def _write_cq_parts(ctx: RebuildContext, idx: int, cq_tables: list[pa.Table]) ->
 def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
     """Parse one segment (the walk's view of it): CQ rows per queue partition and the index keys go to
     files under staging/_work; returns the segment's small summary (its scan end, counts, key stats)."""
-    idx, split, crc = item
+    idx, split, crc = item[:3]
+    ranges = item[3] if len(item) > 3 else ((split.start, None),)
     keep_freed_memory()
     loc = resolve(split.uri, **ctx.fs_options)
-    task = SegmentTask(idx, split.segment_base, split.segment_name, split.start, crc)
     ends: list = []
     cq_tables: list[pa.Table] = []
     hs, ps, ts, rs, rec_p, rec_t = [], [], [], [], [], []
@@ -149,8 +151,7 @@ def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
     last_key_row = -1
     cols = SCAN_COLS + (["prop_crc_ok"] if ctx.plan.prop_crc and crc else [])
     with open_source(loc, split.file_size) as src:
-        for batch in iter_task(ctx.plan, task, src, delay_levels_ms=list(ctx.delay_levels), ends=ends,
-                               with_properties=False, columns=cols):
+        for batch in _range_batches(ctx, idx, split, crc, ranges, src, ends, cols):
             if batch.num_rows == 0:
                 continue
             if ctx.do_cq:
@@ -180,21 +181,53 @@ def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
                                                            "t": np.concatenate(rec_t, dtype=np.int64)}))
     mono = bool(len(p_) < 2 or np.all(p_[1:] >= np.maximum.accumulate(p_)[:-1]))
     return {
-        "idx": idx, "end": ends[0], "rows": rows, "cq_rows": cq_rows, "n_keys": len(h), "topics": topics,
+        "idx": idx, "end": ends[0], "ranges": tuple((a, ends[k].file_offset) for k, (a, _) in enumerate(ranges)),
+        "rows": rows, "cq_rows": cq_rows, "n_keys": len(h), "topics": topics,
         "parts": parts, "p_first": int(p_[0]) if len(p_) else None, "p_max": int(p_.max()) if len(p_) else None,
         "monotone": mono, "last_key_row": last_key_row,
         "last_key": (int(p_[-1]), int(tsa[-1])) if len(p_) else None,
     }
 
 
-def dispatched_segments(plan: WalkPlan, res: RecoveryResult, metas: dict[int, Meta]) -> list[int]:
-    """The segments the walk dispatches (in order); a full rebuild dispatches whole segment scans only."""
+def _range_batches(ctx: RebuildContext, idx: int, split: Split, crc: bool, ranges, src, ends: list, cols: list[str]):
+    """The batches of each ``[start, end)`` range of one segment in turn (``end`` None: to the scan's end),
+    each range's scan end appended to ``ends``."""
+    for start, end in ranges:
+        task = SegmentTask(idx, split.segment_base, split.segment_name, start, crc)
+        kw = {} if end is None else {"end": end}
+        yield from iter_task(ctx.plan, task, src, delay_levels_ms=list(ctx.delay_levels), ends=ends,
+                             with_properties=False, columns=cols, **kw)
+
+
+def dispatch_ranges(plan: WalkPlan, res: RecoveryResult) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Each dispatched segment's ``[start, end)`` ranges, in order (segment index -> ranges)."""
     base_to_idx = {s.base: i for i, s in enumerate(plan.segments)}
+    out: dict[int, list[tuple[int, int]]] = {}
     for d in res.dispatch:
-        m = metas[base_to_idx[d.base]]
-        if d.start != 0 or d.end != m["end"].file_offset:
-            raise StoreError("commitlog/" + d.name, d.end, "internal", "dispatch range is not a whole scan")
-    return sorted({base_to_idx[d.base] for d in res.dispatch})
+        out.setdefault(base_to_idx[d.base], []).append((d.start, d.end))
+    return {i: tuple(r) for i, r in out.items()}
+
+
+def rescan_items(plan: WalkPlan, res: RecoveryResult, metas: dict[int, Meta]) -> list[SegmentItem]:
+    """Phase A again for the segments whose dispatch is not their whole scan (the 4.9.8 reput reading around
+    a length mismatch: after the record's fields, or from where reputFromOffset landed), by those ranges."""
+    items = {it[0]: it for it in segment_items(plan)}
+    out = []
+    for i, rs in dispatch_ranges(plan, res).items():
+        if rs != metas[i]["ranges"]:
+            idx, split, crc = items[i][:3]
+            out.append((idx, split, crc, rs))
+    return out
+
+
+def dispatched_segments(plan: WalkPlan, res: RecoveryResult, metas: dict[int, Meta]) -> list[int]:
+    """The segments the walk dispatches (in order); each one's phase A scanned exactly its dispatch ranges."""
+    rs = dispatch_ranges(plan, res)
+    for i, r in rs.items():
+        if r != metas[i]["ranges"]:
+            seg = plan.segments[i]
+            raise StoreError("commitlog/" + seg.name, r[-1][1], "internal", "dispatch ranges are not the scans'")
+    return sorted(rs)
 
 
 def unsafe_topic_findings(plan: WalkPlan, metas: dict[int, Meta], inc: list[int]) -> list[Any]:

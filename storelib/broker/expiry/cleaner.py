@@ -1,6 +1,8 @@
 """The broker's file cleaner replayed (store-algorithms §9): :func:`simulate` runs one :class:`Policy` over a
 :class:`StoreSnapshot` and :class:`TimeModel` (storelib.broker.expiry.expiry) exactly on the cleaner's 10-s tick grid
-without ticking; the model and conventions are in :mod:`storelib.broker.expiry.expiry`'s docstring.
+without ticking; the model and conventions are in :mod:`storelib.broker.expiry.expiry`'s docstring (a
+DLedger-mode store: DLedger's CleanSpaceService on its 100-ms grid for the data files, the broker's queue
+cleaner on its own ticks).
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import numpy as np
 from storelib.broker.expiry.expiry import (  # the inputs and the broker's constants
     CQ_UNIT,
     DEFAULT_HORIZON_MS,
+    DLEDGER_BATCH_MAX,
+    DLEDGER_DELETE_INTERVAL_MS,
+    DLEDGER_TICK_MS,
     FIRST_RUN_DELAY_MS,
     HOUR_ERROR,
     HOUR_FALSE,
@@ -71,11 +76,15 @@ class _Sim:
                 f"burst?); give --ingest BYTES_PER_S or an earlier --until")
         self.P = policy.clean_resource_interval
         self.T0 = self.start + FIRST_RUN_DELAY_MS
-        self.kmax = (self.until - self.T0) // self.P if self.until >= self.T0 else -1
         self.expired = policy.file_reserved_time * HOUR_MS
+        self.batch = max(1, policy.delete_file_batch_max)
+        self.interval = policy.delete_commit_log_files_interval
+        self.dl = snap.dledger
+        if self.dl:
+            self._dledger_init(policy)
+        self.kmax = (self.until - self.T0) // self.P if self.until >= self.T0 else -1
         self.table, self.when_problem = hour_table(policy.delete_when)
         self.zone = parse_zone(policy.tz)
-        self.batch = max(1, policy.delete_file_batch_max)
         self.S = snap.segment_size
         self.W0 = snap.write_pos
         self.n_exist = len(snap.seg_base)
@@ -128,6 +137,22 @@ class _Sim:
         self.deletions: list[dict[str, Any]] = []
         self.disk: list[dict[str, Any]] = []
         self.max_ratio: float | None = None
+
+    def _dledger_init(self, policy: Policy) -> None:
+        """DLedger's CleanSpaceService: a 100-ms grid from the start, fileReservedTime + 1 hours (at least one),
+        its ratios as Java floats, 10 files a run 100 ms apart; the broker's queue cleaner keeps its ticks."""
+        f32 = np.float32
+        self.broker_P, self.broker_T0 = self.P, self.T0
+        self.P, self.T0 = DLEDGER_TICK_MS, self.start
+        self.expired = max(1, policy.file_reserved_time + 1) * HOUR_MS
+        self.batch, self.interval = DLEDGER_BATCH_MAX, DLEDGER_DELETE_INTERVAL_MS
+        self.dl_check = float(f32(f32(policy.disk_max_used_space_ratio) / f32(100)))
+        force = f32(policy.dledger_force_ratio)
+        self.dl_force = float(max(force, f32(0.5)))
+        self.dl_full = float(min(f32(force + f32(0.05)), f32(0.95)))
+        self.changed_at: int | None = None  # when the data's min offset last moved (the queue cleaner follows)
+        self.last_reason: str | None = None
+        self.writes_refused_ms: int | None = None
 
     # -- geometry over time -----------------------------------------------------------------
     def base(self, i: int) -> int:
@@ -203,6 +228,8 @@ class _Sim:
         used, store = self.used(t)
         pct = -(-100 * used // p.disk_capacity)  # ceil, integers: exact
         phys = pct / 100  # same double as Math.ceil(...) / 100
+        if self.dl:  # DLedger: > diskMaxUsedSpaceRatio (a float) checks age, > the force ratio ignores it
+            return phys, phys > self.dl_check, phys > self.dl_force
         ratio = p.disk_max_used_space_ratio / 100.0
         warn, force = p.warn_ratio, p.force_ratio
         clean = False
@@ -267,9 +294,9 @@ class _Sim:
         if k > self.kmax:
             return None
         cands: list[int] = []
-        if self.manual_count > 0 or self.base(self.i0) > self.last_phys_min:
+        if not self.dl and (self.manual_count > 0 or self.base(self.i0) > self.last_phys_min):
             return k
-        if self.manual_pending:
+        if self.manual_pending and not self.dl:  # DLedger: a manual delete reaches only the broker's idle cleaner
             cands.append(max(k, self.k_at(self.manual_pending[0])))
         F = self.fill_time(self.i0)
         if F != math.inf:
@@ -304,11 +331,46 @@ class _Sim:
         k = 0
         while True:
             k = self.next_event(k)
+            if self.dl:  # the broker's queue cleaner runs on its own ticks between DLedger's
+                self._queue_ticks(self.until if k is None else self.tick(k))
             if k is None:
                 break
-            self.run_tick(self.tick(k))
+            if self.dl:
+                self._dledger_tick(self.tick(k))
+            else:
+                self.run_tick(self.tick(k))
             k += 1
         self._sample(self.until)
+
+    def _queue_ticks(self, upto: int) -> None:
+        """The broker's queue cleaner (CleanConsumeQueueService) in DLedger mode: at its first tick after the
+        data's min offset moved (or its first tick at all), CQ and index files below it go."""
+        M = self.base(self.i0)
+        if M <= self.last_phys_min:
+            return
+        since = self.start if self.changed_at is None else self.changed_at
+        tb = self.broker_T0 + max(0, -(-(since - self.broker_T0) // self.broker_P)) * self.broker_P
+        if tb <= min(upto, self.until):
+            self.last_phys_min = M
+            self._clean_queues(tb, M, self.last_reason or "startup")
+
+    def _dledger_tick(self, T: int) -> None:
+        """One CleanSpaceService.doWork at T (a bad deleteWhen throws: nothing that run)."""
+        if self.table[self.hour(T)] == HOUR_ERROR:
+            return
+        phys, space, force = self.ratios(T)
+        if phys is not None and phys > self.dl_full and self.writes_refused_ms is None:
+            self.writes_refused_ms = T
+        time_up = self.table[self.hour(T)] == HOUR_TRUE
+        if not (time_up or space):
+            return
+        pre = self.used(T)
+        before = len(self.deletions)
+        t_last, reason = self._delete_commitlog(T, time_up, space, force)
+        if len(self.deletions) > before:
+            self.changed_at, self.last_reason = t_last, reason
+            self._sample(T, phys, used=pre)
+            self._sample(t_last)
 
     def run_tick(self, T: int) -> None:
         """One run of the clean task at tick T: commit-log cleaner, then the queue/index cleaner."""
@@ -350,14 +412,14 @@ class _Sim:
                 break
             reason = ("time" if time_up else "space" if space else "manual") if aged else "forced"
             self._lose(i, now)
-            self.deletions.append({"time_ms": now, "file": "commitlog/" + offset_to_file_name(self.base(i)),
+            self.deletions.append({"time_ms": now, "file": f"{self.s.log_folder}/" + offset_to_file_name(self.base(i)),
                                    "kind": "commitlog", "reason": reason})
             n += 1
             self.i0 = i + 1
             if n >= self.batch:
                 break
-            if self.p.delete_commit_log_files_interval > 0 and i + 1 < last:
-                now += self.p.delete_commit_log_files_interval
+            if self.interval > 0 and i + 1 < last:
+                now += self.interval
             i += 1
         return now, reason
 
@@ -464,8 +526,14 @@ class _Sim:
             "groups_with_loss": len({x["group"] for x in groups if x["lost_messages"]}),
             "first_loss_ms": min(losses) if losses else None, "max_ratio": self.max_ratio,
         }
-        return {"name": self.p.name, "settings": self.p.settings_dict(),
-                "warnings": [self.when_problem] if self.when_problem else [],
+        if self.dl:
+            summary["cleaner"] = "dledger"
+            summary["writes_refused_ms"] = self.writes_refused_ms
+        warnings = [self.when_problem] if self.when_problem else []
+        if self.dl and self.p.manual_deletes:
+            warnings.append("manual deletes reach only the broker's commit-log cleaner, which deletes nothing in DLedger "
+                            "mode (DLedgerCommitLog.deleteExpiredFile): they are ignored")
+        return {"name": self.p.name, "settings": self.p.settings_dict(), "warnings": warnings,
                 "deletions": self.deletions, "disk_usage": self.disk, "groups": groups, "summary": summary}
 
 
@@ -485,7 +553,9 @@ def describe(snap: StoreSnapshot, model: TimeModel | None = None, policy: Policy
         "first_tick_ms": sim.T0, "segment_size": snap.segment_size, "write_pos": snap.write_pos,
         "ingest_bytes_per_s": sim.R, "ingest_source": sim.ingest_source, "consumption": sim.consumption,
         "mtime_source": snap.mtime_source,
-        "segments": [{"file": "commitlog/" + offset_to_file_name(int(b)), "mtime_ms": int(m), "mtime_source": s}
+        "cleaner": "dledger" if snap.dledger else "broker",
+        "segments": [{"file": f"{snap.log_folder}/" + offset_to_file_name(int(b)), "mtime_ms": int(m),
+                      "mtime_source": s}
                      for b, m, s in zip(snap.seg_base, snap.seg_mtime, snap.seg_mtime_source)],
         "queues": len(snap.q_topic), "groups": len(snap.groups),
         "findings": [f.to_dict() for f in snap.findings],

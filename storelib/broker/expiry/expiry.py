@@ -37,6 +37,16 @@ finished and its last reason ("startup" for the first run's catch-up when nothin
 versions clean the commit log then the queues on each tick (4.9.8: one task; 5.x: two executors on the
 same schedule, differences #30). Every destroy succeeds (no reader holds a file offline), so the
 hanged-file retry never has work.
+
+A DLedger-mode store (``StoreSnapshot.dledger``) keeps its data files under DLedger's own cleaner
+(DLedgerMmapFileStore.CleanSpaceService, both lines over DLedger 0.3.1.2; the broker's commit-log cleaner
+only hands it deleteWhen, fileReservedTime + 1 hours and cleanFileForciblyEnable, and deletes nothing):
+it runs every 100 ms from the broker's start, deletes when the deleteWhen hour is on or the disk is past
+diskMaxUsedSpaceRatio (as a Java float), ignores the age above ``dledger.disk.ratio.clean`` (0.85, at
+least 0.50) with cleanFileForciblyEnable, at most 10 files a run 100 ms apart, never the last; an admin's
+manual delete reaches only the broker's cleaner, so it deletes nothing. Writes are refused (DISK_FULL)
+above that ratio + 0.05 (at most 0.95). The broker's queue cleaner still runs on its own ticks and
+deletes consume-queue and index files below the first data file's start (docs/dledger.md).
 """
 
 from __future__ import annotations
@@ -72,6 +82,10 @@ EXTRA_CAPACITY = "diskCapacity"
 EXTRA_OTHER_USED = "diskOtherUsed"
 EXTRA_MANUAL = "manualDeleteAt"
 EXTRA_TZ = "jvmTimeZone"
+EXTRA_DLEDGER_CLEAN = "dledger.disk.ratio.clean"  # DLedger's force-clean ratio (a JVM system property there)
+DLEDGER_TICK_MS = 100  # CleanSpaceService.doWork: waitForRunning(100)
+DLEDGER_BATCH_MAX = 10  # MmapFileList.DELETE_FILES_BATCH_MAX
+DLEDGER_DELETE_INTERVAL_MS = 100  # deleteExpiredFileByTime(..., 100, ...)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -150,6 +164,7 @@ class Policy:
     disk_other_used: int = 0
     tz: str = "UTC"
     manual_deletes: tuple[int, ...] = ()
+    dledger_force_ratio: float = 0.85  # DLedgerConfig.diskSpaceRatioToForceClean (-Ddledger.disk.ratio.clean)
 
     @classmethod
     def from_settings(cls, name: str, s: BrokerSettings, *, disk_capacity: int | None = None,
@@ -168,6 +183,10 @@ class Policy:
         except ValueError as e:
             raise StoreError(where, None, "bad_config", str(e)) from e
         tz = extra.get(EXTRA_TZ, "").strip() or tz
+        try:
+            dl_force = float(extra.get(EXTRA_DLEDGER_CLEAN, "").strip() or 0.85)
+        except ValueError as e:
+            raise StoreError(where, None, "bad_config", f"{EXTRA_DLEDGER_CLEAN}: {e}") from e
         try:
             parse_zone(tz)  # the cleaner reads it per tick: a bad zone is the policy's error, now
         except ValueError as e:
@@ -188,7 +207,8 @@ class Policy:
             delete_commit_log_files_interval=s.delete_commit_log_files_interval, delete_file_batch_max=batch,
             replicas_per_disk_partition=s.replicas_per_disk_partition,
             logical_force_threshold=0.8 if logical is None else logical, disk_capacity=disk_capacity,
-            disk_other_used=disk_other_used, tz=tz, manual_deletes=tuple(sorted(manual_deletes)))
+            disk_other_used=disk_other_used, tz=tz, manual_deletes=tuple(sorted(manual_deletes)),
+            dledger_force_ratio=dl_force)
 
     def settings_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -235,6 +255,8 @@ class StoreSnapshot:
     cq_files: bool  # positions came from ConsumeQueue files (False: commitlog scan, no CQ files to expire)
     groups: list[tuple[str, str, int, int]]  # (group, topic, queue_id, committed offset)
     findings: list[Finding] = field(default_factory=list)
+    dledger: bool = False  # a DLedger-mode store: its data files go by DLedger's cleaner
+    log_folder: str = "commitlog"  # the segments' folder as shown (dledger-<id>/data)
 
     @property
     def mtime_source(self) -> str:
@@ -322,7 +344,6 @@ def load_snapshot(store: Store, *, mtimes: str = "auto", tolerance_ms: int = MTI
     message's store time or later than the next segment's first one (beyond ``tolerance_ms``), as after
     a copy that did not keep times (tar with epoch dates, cp without -p).
     """
-    store.require_default_layout("the expiry simulation")
     from storelib.format.configjson import consumer_offsets, load_config
 
     if mtimes not in ("auto", "file", "store-time"):
@@ -389,7 +410,7 @@ def load_snapshot(store: Store, *, mtimes: str = "auto", tolerance_ms: int = MTI
         q_mean_size=np.array(q_mean, np.float64),
         cq_entries_per_file=store.settings.mapped_file_size_consume_queue // CQ_UNIT, key=key, cum_size=cum,
         bounds=bounds, below=below, index_files=idx_files, cq_files=source == "consumequeue", groups=groups,
-        findings=findings)
+        findings=findings, dledger=store.dledger is not None, log_folder=cl.folder)
 
 
 def _segment_mtimes(cl, segs: list, all_phy: np.ndarray, bases: np.ndarray, mtimes: str, tolerance_ms: int,

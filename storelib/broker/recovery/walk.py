@@ -16,9 +16,9 @@ scans segments on executors and feeds their ends to :func:`finish_walk`); :func:
 runs them in-process. A rebuild's target (store-algorithms §7.1) is :func:`rebuild_target`: a
 normal start with an empty consume queue.
 
-A DLedger-mode store (``RecoveryInputs.dledger``) is walked as its reput sees it once committed: every
-data file, no message CRC, through blank fillers to the ledger's end (DLedger's finer recovery rules:
-/work/notes/dledger.md §5-6).
+A DLedger-mode store (``RecoveryInputs.dledger``) is walked by :mod:`storelib.broker.recovery.dledgerwalk`
+(DLedger's load and recover over every data file, then DLedgerCommitLog's recovery): the same tasks, one
+per data file, each also giving the file's DLedger facts (:mod:`storelib.broker.recovery.dledgerfacts`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from storelib.broker.recovery.dledgerfacts import FACT_COLUMNS, FactsBuilder, IndexFiles
+from storelib.broker.recovery.dledgerwalk import dledger_inputs, finish_dledger, plan_dledger
+from storelib.broker.recovery.reputpath import reput_path
 from storelib.broker.recovery.walkplan import (
     DispatchRange,
     RecoveryInputs,
@@ -108,13 +111,13 @@ def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
       checkpoint's min timestamp, index-bounded with messageIndexSafe); the first segment when none
       does. Every valid record is re-dispatched.
     """
+    if inputs.dledger:  # every data file: DLedger's load, its walk and the reput (dledgerwalk)
+        files, mode, why, notes = plan_dledger(inputs, segments)
+        return WalkPlan(inputs, files, mode, 0, why, None, None, notes)
     segs, found = loaded_segments(segments, inputs.version, inputs.segment_size)
     n = len(segs)
     cq_max = inputs.cq_max_phy_offset
     reput_from = dispatch_after = None
-    if inputs.dledger:  # DLedger's own checks keep the entries; the reput dispatches them from the first file
-        return WalkPlan(inputs, tuple(segs), "dledger", 0, "DLedger: every data file, no message CRC", None, None,
-                        tuple(found))
     if inputs.last_exit_ok:
         mode = "normal"
         if inputs.version == "4":
@@ -178,13 +181,18 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     first record whose ``__CRC32#`` property is missing or wrong). The :class:`SegmentEnd` is appended
     to ``ends``.
     """
-    check = plan.inputs.check_crc_on_recover and not plan.inputs.dledger
+    check = plan.inputs.check_crc_on_recover and (task.crc or not plan.inputs.dledger)
     prop = plan.prop_crc and check and task.crc
     scan_kw.setdefault("delay_levels_ms", DEFAULT_DELAY_LEVELS_MS if delay_levels_ms is None else delay_levels_ms)
     scan_kw.setdefault("line", plan.inputs.line)
     seg = plan.segments[task.index]
-    if seg.dledger:
+    facts = cols = None
+    if seg.dledger:  # the entry columns feed the file's DLedger facts, then are dropped if not asked for
         scan_kw.update(dledger=True, committed_index=plan.inputs.dledger_committed_index, file=seg.display)
+        facts = FactsBuilder(seg, plan.inputs.dledger_index or IndexFiles(), task.start, scan_kw.get("end"))
+        cols = scan_kw.get("columns")
+        if cols is not None:
+            scan_kw["columns"] = list(cols) + [c for c in FACT_COLUMNS if c not in cols]
     scan = task.scan(source, verify_crc=check, prop_crc=prop, **scan_kw)
     end: SegmentEnd | None = None
     for batch in scan:
@@ -194,15 +202,24 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
             if len(bad):
                 k = int(bad[0])
                 phy = int(batch.column("phy_offset")[k].as_py())
-                if k:
-                    yield batch.slice(0, k)
                 end = SegmentEnd("invalid", scan.file, phy - task.base, phy, "crc_mismatch",
-                                 "__CRC32# property missing or wrong (forceVerifyPropCRC)")
+                                 "__CRC32# property missing or wrong (forceVerifyPropCRC)", records=k)
+                batch = batch.slice(0, k)
+                if facts is not None:
+                    facts.add(batch)
+                if k:
+                    yield batch if cols is None else batch.select(cols)
                 break
+        if facts is not None:
+            facts.add(batch)
+            if cols is not None:
+                batch = batch.select(cols)
         yield batch
     if end is None:
         end = scan.end
     assert end is not None
+    if facts is not None:
+        end = facts.finish(source, end)
     if ends is not None:
         ends.append(end)
 
@@ -220,8 +237,10 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
     """Combine per-segment scan ends (keyed by segment index) into the :class:`RecoveryResult`.
 
     ``ends`` must hold every task of ``plan.tasks`` up to where the walk stops (later ones are
-    ignored). Raises StoreError(kind="missing_scan") when one is missing.
+    ignored; a DLedger-mode walk needs them all). Raises StoreError(kind="missing_scan") when one is missing.
     """
+    if plan.inputs.dledger:
+        return finish_dledger(plan, ends)
     inp = plan.inputs
     segs = plan.segments
     found = list(plan.findings)
@@ -237,7 +256,9 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
     reput_outcomes: list[SegmentOutcome] = []
     dispatch: list[DispatchRange] = []
     if n and plan.reput_from is not None:  # 4.9.8 normal: reput from reput_from to process_offset
-        supported = _reput_ranges(plan, end_of, process_offset, last_walked, dispatch, reput_outcomes, found)
+        path = reput_path(plan, end_of, process_offset, _reput_scan(plan))
+        dispatch, reput_outcomes, supported = path.dispatch, path.outcomes, path.supported
+        found += path.findings
     elif n:  # recovery dispatches (5.x normal, abnormal): valid window records
         for i in range(plan.start_index, last_walked + 1):
             e = end_of(i)
@@ -283,54 +304,14 @@ def _window_walk(plan: WalkPlan, end_of: Callable[[int], SegmentEnd]
         return outcomes, segs[i].base + e.file_offset, failure, i
 
 
-def _reput_ranges(plan: WalkPlan, end_of: Callable[[int], SegmentEnd], process_offset: int, last_walked: int,
-                  dispatch: list[DispatchRange], reput_outcomes: list[SegmentOutcome], found: list[Finding]) -> bool:
-    """4.9.8 after a normal exit: the reput from ``plan.reput_from`` to processOffset, into ``dispatch``
-    (and the outcomes of the segments only the reput reads); False when it cannot be reproduced."""
-    S = plan.inputs.segment_size
-    segs = plan.segments
-    prev_base = None
-    for t in plan.tasks:
-        seg = segs[t.index]
-        if prev_base is not None and seg.base != prev_base + S:
-            found.append(Finding("reput_gap", "critical", seg.display, None,
-                                 f"no segment holds physical offset {prev_base + S}: reput stops there and "
-                                 "nothing after it is dispatched"))
-            return False
-        prev_base = seg.base
-        if seg.base >= process_offset and t.crc:
-            break
-        if t.crc:
-            if t.index > last_walked:
-                break
-            e = end_of(t.index)
-            stop = min(e.file_offset, process_offset - seg.base)
-            start = max(t.start, plan.reput_from - seg.base, 0)
-            if stop > start:
-                dispatch.append(DispatchRange(seg.base, seg.name, start, stop, None, "reput"))
-            continue
-        e = end_of(t.index)
-        reput_outcomes.append(_outcome(t, e))
-        if e.file_offset > t.start:
-            dispatch.append(DispatchRange(seg.base, seg.name, t.start, e.file_offset, None, "reput"))
-        if e.kind == "invalid" and e.size is not None and e.size > 0:
-            found.append(Finding("reput_length_mismatch", "critical", seg.display, e.file_offset,
-                                 f"length mismatch ({e.detail}): the broker's reput goes on from a "
-                                 "misaligned position; not reproducible byte-identically"))
-            return False
-        if e.kind == "invalid":
-            found.append(_unread_rest(seg, e))
-    return True
-
-
-def _unread_rest(seg: Segment, e: SegmentEnd) -> Finding:
-    """A segment before the recovery window whose records end at an invalid one: the reput dispatches
-    nothing after it (a master goes on with the next segment, a slave stops), and no start-up checks it."""
-    left = max(seg.file_size - e.file_offset, 0)
-    return Finding("reput_skipped_rest_of_segment", "error", seg.display, e.file_offset,
-                   f"{e.reason or 'invalid record'} ({e.detail or 'not a record'}): the reput dispatches none of the "
-                   f"{left} bytes after it (a master skips to the next segment, a slave stops); the segment lies "
-                   "before the recovery window, so no start-up reports it", {"bytes": left, "phy": e.phy_offset})
+def _reput_scan(plan: WalkPlan) -> Callable[[int, int, int | None], SegmentEnd]:
+    """A reput scan (no CRC) of a segment from any offset, to ``end`` (the read position) when given:
+    where a drifted reputFromOffset lands (:mod:`storelib.broker.recovery.reputpath`)."""
+    def scan(i: int, start: int, end: int | None) -> SegmentEnd:
+        seg = plan.segments[i]
+        return walk_segment(plan, SegmentTask(i, seg.base, seg.name, start, False), columns=["phy_offset"],
+                            with_properties=False, end=end)
+    return scan
 
 
 def _truncation(plan: WalkPlan, process_offset: int) -> tuple[list[int], tuple[int, int] | None]:
@@ -352,8 +333,10 @@ def _truncation(plan: WalkPlan, process_offset: int) -> tuple[list[int], tuple[i
 
 
 def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool | None = None,
-                 cq_max_phy_offset: int | None = None, checkpoint: Checkpoint | None = None) -> RecoveryInputs:
-    """RecoveryInputs read from a :class:`~storelib.broker.settings.store.Store` (abort marker, checkpoint, CQ max)."""
+                 cq_max_phy_offset: int | None = None, checkpoint: Checkpoint | None = None,
+                 dledger_startup: bool = False) -> RecoveryInputs:
+    """RecoveryInputs read from a :class:`~storelib.broker.settings.store.Store` (abort marker, checkpoint, CQ max;
+    a DLedger-mode store's index list and state; ``dledger_startup``: replay its start-up, not its lifetime)."""
     from storelib.format.checkpoint import read_checkpoint
     from storelib.format.markers import abort_state
 
@@ -368,7 +351,7 @@ def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool
     kw = dict(last_exit_ok=last_exit_ok, checkpoint=checkpoint, cq_max_phy_offset=cq_max_phy_offset,
               segment_size=store.commitlog.segment_size)
     if store.dledger is not None and store.dledger_state is not None:
-        kw.update(dledger=True, dledger_committed_index=store.dledger_state.committed_index)
+        kw.update(dledger_inputs(store), dledger_startup=dledger_startup)
     if version is not None:
         kw["version"] = version
     return RecoveryInputs.from_settings(store.settings, **kw)
@@ -419,7 +402,7 @@ def run_tasks(plan: WalkPlan, *, delay_levels_ms: list[int] | None = None,
         ends[t.index] = end
         if on_segment:
             on_segment(t, end)
-        if t.crc and end.kind != "blank":
+        if t.crc and end.kind != "blank" and not plan.inputs.dledger:
             stopped = True
     return ends
 

@@ -6,11 +6,16 @@ engine (:mod:`storelib.broker.recovery.walk` computes them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from storelib.broker.recovery.dledgerfacts import IndexFiles
 from storelib.errors import Finding
 from storelib.format.checkpoint import Checkpoint
 from storelib.scan.commitlog import Segment
 from storelib.scan.scanner import SegmentScan
+
+if TYPE_CHECKING:
+    from storelib.broker.recovery.dledgerwalk import DLedgerRecovery
 
 
 @dataclass(frozen=True)
@@ -36,11 +41,20 @@ class RecoveryInputs:
     broker_id: int = 0
     dledger: bool = False  # a DLedger-mode commitlog (entries in dledger-<selfId>/data)
     dledger_committed_index: int | None = None  # from DLedger's checkpoint: fills dledger_committed
+    dledger_startup: bool = False  # a DLedger start-up (recover), not the lifetime walk (rebuild, export)
+    dledger_index: IndexFiles | None = None  # DLedger's index file list
+    dledger_load_findings: tuple[Finding, ...] = ()  # what makes DLedger's load fail
 
     @property
     def line(self) -> str | None:
         """The line whose record check the walk's scans apply (BrokerLine.scan_line: None when not told)."""
         return self.version if self.version_told else None
+
+    @property
+    def dledger_crc(self) -> bool:
+        """Are a DLedger walk's records CRC-checked? Only by 5.3.3's own walk after an abnormal exit."""
+        return bool(self.dledger_startup and self.version == "5" and not self.last_exit_ok
+                    and self.check_crc_on_recover)
 
     @classmethod
     def from_settings(cls, settings, **kw) -> RecoveryInputs:
@@ -106,6 +120,9 @@ class WalkPlan:
         """Every segment scan the walk may need, in commitlog order (reput segments, then the window)."""
         out: list[SegmentTask] = []
         S = self.inputs.segment_size
+        if self.inputs.dledger:  # DLedger reads every data file from byte 0
+            crc = self.inputs.dledger_crc
+            return [SegmentTask(i, s.base, s.name, 0, crc) for i, s in enumerate(self.segments) if s.file_size]
         for i, seg in enumerate(self.segments):
             if i >= self.start_index:
                 out.append(SegmentTask(i, seg.base, seg.name, 0, True))
@@ -167,9 +184,10 @@ class RecoveryResult:
     walk (None when it ended at the last segment's blank / end of data); ``delete_segments``: bases
     of segments the broker deletes; ``truncate``: (base, write position) of the segment cut at
     ``process_offset``; ``truncate_consume_queues``: the CQ is cut at ``process_offset`` too
-    (§8.6); ``dispatch``: the ranges dispatched, in dispatch order; ``supported``: False when the
-    broker's dispatch cannot be reproduced byte-identically (a length-mismatch record under reput, a
-    missing segment in the dispatched range) — see ``findings``.
+    (§8.6); ``dispatch``: the ranges dispatched, in dispatch order (a 4.9.8 reput that meets a length
+    mismatch reads around it: :mod:`storelib.broker.recovery.reputpath`); ``supported``: False when the
+    broker's dispatch cannot be reproduced byte-identically (a missing segment in the dispatched range)
+    — see ``findings``.
     """
 
     version: str
@@ -190,6 +208,8 @@ class RecoveryResult:
     supported: bool
     findings: tuple[Finding, ...] = ()
     delay_levels_quirk: bool = False  # 4.9.8 abnormal: recovery dispatch sees no delay levels (§8.4)
+    dledger: DLedgerRecovery | None = None  # a DLedger-mode walk: DLedger's load and recover
+    cq_truncate_offset: int | None = None  # where the consume queues are cut when not at process_offset
 
     def summary(self) -> dict:
         """A JSON-able digest (for manifests and CLI output)."""

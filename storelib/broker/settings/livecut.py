@@ -37,12 +37,13 @@ import numpy as np
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location, data_ranges, open_source
 from storelib.fileio.smallfile_io import read_small
+from storelib.format.dledger.entries import BODY_OFFSET
 from storelib.format.indexdir import IndexFileRef, list_index_files
 from storelib.format.indexfile import HEADER_SIZE, IndexGeometry, IndexHeader, index_time_diff
 from storelib.format.markers import abort_state, lock_state, pid_alive
 from storelib.scan.commitlog import CommitLog, Segment
 from storelib.scan.scanner import SegmentScan
-from storelib.scan.splits import find_record_start
+from storelib.scan.splits import find_entry_start, find_record_start
 
 if TYPE_CHECKING:
     from storelib.broker.settings.store import Store
@@ -157,16 +158,20 @@ def take_cut(store: Store, *, tail_wait_s: float = TAIL_WAIT_S, broker: LiveBrok
     if broker is None:
         return StoreCut(now)
     root = replace(store.loc, mapped=False)
-    if store.dledger is not None:  # the cut's walk reads the default commitlog layout only
-        return StoreCut(now, broker, tail="a DLedger store: its files are read as found, not up to a cut",
-                        seconds=time.monotonic() - t0)
+    if store.dledger is not None:  # 1. DLedger's checkpoint first too: its committed index is behind the data
+        store.dledger_state  # noqa: B018 (read once here, cached for the run)
     cp = read_small(root.join("checkpoint"), 1 << 16)  # 1. the checkpoint first, the timer store's next
     tc = read_small(root.join("config", "timercheck"), 1 << 16)
     g = store.settings.index_geometry
     # 2. (a file shorter than its header is one the broker is creating: not the cut's)
     headers = tuple((ref.name, _stable_header(ref, g)) for ref in list_index_files(root) if ref.size >= HEADER_SIZE)
-    cl = CommitLog(root.join("commitlog"), store.settings.mapped_file_size_commit_log,  # 3. listed last
-                   line=store.settings.scan_line)
+    if store.dledger is not None:  # a DLedger node's data files, listed last: its end is the last whole entry
+        from storelib.broker.settings.store import open_commitlog
+
+        cl = open_commitlog(root, store.settings)
+    else:
+        cl = CommitLog(root.join("commitlog"), store.settings.mapped_file_size_commit_log,  # 3. listed last
+                       line=store.settings.scan_line)
     end, tail = log_end(cl, max_record=int(store.settings.max_message_size) + (1 << 17), tail_wait_s=tail_wait_s)
     return StoreCut(now, broker, end, tuple(s.name for s in cl.segments), headers, cp, tc, tail,
                     time.monotonic() - t0)
@@ -213,7 +218,7 @@ def log_end(cl: CommitLog, *, max_record: int, tail_wait_s: float = TAIL_WAIT_S)
         with seg.open() as src:
             if i and not _has_data(src, seg):
                 continue  # the next file, created ahead (AllocateMappedFileService): nothing in it yet
-            return _segment_end(src, seg, max_record, tail_wait_s, cl.line)
+            return _segment_end(src, seg, max_record, tail_wait_s, cl.line, cl.dledger)
     return segs[0].base, None
 
 
@@ -234,22 +239,23 @@ def _last_nonzero(src, seg: Segment) -> int:
 
 
 def _segment_end(src, seg: Segment, max_record: int, tail_wait_s: float,
-                 line: str | None = None) -> tuple[int, str | None]:
+                 line: str | None = None, dledger: bool = False) -> tuple[int, str | None]:
     """Walk the tail of the segment being written (see :func:`log_end`)."""
     last = _last_nonzero(src, seg)
     if last < 0:
         return seg.base, None
-    start = find_record_start(src, seg.base, max(0, last - max_record), last + 1) or 0
+    find = find_entry_start if dledger else find_record_start
+    start = find(src, seg.base, max(0, last - max_record), last + 1) or 0
     deadline = time.monotonic() + tail_wait_s
     delay = 0.005
     waited = 0.0
     while True:
-        end, pending = _walk(src, seg, start, line)
+        end, pending = _walk(src, seg, start, line, dledger)
         if pending is None:
             note = f"a record at {seg.base + start} was being copied in: read after {waited * 1000:.0f} ms" \
                 if waited else None
             return end, note
-        nxt = find_record_start(src, seg.base, pending + 1, _last_nonzero(src, seg) + 1)
+        nxt = find(src, seg.base, pending + 1, _last_nonzero(src, seg) + 1)
         if nxt is not None:  # valid records after it: damage for the audit to report, not a record in flight
             start = nxt
             continue
@@ -262,11 +268,13 @@ def _segment_end(src, seg: Segment, max_record: int, tail_wait_s: float,
         start = pending
 
 
-def _walk(src, seg: Segment, start: int, line: str | None = None) -> tuple[int, int | None]:
+def _walk(src, seg: Segment, start: int, line: str | None = None, dledger: bool = False) -> tuple[int, int | None]:
     """Records from ``start`` (a record start) to where the chain ends: (physical end of the last record
-    whose CRCs hold, the file offset of a record there that fails its checks or None)."""
+    whose CRCs hold, the file offset of a record there that fails its checks or None). ``dledger``: entries
+    (a record 48 bytes into each: the end of the last whole entry whose header and record hold)."""
     scan = SegmentScan(src, seg.display, seg.base, start, verify_crc=True, with_properties=False,
-                       columns=_TAIL_COLUMNS, batch_rows=1 << 16, line=line)
+                       columns=_TAIL_COLUMNS, batch_rows=1 << 16, line=line, dledger=dledger)
+    head = BODY_OFFSET if dledger else 0  # an entry starts 48 bytes before its record
     last_ok = start
     bad_at = None
     for b in scan:
@@ -276,8 +284,8 @@ def _walk(src, seg: Segment, start: int, line: str | None = None) -> tuple[int, 
         if not crc.all():
             j = int(np.argmin(crc))
             if bad_at is None:
-                bad_at = int(phy[j]) - seg.base
-                last_ok = int(phy[j] - seg.base) if j == 0 else int(phy[j - 1] + size[j - 1] - seg.base)
+                bad_at = int(phy[j]) - head - seg.base
+                last_ok = bad_at if j == 0 else int(phy[j - 1] + size[j - 1] - seg.base)
             continue
         if bad_at is None and len(phy):
             last_ok = int(phy[-1] + size[-1] - seg.base)

@@ -250,7 +250,7 @@ class Store:
             self.loc = dataclasses.replace(self.loc, mapped=False)
             self.__dict__.pop("commitlog", None)
             cl = self.commitlog
-            if cut.segments or cut.commitlog_end is not None:  # (a DLedger store's cut lists nothing)
+            if cut.segments or cut.commitlog_end is not None:
                 listed = set(cut.segments)
                 cl.segments = [s for s in cl.segments if s.name in listed and s.file_size]
             # a zero-length last file is one the broker is creating (opened, not mapped to full size yet)
@@ -307,15 +307,6 @@ class Store:
         for f in self.findings:
             if f.kind == "commitlog_head_not_a_record" and not any_segment_starts_with_record(self.loc):
                 raise NotAStoreError(f.file, f.offset, "not_a_commitlog", f"{what}: {f.detail}")
-
-    def require_default_layout(self, what: str) -> None:
-        """Fail (one line) where ``what`` does not model DLedger-mode stores yet, rather than apply the
-        default store's rules to DLedger files (issue #28 stage B: audit, recover, expiry, timers)."""
-        d = self.dledger
-        if d is not None:
-            raise StoreLayoutError(self.uri, None, "dledger_unsupported",
-                                   f"{what} does not handle DLedger-mode stores yet ({d.dir}/: {d.reason}); info, "
-                                   "messages, get, export, rebuild and the data sources read them")
 
     def require_local(self, what: str) -> str:
         """The local root path, or a clear error for operations that modify a store in place."""

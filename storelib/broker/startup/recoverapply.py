@@ -16,6 +16,11 @@ zeros written front to back, so at every instant the record at processOffset is 
 started mid-way sees the same valid end). ConsumeQueue tails after the new write position are zeroed
 the same way (stale units would otherwise be recovered as valid on the next start). The exact
 original bytes are in the backup, so ``--restore`` is byte-identical.
+
+A DLedger-mode store's data files are its commitlog (``dledger-<id>/data``, zeroed after DLedger's data
+end the same way); DLedger's own index changes are steps too: index files deleted, and the units recover()
+rewrites from their entries written in place (``write_at``; a file it creates is made at its full size).
+DLedger's checkpoint is left as it is: the broker's load does not write it either.
 """
 
 from __future__ import annotations
@@ -130,11 +135,22 @@ def _stage(sim: Simulation, bdir: str) -> list[dict]:
 
     for name in sim.index_delete:
         steps.append({"op": "delete", "rel": f"index/{name}"})
+    folder = _relative_folder(sim)
     if sim.commitlog_zero_from is not None:
         name, pos = sim.commitlog_zero_from
-        steps.append({"op": "zero_tail", "rel": f"commitlog/{name}", "from": pos})
+        steps.append({"op": "zero_tail", "rel": f"{folder}/{name}", "from": pos})
     for name in sim.commitlog_delete:
-        steps.append({"op": "delete", "rel": f"commitlog/{name}"})
+        steps.append({"op": "delete", "rel": f"{folder}/{name}"})
+    if sim.dledger is not None:
+        steps += [{"op": "delete", "rel": rel} for rel in sim.dledger.index_delete]
+        for k, (rel, off, data) in enumerate(sim.dledger.index_writes):
+            name = f"dledger-units-{k}"
+            with open(os.path.join(sdir, name), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            steps.append({"op": "write_at", "rel": rel, "at": off, "staged": name,
+                          "size": sim.dledger.index_create.get(rel)})
     installs: list[dict] = []
     for key in sorted(sim.queues):
         for rel, data in sim.queues[key].outputs():
@@ -181,6 +197,30 @@ def _stage(sim: Simulation, bdir: str) -> list[dict]:
     return steps
 
 
+def _relative_folder(sim: Simulation) -> str:
+    """The commitlog folder as a path under the store root (a DLedger data path outside it cannot be applied)."""
+    folder = sim.commitlog_folder
+    if os.path.isabs(folder) or ".." in folder.split("/"):
+        raise StoreError(folder, None, "unsupported",
+                         "the DLedger data directory (storePathDLedgerCommitLog) is outside the store root: recover "
+                         "--apply changes files under the root only")
+    return folder
+
+
+def _write_at(path: str, at: int, data: bytes, size: int | None) -> None:
+    """``data`` written at ``at`` of ``path`` in place (idempotent), the file first created at ``size`` (sparse)
+    when it does not exist (a DLedger index file recover() creates), then fsync."""
+    flags = os.O_WRONLY | (os.O_CREAT if size is not None else 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        if size is not None and os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+        os.pwrite(fd, data, at)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _zero_tail(path: str, pos: int) -> None:
     """Zero ``path`` from ``pos`` to its end, in place, front to back (idempotent), then fsync."""
     size = os.path.getsize(path)
@@ -222,6 +262,14 @@ def _run_step(step: dict, root: str, bdir: str, backup: Backup) -> None:
     if op == "zero_tail":
         backup.save(rel)
         _zero_tail(path, int(step["from"]))
+        return
+    if op == "write_at":
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        if parent:
+            backup.makedirs(parent)
+        backup.save(rel)
+        with open(os.path.join(bdir, STAGED, step["staged"]), "rb") as f:
+            _write_at(path, int(step["at"]), f.read(), step.get("size"))
         return
     if op == "install":
         parent = rel.rsplit("/", 1)[0] if "/" in rel else ""

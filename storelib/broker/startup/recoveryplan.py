@@ -1,7 +1,9 @@
 """The recovery plan document (schema ``rmqstore.recover.plan/1``): what a simulated broker start-up
 (:func:`storelib.broker.startup.startup.simulate`) would change, as JSON for ``--plan`` and ``--apply``
 (its human summary is the ``recover`` command's). Every number comes from the Simulation (and the
-lost-message scan): every number comes from the Simulation (and the lost-message scan).
+lost-message scan). A DLedger-mode store adds a ``dledger`` section (DLedger's load and recover: start
+file, data end, ledger, committed index and position, index rewrite, 5.3.3's own walk, the uncommitted
+entries); its ``commitlog.process_offset`` is the broker's max offset after load(), the committed position.
 """
 
 from __future__ import annotations
@@ -61,13 +63,47 @@ def plan_document(sim: Simulation, *, lost: bool = True) -> dict:
         "abort_remove": abort.exists,
         "lost": lost_doc,
         "timer_store": sim.timer.to_json() if sim.timer is not None else None,
+        "dledger": _dledger_doc(sim),
         "findings": [f.to_dict() for f in sim.findings],
     }
     plan["changes"] = bool(
         plan["commitlog"]["delete_segments"] or sim.commitlog_zero_from or queues_doc["files"] or sim.index_delete
         or sim.index_images or abort.exists or (lost_doc and lost_doc["totals"]["messages"])
-        or (sim.timer is not None and sim.timer.changes_anything()))
+        or (sim.timer is not None and sim.timer.changes_anything()) or (sim.dledger is not None and sim.dledger.any))
     return plan
+
+
+def _dledger_doc(sim: Simulation) -> dict[str, Any] | None:
+    """DLedger's load and recover and DLedgerCommitLog's recovery (None for a default store)."""
+    dl = sim.walk.dledger
+    if dl is None or sim.dledger is None:
+        return None
+    out = dl.to_json()
+    out.update(sim.dledger.to_json())
+    d, st = sim.store.dledger, sim.store.dledger_state
+    out["node"] = None if d is None else d.to_json()
+    if st is not None and st.currterm is not None:
+        out["term"], out["voted_for"] = st.currterm.curr_term, st.currterm.vote_leader
+    out["uncommitted"] = None if dl.committed_index >= dl.ledger_end_index else {
+        "from_index": dl.committed_index + 1, "to_index": dl.ledger_end_index,
+        "from_phy_offset": max(dl.committed_pos, dl.min_offset), "to_phy_offset": dl.last_entry_end,
+        "note": "on disk past the committed index: consumers see them once DLedger commits them again (a leader "
+                "re-commits its whole log; a follower takes the leader's, and a rejoin truncates what the leader "
+                "does not have)"}
+    out["after_recommit"] = _after_recommit(sim)
+    return out
+
+
+def _after_recommit(sim: Simulation) -> dict[str, Any] | None:
+    """Where the reput goes on once DLedger commits the whole log (a leader; not part of this start-up)."""
+    dl = sim.walk.dledger
+    assert dl is not None
+    frm = max(sim.reput.start or 0, sim.reput.end, dl.min_offset)  # where the reput stands after the start
+    if frm >= dl.last_entry_end:
+        return None
+    return {"from": frm, "to": dl.last_entry_end,
+            "note": "the reput dispatches these once the entries are committed again; 5.3.3's reput starts at the "
+                    "committed position, so entries the consume queues already hold are skipped there"}
 
 
 def _checkpoint_doc(cp: Checkpoint, inputs: RecoveryInputs) -> dict[str, Any]:
@@ -90,6 +126,7 @@ def _commitlog_doc(sim: Simulation) -> dict[str, Any]:
     fail = walk.failure
     segs_max = max([s.base + s.file_size for s in cl.segments] + [0])
     return {
+        "folder": cl.folder,
         "segment_size": S,
         "segments": [_segment_dict(s) for s in cl.segments],
         "min_offset": cl.segments[0].base if cl.segments else 0,
@@ -107,7 +144,8 @@ def _commitlog_doc(sim: Simulation) -> dict[str, Any]:
             "segment": offset_to_file_name(walk.truncate[0]), "wrote_position": walk.truncate[1],
             "bytes_after": S - walk.truncate[1],
             "zero_tail": sim.commitlog_zero_from is not None},
-        "bytes_dropped": max(0, segs_max - walk.process_offset) if cl.segments else 0,
+        "bytes_dropped": max(0, segs_max - (walk.process_offset if walk.dledger is None else walk.dledger.data_end))
+        if cl.segments else 0,
         "supported": walk.supported,
     }
 

@@ -1,5 +1,10 @@
 """``rmqstore recover --salvage``: what a broker start-up would drop, exported before anything changes (the
 messages as JSONL and Parquet, the exact byte ranges lost, and config JSON salvaged from damaged files).
+
+In a DLedger-mode store that is also what DLedger would drop: the entries after its recovery's end
+(``why`` = ``dledger_truncated``), records no reput dispatches (``reput_skips_rest_of_file``) and the
+entries past the committed index (``uncommitted``: kept by this start-up, but truncated when the node
+rejoins a leader that does not have them).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def salvage(sim: Simulation, out_dir: str | os.PathLike) -> dict:
 
     out = os.path.abspath(os.fspath(out_dir))
     os.makedirs(out, exist_ok=True)
-    table, regions = lost_table(sim, with_body=True)
+    table, regions = lost_table(sim, with_body=True, uncommitted=True)
     if table is not None:
         table = table.filter(pc.equal(table.column("crc_ok"), True))
     n = 0 if table is None else table.num_rows
@@ -69,10 +74,20 @@ def salvage(sim: Simulation, out_dir: str | os.PathLike) -> dict:
         "files": ["messages.parquet", "messages.jsonl"] if n else [],
         "lost_ranges": regions,
         "bytes_unreadable": sum(r["bytes_lost"] for r in regions),
+        "by_why": _count_by(table, "why") if n else {},
         "config": cfg,
     }
+    if sim.walk.dledger is not None:
+        dl = sim.walk.dledger
+        report["dledger"] = {"data_end": dl.data_end, "committed_index": dl.committed_index,
+                             "committed_pos": dl.committed_pos, "ledger_end_index": dl.ledger_end_index}
     atomic_write_json(os.path.join(out, "salvage-report.json"), report)
     return report
+
+
+def _count_by(table: pa.Table, col: str) -> dict[str, int]:
+    vc = pc.value_counts(table.column(col)).to_pylist()
+    return {d["values"]: d["counts"] for d in sorted(vc, key=lambda d: d["values"])}
 
 
 def _parse_candidate(path: str) -> tuple[str, dict | None, Any]:

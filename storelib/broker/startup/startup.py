@@ -24,6 +24,12 @@ that segment (else min(old, physic)), indexMsgTimestamp = min(old, physic); 5.x 
 confirmPhyOffset to the start of the last valid record (as its recovery does); bytes 24.. are kept
 for 4.9.8 (it never writes them).
 
+A DLedger-mode store follows its own start-up (:mod:`storelib.broker.recovery.dledgerwalk`: DLedger's load
+and recover, DLedgerCommitLog's recovery; :mod:`storelib.broker.startup.dledgerstartup`): no commitlog
+recovery dispatch except 5.3.3's after a crash, the 4.9.8 reput up to the committed position, the
+consume queues cut against the data's end (5.3.3 abnormal: #9084's short offset), DLedger's data tail and
+index files; the store checkpoint is judged against the data DLedger keeps.
+
 The result (:class:`Simulation`) is what ``rmqstore recover`` turns into its plan, applies and salvages;
 nothing here writes to the store.
 """
@@ -41,6 +47,8 @@ import pyarrow.compute as pc
 from storelib.broker.dispatch.cqwriter import build_consume_queues
 from storelib.broker.dispatch.dispatch import DISPATCH_COLUMNS
 from storelib.broker.index.indexbuild import IndexImage, IndexState, index_dispatched
+from storelib.broker.recovery.dledgerwalk import lost_ranges as dledger_lost_ranges
+from storelib.broker.recovery.dledgerwalk import outcomes_by_file, reput_ranges
 from storelib.broker.recovery.walk import (
     DispatchRange,
     RecoveryInputs,
@@ -55,6 +63,7 @@ from storelib.broker.recovery.walk import (
 from storelib.broker.settings.cqload import LoadedQueue
 from storelib.broker.settings.store import Store
 from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
+from storelib.broker.startup.dledgerstartup import DLedgerChanges, dledger_changes, reput_start
 from storelib.broker.timer.timerrecovery import TimerRecovery, plan_timer_recovery
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
@@ -107,7 +116,7 @@ class Simulation:
     checkpoint_bytes: bytes | None
     commitlog_zero_from: tuple[str, int] | None
     commitlog_delete: list[str]
-    lost_ranges: list[tuple[Segment, int, str]]  # (segment, file offset, why) where lost data starts
+    lost_ranges: list[tuple]  # (segment, file offset, why[, end]) where lost data starts (and ends)
     timer: TimerRecovery | None  # the 5.x timer store's start-up (storelib.broker.timer.timerrecovery)
     abort: AbortState
     lock: LockState
@@ -123,17 +132,24 @@ class Simulation:
     index_extra_records: int
     complete_index: bool
     findings: list[Finding]
+    dledger: DLedgerChanges | None = None  # a DLedger-mode store: DLedger's own file changes
+
+    @property
+    def commitlog_folder(self) -> str:
+        """The commitlog's directory relative to the root (``commitlog`` or ``dledger-<id>/data``)."""
+        return self.store.commitlog.folder
 
 
 def _read_ranges(store: Store, ranges: Iterable[DispatchRange], delay_levels: list[int]) -> pa.Table:
     """The dispatch columns of every record in ``ranges`` (PHYSICALOFFSET filter for 5.x ``after``)."""
     by_base = {s.base: s for s in store.commitlog.segments}
     batches: list[pa.RecordBatch] = []
+    opts = store.commitlog.scan_options()
     for d in ranges:
         seg = by_base[d.base]
         with seg.open() as src:
             scan = SegmentScan(src, seg.display, seg.base, d.start, d.end, verify_crc=False, with_properties=False,
-                               delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS, line=store.commitlog.line)
+                               delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS, **opts)
             for b in scan:
                 if d.after is not None and b.num_rows:
                     b = b.filter(pc.greater(b.column("physical_offset_field"), d.after))
@@ -151,10 +167,11 @@ def _read_ranges(store: Store, ranges: Iterable[DispatchRange], delay_levels: li
 def _last_records(store: Store, P: int) -> tuple[int, int, int] | None:
     """(start, store time, store time of the last CQ-able record or 0) of the last record before P."""
     segs = [s for s in store.commitlog.segments if s.base < P and s.file_size > 0]
+    opts = store.commitlog.scan_options()
     for seg in reversed(segs):
         with seg.open() as src:
             scan = SegmentScan(src, seg.display, seg.base, 0, P - seg.base, verify_crc=False, with_properties=False,
-                               columns=["phy_offset", "store_timestamp", "tran_type"], line=store.commitlog.line)
+                               columns=["phy_offset", "store_timestamp", "tran_type"], **opts)
             last = None
             last_cq = 0
             for b in scan:
@@ -187,7 +204,6 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     ``walk_runner``: runs the commitlog walk's segment scans (default: here, in order; the jobs pass one
     that maps :func:`storelib.broker.recovery.walk.walk_task` on an engine, with the same result).
     """
-    store.require_default_layout("the start-up replay (simulate / recover)")
     settings = store.settings
     version = version or ("5" if str(settings.version).startswith("5") else "4")
     findings: list[Finding] = list(store.commitlog.findings)
@@ -196,28 +212,34 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     lock = lock_state(store.loc)
     cp = _checkpoint_before(store, findings)
     refs = store.index_files(findings)
-    index_files = _index_on_load(refs, abort.last_exit_ok, cp)
+    index_files = index_on_load(refs, abort.last_exit_ok, cp)
     index_delete = [f.name for f in index_files if f.delete]
     queues = _load_queues(store, findings)
     cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1])
 
     # §8.3/8.4 the commitlog walk
     inputs = store_inputs(store, version=version, last_exit_ok=abort.last_exit_ok, cq_max_phy_offset=cq_max,
-                          checkpoint=cp)
+                          checkpoint=cp, dledger_startup=True)
     wplan = plan_recovery(inputs, store.commitlog.segments)
     walk = finish_walk(wplan, walk_runner(wplan, delay_levels))
     findings.extend(walk.findings)
-    findings.extend(_unread_before(store, wplan))
+    if walk.dledger is None:  # (DLedger's walk reads every data file)
+        findings.extend(_unread_before(store, wplan))
     P = walk.process_offset
     segs = list(wplan.segments)
 
     t_rec = _recovery_dispatch(store, walk, segs, queues, findings)
     reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema, walk_runner)
     index_images, keys_added, keys_extra, t_extra = _index_after(
-        store, version, refs, index_delete, wplan, walk, (t_rec, t_rep), complete_index, walk_runner)
+        store, version, refs, index_delete, wplan, walk, (t_rec, t_rep), complete_index, reput, walk_runner)
     zero_from, delete_names = _commitlog_changes(store, walk, segs)
-    lost_ranges = _lost_ranges(segs, P, reput_walk, store.commitlog.segment_size)
-    new_cp = _checkpoint_after(store, cp, version, P, segs)
+    S = store.commitlog.segment_size
+    if walk.dledger is not None:  # what DLedger drops and what no reput dispatches; its data end for the checkpoint
+        lost_ranges = dledger_lost_ranges(walk, segs, S)
+        new_cp = _checkpoint_after(store, cp, "4", walk.dledger.data_end, segs)
+    else:
+        lost_ranges = _lost_ranges(segs, P, reput_walk, S)
+        new_cp = _checkpoint_after(store, cp, version, P, segs)
     cp_bytes = _checkpoint_image(store, new_cp, version)
     timer = plan_timer_recovery(store.loc, settings, store.commitlog, int(time.time() * 1000)) \
         if version == "5" and store.exists("timerlog") else None
@@ -227,7 +249,8 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
         checkpoint_after=new_cp, inputs=inputs, index_files=index_files, reput=reput,
         recovery_records=t_rec.num_rows, reput_records=t_rep.num_rows, index_keys_added=keys_added,
         index_keys_extra=keys_extra, index_extra_records=t_extra.num_rows, complete_index=complete_index,
-        findings=findings)
+        findings=findings,
+        dledger=None if walk.dledger is None else dledger_changes(store, walk, inputs.dledger_index))
 
 
 def _unread_before(store: Store, wplan: WalkPlan) -> list[Finding]:
@@ -263,7 +286,7 @@ def _checkpoint_before(store: Store, findings: list[Finding]) -> Checkpoint:
     return Checkpoint()
 
 
-def _index_on_load(refs: list[IndexFileRef], last_exit_ok: bool, cp: Checkpoint) -> list[IndexFileOnLoad]:
+def index_on_load(refs: list[IndexFileRef], last_exit_ok: bool, cp: Checkpoint) -> list[IndexFileOnLoad]:
     """§8.1 step 5: index files newer than the index checkpoint are deleted after an abnormal exit."""
     out: list[IndexFileOnLoad] = []
     for r in refs:
@@ -307,8 +330,9 @@ def _recovery_dispatch(store: Store, walk: RecoveryResult, segs: list[Segment],
         for q in queues.values():
             q.destroy()
     elif walk.truncate_consume_queues:
+        cut = walk.process_offset if walk.cq_truncate_offset is None else walk.cq_truncate_offset
         for q in queues.values():
-            q.truncate(walk.process_offset)
+            q.truncate(cut)
     return t_rec
 
 
@@ -323,6 +347,20 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
     reput = Reput(None, P)
     t_rep = schema.empty_table()
     reput_walk = None
+    if walk.dledger is not None:  # 4.9.8 (5.3.3 with recheckReputOffsetFromCq): from the queues to the committed
+        # position; 5.3.3: from the committed position (DefaultMessageStore.start)
+        recheck = str(store.settings.extra.get("recheckReputOffsetFromCq", "")).strip().lower() == "true"
+        if (version == "4" or recheck) and segs:
+            reput.start = reput_start(walk, [q.state.max_physic_offset for q in queues.values()])
+            outcomes = outcomes_by_file(wplan, walk)
+            reput.ranges, more = reput_ranges(wplan, outcomes, walk.dledger.data_end, reput.start, P)
+            findings.extend(more)
+            t_rep = _read_ranges(store, reput.ranges, delay_levels)
+            _cq_dispatch(queues, t_rep, store.loc, int(store.settings.mapped_file_size_consume_queue), "reput",
+                         findings)
+        else:
+            reput.start = P
+        return reput, t_rep, None
     if version == "4" and segs:
         reput_from = max([q.state.max_physic_offset for q in queues.values()] + [segs[0].base, 0])
         reput.start = reput_from
@@ -346,7 +384,7 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
 
 def _index_after(store: Store, version: str, refs: list[IndexFileRef], index_delete: list[str],
                  wplan: WalkPlan, walk: RecoveryResult, dispatched: tuple[pa.Table, pa.Table], complete_index: bool,
-                 walk_runner: WalkRunner = serial_walk) -> tuple[list[IndexImage], int, int, pa.Table]:
+                 reput: Reput, walk_runner: WalkRunner = serial_walk) -> tuple[list[IndexImage], int, int, pa.Table]:
     """The index: remaining files loaded, the last one continued with every dispatched record's keys;
     (index images, keys the broker adds, keys only ``complete_index`` adds, the records it re-indexes)."""
     settings = store.settings
@@ -357,7 +395,9 @@ def _index_after(store: Store, version: str, refs: list[IndexFileRef], index_del
     index_images: list[IndexImage] = []
     keys_added = keys_extra = 0
     t_extra = t_rec.schema.empty_table()
-    if not (settings.message_index_enable and (t_rec.num_rows + t_rep.num_rows)):
+    dl = walk.dledger
+    lost_keys = dl is not None and bool(index_delete) and complete_index  # DLedger: keys lost, nothing dispatched
+    if not (settings.message_index_enable and (t_rec.num_rows + t_rep.num_rows or lost_keys)):
         return index_images, keys_added, keys_extra, t_extra
     remaining = [r for r in refs if r.name not in index_delete]
     prev = None
@@ -367,18 +407,26 @@ def _index_after(store: Store, version: str, refs: list[IndexFileRef], index_del
             prev = IndexState.from_file(f)
         finally:
             f.close()
-    index_images, keys_added = index_dispatched(prev, (t_rec, t_rep), geometry=geometry, version=version)
+    if t_rec.num_rows + t_rep.num_rows:
+        index_images, keys_added = index_dispatched(prev, (t_rec, t_rep), geometry=geometry, version=version)
     # deviation (named, on by default): the broker re-indexes only from the recovery start segment, so keys
     # of earlier records that were in a deleted index file are lost from the index (store-algorithms §8.4);
     # complete_index re-adds them from the end of the last kept index file
     P = walk.process_offset
     idx_from = max(prev.header.end_phy_offset if prev is not None else 0, segs[0].base if segs else 0)
     start_base = walk.start_base if walk.start_base is not None else P
+    if dl is not None:  # the broker indexes what its recovery walk or its reput dispatches, from there on
+        start_base = walk.window_start if walk.window_start is not None else (
+            reput.start if reput.start is not None else P)
     if complete_index and index_delete and segs and idx_from < start_base:
-        p3 = replace(wplan, reput_from=idx_from)
-        w3 = finish_walk(p3, walk_runner(p3, delay_levels))
-        extra = [replace(d, end=min(d.end, start_base - d.base)) for d in w3.dispatch
-                 if d.by == "reput" and d.phy_start < start_base]
+        if dl is not None:
+            outcomes = outcomes_by_file(wplan, walk)
+            extra = reput_ranges(wplan, outcomes, dl.data_end, idx_from, min(start_base, dl.last_entry_end))[0]
+        else:
+            p3 = replace(wplan, reput_from=idx_from)
+            w3 = finish_walk(p3, walk_runner(p3, delay_levels))
+            extra = [replace(d, end=min(d.end, start_base - d.base)) for d in w3.dispatch
+                     if d.by == "reput" and d.phy_start < start_base]
         t_extra = _read_ranges(store, extra, delay_levels)
         if t_extra.num_rows:
             index_images, total = index_dispatched(prev, (t_extra, t_rec, t_rep), geometry=geometry,
@@ -397,7 +445,8 @@ def _commitlog_changes(store: Store, walk: RecoveryResult, segs: list[Segment]
         if _has_nonzero(seg, pos):
             zero_from = (seg.name, pos)
     delete_names = [s.name for s in segs if s.base in set(walk.delete_segments)]
-    delete_names += [s.name for s in store.commitlog.segments if s.file_size == 0 and s.name not in delete_names]
+    if walk.dledger is None:  # DLedger does not delete an empty file: its load fails on it
+        delete_names += [s.name for s in store.commitlog.segments if s.file_size == 0 and s.name not in delete_names]
     return zero_from, delete_names
 
 
@@ -408,13 +457,28 @@ def _lost_ranges(segs: list[Segment], P: int, reput_walk: RecoveryResult | None,
     for s in segs:
         if s.base + S > P:
             lost_ranges.append((s, max(0, P - s.base), "after_process_offset"))
-    if reput_walk is not None:
+    if reput_walk is not None and any(f.kind == "reput_length_mismatch" for f in reput_walk.findings):
+        lost_ranges += _reput_gaps(segs, reput_walk, P, S)
+    elif reput_walk is not None:
         for o in reput_walk.segments:
             if not o.crc_checked and o.end_kind == "invalid" and not (o.size and o.size > 0):
                 seg = next(s for s in segs if s.base == o.base)
                 if seg.base + S <= P:
                     lost_ranges.append((seg, o.end_offset, "reput_skipped_rest_of_segment"))
     return lost_ranges
+
+
+def _reput_gaps(segs: list[Segment], reput_walk: RecoveryResult, P: int, S: int) -> list[tuple]:
+    """What a 4.9.8 reput that met a length mismatch leaves undispatched before processOffset: the gaps
+    between the ranges it reads (storelib.broker.recovery.reputpath), as (segment, start, why, end)."""
+    rr = sorted((d for d in reput_walk.dispatch if d.by == "reput"), key=lambda d: d.phy_start)
+    gaps = [(a.phy_end, b.phy_start) for a, b in zip(rr, rr[1:])] + ([(rr[-1].phy_end, P)] if rr else [])
+    out: list[tuple] = []
+    for g0, g1 in gaps:
+        for s in segs:
+            if g0 < g1 and s.base < g1 and s.base + S > g0:
+                out.append((s, max(g0 - s.base, 0), "reput_skipped_by_length_mismatch", min(g1 - s.base, S)))
+    return out
 
 
 def _checkpoint_after(store: Store, cp: Checkpoint, version: str, P: int, segs: list[Segment]) -> Checkpoint:

@@ -1,6 +1,11 @@
 """Lost messages: every record a simulated broker start-up (:func:`storelib.broker.startup.startup.simulate`) drops,
 found by scanning its lost ranges and resynchronising over corrupt regions (:mod:`storelib.broker.recovery.resync`);
 the recover plan's ``lost`` section, the audit's damage cost and the salvage export all read them from here.
+
+In a DLedger-mode store the lost ranges are entries: scanned entry by entry up to the next range (a range
+ends where the next one in the same file begins), an entry that breaks the ledger's order is read on its
+own, and a damaged entry is skipped to the next verified entry start (:func:`storelib.scan.splits.find_entry_start`).
+``uncommitted_ranges`` adds, for the salvage, the entries past the committed index.
 """
 
 from __future__ import annotations
@@ -15,22 +20,24 @@ from storelib.broker.startup.startup import Simulation
 from storelib.fileio.bytesource import LocalSource
 from storelib.scan.commitlog import Segment, offset_to_file_name
 from storelib.scan.scanner import SegmentScan
+from storelib.scan.splits import find_entry_start
 
 LOST_COLUMNS = ["phy_offset", "size", "topic", "queue_id", "queue_offset", "keys", "uniq_key", "tags",
                 "store_timestamp", "crc_ok"]
 
 
 def _scan_from(seg: Segment, start: int, why: str, *, with_body: bool, delay_levels: list[int],
-               batches: list[pa.Table], regions: list[dict]) -> None:
-    """Every structurally valid record from ``start`` to the segment's end, resynchronising after
-    each corrupt region (records with a bad body CRC are kept, flagged ``crc_ok=false``)."""
+               batches: list[pa.Table], regions: list[dict], end: int | None = None) -> None:
+    """Every structurally valid record from ``start`` to the segment's end (records starting before ``end``
+    when given), resynchronising after each corrupt region (records with a bad body CRC are kept, flagged
+    ``crc_ok=false``)."""
     src = seg.open()
     try:
         view = src.view() if isinstance(src, LocalSource) else memoryview(bytes(src.read(0, src.size)))
-        n = len(view)
+        n = len(view) if end is None else min(len(view), end)
         pos = start
         while pos < n:
-            scan = SegmentScan(src, seg.display, seg.base, pos, verify_crc=True, stop_on_crc=False,
+            scan = SegmentScan(src, seg.display, seg.base, pos, end, verify_crc=True, stop_on_crc=False,
                                with_body=with_body, with_properties=True, delay_levels_ms=delay_levels)
             for b in scan:
                 if b.num_rows:
@@ -62,22 +69,76 @@ def _scan_from(seg: Segment, start: int, why: str, *, with_body: bool, delay_lev
         src.close()
 
 
-def lost_table(sim: Simulation, with_body: bool) -> tuple[pa.Table | None, list[dict]]:
+def _scan_entries(seg: Segment, start: int, stop: int, why: str, *, with_body: bool, delay_levels: list[int],
+                  committed: int | None, batches: list[pa.Table], regions: list[dict]) -> None:
+    """:func:`_scan_from` for a DLedger data file: every entry starting in ``[start, stop)`` whose record is
+    well formed, resynchronising on entry starts."""
+    with seg.open() as src:
+        pos = start
+        while pos < stop:
+            scan = SegmentScan(src, seg.display, seg.base, pos, stop, verify_crc=True, stop_on_crc=False,
+                               with_body=with_body, with_properties=True, delay_levels_ms=delay_levels,
+                               dledger=True, committed_index=committed)
+            for b in scan:
+                if b.num_rows:
+                    batches.append(pa.Table.from_batches([b]).append_column("why", pa.array([why] * b.num_rows)))
+            e = scan.end
+            assert e is not None
+            if e.kind != "invalid" or e.file_offset >= stop:
+                return
+            if e.reason == "bad_entry" and e.file_offset > pos:  # read the entry again as the first of a run
+                pos = e.file_offset
+                continue
+            nxt = find_entry_start(src, seg.base, e.file_offset + 1, stop)
+            end = stop if nxt is None else nxt
+            regions.append({"file": seg.display, "start": e.file_offset, "end": end,
+                            "phy_start": seg.base + e.file_offset, "bytes_lost": end - e.file_offset,
+                            "reason": e.reason or "invalid", "detail": e.detail or "",
+                            "resumed": "none" if nxt is None else "entry", "why": why})
+            if nxt is None:
+                return
+            pos = nxt
+
+
+def uncommitted_ranges(sim: Simulation) -> list[tuple[Segment, int, str]]:
+    """The entries past DLedger's committed index (after load) up to the ledger's end, as ranges (DLedger keeps
+    them; a rejoin to a leader without them truncates them)."""
+    dl = sim.walk.dledger
+    if dl is None or dl.committed_index >= dl.ledger_end_index:
+        return []
+    frm = max(dl.committed_pos, dl.min_offset)
+    S = sim.store.commitlog.segment_size
+    return [(s, max(0, frm - s.base), "uncommitted") for s in sim.store.commitlog.segments
+            if s.base + S > frm and s.base < dl.last_entry_end]
+
+
+def lost_table(sim: Simulation, with_body: bool, *, uncommitted: bool = False) -> tuple[pa.Table | None, list[dict]]:
     """Every record in the simulation's lost ranges (with a ``why`` column; None when there is none) and the
-    byte ranges nothing can be read from (corrupt regions, and records whose body CRC fails), by offset."""
+    byte ranges nothing can be read from (corrupt regions, and records whose body CRC fails), by offset.
+    ``uncommitted``: a DLedger store's uncommitted entries too."""
     batches: list[pa.Table] = []
     regions: list[dict] = []
     delay = list(sim.store.settings.delay_levels_ms)
-    for seg, start, why in sim.lost_ranges:
-        if seg.file_size:
-            _scan_from(seg, start, why, with_body=with_body, delay_levels=delay, batches=batches, regions=regions)
+    ranges = list(sim.lost_ranges) + (uncommitted_ranges(sim) if uncommitted else [])
+    dl = sim.walk.dledger
+    for seg, start, why, *end in ranges:
+        if not seg.file_size:
+            continue
+        if dl is None:
+            _scan_from(seg, start, why, with_body=with_body, delay_levels=delay, batches=batches, regions=regions,
+                       end=end[0] if end else None)
+            continue
+        later = [a for s2, a, *_ in ranges if s2.base == seg.base and a > start]
+        stop = min(later + [seg.file_size, dl.last_entry_end - seg.base if why == "uncommitted" else seg.file_size])
+        _scan_entries(seg, start, stop, why, with_body=with_body, delay_levels=delay,
+                      committed=dl.committed_index, batches=batches, regions=regions)
     table = pa.concat_tables(batches) if batches else None
     if table is not None:
         bad = table.filter(pc.equal(table.column("crc_ok"), False))
         for ph, sz, why in zip(bad.column("phy_offset").to_pylist(), bad.column("size").to_pylist(),
                                bad.column("why").to_pylist()):
             seg_base = ph - ph % sim.store.commitlog.segment_size
-            regions.append({"file": "commitlog/" + offset_to_file_name(seg_base), "start": ph - seg_base,
+            regions.append({"file": f"{sim.commitlog_folder}/" + offset_to_file_name(seg_base), "start": ph - seg_base,
                             "end": ph - seg_base + sz, "phy_start": ph, "bytes_lost": sz, "reason": "crc_mismatch",
                             "detail": "body CRC does not match: record not salvaged", "resumed": "message",
                             "why": why})

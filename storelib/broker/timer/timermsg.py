@@ -4,7 +4,9 @@ An enqueue record is a ``rmq_sys_wheel_timer`` record (``REAL_TOPIC``, ``REAL_QI
 delivered copy is a record on a real topic with ``TIMER_DEQUEUE_MS`` (the timer store's re-put), matched
 by UNIQ_KEY. A message is pending while no delivered copy exists; the timerlog units that point at its
 enqueue record (``offsetPy``) and the wheel slot of the last one say where the timer store holds it.
-The commitlog is scanned once, segment by segment, keeping only the timer rows.
+The commitlog is scanned once, segment by segment, keeping only the timer rows. A 5.x DLedger-mode store's
+timer store is the same (TimerMessageStore reads through DLedgerCommitLog.getMessage: ``offsetPy`` is the
+record's offset, the entry's pos + 48).
 """
 
 from __future__ import annotations
@@ -125,7 +127,6 @@ def timer_messages(store: Store, log: TimerLog, precision_ms: int = 1000) -> pa.
 
 def store_timers(store: Store) -> pa.Table:
     """:func:`timer_messages` of a store with its own settings (timerlog file size, precision)."""
-    store.require_default_layout("the timer store reader")
     s = store.settings
     return timer_messages(store, read_timerlog(store.loc, s.mapped_file_size_timer_log), precision_of(s))
 
@@ -148,14 +149,15 @@ def timer_losses(timers: pa.Table, deletions: list[dict], segment_size: int,
     """Pending timers an expiry policy loses: the commitlog segment holding the timer record is deleted
     before the deliver time, so the broker has nothing to re-put when the slot comes due.
 
-    ``deletions``: the policy's deletion timeline (``{"time_ms", "file": "commitlog/<20 digits>"}``).
+    ``deletions``: the policy's deletion timeline (``{"time_ms", "file": "<log folder>/<20 digits>", "kind"}``;
+    the log folder is ``commitlog`` or a DLedger node's data folder).
     Per real topic: lost timers, the first loss, and the consumer groups of that topic that never see them.
     """
     deleted_at: dict[int, int] = {}
     for d in deletions:
         f = d.get("file", "")
-        if f.startswith("commitlog/"):
-            deleted_at.setdefault(int(f.split("/", 1)[1]), int(d["time_ms"]))
+        if d.get("kind", "commitlog") == "commitlog" and f.rsplit("/", 1)[-1].isdigit():
+            deleted_at.setdefault(int(f.rsplit("/", 1)[-1]), int(d["time_ms"]))
     by_topic: dict[str, dict[str, Any]] = {}
     p = timers.filter(pc.equal(timers.column("state"), "pending"))
     for phy, due, topic in zip(p.column("timer_phy_offset").to_pylist(), p.column("deliver_time_ms").to_pylist(),
@@ -175,7 +177,6 @@ def timer_losses(timers: pa.Table, deletions: list[dict], segment_size: int,
 def timer_store_summary(store: Store) -> dict[str, Any]:
     """The timer store at a glance, read once (``rmqstore timers``): the timerlog, the wheel, every timer
     message (:func:`timer_messages`), the files' findings and a summary dict."""
-    store.require_default_layout("the timer store reader")
     s = store.settings
     precision = precision_of(s)
     log = read_timerlog(store.loc, s.mapped_file_size_timer_log)

@@ -51,6 +51,12 @@ from storelib.checks.tasks.carry import (
     timer_signature,
 )
 from storelib.checks.tasks.context import CrossContext
+from storelib.checks.tasks.dledgertask import (
+    DLedgerFileTask,
+    DLedgerQueueTask,
+    dledger_file_task,
+    dledger_queue_task,
+)
 from storelib.checks.tasks.expire import expire_carry, moved
 from storelib.checks.tasks.indexplan import IndexPlan, index_plan, merge_index
 from storelib.checks.tasks.indextask import IndexStructureTask, index_structure_task
@@ -111,6 +117,8 @@ def phase_one(opts: AuditOptions, sink: TableSink | None,
         return queue_meta_task(item)
     if isinstance(item, IndexStructureTask):
         return index_structure_task(item)
+    if isinstance(item, (DLedgerFileTask, DLedgerQueueTask)):  # a DLedger store's data files and queue ends
+        return dledger_file_task(item) if isinstance(item, DLedgerFileTask) else dledger_queue_task(item)
     return audit_part(item, opts, sink)
 
 

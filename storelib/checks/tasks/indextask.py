@@ -21,7 +21,9 @@ from storelib.checks.index import (
     entries_against_records,
     entries_fingerprint,
     expired_head,
+    expired_index,
     file_snapshot,
+    index_gone,
     index_open_error,
     key_codes,
     key_missing_finding,
@@ -220,7 +222,15 @@ def index_lookup_task(ctx: CrossContext, task: IndexLookupTask) -> dict[str, Any
     hash is wrong, and for the key coverage: which (record, key hash) each entry finds and the positions
     of wrong-hash entries, per commitlog segment."""
     display = f"index/{task.name}"
-    f = _open(ctx, task.name, task.size, task.at)
+    try:
+        f = _open(ctx, task.name, task.size, task.at)
+    except StoreError as e:  # (a live store's cleaner may delete it between the file task and this one)
+        ref = IndexFileRef(task.name, ctx.root().join("index", task.name), task.size, task.at)
+        gone = index_gone(ref, ctx.cut is not None and ctx.cut.live)
+        found = Capped()
+        found.extend(expired_index(ref) if gone else [index_open_error(display, e)])
+        return {"pos": task.pos, "found": found.to_json(), "wrong": 0, "chains": Capped().to_json(), "pairs": {},
+                "wrong_phy": {}}
     try:
         ent = np.array(f.entries_array())
         g = f.geometry

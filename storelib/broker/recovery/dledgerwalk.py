@@ -1,0 +1,532 @@
+"""The recovery walk's DLedger mode: DLedgerMmapFileStore's load and recover over the data and index files,
+then DLedgerCommitLog's recovery (4.9.8, 5.3.3 normal and abnormal), from the walk tasks' per-file facts.
+
+The order is the broker's (/work/notes/dledger.md §5-6, docs/dledger.md):
+
+1. load: every data and index file must have the configured size (else System.exit(-1)), one file size
+   apart (checkSelf, else DISK_ERROR: load() fails);
+2. the start file: from the third-last data file down, the first whose entry at byte 0 passes the header
+   checks and matches its index unit (file 0 when none does); entries before it are never checked;
+3. the header walk (:mod:`storelib.broker.recovery.dledgerfacts`): blank fillers lead to the next file, a
+   header failing a check (or an index/term that does not follow) ends the data; the first entry whose
+   index unit differs truncates the index list there and every later unit is rewritten from its entry;
+4. processOffset more than a file below the last file: System.exit(-1); the data list is cut at
+   processOffset (later files deleted, bytes after it kept by the broker), the index list at
+   (ledgerEnd + 1) * 32 and below ledgerBegin * 32;
+5. committedIndex from DLedger's checkpoint (clamped to the ledger's end; skipped below its begin),
+   committedPos = the end of that entry, read through its index unit: the broker's max offset after
+   load() (``RecoveryResult.process_offset``);
+6. DLedgerCommitLog: 4.9.8 and 5.3.3's normal recovery truncate the consume queues at the data's end when
+   their max physical offset reaches it; 5.3.3's abnormal recovery walks the records itself from the
+   newest file whose first record is older than the store checkpoint, re-dispatching every valid one,
+   and truncates the consume queues at a processOffset short by 48 bytes per entry of the last file it
+   walked (apache/rocketmq#9084).
+
+A walk of the *lifetime* kind (``RecoveryInputs.dledger_startup`` off: rebuild, export, the data
+sources) dispatches what the reput dispatched as DLedger committed the entries: every entry the load
+keeps, each file until its first bad record (the reput skips the rest of that file).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from storelib.broker.recovery.dledgerfacts import (
+    BODY_OFFSET,
+    DLedgerEnd,
+    FileFacts,
+    IndexFiles,
+    data_list_problems,
+    list_index_files,
+    walk_headers,
+)
+from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
+from storelib.errors import Finding, StoreError
+from storelib.format.dledger.entries import ENTRY_MAGIC, INDEX_UNIT_SIZE, EntryHeader
+from storelib.format.record import MAGIC_V1
+from storelib.scan.commitlog import Segment, offset_to_file_name
+from storelib.scan.recordbytes import check_at
+from storelib.scan.scanner import SegmentEnd
+
+if TYPE_CHECKING:
+    from storelib.broker.settings.store import Store
+
+
+@dataclass(frozen=True)
+class Abnormal533:
+    """5.3.3's own walk after an abnormal exit (dledgerRecoverAbnormally)."""
+
+    start_file: str
+    start_reason: str
+    files: tuple[str, ...]
+    records: int
+    process_offset: int  # as 5.3.3 computes it: record sizes only (#9084)
+    process_offset_without_bug: int  # the end of what it walked
+    supported: bool = True
+
+
+@dataclass(frozen=True)
+class DLedgerRecovery:
+    """DLedger's load and recover and DLedgerCommitLog's recovery as one start-up (or, for a lifetime walk,
+    the load) runs them: the plan's ``dledger`` section."""
+
+    start_file: str | None
+    start_reason: str
+    data_end: int  # DLedger's processOffset: the data list's wrote position after load
+    last_entry_end: int  # end of the last entry kept (committedPos once DLedger commits every entry)
+    stop: str | None  # why DLedger's walk ended where it did
+    ledger_begin_index: int
+    ledger_end_index: int
+    ledger_end_term: int
+    checkpoint_committed_index: int | None  # as load() reads it (-1: none; None: unparseable)
+    committed_index: int  # after load (-1: none)
+    committed_pos: int
+    committed_note: str
+    min_offset: int
+    max_offset: int  # getMaxOffset after load(): the broker's max physical offset
+    index_rewrite_from: int | None  # first entry whose index unit DLedger rewrites
+    index_rewrite_why: str | None
+    index_rewrite_at: tuple[int, int] | None  # (data file base, file offset) of that entry
+    index_end: int  # the index list's wrote position after load: (ledgerEnd + 1) * 32
+    index_delete: tuple[str, ...]
+    index_create: tuple[str, ...]
+    data_delete: tuple[str, ...]
+    load_failure: str | None
+    files: tuple[dict, ...] = ()
+    abnormal_533: Abnormal533 | None = None
+    cq_truncate_offset: int | None = None
+    reput_skips: tuple[tuple[int, int, str], ...] = ()  # (file base, from, why) of records no reput dispatches
+
+    def to_json(self) -> dict:
+        d = dict(self.__dict__)
+        d["abnormal_533"] = None if self.abnormal_533 is None else dict(self.abnormal_533.__dict__)
+        d["files"] = list(self.files)
+        d["reput_skips"] = [list(x) for x in self.reput_skips]
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def dledger_inputs(store: Store) -> dict:
+    """RecoveryInputs' DLedger fields read from a DLedger-mode store (index list, load rules, checkpoint)."""
+    d, st = store.dledger, store.dledger_state
+    assert d is not None and st is not None
+    cl = store.commitlog
+    index = list_index_files(store.path(d.index), d.index)
+    load = tuple(data_list_problems([s for s in cl.segments], cl.segment_size, cl.findings)) + index.findings
+    return dict(dledger=True, dledger_committed_index=st.committed_index, dledger_index=index,
+                dledger_load_findings=load)
+
+
+# ---------------------------------------------------------------------------------------------
+# the files' facts in order
+
+
+def _facts(seg: Segment, end: SegmentEnd | None) -> FileFacts:
+    """The file's facts (a plain or partial end stands in with the scan's own end: exact for a healthy file)."""
+    if isinstance(end, DLedgerEnd) and end.facts is not None and end.facts.from_offset == 0:
+        return end.facts
+    if end is None:  # a zero-length file: nothing to scan
+        return FileFacts("empty file", None, 0, None, None, "invalid", 0, "empty file", None, None, None)
+    last = (end.last_index, end.last_term) if end.last_index is not None else None
+    kind = end.kind if end.kind in ("blank", "end_of_data") else "invalid"
+    return FileFacts(None, None, end.records, None, last, kind, end.file_offset, end.detail, None, None, None, -1)
+
+
+def _start_file(facts: list[FileFacts]) -> tuple[int, str]:
+    """recover()'s start file: from the third-last down, the first whose byte-0 entry passes the checks."""
+    n = len(facts)
+    first = max(0, n - 3)
+    why = []
+    for i in range(first, -1, -1):
+        if facts[i].start_problem is None:
+            return i, (f"file {i} of {n}: recover() starts at the third-last file (or the first)" if i == first else
+                       f"the first file down from the third-last whose first entry checks out ({'; '.join(why)})")
+        why.append(f"file {i}: {facts[i].start_problem}")
+    return 0, f"no file's first entry checks out ({'; '.join(why)}): the first file"
+
+
+@dataclass
+class _Walk:
+    data_end: int = 0
+    last_end: int = 0
+    last: tuple[int, int] | None = None
+    stop: str | None = None
+    stop_file: int | None = None
+    mismatch: tuple[int, int, int, str] | None = None  # (index, file, file offset, why)
+    walked: list[int] = field(default_factory=list)
+
+
+def _header_walk(segs: tuple[Segment, ...], facts: list[FileFacts], start: int, S: int) -> _Walk:
+    """recover()'s loop over the files from ``start`` (the files' own walks chained: index and term across a
+    blank filler, the first index-unit mismatch)."""
+    w = _Walk(data_end=segs[start].base, last_end=segs[start].base)
+    for i in range(start, len(segs)):
+        f, base = facts[i], segs[i].base
+        w.walked.append(i)
+        if w.last is not None and f.first is not None and (f.first[0] != w.last[0] + 1 or f.first[1] < w.last[1]):
+            w.data_end, w.stop, w.stop_file = base, (
+                f"the first entry's index {f.first[0]} / term {f.first[1]} does not follow index {w.last[0]} / "
+                f"term {w.last[1]} of the previous file"), i
+            return w
+        if f.entries:
+            w.last, w.last_end = f.last, base + f.end_offset
+        if w.mismatch is None and f.index_mismatch is not None:
+            w.mismatch = (f.index_mismatch[0], i, f.index_mismatch[1], f.index_mismatch[2])
+        if f.end_kind == "blank" and i + 1 < len(segs):
+            continue
+        w.data_end = base + (S if f.end_kind == "blank" else f.end_offset)
+        w.stop = None if f.end_kind in ("blank", "end_of_data") else f.end_detail
+        w.stop_file = i
+        return w
+    return w  # pragma: no cover - the last file always returns
+
+
+# ---------------------------------------------------------------------------------------------
+# the index list after recover()
+
+
+def index_changes(index: IndexFiles, rewrite_from: int | None, ledger_end: int, ledger_begin: int,
+                  has_data: bool) -> tuple[list[int], list[int]]:
+    """(bases deleted, bases created) of the index list by recover(): truncateOffset at the first mismatch
+    and rebuildWithPos when no file holds that offset, the rewritten units' files, resetOffset below the
+    ledger's begin and truncateOffset after its end (MmapFileList)."""
+    F = index.file_size
+    live = {f.base for f in index.files}
+    deleted: set[int] = set()
+    created: set[int] = set()
+
+    def truncate(off: int) -> None:
+        for b in sorted(live):
+            if b + F > off and off < b:
+                live.discard(b)
+                (created.discard(b) if b in created else deleted.add(b))
+
+    if not has_data:
+        truncate(0)
+        return sorted(deleted), sorted(created)
+    if rewrite_from is not None:
+        off = rewrite_from * INDEX_UNIT_SIZE
+        truncate(off)
+        last = max(live) if live else None
+        wrote = None if last is None else (off if last <= off < last + F else last + F)
+        if wrote != off:  # rebuildWithPos: every file goes, one is created at the offset's file
+            for b in list(live):
+                live.discard(b)
+                deleted.add(b)
+            live.add(off - off % F)
+            created.add(off - off % F)
+        end = (ledger_end + 1) * INDEX_UNIT_SIZE
+        b = off - off % F
+        while b < end:
+            if b not in live:
+                live.add(b)
+                created.add(b)
+            b += F
+    if ledger_end >= 0:
+        boff = ledger_begin * INDEX_UNIT_SIZE
+        for b in sorted(live):
+            if b <= boff and boff >= b + F:
+                live.discard(b)
+                (created.discard(b) if b in created else deleted.add(b))
+    truncate((ledger_end + 1) * INDEX_UNIT_SIZE)
+    return sorted(deleted), sorted(created)
+
+
+def _committed(plan: WalkPlan, facts: list[FileFacts], w: _Walk, begin: int, end: int,
+               index_deleted: set[int]) -> tuple[int, int, str, str | None]:
+    """(committedIndex, committedPos, why, load failure) after recover(): updateCommittedIndex with the
+    checkpoint's value (a lifetime walk: every entry committed, as a leader re-commits them)."""
+    inp = plan.inputs
+    if end < 0:
+        return -1, -1, "the ledger is empty", None
+    if not inp.dledger_startup:
+        return end, w.last_end, "every entry committed (as once a leader re-commits them)", None
+    ci = inp.dledger_committed_index
+    if ci is None:
+        return -1, -1, "checkpoint committedIndex unparseable", \
+            "DLedger's checkpoint holds a committedIndex Long.valueOf rejects: recover() throws and load() fails"
+    if ci == -1:
+        return -1, -1, "no committedIndex in DLedger's checkpoint: committedPos stays -1", None
+    if ci < begin:
+        return -1, -1, f"the checkpoint's committedIndex {ci} is below the ledger's begin {begin}: ignored", None
+    c = min(ci, end)
+    note = f"committedIndex {ci} from DLedger's checkpoint" + (f", clamped to the ledger's end {end}" if ci > end else "")
+    if c == end:
+        return c, w.last_end, note, None
+    index: IndexFiles = inp.dledger_index
+    F = index.file_size
+    if (c * INDEX_UNIT_SIZE) // F * F in index_deleted:
+        return -1, -1, note, (f"the index file holding committed entry {c}'s unit is deleted by recover(): "
+                              "updateCommittedIndex fails with DISK_ERROR and load() fails")
+    if w.mismatch is not None and c >= w.mismatch[0]:  # a rewritten unit: the entry's own position and size
+        return c, _entry_end(plan, facts, w, c), note, None
+    u, have = index.units(c, 1)
+    return c, int(u[0]["pos"]) + int(u[0]["size"]), note + " (position and size from its index unit)", None
+
+
+def _entry_end(plan: WalkPlan, facts: list[FileFacts], w: _Walk, c: int) -> int:
+    """pos + size of entry ``c`` (a walked entry), by its file's header walk (only after an index rewrite)."""
+    for i in w.walked:
+        f = facts[i]
+        if f.first is not None and f.last is not None and f.first[0] <= c <= f.last[0]:
+            seg = plan.segments[i]
+            with seg.open() as src:
+                hw = walk_headers(src, seg.base, 0, None, limit=c - f.first[0] + 1)
+            return hw.pos[-1] + hw.size[-1]
+    raise StoreError(None, None, "internal", f"entry {c} is not in the walked files")
+
+
+# ---------------------------------------------------------------------------------------------
+# what the reput dispatches
+
+
+def reput_ranges(plan: WalkPlan, outcomes: Mapping[int, SegmentOutcome], data_end: int, lo: int, hi: int,
+                 by: str = "reput") -> tuple[list[DispatchRange], list[Finding]]:
+    """The reput over the data files from ``lo`` to ``hi`` (getData: up to the file's wrote position and
+    the committed position): good entries are dispatched, a -1 filler rolls to the next file, a bad record
+    skips the rest of the file's buffer ([BUG] in doReput). ``outcomes``: each file's record scan from
+    byte 0 (a start past a file's scan end is scanned from there)."""
+    S = plan.inputs.segment_size
+    files = {s.base: (i, s) for i, s in enumerate(plan.segments)}
+    out: list[DispatchRange] = []
+    found: list[Finding] = []
+    pos = lo
+    while pos < hi:
+        base = pos - pos % S
+        if base not in files or files[base][0] not in outcomes:
+            break
+        i, seg = files[base]
+        wrote = data_end - base if base <= data_end < base + S else S
+        end_buf = min(base + wrote, hi)
+        if pos >= end_buf:
+            break
+        rel = pos - base
+        e, kind = outcomes[i].end_offset, outcomes[i].end_kind
+        try:
+            inside = rel != e and not _entry_at(seg, rel)
+        except StoreError:
+            if seg.loc.local and not os.path.exists(seg.loc.path):  # DLedger's cleaner deleted it since its scan
+                pos = base + S
+                continue
+            raise
+        if inside:
+            found.append(Finding("reput_inside_entry", "warning", seg.display, rel,
+                                 f"the reput starts at {pos}, where no entry starts: it reads no record there and skips "
+                                 "the rest of the file"))
+            pos = end_buf if end_buf < base + S else base + S
+            continue
+        if rel > e:
+            e, kind = _scan_end_from(plan, seg, rel)
+        stop = min(e, end_buf - base)
+        if stop > rel:
+            out.append(DispatchRange(base, seg.name, rel, stop, None, by))
+        pos = base + max(stop, rel)
+        if pos >= end_buf:
+            continue
+        pos = base + S if kind == "blank" else end_buf  # a failing record: the rest of the buffer is skipped
+    return out, found
+
+
+def _scan_end_from(plan: WalkPlan, seg: Segment, rel: int) -> tuple[int, str]:
+    """Where the record scan of ``seg`` from entry start ``rel`` ends (the reput starting past a bad record)."""
+    from storelib.scan.scanner import SegmentScan
+
+    with seg.open() as src:
+        scan = SegmentScan(src, seg.display, seg.base, rel, verify_crc=False, with_properties=False,
+                           columns=["phy_offset"], dledger=True, line=plan.inputs.line)
+        for _ in scan:
+            pass
+    assert scan.end is not None
+    return scan.end.file_offset, scan.end.kind
+
+
+def outcomes_by_file(plan: WalkPlan, result: RecoveryResult) -> dict[int, SegmentOutcome]:
+    """The walk's record-scan outcomes keyed by data file index (for :func:`reput_ranges`)."""
+    at = {s.base: i for i, s in enumerate(plan.segments)}
+    return {at[o.base]: o for o in result.segments if o.base in at}
+
+
+def _entry_at(seg: Segment, rel: int) -> bool:
+    """Does an entry written at file offset ``rel`` start there (magic 1, its pos field = its offset)?"""
+    with seg.open() as src:
+        head = bytes(src.read(rel, BODY_OFFSET))
+    if len(head) < BODY_OFFSET:
+        return False
+    h = EntryHeader.from_bytes(head)
+    return h.magic == ENTRY_MAGIC and h.pos == seg.base + rel
+# ---------------------------------------------------------------------------------------------
+# plan and finish (called by storelib.broker.recovery.walk in DLedger mode)
+
+
+def dledger_mode(inputs) -> str:
+    """The walk's mode: ``dledger`` (a lifetime walk) or the start-up's ``normal`` / ``abnormal``."""
+    if not inputs.dledger_startup:
+        return "dledger"
+    return "normal" if inputs.last_exit_ok else "abnormal"
+
+
+def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResult:
+    """Combine the data files' scan ends and facts into the :class:`RecoveryResult` of a DLedger-mode walk
+    (every data file's end is needed: DLedger's own walk reads them all)."""
+    inp = plan.inputs
+    S, segs = inp.segment_size, plan.segments
+    found = list(plan.findings)
+    n = len(segs)
+    for i, seg in enumerate(segs):
+        if i not in ends and seg.file_size:
+            raise StoreError(seg.display, None, "missing_scan", "no scan result for this data file")
+    facts = [_facts(seg, ends.get(i)) for i, seg in enumerate(segs)]
+    outcomes = {i: SegmentOutcome(seg.base, seg.name, 0, inp.dledger_crc, e.kind, e.file_offset, e.reason,
+                                  e.detail, e.size, e.records) for i, seg in enumerate(segs) if (e := ends.get(i))}
+    load_failure = next((f.detail for f in found if f.kind == "dledger_load_fails"), None)
+    if n == 0:
+        dl = DLedgerRecovery(None, "no data files", 0, 0, None, -1, -1, -1, inp.dledger_committed_index, -1, -1,
+                             "the ledger is empty", 0, 0, None, None, None, 0, (), (), (), load_failure)
+        return RecoveryResult(inp.version, dledger_mode(inp), 0, None, "no data files", None, False, 0, None, (),
+                              (), None, inp.cq_max_phy_offset, False, (), load_failure is None, tuple(found),
+                              dledger=dl)
+    start, start_why = _start_file(facts)
+    w = _header_walk(segs, facts, start, S)
+    end_index, end_term = w.last if w.last is not None else (-1, -1)
+    begin = -1
+    if end_index >= 0:
+        begin = facts[0].head_index if facts[0].head_index is not None else (facts[0].first or (0, 0))[0]
+    if segs[-1].base - w.data_end > S:
+        load_failure = load_failure or (
+            f"DLedger's walk ends at {w.data_end}, more than a file below the last data file {segs[-1].name}: "
+            "recover() stops the JVM (System.exit(-1)) instead of truncating")
+    index: IndexFiles = inp.dledger_index or IndexFiles()
+    rewrite = w.mismatch[0] if w.mismatch is not None else None
+    idx_del, idx_new = index_changes(index, rewrite, end_index, begin, True)
+    committed, cpos, cnote, fail = _committed(plan, facts, w, begin, end_index, set(idx_del))
+    load_failure = load_failure or fail
+    data_delete = tuple(s.base for s in segs if s.base > w.data_end)
+    cut = next((s for s in segs if s.base <= w.data_end < s.base + S), None)
+    truncate = (cut.base, w.data_end - cut.base) if cut is not None else None
+    kept = [i for i, s in enumerate(segs) if s.base not in data_delete]
+    min_offset = segs[kept[0]].base if kept else 0
+    max_offset = cpos if cpos > 0 else (min_offset if min_offset > 0 else 0)
+    dispatch, abn, cq_cut = [], None, w.data_end
+    if not inp.dledger_startup:
+        dispatch, more = reput_ranges(plan, outcomes, w.data_end, min_offset, w.last_end)
+        found += more
+    elif inp.version == "5" and not inp.last_exit_ok:
+        abn, dispatch = _abnormal_533(plan, facts, outcomes, kept, found)
+        cq_cut = abn.process_offset
+    skips = tuple((segs[i].base, o.end_offset, "reput_skips_rest_of_file") for i, o in outcomes.items()
+                  if o.end_kind == "invalid" and i in kept and segs[i].base + o.end_offset < w.data_end
+                  and o.end_offset < (facts[i].end_offset if facts[i].from_offset >= 0 else S))
+    failure = None
+    if w.stop is not None and w.stop_file is not None:
+        sf = segs[w.stop_file]
+        failure = SegmentOutcome(sf.base, sf.name, 0, False, "invalid", w.data_end - sf.base, "bad_entry",
+                                 f"DLedger's recovery stops here: {w.stop}")
+        found.append(Finding("dledger_data_truncated", "critical", sf.display, w.data_end - sf.base,
+                             f"DLedger's recovery ends the data here ({w.stop}): {_bytes_after(segs, w.data_end, S)} "
+                             "bytes after it are dropped"))
+    if load_failure:
+        found.append(Finding("dledger_broker_does_not_start", "critical", None, None, load_failure))
+    files = tuple({"file": s.display, "base": s.base, "entries": facts[i].entries, "first": facts[i].first, "last": facts[i].last,
+                   "start_check": facts[i].start_problem or "ok", "dledger_end": facts[i].end_offset,
+                   "dledger_end_kind": facts[i].end_kind, "dledger_end_detail": facts[i].end_detail,
+                   "records_end": outcomes[i].end_offset if i in outcomes else None,
+                   "records_end_reason": outcomes[i].reason if i in outcomes else None,
+                   "index_mismatch": facts[i].index_mismatch}
+                  for i, s in enumerate(segs))
+    dl = DLedgerRecovery(
+        segs[start].display, start_why, w.data_end, w.last_end, w.stop, begin, end_index, end_term,
+        inp.dledger_committed_index, committed, cpos, cnote, min_offset, max_offset, rewrite,
+        None if w.mismatch is None else f"{segs[w.mismatch[1]].display} @ {w.mismatch[2]}: {w.mismatch[3]}",
+        None if w.mismatch is None else (segs[w.mismatch[1]].base, w.mismatch[2]),
+        (end_index + 1) * INDEX_UNIT_SIZE, tuple(offset_to_file_name(b) for b in idx_del),
+        tuple(offset_to_file_name(b) for b in idx_new), tuple(offset_to_file_name(b) for b in data_delete),
+        load_failure, files, abn, cq_cut if inp.dledger_startup else None, skips)
+    truncate_cq = inp.dledger_startup and inp.cq_max_phy_offset >= cq_cut
+    supported = load_failure is None and (abn is None or abn.supported)
+    return RecoveryResult(
+        version=inp.version, mode=dledger_mode(inp), start_index=start, start_base=segs[start].base,
+        start_reason=f"DLedger: {start_why}", window_start=None if abn is None else segs[kept[0]].base,
+        crc_checked=inp.dledger_crc, process_offset=max_offset, failure=failure,
+        segments=tuple(outcomes[i] for i in sorted(outcomes)), delete_segments=data_delete, truncate=truncate,
+        cq_max_phy_offset=inp.cq_max_phy_offset, truncate_consume_queues=truncate_cq, dispatch=tuple(dispatch),
+        supported=supported, findings=tuple(found), dledger=dl, cq_truncate_offset=cq_cut if truncate_cq else None)
+
+
+def _bytes_after(segs: tuple[Segment, ...], at: int, S: int) -> int:
+    return sum(max(0, min(s.base + S, s.base + s.file_size) - max(at, s.base)) for s in segs if s.base + S > at)
+
+
+def _abnormal_533(plan: WalkPlan, facts: list[FileFacts], outcomes: Mapping[int, SegmentOutcome], kept: list[int],
+                  found: list[Finding]) -> tuple[Abnormal533, list[DispatchRange]]:
+    """dledgerRecoverAbnormally's own walk (5.3.3): the start file by isMmapFileMatchedRecover, every valid
+    record re-dispatched file by file, and its processOffset summing record sizes only (#9084)."""
+    inp = plan.inputs
+    cp = inp.checkpoint
+    if inp.message_index_enable and inp.message_index_safe:
+        limit, rule = cp.min_timestamp_index(), "min(checkpoint min timestamp - 3 s, index timestamp)"
+    else:
+        limit, rule = cp.min_timestamp(), "checkpoint min timestamp - 3 s"
+    s, why = 0, f"no data file's first record is a V1 message stored at or before {rule} = {limit}: the first file"
+    for k in range(len(kept) - 1, -1, -1):
+        f = facts[kept[k]]
+        if f.record_magic == MAGIC_V1 and f.record_time and f.record_time <= limit:
+            s, why = k, f"the newest data file whose first record was stored at or before {rule} = {limit}"
+            break
+    dispatch: list[DispatchRange] = []
+    walked: list[str] = []
+    records = 0
+    last = kept[s]
+    for k in range(s, len(kept)):
+        i = kept[k]
+        seg, o = plan.segments[i], outcomes.get(i)
+        walked.append(seg.name)
+        last = i
+        if o is None:
+            break
+        records += o.records
+        if o.end_offset > 0:
+            dispatch.append(DispatchRange(seg.base, seg.name, 0, o.end_offset, None, "recovery"))
+        if o.end_kind != "blank" or k + 1 >= len(kept):
+            break
+    seg, o = plan.segments[last], outcomes.get(last)
+    e, recs = (o.end_offset, o.records) if o is not None else (0, 0)
+    supported = True
+    if o is not None and o.reason == "bad_entry":
+        with seg.open() as src:
+            if e + BODY_OFFSET < src.size and check_at(src, e + BODY_OFFSET, inp.dledger_crc).kind == "message":
+                supported = False
+                found.append(Finding("dledger_533_reads_past_entry", "critical", seg.display, e,
+                                     "5.3.3's abnormal recovery reads records, not entry headers: it goes on past this "
+                                     "damaged header (its record is intact), which rmqstore does not replay"))
+    return Abnormal533(plan.segments[kept[s]].display, why, tuple(walked), records,
+                       seg.base + e - BODY_OFFSET * recs, seg.base + e, supported), dispatch
+
+
+def plan_dledger(inputs, segments) -> tuple[tuple[Segment, ...], str, str, tuple[Finding, ...]]:
+    """(files, mode, why, findings) of a DLedger-mode walk: every data file is scanned from byte 0."""
+    mode = dledger_mode(inputs)
+    why = {"dledger": "DLedger: every data file (the reput as entries were committed)",
+           "normal": "DLedger start-up after a clean shutdown", "abnormal": "DLedger start-up after a crash"}[mode]
+    return tuple(segments), mode, why, tuple(inputs.dledger_load_findings)
+
+
+def lost_ranges(result: RecoveryResult, segs: tuple[Segment, ...] | list[Segment], S: int
+                ) -> list[tuple[Segment, int, str]]:
+    """Where data a DLedger start-up drops (after DLedger's end) or no reput ever dispatches (after a bad record,
+    to DLedger's end in that file) begins."""
+    dl = result.dledger
+    assert dl is not None
+    out: list[tuple[Segment, int, str]] = []
+    by_base = {s.base: s for s in segs}
+    for base, off, why in dl.reput_skips:
+        out.append((by_base[base], off, why))
+    for s in segs:
+        if s.base + S > dl.data_end:
+            out.append((s, max(0, dl.data_end - s.base), "dledger_truncated"))
+    return out

@@ -1,0 +1,167 @@
+"""Where 4.9.8's ReputMessageService.doReput reads at start-up, record by record, from its reput offset to
+processOffset, including after a record whose TOTALSIZE disagrees with its fields (a length mismatch).
+
+doReput takes one buffer per mapped file (``getData(reputFromOffset)``: from there to the file's read
+position) and calls CommitLog.checkMessageAndReturnSize on it again and again. Two positions move: the
+buffer's (what the check read) and ``reputFromOffset`` (what the loop adds). They agree until a length
+mismatch (``success=false``, size = TOTALSIZE > 0): the loop adds TOTALSIZE to reputFromOffset and logs
+"[BUG]read total count not equals msg total size", but the buffer stands where the check left it, after
+the fields (calMsgLength bytes from the record), and ``readSize`` is not advanced. So the reput goes on
+reading (and dispatching) the records that follow the fields, while reputFromOffset runs ahead (or behind)
+by ``TOTALSIZE - calMsgLength``. The drift shows when the buffer is left:
+
+* a blank record: ``rollNextFile(reputFromOffset)``, the file boundary after the drifted offset (a drift
+  past the file's end skips whole files);
+* the buffer's end, or a record the check fails (-1): ``readSize`` never reaches the buffer's size after a
+  mismatch, so the check runs at the end and fails; a master (brokerId 0, or DLedger) adds the buffer's
+  size minus ``readSize``, landing ``sum(TOTALSIZE)`` bytes after the buffer's end, maybe inside a record
+  of a later file (the next getData reads from there); a slave stops and retries the drifted offset.
+
+The records the broker dispatches are the ones this walk reads; their consume-queue entries come from
+their own fields, so only where the walk goes matters. 5.3.3 never meets such a record at start-up:
+its recovery dispatches itself and stops at it (the truncation point), so its reput starts past it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from storelib.broker.recovery.walkplan import DispatchRange, SegmentOutcome, WalkPlan
+from storelib.errors import Finding
+from storelib.scan.recordbytes import check_at
+from storelib.scan.scanner import SegmentEnd
+
+ScanFrom = Callable[[int, int, int | None], SegmentEnd]  # (segment index, file offset, readable end) -> its end
+
+
+def mismatch_note(version: str, size: int | None = None, read_length: int | None = None) -> str:
+    """What the broker's recovery and reput each do with a length-mismatch record (TOTALSIZE ``size``, its
+    fields ``read_length`` bytes, when known), in words an operator can act on."""
+    out = ("the broker's recovery (normal or abnormal) stops here: processOffset is this record, the segment is "
+           "cut here and every later segment deleted")
+    if version != "4":
+        return out + "; 5.3.3's reput never reads it (recovery dispatches up to it and the reput starts after)"
+    total = f"TOTALSIZE {size}" if size is not None else "its TOTALSIZE"
+    fields = f"its {read_length} bytes of fields" if read_length is not None else "its fields"
+    out += (f"; a 4.9.8 reput that reads it (a segment before the recovery window) skips it: reputFromOffset += "
+            f"{total} while it reads on after {fields}, so where it goes next is off by the difference "
+            "(rmqstore's recover and rebuild follow it)")
+    if size is None or size >= 1 << 26:
+        out += (f"; 4.9.8 first allocates new byte[{'TOTALSIZE' if size is None else size}]: an OutOfMemoryError if "
+                "the heap cannot hold it, an Error neither catches: at recovery the broker exits at start-up "
+                "(BrokerStartup: exit -1), in the reput the thread dies and nothing more is dispatched until a restart")
+    return out
+
+
+def read_length(plan: WalkPlan, index: int, pos: int) -> int | None:
+    """calMsgLength of the length-mismatch record at ``pos`` of segment ``index``: where the check leaves
+    the buffer (one scalar check, small reads)."""
+    with plan.segments[index].open() as src:
+        return check_at(src, pos, False, plan.inputs.line).read_length
+
+
+@dataclass
+class ReputPath:
+    """The reput's dispatch ranges in order, the outcomes of the segments only the reput reads, its
+    findings, where reputFromOffset stops, and False in ``supported`` when it cannot be followed."""
+
+    dispatch: list[DispatchRange] = field(default_factory=list)
+    outcomes: list[SegmentOutcome] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    supported: bool = True
+    end: int = 0
+
+
+def reput_path(plan: WalkPlan, end_of: Callable[[int], SegmentEnd], process_offset: int, scan_from: ScanFrom,
+               length_of: Callable[[int, int], int | None] | None = None) -> ReputPath:
+    """4.9.8 after a normal exit: doReput from ``plan.reput_from`` to processOffset (the log's max offset
+    after recovery). ``end_of(i)``: the walk's scan of task ``i`` from its start; ``scan_from``: a reput
+    scan (no CRC) from any offset, for where a drift lands; ``length_of``: :func:`read_length`."""
+    S = plan.inputs.segment_size
+    segs = plan.segments
+    starts = {t.index: t for t in plan.tasks}
+    master = plan.inputs.broker_id == 0 or plan.inputs.dledger
+    length_of = length_of or (lambda i, pos: read_length(plan, i, pos))
+    out = ReputPath(end=plan.reput_from or 0)
+    R = out.end
+    while R < process_offset:
+        i = next((k for k, s in enumerate(segs) if s.base <= R < s.base + S), None)
+        if i is None:
+            out.findings.append(Finding("reput_gap", "critical", "commitlog", None,
+                                        f"no segment holds physical offset {R}: reput stops there and nothing "
+                                        "after it is dispatched"))
+            out.supported = False
+            break
+        seg = segs[i]
+        lim = min(S, seg.file_size, process_offset - seg.base)  # the file's read position
+        R, go_on = _one_buffer(plan, i, R - seg.base, lim, starts, end_of, scan_from, length_of, master, out)
+        if not go_on:
+            break
+    out.end = R
+    return out
+
+
+def _one_buffer(plan: WalkPlan, i: int, pos: int, lim: int, starts: dict, end_of, scan_from: ScanFrom,
+                length_of, master: bool, out: ReputPath) -> tuple[int, bool]:
+    """One getData buffer ``[pos, lim)`` of segment ``i``: its dispatch ranges, and (reputFromOffset after
+    it, whether doReput goes on)."""
+    S = plan.inputs.segment_size
+    seg = plan.segments[i]
+    t = starts.get(i)
+    at, drift, skipped = pos, 0, 0  # buffer position; reputFromOffset - buffer; sum of TOTALSIZEs skipped
+    while True:
+        whole = t is not None and at == t.start and (t.crc or lim >= seg.file_size)
+        e = end_of(i) if whole else scan_from(i, at, lim if lim < seg.file_size else None)
+        if whole and not t.crc:
+            out.outcomes.append(SegmentOutcome(seg.base, seg.name, at, False, e.kind, e.file_offset, e.reason,
+                                               e.detail, e.size, e.records))
+        stop = min(e.file_offset, lim)
+        if stop > at:
+            out.dispatch.append(DispatchRange(seg.base, seg.name, at, stop, None, "reput"))
+        if e.kind == "blank" and stop < lim:
+            x = seg.base + stop + drift
+            return x + S - x % S, True  # rollNextFile(reputFromOffset)
+        if e.kind == "invalid" and e.size is not None and e.size > 0 and stop < lim:
+            L = length_of(i, stop)
+            if L is None:  # cannot happen for a mismatch the scan reported; say so rather than guess
+                out.findings.append(Finding("reput_unfollowed", "critical", e.file, stop, "no field length"))
+                out.supported = False
+                return seg.base + stop + drift, False
+            out.findings.append(Finding(
+                "reput_length_mismatch", "critical", e.file, stop,
+                f"{e.detail}: {mismatch_note('4', e.size, L)}",
+                {"phy_offset": seg.base + stop, "total_size": e.size, "read_length": L,
+                 "reput_from_after": seg.base + stop + drift + e.size}))
+            drift += e.size - L
+            skipped += e.size
+            at = stop + L
+            continue
+        if stop >= lim and not skipped:  # readSize reached the buffer's size: the next buffer
+            return seg.base + lim, True
+        # the check fails (-1), at a bad record or at the buffer's end after a mismatch
+        if not master:
+            out.findings.append(Finding("reput_stopped", "error", e.file, stop,
+                                        f"{e.reason or e.kind}: a slave's reput retries offset "
+                                        f"{seg.base + stop + drift} forever"))
+            return seg.base + stop + drift, False
+        nxt = seg.base + lim + skipped  # reputFromOffset += size - readSize
+        if skipped:
+            out.findings.append(Finding(
+                "reput_drift_skip", "error", e.file, stop,
+                f"the reput leaves this file with reputFromOffset {nxt}, {skipped} bytes past its readable end "
+                "(the TOTALSIZEs it skipped): it goes on reading from there",
+                {"phy_offset": seg.base + stop, "next": nxt}))
+        elif e.kind == "invalid" and not (t is not None and t.crc):
+            out.findings.append(_unread_rest(seg.display, e, seg.file_size, seg.base + stop))
+        return nxt, True
+
+
+def _unread_rest(file: str, e: SegmentEnd, file_size: int, phy: int) -> Finding:
+    """A segment before the recovery window whose records end at an invalid one: the reput dispatches
+    nothing after it (a master goes on with the next segment, a slave stops), and no start-up checks it."""
+    left = max(file_size - e.file_offset, 0)
+    return Finding("reput_skipped_rest_of_segment", "error", file, e.file_offset,
+                   f"{e.reason or 'invalid record'} ({e.detail or 'not a record'}): the reput dispatches none of the "
+                   f"{left} bytes after it (a master skips to the next segment, a slave stops); the segment lies "
+                   "before the recovery window, so no start-up reports it", {"bytes": left, "phy": phy})
