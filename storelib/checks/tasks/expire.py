@@ -10,7 +10,9 @@ below the new first offset, then every index file but the last whose endPhyOffse
   stream drops them (:meth:`storelib.checks.queuestream.QueueStream.resume`), its carried series drop
   the time buckets before the first record left;
 * an index file the carry checked and that is gone is dropped when the cleaner's rule says it could go
-  (its last entry below the first offset); the keys the carry left unindexed must all be above it;
+  (its last entry below the first offset); the keys the carry left unindexed whose records are gone leave
+  it, and a grown file's new entries that point below the first offset are skipped, as a full run skips
+  a file's expired head;
 * the timer topic's carried records below it are dropped and the timer store is judged again.
 
 Anything else (a file gone that the cleaner would not delete, lag the cleaner took) is Unsettled: the
@@ -51,8 +53,7 @@ def expire_carry(carry: dict[str, Any], log_min: int, index_names: set[str]) -> 
     if gone and ix and max(gone) > min(ix):  # names are creation times: the cleaner takes the oldest
         raise Unsettled("an index file checked by an earlier run is gone, and older ones are not")
     out["index"] = ix
-    if any(p < log_min for p in carry["keys"]["phy"]):
-        raise Unsettled("keys an earlier run left unindexed were deleted by the cleaner before being indexed")
+    out["keys"] = expire_keys(carry["keys"], log_min)
     t = carry.get("timers")
     if t is not None and t.get("records"):
         recs = t["records"]
@@ -61,4 +62,16 @@ def expire_carry(carry: dict[str, Any], log_min: int, index_names: set[str]) -> 
     return out
 
 
-__all__ = ["expire_carry", "group_expired", "moved"]
+def expire_keys(keys: dict[str, Any], log_min: int) -> dict[str, Any]:
+    """The keys an earlier run left unindexed (dispatch lag at its cut) less those whose records the cleaner
+    deleted since: they are in dispatch (log) order, so those go as a prefix. Their entries, if the broker
+    indexed them before the cleaner ran, lead a grown file's new entries and are skipped there as a full
+    run skips a file's expired head (:func:`storelib.checks.tasks.indexplan.index_plan`)."""
+    phy = keys["phy"]
+    k = next((i for i, p in enumerate(phy) if p >= log_min), len(phy))
+    if not k:
+        return keys
+    return {**keys, "n": keys["n"] - k, "phy": phy[k:], "hash": keys["hash"][k:]}
+
+
+__all__ = ["expire_carry", "expire_keys", "group_expired", "moved"]

@@ -135,19 +135,22 @@ def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | Non
                 continue
             st = checked.get(ref.name) if e.carried is None else None
             st = _skip_now(st, f, ctx.log_min) if st is not None and st["entries"] == e.entries else None
+            gone = _grown_expired(e, f, ctx.log_min) if e.carried is not None else 0
+            if e.carried is None and st is None:  # (no structure task ran: going on from a carry)
+                gone = _expired_head(f, ctx.log_min)
         finally:
             f.close()
         if e.carried is not None and (e.entries < e.carried["count"] or "slots_crc" not in e.carried):
             raise Unsettled(f"index/{ref.name}: changed since an earlier run checked it")
         # entries to match: a grown file's new ones; a file's whose first records expired (the oldest
         # file outlives the segments its first entries point into), those after them, as the stream does
-        skip = e.carried["count"] if e.carried is not None else st["skip"] if st is not None else 0
+        skip = e.carried["count"] + gone if e.carried is not None else st["skip"] if st is not None else gone
         new = e.entries - skip
         keys = key_slices(plan, c, min(c + new + 1, plan.n_keys)) if c + new <= plan.n_keys else ()
         e.task = len(plan.file_tasks)
         plan.file_tasks.append(IndexFileTask(e.task, ref.name, ref.size, c, new, keys, e.carried,
                                              last=k == len(refs) - 1, structure=st,
-                                             skip=skip if e.carried is None else 0, at=ref.at))
+                                             skip=skip if e.carried is None else gone, at=ref.at))
         plan.files.append(e)
         c += new
     plan.matched_to = c
@@ -156,14 +159,30 @@ def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | Non
     return plan
 
 
+def _grown_expired(e: IndexEntry, f, log_min: int) -> int:
+    """How many of a grown carried file's new entries lead with records below ``log_min``: keys an earlier
+    run left unindexed that the broker indexed before the cleaner deleted their segment (they left the
+    carry, :func:`storelib.checks.tasks.expire.expire_keys`)."""
+    if e.entries <= e.carried["count"] or e.carried["max_phy"] >= log_min:
+        return 0
+    n = e.carried["count"]
+    return expired_head(f.entries(n + 1, min(f.index_count, n + 1 + (1 << 20))), log_min)
+
+
 def _skip_now(st: dict, f, log_min: int) -> dict:
     """A structure result whose expired leading entries were counted against an earlier first offset (the
     cleaner deleted segments during the run) counted again against ``log_min``."""
     if st.get("log_min", log_min) == log_min:
         return st
-    skip = 0 if f.header.begin_phy_offset >= log_min else expired_head(f.entries(1, min(f.index_count, (1 << 20) + 1)),
-                                                                        log_min)
-    return {**st, "skip": skip, "log_min": log_min}
+    return {**st, "skip": _expired_head(f, log_min), "log_min": log_min}
+
+
+def _expired_head(f, log_min: int) -> int:
+    """How many leading entries of the file point below ``log_min`` (read only when its header's first
+    offset does)."""
+    if f.header.begin_phy_offset >= log_min:
+        return 0
+    return expired_head(f.entries(1, min(f.index_count, (1 << 20) + 1)), log_min)
 
 
 def _key_sources(ctx: CrossContext, carry: dict | None) -> list[tuple[TableRef, int, int]]:
