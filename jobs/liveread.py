@@ -9,6 +9,7 @@ which streams its output, has its scan skip such a segment instead
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -65,4 +66,26 @@ def run_reading(args: argparse.Namespace, func: Callable[[argparse.Namespace], i
                      f"({', '.join(gone)}): the cleaner deletes faster than this command reads")
 
 
-__all__ = ["is_live", "run_reading", "vanished_file"]
+def read_budget(eng, rate: float | None) -> tuple[float | None, str | None]:
+    """``--max-read-rate`` for a run's readers: (bytes a second, the budget file they share). The local and
+    pool engines' workers are processes on this host: they pace through one file, so the run keeps to
+    ``rate`` however many read at once; Spark executors (other hosts) each keep an even share of it."""
+    if not rate:
+        return None, None
+    if eng.name in ("local", "pool"):
+        import tempfile
+
+        from storelib.fileio.pagecare import shared_budget
+
+        return rate, shared_budget(tempfile.gettempdir())
+    return rate / max(1, eng.parallelism), None
+
+
+def drop_budget(budget: tuple[float | None, str | None]) -> None:
+    """Remove a run's budget file (:func:`read_budget`)."""
+    if budget[1] is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(budget[1])
+
+
+__all__ = ["drop_budget", "is_live", "read_budget", "run_reading", "vanished_file"]
