@@ -72,7 +72,8 @@ class SegmentTask:
     end: int | None = None  # a split: only records starting before this file offset (None: to the end)
     limit: int | None = None  # a live store: the run's cut in this file (records from here are not read)
     live: bool = False  # a broker runs the store: read by ranged reads (never mapped), a vanished file expired
-    read_rate: float | None = None  # bytes a second this task may read (its share of --max-read-rate)
+    read_rate: float | None = None  # bytes a second for the run (read_share) or this task (its even share)
+    read_share: str | None = None  # the run's budget file its tasks pace through (ReadPacer; local and pool)
     page_care: bool = False  # drop the page-cache pages this task brought in (a cold segment of a live store)
 
 
@@ -304,7 +305,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
         res.end_kind = "expired" if _vanished(task) else "unreadable"
         res.unreadable = e.detail
         return res
-    pacer = ReadPacer(task.read_rate)
+    pacer = ReadPacer(task.read_rate, task.read_share)
     care = PageCare(task.uri if task.local and task.page_care else None)
     rec_parts: list[pa.Table] = []
     key_parts: list[pa.Table] = []
