@@ -53,6 +53,7 @@ from jobs.engines.schedulers import (
     resolve_engine_name,
     walk_on,
 )
+from jobs.liveread import drop_budget, read_budget
 from jobs.reports.audit_report import add_dledger, build_report, jsonable, render_html
 from jobs.reports.audit_summary import EXIT_FAILED, damage_cost, exit_code, summary_text
 from storelib.broker.settings.brokerconf import BrokerSettings
@@ -139,12 +140,13 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
     settings = store.settings
     if (state.get("carry") or {}).get("kind", "") != (CARRY_KIND if cross == "tasks" else ""):
         state = {**state, "carry": None}  # an earlier run's carry of the other way of checking: in full
-    tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note)
+    tasks, carried, grown, fps, resume = plan(store, state, since, None if quiet else note, expire_ok=cross == "tasks")
     tasks = cut_tasks(store, tasks)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(settings.version), line=settings.scan_line, verify_crc=verify_crc,
                         fs_options=fs_options, dledger=store.dledger is not None)
     own_engine: Engine | None = None
+    budget: tuple[float | None, str | None] = (None, None)
     eng: Engine
     try:
         if isinstance(engine, str):
@@ -157,8 +159,9 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
         else:
             eng = engine
         t1 = time.monotonic()
-        if max_read_rate:  # the run's budget shared by the tasks that run at once
-            tasks = cut_tasks(store, tasks, max_read_rate / max(1, eng.parallelism))
+        budget = read_budget(eng, max_read_rate)  # the run's budget, shared by its tasks (jobs.liveread)
+        if max_read_rate:
+            tasks = cut_tasks(store, tasks, *budget)
         with audit_tasks.table_place(eng, tasks, work_dir, transfer, fs_options, quiet) as sink:
             report, t_seg, t_cross, fresh = _phases(store, settings, tasks, opts, eng, sink, carried, grown, fps,
                                                     resume, since=since, now_ms=now_ms, quiet=quiet, threads=threads,
@@ -169,6 +172,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
         # the start-up replay that prices damage scans its segments on the engine too
         damage = damage_cost(store, report, quiet, same, walk_on(eng), map_on(eng, "damage: lost ranges"))
     finally:
+        drop_budget(budget)
         if own_engine is not None:
             own_engine.close()
     audited_bytes = sum(t.file_size - t.start for t in tasks)
@@ -298,8 +302,10 @@ def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentR
         note(f"audit: {len(gone)} segment(s) expired during the run (deleted by the broker's cleaner)", quiet)
         results = {r.name: r for r in kept}
         fresh = [r for r in fresh if r.name in results]
-        if resume is not None:
+        if resume is not None and on is None:
             raise ResumeFailed("segments expired during the run")
+        if on is not None:  # the queues' summaries judged again against the log's first offset now
+            on.metas = audit_tasks.queue_metas_again(on.engine, on.queues.tasks, store.commitlog.min_offset, quiet)
     if since:
         by_name = {s.name: s for s in store.commitlog.segments}
         for r in fresh:

@@ -68,6 +68,17 @@ def _command_of(argv: list[str]) -> str | None:
     return word if word in HELP else None
 
 
+_READING = ("info", "timers", "expiry", "get", "recover", "messages")  # (messages: its scan skips such a
+# segment itself; what it reads before its output starts is read again)
+
+
+def _reads_only(args: argparse.Namespace) -> bool:
+    """Does the command only read the store, its output written once its reads are done?"""
+    if args.command == "recover":  # --plan only (the default mode)
+        return not (args.apply or args.restore or args.salvage)
+    return args.command in _READING
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(_command_of(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
@@ -75,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if _reads_only(args):  # a file the broker's cleaner deletes under the run: read again (jobs.liveread)
+            from jobs.liveread import run_reading
+
+            return int(run_reading(args, args.func) or 0)
         return int(args.func(args) or 0)
     except StoreError as e:
         if args.debug:

@@ -25,6 +25,7 @@ if __package__ in (None, ""):  # spark-submit jobs/export.py: make the repo impo
 
 from jobs.common import Stage
 from jobs.engines.schedulers import Engine, add_engine_args, make_engine, resolve_engine_name
+from jobs.liveread import drop_budget, read_budget
 from storelib.broker.recovery.dledgerfacts import end_from_dict, join_ends
 from storelib.broker.recovery.walk import finish_walk, plan_recovery, store_inputs
 from storelib.broker.settings.store import Store, load_settings
@@ -158,15 +159,16 @@ def _export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) 
     own = engine is None
     eng = make_engine(name, spark=spark, master=cfg.master, workers=cfg.workers, app_name="rmqstore-export") \
         if own else engine
+    budget = read_budget(eng, cfg.max_read_rate)  # the run's budget, shared by its tasks (jobs.liveread)
     try:
-        rate = cfg.max_read_rate / max(1, eng.parallelism) if cfg.max_read_rate else None
         ctx = TaskCtx(plan, staging.path if staging.local else f"{staging.fs.type_name}://{staging.path}",
                       cfg.fs_options, list(settings.delay_levels_ms), cfg.with_body, cfg.partition_by, run,
-                      cut.live, rate)
+                      cut.live, *budget)
         t1 = time.monotonic()
         done = {r["idx"]: r for r in eng.map(partial(export_segment, ctx), items, "export: segments", say)}
         t_work = time.monotonic() - t1
     finally:
+        drop_budget(budget)
         if own:
             eng.close()
     gone = [r["name"] for r in done.values() if r.get("expired")]

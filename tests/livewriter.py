@@ -12,6 +12,8 @@ It writes a store the way a running RocketMQ broker does, in the broker's order 
 * a reput step every ``reput_ms`` dispatches what was put since: each record's ConsumeQueue unit is
   written in place into its queue's file, then its index keys (entry, slot, header, as
   ``IndexFile.putKey``), record after record in commitlog order; files are created full size, in place;
+  with ``torn_ratio``, some units and entries are written in pieces (offset, size, tags code; hash,
+  phy, timeDiff, prevIndex) with a pause between them, as a reader may see the broker's copy;
   the units and entries are the project's own builders' (``build_consume_queues``,
   ``build_index_files``), the bytes left on disk are checked against their images;
 * ``checkpoint`` is rewritten in place every ``checkpoint_ms`` (physic = last put, logics = last
@@ -78,6 +80,8 @@ class LiveConfig:
     long_timers: bool = False  # also 1 h timers (pending past the run: lost when the cleaner is this fast)
     pause_at_s: float | None = None  # one record paused halfway through its copy, this long into the run
     pause_ms: int = 400
+    torn_ratio: float = 0.0  # this share of ConsumeQueue units and index entries is written in pieces, with
+    torn_ms: float = 5.0  # this pause between the pieces (a reader's pread sees the unit partly written)
     seed: int = 7
     exit_clean: bool = False  # on stop: dispatch everything, remove abort (a clean shutdown)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -344,7 +348,8 @@ class LiveBroker:
         for row in range(t.num_rows):  # CommitLogDispatcherBuildConsumeQueue, then ...BuildIndex, per record
             while wi < len(writes) and writes[wi][0] == row:
                 _, off, path, unit = writes[wi]
-                os.pwrite(self._fd(path, self.cq_size), unit, off % self.cq_size)
+                # offset, size, tags code: the 20-byte copy a reader may see partly done
+                self._pieces(self._fd(path, self.cq_size), unit, off % self.cq_size, (8, 12))
                 wi += 1
             for _ in range(int(per_row_keys[row])):
                 next(puts)
@@ -375,7 +380,7 @@ class LiveBroker:
             for j in range(c0, len(img.entries)):
                 e = img.entries[j:j + 1]
                 n = j + 1
-                os.pwrite(fd, e.tobytes(), g.entry_pos(n))
+                self._pieces(fd, e.tobytes(), g.entry_pos(n), (4, 12, 16))  # hash, phy, timeDiff, prevIndex
                 os.pwrite(fd, int(n).to_bytes(4, "big"), g.slot_pos(int(e["key_hash"][0]) % g.hash_slot_num))
                 hsc += int(e["prev_index"][0] == 0)
                 h = IndexHeader(img.header.begin_timestamp, int(rows["store_timestamp"][k]),
@@ -385,6 +390,18 @@ class LiveBroker:
                 yield
             assert os.pread(fd, 40, 0) == img.header.to_bytes(), "index header differs from the builder's"
             self.istate = img.state()
+
+    def _pieces(self, fd: int, data: bytes, pos: int, cuts: tuple[int, ...]) -> None:
+        """``data`` written at ``pos``: whole, or (``torn_ratio`` of the time) in pieces split at ``cuts`` with
+        ``torn_ms`` between them, front to back as the broker's copy goes."""
+        if self.cfg.torn_ratio <= 0 or self.rnd.random() >= self.cfg.torn_ratio:
+            os.pwrite(fd, data, pos)
+            return
+        edges = [0, *cuts, len(data)]
+        for a, b in zip(edges, edges[1:]):
+            os.pwrite(fd, data[a:b], pos + a)
+            time.sleep(self.cfg.torn_ms / 1000)
+        self.counts["torn"] = self.counts.get("torn", 0) + 1
 
     # -- checkpoint, cleaner, timer store -----------------------------------------------------------
     def checkpoint(self) -> None:

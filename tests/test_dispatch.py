@@ -118,7 +118,7 @@ def test_reput_skips_rest_of_segment_after_a_bad_record_on_a_master(tmp_path):
     assert [f.kind for f in slave.findings] == ["reput_stopped"] and slave.records == 1
 
 
-def test_length_mismatch_stops_dispatch_as_unsupported(tmp_path):
+def test_length_mismatch_is_followed_as_the_4x_reput_reads_it(tmp_path):
     s, res = _three_segment_store(tmp_path)
     seg0 = tmp_path / "commitlog" / "00000000000000000000"
     b = bytearray(seg0.read_bytes())
@@ -127,8 +127,9 @@ def test_length_mismatch_stops_dispatch_as_unsupported(tmp_path):
     b[q: q + 2] = (int.from_bytes(b[q: q + 2], "big") - 1).to_bytes(2, "big")  # fields no longer add up
     seg0.write_bytes(bytes(b))
     r = dispatch_store(tmp_path, s)
-    assert r.unsupported and r.records == 2 and r.end_offset == p
-    assert r.findings[0].kind == "unsupported_length_mismatch" and r.findings[0].offset == p
+    assert not r.unsupported and r.records > 2
+    assert r.findings[0].kind == "reput_length_mismatch" and r.findings[0].offset == p
+    assert r.findings[0].extra["read_length"] == res[2].size - 1  # the buffer goes on after the fields
 
 
 def test_default_reput_position_continues_from_the_consume_queues(tmp_path):

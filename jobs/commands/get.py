@@ -80,7 +80,16 @@ def with_uniq_key_info(row: dict) -> dict:
 def run_args(args: argparse.Namespace) -> int:
     store = open_store(args)
     store.require_records("get")
-    rows = [with_uniq_key_info(r) for r in lookup(store, args)]
+    try:
+        rows = [with_uniq_key_info(r) for r in lookup(store, args)]
+    except StoreError as e:
+        if e.kind != "expired":  # (a live store: the message's segment expired, during the run or before)
+            raise
+        print(f"rmqstore get: {e.detail}", file=sys.stderr)
+        rows = []
+    for f in store.findings:
+        if f.kind == "expired_during_run":
+            print(f"rmqstore get: {f.file}: {f.detail}", file=sys.stderr)
     for r in rows:
         sys.stdout.write(json.dumps(r, ensure_ascii=False) + "\n")
     if not rows:

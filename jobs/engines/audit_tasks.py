@@ -177,3 +177,14 @@ def _run_in_process(tasks: list[SegmentTask], units: list[SegmentTask], opts: Au
              f"({done_bytes / el / 1e6:.0f} MB/s of file)", quiet)
     return merge_parts(tasks, parts, opts, None if quiet else note)
 
+
+
+def queue_metas_again(eng: Engine, tasks: list, log_min: int, quiet: bool = False) -> list[dict]:
+    """The queue summaries made again with the log's first offset ``log_min`` (segments the cleaner deleted
+    during the run: units pointing into them are expired now)."""
+    from dataclasses import replace
+
+    from storelib.checks.tasks.queuetask import queue_meta_task
+
+    return eng.map(queue_meta_task, [replace(t, log_min=log_min) for t in tasks], "audit: queue summaries",
+                   None if quiet else note)

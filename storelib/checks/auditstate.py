@@ -6,10 +6,14 @@ carry (:func:`storelib.checks.crossstream.streamed_checks`): each queue's tail a
 dispatched yet, each consume queue's and index file's checked extent with a fingerprint, the keys not
 indexed yet, the report's series, the timer topic's records. It grows with segments, queues and index
 files, not with records. A run goes on from it when the store only grew: every segment it saw is
-unchanged (size, mtime, head and tail bytes) or grew after its audited end, the commitlog starts where
-it did, and the carry can settle what was written since; anything else (a rewritten segment, expired
-segments, damage, a changed consume-queue unit or index entry) and the run audits the store in full and
-writes a fresh state.
+unchanged (size, mtime, head and tail bytes) or grew after its audited end, and the carry can settle
+what was written since; anything else (a rewritten segment, damage, a changed consume-queue unit or index
+entry) and the run audits the store in full and writes a fresh state.
+
+Segments the broker's cleaner deleted since (the oldest ones: every segment gone lies before every
+segment left) are dropped from the state, and with the partitioned checks' carry (``expire_ok``) the run
+goes on: the carry drops what pointed into them (:mod:`storelib.checks.tasks.expire`), so the state
+stays bounded by what the store holds.
 """
 
 from __future__ import annotations
@@ -90,10 +94,11 @@ def merge_appended(old: SegmentResult, new: SegmentResult) -> SegmentResult:
     return out
 
 
-def plan(store: Store, state: dict, state_path: str | None, say: Say = None
+def plan(store: Store, state: dict, state_path: str | None, say: Say = None, expire_ok: bool = False
          ) -> tuple[list[SegmentTask], dict[str, SegmentResult], dict[str, SegmentResult], dict[str, dict], dict | None]:
     """Tasks to run, results carried forward, earlier results to merge appends into, fingerprints, and the
-    carry to go on from (None: a full audit, every segment from its start)."""
+    carry to go on from (None: a full audit, every segment from its start). ``expire_ok``: the carry can
+    drop segments the cleaner deleted since (the partitioned checks' can)."""
     cl = store.commitlog
     tasks: list[SegmentTask] = []
     carried: dict[str, SegmentResult] = {}
@@ -101,10 +106,13 @@ def plan(store: Store, state: dict, state_path: str | None, say: Say = None
     fps: dict[str, dict] = {}
     prev = (state or {}).get("segments", {})
     last_old = max((e["result"]["base"] for e in prev.values()), default=-1)
+    # the last segment an earlier run found data in: it (or an empty one after it, created ahead by the
+    # broker's AllocateMappedFileService) is where the log grew since
+    last_data = max((e["result"]["base"] for e in prev.values() if e["result"]["data_end"] > 0), default=-1)
     resumable = bool(state_path and (state or {}).get("carry"))
-    live = {seg.name for seg in cl.segments if seg.file_size}
-    if set(prev) - live:
-        resumable = False  # segments gone (expired, deleted): the carry no longer describes the store
+    prev, expired = _drop_expired(prev, cl, resumable and expire_ok)
+    if expired is None:
+        resumable = False  # segments gone, not only the oldest (deleted, rewritten): the carry no longer holds
     for seg in cl.segments:
         if seg.file_size == 0:
             continue
@@ -114,14 +122,16 @@ def plan(store: Store, state: dict, state_path: str | None, say: Say = None
             ofp = old["fingerprint"]
             data_end = old["result"]["data_end"]
             same = ofp.get("size") == seg.file_size and prefix_unchanged(seg, ofp, data_end)
-            if same and ofp.get("mtime_ms") == seg.mtime_ms:
+            # (a live store's segment being written can take bytes within the millisecond of its mtime)
+            growing = store.live and old["result"]["end_kind"] == "end_of_data"
+            if same and ofp.get("mtime_ms") == seg.mtime_ms and not growing:
                 res = SegmentResult(**old["result"])
                 for f in res.findings:
                     f.setdefault("extra", {})["carried_forward"] = True
                 carried[seg.name] = res
                 fps[seg.name] = ofp
                 continue
-            if same and old["result"]["end_kind"] == "end_of_data" and seg.base == last_old:
+            if same and old["result"]["end_kind"] == "end_of_data" and seg.base >= last_data:
                 start = data_end  # appended after the audited end: audit only the new part
                 partial[seg.name] = SegmentResult(**old["result"])
             else:
@@ -134,11 +144,27 @@ def plan(store: Store, state: dict, state_path: str | None, say: Say = None
         tasks = [SegmentTask(seg.name, seg.base, seg.loc.path if seg.loc.local else _uri(store, seg), seg.file_size,
                              cl.segment_size, seg.loc.local, 0) for seg in cl.segments if seg.file_size]
         carried, partial, fps = {}, {}, {}
+    if state_path and say is not None and expired and resumable:
+        say(f"audit: {len(expired)} segment(s) of the state deleted since by the broker's cleaner "
+            f"({expired[0]}{' .. ' + expired[-1] if len(expired) > 1 else ''}): dropped from it")
     if state_path and say is not None:
         say(f"audit: {len(tasks)} segment(s) to audit ({sum(1 for t in tasks if t.start)} appended), "
             f"{len(carried)} unchanged (findings carried forward)"
             + ("" if resumable or not state else "; the state cannot be continued: auditing in full"))
     return tasks, carried, partial, fps, (state["carry"] if resumable else None)
+
+
+def _drop_expired(prev: dict[str, dict], cl, ok: bool) -> tuple[dict[str, dict], list[str] | None]:
+    """The state's segments without those the cleaner deleted since, and their names (None: segments are
+    gone that the cleaner did not take: not the oldest, or ``ok`` is False)."""
+    listed = [seg.base for seg in cl.segments if seg.file_size]
+    gone = sorted(n for n in prev if n not in {seg.name for seg in cl.segments if seg.file_size})
+    if not gone:
+        return prev, []
+    first = min(listed, default=None)
+    if not ok or any(first is not None and prev[n]["result"]["base"] >= first for n in gone):
+        return prev, None
+    return {n: e for n, e in prev.items() if n not in gone}, gone
 
 
 def _uri(store: Store, seg) -> str:

@@ -109,10 +109,13 @@ def dledger_progress(findings: list[Finding]) -> list[Finding]:
             DLEDGER_PROGRESS else f for f in findings]
 
 
-def cut_tasks(store: Store, tasks: list[SegmentTask], read_rate: float | None = None) -> list[SegmentTask]:
+def cut_tasks(store: Store, tasks: list[SegmentTask], read_rate: float | None = None,
+              read_share: str | None = None) -> list[SegmentTask]:
     """The tasks of a live store read as at its cut (:meth:`Store.take_cut`): each stops at the cut's end in
     its file, reads by ranged reads, and the cold segments (before the one being written) give the page
-    cache back what they brought in; ``read_rate``: bytes a second for each task. At rest: ``tasks``."""
+    cache back what they brought in; ``read_rate``: bytes a second for each task, or for all of them
+    together through the budget file ``read_share`` (:class:`storelib.fileio.pagecare.ReadPacer`). At
+    rest: ``tasks``."""
     if not store.live and read_rate is None:
         return tasks
     cl = store.commitlog
@@ -123,7 +126,8 @@ def cut_tasks(store: Store, tasks: list[SegmentTask], read_rate: float | None = 
         seg = by_name.get(t.name)
         lim = cl.limit_of(seg) if seg is not None else None
         cold = end is not None and seg is not None and seg.base + seg.file_size < end
-        out.append(replace(t, limit=lim, live=store.live, page_care=bool(cold and store.live), read_rate=read_rate))
+        out.append(replace(t, limit=lim, live=store.live, page_care=bool(cold and store.live), read_rate=read_rate,
+                           read_share=read_share))
     return out
 
 

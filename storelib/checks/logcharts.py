@@ -70,15 +70,20 @@ class TrafficSeries:
     def snapshot(self) -> dict[str, Any]:
         return {"bucket": self.bucket, "start": self.start, "grid": self.grid.tolist(), "empty": self.empty}
 
-    def resume(self, snap: dict[str, Any]) -> bool:
+    def resume(self, snap: dict[str, Any], drop_before: bool = False) -> bool:
         """Add an earlier run's counts (topic codes numbered the same way). False when its buckets do not
-        nest in these (a store whose time span grew past the widest round bucket): count again in full."""
+        nest in these (a store whose time span grew past the widest round bucket): count again in full.
+        ``drop_before``: buckets before these are dropped (the records in them expired since)."""
         if snap["empty"] or not snap["grid"] or not snap["grid"][0]:
             return True
         old = np.asarray(snap["grid"], np.int64)
         if self.empty or self.bucket % snap["bucket"]:
             return False
         at = (snap["start"] + np.arange(old.shape[1]) * snap["bucket"] - self.start) // self.bucket
+        if drop_before:
+            old, at = old[:, at >= 0], at[at >= 0]
+            if not len(at):
+                return True
         if at.min() < 0 or at.max() >= self.nb:
             return False
         if len(old) > len(self.grid):

@@ -85,6 +85,7 @@ class QueueMetaLoad:
 
     base: CQLoad = field(default_factory=CQLoad)  # findings and failure, as the whole-view load has them
     queues: dict[tuple[str, int], QueueMeta] = field(default_factory=dict)
+    log_min: int = 0  # the commitlog's first offset the units were judged against (expired below it)
 
     def close(self) -> None:
         for m in self.queues.values():
@@ -102,10 +103,12 @@ def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
     last valid unit it had, once the units up to it still fingerprint the same (else Unsettled). ``cut``: a
     live store's, the queues read as at it (:func:`storelib.checks.queues.walk_queues`). ``queues``: only
     these, opened by the caller (default: every queue directory)."""
-    res = QueueMetaLoad()
+    res = QueueMetaLoad(log_min=log_min)
     for topic, qid, cq in walk_queues(root, settings, res.base, cut) if queues is None else queues:
         p = (prev or {}).get(_queue_key(topic, qid))
         try:
+            if p is not None and p.get("log_min") != log_min and not _still_counts(cq, p, log_min):
+                p = None  # the cleaner deleted records its units point at since: the queue's units read again
             st = _resumed_stats(cq, root.path, p, log_min) if p is not None else None
             if st is not None and not st.holes:
                 # no invalid unit before the last valid one: recovery's end is right after it (what
@@ -128,6 +131,18 @@ def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
         res.base.cq_max_phy = max(res.base.cq_max_phy, mpo)
         res.queues[(topic, qid)] = QueueMeta(cq, st, cq_max, cq_min)
     return res
+
+
+def _still_counts(cq: LoadedQueue, p: dict, log_min: int) -> bool:
+    """Does an earlier run's summary of a queue still hold now the log starts at ``log_min``? Only when
+    its first file is still there and the units it did not count as expired still point at or past
+    ``log_min`` (units ascend: the first of them does)."""
+    u = p["units"]
+    if len(_read_units(cq, u["first_n"], 1)) != 1:
+        return False  # its first file is gone
+    first = _read_units(cq, u["first_n"] + u["expired"], 1)  # (a unit before it that is not expired: no match)
+    return len(first) == 1 and int(first["size"][0]) > 0 and not filler_mask(first)[0] \
+        and int(first["phy_offset"][0]) >= log_min
 
 
 def _queue_key(topic: str, qid: int) -> str:
@@ -166,7 +181,8 @@ def queue_meta_snapshot(meta: QueueMetaLoad) -> dict[str, dict]:
         if u.first_n is None or u.last_valid < 0 or u.holes:
             continue
         out[_queue_key(topic, qid)] = {"units": {**asdict(u), "pending": 0}, "cq_min": m.cq_min,
-                                       "fp": _units_fingerprint(m.cq, u.first_n, u.last_valid)}
+                                       "fp": _units_fingerprint(m.cq, u.first_n, u.last_valid),
+                                       "log_min": meta.log_min}
     return out
 
 
@@ -214,6 +230,7 @@ class QueueStream:
         self.last_phy = -1
         self.log_end: int | None = None
         self.lag_kept = 0  # lagging records kept in the tails (:data:`LAG_KEEP`)
+        self.expired = 0  # carried records the cleaner deleted since (:meth:`resume`)
 
     def topic_codes(self, topics: pa.ChunkedArray) -> np.ndarray:
         """Each record's topic as a code numbered in first-seen order over the whole log."""
@@ -299,10 +316,11 @@ class QueueStream:
             if len(u) != int(qq[k - 1]) - q0 + 1:
                 raise Unsettled("a consume queue file is missing or short")
             u = u[qq[:k] - q0]
-            if (np.any(filler_mask(u)) or not np.array_equal(u["phy_offset"].astype(np.int64), phy[:k])
-                    or not np.array_equal(u["size"].astype(np.int64), size[:k])
-                    or not np.array_equal(u["tags_code"].astype(np.int64), tags[:k])
-                    or int(phy[0]) < self.log_min):
+            if not _same_units(u, phy[:k], size[:k], tags[:k]) and self.meta.base.live \
+                    and int(qq[k - 1]) == m.units.last_valid:  # the queue's last unit may be in its copy
+                u = np.array(u)
+                u[k - 1:k] = m.cq.settle_unit(int(qq[k - 1]))
+            if not _same_units(u, phy[:k], size[:k], tags[:k]) or int(phy[0]) < self.log_min:
                 raise Unsettled("a consume-queue unit differs from its record")
             t.matched += k
         if k < len(qq):  # past the last valid unit: lag, if after the reput position
@@ -322,24 +340,63 @@ class QueueStream:
             return None
         return {"topics": self.topic_names, "last_phy": self.last_phy, "log_end": self.log_end,
                 "tails": [[tc, qid, *t.to_json()] for (tc, qid), t in self.tails.items()],
-                "gaps": self.out.to_json()}
+                "gaps": self.out.to_json(), "log_min": self.log_min}
 
     def resume(self, snap: dict) -> None:
-        """Go on from a :meth:`snapshot`: the tails back, and the lagging records checked again against the
+        """Go on from a :meth:`snapshot`: the tails back (without the records the cleaner deleted since, when
+        the log's first offset moved: :meth:`_expire`), and the lagging records checked again against the
         units the broker may have written for them since."""
         self._codes.reset(snap["topics"])
         self.last_phy, self.log_end = snap["last_phy"], snap["log_end"]
         self.out.replay_json(snap["gaps"])
+        moved = self.log_min > snap.get("log_min", self.log_min)
+        self.expired = 0  # dispatched records of the carried tails that the cleaner deleted since
         touched: list[LoadedQueue] = []
         try:
             for tc, qid, *v in snap["tails"]:
-                t = self.tails[(tc, qid)] = _Tail.from_json(v)
+                t = _Tail.from_json(v)
                 recs, t.lag_recs = t.lag_recs[0], []
+                if moved and t.first_phy < self.log_min:
+                    if _any_gap(snap["gaps"]):
+                        raise Unsettled("queue-offset gaps in records the cleaner may have deleted since")
+                    if not self._expire(t, self.topic_names[tc], qid, recs, touched):
+                        continue  # every record of the queue expired: as if never seen
+                self.tails[(tc, qid)] = t
                 if recs.shape[1]:
                     self._units(t, self.topic_names[tc], qid, *recs, touched)
         finally:
             for cq in touched:
                 cq.close()
+
+    def _expire(self, t: _Tail, topic: str, qid: int, recs: np.ndarray, touched: list[LoadedQueue]) -> bool:
+        """Drop a carried tail's records below the log's first offset (the cleaner deleted them): their
+        queue offsets are consecutive and the first ``matched`` of them are their units (an earlier run
+        proved it), so the first record left is found by the units' positions, which ascend. False: none
+        is left. Unsettled when that does not hold (a gap, lag the cleaner took, no consume queue)."""
+        m = None if self.meta.base.failed else self.meta.queues.get((topic, qid))
+        if m is None or t.messages != t.max_qo - t.min_qo + 1 or (recs.shape[1] and recs[1][0] < self.log_min):
+            raise Unsettled(f"records of {topic}/{qid} the cleaner deleted cannot be told from the carry")
+        touched.append(m.cq)
+        lo, hi = 0, t.matched  # the first of the matched records whose unit points at or past log_min
+        while lo < hi:
+            mid = (lo + hi) // 2
+            u = _read_units(m.cq, t.min_qo + mid, 1)  # a file the cleaner deleted: its units expired
+            if len(u) and int(u["phy_offset"][0]) >= self.log_min:
+                hi = mid
+            else:
+                lo = mid + 1
+        self.expired += lo
+        if lo == t.messages:
+            return False
+        if lo < t.matched:
+            u = _read_units(m.cq, t.min_qo + lo, 1)
+            t.first_phy = int(u["phy_offset"][0])
+        else:  # every record with a unit expired: the first lagging one leads
+            t.first_phy = int(recs[1][0])
+        t.min_qo += lo
+        t.messages -= lo
+        t.matched -= lo
+        return True
 
     def facts(self) -> dict[tuple[str, int], dict]:
         """Per-queue facts as :func:`storelib.checks.queues.check_queue_offsets` gives them (same order)."""
@@ -378,6 +435,17 @@ class QueueStream:
                                    "messages": fact["messages"] if fact else 0,
                                    "lag": t.lag if t else 0, "lag_bytes": t.lag_bytes if t else 0}
         return stats
+
+
+def _same_units(u: np.ndarray, phy: np.ndarray, size: np.ndarray, tags: np.ndarray) -> bool:
+    """Are units ``u`` the records' (no filler, same position, size and tags code)?"""
+    return len(u) == len(phy) and not np.any(filler_mask(u)) and np.array_equal(u["phy_offset"].astype(np.int64), phy) \
+        and np.array_equal(u["size"].astype(np.int64), size) and np.array_equal(u["tags_code"].astype(np.int64), tags)
+
+
+def _any_gap(gaps: dict | list) -> bool:
+    """Does a snapshot's queue-offset findings hold any (a :class:`Capped`'s JSON, or a per-queue list)?"""
+    return bool(gaps["counts"]) if isinstance(gaps, dict) else any(c["counts"] for _t, _q, c in gaps)
 
 
 def _read_units(cq: LoadedQueue, first: int, count: int) -> np.ndarray:

@@ -34,7 +34,7 @@ from storelib.checks.tables import (
     to_ipc,
 )
 from storelib.errors import Finding, StoreError
-from storelib.fileio.bytesource import LocalSource, open_source, resolve, zero_tail
+from storelib.fileio.bytesource import ByteSource, LocalSource, open_source, resolve, zero_tail
 from storelib.fileio.memory import keep_freed_memory
 from storelib.fileio.pagecare import PageCare, ReadPacer
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
@@ -72,7 +72,8 @@ class SegmentTask:
     end: int | None = None  # a split: only records starting before this file offset (None: to the end)
     limit: int | None = None  # a live store: the run's cut in this file (records from here are not read)
     live: bool = False  # a broker runs the store: read by ranged reads (never mapped), a vanished file expired
-    read_rate: float | None = None  # bytes a second this task may read (its share of --max-read-rate)
+    read_rate: float | None = None  # bytes a second for the run (read_share) or this task (its even share)
+    read_share: str | None = None  # the run's budget file its tasks pace through (ReadPacer; local and pool)
     page_care: bool = False  # drop the page-cache pages this task brought in (a cold segment of a live store)
 
 
@@ -307,7 +308,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
         res.end_kind = "expired" if _vanished(task) else "unreadable"
         res.unreadable = e.detail
         return res
-    pacer = ReadPacer(task.read_rate)
+    pacer = ReadPacer(task.read_rate, task.read_share)
     care = PageCare(task.uri if task.local and task.page_care else None)
     rec_parts: list[pa.Table] = []
     key_parts: list[pa.Table] = []
@@ -389,9 +390,9 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
     return res
 
 
-def _check_blank(src, at: int, S: int, display: str, found: Capped) -> None:
-    """The end-of-file blank record's TOTALSIZE against the bytes left (readers skip it without checking)."""
-    seg_len = src.size
+def _check_blank(src: ByteSource, at: int, segment_size: int, display: str, found: Capped) -> None:
+    """The end-of-file blank record's TOTALSIZE against what is left of the segment."""
+    seg_len, S = src.size, segment_size
     total = int.from_bytes(bytes(src.read(at, 4)), "big", signed=True)
     if total != min(seg_len - at, S - at) or seg_len != S and total != S - at:
         found.add(Finding("bad_blank_record", "warning", display, at,

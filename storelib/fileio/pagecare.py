@@ -26,6 +26,7 @@ import numpy as np
 
 PAGE = mmap.PAGESIZE
 READ_AHEAD_SETTLE_S = 0.02
+READ_AHEAD_TRIES = 10  # settles of read-ahead still landing after the first drop (at most 0.2 s a file)
 _LIBC = None
 
 
@@ -115,17 +116,33 @@ class PageCare:
         runs = [((p0 + int(a)) * PAGE, (p0 + int(b)) * PAGE) for a, b in zip(edges[::2], edges[1::2])]
         self.dropped += drop_pages(self.path, runs)
         # the kernel's asynchronous read-ahead of the last reads may still be landing (pages under I/O are
-        # not dropped): once more when it is done
-        time.sleep(READ_AHEAD_SETTLE_S)
-        drop_pages(self.path, runs)
+        # not dropped, and on a loaded host it can take longer than one settle): again while any of them is
+        # in the cache, up to READ_AHEAD_TRIES times
+        for _ in range(READ_AHEAD_TRIES):
+            time.sleep(READ_AHEAD_SETTLE_S)
+            drop_pages(self.path, runs)
+            now = residency(self.path, p0 * PAGE, p1 * PAGE)
+            if now is None:
+                break
+            n = min(len(now), len(cold))
+            if not (now[:n] & cold[:n]).any():
+                break
         return self.dropped
 
 
 class ReadPacer:
-    """Hold a reader to ``rate`` bytes a second (None: no limit): :meth:`took` sleeps when it runs ahead."""
+    """Hold a reader to ``rate`` bytes a second (None: no limit): :meth:`took` sleeps when it runs ahead.
 
-    def __init__(self, rate: float | None):
+    ``share``: a small file that every reader of one run paces through (processes on this host: the
+    local and pool engines), so the run as a whole keeps to ``rate`` however many tasks read at once. It
+    holds the next moment (``time.monotonic``, one clock for the host's processes) from which the budget
+    is free; a reader that took ``n`` bytes books ``n / rate`` seconds from there under ``flock`` and
+    sleeps until its booking starts. Without it (Spark executors on other hosts) each reader keeps its
+    own ``rate``, the run's budget split evenly by the caller."""
+
+    def __init__(self, rate: float | None, share: str | None = None):
         self.rate = rate if rate and rate > 0 else None
+        self.share = share
         self.t0 = time.monotonic()
         self.bytes = 0
         self.slept = 0.0
@@ -134,10 +151,40 @@ class ReadPacer:
         if self.rate is None or n <= 0:
             return
         self.bytes += n
-        ahead = self.bytes / self.rate - (time.monotonic() - self.t0)
+        if self.share is not None:
+            ahead = self._book(n / self.rate) - time.monotonic()
+        else:
+            ahead = self.bytes / self.rate - (time.monotonic() - self.t0)
         if ahead > 0.001:
             time.sleep(ahead)
             self.slept += ahead
 
+    def _book(self, seconds: float) -> float:
+        """Book ``seconds`` of the shared budget; the moment the booking starts."""
+        import fcntl
 
-__all__ = ["PAGE", "PageCare", "ReadPacer", "drop_pages", "residency"]
+        fd = os.open(self.share, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            raw = os.pread(fd, 32, 0)
+            try:
+                free = float(raw.decode("ascii").strip() or 0.0)
+            except (UnicodeDecodeError, ValueError):
+                free = 0.0
+            start = max(time.monotonic(), free)
+            os.pwrite(fd, f"{start + seconds:<32.6f}".encode("ascii")[:32], 0)
+            return start
+        finally:
+            os.close(fd)  # (releases the flock)
+
+
+def shared_budget(directory: str) -> str:
+    """A fresh budget file for one run's readers (:class:`ReadPacer` ``share``) in ``directory``."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="rmqstore-read-budget-", dir=directory)
+    os.close(fd)
+    return path
+
+
+__all__ = ["PAGE", "PageCare", "ReadPacer", "drop_pages", "residency", "shared_budget"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ FILLER_TAGS_CODE = 0
 FILLER_ENTRY = (FILLER_PHY_OFFSET, FILLER_SIZE, FILLER_TAGS_CODE)
 MAX_SEGMENT_SIZE = 2**31 - 1  # a MappedFile's size is a Java int
 
+TAIL_WAIT_S = 0.5  # how long a live queue's last unit, still being copied in, is waited for
 CQ_DTYPE = np.dtype([("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 assert CQ_DTYPE.itemsize == CQ_UNIT_SIZE
 FILLER_BYTES = np.array([FILLER_ENTRY], dtype=CQ_DTYPE).tobytes()
@@ -340,11 +342,59 @@ class ConsumeQueue:
             return np.zeros(0, dtype=CQ_DTYPE)  # deleted by the cleaner since the queue was listed
         units = view_units(self._source(seg).read(first * CQ_UNIT_SIZE, (last - first) * CQ_UNIT_SIZE))
         if self.phy_limit is not None:
+            units = self._held_last(seg, first, units)
             ahead = units["phy_offset"] >= self.phy_limit
-            if ahead.any():  # dispatched after the cut: not there yet as far as this run is concerned
+            if ahead.any():  # dispatched after the cut: not there yet as far as this run is concerned (nor
+                # any unit after one that is: dispatch follows the commitlog)
                 units = np.array(units)
-                units[ahead] = np.zeros(1, dtype=CQ_DTYPE)
+                units[int(np.argmax(ahead)):] = np.zeros(1, dtype=CQ_DTYPE)
         return units
+
+    def _held_last(self, seg: CQSegment, first: int, units: np.ndarray) -> np.ndarray:
+        """A live queue's units with their last written one (zeros after it) read again until two reads
+        agree: a read racing the broker's copy of those 20 bytes may see any part of them (a size with
+        half an offset), which no unit ever held."""
+        raw = units.view(np.uint8).reshape(-1, CQ_UNIT_SIZE) if len(units) else None
+        used = np.flatnonzero(raw.any(axis=1)) if raw is not None else ()
+        if not len(used):
+            return units
+        j = int(used[-1])
+        src, pos = self._source(seg), (first + j) * CQ_UNIT_SIZE
+        was = units[j:j + 1].tobytes()
+        for k in range(50):
+            now = bytes(src.read(pos, CQ_UNIT_SIZE))
+            if now == was:
+                break
+            was = now
+            if k > 4:
+                time.sleep(0.0005)
+        if was == units[j:j + 1].tobytes():
+            return units
+        out = np.array(units)
+        out[j:j + 1] = np.frombuffer(was, CQ_DTYPE)
+        return out
+
+    def settle_unit(self, n: int, wait_s: float = TAIL_WAIT_S) -> np.ndarray:
+        """A live queue's unit at queue offset ``n`` read again after short waits (doubling, up to
+        ``wait_s``) until it holds still: the broker copies a unit's 20 bytes front to back (4.9.8
+        ``ConsumeQueue.java:488-490`` fills offset, size, tags code; ``MappedFile.appendMessage`` copies
+        them), so a pread may see its size without its tags code yet. A reader that finds the queue's last
+        unit differing from its record asks this before calling it damage."""
+        seg = self.segment_for(n * CQ_UNIT_SIZE)
+        if seg is None:
+            return np.zeros(0, CQ_DTYPE)
+        i = (n * CQ_UNIT_SIZE - seg.base) // CQ_UNIT_SIZE
+        raw = bytes(self._source(seg).read(i * CQ_UNIT_SIZE, CQ_UNIT_SIZE))
+        deadline, delay = time.monotonic() + wait_s, 0.001
+        while time.monotonic() < deadline:
+            time.sleep(delay)
+            now = bytes(self._source(seg).read(i * CQ_UNIT_SIZE, CQ_UNIT_SIZE))
+            # still as a copy stopped part way leaves it (no size, or no tags code): keep waiting
+            partial = int.from_bytes(now[8:12], "big", signed=True) <= 0 or not any(now[12:])
+            if now == raw and delay >= 0.008 and not partial:
+                break
+            raw, delay = now, min(delay * 2, 0.1)
+        return np.frombuffer(raw, CQ_DTYPE)
 
     def segment_for(self, byte_offset: int) -> CQSegment | None:
         """The segment holding logical byte offset ``byte_offset`` (by name), if present."""

@@ -249,6 +249,7 @@ def check_record(
     file: str | None = None,
     file_offset: int | None = None,
     line: str | None = None,
+    read_body: bool = True,
 ) -> RecordCheck:
     """Validate and decode the record at ``pos`` of ``buf`` (which ends where the segment ends).
 
@@ -260,7 +261,10 @@ def check_record(
     ``line`` "4"/"5" applies what only that line does (:func:`message_magics`, :func:`blank_fits`, and
     5.3.3's ``remaining < totalSize - 4``: a TOTALSIZE past the segment's end is -1 there, where 4.9.8 reads
     the fields and, when they fit, reports the length mismatch with that TOTALSIZE, as does an unknown line);
-    None when the line is not known. ``file``/``file_offset`` name the record in errors raised by callers.
+    None when the line is not known. ``read_body`` False is the reput's call (``readBody=false``, never a CRC):
+    the body is skipped by moving the position, bounded only by the buffer's end, not copied into
+    ``new byte[totalSize]``, so a BODYLENGTH larger than TOTALSIZE is a length mismatch there, not -1.
+    ``file``/``file_offset`` name the record in errors raised by callers.
     """
     acc: RecordBytes = buf if hasattr(buf, "crc") else BufferBytes(buf)  # type: ignore[assignment,arg-type]
     left = len(acc) - pos
@@ -283,7 +287,7 @@ def check_record(
         return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left "
                                           "(5.3.3 checks the size first: -1)")
     try:
-        chk = _check_fields(acc, head, pos, 2 if magic == MAGIC_V2 else 1, check_crc)
+        chk = _check_fields(acc, head, pos, 2 if magic == MAGIC_V2 else 1, check_crc and read_body, read_body)
     except (struct.error, IndexError, ValueError) as e:
         if total > left:  # a record cut by the segment's end: its field reads run out of bytes (-1)
             return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left ({e})")
@@ -298,7 +302,8 @@ def alloc_note(total: int) -> str:
     return f"4.9.8 first allocates new byte[{total}] ({total / 2**20:.1f} MiB of heap)"
 
 
-def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_crc: bool) -> RecordCheck:
+def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_crc: bool,
+                  read_body: bool = True) -> RecordCheck:
     """The steps after MAGIC (see :func:`check_record`); raises ValueError where the broker's read throws."""
     n = len(acc)
     (total, _magic, crc, qid, flag, qoff, phy, sysf, born_ts) = _HDR.unpack_from(head, 0)
@@ -318,7 +323,7 @@ def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_c
     body_len = _I32.unpack_from(head, p + 12)[0]
     body_at = p = pos + fixed
     if body_len > 0:
-        if body_len > total or body_len > n - p:
+        if (read_body and body_len > total) or body_len > n - p:  # get(new byte[totalSize]) / position(p + len)
             raise ValueError(f"BODYLENGTH {body_len} runs past the record")
         if check_crc:
             got = acc.crc(p, p + body_len)

@@ -137,13 +137,15 @@ class BatchDecoder:
 
     ``source``/``base``: the segment's ByteSource and physical base offset. ``verify_crc`` computes
     ``crc_ok``; ``stop_on_crc`` additionally ends the batch at the first mismatch (broker recovery).
-    ``line``: the broker line whose check classifies a bad record (the walk has already judged the magics).
+    ``line``: the broker line whose check classifies a bad record (the walk has already judged the magics);
+    ``read_body`` False: the reput's check classifies it (readBody=false).
     """
 
     def __init__(self, source, base: int, schema: pa.Schema, *, verify_crc: bool, stop_on_crc: bool,
-                 delay_levels_ms: Sequence[int], line: str | None = None):
+                 delay_levels_ms: Sequence[int], line: str | None = None, read_body: bool = True):
         self.source = source
         self.line = line
+        self.read_body = read_body
         self.base = base
         self.schema = schema
         self.verify_crc = verify_crc
@@ -370,4 +372,4 @@ class BatchDecoder:
     def _classify(self, view_base: int, rel: int, k: int):
         """Re-check the first structurally bad record with the scalar validator (the broker's outcome:
         reason and size), over the whole segment: its field reads may run past the record and the view."""
-        return (k, *outcome(check_at(self.source, view_base + rel, self.stop_on_crc, self.line)))
+        return (k, *outcome(check_at(self.source, view_base + rel, self.stop_on_crc, self.line, self.read_body)))

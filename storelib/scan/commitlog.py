@@ -11,6 +11,7 @@ Physical offsets are the broker's (entry pos + 48), so lookups by offset work un
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -222,13 +223,22 @@ class CommitLog:
         self._before_cut(phy_offset)
         seg = self.segment_for(phy_offset)
         if seg is None:
-            raise StoreError(self.folder, phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
+            raise self._no_segment(phy_offset)
         pos = phy_offset - seg.base
         with seg.open() as src:
             if pos >= src.size:
                 raise StoreError(seg.display, pos, "past_end", f"offset past the end of the {src.size}-byte file")
             return check_record(SourceBytes(src), pos, check_crc=check_crc, file=seg.display, file_offset=pos,
                                 line=self.line)
+
+    def _no_segment(self, phy_offset: int) -> StoreError:
+        """No segment holds ``phy_offset``; on a live store, one below the first segment expired (the
+        broker's cleaner deleted its segment, perhaps during this run)."""
+        if self.cut_end is not None and self.segments and phy_offset < self.segments[0].base:
+            return StoreError(self.folder, phy_offset, "expired",
+                              f"physical offset {phy_offset} is below the commitlog's first offset "
+                              f"{self.segments[0].base}: the broker's cleaner deleted its segment (it expired)")
+        return StoreError(self.folder, phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
 
     def record_at(self, phy_offset: int, **kw) -> pa.RecordBatch:
         """The record starting at ``phy_offset`` as a one-row batch of the scan schema.
@@ -238,7 +248,7 @@ class CommitLog:
         self._before_cut(phy_offset)
         seg = self.segment_for(phy_offset)
         if seg is None:
-            raise StoreError(self.folder, phy_offset, "no_segment", f"no segment holds physical offset {phy_offset}")
+            raise self._no_segment(phy_offset)
         pos = phy_offset - seg.base
         head = BODY_OFFSET if self.dledger else 0
         if pos < head:
@@ -259,13 +269,15 @@ class CommitLog:
 
     # -- scans --------------------------------------------------------------------------------------
     def scan(self, *, from_offset: int | None = None, to_offset: int | None = None,
-             ends: list[SegmentEnd] | None = None, **kw) -> Iterator[pa.RecordBatch]:
+             ends: list[SegmentEnd] | None = None, skip_expired: bool = False, **kw) -> Iterator[pa.RecordBatch]:
         """Every valid record in commitlog order, segment by segment (memory stays flat).
 
         Each segment is read from offset 0 until its blank record, end of data or first invalid record,
         and the scan goes on with the next segment (so one bad record loses at most the rest of its
         segment, not the store). ``ends`` collects each segment's :class:`SegmentEnd`. DLedger data files
-        carry the ledger on (index contiguity) from a file that ended in its blank filler.
+        carry the ledger on (index contiguity) from a file that ended in its blank filler. ``skip_expired``:
+        a live store's segment the broker's cleaner deleted after the cut listed it is skipped (said once
+        in :attr:`findings`) instead of raising (for a caller that streams what it reads).
         """
         kw = {**self.scan_options(), **kw}  # a caller may choose another line
         prev: tuple[int, int] | None = None
@@ -279,7 +291,12 @@ class CommitLog:
             limit = self.limit_of(seg)
             if limit == 0:
                 break  # the cut ends before this segment
-            src = seg.open()
+            try:
+                src = seg.open()
+            except StoreError:
+                if not (skip_expired and self._expired(seg)):
+                    raise
+                continue  # the cleaner deleted it after the run listed it: the scan goes on past it
             try:
                 nxt = self.segments[i + 1] if i + 1 < len(self.segments) else None
                 if nxt is not None and hasattr(src, "read_ahead"):  # remote: no stall between segments
@@ -299,6 +316,20 @@ class CommitLog:
                 prev = (e.last_index, e.last_term) if e is not None and e.kind == "blank" and e.last_index is not None                     else None
             finally:
                 src.close()
+
+    def _expired(self, seg: Segment) -> bool:
+        """Did the broker's cleaner delete ``seg`` after the run's cut listed it (a live store's segment
+        that no longer exists)? Said once, as an ``expired_during_run`` finding in :attr:`findings`."""
+        if self.cut_end is None or not seg.loc.local or os.path.exists(seg.path):
+            return False
+        f = next((f for f in self.findings if f.kind == "expired_during_run"), None)
+        if f is None:
+            self.findings.append(Finding("expired_during_run", "info", seg.display, None,
+                                         "deleted by the broker's cleaner after this run listed it (it expired "
+                                         "during the run): not read", {"segments": [seg.name]}))
+        else:
+            f.extra["segments"].append(seg.name)
+        return True
 
     def read_table(self, **kw) -> pa.Table:
         """The whole commitlog as one table (small stores and tests only)."""

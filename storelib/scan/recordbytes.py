@@ -63,11 +63,12 @@ class SourceBytes:
         return value & MASK
 
 
-def check_at(source, pos: int, check_crc: bool, line: str | None = None) -> RecordCheck:
+def check_at(source, pos: int, check_crc: bool, line: str | None = None, read_body: bool = True) -> RecordCheck:
     """The scalar check of the record at file offset ``pos`` of ``source``, over the whole segment
-    (a local mapping as it is, a ranged source in small reads), by ``line``'s rules."""
+    (a local mapping as it is, a ranged source in small reads), by ``line``'s rules (``read_body``
+    False: the reput's, see :func:`storelib.format.record.check_record`)."""
     data = source.view() if isinstance(source, LocalSource) else SourceBytes(source)
-    return check_record(data, pos, check_crc=check_crc, line=line)
+    return check_record(data, pos, check_crc=check_crc, line=line, read_body=read_body)
 
 
 def outcome(chk: RecordCheck) -> tuple[str, str, int | None]:

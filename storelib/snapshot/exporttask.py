@@ -41,7 +41,8 @@ class TaskCtx:
     partition_by: tuple[str, ...]
     run: str  # in every file name: a re-exported segment never overwrites the files it replaces
     live: bool = False  # a broker runs the store: files read by ranged reads, one deleted since the listing expired
-    read_rate: float | None = None  # bytes a second each task may read (its share of --max-read-rate)
+    read_rate: float | None = None  # bytes a second for the run (read_share) or each task (its even share)
+    read_share: str | None = None  # the run's budget file its tasks pace through (ReadPacer; local and pool)
 
 
 # dictionary encoding only where values repeat (on msg ids, keys and offsets it costs time and bytes);
@@ -163,7 +164,7 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
         if loc.local and not os.path.exists(loc.path):  # the broker's cleaner took it after the listing
             return {"idx": idx, "name": name, "start": start, "end": None, "rows": 0, "files": [],
                     "skipped_topics": {}, "seconds": time.monotonic() - t0, "expired": True}
-    pacer = ReadPacer(ctx.read_rate)
+    pacer = ReadPacer(ctx.read_rate, ctx.read_share)
     # a cold segment of a live store (wholly before the cut): give the page cache back what this task reads
     care = PageCare(loc.path if ctx.live and loc.local and stop == file_size else None)
     schema = file_schema(ctx.with_body, ctx.plan.inputs.dledger)

@@ -12,8 +12,8 @@ A. audits, full and ``--since`` alternating, for the whole run: every run must e
 B. ``export --incremental`` in a loop, then once more after the writer stops: every run exits 0 and the
    snapshot holds each written message exactly once, those the cleaner deleted included;
 C. the incremental audit after ``--seconds`` of traffic: a ``--since`` state written at the start, the
-   writer runs, then an incremental audit and a full one on the live store (with the cleaner, and without:
-   a state the cleaner made stale is audited in full);
+   writer runs, then an incremental audit and a full one on the live store at one cut (the writer stopped
+   by SIGSTOP, its lock held), with the cleaner and without;
 D. the writer's slowdown under a concurrent audit: the writer unthrottled, audits in a loop over the
    second half of the run only; its put rate in each half (from the journal's store times), plain and
    under ``nice -n 10 ionice -c3`` with ``--max-read-rate 50``;
@@ -28,6 +28,7 @@ import collections
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -141,10 +142,18 @@ def phase_incremental(tmp: str, a: argparse.Namespace, keep_all: bool) -> dict:
         _run(["audit", cfg.root, "--quiet", "--since", state, *_sets(cfg)])  # the state, at the start
         while w.running() and time.monotonic() - w.t0 < a.seconds - 4:
             time.sleep(0.2)
-        code_i, t_inc, rep_i, _ = _run(["audit", cfg.root, "--json", "--quiet", "--since", state, *_sets(cfg)])
-        code_f, t_full, rep_f, _ = _run(["audit", cfg.root, "--json", "--quiet", *_sets(cfg)])
+        # both runs read one live cut (the writer stopped, its lock held): a full run that started after the
+        # writer's end read the store at rest (mapped, no page care, no writer on the other core) and looked
+        # twice as fast as the live incremental run before it
+        os.kill(w.pid, signal.SIGSTOP)
+        try:
+            code_i, t_inc, rep_i, _ = _run(["audit", cfg.root, "--json", "--quiet", "--since", state, *_sets(cfg)])
+            code_f, t_full, rep_f, _ = _run(["audit", cfg.root, "--json", "--quiet", *_sets(cfg)])
+        finally:
+            os.kill(w.pid, signal.SIGCONT)
         w.wait()
     return {"cleaner": not keep_all, "incremental_seconds": round(t_inc, 2), "full_seconds": round(t_full, 2),
+            "live": [bool(r and r["live"]["live"]) for r in (rep_i, rep_f)],
             "ratio": round(t_inc / t_full, 3), "codes": [code_i, code_f],
             "incremental_segments_audited": rep_i["run"]["segments_audited"] if rep_i else None,
             "incremental_segments_carried": rep_i["run"]["segments_carried"] if rep_i else None,

@@ -18,22 +18,28 @@ what=("consumequeue", "index"), emit_empty_index=True, ...) -> DispatchResult``
 * ``from_offset``: the reput position (a record start). ``None`` computes it like a 4.9.8 broker at
   start-up (store-algorithms §8.9): the largest ``maxPhysicOffset`` over the consume queues under
   ``out_root``, at least the commitlog min offset (so 0 for an empty ``consumequeue/``).
-* ``to_offset``: stop before records starting at or after it (e.g. recovery's ``processOffset``).
-  ``None``: the end of the log.
+* ``to_offset``: the log's end: records starting at or after it are not read (e.g. recovery's
+  ``processOffset``). ``None``: the end of the log.
 * ``what``: any of ``"consumequeue"``, ``"index"``.
 * ``emit_empty_index``: records were dispatched but none had keys → write the broker's one empty index
   file (store-algorithms §7.4 step 6).
 
-Reput rules (store-algorithms §4.1) applied while scanning, with no CRC check (dispatch never checks
-it) and without bodies or the property map:
+Reput rules (store-algorithms §4.1): the loop is :func:`storelib.broker.recovery.reputpath.reput_path`, the
+one model of 4.9.8's ReputMessageService.doReput (the recovery walk uses it too), each getData buffer it reads
+scanned straight into the dispatcher with the reput's check (no CRC, ``readBody=false``), over the file up to
+its read position (``to_offset`` or the log's end: a record running past it fails there):
 
-* blank record → continue at the next segment's base;
-* a record the broker decodes as size −1 (bad magic, zeros, truncated, parse error): if a later
-  segment holds data, a master (``brokerId == 0``) skips the rest of this segment (finding
-  ``reput_skipped_rest_of_segment``) and a slave stops there; otherwise it is the end of the log;
-* a length mismatch (positive size) stops the dispatch with finding ``unsupported_length_mismatch``
-  and ``DispatchResult.unsupported = True``: the broker then decodes from a misaligned position,
-  which no byte-identical rebuild should emulate.
+* blank record → rollNextFile (the next segment's base, from reputFromOffset);
+* a record the broker decodes as size −1 (bad magic, zeros, truncated, parse error): a master
+  (``brokerId == 0`` or DLedger) skips the rest of the buffer (finding ``reput_skipped_rest_of_segment``),
+  a slave stops there (``reput_stopped``); at the log's end it is simply the end;
+* a length mismatch (positive size; finding ``reput_length_mismatch``): reputFromOffset += TOTALSIZE while
+  the buffer reads on after the record's fields, and the drift shows where the buffer is left
+  (``reput_drift_skip``). ``DispatchResult.unsupported`` is True only where the path cannot be followed
+  (no segment holds the offset the reput goes to: ``reput_gap``).
+
+The log's end (the broker's maxOffset, a record boundary) is ``to_offset`` moved to the end of the record
+that starts before it, or (``None``) the end of the records of the last segment holding data.
 
 Not supported (raise ``StoreError(kind="unsupported")``): ConsumeQueueExt, multi-dispatch/LMQ copies.
 5.x BatchConsumeQueue topics are not routed (their records get ordinary CQ entries).
@@ -68,6 +74,7 @@ from storelib.broker.settings.cqload import LoadedQueue
 from storelib.broker.settings.store import open_commitlog
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, resolve
+from storelib.fileio.prefix import prefix
 from storelib.format.consumequeue import list_queues
 from storelib.format.dledger.entries import BLANK_MAGIC as DL_BLANK
 from storelib.format.dledger.entries import BODY_OFFSET
@@ -76,6 +83,7 @@ from storelib.format.indexfile import IndexGeometry, IndexHeader
 from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
 from storelib.format.topicname import unsafe_reason, unsafe_topic_finding
 from storelib.scan.commitlog import CommitLog, Segment
+from storelib.scan.recordbytes import check_at
 from storelib.scan.scanner import SegmentEnd, SegmentScan
 
 DISPATCH_COLUMNS = [
@@ -390,42 +398,70 @@ def _check_supported(settings: BrokerSettings, what: tuple[str, ...]) -> None:
 
 def _reput(disp: _Dispatcher, segs: list[Segment], S: int, pos: int, to_offset: int | None, settings: BrokerSettings,
            chunk_rows: int, progress: Callable[[int], None] | None, scan_opts: dict[str, Any]) -> int:
-    """The ReputMessageService loop from ``pos``: each segment scanned into the dispatcher, then what the
-    broker does at the segment's end (next segment, stop, skip the rest). Returns where it stopped."""
+    """The ReputMessageService loop from ``pos`` to the log's end, as :func:`reput_path` follows it (the one
+    model of the reput: getData buffers, a length mismatch's drift, rollNextFile, master vs slave), every
+    buffer it reads scanned straight into the dispatcher. Returns where reputFromOffset stops."""
+    from storelib.broker.recovery.reputpath import reput_path
+    from storelib.broker.recovery.walkplan import RecoveryInputs, WalkPlan
+
+    if not segs:
+        return pos
     delay_levels = list(settings.delay_levels_ms)
-    slave = int(settings.broker_id or 0) != 0
-    i = 0
-    while i < len(segs) and segs[i].base + S <= pos:
-        i += 1
-    while i < len(segs):
-        seg = segs[i]
-        if pos < seg.base:
-            pos = seg.base
-        if to_offset is not None and pos >= to_offset:
-            break
-        end = None if to_offset is None or to_offset >= seg.base + S else to_offset - seg.base
-        e = _scan_into(disp, seg, pos - seg.base, end, delay_levels, chunk_rows, progress, scan_opts)
-        pos = e.phy_offset
-        if e.kind == "split_end":
-            break
-        if e.segment_full:
-            pos = seg.base + S
-            i += 1
-            continue
-        if not _skip_rest(disp.result, e, seg, segs[i + 1:], S, slave):
-            break
-        pos = seg.base + S
-        i += 1
-    return pos
+    inputs = RecoveryInputs.from_settings(settings, segment_size=S, dledger=bool(scan_opts.get("dledger")))
+    plan = WalkPlan(inputs, tuple(segs), "reput", len(segs), "dispatch: the reput alone", pos, None)
+    line = scan_opts.get("line")
+
+    def scan_from(i: int, start: int, end: int | None) -> SegmentEnd:
+        return _scan_into(disp, segs[i], start, end, delay_levels, chunk_rows, progress, scan_opts)
+
+    starts = {t.index: t.start for t in plan.tasks}
+
+    def length_of(i: int, at: int) -> int | None:
+        with segs[i].open() as src:
+            return check_at(src, at, False, line, read_body=False).read_length
+
+    end = _log_end(segs, S, pos, to_offset, scan_opts)
+    path = reput_path(plan, lambda i: scan_from(i, starts[i], None), end, scan_from, length_of)
+    disp.result.findings.extend(path.findings)
+    disp.result.unsupported = not path.supported
+    return path.end
+
+
+def _log_end(segs: list[Segment], S: int, pos: int, to_offset: int | None, scan_opts: dict[str, Any]) -> int:
+    """The log's end for this reput (the broker's maxOffset: a record boundary): the end of the last record
+    that starts before ``to_offset`` (or of the records of the last segment holding data), read from where
+    the reput first reads that segment."""
+    if to_offset is None:
+        held = [s for s in segs if _first_record_present(s)]
+        seg = held[-1] if held else segs[-1]
+        limit = None
+    else:
+        seg = next((s for s in reversed(segs) if s.base < to_offset), segs[0])
+        limit = max(to_offset - seg.base, 0)
+    if pos >= seg.base + S or (limit is not None and pos >= seg.base + limit):
+        return pos  # the reput starts at or after the end: it reads nothing
+    start = max(pos - seg.base, 0)
+    with seg.open() as src:
+        scan = SegmentScan(src, seg.display, seg.base, start, limit, verify_crc=False, with_properties=False,
+                           columns=["phy_offset", "size"], read_body=False, **scan_opts)
+        last = None
+        for b in scan:
+            if b.num_rows:
+                last = int(b.column("phy_offset")[-1].as_py()) + int(b.column("size")[-1].as_py())
+    assert scan.end is not None
+    if scan.end.segment_full:
+        return seg.base + S
+    return last if scan.end.kind == "split_end" and last is not None else scan.end.phy_offset
 
 
 def _scan_into(disp: _Dispatcher, seg: Segment, start: int, end: int | None, delay_levels: list[int], chunk_rows: int,
                progress: Callable[[int], None] | None, scan_opts: dict[str, Any]) -> SegmentEnd:
-    """One segment's records from ``start`` into the dispatcher (flushed ``chunk_rows`` at a time); its end."""
+    """One getData buffer (the segment from ``start`` to ``end``, its read position, or its end) into the
+    dispatcher (flushed ``chunk_rows`` at a time), read as the reput reads (readBody=false); its end."""
     src = seg.open()
     try:
-        scan = SegmentScan(src, seg.display, seg.base, start, end, verify_crc=False, with_properties=False,
-                           delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS, **scan_opts)
+        scan = SegmentScan(prefix(src, end), seg.display, seg.base, start, verify_crc=False, with_properties=False,
+                           delay_levels_ms=delay_levels, columns=DISPATCH_COLUMNS, read_body=False, **scan_opts)
         for batch in scan:
             disp.add(batch)
             if disp.rows >= chunk_rows:
@@ -436,32 +472,6 @@ def _scan_into(disp: _Dispatcher, seg: Segment, start: int, end: int | None, del
         src.close()
     assert scan.end is not None
     return scan.end
-
-
-def _skip_rest(result: DispatchResult, e: SegmentEnd, seg: Segment, later_segs: list[Segment], S: int, slave: bool) -> bool:
-    """After a segment whose records end before its end: does the reput go on with the next segment (a
-    master skips the rest of this one; True), or stop (the log's end, a slave, a record it cannot read)?"""
-    findings = result.findings
-    if e.kind == "invalid" and e.size is not None and e.size > 0:
-        result.unsupported = True
-        findings.append(Finding(
-            "unsupported_length_mismatch", "critical", e.file, e.file_offset,
-            f"TOTALSIZE {e.size} disagrees with the record's fields ({e.reason}: {e.detail}); the broker "
-            "would go on decoding from a misaligned position, which a rebuild does not emulate",
-            {"phy_offset": e.phy_offset}))
-        return False
-    if not any(_first_record_present(s) for s in later_segs):
-        return False  # end of the log
-    what_kind = e.reason or e.kind
-    if slave:
-        findings.append(Finding("reput_stopped", "error", e.file, e.file_offset,
-                                f"{what_kind}: a slave's reput retries this offset forever"))
-        return False
-    findings.append(Finding("reput_skipped_rest_of_segment", "error", e.file, e.file_offset,
-                            f"{what_kind}: a master's reput skips to the next segment "
-                            f"({seg.base + S - e.phy_offset} bytes of this segment not dispatched)",
-                            {"phy_offset": e.phy_offset, "next": seg.base + S}))
-    return True
 
 
 __all__ = ["DISPATCH_COLUMNS", "DispatchResult", "dispatch_store"]

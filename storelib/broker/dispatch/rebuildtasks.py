@@ -215,8 +215,8 @@ def rescan_items(plan: WalkPlan, res: RecoveryResult, metas: dict[int, Meta]) ->
     out = []
     for i, rs in dispatch_ranges(plan, res).items():
         if rs != metas[i]["ranges"]:
-            idx, split, crc = items[i][:3]
-            out.append((idx, split, crc, rs))
+            idx, split, crc = items[i][:3]  # a 4.9.8 reput dispatches it all: read as it reads (no CRC)
+            out.append((idx, split, crc and plan.reput_from is None, rs))
     return out
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from storelib.broker.settings.cqload import LoadedQueue
-from storelib.errors import StoreError
+from storelib.errors import Finding, StoreError
 from storelib.format.consumequeue import CQ_UNIT_SIZE
 from storelib.format.javahash import index_hash
 from storelib.format.properties import split_keys
@@ -50,6 +50,10 @@ def lookup_queue(store: Store, topic: str, queue_id: int, queue_offset: int) -> 
                              f"entry {queue_offset} is a filler or invalid (phy {phy}, size {size})")
         return phy
     finally:
+        if cq.vanished:  # a live store's cleaner deleted them after the listing: said once
+            store.findings.append(Finding("expired_during_run", "info", where, None,
+                                          f"{len(cq.vanished)} file(s) deleted by the broker's cleaner after this "
+                                          f"run listed them (first: {cq.vanished[0]}): they expired during the run"))
         cq.close()
 
 

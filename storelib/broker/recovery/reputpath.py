@@ -18,8 +18,20 @@ by ``TOTALSIZE - calMsgLength``. The drift shows when the buffer is left:
   of a later file (the next getData reads from there); a slave stops and retries the drifted offset.
 
 The records the broker dispatches are the ones this walk reads; their consume-queue entries come from
-their own fields, so only where the walk goes matters. 5.3.3 never meets such a record at start-up:
-its recovery dispatches itself and stops at it (the truncation point), so its reput starts past it.
+their own fields, so only where the walk goes matters. The check is the reput's (``readBody=false``: the
+body skipped by position, bounded by the buffer, so BODYLENGTH > TOTALSIZE is a mismatch here, -1 to
+recovery), over the buffer only: a record running past the read position fails there (-1), even one a
+drifted read finds straddling processOffset.
+
+5.3.3 never meets such a record offline: its recovery dispatches itself and stops at it (the truncation
+point), so its reput starts past it, and ``rebuild --incremental`` dispatches only what recovery checked.
+Its doReput differs in what only a running broker meets: ``reputFromOffset + size > getReputEndOffset()``
+stops the loop without moving (a record, or a drifted mismatch, reaching past the confirm/max offset is
+retried every 1 ms until the log grows past it), the inner loop also stops once reputFromOffset reaches the end (no reading on after a
+drift past it), and ``run()``'s ``catch (Throwable)`` only logs (an OutOfMemoryError of ``new
+byte[totalSize]`` is retried forever; 4.9.8 catches Exception, so the Error ends its reput thread). None of these changes what
+an offline walk of a 5.3.3 store dispatches; this module follows 4.9.8's loop (``dispatch_store`` on a 5.x
+store with an unrecovered mismatch below its end is the one place they could differ).
 """
 
 from __future__ import annotations
@@ -58,7 +70,7 @@ def read_length(plan: WalkPlan, index: int, pos: int) -> int | None:
     """calMsgLength of the length-mismatch record at ``pos`` of segment ``index``: where the check leaves
     the buffer (one scalar check, small reads)."""
     with plan.segments[index].open() as src:
-        return check_at(src, pos, False, plan.inputs.line).read_length
+        return check_at(src, pos, False, plan.inputs.line, read_body=False).read_length
 
 
 @dataclass

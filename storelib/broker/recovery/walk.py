@@ -42,6 +42,7 @@ from storelib.broker.recovery.walkplan import (
     WalkPlan,
 )
 from storelib.errors import Finding, StoreError
+from storelib.fileio.prefix import prefix
 from storelib.format.checkpoint import Checkpoint
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
 from storelib.format.record import BORNHOST_V6_FLAG, message_magics
@@ -185,6 +186,8 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     prop = plan.prop_crc and check and task.crc
     scan_kw.setdefault("delay_levels_ms", DEFAULT_DELAY_LEVELS_MS if delay_levels_ms is None else delay_levels_ms)
     scan_kw.setdefault("line", plan.inputs.line)
+    # recovery reads the window with readBody=true; the reput (segments before it, a DLedger log) with false
+    scan_kw.setdefault("read_body", task.crc and not plan.inputs.dledger)
     seg = plan.segments[task.index]
     facts = cols = None
     if seg.dledger:  # the entry columns feed the file's DLedger facts, then are dropped if not asked for
@@ -307,12 +310,17 @@ def _window_walk(plan: WalkPlan, end_of: Callable[[int], SegmentEnd]
 
 
 def _reput_scan(plan: WalkPlan) -> Callable[[int, int, int | None], SegmentEnd]:
-    """A reput scan (no CRC) of a segment from any offset, to ``end`` (the read position) when given:
-    where a drifted reputFromOffset lands (:mod:`storelib.broker.recovery.reputpath`)."""
+    """A reput scan (no CRC, readBody=false) of a segment from any offset, over the getData buffer: the
+    file up to ``end`` (its read position) when given, so a record running past it fails there as the
+    broker's check does (where a drifted reputFromOffset lands: :mod:`storelib.broker.recovery.reputpath`)."""
     def scan(i: int, start: int, end: int | None) -> SegmentEnd:
         seg = plan.segments[i]
-        return walk_segment(plan, SegmentTask(i, seg.base, seg.name, start, False), columns=["phy_offset"],
-                            with_properties=False, end=end)
+        ends: list[SegmentEnd] = []
+        with seg.open() as src:
+            for _ in iter_task(plan, SegmentTask(i, seg.base, seg.name, start, False), prefix(src, end),
+                               columns=["phy_offset"], with_properties=False, ends=ends):
+                pass
+        return ends[0]
     return scan
 
 

@@ -242,7 +242,7 @@ def _queue_rows(store: Store, stats: dict, findings: list[Finding], out: dict[st
 def _index_rows(store: Store, findings: list[Finding]) -> list[dict[str, Any]]:
     """Each index file's header: entries, time and offset span."""
     geom = store.settings.index_geometry
-    idx = []
+    idx, gone = [], []
     refs = list_index_files(store.loc, findings)
     for ref in store.cut.index_refs(refs) if store.cut is not None else refs:
         note = ref.size_finding(geom)
@@ -253,11 +253,17 @@ def _index_rows(store: Store, findings: list[Finding]) -> list[dict[str, Any]]:
         except StoreError as e:
             if not (store.live and store.loc.fs.get_file_info(ref.loc.path).type.name == "NotFound"):
                 findings.append(Finding(e.kind, "error", e.file, e.offset, e.detail))
-            continue  # (on a live store: deleted by the cleaner since the listing)
+            else:  # (on a live store: deleted by the cleaner since the listing)
+                gone.append(ref.name)
+            continue
         h = f.header
         idx.append({"name": ref.name, "entries": f.entry_count, "begin_ms": h.begin_timestamp,
                     "end_ms": h.end_timestamp, "begin_phy": h.begin_phy_offset, "end_phy": h.end_phy_offset})
         f.close()
+    if gone:  # said once
+        findings.append(Finding("expired_during_run", "info", "index", None,
+                                f"{len(gone)} index file(s) deleted by the broker's cleaner after this run listed them "
+                                f"(first: {gone[0]}): they expired during the run", {"files": gone}))
     return idx
 
 

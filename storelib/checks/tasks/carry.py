@@ -14,6 +14,7 @@ from storelib.checks import queuestream
 from storelib.checks.logcharts import TrafficSeries
 from storelib.checks.logview import Unsettled
 from storelib.checks.tasks.context import CrossContext
+from storelib.checks.tasks.expire import group_expired, moved
 from storelib.checks.tasks.queuetask import QueueGroupResult, QueueGroupTask
 from storelib.fileio.bytesource import Location
 
@@ -36,28 +37,38 @@ def group_to_json(r: QueueGroupResult, ctx: CrossContext) -> dict[str, Any]:
             "layout": [traffic.bucket, traffic.start], "sizes": r.sizes, "records": r.records}
 
 
-def group_from_json(g: int, d: dict[str, Any], ctx: CrossContext) -> QueueGroupResult:
-    """A carried group's result, its traffic rows in this run's buckets (Unsettled: they do not nest)."""
+def group_from_json(g: int, d: dict[str, Any], ctx: CrossContext, expired: bool = False) -> QueueGroupResult:
+    """A carried group's result, its traffic rows in this run's buckets (Unsettled: they do not nest;
+    ``expired``: the cleaner deleted the oldest records since, and buckets before this run's are dropped)."""
     return QueueGroupResult(g, _unpairs(d["facts"]), _unpairs(d["stats"]), _unpairs(d["offsets"]), _unpairs(d["units"]),
-                            dict(d["first"]), _rebucket(d["traffic"], d["layout"], ctx), d["sizes"],
+                            dict(d["first"]), _rebucket(d["traffic"], d["layout"], ctx, expired), d["sizes"],
                             mode="carried", records=d["records"])
 
 
-def _rebucket(rows: dict[str, list[int]], layout: list[int], ctx: CrossContext) -> dict[str, list[int]]:
+def _rebucket(rows: dict[str, list[int]], layout: list[int], ctx: CrossContext,
+              expired: bool = False) -> dict[str, list[int]]:
     if not rows:
         return {}
     names = list(rows)
     t = TrafficSeries(ctx.ts_lo, ctx.ts_hi)
     t.grid = np.zeros((len(names), t.nb), np.int64)
-    if not t.resume({"bucket": layout[0], "start": layout[1], "grid": [rows[n] for n in names], "empty": False}):
+    if not t.resume({"bucket": layout[0], "start": layout[1], "grid": [rows[n] for n in names], "empty": False},
+                    drop_before=expired):
         raise Unsettled("the traffic series' buckets changed width")
-    return {n: t.grid[i].tolist() for i, n in enumerate(names)}
+    return {n: t.grid[i].tolist() for i, n in enumerate(names) if t.grid[i].any()}
 
 
-def merge_group(old: QueueGroupResult, new: QueueGroupResult) -> QueueGroupResult:
+def merge_group(old: QueueGroupResult, new: QueueGroupResult, log_min: int | None = None) -> QueueGroupResult:
     """A group gone on from its carry: the task's facts, stats and findings (its stream went on from the
-    carried tails), the series of the old records and the new ones added."""
+    carried tails), the series of the old records and the new ones added. ``log_min``: the cleaner
+    deleted records below it since: a topic's first record is then its queues' first left (the facts)."""
     first = dict(old.first_phy)
+    if log_min is not None and any(p < log_min for p in first.values()):
+        left: dict[str, int] = {}
+        for (t, _q), f in new.facts.items():
+            left[t] = min(f["first_phy"], left.get(t, f["first_phy"]))
+        first = {t: p if p >= log_min else left[t] for t, p in first.items() if p >= log_min or t in left}
+        new.records -= new.expired
     for t, p in new.first_phy.items():
         first[t] = min(p, first.get(t, p))
     traffic = {t: list(v) for t, v in old.traffic.items()}
@@ -84,16 +95,18 @@ def schedule_groups(ctx: CrossContext, candidates: list[QueueGroupTask], carry: 
     out = []
     carried = carry["queue_groups"]
     reput_moved = max(ctx.cq_max_phy, ctx.log_min, 0) != max(carry["cq_max_phy"], carry["log_min"], 0)
+    expired = moved(carry, ctx.log_min)
     by_group = {t.group: t for t in candidates}
     for g in sorted({*by_group, *(int(k) for k in carried)}):
         c = carried.get(str(g))
         t = by_group.get(g, QueueGroupTask(g, ()))
         fresh = any(p.group_rows(g)[1] > p.group_rows(g)[0] for p in ctx.parts)
         lag = c is not None and any(s.get("lag") for _t, _q, s in c["result"]["stats"])
-        if c is None or fresh or [dict(q) for q in t.queues] != c["metas"] or (lag and reput_moved):
+        if (c is None or fresh or [dict(q) for q in t.queues] != c["metas"] or (lag and reput_moved)
+                or (expired and group_expired(c, ctx.log_min))):
             out.append(QueueGroupTask(g, t.queues, t.listing_failed, c["snap"] if c is not None else None))
         else:
-            kept[g] = group_from_json(g, c["result"], ctx)
+            kept[g] = group_from_json(g, c["result"], ctx, expired)
     return out, kept
 
 

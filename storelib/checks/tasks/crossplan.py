@@ -22,6 +22,7 @@ from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
 from storelib.checks.crossfile import store_findings, unsealed_segments
 from storelib.checks.crossstream import CrossResults, lost_ranges
+from storelib.checks.index import index_refs_at
 from storelib.checks.livejudge import judge_live
 from storelib.checks.logcharts import SizeHistogram, TrafficSeries
 from storelib.checks.logview import LogSummary, ResumeFailed, Unsettled
@@ -56,6 +57,7 @@ from storelib.checks.tasks.dledgertask import (
     dledger_file_task,
     dledger_queue_task,
 )
+from storelib.checks.tasks.expire import expire_carry, moved
 from storelib.checks.tasks.indexplan import IndexPlan, index_plan, merge_index
 from storelib.checks.tasks.indextask import IndexStructureTask, index_structure_task
 from storelib.checks.tasks.queuetask import (
@@ -182,6 +184,8 @@ def partitioned_checks(store: Store, results: list[SegmentResult], settings: Bro
     if any("unsettled" in m for m in metas):
         raise ResumeFailed(next(m["unsettled"] for m in metas if "unsettled" in m))
     try:
+        if moved(carry, ctx.log_min):  # the cleaner deleted the oldest segments since the carry was made
+            carry = expire_carry(carry, ctx.log_min, {r.name for r in index_refs_at(root, [], ctx.cut)})
         qtasks, kept = schedule_groups(ctx, _group_tasks(ctx, queues, metas), carry)
         ix = index_plan(ctx, settings, cp, abort.exists, carry, structures)
         timer = _timer_task(ctx, root, carry)
@@ -222,11 +226,13 @@ def _settled_groups(ctx: CrossContext, carry: dict | None, fresh: list[QueueGrou
                     kept: dict[int, QueueGroupResult]) -> dict[int, QueueGroupResult]:
     """Every group's result: the tasks' (going on from a carry: added to what it held), the carried ones."""
     out = dict(kept)
+    expired = moved(carry, ctx.log_min)
     for r in fresh:
         if r.mode.startswith("unsettled") or (carry is not None and r.mode != "streamed"):
             raise Unsettled(r.mode.split(": ", 1)[-1])
         c = carry["queue_groups"].get(str(r.group)) if carry is not None else None
-        out[r.group] = r if c is None else merge_group(group_from_json(r.group, c["result"], ctx), r)
+        out[r.group] = r if c is None else merge_group(group_from_json(r.group, c["result"], ctx, expired), r,
+                                                       ctx.log_min if expired else None)
     return dict(sorted(out.items()))
 
 

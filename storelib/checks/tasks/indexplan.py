@@ -22,6 +22,7 @@ from storelib.checks.index import (
     abnormal_start_note,
     add_validate_findings,
     carried_entries,
+    expired_head,
     expired_index,
     index_gone,
     index_open_error,
@@ -132,27 +133,56 @@ def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | Non
                 carried_entries(e.carried, f.entries_array(), f"index/{ref.name}")  # unchanged (raises)
                 plan.files.append(e)
                 continue
+            st = checked.get(ref.name) if e.carried is None else None
+            st = _skip_now(st, f, ctx.log_min) if st is not None and st["entries"] == e.entries else None
+            gone = _grown_expired(e, f, ctx.log_min) if e.carried is not None else 0
+            if e.carried is None and st is None:  # (no structure task ran: going on from a carry)
+                gone = _expired_head(f, ctx.log_min)
         finally:
             f.close()
         if e.carried is not None and (e.entries < e.carried["count"] or "slots_crc" not in e.carried):
             raise Unsettled(f"index/{ref.name}: changed since an earlier run checked it")
-        st = checked.get(ref.name) if e.carried is None else None
-        st = st if st is not None and st["entries"] == e.entries else None
         # entries to match: a grown file's new ones; a file's whose first records expired (the oldest
         # file outlives the segments its first entries point into), those after them, as the stream does
-        skip = e.carried["count"] if e.carried is not None else st["skip"] if st is not None else 0
+        skip = e.carried["count"] + gone if e.carried is not None else st["skip"] if st is not None else gone
         new = e.entries - skip
         keys = key_slices(plan, c, min(c + new + 1, plan.n_keys)) if c + new <= plan.n_keys else ()
         e.task = len(plan.file_tasks)
         plan.file_tasks.append(IndexFileTask(e.task, ref.name, ref.size, c, new, keys, e.carried,
                                              last=k == len(refs) - 1, structure=st,
-                                             skip=skip if e.carried is None else 0, at=ref.at))
+                                             skip=skip if e.carried is None else gone, at=ref.at))
         plan.files.append(e)
         c += new
     plan.matched_to = c
     if ctx.snapshots:
         plan.tail = KeysTailTask(key_slices(plan, min(c, plan.n_keys), plan.n_keys))
     return plan
+
+
+def _grown_expired(e: IndexEntry, f, log_min: int) -> int:
+    """How many of a grown carried file's new entries lead with records below ``log_min``: keys an earlier
+    run left unindexed that the broker indexed before the cleaner deleted their segment (they left the
+    carry, :func:`storelib.checks.tasks.expire.expire_keys`)."""
+    if e.entries <= e.carried["count"] or e.carried["max_phy"] >= log_min:
+        return 0
+    n = e.carried["count"]
+    return expired_head(f.entries(n + 1, min(f.index_count, n + 1 + (1 << 20))), log_min)
+
+
+def _skip_now(st: dict, f, log_min: int) -> dict:
+    """A structure result whose expired leading entries were counted against an earlier first offset (the
+    cleaner deleted segments during the run) counted again against ``log_min``."""
+    if st.get("log_min", log_min) == log_min:
+        return st
+    return {**st, "skip": _expired_head(f, log_min), "log_min": log_min}
+
+
+def _expired_head(f, log_min: int) -> int:
+    """How many leading entries of the file point below ``log_min`` (read only when its header's first
+    offset does)."""
+    if f.header.begin_phy_offset >= log_min:
+        return 0
+    return expired_head(f.entries(1, min(f.index_count, (1 << 20) + 1)), log_min)
 
 
 def _key_sources(ctx: CrossContext, carry: dict | None) -> list[tuple[TableRef, int, int]]:
@@ -218,8 +248,8 @@ def merge_index(ctx: CrossContext, settings: BrokerSettings, plan: IndexPlan, re
     max_end_phy = max([*(r["max_phy"] for r in results), *(e.carried["max_phy"] for e in plan.files
                                                            if e.carried and e.task is None)], default=-1)
     snaps = _file_findings(plan, results, looked, out, res.info)
-    matched = plan.key_base + sum(e.entries - (e.carried["count"] if e.carried else 0)
-                                  for e in plan.files if e.task is not None and e.task < j)
+    # (a file's entries less those an earlier run matched or whose records expired: the keys it matched)
+    matched = plan.key_base + sum(plan.file_tasks[e.task].entries for e in plan.files if e.task is not None and e.task < j)
     total = plan.key_base + plan.n_keys
     if settings.message_index_enable and total and not (not looked and matched == total):
         _keys_findable(tctx, plan, results, res.info, looked, matched, total, max_end_phy, out, tail, run)

@@ -61,7 +61,7 @@ class IndexFileTask:
     carried: dict | None = None  # an earlier run's snapshot of the file (it grew since)
     last: bool = False  # the newest file (the one that grows: its snapshot keeps its slot table's CRC)
     structure: dict | None = None  # its :func:`index_structure_task` result (else checked here)
-    skip: int = 0  # leading entries not matched: their records expired
+    skip: int = 0  # leading (a grown file: leading new) entries not matched: their records expired
     at: bytes | None = None  # its header as a live store's cut read it
 
 
@@ -153,6 +153,7 @@ def index_structure_task(task: IndexStructureTask) -> dict[str, Any]:
     try:
         res = {"name": task.name, **_structure(f, task.name, task.last, task.snapshot)}
         res["skip"] = expired_head(f.entries_array(), task.log_min) if task.log_min is not None else 0
+        res["log_min"] = task.log_min
         return res
     finally:
         f.close()
@@ -194,7 +195,7 @@ def _grown_file(ctx: CrossContext, task: IndexFileTask, f: IndexFile, display: s
         skip = carried_entries(c, ent, display)
     except Unsettled as e:
         return {"pos": task.pos, "unsettled": str(e)}
-    matched, next_key = _entries_are_keys(ctx, task, ent[skip:])
+    matched, next_key = _entries_are_keys(ctx, task, ent[skip + task.skip:])  # (new entries whose records expired: not keys)
     crc = grown_file_clean(f, skip, c["slots_crc"], c["distinct"]) if matched else None
     if crc is None:
         return {"pos": task.pos, "unsettled": f"{display}: its new entries or slots need the whole file checked"}
@@ -202,7 +203,7 @@ def _grown_file(ctx: CrossContext, task: IndexFileTask, f: IndexFile, display: s
     info = file_info(task.name, f.header, len(ent))
     snap = {**c, "count": len(ent), "index_count": f.header.index_count, "fp": entries_fingerprint(ent, len(ent)),
             "info": info, "max_phy": file_max, "slots_crc": crc, "distinct": f.header.hash_slot_count}
-    return {"pos": task.pos, "entries": len(ent) - skip, "max_phy": file_max, "matched": True, "validate": [],
+    return {"pos": task.pos, "entries": len(ent) - skip - task.skip, "max_phy": file_max, "matched": True, "validate": [],
             "chains": Capped().to_json(), "next_key": next_key, "snap": snap, "info": info}
 
 

@@ -132,6 +132,7 @@ class QueueGroupResult:
     sizes: list[list[int]] = field(default_factory=lambda: [[], []])  # distinct sizes and their counts
     mode: str = "streamed"  # or "whole view: why"; "unsettled: why" when going on from a snapshot failed
     records: int = 0
+    expired: int = 0  # carried records the cleaner deleted since (a stream going on from a snapshot)
     snap: dict | None = None  # what a later run goes on from (streamed, when asked: ``ctx.snapshots``)
 
 
@@ -206,6 +207,7 @@ def _streamed(ctx: CrossContext, task: QueueGroupTask, res: QueueGroupResult) ->
         qs = QueueStream(meta, ctx.log_min, ctx.segment_size, offsets, codes=charts.codes)
         if task.resume is not None:
             qs.resume(task.resume)
+            res.expired = qs.expired
         for table in group_slices(ctx, task.group):
             for lo in range(0, table.num_rows, ROWS):
                 rec = table.slice(lo, ROWS)
