@@ -602,5 +602,21 @@ def journal(cfg: LiveConfig) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def exports_while_writing(cfg: LiveConfig, snap: str) -> list[dict]:
+    """``export --incremental`` into ``snap`` in a loop while the writer writes, then once more after it
+    stopped: each run's manifest."""
+    from jobs.export import ExportConfig, export
+
+    ex = ExportConfig(store=cfg.root, out=snap, overrides=settings_overrides(cfg), engine="local", incremental=True,
+                      progress=False)
+    runs = []
+    with LiveWriter(cfg) as w:
+        while w.running():
+            runs.append(export(ex))
+        w.wait()
+    runs.append(export(ex))  # the rest, once the writer stopped
+    return runs
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -14,7 +14,7 @@ import pyarrow.dataset as ds
 
 from jobs.audit import audit_store
 from jobs.reports.audit_summary import exit_code
-from tests.livewriter import LiveConfig, LiveWriter, journal, settings_overrides
+from tests.livewriter import LiveConfig, LiveWriter, exports_while_writing, journal, settings_overrides
 
 WARN = {"warning", "error", "critical"}
 
@@ -58,19 +58,10 @@ def test_audits_of_a_dledger_store_being_written_are_clean_and_say_it_is_live(tm
 
 
 def test_incremental_exports_of_a_live_dledger_store_hold_every_message_once(tmp_path):
-    from jobs.export import ExportConfig, export
-
     # the cleaner keeps about 3 s of traffic (a run under load takes seconds), deleting one file a second
     cfg = _cfg(tmp_path, seconds=8.0, rate=500, clean_ms=1000, keep_segments=12)
     snap = str(tmp_path / "snap")
-    ex = ExportConfig(store=cfg.root, out=snap, overrides=settings_overrides(cfg), engine="local", incremental=True,
-                      progress=False)
-    runs = []
-    with LiveWriter(cfg) as w:
-        while w.running():
-            runs.append(export(ex))
-        w.wait()
-    runs.append(export(ex))  # the rest, once the writer stopped
+    runs = exports_while_writing(cfg, snap)
     assert sum(1 for m in runs if m["live"]["live"]) >= 3
     want = [j["phy"] for j in journal(cfg)]
     t = ds.dataset(snap, format="parquet", partitioning="hive").to_table(columns=["phy_offset", "dledger_index"])

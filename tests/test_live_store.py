@@ -17,7 +17,7 @@ import pytest
 
 from jobs.audit import audit_store
 from jobs.reports.audit_summary import exit_code
-from tests.livewriter import LiveConfig, LiveWriter, journal, settings_overrides
+from tests.livewriter import LiveConfig, LiveWriter, exports_while_writing, journal, settings_overrides
 
 WARN = {"warning", "error", "critical"}
 
@@ -94,18 +94,9 @@ def test_expect_stopped_makes_a_running_broker_an_error(tmp_path):
 
 
 def test_incremental_exports_hold_every_message_once_including_those_the_cleaner_deleted(tmp_path):
-    from jobs.export import ExportConfig, export
-
     cfg = _cfg(tmp_path, seconds=5.0, keep_segments=4)
     snap = str(tmp_path / "snap")
-    ex = ExportConfig(store=cfg.root, out=snap, overrides=settings_overrides(cfg), engine="local", incremental=True,
-                      progress=False)
-    runs = []
-    with LiveWriter(cfg) as w:
-        while w.running():
-            runs.append(export(ex))
-        w.wait()
-    runs.append(export(ex))  # the rest, once the writer stopped
+    runs = exports_while_writing(cfg, snap)
     assert sum(1 for m in runs if m["live"]["live"]) >= 3
     want = [j["phy"] for j in journal(cfg)]
     got = collections.Counter(ds.dataset(snap, format="parquet", partitioning="hive")
