@@ -238,6 +238,33 @@ def test_group_order_equals_the_stable_sort_on_every_path():
         assert np.array_equal(group_order(code), np.argsort(code, kind="stable"))
 
 
+def test_radix_order_equals_the_stable_sort_for_one_two_and_wide_passes():
+    """Hash slots below 2**16 (one pass), below 2**24 (an 8-bit second pass) and up to 2**32 (a 16-bit
+    one), with many equal values (ties keep their order), empty, int32 and uint32 inputs; a negative
+    value is refused rather than sorted wrong."""
+    from storelib.scan.arrowcols import radix_order
+
+    rng = np.random.default_rng(11)
+    cases = [rng.integers(0, 1 << 16, 50000), rng.integers(0, 5_000_000, 200000), rng.integers(0, 7, 40000),
+             rng.integers(0, 1 << 32, 120000, dtype=np.uint64).astype(np.uint32),
+             rng.integers(0, 1 << 31, 60000).astype(np.int32), np.zeros(0, np.int64), np.array([3])]
+    for v in cases:
+        assert np.array_equal(radix_order(v), np.argsort(v, kind="stable"))
+    with pytest.raises(ValueError):
+        radix_order(np.array([4, -1, 2]))
+
+
+def test_slot_chains_group_entries_by_slot_oldest_first():
+    from storelib.broker.index.indexchains import slot_chains
+
+    rng = np.random.default_rng(12)
+    slot = rng.integers(0, 5_000_000, 300000)
+    ss, ns = slot_chains(slot, 1000)
+    order = np.lexsort((np.arange(len(slot)), slot))
+    assert np.array_equal(ss, slot[order]) and np.array_equal(ns, order + 1000)
+    assert ns.dtype == np.int32
+
+
 def test_index_validation_sees_a_stray_entry_after_a_hole(store):
     from storelib.format.indexfile import IndexFile, IndexGeometry
 
