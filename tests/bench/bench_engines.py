@@ -9,9 +9,11 @@ beside it (made once by ``rmqstore rebuild``), so its cross-file checks have eve
 floor is bench_scan.floor_walk: a Python walk of the size chain with one CRC call per body, one core.
 Printed per command and engine: wall seconds, the floor's time divided by it (1.0 = floor speed), and the
 peak anonymous RSS (RssAnon: memory a process owns, not the store pages it maps) of the driver and of the
-largest worker, sampled from /proc every 50 ms. Targets (issue "one task layer"): rebuild default engine
->= 0.5 of the floor, audit default engine >= 1.0, Spark <= 4 s over the default engine, peak RSS at the
-largest size within 1.3x of the smallest.
+largest worker, sampled from /proc every 50 ms. The machine's speed drifts by 10-30% from minute to minute
+(a shared 2-core VM), so the floor is walked again before each round of commands (``--repeat`` rounds,
+default 3) and each run is judged against its own round's floor; the summary prints every round's ratio
+and their median. Targets (issue "scale-out"): rebuild and audit on the default engine (pool) >= 0.5 of
+the floor; Spark <= 4 s over the default engine; peak RSS at the largest size within 1.3x of the smallest.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep", metavar="DIR")
     ap.add_argument("--commands", default="rebuild,audit", help="comma list of rebuild, audit")
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma list of local, pool, spark")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="rounds of (floor, every command): each run is judged against its round's floor")
     args = ap.parse_args(argv)
     cmds = tuple(c for c in args.commands.split(",") if c)
     engines = tuple(e for e in args.engines.split(",") if e)
@@ -123,25 +128,33 @@ def main(argv: list[str] | None = None) -> None:
             store = work / f"store-{size}"
             if not store.is_dir():
                 build_store(store, size, seg)
-            floor_walk(store / "commitlog")  # page cache warm
-            msgs, _, t_floor, _ = floor_walk(store / "commitlog")
-            print(f"\n== {size / 1e9:.1f} GB, {msgs} records; floor {t_floor:.2f} s ({msgs / t_floor:,.0f} msg/s)")
             for cmd in cmds:
-                for eng in engines:
-                    out = work / f"out-{cmd}-{eng}"
-                    shutil.rmtree(out, ignore_errors=True)
-                    extra = ["--out", str(out)] if cmd == "rebuild" else []
-                    spark = ["--master", "local[2]"] if eng == "spark" else []
-                    src = complete_store(store, rmq) if cmd == "audit" else store
-                    wall, drv, wrk = run_measured([*rmq, cmd, str(src), *extra, "--engine", eng, *spark, "--quiet"])
-                    results[(cmd, eng, size)] = (wall, drv, wrk)
-                    print(f"{cmd:8s} {eng:6s} {wall:7.2f} s   floor ratio {t_floor / wall:5.2f}   peak RssAnon driver "
-                          f"{drv / 1024:6.0f} MB, largest worker {wrk / 1024:6.0f} MB")
-                    shutil.rmtree(out, ignore_errors=True)
+                if cmd == "audit":
+                    complete_store(store, rmq)
+            floor_walk(store / "commitlog")  # page cache warm
+            ratios: dict[tuple[str, str], list[float]] = {}
+            for rnd in range(max(1, args.repeat)):
+                msgs, _, t_floor, _ = floor_walk(store / "commitlog")
+                print(f"\n== {size / 1e9:.1f} GB, {msgs} records; round {rnd + 1}: floor {t_floor:.2f} s "
+                      f"({msgs / t_floor:,.0f} msg/s)")
+                for cmd in cmds:
+                    for eng in engines:
+                        wall, drv, wrk = _run_one(work, store, rmq, cmd, eng)
+                        prev = results.get((cmd, eng, size))
+                        results[(cmd, eng, size)] = (min(wall, prev[0]) if prev else wall, max(drv, prev[1] if prev else 0),
+                                                     max(wrk, prev[2] if prev else 0))
+                        ratios.setdefault((cmd, eng), []).append(t_floor / wall)
+                        print(f"{cmd:8s} {eng:6s} {wall:7.2f} s   floor ratio {t_floor / wall:5.2f}   peak RssAnon driver "
+                              f"{drv / 1024:6.0f} MB, largest worker {wrk / 1024:6.0f} MB")
+            print(f"\n== {size / 1e9:.1f} GB: floor ratio per round, median (target: rebuild and audit >= 0.5 on "
+                  "the default engine)")
+            for (cmd, eng), rs in ratios.items():
+                print(f"{cmd:8s} {eng:6s} {' '.join(f'{r:.2f}' for r in rs)}   median {statistics.median(rs):.2f}")
+            for cmd in cmds:
                 if {"spark", "local", "pool"} <= set(engines):
                     d = results[(cmd, "spark", size)][0] - min(results[(cmd, "local", size)][0],
                                                                results[(cmd, "pool", size)][0])
-                    print(f"{cmd:8s} spark over the faster default engine: {d:+.2f} s (target <= +4 s)")
+                    print(f"{cmd:8s} spark over the faster default engine (best runs): {d:+.2f} s (target <= +4 s)")
         sizes = sorted({k[2] for k in results})
         if len(sizes) > 1:
             lo, hi = sizes[0], sizes[-1]
@@ -153,6 +166,19 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_one(work: Path, store: Path, rmq: list[str], cmd: str, eng: str) -> tuple[float, int, int]:
+    """One command on one engine as a user types it: (wall s, peak RssAnon KB of driver, of largest worker)."""
+    out = work / f"out-{cmd}-{eng}"
+    shutil.rmtree(out, ignore_errors=True)
+    extra = ["--out", str(out)] if cmd == "rebuild" else []
+    spark = ["--master", "local[2]"] if eng == "spark" else []
+    src = complete_store(store, rmq) if cmd == "audit" else store
+    try:
+        return run_measured([*rmq, cmd, str(src), *extra, "--engine", eng, *spark, "--quiet"])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 if __name__ == "__main__":
