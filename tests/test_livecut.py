@@ -316,6 +316,25 @@ def test_a_cold_segment_read_gives_back_only_the_pages_it_brought_into_the_page_
     assert residency(str(path))[:pages].sum() > before.sum()
 
 
+def test_page_care_of_a_read_that_found_every_page_cached_drops_nothing_and_does_not_wait(tmp_path, monkeypatch):
+    """A warm segment (the usual case on a broker host) costs no read-ahead settling: the settle loop is
+    for pages the read brought in, and here there are none (it slept 20 ms per task before)."""
+    from storelib.fileio import pagecare
+
+    path = tmp_path / "seg"
+    path.write_bytes(os.urandom(1 << 20))
+    path.read_bytes()
+    if pagecare.residency(str(path)) is None or not pagecare.residency(str(path)).all():
+        pytest.skip("page-cache residency cannot be told here")
+    slept: list[float] = []
+    dropped: list = []
+    monkeypatch.setattr(pagecare.time, "sleep", slept.append)
+    monkeypatch.setattr(pagecare, "drop_pages", lambda p, runs: dropped.append(runs) or 0)
+    care = pagecare.PageCare(str(path))
+    assert care.done(0, 1 << 20) == 0
+    assert slept == [] and dropped == []
+
+
 def test_read_rate_holds_a_task_to_its_budget(tmp_path):
     from storelib.checks.segment import AuditOptions, audit_part
 
