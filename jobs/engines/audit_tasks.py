@@ -124,7 +124,8 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quie
     """Phase 1 on the given engine (same functions on every engine; the caller starts and closes it), with
     what the cross-file checks read without records (``meta_tasks``: the consume queues' summaries, the
     index files' structure) beside the segments; returns the segments' results and those tasks'. With ``split_bytes`` (default on a
-    pool or Spark: :func:`storelib.scan.splits.parallel_split_bytes`, about two tasks per core) segments
+    pool or Spark: :func:`storelib.scan.splits.parallel_split_bytes`, about eight tasks per core on a pool, two on
+    Spark) segments
     are cut at record starts into split tasks whose results are merged per segment.
 
     ``in_memory``: the parts keep their tables in this process; else they go to ``sink`` files (or
@@ -134,15 +135,21 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quie
         return [], [phase_one(opts, sink, m) for m in meta_tasks] if in_memory else eng.map(
             partial(phase_one, opts, sink), meta_tasks, "audit: queue and index summaries")
     if split_bytes is None and eng.name != "local":
-        split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks), eng.parallelism)
+        # a pool task starts in milliseconds: about eight units per core (128-512 MiB) end the run together,
+        # where whole 256 MiB segments plus an index file's check left one worker finishing alone (Spark
+        # keeps two per core: its Python tasks cost more to start)
+        cores = 4 * eng.parallelism if eng.name == "pool" else eng.parallelism
+        split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks), cores)
     units = split_tasks(store, tasks, split_bytes) if split_bytes and store is not None else tasks
     if in_memory:
         return _run_in_process(tasks, units, opts, quiet), [phase_one(opts, sink, m) for m in meta_tasks]
     note(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on {eng.describe()}", quiet)
     t0 = time.monotonic()
     run = partial(phase_one, opts, sink)
-    done = eng.map(run, [*units, *meta_tasks], "audit: tasks", None if quiet else note)
-    parts, metas = done[:len(units)], done[len(units):]
+    # the summaries first: an index file's structure check costs about a segment's work, and queued last
+    # it ran alone on one worker while the others idled (a pool takes tasks in the order given)
+    done = eng.map(run, [*meta_tasks, *units], "audit: tasks", None if quiet else note)
+    metas, parts = done[:len(meta_tasks)], done[len(meta_tasks):]
     t1 = time.monotonic()
     out = merge_parts(tasks, parts, opts, None if quiet else note,
                       rerun=lambda whole: eng.map(run, whole, "audit: segments again"))
