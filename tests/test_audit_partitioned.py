@@ -225,3 +225,32 @@ def test_the_tasks_get_the_part_list_once_through_the_work_dir(tmp_path):
     assert pickle.loads(pickle.dumps(sent)).parts == parts
     assert ctx.for_tasks() is not ctx and context.CrossContext(
         "/store", {}, BrokerSettings.defaults("4"), 2, 0, 1, 1, (), False, None, None, parts).for_tasks().part_list
+
+
+def test_a_pool_audit_queues_the_summaries_first_and_cuts_a_big_store_into_eight_units_per_core(store, monkeypatch):
+    """An index file's structure check costs about a segment's work: queued after the segments it ran
+    alone at the end. And whole segments are too coarse for two workers to finish together."""
+    from jobs.engines.schedulers import PoolEngine
+
+    seen: list[list[str]] = []
+    real = PoolEngine.map
+
+    def spy(self, fn, items, label="tasks", say=None):
+        if label == "audit: tasks":
+            seen.append([type(i).__name__ for i in items])
+        return real(self, fn, items, label, say)
+
+    monkeypatch.setattr(PoolEngine, "map", spy)
+    rep = audit_store(str(store), quiet=True, now_ms=NOW, broker_conf=str(store / "broker.conf"), engine="pool",
+                      workers=2, split_bytes=SPLIT)
+    assert _comparable(rep) == _comparable(_reference(store, broker_conf=str(store / "broker.conf")))
+    (kinds,) = seen
+    first_segment = kinds.index("SegmentTask")
+    assert first_segment > 0 and "SegmentTask" not in kinds[:first_segment]
+    assert all(k == "SegmentTask" for k in kinds[first_segment:])
+
+    two_gb = 8 << 28
+    pool, spark = PoolEngine(2), type("SparkLike", (), {"name": "spark", "parallelism": 2})()
+    assert audit_tasks.default_split_bytes(pool, two_gb) == 128 << 20  # 16 units on 2 cores
+    assert audit_tasks.default_split_bytes(spark, two_gb) == 512 << 20  # two per core
+    assert audit_tasks.default_split_bytes(pool, 32 << 30) == 512 << 20  # never above the bound

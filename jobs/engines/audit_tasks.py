@@ -117,6 +117,13 @@ def cross_groups(eng: Engine, tasks: list[SegmentTask], in_memory: bool) -> int:
     return int(min(MAX_GROUPS, max(2 * eng.parallelism, -(-audited // GROUP_BYTES))))
 
 
+def default_split_bytes(eng: Engine, audited: int) -> int:
+    """Unit size of a parallel audit. A pool task starts in milliseconds: about eight units per core
+    (128-512 MiB) end the run together, where whole 256 MiB segments plus an index file's check left one
+    worker finishing alone. Spark keeps two per core: its Python tasks cost more to start."""
+    return parallel_split_bytes(audited, 4 * eng.parallelism if eng.name == "pool" else eng.parallelism)
+
+
 def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quiet: bool = False,
                  store: Store | None = None, split_bytes: int | None = None, sink: TableSink | None = None,
                  meta_tasks: list[Any] | None = None, in_memory: bool = False
@@ -135,11 +142,7 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quie
         return [], [phase_one(opts, sink, m) for m in meta_tasks] if in_memory else eng.map(
             partial(phase_one, opts, sink), meta_tasks, "audit: queue and index summaries")
     if split_bytes is None and eng.name != "local":
-        # a pool task starts in milliseconds: about eight units per core (128-512 MiB) end the run together,
-        # where whole 256 MiB segments plus an index file's check left one worker finishing alone (Spark
-        # keeps two per core: its Python tasks cost more to start)
-        cores = 4 * eng.parallelism if eng.name == "pool" else eng.parallelism
-        split_bytes = parallel_split_bytes(sum(t.file_size - t.start for t in tasks), cores)
+        split_bytes = default_split_bytes(eng, sum(t.file_size - t.start for t in tasks))
     units = split_tasks(store, tasks, split_bytes) if split_bytes and store is not None else tasks
     if in_memory:
         return _run_in_process(tasks, units, opts, quiet), [phase_one(opts, sink, m) for m in meta_tasks]
