@@ -532,3 +532,71 @@ def _validation_reference_of(f: Path, g) -> list[tuple[str, int]]:
 
     with IndexFile.open(str(f), g, strict=False) as idx:
         return _validation_reference(idx)
+
+
+def test_validation_from_proven_chains_reports_what_the_entry_walk_reports(tmp_path):
+    """The audit proves an index file's chains first and lets the proof settle validate's per-entry checks
+    (one pass over the entries, not two). Whenever the proof holds, the findings are the full walk's: clean
+    files, negative keyHashes in a chain of their own, a slot table off, header fields off; a broken chain
+    is never taken as proven."""
+    from storelib.format.indexfile import ENTRY_DTYPE, IndexFile, IndexGeometry, IndexHeader
+
+    slots, m = 32, 900
+    g = IndexGeometry(slots, 1000)
+    rng = np.random.default_rng(21)
+
+    def write(kh: np.ndarray, table_fix=None, header_fix=None, prev_fix=None) -> Path:
+        slot = np.where(kh >= 0, kh % slots, -1)
+        newest: dict[int, int] = {}
+        prev = np.zeros(m, np.int64)
+        for i, s in enumerate(slot.tolist()):
+            prev[i] = newest.get(s, 0)
+            newest[s] = i + 1
+        ent = np.zeros(m, ENTRY_DTYPE)
+        ent["key_hash"], ent["phy_offset"], ent["prev_index"] = kh, 1000 + 50 * np.arange(m), prev
+        ent["time_diff"] = np.arange(m) // 10
+        if prev_fix:
+            prev_fix(ent)
+        table = np.zeros(slots, np.int32)
+        for s, n in newest.items():
+            if s >= 0:
+                table[s] = n
+        if table_fix:
+            table_fix(table)
+        h = IndexHeader(1_000_000, 1_000_000 + 1000 * int(ent["time_diff"][-1]), 1000, int(ent["phy_offset"][-1]),
+                        len([s for s in newest if s >= 0]), m + 1)
+        if header_fix:
+            h = header_fix(h)
+        buf = bytearray(g.file_size)
+        buf[:40] = h.to_bytes()
+        buf[40:40 + 4 * slots] = table.astype(">i4").tobytes()
+        buf[g.entry_pos(1):g.entry_pos(1) + 20 * m] = ent.tobytes()
+        path = tmp_path / f"f{len(list(tmp_path.iterdir()))}"
+        path.write_bytes(bytes(buf))
+        return path
+
+    kh = rng.integers(0, 1 << 31, m, dtype=np.int64)
+    with_neg = kh.copy()
+    with_neg[rng.choice(m, 12, replace=False)] *= -1
+    cases = {
+        "clean": write(kh),
+        "negative hashes": write(with_neg),
+        "slot table off": write(kh, table_fix=lambda t: t.__setitem__(5, t[5] - 1)),
+        "slot out of range": write(kh, table_fix=lambda t: t.__setitem__(7, 5000)),
+        "header off": write(with_neg, header_fix=lambda h: IndexHeader(h.begin_timestamp, h.end_timestamp + 5000,
+                                                                       h.begin_phy_offset + 1, h.end_phy_offset,
+                                                                       h.hash_slot_count + 1, h.index_count)),
+        "chain broken": write(kh, prev_fix=lambda e: e["prev_index"].__setitem__(600, 0)),
+    }
+    for name, path in cases.items():
+        with IndexFile.open(str(path), g, strict=False) as idx:
+            ent = idx.entries_array()
+            proven = index_checks.proven_chains(ent, slots, chunk=64)
+            assert (proven is None) == (name == "chain broken"), name
+            full = [(x.kind, x.offset, x.detail) for x in idx.validate(chunk_entries=100)]
+            if proven is not None:
+                assert [(x.kind, x.offset, x.detail) for x in idx.validate(proven=proven)] == full, name
+            if name == "negative hashes":
+                assert [k for k, _, _ in full] == ["negative_key_hash"] and proven.negatives == 12
+            if name in ("slot table off", "slot out of range", "header off"):
+                assert full, name

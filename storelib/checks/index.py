@@ -25,7 +25,7 @@ from storelib.fileio.bytesource import Location
 from storelib.fileio.sampledcrc import sampled_crc
 from storelib.format.checkpoint import Checkpoint
 from storelib.format.indexdir import IndexFileRef
-from storelib.format.indexfile import IndexFile, IndexGeometry, IndexHeader
+from storelib.format.indexfile import IndexFile, IndexGeometry, IndexHeader, ProvenChains
 
 if TYPE_CHECKING:
     from storelib.broker.settings.livecut import StoreCut
@@ -431,50 +431,62 @@ def check_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: Capped, c
 
     Entries are taken ``chunk`` at a time in entry order with the newest entry of each slot so far carried
     between chunks (one int32 per slot), so the memory is the slot tables and a chunk, not the file. A
-    file whose chains hold is proved so without sorting (:func:`_chains_hold`: a few gathers and scatters
+    file whose chains hold is proved so without sorting (:func:`proven_chains`: a few gathers and scatters
     per chunk, ~7x less than sorting it); any other is checked by :func:`_broken_chains`, which says
     which entries are off."""
-    if not _chains_hold(ent, g.hash_slot_num, chunk):
+    if proven_chains(ent, g.hash_slot_num, chunk) is None:
         _broken_chains(ent, g, display, out, chunk)
 
 
 def _chains_hold(ent: np.ndarray, N: int, chunk: int) -> bool:
+    return proven_chains(ent, N, chunk) is not None
+
+
+def proven_chains(ent: np.ndarray, N: int, chunk: int = 1 << 17) -> ProvenChains | None:
     """Do all chains hold? Per chunk, with ``newest`` the newest entry of each slot before it: every link
     into the chunk goes to an earlier entry of the same slot, and no entry is linked to twice; every
     other link is its slot's ``newest``, and at most one per slot. Then, slot by slot, the chunk's first
     entry links to ``newest`` (it has no earlier one in the chunk) and, that link being taken, the second
-    can only link to the first, the third to the second, and so on: each link is the previous entry."""
+    can only link to the first, the third to the second, and so on: each link is the previous entry.
+
+    When they hold, what the proof read settles the rest of :meth:`IndexFile.validate`'s entry checks
+    (:class:`storelib.format.indexfile.ProvenChains`); None when they do not."""
     newest = np.zeros(N + 1, np.int32)  # per slot (N: negative hashes)
     stamp = np.zeros(N + 1, np.int32)  # per slot, an entry number (unique: no reset between chunks)
+    negatives, first_negative = 0, -1
     for lo in range(0, len(ent), chunk):
         part = ent[lo:lo + chunk]
         m = len(part)
         kh = part["key_hash"].astype(np.int64)
         slot = kh % N
-        slot[kh < 0] = N
+        neg = np.flatnonzero(kh < 0)
+        if len(neg):
+            slot[neg] = N
+            first_negative = lo + int(neg[0]) if first_negative < 0 else first_negative
+            negatives += len(neg)
         p = part["prev_index"].astype(np.int64)
         inside = p > lo
         li = np.flatnonzero(inside)  # entries linked to one of this chunk (local indexes)
         pt = p[li] - (lo + 1)  # ... and the entry each is linked to
         if np.any(pt >= li) or np.any(slot[pt] != slot[li]):
-            return False
+            return None
         local = np.zeros(m, np.int32)
         local[pt] = li + 1
         if np.any(local[pt] != li + 1):  # an entry linked to twice
-            return False
+            return None
         lx = np.flatnonzero(~inside)
         so = slot[lx]
         if np.any(p[lx] != newest[so]):
-            return False
+            return None
         num = (lx + (lo + 1)).astype(np.int32)
         stamp[so] = num
         if np.any(stamp[so] != num):  # two links to the same slot's newest
-            return False
+            return None
         tail = np.ones(m, bool)  # a slot's last entry in the chunk: linked to by none
         tail[pt] = False
         ti = np.flatnonzero(tail)
         newest[slot[ti]] = ti + (lo + 1)
-    return True
+    return ProvenChains(newest, negatives, first_negative)
 
 
 def _broken_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: Capped, chunk: int = 1 << 17) -> None:

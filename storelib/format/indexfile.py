@@ -220,6 +220,18 @@ class _FirstOf:
         return self.count
 
 
+@dataclass(frozen=True)
+class ProvenChains:
+    """What a proof that every entry's prevIndex is the previous entry of its slot
+    (storelib.checks.index.proven_chains) also establishes, so :meth:`IndexFile.validate` need not walk the
+    entries again: no prevIndex is newer than its entry or in another slot, the newest entry of every
+    slot, and the entries with a negative keyHash."""
+
+    newest: np.ndarray  # int32 per slot (hash_slot_num of them, then one for negative keyHashes)
+    negatives: int
+    first_negative: int  # 0-based entry, -1 when none
+
+
 class IndexFile:
     """Read-only view of one index file over a :mod:`storelib.fileio.bytesource` source.
 
@@ -414,14 +426,16 @@ class IndexFile:
 
     # -- validity ------------------------------------------------------------------------------
 
-    def validate(self, *, check_tail: bool = True, chunk_entries: int = 1 << 20) -> list[Finding]:
+    def validate(self, *, check_tail: bool = True, chunk_entries: int = 1 << 20,
+                 proven: ProvenChains | None = None) -> list[Finding]:
         """Header and structure checks an auditor reports (never raises for content problems).
 
         Checks: indexCount within the geometry; slot values within 0..indexCount and pointing at the
         newest entry of their own slot; keyHash non-negative; prevIndex older than its entry and in
         the same slot; hashSlotCount = distinct slots of the entries; begin/end phy offsets equal the
         first/last entry's; the last entry's timeDiff agrees with begin/end timestamps; with
-        ``check_tail``, no non-zero entry after indexCount-1 (read in bounded chunks).
+        ``check_tail``, no non-zero entry after indexCount-1 (read in bounded chunks). ``proven``: the
+        entries' chains were proved (what that settles is taken from it instead of read again).
         """
         f: list[Finding] = []
         g, h, p = self.geometry, self.header, self.path
@@ -434,29 +448,12 @@ class IndexFile:
                 f"indexCount {h.index_count} outside 0..{g.index_num}; reading {self.index_count - 1} entries")
         ic = self.index_count
         ent = self.entries_array()
-        m = len(ent)
         slots = self.slots().astype(np.int32)
         bad = np.flatnonzero((slots < 0) | (slots > ic))
-        # the per-entry checks, a chunk of entries at a time (memory: the slot tables and a chunk, not the
-        # file); each keeps its count and first entry, reported below in the order of the checks
-        expect = np.zeros(g.hash_slot_num, dtype=np.int32)  # newest entry per slot, from the entries
-        used = np.zeros(g.hash_slot_num, dtype=bool)
-        neg, badp, cross = _FirstOf(), _FirstOf(), _FirstOf()
-        for lo in range(0, m, chunk_entries):
-            part = ent[lo:lo + chunk_entries]
-            n = np.arange(lo + 1, lo + 1 + len(part), dtype=np.int32)
-            kh = part["key_hash"].astype(np.int32)
-            prev = part["prev_index"].astype(np.int32)
-            neg.add(np.flatnonzero(kh < 0), lo)
-            okh = kh >= 0
-            eslot = np.where(okh, kh % g.hash_slot_num, -1)
-            np.maximum.at(expect, eslot[okh], n[okh])
-            used[eslot[okh]] = True
-            badp.add(np.flatnonzero((prev < 0) | (prev >= n)), lo, prev)
-            okp = np.flatnonzero((prev > 0) & (prev < n))
-            pk = ent["key_hash"][prev[okp] - 1].astype(np.int32)  # the entries they chain to, any chunk
-            pslot = np.where(pk >= 0, pk % g.hash_slot_num, -1)
-            cross.add(okp[eslot[okp] != pslot], lo)
+        if proven is not None:
+            expect, used, neg, badp, cross = self._proven_checks(proven)
+        else:
+            expect, used, neg, badp, cross = self._entry_checks(ent, chunk_entries)
         if len(neg):
             add("negative_key_hash", "error", g.entry_pos(neg.first + 1),
                 f"{len(neg)} entries with a negative keyHash (first: entry {neg.first + 1})", count=len(neg))
@@ -489,6 +486,39 @@ class IndexFile:
                     f"non-zero entry {e0} after indexCount {ic} (stale header or foreign data)", entry=e0)
         return f
 
+
+    def _entry_checks(self, ent: np.ndarray, chunk_entries: int):
+        """validate's per-entry checks, a chunk of entries at a time (memory: the slot tables and a chunk,
+        not the file): (newest entry per slot, slots used, negative keyHashes, prevIndex not older,
+        prevIndex in another slot), each check keeping its count and first entry."""
+        g = self.geometry
+        expect = np.zeros(g.hash_slot_num, dtype=np.int32)  # newest entry per slot, from the entries
+        used = np.zeros(g.hash_slot_num, dtype=bool)
+        neg, badp, cross = _FirstOf(), _FirstOf(), _FirstOf()
+        for lo in range(0, len(ent), chunk_entries):
+            part = ent[lo:lo + chunk_entries]
+            n = np.arange(lo + 1, lo + 1 + len(part), dtype=np.int32)
+            kh = part["key_hash"].astype(np.int32)
+            prev = part["prev_index"].astype(np.int32)
+            neg.add(np.flatnonzero(kh < 0), lo)
+            okh = kh >= 0
+            eslot = np.where(okh, kh % g.hash_slot_num, -1)
+            np.maximum.at(expect, eslot[okh], n[okh])
+            used[eslot[okh]] = True
+            badp.add(np.flatnonzero((prev < 0) | (prev >= n)), lo, prev)
+            okp = np.flatnonzero((prev > 0) & (prev < n))
+            pk = ent["key_hash"][prev[okp] - 1].astype(np.int32)  # the entries they chain to, any chunk
+            pslot = np.where(pk >= 0, pk % g.hash_slot_num, -1)
+            cross.add(okp[eslot[okp] != pslot], lo)
+        return expect, used, neg, badp, cross
+
+    def _proven_checks(self, proven: ProvenChains):
+        """The same from a chain proof: no prevIndex is newer or in another slot, and the newest entry
+        of every slot is the proof's."""
+        expect = proven.newest[:self.geometry.hash_slot_num]
+        neg = _FirstOf()
+        neg.count, neg.first = proven.negatives, proven.first_negative
+        return expect, expect > 0, neg, _FirstOf(), _FirstOf()
 
     def check_header_fields(self, ent: np.ndarray, distinct: int, add: Callable[..., None]) -> None:
         """hashSlotCount (``distinct``: slots the entries use), begin/end phy offsets and timestamps
