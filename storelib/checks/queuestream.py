@@ -350,7 +350,7 @@ class QueueStream:
         self.last_phy, self.log_end = snap["last_phy"], snap["log_end"]
         self.out.replay_json(snap["gaps"])
         moved = self.log_min > snap.get("log_min", self.log_min)
-        self.expired = 0  # dispatched records of the carried tails that the cleaner deleted since
+        self.expired = 0  # records of the carried tails that the cleaner deleted since
         touched: list[LoadedQueue] = []
         try:
             for tc, qid, *v in snap["tails"]:
@@ -359,7 +359,8 @@ class QueueStream:
                 if moved and t.first_phy < self.log_min:
                     if _any_gap(snap["gaps"]):
                         raise Unsettled("queue-offset gaps in records the cleaner may have deleted since")
-                    if not self._expire(t, self.topic_names[tc], qid, recs, touched):
+                    recs = self._expire(t, self.topic_names[tc], qid, recs, touched)
+                    if recs is None:
                         continue  # every record of the queue expired: as if never seen
                 self.tails[(tc, qid)] = t
                 if recs.shape[1]:
@@ -368,13 +369,17 @@ class QueueStream:
             for cq in touched:
                 cq.close()
 
-    def _expire(self, t: _Tail, topic: str, qid: int, recs: np.ndarray, touched: list[LoadedQueue]) -> bool:
+    def _expire(self, t: _Tail, topic: str, qid: int, recs: np.ndarray,
+                touched: list[LoadedQueue]) -> np.ndarray | None:
         """Drop a carried tail's records below the log's first offset (the cleaner deleted them): their
-        queue offsets are consecutive and the first ``matched`` of them are their units (an earlier run
-        proved it), so the first record left is found by the units' positions, which ascend. False: none
-        is left. Unsettled when that does not hold (a gap, lag the cleaner took, no consume queue)."""
+        queue offsets are consecutive, the first ``matched`` of them are their units (an earlier run proved
+        it) and the rest are the lagging ``recs`` (no unit yet then), so the first record left is found by
+        the units' positions, which ascend, then by the lagging records' own. Lagging records the cleaner
+        took are gone as a full audit sees them: whatever units the broker wrote for them since point below
+        the log's first offset (expired). Returns the lagging records left; None: no record is left.
+        Unsettled when that does not hold (a gap, no consume queue)."""
         m = None if self.meta.base.failed else self.meta.queues.get((topic, qid))
-        if m is None or t.messages != t.max_qo - t.min_qo + 1 or (recs.shape[1] and recs[1][0] < self.log_min):
+        if m is None or t.messages != t.max_qo - t.min_qo + 1 or t.messages != t.matched + recs.shape[1]:
             raise Unsettled(f"records of {topic}/{qid} the cleaner deleted cannot be told from the carry")
         touched.append(m.cq)
         lo, hi = 0, t.matched  # the first of the matched records whose unit points at or past log_min
@@ -385,18 +390,21 @@ class QueueStream:
                 hi = mid
             else:
                 lo = mid + 1
+        gone = int(np.searchsorted(recs[1], self.log_min)) if lo == t.matched else 0  # lagging ones taken
+        recs = recs[:, gone:]
+        lo += gone
         self.expired += lo
         if lo == t.messages:
-            return False
+            return None
         if lo < t.matched:
             u = _read_units(m.cq, t.min_qo + lo, 1)
             t.first_phy = int(u["phy_offset"][0])
-        else:  # every record with a unit expired: the first lagging one leads
+        else:  # every record with a unit expired: the first lagging one left leads
             t.first_phy = int(recs[1][0])
         t.min_qo += lo
         t.messages -= lo
-        t.matched -= lo
-        return True
+        t.matched -= min(lo, t.matched)
+        return recs
 
     def facts(self) -> dict[tuple[str, int], dict]:
         """Per-queue facts as :func:`storelib.checks.queues.check_queue_offsets` gives them (same order)."""
