@@ -418,3 +418,50 @@ def test_an_index_file_the_cleaner_deletes_before_its_lookup_is_said_expired_and
     assert looked[0] == idx.name and rep["live"]["live"]  # (it and every later file: the whole view's rule)
     said = [f for f in rep["findings"] if f["file"] == f"index/{idx.name}" and f["kind"] == "expired_during_run"]
     assert len(said) == 1 and said[0]["severity"] == "info"
+
+
+@pytest.mark.parametrize("dledger", [False, True])
+def test_keys_of_a_segment_the_cleaner_deletes_mid_run_are_expired_past_the_cap_too(tmp_path, monkeypatch, dledger):
+    """The cleaner deletes the oldest segment (or DLedger data file), then the index files wholly below the next
+    one (IndexService.deleteExpiredFile), after the audit read them and before its index checks (seen in the
+    live DLedger audit under load). The deleted index files' keys are then in no file: expired, every one of
+    them, the 50 listed and the summary of the rest ("N more index_key_missing findings in this file"), which
+    names no position but the segment of its keys; keys of a segment still there are still missing."""
+    import storelib.checks.tasks.crossplan as crossplan
+    from jobs.audit import audit_store
+    from storelib.broker.settings import livecut
+    from storelib.broker.settings.brokerconf import BrokerSettings
+    from storelib.checks.segment import MAX_PER_KIND
+    from storelib.format.indexdir import list_index_files
+    from storelib.format.indexfile import IndexHeader
+    from storelib.generator.dledgergen import DLedgerGen
+    from storelib.generator.gen import GenConfig, generate
+
+    S = 256 << 10
+    sets = {"mappedFileSizeCommitLog": S, "maxIndexNum": 200, "maxHashSlotNum": 50}
+    root = tmp_path / "store"
+    generate(root, GenConfig(messages=1500, seed=3), BrokerSettings.defaults("4").with_overrides(sets),
+             dledger=DLedgerGen() if dledger else None)
+    segs = sorted((root / ("dledger-n0/data" if dledger else "commitlog")).iterdir())
+    refs = list_index_files(resolve(str(root)))
+    below = [r for r in refs[:-1] if IndexHeader.from_bytes(open(r.loc.path, "rb").read(40)).end_phy_offset < S]
+    assert len(below) == 2 and int(segs[1].name) == S  # 398 keys of segment 0, none of segment 1
+    plan = crossplan.index_plan
+
+    def cleaner_then_index_plan(*a, **kw):  # the segments were read and none had gone (drop_expired)
+        segs[0].unlink()  # CleanCommitLogService, then CleanConsumeQueueService's index files below the next
+        for r in below:
+            os.unlink(r.loc.path)
+        return plan(*a, **kw)
+
+    monkeypatch.setattr(crossplan, "index_plan", cleaner_then_index_plan)
+    monkeypatch.setattr(livecut, "live_broker", lambda loc: LiveBroker(4242, "test"))
+    rep = audit_store(str(root), overrides=sets, quiet=True)
+    assert rep["live"]["live"]
+    assert not [f for f in rep["findings"] if f["kind"] == "index_key_missing"]
+    said = [f for f in rep["findings"] if f["kind"] == "expired_during_run" and f["file"] == "commitlog"]
+    assert len(said) == 1 and said[0]["extra"]["count"] == 398 > MAX_PER_KIND
+    from storelib.checks.livejudge import expired_count
+
+    more = Finding("index_key_missing", "warning", f"commitlog/{S:020d}", None, "", {"more": 7, "total": 57})
+    assert expired_count(more, 2 * S, S) == 7 and expired_count(more, S, S) == 0  # its segment's keys, not later
