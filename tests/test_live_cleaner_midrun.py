@@ -1,0 +1,106 @@
+"""A live store's cleaner deleting files at a chosen moment of an audit, deterministically (the races the
+live-writer tests hit under load): the broker's CleanCommitLogService then CleanConsumeQueueService
+(segment, then the index files below the next one: IndexService.deleteExpiredFile, 4.9.8
+``IndexService.java:90-121``), DLedger's CleanSpaceService then ``reviseLedgerBeginIndex`` (data file, then
+the index-unit files wholly below the new first entry). What they deleted is expired, said once, never a
+warning or a traceback."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from storelib.broker.settings import livecut
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.livecut import LiveBroker
+from storelib.errors import Finding
+from storelib.fileio.bytesource import resolve
+from storelib.generator.dledgergen import DLedgerGen
+from storelib.generator.gen import GenConfig, generate
+
+S = 256 << 10
+
+
+def _store(tmp_path: Path, dledger: DLedgerGen | None, **sets) -> tuple[Path, dict, list[Path]]:
+    """A generated store of 1500 messages over 256 KiB segments (or data files): root, overrides, segments."""
+    sets = {"mappedFileSizeCommitLog": S, **sets}
+    root = tmp_path / "store"
+    generate(root, GenConfig(messages=1500, seed=3), BrokerSettings.defaults("4").with_overrides(sets), dledger=dledger)
+    return root, sets, sorted((root / ("dledger-n0/data" if dledger else "commitlog")).iterdir())
+
+
+@pytest.fixture
+def live(monkeypatch):
+    """Every store is run by a broker (pid 4242): audits take a live cut."""
+    monkeypatch.setattr(livecut, "live_broker", lambda loc: LiveBroker(4242, "test"))
+
+
+@pytest.mark.parametrize("dledger", [False, True])
+def test_keys_of_a_segment_the_cleaner_deletes_mid_run_are_expired_past_the_cap_too(tmp_path, monkeypatch, live,
+                                                                                     dledger):
+    """The segment and the index files below the next one go after the audit read the segments and before its
+    index checks (the flaky live DLedger audit under load). The deleted index files' keys are then in no file:
+    expired, every one of them, the 50 listed and the summary of the rest ("N more index_key_missing findings in
+    this file"), which names no position but the segment of its keys; a later segment's summary stays."""
+    import storelib.checks.tasks.crossplan as crossplan
+    from jobs.audit import audit_store
+    from storelib.checks.livejudge import expired_count
+    from storelib.checks.segment import MAX_PER_KIND
+    from storelib.format.indexdir import list_index_files
+    from storelib.format.indexfile import IndexHeader
+
+    root, sets, segs = _store(tmp_path, DLedgerGen() if dledger else None, maxIndexNum=200, maxHashSlotNum=50)
+    refs = list_index_files(resolve(str(root)))
+    below = [r for r in refs[:-1] if IndexHeader.from_bytes(open(r.loc.path, "rb").read(40)).end_phy_offset < S]
+    assert len(below) == 2 and int(segs[1].name) == S  # 398 keys of segment 0, none of segment 1
+    plan = crossplan.index_plan
+
+    def cleaner_then_index_plan(*a, **kw):  # the segments were read and none had gone (drop_expired)
+        segs[0].unlink()
+        for r in below:
+            os.unlink(r.loc.path)
+        return plan(*a, **kw)
+
+    monkeypatch.setattr(crossplan, "index_plan", cleaner_then_index_plan)
+    rep = audit_store(str(root), overrides=sets, quiet=True, engine="local")
+    assert rep["live"]["live"]
+    assert not [f for f in rep["findings"] if f["kind"] == "index_key_missing"]
+    said = [f for f in rep["findings"] if f["kind"] == "expired_during_run" and f["file"] == "commitlog"]
+    assert len(said) == 1 and said[0]["extra"]["count"] == 398 > MAX_PER_KIND
+    more = Finding("index_key_missing", "warning", f"commitlog/{S:020d}", None, "", {"more": 7, "total": 57})
+    assert expired_count(more, 2 * S, S) == 7 and expired_count(more, S, S) == 0  # its segment's keys, not later
+
+
+def test_a_dledger_data_file_and_its_index_units_deleted_under_its_read_expire(tmp_path, monkeypatch, live):
+    """DLedger's cleaner deletes the oldest data file after its audit task opened it (the read goes on, on the
+    unlinked file), then reviseLedgerBeginIndex the index-unit files wholly below the next file's first entry,
+    which the task's DLedger facts read: the data file expired during the run (as when it is gone at its
+    open), not a traceback."""
+    import storelib.checks.segment as segment
+    from jobs.audit import audit_store
+
+    F = 32 * 64  # 64 units per index file
+    root, sets, segs = _store(tmp_path, DLedgerGen(index_file_size=F))
+    with open(segs[1], "rb") as f:
+        begin = int.from_bytes(f.read(16)[8:16], "big")  # the index of the next file's first entry
+    units = sorted((root / "dledger-n0" / "index").iterdir())
+    below = [p for p in units if int(p.name) + F <= begin * 32]
+    assert below and len(below) < len(units)
+    opened = segment._open_task
+
+    def cleaner_after_open(task, opts):
+        src = opened(task, opts)
+        if task.name == segs[0].name and segs[0].exists():
+            segs[0].unlink()
+            for p in below:
+                p.unlink()
+        return src
+
+    monkeypatch.setattr(segment, "_open_task", cleaner_after_open)
+    rep = audit_store(str(root), overrides=sets, quiet=True, engine="local")
+    assert rep["live"]["live"] and not segs[0].exists()
+    assert not [f for f in rep["findings"] if f["severity"] not in ("info", "ok")], rep["findings"]
+    said = [f for f in rep["findings"] if f["kind"] == "expired_during_run" and f["file"] == "dledger-n0/data"]
+    assert len(said) == 1 and said[0]["extra"]["segments"] == [segs[0].name]
