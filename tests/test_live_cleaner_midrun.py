@@ -104,3 +104,24 @@ def test_a_dledger_data_file_and_its_index_units_deleted_under_its_read_expire(t
     assert not [f for f in rep["findings"] if f["severity"] not in ("info", "ok")], rep["findings"]
     said = [f for f in rep["findings"] if f["kind"] == "expired_during_run" and f["file"] == "dledger-n0/data"]
     assert len(said) == 1 and said[0]["extra"]["segments"] == [segs[0].name]
+
+
+def test_a_carried_queue_seen_without_its_consume_queue_then_expired_makes_the_next_run_go_in_full(tmp_path, live):
+    """An incremental run saw a queue's records before the reput had created its consume queue (a new queue):
+    the carry holds them neither matched nor lagging. When the cleaner has deleted their segment by the next
+    run, which of them expired cannot be told from the carry: that run goes in full (not an IndexError)."""
+    import shutil
+
+    from jobs.audit import audit_store
+
+    root, sets, segs = _store(tmp_path, None)
+    q = root / "consumequeue" / "OrderEvents" / "0"
+    shutil.move(q, tmp_path / "q.away")  # not created yet
+    state = str(tmp_path / "audit.state")
+    first = audit_store(str(root), overrides=sets, quiet=True, engine="local", since=state)
+    shutil.move(tmp_path / "q.away", q)  # the reput caught up, then the cleaner deleted the oldest segment
+    segs[0].unlink()
+    rep = audit_store(str(root), overrides=sets, quiet=True, engine="local", since=state)
+    assert first["live"]["live"] and rep["live"]["live"]
+    assert rep["run"]["segments_carried"] == 0 and rep["run"]["segments_audited"] == len(segs) - 1
+    assert not [f for f in rep["findings"] if f["severity"] not in ("info", "ok")], rep["findings"]

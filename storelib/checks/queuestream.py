@@ -372,9 +372,11 @@ class QueueStream:
         """Drop a carried tail's records below the log's first offset (the cleaner deleted them): their
         queue offsets are consecutive and the first ``matched`` of them are their units (an earlier run
         proved it), so the first record left is found by the units' positions, which ascend. False: none
-        is left. Unsettled when that does not hold (a gap, lag the cleaner took, no consume queue)."""
+        is left. Unsettled when that does not hold (a gap, lag the cleaner took, no consume queue now or when
+        the carry was made: then its records are neither matched nor lagging)."""
         m = None if self.meta.base.failed else self.meta.queues.get((topic, qid))
-        if m is None or t.messages != t.max_qo - t.min_qo + 1 or (recs.shape[1] and recs[1][0] < self.log_min):
+        if m is None or t.messages != t.max_qo - t.min_qo + 1 or (recs.shape[1] and recs[1][0] < self.log_min) \
+                or t.matched + recs.shape[1] != t.messages:  # (records seen while the queue had no consume queue)
             raise Unsettled(f"records of {topic}/{qid} the cleaner deleted cannot be told from the carry")
         touched.append(m.cq)
         lo, hi = 0, t.matched  # the first of the matched records whose unit points at or past log_min
