@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from storelib.checks.index import key_missing_segment
 from storelib.checks.segment import SegmentResult, SegmentTask
@@ -153,6 +153,11 @@ def _first_offset_now(store: Store) -> int:
     return open_commitlog(store.loc, store.settings).min_offset
 
 
+def segment_gone(store: Store, seg: Any) -> bool:
+    """Has the cleaner of a live store deleted this segment (of the run's listing) since?"""
+    return store.live and seg.loc.local and not os.path.exists(seg.path)
+
+
 def drop_expired(store: Store, results: list[SegmentResult]) -> tuple[list[SegmentResult], list[str]]:
     """Segments of a live store the cleaner deleted during the run (a task found its file gone, or it is
     gone now), with every segment before them: the cleaner deletes oldest first, and the consume-queue
@@ -162,7 +167,7 @@ def drop_expired(store: Store, results: list[SegmentResult]) -> tuple[list[Segme
         return results, []
     cl = store.commitlog
     gone = [r.base for r in results if r.end_kind == "expired"]
-    gone += [s.base for s in cl.segments if s.loc.local and not os.path.exists(s.path)]
+    gone += [s.base for s in cl.segments if segment_gone(store, s)]
     if not gone:
         return results, []
     upto = max(gone)
@@ -177,4 +182,4 @@ def drop_expired(store: Store, results: list[SegmentResult]) -> tuple[list[Segme
     return [r for r in results if r.base > upto], names
 
 
-__all__ = ["DEFAULT_MAX_LAG", "DLEDGER_PROGRESS", "cut_tasks", "dledger_progress", "LAG_KINDS", "MARKER_KINDS", "drop_expired", "expect_stopped_finding", "expired_count", "judge_live"]
+__all__ = ["DEFAULT_MAX_LAG", "DLEDGER_PROGRESS", "cut_tasks", "dledger_progress", "LAG_KINDS", "MARKER_KINDS", "drop_expired", "expect_stopped_finding", "expired_count", "judge_live", "segment_gone"]
