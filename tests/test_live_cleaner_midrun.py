@@ -157,3 +157,33 @@ def test_incremental_runs_go_on_when_the_cleaner_deletes_a_segment_before_its_fi
         assert not [f for f in rep["findings"] if f["severity"] not in ("info", "ok")], rep["findings"]
     said = [f for f in second["findings"] if f["kind"] == "expired_during_run" and f["file"] == "commitlog"]
     assert len(said) == 1 and segs[1].name in said[0]["extra"]["segments"]
+
+
+def test_an_index_file_the_cleaner_deletes_before_its_file_task_is_expired_with_its_keys(tmp_path, monkeypatch,
+                                                                                         live):
+    """The cleaner deletes the oldest segment and the index files below the next one after the audit planned
+    its index tasks and before the first file's task: that file and its keys expired (said once each), the
+    later files are looked up, nothing is missing (was a KeyError in the index merge)."""
+    import storelib.checks.tasks.indextask as indextask
+    from jobs.audit import audit_store
+    from storelib.format.indexdir import list_index_files
+    from storelib.format.indexfile import IndexHeader
+
+    root, sets, segs = _store(tmp_path, None, maxIndexNum=200, maxHashSlotNum=50)
+    refs = list_index_files(resolve(str(root)))
+    below = [r for r in refs[:-1] if IndexHeader.from_bytes(open(r.loc.path, "rb").read(40)).end_phy_offset < S]
+    task = indextask.index_file_task
+
+    def cleaner_first(ctx, item):
+        if item.name == below[0].name and segs[0].exists():
+            segs[0].unlink()
+            for r in below:
+                os.unlink(r.loc.path)
+        return task(ctx, item)
+
+    monkeypatch.setattr(indextask, "index_file_task", cleaner_first)
+    rep = audit_store(str(root), overrides=sets, quiet=True, engine="local")
+    assert rep["live"]["live"] and not segs[0].exists()
+    assert not [f for f in rep["findings"] if f["severity"] not in ("info", "ok")], rep["findings"]
+    said = [f for f in rep["findings"] if f["kind"] == "expired_during_run"]
+    assert {f["file"] for f in said} >= {"commitlog", *(f"index/{r.name}" for r in below)}
