@@ -305,7 +305,8 @@ class PartFacts:
         self.walk, self.task = walk, task
         bound = task.end if task.end is not None else task.limit
         self.bound = bound if bound is not None and bound < task.file_size else None
-        self.builder = FactsBuilder(task.base, walk.index, task.start, self.bound)
+        cut = task.live and task.end is None and self.bound is not None  # the part the run's cut ends
+        self.builder = FactsBuilder(task.base, walk.index, task.start, self.bound, cut=cut)
         self.usable = True
 
     def columns(self, cols: list[str]) -> list[str]:
