@@ -379,11 +379,6 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
             if r.kind == "blank":
                 res.end_kind, res.data_end = "blank", r.pos
             break
-    except (OSError, StoreError) as e:  # DLedger's facts read the file's index units: its cleaner deletes
-        if not _vanished(task):  # them after the data file (reviseLedgerBeginIndex), as at the open above
-            raise
-        res.end_kind, res.unreadable = "expired", str(e)
-        return res
     finally:
         care.done(task.start, src.size)  # read-ahead windows go past the records: all this task may have read
         src.close()
