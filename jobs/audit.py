@@ -60,7 +60,13 @@ from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
 from storelib.checks.auditstate import load_state, merge_appended, plan, save_state
 from storelib.checks.crossfile import run_cross_checks
-from storelib.checks.livejudge import DEFAULT_MAX_LAG, cut_tasks, drop_expired, expect_stopped_finding
+from storelib.checks.livejudge import (
+    DEFAULT_MAX_LAG,
+    cut_tasks,
+    drop_expired,
+    expect_stopped_finding,
+    segment_gone,
+)
 from storelib.checks.logview import ResumeFailed
 from storelib.checks.segment import (
     SEVERITY_RANK,
@@ -309,7 +315,12 @@ def _after_segments(store: Store, settings: BrokerSettings, fresh: list[SegmentR
     if since:
         by_name = {s.name: s for s in store.commitlog.segments}
         for r in fresh:
-            fps[r.name] = fingerprint(by_name[r.name], results[r.name].data_end)
+            try:
+                fps[r.name] = fingerprint(by_name[r.name], results[r.name].data_end)
+            except StoreError:
+                if not segment_gone(store, by_name[r.name]):
+                    raise
+                fps[r.name] = {}  # deleted by the cleaner since it was read: the next run drops it (expired)
     ordered = [results[s.name] for s in store.commitlog.segments if s.name in results]
     t2 = time.monotonic()
     report, carry = cross_checks(store, ordered, settings,

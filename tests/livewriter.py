@@ -19,7 +19,8 @@ It writes a store the way a running RocketMQ broker does, in the broker's order 
 * ``checkpoint`` is rewritten in place every ``checkpoint_ms`` (physic = last put, logics = last
   dispatched, index = the end time of the last full index file);
 * the cleaner, every ``clean_ms`` once more than ``keep_segments`` segments hold data, deletes the
-  oldest segment, then the consume-queue files and index files wholly below the new first offset;
+  oldest segment (never one the reput has not passed: the broker's cleaners keep hours of data), then the
+  consume-queue files and index files wholly below the new first offset;
 * traffic: single sends, batches, delay levels, transactions (half, then commit or rollback later),
   on 5.x timer messages (the timer topic's record, a delivery re-put when due, and the timer store
   rewritten every ``timer_ms``).
@@ -419,7 +420,10 @@ class LiveBroker:
         seg_dir = self.w._log_dir()
         names = sorted(n for n in os.listdir(seg_dir) if n.isdigit())
         data = [n for n in names if int(n) < self.w.write_offset]
-        if len(data) <= self.cfg.keep_segments:
+        # the broker's cleaners go by age (fileReservedTime 72 h, MessageStoreConfig.java:87 4.9.8; DLedger's
+        # fileReservedHours, at least 1 h, DLedgerMmapFileStore.java:704-708 0.3.1.2): a reput never trails
+        # that far, so a segment holding records the reput has not dispatched yet is never the one deleted
+        if len(data) <= self.cfg.keep_segments or int(data[1]) > self.reput_at:
             return
         os.unlink(os.path.join(seg_dir, data[0]))  # MappedFile.destroy: file.delete()
         self.counts["deleted_segments"] += 1

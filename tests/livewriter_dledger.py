@@ -14,7 +14,7 @@ class DLedgerLiveBroker(LiveBroker):
 
     * each record is one entry (48-byte header + the record, PHYSICALOFFSET = pos + 48) copied into the data
       file whole (``DLedgerMmapFileStore.appendAsLeader``: ``dataFileList.append``), then its 32-byte index
-      unit (``indexFileList.append``); a DLedger blank filler (int -1, int remaining) ends a file the next
+      unit (``indexFileList.append``), entry after entry (a batch too); a DLedger blank filler (int -1, int remaining) ends a file the next
       entry + 8 bytes does not fit; data files are created on demand, full size (no allocate-ahead);
     * the committed index trails the ledger end by one reput tick (the quorum ack of a one-node group), and
       the reput dispatches only up to the committed position (``DLedgerCommitLog.getData``);
@@ -45,9 +45,27 @@ class DLedgerLiveBroker(LiveBroker):
         return w
 
     def _publish(self, results: list) -> None:
-        super()._publish(results)  # the entries' bytes
+        if len(results) > 1:  # a batch (or a commit with its op record): entry after entry, each then its unit
+            self._entries_then_units()
+        super()._publish(results)  # the entry's bytes (one record: maybe paused halfway)
         for index, unit in self.units:
             self._write_unit(index, unit)
+        self.units.clear()
+
+    def _entries_then_units(self) -> None:
+        """The buffered entries written one at a time, each followed by its index unit, as
+        ``DLedgerMmapFileStore.appendAsLeader`` (0.3.1.2 :353-372) appends them: one entry under one lock, its
+        data then its unit (units of entries a file switch already flushed go first: written before)."""
+        w = self.w
+        start, buf = w._seg_base + w._buf_pos, bytes(w._buf)
+        for index, unit in self.units:
+            pos, size = int.from_bytes(unit[4:12], "big"), int.from_bytes(unit[12:16], "big")
+            if pos >= start:
+                os.pwrite(w._fd, buf[pos - start:pos - start + size], w._buf_pos + pos - start)
+            self._write_unit(index, unit)
+        assert not self.units or pos + size - start == len(buf), "the buffer is not the units' entries"
+        w._buf_pos += len(buf)
+        w._buf = bytearray()
         self.units.clear()
 
     def _commit(self) -> None:

@@ -437,3 +437,4 @@ def test_an_index_file_the_cleaner_deletes_before_its_lookup_is_said_expired_and
     assert looked[0] == idx.name and rep["live"]["live"]  # (it and every later file: the whole view's rule)
     said = [f for f in rep["findings"] if f["file"] == f"index/{idx.name}" and f["kind"] == "expired_during_run"]
     assert len(said) == 1 and said[0]["severity"] == "info"
+

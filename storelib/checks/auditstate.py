@@ -27,6 +27,7 @@ from dataclasses import asdict
 from typing import Any
 
 from storelib.broker.settings.store import Store
+from storelib.checks.livejudge import segment_gone
 from storelib.checks.segment import SegmentResult, SegmentTask
 from storelib.errors import StoreError
 from storelib.scan.fingerprint import prefix_unchanged
@@ -121,7 +122,12 @@ def plan(store: Store, state: dict, state_path: str | None, say: Say = None, exp
         if old and resumable:
             ofp = old["fingerprint"]
             data_end = old["result"]["data_end"]
-            same = ofp.get("size") == seg.file_size and prefix_unchanged(seg, ofp, data_end)
+            try:
+                same = ofp.get("size") == seg.file_size and prefix_unchanged(seg, ofp, data_end)
+            except StoreError:
+                if not segment_gone(store, seg):
+                    raise
+                same = False  # deleted by the cleaner since the listing: its task finds it gone (expired)
             # (a live store's segment being written can take bytes within the millisecond of its mtime)
             growing = store.live and old["result"]["end_kind"] == "end_of_data"
             if same and ofp.get("mtime_ms") == seg.mtime_ms and not growing:

@@ -21,6 +21,7 @@ The walk's per-file scans and the queue ends run as engine tasks (:mod:`storelib
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,7 @@ from storelib.broker.recovery.dledgerfacts import (
     join_ends,
 )
 from storelib.broker.recovery.resync import LostRegion
-from storelib.errors import Finding
+from storelib.errors import Finding, StoreError
 from storelib.scan.commitlog import at_cut
 from storelib.scan.splits import find_entry_start
 
@@ -305,7 +306,8 @@ class PartFacts:
         self.walk, self.task = walk, task
         bound = task.end if task.end is not None else task.limit
         self.bound = bound if bound is not None and bound < task.file_size else None
-        self.builder = FactsBuilder(task.base, walk.index, task.start, self.bound)
+        cut = task.live and task.end is None and self.bound is not None  # the part the run's cut ends
+        self.builder = FactsBuilder(task.base, walk.index, task.start, self.bound, cut=cut)
         self.usable = True
 
     def columns(self, cols: list[str]) -> list[str]:
@@ -317,8 +319,20 @@ class PartFacts:
             if self.walk.v2_invalid and batch.num_rows and pc.any(pc.equal(batch.column("magic_version"), 2)).as_py():
                 self.usable = False
             if self.usable:
-                self.builder.add(batch)
+                try:
+                    self.builder.add(batch)
+                except (OSError, StoreError):
+                    if not self._gone():
+                        raise
+                    self.usable = False
             yield batch.select(cols)
+
+    def _gone(self) -> bool:
+        """Has DLedger's cleaner deleted this data file since the part opened it (then its index units:
+        reviseLedgerBeginIndex)? Its facts are then unusable and the file expired: the read goes on, on the
+        unlinked file, drop_expired leaves it out and the walk's task finds it gone."""
+        t = self.task
+        return t.live and t.local and not os.path.exists(t.uri)
 
     def finish(self, src: Any, end: SegmentEnd | None) -> dict | None:
         """The walk's :class:`DLedgerEnd` of this part as a dict (None: unusable, or a split part whose scan
@@ -326,7 +340,12 @@ class PartFacts:
         if end is None or not self.usable or (self.task.end is not None and (
                 end.kind != "split_end" or end.file_offset != self.task.end)):
             return None
-        done = self.builder.finish(src, end)
+        try:
+            done = self.builder.finish(src, end)
+        except (OSError, StoreError):
+            if not self._gone():
+                raise
+            return None
         done = replace(done, file=f"{self.walk.folder}/{self.task.name}", crc_errors=0, first_crc_error=None)
         return at_cut(done, self.task.limit).to_dict()
 

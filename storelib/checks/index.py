@@ -358,13 +358,23 @@ def split_missing(mphy: np.ndarray, explained: np.ndarray, max_end_phy: int, liv
     return behind, ~explained & ~behind
 
 
+_KEY_SEGMENT = "commitlog/"  # an index_key_missing finding's file: its record's segment, commitlog/<base>
+
+
 def key_missing_finding(p: int, key_hash: int, first_begin: int, segment_size: int) -> Finding:
-    """A key of the message at ``p`` that no index file finds (a warning before the oldest file's range)."""
+    """A key of the message at ``p`` that no index file finds (a warning before the oldest file's range),
+    filed under its record's commitlog segment (so the summary of those past the cap names it too)."""
     S = segment_size
     sev = "warning" if p < first_begin else "error"
-    return Finding("index_key_missing", sev, f"commitlog/{p // S * S:020d}", p % S,
+    return Finding("index_key_missing", sev, f"{_KEY_SEGMENT}{p // S * S:020d}", p % S,
                    f"a key of the message at {p} (hash {key_hash}) is not findable through any index file",
                    {"phy": p, "key_hash": key_hash})
+
+
+def key_missing_segment(file: str | None) -> int | None:
+    """The base of the commitlog segment an index_key_missing finding's ``file`` names (None: not one)."""
+    name = file[len(_KEY_SEGMENT):] if file and file.startswith(_KEY_SEGMENT) else ""
+    return int(name) if name.isdigit() else None
 
 
 def abnormal_start_note(info: dict, out: Capped, name: str, h: IndexHeader, idx_ts: int | None, abort: bool) -> None:

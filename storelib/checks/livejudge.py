@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from storelib.checks.index import key_missing_segment
 from storelib.checks.segment import SegmentResult, SegmentTask
 from storelib.errors import Finding
 
@@ -58,6 +59,20 @@ DLEDGER_PROGRESS = {
 EXPIRABLE = {"cq_file_missing": "last_phy", "index_key_missing": "phy"}
 
 
+def expired_count(f: Finding, first_now: int, segment_size: int) -> int:
+    """How many of the findings ``f`` stands for are about records below ``first_now`` (the commitlog's first
+    offset now): a listed one by its record's position (EXPIRABLE); the summary of a kind's findings past the
+    cap (:meth:`storelib.checks.segment.Capped.done`: "N more ... in this file", no position) by the file they
+    share, which for index_key_missing is the commitlog segment of their records
+    (:func:`storelib.checks.index.key_missing_segment`): all N when that segment is wholly below it, else 0."""
+    ex = f.extra or {}
+    if "more" in ex:
+        base = key_missing_segment(f.file) if f.kind == "index_key_missing" else None
+        return int(ex["more"]) if base is not None and base + segment_size <= first_now else 0
+    at = ex.get(EXPIRABLE.get(f.kind, ""))
+    return 1 if at is not None and int(at) < first_now else 0
+
+
 def judge_live(findings: list[Finding], store: Store, max_lag: int | None = None) -> list[Finding]:
     """``findings`` of a run on a live store as the module docstring says (unchanged without a live cut).
 
@@ -72,9 +87,9 @@ def judge_live(findings: list[Finding], store: Store, max_lag: int | None = None
     for f in findings:
         if f.kind in MARKER_KINDS:
             continue
-        at = (f.extra or {}).get(EXPIRABLE.get(f.kind, ""))
-        if first_now is not None and at is not None and int(at) < first_now:
-            expired += 1
+        gone = expired_count(f, first_now, store.commitlog.segment_size) if first_now is not None else 0
+        if gone:
+            expired += gone
             continue
         if f.kind == "queue_behind_commitlog":
             ex = f.extra or {}
@@ -138,6 +153,11 @@ def _first_offset_now(store: Store) -> int:
     return open_commitlog(store.loc, store.settings).min_offset
 
 
+def segment_gone(store: Store, seg: Any) -> bool:
+    """Has the cleaner of a live store deleted this segment (of the run's listing) since?"""
+    return store.live and seg.loc.local and not os.path.exists(seg.path)
+
+
 def drop_expired(store: Store, results: list[SegmentResult]) -> tuple[list[SegmentResult], list[str]]:
     """Segments of a live store the cleaner deleted during the run (a task found its file gone, or it is
     gone now), with every segment before them: the cleaner deletes oldest first, and the consume-queue
@@ -147,7 +167,7 @@ def drop_expired(store: Store, results: list[SegmentResult]) -> tuple[list[Segme
         return results, []
     cl = store.commitlog
     gone = [r.base for r in results if r.end_kind == "expired"]
-    gone += [s.base for s in cl.segments if s.loc.local and not os.path.exists(s.path)]
+    gone += [s.base for s in cl.segments if segment_gone(store, s)]
     if not gone:
         return results, []
     upto = max(gone)
@@ -162,4 +182,4 @@ def drop_expired(store: Store, results: list[SegmentResult]) -> tuple[list[Segme
     return [r for r in results if r.base > upto], names
 
 
-__all__ = ["DEFAULT_MAX_LAG", "DLEDGER_PROGRESS", "cut_tasks", "dledger_progress", "LAG_KINDS", "MARKER_KINDS", "drop_expired", "expect_stopped_finding", "judge_live"]
+__all__ = ["DEFAULT_MAX_LAG", "DLEDGER_PROGRESS", "cut_tasks", "dledger_progress", "LAG_KINDS", "MARKER_KINDS", "drop_expired", "expect_stopped_finding", "expired_count", "judge_live", "segment_gone"]

@@ -377,7 +377,8 @@ class QueueStream:
         the units' positions, which ascend, then by the lagging records' own. Lagging records the cleaner
         took are gone as a full audit sees them: whatever units the broker wrote for them since point below
         the log's first offset (expired). Returns the lagging records left; None: no record is left.
-        Unsettled when that does not hold (a gap, no consume queue)."""
+        Unsettled when that does not hold (a gap, no consume queue now or when the carry was made: then
+        its records are neither matched nor lagging)."""
         m = None if self.meta.base.failed else self.meta.queues.get((topic, qid))
         if m is None or t.messages != t.max_qo - t.min_qo + 1 or t.messages != t.matched + recs.shape[1]:
             raise Unsettled(f"records of {topic}/{qid} the cleaner deleted cannot be told from the carry")

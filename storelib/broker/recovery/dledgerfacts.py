@@ -327,9 +327,11 @@ class FactsBuilder:
     batch's units compared as it comes: memory is a batch), then finishes them past the scan's end
     (:meth:`finish`)."""
 
-    def __init__(self, base: int, index_files: IndexFiles, start: int = 0, limit: int | None = None):
+    def __init__(self, base: int, index_files: IndexFiles, start: int = 0, limit: int | None = None,
+                 cut: bool = False):
         self.base, self.index_files, self.start = base, index_files, start  # the data file's start offset
         self.limit = limit  # a run's cut in this file (a live store): nothing after it is read
+        self.cut = cut  # ``limit`` is a live store's cut (not a split's end): see :meth:`_unit_in_flight`
         self.entries = 0
         self.first: tuple[int, int] | None = None
         self.last: tuple[int, int] | None = None
@@ -361,6 +363,8 @@ class FactsBuilder:
         else:
             tail = walk_headers(source, self.base, end.file_offset, self.last)
         self._take(*(np.asarray(x, np.int64) for x in (tail.index, tail.term, tail.pos, tail.size)))
+        if self._unit_in_flight(end):
+            self.mismatch = None
         head = bytes(source.read(0, min(source.size, BODY_OFFSET + 80)))
         magic, ts = _record_probe(head)
         facts = FileFacts(
@@ -370,6 +374,17 @@ class FactsBuilder:
             end_kind=tail.end_kind, end_offset=tail.end_offset, end_detail=tail.end_detail,
             index_mismatch=self.mismatch, record_magic=magic, record_time=ts, from_offset=self.start)
         return DLedgerEnd(**end.__dict__, facts=facts)
+
+
+    def _unit_in_flight(self, end: SegmentEnd) -> bool:
+        """Is the first unit that differs that of the last entry before a live store's cut, and not written
+        yet (no file holds it, or all zeros)? DLedgerMmapFileStore.appendAsLeader (0.3.1.2 :353-372) appends
+        one entry at a time under one lock, its data then its unit: only that entry's unit can be in flight."""
+        if not (self.cut and self.mismatch is not None and self.last is not None and self.limit is not None
+                and end.file_offset >= self.limit and self.mismatch[0] == self.last[0]):
+            return False
+        u, have = self.index_files.units(self.mismatch[0], 1)
+        return not have[0] or not u.tobytes().strip(b"\0")
 
 
 def _record_probe(head: bytes) -> tuple[int | None, int | None]:

@@ -192,7 +192,8 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     facts = cols = None
     if seg.dledger:  # the entry columns feed the file's DLedger facts, then are dropped if not asked for
         scan_kw.update(dledger=True, committed_index=plan.inputs.dledger_committed_index, file=seg.display)
-        facts = FactsBuilder(seg.base, plan.inputs.dledger_index or IndexFiles(), task.start, scan_kw.get("end"))
+        facts = FactsBuilder(seg.base, plan.inputs.dledger_index or IndexFiles(), task.start, scan_kw.get("end"),
+                             cut=scan_kw.get("end") is not None)  # (only a live audit's walk ends a file early)
         cols = scan_kw.get("columns")
         if cols is not None:
             scan_kw["columns"] = list(cols) + [c for c in FACT_COLUMNS if c not in cols]

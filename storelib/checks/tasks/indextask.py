@@ -66,9 +66,13 @@ class IndexFileTask:
     at: bytes | None = None  # its header as a live store's cut read it
 
 
+def _ref(ctx: CrossContext, name: str, size: int, at: bytes | None = None) -> IndexFileRef:
+    return IndexFileRef(name, ctx.root().join("index", name), size, at)
+
+
 def _open(ctx: CrossContext, name: str, size: int, at: bytes | None = None) -> IndexFile:
     g = IndexGeometry(ctx.settings.max_hash_slot_num, ctx.settings.max_index_num)
-    return IndexFileRef(name, ctx.root().join("index", name), size, at).open(g, strict=False, broker_size=True)
+    return _ref(ctx, name, size, at).open(g, strict=False, broker_size=True)
 
 
 def _key_chunks(ctx: CrossContext, keys: KeySlices) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -112,7 +116,12 @@ def index_file_task(ctx: CrossContext, task: IndexFileTask) -> dict[str, Any]:
     try:
         f = _open(ctx, task.name, task.size, task.at)
     except StoreError as e:
-        return {"pos": task.pos, "err": index_open_error(display, e).to_dict()}
+        if not index_gone(_ref(ctx, task.name, task.size, task.at), ctx.cut is not None and ctx.cut.live):
+            return {"pos": task.pos, "err": index_open_error(display, e).to_dict()}
+        # the cleaner deleted it since the plan: not its keys, so it and the files after it are looked up,
+        # where its lookup says it expired (and its keys, of records below the first offset now, expired too)
+        return {"pos": task.pos, "entries": 0, "max_phy": -1, "validate": [], "chains": Capped().to_json(),
+                "matched": False, "next_key": None}
     try:
         if task.carried is not None:
             return _grown_file(ctx, task, f, display)
@@ -228,7 +237,7 @@ def index_lookup_task(ctx: CrossContext, task: IndexLookupTask) -> dict[str, Any
     try:
         f = _open(ctx, task.name, task.size, task.at)
     except StoreError as e:  # (a live store's cleaner may delete it between the file task and this one)
-        ref = IndexFileRef(task.name, ctx.root().join("index", task.name), task.size, task.at)
+        ref = _ref(ctx, task.name, task.size, task.at)
         gone = index_gone(ref, ctx.cut is not None and ctx.cut.live)
         found = Capped()
         found.extend(expired_index(ref) if gone else [index_open_error(display, e)])
