@@ -105,6 +105,31 @@ def test_small_row_groups_and_file_limits_cut_files_and_keep_every_row_in_dispat
     assert not list((tmp_path / "snap-date").glob("topic=*")) and list((tmp_path / "snap-date").glob("date=*"))
 
 
+def test_take_rows_moves_map_rows_like_arrows_take(store):
+    """The partition sort's take (maps moved row by row) gives Arrow's own take: on the decoder's real
+    properties, on a slice, with empty maps and empty strings, binary keys, and (Arrow's path) nulls."""
+    import numpy as np
+
+    from storelib.snapshot.exporttask import take_rows
+
+    props = ds.read_messages(str(store)).column("properties").combine_chunks()
+    mt = pa.map_(pa.string(), pa.string())
+    cases = [
+        props, props.slice(7, 500),
+        pa.array([[("a", "")], [], [("", "x"), ("k", "v")], [], [("z", "long value " * 5)]], mt),
+        pa.array([[(b"\x00k", b"v")], [(b"", b"")]], pa.map_(pa.binary(), pa.binary())),
+        pa.array([[("a", "1")], None, [("b", None)]], mt),  # nulls: Arrow's take
+        pa.array([[], []], mt),
+    ]
+    rng = np.random.default_rng(3)
+    for arr in cases:
+        t = pa.table({"n": pa.array(range(len(arr))), "m": arr})
+        for order in (rng.permutation(len(arr)), np.arange(len(arr))[::-1].copy(), rng.integers(0, len(arr), 9)):
+            got = take_rows(t, order)
+            assert got.schema == t.schema and got.equals(t.take(pa.array(order)))
+            assert got.column("m").to_pylist() == [arr[int(i)].as_py() for i in order]
+
+
 def test_records_past_the_recovery_end_are_not_exported_and_the_manifest_says_why(store, tmp_path):
     seg = store / "commitlog" / "00000000000001048576"
     with open(seg, "r+b") as f:  # a body byte of the record at 199059 (inside the recovery window)
@@ -142,6 +167,18 @@ def test_incremental_rerun_writes_only_the_new_part_and_equals_a_full_export(sto
     strip = [{k: v for k, v in r.items() if k != "segment"} for r in rows(tmp_path / "snap")]
     assert strip == [{k: v for k, v in r.items() if k != "segment"} for r in rows(tmp_path / "full")]
     assert len(strip) == 2200
+
+
+def test_a_rerun_with_other_partitions_leaves_no_empty_partition_directory(store, tmp_path):
+    """A full rerun replaces every file: the directories of the old layout go with them (pruned), and a
+    run that deletes nothing leaves the directories its files are in."""
+    m = run(store, tmp_path / "snap", broker_conf=CONF)
+    assert list((tmp_path / "snap").glob("topic=*/date=*/*.parquet"))
+    m = run(store, tmp_path / "snap", broker_conf=CONF, partition_by=("date",))
+    assert m["run"]["files_deleted"] > 0 and not list((tmp_path / "snap").glob("topic=*"))
+    dirs = [p for p in (tmp_path / "snap").rglob("*") if p.is_dir()]
+    assert dirs and all(any(d.iterdir()) for d in dirs)
+    assert rows(tmp_path / "snap") == source_rows(store)
 
 
 def test_an_unchanged_store_writes_nothing(store, tmp_path):

@@ -119,7 +119,8 @@ def apply_commit(out: Location, st: Location, doc: dict[str, Any]) -> None:
         p = out.join(*rel.split("/"))
         if out.fs.get_file_info(p.path).type == pa.fs.FileType.File:
             out.fs.delete_file(p.path)
-    _prune_empty_dirs(out)
+    if doc["delete"]:  # (moves only fill directories: a run that deletes nothing empties none)
+        _prune_empty_dirs(out)
     out.fs.delete_dir(st.path)
 
 
