@@ -130,6 +130,22 @@ def test_take_rows_moves_map_rows_like_arrows_take(store):
             assert got.column("m").to_pylist() == [arr[int(i)].as_py() for i in order]
 
 
+def test_utc_days_equal_the_zoned_cast_to_date_text():
+    """The date partition's text (cast on the naive timestamp, only distinct days formatted) equals the
+    zoned cast row by row: before 1970, at midnight, the last day Arrow prints, and the far out of range."""
+    import numpy as np
+
+    from storelib.scan.messagecols import time_column
+    from storelib.snapshot.exporttask import utc_days
+
+    ms = np.r_[np.random.default_rng(5).integers(-10**13, 10**13, 5000),
+               [-1, 0, 86_399_999, 86_400_000, -86_400_000, -86_400_001, 253_402_300_799_999, 10**15, -10**15]]
+    st = time_column(pa.array(ms, pa.int64()))
+    got = utc_days(st)
+    assert got.dictionary_decode().equals(pc.cast(pc.cast(st, pa.date32()), pa.string()))
+    assert len(got.dictionary) == len(set(got.dictionary.to_pylist()))
+
+
 def test_records_past_the_recovery_end_are_not_exported_and_the_manifest_says_why(store, tmp_path):
     seg = store / "commitlog" / "00000000000001048576"
     with open(seg, "r+b") as f:  # a body byte of the record at 199059 (inside the recovery window)
@@ -153,6 +169,18 @@ def test_topic_names_become_encoded_partition_values(store, tmp_path):
     t = ds.snapshot_dataset(str(tmp_path / "snap")).to_table()
     assert "New/Topic 🚀" in set(t.column("topic").to_pylist())
     assert all("/" not in p.name for p in (tmp_path / "snap").iterdir())
+
+
+def test_a_topic_too_long_for_a_directory_entry_is_skipped_and_counted_unless_topics_are_not_partitions(store, tmp_path):
+    long = "\U0001f680" * 30  # 120 bytes: 360 percent-encoded, past one directory entry
+    grow(store, 30, topic=long)  # 20 of them in that topic, 10 in "New/Topic 🚀"
+    m = run(store, tmp_path / "snap", broker_conf=CONF)
+    (entry,) = [s for s in m["skipped"] if "topics" in s]
+    assert list(entry["topics"].values()) == [20] and "\\U0001f680" in next(iter(entry["topics"]))
+    assert rows(tmp_path / "snap") == [r for r in source_rows(store) if r["topic"] != long]
+    assert m["totals"]["rows"] == 2010
+    m = run(store, tmp_path / "bydate", broker_conf=CONF, partition_by=("date",))
+    assert not [s for s in m["skipped"] if "topics" in s] and rows(tmp_path / "bydate") == source_rows(store)
 
 
 def test_incremental_rerun_writes_only_the_new_part_and_equals_a_full_export(store, tmp_path):

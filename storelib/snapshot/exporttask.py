@@ -73,9 +73,9 @@ def take_rows(table: pa.Table, order: np.ndarray) -> pa.Table:
     columns 10 ms)."""
     idx = pa.array(order)
     cols = []
-    for col in table.columns:
+    for col in table.columns:  # (order is a permutation of the rows: no bounds to check)
         moved = _take_map(col.chunk(0), order, idx) if pa.types.is_map(col.type) and col.num_chunks == 1 else None
-        cols.append(col.take(idx) if moved is None else moved)
+        cols.append(pc.take(col, idx, boundscheck=False) if moved is None else moved)
     return pa.Table.from_arrays(cols, schema=table.schema)
 
 
@@ -116,7 +116,7 @@ def _runs(buf: pa.Buffer | None, bounds: np.ndarray, idx: pa.Array) -> pa.Buffer
         return pa.py_buffer(b"")
     tokens = pa.Array.from_buffers(pa.binary(), len(bounds) - 1,
                                    [None, pa.py_buffer((bounds - base).astype(np.int32)), buf.slice(base)])
-    out = tokens.take(idx).buffers()[2]
+    out = pc.take(tokens, idx, boundscheck=False).buffers()[2]
     return pa.py_buffer(b"") if out is None else out
 
 
@@ -142,12 +142,15 @@ class _Partitions:
         self.done: list[dict[str, Any]] = []
         self.files = 0
 
-    def add(self, batch: pa.RecordBatch) -> None:
+    def add(self, batch: pa.RecordBatch, keys: dict[str, pa.DictionaryArray] | None = None) -> None:
+        """A batch's rows into their partitions; ``keys``: partition columns already dictionary-encoded
+        (those the batch need not hold), the others are encoded here."""
         data = pa.Table.from_batches([batch]).select(self.schema.names)
         if not self.by:
             self._push("", data)
             return
-        codes = [pc.dictionary_encode(batch.column(c)) for c in self.by]
+        keys = keys or {}
+        codes = [keys[c] if c in keys else pc.dictionary_encode(batch.column(c)) for c in self.by]
         key = np.zeros(batch.num_rows, np.int64)
         for enc in codes:
             key = key * len(enc.dictionary) + np.asarray(enc.indices, dtype=np.int64)
@@ -206,6 +209,29 @@ class _Partitions:
         return self.done
 
 
+def _topic_keys(batch: pa.RecordBatch, skipped: dict[str, int]) -> tuple[pa.RecordBatch, pa.DictionaryArray]:
+    """The batch without rows whose topic cannot be a partition directory (counted in ``skipped`` by
+    escaped name), and its topic column dictionary-encoded (one hash pass serves both)."""
+    enc = pc.dictionary_encode(batch.column("topic"), null_encoding="encode")
+    bad = [i for i, t in enumerate(enc.dictionary.to_pylist()) if partition_problem(t) is not None]
+    if not bad:
+        return batch, enc
+    codes = np.asarray(enc.indices)
+    for i in bad:
+        t = escape_topic(enc.dictionary[i].as_py())
+        skipped[t] = skipped.get(t, 0) + int(np.count_nonzero(codes == i))
+    keep = pa.array(~np.isin(codes, bad))
+    return batch.filter(keep), enc.filter(keep)
+
+
+def utc_days(store_time: pa.Array) -> pa.DictionaryArray:
+    """The UTC day (``YYYY-MM-DD``) of each store time, dictionary-encoded: the cast to days on the naive
+    timestamp (the same UTC instants; the zoned cast looks the zone up row by row, 4x the cost) and the
+    text of each distinct day only."""
+    days = pc.dictionary_encode(pc.cast(store_time.cast(pa.timestamp(store_time.type.unit)), pa.date32()))
+    return pa.DictionaryArray.from_arrays(days.indices, days.dictionary.cast(pa.string()))
+
+
 def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool, int | None]) -> dict[str, Any]:
     """One segment from ``start`` (up to ``stop`` when given): the walk's scan of it, written as Parquet
     files under the staging directory. Returns the scan end, rows, files and skipped rows."""
@@ -238,23 +264,24 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
                     continue
                 pacer.took(int(pc.sum(b.column("size")).as_py() or 0))
                 out = message_batch(b, scan_schema, name)
-                topics = out.column("topic")
-                bad = [t for t in pc.unique(topics).to_pylist() if partition_problem(t) is not None]
-                if bad and "topic" in ctx.partition_by:  # a name that cannot be one directory entry
-                    mask = pc.is_in(topics, value_set=pa.array(bad))
-                    for t in bad:
-                        skipped[escape_topic(t)] = skipped.get(escape_topic(t), 0) + int(pc.sum(pc.equal(topics, t)).as_py())
-                    out = out.filter(pc.invert(mask))
-                day = pc.cast(pc.cast(out.column("store_time"), pa.date32()), pa.string())  # UTC day
-                out = pa.RecordBatch.from_arrays([*out.columns, day], schema=schema)
+                keys = {}
+                if "topic" in ctx.partition_by:
+                    out, keys["topic"] = _topic_keys(out, skipped)
+                    if not out.num_rows:
+                        continue
+                day = utc_days(out.column("store_time"))
+                if "date" in ctx.partition_by:  # in the path only: the partitions take the codes
+                    keys["date"] = day
+                else:
+                    out = pa.RecordBatch.from_arrays([*out.columns, day.dictionary_decode()], schema=schema)
                 rows += out.num_rows
-                yield out
+                yield out, keys
 
     staging = resolve(ctx.staging, **ctx.fs_options)
     out = _Partitions(staging, ctx.partition_by, schema, f"part-{name}-{start:012d}-{ctx.run}")
     try:
-        for b in batches():
-            out.add(b)
+        for b, keys in batches():
+            out.add(b, keys)
     finally:
         written = out.close()
         care.done(start, file_size)
