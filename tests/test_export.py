@@ -253,6 +253,32 @@ def test_a_crash_after_the_commit_record_is_finished_by_the_next_run(store, tmp_
     assert m["run"]["unchanged"] and m["totals"]["rows"] == 2050 and len(rows(tmp_path / "snap")) == 2050
 
 
+def test_a_fresh_snapshot_takes_whole_partition_directories_and_a_crash_mid_commit_is_finished(store, tmp_path,
+                                                                                              monkeypatch):
+    """A new snapshot's staged topic directories move in whole (every file of each is a move); a crash
+    after those moves and before the manifest leaves the commit record, and the next run finishes it
+    (per file, none left to move) to the same rows, with no staging directory left."""
+    real_whole, real_write = snap_mod._move_whole_dirs, snap_mod.write_json
+    moved: list[set[str]] = []
+    monkeypatch.setattr(snap_mod, "_move_whole_dirs", lambda *a: moved.append(real_whole(*a)) or moved[-1])
+    m = run(store, tmp_path / "snap")
+    assert moved[0] == {f["path"] for s in m["segments"].values() for f in s["files"]}
+    assert not list((tmp_path / "snap").glob("_staging-*"))
+
+    def crash(loc, obj):
+        raise OSError("killed before the manifest")
+
+    monkeypatch.setattr(snap_mod, "write_json", crash)
+    with pytest.raises(OSError):
+        run(store, tmp_path / "again")
+    assert len(moved) == 2 and moved[1] and list((tmp_path / "again").glob("_staging-*/_commit.json"))
+    assert not (tmp_path / "again" / "_manifest.json").exists()
+    monkeypatch.setattr(snap_mod, "write_json", real_write)
+    m = run(store, tmp_path / "again", incremental=True)  # finishes the commit, then finds nothing new
+    assert m["run"]["unchanged"] and rows(tmp_path / "again") == rows(tmp_path / "snap") == source_rows(store)
+    assert not list((tmp_path / "again").glob("_staging-*"))
+
+
 def test_refuses_a_directory_that_is_not_a_snapshot_and_a_snapshot_of_another_store(store, tmp_path, sample_533):
     other = tmp_path / "docs"
     other.mkdir()
