@@ -316,24 +316,6 @@ def test_a_cold_segment_read_gives_back_only_the_pages_it_brought_into_the_page_
     assert residency(str(path))[:pages].sum() > before.sum()
 
 
-def test_page_care_of_a_range_that_was_all_cached_drops_nothing_and_does_not_wait(tmp_path, monkeypatch):
-    """Every page was in the cache before the read: nothing to give back, so no read-ahead settle (each
-    command's broker-line check reads the oldest segment's head under page care: 20 ms a run before)."""
-    import storelib.fileio.pagecare as pagecare
-
-    path = tmp_path / "seg"
-    path.write_bytes(os.urandom(64 * pagecare.PAGE))
-    path.read_bytes()
-    now = pagecare.residency(str(path))
-    if now is None or not now.all():
-        pytest.skip("page-cache residency cannot be told here")
-    care = pagecare.PageCare(str(path))
-    slept: list[float] = []
-    monkeypatch.setattr(pagecare.time, "sleep", slept.append)
-    assert care.done(0, path.stat().st_size) == 0 and slept == []
-    assert pagecare.residency(str(path)).all()
-
-
 def test_read_rate_holds_a_task_to_its_budget(tmp_path):
     from storelib.checks.segment import AuditOptions, audit_part
 

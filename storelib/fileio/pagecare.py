@@ -114,8 +114,6 @@ class PageCare:
         cold = ~self.before[p0:p1]
         edges = np.flatnonzero(np.diff(np.r_[0, cold.astype(np.int8), 0]))
         runs = [((p0 + int(a)) * PAGE, (p0 + int(b)) * PAGE) for a, b in zip(edges[::2], edges[1::2])]
-        if not runs:  # every page of the range was cached before: nothing to drop, no read-ahead to wait for
-            return self.dropped
         self.dropped += drop_pages(self.path, runs)
         # the kernel's asynchronous read-ahead of the last reads may still be landing (pages under I/O are
         # not dropped, and on a loaded host it can take longer than one settle): again while any of them is
