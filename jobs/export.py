@@ -170,7 +170,7 @@ def _export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) 
     finally:
         drop_budget(budget)
         if own:
-            eng.close()
+            eng.release()  # its workers exit while this run commits; close() below waits for them
     gone = [r["name"] for r in done.values() if r.get("expired")]
     if gone:
         out.fs.delete_dir(staging.path)
@@ -213,6 +213,8 @@ def _export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) 
                                    "segments_unchanged": len(carried), "rows_written": new_rows,
                                    "bytes_written": new_bytes, "files_written": len(moves),
                                    "files_deleted": len(drop), "unchanged": unchanged})
+    if own:
+        eng.close()
     return manifest
 
 

@@ -122,6 +122,37 @@ def test_a_failing_task_fails_the_map_with_its_own_error():
             eng.close()
 
 
+def _pid(_: int) -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_a_released_pool_returns_at_once_and_close_waits_for_its_workers_to_exit():
+    """release(): the workers exit while the caller goes on (the export's commit); close() joins them,
+    and the engine (or a new one) forks afresh afterwards."""
+    import os
+    import threading
+
+    eng = PoolEngine(2)
+    try:
+        pids = set(eng.map(_pid, list(range(6))))
+        assert pids and os.getpid() not in pids
+        eng.release()
+        assert eng._pool is None and eng._exiting is not None
+        eng.close()
+        assert eng._exiting is None and not [t for t in threading.enumerate() if t.name == "rmqstore-pool-exit"]
+        for pid in pids:  # exited and reaped: no such process any more
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        assert not pids & set(eng.map(_pid, [0, 1]))  # a new pool after close
+    finally:
+        eng.close()
+    for e in (LocalEngine(),):
+        e.release()
+        assert e.map(_fail_on_two, [1]) == [10]
+
+
 def test_make_engine_refuses_an_unknown_name():
     with pytest.raises(ValueError, match="engine must be one of"):
         make_engine("threads")

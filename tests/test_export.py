@@ -105,6 +105,47 @@ def test_small_row_groups_and_file_limits_cut_files_and_keep_every_row_in_dispat
     assert not list((tmp_path / "snap-date").glob("topic=*")) and list((tmp_path / "snap-date").glob("date=*"))
 
 
+def test_take_rows_moves_map_rows_like_arrows_take(store):
+    """The partition sort's take (maps moved row by row) gives Arrow's own take: on the decoder's real
+    properties, on a slice, with empty maps and empty strings, binary keys, and (Arrow's path) nulls."""
+    import numpy as np
+
+    from storelib.snapshot.exporttask import take_rows
+
+    props = ds.read_messages(str(store)).column("properties").combine_chunks()
+    mt = pa.map_(pa.string(), pa.string())
+    cases = [
+        props, props.slice(7, 500),
+        pa.array([[("a", "")], [], [("", "x"), ("k", "v")], [], [("z", "long value " * 5)]], mt),
+        pa.array([[(b"\x00k", b"v")], [(b"", b"")]], pa.map_(pa.binary(), pa.binary())),
+        pa.array([[("a", "1")], None, [("b", None)]], mt),  # nulls: Arrow's take
+        pa.array([[], []], mt),
+    ]
+    rng = np.random.default_rng(3)
+    for arr in cases:
+        t = pa.table({"n": pa.array(range(len(arr))), "m": arr})
+        for order in (rng.permutation(len(arr)), np.arange(len(arr))[::-1].copy(), rng.integers(0, len(arr), 9)):
+            got = take_rows(t, order)
+            assert got.schema == t.schema and got.equals(t.take(pa.array(order)))
+            assert got.column("m").to_pylist() == [arr[int(i)].as_py() for i in order]
+
+
+def test_utc_days_equal_the_zoned_cast_to_date_text():
+    """The date partition's text (cast on the naive timestamp, only distinct days formatted) equals the
+    zoned cast row by row: before 1970, at midnight, the last day Arrow prints, and the far out of range."""
+    import numpy as np
+
+    from storelib.scan.messagecols import time_column
+    from storelib.snapshot.exporttask import utc_days
+
+    ms = np.r_[np.random.default_rng(5).integers(-10**13, 10**13, 5000),
+               [-1, 0, 86_399_999, 86_400_000, -86_400_000, -86_400_001, 253_402_300_799_999, 10**15, -10**15]]
+    st = time_column(pa.array(ms, pa.int64()))
+    got = utc_days(st)
+    assert got.dictionary_decode().equals(pc.cast(pc.cast(st, pa.date32()), pa.string()))
+    assert len(got.dictionary) == len(set(got.dictionary.to_pylist()))
+
+
 def test_records_past_the_recovery_end_are_not_exported_and_the_manifest_says_why(store, tmp_path):
     seg = store / "commitlog" / "00000000000001048576"
     with open(seg, "r+b") as f:  # a body byte of the record at 199059 (inside the recovery window)
@@ -130,6 +171,18 @@ def test_topic_names_become_encoded_partition_values(store, tmp_path):
     assert all("/" not in p.name for p in (tmp_path / "snap").iterdir())
 
 
+def test_a_topic_too_long_for_a_directory_entry_is_skipped_and_counted_unless_topics_are_not_partitions(store, tmp_path):
+    long = "\U0001f680" * 30  # 120 bytes: 360 percent-encoded, past one directory entry
+    grow(store, 30, topic=long)  # 20 of them in that topic, 10 in "New/Topic 🚀"
+    m = run(store, tmp_path / "snap", broker_conf=CONF)
+    (entry,) = [s for s in m["skipped"] if "topics" in s]
+    assert list(entry["topics"].values()) == [20] and "\\U0001f680" in next(iter(entry["topics"]))
+    assert rows(tmp_path / "snap") == [r for r in source_rows(store) if r["topic"] != long]
+    assert m["totals"]["rows"] == 2010
+    m = run(store, tmp_path / "bydate", broker_conf=CONF, partition_by=("date",))
+    assert not [s for s in m["skipped"] if "topics" in s] and rows(tmp_path / "bydate") == source_rows(store)
+
+
 def test_incremental_rerun_writes_only_the_new_part_and_equals_a_full_export(store, tmp_path):
     run(store, tmp_path / "snap", broker_conf=CONF)
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "snap").rglob("*.parquet")}
@@ -142,6 +195,18 @@ def test_incremental_rerun_writes_only_the_new_part_and_equals_a_full_export(sto
     strip = [{k: v for k, v in r.items() if k != "segment"} for r in rows(tmp_path / "snap")]
     assert strip == [{k: v for k, v in r.items() if k != "segment"} for r in rows(tmp_path / "full")]
     assert len(strip) == 2200
+
+
+def test_a_rerun_with_other_partitions_leaves_no_empty_partition_directory(store, tmp_path):
+    """A full rerun replaces every file: the directories of the old layout go with them (pruned), and a
+    run that deletes nothing leaves the directories its files are in."""
+    m = run(store, tmp_path / "snap", broker_conf=CONF)
+    assert list((tmp_path / "snap").glob("topic=*/date=*/*.parquet"))
+    m = run(store, tmp_path / "snap", broker_conf=CONF, partition_by=("date",))
+    assert m["run"]["files_deleted"] > 0 and not list((tmp_path / "snap").glob("topic=*"))
+    dirs = [p for p in (tmp_path / "snap").rglob("*") if p.is_dir()]
+    assert dirs and all(any(d.iterdir()) for d in dirs)
+    assert rows(tmp_path / "snap") == source_rows(store)
 
 
 def test_an_unchanged_store_writes_nothing(store, tmp_path):
@@ -186,6 +251,32 @@ def test_a_crash_after_the_commit_record_is_finished_by_the_next_run(store, tmp_
     monkeypatch.setattr("jobs.export.apply_commit", real)
     m = run(store, tmp_path / "snap", incremental=True)  # finishes the moves, then finds nothing new
     assert m["run"]["unchanged"] and m["totals"]["rows"] == 2050 and len(rows(tmp_path / "snap")) == 2050
+
+
+def test_a_fresh_snapshot_takes_whole_partition_directories_and_a_crash_mid_commit_is_finished(store, tmp_path,
+                                                                                              monkeypatch):
+    """A new snapshot's staged topic directories move in whole (every file of each is a move); a crash
+    after those moves and before the manifest leaves the commit record, and the next run finishes it
+    (per file, none left to move) to the same rows, with no staging directory left."""
+    real_whole, real_write = snap_mod._move_whole_dirs, snap_mod.write_json
+    moved: list[set[str]] = []
+    monkeypatch.setattr(snap_mod, "_move_whole_dirs", lambda *a: moved.append(real_whole(*a)) or moved[-1])
+    m = run(store, tmp_path / "snap")
+    assert moved[0] == {f["path"] for s in m["segments"].values() for f in s["files"]}
+    assert not list((tmp_path / "snap").glob("_staging-*"))
+
+    def crash(loc, obj):
+        raise OSError("killed before the manifest")
+
+    monkeypatch.setattr(snap_mod, "write_json", crash)
+    with pytest.raises(OSError):
+        run(store, tmp_path / "again")
+    assert len(moved) == 2 and moved[1] and list((tmp_path / "again").glob("_staging-*/_commit.json"))
+    assert not (tmp_path / "again" / "_manifest.json").exists()
+    monkeypatch.setattr(snap_mod, "write_json", real_write)
+    m = run(store, tmp_path / "again", incremental=True)  # finishes the commit, then finds nothing new
+    assert m["run"]["unchanged"] and rows(tmp_path / "again") == rows(tmp_path / "snap") == source_rows(store)
+    assert not list((tmp_path / "again").glob("_staging-*"))
 
 
 def test_refuses_a_directory_that_is_not_a_snapshot_and_a_snapshot_of_another_store(store, tmp_path, sample_533):

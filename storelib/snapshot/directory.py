@@ -109,7 +109,12 @@ def finish_commits(out: Location, say) -> None:
 
 
 def apply_commit(out: Location, st: Location, doc: dict[str, Any]) -> None:
+    """Move the staged files in, swap the manifest, delete what it replaced; again from the start after a
+    crash (a move whose file is gone from the staging directory was done)."""
+    whole = _move_whole_dirs(out, st, doc["moves"]) if out.local else set()
     for rel in doc["moves"]:
+        if rel in whole:
+            continue
         src, dst = st.join(*rel.split("/")), out.join(*rel.split("/"))
         if out.fs.get_file_info(src.path).type == pa.fs.FileType.File:
             out.fs.create_dir(os.path.dirname(dst.path), recursive=True)
@@ -119,8 +124,29 @@ def apply_commit(out: Location, st: Location, doc: dict[str, Any]) -> None:
         p = out.join(*rel.split("/"))
         if out.fs.get_file_info(p.path).type == pa.fs.FileType.File:
             out.fs.delete_file(p.path)
-    _prune_empty_dirs(out)
+    if doc["delete"]:  # (moves only fill directories: a run that deletes nothing empties none)
+        _prune_empty_dirs(out)
     out.fs.delete_dir(st.path)
+
+
+def _move_whole_dirs(out: Location, st: Location, moves: list[str]) -> set[str]:
+    """Staged top-level partition directories (``topic=...``) that the snapshot does not hold yet and
+    whose every file is a move: one rename each, instead of two directories made, a rename per file and
+    two directories removed from the staging area (on the 2 GB bench store's 15 partitions the removals
+    alone took ~100 ms of the driver's time: ~3.5 ms for each ``topic=`` directory on ext4). Returns the
+    moves done."""
+    prefix = st.path.rstrip("/") + "/"
+    staged: dict[str, list[str]] = {}
+    for e in out.fs.get_file_info(pa.fs.FileSelector(st.path, recursive=True)):
+        rel = e.path[len(prefix):] if e.path.startswith(prefix) else ""
+        if "/" in rel and e.type == pa.fs.FileType.File:
+            staged.setdefault(rel.split("/", 1)[0], []).append(rel)
+    want, done = set(moves), set()
+    for top, files in staged.items():
+        if set(files) <= want and out.fs.get_file_info(out.join(top).path).type == pa.fs.FileType.NotFound:
+            out.fs.move(st.join(top).path, out.join(top).path)
+            done.update(files)
+    return done
 
 
 def _prune_empty_dirs(out: Location) -> None:
