@@ -155,8 +155,20 @@ def finish(run: DLedgerRun, done: list[tuple[str, dict | None]], cq_max: int
     for i, e in ends.items():
         if isinstance(e, DLedgerEnd) and e.kind != "split_end":
             d = e.to_dict()
-            carry[plan.segments[i].name] = {"end": d, "crc": run.crc, "units": units_fingerprint(index, d)}
+            carry[plan.segments[i].name] = {"end": d, "crc": run.crc, "units": _units_of_live(run, index, d)}
     return walk, carry, plan
+
+
+def _units_of_live(run: DLedgerRun, index: IndexFiles, end: dict) -> list[int] | None:
+    """:func:`units_fingerprint`, or None when DLedger's cleaner deleted the index-unit file since the run
+    listed it (a running node: the data file went first, then reviseLedgerBeginIndex): the file's facts are
+    then carried without a fingerprint, and the next run reads the file again if it is still there."""
+    try:
+        return units_fingerprint(index, end)
+    except StoreError:
+        if not run.store.live:
+            raise
+        return None
 
 
 def merge(run: DLedgerRun, files_done: list[tuple[str, dict | None]], qtasks: list[DLedgerQueueTask],
