@@ -380,6 +380,19 @@ def _chains_reference(kh: np.ndarray, prev: np.ndarray, slots: int) -> tuple[int
     return len(bad), (min(bad)[1] if bad else None)
 
 
+def _putkey_chains(kh: np.ndarray, slots: int) -> tuple[np.ndarray, dict[int, int]]:
+    """The reference chains, entry by entry as putKey links them: each entry's prevIndex (its slot's newest
+    entry so far, 0 for the first; negative hashes chain in a slot of their own, -1) and the newest entry of
+    every slot at the end."""
+    newest: dict[int, int] = {}
+    prev = np.zeros(len(kh), np.int64)
+    for i, h in enumerate(kh.tolist()):
+        s = h % slots if h >= 0 else -1
+        prev[i] = newest.get(s, 0)
+        newest[s] = i + 1
+    return prev, newest
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
 def test_index_chains_checked_in_chunks_find_what_the_whole_file_check_finds(chunk):
     from storelib.checks.segment import Capped
@@ -390,12 +403,7 @@ def test_index_chains_checked_in_chunks_find_what_the_whole_file_check_finds(chu
     m = 3000
     kh = rng.integers(0, 1 << 31, m, dtype=np.int64)
     kh[rng.choice(m, 20, replace=False)] *= -1  # negative hashes chain in a slot of their own
-    newest: dict[int, int] = {}
-    prev = np.zeros(m, np.int64)
-    for i, h in enumerate(kh.tolist()):
-        s = h % 64 if h >= 0 else -1
-        prev[i] = newest.get(s, 0)
-        newest[s] = i + 1
+    prev, _ = _putkey_chains(kh, 64)
     ent = np.zeros(m, dtype=ENTRY_DTYPE)
     ent["key_hash"], ent["phy_offset"], ent["prev_index"] = kh, np.arange(m) * 100, prev
     for corrupt in ([], [2999], [5, 1700, 2400], list(rng.choice(m, 50, replace=False))):
@@ -428,11 +436,7 @@ def test_index_chains_proved_without_sorting_exactly_when_no_entry_is_off(chunk)
     kh = rng.integers(0, 1 << 31, m, dtype=np.int64)
     kh[rng.choice(m, 15, replace=False)] *= -1
     slot = np.where(kh >= 0, kh % slots, -1)
-    newest: dict[int, int] = {}
-    prev = np.zeros(m, np.int64)
-    for i, s in enumerate(slot.tolist()):
-        prev[i] = newest.get(s, 0)
-        newest[s] = i + 1
+    prev, _ = _putkey_chains(kh, slots)
     same = {s: np.flatnonzero(slot == s) for s in set(slot.tolist())}  # each slot's entries (0-based)
 
     def corrupt(kind: str, e: np.ndarray) -> None:
@@ -546,12 +550,7 @@ def test_validation_from_proven_chains_reports_what_the_entry_walk_reports(tmp_p
     rng = np.random.default_rng(21)
 
     def write(kh: np.ndarray, table_fix=None, header_fix=None, prev_fix=None) -> Path:
-        slot = np.where(kh >= 0, kh % slots, -1)
-        newest: dict[int, int] = {}
-        prev = np.zeros(m, np.int64)
-        for i, s in enumerate(slot.tolist()):
-            prev[i] = newest.get(s, 0)
-            newest[s] = i + 1
+        prev, newest = _putkey_chains(kh, slots)
         ent = np.zeros(m, ENTRY_DTYPE)
         ent["key_hash"], ent["phy_offset"], ent["prev_index"] = kh, 1000 + 50 * np.arange(m), prev
         ent["time_diff"] = np.arange(m) // 10
