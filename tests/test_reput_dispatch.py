@@ -19,14 +19,7 @@ from storelib.format.record import check_record
 from tests.conftest import run_cli
 from tests.rebuild_storegen import CraftedStore, msg
 from tests.test_totalsize_mismatch import S, _blank_at, _cq_phys, _seg, _set_total, _spans
-
-
-def _five() -> CraftedStore:
-    cs = CraftedStore(S)
-    i = 0
-    while cs.append(msg("T", i % 3, body=b"x" * 300, keys=f"k{i}")).segment < 4:
-        i += 1
-    return cs
+from tests.test_totalsize_mismatch import five_segments as _five
 
 
 def _tree(root: Path, sub: str) -> dict[str, bytes]:

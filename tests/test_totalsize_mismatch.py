@@ -25,14 +25,18 @@ from tests.rebuild_storegen import CraftedStore, msg
 S = 8192
 
 
-@pytest.fixture
-def five() -> CraftedStore:
+def five_segments() -> CraftedStore:
     """Segments 0..3 end with blanks, 4 is partly written (4.9.8 normal: window from segment 2)."""
     cs = CraftedStore(S)
     i = 0
     while cs.append(msg("T", i % 3, body=b"x" * 300, keys=f"k{i}")).segment < 4:
         i += 1
     return cs
+
+
+@pytest.fixture
+def five() -> CraftedStore:
+    return five_segments()
 
 
 def _seg(cs: CraftedStore, i: int) -> list:
