@@ -442,14 +442,10 @@ def check_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: Capped, c
     Entries are taken ``chunk`` at a time in entry order with the newest entry of each slot so far carried
     between chunks (one int32 per slot), so the memory is the slot tables and a chunk, not the file. A
     file whose chains hold is proved so without sorting (:func:`proven_chains`: a few gathers and scatters
-    per chunk, ~7x less than sorting it); any other is checked by :func:`_broken_chains`, which says
+    per chunk, ~7x less than sorting it); any other is checked by :func:`broken_chains`, which says
     which entries are off."""
     if proven_chains(ent, g.hash_slot_num, chunk) is None:
-        _broken_chains(ent, g, display, out, chunk)
-
-
-def _chains_hold(ent: np.ndarray, N: int, chunk: int) -> bool:
-    return proven_chains(ent, N, chunk) is not None
+        broken_chains(ent, g, display, out, chunk)
 
 
 def proven_chains(ent: np.ndarray, N: int, chunk: int = 1 << 17) -> ProvenChains | None:
@@ -499,7 +495,7 @@ def proven_chains(ent: np.ndarray, N: int, chunk: int = 1 << 17) -> ProvenChains
     return ProvenChains(newest, negatives, first_negative)
 
 
-def _broken_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: Capped, chunk: int = 1 << 17) -> None:
+def broken_chains(ent: np.ndarray, g: IndexGeometry, display: str, out: Capped, chunk: int = 1 << 17) -> None:
     """The chains entry by entry (sorted by slot a chunk at a time): how many entries are off, and the
     first one a sort of all entries by (slot, entry number) meets."""
     N = g.hash_slot_num

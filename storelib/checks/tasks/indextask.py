@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from storelib.checks.index import (
     add_validate_findings,
+    broken_chains,
     carried_entries,
     check_chains,
     entries_against_records,
@@ -178,8 +179,8 @@ def _structure(f: IndexFile, name: str, last: bool, snapshot: bool) -> dict[str,
     vf = f.validate(chunk_entries=1 << 18, proven=proven)
     file_max = _max_phy(ent, 0, -1)
     chains = Capped()
-    if m and proven is None:
-        check_chains(ent, f.geometry, display, chains)
+    if m and proven is None:  # the proof failed: say which entries are off
+        broken_chains(ent, f.geometry, display, chains)
     res = {"entries": m, "max_phy": file_max, "validate": [x.to_dict() for x in vf], "chains": chains.to_json()}
     if snapshot:  # as it stands if its entries are its keys (the only case a carry is made)
         fc = Capped()
