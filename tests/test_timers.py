@@ -471,3 +471,25 @@ def test_on_a_live_store_an_expired_timer_due_before_the_cut_is_unsettled_and_on
     assert lost.tolist() == [3]
     [f] = out.items
     assert (f.kind, f.severity, f.extra["count"]) == ("timer_unit_expired_unsettled", "info", 2)
+
+
+def test_a_live_wheel_slot_naming_units_past_the_timerlog_read_is_in_flight_not_a_broken_chain():
+    """A running broker appends a timer unit, then points its wheel slot at it (TimerMessageStore.doEnqueue,
+    5.3.3 :769 then :773); the audit reads the wheel after the timerlog (seen in CI under load: a false
+    timerwheel_chain error). A slot whose lastPos lies past the last unit read is in flight; a broken chain
+    inside what was read, and every other finding, stand."""
+    import pyarrow as pa
+
+    from storelib.checks.timers import _settled_wheel_findings
+    from storelib.errors import Finding
+    from storelib.format.timerstore import TimerLog
+
+    log = TimerLog(pa.table({"pos": [0, 52, 104]}))
+    wheel = pa.table({"file_offset": [0, 16, 32], "last_pos": [156, 52, 104], "chain_ok": [False, False, True]})
+    wf = [Finding("timerwheel_chain", "error", "timerwheel", 0, "past the read"),
+          Finding("timerwheel_chain", "error", "timerwheel", 16, "broken inside"),
+          Finding("timerwheel_slot_time", "error", "timerwheel", 0, "other kind")]
+    kept = _settled_wheel_findings(wheel, wf, log)
+    assert [(f.kind, f.offset) for f in kept] == [("timerwheel_chain", 16), ("timerwheel_slot_time", 0)]
+    empty = TimerLog(pa.table({"pos": pa.array([], pa.int64())}))  # nothing read yet: every chain in flight
+    assert [(f.kind, f.offset) for f in _settled_wheel_findings(wheel, wf, empty)] == [("timerwheel_slot_time", 0)]
