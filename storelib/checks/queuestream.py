@@ -305,6 +305,7 @@ class QueueStream:
         after the reput position past the last one."""
         m = None if self.meta.base.failed else self.meta.queues.get((topic, qid))
         if m is None:
+            self._keep_undispatched(t, qq, phy, size, tags)
             return
         q0 = int(qq[0])
         if m.units.first_n is not None and q0 < m.units.first_n:
@@ -333,6 +334,19 @@ class QueueStream:
             self.lag_kept += len(qq) - k
             if self.lag_kept <= LAG_KEEP:
                 t.lag_recs.append(np.stack([qq[k:], phy[k:], size[k:], tags[k:]]).astype(np.int64))
+
+    def _keep_undispatched(self, t: _Tail, qq: np.ndarray, phy: np.ndarray, size: np.ndarray,
+                           tags: np.ndarray) -> None:
+        """A queue without a consume queue yet (a new topic's first records, the reput behind them): kept as
+        lagging records while every record of its tail is kept and past the reput position, so that a later
+        run checks them against the units the broker writes for them (or drops the ones the cleaner took).
+        The report is unchanged (:func:`queues_without_cq` reports such a queue); only the carry grows."""
+        if self.meta.base.failed or int(phy[0]) < self.reput_from or self.lag_kept + len(qq) > LAG_KEEP:
+            return
+        if t.messages != len(qq) + sum(r.shape[1] for r in t.lag_recs):
+            return  # an earlier part of the tail was not kept: a later run cannot settle the queue from it
+        self.lag_kept += len(qq)
+        t.lag_recs.append(np.stack([qq, phy, size, tags]).astype(np.int64))
 
     def snapshot(self) -> dict | None:
         """What a later run needs to go on from the end of this log (None: too much lag to carry)."""
@@ -377,8 +391,8 @@ class QueueStream:
         the units' positions, which ascend, then by the lagging records' own. Lagging records the cleaner
         took are gone as a full audit sees them: whatever units the broker wrote for them since point below
         the log's first offset (expired). Returns the lagging records left; None: no record is left.
-        Unsettled when that does not hold (a gap, no consume queue now or when the carry was made: then
-        its records are neither matched nor lagging)."""
+        Unsettled when that does not hold (a gap, no consume queue now, or none when the carry was made and
+        its records were not kept: :meth:`_keep_undispatched`)."""
         m = None if self.meta.base.failed else self.meta.queues.get((topic, qid))
         if m is None or t.messages != t.max_qo - t.min_qo + 1 or t.messages != t.matched + recs.shape[1]:
             raise Unsettled(f"records of {topic}/{qid} the cleaner deleted cannot be told from the carry")
