@@ -21,7 +21,7 @@ import pyarrow as pa
 from storelib.broker.dispatch.cqstream import ConsumeQueueStream
 from storelib.broker.index.indexbuild import IndexImage, empty_index_count, index_key_rows
 from storelib.broker.index.indexmerge import IndexLayout, SegmentKeys, first_entry_times, kept_keys, link_file
-from storelib.broker.index.indexstream import ChainRun, local_chains
+from storelib.broker.index.indexstream import ChainRun, Gathered, local_chains
 from storelib.broker.index.indexwrite import write_index_image, write_index_runs
 from storelib.broker.recovery.walk import RecoveryResult, SegmentTask, WalkPlan, iter_task
 from storelib.broker.settings.brokerconf import BrokerSettings
@@ -254,9 +254,13 @@ def _load_keys(ctx: RebuildContext, idx: int, m_before: dict[int, int] | None, *
     tb = read_ipc_file(_keys_file(ctx.staging, idx))
     recs = read_ipc_file(_recs_file(ctx.staging, idx))
     h, r = np.asarray(tb.column("h")), np.asarray(tb.column("r"))
-    keys = (h, np.asarray(recs.column("p"))[r], np.asarray(recs.column("t"))[r], r)
+    p, t = np.asarray(recs.column("p")), np.asarray(recs.column("t"))
     if m_before is not None:
-        keys = kept_keys(keys, m_before[idx])
+        keys = kept_keys((h, p[r], t[r], r), m_before[idx])
+    elif runs:  # every key kept: gathered by the index file's passes as they read them
+        keys = (h, Gathered(p, r), Gathered(t, r), r)
+    else:
+        keys = (h, p[r], t[r], r)
     if not runs:
         return keys
     whole = len(keys[0]) == tb.num_rows

@@ -54,14 +54,33 @@ def local_chains(key_hash: np.ndarray, hash_slot_num: int) -> tuple[np.ndarray, 
     return prev, tail
 
 
+class Gathered:
+    """``base[rows]``, gathered only where indexed: a run's offsets and times kept once per record (a
+    record has ~3 keys) and read by key row. The first pass over a file's runs reads two of them; the
+    second gathers one write chunk at a time."""
+
+    def __init__(self, base: np.ndarray, rows: np.ndarray):
+        self.base, self.rows = base, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, k: int | slice) -> Any:
+        return self.base[self.rows[k]]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.base[self.rows]
+        return out if dtype is None else out.astype(dtype)
+
+
 @dataclass
 class ChainRun:
     """Consecutive keys of one index file (dispatch order, after the duplicate test) with their
     :func:`local_chains`."""
 
     key_hash: np.ndarray
-    phy_offset: np.ndarray
-    store_timestamp: np.ndarray
+    phy_offset: np.ndarray | Gathered
+    store_timestamp: np.ndarray | Gathered
     prev_local: np.ndarray
     is_tail: np.ndarray
 
@@ -106,19 +125,29 @@ class _RunStats:
 
 
 def _pass1(runs: Runs, slots: np.ndarray, n0: int, S: int) -> _RunStats:
+    """The slot table after every run, and the header's facts. From an empty table (a new file) only
+    each run's newest key per slot is needed: every link to an older run's entry is then valid, so the
+    heads that found their slot empty are one per slot used, counted from the final table."""
     st = _RunStats()
     n = n0
+    fresh = not slots.any()
     for r in (runs() if callable(runs) else runs):
         if not len(r):
             continue
-        hp = _run_links(r, n, slots, S)
-        st.empty_heads += len(hp) - int(np.count_nonzero(hp))
+        if fresh:
+            tails = np.flatnonzero(r.is_tail)
+            slots[r.key_hash[tails] % S] = tails + n
+        else:
+            hp = _run_links(r, n, slots, S)
+            st.empty_heads += len(hp) - int(np.count_nonzero(hp))
         if st.first is None:
             st.first = (int(r.store_timestamp[0]), int(r.phy_offset[0]))
         st.last = (int(r.store_timestamp[-1]), int(r.phy_offset[-1]))
         st.keys += len(r)
         st.longest = max(st.longest, len(r))
         n += len(r)
+    if fresh:
+        st.empty_heads = int(np.count_nonzero(slots))
     return st
 
 
@@ -253,4 +282,4 @@ def _put_tail(ex: ThreadPoolExecutor, put_zeros: Callable[[Any], None],
     return done
 
 
-__all__ = ["STREAM_CHUNK", "ChainRun", "Runs", "local_chains", "stream_index_file"]
+__all__ = ["STREAM_CHUNK", "ChainRun", "Gathered", "Runs", "local_chains", "stream_index_file"]
