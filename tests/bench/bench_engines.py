@@ -72,9 +72,16 @@ def run_measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[fl
     stop = threading.Event()
 
     def sample() -> None:
+        # the process tree is walked (every /proc entry) twice a second, the known processes' RssAnon read
+        # every 50 ms: walking it each time took ~1.7 ms, CPU taken from the run measured on 2 cores
+        kids: list[int] = []
+        n = 0
         while not stop.is_set():
+            if n % 10 == 0:
+                kids = _children(p.pid)
+            n += 1
             peaks["driver"] = max(peaks["driver"], _anon_kb(p.pid))
-            for c in _children(p.pid):
+            for c in kids:
                 peaks["worker"] = max(peaks["worker"], _anon_kb(c))
             stop.wait(0.05)
 
