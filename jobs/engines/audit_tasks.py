@@ -33,6 +33,7 @@ from storelib.checks.segment import (
 from storelib.checks.tables import TableSink
 from storelib.checks.tasks.crossplan import phase_one
 from storelib.fileio.bytesource import resolve
+from storelib.fileio.memory import scratch_dir, sweep_dead_scratch
 from storelib.fileio.staging import remove_files
 from storelib.scan.splits import parallel_split_bytes
 
@@ -40,15 +41,18 @@ TRANSFERS = ("auto", "files", "collect")
 # in this process, the task tables of up to this much store stay in memory (~26 B a record); more go
 # through mapped files like the pool's, so a big store audited in-process keeps its memory flat
 IN_MEMORY_TABLES = 1 << 30
+SHM_PREFIX = "rmqstore-audit-"
+TABLE_SHARE = 4  # task tables per store byte, at most about 1/4 (records ~26 B, keys 20 B each; the bench: 0.18)
 GROUP_BYTES = 2 << 30  # store bytes per queue group, at least (a group's whole-view memory)
 MAX_GROUPS = 4096
 
 
 @contextlib.contextmanager
 def table_sink(master: str, work_dir: str | None, transfer: str, fs_options: dict[str, Any],
-               quiet: bool = False) -> Iterator[TableSink | None]:
+               quiet: bool = False, need: int = 0) -> Iterator[TableSink | None]:
     """Where the Spark tasks put their tables: a fresh directory (under ``work_dir``, or a temp dir when
-    the master is local), removed when the block ends however it ends; None: in-band collect.
+    the master is local: :func:`storelib.fileio.memory.scratch_dir` for ``need`` bytes of tables), removed
+    when the block ends however it ends; None: in-band collect.
 
     ``transfer``: ``auto`` (files when ``work_dir`` is given or the master is local, else collect),
     ``files`` (fails without a reachable directory), ``collect`` (always in-band)."""
@@ -61,8 +65,12 @@ def table_sink(master: str, work_dir: str | None, transfer: str, fs_options: dic
         yield None
         return
     name = f"rmqstore-audit-{uuid.uuid4().hex[:12]}"
-    if work_dir is None:
-        path = tempfile.mkdtemp(prefix=name + "-")
+    if work_dir is None:  # this host's processes alone: in memory when the run's tables are small enough
+        shm = scratch_dir(need) if local else None
+        if shm is not None:  # named by this process, so a later run removes it if this one is killed
+            sweep_dead_scratch(shm, SHM_PREFIX)
+            name = f"{SHM_PREFIX}p{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        path = tempfile.mkdtemp(prefix=name + "-", dir=shm)
         loc = resolve(path)
     else:
         loc = resolve(work_dir, **fs_options).join(name)
@@ -99,7 +107,8 @@ def table_place(eng: Engine, tasks: list[SegmentTask], work_dir: str | None, tra
     if in_memory(eng, tasks):
         return contextlib.nullcontext(None)
     where = eng.sc.master if isinstance(eng, SparkEngine) else "local"
-    return table_sink(where, work_dir, transfer, fs_options, quiet)
+    need = sum(t.file_size - t.start for t in tasks) // TABLE_SHARE
+    return table_sink(where, work_dir, transfer, fs_options, quiet, need)
 
 
 def in_memory(eng: Engine, tasks: list[SegmentTask]) -> bool:

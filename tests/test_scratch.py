@@ -1,0 +1,57 @@
+"""Scratch of one run on this host (the audit's task tables on the local and pool engines): in the memory
+filesystem when it is there and the run's scratch fits a small share of the host's memory, on disk
+otherwise or where the user set TMPDIR, and never left behind in memory by a killed run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import storelib.fileio.memory as memory
+from jobs.audit import audit_store
+
+from .test_audit import store_fixtures
+
+base_store, store = store_fixtures("scratch")
+
+
+def test_scratch_goes_to_memory_only_when_it_fits_and_the_user_set_no_tmpdir(tmp_path, monkeypatch):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.delenv("TMPDIR", raising=False)
+    monkeypatch.setattr(memory, "_mem_available", lambda: 8000)
+    assert memory.scratch_dir(1000, str(shm)) == str(shm)  # 1/8 of the available memory
+    assert memory.scratch_dir(1001, str(shm)) is None
+    assert memory.scratch_dir(10, str(tmp_path / "none")) is None  # no memory filesystem here
+    monkeypatch.setattr(memory, "_mem_available", lambda: None)
+    assert memory.scratch_dir(10, str(shm)) is None  # how much memory is free cannot be told
+    monkeypatch.setattr(memory, "_mem_available", lambda: 8000)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert memory.scratch_dir(10, str(shm)) is None  # the user's choice wins
+
+
+def test_the_scratch_of_a_killed_run_is_swept_and_a_live_ones_kept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for pid in (dead.pid, os.getpid()):
+        (tmp_path / f"rmqstore-audit-p{pid}-abc-x").mkdir()
+        (tmp_path / f"rmqstore-audit-p{pid}-abc-x" / "t.arrow").write_bytes(b"x")
+    (tmp_path / "rmqstore-audit-other").mkdir()  # not named by a process: not ours to judge
+    assert memory.sweep_dead_scratch(str(tmp_path), "rmqstore-audit-") == 1
+    assert {p.name for p in tmp_path.iterdir()} == {f"rmqstore-audit-p{os.getpid()}-abc-x", "rmqstore-audit-other"}
+
+
+def test_a_pool_audit_of_a_small_store_keeps_its_task_tables_in_memory_and_removes_them(store, monkeypatch,
+                                                                                         capsys):
+    monkeypatch.delenv("TMPDIR", raising=False)
+    if memory.scratch_dir(1) is None:
+        pytest.skip("no writable memory filesystem on this host")
+    rep = audit_store(str(store), quiet=False, engine="pool", workers=2)
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "task tables go through" in ln]
+    assert len(said) == 1 and f"{memory.SHM_DIR}/rmqstore-audit-p{os.getpid()}-" in said[0], said
+    where = said[0].split("go through ", 1)[1].strip()
+    assert not os.path.exists(where)
+    assert rep["summary"]["records"] > 0
