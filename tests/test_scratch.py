@@ -55,3 +55,34 @@ def test_a_pool_audit_of_a_small_store_keeps_its_task_tables_in_memory_and_remov
     where = said[0].split("go through ", 1)[1].strip()
     assert not os.path.exists(where)
     assert rep["summary"]["records"] > 0
+
+
+def test_a_rebuild_on_this_host_puts_its_intermediate_files_in_memory_and_writes_the_same_bytes(
+        store, tmp_path, monkeypatch):
+    """Phase A's intermediate files (consume-queue parts, keys, records) go to the memory filesystem on
+    the local and pool engines, are gone afterwards, and the output is the bytes written through
+    ``staging/_work`` (where they go with TMPDIR set)."""
+    import jobs.engines.rebuild_tasks as rebuild_tasks
+    from jobs.rebuild import RebuildConfig, rebuild
+
+    monkeypatch.delenv("TMPDIR", raising=False)
+    if memory.scratch_dir(1) is None:
+        pytest.skip("no writable memory filesystem on this host")
+    places: list = []
+    real = rebuild_tasks._work_place
+    monkeypatch.setattr(rebuild_tasks, "_work_place", lambda *a: places.append(real(*a)) or places[-1])
+
+    def tree(root):
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+                if p.is_file() and "manifest" not in p.name}
+
+    for engine in ("local", "pool"):
+        rebuild(RebuildConfig(store=str(store), out=str(tmp_path / engine), engine=engine, progress=False))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    rebuild(RebuildConfig(store=str(store), out=str(tmp_path / "disk"), engine="pool", progress=False))
+    shm = f"{memory.SHM_DIR}/rmqstore-rebuild-p{os.getpid()}-"
+    assert [p.path.startswith(shm) for p in places] == [True, True, False]
+    assert places[2].path.endswith("/_work") and places[2].path.startswith(str(tmp_path))  # staging's
+    assert not any(os.path.exists(p.path) for p in places)
+    assert tree(tmp_path / "local") == tree(tmp_path / "pool") == tree(tmp_path / "disk")
+    assert tree(tmp_path / "local")  # consume queues and index files were written

@@ -59,15 +59,17 @@ class RebuildContext:
     parts: int  # consume-queue partitions
     cq_size: int
     empty_index_count: int
+    work: Location  # where the intermediate files go: staging/_work, or this host's memory filesystem
 
     @classmethod
     def make(cls, plan: WalkPlan, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
-             parts: int, fs_options: dict[str, Any]) -> RebuildContext:
+             parts: int, fs_options: dict[str, Any], work: Location | None = None) -> RebuildContext:
         return cls(plan=plan, staging=staging, geometry=settings.index_geometry, fs_options=dict(fs_options),
                    delay_levels=tuple(settings.delay_levels_ms), do_cq="consumequeue" in what,
                    do_index="index" in what and bool(settings.message_index_enable), parts=parts,
                    cq_size=int(settings.mapped_file_size_consume_queue),
-                   empty_index_count=empty_index_count(settings.version))
+                   empty_index_count=empty_index_count(settings.version),
+                   work=work if work is not None else staging.join(WORK))
 
 
 def segment_items(plan: WalkPlan) -> list[SegmentItem]:
@@ -99,16 +101,16 @@ def _write_ipc(loc: Location, table: pa.Table) -> None:
         w.write_table(table)
 
 
-def _cq_part(staging: Location, idx: int, p: int) -> Location:
-    return staging.join(WORK, f"cq-{idx:06d}-{p:05d}.arrow")
+def _cq_part(work: Location, idx: int, p: int) -> Location:
+    return work.join(f"cq-{idx:06d}-{p:05d}.arrow")
 
 
-def _keys_file(staging: Location, idx: int) -> Location:
-    return staging.join(WORK, f"keys-{idx:06d}.arrow")
+def _keys_file(work: Location, idx: int) -> Location:
+    return work.join(f"keys-{idx:06d}.arrow")
 
 
-def _recs_file(staging: Location, idx: int) -> Location:
-    return staging.join(WORK, f"recs-{idx:06d}.arrow")
+def _recs_file(work: Location, idx: int) -> Location:
+    return work.join(f"recs-{idx:06d}.arrow")
 
 
 def _write_cq_parts(ctx: RebuildContext, idx: int, cq_tables: list[pa.Table]) -> tuple[list[int], int, list[str]]:
@@ -132,7 +134,7 @@ def _write_cq_parts(ctx: RebuildContext, idx: int, cq_tables: list[pa.Table]) ->
     cuts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1], True])
     for a, b in zip(cuts[:-1], cuts[1:]):
         p = int(sp[a])
-        _write_ipc(_cq_part(ctx.staging, idx, p), t.slice(int(a), int(b - a)))
+        _write_ipc(_cq_part(ctx.work, idx, p), t.slice(int(a), int(b - a)))
         parts.append(p)
     return parts, t.num_rows, topics
 
@@ -176,8 +178,8 @@ def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
         # the segment's slot chains with local numbers: the index-file task only links them up
         q, e = local_chains(h, ctx.geometry.hash_slot_num)
         # a record's PHYSICALOFFSET and store time are kept once, not once per key (~3 keys a record)
-        _write_ipc(_keys_file(ctx.staging, idx), pa.table({"h": h, "r": ra, "q": q, "e": e}))
-        _write_ipc(_recs_file(ctx.staging, idx), pa.table({"p": np.concatenate(rec_p, dtype=np.int64),
+        _write_ipc(_keys_file(ctx.work, idx), pa.table({"h": h, "r": ra, "q": q, "e": e}))
+        _write_ipc(_recs_file(ctx.work, idx), pa.table({"p": np.concatenate(rec_p, dtype=np.int64),
                                                            "t": np.concatenate(rec_t, dtype=np.int64)}))
     mono = bool(len(p_) < 2 or np.all(p_[1:] >= np.maximum.accumulate(p_)[:-1]))
     return {
@@ -251,8 +253,8 @@ def cq_jobs(metas: dict[int, Meta], inc: list[int], parts: int) -> list[tuple[in
 def _load_keys(ctx: RebuildContext, idx: int, m_before: dict[int, int] | None, *, runs: bool = False) -> tuple:
     """(hash, phy, time, record row) of a segment's indexed keys; with ``runs`` also its ChainRun when
     its precomputed chains still hold (every key kept), else None."""
-    tb = read_ipc_file(_keys_file(ctx.staging, idx))
-    recs = read_ipc_file(_recs_file(ctx.staging, idx))
+    tb = read_ipc_file(_keys_file(ctx.work, idx))
+    recs = read_ipc_file(_recs_file(ctx.work, idx))
     h, r = np.asarray(tb.column("h")), np.asarray(tb.column("r"))
     p, t = np.asarray(recs.column("p")), np.asarray(recs.column("t"))
     if m_before is not None:
@@ -280,8 +282,8 @@ def first_times(ctx: RebuildContext, E: int, offsets: dict[int, int], m_before: 
                 idx: int) -> list[tuple[int, int]]:
     """(file number, store time of its first entry) for files whose first key is in segment ``idx``."""
     if m_before is None:  # every parsed key kept: look up only the keys that start a file
-        r = read_ipc_file(_keys_file(ctx.staging, idx)).column("r")
-        t = read_ipc_file(_recs_file(ctx.staging, idx)).column("t")
+        r = read_ipc_file(_keys_file(ctx.work, idx)).column("r")
+        t = read_ipc_file(_recs_file(ctx.work, idx)).column("t")
         return first_entry_times(E, offsets[idx], len(r), lambda k: t[r[k].as_py()].as_py())
     _, _, tk, _ = _load_keys(ctx, idx, m_before)
     return first_entry_times(E, offsets[idx], len(tk), lambda k: tk[k])
@@ -295,7 +297,7 @@ def phase_b(ctx: RebuildContext, job: tuple[int, list[int]]) -> dict[str, Any]:
     digests: dict[str, str] = {}  # hashed as written: reading back sparse files costs page-cache fills
     with ConsumeQueueStream(staging.join("consumequeue"), ctx.cq_size, digests) as cqs:
         for i in sorted(segs):
-            cqs.feed(read_ipc_file(_cq_part(staging, i, p)))
+            cqs.feed(read_ipc_file(_cq_part(ctx.work, i, p)))
     base = staging.path.rstrip("/") + "/"
     files = {path[len(base):]: {"size": ctx.cq_size, "sha256": digests[path]} for path in cqs.paths}
     return {"queues": cqs.queues, "cq_records": cqs.records, "files": files}
