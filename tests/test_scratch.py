@@ -34,14 +34,20 @@ def test_scratch_goes_to_memory_only_when_it_fits_and_the_user_set_no_tmpdir(tmp
 
 
 def test_the_scratch_of_a_killed_run_is_swept_and_a_live_ones_kept(tmp_path):
+    ns = memory._pid_namespace()
+    if not ns:
+        pytest.skip("the PID namespace cannot be told here")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    for pid in (dead.pid, os.getpid()):
-        (tmp_path / f"rmqstore-audit-p{pid}-abc-x").mkdir()
-        (tmp_path / f"rmqstore-audit-p{pid}-abc-x" / "t.arrow").write_bytes(b"x")
-    (tmp_path / "rmqstore-audit-other").mkdir()  # not named by a process: not ours to judge
+    names = [f"rmqstore-audit-p{pid}.{ns}-abc" for pid in (dead.pid, os.getpid())]
+    names += [f"rmqstore-audit-p{dead.pid}.1{ns}-abc",  # a process of another PID namespace: not judged
+              "rmqstore-audit-other"]  # not named by a process: not ours to judge
+    for n in names:
+        (tmp_path / n).mkdir()
+        (tmp_path / n / "t.arrow").write_bytes(b"x")
+    assert memory.scratch_stem("rmqstore-audit-") == f"rmqstore-audit-p{os.getpid()}.{ns}-"
     assert memory.sweep_dead_scratch(str(tmp_path), "rmqstore-audit-") == 1
-    assert {p.name for p in tmp_path.iterdir()} == {f"rmqstore-audit-p{os.getpid()}-abc-x", "rmqstore-audit-other"}
+    assert {p.name for p in tmp_path.iterdir()} == set(names[1:])
 
 
 def test_a_pool_audit_of_a_small_store_keeps_its_task_tables_in_memory_and_removes_them(store, monkeypatch,
@@ -51,7 +57,7 @@ def test_a_pool_audit_of_a_small_store_keeps_its_task_tables_in_memory_and_remov
         pytest.skip("no writable memory filesystem on this host")
     rep = audit_store(str(store), quiet=False, engine="pool", workers=2)
     said = [ln for ln in capsys.readouterr().err.splitlines() if "task tables go through" in ln]
-    assert len(said) == 1 and f"{memory.SHM_DIR}/rmqstore-audit-p{os.getpid()}-" in said[0], said
+    assert len(said) == 1 and f"{memory.SHM_DIR}/{memory.scratch_stem('rmqstore-audit-')}" in said[0], said
     where = said[0].split("go through ", 1)[1].strip()
     assert not os.path.exists(where)
     assert rep["summary"]["records"] > 0
@@ -80,7 +86,7 @@ def test_a_rebuild_on_this_host_puts_its_intermediate_files_in_memory_and_writes
         rebuild(RebuildConfig(store=str(store), out=str(tmp_path / engine), engine=engine, progress=False))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     rebuild(RebuildConfig(store=str(store), out=str(tmp_path / "disk"), engine="pool", progress=False))
-    shm = f"{memory.SHM_DIR}/rmqstore-rebuild-p{os.getpid()}-"
+    shm = f"{memory.SHM_DIR}/{memory.scratch_stem('rmqstore-rebuild-')}"
     assert [p.path.startswith(shm) for p in places] == [True, True, False]
     assert places[2].path.endswith("/_work") and places[2].path.startswith(str(tmp_path))  # staging's
     assert not any(os.path.exists(p.path) for p in places)

@@ -33,7 +33,7 @@ from storelib.checks.segment import (
 from storelib.checks.tables import TableSink
 from storelib.checks.tasks.crossplan import phase_one
 from storelib.fileio.bytesource import resolve
-from storelib.fileio.memory import scratch_dir, sweep_dead_scratch
+from storelib.fileio.memory import scratch_dir, scratch_stem, sweep_dead_scratch
 from storelib.fileio.staging import remove_files
 from storelib.scan.splits import parallel_split_bytes
 
@@ -69,7 +69,7 @@ def table_sink(master: str, work_dir: str | None, transfer: str, fs_options: dic
         shm = scratch_dir(need) if local else None
         if shm is not None:  # named by this process, so a later run removes it if this one is killed
             sweep_dead_scratch(shm, SHM_PREFIX)
-            name = f"{SHM_PREFIX}p{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            name = scratch_stem(SHM_PREFIX) + uuid.uuid4().hex[:12]
         path = tempfile.mkdtemp(prefix=name + "-", dir=shm)
         loc = resolve(path)
     else:

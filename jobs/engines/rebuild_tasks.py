@@ -7,7 +7,6 @@ index file). Intermediates go through files in ``staging/_work`` (or this host's
 
 from __future__ import annotations
 
-import os
 import tempfile
 from datetime import tzinfo
 from functools import partial
@@ -42,7 +41,7 @@ from storelib.broker.recovery.walk import finish_walk, plan_recovery, store_inpu
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
 from storelib.fileio.bytesource import Location, resolve
-from storelib.fileio.memory import scratch_dir, sweep_dead_scratch
+from storelib.fileio.memory import scratch_dir, scratch_stem, sweep_dead_scratch
 from storelib.fileio.staging import drop_staging, remove_files
 from storelib.format.checkpoint import Checkpoint
 
@@ -102,7 +101,7 @@ def _work_place(engine: Engine, store: Store, staging: Location) -> Location:
         shm = scratch_dir(need)
         if shm is not None:
             sweep_dead_scratch(shm, SHM_PREFIX)
-            return resolve(tempfile.mkdtemp(prefix=f"{SHM_PREFIX}p{os.getpid()}-", dir=shm))
+            return resolve(tempfile.mkdtemp(prefix=scratch_stem(SHM_PREFIX), dir=shm))
     return staging.join(WORK)
 
 

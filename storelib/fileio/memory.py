@@ -75,21 +75,37 @@ def scratch_dir(need: int, shm: str = SHM_DIR) -> str | None:
     return shm
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (the inode of /proc/self/ns/pid), "" when it cannot be told."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+def scratch_stem(prefix: str) -> str:
+    """The start of a scratch directory's name in the memory filesystem: ``<prefix>p<pid>.<pid namespace>-``,
+    so that a later run can tell the directory of a process that is gone (:func:`sweep_dead_scratch`)."""
+    return f"{prefix}p{os.getpid()}.{_pid_namespace()}-"
+
+
 def sweep_dead_scratch(parent: str, prefix: str) -> int:
-    """Remove ``parent/<prefix>p<pid>-*`` directories whose process is gone (a run killed before its
-    cleanup: in the memory filesystem they would hold memory until reboot); returns how many."""
+    """Remove ``parent`` directories named by :func:`scratch_stem` whose process is gone (a run killed before
+    its cleanup: in the memory filesystem they would hold memory until reboot); returns how many. Only
+    processes of this PID namespace are judged (a container sharing the filesystem has pids of its own)."""
     import shutil
 
+    ns = _pid_namespace()
     gone = 0
     try:
         names = os.listdir(parent)
     except OSError:
         return 0
     for name in names:
-        if not name.startswith(prefix + "p"):
+        if not name.startswith(prefix + "p") or not ns:
             continue
-        pid = name[len(prefix) + 1:].split("-", 1)[0]
-        if not pid.isdigit():
+        pid, _, rest = name[len(prefix) + 1:].partition(".")
+        if not pid.isdigit() or not rest.startswith(ns + "-"):
             continue
         try:
             os.kill(int(pid), 0)
