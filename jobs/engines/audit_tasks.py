@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from jobs.common import note
-from jobs.engines.schedulers import Engine, SparkEngine
+from jobs.engines.schedulers import Engine, engine_master
 from jobs.spark.sparkutil import is_local_master
 from storelib.broker.settings.store import Store
 from storelib.checks.segment import (
@@ -33,7 +33,7 @@ from storelib.checks.segment import (
 from storelib.checks.tables import TableSink
 from storelib.checks.tasks.crossplan import phase_one
 from storelib.fileio.bytesource import resolve
-from storelib.fileio.memory import scratch_dir, scratch_stem, sweep_dead_scratch
+from storelib.fileio.memory import scratch_tempdir
 from storelib.fileio.staging import remove_files
 from storelib.scan.splits import parallel_split_bytes
 
@@ -66,11 +66,7 @@ def table_sink(master: str, work_dir: str | None, transfer: str, fs_options: dic
         return
     name = f"rmqstore-audit-{uuid.uuid4().hex[:12]}"
     if work_dir is None:  # this host's processes alone: in memory when the run's tables are small enough
-        shm = scratch_dir(need) if local else None
-        if shm is not None:  # named by this process, so a later run removes it if this one is killed
-            sweep_dead_scratch(shm, SHM_PREFIX)
-            name = scratch_stem(SHM_PREFIX) + uuid.uuid4().hex[:12]
-        path = tempfile.mkdtemp(prefix=name + "-", dir=shm)
+        path = (scratch_tempdir(SHM_PREFIX, need) if local else None) or tempfile.mkdtemp(prefix=name + "-")
         loc = resolve(path)
     else:
         loc = resolve(work_dir, **fs_options).join(name)
@@ -106,9 +102,8 @@ def table_place(eng: Engine, tasks: list[SegmentTask], work_dir: str | None, tra
     there: Spark's in-band collect)."""
     if in_memory(eng, tasks):
         return contextlib.nullcontext(None)
-    where = eng.sc.master if isinstance(eng, SparkEngine) else "local"
     need = sum(t.file_size - t.start for t in tasks) // TABLE_SHARE
-    return table_sink(where, work_dir, transfer, fs_options, quiet, need)
+    return table_sink(engine_master(eng), work_dir, transfer, fs_options, quiet, need)
 
 
 def in_memory(eng: Engine, tasks: list[SegmentTask]) -> bool:

@@ -7,7 +7,6 @@ index file). Intermediates go through files in ``staging/_work`` (or this host's
 
 from __future__ import annotations
 
-import tempfile
 from datetime import tzinfo
 from functools import partial
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from jobs.common import Stage
-from jobs.engines.schedulers import Engine, SparkEngine
+from jobs.engines.schedulers import Engine, engine_master
 from jobs.spark.sparkutil import is_local_master
 from storelib.broker.dispatch.rebuildtasks import (
     WORK,
@@ -41,7 +40,7 @@ from storelib.broker.recovery.walk import finish_walk, plan_recovery, store_inpu
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
 from storelib.fileio.bytesource import Location, resolve
-from storelib.fileio.memory import scratch_dir, scratch_stem, sweep_dead_scratch
+from storelib.fileio.memory import scratch_tempdir
 from storelib.fileio.staging import drop_staging, remove_files
 from storelib.format.checkpoint import Checkpoint
 
@@ -96,12 +95,10 @@ def _work_place(engine: Engine, store: Store, staging: Location) -> Location:
     """Where phase A's intermediate files go: this host's memory filesystem when every task runs on this
     host and they fit (:func:`storelib.fileio.memory.scratch_dir`: written, read once and deleted within
     seconds, they skip the disk filesystem's block allocation and journal), else ``staging/_work``."""
-    if staging.local and not (isinstance(engine, SparkEngine) and not is_local_master(engine.sc.master)):
-        need = sum(s.file_size for s in store.commitlog.segments) // WORK_SHARE
-        shm = scratch_dir(need)
-        if shm is not None:
-            sweep_dead_scratch(shm, SHM_PREFIX)
-            return resolve(tempfile.mkdtemp(prefix=scratch_stem(SHM_PREFIX), dir=shm))
+    if staging.local and is_local_master(engine_master(engine)):
+        path = scratch_tempdir(SHM_PREFIX, sum(s.file_size for s in store.commitlog.segments) // WORK_SHARE)
+        if path is not None:
+            return resolve(path)
     return staging.join(WORK)
 
 

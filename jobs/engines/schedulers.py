@@ -146,6 +146,12 @@ class PoolEngine:
             self._exiting = None
 
 
+def engine_master(eng: Engine) -> str:
+    """The Spark master whose executors run an engine's tasks ("local" for the in-process engine and the
+    pool: this host)."""
+    return eng.sc.master if isinstance(eng, SparkEngine) else "local"
+
+
 def _start_method() -> str:
     """``fork`` while nothing but this interpreter's own threads runs (:func:`fork_hazards`): the workers
     start in milliseconds with what the driver has imported (a forkserver and its preload take ~0.3 s on

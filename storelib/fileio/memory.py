@@ -75,6 +75,19 @@ def scratch_dir(need: int, shm: str = SHM_DIR) -> str | None:
     return shm
 
 
+def scratch_tempdir(prefix: str, need: int) -> str | None:
+    """A fresh directory for one run's scratch of about ``need`` bytes in the memory filesystem
+    (:func:`scratch_dir`), named by :func:`scratch_stem` after the directories of killed runs are swept;
+    None where it does not fit (the caller's usual place then)."""
+    shm = scratch_dir(need)
+    if shm is None:
+        return None
+    import tempfile
+
+    sweep_dead_scratch(shm, prefix)
+    return tempfile.mkdtemp(prefix=scratch_stem(prefix), dir=shm)
+
+
 def _pid_namespace() -> str:
     """This process's PID namespace (the inode of /proc/self/ns/pid), "" when it cannot be told."""
     try:
