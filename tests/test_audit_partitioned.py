@@ -227,9 +227,10 @@ def test_the_tasks_get_the_part_list_once_through_the_work_dir(tmp_path):
         "/store", {}, BrokerSettings.defaults("4"), 2, 0, 1, 1, (), False, None, None, parts).for_tasks().part_list
 
 
-def test_a_pool_audit_queues_the_summaries_first_and_cuts_a_big_store_into_eight_units_per_core(store, monkeypatch):
+def test_a_pool_audit_queues_the_summaries_first_and_cuts_any_store_into_128_mib_units(store, monkeypatch):
     """An index file's structure check costs about a segment's work: queued after the segments it ran
-    alone at the end. And whole segments are too coarse for two workers to finish together."""
+    alone at the end. Whole segments are too coarse for two workers to finish together, and a unit's
+    tables grow with it: a pool's units stay at 128 MiB as the store grows, so its workers' memory stays flat."""
     from jobs.engines.schedulers import PoolEngine
 
     seen: list[list[str]] = []
@@ -252,5 +253,7 @@ def test_a_pool_audit_queues_the_summaries_first_and_cuts_a_big_store_into_eight
     two_gb = 8 << 28
     pool, spark = PoolEngine(2), type("SparkLike", (), {"name": "spark", "parallelism": 2})()
     assert audit_tasks.default_split_bytes(pool, two_gb) == 128 << 20  # 16 units on 2 cores
+    assert audit_tasks.default_split_bytes(pool, 32 << 30) == 128 << 20  # 256 units: the same per worker
+    assert audit_tasks.default_split_bytes(PoolEngine(64), two_gb) == 128 << 20
     assert audit_tasks.default_split_bytes(spark, two_gb) == 512 << 20  # two per core
-    assert audit_tasks.default_split_bytes(pool, 32 << 30) == 512 << 20  # never above the bound
+    assert audit_tasks.default_split_bytes(spark, 32 << 30) == 512 << 20  # never above the bound

@@ -35,7 +35,7 @@ from storelib.checks.tasks.crossplan import phase_one
 from storelib.fileio.bytesource import resolve
 from storelib.fileio.memory import scratch_tempdir
 from storelib.fileio.staging import remove_files
-from storelib.scan.splits import parallel_split_bytes
+from storelib.scan.splits import MIN_PARALLEL_SPLIT_BYTES, parallel_split_bytes
 
 TRANSFERS = ("auto", "files", "collect")
 # in this process, the task tables of up to this much store stay in memory (~26 B a record); more go
@@ -122,10 +122,15 @@ def cross_groups(eng: Engine, tasks: list[SegmentTask], in_memory: bool) -> int:
 
 
 def default_split_bytes(eng: Engine, audited: int) -> int:
-    """Unit size of a parallel audit. A pool task starts in milliseconds: about eight units per core
-    (128-512 MiB) end the run together, where whole 256 MiB segments plus an index file's check left one
-    worker finishing alone. Spark keeps two per core: its Python tasks cost more to start."""
-    return parallel_split_bytes(audited, 4 * eng.parallelism if eng.name == "pool" else eng.parallelism)
+    """Unit size of a parallel audit. A pool task starts in milliseconds, so a pool takes the smallest
+    unit (128 MiB) whatever the store: a unit's tables, and so its worker's memory, grow with the unit
+    (an 8 GB store in 512 MiB units took 380-400 MB a worker, in 128 MiB units 185 MB, as a 2 GB store
+    does), and many units end the run together (whole 256 MiB segments plus an index file's check left
+    one worker finishing alone). Spark keeps two units per core, at most 512 MiB: its Python tasks cost
+    more to start."""
+    if eng.name == "pool":
+        return MIN_PARALLEL_SPLIT_BYTES
+    return parallel_split_bytes(audited, eng.parallelism)
 
 
 def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quiet: bool = False,
@@ -135,7 +140,7 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quie
     """Phase 1 on the given engine (same functions on every engine; the caller starts and closes it), with
     what the cross-file checks read without records (``meta_tasks``: the consume queues' summaries, the
     index files' structure) beside the segments; returns the segments' results and those tasks'. With ``split_bytes`` (default on a
-    pool or Spark: :func:`storelib.scan.splits.parallel_split_bytes`, about eight tasks per core on a pool, two on
+    pool or Spark: :func:`default_split_bytes`, 128 MiB on a pool, two tasks per core on
     Spark) segments
     are cut at record starts into split tasks whose results are merged per segment.
 
