@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.broker.dispatch.cqstream import ConsumeQueueStream
-from storelib.broker.index.indexbuild import IndexImage, empty_index_count, index_key_rows
+from storelib.broker.index.indexbuild import IndexImage, empty_index_count, index_keys
 from storelib.broker.index.indexmerge import IndexLayout, SegmentKeys, first_entry_times, kept_keys, link_file
 from storelib.broker.index.indexstream import ChainRun, Gathered, local_chains
 from storelib.broker.index.indexwrite import write_index_image, write_index_runs
@@ -148,9 +148,8 @@ def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
     loc = resolve(split.uri, **ctx.fs_options)
     ends: list = []
     cq_tables: list[pa.Table] = []
-    hs, ps, ts, rs, rec_p, rec_t = [], [], [], [], [], []
+    hs, rs, rec_p, rec_t = [], [], [], []
     rows = 0
-    last_key_row = -1
     cols = SCAN_COLS + (["prop_crc_ok"] if ctx.plan.prop_crc and crc else [])
     with open_source(loc, split.file_size) as src:
         for batch in _range_batches(ctx, idx, split, crc, ranges, src, ends, cols):
@@ -159,35 +158,32 @@ def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
             if ctx.do_cq:
                 cq_tables.append(pa.Table.from_batches([batch.select(CQ_COLS)]))
             if ctx.do_index:
-                kr = index_key_rows(batch)
-                if len(kr["row_index"]):
-                    last_key_row = rows + int(kr["row_index"][-1])
-                hs.append(kr["key_hash"])
-                ps.append(kr["phy_offset"])
-                ts.append(kr["store_timestamp"])
-                rs.append(kr["row_index"] + rows)
+                kr, kh = index_keys(batch)
+                hs.append(kh)
+                rs.append(kr + rows)
                 rec_p.append(np.asarray(batch.column("physical_offset_field")))
                 rec_t.append(np.asarray(batch.column("store_timestamp")))
             rows += batch.num_rows
     parts, cq_rows, topics = _write_cq_parts(ctx, idx, cq_tables)
     h = np.concatenate(hs, dtype=np.int32) if hs else np.zeros(0, np.int32)
-    p_ = np.concatenate(ps, dtype=np.int64) if ps else np.zeros(0, np.int64)
-    tsa = np.concatenate(ts, dtype=np.int64) if ts else np.zeros(0, np.int64)
     ra = np.concatenate(rs, dtype=np.int32) if rs else np.zeros(0, np.int32)
+    p_ = np.zeros(0, np.int64)
+    last_key = None
     if ctx.do_index and len(h):
         # the segment's slot chains with local numbers: the index-file task only links them up
         q, e = local_chains(h, ctx.geometry.hash_slot_num)
-        # a record's PHYSICALOFFSET and store time are kept once, not once per key (~3 keys a record)
         _write_ipc(_keys_file(ctx.work, idx), pa.table({"h": h, "r": ra, "q": q, "e": e}))
-        _write_ipc(_recs_file(ctx.work, idx), pa.table({"p": np.concatenate(rec_p, dtype=np.int64),
-                                                           "t": np.concatenate(rec_t, dtype=np.int64)}))
+        # a record's PHYSICALOFFSET and store time are kept once, not once per key (~3 keys a record)
+        rp, rt = np.concatenate(rec_p, dtype=np.int64), np.concatenate(rec_t, dtype=np.int64)
+        _write_ipc(_recs_file(ctx.work, idx), pa.table({"p": rp, "t": rt}))
+        p_ = rp[ra]  # each key's PHYSICALOFFSET
+        last_key = (int(p_[-1]), int(rt[ra[-1]]))
     mono = bool(len(p_) < 2 or np.all(p_[1:] >= np.maximum.accumulate(p_)[:-1]))
     return {
         "idx": idx, "end": ends[0], "ranges": tuple((a, ends[k].file_offset) for k, (a, _) in enumerate(ranges)),
         "rows": rows, "cq_rows": cq_rows, "n_keys": len(h), "topics": topics,
         "parts": parts, "p_first": int(p_[0]) if len(p_) else None, "p_max": int(p_.max()) if len(p_) else None,
-        "monotone": mono, "last_key_row": last_key_row,
-        "last_key": (int(p_[-1]), int(tsa[-1])) if len(p_) else None,
+        "monotone": mono, "last_key_row": int(ra[-1]) if len(ra) else -1, "last_key": last_key,
     }
 
 
