@@ -167,6 +167,8 @@ def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
     parts, cq_rows, topics = _write_cq_parts(ctx, idx, cq_tables)
     h = np.concatenate(hs, dtype=np.int32) if hs else np.zeros(0, np.int32)
     ra = np.concatenate(rs, dtype=np.int32) if rs else np.zeros(0, np.int32)
+    for done in (cq_tables, hs, rs):  # written or joined: their memory serves the chains' sort
+        done.clear()
     p_ = np.zeros(0, np.int64)
     last_key = None
     if ctx.do_index and len(h):
@@ -175,6 +177,8 @@ def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
         _write_ipc(_keys_file(ctx.work, idx), pa.table({"h": h, "r": ra, "q": q, "e": e}))
         # a record's PHYSICALOFFSET and store time are kept once, not once per key (~3 keys a record)
         rp, rt = np.concatenate(rec_p, dtype=np.int64), np.concatenate(rec_t, dtype=np.int64)
+        rec_p.clear()
+        rec_t.clear()
         _write_ipc(_recs_file(ctx.work, idx), pa.table({"p": rp, "t": rt}))
         p_ = rp[ra]  # each key's PHYSICALOFFSET
         last_key = (int(p_[-1]), int(rt[ra[-1]]))

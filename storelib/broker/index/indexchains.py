@@ -10,14 +10,18 @@ from storelib.scan.arrowcols import radix_order
 
 
 def slot_chains(slot: np.ndarray, n0: int) -> tuple[np.ndarray, np.ndarray]:
-    """Entries grouped by slot, oldest first: (slot, entry number) pairs sorted by slot then number.
+    """Entries grouped by slot, oldest first: (slot, entry number) pairs sorted by slot then number
+    (the slots in their own integer type).
 
     Entry ``n0 + i`` has slot ``slot[i]`` (below 2**31): a stable order by slot
     (:func:`storelib.scan.arrowcols.radix_order`, counting-sort passes) keeps each slot's entries in
     number order.
     """
-    order = radix_order(np.asarray(slot))
-    return np.asarray(slot, dtype=np.int64)[order], (order + n0).astype(np.int32)
+    slot = np.asarray(slot)
+    order = radix_order(slot)
+    # gathered in the slots' own integer width (an int64 copy of 1.6 M int32 slots first cost 14 ms)
+    ss = slot[order] if slot.dtype.kind in "iu" else slot.astype(np.int64)[order]
+    return ss, (order if n0 == 0 else order + n0).astype(np.int32)
 
 
 def index_chains(hs: np.ndarray, n0: int, S: int, old_slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
