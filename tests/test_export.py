@@ -130,31 +130,6 @@ def test_take_rows_moves_map_rows_like_arrows_take(store):
             assert got.column("m").to_pylist() == [arr[int(i)].as_py() for i in order]
 
 
-def test_a_partition_waiting_for_its_row_group_holds_its_own_rows_not_its_whole_batch(tmp_path):
-    """Rows wait in memory until their partition fills a row group: each partition's are a copy of its own
-    rows, so a batch is not kept alive by its smallest partition (a 1 GB segment's task grew to 820 MB)."""
-    import numpy as np
-
-    from storelib.fileio.bytesource import resolve
-    from storelib.snapshot.exporttask import _Partitions
-
-    n = 4000
-    mt = pa.map_(pa.string(), pa.string())
-    batch = pa.RecordBatch.from_pydict({
-        "topic": pa.array(["A" if i % 10 else "B" for i in range(n)]),  # B: a tenth of the rows
-        "n": pa.array(np.arange(n)),
-        "properties": pa.array([[("KEYS", f"k{i}"), ("UNIQ_KEY", "u" * 32)] for i in range(n)], mt)})
-    parts = _Partitions(resolve(str(tmp_path)), ("topic",), batch.schema, "t")
-    parts.add(batch)
-    waiting = {d: pa.concat_tables(ts) for d, ts in parts.pending.items()}
-    assert sorted(waiting) == ["topic=A", "topic=B"]
-    whole = pa.Table.from_batches([batch]).drop_columns(["topic"]).get_total_buffer_size()
-    small = waiting["topic=B"]
-    assert small.column("n").to_pylist() == list(range(0, n, 10))  # dispatch order kept
-    assert small.get_total_buffer_size() < 0.2 * whole
-    parts.close()
-
-
 def test_utc_days_equal_the_zoned_cast_to_date_text():
     """The date partition's text (cast on the naive timestamp, only distinct days formatted) equals the
     zoned cast row by row: before 1970, at midnight, the last day Arrow prints, and the far out of range."""
