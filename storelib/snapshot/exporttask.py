@@ -67,93 +67,63 @@ def partition_problem(topic: str | None) -> str | None:
 
 
 def take_rows(table: pa.Table, order: np.ndarray) -> pa.Table:
-    """``table.take(order)`` (``order``: row numbers of the table), each map column moved row by row
-    (:class:`RowTaker`)."""
-    return RowTaker(table).take(order)
+    """``table.take(order)``, the same table, with each map column (``properties``) moved row by row
+    (:func:`_take_map`): Arrow's take of a map copies it entry by entry, 60% of the partition sort's take
+    (one 65 k-row batch of the generated store: the map 15.8 ms by Arrow, 6.9 ms by rows; the other 28
+    columns 10 ms)."""
+    idx = pa.array(order)
+    cols = []
+    for col in table.columns:  # (order is a permutation of the rows: no bounds to check)
+        moved = _take_map(col.chunk(0), order, idx) if pa.types.is_map(col.type) and col.num_chunks == 1 else None
+        cols.append(pc.take(col, idx, boundscheck=False) if moved is None else moved)
+    return pa.Table.from_arrays(cols, schema=table.schema)
 
 
-class RowTaker:
-    """Takes of rows of one table, its per-table work done once (a batch is taken once per partition):
-    each map column (``properties``) is moved row by row (:class:`_MapRuns`): Arrow's take of a map copies it
-    entry by entry, 60% of the partition sort's take (one 65 k-row batch of the generated store: the map
-    15.8 ms by Arrow, 6.9 ms by rows; the other 28 columns 10 ms); the other columns in one Arrow call."""
-
-    def __init__(self, table: pa.Table) -> None:
-        self.table = table
-        self.maps: dict[int, _MapRuns] = {}
-        for i, col in enumerate(table.columns):
-            m = _MapRuns.of(col.chunk(0)) if pa.types.is_map(col.type) and col.num_chunks == 1 else None
-            if m is not None:
-                self.maps[i] = m
-        self.rest = table.drop_columns([table.schema.names[i] for i in self.maps]) if self.maps else table
-
-    def take(self, order: np.ndarray) -> pa.Table:
-        idx = pa.array(order)
-        taken = iter(pc.take(self.rest, idx, boundscheck=False).columns)  # row numbers of the table: in bounds
-        cols = [self.maps[i].take(order, idx) if i in self.maps else next(taken) for i in range(self.table.num_columns)]
-        return pa.Table.from_arrays(cols, schema=self.table.schema)
+def _take_map(arr: pa.MapArray, order: np.ndarray, idx: pa.Array) -> pa.Array | None:
+    """A map array's rows in ``order``, by one binary take per buffer: a row's keys, its values and their
+    lengths are contiguous byte runs, so one run per row moves them (not one per entry). None where
+    this does not apply (nulls anywhere, keys or values not string/binary, a child over 512 M entries):
+    the caller takes it the usual way."""
+    entries = arr.values
+    keys, items = entries.field(0), entries.field(1)
+    if arr.null_count or entries.null_count or entries.offset or keys.null_count or items.null_count or not all(
+            c.type in (pa.string(), pa.binary()) for c in (keys, items)):
+        return None
+    offs = np.frombuffer(arr.buffers()[1], np.int32, len(arr) + 1, arr.offset * 4)
+    if int(offs[-1]) >= 1 << 29:  # its lengths as bytes would pass int32 offsets
+        return None
+    moved = [_strings_by_rows(c, offs, idx) for c in (keys, items)]
+    new = np.zeros(len(order) + 1, np.int32)
+    np.cumsum(np.diff(offs)[order], out=new[1:])
+    return pa.MapArray.from_arrays(pa.array(new), *moved, type=arr.type)
 
 
-class _MapRuns:
-    """A map array whose rows move as byte runs: a row's keys, its values and their lengths are contiguous
-    runs, so one binary take per buffer moves them (one run per row, not one per entry). :meth:`of` gives
-    None where this does not apply (nulls anywhere, keys or values not string/binary, a child over 512 M
-    entries): the caller takes it the usual way."""
-
-    def __init__(self, arr: pa.MapArray, counts: np.ndarray, kids: list[tuple[pa.DataType, Any, Any]]) -> None:
-        self.type, self.counts, self.kids = arr.type, counts, kids
-
-    @classmethod
-    def of(cls, arr: pa.MapArray) -> _MapRuns | None:
-        entries = arr.values
-        keys, items = entries.field(0), entries.field(1)
-        if arr.null_count or entries.null_count or entries.offset or keys.null_count or items.null_count or not all(
-                c.type in (pa.string(), pa.binary()) for c in (keys, items)):
-            return None
-        offs = np.frombuffer(arr.buffers()[1], np.int32, len(arr) + 1, arr.offset * 4)
-        if int(offs[-1]) >= 1 << 29:  # its lengths as bytes would pass int32 offsets
-            return None
-        kids = []
-        for c in (keys, items):  # each child's entry lengths and bytes, one run per row
-            co = np.frombuffer(c.buffers()[1], np.int32, len(c) + 1, c.offset * 4)
-            kids.append((c.type, _run_tokens(pa.py_buffer(np.diff(co)), offs.astype(np.int64) * 4),
-                         _run_tokens(c.buffers()[2], co[offs])))
-        return cls(arr, np.diff(offs), kids)
-
-    def take(self, order: np.ndarray, idx: pa.Array) -> pa.Array:
-        moved = []
-        for typ, lens_runs, data_runs in self.kids:
-            lens = np.frombuffer(_take_runs(lens_runs, idx), np.int32)
-            off = np.zeros(len(lens) + 1, np.int32)
-            np.cumsum(lens, out=off[1:])
-            moved.append(pa.Array.from_buffers(typ, len(lens), [None, pa.py_buffer(off), _take_runs(data_runs, idx)]))
-        new = np.zeros(len(order) + 1, np.int32)
-        np.cumsum(self.counts[order], out=new[1:])
-        return pa.MapArray.from_arrays(pa.array(new), *moved, type=self.type)
+def _strings_by_rows(s: pa.Array, rows: np.ndarray, idx: pa.Array) -> pa.Array:
+    """A map's key or value child (no nulls) with the entries of row ``idx[i]`` (entries
+    ``rows[idx[i]]:rows[idx[i] + 1]``) moved to row ``i``: its bytes and its lengths, each one run per row."""
+    co = np.frombuffer(s.buffers()[1], np.int32, len(s) + 1, s.offset * 4)
+    lens = np.frombuffer(_runs(pa.py_buffer(np.diff(co)), rows.astype(np.int64) * 4, idx), np.int32)
+    off = np.zeros(len(lens) + 1, np.int32)
+    np.cumsum(lens, out=off[1:])
+    return pa.Array.from_buffers(s.type, len(lens), [None, pa.py_buffer(off), _runs(s.buffers()[2], co[rows], idx)])
 
 
-def _run_tokens(buf: pa.Buffer | None, bounds: np.ndarray) -> pa.Array | None:
-    """The byte runs ``[bounds[i], bounds[i + 1])`` of ``buf`` as a binary array over it (zero copy; None
-    when every run is empty)."""
+def _runs(buf: pa.Buffer | None, bounds: np.ndarray, idx: pa.Array) -> pa.Buffer:
+    """The byte runs ``[bounds[i], bounds[i + 1])`` of ``buf`` in the order ``idx``, one buffer (a binary
+    token per run, one Arrow take)."""
     base = int(bounds[0])
     if buf is None or int(bounds[-1]) == base:
-        return None
-    return pa.Array.from_buffers(pa.binary(), len(bounds) - 1,
-                                 [None, pa.py_buffer((bounds - base).astype(np.int32)), buf.slice(base)])
-
-
-def _take_runs(tokens: pa.Array | None, idx: pa.Array) -> pa.Buffer:
-    """The runs of :func:`_run_tokens` in the order ``idx``, one buffer (one Arrow take)."""
-    if tokens is None:
         return pa.py_buffer(b"")
+    tokens = pa.Array.from_buffers(pa.binary(), len(bounds) - 1,
+                                   [None, pa.py_buffer((bounds - base).astype(np.int32)), buf.slice(base)])
     out = pc.take(tokens, idx, boundscheck=False).buffers()[2]
     return pa.py_buffer(b"") if out is None else out
 
 
 class _Partitions:
     """A segment's rows written into the snapshot's Hive partition directories: each batch grouped by
-    partition with one stable sort (dispatch order kept inside a partition) and one take of each
-    partition's rows (a batch of one partition as it is), a partition's rows buffered up to a row group, one file per partition and segment (another
+    partition with one stable sort (dispatch order kept inside a partition) and one take of the other
+    columns, a partition's rows buffered up to a row group, one file per partition and segment (another
     past :data:`MAX_FILE_ROWS`). pyarrow.dataset's partitioned writer does the same at about twice the
     cost on this data (one segment of a generated store, 172 k rows, one process: its write 0.38 s,
     this one 0.29 s, the decode before either 0.33 s); the directory names are its own
@@ -187,17 +157,14 @@ class _Partitions:
         order = group_order(key)  # dispatch order kept inside a partition
         sk = key[order]
         cuts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1], True])
-        taker = RowTaker(data) if len(cuts) > 2 else None
+        data = take_rows(data, order)
         for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
             r = int(order[a])
             expr = None
             for c, enc in zip(self.by, codes):
                 e = pc.field(c) == enc.dictionary[enc.indices[r].as_py()].as_py()
                 expr = e if expr is None else expr & e
-            # each partition's rows taken on their own: a slice of one take of the batch would keep the
-            # whole batch alive while its partition waits for a row group (a 1 GB segment's task grew to
-            # 840 MB holding slices of ~38 batches)
-            self._push(self.part.format(expr)[0], data if taker is None else taker.take(order[a:b]))
+            self._push(self.part.format(expr)[0], data.slice(a, b - a))
 
     def _push(self, d: str, t: pa.Table) -> None:
         self.pending.setdefault(d, []).append(t)
@@ -329,5 +296,5 @@ def export_segment(ctx: TaskCtx, item: tuple[int, str, int, str, int, int, bool,
             "files": files, "skipped_topics": skipped, "seconds": time.monotonic() - t0}
 
 
-__all__ = ["DICTIONARY_COLUMNS", "ROW_GROUP", "STATS_COLUMNS", "RowTaker", "TaskCtx", "export_segment",
-           "partition_problem", "take_rows"]
+__all__ = ["DICTIONARY_COLUMNS", "ROW_GROUP", "STATS_COLUMNS", "TaskCtx", "export_segment", "partition_problem",
+           "take_rows"]
