@@ -130,6 +130,55 @@ def test_take_rows_moves_map_rows_like_arrows_take(store):
             assert got.column("m").to_pylist() == [arr[int(i)].as_py() for i in order]
 
 
+def _kept_alive(pending: dict[str, list[pa.Table]]) -> int:
+    """Bytes of the distinct buffers the waiting tables reference (a slice keeps its parent's whole buffer)."""
+    seen: dict[int, int] = {}
+    for tables in pending.values():
+        for t in tables:
+            for col in t.columns:
+                for chunk in col.chunks:
+                    stack = [chunk]
+                    while stack:
+                        a = stack.pop()
+                        for b in a.buffers():
+                            if b is not None:
+                                seen[b.address] = b.size
+                        if pa.types.is_map(a.type) or pa.types.is_struct(a.type):
+                            stack.extend([a.values] if pa.types.is_map(a.type) else [a.field(i) for i in range(a.type.num_fields)])
+    return sum(seen.values())
+
+
+def test_rows_waiting_for_a_row_group_keep_a_bounded_number_of_batches_alive(tmp_path, monkeypatch):
+    """A partition's waiting rows are slices of their batch's take, each keeping the whole batch alive: a
+    partition that fills slowly goes out once the batches from its oldest rows pass KEEP_BYTES (a 1 GB
+    segment's task grew to 820 MB), and every row is written, in dispatch order, all the same."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from storelib.fileio.bytesource import resolve
+    from storelib.snapshot import exporttask
+    from storelib.snapshot.exporttask import _Partitions
+
+    mt = pa.map_(pa.string(), pa.string())
+
+    def batch(k: int, n: int = 2000) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict({
+            "topic": pa.array(["A" if i % 20 else "B" for i in range(n)]),  # B fills 20x slower
+            "n": pa.array(np.arange(k * n, (k + 1) * n)),
+            "properties": pa.array([[("UNIQ_KEY", f"{k:04d}{i:028d}")] for i in range(n)], mt)})
+
+    one = pa.Table.from_batches([batch(0)]).drop_columns(["topic"]).nbytes
+    monkeypatch.setattr(exporttask, "KEEP_BYTES", 3 * one)
+    parts = _Partitions(resolve(str(tmp_path)), ("topic",), batch(0).schema, "t")
+    for k in range(12):
+        parts.add(batch(k))
+        assert _kept_alive(parts.pending) <= 4.5 * one  # three batches and the newest, not all twelve
+    files = parts.close()
+    got = {f["path"].split("/")[-2]: pq.read_table(f["path"]).column("n").to_pylist() for f in files}
+    every = np.arange(12 * 2000)
+    assert got["topic=B"] == every[every % 20 == 0].tolist() and got["topic=A"] == every[every % 20 != 0].tolist()
+
+
 def test_utc_days_equal_the_zoned_cast_to_date_text():
     """The date partition's text (cast on the naive timestamp, only distinct days formatted) equals the
     zoned cast row by row: before 1970, at midnight, the last day Arrow prints, and the far out of range."""
