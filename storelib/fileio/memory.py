@@ -109,13 +109,15 @@ def sweep_dead_scratch(parent: str, prefix: str) -> int:
     import shutil
 
     ns = _pid_namespace()
+    if not ns:
+        return 0
     gone = 0
     try:
         names = os.listdir(parent)
     except OSError:
         return 0
     for name in names:
-        if not name.startswith(prefix + "p") or not ns:
+        if not name.startswith(prefix + "p"):
             continue
         pid, _, rest = name[len(prefix) + 1:].partition(".")
         if not pid.isdigit() or not rest.startswith(ns + "-"):
