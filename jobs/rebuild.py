@@ -112,6 +112,7 @@ class RebuildConfig:
     in_place: bool = False
     incremental: bool = False
     partitions: int | None = None
+    split_bytes: int | None = None  # phase A's task size on an engine (default: default_split_bytes)
     fs_options: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
     name_tz: str = LOCAL  # the broker JVM's zone for index file names ("local": this host's)
@@ -168,7 +169,8 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
                 t_work = time.time()
             say(f"engine: {engine.describe()}")
             try:
-                er = run_tasks(engine, store, settings, staging, what, say, cfg.fs_options, cfg.partitions, zone)
+                er = run_tasks(engine, store, settings, staging, what, say, cfg.fs_options, cfg.partitions, zone,
+                               cfg.split_bytes)
             finally:
                 if own:
                     engine.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import jobs.engines.audit_tasks as audit_tasks
+import jobs.engines.schedulers as schedulers
 import storelib.checks.segment as segment_checks
 from jobs.audit import audit_store
 from storelib.fileio.bytesource import resolve
@@ -252,8 +253,8 @@ def test_a_pool_audit_queues_the_summaries_first_and_cuts_any_store_into_128_mib
 
     two_gb = 8 << 28
     pool, spark = PoolEngine(2), type("SparkLike", (), {"name": "spark", "parallelism": 2})()
-    assert audit_tasks.default_split_bytes(pool, two_gb) == 128 << 20  # 16 units on 2 cores
-    assert audit_tasks.default_split_bytes(pool, 32 << 30) == 128 << 20  # 256 units: the same per worker
-    assert audit_tasks.default_split_bytes(PoolEngine(64), two_gb) == 128 << 20
-    assert audit_tasks.default_split_bytes(spark, two_gb) == 512 << 20  # two per core
-    assert audit_tasks.default_split_bytes(spark, 32 << 30) == 512 << 20  # never above the bound
+    assert schedulers.default_split_bytes(pool, two_gb) == 128 << 20  # 16 units on 2 cores
+    assert schedulers.default_split_bytes(pool, 32 << 30) == 128 << 20  # 256 units: the same per worker
+    assert schedulers.default_split_bytes(PoolEngine(64), two_gb) == 128 << 20
+    assert schedulers.default_split_bytes(spark, two_gb) == 512 << 20  # two per core
+    assert schedulers.default_split_bytes(spark, 32 << 30) == 512 << 20  # never above the bound

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from jobs.common import note
-from jobs.engines.schedulers import Engine, engine_master
+from jobs.engines.schedulers import Engine, default_split_bytes, engine_master
 from jobs.spark.sparkutil import is_local_master
 from storelib.broker.settings.store import Store
 from storelib.checks.segment import (
@@ -35,7 +35,6 @@ from storelib.checks.tasks.crossplan import phase_one
 from storelib.fileio.bytesource import resolve
 from storelib.fileio.memory import scratch_tempdir
 from storelib.fileio.staging import remove_files
-from storelib.scan.splits import MIN_PARALLEL_SPLIT_BYTES, parallel_split_bytes
 
 TRANSFERS = ("auto", "files", "collect")
 # in this process, the task tables of up to this much store stay in memory (~26 B a record); more go
@@ -119,18 +118,6 @@ def cross_groups(eng: Engine, tasks: list[SegmentTask], in_memory: bool) -> int:
         return 1
     audited = sum(t.file_size - t.start for t in tasks)
     return int(min(MAX_GROUPS, max(2 * eng.parallelism, -(-audited // GROUP_BYTES))))
-
-
-def default_split_bytes(eng: Engine, audited: int) -> int:
-    """Unit size of a parallel audit. A pool task starts in milliseconds, so a pool takes the smallest
-    unit (128 MiB) whatever the store: a unit's tables, and so its worker's memory, grow with the unit
-    (an 8 GB store in 512 MiB units took 380-400 MB a worker, in 128 MiB units 185 MB, as a 2 GB store
-    does), and many units end the run together (whole 256 MiB segments plus an index file's check left
-    one worker finishing alone). Spark keeps two units per core, at most 512 MiB: its Python tasks cost
-    more to start."""
-    if eng.name == "pool":
-        return MIN_PARALLEL_SPLIT_BYTES
-    return parallel_split_bytes(audited, eng.parallelism)
 
 
 def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quiet: bool = False,

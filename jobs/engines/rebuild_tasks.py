@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from jobs.common import Stage
-from jobs.engines.schedulers import Engine, engine_master
+from jobs.engines.schedulers import Engine, default_split_bytes, engine_master
 from jobs.spark.sparkutil import is_local_master
 from storelib.broker.dispatch.rebuildtasks import (
     WORK,
@@ -25,10 +25,12 @@ from storelib.broker.dispatch.rebuildtasks import (
     check_supported,
     count_kept,
     cq_jobs,
-    dispatched_segments,
+    dispatched_units,
     first_times,
+    join_units,
     phase_a,
     phase_bc,
+    rejoin,
     rescan_items,
     segment_items,
     segment_keys,
@@ -36,18 +38,19 @@ from storelib.broker.dispatch.rebuildtasks import (
     write_extra_index,
 )
 from storelib.broker.index.indexmerge import kept_counts, layout, name_files, running_max_before
-from storelib.broker.recovery.walk import finish_walk, plan_recovery, store_inputs
+from storelib.broker.recovery.walk import WalkPlan, finish_walk, plan_recovery, store_inputs
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
 from storelib.fileio.bytesource import Location, resolve
 from storelib.fileio.memory import scratch_tempdir
 from storelib.fileio.staging import drop_staging, remove_files
 from storelib.format.checkpoint import Checkpoint
+from storelib.scan.splits import segment_cuts
 
 
 def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
               say: Stage, fs_options: dict[str, Any], partitions: int | None = None,
-              name_tz: str | tzinfo = "UTC") -> EngineResult:
+              name_tz: str | tzinfo = "UTC", split_bytes: int | None = None) -> EngineResult:
     """Phases A/B/C as tasks on ``engine`` (a process pool or Spark); intermediates are exchanged through
     files in ``staging/_work`` (no shuffle or cache of Python objects), which every worker reads and
     writes itself."""
@@ -62,20 +65,28 @@ def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: L
     if not plan.tasks:
         drop_staging(work)
         return EngineResult(finish_walk(plan, {}))
-    items = segment_items(plan)
-    say(f"phase A: parsing {len(items)} segment(s) on executors")
+    items = segment_items(plan, _cuts(engine, store, plan, split_bytes))
+    say(f"phase A: parsing {len(plan.tasks)} segment(s) in {len(items)} task(s) on executors")
     try:
-        metas = {m["idx"]: m for m in engine.map(partial(phase_a, ctx), items, "phase A: segments", say)}
-        say(f"phase A: {len(metas)}/{len(items)} segments parsed, {sum(m['rows'] for m in metas.values())} records")
-        res = finish_walk(plan, {i: m["end"] for i, m in metas.items()})
+        metas = {m["unit"]: m for m in engine.map(partial(phase_a, ctx), items, "phase A: segments", say)}
+        joined = join_units(items, metas)
+        if joined.redo:  # a cut one scan never reaches: those segments as one task each
+            redo = list(joined.redo)
+            say(f"phase A: {len(redo)} segment(s) again as one task: their records run past a cut")
+            metas.update({m["unit"]: m for m in engine.map(partial(phase_a, ctx), redo, "phase A: segments again", say)})
+            rejoin(joined, metas, redo)
+        say(f"phase A: {len(joined.ends)}/{len(plan.tasks)} segments parsed, "
+            f"{sum(metas[u]['rows'] for us in joined.units.values() for u in us)} records")
+        res = finish_walk(plan, joined.ends)
         check_supported(res)
         say(f"walk: processOffset {res.process_offset} ({res.start_reason})")
-        again = rescan_items(plan, res, metas)
+        again = rescan_items(plan, res, items, joined)
         if again:  # the 4.9.8 reput reads around a length mismatch: those segments by its ranges
             say(f"phase A: {len(again)} segment(s) again, as the reput reads them around a length mismatch")
-            metas.update({m["idx"]: m for m in engine.map(partial(phase_a, ctx), again, "phase A: reput ranges", say)})
-        inc = dispatched_segments(plan, res, metas)
-        out = EngineResult(res, records=sum(metas[i]["rows"] for i in inc))
+            metas.update({m["unit"]: m for m in engine.map(partial(phase_a, ctx), again, "phase A: reput ranges", say)})
+            rejoin(joined, metas, again)
+        inc = dispatched_units(plan, res, joined)
+        out = EngineResult(res, records=sum(metas[u]["rows"] for u in inc))
         # an unsafe name never reaches an executor's makedirs (write_consume_queues skips it): reported once
         out.findings.extend(unsafe_topic_findings(plan, metas, inc))
         jobs = cq_jobs(metas, inc, P) if ctx.do_cq else []
@@ -89,6 +100,17 @@ def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: L
 
 WORK_SHARE = 4  # phase A's intermediate files per store byte, at most about 1/4 (the 2 GB bench store: 0.22)
 SHM_PREFIX = "rmqstore-rebuild-"
+
+
+def _cuts(engine: Engine, store: Store, plan: WalkPlan, split_bytes: int | None) -> dict[str, list[int]]:
+    """Where phase A cuts the segments into tasks (verified record starts about every ``split_bytes``,
+    default :func:`default_split_bytes`), so that every core has work to the end and a task's memory follows the
+    unit, not the segment; none in a DLedger log (its entries carry the walk's state across a file)."""
+    if plan.inputs.dledger or not plan.tasks:
+        return {}
+    names = {plan.segments[t.index].name for t in plan.tasks}
+    total = sum(plan.segments[t.index].file_size - t.start for t in plan.tasks)
+    return segment_cuts(store.commitlog, split_bytes or default_split_bytes(engine, total), names)
 
 
 def _work_place(engine: Engine, store: Store, staging: Location) -> Location:

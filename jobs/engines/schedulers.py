@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from jobs.engines.nopandas import hide_pandas
 from storelib.fileio.bytesource import remote_filesystem_opened
+from storelib.scan.splits import MIN_PARALLEL_SPLIT_BYTES, parallel_split_bytes
 
 ENGINES = ("auto", "local", "pool", "spark")
 # below this much commitlog a process pool's start-up costs more than it saves (measured on 2 cores: audit
@@ -52,6 +53,19 @@ class Engine(Protocol):
 
     def close(self) -> None:
         ...
+
+
+def default_split_bytes(eng: Engine, audited: int) -> int:
+    """Unit size of a parallel scan of ``audited`` bytes (the audit's segment tasks, the rebuild's phase A).
+    A pool task starts in milliseconds, so a pool takes the smallest
+    unit (128 MiB) whatever the store: a unit's tables, and so its worker's memory, grow with the unit
+    (an 8 GB store in 512 MiB units took 380-400 MB a worker, in 128 MiB units 185 MB, as a 2 GB store
+    does), and many units end the run together (whole 256 MiB segments plus an index file's check left
+    one worker finishing alone). Spark keeps two units per core, at most 512 MiB: its Python tasks cost
+    more to start."""
+    if eng.name == "pool":
+        return MIN_PARALLEL_SPLIT_BYTES
+    return parallel_split_bytes(audited, eng.parallelism)
 
 
 class LocalEngine:

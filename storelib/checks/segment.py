@@ -40,7 +40,7 @@ from storelib.fileio.pagecare import PageCare, ReadPacer
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
 from storelib.scan.commitlog import at_cut
 from storelib.scan.scanner import SegmentScan
-from storelib.scan.splits import plan_splits
+from storelib.scan.splits import segment_cuts
 
 if TYPE_CHECKING:
     from storelib.broker.settings.store import Store
@@ -557,12 +557,9 @@ def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, d
 
 
 def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int) -> list[SegmentTask]:
-    """Cut segment tasks at verified record starts (:func:`storelib.scan.splits.plan_splits`) into tasks of
+    """Cut segment tasks at verified record starts (:func:`storelib.scan.splits.segment_cuts`) into tasks of
     about ``split_bytes``, so every core has work and no task holds a whole segment's tables."""
-    names = {t.name for t in tasks}
-    cuts: dict[str, list[int]] = {}
-    for ps in plan_splits(store.commitlog, split_bytes, segments=names):
-        cuts.setdefault(ps.split.segment_name, []).append(ps.split.start)
+    cuts = segment_cuts(store.commitlog, split_bytes, {t.name for t in tasks})
     out: list[SegmentTask] = []
     for t in tasks:
         lim = t.limit if t.limit is not None else t.file_size

@@ -291,6 +291,16 @@ def plan_splits(commitlog: CommitLog, max_split_bytes: int | None = DEFAULT_MAX_
     return out
 
 
+def segment_cuts(commitlog: CommitLog, split_bytes: int, segments: set[str]) -> dict[str, list[int]]:
+    """Verified record starts (file offsets, ascending) about every ``split_bytes`` inside each named
+    segment: where a segment's scan may be cut into tasks whose results join like one scan's."""
+    cuts: dict[str, list[int]] = {}
+    for ps in plan_splits(commitlog, split_bytes, segments=segments):
+        if ps.split.start:
+            cuts.setdefault(ps.split.segment_name, []).append(ps.split.start)
+    return cuts
+
+
 def prune_by_time(planned: list[PlannedSplit], lo: int | None, hi: int | None) -> list[PlannedSplit]:
     """Drop units that cannot hold a STORETIMESTAMP in ``[lo, hi]`` (inclusive bounds, None = open).
 

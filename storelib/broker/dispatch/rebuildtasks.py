@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,16 +32,38 @@ from storelib.format.indexfile import IndexGeometry
 from storelib.format.javahash import java_hash_array
 from storelib.format.topicname import unsafe_reason, unsafe_topic_finding
 from storelib.scan.commitlog import Split
+from storelib.scan.scanner import SegmentEnd
 
 CQ_COLS = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type"]
 SCAN_COLS = ["phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset", "tran_type",
              "store_timestamp", "tags_code", "uniq_key", "keys"]
 WORK = "_work"  # intermediate files inside staging (removed before publishing)
 
-# (segment index, the split to scan, CRC checks on[, the [start, end) ranges to scan instead of the split's
-# start to the scan's end: where the 4.9.8 reput reads around a length mismatch])
-SegmentItem = tuple  # (int, Split, bool) or (int, Split, bool, tuple[tuple[int, int], ...])
-Meta = dict[str, Any]  # phase A's small per-segment summary
+Meta = dict[str, Any]  # phase A's small per-unit summary
+
+
+@dataclass(frozen=True)
+class UnitItem:
+    """One phase A task: the ``[start, end)`` ranges of one segment (``end`` None: to the scan's end), with
+    CRC checks on or off. ``unit`` numbers the units in commitlog order and names their work files: a
+    segment cut at verified record starts is several units, joined by :func:`join_units` like one scan;
+    a segment the 4.9.8 reput reads around a length mismatch is one unit of several ranges."""
+
+    unit: int
+    idx: int  # the segment's index in the walk plan
+    split: Split
+    crc: bool
+    ranges: tuple[tuple[int, int | None], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum((self.split.file_size if b is None else b) - a for a, b in self.ranges)
+
+    def whole(self, ranges: tuple[tuple[int, int | None], ...] | None = None, crc: bool | None = None) -> UnitItem:
+        """This unit's segment as one unit (its first unit's number), from the segment task's start or by
+        ``ranges``."""
+        return replace(self, crc=self.crc if crc is None else crc,
+                       ranges=ranges if ranges is not None else ((self.split.start, None),))
 
 
 @dataclass(frozen=True)
@@ -72,15 +94,19 @@ class RebuildContext:
                    work=work if work is not None else staging.join(WORK))
 
 
-def segment_items(plan: WalkPlan) -> list[SegmentItem]:
-    """Phase A's items, longest first (segments scanned with CRC checks, then the biggest): the stage
-    ends evenly."""
+def segment_items(plan: WalkPlan, cuts: dict[str, list[int]] | None = None) -> list[UnitItem]:
+    """Phase A's items: each segment task, cut at ``cuts`` (segment name -> verified record starts:
+    :func:`storelib.scan.splits.segment_cuts`) into units; longest first (segments scanned with CRC
+    checks, then the biggest), so the stage ends evenly."""
     items = []
-    for t in plan.tasks:
+    for t in sorted(plan.tasks, key=lambda t: t.index):
         seg = plan.segments[t.index]
         uri = seg.loc.path if seg.loc.local else f"{seg.loc.fs.type_name}://{seg.loc.path}"
-        items.append((t.index, Split(seg.base, seg.name, uri, t.start, seg.file_size, seg.file_size), t.crc))
-    items.sort(key=lambda it: (not it[2], -it[1].file_size, it[0]))
+        split = Split(seg.base, seg.name, uri, t.start, seg.file_size, seg.file_size)
+        bounds = [t.start, *(c for c in (cuts or {}).get(seg.name, ()) if t.start < c < seg.file_size)]
+        for a, b in zip(bounds, [*bounds[1:], None]):
+            items.append(UnitItem(len(items), t.index, split, t.crc, ((a, b),)))
+    items.sort(key=lambda it: (not it.crc, -it.nbytes, it.unit))
     return items
 
 
@@ -101,20 +127,20 @@ def _write_ipc(loc: Location, table: pa.Table) -> None:
         w.write_table(table)
 
 
-def _cq_part(work: Location, idx: int, p: int) -> Location:
-    return work.join(f"cq-{idx:06d}-{p:05d}.arrow")
+def _cq_part(work: Location, unit: int, p: int) -> Location:
+    return work.join(f"cq-{unit:06d}-{p:05d}.arrow")
 
 
-def _keys_file(work: Location, idx: int) -> Location:
-    return work.join(f"keys-{idx:06d}.arrow")
+def _keys_file(work: Location, unit: int) -> Location:
+    return work.join(f"keys-{unit:06d}.arrow")
 
 
-def _recs_file(work: Location, idx: int) -> Location:
-    return work.join(f"recs-{idx:06d}.arrow")
+def _recs_file(work: Location, unit: int) -> Location:
+    return work.join(f"recs-{unit:06d}.arrow")
 
 
-def _write_cq_parts(ctx: RebuildContext, idx: int, cq_tables: list[pa.Table]) -> tuple[list[int], int, list[str]]:
-    """A segment's dispatched CQ rows (normal and commit messages), grouped by queue partition, one work
+def _write_cq_parts(ctx: RebuildContext, unit: int, cq_tables: list[pa.Table]) -> tuple[list[int], int, list[str]]:
+    """A unit's dispatched CQ rows (normal and commit messages), grouped by queue partition, one work
     file per partition; returns (partitions written, rows, distinct topics)."""
     parts: list[int] = []
     if not cq_tables:
@@ -134,16 +160,15 @@ def _write_cq_parts(ctx: RebuildContext, idx: int, cq_tables: list[pa.Table]) ->
     cuts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1], True])
     for a, b in zip(cuts[:-1], cuts[1:]):
         p = int(sp[a])
-        _write_ipc(_cq_part(ctx.work, idx, p), t.slice(int(a), int(b - a)))
+        _write_ipc(_cq_part(ctx.work, unit, p), t.slice(int(a), int(b - a)))
         parts.append(p)
     return parts, t.num_rows, topics
 
 
-def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
-    """Parse one segment (the walk's view of it): CQ rows per queue partition and the index keys go to
-    files under staging/_work; returns the segment's small summary (its scan end, counts, key stats)."""
-    idx, split, crc = item[:3]
-    ranges = item[3] if len(item) > 3 else ((split.start, None),)
+def phase_a(ctx: RebuildContext, item: UnitItem) -> Meta:
+    """Parse one unit (the walk's view of its ranges): CQ rows per queue partition and the index keys go to
+    files under staging/_work; returns the unit's small summary (its scan end, counts, key stats)."""
+    unit, idx, split, crc, ranges = item.unit, item.idx, item.split, item.crc, item.ranges
     keep_freed_memory()
     loc = resolve(split.uri, **ctx.fs_options)
     ends: list = []
@@ -164,7 +189,7 @@ def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
                 rec_p.append(np.asarray(batch.column("physical_offset_field")))
                 rec_t.append(np.asarray(batch.column("store_timestamp")))
             rows += batch.num_rows
-    parts, cq_rows, topics = _write_cq_parts(ctx, idx, cq_tables)
+    parts, cq_rows, topics = _write_cq_parts(ctx, unit, cq_tables)
     h = np.concatenate(hs, dtype=np.int32) if hs else np.zeros(0, np.int32)
     ra = np.concatenate(rs, dtype=np.int32) if rs else np.zeros(0, np.int32)
     for done in (cq_tables, hs, rs):  # written or joined: their memory serves the chains' sort
@@ -174,17 +199,17 @@ def phase_a(ctx: RebuildContext, item: SegmentItem) -> Meta:
     if ctx.do_index and len(h):
         # the segment's slot chains with local numbers: the index-file task only links them up
         q, e = local_chains(h, ctx.geometry.hash_slot_num)
-        _write_ipc(_keys_file(ctx.work, idx), pa.table({"h": h, "r": ra, "q": q, "e": e}))
+        _write_ipc(_keys_file(ctx.work, unit), pa.table({"h": h, "r": ra, "q": q, "e": e}))
         # a record's PHYSICALOFFSET and store time are kept once, not once per key (~3 keys a record)
         rp, rt = np.concatenate(rec_p, dtype=np.int64), np.concatenate(rec_t, dtype=np.int64)
         rec_p.clear()
         rec_t.clear()
-        _write_ipc(_recs_file(ctx.work, idx), pa.table({"p": rp, "t": rt}))
+        _write_ipc(_recs_file(ctx.work, unit), pa.table({"p": rp, "t": rt}))
         p_ = rp[ra]  # each key's PHYSICALOFFSET
         last_key = (int(p_[-1]), int(rt[ra[-1]]))
     mono = bool(len(p_) < 2 or np.all(p_[1:] >= np.maximum.accumulate(p_)[:-1]))
     return {
-        "idx": idx, "end": ends[0], "ranges": tuple((a, ends[k].file_offset) for k, (a, _) in enumerate(ranges)),
+        "unit": unit, "idx": idx, "end": ends[0], "ranges": tuple((a, ends[k].file_offset) for k, (a, _) in enumerate(ranges)),
         "rows": rows, "cq_rows": cq_rows, "n_keys": len(h), "topics": topics,
         "parts": parts, "p_first": int(p_[0]) if len(p_) else None, "p_max": int(p_.max()) if len(p_) else None,
         "monotone": mono, "last_key_row": int(ra[-1]) if len(ra) else -1, "last_key": last_key,
@@ -210,32 +235,92 @@ def dispatch_ranges(plan: WalkPlan, res: RecoveryResult) -> dict[int, tuple[tupl
     return {i: tuple(r) for i, r in out.items()}
 
 
-def rescan_items(plan: WalkPlan, res: RecoveryResult, metas: dict[int, Meta]) -> list[SegmentItem]:
-    """Phase A again for the segments whose dispatch is not their whole scan (the 4.9.8 reput reading around
-    a length mismatch: after the record's fields, or from where reputFromOffset landed), by those ranges."""
-    items = {it[0]: it for it in segment_items(plan)}
-    out = []
-    for i, rs in dispatch_ranges(plan, res).items():
-        if rs != metas[i]["ranges"]:
-            idx, split, crc = items[i][:3]  # a 4.9.8 reput dispatches it all: read as it reads (no CRC)
-            out.append((idx, split, crc and plan.reput_from is None, rs))
+@dataclass
+class Joined:
+    """Phase A's units joined per segment (:func:`join_units`)."""
+
+    ends: dict[int, SegmentEnd] = field(default_factory=dict)  # segment -> its scan end, as one scan's
+    units: dict[int, list[int]] = field(default_factory=dict)  # segment -> the units that hold its records
+    ranges: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # segment -> the ranges scanned
+    redo: list[UnitItem] = field(default_factory=list)  # segments to scan again as one unit
+
+
+def join_units(items: list[UnitItem], metas: dict[int, Meta]) -> Joined:
+    """Each segment's units joined like one scan of it. A unit that leaves its range exactly where the
+    next one starts passes the walk on to it; a unit whose scan ends inside its range (a bad record, a
+    blank, zeros) ends the segment there, as one scan does, and the units after it hold no record of the
+    walk. A unit whose records run past the next cut (a cut that one scan never reaches) puts the segment in
+    ``redo``: scanned again as one unit, so the result never depends on where the cuts fell."""
+    by_seg: dict[int, list[UnitItem]] = {}
+    for it in sorted(items, key=lambda it: it.unit):
+        by_seg.setdefault(it.idx, []).append(it)
+    out = Joined()
+    for idx, its in by_seg.items():
+        units = _reached(its, metas)
+        if units is None:
+            out.redo.append(its[0].whole())
+            continue
+        ms = [metas[u] for u in units]
+        last = ms[-1]["end"]
+        out.ends[idx] = replace(last, records=sum(m["end"].records for m in ms),
+                                crc_errors=sum(m["end"].crc_errors for m in ms),
+                                first_crc_error=next((m["end"].first_crc_error for m in ms
+                                                      if m["end"].first_crc_error is not None), None))
+        out.units[idx] = units
+        out.ranges[idx] = ms[0]["ranges"] if len(ms) == 1 else ((ms[0]["ranges"][0][0], last.file_offset),)
     return out
 
 
-def dispatched_segments(plan: WalkPlan, res: RecoveryResult, metas: dict[int, Meta]) -> list[int]:
-    """The segments the walk dispatches (in order); each one's phase A scanned exactly its dispatch ranges."""
+def _reached(its: list[UnitItem], metas: dict[int, Meta]) -> list[int] | None:
+    """The units (of one segment, in order) one scan of it reaches; None when a unit's records run past
+    the next unit's start."""
+    for k, it in enumerate(its):
+        e = metas[it.unit]["end"]
+        if k + 1 == len(its) or e.kind != "split_end":
+            return [u.unit for u in its[:k + 1]]
+        if e.file_offset != its[k + 1].ranges[0][0]:
+            return None
+    return []
+
+
+def rejoin(joined: Joined, metas: dict[int, Meta], again: list[UnitItem]) -> None:
+    """Put segments scanned again as one unit each (``metas`` holds their new summaries) in ``joined``."""
+    for it in again:
+        m = metas[it.unit]
+        joined.ends[it.idx], joined.units[it.idx], joined.ranges[it.idx] = m["end"], [it.unit], m["ranges"]
+    joined.redo = [r for r in joined.redo if r.idx not in {it.idx for it in again}]
+
+
+def rescan_items(plan: WalkPlan, res: RecoveryResult, items: list[UnitItem], joined: Joined) -> list[UnitItem]:
+    """Phase A again for the segments whose dispatch is not their whole scan (the 4.9.8 reput reading around
+    a length mismatch: after the record's fields, or from where reputFromOffset landed), by those ranges,
+    each as one unit."""
+    first = {}
+    for it in sorted(items, key=lambda it: it.unit):
+        first.setdefault(it.idx, it)
+    out = []
+    for i, rs in dispatch_ranges(plan, res).items():
+        if rs != joined.ranges[i]:  # a 4.9.8 reput dispatches it all: read as it reads (no CRC)
+            it = first[i]
+            out.append(it.whole(rs, it.crc and plan.reput_from is None))
+    return out
+
+
+def dispatched_units(plan: WalkPlan, res: RecoveryResult, joined: Joined) -> list[int]:
+    """The units that hold the records the walk dispatches, in commitlog order; each dispatched segment's
+    units scanned exactly its dispatch ranges."""
     rs = dispatch_ranges(plan, res)
     for i, r in rs.items():
-        if r != metas[i]["ranges"]:
+        if r != joined.ranges[i]:
             seg = plan.segments[i]
             raise StoreError("commitlog/" + seg.name, r[-1][1], "internal", "dispatch ranges are not the scans'")
-    return sorted(rs)
+    return [u for i in sorted(rs) for u in joined.units[i]]
 
 
 def unsafe_topic_findings(plan: WalkPlan, metas: dict[int, Meta], inc: list[int]) -> list[Any]:
     """One finding per topic name no executor may turn into a directory (the CQ writers skip it), naming
-    the first segment that has it."""
-    unsafe = sorted({(t, plan.segments[i].name) for i in inc for t in metas[i]["topics"]
+    the first segment that has it (``inc``: dispatched units)."""
+    unsafe = sorted({(t, plan.segments[metas[u]["idx"]].name) for u in inc for t in metas[u]["topics"]
                      if unsafe_reason(t) is not None}, key=lambda x: (x[0], x[1]))
     out = []
     for topic in dict.fromkeys(t for t, _ in unsafe):
@@ -245,20 +330,21 @@ def unsafe_topic_findings(plan: WalkPlan, metas: dict[int, Meta], inc: list[int]
 
 
 def cq_jobs(metas: dict[int, Meta], inc: list[int], parts: int) -> list[tuple[int, list[int]]]:
-    """Phase B's items: each non-empty partition with the segments that have rows in it."""
+    """Phase B's items: each non-empty partition with the units (``inc``, in commitlog order) that have rows
+    in it."""
     jobs = [(p, [i for i in inc if p in metas[i]["parts"]]) for p in range(parts)]
     return [j for j in jobs if j[1]]
 
 
-def _load_keys(ctx: RebuildContext, idx: int, m_before: dict[int, int] | None, *, runs: bool = False) -> tuple:
-    """(hash, phy, time, record row) of a segment's indexed keys; with ``runs`` also its ChainRun when
+def _load_keys(ctx: RebuildContext, unit: int, m_before: dict[int, int] | None, *, runs: bool = False) -> tuple:
+    """(hash, phy, time, record row) of a unit's indexed keys; with ``runs`` also its ChainRun when
     its precomputed chains still hold (every key kept), else None."""
-    tb = read_ipc_file(_keys_file(ctx.work, idx))
-    recs = read_ipc_file(_recs_file(ctx.work, idx))
+    tb = read_ipc_file(_keys_file(ctx.work, unit))
+    recs = read_ipc_file(_recs_file(ctx.work, unit))
     h, r = np.asarray(tb.column("h")), np.asarray(tb.column("r"))
     p, t = np.asarray(recs.column("p")), np.asarray(recs.column("t"))
     if m_before is not None:
-        keys = kept_keys((h, p[r], t[r], r), m_before[idx])
+        keys = kept_keys((h, p[r], t[r], r), m_before[unit])
     elif runs:  # every key kept: gathered by the index file's passes as they read them
         keys = (h, Gathered(p, r), Gathered(t, r), r)
     else:
@@ -270,34 +356,34 @@ def _load_keys(ctx: RebuildContext, idx: int, m_before: dict[int, int] | None, *
     return keys, run
 
 
-def count_kept(ctx: RebuildContext, m_before: dict[int, int], idx: int) -> tuple[int, int, int, tuple[int, int] | None]:
-    """(segment, kept keys, record row of the last kept key, its (phy, time)) — slow path only."""
-    h, p, t, r = _load_keys(ctx, idx, m_before)
+def count_kept(ctx: RebuildContext, m_before: dict[int, int], unit: int) -> tuple[int, int, int, tuple[int, int] | None]:
+    """(unit, kept keys, record row of the last kept key, its (phy, time)) — slow path only."""
+    h, p, t, r = _load_keys(ctx, unit, m_before)
     if len(p) == 0:
-        return idx, 0, -1, None
-    return idx, len(p), int(r[-1]), (int(p[-1]), int(t[-1]))
+        return unit, 0, -1, None
+    return unit, len(p), int(r[-1]), (int(p[-1]), int(t[-1]))
 
 
 def first_times(ctx: RebuildContext, E: int, offsets: dict[int, int], m_before: dict[int, int] | None,
-                idx: int) -> list[tuple[int, int]]:
-    """(file number, store time of its first entry) for files whose first key is in segment ``idx``."""
+                unit: int) -> list[tuple[int, int]]:
+    """(file number, store time of its first entry) for files whose first key is in ``unit``."""
     if m_before is None:  # every parsed key kept: look up only the keys that start a file
-        r = read_ipc_file(_keys_file(ctx.work, idx)).column("r")
-        t = read_ipc_file(_recs_file(ctx.work, idx)).column("t")
-        return first_entry_times(E, offsets[idx], len(r), lambda k: t[r[k].as_py()].as_py())
-    _, _, tk, _ = _load_keys(ctx, idx, m_before)
-    return first_entry_times(E, offsets[idx], len(tk), lambda k: tk[k])
+        r = read_ipc_file(_keys_file(ctx.work, unit)).column("r")
+        t = read_ipc_file(_recs_file(ctx.work, unit)).column("t")
+        return first_entry_times(E, offsets[unit], len(r), lambda k: t[r[k].as_py()].as_py())
+    _, _, tk, _ = _load_keys(ctx, unit, m_before)
+    return first_entry_times(E, offsets[unit], len(tk), lambda k: tk[k])
 
 
 def phase_b(ctx: RebuildContext, job: tuple[int, list[int]]) -> dict[str, Any]:
-    """Build and write the consume queues of partition ``p`` from its per-segment parts, segment by segment
-    in dispatch order (storelib.broker.dispatch.cqstream): memory holds one segment's part, not the partition."""
-    p, segs = job
+    """Build and write the consume queues of partition ``p`` from its per-unit parts, unit by unit in
+    dispatch order (storelib.broker.dispatch.cqstream): memory holds one unit's part, not the partition."""
+    p, units = job
     staging = ctx.staging
     digests: dict[str, str] = {}  # hashed as written: reading back sparse files costs page-cache fills
     with ConsumeQueueStream(staging.join("consumequeue"), ctx.cq_size, digests) as cqs:
-        for i in sorted(segs):
-            cqs.feed(read_ipc_file(_cq_part(ctx.work, i, p)))
+        for u in sorted(units):
+            cqs.feed(read_ipc_file(_cq_part(ctx.work, u, p)))
     base = staging.path.rstrip("/") + "/"
     files = {path[len(base):]: {"size": ctx.cq_size, "sha256": digests[path]} for path in cqs.paths}
     return {"queues": cqs.queues, "cq_records": cqs.records, "files": files}
@@ -305,10 +391,10 @@ def phase_b(ctx: RebuildContext, job: tuple[int, list[int]]) -> dict[str, Any]:
 
 def phase_c(ctx: RebuildContext, names: list[str], E: int, offsets: dict[int, int], counts: dict[int, int],
             m_before: dict[int, int] | None, f: int) -> dict[str, Any]:
-    """Build and write index file ``f`` from the segments that hold its keys (storelib.broker.index.indexmerge.link_file)."""
+    """Build and write index file ``f`` from the units that hold its keys (storelib.broker.index.indexmerge.link_file)."""
     g = ctx.geometry
     spans = {i: (offsets[i], counts[i]) for i in offsets}
-    runs, state = link_file(f, g, spans, lambda idx: _load_keys(ctx, idx, m_before, runs=True))
+    runs, state = link_file(f, g, spans, lambda u: _load_keys(ctx, u, m_before, runs=True))
     name = names[f]
     header, digest = write_index_runs(runs, ctx.staging.join("index", name), g, state)
     return {"file": f, "rel": f"index/{name}", "size": g.file_size, "sha256": digest,

@@ -199,6 +199,7 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
             scan_kw["columns"] = list(cols) + [c for c in FACT_COLUMNS if c not in cols]
     scan = task.scan(source, verify_crc=check, prop_crc=prop, **scan_kw)
     end: SegmentEnd | None = None
+    rows = 0  # records yielded before this batch: a property-CRC stop counts them as the scan's
     for batch in scan:
         if prop and batch.num_rows:
             ok = np.asarray(batch.column("prop_crc_ok").fill_null(False), dtype=bool)
@@ -209,7 +210,7 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
                 if seg.dledger:  # the walk ends at the entry (its header), not at the record inside it
                     phy = int(batch.column("dledger_pos")[k].as_py())
                 end = SegmentEnd("invalid", scan.file, phy - task.base, phy, "crc_mismatch",
-                                 "__CRC32# property missing or wrong (forceVerifyPropCRC)", records=k)
+                                 "__CRC32# property missing or wrong (forceVerifyPropCRC)", records=rows + k)
                 batch = batch.slice(0, k)
                 if facts is not None:
                     facts.add(batch)
@@ -220,6 +221,7 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
             facts.add(batch)
             if cols is not None:
                 batch = batch.select(cols)
+        rows += batch.num_rows
         yield batch
     if end is None:
         end = scan.end
