@@ -7,6 +7,7 @@ import pytest
 from storelib.broker.recovery.walk import (
     RecoveryInputs,
     finish_walk,
+    iter_task,
     plan_recovery,
     rebuild_target,
     recovery_walk,
@@ -211,6 +212,23 @@ def test_force_verify_prop_crc_5x_ends_at_a_record_without_crc_property(tmp_path
     assert res.process_offset == plain.phy == _end(good[-1])
     assert res.failure is not None and res.failure.reason == "crc_mismatch"
     assert _run(store, version="5").process_offset == _end(cs.placed[-1])
+
+
+def test_a_property_crc_stop_counts_the_records_of_earlier_batches(tmp_path):
+    """The walk's end after a forceVerifyPropCRC failure counts every record before it, not only those
+    of the failing batch (a rebuild unit's records are summed per segment from these counts)."""
+    cs = CraftedStore(S, version="5")
+    for i in range(5):
+        cs.append(msg("T", 0, keys=f"k{i}"), prop_crc=True)
+    cs.append(msg("T", 0, keys="nocrc"))
+    store = _store(tmp_path, cs, version="5")
+    plan = plan_recovery(_inputs(store, version="5", force_verify_prop_crc=True), store.commitlog.segments)
+    task = plan.tasks[0]
+    ends: list = []
+    with plan.segments[task.index].open() as src:
+        rows = sum(b.num_rows for b in iter_task(plan, task, src, ends=ends, batch_rows=2,
+                                                  columns=["phy_offset", "prop_crc_ok"]))
+    assert rows == 5 and ends[0].reason == "crc_mismatch" and ends[0].records == 5
 
 
 def test_check_crc_on_recover_false_keeps_crc_failures(tmp_path, five):
