@@ -25,6 +25,17 @@ def _version() -> str:
         return "(not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, looked up only when asked (importlib.metadata costs ~20 ms of every command)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"rmqstore {_version()}")
+        parser.exit()
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser; with ``only``, every command but that one is listed by name and help alone, so a
     run imports just its own command's modules (a cron audit does not pay for Parquet and pandas)."""
@@ -34,7 +45,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         epilog="Run 'rmqstore COMMAND --help' for each command's options and an example.",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    p.add_argument("--version", action="version", version=f"rmqstore {_version()}")
+    p.add_argument("--version", action=_VersionAction, help="show the program's version number and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         if only is not None and name != only:
