@@ -75,6 +75,24 @@ def test_sample_store_in_units_is_byte_identical_to_the_broker_files(tmp_path, m
     assert index_list(tmp_path / "out") == index_list(store)
 
 
+def test_the_last_bytes_are_cut_finer_so_a_run_ends_with_short_units(tmp_path):
+    """The last ``fine_tail`` bytes of records (before the young last segment's zeros, into the segment
+    before it) are cut four times finer; everything before them as without."""
+    cs = rich_store(tmp_path / "store", "4", n=700)
+    cl = Store(str(tmp_path / "store")).commitlog
+    names = [s.name for s in cl.segments]
+    written = cs.pos  # the last segment's records end here, zeros after
+    assert written < S // 4
+    coarse = segment_cuts(cl, 16 << 10, set(names))
+    fine = segment_cuts(cl, 16 << 10, set(names), fine_tail=written + (24 << 10))
+    assert {n: fine.get(n) for n in names[:-2]} == {n: coarse.get(n) for n in names[:-2]}
+    prev = names[-2]
+    starts = {p.file_offset for p in cs.placed if p.segment == len(cs.segments) - 2}
+    assert set(fine[prev]) <= starts and len(fine[prev]) >= len(coarse[prev]) + 3
+    tail = [c for c in fine[prev] if c >= S - (24 << 10)]
+    assert len(tail) >= 4 and max(b - a for a, b in zip(tail, tail[1:])) < 8 << 10
+
+
 def test_units_on_a_process_pool_write_the_same_files(tmp_path):
     rich_store(tmp_path / "store", "5", n=500)
     conf = _conf(tmp_path)

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from jobs.common import note
-from jobs.engines.schedulers import Engine, default_split_bytes, engine_master
+from jobs.engines.schedulers import Engine, default_split_bytes, engine_master, fine_tail
 from jobs.spark.sparkutil import is_local_master
 from storelib.broker.settings.store import Store
 from storelib.checks.segment import (
@@ -139,7 +139,8 @@ def run_segments(tasks: list[SegmentTask], opts: AuditOptions, eng: Engine, quie
             partial(phase_one, opts, sink), meta_tasks, "audit: queue and index summaries")
     if split_bytes is None and eng.name != "local":
         split_bytes = default_split_bytes(eng, sum(t.file_size - t.start for t in tasks))
-    units = split_tasks(store, tasks, split_bytes) if split_bytes and store is not None else tasks
+    units = (split_tasks(store, tasks, split_bytes, fine_tail(eng, split_bytes)) if split_bytes and store is not None
+             else tasks)
     if in_memory:
         return _run_in_process(tasks, units, opts, quiet), [phase_one(opts, sink, m) for m in meta_tasks]
     note(f"audit: {len(units)} task(s) over {len(tasks)} segment(s) on {eng.describe()}", quiet)

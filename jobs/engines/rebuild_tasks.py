@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from jobs.common import Stage
-from jobs.engines.schedulers import Engine, default_split_bytes, engine_master
+from jobs.engines.schedulers import Engine, default_split_bytes, engine_master, fine_tail
 from jobs.spark.sparkutil import is_local_master
 from storelib.broker.dispatch.rebuildtasks import (
     WORK,
@@ -110,7 +110,8 @@ def _cuts(engine: Engine, store: Store, plan: WalkPlan, split_bytes: int | None)
         return {}
     names = {plan.segments[t.index].name for t in plan.tasks}
     total = sum(plan.segments[t.index].file_size - t.start for t in plan.tasks)
-    return segment_cuts(store.commitlog, split_bytes or default_split_bytes(engine, total), names)
+    unit = split_bytes or default_split_bytes(engine, total)
+    return segment_cuts(store.commitlog, unit, names, fine_tail=fine_tail(engine, unit))
 
 
 def _work_place(engine: Engine, store: Store, staging: Location) -> Location:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from jobs.engines.nopandas import hide_pandas
 from storelib.fileio.bytesource import remote_filesystem_opened
-from storelib.scan.splits import MIN_PARALLEL_SPLIT_BYTES, parallel_split_bytes
+from storelib.scan.splits import FINE_SHARE, MIN_PARALLEL_SPLIT_BYTES, parallel_split_bytes
 
 ENGINES = ("auto", "local", "pool", "spark")
 # below this much commitlog a process pool's start-up costs more than it saves (measured on 2 cores: audit
@@ -66,6 +66,13 @@ def default_split_bytes(eng: Engine, audited: int) -> int:
     if eng.name == "pool":
         return MIN_PARALLEL_SPLIT_BYTES
     return parallel_split_bytes(audited, eng.parallelism)
+
+
+def fine_tail(eng: Engine, unit: int) -> int:
+    """Bytes at the end of a parallel scan cut in short units (:func:`storelib.scan.splits.segment_cuts`):
+    two per worker, so the workers end within a short unit of one another (on 2 cores a whole 128 MiB
+    unit is ~0.45 s, half of which one worker idled on average)."""
+    return 0 if eng.parallelism < 2 else 2 * eng.parallelism * (unit // FINE_SHARE)
 
 
 class LocalEngine:

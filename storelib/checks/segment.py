@@ -556,10 +556,11 @@ def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, d
                                    "key_hash": pa.array(kh.astype(np.int32))}, schema=KEY_SCHEMA))
 
 
-def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int) -> list[SegmentTask]:
+def split_tasks(store: Store, tasks: list[SegmentTask], split_bytes: int, fine_tail: int = 0) -> list[SegmentTask]:
     """Cut segment tasks at verified record starts (:func:`storelib.scan.splits.segment_cuts`) into tasks of
-    about ``split_bytes``, so every core has work and no task holds a whole segment's tables."""
-    cuts = segment_cuts(store.commitlog, split_bytes, {t.name for t in tasks})
+    about ``split_bytes`` (the last ``fine_tail`` bytes finer), so every core has work to the end and no
+    task holds a whole segment's tables."""
+    cuts = segment_cuts(store.commitlog, split_bytes, {t.name for t in tasks}, fine_tail)
     out: list[SegmentTask] = []
     for t in tasks:
         lim = t.limit if t.limit is not None else t.file_size

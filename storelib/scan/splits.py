@@ -291,13 +291,53 @@ def plan_splits(commitlog: CommitLog, max_split_bytes: int | None = DEFAULT_MAX_
     return out
 
 
-def segment_cuts(commitlog: CommitLog, split_bytes: int, segments: set[str]) -> dict[str, list[int]]:
+FINE_SHARE = 4  # the units that end a run are this many times smaller than the others
+
+
+def written_end(source, size: int, block: int = 4096) -> int:
+    """About where a segment's written bytes end (to a block): its size when its last block holds data,
+    else found by bisection over all-zero blocks, a commitlog file being written from its start. A run of
+    zeros inside the data can make it answer short: it only places cuts, never decides a result."""
+    def zero(at: int) -> bool:
+        b = source.read(at, min(block, size - at))
+        return b == bytes(len(b))
+
+    if size <= 0 or not zero(max(0, size - block)):
+        return max(0, size)
+    if zero(0):
+        return 0
+    lo, hi = 0, (size - 1) // block  # block lo holds data, block hi is zeros
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if zero(mid * block) else (mid, hi)
+    return hi * block
+
+
+def segment_cuts(commitlog: CommitLog, split_bytes: int, segments: set[str], fine_tail: int = 0) -> dict[str, list[int]]:
     """Verified record starts (file offsets, ascending) about every ``split_bytes`` inside each named
-    segment: where a segment's scan may be cut into tasks whose results join like one scan's."""
+    segment: where a segment's scan may be cut into tasks whose results join like one scan's.
+
+    ``fine_tail``: the last this many bytes of the named segments (in commitlog order) are cut
+    :data:`FINE_SHARE` times finer. Units taken in order end a run with these short ones, so the cores
+    finish within a short unit of one another instead of one idling for up to a whole unit."""
+    segs = [s for s in commitlog.segments if s.file_size > 0 and s.name in segments]
+    fine_step = max(1, split_bytes // FINE_SHARE)
     cuts: dict[str, list[int]] = {}
-    for ps in plan_splits(commitlog, split_bytes, segments=segments):
-        if ps.split.start:
-            cuts.setdefault(ps.split.segment_name, []).append(ps.split.start)
+    left = max(0, fine_tail)
+    for seg in reversed(segs):
+        src = seg.open()
+        try:
+            extra: list[int] = []
+            if left > 0:  # the fine cuts go before a young segment's zeros, where its records are
+                end = written_end(src, seg.file_size)
+                fine = min(left, end)
+                left -= fine
+                extra = list(range(end - fine, end, fine_step))
+            found = _segment_cuts(seg, src, max(1, int(split_bytes)), DEFAULT_CUT_SEARCH, extra)
+        finally:
+            src.close()
+        if found:
+            cuts[seg.name] = found
     return cuts
 
 
