@@ -177,3 +177,28 @@ def test_a_cut_inside_a_body_sends_the_segment_round_again_as_one_task(tmp_path,
     assert cut["counts"]["records"] == len(cs.placed)
     assert_same_output(tmp_path / "whole", tmp_path / "cut")
     _same(whole, cut)
+
+
+@pytest.mark.parametrize("case", ["plus_one", "past_end", "minus_one_landing"])
+def test_a_segment_the_498_reput_reads_around_a_mismatch_is_scanned_again_as_one_task(tmp_path, monkeypatch, case):
+    """4.9.8's reput reads around a length mismatch (storelib.broker.recovery.reputpath): the segment's units
+    give way to one task over the reput's ranges; the files are those of whole-segment tasks."""
+    from tests.test_totalsize_mismatch import S as S8
+    from tests.test_totalsize_mismatch import _seg, _set_total, five_segments
+
+    cs = five_segments()
+    bad = _seg(cs, 0)[2]
+    _set_total(cs, bad, bad.size + 1 if case != "past_end" else S8 - bad.file_offset + 100)
+    if case == "minus_one_landing":  # a -1 after it: the reput lands past the file's end, in segment 1
+        cs.corrupt(_seg(cs, 0)[5].phy, 5)
+    cs.write(tmp_path / "store")
+    conf = write_conf(tmp_path, mappedFileSizeCommitLog=S8)
+    whole = run(tmp_path / "store", tmp_path / "whole", conf, broker_version="4")
+    again: list = []
+    real = rebuild_tasks.rescan_items
+    monkeypatch.setattr(rebuild_tasks, "rescan_items", lambda *a: again.append(real(*a)) or again[-1])
+    cut = run(tmp_path / "store", tmp_path / "cut", conf, broker_version="4", split_bytes=1500)
+    assert [it.idx for it in again[0]] and all(len(it.ranges) >= 1 and it.ranges[0][1] is not None
+                                               for it in again[0])
+    assert_same_output(tmp_path / "whole", tmp_path / "cut")
+    _same(whole, cut)
