@@ -23,6 +23,7 @@ from tests.test_rebuild import (
     index_list,
     rich_store,
     run,
+    with_spark,  # noqa: F401 - the fixture
     write_conf,
 )
 
@@ -101,6 +102,19 @@ def test_units_on_a_process_pool_write_the_same_files(tmp_path):
                split_bytes=SPLIT)
     assert_same_output(tmp_path / "whole", tmp_path / "pool")
     _same(whole, pool)
+
+
+@pytest.mark.spark
+@pytest.mark.usefixtures("with_spark")
+def test_units_on_spark_write_the_same_files(tmp_path, monkeypatch):
+    rich_store(tmp_path / "store", "4", n=500)
+    conf = _conf(tmp_path)
+    whole = run(tmp_path / "store", tmp_path / "whole", conf, broker_version="4")
+    seen = _units_seen(monkeypatch)
+    spark = run(tmp_path / "store", tmp_path / "spark", conf, broker_version="4", engine="spark", split_bytes=SPLIT)
+    assert seen[0][0] > 3 * seen[0][1]
+    assert_same_output(tmp_path / "whole", tmp_path / "spark")
+    _same(whole, spark)
 
 
 def test_a_crc_failure_inside_a_later_unit_ends_the_walk_there(tmp_path, monkeypatch):
