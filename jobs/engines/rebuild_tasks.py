@@ -173,8 +173,8 @@ def _run_bc(engine: Engine, ctx: RebuildContext, jobs: list[tuple[int, list[int]
 
 def _index_plan(engine: Engine, metas: dict[int, Meta], inc: list[int], ctx: RebuildContext, out: EngineResult,
                 say: Stage, name_tz: str | tzinfo) -> IndexPlan:
-    """Schedule the index merge steps: the duplicate test's counts (on the engine when a segment needs it),
-    the layout, each file's first time (for its name)."""
+    """Schedule the index merge steps over phase A's units (``inc``, in dispatch order): the duplicate
+    test's counts (on the engine when a unit needs it), the layout, each file's first time (for its name)."""
     g = ctx.geometry
     E = g.entries_per_file
     segs = {i: segment_keys(metas[i]) for i in inc}

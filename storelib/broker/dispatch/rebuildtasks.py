@@ -65,8 +65,8 @@ class UnitItem:
         return self.nbytes * 5 // 4 if self.crc else self.nbytes
 
     def whole(self, ranges: tuple[tuple[int, int | None], ...] | None = None, crc: bool | None = None) -> UnitItem:
-        """This unit's segment as one unit (its first unit's number), from the segment task's start or by
-        ``ranges``."""
+        """This unit's segment as one unit under this unit's number (so called on the segment's first unit),
+        from the segment task's start or by ``ranges``."""
         return replace(self, crc=self.crc if crc is None else crc,
                        ranges=ranges if ranges is not None else ((self.split.start, None),))
 
@@ -202,7 +202,7 @@ def phase_a(ctx: RebuildContext, item: UnitItem) -> Meta:
     p_ = np.zeros(0, np.int64)
     last_key = None
     if ctx.do_index and len(h):
-        # the segment's slot chains with local numbers: the index-file task only links them up
+        # the unit's slot chains with local numbers: the index-file task only links them up
         q, e = local_chains(h, ctx.geometry.hash_slot_num)
         _write_ipc(_keys_file(ctx.work, unit), pa.table({"h": h, "r": ra, "q": q, "e": e}))
         # a record's PHYSICALOFFSET and store time are kept once, not once per key (~3 keys a record)
