@@ -80,7 +80,7 @@ def run_tasks(engine: Engine, store: Store, settings: BrokerSettings, staging: L
         res = finish_walk(plan, joined.ends)
         check_supported(res)
         say(f"walk: processOffset {res.process_offset} ({res.start_reason})")
-        again = rescan_items(plan, res, items, joined)
+        again = rescan_items(plan, res, joined)
         if again:  # the 4.9.8 reput reads around a length mismatch: those segments by its ranges
             say(f"phase A: {len(again)} segment(s) again, as the reput reads them around a length mismatch")
             metas.update({m["unit"]: m for m in engine.map(partial(phase_a, ctx), again, "phase A: reput ranges", say)})

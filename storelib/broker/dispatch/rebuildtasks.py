@@ -248,6 +248,7 @@ class Joined:
     units: dict[int, list[int]] = field(default_factory=dict)  # segment -> the units that hold its records
     ranges: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # segment -> the ranges scanned
     redo: list[UnitItem] = field(default_factory=list)  # segments to scan again as one unit
+    first: dict[int, UnitItem] = field(default_factory=dict)  # segment -> its first unit (a rescan's number)
 
 
 def join_units(items: list[UnitItem], metas: dict[int, Meta]) -> Joined:
@@ -259,7 +260,7 @@ def join_units(items: list[UnitItem], metas: dict[int, Meta]) -> Joined:
     by_seg: dict[int, list[UnitItem]] = {}
     for it in sorted(items, key=lambda it: it.unit):
         by_seg.setdefault(it.idx, []).append(it)
-    out = Joined()
+    out = Joined(first={idx: its[0] for idx, its in by_seg.items()})
     for idx, its in by_seg.items():
         units = _reached(its, metas)
         if units is None:
@@ -293,20 +294,18 @@ def rejoin(joined: Joined, metas: dict[int, Meta], again: list[UnitItem]) -> Non
     for it in again:
         m = metas[it.unit]
         joined.ends[it.idx], joined.units[it.idx], joined.ranges[it.idx] = m["end"], [it.unit], m["ranges"]
-    joined.redo = [r for r in joined.redo if r.idx not in {it.idx for it in again}]
+    done = {it.idx for it in again}
+    joined.redo = [r for r in joined.redo if r.idx not in done]
 
 
-def rescan_items(plan: WalkPlan, res: RecoveryResult, items: list[UnitItem], joined: Joined) -> list[UnitItem]:
+def rescan_items(plan: WalkPlan, res: RecoveryResult, joined: Joined) -> list[UnitItem]:
     """Phase A again for the segments whose dispatch is not their whole scan (the 4.9.8 reput reading around
     a length mismatch: after the record's fields, or from where reputFromOffset landed), by those ranges,
     each as one unit."""
-    first = {}
-    for it in sorted(items, key=lambda it: it.unit):
-        first.setdefault(it.idx, it)
     out = []
     for i, rs in dispatch_ranges(plan, res).items():
         if rs != joined.ranges[i]:  # a 4.9.8 reput dispatches it all: read as it reads (no CRC)
-            it = first[i]
+            it = joined.first[i]
             out.append(it.whole(rs, it.crc and plan.reput_from is None))
     return out
 
