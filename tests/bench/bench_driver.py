@@ -23,12 +23,11 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from tests.bench.bench_engines import complete_store, run_measured
+from tests.bench.bench_engines import complete_store, run_measured, warm_store
 from tests.bench.bench_scan import build_store, parse_size
 
 # the rmqstore script, reporting its own process's CPU seconds (user, system) at exit
@@ -53,15 +52,6 @@ def run_driver(argv: list[str]) -> dict[str, float]:
         user, system = json.load(f)
     os.unlink(times)
     return {"wall": wall, "cpu": user + system, "driver_mb": driver_kb / 1024, "worker_mb": worker_kb / 1024}
-
-
-def _warm(src: Path) -> None:
-    """Every file of the store the command reads in the page cache, as after the run before it: a cold
-    consume queue or index file costs the driver ~0.2 CPU-s more on the 8 GB store (its own reads)."""
-    files = [str(p) for d in ("commitlog", "consumequeue", "index") if (src / d).is_dir()
-             for p in sorted((src / d).rglob("*")) if p.is_file()]
-    for i in range(0, len(files), 512):
-        subprocess.run(["cat", *files[i:i + 512]], stdout=subprocess.DEVNULL, check=True)
 
 
 def _argv(cmd: str, store: Path, out: Path, workers: int | None, rmq: list[str]) -> tuple[list[str], Path]:
@@ -101,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs = []
                 for _ in range(max(1, args.repeat)):
                     shutil.rmtree(out, ignore_errors=True)
-                    _warm(src)
+                    warm_store(src)  # a cold consume queue or index file: ~0.2 driver CPU-s more at 8 GB
                     runs.append(run_driver(a))
                     shutil.rmtree(out, ignore_errors=True)
                 r = got[(cmd, size)] = {"wall": min(x["wall"] for x in runs), "cpu": min(x["cpu"] for x in runs),
