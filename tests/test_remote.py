@@ -455,6 +455,35 @@ def test_rebuild_from_s3_to_s3_is_byte_identical_to_a_local_rebuild(stores, s3_s
     assert names == ["store"]
 
 
+def test_a_rebuild_from_s3_in_units_on_a_pool_is_byte_identical_to_a_local_rebuild(stores, s3_server, tmp_path,
+                                                                                    monkeypatch):
+    """Phase A in units over ranged reads: the cuts, and where the young last segment's records end (the
+    fine tail's place), are found on S3; the workers read their units' ranges from there."""
+    import jobs.engines.rebuild_tasks as rebuild_tasks
+    from jobs.rebuild import RebuildConfig, rebuild
+
+    d = stores["generated"] if "generated" in stores else stores["5.3.3"]
+    joined: list = []
+    real = rebuild_tasks.join_units
+
+    def spy(items, metas):
+        j = real(items, metas)
+        joined.append((len(items), len(j.ends), len(j.redo)))
+        return j
+
+    monkeypatch.setattr(rebuild_tasks, "join_units", spy)
+    rebuild(RebuildConfig(store=str(d["local"]), out=str(tmp_path / "local-out"), broker_conf=str(d["conf"]),
+                          progress=False))
+    whole = joined.pop()
+    out_uri = f"s3://{s3_server.new_bucket('rebuilt')}/units/store"
+    m = rebuild(RebuildConfig(store=d["uri"], out=out_uri, broker_conf=str(d["conf"]), engine="pool", workers=2,
+                              split_bytes=96 << 10, progress=False, fs_options=s3_server.fs_options()))
+    units, segments, redo = joined.pop()
+    assert m["engine"] == "pool" and segments == whole[1] and redo == 0
+    assert units >= 4 * segments  # every segment in several units, the last bytes in finer ones
+    _rebuilt_s3_vs_local(s3_server, out_uri, tmp_path / "local-out", tmp_path)
+
+
 def test_interrupted_publish_to_s3_leaves_no_manifest_and_is_not_complete(s3_server, tmp_path, monkeypatch):
     from storelib.fileio import publish
 
