@@ -60,6 +60,7 @@ def tempdir(tmp_path, monkeypatch) -> Path:
     d = tmp_path / "tmp"
     d.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(d))
+    monkeypatch.setenv("TMPDIR", str(d))  # a TMPDIR set wins over the memory filesystem (scratch_dir), as in CI
     return d
 
 

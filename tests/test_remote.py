@@ -562,6 +562,58 @@ def test_audit_same_from_s3_as_local_and_report_to_s3(store_pair, s3_server, tmp
     assert is_published(resolve(rep), "audit-manifest.json")
 
 
+def test_audit_from_s3_in_units_on_a_pool_reports_what_a_local_audit_does(stores, s3_server):
+    """The audit's segment tasks in units over ranged reads (cuts and the fine tail found on S3) and its
+    cross-file tasks on the pool's workers, which reopen the store with the same S3 options."""
+    from jobs.audit import audit_store
+
+    d = stores["generated"] if "generated" in stores else stores["5.3.3"]
+    local = audit_store(str(d["local"]), broker_conf=str(d["conf"]), quiet=True, now_ms=1)
+    remote = audit_store(d["uri"], broker_conf=str(d["conf"]), quiet=True, now_ms=1, engine="pool", workers=2,
+                         split_bytes=96 << 10, fs_options=s3_server.fs_options())
+    roots = [str(d["local"]), d["uri"].removeprefix("s3://"), d["uri"]]
+    strip = lambda j: {k: v for k, v in _normalise(j, roots).items() if k not in ("generated_at_ms", "run")}  # noqa: E731
+    assert strip(remote) == strip(local)
+    assert remote["run"]["segments_audited"] == local["run"]["segments_audited"] > 1
+    assert remote["run"]["engine"].startswith("pool")
+
+
+def test_an_audit_in_units_opens_and_reads_each_remote_consume_queue_file_at_most_twice(stores, s3_server,
+                                                                                         monkeypatch):
+    """Round trips: the queue checks read a queue's units in one run per commitlog unit; on an object
+    store each file stays open between runs (a reopen is a metadata request) and short runs come from one
+    block per file. Once for the queue summaries, once for the checks, however many units."""
+    from collections import Counter
+
+    import storelib.fileio.bytesource as bytesource
+    from jobs.audit import audit_store
+
+    d = stores["generated"] if "generated" in stores else stores["5.3.3"]
+    opens: Counter = Counter()
+    reads: Counter = Counter()
+    real_init, real_read = bytesource.ArrowFileSource.__init__, bytesource.ArrowFileSource._read_at
+
+    def counted_init(self, fs, path, size=None):
+        opens[path] += 1
+        real_init(self, fs, path, size)
+
+    def counted_read(self, offset, length):
+        reads[self.path] += 1
+        return real_read(self, offset, length)
+
+    monkeypatch.setattr(bytesource.ArrowFileSource, "__init__", counted_init)
+    monkeypatch.setattr(bytesource.ArrowFileSource, "_read_at", counted_read)
+    remote = audit_store(d["uri"], broker_conf=str(d["conf"]), quiet=True, now_ms=1, split_bytes=48 << 10,
+                         fs_options=s3_server.fs_options())
+    cq = [p for p in {*opens, *reads} if "/consumequeue/" in p]
+    assert len(cq) > 8
+    assert max(opens[p] for p in cq) <= 2 and max(reads[p] for p in cq) <= 2
+    local = audit_store(str(d["local"]), broker_conf=str(d["conf"]), quiet=True, now_ms=1)
+    roots = [str(d["local"]), d["uri"].removeprefix("s3://"), d["uri"]]
+    strip = lambda j: {k: v for k, v in _normalise(j, roots).items() if k not in ("generated_at_ms", "run")}  # noqa: E731
+    assert strip(remote) == strip(local)
+
+
 def test_expiry_same_from_s3_as_local_using_store_times(store_pair, s3_server):
     """S3 object times are upload times: with store-time mtimes both runs simulate the same thing."""
     local, uri, conf = store_pair["local"], store_pair["uri"], store_pair["conf"]

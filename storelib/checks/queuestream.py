@@ -279,7 +279,7 @@ class QueueStream:
                 self._queue(key, qoff[r], phy[r], size[r], tags[r], touched)
         finally:
             for cq in touched:  # unmap what this segment read (reopened on demand)
-                cq.close()
+                cq.release_mapped()
 
     def _queue(self, key: tuple[int, int], qq: np.ndarray, phy: np.ndarray, size: np.ndarray, tags: np.ndarray,
                touched: list[LoadedQueue]) -> None:
@@ -381,7 +381,7 @@ class QueueStream:
                     self._units(t, self.topic_names[tc], qid, *recs, touched)
         finally:
             for cq in touched:
-                cq.close()
+                cq.release_mapped()
 
     def _expire(self, t: _Tail, topic: str, qid: int, recs: np.ndarray,
                 touched: list[LoadedQueue]) -> np.ndarray | None:

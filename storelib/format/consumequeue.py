@@ -76,6 +76,9 @@ def check_segment_size(segment_size: int) -> int:
 # unit arrays
 
 
+REMOTE_BLOCK = 64 << 10  # a short ranged read of a consume queue fetches at least this much (one round trip)
+
+
 def view_units(buf, count: int | None = None) -> np.ndarray:
     """The whole 20-byte units of ``buf`` as a CQ_DTYPE array sharing ``buf``'s memory (no copy).
 
@@ -260,6 +263,7 @@ class ConsumeQueue:
         self.findings: list[Finding] = []
         self.vanished: list[str] = []
         self._sources: dict[str, LocalSource | ArrowFileSource] = {}
+        self._blocks: dict[str, tuple[int, memoryview]] = {}  # ranged reads: the last block read per file
         self.segments: list[CQSegment] = self._discover()
         if phy_limit is not None:  # open them now: an open file outlives its deletion by the cleaner
             self.segments = [seg for seg in self.segments if self._opened(seg)]
@@ -340,7 +344,7 @@ class ConsumeQueue:
             return np.zeros(0, dtype=CQ_DTYPE)
         if self.phy_limit is not None and seg.name not in self._sources and not self._opened(seg):
             return np.zeros(0, dtype=CQ_DTYPE)  # deleted by the cleaner since the queue was listed
-        units = view_units(self._source(seg).read(first * CQ_UNIT_SIZE, (last - first) * CQ_UNIT_SIZE))
+        units = view_units(self._read(seg, first * CQ_UNIT_SIZE, (last - first) * CQ_UNIT_SIZE))
         if self.phy_limit is not None:
             units = self._held_last(seg, first, units)
             ahead = units["phy_offset"] >= self.phy_limit
@@ -349,6 +353,21 @@ class ConsumeQueue:
                 units = np.array(units)
                 units[int(np.argmax(ahead)):] = np.zeros(1, dtype=CQ_DTYPE)
         return units
+
+    def _read(self, seg: CQSegment, offset: int, length: int) -> memoryview:
+        """Bytes of ``seg``; a short read from a remote filesystem is served from a block of at least
+        :data:`REMOTE_BLOCK` bytes kept per file: a queue's units are read in ascending runs (one per
+        commitlog unit of the audit), and each run alone would cost a round trip to the object store.
+        Local files (mapped, or read by ``pread``) and a live cut's reads, which must see the broker's
+        latest bytes, are read as asked."""
+        src = self._source(seg)
+        if seg.loc.local or self.phy_limit is not None or length >= REMOTE_BLOCK:
+            return src.read(offset, length)
+        blk = self._blocks.get(seg.name)
+        if blk is None or not (blk[0] <= offset and offset + length <= blk[0] + len(blk[1])):
+            start = offset // REMOTE_BLOCK * REMOTE_BLOCK
+            blk = self._blocks[seg.name] = (start, src.read_range(start, max(start + REMOTE_BLOCK, offset + length) - start))
+        return blk[1][offset - blk[0]: offset - blk[0] + length]
 
     def _held_last(self, seg: CQSegment, first: int, units: np.ndarray) -> np.ndarray:
         """A live queue's units with their last written one (zeros after it) read again until two reads
@@ -447,6 +466,16 @@ class ConsumeQueue:
         for src in self._sources.values():
             src.close()
         self._sources.clear()
+        self._blocks.clear()
+
+    def release_mapped(self) -> None:
+        """Unmap the local files read so far (a reader's memory follows what it reads now); files read by
+        ranged requests stay open until :meth:`close`, since reopening one costs a metadata request on an
+        object store while holding it costs no memory. Under a live cut every file is closed: the next
+        read reopens it and so notices one the cleaner deleted meanwhile."""
+        live = self.phy_limit is not None
+        for name in [n for n, src in self._sources.items() if live or isinstance(src, LocalSource)]:
+            self._sources.pop(name).close()
 
     def __enter__(self) -> ConsumeQueue:
         return self
