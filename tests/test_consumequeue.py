@@ -548,6 +548,46 @@ def test_remote_location_reads_and_writes_through_arrow_filesystem(tmp_path):
     assert found == []
 
 
+def test_a_remote_queue_read_in_ascending_runs_costs_one_open_and_one_read_per_file(tmp_path, monkeypatch):
+    """Runs of units across three files, released between runs as the audit's queue checks do: each remote
+    file is opened once and read once (one block), the units are the file's, and after a release only the
+    file read last stays open."""
+    import storelib.fileio.bytesource as bytesource
+    from storelib.checks.queuestream import _read_units
+
+    S = 20 * 50
+    rows = [(i * 10, 10, i, i) for i in range(140)]
+    fs = pafs.LocalFileSystem()
+    loc = Location(fs, str(tmp_path / "remote" / "T" / "0"), False)
+    write_queue_image(build_consume_queues(records(rows), segment_size=S)[("T", 0)], loc, S)
+    opens: list[str] = []
+    reads: list[str] = []
+    real_init, real_read = bytesource.ArrowFileSource.__init__, bytesource.ArrowFileSource._read_at
+
+    def counted_init(self, fs, path, size=None):
+        opens.append(path)
+        real_init(self, fs, path, size)
+
+    def counted_read(self, offset, length):
+        reads.append(self.path)
+        return real_read(self, offset, length)
+
+    monkeypatch.setattr(bytesource.ArrowFileSource, "__init__", counted_init)
+    monkeypatch.setattr(bytesource.ArrowFileSource, "_read_at", counted_read)
+    cq = LoadedQueue(loc, segment_size=S)
+    got = []
+    for first in range(0, 140, 7):  # runs of 7 units, some across a file boundary
+        got.append(np.array(_read_units(cq, first, 7)))
+        cq.release_mapped()
+        assert len(cq._sources) == 1  # the file read last
+    units = np.concatenate(got)
+    assert units["phy_offset"].tolist() == [i * 10 for i in range(140)]
+    assert sorted(opens) == sorted(set(opens)) and len(opens) == 3
+    assert sorted(reads) == sorted(set(reads)) and len(reads) == 3
+    cq.close()
+    assert cq._sources == {} and cq._blocks == {}
+
+
 # ---------------------------------------------------------------------------------------------
 # queue listing and topic names
 

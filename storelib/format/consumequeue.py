@@ -356,17 +356,20 @@ class ConsumeQueue:
 
     def _read(self, seg: CQSegment, offset: int, length: int) -> memoryview:
         """Bytes of ``seg``; a short read from a remote filesystem is served from a block of at least
-        :data:`REMOTE_BLOCK` bytes kept per file: a queue's units are read in ascending runs (one per
-        commitlog unit of the audit), and each run alone would cost a round trip to the object store.
-        Local files (mapped, or read by ``pread``) and a live cut's reads, which must see the broker's
-        latest bytes, are read as asked."""
+        :data:`REMOTE_BLOCK` bytes: a queue's units are read in ascending runs (one per commitlog unit of
+        the audit), and each run alone would cost a round trip to the object store. One block is kept, of
+        the file read last (the runs ascend: an earlier file is not read again). Local files (mapped, or
+        read by ``pread``) and a live cut's reads, which must see the broker's latest bytes, are read as
+        asked."""
         src = self._source(seg)
         if seg.loc.local or self.phy_limit is not None or length >= REMOTE_BLOCK:
             return src.read(offset, length)
         blk = self._blocks.get(seg.name)
         if blk is None or not (blk[0] <= offset and offset + length <= blk[0] + len(blk[1])):
             start = offset // REMOTE_BLOCK * REMOTE_BLOCK
-            blk = self._blocks[seg.name] = (start, src.read_range(start, max(start + REMOTE_BLOCK, offset + length) - start))
+            data = src.read_range(start, max(start + REMOTE_BLOCK, offset + length) - start)
+            self._blocks = {seg.name: (start, data)}
+            blk = self._blocks[seg.name]
         return blk[1][offset - blk[0]: offset - blk[0] + length]
 
     def _held_last(self, seg: CQSegment, first: int, units: np.ndarray) -> np.ndarray:
@@ -469,13 +472,15 @@ class ConsumeQueue:
         self._blocks.clear()
 
     def release_mapped(self) -> None:
-        """Unmap the local files read so far (a reader's memory follows what it reads now); files read by
-        ranged requests stay open until :meth:`close`, since reopening one costs a metadata request on an
-        object store while holding it costs no memory. Under a live cut every file is closed: the next
-        read reopens it and so notices one the cleaner deleted meanwhile."""
-        live = self.phy_limit is not None
-        for name in [n for n, src in self._sources.items() if live or isinstance(src, LocalSource)]:
+        """Unmap the local files read so far (a reader's memory follows what it reads now). Of the files
+        read by ranged requests, the one whose block is kept stays open (the next run of ascending reads
+        starts in it or after it, and reopening costs a metadata request on an object store); the others
+        are closed. Under a live cut every file is closed: the next read reopens it and so notices one the
+        cleaner deleted meanwhile."""
+        keep = set() if self.phy_limit is not None else {n for n in self._blocks if not isinstance(self._sources.get(n), LocalSource)}
+        for name in [n for n in self._sources if n not in keep]:
             self._sources.pop(name).close()
+        self._blocks = {n: b for n, b in self._blocks.items() if n in keep}
 
     def __enter__(self) -> ConsumeQueue:
         return self
