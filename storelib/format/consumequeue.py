@@ -263,7 +263,8 @@ class ConsumeQueue:
         self.findings: list[Finding] = []
         self.vanished: list[str] = []
         self._sources: dict[str, LocalSource | ArrowFileSource] = {}
-        self._blocks: dict[str, tuple[int, memoryview]] = {}  # ranged reads: the last block read per file
+        self._blocks: dict[str, tuple[int, memoryview]] = {}  # remote: the block last read (one at most)
+        self._last: str | None = None  # remote: the file read last, kept open between a reader's runs
         self.segments: list[CQSegment] = self._discover()
         if phy_limit is not None:  # open them now: an open file outlives its deletion by the cleaner
             self.segments = [seg for seg in self.segments if self._opened(seg)]
@@ -362,7 +363,10 @@ class ConsumeQueue:
         read by ``pread``) and a live cut's reads, which must see the broker's latest bytes, are read as
         asked."""
         src = self._source(seg)
-        if seg.loc.local or self.phy_limit is not None or length >= REMOTE_BLOCK:
+        if seg.loc.local or self.phy_limit is not None:
+            return src.read(offset, length)
+        self._last = seg.name
+        if length >= REMOTE_BLOCK:
             return src.read(offset, length)
         blk = self._blocks.get(seg.name)
         if blk is None or not (blk[0] <= offset and offset + length <= blk[0] + len(blk[1])):
@@ -470,17 +474,18 @@ class ConsumeQueue:
             src.close()
         self._sources.clear()
         self._blocks.clear()
+        self._last = None
 
     def release_mapped(self) -> None:
         """Unmap the local files read so far (a reader's memory follows what it reads now). Of the files
-        read by ranged requests, the one whose block is kept stays open (the next run of ascending reads
-        starts in it or after it, and reopening costs a metadata request on an object store); the others
-        are closed. Under a live cut every file is closed: the next read reopens it and so notices one the
-        cleaner deleted meanwhile."""
-        keep = set() if self.phy_limit is not None else {n for n in self._blocks if not isinstance(self._sources.get(n), LocalSource)}
-        for name in [n for n in self._sources if n not in keep]:
+        read by ranged requests, the one read last stays open with its block (the next run of ascending
+        reads starts in it or after it, and reopening costs a metadata request on an object store); the
+        others are closed. Under a live cut every file is closed: the next read reopens it and so notices
+        one the cleaner deleted meanwhile."""
+        keep = None if self.phy_limit is not None else self._last
+        for name in [n for n in self._sources if n != keep]:
             self._sources.pop(name).close()
-        self._blocks = {n: b for n, b in self._blocks.items() if n in keep}
+        self._blocks = {n: b for n, b in self._blocks.items() if n == keep}
 
     def __enter__(self) -> ConsumeQueue:
         return self
