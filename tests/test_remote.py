@@ -578,6 +578,21 @@ def test_audit_from_s3_in_units_on_a_pool_reports_what_a_local_audit_does(stores
     assert remote["run"]["engine"].startswith("pool")
 
 
+@pytest.mark.spark
+def test_audit_from_s3_in_units_on_spark_reports_what_a_local_audit_does(stores, s3_server, spark):
+    """The same on Spark: the executors read the units and the consume queues from S3 themselves."""
+    from jobs.audit import audit_store
+
+    d = stores["generated"] if "generated" in stores else stores["5.3.3"]
+    local = audit_store(str(d["local"]), broker_conf=str(d["conf"]), quiet=True, now_ms=1)
+    remote = audit_store(d["uri"], broker_conf=str(d["conf"]), quiet=True, now_ms=1, engine="spark", spark=spark,
+                         split_bytes=96 << 10, fs_options=s3_server.fs_options())
+    roots = [str(d["local"]), d["uri"].removeprefix("s3://"), d["uri"]]
+    strip = lambda j: {k: v for k, v in _normalise(j, roots).items() if k not in ("generated_at_ms", "run")}  # noqa: E731
+    assert strip(remote) == strip(local)
+    assert remote["run"]["engine"] == "spark" and "partitioned" in remote["run"]["cross_check_mode"]
+
+
 def test_an_audit_in_units_opens_and_reads_each_remote_consume_queue_file_at_most_twice(stores, s3_server,
                                                                                          monkeypatch):
     """Round trips: the queue checks read a queue's units in one run per commitlog unit; on an object
