@@ -459,19 +459,11 @@ def test_a_rebuild_from_s3_in_units_on_a_pool_is_byte_identical_to_a_local_rebui
                                                                                     monkeypatch):
     """Phase A in units over ranged reads: the cuts, and where the young last segment's records end (the
     fine tail's place), are found on S3; the workers read their units' ranges from there."""
-    import jobs.engines.rebuild_tasks as rebuild_tasks
     from jobs.rebuild import RebuildConfig, rebuild
+    from tests.test_rebuild_units import _units_seen
 
     d = stores["generated"] if "generated" in stores else stores["5.3.3"]
-    joined: list = []
-    real = rebuild_tasks.join_units
-
-    def spy(items, metas):
-        j = real(items, metas)
-        joined.append((len(items), len(j.ends), len(j.redo)))
-        return j
-
-    monkeypatch.setattr(rebuild_tasks, "join_units", spy)
+    joined = _units_seen(monkeypatch)  # per join: (units, segments joined, segments to redo)
     rebuild(RebuildConfig(store=str(d["local"]), out=str(tmp_path / "local-out"), broker_conf=str(d["conf"]),
                           progress=False))
     whole = joined.pop()
