@@ -585,6 +585,49 @@ def test_audit_from_s3_in_units_on_spark_reports_what_a_local_audit_does(stores,
     assert remote["run"]["engine"] == "spark" and "partitioned" in remote["run"]["cross_check_mode"]
 
 
+def test_an_incremental_audit_from_s3_in_units_after_growth_reports_what_a_full_audit_does(stores, s3_server,
+                                                                                             tmp_path):
+    """``--since`` on an object store: the second run goes on from the first's carry (the queue streams
+    resume over units kept open between runs) and reports what a full audit of the grown store does."""
+    import shutil
+
+    from jobs.audit import audit_store
+    from storelib.broker.settings.store import load_settings
+    from storelib.broker.writer.writer import StoreWriter
+    from storelib.format.record import Message
+
+    d = stores["generated"] if "generated" in stores else stores["5.3.3"]
+    local = tmp_path / "store"
+    shutil.copytree(d["local"], local)
+    uri = s3_server.upload(local, f"{s3_server.new_bucket('inc')}/grown/store")
+    kw = {"broker_conf": str(d["conf"]), "quiet": True, "now_ms": 1, "split_bytes": 96 << 10,
+          "fs_options": s3_server.fs_options()}
+    state = tmp_path / "audit.state"
+    first = audit_store(uri, since=str(state), **kw)
+    assert "incremental" not in first["run"]["cross_check_mode"] and json.loads(state.read_text())["carry"]
+    before = {p: p.read_bytes() for p in local.rglob("*") if p.is_file()}
+    w = StoreWriter(str(local), load_settings(str(d["conf"]), None, None, None))
+    try:  # grown the broker's way: records, consume queues and index entries
+        for i in range(300):
+            w.append(Message(topic=f"Grown{i % 3}", body=b"grown %d" % i, queue_id=i % 2,
+                             properties={"KEYS": f"grown-{i}", "UNIQ_KEY": f"{i:032X}", "TAGS": "g"}))
+    finally:
+        w.close(dispatch=True)
+    fs = s3_server.filesystem()  # only what the growth wrote is uploaded: an object's time is its upload's
+    for p in local.rglob("*"):
+        if p.is_file() and before.get(p) != p.read_bytes():
+            with fs.open_output_stream(uri.removeprefix("s3://") + "/" + str(p.relative_to(local))) as out:
+                out.write(p.read_bytes())
+    inc = audit_store(uri, since=str(state), **kw)
+    full = audit_store(uri, **kw)
+    assert "incremental: " in inc["run"]["cross_check_mode"] and inc["run"]["segments_audited"] < \
+        full["run"]["segments_audited"]
+    for f in inc["findings"]:
+        f["extra"].pop("carried_forward", None)
+    drop = ("generated_at_ms", "run")
+    assert {k: v for k, v in inc.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
+
+
 def test_an_audit_in_units_opens_and_reads_each_remote_consume_queue_file_at_most_twice(stores, s3_server,
                                                                                          monkeypatch):
     """Round trips: the queue checks read a queue's units in one run per commitlog unit; on an object
