@@ -604,7 +604,10 @@ def test_an_incremental_audit_from_s3_in_units_after_growth_reports_what_a_full_
           "fs_options": s3_server.fs_options()}
     state = tmp_path / "audit.state"
     first = audit_store(uri, since=str(state), **kw)
-    assert "incremental" not in first["run"]["cross_check_mode"] and json.loads(state.read_text())["carry"]
+    carry = json.loads(state.read_text())["carry"]
+    assert "incremental" not in first["run"]["cross_check_mode"] and carry["queue_groups"]
+    # a queue's listing serves its group task in this run only: never carried to the next
+    assert all("files" not in q for g in carry["queue_groups"].values() for q in g["metas"])
     before = {p: p.read_bytes() for p in local.rglob("*") if p.is_file()}
     w = StoreWriter(str(local), load_settings(str(d["conf"]), None, None, None))
     try:  # grown the broker's way: records, consume queues and index entries
@@ -632,10 +635,12 @@ def test_an_audit_in_units_opens_and_reads_each_remote_consume_queue_file_at_mos
                                                                                          monkeypatch):
     """Round trips: the queue checks read a queue's units in one run per commitlog unit; on an object
     store each file stays open between runs (a reopen is a metadata request) and short runs come from one
-    block per file. Once for the queue summaries, once for the checks, however many units."""
+    block per file. Once for the queue summaries, once for the checks, however many units; and each queue's
+    directory is listed once, its group task taking the summary's listing."""
     from collections import Counter
 
     import storelib.fileio.bytesource as bytesource
+    import storelib.format.consumequeue as consumequeue
     from jobs.audit import audit_store
 
     d = stores["generated"] if "generated" in stores else stores["5.3.3"]
@@ -651,13 +656,23 @@ def test_an_audit_in_units_opens_and_reads_each_remote_consume_queue_file_at_mos
         reads[self.path] += 1
         return real_read(self, offset, length)
 
+    listed: Counter = Counter()
+    real_list = consumequeue._list
+
+    def counted_list(loc):
+        listed[loc.path] += 1
+        return real_list(loc)
+
     monkeypatch.setattr(bytesource.ArrowFileSource, "__init__", counted_init)
     monkeypatch.setattr(bytesource.ArrowFileSource, "_read_at", counted_read)
+    monkeypatch.setattr(consumequeue, "_list", counted_list)
     remote = audit_store(d["uri"], broker_conf=str(d["conf"]), quiet=True, now_ms=1, split_bytes=48 << 10,
                          fs_options=s3_server.fs_options())
     cq = [p for p in {*opens, *reads} if "/consumequeue/" in p]
     assert len(cq) > 8
     assert max(opens[p] for p in cq) <= 2 and max(reads[p] for p in cq) <= 2
+    queue_dirs = {p.rsplit("/", 1)[0] for p in cq}
+    assert queue_dirs <= set(listed) and max(listed[q] for q in queue_dirs) == 1  # the group task reuses it
     local = audit_store(str(d["local"]), broker_conf=str(d["conf"]), quiet=True, now_ms=1)
     roots = [str(d["local"]), d["uri"].removeprefix("s3://"), d["uri"]]
     strip = lambda j: {k: v for k, v in _normalise(j, roots).items() if k not in ("generated_at_ms", "run")}  # noqa: E731

@@ -13,7 +13,7 @@ import bisect
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -251,10 +251,13 @@ class ConsumeQueue:
     """
 
     def __init__(self, loc: Location | str | os.PathLike, *, segment_size: int = DEFAULT_CQ_SEGMENT_SIZE,
-                 topic: str | None = None, queue_id: int | None = None, phy_limit: int | None = None):
+                 topic: str | None = None, queue_id: int | None = None, phy_limit: int | None = None,
+                 listing: Sequence[Sequence] | None = None):
         """``phy_limit``: the commitlog end of a run's cut on a store a broker is writing: units pointing at
         or past it read as unwritten (zeros: dispatched after the cut), and files the cleaner deletes
-        between the listing and their opening are left out (named in :attr:`vanished`)."""
+        between the listing and their opening are left out (named in :attr:`vanished`). ``listing``: the
+        directory's entries as another reader of this run listed them (:attr:`listed`: name, size, is a
+        directory), instead of listing it again: a listing is a request on an object store."""
         self.loc = as_location(loc)
         self.segment_size = check_segment_size(segment_size)
         self.topic = topic
@@ -265,14 +268,21 @@ class ConsumeQueue:
         self._sources: dict[str, LocalSource | ArrowFileSource] = {}
         self._blocks: dict[str, tuple[int, memoryview]] = {}  # remote: the block last read (one at most)
         self._last: str | None = None  # remote: the file read last, kept open between a reader's runs
-        self.segments: list[CQSegment] = self._discover()
+        self.listed: list[list] = []  # the directory's entries as listed: [name, size, is a directory]
+        self.segments: list[CQSegment] = self._discover(listing)
         if phy_limit is not None:  # open them now: an open file outlives its deletion by the cleaner
             self.segments = [seg for seg in self.segments if self._opened(seg)]
 
-    def _discover(self) -> list[CQSegment]:
+    def _discover(self, listing: Sequence[Sequence] | None) -> list[CQSegment]:
         S = self.segment_size
         segs: list[CQSegment] = []
-        for info in _list(self.loc):
+        if listing is None:
+            infos = _list(self.loc)
+        else:
+            infos = [pafs.FileInfo(self.loc.join(str(n)).path, pafs.FileType.Directory if d else pafs.FileType.File,
+                                   size=None if d else int(z)) for n, z, d in sorted(listing, key=lambda e: str(e[0]))]
+        self.listed = [[i.base_name, int(i.size or 0), i.type == pafs.FileType.Directory] for i in infos]
+        for info in infos:
             if info.type == pafs.FileType.Directory:
                 self.findings.append(Finding("unexpected_directory", "info", info.path, None,
                                              "sub-directory in a queue directory (skipped)"))

@@ -15,7 +15,7 @@ from storelib.checks.logcharts import TrafficSeries
 from storelib.checks.logview import Unsettled
 from storelib.checks.tasks.context import CrossContext
 from storelib.checks.tasks.expire import group_expired, moved
-from storelib.checks.tasks.queuetask import QueueGroupResult, QueueGroupTask
+from storelib.checks.tasks.queuetask import LISTING, QueueGroupResult, QueueGroupTask
 from storelib.fileio.bytesource import Location
 
 CARRY_KIND = "partitioned/1"
@@ -102,7 +102,7 @@ def schedule_groups(ctx: CrossContext, candidates: list[QueueGroupTask], carry: 
         t = by_group.get(g, QueueGroupTask(g, ()))
         fresh = any(p.group_rows(g)[1] > p.group_rows(g)[0] for p in ctx.parts)
         lag = c is not None and any(s.get("lag") for _t, _q, s in c["result"]["stats"])
-        if (c is None or fresh or [dict(q) for q in t.queues] != c["metas"] or (lag and reput_moved)
+        if (c is None or fresh or [_unlisted(q) for q in t.queues] != c["metas"] or (lag and reput_moved)
                 or (expired and group_expired(c, ctx.log_min))):
             out.append(QueueGroupTask(g, t.queues, t.listing_failed, c["snap"] if c is not None else None))
         else:
@@ -128,6 +128,11 @@ def timer_signature(root: Location) -> list:
     return sorted(sig)
 
 
+def _unlisted(q: dict) -> dict:
+    """A queue summary as carried: without its directory's listing, which a later run lists anew."""
+    return {k: v for k, v in q.items() if k != LISTING}
+
+
 def new_carry(ctx: CrossContext, groups: dict[int, QueueGroupResult], snaps: dict[int, dict], metas: list[dict],
               index: dict | None, timers: dict | None) -> dict | None:
     """The carry of a run whose every partition settled (None: the next run audits in full)."""
@@ -138,7 +143,7 @@ def new_carry(ctx: CrossContext, groups: dict[int, QueueGroupResult], snaps: dic
     if sum(_lagging(s) for s in snaps.values()) > queuestream.LAG_KEEP:  # each group keeps up to that many: the store too
         return None
     qg = {str(g): {"snap": snaps[g], "result": group_to_json(r, ctx),
-                   "metas": next((list(m["queues"]) for m in metas if m["group"] == g), [])}
+                   "metas": next(([_unlisted(q) for q in m["queues"]] for m in metas if m["group"] == g), [])}
           for g, r in groups.items()}
     return {"kind": CARRY_KIND, "groups": ctx.groups, "log_min": ctx.log_min, "segment_size": ctx.segment_size,
             "cq_max_phy": ctx.cq_max_phy, "queue_groups": qg, "cq": {k: v for m in metas for k, v in m["snap"].items()},

@@ -44,6 +44,7 @@ from storelib.format.consumequeue import filler_mask
 
 # records taken at a time through a group's streamed checks (as the driver's stream took them)
 ROWS = 1 << 20
+LISTING = "files"  # a queue summary's listing of its directory (remote stores at rest; never carried)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,11 @@ def _queue_meta(task: QueueMetaTask) -> dict[str, Any]:
         dirs = {(q.topic, q.qid): q.dirname for q in task.queues}  # a repeated queue: the last, as kept
         queues = [{"topic": t, "qid": qid, "dirname": dirs[(t, qid)], "units": asdict(m.units), "cq_max": m.cq_max,
                    "cq_min": m.cq_min} for (t, qid), m in meta.queues.items()]
+        if not root.local and not (task.cut is not None and task.cut.live):
+            # the group task takes each queue's listing from here: on an object store a listing is a
+            # request, and a store at rest does not change within the run (never carried to a later run)
+            for q, m in zip(queues, meta.queues.values()):
+                q[LISTING] = m.cq.listed
         snap = queue_meta_snapshot(meta) if task.snapshot else None
     finally:
         meta.close()
@@ -171,7 +177,8 @@ def _group_meta(ctx: CrossContext, task: QueueGroupTask, root: Location) -> Queu
     for q in task.queues:
         cq = LoadedQueue(root.join("consumequeue", q["topic"], q["dirname"]),
                          segment_size=ctx.settings.mapped_file_size_consume_queue, topic=q["topic"],
-                         queue_id=q["qid"], phy_limit=ctx.cut.commitlog_end if meta.base.live else None)
+                         queue_id=q["qid"], phy_limit=ctx.cut.commitlog_end if meta.base.live else None,
+                         listing=None if meta.base.live else q.get(LISTING))
         meta.queues[(q["topic"], q["qid"])] = QueueMeta(cq, UnitStats(**q["units"]), q["cq_max"], q["cq_min"])
     return meta
 
