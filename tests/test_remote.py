@@ -102,6 +102,15 @@ def _normalise(obj, roots: list[str]):
     return obj
 
 
+def _same_audit(remote: dict, local: dict, store: dict) -> None:
+    """Two audit reports of one store, from S3 and from its local path, equal but for the run's figures and
+    where the store lies."""
+    roots = [str(store["local"]), store["uri"].removeprefix("s3://"), store["uri"]]
+    drop = ("generated_at_ms", "run")
+    strip = lambda j: {k: v for k, v in _normalise(j, roots).items() if k not in drop}  # noqa: E731
+    assert strip(remote) == strip(local)
+
+
 # ------------------------------------------------------------------------------------------------
 # rmqstore commands: s3:// gives the same answers as the local path
 
@@ -544,10 +553,7 @@ def test_audit_same_from_s3_as_local_and_report_to_s3(store_pair, s3_server, tmp
     s3_server.download(rep, tmp_path / "rr")
     jl = json.loads((tmp_path / "rl" / "audit.json").read_text())
     jr = json.loads((tmp_path / "rr" / "audit.json").read_text())
-    roots = [str(local), uri.removeprefix("s3://"), uri]
-    drop = ("generated_at_ms", "run")
-    strip = lambda j: {k: v for k, v in _normalise(j, roots).items() if k not in drop}  # noqa: E731
-    assert strip(jr) == strip(jl)
+    _same_audit(jr, jl, store_pair)
     assert jr["run"]["segments_audited"] == jl["run"]["segments_audited"] > 0
     from storelib.fileio.publish import is_published
 
@@ -563,9 +569,7 @@ def test_audit_from_s3_in_units_on_a_pool_reports_what_a_local_audit_does(stores
     local = audit_store(str(d["local"]), broker_conf=str(d["conf"]), quiet=True, now_ms=1)
     remote = audit_store(d["uri"], broker_conf=str(d["conf"]), quiet=True, now_ms=1, engine="pool", workers=2,
                          split_bytes=96 << 10, fs_options=s3_server.fs_options())
-    roots = [str(d["local"]), d["uri"].removeprefix("s3://"), d["uri"]]
-    strip = lambda j: {k: v for k, v in _normalise(j, roots).items() if k not in ("generated_at_ms", "run")}  # noqa: E731
-    assert strip(remote) == strip(local)
+    _same_audit(remote, local, d)
     assert remote["run"]["segments_audited"] == local["run"]["segments_audited"] > 1
     assert remote["run"]["engine"].startswith("pool")
 
@@ -579,9 +583,7 @@ def test_audit_from_s3_in_units_on_spark_reports_what_a_local_audit_does(stores,
     local = audit_store(str(d["local"]), broker_conf=str(d["conf"]), quiet=True, now_ms=1)
     remote = audit_store(d["uri"], broker_conf=str(d["conf"]), quiet=True, now_ms=1, engine="spark", spark=spark,
                          split_bytes=96 << 10, fs_options=s3_server.fs_options())
-    roots = [str(d["local"]), d["uri"].removeprefix("s3://"), d["uri"]]
-    strip = lambda j: {k: v for k, v in _normalise(j, roots).items() if k not in ("generated_at_ms", "run")}  # noqa: E731
-    assert strip(remote) == strip(local)
+    _same_audit(remote, local, d)
     assert remote["run"]["engine"] == "spark" and "partitioned" in remote["run"]["cross_check_mode"]
 
 
@@ -639,23 +641,12 @@ def test_an_audit_in_units_opens_and_reads_each_remote_consume_queue_file_at_mos
     directory is listed once, its group task taking the summary's listing."""
     from collections import Counter
 
-    import storelib.fileio.bytesource as bytesource
     import storelib.format.consumequeue as consumequeue
     from jobs.audit import audit_store
+    from tests.test_consumequeue import count_ranged_requests
 
     d = stores["generated"] if "generated" in stores else stores["5.3.3"]
-    opens: Counter = Counter()
-    reads: Counter = Counter()
-    real_init, real_read = bytesource.ArrowFileSource.__init__, bytesource.ArrowFileSource._read_at
-
-    def counted_init(self, fs, path, size=None):
-        opens[path] += 1
-        real_init(self, fs, path, size)
-
-    def counted_read(self, offset, length):
-        reads[self.path] += 1
-        return real_read(self, offset, length)
-
+    opens, reads = count_ranged_requests(monkeypatch)
     listed: Counter = Counter()
     real_list = consumequeue._list
 
@@ -663,8 +654,6 @@ def test_an_audit_in_units_opens_and_reads_each_remote_consume_queue_file_at_mos
         listed[loc.path] += 1
         return real_list(loc)
 
-    monkeypatch.setattr(bytesource.ArrowFileSource, "__init__", counted_init)
-    monkeypatch.setattr(bytesource.ArrowFileSource, "_read_at", counted_read)
     monkeypatch.setattr(consumequeue, "_list", counted_list)
     remote = audit_store(d["uri"], broker_conf=str(d["conf"]), quiet=True, now_ms=1, split_bytes=48 << 10,
                          fs_options=s3_server.fs_options())
@@ -674,9 +663,7 @@ def test_an_audit_in_units_opens_and_reads_each_remote_consume_queue_file_at_mos
     queue_dirs = {p.rsplit("/", 1)[0] for p in cq}
     assert queue_dirs <= set(listed) and max(listed[q] for q in queue_dirs) == 1  # the group task reuses it
     local = audit_store(str(d["local"]), broker_conf=str(d["conf"]), quiet=True, now_ms=1)
-    roots = [str(d["local"]), d["uri"].removeprefix("s3://"), d["uri"]]
-    strip = lambda j: {k: v for k, v in _normalise(j, roots).items() if k not in ("generated_at_ms", "run")}  # noqa: E731
-    assert strip(remote) == strip(local)
+    _same_audit(remote, local, d)
 
 
 def test_expiry_same_from_s3_as_local_using_store_times(store_pair, s3_server):

@@ -266,7 +266,7 @@ class ConsumeQueue:
         self.findings: list[Finding] = []
         self.vanished: list[str] = []
         self._sources: dict[str, LocalSource | ArrowFileSource] = {}
-        self._blocks: dict[str, tuple[int, memoryview]] = {}  # remote: the block last read (one at most)
+        self._block: tuple[str, int, memoryview] | None = None  # remote: the block last read (file, start, bytes)
         self._last: str | None = None  # remote: the file read last, kept open between a reader's runs
         self.listed: list[list] = []  # the directory's entries as listed: [name, size, is a directory]
         self.segments: list[CQSegment] = self._discover(listing)
@@ -378,13 +378,11 @@ class ConsumeQueue:
         self._last = seg.name
         if length >= REMOTE_BLOCK:
             return src.read(offset, length)
-        blk = self._blocks.get(seg.name)
-        if blk is None or not (blk[0] <= offset and offset + length <= blk[0] + len(blk[1])):
+        blk = self._block
+        if blk is None or blk[0] != seg.name or not (blk[1] <= offset and offset + length <= blk[1] + len(blk[2])):
             start = offset // REMOTE_BLOCK * REMOTE_BLOCK
-            data = src.read_range(start, max(start + REMOTE_BLOCK, offset + length) - start)
-            self._blocks = {seg.name: (start, data)}
-            blk = self._blocks[seg.name]
-        return blk[1][offset - blk[0]: offset - blk[0] + length]
+            blk = self._block = (seg.name, start, src.read_range(start, max(start + REMOTE_BLOCK, offset + length) - start))
+        return blk[2][offset - blk[1]: offset - blk[1] + length]
 
     def _held_last(self, seg: CQSegment, first: int, units: np.ndarray) -> np.ndarray:
         """A live queue's units with their last written one (zeros after it) read again until two reads
@@ -483,7 +481,7 @@ class ConsumeQueue:
         for src in self._sources.values():
             src.close()
         self._sources.clear()
-        self._blocks.clear()
+        self._block = None
         self._last = None
 
     def release_mapped(self) -> None:
@@ -495,7 +493,8 @@ class ConsumeQueue:
         keep = None if self.phy_limit is not None else self._last
         for name in [n for n in self._sources if n != keep]:
             self._sources.pop(name).close()
-        self._blocks = {n: b for n, b in self._blocks.items() if n == keep}
+        if self._block is not None and self._block[0] != keep:
+            self._block = None
 
     def __enter__(self) -> ConsumeQueue:
         return self
