@@ -46,7 +46,7 @@ def run_driver(argv: list[str]) -> dict[str, float]:
     the largest descendant."""
     fd, times = tempfile.mkstemp(prefix="rmq-bench-times-")
     os.close(fd)
-    wall, driver_kb, worker_kb = run_measured([sys.executable, "-c", SCRIPT, *argv],
+    wall, driver_kb, worker_kb, _ = run_measured([sys.executable, "-c", SCRIPT, *argv],
                                               env={**os.environ, "RMQ_BENCH_TIMES": times})
     with open(times) as f:
         user, system = json.load(f)

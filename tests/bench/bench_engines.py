@@ -7,7 +7,9 @@ The store is bench_scan's synthetic one (IPv4 hosts, 500-byte records: what the 
 ``audit`` runs on the same commitlog with the consume queues and index files the broker would have written
 beside it (made once by ``rmqstore rebuild``), so its cross-file checks have every file to compare. The
 floor is bench_scan.floor_walk: a Python walk of the size chain with one CRC call per body, one core.
-Printed per command and engine: wall seconds, the floor's time divided by it (1.0 = floor speed), and the
+Printed per command and engine: wall seconds, the floor's time divided by it (1.0 = floor speed), the CPU-s
+of the command and its workers in floors (its CPU over the floor's, walked before and after it: on N cores a
+command of M floors runs at most at N / M of the floor's speed, whatever the machine's drift), and the
 peak anonymous RSS (RssAnon: memory a process owns, not the store pages it maps) of the driver and of the
 largest worker, sampled from /proc every 50 ms. The machine's speed drifts by 10-30% from minute to minute
 (a shared 2-core VM), so the floor is walked right before and right after every run (``--repeat`` rounds
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -31,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from tests.bench.bench_scan import build_store, floor_walk, parse_size
 
@@ -67,8 +71,24 @@ def _children(root: int) -> list[int]:
     return out
 
 
-def run_measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int]:
-    """(wall s, peak RssAnon KB of the command's own process, of its largest descendant)."""
+class Measured(NamedTuple):
+    """One command run: wall s, peak RssAnon KB of its own process and of its largest descendant, and the
+    CPU-s (user + system) of the command and of every process it waited for (the pool's workers)."""
+
+    wall: float
+    driver_kb: int
+    worker_kb: int
+    cpu: float
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_measured(argv: list[str], env: dict[str, str] | None = None) -> Measured:
+    """Run one command as a user types it, measured (:class:`Measured`)."""
+    c0 = _children_cpu()  # only this command ends between the two readings (the sampler is a thread)
     t0 = time.monotonic()
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     peaks = {"driver": 0, "worker": 0}
@@ -92,11 +112,12 @@ def run_measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[fl
     th.start()
     rc = p.wait()
     wall = time.monotonic() - t0
+    cpu = _children_cpu() - c0
     stop.set()
     th.join()
     if rc not in (0, 1):
         raise SystemExit(f"{' '.join(argv)} exited {rc}")
-    return wall, peaks["driver"], peaks["worker"]
+    return Measured(wall, peaks["driver"], peaks["worker"], cpu)
 
 
 def warm_store(src: Path, dirs: tuple[str, ...] = ("commitlog", "consumequeue", "index")) -> None:
@@ -150,26 +171,30 @@ def main(argv: list[str] | None = None) -> None:
                     complete_store(store, rmq)
             floor_walk(store / "commitlog")  # page cache warm
             ratios: dict[tuple[str, str], list[float]] = {}
-            msgs, _, f_last, _ = floor_walk(store / "commitlog")
+            msgs, _, f_last, fc_last = floor_walk(store / "commitlog")
+            multiples: dict[tuple[str, str], list[float]] = {}
             for rnd in range(max(1, args.repeat)):
                 print(f"\n== {size / 1e9:.1f} GB, {msgs} records; round {rnd + 1}: floor {f_last:.2f} s "
                       f"({msgs / f_last:,.0f} msg/s)")
                 for cmd in cmds:
                     for eng in engines:
-                        wall, drv, wrk = _run_one(work, store, rmq, cmd, eng)
-                        f_before, f_last = f_last, floor_walk(store / "commitlog")[2]
+                        wall, drv, wrk, cpu = _run_one(work, store, rmq, cmd, eng)
+                        (f_before, fc_before), (f_last, fc_last) = (f_last, fc_last), floor_walk(store / "commitlog")[2:]
                         t_floor = (f_before + f_last) / 2  # the floor walked right before and right after
+                        multiples.setdefault((cmd, eng), []).append(cpu / ((fc_before + fc_last) / 2))
                         prev = results.get((cmd, eng, size))
                         results[(cmd, eng, size)] = (min(wall, prev[0]) if prev else wall, max(drv, prev[1] if prev else 0),
                                                      max(wrk, prev[2] if prev else 0))
                         ratios.setdefault((cmd, eng), []).append(t_floor / wall)
                         print(f"{cmd:8s} {eng:6s} {wall:7.2f} s   floor ratio {t_floor / wall:5.2f} (floor {f_before:.2f}"
-                              f"/{f_last:.2f} s)   peak RssAnon driver {drv / 1024:6.0f} MB, largest worker "
-                              f"{wrk / 1024:6.0f} MB")
+                              f"/{f_last:.2f} s)   CPU {cpu:5.1f} s = {multiples[(cmd, eng)][-1]:4.2f} floors   "
+                              f"peak RssAnon driver {drv / 1024:6.0f} MB, largest worker {wrk / 1024:6.0f} MB")
             print(f"\n== {size / 1e9:.1f} GB: floor ratio per round, median (target: rebuild and audit >= 0.5 on "
                   "the default engine)")
             for (cmd, eng), rs in ratios.items():
-                print(f"{cmd:8s} {eng:6s} {' '.join(f'{r:.2f}' for r in rs)}   median {statistics.median(rs):.2f}")
+                print(f"{cmd:8s} {eng:6s} {' '.join(f'{r:.2f}' for r in rs)}   median {statistics.median(rs):.2f}   "
+                      f"CPU median {statistics.median(multiples[(cmd, eng)]):.2f} floors (ratio at most "
+                      f"{(os.cpu_count() or 1) / statistics.median(multiples[(cmd, eng)]):.2f} on {os.cpu_count()} cores)")
             for cmd in cmds:
                 if {"spark", "local", "pool"} <= set(engines):
                     d = results[(cmd, "spark", size)][0] - min(results[(cmd, "local", size)][0],
@@ -188,8 +213,8 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _run_one(work: Path, store: Path, rmq: list[str], cmd: str, eng: str) -> tuple[float, int, int]:
-    """One command on one engine as a user types it: (wall s, peak RssAnon KB of driver, of largest worker)."""
+def _run_one(work: Path, store: Path, rmq: list[str], cmd: str, eng: str) -> Measured:
+    """One command on one engine as a user types it (:class:`Measured`)."""
     out = work / f"out-{cmd}-{eng}"
     shutil.rmtree(out, ignore_errors=True)
     extra = ["--out", str(out)] if cmd == "rebuild" else []
