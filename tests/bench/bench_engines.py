@@ -191,10 +191,11 @@ def main(argv: list[str] | None = None) -> None:
                               f"peak RssAnon driver {drv / 1024:6.0f} MB, largest worker {wrk / 1024:6.0f} MB")
             print(f"\n== {size / 1e9:.1f} GB: floor ratio per round, median (target: rebuild and audit >= 0.5 on "
                   "the default engine)")
+            cores = os.cpu_count() or 1
             for (cmd, eng), rs in ratios.items():
+                floors = statistics.median(multiples[(cmd, eng)])
                 print(f"{cmd:8s} {eng:6s} {' '.join(f'{r:.2f}' for r in rs)}   median {statistics.median(rs):.2f}   "
-                      f"CPU median {statistics.median(multiples[(cmd, eng)]):.2f} floors (ratio at most "
-                      f"{(os.cpu_count() or 1) / statistics.median(multiples[(cmd, eng)]):.2f} on {os.cpu_count()} cores)")
+                      f"CPU median {floors:.2f} floors (ratio at most {cores / floors:.2f} on {cores} cores)")
             for cmd in cmds:
                 if {"spark", "local", "pool"} <= set(engines):
                     d = results[(cmd, "spark", size)][0] - min(results[(cmd, "local", size)][0],
