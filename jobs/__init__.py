@@ -6,6 +6,11 @@ already set. With transparent huge pages in ``madvise`` mode and a page cache fu
 every fresh array of tens of MB stalls in direct memory compaction (``compact_stall`` in
 /proc/vmstat): on the 2 GB audit benchmark the cross-file checks took 0.9-1.1 s with it and
 0.6-0.8 s without, the whole Spark audit 2.84 s vs 2.54 s.
+
+It also starts OpenBLAS (numpy's linear algebra) with one thread, unless ``OPENBLAS_NUM_THREADS`` is
+set or numpy is already imported. At import, OpenBLAS starts a thread per core that spins for about
+0.1 s before it sleeps: about 0.1 CPU-s for every process that imports numpy fresh, for nothing.
+rmqstore does no linear algebra, and each pool worker is one core's share anyway.
 """
 
 from __future__ import annotations
@@ -25,4 +30,10 @@ def _numpy_without_hugepage_madvise() -> None:
             setter(False)
 
 
+def _openblas_one_thread() -> None:
+    if "numpy" not in sys.modules:  # read when numpy loads OpenBLAS: too late once it is imported
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 _numpy_without_hugepage_madvise()
+_openblas_one_thread()

@@ -273,12 +273,13 @@ def java_hash_array(arr: pa.Array) -> np.ndarray:
 
 def java_hashes_repeated(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """:func:`java_hashes` for columns with few distinct values (topics, tags): each distinct value
-    is hashed once (Arrow's hash table finds them) and the results are gathered per row."""
+    is hashed once (Arrow's hash table finds them, unless ``arr`` is dictionary-encoded already) and the
+    results are gathered per row."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if len(arr) == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.int64)
-    enc = arr.dictionary_encode()
+    enc = arr if pa.types.is_dictionary(arr.type) else arr.dictionary_encode()
     dh, dl = java_hashes(enc.dictionary)
     idx = enc.indices
     if idx.null_count:

@@ -115,14 +115,27 @@ def segment_items(plan: WalkPlan, cuts: dict[str, list[int]] | None = None) -> l
     return items
 
 
-def _queue_partition(table: pa.Table, parts: int) -> tuple[np.ndarray, list[str]]:
+def _with_topic_codes(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its topic column dictionary-encoded: the CQ partitioning, the CQ work files and the
+    index keys then share one hash pass over the names per batch (each distinct name hashed once)."""
+    i = batch.schema.get_field_index("topic")
+    return batch.set_column(i, "topic", batch.column(i).dictionary_encode())
+
+
+def _queue_partition(table: pa.Table, parts: int) -> tuple[np.ndarray, list[str], pa.Table]:
     """Deterministic partition of each CQ row by (topic, queue id) (Java hash; the same on every worker),
-    and the distinct topics. Each distinct topic is hashed once."""
-    enc = table.column("topic").combine_chunks().dictionary_encode()
+    the distinct topics of the rows, and the table with one topic dictionary (the batches' unified). Each
+    distinct topic is hashed once."""
+    enc = table.column("topic").combine_chunks()
+    if not pa.types.is_dictionary(enc.type):
+        enc = enc.dictionary_encode()
+    codes = np.asarray(enc.indices)
     th = java_hash_array(enc.dictionary).astype(np.int64)
-    h = th[np.asarray(enc.indices)]
+    h = th[codes]
     q = np.asarray(table.column("queue_id").combine_chunks()).astype(np.int64)
-    return ((h * 31 + q) % parts + parts) % parts, enc.dictionary.to_pylist()
+    used = np.flatnonzero(np.bincount(codes, minlength=len(enc.dictionary)))  # a unified dictionary holds more
+    table = table.set_column(table.schema.get_field_index("topic"), "topic", enc)
+    return ((h * 31 + q) % parts + parts) % parts, enc.dictionary.take(pa.array(used)).to_pylist(), table
 
 
 def _write_ipc(loc: Location, table: pa.Table) -> None:
@@ -158,10 +171,10 @@ def _write_cq_parts(ctx: RebuildContext, unit: int, cq_tables: list[pa.Table]) -
     if not t.num_rows:
         return parts, 0, []
     P = ctx.parts
-    part, topics = _queue_partition(t, P)
+    part, topics, t = _queue_partition(t, P)
     order = np.argsort(part.astype(np.int16 if P < 2**15 else np.int64), kind="stable")  # radix sort
     sp = part[order]
-    t = t.take(pa.array(order))  # rows grouped by partition, dispatch order kept within each
+    t = t.take(pa.array(order))  # rows grouped by partition, dispatch order kept within each (topic codes)
     cuts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1], True])
     for a, b in zip(cuts[:-1], cuts[1:]):
         p = int(sp[a])
@@ -185,6 +198,7 @@ def phase_a(ctx: RebuildContext, item: UnitItem) -> Meta:
         for batch in _range_batches(ctx, idx, split, crc, ranges, src, ends, cols):
             if batch.num_rows == 0:
                 continue
+            batch = _with_topic_codes(batch)
             if ctx.do_cq:
                 cq_tables.append(pa.Table.from_batches([batch.select(CQ_COLS)]))
             if ctx.do_index:
