@@ -548,6 +548,8 @@ def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, d
             found.add(Finding("v2_record_on_4x", "error", display, int(phy[v2[0]]) - task.base,
                               "V2 (0xDAA320AB) record: a 4.9.8 broker treats it as corrupt and stops here",
                               {"count": int(len(v2))}))
+    t = batch.schema.get_field_index("topic")  # names hashed once: the index keys, the groups and queues use codes
+    batch = batch.set_column(t, "topic", batch.column(t).dictionary_encode())
     rec_parts.append(pa.Table.from_batches([batch.select(RECORD_COLUMNS)]).cast(RECORD_SCHEMA))
     rows, kh = index_keys(batch)
     if len(rows):

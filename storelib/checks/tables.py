@@ -29,7 +29,7 @@ RECORD_COLUMNS = ["phy_offset", "size", "physical_offset_field", "topic", "queue
                   "tran_type", "sys_flag", "tags_code", "store_timestamp", "crc_ok"]
 RECORD_SCHEMA = pa.schema([
     ("phy_offset", pa.int64()), ("size", pa.int32()), ("physical_offset_field", pa.int64()),
-    ("topic", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("tran_type", pa.int8()),
+    ("topic", pa.dictionary(pa.int32(), pa.string())), ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("tran_type", pa.int8()),
     ("sys_flag", pa.int32()), ("tags_code", pa.int64()), ("store_timestamp", pa.int64()), ("crc_ok", pa.bool_()),
 ])
 KEY_SCHEMA = pa.schema([("pos", pa.int64()), ("phy", pa.int64()), ("key_hash", pa.int32())])
@@ -63,6 +63,7 @@ class TableSink:
         """Write ``table`` as an IPC file; returns its path/URI (None for an empty table: nothing written)."""
         if table.num_rows == 0:
             return None
+        table = table.unify_dictionaries()  # an IPC file holds one dictionary per column (topic codes)
         name = f"{stem}-{uuid.uuid4().hex}.arrow"
         loc = resolve(self.dir, **self.fs_options)
         if loc.local:  # temp + rename: the file appears under its name only when complete (scratch: no fsync)
