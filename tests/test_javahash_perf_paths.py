@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from storelib.broker.index.indexbuild import index_keys
 from storelib.format.javahash import (
@@ -89,17 +90,25 @@ def _reference_index_keys(topics, uniq, keys, tran) -> tuple[list[int], list[int
     return rows, hs
 
 
-def test_index_keys_match_the_scalar_key_rules():
+@pytest.mark.parametrize("ascii_keys", [False, True], ids=["mixed-keys", "ascii-keys"])
+@pytest.mark.parametrize("topic_codes", [False, True], ids=["topic-names", "topic-codes"])
+def test_index_keys_match_the_scalar_key_rules(ascii_keys, topic_codes):
+    """ASCII-only and mixed KEYS (ASCII rows alone and beside rows decoded to UTF-16), with empty tokens
+    (leading, trailing, doubled spaces), null and empty KEYS, and topics as names or as codes (a
+    dictionary column: the rebuild's and the audit's batches)."""
     rng = random.Random(4)
+    parts = ["a", "", "k1", "x" * 50, " "] + ([] if ascii_keys else ["é", "用户_9"])
     for fixed in (None, 32):
         n = 400
         topics = [rng.choice(["T", "order-events", "Ω", "%RETRY%cg"]) for _ in range(n)]
         uniq = _words(rng, n, fixed=fixed)
-        keys = [None if rng.random() < 0.2 else " ".join(rng.choice(["a", "", "k1", "é", "用户_9", "x" * 50])
+        keys = [None if rng.random() < 0.2 else " ".join(rng.choice(parts)
                                                             for _ in range(rng.randrange(0, 5))) for _ in range(n)]
         tran = [rng.choice([0, 0, 0, 1, 2, 3]) for _ in range(n)]
+        topic_col = pa.array(topics, pa.string())
         batch = pa.RecordBatch.from_pydict({
-            "topic": pa.array(topics, pa.string()), "uniq_key": pa.array(uniq, pa.string()),
+            "topic": topic_col.dictionary_encode() if topic_codes else topic_col,
+            "uniq_key": pa.array(uniq, pa.string()),
             "keys": pa.array(keys, pa.string()), "tran_type": pa.array(tran, pa.int8())})
         rows, hs = index_keys(batch)
         want_rows, want_hs = _reference_index_keys(topics, uniq, keys, tran)
