@@ -83,3 +83,22 @@ def test_an_error_leaves_no_temp_files(tmp_path: Path) -> None:
         cqs.feed(t.slice(0, 100))
         raise RuntimeError("boom")
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file() and p.name.endswith(".tmp")]
+
+
+def test_an_error_while_closing_leaves_no_temp_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last files' zero tails are hashed on threads at close: a failure there removes every temp file
+    not yet complete and reaches the caller."""
+    import storelib.broker.dispatch.cqstream as cqstream
+
+    calls = []
+
+    def failing(sha, n: int) -> None:
+        calls.append(n)
+        if len(calls) > 3:
+            raise OSError("disk gone")
+
+    with pytest.raises(OSError), ConsumeQueueStream(str(tmp_path / "out"), 20 * 64) as cqs:
+        cqs.feed(_records())  # 400 rows in 12 queues: one open file each at close
+        monkeypatch.setattr(cqstream, "_hash_zeros", failing)
+    assert len(calls) > 3
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
