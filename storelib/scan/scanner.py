@@ -84,7 +84,9 @@ class SegmentEnd:
 _PAIR = struct.Struct(">ii")
 _I32 = struct.Struct(">i")
 
-CHAIN_WINDOW = 4 << 20  # bytes searched for record starts at a time (a reused bool scratch of this size)
+# bytes searched for record starts at a time: the bool scratch stays in a core's L2 (a 256 MB segment's
+# search took 117 ms with 4 MiB, 107 ms with 1 MiB, 124 ms with 256 KiB: more calls)
+CHAIN_WINDOW = 1 << 20
 MAGIC_HEAD = 0xDA  # the first byte of both record magics, 0xDAA320A7 (V1) and 0xDAA320AB (V2)
 CROWDED = 16  # a window with a 0xDA in more than one byte of this many is left to the plain walk
 
