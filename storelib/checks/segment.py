@@ -38,6 +38,7 @@ from storelib.fileio.bytesource import ByteSource, LocalSource, open_source, res
 from storelib.fileio.memory import keep_freed_memory
 from storelib.fileio.pagecare import PageCare, ReadPacer
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
+from storelib.scan.arrowcols import with_topic_codes
 from storelib.scan.commitlog import at_cut
 from storelib.scan.scanner import SegmentScan
 from storelib.scan.splits import segment_cuts
@@ -548,8 +549,7 @@ def _check_batch(batch: pa.RecordBatch, task: SegmentTask, opts: AuditOptions, d
             found.add(Finding("v2_record_on_4x", "error", display, int(phy[v2[0]]) - task.base,
                               "V2 (0xDAA320AB) record: a 4.9.8 broker treats it as corrupt and stops here",
                               {"count": int(len(v2))}))
-    t = batch.schema.get_field_index("topic")  # names hashed once: the index keys, the groups and queues use codes
-    batch = batch.set_column(t, "topic", batch.column(t).dictionary_encode())
+    batch = with_topic_codes(batch)  # the index keys, the queue groups and the queue tasks use the codes
     rec_parts.append(pa.Table.from_batches([batch.select(RECORD_COLUMNS)]).cast(RECORD_SCHEMA))
     rows, kh = index_keys(batch)
     if len(rows):

@@ -29,7 +29,8 @@ RECORD_COLUMNS = ["phy_offset", "size", "physical_offset_field", "topic", "queue
                   "tran_type", "sys_flag", "tags_code", "store_timestamp", "crc_ok"]
 RECORD_SCHEMA = pa.schema([
     ("phy_offset", pa.int64()), ("size", pa.int32()), ("physical_offset_field", pa.int64()),
-    ("topic", pa.dictionary(pa.int32(), pa.string())), ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("tran_type", pa.int8()),
+    ("topic", pa.dictionary(pa.int32(), pa.string())),  # codes and names (storelib.scan.arrowcols.with_topic_codes)
+    ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("tran_type", pa.int8()),
     ("sys_flag", pa.int32()), ("tags_code", pa.int64()), ("store_timestamp", pa.int64()), ("crc_ok", pa.bool_()),
 ])
 KEY_SCHEMA = pa.schema([("pos", pa.int64()), ("phy", pa.int64()), ("key_hash", pa.int32())])

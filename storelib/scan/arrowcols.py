@@ -165,6 +165,14 @@ def tags_codes(tags: pa.Array, topics: pa.Array, store_ts: np.ndarray, delay: np
 # --------------------------------------------------------------------------------------------------
 
 
+def with_topic_codes(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its topic column dictionary-encoded (codes and the distinct names): what follows
+    (queue grouping, index keys' topic hashes, work files between tasks) hashes each distinct name once per
+    batch and moves int32 codes, not names."""
+    i = batch.schema.get_field_index("topic")
+    return batch.set_column(i, "topic", batch.column(i).dictionary_encode())
+
+
 def take_ranges(buf: pa.Buffer, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
     """Binary array of the byte ranges ``[s, s+l)`` of ``buf`` (ascending, non-overlapping), copied.
 

@@ -31,6 +31,7 @@ from storelib.fileio.memory import keep_freed_memory
 from storelib.format.indexfile import IndexGeometry
 from storelib.format.javahash import java_hash_array
 from storelib.format.topicname import unsafe_reason, unsafe_topic_finding
+from storelib.scan.arrowcols import with_topic_codes
 from storelib.scan.commitlog import Split
 from storelib.scan.scanner import SegmentEnd
 
@@ -115,13 +116,6 @@ def segment_items(plan: WalkPlan, cuts: dict[str, list[int]] | None = None) -> l
     return items
 
 
-def _with_topic_codes(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` with its topic column dictionary-encoded: the CQ partitioning, the CQ work files and the
-    index keys then share one hash pass over the names per batch (each distinct name hashed once)."""
-    i = batch.schema.get_field_index("topic")
-    return batch.set_column(i, "topic", batch.column(i).dictionary_encode())
-
-
 def _queue_partition(table: pa.Table, parts: int) -> tuple[np.ndarray, list[str], pa.Table]:
     """Deterministic partition of each CQ row by (topic, queue id) (Java hash; the same on every worker),
     the distinct topics of the rows, and the table with one topic dictionary (the batches' unified). Each
@@ -198,7 +192,7 @@ def phase_a(ctx: RebuildContext, item: UnitItem) -> Meta:
         for batch in _range_batches(ctx, idx, split, crc, ranges, src, ends, cols):
             if batch.num_rows == 0:
                 continue
-            batch = _with_topic_codes(batch)
+            batch = with_topic_codes(batch)  # CQ partitions, CQ work files and index keys share them
             if ctx.do_cq:
                 cq_tables.append(pa.Table.from_batches([batch.select(CQ_COLS)]))
             if ctx.do_index:
