@@ -40,7 +40,7 @@ from storelib.fileio.pagecare import PageCare, ReadPacer
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
 from storelib.scan.arrowcols import with_topic_codes
 from storelib.scan.commitlog import at_cut
-from storelib.scan.scanner import SegmentScan
+from storelib.scan.scanner import TASK_BATCH_ROWS, SegmentScan
 from storelib.scan.splits import segment_cuts
 
 if TYPE_CHECKING:
@@ -326,7 +326,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
             scan = SegmentScan(src, display, task.base, pos, None if task.end is None and task.limit is None else stop,
                                verify_crc=opts.verify_crc, with_properties=False, delay_levels_ms=opts.delay_levels_ms,
                                columns=SCAN_COLUMNS if facts is None else facts.columns(SCAN_COLUMNS),
-                               line=audit_scan_line(opts), dledger=opts.dledger)
+                               line=audit_scan_line(opts), dledger=opts.dledger, batch_rows=TASK_BATCH_ROWS)
             for batch in scan if facts is None else facts.feed(scan, SCAN_COLUMNS):
                 _check_batch(batch, task, opts, display, found, bad_rows, rec_parts, key_parts)
                 pacer.took(_batch_bytes(batch))

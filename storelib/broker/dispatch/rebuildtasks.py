@@ -33,7 +33,7 @@ from storelib.format.javahash import java_hash_array
 from storelib.format.topicname import unsafe_reason, unsafe_topic_finding
 from storelib.scan.arrowcols import with_topic_codes
 from storelib.scan.commitlog import Split
-from storelib.scan.scanner import SegmentEnd
+from storelib.scan.scanner import TASK_BATCH_ROWS, SegmentEnd
 
 CQ_COLS = ["physical_offset_field", "size", "tags_code", "topic", "queue_id", "queue_offset", "tran_type"]
 SCAN_COLS = ["phy_offset", "size", "physical_offset_field", "topic", "queue_id", "queue_offset", "tran_type",
@@ -236,7 +236,7 @@ def _range_batches(ctx: RebuildContext, idx: int, split: Split, crc: bool, range
         task = SegmentTask(idx, split.segment_base, split.segment_name, start, crc)
         kw = {} if end is None else {"end": end}
         yield from iter_task(ctx.plan, task, src, delay_levels_ms=list(ctx.delay_levels), ends=ends,
-                             with_properties=False, columns=cols, **kw)
+                             with_properties=False, columns=cols, batch_rows=TASK_BATCH_ROWS, **kw)
 
 
 def dispatch_ranges(plan: WalkPlan, res: RecoveryResult) -> dict[int, tuple[tuple[int, int], ...]]:
