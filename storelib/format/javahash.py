@@ -279,7 +279,7 @@ def java_hashes_repeated(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         arr = arr.combine_chunks()
     if len(arr) == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.int64)
-    enc = arr if pa.types.is_dictionary(arr.type) else arr.dictionary_encode()
+    enc = arr.dictionary_encode()  # a DictionaryArray returns itself
     dh, dl = java_hashes(enc.dictionary)
     idx = enc.indices
     if idx.null_count:

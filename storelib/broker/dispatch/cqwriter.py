@@ -261,9 +261,8 @@ def _grouped(records: pa.Table | pa.RecordBatch) -> _Grouped | None:
     topic = cols["topic"]
     if isinstance(topic, pa.ChunkedArray):
         topic = topic.combine_chunks()
-    if not every:
-        topic = topic.take(pa.array(keep))
-    enc = topic if pa.types.is_dictionary(topic.type) else pc.dictionary_encode(topic)  # codes: a rebuild's work file
+    # a dictionary column (a rebuild's work file: topic codes) comes back as it is, without hashing
+    enc = pc.dictionary_encode(topic if every else topic.take(pa.array(keep)))
     tidx = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     Q = _np(cols["queue_id"], np.int64)
     qu = (Q if every else Q[keep]) & 0xFFFFFFFF

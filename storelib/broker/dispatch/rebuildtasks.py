@@ -120,9 +120,7 @@ def _queue_partition(table: pa.Table, parts: int) -> tuple[np.ndarray, list[str]
     """Deterministic partition of each CQ row by (topic, queue id) (Java hash; the same on every worker),
     the distinct topics of the rows, and the table with one topic dictionary (the batches' unified). Each
     distinct topic is hashed once."""
-    enc = table.column("topic").combine_chunks()
-    if not pa.types.is_dictionary(enc.type):
-        enc = enc.dictionary_encode()
+    enc = table.column("topic").combine_chunks().dictionary_encode()  # codes already: the batches' unified
     codes = np.asarray(enc.indices)
     th = java_hash_array(enc.dictionary).astype(np.int64)
     h = th[codes]

@@ -69,10 +69,7 @@ def index_keys(batch: pa.RecordBatch | pa.Table) -> tuple[np.ndarray, np.ndarray
         return np.zeros(0, np.int64), np.zeros(0, np.int32)
     tran = np.asarray(_col(batch, "tran_type").fill_null(0)).astype(np.int8, copy=False)
     ok = tran != TRAN_ROLLBACK
-    topic = _col(batch, "topic")
-    if not pa.types.is_dictionary(topic.type):
-        topic = _str_col(batch, "topic")
-    topic_h = java_hashes_repeated(topic)[0]  # few distinct topics: each hashed once
+    topic_h = java_hashes_repeated(_col(batch, "topic"))[0]  # names or codes: each distinct topic hashed once
 
     # hash every value once (nulls give 0) and pick the rows, instead of copying the picked rows out
     uk = _str_col(batch, "uniq_key")
