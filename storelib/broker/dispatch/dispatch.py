@@ -41,7 +41,8 @@ its read position (``to_offset`` or the log's end: a record running past it fail
 The log's end (the broker's maxOffset, a record boundary) is ``to_offset`` moved to the end of the record
 that starts before it, or (``None``) the end of the records of the last segment holding data.
 
-Not supported (raise ``StoreError(kind="unsupported")``): ConsumeQueueExt, multi-dispatch/LMQ copies.
+Not supported (raise ``StoreError(kind="unsupported")``): consume queues under ConsumeQueueExt or multi-dispatch
+(LMQ copies); the index files alone are written under both.
 5.x BatchConsumeQueue topics are not routed (their records get ordinary CQ entries).
 
 Memory bound
@@ -386,14 +387,12 @@ def dispatch_store(
 
 
 def _check_supported(settings: BrokerSettings, what: tuple[str, ...]) -> None:
-    """Refuse what the dispatch cannot reproduce (an unknown output, ConsumeQueueExt, multi-dispatch)."""
+    """Refuse what the dispatch cannot reproduce (an unknown output; consume queues under ConsumeQueueExt
+    or multi-dispatch: :attr:`BrokerSettings.cq_unreproduced`)."""
     for w in what:
         if w not in WHAT:
             raise StoreError(None, None, "bad_value", f"what must be among {WHAT}, not {w!r}")
-    if settings.enable_consume_queue_ext:
-        raise StoreError(None, None, "unsupported", "ConsumeQueueExt (enableConsumeQueueExt=true) is not supported")
-    if settings.enable_multi_dispatch:
-        raise StoreError(None, None, "unsupported", "multi-dispatch / LMQ (enableMultiDispatch=true) is not supported")
+    settings.require_reproducible(what)
 
 
 def _reput(disp: _Dispatcher, segs: list[Segment], S: int, pos: int, to_offset: int | None, settings: BrokerSettings,

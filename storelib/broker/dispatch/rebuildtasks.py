@@ -92,6 +92,7 @@ class RebuildContext:
     @classmethod
     def make(cls, plan: WalkPlan, settings: BrokerSettings, staging: Location, what: tuple[str, ...],
              parts: int, fs_options: dict[str, Any], work: Location | None = None) -> RebuildContext:
+        settings.require_reproducible(what)
         return cls(plan=plan, staging=staging, geometry=settings.index_geometry, fs_options=dict(fs_options),
                    delay_levels=tuple(settings.delay_levels_ms), do_cq="consumequeue" in what,
                    do_index="index" in what and bool(settings.message_index_enable), parts=parts,

@@ -17,7 +17,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -311,6 +311,28 @@ class BrokerSettings:
         path = self.store_path_commit_log or os.path.join(self.store_path_root_dir, "commitlog")
         splitter = self.sysprop_multi_path_splitter or ","
         return [p for p in path.split(splitter) if p] if splitter in path else [path]
+
+    @property
+    def cq_unreproduced(self) -> str | None:
+        """Why the consume queues this broker writes are not what a dispatch of ours writes (None: they
+        are). ConsumeQueueExt puts an ext address in tagsCode; multi-dispatch also copies a record into
+        every queue its INNER_MULTI_DISPATCH lists (LMQ). Neither touches the index files."""
+        if self.enable_consume_queue_ext:
+            return ("ConsumeQueueExt (enableConsumeQueueExt=true) is not supported: the broker writes an ext "
+                    "address as the tags code")
+        if self.enable_multi_dispatch:
+            return ("multi-dispatch / LMQ (enableMultiDispatch=true) is not supported: the broker also copies "
+                    "each record into the queues its INNER_MULTI_DISPATCH property lists, and consume queues "
+                    "without those copies would lose them (the index files are unaffected; to build the "
+                    "records' own queues anyway, set enableMultiDispatch=false)")
+        return None
+
+    def require_reproducible(self, what: Iterable[str]) -> None:
+        """Refuse, before any work, to write consume queues (``"consumequeue"`` in ``what``) that would not
+        be the broker's (:attr:`cq_unreproduced`); every dispatch of ours, on every engine, asks this."""
+        why = self.cq_unreproduced if "consumequeue" in what else None
+        if why is not None:
+            raise StoreError(None, None, "unsupported", why)
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:

@@ -1,0 +1,49 @@
+"""Consume queues a broker writes otherwise than our dispatch (ConsumeQueueExt: an ext address as the tags
+code; multi-dispatch: LMQ copies in the queues a record lists) are refused before any work, on every engine
+and on the incremental path alike, never written without what the broker adds; the index files, which
+neither setting touches, are still built, byte-identical."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from storelib.broker.dispatch.dispatch import dispatch_store
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.errors import StoreError
+from tests.conftest import run_cli as cli
+
+SETTINGS = ("enableMultiDispatch", "enableConsumeQueueExt")
+
+
+def _index_files(root: Path) -> list[bytes]:
+    return [p.read_bytes() for p in sorted((root / "index").iterdir())]
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_consume_queues_are_refused_on_every_engine_and_the_index_alone_is_built(setting, sample_498, tmp_path,
+                                                                                 capsys):
+    store = sample_498 / "store"
+    plain = tmp_path / "plain"
+    assert cli(capsys, "rebuild", store, "--out", plain, "--quiet")[0] == 0
+    for how in (["--engine", "local"], ["--engine", "pool"], ["--incremental"]):
+        out = tmp_path / f"out{'-'.join(how)}"
+        rc, _, err = cli(capsys, "rebuild", store, "--out", out, "--set", f"{setting}=true", *how, "--quiet")
+        assert rc == 2 and "unsupported" in err and f"{setting}=true" in err, (how, err)
+        assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["plain"]  # nothing staged
+    only = tmp_path / "index-only"
+    rc, _, err = cli(capsys, "rebuild", store, "--out", only, "--set", f"{setting}=true", "--what", "index", "--quiet")
+    assert rc == 0, err
+    assert not (only / "consumequeue").exists() and _index_files(only) == _index_files(plain)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_the_library_dispatch_refuses_the_same_consume_queues_and_builds_the_index(setting, sample_498, tmp_path):
+    settings = BrokerSettings.defaults("4").with_overrides({setting: "true"})
+    with pytest.raises(StoreError, match=f"{setting}=true") as e:
+        dispatch_store(sample_498 / "store", settings, out_root=tmp_path / "cq")
+    assert e.value.kind == "unsupported" and not (tmp_path / "cq").exists()
+    res = dispatch_store(sample_498 / "store", settings, out_root=tmp_path / "ix", what=("index",))
+    assert res.records > 0 and not (tmp_path / "ix" / "consumequeue").exists()
+    assert len(_index_files(tmp_path / "ix")) >= 1
