@@ -5,6 +5,7 @@ neither setting touches, are still built, byte-identical."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,21 @@ def test_the_library_dispatch_refuses_the_same_consume_queues_and_builds_the_ind
     res = dispatch_store(sample_498 / "store", settings, out_root=tmp_path / "ix", what=("index",))
     assert res.records > 0 and not (tmp_path / "ix" / "consumequeue").exists()
     assert len(_index_files(tmp_path / "ix")) >= 1
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_recovery_plan_says_its_queues_lack_the_copies_and_apply_refuses_unless_forced(sample_498, tmp_path,
+                                                                                        capsys):
+    store = tmp_path / "store"
+    shutil.copytree(sample_498 / "store", store)
+    shutil.rmtree(store / "consumequeue")  # the start then dispatches every record again
+    multi = ("--set", "enableMultiDispatch=true")
+    rc, out, _ = cli(capsys, "recover", store, *multi)
+    assert rc == 1 and "[warning] consumequeue: cq_unreproduced: the start dispatches 2000 record(s)" in out
+    assert "cq_unreproduced" not in cli(capsys, "recover", store)[1]
+    before = _tree(store)
+    rc, _, err = cli(capsys, "recover", store, *multi, "--apply", "--backup", tmp_path / "backup")
+    assert rc == 2 and "enableMultiDispatch=true" in err and "--force" in err and _tree(store) == before

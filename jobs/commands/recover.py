@@ -213,6 +213,6 @@ def summary_lines(plan: dict) -> list[str]:
             out.append(f"  {q['topic']}/{q['queue_id']}: max {q['recovered_max_offset']} -> {q['final_max_offset']}"
                        f" (-{q['entries_truncated']} +{q['entries_added']})")
     for f in plan["findings"]:
-        if f["severity"] in ("error", "critical"):
+        if f["severity"] in ("error", "critical") or (f.get("extra") or {}).get("supported") is False:
             out.append(f"  [{f['severity']}] {f['file'] or '<store>'}: {f['kind']}: {f['detail']}")
     return out
