@@ -5,6 +5,7 @@ neither setting touches, are still built, byte-identical."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -66,3 +67,14 @@ def test_a_recovery_plan_says_its_queues_lack_the_copies_and_apply_refuses_unles
     before = _tree(store)
     rc, _, err = cli(capsys, "recover", store, *multi, "--apply", "--backup", tmp_path / "backup")
     assert rc == 2 and "enableMultiDispatch=true" in err and "--force" in err and _tree(store) == before
+
+
+@pytest.mark.parametrize("engine", ["local", "pool"])
+def test_the_audit_says_once_which_queue_entries_it_does_not_model(engine, sample_498, capsys):
+    store = sample_498 / "store"
+    for setting in SETTINGS:
+        rc, out, _ = cli(capsys, "audit", store, "--set", f"{setting}=true", "--engine", engine, "--json", "--quiet")
+        said = [f for f in json.loads(out)["findings"] if f["kind"] == "cq_unreproduced"]
+        assert rc == 0 and len(said) == 1 and said[0]["severity"] == "warning" and f"{setting}=true" in said[0]["detail"]
+    rc, out, _ = cli(capsys, "audit", store, "--engine", engine, "--json", "--quiet")
+    assert rc == 0 and "cq_unreproduced" not in out
