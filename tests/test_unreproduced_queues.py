@@ -78,3 +78,19 @@ def test_the_audit_says_once_which_queue_entries_it_does_not_model(engine, sampl
         assert rc == 0 and len(said) == 1 and said[0]["severity"] == "warning" and f"{setting}=true" in said[0]["detail"]
     rc, out, _ = cli(capsys, "audit", store, "--engine", engine, "--json", "--quiet")
     assert rc == 0 and "cq_unreproduced" not in out
+
+
+def test_light_message_queues_found_in_the_store_are_named_and_never_dropped_in_place(sample_498, tmp_path, capsys):
+    store = tmp_path / "store"
+    shutil.copytree(sample_498 / "store", store)
+    shutil.copytree(store / "consumequeue" / "OrderEvents" / "1", store / "consumequeue" / "%LMQ%orders" / "0")
+    rc, out, _ = cli(capsys, "rebuild", store, "--out", tmp_path / "out")
+    assert rc == 0 and "1 light message queue(s) ('%LMQ%orders')" in out
+    before = _tree(store / "consumequeue")
+    rc, _, err = cli(capsys, "rebuild", store, "--in-place", "--quiet")
+    assert rc == 2 and "unsupported_layout" in err and "light message queue" in err
+    assert _tree(store / "consumequeue") == before
+    assert cli(capsys, "rebuild", store, "--in-place", "--what", "index", "--quiet")[0] == 0
+    rc, out, _ = cli(capsys, "audit", store, "--json", "--quiet")
+    said = [f for f in json.loads(out)["findings"] if f["kind"] == "cq_unreproduced"]
+    assert rc == 1 and len(said) == 1 and "1 light message queue(s) ('%LMQ%orders')" in said[0]["detail"]

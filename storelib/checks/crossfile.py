@@ -102,11 +102,11 @@ def store_findings(store: Store, results: list[SegmentResult], settings: BrokerS
     seg_findings = [Finding.from_dict(fd) for r in results for fd in r.findings]
     for f in merge_v2_findings(seg_findings, settings.line):
         out.add(f)
-    if settings.cq_unreproduced is not None:  # said once, before the queue findings it explains
+    why = store.cq_unmodelled()
+    if why is not None:  # said once, before the queue findings it explains
         out.add(Finding("cq_unreproduced", "warning", "consumequeue", None,
                         f"consume queues are checked against the records' own topic, queue and tags code only: "
-                        f"{settings.cq_unreproduced}; entries the broker adds this way show as mismatches",
-                        {"supported": False}))
+                        f"{why}; entries the broker adds this way show as mismatches", {"supported": False}))
 
 
 def _record_view(store: Store, results: list[SegmentResult]) -> LogView:

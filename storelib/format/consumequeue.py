@@ -225,6 +225,22 @@ def batch_cq_topics(store_root: Location | str | os.PathLike) -> dict[str, list[
     return out
 
 
+LMQ_PREFIX = "%LMQ%"  # MixAll.LMQ_PREFIX: the queues multi-dispatch copies records into (queue id 0)
+
+
+def lmq_queues(store_root: Location | str | os.PathLike) -> str | None:
+    """The ``consumequeue/`` topics named as light message queues (``%LMQ%...``), said in a few words (None:
+    there are none): written by a broker's multi-dispatch (enableMultiDispatch/enableLmq) from the records'
+    INNER_MULTI_DISPATCH property, which no dispatch of ours reproduces."""
+    cq = as_location(store_root).join("consumequeue")
+    names = sorted(t.base_name for t in _list(cq)
+                   if t.type == pafs.FileType.Directory and t.base_name.startswith(LMQ_PREFIX))
+    if not names:
+        return None
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return f"{len(names)} light message queue(s) ({', '.join(escape_topic(t) for t in names[:5])}{more})"
+
+
 # ---------------------------------------------------------------------------------------------
 # reading one queue
 

@@ -47,8 +47,9 @@ def store_fingerprint(store: Store) -> dict[str, Any]:
 def cq_layout_notes(root: Location, what: tuple[str, ...], in_place: bool) -> list[str]:
     """What the source's ConsumeQueue layout means for a rebuild: the rebuilt files are the file-based
     layout a default store has. In place that would sit beside (or over) a 5.x RocksDB CQ database or a
-    BatchConsumeQueue topic the broker reads instead: refused."""
-    from storelib.format.consumequeue import batch_cq_topics, is_rocksdb_consumequeue
+    BatchConsumeQueue topic the broker reads instead, or drop the light message queues (``%LMQ%``) of a
+    multi-dispatch broker: refused."""
+    from storelib.format.consumequeue import batch_cq_topics, is_rocksdb_consumequeue, lmq_queues
 
     if "consumequeue" not in what:
         return []
@@ -61,10 +62,14 @@ def cq_layout_notes(root: Location, what: tuple[str, ...], in_place: bool) -> li
         notes.append(f"[warning] batchconsumequeue: topic(s) {', '.join(escape_topic(t) for t in sorted(batch))} use "
                      "5.x BatchConsumeQueue files, which rmqstore does not write; their rebuilt consume queues are "
                      "the file-based layout")
+    lmq = lmq_queues(root)
+    if lmq:
+        notes.append(f"[warning] consumequeue: {lmq} hold the broker's multi-dispatch copies, which the rebuild "
+                     "does not write (enableMultiDispatch)")
     if notes and in_place:
         raise StoreError("consumequeue", None, "unsupported_layout",
-                         "; ".join(n.split(": ", 1)[1] for n in notes) + ": --in-place would put them beside the "
-                         "broker's own; rebuild into --out, or --what index")
+                         "; ".join(n.split(": ", 1)[1] for n in notes) + ": --in-place would leave the broker "
+                         "consume queues other than its own; rebuild into --out, or --what index")
     return notes
 
 

@@ -221,6 +221,19 @@ class Store:
         """The ``phy_limit`` a ConsumeQueue of this store is read with: the cut's end on a live store."""
         return self.commitlog.cut_end if self.live else None
 
+    def cq_unmodelled(self) -> str | None:
+        """Why this store's consume queues may hold entries no dispatch of ours writes (None: nothing says
+        so): its settings' (:attr:`BrokerSettings.cq_unreproduced`), or light message queues (``%LMQ%``) in
+        ``consumequeue/``, a multi-dispatch broker's, when no setting told."""
+        from storelib.format.consumequeue import lmq_queues
+
+        why = self.settings.cq_unreproduced
+        lmq = lmq_queues(self.loc) if why is None else None
+        if lmq is not None:
+            why = (f"{lmq} hold multi-dispatch copies of other queues' records, which no dispatch of ours "
+                   "writes (enableMultiDispatch)")
+        return why
+
     def index_files(self, findings: list[Finding] | None = None) -> list[IndexFileRef]:
         """``index/`` as the broker orders it, as at the run's cut on a live store (files created since left
         out, each read as its header stood)."""

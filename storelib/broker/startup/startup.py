@@ -235,11 +235,12 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     t_rec = _recovery_dispatch(store, walk, segs, queues, findings, records)
     reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema, walk_runner,
                                       records)
-    if settings.cq_unreproduced is not None and t_rec.num_rows + t_rep.num_rows:
+    unmodelled = store.cq_unmodelled() if t_rec.num_rows + t_rep.num_rows else None
+    if unmodelled is not None:
         findings.append(Finding("cq_unreproduced", "warning", "consumequeue", None,
                                 f"the start dispatches {t_rec.num_rows + t_rep.num_rows} record(s) into consume "
-                                f"queues that this plan models without what the broker adds: "
-                                f"{settings.cq_unreproduced}", {"supported": False}))
+                                f"queues that this plan models without what the broker adds: {unmodelled}",
+                                {"supported": False}))
     index_images, keys_added, keys_extra, t_extra = _index_after(
         store, version, refs, index_delete, wplan, walk, (t_rec, t_rep), complete_index and records, reput,
         walk_runner)
