@@ -328,8 +328,8 @@ class BrokerSettings:
         return None
 
     def require_reproducible(self, what: Iterable[str]) -> None:
-        """Refuse, before anything is written, to write consume queues (``"consumequeue"`` in ``what``) that would not
-        be the broker's (:attr:`cq_unreproduced`); every dispatch of ours, on every engine, asks this."""
+        """Refuse, before anything is written, consume queues (``"consumequeue"`` in ``what``) that would
+        not be the broker's (:attr:`cq_unreproduced`); every dispatch of ours, on every engine, asks this."""
         why = self.cq_unreproduced if "consumequeue" in what else None
         if why is not None:
             raise StoreError(None, None, "unsupported", why)
