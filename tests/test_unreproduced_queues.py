@@ -91,6 +91,35 @@ def test_light_message_queues_found_in_the_store_are_named_and_never_dropped_in_
     assert rc == 2 and "unsupported_layout" in err and "light message queue" in err
     assert _tree(store / "consumequeue") == before
     assert cli(capsys, "rebuild", store, "--in-place", "--what", "index", "--quiet")[0] == 0
-    rc, out, _ = cli(capsys, "audit", store, "--json", "--quiet")
-    said = [f for f in json.loads(out)["findings"] if f["kind"] == "cq_unreproduced"]
-    assert rc == 1 and len(said) == 1 and "1 light message queue(s) ('%LMQ%orders')" in said[0]["detail"]
+
+
+def _unit(path: Path, i: int, *, size_delta: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    size = int.from_bytes(data[i * 20 + 8:i * 20 + 12], "big")
+    data[i * 20 + 8:i * 20 + 12] = (size + size_delta).to_bytes(4, "big")
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("engine", ["local", "pool"])
+def test_light_message_queue_entries_are_checked_as_copies_of_other_queues_records(engine, sample_498, tmp_path,
+                                                                                   capsys):
+    store = tmp_path / "store"
+    shutil.copytree(sample_498 / "store", store)
+    cq = store / "consumequeue"
+    shutil.copytree(cq / "OrderEvents" / "1", cq / "%LMQ%orders" / "0")
+    rc, out, _ = cli(capsys, "audit", store, "--engine", engine, "--json", "--quiet")
+    findings = json.loads(out)["findings"]
+    said = [f for f in findings if f["kind"] == "lmq_queues"]
+    assert rc == 0 and len(said) == 1 and "1 light message queue(s) ('%LMQ%orders')" in said[0]["detail"]
+    assert not [f for f in findings if f["severity"] in ("error", "critical")]
+    # a copy is still held to its record: the size and tags code, at a record start
+    _unit(cq / "%LMQ%orders" / "0" / "00000000000000000000", 3, size_delta=1)
+    rc, out, _ = cli(capsys, "audit", store, "--engine", engine, "--json", "--quiet")
+    bad = [f for f in json.loads(out)["findings"] if f["kind"] == "cq_entry_mismatch"]
+    assert rc == 1 and len(bad) == 1 and bad[0]["extra"]["topic"] == "%LMQ%orders" and "size" in bad[0]["detail"]
+    # only a light message queue's entries are copies: the same units under another name are wrong
+    shutil.rmtree(cq / "%LMQ%orders")
+    shutil.copytree(cq / "OrderEvents" / "1", cq / "Orders2" / "0")
+    rc, out, _ = cli(capsys, "audit", store, "--engine", engine, "--json", "--quiet")
+    assert rc == 1 and any(f["kind"] == "cq_entry_mismatch" and f["extra"]["topic"] == "Orders2"
+                           for f in json.loads(out)["findings"])

@@ -39,6 +39,7 @@ from storelib.checks.segment import (
 )
 from storelib.checks.timers import check_timer_store
 from storelib.errors import Finding
+from storelib.format.consumequeue import lmq_queues
 
 if TYPE_CHECKING:
     from storelib.broker.settings.brokerline import BrokerLine
@@ -102,11 +103,19 @@ def store_findings(store: Store, results: list[SegmentResult], settings: BrokerS
     seg_findings = [Finding.from_dict(fd) for r in results for fd in r.findings]
     for f in merge_v2_findings(seg_findings, settings.line):
         out.add(f)
-    why = store.cq_unmodelled()
-    if why is not None:  # said once, before the queue findings it explains
+    # said once each, before the queue findings they explain
+    if settings.cq_unreproduced is not None:
         out.add(Finding("cq_unreproduced", "warning", "consumequeue", None,
-                        f"consume queues are checked against the records' own topic, queue and tags code only: "
-                        f"{why}; entries the broker adds this way show as mismatches", {"supported": False}))
+                        f"consume queues are checked against the records' own topic, queue and tags code: "
+                        f"{settings.cq_unreproduced}; entries the broker adds this way show as mismatches, but "
+                        "for light message queues (%LMQ%)", {"supported": False}))
+    lmq = lmq_queues(store.loc)
+    if lmq is not None:
+        out.add(Finding("lmq_queues", "info", "consumequeue", None,
+                        f"{lmq} hold multi-dispatch copies of other queues' records: each entry is checked to "
+                        "point at a record start with the same size and tags code, of a dispatched (not "
+                        "prepared or rolled back) record, not against the INNER_MULTI_DISPATCH list that put "
+                        "it there"))
 
 
 def _record_view(store: Store, results: list[SegmentResult]) -> LogView:

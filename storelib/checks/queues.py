@@ -15,7 +15,7 @@ from storelib.checks.logview import LogView, queue_hint, queue_records_exactly, 
 from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, data_ranges
-from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, batch_cq_topics, list_queues
+from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, LMQ_PREFIX, batch_cq_topics, list_queues
 from storelib.format.record import INNER_BATCH_FLAG
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.arrowcols import group_order
@@ -339,8 +339,11 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
         if exact:  # the queue's own dispatchable records, with these queue offsets
             bad_topic = bad_qo = bad_tran = np.zeros(len(hit), bool)
         else:
-            bad_topic = (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
-            bad_qo = log.qoff[r] != n[hit]
+            # a light message queue holds multi-dispatch copies of other queues' records: their topic,
+            # queue and offset are not its own (what lists it, INNER_MULTI_DISPATCH, is not read here)
+            copies = topic.startswith(LMQ_PREFIX)
+            bad_topic = np.zeros(len(hit), bool) if copies else (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
+            bad_qo = np.zeros(len(hit), bool) if copies else log.qoff[r] != n[hit]
             bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
         bad_tags = log.tags[r] != u["tags_code"][hit].astype(np.int64)
         bad = bad_size | bad_topic | bad_qo | bad_tags | bad_tran
