@@ -106,9 +106,9 @@ def store_findings(store: Store, results: list[SegmentResult], settings: BrokerS
     # said once each, before the queue findings they explain
     if settings.cq_unreproduced is not None:
         out.add(Finding("cq_unreproduced", "warning", "consumequeue", None,
-                        f"consume queues are checked against the records' own topic, queue and tags code: "
-                        f"{settings.cq_unreproduced}; entries the broker adds this way show as mismatches, but "
-                        "for light message queues (%LMQ%)", {"supported": False}))
+                        f"consume queues are checked against the records' own topic, queue and tags code, "
+                        f"but {settings.cq_unreproduced}: entries made that way show as mismatches (light "
+                        "message queues' entries, %LMQ%, are checked as copies)", {"supported": False}))
     lmq = lmq_queues(store.loc)
     if lmq is not None:
         out.add(Finding("lmq_queues", "info", "consumequeue", None,

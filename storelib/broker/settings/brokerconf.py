@@ -314,17 +314,13 @@ class BrokerSettings:
 
     @property
     def cq_unreproduced(self) -> str | None:
-        """Why the consume queues this broker writes are not what a dispatch of ours writes (None: they
-        are). ConsumeQueueExt puts an ext address in tagsCode; multi-dispatch also copies a record into
-        every queue its INNER_MULTI_DISPATCH lists (LMQ). Neither touches the index files."""
+        """What makes this broker's consume queues differ from what a dispatch of ours writes (None:
+        nothing). Neither setting touches the index files."""
         if self.enable_consume_queue_ext:
-            return ("ConsumeQueueExt (enableConsumeQueueExt=true) is not supported: the broker writes an ext "
-                    "address as the tags code")
+            return "enableConsumeQueueExt=true: the broker writes an ext address as each unit's tags code"
         if self.enable_multi_dispatch:
-            return ("multi-dispatch / LMQ (enableMultiDispatch=true) is not supported: the broker also copies "
-                    "each record into the queues its INNER_MULTI_DISPATCH property lists, and consume queues "
-                    "without those copies would lose them (the index files are unaffected; to build the "
-                    "records' own queues anyway, set enableMultiDispatch=false)")
+            return ("enableMultiDispatch=true: the broker also copies each record into every queue its "
+                    "INNER_MULTI_DISPATCH property lists (LMQ)")
         return None
 
     def require_reproducible(self, what: Iterable[str]) -> None:
@@ -332,7 +328,11 @@ class BrokerSettings:
         not be the broker's (:attr:`cq_unreproduced`); every dispatch of ours, on every engine, asks this."""
         why = self.cq_unreproduced if "consumequeue" in what else None
         if why is not None:
-            raise StoreError(None, None, "unsupported", why)
+            key = why.split("=", 1)[0]
+            raise StoreError(None, None, "unsupported",
+                             f"consume queues are not rebuilt under {why}, which no dispatch of ours reproduces; "
+                             f"the index files are unaffected (what=index), or set {key}=false to build the "
+                             "queues without it")
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:

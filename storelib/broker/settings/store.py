@@ -230,8 +230,7 @@ class Store:
         why = self.settings.cq_unreproduced
         lmq = lmq_queues(self.loc) if why is None else None
         if lmq is not None:
-            why = (f"{lmq} hold multi-dispatch copies of other queues' records, which no dispatch of ours "
-                   "writes (enableMultiDispatch)")
+            why = f"{lmq} hold multi-dispatch copies of other queues' records (enableMultiDispatch)"
         return why
 
     def index_files(self, findings: list[Finding] | None = None) -> list[IndexFileRef]:

@@ -239,7 +239,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     if unmodelled is not None:
         findings.append(Finding("cq_unreproduced", "warning", "consumequeue", None,
                                 f"the start dispatches {t_rec.num_rows + t_rep.num_rows} record(s) into consume "
-                                f"queues that this plan models without what the broker adds: {unmodelled}",
+                                f"queues, which this plan models without what the broker adds: {unmodelled}",
                                 {"supported": False}))
     index_images, keys_added, keys_extra, t_extra = _index_after(
         store, version, refs, index_delete, wplan, walk, (t_rec, t_rep), complete_index and records, reput,
