@@ -1,7 +1,8 @@
 """Consume queues a broker writes otherwise than our dispatch (ConsumeQueueExt: an ext address as the tags
-code; multi-dispatch: LMQ copies in the queues a record lists) are refused before any work, on every engine
-and on the incremental path alike, never written without what the broker adds; the index files, which
-neither setting touches, are still built, byte-identical."""
+code; multi-dispatch: LMQ copies in the queues a record lists) are never written without what the broker
+adds: the rebuild refuses them on every engine and incrementally, before anything is written, and still
+builds the index byte-identical; a recovery plan says so and its apply refuses; the audit says once what it
+does not model, and checks light message queues' (%LMQ%) entries as the copies they are."""
 
 from __future__ import annotations
 
