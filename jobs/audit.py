@@ -175,6 +175,8 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
         same = [] if not broker_conf else ["--broker-conf", broker_conf]
         if version not in (None, "auto"):
             same += ["--broker-version", str(version)]
+        for key, value in (overrides or {}).items():  # the next commands read the store as this run did
+            same += ["--set", f"{key}={value}"]
         # the start-up replay that prices damage scans its segments on the engine too
         damage = damage_cost(store, report, quiet, same, walk_on(eng), map_on(eng, "damage: lost ranges"))
     finally:

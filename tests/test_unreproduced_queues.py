@@ -124,3 +124,18 @@ def test_light_message_queue_entries_are_checked_as_copies_of_other_queues_recor
     rc, out, _ = cli(capsys, "audit", store, "--engine", engine, "--json", "--quiet")
     assert rc == 1 and any(f["kind"] == "cq_entry_mismatch" and f["extra"]["topic"] == "Orders2"
                            for f in json.loads(out)["findings"])
+
+
+def test_the_audits_next_steps_keep_its_settings_and_rebuild_only_what_can_be(sample_498, tmp_path, capsys):
+    store = tmp_path / "store"
+    shutil.copytree(sample_498 / "store", store)
+    _unit(store / "consumequeue" / "OrderEvents" / "1" / "00000000000000000000", 3, size_delta=1)  # derived damage
+
+    def next_steps(*extra: str) -> list[str]:
+        rc, out, _ = cli(capsys, "audit", store, *extra, "--json", "--quiet")
+        assert rc == 1
+        return [s["command"] for s in json.loads(out)["damage"]["next"] if s["command"].startswith("rmqstore rebuild")]
+
+    assert next_steps() == [f"rmqstore rebuild {store} --out REBUILT_DIR"]
+    assert next_steps("--set", "enableMultiDispatch=true") == [
+        f"rmqstore rebuild {store} --set enableMultiDispatch=true --what index --out REBUILT_DIR"]
