@@ -143,12 +143,12 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
             steps.append({"command": f"rmqstore recover {quoted} --apply --backup BACKUP_DIR",
                           "why": "a start-up deletes index file(s) it never rebuilds in DLedger mode: the apply deletes "
                                  "them and re-indexes their records"})
-        unreproduced = store.settings.cq_unreproduced  # the rebuild refuses such consume queues: the index only
+        unreproduced = store.settings.cq_unreproduced_setting  # the rebuild refuses such consume queues
         steps.append({"command": f"rmqstore rebuild {quoted} --out REBUILT_DIR", "why": "rebuild ConsumeQueue and "
                       "index files from the commitlog, as the broker's dispatch writes them"} if unreproduced is None
                      else {"command": f"rmqstore rebuild {quoted} --what index --out REBUILT_DIR",
                            "why": "rebuild the index files from the commitlog, as the broker's dispatch writes them "
-                                  f"(not its consume queues: {unreproduced.split(':')[0]})"})
+                                  f"(not its consume queues: {unreproduced}=true)"})
     return {"messages_lost": totals["messages"], "messages_intact": totals["intact"], "bytes_lost": totals["bytes"],
             "bytes_unreadable": totals["bytes_unreadable"], "by_topic": totals["by_topic"],
             "process_offset": sim.walk.process_offset, "next": steps,

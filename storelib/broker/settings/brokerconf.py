@@ -185,6 +185,14 @@ def _defaults(version: str) -> dict[str, Any]:
     return out
 
 
+# broker settings under which the consume queues are not what a dispatch of ours writes: what the broker does
+CQ_UNREPRODUCED = {
+    "enableConsumeQueueExt": "the broker writes an ext address as each unit's tags code",
+    "enableMultiDispatch": "the broker also copies each record into every queue its INNER_MULTI_DISPATCH "
+                           "property lists (LMQ)",
+}
+
+
 @dataclass(frozen=True)
 class BrokerSettings:
     """Store-relevant MessageStoreConfig/BrokerConfig values, raw as configured.
@@ -313,26 +321,30 @@ class BrokerSettings:
         return [p for p in path.split(splitter) if p] if splitter in path else [path]
 
     @property
-    def cq_unreproduced(self) -> str | None:
-        """What makes this broker's consume queues differ from what a dispatch of ours writes (None:
-        nothing). Neither setting touches the index files."""
+    def cq_unreproduced_setting(self) -> str | None:
+        """The setting (enabled) that makes this broker's consume queues differ from what a dispatch of
+        ours writes, None when none does (:data:`CQ_UNREPRODUCED` says how). Neither touches the index."""
         if self.enable_consume_queue_ext:
-            return "enableConsumeQueueExt=true: the broker writes an ext address as each unit's tags code"
+            return "enableConsumeQueueExt"
         if self.enable_multi_dispatch:
-            return ("enableMultiDispatch=true: the broker also copies each record into every queue its "
-                    "INNER_MULTI_DISPATCH property lists (LMQ)")
+            return "enableMultiDispatch"
         return None
+
+    @property
+    def cq_unreproduced(self) -> str | None:
+        """:attr:`cq_unreproduced_setting` and what the broker does under it, in a few words (None: nothing)."""
+        key = self.cq_unreproduced_setting
+        return None if key is None else f"{key}=true: {CQ_UNREPRODUCED[key]}"
 
     def require_reproducible(self, what: Iterable[str]) -> None:
         """Refuse, before anything is written, consume queues (``"consumequeue"`` in ``what``) that would
         not be the broker's (:attr:`cq_unreproduced`); every dispatch of ours, on every engine, asks this."""
-        why = self.cq_unreproduced if "consumequeue" in what else None
-        if why is not None:
-            key = why.split("=", 1)[0]
+        key = self.cq_unreproduced_setting if "consumequeue" in what else None
+        if key is not None:
             raise StoreError(None, None, "unsupported",
-                             f"consume queues are not rebuilt under {why}, which no dispatch of ours reproduces; "
-                             f"the index files are unaffected (what=index), or set {key}=false to build the "
-                             "queues without it")
+                             f"consume queues are not rebuilt under {self.cq_unreproduced}, which no dispatch of "
+                             f"ours reproduces; the index files are unaffected (what=index), or set {key}=false to "
+                             "build the queues without it")
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:

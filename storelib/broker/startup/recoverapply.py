@@ -333,10 +333,9 @@ def apply(store: Store, backup_dir: str | os.PathLike, *, version: str | None = 
                 raise StoreError(store.uri, None, "unsupported",
                                  "the broker's recovery cannot be reproduced exactly here (see the plan's findings); "
                                  "use --force to apply anyway")
-            if any(f.kind == "cq_unreproduced" for f in sim.findings) and not force:
-                raise StoreError(store.uri, None, "unsupported", "the start dispatches records into consume "
-                                 f"queues, which the plan models without what the broker adds ({store.cq_unmodelled()}"
-                                 "); use --force to apply anyway")
+            unmodelled = next((f for f in sim.findings if f.kind == "cq_unreproduced"), None)
+            if unmodelled is not None and not force:  # the plan's own finding says what and why
+                raise StoreError(store.uri, None, "unsupported", f"{unmodelled.detail}; use --force to apply anyway")
             plan = plan_document(sim)
             atomic_write_json(os.path.join(bdir, PLAN_FILE), plan)
             steps = _stage(sim, bdir)
