@@ -5,7 +5,9 @@ TimerMessageStore.doEnqueue does, in the timer topic's queue order: the unit's p
 lastPos (-1 for a slot holding another time), a delay of at least the roll window (timerRollWindowSlot)
 is parked with magic DEFAULT|ROLL at write time + the window (+ half of it when less than a third of a
 window remains beyond it), the slot's firstPos/lastPos/num follow, and the timerlog files close with the
-filler as TimerLog.append does. The write time is run-time state the store does not keep: the enqueue
+filler as TimerLog.append does. A recall (``TIMER_DEL_UNIQKEY``) is enqueued with magic |= DELETE and takes
+1 off its slot's num (doEnqueue :752-754, :773-774), and the message it deletes stays beside it, as in the
+broker's wheel (the broker skips it when the slot is read). The write time is run-time state the store does not keep: the enqueue
 record's store time rounded down to the precision stands in for it (5.3.3's own enqueue, 300 of the 320
 units of the real sample, took the same second; the rest the next one), so the bytes can differ from the
 broker's while the content is the same: every pending timer has one unit, in the slot of its deliver
@@ -18,9 +20,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from storelib.broker.timer.timermsg import PENDING_STATES
 from storelib.format.javahash import java_string_hash
 from storelib.format.timerstore import (
     MAGIC_DEFAULT,
+    MAGIC_DELETE,
     MAGIC_ROLL,
     SLOTS_TOTAL,
     UNIT_SCHEMA,
@@ -42,7 +46,8 @@ def enqueue_units(pending: pa.Table, file_size: int, precision_ms: int = 1000,
                   roll_slots: int | None = None) -> tuple[pa.Table, pa.Table]:
     """(units, slots) for ``pending`` timers (storelib.broker.timer.timermsg rows, any order: sorted by timer queue offset)."""
     window = roll_window_slots(roll_slots) * precision_ms
-    p = pending.filter(pc.equal(pending.column("state"), "pending")) if "state" in pending.schema.names else pending
+    p = pending.filter(pc.is_in(pending.column("state"), pa.array(PENDING_STATES))) \
+        if "state" in pending.schema.names else pending
     rows = p.sort_by([("timer_queue_offset", "ascending")]).to_pylist()
     slots: dict[int, list[int]] = {}  # index -> [time/precision, first, last, num]
     cols: dict[str, list] = {f.name: [] for f in UNIT_SCHEMA}
@@ -53,16 +58,20 @@ def enqueue_units(pending: pa.Table, file_size: int, precision_ms: int = 1000,
         if due - write >= window:
             magic |= MAGIC_ROLL
             due = write + window // 2 if due - write - window < window // 3 else write + window
+        step = 1
+        if r.get("delete_key") is not None:  # a recall: magic |= DELETE, the slot's num - 1 (doEnqueue :752, :773)
+            magic, step = magic | MAGIC_DELETE, -1
         pos = unit_position(k, file_size)
         idx = int(slot_index(due, precision_ms))
         s = slots.get(idx)
         prev = s[2] if s is not None and s[0] == due // precision_ms else -1
         if s is None or s[0] != due // precision_ms:
-            slots[idx] = [due // precision_ms, pos, pos, 1]
+            slots[idx] = [due // precision_ms, pos, pos, step]
         else:
-            s[2], s[3] = pos, s[3] + 1
+            s[2], s[3] = pos, s[3] + step
         for name, v in (("pos", pos), ("file", f"timerlog/{pos - pos % file_size:020d}"), ("file_offset", pos % file_size),
-                        ("prev_pos", prev), ("magic", magic), ("roll", bool(magic & MAGIC_ROLL)), ("delete", False),
+                        ("prev_pos", prev), ("magic", magic), ("roll", bool(magic & MAGIC_ROLL)),
+                        ("delete", bool(magic & MAGIC_DELETE)),
                         ("curr_write_ms", write), ("delayed_time", due - write), ("slot_time_ms", due),
                         ("offset_py", r["timer_phy_offset"]), ("size_py", r["timer_size"]),
                         ("hash_real_topic", java_string_hash(r["real_topic"]) if r["real_topic"] is not None else 0),
