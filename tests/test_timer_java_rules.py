@@ -18,7 +18,7 @@ from storelib.broker.settings.store import Store, load_settings
 from storelib.broker.timer.timermsg import store_timers
 from storelib.fileio.bytesource import resolve
 from storelib.format.record import Message
-from storelib.format.timerstore import TIMER_TOPIC, read_timerlog, read_wheel
+from storelib.format.timerstore import TIMER_TOPIC, read_timer_checkpoint, read_timerlog, read_wheel
 from tests.conftest import SAMPLES
 from tests.timer_java_oracle import java_enqueue, requests_of
 
@@ -151,3 +151,58 @@ def test_generated_recalls_are_written_as_the_broker_does(tmp_path):
     assert not findings and log.units.num_rows == 43
     assert sum(log.units.column("delete").to_pylist()) == 3
     assert sum(wheel.column("num").to_pylist()) == 40 - 3
+
+
+# ------------------------------------------------------------------------------------------------
+# C: where the broker resumes reading the timer topic after a rebuild
+
+
+def _install_rebuilt(store: Path, out: Path) -> None:
+    """The rebuilt timer files in place of the store's own (what an operator does with --out)."""
+    shutil.rmtree(store / "timerlog")
+    shutil.copytree(out / "timerlog", store / "timerlog")
+    shutil.copyfile(out / "timerwheel", store / "timerwheel")
+    shutil.copyfile(out / "config" / "timercheck", store / "config" / "timercheck")
+
+
+def _restart_queue_offset(store: Path, capsys) -> int:
+    capsys.readouterr()
+    assert main(["recover", str(store), "--json"]) in (0, 1)
+    return json.loads(capsys.readouterr().out)["timer_store"]["queue_offset"]
+
+
+def test_after_a_rebuild_the_broker_reads_no_timer_record_again(copy, tmp_path, capsys):
+    """TimerMessageStore.recover resumes at the last unit's record + 1: a log of pending timers only made
+    it re-read (and re-deliver) the sample's delivered records 318 and 319."""
+    out = _rebuild(copy, tmp_path / "out")
+    _install_rebuilt(copy, out)
+    assert _restart_queue_offset(copy, capsys) == 320
+    cp = read_timer_checkpoint(resolve(str(copy)))
+    assert (cp.last_timer_queue_offset, cp.master_timer_queue_offset) == (320, 320)
+
+
+def test_a_record_the_timer_store_had_not_read_is_enqueued_once(copy, tmp_path, capsys):
+    ts = 1795517101500
+    _append(copy, [Message(topic=TIMER_TOPIC, queue_id=0, body=b"x" * 40, born_timestamp=ts - 5, properties={
+        "UNIQ_KEY": "C0A8000110925F3759DF7E40FEEDF00D", "TIMER_DELAY_SEC": "3600", "WAIT": "true",
+        "TIMER_OUT_MS": str((ts + 3_600_000) // 1000 * 1000), "REAL_TOPIC": "CouponExpiry", "REAL_QID": "1"})], ts)
+    assert read_timer_checkpoint(resolve(str(copy))).last_timer_queue_offset == 320  # not read yet
+    out = _rebuild(copy, tmp_path / "out")
+    new = store_timers(_store(copy)).filter(pc.equal(pc.field("timer_queue_offset"), 320))
+    units = read_timerlog(resolve(str(out)), 8192).units
+    assert units.filter(pc.equal(units.column("offset_py"), new.column("timer_phy_offset")[0])).num_rows == 1
+    _install_rebuilt(copy, out)
+    assert _restart_queue_offset(copy, capsys) == 321  # not read (and enqueued) a second time
+
+
+def test_a_rebuild_without_timercheck_says_everything_was_read(copy, tmp_path):
+    (copy / "config" / "timercheck").unlink()
+    out = resolve(str(_rebuild(copy, tmp_path / "out")))
+    cp = read_timer_checkpoint(out)
+    timers = store_timers(_store(copy))
+    pending = timers.filter(pc.equal(timers.column("state"), "pending"))
+    units = read_timerlog(out, 8192).units
+    first_due = min(u["slot_time_ms"] for u in units.to_pylist()
+                    if u["offset_py"] in set(pending.column("timer_phy_offset").to_pylist()))
+    assert (cp.last_timer_queue_offset, cp.master_timer_queue_offset) == (320, 320)
+    assert cp.last_read_time_ms == first_due  # delivered units lie before it: not fired again
