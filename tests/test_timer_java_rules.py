@@ -206,3 +206,23 @@ def test_a_rebuild_without_timercheck_says_everything_was_read(copy, tmp_path):
                     if u["offset_py"] in set(pending.column("timer_phy_offset").to_pylist()))
     assert (cp.last_timer_queue_offset, cp.master_timer_queue_offset) == (320, 320)
     assert cp.last_read_time_ms == first_due  # delivered units lie before it: not fired again
+
+
+# ------------------------------------------------------------------------------------------------
+# E: a missing timercheck
+
+
+def test_without_timercheck_the_broker_re_reads_the_whole_timer_queue_from_zeros(copy, capsys):
+    import time
+
+    (copy / "config" / "timercheck").unlink()
+    before = int(time.time() * 1000)
+    capsys.readouterr()
+    assert main(["recover", str(copy), "--json"]) in (0, 1)
+    ts = json.loads(capsys.readouterr().out)["timer_store"]
+    after = int(time.time() * 1000)
+    assert ts is not None and [f["kind"] for f in ts["findings"]] == ["timercheck_missing"]
+    assert (ts["begin_offset"], ts["process_offset"], ts["delete_files"]) == (0, 16696, [])
+    assert ts["queue_offset"] == 0  # min(320, masterTimerQueueOffset 0), the timer queue's min offset
+    week_back = 7 * 86_400_000 - 60_000
+    assert before // 1000 * 1000 - week_back <= ts["read_time_ms"] <= after // 1000 * 1000 - week_back
