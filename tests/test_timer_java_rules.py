@@ -226,3 +226,29 @@ def test_without_timercheck_the_broker_re_reads_the_whole_timer_queue_from_zeros
     assert ts["queue_offset"] == 0  # min(320, masterTimerQueueOffset 0), the timer queue's min offset
     week_back = 7 * 86_400_000 - 60_000
     assert before // 1000 * 1000 - week_back <= ts["read_time_ms"] <= after // 1000 * 1000 - week_back
+
+
+# ------------------------------------------------------------------------------------------------
+# F: timerPrecisionMs as MessageStoreConfig.setTimerPrecisionMs leaves it
+
+
+@pytest.mark.parametrize("configured, used", [("2000", 1000), ("300", 200), ("50", 100), ("999", 500),
+                                              ("500", 500), ("100", 100), ("1000", 1000)])
+def test_timer_precision_is_snapped_down_to_100_200_500_or_1000(configured, used, tmp_path):
+    from storelib.broker.settings.brokerconf import BrokerSettings
+    from storelib.format.timerstore import precision_of
+
+    s = BrokerSettings.from_properties({"timerPrecisionMs": configured}, "5")
+    assert s.timer_precision_ms == used and precision_of(s) == used
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"timerPrecisionMs={configured}\n")
+    assert load_settings(str(conf), "5").timer_precision_ms == used
+
+
+def test_a_timer_precision_beyond_a_java_int_is_a_clear_error(tmp_path):
+    from storelib.errors import StoreError
+
+    conf = tmp_path / "broker.conf"
+    conf.write_text("timerPrecisionMs=3000000000\n")
+    with pytest.raises(StoreError, match="broker.conf"):
+        load_settings(str(conf), "5")

@@ -73,9 +73,24 @@ class TimerSettings(Protocol):
     mapped_file_size_timer_log: int | None
 
 
+PRECISION_CANDIDATES = (100, 200, 500, 1000)
+
+
+def snap_timer_precision(value: int) -> int:
+    """MessageStoreConfig.setTimerPrecisionMs (5.3.3): the largest of 100, 200, 500, 1000 not above the value
+    (100 below 200, 1000 from 1000 up: 300 -> 200, 2000 -> 1000). The broker.conf value goes through this
+    setter (MixAll.properties2Object), so a wheel is never laid out in any other precision."""
+    for lower, upper in zip(PRECISION_CANDIDATES, PRECISION_CANDIDATES[1:]):
+        if value < upper:
+            return lower
+    return PRECISION_CANDIDATES[-1]
+
+
 def precision_of(settings: TimerSettings) -> int:
-    """timerPrecisionMs of a store's settings (the 5.x default where a 4.x settings object has none)."""
-    return int(settings.timer_precision_ms or DEFAULT_PRECISION_MS)
+    """timerPrecisionMs of a store's settings as the broker uses it (snapped; the 5.x default where a 4.x
+    settings object has none)."""
+    v = settings.timer_precision_ms
+    return DEFAULT_PRECISION_MS if v is None else snap_timer_precision(int(v))
 
 
 def timerlog_file_size(settings: TimerSettings) -> int:
@@ -420,5 +435,5 @@ def write_timer_store(root: str, units: pa.Table, slots: pa.Table, cp: TimerChec
 
 __all__ = ["BLANK_MAGIC", "MAGIC_DEFAULT", "MAGIC_DELETE", "MAGIC_ROLL", "SLOTS_TOTAL", "TIMER_TOPIC", "TimerCheckpoint",
            "TimerLog", "UNIT_SIZE", "read_timer_checkpoint", "read_timer_metrics", "read_timerlog", "read_wheel",
-           "slot_index", "encode_timer_checkpoint", "encode_timer_metrics", "encode_units", "encode_wheel",
+           "slot_index", "snap_timer_precision", "encode_timer_checkpoint", "encode_timer_metrics", "encode_units", "encode_wheel",
            "timerlog_images", "write_timer_store"]
