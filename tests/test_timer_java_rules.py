@@ -252,3 +252,33 @@ def test_a_timer_precision_beyond_a_java_int_is_a_clear_error(tmp_path):
     conf.write_text("timerPrecisionMs=3000000000\n")
     with pytest.raises(StoreError, match="broker.conf"):
         load_settings(str(conf), "5")
+
+
+# ------------------------------------------------------------------------------------------------
+# G: the roll window
+
+
+@pytest.mark.parametrize("configured", [None, 0, 1, -5, 2, 100, 101, 172_800, 604_740, 604_741, 10**7])
+def test_the_roll_window_setting_is_taken_as_the_broker_takes_it(configured):
+    from storelib.broker.timer.timerrebuild import roll_window_slots
+    from tests.timer_java_oracle import java_roll_window
+
+    assert roll_window_slots(configured) == java_roll_window(172_800 if configured is None else configured)
+
+
+@pytest.mark.parametrize("window_slots, precision", [(101, 1000), (100, 1000), (7, 200), (172_800, 1000)])
+def test_a_rolled_timer_parks_where_do_enqueue_parks_it(window_slots, precision):
+    import pyarrow as pa
+
+    from storelib.broker.timer.timerrebuild import enqueue_units
+
+    write = 1_795_517_090_000
+    w = window_slots * precision
+    delays = [w, w + w // 3 - precision, w + w // 3 + precision, w + 33_200, 2 * w, w - precision]
+    rows = pa.Table.from_pylist([
+        {"timer_queue_offset": i, "timer_store_timestamp": write + 1, "deliver_time_ms": write + d,
+         "timer_phy_offset": 1000 * i, "timer_size": 300, "real_topic": "T", "delete_key": None}
+        for i, d in enumerate(delays)])
+    units, slots = enqueue_units(rows, 8192, precision, window_slots)
+    ju, js = java_enqueue(requests_of(rows, precision), 8192, precision, window_slots)
+    assert units.to_pylist() == ju.to_pylist() and slots.to_pylist() == js.to_pylist()

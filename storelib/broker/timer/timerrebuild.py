@@ -39,9 +39,10 @@ TIMER_BLANK_SLOTS = 60
 
 
 def roll_window_slots(configured: int | None) -> int:
-    """timerRollWindowSlots: the setting (default 2 days of slots), at most the wheel less its blank slots."""
-    want = int(configured) if configured else 2 * 86_400
-    return min(want, SLOTS_TOTAL - TIMER_BLANK_SLOTS)
+    """timerRollWindowSlots as TimerMessageStore's constructor sets it (:191-196): the setting (None: the
+    default, 2 days of slots), but below 2 or above the wheel less its blank slots it is the latter."""
+    want = 2 * 86_400 if configured is None else int(configured)
+    return SLOTS_TOTAL - TIMER_BLANK_SLOTS if want < 2 or want > SLOTS_TOTAL - TIMER_BLANK_SLOTS else want
 
 
 NEXT_QUEUE_OFFSET = b"rmqstore.next_timer_queue_offset"  # units' schema metadata, for rebuilt_checkpoint
@@ -54,7 +55,8 @@ def enqueue_units(timers: pa.Table, file_size: int, precision_ms: int = 1000,
     """(units, slots) for every row of ``timers`` (storelib.broker.timer.timermsg rows, any order: sorted by
     timer queue offset). The units' schema metadata carries the queue offset after the last unit's record
     and the earliest slot still to be read (a pending, deleted or marker row's), for :func:`rebuilt_checkpoint`."""
-    window = roll_window_slots(roll_slots) * precision_ms
+    slots_in_window = roll_window_slots(roll_slots)
+    window = slots_in_window * precision_ms
     rows = timers.sort_by([("timer_queue_offset", "ascending")]).to_pylist()
     first_due: int | None = None
     slots: dict[int, list[int]] = {}  # index -> [time/precision, first, last, num]
@@ -65,7 +67,9 @@ def enqueue_units(timers: pa.Table, file_size: int, precision_ms: int = 1000,
         magic = MAGIC_DEFAULT
         if due - write >= window:
             magic |= MAGIC_ROLL
-            due = write + window // 2 if due - write - window < window // 3 else write + window
+            # doEnqueue :745-749: slots are divided before the precision multiplies them
+            third, half = slots_in_window // 3 * precision_ms, slots_in_window // 2 * precision_ms
+            due = write + half if due - write - window < third else write + window
         step = 1
         if r.get("delete_key") is not None:  # a recall: magic |= DELETE, the slot's num - 1 (doEnqueue :752, :773)
             magic, step = magic | MAGIC_DELETE, -1
