@@ -282,3 +282,23 @@ def test_a_rolled_timer_parks_where_do_enqueue_parks_it(window_slots, precision)
     units, slots = enqueue_units(rows, 8192, precision, window_slots)
     ju, js = java_enqueue(requests_of(rows, precision), 8192, precision, window_slots)
     assert units.to_pylist() == ju.to_pylist() and slots.to_pylist() == js.to_pylist()
+
+
+# ------------------------------------------------------------------------------------------------
+# H: the flush position of a full timerlog file
+
+
+@pytest.mark.parametrize("n, flushed", [(157, 8164), (158, 8192 + 52), (1, 52), (314, 8192 + 8164)])
+def test_the_rebuilt_flush_position_is_the_last_units_end(n, flushed):
+    import pyarrow as pa
+
+    from storelib.broker.timer.timerrebuild import enqueue_units, rebuilt_checkpoint
+    from storelib.format.timerstore import TimerCheckpoint
+
+    write = 1_795_517_090_000
+    rows = pa.Table.from_pylist([
+        {"timer_queue_offset": i, "timer_store_timestamp": write, "deliver_time_ms": write + 60_000,
+         "timer_phy_offset": 1000 * i, "timer_size": 300, "real_topic": "T", "delete_key": None} for i in range(n)])
+    units, _ = enqueue_units(rows, 8192)
+    cp = rebuilt_checkpoint(TimerCheckpoint(write, 0, n, n, 0, 0, 0), units, 8192)
+    assert cp.last_timer_log_flush_pos == flushed

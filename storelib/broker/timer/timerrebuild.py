@@ -30,6 +30,7 @@ from storelib.format.timerstore import (
     MAGIC_ROLL,
     SLOTS_TOTAL,
     UNIT_SCHEMA,
+    UNIT_SIZE,
     TimerCheckpoint,
     slot_index,
     unit_position,
@@ -117,11 +118,13 @@ def rebuilt_checkpoint(cp: TimerCheckpoint | None, units: pa.Table, file_size: i
     both offsets go to the one after the last unit's record: the restart reads only what comes after.
     The read time is kept; without a checkpoint it is the earliest slot still to be read (the broker
     would start 7 days back and fire delivered units again). The flush position is the end of the
-    last unit.
+    last unit (never the next file's start).
     """
     meta = units.schema.metadata or {}
     nxt = int(meta.get(NEXT_QUEUE_OFFSET, b"-1"))
-    end = unit_position(units.num_rows, file_size) if units.num_rows else 0
+    # the last unit's end: a file that just took its last unit gets its filler only when the next one
+    # comes (TimerLog.append), so 157 units of an 8192-byte file end at 8164, not 8192
+    end = unit_position(units.num_rows - 1, file_size) + UNIT_SIZE if units.num_rows else 0
     if cp is None:
         due = meta.get(FIRST_DUE_MS)
         read = int(due) if due is not None else 0
