@@ -60,13 +60,15 @@ def test_timers_on_a_5x_dledger_store_point_at_records_inside_entries(timer_stor
     assert set(log.units.column("offset_py").to_pylist()) == {r["timer_phy_offset"] for r in rows}
 
 
-def test_rebuild_what_timer_enqueues_every_pending_timer_of_a_dledger_store(timer_store, tmp_path, capsys):
+def test_rebuild_what_timer_enqueues_every_timer_record_of_a_dledger_store(timer_store, tmp_path, capsys):
+    """Every timer record in queue order, pending or delivered (storelib.broker.timer.timerrebuild)."""
     rc, out, err = run_cli(capsys, "rebuild", timer_store, "--what", "timer", "--out", tmp_path / "o", "--quiet")
     assert rc == 0, err
     store = _store(timer_store)
-    pend = [r for r in _rows(capsys, timer_store) if r["state"] == "pending"]
+    rows = sorted(_rows(capsys, timer_store), key=lambda r: r["timer_queue_offset"])
+    assert any(r["state"] == "pending" for r in rows) and any(r["state"] == "delivered" for r in rows)
     log = read_timerlog(resolve(str(tmp_path / "o")), store.settings.mapped_file_size_timer_log)
-    assert sorted(log.units.column("offset_py").to_pylist()) == sorted(r["timer_phy_offset"] for r in pend)
+    assert log.units.column("offset_py").to_pylist() == [r["timer_phy_offset"] for r in rows]
 
 
 def test_recover_plans_the_timer_store_of_a_dledger_store_and_changes_nothing(timer_store, capsys):

@@ -359,7 +359,9 @@ def test_recovery_re_points_a_stale_slot_at_the_last_unit_it_scans(copy, capsys)
 # rebuild --what timer
 
 
-def test_rebuild_timer_re_enqueues_every_pending_timer_as_the_broker_does(timer_sample, tmp_path, capsys):
+def test_rebuild_timer_enqueues_every_timer_record_as_the_broker_does(timer_sample, tmp_path, capsys):
+    """Every record of the timer topic, pending or delivered, in queue order (the broker's own log holds
+    them all, and its restart resumes after the last unit's record: see timerrebuild.rebuilt_checkpoint)."""
     store = timer_sample / "store"
     assert main(["rebuild", str(store), "--out", str(tmp_path / "out"), "--what", "consumequeue,index,timer",
                  "--quiet"]) == 0
@@ -368,19 +370,22 @@ def test_rebuild_timer_re_enqueues_every_pending_timer_as_the_broker_does(timer_
     log = read_timerlog(out, 8192)
     wheel, findings = read_wheel(out, log, 1000)
     assert not log.findings and not findings and all(wheel.column("chain_ok").to_pylist())
-    assert log.units.num_rows == 182 == sum(wheel.column("num").to_pylist())
-    orig = {u["offset_py"]: u for u in read_timerlog(resolve(str(store)), 8192).units.to_pylist()}
-    pending = {r["timerTopicPhyOffset"] for r in expected(timer_sample, "pending.jsonl")}
+    assert log.units.num_rows == 320 == sum(wheel.column("num").to_pylist())
+    broker = read_timerlog(resolve(str(store)), 8192).units.to_pylist()
+    orig = {u["offset_py"]: u for u in broker}
     got = log.units.to_pylist()
-    assert {u["offset_py"] for u in got} == pending
+    assert [u["offset_py"] for u in got] == [u["offset_py"] for u in broker]
+    pending = {r["timerTopicPhyOffset"] for r in expected(timer_sample, "pending.jsonl")}
+    assert pending < {u["offset_py"] for u in got}
     assert all(u["roll"] == orig[u["offset_py"]]["roll"] for u in got)
     # the slot is the deliver time's unless rolled; a rolled one parks relative to the write second, which
     # the store does not keep (5.3.3 itself took the record's second for 300 of its 320 units)
     assert all(u["slot_time_ms"] == orig[u["offset_py"]]["slot_time_ms"] for u in got if not u["roll"])
     assert all(abs(u["slot_time_ms"] - orig[u["offset_py"]]["slot_time_ms"]) <= 1000 for u in got)
     cp, was = read_timer_checkpoint(out), read_timer_checkpoint(resolve(str(store)))
-    assert (cp.last_read_time_ms, cp.last_timer_queue_offset) == (was.last_read_time_ms, was.last_timer_queue_offset)
-    assert cp.last_timer_log_flush_pos == 8192 + (182 - 157) * UNIT_SIZE
+    assert (cp.last_read_time_ms, cp.last_timer_queue_offset, cp.master_timer_queue_offset) == \
+        (was.last_read_time_ms, 320, 320)
+    assert cp.last_timer_log_flush_pos == was.last_timer_log_flush_pos == 2 * 8192 + (320 - 2 * 157) * UNIT_SIZE
     assert (tmp_path / "out" / "consumequeue").is_dir()
 
 

@@ -73,9 +73,24 @@ class TimerSettings(Protocol):
     mapped_file_size_timer_log: int | None
 
 
+PRECISION_CANDIDATES = (100, 200, 500, 1000)
+
+
+def snap_timer_precision(value: int) -> int:
+    """MessageStoreConfig.setTimerPrecisionMs (5.3.3): the largest of 100, 200, 500, 1000 not above the value
+    (100 below 200, 1000 from 1000 up: 300 -> 200, 2000 -> 1000). The broker.conf value goes through this
+    setter (MixAll.properties2Object), so a wheel is never laid out in any other precision."""
+    for lower, upper in zip(PRECISION_CANDIDATES, PRECISION_CANDIDATES[1:]):
+        if value < upper:
+            return lower
+    return PRECISION_CANDIDATES[-1]
+
+
 def precision_of(settings: TimerSettings) -> int:
-    """timerPrecisionMs of a store's settings (the 5.x default where a 4.x settings object has none)."""
-    return int(settings.timer_precision_ms or DEFAULT_PRECISION_MS)
+    """timerPrecisionMs of a store's settings as the broker uses it (snapped; the 5.x default where a 4.x
+    settings object has none)."""
+    v = settings.timer_precision_ms
+    return DEFAULT_PRECISION_MS if v is None else snap_timer_precision(int(v))
 
 
 def timerlog_file_size(settings: TimerSettings) -> int:
@@ -221,7 +236,8 @@ def _check_prev_pointers(units: pa.Table, findings: list[Finding]) -> None:
 
 def read_wheel(root: Location, log: TimerLog, precision_ms: int = DEFAULT_PRECISION_MS) -> tuple[pa.Table, list[Finding]]:
     """The wheel's non-empty slots, each with its chain (lastPos back through prevPos) checked against
-    the timerlog: length equal to ``num`` and ending at ``firstPos``, never looping (bounded walk)."""
+    the timerlog: ``num`` as doEnqueue counts it (+1 a unit, -1 a delete marker's) and ending at
+    ``firstPos``, never looping (bounded walk)."""
     findings: list[Finding] = []
     loc = root.join("timerwheel")
     info = root.fs.get_file_info(loc.path)
@@ -239,19 +255,21 @@ def read_wheel(root: Location, log: TimerLog, precision_ms: int = DEFAULT_PRECIS
     s = slots[used]
     time_ms = s["time"].astype(np.int64) * precision_ms
     prev = log.prev_of()
+    deletes = set(log.units.filter(log.units.column("delete")).column("pos").to_pylist()) if log.units.num_rows else set()
     lengths, oks = [], []
     for first, last, num in zip(s["first_pos"].tolist(), s["last_pos"].tolist(), s["num"].tolist()):
-        length, at, ok = 0, last, True
-        while at != -1 and length <= max(num, 0):
+        length, net, at, ok = 0, 0, last, True  # net: num as doEnqueue counts it (a delete marker takes 1 off)
+        while at != -1 and length <= len(prev):
             if at not in prev:
                 ok = False
                 break
             length += 1
+            net += -1 if at in deletes else 1
             if at == first:
                 break
             at = prev[at]
         lengths.append(length)
-        oks.append(ok and length == num and at == first)
+        oks.append(ok and net == num and at == first)
     table = pa.table({
         "index": used.astype(np.int32), "time_ms": time_ms, "first_pos": s["first_pos"].astype(np.int64),
         "last_pos": s["last_pos"].astype(np.int64), "num": s["num"].astype(np.int32), "magic": s["magic"].astype(np.int32),
@@ -261,8 +279,8 @@ def read_wheel(root: Location, log: TimerLog, precision_ms: int = DEFAULT_PRECIS
     for row in table.filter(pc.invert(table.column("chain_ok"))).slice(0, 50).to_pylist():
         findings.append(Finding("timerwheel_chain", "error", "timerwheel", row["file_offset"],
                                 f"slot {row['index']}: num {row['num']} but the chain from lastPos {row['last_pos']} "
-                                f"to firstPos {row['first_pos']} holds {row['chain_length']} unit(s) or leaves the "
-                                "timerlog"))
+                                f"to firstPos {row['first_pos']} holds {row['chain_length']} unit(s) (a delete "
+                                "marker's counting -1) or leaves the timerlog"))
     for row in table.filter(pc.invert(table.column("index_matches_time"))).slice(0, 50).to_pylist():
         findings.append(Finding("timerwheel_slot_time", "error", "timerwheel", row["file_offset"],
                                 f"slot {row['index']} holds time {row['time_ms']}, whose slot is "
@@ -417,5 +435,5 @@ def write_timer_store(root: str, units: pa.Table, slots: pa.Table, cp: TimerChec
 
 __all__ = ["BLANK_MAGIC", "MAGIC_DEFAULT", "MAGIC_DELETE", "MAGIC_ROLL", "SLOTS_TOTAL", "TIMER_TOPIC", "TimerCheckpoint",
            "TimerLog", "UNIT_SIZE", "read_timer_checkpoint", "read_timer_metrics", "read_timerlog", "read_wheel",
-           "slot_index", "encode_timer_checkpoint", "encode_timer_metrics", "encode_units", "encode_wheel",
+           "slot_index", "snap_timer_precision", "encode_timer_checkpoint", "encode_timer_metrics", "encode_units", "encode_wheel",
            "timerlog_images", "write_timer_store"]

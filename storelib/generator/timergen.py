@@ -8,7 +8,11 @@ before ``now`` are delivered: the timer store's re-put (TimerMessageStore.conver
 the real topic and queue with the enqueue's properties plus ``TIMER_ENQUEUE_MS``/``TIMER_DEQUEUE_MS``,
 born time, host, flag and sysflag kept. The timer files then hold every enqueue as doEnqueue writes it
 (storelib.broker.timer.timerrebuild; wheel slots are not cleared by delivery), ``timercheck`` the read position and
-queue offsets, ``timermetrics`` the pending count per real topic.
+queue offsets, ``timermetrics`` the pending count per real topic. ``recalls`` of the timers not yet due are
+recalled as RecallMessageProcessor does (5.3.3): a record on the timer topic with ``TIMER_DEL_UNIQKEY`` =
+real topic + "+" + UNIQ_KEY, the target's UNIQ_KEY, ``TIMER_DELIVER_MS`` = its ``TIMER_OUT_MS`` + 1 (the
+recall handle's "consider of floor") so the put hook floors it back into the target's slot, body "0",
+tag ``_RECALL_TAG_``, queue 0; a recalled timer is never delivered.
 """
 
 from __future__ import annotations
@@ -53,11 +57,26 @@ def deliver_ms(now_ms: int, delay_s: int, precision_ms: int) -> int:
     return due - precision_ms if due % precision_ms == 0 else due // precision_ms * precision_ms
 
 
+def recall_marker(target: Message, now_ms: int, precision_ms: int) -> Message:
+    """The timer record RecallMessageProcessor.buildMessage puts for ``target`` (a timer-topic record), after
+    the put hook's transformTimerMessage: TIMER_OUT_MS floored from the handle's TIMER_OUT_MS + 1."""
+    p = target.properties
+    topic, uniq = p["REAL_TOPIC"], p["UNIQ_KEY"]
+    deliver = int(p["TIMER_OUT_MS"]) + 1
+    out = deliver - precision_ms if deliver % precision_ms == 0 else deliver // precision_ms * precision_ms
+    props = {"TIMER_DEL_UNIQKEY": f"{topic}+{uniq}", "UNIQ_KEY": uniq, "TIMER_DELIVER_MS": str(deliver),
+             "BORN_TIMESTAMP": str(now_ms), "TRACE_CONTEXT": "", "PGROUP": "recall_group", "TAGS": "_RECALL_TAG_",
+             "TIMER_OUT_MS": str(out), "REAL_TOPIC": topic, "REAL_QID": "0"}
+    return Message(topic=TIMER_TOPIC, queue_id=0, body=b"0", born_timestamp=now_ms, born_host=target.born_host,
+                   properties=props)
+
+
 def add_timer_messages(root: str | os.PathLike, settings: BrokerSettings, *, count: int, seed: int = 0,
                        start_ms: int, now_ms: int, max_delay_s: int = 5 * 86_400,
-                       topics: tuple[str, ...] = REAL_TOPICS, queues: int = 4) -> TimerGenResult:
-    """Append ``count`` timer messages (sent from ``start_ms`` on, 0.5 s apart), deliver those due by
-    ``now_ms``, and write the timer store as it would stand at ``now_ms``."""
+                       topics: tuple[str, ...] = REAL_TOPICS, queues: int = 4, recalls: int = 0) -> TimerGenResult:
+    """Append ``count`` timer messages (sent from ``start_ms`` on, 0.5 s apart), recall ``recalls`` of those
+    not due by ``now_ms``, deliver the rest that are due, and write the timer store as it would stand at
+    ``now_ms``."""
     if settings.version != "5":
         raise ValueError("timer messages are a 5.x feature (gen --version 5)")
     rnd = random.Random(seed)
@@ -90,6 +109,10 @@ def add_timer_messages(root: str | os.PathLike, settings: BrokerSettings, *, cou
                           properties=props)
             w.append(msg)
             sent.append((out, msg, clock[0]))
+        recalled = [m for d, m, _ in sent if d > now_ms][:recalls]
+        for m in recalled:
+            clock[0] += 500
+            w.append(recall_marker(m, clock[0], precision))
         due = sorted(((d, m, t) for d, m, t in sent if d <= now_ms), key=lambda x: (x[0], x[2]))
         for d, m, t in due:
             clock[0] = max(clock[0], d + rnd.randint(20, 900))
@@ -100,16 +123,17 @@ def add_timer_messages(root: str | os.PathLike, settings: BrokerSettings, *, cou
     timers = store_timers(Store(resolve(str(root)), settings))
     file_size = timerlog_file_size(settings)
     units, slots = enqueue_units(timers.drop_columns(["state"]), file_size, precision, settings.timer_roll_window_slot)
-    cp = rebuilt_checkpoint(TimerCheckpoint(now_ms // precision * precision, 0, count, count, 0, now_ms,
-                                            count + len(due)), units, file_size)
+    queued = count + len(recalled)
+    cp = rebuilt_checkpoint(TimerCheckpoint(now_ms // precision * precision, 0, queued, queued, 0, now_ms,
+                                            queued + len(due)), units, file_size)
     written = write_timer_store(str(root), units, slots, cp, file_size=file_size, precision_ms=precision)
     pending = timers.filter(pc.equal(timers.column("state"), "pending"))
     counts: dict[str, tuple[int, int]] = {}
     for t in pending.column("real_topic").to_pylist():
         counts[t] = (counts.get(t, (0, now_ms))[0] + 1, now_ms)
     with atomic_local_file(os.path.join(str(root), "config", "timermetrics")) as tmp, open(tmp, "w") as f:
-        f.write(encode_timer_metrics(counts, (count + len(due), 0, now_ms)))
+        f.write(encode_timer_metrics(counts, (queued + len(due), 0, now_ms)))
     return TimerGenResult(count, len(due), pending.num_rows, sum(1 for p in written if "/timerlog/" in p))
 
 
-__all__ = ["TimerGenResult", "add_timer_messages", "deliver_ms"]
+__all__ = ["TimerGenResult", "add_timer_messages", "deliver_ms", "recall_marker"]

@@ -30,6 +30,7 @@ from storelib.format.consumequeue import CQ_UNIT_SIZE
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVEL, parse_delay_levels
 from storelib.format.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, IndexGeometry
 from storelib.format.javaprops import parse_properties_text
+from storelib.format.timerstore import snap_timer_precision
 
 if TYPE_CHECKING:
     from storelib.broker.settings.geometry import Inferred
@@ -155,7 +156,7 @@ _KEYS: tuple[tuple[str, str, str, Any, Any, bool], ...] = (
     ("enableCompaction", "enable_compaction", "bool", False, True, False),
     ("timerWheelEnable", "timer_wheel_enable", "bool", False, True, False),
     ("mappedFileSizeTimerLog", "mapped_file_size_timer_log", "int", None, 104_857_600, False),
-    ("timerPrecisionMs", "timer_precision_ms", "long", None, 1000, False),
+    ("timerPrecisionMs", "timer_precision_ms", "int", None, 1000, False),  # setter: int, snapped (see _build)
     ("timerRollWindowSlot", "timer_roll_window_slot", "int", None, 172_800, False),
     ("storeType", "store_type", "str", "default", "default", False),
     ("brokerId", "broker_id", "long", 0, 0, True),
@@ -543,6 +544,8 @@ def _build(
             changes[spec[1]] = _defaults(version)[spec[1]]
         else:
             changes[spec[1]] = _convert(spec[2], value, source, line, off, key)
+            if key == "timerPrecisionMs":  # the setter snaps to 100/200/500/1000 (MessageStoreConfig :1630)
+                changes[spec[1]] = snap_timer_precision(changes[spec[1]])
             if key == "messageDelayLevel":
                 parse_delay_levels(changes[spec[1]], file=source, line=line)
     changes["extra"] = extra

@@ -4,6 +4,13 @@ An enqueue record is a ``rmq_sys_wheel_timer`` record (``REAL_TOPIC``, ``REAL_QI
 delivered copy is a record on a real topic with ``TIMER_DEQUEUE_MS`` (the timer store's re-put), matched
 by UNIQ_KEY. A message is pending while no delivered copy exists; the timerlog units that point at its
 enqueue record (``offsetPy``) and the wheel slot of the last one say where the timer store holds it.
+
+A recall (RecallMessageProcessor, 5.3.3) is a timer record with ``TIMER_DEL_UNIQKEY`` = real topic + "+" +
+UNIQ_KEY and the target's ``TIMER_OUT_MS`` (it carries the target's UNIQ_KEY too). The broker enqueues it
+with magic DELETE and num - 1 (TimerMessageStore.doEnqueue :752-774), never puts it on a topic (:957-958,
+:1088-1090), and skips the message it names when both are read from the same slot (:1592-1623). So a
+marker is state ``delete_marker`` (``delete_marker_late`` when its target was delivered anyway: it came
+after the slot was read), and a message with a marker in its slot and no delivered copy is ``deleted``.
 The commitlog is scanned once, segment by segment, keeping only the timer rows. A 5.x DLedger-mode store's
 timer store is the same (TimerMessageStore reads through DLedgerCommitLog.getMessage: ``offsetPy`` is the
 record's offset, the entry's pos + 48).
@@ -41,8 +48,10 @@ TIMER_SCHEMA = pa.schema([
     ("delivered_size", pa.int32()), ("delivered_topic", pa.string()), ("delivered_queue_id", pa.int32()),
     ("delivered_queue_offset", pa.int64()), ("delivered_store_timestamp", pa.int64()),
     ("delivered_msg_id", pa.string()), ("enqueue_ms", pa.int64()), ("dequeue_ms", pa.int64()),
-    ("delivered_records", pa.int32()),
+    ("delivered_records", pa.int32()), ("delete_key", pa.string()),
 ])
+DEL_KEY = "TIMER_DEL_UNIQKEY"
+PENDING_STATES = ("pending", "deleted", "delete_marker")  # what the wheel still holds (not yet read out)
 
 
 def _prop(batch: pa.RecordBatch, key: str) -> pa.Array:
@@ -72,6 +81,7 @@ def scan_timer_rows(store: Store) -> tuple[list[dict], list[dict]]:
             cols["real_qid"] = _prop(t, "REAL_QID").to_pylist()
             cols["out"] = _prop(t, "TIMER_OUT_MS").to_pylist()
             cols["deliver"] = _prop(t, "TIMER_DELIVER_MS").to_pylist()
+            cols["del_key"] = _prop(t, DEL_KEY).to_pylist()
             enq.extend(dict(zip(cols, vals)) for vals in zip(*cols.values()))
         deq = _prop(b, "TIMER_DEQUEUE_MS")
         d = b.filter(pc.and_(pc.invert(is_timer), pc.is_valid(deq)))
@@ -84,15 +94,35 @@ def scan_timer_rows(store: Store) -> tuple[list[dict], list[dict]]:
     return enq, dlv
 
 
+def _state(r: dict, delivered: bool, markers: dict[str, set[int]], precision_ms: int) -> str:
+    """pending / delivered / deleted (a marker shares its slot) / delete_marker(_late) (module docstring)."""
+    if r["del_key"] is not None:
+        return "delete_marker_late" if delivered else "delete_marker"
+    if delivered:
+        return "delivered"
+    due = _int(r["out"]) or _int(r["deliver"])
+    key = f"{r['real_topic']}+{r['uniq_key']}"
+    return "deleted" if due is not None and due // precision_ms in markers.get(key, ()) else "pending"
+
+
 def timer_messages(store: Store, log: TimerLog, precision_ms: int = 1000) -> pa.Table:
-    """One row per timer message (its newest enqueue record): pending or delivered, where it is held."""
+    """One row per timer message (its newest enqueue record) and per delete marker: its state, where it is held."""
     enq, dlv = scan_timer_rows(store)
     delivered: dict[str, list[dict]] = {}
     for r in dlv:
         delivered.setdefault(r["uniq_key"], []).append(r)
     latest: dict[str, dict] = {}
+    markers: dict[str, set[int]] = {}  # delete key -> slot times (out / precision) holding a marker
     for r in enq:  # commitlog order: a re-put (roll) replaces the earlier record
-        latest[r["uniq_key"] or f"@{r['phy_offset']}"] = r
+        if r["del_key"] is not None:  # shares the target's UNIQ_KEY: kept apart, by what it deletes
+            latest[f"del:{r['del_key']}"] = r
+            due = _int(r["out"]) or _int(r["deliver"])
+            if due is not None:
+                markers.setdefault(r["del_key"], set()).add(due // precision_ms)
+        else:
+            latest[r["uniq_key"] or f"@{r['phy_offset']}"] = r
+    targets = {f"{r['real_topic']}+{r['uniq_key']}": bool(delivered.get(r["uniq_key"])) for r in latest.values()
+               if r["del_key"] is None}  # delete key -> delivered
     units = log.units
     by_py: dict[int, list[int]] = {}
     slot_time: dict[int, tuple[int, bool]] = {}
@@ -107,11 +137,14 @@ def timer_messages(store: Store, log: TimerLog, precision_ms: int = 1000) -> pa.
             slot_time[py] = (st, rl)
     rows = []
     for r in latest.values():
-        d = delivered.get(r["uniq_key"]) or []
+        marker = r["del_key"] is not None
+        d = [] if marker else (delivered.get(r["uniq_key"]) or [])
+        was_delivered = targets.get(r["del_key"], False) if marker else bool(d)
         first = d[0] if d else {}
         st = slot_time.get(r["phy_offset"])
         rows.append({
-            "uniq_key": r["uniq_key"], "state": "delivered" if d else "pending", "real_topic": r["real_topic"],
+            "uniq_key": r["uniq_key"], "state": _state(r, was_delivered, markers, precision_ms),
+            "real_topic": r["real_topic"],
             "real_queue_id": _int(r["real_qid"]), "deliver_time_ms": _int(r["out"]) or _int(r["deliver"]),
             "timer_phy_offset": r["phy_offset"], "timer_size": r["size"], "timer_queue_offset": r["queue_offset"],
             "timer_msg_id": r["msg_id"], "timer_store_timestamp": r["store_timestamp"], "timerlog_positions": by_py.get(r["phy_offset"], []),
@@ -121,7 +154,7 @@ def timer_messages(store: Store, log: TimerLog, precision_ms: int = 1000) -> pa.
             "delivered_queue_offset": first.get("queue_offset"),
             "delivered_store_timestamp": first.get("store_timestamp"), "delivered_msg_id": first.get("msg_id"),
             "enqueue_ms": _int(first.get("enqueue")), "dequeue_ms": _int(first.get("dequeue")),
-            "delivered_records": len(d)})
+            "delivered_records": len(d), "delete_key": r["del_key"]})
     return pa.Table.from_pylist(rows, schema=TIMER_SCHEMA)
 
 
@@ -174,6 +207,10 @@ def timer_losses(timers: pa.Table, deletions: list[dict], segment_size: int,
             "by_topic": dict(sorted(by_topic.items()))}
 
 
+def _count(timers: pa.Table, state: str) -> int:
+    return int(pc.sum(pc.equal(timers.column("state"), state)).as_py() or 0)
+
+
 def timer_store_summary(store: Store) -> dict[str, Any]:
     """The timer store at a glance, read once (``rmqstore timers``): the timerlog, the wheel, every timer
     message (:func:`timer_messages`), the files' findings and a summary dict."""
@@ -191,10 +228,12 @@ def timer_store_summary(store: Store) -> dict[str, Any]:
             "summary": {"timerlog_files": log.files, "timerlog_units": log.units.num_rows,
                         "wheel_slots_used": wheel.num_rows, "wheel_units": int(pc.sum(wheel.column("num")).as_py() or 0),
                         "timers": timers.num_rows, "pending": pending.num_rows,
-                        "delivered": timers.num_rows - pending.num_rows, "pending_by_topic": dict(sorted(by_topic.items())),
+                        "delivered": _count(timers, "delivered"), "deleted": _count(timers, "deleted"),
+                        "delete_markers": _count(timers, "delete_marker") + _count(timers, "delete_marker_late"),
+                        "pending_by_topic": dict(sorted(by_topic.items())),
                         "timermetrics_timing_count": metrics,
                         "timercheck": None if cp is None else cp.__dict__, "precision_ms": precision}}
 
 
-__all__ = ["TIMER_SCHEMA", "deliver_histogram", "scan_timer_rows", "store_timers", "timer_losses", "timer_messages",
+__all__ = ["DEL_KEY", "PENDING_STATES", "TIMER_SCHEMA", "deliver_histogram", "scan_timer_rows", "store_timers", "timer_losses", "timer_messages",
            "timer_store_summary"]

@@ -14,6 +14,12 @@ The steps, as 5.3.3 runs them:
    checkpoint's master offset and by the queue's min and max.
 3. ``currReadTimeMs = max(lastReadTimeMs, now - 7 d + 60 slots)``; slots due from there whose lastPos
    lies past the processOffset send a second revise pass (no check) from their lowest firstPos.
+
+Without ``config/timercheck`` the broker starts all the same (BrokerController :847 creates it; the
+TimerCheckpoint fields start at 0, TimerCheckpoint :58-60): the walk starts at the first timerlog file,
+the queue offset is min(x, 0) raised to the timer queue's min offset, so the whole timer queue is read
+and enqueued again (records already enqueued or delivered, twice), and the read time is now - 7 days +
+60 slots. The plan says so in a ``timercheck_missing`` finding.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from storelib.errors import StoreError
+from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, open_source
 from storelib.format.timerstore import (
     BLANK_MAGIC,
@@ -30,6 +36,7 @@ from storelib.format.timerstore import (
     SLOTS_TOTAL,
     TIMER_TOPIC,
     UNIT_SIZE,
+    TimerCheckpoint,
     list_timerlog_files,
     precision_of,
     read_timer_checkpoint,
@@ -62,6 +69,7 @@ class TimerRecovery:
     read_time_ms: int
     recheck_from: int | None
     wheel_writes: dict[int, bytes] = field(default_factory=dict)  # wheel file offset -> new 24 bytes
+    findings: list[Finding] = field(default_factory=list)
 
     def changes_anything(self) -> bool:
         return bool(self.delete_files or self.wheel_writes)
@@ -71,7 +79,8 @@ class TimerRecovery:
                 "stopped_at": self.stopped_at, "delete_files": self.delete_files,
                 "slots_rewritten": len(self.slot_changes), "slot_changes": self.slot_changes[:200],
                 "queue_offset": self.queue_offset, "queue_offset_source": self.queue_offset_source,
-                "read_time_ms": self.read_time_ms, "recheck_from": self.recheck_from}
+                "read_time_ms": self.read_time_ms, "recheck_from": self.recheck_from,
+                "findings": [f.to_dict() for f in self.findings]}
 
 
 class _Wheel:
@@ -193,9 +202,18 @@ def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: Com
     from storelib.broker.settings.cqload import LoadedQueue
 
     files = list_timerlog_files(root)
-    cp = read_timer_checkpoint(root)
-    if not files or cp is None:
+    if not files:
         return None
+    cp = read_timer_checkpoint(root)
+    findings = []
+    if cp is None:
+        cp = TimerCheckpoint(0, 0, 0, 0, 0, 0, 0)
+        findings.append(Finding("timercheck_missing", "warning", "config/timercheck", None,
+                                "no timer checkpoint: the broker starts from zeros (TimerCheckpoint), walks the "
+                                "whole timerlog, reads the timer topic again from its first offset (every timer "
+                                "record enqueued a second time; those already due are delivered again at once) "
+                                "and reads the wheel from now - 7 days; `rebuild --what timer` writes a "
+                                "timercheck that says the whole timer topic was read"))
     precision = precision_of(settings)
     wheel = _Wheel(root.join("timerwheel"), precision)
     try:
@@ -211,6 +229,8 @@ def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: Com
             q = _queue_offset(root, files, process, commitlog, cq)
             queue_offset, source = (q + 1, "the last unit's record") if q != -1 else \
                 (cp.last_timer_queue_offset, "timercheck lastTimerQueueOffset")
+            if findings:
+                source += ", bounded by a missing timercheck's masterTimerQueueOffset 0"
             queue_offset = min(queue_offset, cp.master_timer_queue_offset)
             if cq is not None:
                 lo, hi = cq.min_offset(commitlog.min_offset), cq.max_offset()
@@ -233,7 +253,8 @@ def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: Com
                 changes.append({"index": i, "time_ms": s[0] * precision, "before": [before[1], before[2]],
                                 "after": [s[1], s[2]]})
                 writes[i * SLOT_SIZE] = struct.pack(">qqq", *s)
-        return TimerRecovery(begin, process, stopped, delete, changes, queue_offset, source, read_ms, recheck, writes)
+        return TimerRecovery(begin, process, stopped, delete, changes, queue_offset, source, read_ms, recheck, writes,
+                             findings)
     finally:
         wheel.close()
 
