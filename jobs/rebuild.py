@@ -296,7 +296,7 @@ def summary_text(m: dict[str, Any]) -> str:
         f"  consume queues  {c['queues']} queue(s), {c['cq_records']} entries, {c['cq_files']} file(s)",
         f"  index           {c['index_keys']} key(s), {c['index_files']} file(s)",
         *([f"  timer store     {sum(1 for r in m['files'] if r.startswith('timerlog/'))} timerlog file(s), "
-           "timerwheel, config/timercheck (pending timers re-enqueued)"] if "timer" in m["settings"]["what"] else []),
+           "timerwheel, config/timercheck (every timer record enqueued, reading resumes after the last)"] if "timer" in m["settings"]["what"] else []),
         f"  output          {m['published']} (manifest {MANIFEST_NAME})",
         f"  elapsed         {m['elapsed_s']:.2f} s"
         + (f" (start-up {m['startup_s']:.2f} s, work {m['work_s']:.2f} s)" if "work_s" in m else ""),

@@ -302,3 +302,24 @@ def test_the_rebuilt_flush_position_is_the_last_units_end(n, flushed):
     units, _ = enqueue_units(rows, 8192)
     cp = rebuilt_checkpoint(TimerCheckpoint(write, 0, n, n, 0, 0, 0), units, 8192)
     assert cp.last_timer_log_flush_pos == flushed
+
+
+def test_timers_command_lists_recalled_timers_and_their_markers_by_state(tmp_path, capsys):
+    from storelib.generator.timergen import add_timer_messages
+
+    root = tmp_path / "store"
+    assert main(["gen", str(root), "--messages", "50", "--version", "5", "--segment-size", "1MB", "--seed", "5",
+                 "--set", "mappedFileSizeTimerLog=4096"]) == 0
+    settings = load_settings(None, "5", {"mappedFileSizeTimerLog": "4096"}, resolve(str(root)))
+    start = 1_795_000_000_000
+    add_timer_messages(str(root), settings, count=40, seed=7, start_ms=start, now_ms=start + 40 * 500 + 120_000,
+                       recalls=3)
+    capsys.readouterr()
+    conf = ["--broker-version", "5", "--set", "mappedFileSizeTimerLog=4096"]
+    rows = {}
+    for state in ("deleted", "delete_marker", "pending"):
+        assert main(["timers", str(root), *conf, "--state", state, "--format", "jsonl"]) == 0
+        rows[state] = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(rows["deleted"]) == 3 and {r["state"] for r in rows["deleted"]} == {"deleted"}
+    assert len(rows["delete_marker"]) == 3 and {r["state"] for r in rows["delete_marker"]} == {"delete_marker"}
+    assert not {r["uniq_key"] for r in rows["deleted"]} & {r["uniq_key"] for r in rows["pending"]}

@@ -27,8 +27,9 @@ TABLE_COLUMNS = ["state", "real_topic", "real_queue_id", "deliver_time", "uniq_k
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p)
-    p.add_argument("--state", choices=["pending", "delivered", "all"], default="pending",
-                   help="which timer messages to list (default pending)")
+    p.add_argument("--state", choices=["pending", "delivered", "deleted", "delete_marker", "all"], default="pending",
+                   help="which timer messages to list (default pending; deleted: recalled timers; delete_marker: "
+                        "the recalls themselves, late ones included)")
     p.add_argument("--topic", help="only timers of this real topic")
     p.add_argument("--from", dest="start", type=time_arg, metavar="T", help="deliver time at or after T")
     p.add_argument("--until", type=time_arg, metavar="T", help="deliver time before T")
@@ -39,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _filtered(timers: pa.Table, args: argparse.Namespace) -> pa.Table:
     t = timers
-    if args.state != "all":
+    if args.state == "delete_marker":  # delete_marker_late too: a recall that came after its delivery
+        t = t.filter(pc.starts_with(t.column("state"), "delete_marker"))
+    elif args.state != "all":
         t = t.filter(pc.equal(t.column("state"), args.state))
     if args.topic:
         t = t.filter(pc.equal(t.column("real_topic"), args.topic))

@@ -1,6 +1,6 @@
 """The rebuild's rules about its source store: what identifies it (for the manifest), the consume-queue
 layouts a rebuild cannot reproduce, the incremental dispatch that continues the store's own files, and the
-5.x timer store rebuilt from the pending timers. The jobs schedule and report; these decide."""
+5.x timer store rebuilt from the timer records. The jobs schedule and report; these decide."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def run_incremental(store: Store, settings: BrokerSettings, staging: Location, w
 
 def rebuild_timer_store(store: Store, settings: BrokerSettings, staging: Location, say: Callable[[str], None]
                          ) -> dict[str, dict[str, Any]]:
-    """``--what timer``: timerlog, wheel and timercheck for the pending timers (storelib.broker.timer.timerrebuild)."""
+    """``--what timer``: timerlog, wheel and timercheck for the timer records (storelib.broker.timer.timerrebuild)."""
     from storelib.broker.timer.timermsg import store_timers
     from storelib.broker.timer.timerrebuild import enqueue_units, rebuilt_checkpoint
     from storelib.format.timerstore import (
