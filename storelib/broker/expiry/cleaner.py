@@ -1,8 +1,8 @@
 """The broker's file cleaner replayed (store-algorithms §9): :func:`simulate` runs one :class:`Policy` over a
 :class:`StoreSnapshot` and :class:`TimeModel` (storelib.broker.expiry.expiry) exactly on the cleaner's 10-s tick grid
 without ticking; the model and conventions are in :mod:`storelib.broker.expiry.expiry`'s docstring (a
-DLedger-mode store: DLedger's CleanSpaceService on its 100-ms grid for the data files, the broker's queue
-cleaner on its own ticks).
+DLedger-mode store: DLedger's CleanSpaceService, 100 ms after its previous round ended, for the data files,
+the broker's queue cleaner on its own ticks).
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ class _Sim:
         if self.dl:
             self._dledger_init(policy)
         self.kmax = (self.until - self.T0) // self.P if self.until >= self.T0 else -1
+        self.busy_until = self.T0  # when the cleaner's thread is free again (the end of its last run)
         self.table, self.when_problem = hour_table(policy.delete_when)
         self.zone = parse_zone(policy.tz)
         self.S = snap.segment_size
@@ -139,8 +140,9 @@ class _Sim:
         self.max_ratio: float | None = None
 
     def _dledger_init(self, policy: Policy) -> None:
-        """DLedger's CleanSpaceService: a 100-ms grid from the start, fileReservedTime + 1 hours (at least one),
-        its ratios as Java floats, 10 files a run 100 ms apart; the broker's queue cleaner keeps its ticks."""
+        """DLedger's CleanSpaceService: a 100-ms grid from the start (restarted 100 ms after each round that
+        deleted), fileReservedTime + 1 hours (at least one), its ratios as Java floats, 10 files a run
+        100 ms apart; the broker's queue cleaner keeps its ticks."""
         f32 = np.float32
         self.broker_P, self.broker_T0 = self.P, self.T0
         self.P, self.T0 = DLEDGER_TICK_MS, self.start
@@ -330,17 +332,36 @@ class _Sim:
         self._sample(self.start)
         k = 0
         while True:
+            if not self.dl:
+                k = self._catch_up(k)
             k = self.next_event(k)
             if self.dl:  # the broker's queue cleaner runs on its own ticks between DLedger's
                 self._queue_ticks(self.until if k is None else self.tick(k))
             if k is None:
                 break
             if self.dl:
-                self._dledger_tick(self.tick(k))
+                end = self._dledger_tick(self.tick(k))
+                if end is not None:  # doWork returns after its last deletion, then waits 100 ms
+                    self._reanchor(end + DLEDGER_TICK_MS)
+                    k = 0
+                    continue
             else:
                 self.run_tick(self.tick(k))
             k += 1
         self._sample(self.until)
+
+    def _catch_up(self, k: int) -> int:
+        """scheduleAtFixedRate never overlaps runs: a tick that passed while the previous run was still
+        deleting starts when that run ends (judged then), and the next tick keeps its grid time."""
+        while k <= self.kmax and self.tick(k) < self.busy_until <= self.until:
+            self.run_tick(self.busy_until)
+            k += 1
+        return k
+
+    def _reanchor(self, t: int) -> None:
+        """DLedger's next doWork starts 100 ms after the previous one ended: its grid restarts at t."""
+        self.T0 = t
+        self.kmax = (self.until - t) // self.P if self.until >= t else -1
 
     def _queue_ticks(self, upto: int) -> None:
         """The broker's queue cleaner (CleanConsumeQueueService) in DLedger mode: at its first tick after the
@@ -354,23 +375,26 @@ class _Sim:
             self.last_phys_min = M
             self._clean_queues(tb, M, self.last_reason or "startup")
 
-    def _dledger_tick(self, T: int) -> None:
-        """One CleanSpaceService.doWork at T (a bad deleteWhen throws: nothing that run)."""
+    def _dledger_tick(self, T: int) -> int | None:
+        """One CleanSpaceService.doWork at T (a bad deleteWhen throws: nothing that run); the time its
+        last deletion happened, or None when it deleted nothing."""
         if self.table[self.hour(T)] == HOUR_ERROR:
-            return
+            return None
         phys, space, force = self.ratios(T)
         if phys is not None and phys > self.dl_full and self.writes_refused_ms is None:
             self.writes_refused_ms = T
         time_up = self.table[self.hour(T)] == HOUR_TRUE
         if not (time_up or space):
-            return
+            return None
         pre = self.used(T)
         before = len(self.deletions)
         t_last, reason = self._delete_commitlog(T, time_up, space, force)
-        if len(self.deletions) > before:
-            self.changed_at, self.last_reason = t_last, reason
-            self._sample(T, phys, used=pre)
-            self._sample(t_last)
+        if len(self.deletions) == before:
+            return None
+        self.changed_at, self.last_reason = t_last, reason
+        self._sample(T, phys, used=pre)
+        self._sample(t_last)
+        return t_last
 
     def run_tick(self, T: int) -> None:
         """One run of the clean task at tick T: commit-log cleaner, then the queue/index cleaner."""
@@ -398,6 +422,7 @@ class _Sim:
         if len(self.deletions) > before:
             self._sample(T, phys, used=pre)
             self._sample(t_last)
+        self.busy_until = t_last
 
     def _delete_commitlog(self, T: int, time_up: bool, space: bool, clean_imm: bool) -> tuple[int, str | None]:
         """MappedFileQueue.deleteExpiredFileByTime on the segment list as it is at tick T."""

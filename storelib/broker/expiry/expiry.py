@@ -7,7 +7,9 @@ after start, then every ``cleanResourceInterval``) without ticking: between two 
 the write position and the consumers move, both linear in time, so the next tick where the cleaner
 does anything is found directly (next deleteWhen hour, next time the oldest segment passes its
 reserved time, first tick whose disk ratio crosses a threshold — a binary search, the ratio only grows
-between deletions). That tick is then run like the broker runs it.
+between deletions). That tick is then run like the broker runs it. scheduleAtFixedRate never overlaps
+runs: a tick that passes while a run is still deleting (100 ms a file) starts when that run ends and is
+judged then; the ticks after it keep their grid times.
 
 Model (all stated in the report, see :func:`simulate`):
 
@@ -41,7 +43,7 @@ hanged-file retry never has work.
 A DLedger-mode store (``StoreSnapshot.dledger``) keeps its data files under DLedger's own cleaner
 (DLedgerMmapFileStore.CleanSpaceService, both lines over DLedger 0.3.1.2; the broker's commit-log cleaner
 only hands it deleteWhen, fileReservedTime + 1 hours and cleanFileForciblyEnable, and deletes nothing):
-it runs every 100 ms from the broker's start, deletes when the deleteWhen hour is on or the disk is past
+it runs at the broker's start and again 100 ms after each run ends (doWork, then waitForRunning(100)), deletes when the deleteWhen hour is on or the disk is past
 diskMaxUsedSpaceRatio (as a Java float), ignores the age above ``dledger.disk.ratio.clean`` (0.85, at
 least 0.50) with cleanFileForciblyEnable, at most 10 files a run 100 ms apart, never the last; an admin's
 manual delete reaches only the broker's cleaner, so it deletes nothing. Writes are refused (DISK_FULL)
