@@ -16,6 +16,7 @@ from storelib.broker.startup import recoveryplan
 from storelib.broker.startup.startup import simulate
 from storelib.errors import StoreError
 from storelib.format.checkpoint import Checkpoint, as_broker_reads, read_checkpoint, write_checkpoint
+from storelib.format.markers import abort_state, write_abort
 from tests.rebuild_storegen import CraftedStore, msg
 
 S = 8192
@@ -80,3 +81,34 @@ def test_info_shows_a_short_checkpoint_as_read_with_a_warning(tmp_path):
     assert out["checkpoint"]["physic_msg_timestamp"] == last
     short = [f for f in out["findings"] if f["kind"] == "checkpoint_short"]
     assert len(short) == 1 and short[0]["offset"] == 100 and short[0]["file"].endswith("checkpoint")
+
+
+@pytest.mark.parametrize("kind", ["big", "dir"])
+def test_any_abort_that_exists_means_an_abnormal_exit_big_or_a_directory(tmp_path, kind):
+    store, _ = _store(tmp_path)
+    abort = tmp_path / "store" / "abort"
+    if kind == "big":
+        abort.write_bytes(b"1" * 5000)
+    else:
+        abort.mkdir()
+    st = abort_state(tmp_path / "store")
+    assert st.exists and not st.last_exit_ok and st.content is None and st.unusual
+    plan = recoveryplan.plan_document(simulate(Store(str(tmp_path / "store"), store.settings)))
+    assert plan["commitlog"]["start_reason"].startswith("abnormal")
+    assert [f["file"] for f in plan["findings"] if f["kind"] == "abort_unusual"] == ["abort"]
+
+
+def test_write_abort_498_creates_an_empty_file_and_keeps_an_existing_one(tmp_path):
+    write_abort(tmp_path)
+    assert (tmp_path / "abort").read_bytes() == b"" and not (tmp_path / "abort.bak").exists()
+    (tmp_path / "abort").write_bytes(b"4242")  # a crash left it: createNewFile finds it and leaves it
+    write_abort(tmp_path)
+    assert (tmp_path / "abort").read_bytes() == b"4242" and not (tmp_path / "abort.bak").exists()
+
+
+def test_write_abort_533_always_leaves_abort_bak_with_the_previous_content(tmp_path):
+    (tmp_path / "abort.bak").write_bytes(b"old")  # a stale abort.bak is overwritten
+    write_abort(tmp_path, pid=77)  # createNewFile made it empty: abort.bak gets ""
+    assert (tmp_path / "abort").read_bytes() == b"77" and (tmp_path / "abort.bak").read_bytes() == b""
+    write_abort(tmp_path, pid=88)  # a crash's abort: its PID goes to abort.bak
+    assert (tmp_path / "abort").read_bytes() == b"88" and (tmp_path / "abort.bak").read_bytes() == b"77"

@@ -137,6 +137,8 @@ def collect(store: Store, scan: bool = True, on_segment: OnSegment = None) -> di
         out["checkpoint"] = None
         findings.append(Finding(e.kind, "warning", e.file, e.offset, e.detail))
     ab = abort_state(store.loc)
+    if ab.unusual:
+        findings.append(Finding("abort_unusual", "warning", store.path("abort").path, None, ab.unusual))
     meaning = what_broker_does(ab) if store.dledger is None else dledger_restart(store.settings.version, ab.exists)
     out["abort"] = {"exists": ab.exists, "pid": ab.pid, "meaning": meaning}
     if store.dledger is not None:

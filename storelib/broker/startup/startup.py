@@ -213,6 +213,8 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     findings: list[Finding] = list(store.commitlog.findings)
     delay_levels = list(settings.delay_levels_ms)
     abort = abort_state(store.loc)
+    if abort.unusual:  # isTempFileExist is File.exists(): an abnormal exit all the same
+        findings.append(Finding("abort_unusual", "warning", "abort", None, abort.unusual))
     lock = lock_state(store.loc)
     cp = _checkpoint_before(store, findings)
     refs = store.index_files(findings)
