@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from storelib.broker.expiry.cleaner import simulate
+import pytest
+
+from storelib.broker.expiry.cleaner import _Sim, simulate
+from storelib.broker.expiry.diskfull import check
 from storelib.broker.expiry.expiry import Policy, TimeModel, load_snapshot
 from storelib.broker.settings.store import Store, with_dledger
 from storelib.fileio.bytesource import resolve
@@ -54,3 +57,100 @@ def test_a_broker_tick_that_passes_during_a_long_run_starts_when_that_run_ends(t
     assert times == sorted(times)
     assert got[:20] == [(60_000 + i * 100, i * 4096) for i in range(20)]
     assert got[20:] == [(61_900 + i * 100, (20 + i) * 4096) for i in range(10)]
+
+
+@pytest.fixture
+def small(tmp_path):
+    """The tiny store of test_expiry.py: five 4096-byte segments, segment i written at i:00-i:03."""
+    root = tmp_path / "store"
+    msgs = [Msg("T", 0, T0 + (m // 4) * H + (m % 4) * MIN) for m in range(18)]
+    st = build_store(root, msgs, offsets={"T@lag": {0: 2}}, index_ends=[5000, 13000, 18384])
+    return root, st
+
+
+def _sim(small, version="4", capacity=30_000, ingest=2, hours=4, **over):
+    root, st = small
+    st = dataclasses.replace(st, version=version).with_overrides(over)
+    snap = load_snapshot(Store(resolve(str(root)), st))
+    pol = Policy.from_settings("p", st, disk_capacity=capacity)
+    model = TimeModel(ingest_bytes_per_s=ingest, consumption_msgs_per_s=0, until_ms=snap.last_store_ms + hours * H)
+    return pol, snap, model
+
+
+def _literal(pol, snap, model):
+    """The broker's schedule tick by tick (the oracle for the event jumps): every cleaner tick (a late one when
+    the previous run ends), and on 4.9.8 the 10-s disk check from 1 s after the start; a check is taken
+    before a cleaner tick of the same time, after a run that ends then, and not during a run."""
+    sim = _Sim(pol, snap, model)
+    sim._sample(sim.start)
+    checks = list(range(sim.start + 1000, sim.until + 1, 10_000)) if pol.version == "4" else []
+    ci = 0
+    for k in range(sim.kmax + 1):
+        s = max(sim.tick(k), sim.busy_until)
+        if s > sim.until:
+            break
+        while ci < len(checks) and (checks[ci] < s or (checks[ci] == s and sim.tick(k) == s)):
+            if checks[ci] >= sim.busy_until:
+                check(sim, "broker", sim.phys(checks[ci]), pol.warn_ratio, pol.warn_ratio, checks[ci])
+            ci += 1
+        sim.run_tick(s)
+    for c in checks[ci:]:
+        if c >= sim.busy_until:
+            check(sim, "broker", sim.phys(c), pol.warn_ratio, pol.warn_ratio, c)
+    sim._sample(sim.until)
+    return sim.result()
+
+
+def test_writes_stop_while_the_disk_is_full_instead_of_filling_it_past_100_percent(small):
+    # nothing can go (fileReservedTime 1000 h, no forcible cleaning): 4.9.8 marks the disk full at the first
+    # check above 0.90 and refuses every write from then on, so the disk stays at 0.91 (not 2.32)
+    pol, snap, model = _sim(small, capacity=40_000, ingest=10, hours=2, fileReservedTime=1000, deleteWhen="04",
+                            cleanFileForciblyEnable="false")
+    res = simulate(pol, snap, model)
+    assert res["summary"]["max_ratio"] == 0.91
+    (r,) = res["write_refusals"]
+    assert r["to_ms"] is None and res["summary"]["writes_refused_ms"] == r["from_ms"]
+    assert res["summary"]["writes_refused_total_ms"] == model.until_ms - r["from_ms"]
+    assert res["disk_usage"][-1]["ratio"] == 0.91
+
+
+def test_writes_resume_at_the_first_check_after_deletions_free_the_disk(small):
+    # 4.9.8, deletes only at 06:00: full from about 05:05, the 06:00 run deletes the old segments (it sees the
+    # disk still full when it starts), and the 10-s disk check at 06:00:01 clears the flag
+    pol, snap, model = _sim(small, fileReservedTime=1, deleteWhen="06", cleanFileForciblyEnable="false",
+                            diskMaxUsedSpaceRatio=95)
+    res = simulate(pol, snap, model)
+    (r,) = res["write_refusals"]
+    assert r["by"] == "broker" and T0 + 5 * H < r["from_ms"] < T0 + 6 * H and r["to_ms"] == T0 + 6 * H + 1000
+    assert res["summary"]["max_ratio"] == 0.91 and res["summary"]["commitlog_deleted"] == 6
+    after = [d["used_bytes"] for d in res["disk_usage"] if d["time_ms"] >= r["to_ms"]]
+    assert after[-1] > after[0]  # writing again
+
+
+@pytest.mark.parametrize("version,ingest,over", [
+    ("4", 2, {"fileReservedTime": 1, "deleteWhen": "06", "cleanFileForciblyEnable": "false",
+              "diskMaxUsedSpaceRatio": 95}),
+    ("4", 2, {"fileReservedTime": 1000, "deleteWhen": "04", "cleanFileForciblyEnable": "false"}),
+    ("4", 2, {"fileReservedTime": 0, "deleteWhen": "05;x", "diskMaxUsedSpaceRatio": 95}),
+    ("4", 10, {"fileReservedTime": 3, "deleteWhen": "05;x", "diskMaxUsedSpaceRatio": 95,
+               "cleanFileForciblyEnable": "false"}),
+    ("5", 10, {"fileReservedTime": 5, "deleteWhen": "23", "cleanFileForciblyEnable": "false"}),
+    ("5", 2, {"fileReservedTime": 1000, "deleteWhen": "04", "cleanFileForciblyEnable": "false"}),
+])
+def test_the_event_jumps_match_the_literal_schedule_with_the_disk_full_flag(small, version, ingest, over):
+    # includes runs that refuse writes and resume them (several times on 5.x, whose flag only the cleaner sets)
+    pol, snap, model = _sim(small, version=version, ingest=ingest, **over)
+    got, want = simulate(pol, snap, model), _literal(pol, snap, model)
+    assert got["write_refusals"] == want["write_refusals"]
+    assert got["deletions"] == want["deletions"] and got["summary"] == want["summary"]
+
+
+def test_a_533_broker_whose_deletewhen_always_throws_never_marks_its_disk_full_but_the_disk_still_ends(small):
+    # 5.3.3 sets the flag only in the cleaner run, after isTimeToDelete, which throws outside 23:00: no mark,
+    # the writes go on until the partition is full (ratio 1.00), and the report says this is past the model
+    pol, snap, model = _sim(small, version="5", ingest=10, fileReservedTime=5, deleteWhen="23;x")
+    res = simulate(pol, snap, model)
+    assert res["summary"]["max_ratio"] == 1.0
+    assert [r["by"] for r in res["write_refusals"]] == ["disk"]
+    assert any("disk filled up" in w for w in res["warnings"])
+

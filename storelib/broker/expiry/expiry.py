@@ -27,7 +27,10 @@ Model (all stated in the report, see :func:`simulate`):
 * disk: one partition of ``disk_capacity`` bytes holding ``disk_other_used`` bytes of other data plus
   the store's written bytes (commitlog from min offset to the write position, 20 bytes per live CQ
   unit, live index files) — block usage of sparse, mmap-written files. Without a capacity no disk
-  pressure is modelled (ratios are reported as null).
+  pressure is modelled (ratios are reported as null);
+* writes stop while the disk is marked full (above the warning ratio; DLedger: above its full ratio) and
+  resume when a check finds it below the mark again (:mod:`storelib.broker.expiry.diskfull`): the report's
+  ``write_refusals`` and ``writes_refused_ms`` / ``writes_refused_total_ms``.
 
 Timeline conventions: a commitlog file's ``reason`` is "time" when it was past fileReservedTime and
 the run was triggered by the deleteWhen hour, "space" when past it but triggered by disk usage,
