@@ -154,3 +154,17 @@ def test_a_533_broker_whose_deletewhen_always_throws_never_marks_its_disk_full_b
     assert [r["by"] for r in res["write_refusals"]] == ["disk"]
     assert any("disk filled up" in w for w in res["warnings"])
 
+
+def test_dledger_marks_its_disk_full_even_in_an_hour_whose_deletewhen_throws(tmp_path):
+    # doWork sets isDiskFull before isTimeToDelete throws (DLedgerMmapFileStore.java:710-711): a bad deleteWhen
+    # deletes nothing but still refuses writes from the first run (the start) when the disk is past its mark
+    root = tmp_path / "store"
+    msgs = [Msg("T", 0, T0 + (m // 4) * H + (m % 4) * MIN) for m in range(18)]
+    st = build_store(root, msgs, offsets={"T@lag": {0: 2}}, index_ends=[5000, 13000, 18384], dledger=True)
+    st = with_dledger(st, resolve(str(root)), set())
+    snap = load_snapshot(Store(resolve(str(root)), st))
+    pol = Policy.from_settings("p", st.with_overrides({"deleteWhen": "x", "fileReservedTime": 1000}), disk_capacity=20_000)
+    res = simulate(pol, snap, dataclasses.replace(STATIC, until_ms=snap.last_store_ms + 60_000))
+    assert res["summary"]["commitlog_deleted"] == 0
+    assert res["summary"]["writes_refused_ms"] == snap.last_store_ms
+    assert res["write_refusals"][0]["by"] == "dledger"

@@ -394,9 +394,9 @@ class _Sim(GroupLosses):
         """One CleanSpaceService.doWork at T (a bad deleteWhen throws: nothing that run); the time its
         last deletion happened, or None when it deleted nothing."""
         phys, space, force = self.ratios(T)
+        check(self, "dledger", phys, self.dl_full, self.dl_full, T)  # isDiskFull comes before isTimeToDelete
         if self.table[self.hour(T)] == HOUR_ERROR:
             return None
-        check(self, "dledger", phys, self.dl_full, self.dl_full, T)
         time_up = self.table[self.hour(T)] == HOUR_TRUE
         if not (time_up or space):
             return None

@@ -50,7 +50,7 @@ it runs at the broker's start and again 100 ms after each run ends (doWork, then
 diskMaxUsedSpaceRatio (as a Java float), ignores the age above ``dledger.disk.ratio.clean`` (0.85, at
 least 0.50) with cleanFileForciblyEnable, at most 10 files a run 100 ms apart, never the last; an admin's
 manual delete reaches only the broker's cleaner, so it deletes nothing. Writes are refused (DISK_FULL)
-above that ratio + 0.05 (at most 0.95). The broker's queue cleaner still runs on its own ticks and
+above that ratio + 0.05 (at most 0.95), set at every run, also in an hour whose deleteWhen throws. The broker's queue cleaner still runs on its own ticks and
 deletes consume-queue and index files below the first data file's start (docs/dledger.md).
 """
 
