@@ -11,7 +11,7 @@ import pytest
 
 from storelib.broker.expiry.cleaner import _Sim, simulate
 from storelib.broker.expiry.diskfull import check
-from storelib.broker.expiry.expiry import Policy, TimeModel, load_snapshot
+from storelib.broker.expiry.expiry import HOUR_ERROR, Policy, TimeModel, load_snapshot
 from storelib.broker.settings.store import Store, with_dledger
 from storelib.fileio.bytesource import resolve
 from tests.expiry_storegen import MIN, T0, H, Msg, build_store
@@ -168,3 +168,35 @@ def test_dledger_marks_its_disk_full_even_in_an_hour_whose_deletewhen_throws(tmp
     assert res["summary"]["commitlog_deleted"] == 0
     assert res["summary"]["writes_refused_ms"] == snap.last_store_ms
     assert res["write_refusals"][0]["by"] == "dledger"
+
+
+def _dledger_literal(pol, snap, model):
+    """DLedger's CleanSpaceService run by run (the oracle): doWork, then 100 ms after it returns, or 200 ms
+    after a deleteWhen that throws (its catch sleeps 200); the broker's queue cleaner before each run."""
+    sim = _Sim(pol, snap, model)
+    sim._sample(sim.start)
+    t = sim.start
+    while t <= sim.until:
+        sim._queue_ticks(t)
+        end = sim._dledger_tick(t)
+        t = t + 200 if sim.table[sim.hour(t)] == HOUR_ERROR else (t if end is None else end) + 100
+    sim._queue_ticks(sim.until)
+    sim._sample(sim.until)
+    return sim.result()
+
+
+@pytest.mark.parametrize("when", ["05;x", "05", "x;05", "04;06;x"])
+def test_dledger_runs_200ms_apart_in_hours_whose_deletewhen_throws(tmp_path, when):
+    # started at 04:01:00.100: with "05;x" every hour but 05 throws, so the runs are 200 ms apart until the
+    # first one at or after 05:00 (05:00:00.100), then 100 ms apart: the data files go from 05:00:00.100
+    root = tmp_path / "store"
+    msgs = [Msg("T", 0, T0 + (m // 4) * H + (m % 4) * MIN) for m in range(18)]
+    st = build_store(root, msgs, offsets={"T@lag": {0: 2}}, index_ends=[5000, 13000, 18384], dledger=True)
+    st = with_dledger(st, resolve(str(root)), set())
+    snap = load_snapshot(Store(resolve(str(root)), st))
+    pol = Policy.from_settings("p", st.with_overrides({"deleteWhen": when, "fileReservedTime": 0}))
+    model = dataclasses.replace(STATIC, start_ms=snap.last_store_ms + 100, until_ms=snap.last_store_ms + 3 * H)
+    got = simulate(pol, snap, model)
+    assert got == _dledger_literal(pol, snap, model)
+    if when == "05;x":
+        assert got["summary"]["first_deletion_ms"] == T0 + 5 * H + 100

@@ -19,6 +19,7 @@ from storelib.broker.expiry.expiry import (  # the inputs and the broker's const
     DEFAULT_HORIZON_MS,
     DLEDGER_BATCH_MAX,
     DLEDGER_DELETE_INTERVAL_MS,
+    DLEDGER_ERROR_SLEEP_MS,
     DLEDGER_TICK_MS,
     FIRST_RUN_DELAY_MS,
     HOUR_ERROR,
@@ -88,6 +89,8 @@ class _Sim(GroupLosses):
         self.busy_until = self.T0  # when the cleaner's thread is free again (the end of its last run)
         self.table, self.when_problem = hour_table(policy.delete_when)
         self.zone = parse_zone(policy.tz)
+        if self.dl:
+            self._reanchor(self.start)
         self.S = snap.segment_size
         self.W0 = snap.write_pos
         self.clock = WriteClock(self.t_snap)  # the write position stops while the disk is marked full
@@ -150,7 +153,7 @@ class _Sim(GroupLosses):
         100 ms apart; the broker's queue cleaner keeps its ticks."""
         f32 = np.float32
         self.broker_P, self.broker_T0 = self.P, self.T0
-        self.P, self.T0 = DLEDGER_TICK_MS, self.start
+        self.P, self.T0 = DLEDGER_TICK_MS, self.start  # and _reanchor(start), once the hour table is known
         self.expired = max(1, policy.file_reserved_time + 1) * HOUR_MS
         self.batch, self.interval = DLEDGER_BATCH_MAX, DLEDGER_DELETE_INTERVAL_MS
         self.dl_check = float(f32(f32(policy.disk_max_used_space_ratio) / f32(100)))
@@ -345,11 +348,19 @@ class _Sim(GroupLosses):
                 now = max(now, min(self.busy_until, self.until))
             ke = self.next_event(k)
             t_ev = self.until if ke is None else self.tick(ke)
-            if apply_next_change(self, now, t_ev):  # writes stop or resume first: the cleaner's future changes
-                now = self.refusals[-1]["from_ms"] if self.clock.paused else self.refusals[-1]["to_ms"]
+            boundary = self.dl and ke is None and self.seg_next <= self.until  # DLedger's spacing changes there
+            if boundary:
+                t_ev = self.seg_next
+            changed = apply_next_change(self, now, t_ev)
+            if changed is not None:  # writes stop or resume first: the cleaner's future changes
+                now = changed
                 continue
             if self.dl:  # the broker's queue cleaner runs on its own ticks between DLedger's
                 self._queue_ticks(t_ev)
+            if boundary:
+                self._reanchor(t_ev)
+                k, now = 0, t_ev
+                continue
             if ke is None:
                 break
             k, now = ke, t_ev
@@ -374,9 +385,20 @@ class _Sim(GroupLosses):
         return k
 
     def _reanchor(self, t: int) -> None:
-        """DLedger's next doWork starts 100 ms after the previous one ended: its grid restarts at t."""
-        self.T0 = t
-        self.kmax = (self.until - t) // self.P if self.until >= t else -1
+        """DLedger's next doWork is at t (100 ms after a round ended, or the first run in an hour of the other
+        kind): its grid restarts there, 100 ms apart, or 200 ms in an hour whose deleteWhen throws (doWork
+        catches it and sleeps 200 ms), up to the next hour of the other kind."""
+        err = self.table[self.hour(t)] == HOUR_ERROR
+        self.T0, self.P = t, DLEDGER_ERROR_SLEEP_MS if err else DLEDGER_TICK_MS
+        end = self.next_hour(t)
+        for _ in range(25 if any(x == HOUR_ERROR for x in self.table) else 0):
+            if (self.table[self.hour(end)] == HOUR_ERROR) != err:
+                break
+            end = self.next_hour(end)
+        else:
+            end = self.until + 1  # one kind all day
+        self.seg_next = t + -(-(end - t) // self.P) * self.P  # the grid's first run in the other kind
+        self.kmax = (min(self.until, self.seg_next - 1) - t) // self.P if self.until >= t else -1
 
     def _queue_ticks(self, upto: int) -> None:
         """The broker's queue cleaner (CleanConsumeQueueService) in DLedger mode: at its first tick after the

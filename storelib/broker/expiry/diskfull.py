@@ -161,21 +161,21 @@ def check(sim: _Sim, flag: str, phys: float | None, full_above: float, ok_at_mos
         set_flag(sim, flag, False, t)
 
 
-def apply_next_change(sim: _Sim, now: int, limit: int) -> bool:
+def apply_next_change(sim: _Sim, now: int, limit: int) -> int | None:
     """Apply the first flag change of any check in [now, limit] (before the cleaner event at ``limit``);
-    False when there is none."""
+    its time, or None when there is none."""
     if sim.p.disk_capacity is None:
-        return False
+        return None
     best: tuple[int, Checker] | None = None
     for c in checkers(sim):
         t = first_change(sim, c, now, min(limit, sim.until))
         if t is not None and (best is None or t < best[0]):
             best = (t, c)
     if best is None:
-        return False
+        return None
     t, c = best
     set_flag(sim, c.flag, not sim.flags[c.flag], t)
-    return True
+    return t
 
 
 def refusal_summary(sim: _Sim) -> dict[str, int | None]:

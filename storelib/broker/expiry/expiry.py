@@ -89,6 +89,7 @@ EXTRA_MANUAL = "manualDeleteAt"
 EXTRA_TZ = "jvmTimeZone"
 EXTRA_DLEDGER_CLEAN = "dledger.disk.ratio.clean"  # DLedger's force-clean ratio (a JVM system property there)
 DLEDGER_TICK_MS = 100  # CleanSpaceService.doWork: waitForRunning(100)
+DLEDGER_ERROR_SLEEP_MS = 200  # doWork's catch (a deleteWhen that throws): DLedgerUtils.sleep(200)
 DLEDGER_BATCH_MAX = 10  # MmapFileList.DELETE_FILES_BATCH_MAX
 DLEDGER_DELETE_INTERVAL_MS = 100  # deleteExpiredFileByTime(..., 100, ...)
 
