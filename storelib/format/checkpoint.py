@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from storelib.errors import StoreError
+from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.smallfile_io import PathOrLocation, as_location, atomic_write, file_size, local_path
 from storelib.format.javahash import wrap64
@@ -105,6 +105,46 @@ def read_checkpoint(where: PathOrLocation, *, strict: bool = True) -> Checkpoint
     except OSError as e:
         raise StoreError(loc.path, None, "unreadable", str(e)) from e
     return Checkpoint.from_bytes(head, loc.path)
+
+
+def as_broker_reads(data: bytes | memoryview | None, file: str, size: int | None = None
+                    ) -> tuple[Checkpoint, Finding | None]:
+    """The checkpoint StoreCheckpoint's constructor reads from a file holding ``data`` (None: no file;
+    ``size``: the file's size when ``data`` is only its head).
+
+    It maps 4096 bytes read-write (4.9.8 StoreCheckpoint.java:46, 5.3.3 :49), which extends a shorter
+    file with zeros, so the fields past the file's end read as 0 and the broker starts; a missing file
+    reads as all zeros too (the broker creates it). A short or missing file comes with a warning naming
+    the file and its size (the offset where its bytes stop)."""
+    if data is None:
+        return Checkpoint(), Finding("checkpoint_missing", "warning", file, None,
+                                     "no checkpoint file: every timestamp reads as 0 (the broker creates it)")
+    size = len(data) if size is None else size
+    cp = Checkpoint.from_bytes(bytes(data[:FIELDS_SIZE]).ljust(FIELDS_SIZE, b"\0"), file)
+    if size >= CHECKPOINT_SIZE:
+        return cp, None
+    lost = [n for n, off in zip(Checkpoint.__dataclass_fields__, range(0, FIELDS_SIZE, 8)) if off + 8 > size]
+    what = f"bytes {size}-{FIELDS_SIZE - 1} ({', '.join(lost)}) read as zero" if lost else \
+        "its five fields are all there"
+    return cp, Finding("checkpoint_short", "warning", file, size,
+                       f"checkpoint is {size} bytes, not {CHECKPOINT_SIZE}: the broker maps {CHECKPOINT_SIZE} bytes "
+                       f"read-write, which extends it with zeros; {what}", {"size": size})
+
+
+def read_checkpoint_as_broker(where: PathOrLocation, name: str | None = None) -> tuple[Checkpoint, Finding | None]:
+    """:func:`as_broker_reads` of a store root's (or a path's) checkpoint file, the finding naming it ``name``
+    (default: its path): for the start-up and recovery models and ``info``, which must go on where the broker
+    does; commands that need the exact bytes use :func:`read_checkpoint`."""
+    loc = _checkpoint_location(where)
+    size = file_size(loc)
+    if size is None:
+        return as_broker_reads(None, name or loc.path)
+    try:
+        with loc.fs.open_input_file(loc.path) as f:
+            head = f.read_at(min(size, FIELDS_SIZE), 0)
+    except OSError as e:
+        raise StoreError(loc.path, None, "unreadable", str(e)) from e
+    return as_broker_reads(head, name or loc.path, size)
 
 
 def write_checkpoint(where: str | os.PathLike | Location, cp: Checkpoint) -> str:

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pyarrow.fs as pafs
+
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.smallfile_io import (
@@ -42,6 +44,7 @@ class AbortState:
     pid: int | None = None  # the 5.x broker writes its PID as decimal text
     bak_exists: bool = False
     bak_content: str | None = None
+    unusual: str | None = None  # an abort the broker never writes (a directory, a big file): it still counts
 
     @property
     def last_exit_ok(self) -> bool:
@@ -79,39 +82,63 @@ def _parse_pid(text: str) -> int | None:
     return int(t) if t.isdigit() and len(t) < 12 else None
 
 
+def _read_marker(loc: Location) -> tuple[bool, bytes | None, str | None]:
+    """(exists, content, what is unusual) of a marker: the broker only asks File.exists(), so any size and
+    a directory count; content is kept only for what a broker writes (a PID: at most 4096 bytes)."""
+    try:
+        info = loc.fs.get_file_info(loc.path)
+    except OSError as e:
+        raise StoreError(loc.path, None, "unreadable", str(e)) from e
+    if info.type == pafs.FileType.NotFound:
+        return False, None, None
+    if info.type != pafs.FileType.File:
+        return True, None, f"{loc.path} is a {info.type.name.lower()}, not a file (File.exists() is still true)"
+    size = int(info.size or 0)
+    if size > _MAX_MARKER:
+        return True, None, f"{loc.path} is {size} bytes, no marker a broker writes (its existence is what counts)"
+    raw = read_small(loc, _MAX_MARKER)
+    return raw is not None, raw, None
+
+
 def abort_state(root: PathOrLocation) -> AbortState:
     """Read ``abort`` and ``abort.bak`` of a store root (local path, URI or Location)."""
     loc = _root(root)
-    raw = read_small(loc.join(ABORT_FILE), _MAX_MARKER)
-    bak = read_small(loc.join(ABORT_BAK_FILE), _MAX_MARKER)
+    exists, raw, unusual = _read_marker(loc.join(ABORT_FILE))
+    bak_exists, bak, _ = _read_marker(loc.join(ABORT_BAK_FILE))
     content = _decode_marker(raw) if raw is not None else None
     return AbortState(
-        exists=raw is not None,
+        exists=exists,
         content=content,
         pid=_parse_pid(content) if content else None,
-        bak_exists=bak is not None,
+        bak_exists=bak_exists,
         bak_content=_decode_marker(bak) if bak is not None else None,
+        unusual=unusual,
     )
 
 
 def write_abort(root: str | os.PathLike | Location, pid: int | None = None) -> str:
-    """Create the abort marker, as a broker does after start-up recovery.
+    """Create the abort marker, as a broker's createTempFile does after start-up recovery.
 
-    ``pid=None`` writes the empty 4.9.8 marker. With a PID it follows 5.x: the previous ``abort``
-    content (if any) is copied to ``abort.bak`` first, then the PID is written as decimal text.
-    Returns the path of ``abort``.
+    ``pid=None`` is 4.9.8 (File.createNewFile): an empty file, and an existing ``abort`` (a crash's) is
+    left as it is. With a PID it is 5.3.3: createNewFile, then MixAll.string2File copies the file's
+    content (``""`` when it was just created, else the stale one) to ``abort.bak`` and writes the PID as
+    decimal text, so every 5.x start leaves ``abort.bak``. Returns the path of ``abort``.
     """
     base = local_path(root)
     path = os.path.join(base, ABORT_FILE)
     if pid is None:
-        atomic_write(path, b"")
+        if not os.path.lexists(path):
+            atomic_write(path, b"")
         return path
     if pid < 0:
         raise StoreError(path, None, "bad_value", f"pid {pid} is negative")
+    if os.path.isdir(path):  # file2String opens it: FileNotFoundException, the 5.x start fails
+        raise StoreError(path, None, "not_a_file", "abort is a directory: a 5.x broker cannot start on this store")
+    prev = b""
     if os.path.exists(path):
         with open(path, "rb") as f:
-            prev = f.read(_MAX_MARKER)
-        atomic_write(os.path.join(base, ABORT_BAK_FILE), prev)
+            prev = f.read()
+    atomic_write(os.path.join(base, ABORT_BAK_FILE), prev)
     atomic_write(path, str(pid).encode("ascii"))
     return path
 

@@ -1,8 +1,8 @@
 """The broker's file cleaner replayed (store-algorithms §9): :func:`simulate` runs one :class:`Policy` over a
 :class:`StoreSnapshot` and :class:`TimeModel` (storelib.broker.expiry.expiry) exactly on the cleaner's 10-s tick grid
 without ticking; the model and conventions are in :mod:`storelib.broker.expiry.expiry`'s docstring (a
-DLedger-mode store: DLedger's CleanSpaceService on its 100-ms grid for the data files, the broker's queue
-cleaner on its own ticks).
+DLedger-mode store: DLedger's CleanSpaceService, 100 ms after its previous round ended, for the data files,
+the broker's queue cleaner on its own ticks).
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from storelib.broker.expiry.diskfull import WriteClock, apply_next_change, check, refusal_summary
 from storelib.broker.expiry.expiry import (  # the inputs and the broker's constants
     CQ_UNIT,
     DEFAULT_HORIZON_MS,
     DLEDGER_BATCH_MAX,
     DLEDGER_DELETE_INTERVAL_MS,
+    DLEDGER_ERROR_SLEEP_MS,
     DLEDGER_TICK_MS,
     FIRST_RUN_DELAY_MS,
     HOUR_ERROR,
@@ -32,6 +34,7 @@ from storelib.broker.expiry.expiry import (  # the inputs and the broker's const
     TimeModel,
     hour_table,
 )
+from storelib.broker.expiry.losses import GroupLosses
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.scan.commitlog import offset_to_file_name
 from storelib.units import parse_zone
@@ -40,7 +43,7 @@ from storelib.units import parse_zone
 # the simulation
 
 
-class _Sim:
+class _Sim(GroupLosses):
     """One policy over one snapshot; state advanced tick by tick, jumping over idle ticks."""
 
     def __init__(self, policy: Policy, snap: StoreSnapshot, model: TimeModel):
@@ -83,10 +86,16 @@ class _Sim:
         if self.dl:
             self._dledger_init(policy)
         self.kmax = (self.until - self.T0) // self.P if self.until >= self.T0 else -1
+        self.busy_until = self.T0  # when the cleaner's thread is free again (the end of its last run)
         self.table, self.when_problem = hour_table(policy.delete_when)
         self.zone = parse_zone(policy.tz)
+        if self.dl:
+            self._reanchor(self.start)
         self.S = snap.segment_size
         self.W0 = snap.write_pos
+        self.clock = WriteClock(self.t_snap)  # the write position stops while the disk is marked full
+        self.flags = {"broker": False, "dledger": False, "disk": False}
+        self.refusals: list[dict[str, Any]] = []
         self.n_exist = len(snap.seg_base)
         self.last_exist_base = int(snap.seg_base[-1])
         # queues
@@ -139,11 +148,12 @@ class _Sim:
         self.max_ratio: float | None = None
 
     def _dledger_init(self, policy: Policy) -> None:
-        """DLedger's CleanSpaceService: a 100-ms grid from the start, fileReservedTime + 1 hours (at least one),
-        its ratios as Java floats, 10 files a run 100 ms apart; the broker's queue cleaner keeps its ticks."""
+        """DLedger's CleanSpaceService: a 100-ms grid from the start (restarted 100 ms after each round that
+        deleted), fileReservedTime + 1 hours (at least one), its ratios as Java floats, 10 files a run
+        100 ms apart; the broker's queue cleaner keeps its ticks."""
         f32 = np.float32
         self.broker_P, self.broker_T0 = self.P, self.T0
-        self.P, self.T0 = DLEDGER_TICK_MS, self.start
+        self.P, self.T0 = DLEDGER_TICK_MS, self.start  # and _reanchor(start), once the hour table is known
         self.expired = max(1, policy.file_reserved_time + 1) * HOUR_MS
         self.batch, self.interval = DLEDGER_BATCH_MAX, DLEDGER_DELETE_INTERVAL_MS
         self.dl_check = float(f32(f32(policy.disk_max_used_space_ratio) / f32(100)))
@@ -152,7 +162,6 @@ class _Sim:
         self.dl_full = float(min(f32(force + f32(0.05)), f32(0.95)))
         self.changed_at: int | None = None  # when the data's min offset last moved (the queue cleaner follows)
         self.last_reason: str | None = None
-        self.writes_refused_ms: int | None = None
 
     # -- geometry over time -----------------------------------------------------------------
     def base(self, i: int) -> int:
@@ -161,7 +170,7 @@ class _Sim:
         return self.last_exist_base + (i - self.n_exist + 1) * self.S
 
     def W(self, t: int) -> int:
-        return self.W0 + math.floor(self.R * (t - self.t_snap) / 1000.0) if t > self.t_snap else self.W0
+        return self.W0 + math.floor(self.R * self.clock.writing_ms(t) / 1000.0) if t > self.t_snap else self.W0
 
     def fill_time(self, i: int) -> float:
         """When segment i stops being the newest (the write position reaches its end)."""
@@ -172,7 +181,7 @@ class _Sim:
             return float(self.t_snap)
         if self.R <= 0:
             return math.inf
-        return float(self.t_snap + math.ceil((end - self.W0) * 1000.0 / self.R))
+        return float(self.clock.at_writing_ms(math.ceil((end - self.W0) * 1000.0 / self.R)))
 
     def newest(self, T: int) -> int:
         """Index of the newest segment at T (the first one the write position has not left)."""
@@ -219,6 +228,10 @@ class _Sim:
             cq = CQ_UNIT * max(0, units)
         store = cl + cq + self.idx_bytes
         return self.p.disk_other_used + store, store
+
+    def phys(self, t: int) -> float:
+        """The partition's used ratio at t as Java computes it (ceil to a whole percent); needs a capacity."""
+        return -(-100 * self.used(t)[0] // self.p.disk_capacity) / 100
 
     def ratios(self, t: int) -> tuple[float | None, bool, bool]:
         """(commitlog ratio, isSpaceToDelete, cleanImmediately) as the broker computes them at t."""
@@ -328,19 +341,64 @@ class _Sim:
 
     def run(self) -> None:
         self._sample(self.start)
-        k = 0
+        k, now = 0, self.start
         while True:
-            k = self.next_event(k)
+            if not self.dl:
+                k = self._catch_up(k)
+                now = max(now, min(self.busy_until, self.until))
+            ke = self.next_event(k)
+            t_ev = self.until if ke is None else self.tick(ke)
+            boundary = self.dl and ke is None and self.seg_next <= self.until  # DLedger's spacing changes there
+            if boundary:
+                t_ev = self.seg_next
+            changed = apply_next_change(self, now, t_ev)
+            if changed is not None:  # writes stop or resume first: the cleaner's future changes
+                now = changed
+                continue
             if self.dl:  # the broker's queue cleaner runs on its own ticks between DLedger's
-                self._queue_ticks(self.until if k is None else self.tick(k))
-            if k is None:
+                self._queue_ticks(t_ev)
+            if boundary:
+                self._reanchor(t_ev)
+                k, now = 0, t_ev
+                continue
+            if ke is None:
                 break
+            k, now = ke, t_ev
             if self.dl:
-                self._dledger_tick(self.tick(k))
+                end = self._dledger_tick(t_ev)
+                if end is not None:  # doWork returns after its last deletion, then waits 100 ms
+                    self._reanchor(end + DLEDGER_TICK_MS)
+                    k, now = 0, end
+                    continue
             else:
-                self.run_tick(self.tick(k))
+                self.run_tick(t_ev)
+                now = max(now, self.busy_until)
             k += 1
         self._sample(self.until)
+
+    def _catch_up(self, k: int) -> int:
+        """scheduleAtFixedRate never overlaps runs: a tick that passed while the previous run was still
+        deleting starts when that run ends (judged then), and the next tick keeps its grid time."""
+        while k <= self.kmax and self.tick(k) < self.busy_until <= self.until:
+            self.run_tick(self.busy_until)
+            k += 1
+        return k
+
+    def _reanchor(self, t: int) -> None:
+        """DLedger's next doWork is at t (100 ms after a round ended, or the first run in an hour of the other
+        kind): its grid restarts there, 100 ms apart, or 200 ms in an hour whose deleteWhen throws (doWork
+        catches it and sleeps 200 ms), up to the next hour of the other kind."""
+        err = self.table[self.hour(t)] == HOUR_ERROR
+        self.T0, self.P = t, DLEDGER_ERROR_SLEEP_MS if err else DLEDGER_TICK_MS
+        end = self.next_hour(t)
+        for _ in range(25 if any(x == HOUR_ERROR for x in self.table) else 0):
+            if (self.table[self.hour(end)] == HOUR_ERROR) != err:
+                break
+            end = self.next_hour(end)
+        else:
+            end = self.until + 1  # one kind all day
+        self.seg_next = t + -(-(end - t) // self.P) * self.P  # the grid's first run in the other kind
+        self.kmax = (min(self.until, self.seg_next - 1) - t) // self.P if self.until >= t else -1
 
     def _queue_ticks(self, upto: int) -> None:
         """The broker's queue cleaner (CleanConsumeQueueService) in DLedger mode: at its first tick after the
@@ -354,23 +412,25 @@ class _Sim:
             self.last_phys_min = M
             self._clean_queues(tb, M, self.last_reason or "startup")
 
-    def _dledger_tick(self, T: int) -> None:
-        """One CleanSpaceService.doWork at T (a bad deleteWhen throws: nothing that run)."""
-        if self.table[self.hour(T)] == HOUR_ERROR:
-            return
+    def _dledger_tick(self, T: int) -> int | None:
+        """One CleanSpaceService.doWork at T (a bad deleteWhen throws: nothing that run); the time its
+        last deletion happened, or None when it deleted nothing."""
         phys, space, force = self.ratios(T)
-        if phys is not None and phys > self.dl_full and self.writes_refused_ms is None:
-            self.writes_refused_ms = T
+        check(self, "dledger", phys, self.dl_full, self.dl_full, T)  # isDiskFull comes before isTimeToDelete
+        if self.table[self.hour(T)] == HOUR_ERROR:
+            return None
         time_up = self.table[self.hour(T)] == HOUR_TRUE
         if not (time_up or space):
-            return
+            return None
         pre = self.used(T)
         before = len(self.deletions)
         t_last, reason = self._delete_commitlog(T, time_up, space, force)
-        if len(self.deletions) > before:
-            self.changed_at, self.last_reason = t_last, reason
-            self._sample(T, phys, used=pre)
-            self._sample(t_last)
+        if len(self.deletions) == before:
+            return None
+        self.changed_at, self.last_reason = t_last, reason
+        self._sample(T, phys, used=pre)
+        self._sample(t_last)
+        return t_last
 
     def run_tick(self, T: int) -> None:
         """One run of the clean task at tick T: commit-log cleaner, then the queue/index cleaner."""
@@ -384,6 +444,7 @@ class _Sim:
         pre = phys = None
         if outcome != HOUR_ERROR:  # otherwise isTimeToDelete throws: the whole run is lost
             phys, space, clean_imm = self.ratios(T)
+            check(self, "broker", phys, self.p.warn_ratio, self.p.force_ratio, T)  # isSpaceToDelete marks it
             time_up = outcome == HOUR_TRUE
             manual = self.manual_count > 0
             if time_up or space or manual:
@@ -398,6 +459,7 @@ class _Sim:
         if len(self.deletions) > before:
             self._sample(T, phys, used=pre)
             self._sample(t_last)
+        self.busy_until = t_last
 
     def _delete_commitlog(self, T: int, time_up: bool, space: bool, clean_imm: bool) -> tuple[int, str | None]:
         """MappedFileQueue.deleteExpiredFileByTime on the segment list as it is at tick T."""
@@ -422,57 +484,6 @@ class _Sim:
                 now += self.interval
             i += 1
         return now, reason
-
-    def _below_pairs(self, x: int) -> np.ndarray:
-        """_below(x) for the live pairs' queues."""
-        if x > self.W0:
-            return self.l_max0 + np.floor((x - self.W0) * self.l_mpb).astype(np.int64)
-        row = self.bound_row.get(x)
-        return self.l_below[row] if row is not None else self.l_max0
-
-    def _consumed(self, t: int) -> np.ndarray:
-        """Committed offsets of the live pairs at t (never past the queue's end)."""
-        c = np.floor(self.c_base + self.l_rate * ((t - self.t_base) / 1000.0)).astype(np.int64)
-        cap = self.l_max0 + np.floor((max(self.W(t), self.W0) - self.W0) * self.l_mpb).astype(np.int64)
-        return np.minimum(c, cap)
-
-    def _jump(self, t: int, below: np.ndarray) -> None:
-        """Consumers behind the queue's new min offset resume there."""
-        self.c_base = np.maximum(self._consumed(t), below).astype(np.float64)
-        self.t_base = float(t)
-
-    def _lose(self, i: int, t: int) -> None:
-        """Segment i deleted at t: per pair, the offsets in it at or past the committed offset."""
-        if not len(self.lp):
-            return
-        a = self.base(i)
-        lo, hi = self._below_pairs(a), self._below_pairs(a + self.S)
-        start = np.maximum(self._consumed(t), lo)
-        hit = np.flatnonzero(start < hi)
-        if len(hit):
-            s_, e_, qmax = start[hit], hi[hit], self.l_max0[hit]
-            # existing entries: count and bytes from the sorted (queue, offset) key
-            kq = self.l_key[hit]
-            i1 = np.searchsorted(self.s.key, kq | np.minimum(s_, qmax), "left")
-            i2 = np.searchsorted(self.s.key, kq | np.minimum(e_, qmax), "left")
-            # projected entries past the snapshot have the queue's mean size
-            fut = np.maximum(0, e_ - np.maximum(s_, qmax))
-            cnt = (i2 - i1) + fut
-            byt = (self.s.cum_size[i2] - self.s.cum_size[i1]) + np.rint(fut * self.l_mean[hit]).astype(np.int64)
-            for j, h in enumerate(self.lp[hit].tolist()):
-                if cnt[j] <= 0:
-                    continue
-                self.lost_msgs[h] += int(cnt[j])
-                self.lost_bytes[h] += int(byt[j])
-                if self.first_loss[h] is None:
-                    self.first_loss[h] = t
-                rr = self.ranges[h]
-                lo_, hi_ = int(s_[j]), int(e_[j]) - 1
-                if rr and rr[-1][1] + 1 >= lo_:
-                    rr[-1][1] = max(rr[-1][1], hi_)
-                else:
-                    rr.append([lo_, hi_])
-        self._jump(t, hi)
 
     def _clean_queues(self, t: int, M: int, reason: str) -> None:
         """CleanConsumeQueueService: CQ files whose last unit is below M, then index files."""
@@ -525,16 +536,20 @@ class _Sim:
             "lost_messages": int(self.lost_msgs.sum()), "lost_bytes": int(self.lost_bytes.sum()),
             "groups_with_loss": len({x["group"] for x in groups if x["lost_messages"]}),
             "first_loss_ms": min(losses) if losses else None, "max_ratio": self.max_ratio,
+            **refusal_summary(self),
         }
         if self.dl:
             summary["cleaner"] = "dledger"
-            summary["writes_refused_ms"] = self.writes_refused_ms
         warnings = [self.when_problem] if self.when_problem else []
+        if any(r["by"] == "disk" for r in self.refusals):
+            warnings.append("the disk filled up with no disk-full mark refusing writes: the broker's writes fail "
+                            "there, which is not modelled (writes are taken as refused until space is freed)")
         if self.dl and self.p.manual_deletes:
             warnings.append("manual deletes reach only the broker's commit-log cleaner, which deletes nothing in DLedger "
                             "mode (DLedgerCommitLog.deleteExpiredFile): they are ignored")
         return {"name": self.p.name, "settings": self.p.settings_dict(), "warnings": warnings,
-                "deletions": self.deletions, "disk_usage": self.disk, "groups": groups, "summary": summary}
+                "deletions": self.deletions, "disk_usage": self.disk, "write_refusals": self.refusals,
+                "groups": groups, "summary": summary}
 
 
 def simulate(policy: Policy, snap: StoreSnapshot, model: TimeModel | None = None) -> dict[str, Any]:

@@ -7,7 +7,9 @@ after start, then every ``cleanResourceInterval``) without ticking: between two 
 the write position and the consumers move, both linear in time, so the next tick where the cleaner
 does anything is found directly (next deleteWhen hour, next time the oldest segment passes its
 reserved time, first tick whose disk ratio crosses a threshold — a binary search, the ratio only grows
-between deletions). That tick is then run like the broker runs it.
+between deletions). That tick is then run like the broker runs it. scheduleAtFixedRate never overlaps
+runs: a tick that passes while a run is still deleting (100 ms a file) starts when that run ends and is
+judged then; the ticks after it keep their grid times.
 
 Model (all stated in the report, see :func:`simulate`):
 
@@ -25,7 +27,10 @@ Model (all stated in the report, see :func:`simulate`):
 * disk: one partition of ``disk_capacity`` bytes holding ``disk_other_used`` bytes of other data plus
   the store's written bytes (commitlog from min offset to the write position, 20 bytes per live CQ
   unit, live index files) — block usage of sparse, mmap-written files. Without a capacity no disk
-  pressure is modelled (ratios are reported as null).
+  pressure is modelled (ratios are reported as null);
+* writes stop while the disk is marked full (above the warning ratio; DLedger: above its full ratio) and
+  resume when a check finds it below the mark again (:mod:`storelib.broker.expiry.diskfull`): the report's
+  ``write_refusals`` and ``writes_refused_ms`` / ``writes_refused_total_ms``.
 
 Timeline conventions: a commitlog file's ``reason`` is "time" when it was past fileReservedTime and
 the run was triggered by the deleteWhen hour, "space" when past it but triggered by disk usage,
@@ -41,11 +46,11 @@ hanged-file retry never has work.
 A DLedger-mode store (``StoreSnapshot.dledger``) keeps its data files under DLedger's own cleaner
 (DLedgerMmapFileStore.CleanSpaceService, both lines over DLedger 0.3.1.2; the broker's commit-log cleaner
 only hands it deleteWhen, fileReservedTime + 1 hours and cleanFileForciblyEnable, and deletes nothing):
-it runs every 100 ms from the broker's start, deletes when the deleteWhen hour is on or the disk is past
+it runs at the broker's start and again 100 ms after each run ends (doWork, then waitForRunning(100)), deletes when the deleteWhen hour is on or the disk is past
 diskMaxUsedSpaceRatio (as a Java float), ignores the age above ``dledger.disk.ratio.clean`` (0.85, at
 least 0.50) with cleanFileForciblyEnable, at most 10 files a run 100 ms apart, never the last; an admin's
 manual delete reaches only the broker's cleaner, so it deletes nothing. Writes are refused (DISK_FULL)
-above that ratio + 0.05 (at most 0.95). The broker's queue cleaner still runs on its own ticks and
+above that ratio + 0.05 (at most 0.95), set at every run, also in an hour whose deleteWhen throws. The broker's queue cleaner still runs on its own ticks and
 deletes consume-queue and index files below the first data file's start (docs/dledger.md).
 """
 
@@ -84,6 +89,7 @@ EXTRA_MANUAL = "manualDeleteAt"
 EXTRA_TZ = "jvmTimeZone"
 EXTRA_DLEDGER_CLEAN = "dledger.disk.ratio.clean"  # DLedger's force-clean ratio (a JVM system property there)
 DLEDGER_TICK_MS = 100  # CleanSpaceService.doWork: waitForRunning(100)
+DLEDGER_ERROR_SLEEP_MS = 200  # doWork's catch (a deleteWhen that throws): DLedgerUtils.sleep(200)
 DLEDGER_BATCH_MAX = 10  # MmapFileList.DELETE_FILES_BATCH_MAX
 DLEDGER_DELETE_INTERVAL_MS = 100  # deleteExpiredFileByTime(..., 100, ...)
 

@@ -350,15 +350,14 @@ def store_inputs(store: Store, *, version: str | None = None, last_exit_ok: bool
                  dledger_startup: bool = False) -> RecoveryInputs:
     """RecoveryInputs read from a :class:`~storelib.broker.settings.store.Store` (abort marker, checkpoint, CQ max;
     a DLedger-mode store's index list and state; ``dledger_startup``: replay its start-up, not its lifetime)."""
-    from storelib.format.checkpoint import read_checkpoint
+    from storelib.format.checkpoint import as_broker_reads, read_checkpoint_as_broker
     from storelib.format.markers import abort_state
 
     if last_exit_ok is None:
         last_exit_ok = abort_state(store.loc).last_exit_ok
-    if checkpoint is None:
-        raw = store.checkpoint_bytes()
-        checkpoint = Checkpoint.from_bytes(raw[:40]) if raw is not None and len(raw) >= 40 else (
-            read_checkpoint(store.loc, strict=False) if raw is not None else Checkpoint())
+    if checkpoint is None:  # StoreCheckpoint maps 4096 bytes: a short (or no) file's missing bytes read as zero
+        checkpoint = (as_broker_reads(store.cut.checkpoint, "checkpoint") if store.live
+                      else read_checkpoint_as_broker(store.loc, "checkpoint"))[0]
     if cq_max_phy_offset is None:
         cq_max_phy_offset = consume_queue_max_phy_offset(store)
     kw = dict(last_exit_ok=last_exit_ok, checkpoint=checkpoint, cq_max_phy_offset=cq_max_phy_offset,

@@ -14,7 +14,7 @@ from storelib.broker.settings.cqload import LoadedQueue
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
 from storelib.errors import Finding, StoreError
-from storelib.format.checkpoint import Checkpoint, read_checkpoint
+from storelib.format.checkpoint import as_broker_reads, read_checkpoint_as_broker
 from storelib.format.configjson import consumer_offsets, load_config
 from storelib.format.consumequeue import batch_cq_topics, list_queues
 from storelib.format.indexdir import list_index_files
@@ -125,14 +125,20 @@ def collect(store: Store, scan: bool = True, on_segment: OnSegment = None) -> di
         out["first_store_ms"], out["last_store_ms"] = (min(ts), max(ts)) if ts else (None, None)
     out["queues"] = _queue_rows(store, stats, findings, out)
     out["live"] = store.cut.to_dict() if store.cut is not None else None
-    try:
-        cp = (Checkpoint.from_bytes(store.cut.checkpoint[:40]) if store.live and store.cut.checkpoint
-              and len(store.cut.checkpoint) >= 40 else read_checkpoint(store.loc))
+    try:  # as the broker reads it: a short file's missing bytes are zeros (and a warning says so)
+        cp, short = (as_broker_reads(store.cut.checkpoint, store.path("checkpoint").path) if store.live
+                     else read_checkpoint_as_broker(store.loc))
+        if short is not None and short.kind == "checkpoint_missing":
+            raise StoreError(short.file, None, "missing", "no checkpoint file")
         out["checkpoint"] = dict(cp.__dict__)
+        if short is not None:
+            findings.append(short)
     except StoreError as e:
         out["checkpoint"] = None
         findings.append(Finding(e.kind, "warning", e.file, e.offset, e.detail))
     ab = abort_state(store.loc)
+    if ab.unusual:
+        findings.append(Finding("abort_unusual", "warning", store.path("abort").path, None, ab.unusual))
     meaning = what_broker_does(ab) if store.dledger is None else dledger_restart(store.settings.version, ab.exists)
     out["abort"] = {"exists": ab.exists, "pid": ab.pid, "meaning": meaning}
     if store.dledger is not None:

@@ -68,7 +68,7 @@ from storelib.broker.timer.timerrecovery import TimerRecovery, plan_timer_recove
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.smallfile_io import read_small
-from storelib.format.checkpoint import CHECKPOINT_SIZE, Checkpoint, read_checkpoint
+from storelib.format.checkpoint import CHECKPOINT_SIZE, Checkpoint, as_broker_reads, read_checkpoint_as_broker
 from storelib.format.consumequeue import list_queues
 from storelib.format.indexdir import IndexFileRef
 from storelib.format.indexfile import HEADER_SIZE, IndexHeader
@@ -213,6 +213,8 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     findings: list[Finding] = list(store.commitlog.findings)
     delay_levels = list(settings.delay_levels_ms)
     abort = abort_state(store.loc)
+    if abort.unusual:  # isTempFileExist is File.exists(): an abnormal exit all the same
+        findings.append(Finding("abort_unusual", "warning", "abort", None, abort.unusual))
     lock = lock_state(store.loc)
     cp = _checkpoint_before(store, findings)
     refs = store.index_files(findings)
@@ -291,14 +293,15 @@ def _finish_queues(store: Store, queues: dict[tuple[str, int], QueueReplay], com
 
 
 def _checkpoint_before(store: Store, findings: list[Finding]) -> Checkpoint:
-    """The checkpoint the start-up reads (all zeros, and a finding, when there is none)."""
-    if store.live and store.cut.checkpoint is not None and len(store.cut.checkpoint) >= 40:
-        return Checkpoint.from_bytes(store.cut.checkpoint[:40])  # read first, before the data (the cut)
-    if store.exists("checkpoint"):
-        return read_checkpoint(store.loc, strict=False)
-    findings.append(Finding("checkpoint_missing", "warning", "checkpoint", None,
-                            "no checkpoint file: every timestamp reads as 0"))
-    return Checkpoint()
+    """The checkpoint the start-up reads: StoreCheckpoint maps 4096 bytes, so a short file's missing bytes
+    (or a missing file's) read as zero, with a warning."""
+    if store.live:  # read first, before the data (the cut)
+        cp, finding = as_broker_reads(store.cut.checkpoint, "checkpoint")
+    else:
+        cp, finding = read_checkpoint_as_broker(store.loc, "checkpoint")
+    if finding is not None:
+        findings.append(finding)
+    return cp
 
 
 def index_on_load(refs: list[IndexFileRef], last_exit_ok: bool, cp: Checkpoint) -> list[IndexFileOnLoad]:
