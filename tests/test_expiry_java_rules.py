@@ -112,6 +112,10 @@ def test_writes_stop_while_the_disk_is_full_instead_of_filling_it_past_100_perce
     assert r["to_ms"] is None and res["summary"]["writes_refused_ms"] == r["from_ms"]
     assert res["summary"]["writes_refused_total_ms"] == model.until_ms - r["from_ms"]
     assert res["disk_usage"][-1]["ratio"] == 0.91
+    from jobs.reports.expiry_report import compare_rows
+
+    (row,) = compare_rows([res])  # the text table says it too
+    assert row["writes_refused"].endswith(f"({(model.until_ms - r['from_ms']) / 1000:.0f} s)")
 
 
 def test_writes_resume_at_the_first_check_after_deletions_free_the_disk(small):

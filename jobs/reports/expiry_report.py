@@ -15,7 +15,7 @@ from storelib.fileio.smallfile_io import atomic_write
 
 COMPARE_COLUMNS = ["policy", "reserved_h", "deleteWhen", "max_used%", "capacity", "deleted", "time", "space",
                    "forced", "manual", "first_deletion", "lost_msgs", "lost_bytes", "groups_lost", "first_loss",
-                   "max_ratio"]
+                   "max_ratio", "writes_refused"]
 
 
 def compare_rows(policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -31,6 +31,9 @@ def compare_rows(policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "lost_msgs": m["lost_messages"], "lost_bytes": m["lost_bytes"], "groups_lost": m["groups_with_loss"],
             "first_loss": human_ms(m["first_loss_ms"]),
             "max_ratio": "-" if m["max_ratio"] is None else f"{m['max_ratio']:.2f}",
+            # the broker refuses writes while its disk is marked full: from when, and for how long in all
+            "writes_refused": "-" if m.get("writes_refused_ms") is None else
+            f"{human_ms(m['writes_refused_ms'])} ({m['writes_refused_total_ms'] / 1000:.0f} s)",
         })
     return rows
 
