@@ -1,0 +1,119 @@
+"""The timer-store audit accepts what RocketMQ 5.3.3's TimerMessageStore writes (deletion markers, records
+put straight out, timerlog files its cleaner deleted, a wheel whose num lags after a stop) and still reports
+real damage; the streamed check and the partitioned task say the same on every engine. Stores are the
+real 5.3.3 sample changed the way the broker would (tests/timer_java_stores.py)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from storelib.fileio.bytesource import resolve
+from storelib.format.timerstore import SLOT_SIZE, read_timerlog, slot_index
+from tests import timer_java_stores as J
+from tests.conftest import SAMPLES
+
+NOW = 1_800_000_000_000
+OUTLIVING_IN_SAMPLE = 75  # the sample's pending timers due after fileReservedTime (its export says so)
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory) -> Path:
+    import tarfile
+
+    dest = tmp_path_factory.mktemp("timer-java")
+    with tarfile.open(SAMPLES / "rocketmq-5.3.3-timer-small.tar.gz") as tf:
+        tf.extractall(dest, filter="data")
+    return dest / "rocketmq-5.3.3-timer-small"
+
+
+def _audit(store: Path, **kw) -> dict:
+    from jobs.audit import audit_store
+
+    return audit_store(str(store), quiet=True, now_ms=NOW, **kw)
+
+
+def _timer(rep: dict, severity: str | None = None) -> list[dict]:
+    return [f for f in rep["findings"] if f["kind"].startswith("timer") and severity in (None, f["severity"])]
+
+
+def _kinds(rep: dict, severity: str) -> set[str]:
+    return {f["kind"] for f in _timer(rep, severity)}
+
+
+def _units(store: Path) -> list[dict]:
+    return read_timerlog(resolve(str(store)), J.FILE_SIZE).units.to_pylist()
+
+
+def _slot(store: Path, time_ms: int) -> tuple[int, int, int, int]:
+    """(firstPos, lastPos, num, file offset) of the slot of ``time_ms``."""
+    off = int(slot_index(time_ms, J.PRECISION)) * SLOT_SIZE
+    with open(store / "timerwheel", "rb") as f:
+        f.seek(off)
+        _, first, last, num, _ = struct.unpack(">qqqii", f.read(SLOT_SIZE))
+    return first, last, num, off
+
+
+# ------------------------------------------------------------------------------------------------
+# A: deletion markers
+
+
+def test_a_slot_holding_a_deletion_marker_counts_it_minus_one_and_audits_clean(sample, tmp_path):
+    store = J.copy_store(sample, tmp_path / "s")
+    J.with_deletion_marker(store)
+    marker = _units(store)[-1]
+    assert marker["delete"] and marker["magic"] == 5
+    first, last, num, _ = _slot(store, marker["slot_time_ms"])
+    units = {u["pos"]: u for u in _units(store)}
+    chain, at = [], last
+    while at != -1:
+        chain.append(units[at])
+        at = units[at]["prev_pos"]
+    assert last == marker["pos"] and num == len(chain) - 2  # doEnqueue :773-774: the marker counts -1
+    rep = _audit(store)
+    assert not _timer(rep, "error"), _timer(rep, "error")
+
+
+def test_a_deleted_timer_and_its_marker_are_not_pending(sample, tmp_path):
+    """A rolled pending timer deleted by a marker due when it is: the broker's dequeue of that slot drops it
+    (:1618-1623) and puts nothing out for the marker, so neither outlives retention."""
+    store = tmp_path / "s"
+    J.copy_store(sample, store)
+    J.with_deletion_marker(store, rolled=True)
+    rep = _audit(store)
+    [f] = [f for f in rep["findings"] if f["kind"] == "timer_outlives_retention"]
+    assert f["extra"]["count"] == OUTLIVING_IN_SAMPLE - 1
+    assert not _timer(rep, "error")
+
+
+def test_a_marker_slot_whose_num_exceeds_its_units_is_still_an_error(sample, tmp_path):
+    store = tmp_path / "s"
+    J.copy_store(sample, store)
+    J.with_deletion_marker(store)
+    off = J.poke_slot(store, _units(store)[-1], num_delta=2)  # more than the slot's normal units
+    rep = _audit(store)
+    assert ("timerwheel_chain", "timerwheel", off) in {(f["kind"], f["file"], f["offset"]) for f in _timer(rep, "error")}
+
+
+# ------------------------------------------------------------------------------------------------
+# every engine
+
+
+def _scenarios(sample: Path, base: Path) -> dict[str, Path]:
+    store = J.copy_store(sample, base / "marker")
+    J.with_deletion_marker(store)
+    return {"marker": store}
+
+
+def test_every_engine_reports_the_same_on_the_java_timer_stores(sample, tmp_path, spark):
+    for name, store in _scenarios(sample, tmp_path).items():
+        ref = _audit(store, cross="driver")
+        kinds = {f["kind"] for f in _timer(ref)}
+        assert kinds & {"timerwheel_num_stale", "timerwheel_chain_truncated", "timer_record_put_directly",
+                        "timer_record_lost"} or name == "marker", name
+        for kw in ({}, {"engine": "pool", "workers": 2}, {"engine": "spark", "spark": spark}):
+            rep = _audit(store, **kw)
+            assert rep["run"]["cross_check_mode"].startswith("partitioned"), (name, kw)
+            assert (rep["findings"], rep["timer_store"]) == (ref["findings"], ref["timer_store"]), (name, kw)
