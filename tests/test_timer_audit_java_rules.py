@@ -98,13 +98,39 @@ def test_a_marker_slot_whose_num_exceeds_its_units_is_still_an_error(sample, tmp
 
 
 # ------------------------------------------------------------------------------------------------
+# B: records put straight out
+
+
+def test_b_a_record_due_before_the_next_units_write_time_was_put_straight_out_not_lost(sample, tmp_path):
+    store = tmp_path / "s"
+    J.copy_store(sample, store)
+    J.with_direct_put(store)
+    rep = _audit(store)
+    assert "timer_record_lost" not in _kinds(rep, "error")
+    [f] = [f for f in rep["findings"] if f["kind"] == "timer_record_put_directly"]
+    assert f["severity"] == "info" and f["extra"] == {"count": 1, "unsettled": 0}
+
+
+def test_b_a_record_due_after_the_next_units_write_time_without_a_unit_is_lost(sample, tmp_path):
+    store = tmp_path / "s"
+    J.copy_store(sample, store)
+    phy = J.with_direct_put(store, due_past=False)
+    rep = _audit(store)
+    got = {(f["kind"], f["file"], f["offset"]) for f in _timer(rep, "error")}
+    assert ("timer_record_lost", "commitlog/00000000000000000000", phy) in got
+
+
+# ------------------------------------------------------------------------------------------------
 # every engine
 
 
 def _scenarios(sample: Path, base: Path) -> dict[str, Path]:
-    store = J.copy_store(sample, base / "marker")
-    J.with_deletion_marker(store)
-    return {"marker": store}
+    out = {}
+    for name, make in {"marker": J.with_deletion_marker, "direct put": J.with_direct_put,
+                       "lost record": lambda s: J.with_direct_put(s, due_past=False)}.items():
+        out[name] = J.copy_store(sample, base / name.replace(" ", "_"))
+        make(out[name])
+    return out
 
 
 def test_every_engine_reports_the_same_on_the_java_timer_stores(sample, tmp_path, spark):

@@ -9,7 +9,8 @@ rules RocketMQ 5.3.3's TimerMessageStore writes and reads it with.
   then retries forever (apache/rocketmq#10668); units before the commitlog's start point at expired data;
 * timer records larger than maxMessageSize + 100 bytes stall the broker's timer pipeline (#9654);
 * an unrolled unit's slot is its record's TIMER_OUT_MS (the newest units, read record by record);
-* timer records the timer store has read but holds no unit for are lost;
+* timer records the timer store has read but holds no unit for are lost, unless they were due before
+  the broker's write time and so put straight out;
 * ``timercheck`` agrees with the timerlog (flush position) and with the timer topic's queue;
 * pending timers (not deleted by a marker) due later than fileReservedTime after they were written can
   lose their commitlog segment to time-based retention before delivery (#9006).
@@ -115,21 +116,53 @@ def _check_deliver_times(root: Location, log: LogView, u: Any, hit_rows: tuple, 
     _each(out, "timer_unit_deliver_mismatch", "error", bad)
 
 
-def _check_lost_records(log: LogView, timer_code: int, unit_py: np.ndarray, read_queue_offset: int,
+MAX_LOST_READS = 10_000  # unitless timer records whose TIMER_OUT_MS is read (one random read each)
+
+
+def _check_lost_records(root: Location, log: LogView, timer_code: int, u: Any, read_queue_offset: int,
                         out: Capped) -> None:
     """Timer records the timer store read (queue offset below timercheck's lastTimerQueueOffset) but holds
-    no unit for, from the oldest unit's record on (older units may have gone with their timerlog files):
-    messages the timer store has lost; they are never delivered."""
+    no unit for, from the oldest unit's record on (older units may have gone with their timerlog files).
+
+    5.3.3 puts a record whose deliver time is before currWriteTimeMs straight out, with no unit
+    (putMessageToTimerWheel :1370-1372; its delivered copy carries TIMER_ENQUEUE_MS=Long.MAX_VALUE).
+    currWriteTimeMs only grows (maybeMoveWriteTime), so the next unit's currWriteTime bounds it at the
+    record's enqueue: a record due before that bound was put straight out (info); one due at or after it
+    was lost (error); after the last unit nothing bounds it (info)."""
+    from storelib.scan.commitlog import CommitLog
+
+    unit_py = u.column("offset_py").to_numpy()
     rows = np.flatnonzero(log.topic_idx == timer_code)
     if not len(rows):
         return
     phy, qoff = log.phy[rows], log.qoff[rows]
-    first = int(unit_py.min())
-    missing = rows[(phy >= first) & (qoff < read_queue_offset) & ~np.isin(phy, unit_py)]
-    _each(out, "timer_record_lost", "error", [
-        (f"commitlog/{int(log.phy[r]) // log.segment_size * log.segment_size:020d}", int(log.phy[r]) % log.segment_size,
-         f"timer record (queue offset {int(log.qoff[r])}) read by the timer store (lastTimerQueueOffset "
-         f"{read_queue_offset}) but held by no timerlog unit: it is never delivered", {}) for r in missing.tolist()])
+    missing = rows[(phy >= int(unit_py.min())) & (qoff < read_queue_offset) & ~np.isin(phy, unit_py)]
+    order = np.argsort(unit_py, kind="stable")
+    py_sorted, written = unit_py[order], u.column("curr_write_ms").to_numpy()[order]
+    cl = CommitLog(root.join("commitlog"), log.segment_size)
+    lost, direct, unsettled = [], 0, 0
+    for r in missing.tolist():
+        at = int(np.searchsorted(py_sorted, log.phy[r], side="right"))
+        if at == len(written) or len(lost) + direct >= MAX_LOST_READS:
+            unsettled += 1  # after the last unit nothing bounds currWriteTimeMs (or past the read budget)
+            continue
+        due = _props_at(cl, log.phy[r]).get("TIMER_OUT_MS")
+        if due is not None and due.lstrip("-").isdigit() and int(due) < int(written[at]):
+            direct += 1
+            continue
+        lost.append((f"commitlog/{int(log.phy[r]) // log.segment_size * log.segment_size:020d}",
+                     int(log.phy[r]) % log.segment_size,
+                     f"timer record (queue offset {int(log.qoff[r])}, TIMER_OUT_MS {due}) read by the timer store "
+                     f"(lastTimerQueueOffset {read_queue_offset}) but held by no timerlog unit, though a later unit "
+                     f"was written at {int(written[at])}, before it was due: it is never delivered", {}))
+    if direct or unsettled:
+        out.add(Finding("timer_record_put_directly", "info", "timerlog", None,
+                        f"{direct + unsettled} timer record(s) read by the timer store hold no timerlog unit: "
+                        f"{direct} were due before the next unit's write time, so the broker put them straight out "
+                        "(TimerMessageStore :1370-1372, delivered copy with TIMER_ENQUEUE_MS=Long.MAX_VALUE); "
+                        f"{unsettled} came after the last unit (or past {MAX_LOST_READS} reads), where nothing tells "
+                        "that from a loss", {"count": direct + unsettled, "unsettled": unsettled}))
+    _each(out, "timer_record_lost", "error", lost)
 
 
 def _live_expired(slot: np.ndarray, expired: np.ndarray, times: tuple[int, int], log_min: int,
@@ -385,7 +418,7 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
     _check_deliver_times(root, log, u, hit_rows=(inside, rowc, hit), out=out)
 
     if cp is not None and timer_code >= 0 and u.num_rows:
-        _check_lost_records(log, timer_code, py, cp.last_timer_queue_offset, out)
+        _check_lost_records(root, log, timer_code, u, cp.last_timer_queue_offset, out)
     expired = _check_pending(root, log, u, cp, settings, out, cut if live else None)
     if cp is not None:
         _timercheck_ahead(cp, max((f["base"] + f["end_offset"] for f in tl.files), default=0), facts, out)
