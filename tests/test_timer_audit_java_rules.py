@@ -121,6 +121,66 @@ def test_b_a_record_due_after_the_next_units_write_time_without_a_unit_is_lost(s
 
 
 # ------------------------------------------------------------------------------------------------
+# D1: timerlog files the broker's cleaner deleted
+
+
+def _without_first_timerlog_file(sample: Path, store: Path) -> Path:
+    """The timerlog's first file gone, as TimerMessageStore's cleaner (:486-488) deletes files from the front."""
+    J.copy_store(sample, store)
+    (store / "timerlog" / "00000000000000000000").unlink()
+    return store
+
+
+def test_d1_chains_into_a_deleted_timerlog_file_are_info_not_errors(sample, tmp_path):
+    store = _without_first_timerlog_file(sample, tmp_path / "s")
+    assert any(u["prev_pos"] != -1 and u["prev_pos"] < J.FILE_SIZE for u in _units(store))  # the case is there
+    rep = _audit(store)
+    assert not _timer(rep, "error"), _timer(rep, "error")
+    [f] = [f for f in rep["findings"] if f["kind"] == "timerwheel_chain_truncated"]
+    assert f["severity"] == "info" and f["extra"]["count"] > 0
+
+
+def test_d1_a_prev_pointer_to_no_unit_inside_a_file_that_exists_is_still_an_error(sample, tmp_path):
+    store = _without_first_timerlog_file(sample, tmp_path / "s")
+    units = _units(store)
+    k = next(i for i, u in enumerate(units) if u["prev_pos"] != -1 and u["file"].endswith("16384"))
+    with open(store / units[k]["file"], "r+b") as f:  # prevPos into the middle of a unit of a kept file
+        f.seek(units[k]["file_offset"] + 4)
+        f.write(struct.pack(">q", J.FILE_SIZE + 5))
+    rep = _audit(store)
+    got = {(f["kind"], f["file"], f["offset"]) for f in _timer(rep, "error")}
+    assert ("timerlog_bad_prev", units[k]["file"], units[k]["file_offset"]) in got
+    assert "timerwheel_chain" in {k for k, _, _ in got}
+
+
+def test_d1_delivered_units_pointing_at_expired_records_are_not_called_lost(sample, tmp_path):
+    """A delivered unit keeps pointing at its record until the cleaner deletes its timerlog file; only
+    pending units before the commitlog's start are lost (timer_unit_expired counts those)."""
+    import storelib.checks.timers as timers
+    from storelib.checks.segment import Capped
+    from storelib.format.timerstore import read_timer_checkpoint
+
+    root = resolve(str(sample / "store"))
+    tl = read_timerlog(root, J.FILE_SIZE)
+    cp = read_timer_checkpoint(root)
+    slot = tl.units.column("slot_time_ms").to_numpy()
+    py = tl.units.column("offset_py").to_numpy()
+    delivered = int((slot < cp.last_read_time_ms).sum())
+    assert 0 < delivered < len(slot)
+
+    class Log:  # the commitlog starting past every unit's record
+        log_min, segment_size = int(py.max()) + 1, 1 << 20
+
+    from storelib.broker.settings.store import load_settings
+
+    out = Capped()
+    expired = timers._check_pending(root, Log, tl.units, cp, load_settings(None, "5", root=root), out, None)
+    assert len(expired) == len(slot) - delivered
+    [f] = [f for f in out.items if f.kind == "timer_unit_expired"]
+    assert f.extra["count"] == len(slot) - delivered
+
+
+# ------------------------------------------------------------------------------------------------
 # every engine
 
 
@@ -130,6 +190,7 @@ def _scenarios(sample: Path, base: Path) -> dict[str, Path]:
                        "lost record": lambda s: J.with_direct_put(s, due_past=False)}.items():
         out[name] = J.copy_store(sample, base / name.replace(" ", "_"))
         make(out[name])
+    out["deleted timerlog file"] = _without_first_timerlog_file(sample, base / "deleted")
     return out
 
 

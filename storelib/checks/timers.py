@@ -3,10 +3,12 @@ rules RocketMQ 5.3.3's TimerMessageStore writes and reads it with.
 
 * the timer files themselves: bad timerlog units, prevPos chains that leave the log or loop, wheel
   slots whose chain ends elsewhere than ``firstPos`` or does not hold the units ``num`` counts (a deletion
-  marker counts -1), a wheel of the wrong size (storelib.format.timerstore);
+  marker counts -1; chains that run into timerlog files the broker's cleaner deleted are info), a wheel
+  of the wrong size (storelib.format.timerstore);
 * every timerlog unit points (offsetPy, sizePy) at a ``rmq_sys_wheel_timer`` record of that size;
   units pointing past the commitlog's end are what a truncation leaves and what the broker's dequeue
-  then retries forever (apache/rocketmq#10668); units before the commitlog's start point at expired data;
+  then retries forever (apache/rocketmq#10668); pending units before the commitlog's start point at
+  expired data;
 * timer records larger than maxMessageSize + 100 bytes stall the broker's timer pipeline (#9654);
 * an unrolled unit's slot is its record's TIMER_OUT_MS (the newest units, read record by record);
 * timer records the timer store has read but holds no unit for are lost, unless they were due before
@@ -231,14 +233,17 @@ def _timercheck_ahead(cp: Any, log_end: int, facts: dict[tuple[str, int], dict],
 CHAIN_KINDS = ("timerwheel_chain", "timerlog_bad_prev")  # the format reader's strict rules, re-judged below
 
 
-def _slot_verdict(slot: dict, units: dict[int, tuple[int, bool]]) -> tuple[str, str]:
-    """One wheel slot judged as 5.3.3's broker reads it: ("ok" | "broken", why).
+def _slot_verdict(slot: dict, units: dict[int, tuple[int, bool]], deleted_below: int) -> tuple[str, str]:
+    """One wheel slot judged as 5.3.3's broker reads it: ("ok" | "truncated" | "broken", why).
 
-    dequeue (TimerMessageStore :917-962) walks prevPos from lastPos to -1; doEnqueue counts a
+    dequeue (TimerMessageStore :917-962) walks prevPos from lastPos to -1 and stops where a timerlog file is
+    gone (getWholeBuffer null: the cleaner deletes files from the front, :486-488); doEnqueue counts a
     unit +1 and a deletion marker (magic DELETE) -1 in num (:752-754, :773-774)."""
     at, normal, marks, oldest = slot["last_pos"], 0, 0, None
     while at != -1:
         if at not in units:
+            if 0 <= at < deleted_below:
+                return "truncated", f"the chain runs into timerlog position {at}, in a file the broker deleted"
             return "broken", f"the chain from lastPos {slot['last_pos']} reaches {at}, which is no timerlog unit"
         prev, delete = units[at]
         if prev >= at:  # a unit's prevPos is an earlier unit: a forward one could loop
@@ -254,7 +259,7 @@ def _slot_verdict(slot: dict, units: dict[int, tuple[int, bool]]) -> tuple[str, 
     return "ok", ""
 
 
-def _judge_chains(tl: TimerLog, wheel: pa.Table, found: list[Finding]) -> list[Finding]:
+def _judge_chains(tl: TimerLog, wheel: pa.Table, found: list[Finding], last_read_ms: int | None) -> list[Finding]:
     """The format reader's findings with its strict chain rules (chain length == num, prevPos an earlier
     unit) replaced by the broker's (:func:`_slot_verdict`); the rules belong with the broker's timer code
     (storelib.broker.timer) and live here until that code has them."""
@@ -263,19 +268,27 @@ def _judge_chains(tl: TimerLog, wheel: pa.Table, found: list[Finding]) -> list[F
     pos = u.column("pos").to_numpy()
     prev = u.column("prev_pos").to_numpy()
     units = dict(zip(pos.tolist(), zip(prev.tolist(), u.column("delete").to_pylist())))
-    known = np.isin(prev, pos) | (prev == -1)
+    deleted_below = min((f["base"] for f in tl.files), default=0)
+    known = np.isin(prev, pos) | (prev == -1) | ((prev >= 0) & (prev < deleted_below))
     bad = np.flatnonzero(~known | ((prev >= pos) & (prev != -1)))
     files, offs = u.column("file").to_pylist(), u.column("file_offset").to_numpy()
     _each_into(kept, "timerlog_bad_prev", "error", [
         (files[i], int(offs[i]), f"prevPos {int(prev[i])} is not an earlier unit of the timerlog", {})
         for i in bad.tolist()])
-    verdicts: dict[str, list] = {"broken": []}
+    verdicts: dict[str, list] = {"broken": [], "truncated": []}
     for row in wheel.select(["index", "time_ms", "first_pos", "last_pos", "num", "file_offset"]).to_pylist():
-        kind, why = _slot_verdict(row, units)
+        kind, why = _slot_verdict(row, units, deleted_below)
         if kind != "ok":
             verdicts[kind].append(("timerwheel", row["file_offset"], f"slot {row['index']}: {why}",
                                    {"slot_time_ms": row["time_ms"]}))
     _each_into(kept, "timerwheel_chain", "error", verdicts["broken"])
+    trunc = verdicts["truncated"]
+    if trunc:
+        pending = sum(1 for *_, e in trunc if last_read_ms is not None and e["slot_time_ms"] >= last_read_ms)
+        kept.append(Finding("timerwheel_chain_truncated", "info", "timerwheel", trunc[0][1],
+                            f"{len(trunc)} slot(s) ({pending} not yet read) chain back into timerlog files before "
+                            f"{deleted_below}, which the broker deleted once their units' records left the commitlog "
+                            "(TimerMessageStore :486-488); its dequeue stops there", {"count": len(trunc)}))
     return kept
 
 
@@ -333,25 +346,26 @@ def _deleted_units(root: Location, log: LogView, u: Any, due: np.ndarray, precis
 def _check_pending(root: Location, log: LogView, u: Any, cp: Any, settings: BrokerSettings, out: Capped,
                    cut: StoreCut | None) -> np.ndarray:
     """Pending units (the wheel has not read their slot: #9006) whose records are gone or may go before
-    they are due; deleted timers (:func:`_deleted_units`) are not pending. Returns the expired units (a
-    live store's: the pending ones)."""
+    they are due; deleted timers (:func:`_deleted_units`) are not pending. Returns the expired pending units
+    (every unit before the commitlog's start when there is no timercheck)."""
     py = u.column("offset_py").to_numpy()
     expired = np.flatnonzero(py < log.log_min)
     if cp is None or not u.num_rows:
         if len(expired):
             out.add(Finding("timer_unit_expired", "warning", "timerlog", None,
-                            f"{len(expired)} unit(s) point before the commitlog's first offset {log.log_min}: their "
-                            "messages were deleted before delivery", {"count": int(len(expired))}))
+                            f"{len(expired)} unit(s) point before the commitlog's first offset {log.log_min} "
+                            "(no timercheck tells delivered ones apart)", {"count": int(len(expired))}))
         return expired
     slot = u.column("slot_time_ms").to_numpy()
     due = _deliver_times(root, log, u, slot, cp.last_read_time_ms)
     alive = (slot >= cp.last_read_time_ms) & ~_deleted_units(root, log, u, due, precision_of(settings))
+    expired = expired[alive[expired]]
     if cut is not None:
         expired = _live_expired(slot, expired, (cp.last_read_time_ms, cut.taken_ms), log.log_min, out)
     if len(expired):
         out.add(Finding("timer_unit_expired", "warning", "timerlog", None,
-                        f"{len(expired)} unit(s) point before the commitlog's first offset {log.log_min}: their "
-                        "messages were deleted before delivery", {"count": int(len(expired))}))
+                        f"{len(expired)} pending unit(s) point before the commitlog's first offset {log.log_min}: "
+                        "their messages were deleted before delivery", {"count": int(len(expired))}))
     reserved_ms = int(settings.file_reserved_time) * 3_600_000
     outlive = np.flatnonzero(alive & (due - u.column("curr_write_ms").to_numpy() > reserved_ms))
     if len(outlive):
@@ -388,7 +402,7 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
             None if live else read_timer_checkpoint(root))
     except StoreError as e:
         out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
-    judged = _judge_chains(tl, wheel, list(tl.findings) + wf)
+    judged = _judge_chains(tl, wheel, list(tl.findings) + wf, None if cp is None else cp.last_read_time_ms)
     for f in _settled_wheel_findings(wheel, judged, tl) if live else judged:
         out.add(f)
     u = tl.units
