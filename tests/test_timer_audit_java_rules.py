@@ -181,6 +181,45 @@ def test_d1_delivered_units_pointing_at_expired_records_are_not_called_lost(samp
 
 
 # ------------------------------------------------------------------------------------------------
+# D2: a wheel written every second, not at shutdown
+
+
+def _newest_unit_with_a_prev(store: Path) -> dict:
+    return next(u for u in reversed(_units(store)) if u["prev_pos"] != -1)
+
+
+def test_d2_a_num_missing_the_last_enqueue_is_a_warning_naming_the_brokers_behaviour(sample, tmp_path):
+    store = tmp_path / "s"
+    J.copy_store(sample, store)
+    off = J.poke_slot(store, _newest_unit_with_a_prev(store), num_delta=-1)
+    rep = _audit(store)
+    assert not _timer(rep, "error"), _timer(rep, "error")
+    [f] = [f for f in rep["findings"] if f["kind"] == "timerwheel_num_stale"]
+    assert (f["severity"], f["file"], f["offset"]) == ("warning", "timerwheel", off)
+    assert "reviseSlot" in f["detail"]
+
+
+def test_d2_a_num_above_the_chains_units_is_an_error(sample, tmp_path):
+    store = tmp_path / "s"
+    J.copy_store(sample, store)
+    off = J.poke_slot(store, _newest_unit_with_a_prev(store), num_delta=1)
+    rep = _audit(store)
+    assert ("timerwheel_chain", "timerwheel", off) in {(f["kind"], f["file"], f["offset"]) for f in _timer(rep, "error")}
+
+
+def test_d2_a_chain_that_misses_first_pos_is_an_error(sample, tmp_path):
+    store = tmp_path / "s"
+    J.copy_store(sample, store)
+    u = _newest_unit_with_a_prev(store)
+    first, last, num, off = _slot(store, u["slot_time_ms"])
+    with open(store / "timerwheel", "r+b") as f:
+        f.seek(off + 8)
+        f.write(struct.pack(">q", last))  # firstPos = lastPos, though the chain goes on
+    rep = _audit(store)
+    assert ("timerwheel_chain", "timerwheel", off) in {(f["kind"], f["file"], f["offset"]) for f in _timer(rep, "error")}
+
+
+# ------------------------------------------------------------------------------------------------
 # every engine
 
 
@@ -191,6 +230,8 @@ def _scenarios(sample: Path, base: Path) -> dict[str, Path]:
         out[name] = J.copy_store(sample, base / name.replace(" ", "_"))
         make(out[name])
     out["deleted timerlog file"] = _without_first_timerlog_file(sample, base / "deleted")
+    out["stale num"] = J.copy_store(sample, base / "stale")
+    J.poke_slot(out["stale num"], _newest_unit_with_a_prev(out["stale num"]), num_delta=-1)
     return out
 
 

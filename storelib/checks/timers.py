@@ -2,9 +2,10 @@
 rules RocketMQ 5.3.3's TimerMessageStore writes and reads it with.
 
 * the timer files themselves: bad timerlog units, prevPos chains that leave the log or loop, wheel
-  slots whose chain ends elsewhere than ``firstPos`` or does not hold the units ``num`` counts (a deletion
-  marker counts -1; chains that run into timerlog files the broker's cleaner deleted are info), a wheel
-  of the wrong size (storelib.format.timerstore);
+  slots whose chain ends elsewhere than ``firstPos`` or holds fewer units than ``num`` counts (a deletion
+  marker counts -1; chains that run into timerlog files the broker's cleaner deleted are info; a num
+  behind its chain is what the broker's wheel flush and recovery leave: a warning), a wheel of the wrong
+  size (storelib.format.timerstore);
 * every timerlog unit points (offsetPy, sizePy) at a ``rmq_sys_wheel_timer`` record of that size;
   units pointing past the commitlog's end are what a truncation leaves and what the broker's dequeue
   then retries forever (apache/rocketmq#10668); pending units before the commitlog's start point at
@@ -234,11 +235,13 @@ CHAIN_KINDS = ("timerwheel_chain", "timerlog_bad_prev")  # the format reader's s
 
 
 def _slot_verdict(slot: dict, units: dict[int, tuple[int, bool]], deleted_below: int) -> tuple[str, str]:
-    """One wheel slot judged as 5.3.3's broker reads it: ("ok" | "truncated" | "broken", why).
+    """One wheel slot judged as 5.3.3's broker reads it: ("ok" | "truncated" | "stale_num" | "broken", why).
 
     dequeue (TimerMessageStore :917-962) walks prevPos from lastPos to -1 and stops where a timerlog file is
     gone (getWholeBuffer null: the cleaner deletes files from the front, :486-488); doEnqueue counts a
-    unit +1 and a deletion marker (magic DELETE) -1 in num (:752-754, :773-774)."""
+    unit +1 and a deletion marker (magic DELETE) -1 in num (:752-754, :773-774); the wheel goes to disk
+    every timerFlushIntervalMs and not at shutdown (:552, :1720) and recovery revises lastPos, never num
+    (TimerWheel.reviseSlot), so num may miss the newest units (never count units the chain lacks)."""
     at, normal, marks, oldest = slot["last_pos"], 0, 0, None
     while at != -1:
         if at not in units:
@@ -254,9 +257,11 @@ def _slot_verdict(slot: dict, units: dict[int, tuple[int, bool]], deleted_below:
     counted = f"{normal} unit(s) and {marks} deletion marker(s) (num {normal - marks} when every one is counted)"
     if oldest != slot["first_pos"]:
         return "broken", f"the chain from lastPos {slot['last_pos']} ends at {oldest}, not at firstPos {slot['first_pos']}"
-    if num != normal - marks:
-        return "broken", f"num {num} but the chain holds {counted}"
-    return "ok", ""
+    if num == normal - marks:
+        return "ok", ""
+    if -marks <= num <= normal:
+        return "stale_num", f"num {num}, the chain holds {counted}"
+    return "broken", f"num {num} but the chain holds only {counted}"
 
 
 def _judge_chains(tl: TimerLog, wheel: pa.Table, found: list[Finding], last_read_ms: int | None) -> list[Finding]:
@@ -275,13 +280,19 @@ def _judge_chains(tl: TimerLog, wheel: pa.Table, found: list[Finding], last_read
     _each_into(kept, "timerlog_bad_prev", "error", [
         (files[i], int(offs[i]), f"prevPos {int(prev[i])} is not an earlier unit of the timerlog", {})
         for i in bad.tolist()])
-    verdicts: dict[str, list] = {"broken": [], "truncated": []}
+    verdicts: dict[str, list] = {"broken": [], "stale_num": [], "truncated": []}
     for row in wheel.select(["index", "time_ms", "first_pos", "last_pos", "num", "file_offset"]).to_pylist():
         kind, why = _slot_verdict(row, units, deleted_below)
         if kind != "ok":
             verdicts[kind].append(("timerwheel", row["file_offset"], f"slot {row['index']}: {why}",
                                    {"slot_time_ms": row["time_ms"]}))
     _each_into(kept, "timerwheel_chain", "error", verdicts["broken"])
+    _each_into(kept, "timerwheel_num_stale", "warning", [(f, o, d + ": the broker writes its wheel every "
+                                                          "timerFlushIntervalMs and not at shutdown, and its recovery "
+                                                          "revises lastPos but never num (TimerWheel.reviseSlot); "
+                                                          "delivery walks the chain; num only feeds the congestion "
+                                                          "check (isReject) and the dequeue-behind metric", e)
+                                                         for f, o, d, e in verdicts["stale_num"]])
     trunc = verdicts["truncated"]
     if trunc:
         pending = sum(1 for *_, e in trunc if last_read_ms is not None and e["slot_time_ms"] >= last_read_ms)
