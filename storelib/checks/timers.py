@@ -343,11 +343,12 @@ def _deleted_units(root: Location, log: LogView, u: Any, due: np.ndarray, precis
     reads = 0
     for m in marks.tolist():
         key = _props_at(cl, py[m]).get("TIMER_DEL_UNIQKEY")
-        cand = np.flatnonzero(~dead & (tick == tick[m]) & (hashes == hashes[m]))
-        for i in cand.tolist():
+        if key is None:
+            continue
+        for i in np.flatnonzero(~dead & (tick == tick[m]) & (hashes == hashes[m])).tolist():
             reads += 1
-            if key is None or reads > MAX_DELETE_READS:
-                break
+            if reads > MAX_DELETE_READS:
+                return dead
             props = _props_at(cl, py[i])
             if f"{props.get('REAL_TOPIC')}+{props.get('UNIQ_KEY')}" == key:
                 dead[i] = True
