@@ -1,16 +1,22 @@
-"""Audit of the 5.x timer store against the commitlog (runs after the other cross-file checks).
+"""Audit of the 5.x timer store against the commitlog (runs after the other cross-file checks), by the
+rules RocketMQ 5.3.3's TimerMessageStore writes and reads it with.
 
 * the timer files themselves: bad timerlog units, prevPos chains that leave the log or loop, wheel
-  slots whose chain does not hold ``num`` units, a wheel of the wrong size (storelib.format.timerstore);
+  slots whose chain ends elsewhere than ``firstPos`` or holds fewer units than ``num`` counts (a deletion
+  marker counts -1; chains that run into timerlog files the broker's cleaner deleted are info; a num
+  behind its chain is what the broker's wheel flush and recovery leave: a warning), a wheel of the wrong
+  size (storelib.format.timerstore);
 * every timerlog unit points (offsetPy, sizePy) at a ``rmq_sys_wheel_timer`` record of that size;
   units pointing past the commitlog's end are what a truncation leaves and what the broker's dequeue
-  then retries forever (apache/rocketmq#10668); units before the commitlog's start point at expired data;
+  then retries forever (apache/rocketmq#10668); pending units before the commitlog's start point at
+  expired data;
 * timer records larger than maxMessageSize + 100 bytes stall the broker's timer pipeline (#9654);
 * an unrolled unit's slot is its record's TIMER_OUT_MS (the newest units, read record by record);
-* timer records the timer store has read but holds no unit for are lost;
+* timer records the timer store has read but holds no unit for are lost, unless they were due before
+  the broker's write time and so put straight out;
 * ``timercheck`` agrees with the timerlog (flush position) and with the timer topic's queue;
-* pending timers due later than fileReservedTime after they were written can lose their commitlog
-  segment to time-based retention before delivery (#9006).
+* pending timers (not deleted by a marker) due later than fileReservedTime after they were written can
+  lose their commitlog segment to time-based retention before delivery (#9006).
 """
 
 from __future__ import annotations
@@ -48,6 +54,14 @@ def _each(out: Capped, kind: str, severity: str, items: list[tuple[str, int | No
     if len(items) > SHOWN:
         out.add(Finding(kind, severity, "timerlog", None, f"... and {len(items) - SHOWN} more like these",
                         {"count": len(items)}))
+
+
+def _props_at(cl: Any, phy: int) -> dict[str, str]:
+    """A record's properties ({} when it cannot be read: the checks that need them skip it)."""
+    try:
+        return dict(cl.record_at(int(phy)).column("properties")[0].as_py() or [])
+    except (StoreError, IndexError):
+        return {}
 
 
 MAX_ROLLED_READS = 10_000  # rolled pending units whose TIMER_OUT_MS is read from their record
@@ -105,21 +119,53 @@ def _check_deliver_times(root: Location, log: LogView, u: Any, hit_rows: tuple, 
     _each(out, "timer_unit_deliver_mismatch", "error", bad)
 
 
-def _check_lost_records(log: LogView, timer_code: int, unit_py: np.ndarray, read_queue_offset: int,
+MAX_LOST_READS = 10_000  # unitless timer records whose TIMER_OUT_MS is read (one random read each)
+
+
+def _check_lost_records(root: Location, log: LogView, timer_code: int, u: Any, read_queue_offset: int,
                         out: Capped) -> None:
     """Timer records the timer store read (queue offset below timercheck's lastTimerQueueOffset) but holds
-    no unit for, from the oldest unit's record on (older units may have gone with their timerlog files):
-    messages the timer store has lost; they are never delivered."""
+    no unit for, from the oldest unit's record on (older units may have gone with their timerlog files).
+
+    5.3.3 puts a record whose deliver time is before currWriteTimeMs straight out, with no unit
+    (putMessageToTimerWheel :1370-1372; its delivered copy carries TIMER_ENQUEUE_MS=Long.MAX_VALUE).
+    currWriteTimeMs only grows (maybeMoveWriteTime), so the next unit's currWriteTime bounds it at the
+    record's enqueue: a record due before that bound was put straight out (info); one due at or after it
+    was lost (error); after the last unit nothing bounds it (info)."""
+    from storelib.scan.commitlog import CommitLog
+
+    unit_py = u.column("offset_py").to_numpy()
     rows = np.flatnonzero(log.topic_idx == timer_code)
     if not len(rows):
         return
     phy, qoff = log.phy[rows], log.qoff[rows]
-    first = int(unit_py.min())
-    missing = rows[(phy >= first) & (qoff < read_queue_offset) & ~np.isin(phy, unit_py)]
-    _each(out, "timer_record_lost", "error", [
-        (f"commitlog/{int(log.phy[r]) // log.segment_size * log.segment_size:020d}", int(log.phy[r]) % log.segment_size,
-         f"timer record (queue offset {int(log.qoff[r])}) read by the timer store (lastTimerQueueOffset "
-         f"{read_queue_offset}) but held by no timerlog unit: it is never delivered", {}) for r in missing.tolist()])
+    missing = rows[(phy >= int(unit_py.min())) & (qoff < read_queue_offset) & ~np.isin(phy, unit_py)]
+    order = np.argsort(unit_py, kind="stable")
+    py_sorted, written = unit_py[order], u.column("curr_write_ms").to_numpy()[order]
+    cl = CommitLog(root.join("commitlog"), log.segment_size)
+    lost, direct, unsettled = [], 0, 0
+    for r in missing.tolist():
+        at = int(np.searchsorted(py_sorted, log.phy[r], side="right"))
+        if at == len(written) or len(lost) + direct >= MAX_LOST_READS:
+            unsettled += 1  # after the last unit nothing bounds currWriteTimeMs (or past the read budget)
+            continue
+        due = _props_at(cl, log.phy[r]).get("TIMER_OUT_MS")
+        if due is not None and due.lstrip("-").isdigit() and int(due) < int(written[at]):
+            direct += 1
+            continue
+        lost.append((f"commitlog/{int(log.phy[r]) // log.segment_size * log.segment_size:020d}",
+                     int(log.phy[r]) % log.segment_size,
+                     f"timer record (queue offset {int(log.qoff[r])}, TIMER_OUT_MS {due}) read by the timer store "
+                     f"(lastTimerQueueOffset {read_queue_offset}) but held by no timerlog unit, though a later unit "
+                     f"was written at {int(written[at])}, before it was due: it is never delivered", {}))
+    if direct or unsettled:
+        out.add(Finding("timer_record_put_directly", "info", "timerlog", None,
+                        f"{direct + unsettled} timer record(s) read by the timer store hold no timerlog unit: "
+                        f"{direct} were due before the next unit's write time, so the broker put them straight out "
+                        "(TimerMessageStore :1370-1372, delivered copy with TIMER_ENQUEUE_MS=Long.MAX_VALUE); "
+                        f"{unsettled} came after the last unit (or past {MAX_LOST_READS} reads), where nothing tells "
+                        "that from a loss", {"count": direct + unsettled, "unsettled": unsettled}))
+    _each(out, "timer_record_lost", "error", lost)
 
 
 def _live_expired(slot: np.ndarray, expired: np.ndarray, times: tuple[int, int], log_min: int,
@@ -185,6 +231,84 @@ def _timercheck_ahead(cp: Any, log_end: int, facts: dict[tuple[str, int], dict],
                         f"{cl_max} messages in the commitlog"))
 
 
+CHAIN_KINDS = ("timerwheel_chain", "timerlog_bad_prev")  # the format reader's strict rules, re-judged below
+
+
+def _slot_verdict(slot: dict, units: dict[int, tuple[int, bool]], deleted_below: int) -> tuple[str, str]:
+    """One wheel slot judged as 5.3.3's broker reads it: ("ok" | "truncated" | "stale_num" | "broken", why).
+
+    dequeue (TimerMessageStore :917-962) walks prevPos from lastPos to -1 and stops where a timerlog file is
+    gone (getWholeBuffer null: the cleaner deletes files from the front, :486-488); doEnqueue counts a
+    unit +1 and a deletion marker (magic DELETE) -1 in num (:752-754, :773-774); the wheel goes to disk
+    every timerFlushIntervalMs and not at shutdown (:552, :1720) and recovery revises lastPos, never num
+    (TimerWheel.reviseSlot), so num may miss the newest units (never count units the chain lacks)."""
+    at, normal, marks, oldest = slot["last_pos"], 0, 0, None
+    while at != -1:
+        if at not in units:
+            if 0 <= at < deleted_below:
+                return "truncated", f"the chain runs into timerlog position {at}, in a file the broker deleted"
+            return "broken", f"the chain from lastPos {slot['last_pos']} reaches {at}, which is no timerlog unit"
+        prev, delete = units[at]
+        if prev >= at:  # a unit's prevPos is an earlier unit: a forward one could loop
+            return "broken", f"the chain from lastPos {slot['last_pos']} turns forward at {at} (prevPos {prev})"
+        marks, normal = marks + delete, normal + (not delete)
+        oldest, at = at, prev
+    num = slot["num"]
+    counted = f"{normal} unit(s) and {marks} deletion marker(s) (num {normal - marks} when every one is counted)"
+    if oldest != slot["first_pos"]:
+        return "broken", f"the chain from lastPos {slot['last_pos']} ends at {oldest}, not at firstPos {slot['first_pos']}"
+    if num == normal - marks:
+        return "ok", ""
+    if -marks <= num <= normal:
+        return "stale_num", f"num {num}, the chain holds {counted}"
+    return "broken", f"num {num} but the chain holds only {counted}"
+
+
+def _judge_chains(tl: TimerLog, wheel: pa.Table, found: list[Finding], last_read_ms: int | None) -> list[Finding]:
+    """The format reader's findings with its strict chain rules (chain length == num, prevPos an earlier
+    unit) replaced by the broker's (:func:`_slot_verdict`); the rules belong with the broker's timer code
+    (storelib.broker.timer) and live here until that code has them."""
+    kept = [f for f in found if f.kind not in CHAIN_KINDS]
+    u = tl.units
+    pos = u.column("pos").to_numpy()
+    prev = u.column("prev_pos").to_numpy()
+    units = dict(zip(pos.tolist(), zip(prev.tolist(), u.column("delete").to_pylist())))
+    deleted_below = min((f["base"] for f in tl.files), default=0)
+    known = np.isin(prev, pos) | (prev == -1) | ((prev >= 0) & (prev < deleted_below))
+    bad = np.flatnonzero(~known | ((prev >= pos) & (prev != -1)))
+    files, offs = u.column("file").to_pylist(), u.column("file_offset").to_numpy()
+    _each_into(kept, "timerlog_bad_prev", "error", [
+        (files[i], int(offs[i]), f"prevPos {int(prev[i])} is not an earlier unit of the timerlog", {})
+        for i in bad.tolist()])
+    verdicts: dict[str, list] = {"broken": [], "stale_num": [], "truncated": []}
+    for row in wheel.select(["index", "time_ms", "first_pos", "last_pos", "num", "file_offset"]).to_pylist():
+        kind, why = _slot_verdict(row, units, deleted_below)
+        if kind != "ok":
+            verdicts[kind].append(("timerwheel", row["file_offset"], f"slot {row['index']}: {why}",
+                                   {"slot_time_ms": row["time_ms"]}))
+    _each_into(kept, "timerwheel_chain", "error", verdicts["broken"])
+    _each_into(kept, "timerwheel_num_stale", "warning", [(f, o, d + ": the broker writes its wheel every "
+                                                          "timerFlushIntervalMs and not at shutdown, and its recovery "
+                                                          "revises lastPos but never num (TimerWheel.reviseSlot); "
+                                                          "delivery walks the chain; num only feeds the congestion "
+                                                          "check (isReject) and the dequeue-behind metric", e)
+                                                         for f, o, d, e in verdicts["stale_num"]])
+    trunc = verdicts["truncated"]
+    if trunc:
+        pending = sum(1 for *_, e in trunc if last_read_ms is not None and e["slot_time_ms"] >= last_read_ms)
+        kept.append(Finding("timerwheel_chain_truncated", "info", "timerwheel", trunc[0][1],
+                            f"{len(trunc)} slot(s) ({pending} not yet read) chain back into timerlog files before "
+                            f"{deleted_below}, which the broker deleted once their units' records left the commitlog "
+                            "(TimerMessageStore :486-488); its dequeue stops there", {"count": len(trunc)}))
+    return kept
+
+
+def _each_into(found: list[Finding], kind: str, severity: str, items: list[tuple[str, int | None, str, dict]]) -> None:
+    capped = Capped()
+    _each(capped, kind, severity, items)
+    found.extend(capped.items)
+
+
 def _settled_wheel_findings(wheel: pa.Table, wf: list[Finding], tl: TimerLog) -> list[Finding]:
     """A running broker appends a timer unit to the timerlog, then points its wheel slot at it
     (TimerMessageStore.doEnqueue, 5.3.3 :769 then :773): a wheel read after the timerlog may name units past the timerlog's last
@@ -195,6 +319,75 @@ def _settled_wheel_findings(wheel: pa.Table, wf: list[Finding], tl: TimerLog) ->
     flight = {int(o) for o, last in zip(rows.column("file_offset").to_pylist(), rows.column("last_pos").to_pylist())
               if last > read_to}
     return [f for f in wf if not (f.kind == "timerwheel_chain" and f.offset in flight)]
+
+
+MAX_DELETE_READS = 10_000  # records read to match deletion markers with their targets
+
+
+def _deleted_units(root: Location, log: LogView, u: Any, due: np.ndarray, precision: int) -> np.ndarray:
+    """Units that will never deliver a message: deletion markers (magic DELETE) and the units they delete.
+
+    A marker carries TIMER_DEL_UNIQKEY = REAL_TOPIC + "+" + UNIQ_KEY of its target; the broker's dequeue of
+    a slot drops the units of that slot whose key it names (TimerMessageStore :1618-1623, 5.3.3), and puts
+    no message out for the marker itself; a rolled unit meets its marker in the slot of its deliver time."""
+    from storelib.scan.commitlog import CommitLog
+
+    dead = u.column("delete").to_numpy(zero_copy_only=False).copy()
+    marks = np.flatnonzero(dead)
+    if not len(marks):
+        return dead
+    cl = CommitLog(root.join("commitlog"), log.segment_size)
+    py = u.column("offset_py").to_numpy()
+    hashes = u.column("hash_real_topic").to_numpy()
+    tick = due // precision
+    reads = 0
+    for m in marks.tolist():
+        key = _props_at(cl, py[m]).get("TIMER_DEL_UNIQKEY")
+        if key is None:
+            continue
+        for i in np.flatnonzero(~dead & (tick == tick[m]) & (hashes == hashes[m])).tolist():
+            reads += 1
+            if reads > MAX_DELETE_READS:
+                return dead
+            props = _props_at(cl, py[i])
+            if f"{props.get('REAL_TOPIC')}+{props.get('UNIQ_KEY')}" == key:
+                dead[i] = True
+    return dead
+
+
+def _check_pending(root: Location, log: LogView, u: Any, cp: Any, settings: BrokerSettings, out: Capped,
+                   cut: StoreCut | None) -> np.ndarray:
+    """Pending units (the wheel has not read their slot: #9006) whose records are gone or may go before
+    they are due; deleted timers (:func:`_deleted_units`) are not pending. Returns the expired pending units
+    (every unit before the commitlog's start when there is no timercheck)."""
+    py = u.column("offset_py").to_numpy()
+    expired = np.flatnonzero(py < log.log_min)
+    if cp is None or not u.num_rows:
+        if len(expired):
+            out.add(Finding("timer_unit_expired", "warning", "timerlog", None,
+                            f"{len(expired)} unit(s) point before the commitlog's first offset {log.log_min} "
+                            "(no timercheck tells delivered ones apart)", {"count": int(len(expired))}))
+        return expired
+    slot = u.column("slot_time_ms").to_numpy()
+    due = _deliver_times(root, log, u, slot, cp.last_read_time_ms)
+    alive = (slot >= cp.last_read_time_ms) & ~_deleted_units(root, log, u, due, precision_of(settings))
+    expired = expired[alive[expired]]
+    if cut is not None:
+        expired = _live_expired(slot, expired, (cp.last_read_time_ms, cut.taken_ms), log.log_min, out)
+    if len(expired):
+        out.add(Finding("timer_unit_expired", "warning", "timerlog", None,
+                        f"{len(expired)} pending unit(s) point before the commitlog's first offset {log.log_min}: "
+                        "their messages were deleted before delivery", {"count": int(len(expired))}))
+    reserved_ms = int(settings.file_reserved_time) * 3_600_000
+    outlive = np.flatnonzero(alive & (due - u.column("curr_write_ms").to_numpy() > reserved_ms))
+    if len(outlive):
+        out.add(Finding("timer_outlives_retention", "warning", "timerlog", None,
+                        f"{len(outlive)} pending timer(s) fall due more than fileReservedTime "
+                        f"({settings.file_reserved_time} h) after they were written: time-based retention can "
+                        "delete their commitlog segment before delivery (apache/rocketmq#9006); "
+                        "rmqstore expiry says which a policy loses",
+                        {"count": int(len(outlive)), "first_pos": int(u.column("pos").to_numpy()[outlive[0]])}))
+    return expired
 
 
 def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, out: Capped,
@@ -214,12 +407,15 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
     except StoreError as e:
         out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
         return None
-    for f in tl.findings:
-        out.add(f)
     wheel, wf = read_wheel(root, tl, precision)
-    if live:
-        wf = _settled_wheel_findings(wheel, wf, tl)
-    for f in wf:
+    cp = None
+    try:
+        cp = timer_checkpoint_of(cut.timercheck) if live and cut.timercheck is not None else (
+            None if live else read_timer_checkpoint(root))
+    except StoreError as e:
+        out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
+    judged = _judge_chains(tl, wheel, list(tl.findings) + wf, None if cp is None else cp.last_read_time_ms)
+    for f in _settled_wheel_findings(wheel, judged, tl) if live else judged:
         out.add(f)
     u = tl.units
     py = u.column("offset_py").to_numpy()
@@ -233,20 +429,6 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
     _each(out, "timer_unit_past_commitlog", "error", [
         (files[i], int(offs[i]), f"points at commitlog offset {int(py[i])}, past its end {log.log_end}: the broker's "
          "dequeue retries it forever (apache/rocketmq#10668)", {"offset_py": int(py[i])}) for i in past.tolist()])
-    cp = None
-    try:
-        cp = timer_checkpoint_of(cut.timercheck) if live and cut.timercheck is not None else (
-            None if live else read_timer_checkpoint(root))
-    except StoreError as e:
-        out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
-    expired = np.flatnonzero(py < log.log_min)
-    if live and cp is not None:
-        expired = _live_expired(u.column("slot_time_ms").to_numpy(), expired, (cp.last_read_time_ms, cut.taken_ms),
-                                log.log_min, out)
-    if len(expired):
-        out.add(Finding("timer_unit_expired", "warning", "timerlog", None,
-                        f"{len(expired)} unit(s) point before the commitlog's first offset {log.log_min}: their "
-                        "messages were deleted before delivery", {"count": int(len(expired))}))
     inside, rowc, hit = _units_against_records(log, py, size_py, files, offs, out)
     timer_code = log.topic_code.get(TIMER_TOPIC, -1)
 
@@ -262,20 +444,8 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
     _check_deliver_times(root, log, u, hit_rows=(inside, rowc, hit), out=out)
 
     if cp is not None and timer_code >= 0 and u.num_rows:
-        _check_lost_records(log, timer_code, py, cp.last_timer_queue_offset, out)
-    if cp is not None and u.num_rows:  # units the wheel has not reached yet are pending (#9006)
-        slot = u.column("slot_time_ms").to_numpy()
-        written = u.column("curr_write_ms").to_numpy()
-        reserved_ms = int(settings.file_reserved_time) * 3_600_000
-        due = _deliver_times(root, log, u, slot, cp.last_read_time_ms)
-        outlive = np.flatnonzero((slot >= cp.last_read_time_ms) & (due - written > reserved_ms))
-        if len(outlive):
-            out.add(Finding("timer_outlives_retention", "warning", "timerlog", None,
-                            f"{len(outlive)} pending timer(s) fall due more than fileReservedTime "
-                            f"({settings.file_reserved_time} h) after they were written: time-based retention can "
-                            "delete their commitlog segment before delivery (apache/rocketmq#9006); "
-                            "rmqstore expiry says which a policy loses",
-                            {"count": int(len(outlive)), "first_pos": int(u.column("pos").to_numpy()[outlive[0]])}))
+        _check_lost_records(root, log, timer_code, u, cp.last_timer_queue_offset, out)
+    expired = _check_pending(root, log, u, cp, settings, out, cut if live else None)
     if cp is not None:
         _timercheck_ahead(cp, max((f["base"] + f["end_offset"] for f in tl.files), default=0), facts, out)
     return {"timerlog_units": u.num_rows, "timerlog_files": len(tl.files), "wheel_slots_used": wheel.num_rows,
