@@ -1,6 +1,7 @@
 """Test-only: timer stores as RocketMQ 5.3.3's broker leaves them in states the real sample does not show,
 built from the sample (a copy) with an emulation of TimerMessageStore.doEnqueue / TimerLog.append /
-TimerWheel.putSlot (:func:`java_enqueue`, which reproduces the sample's timerlog and wheel byte for byte).
+TimerWheel.putSlot (:func:`tests.timer_java_oracle.java_enqueue`, which reproduces the sample's timerlog and wheel
+byte for byte).
 Never imported by storelib: the audit must judge these stores on its own."""
 
 from __future__ import annotations
@@ -14,54 +15,16 @@ import pyarrow as pa
 
 from storelib.format.timerstore import (
     SLOT_SIZE,
-    SLOTS_TOTAL,
-    UNIT_SCHEMA,
     read_timer_checkpoint,
     read_timerlog,
     slot_index,
-    unit_position,
     write_timer_store,
 )
+from tests.timer_java_oracle import java_enqueue
 
 FILE_SIZE = 8192  # the sample's mappedFileSizeTimerLog
 PRECISION = 1000
 WINDOW = 172_800  # timerRollWindowSlot
-
-
-def java_enqueue(reqs: list[dict], file_size: int = FILE_SIZE) -> tuple[pa.Table, pa.Table]:
-    """Units and used wheel slots as 5.3.3 leaves them after enqueueing ``reqs`` into an empty store
-    (doEnqueue :737-778: roll, DELETE magic, num +1 / -1). A request: write_ms (currWriteTimeMs), due
-    (TIMER_OUT_MS), offset_py, size_py, hash, delete."""
-    wheel: dict[int, list[int]] = {}
-    cols: dict[str, list] = {f.name: [] for f in UNIT_SCHEMA}
-    for k, r in enumerate(reqs):
-        w, d, magic = r["write_ms"], r["due"], 1
-        if d - w >= WINDOW * PRECISION:
-            magic |= 2
-            d = w + (WINDOW // 2 if d - w - WINDOW * PRECISION < WINDOW // 3 * PRECISION else WINDOW) * PRECISION
-        if r.get("delete"):
-            magic |= 4
-        idx = int(d // PRECISION % (SLOTS_TOTAL * 2))
-        slot = wheel.get(idx)
-        if slot is None or slot[0] != d // PRECISION:
-            slot = [-1, -1, -1, 0, 0]
-        pos = unit_position(k, file_size)
-        wheel[idx] = [d // PRECISION, pos if slot[1] == -1 else slot[1], pos, slot[3] - 1 if r.get("delete") else
-                      slot[3] + 1, slot[4]]
-        for name, v in (("pos", pos), ("file", f"timerlog/{pos - pos % file_size:020d}"),
-                        ("file_offset", pos % file_size), ("prev_pos", slot[2]), ("magic", magic),
-                        ("roll", bool(magic & 2)), ("delete", bool(magic & 4)), ("curr_write_ms", w),
-                        ("delayed_time", d - w), ("slot_time_ms", d), ("offset_py", r["offset_py"]),
-                        ("size_py", r["size_py"]), ("hash_real_topic", r["hash"]), ("reserved", 0)):
-            cols[name].append(v)
-    idx = sorted(wheel)
-    slots = pa.table({"index": pa.array(idx, pa.int32()),
-                      "time_ms": pa.array([wheel[i][0] * PRECISION for i in idx], pa.int64()),
-                      "first_pos": pa.array([wheel[i][1] for i in idx], pa.int64()),
-                      "last_pos": pa.array([wheel[i][2] for i in idx], pa.int64()),
-                      "num": pa.array([wheel[i][3] for i in idx], pa.int32()),
-                      "magic": pa.array([wheel[i][4] for i in idx], pa.int32())})
-    return pa.table(cols, schema=UNIT_SCHEMA), slots
 
 
 def copy_store(sample: Path, dest: Path) -> Path:
@@ -107,7 +70,7 @@ def _rewrite(store: Path, reqs: list[dict], queue_offsets: int = 0) -> tuple[pa.
     from storelib.fileio.bytesource import resolve
 
     cp = read_timer_checkpoint(resolve(str(store)))
-    units, slots = java_enqueue(reqs)
+    units, slots = java_enqueue(reqs, FILE_SIZE)
     grow = (units.num_rows - read_timerlog(resolve(str(store)), FILE_SIZE).units.num_rows) * 52
     cp = dataclasses.replace(cp, last_timer_log_flush_pos=cp.last_timer_log_flush_pos + grow,
                              last_timer_queue_offset=cp.last_timer_queue_offset + queue_offsets,
