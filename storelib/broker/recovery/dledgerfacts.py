@@ -29,6 +29,7 @@ from storelib.format.dledger.entries import (
     HEADER_SIZE,
     INDEX_UNIT_DT,
     INDEX_UNIT_SIZE,
+    first_entry_problem,
     header_problem,
 )
 from storelib.format.record import BORNHOST_V6_FLAG
@@ -149,7 +150,9 @@ class FileFacts:
     where it stops and why (``blank``, ``end_of_data``, ``invalid``); ``index_mismatch``: (index, file
     offset, why) of the first accepted entry whose index unit differs; ``record_magic``/``record_time``:
     the record at byte 48 (5.3.3's isMmapFileMatchedRecover); ``from_offset``: where the facts begin (0
-    unless the task scanned a tail only: then they are partial)."""
+    unless the task scanned a tail only: then they are partial); ``drops_index``: the walk stops at this
+    file's first entry, whose negative index deletes every index file if it is the first entry recover()
+    walks (:func:`storelib.format.dledger.entries.first_entry_problem`)."""
 
     start_problem: str | None
     head_index: int | None
@@ -163,6 +166,7 @@ class FileFacts:
     record_magic: int | None
     record_time: int | None
     from_offset: int = 0
+    drops_index: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -201,7 +205,8 @@ def join_ends(head: SegmentEnd, tail: SegmentEnd) -> SegmentEnd:
     if h is None or t is None or h.from_offset != 0 or t.from_offset != h.end_offset or h.end_kind != "end_of_data":
         return tail
     facts = replace(t, entries=h.entries + t.entries, first=h.first or t.first, last=t.last or h.last,
-                    index_mismatch=h.index_mismatch or t.index_mismatch, from_offset=0)
+                    index_mismatch=h.index_mismatch or t.index_mismatch, from_offset=0,
+                    drops_index=t.drops_index and h.last is None)
     return replace(tail, facts=facts)
 
 
@@ -225,6 +230,7 @@ class HeaderWalk:
     end_kind: str = "invalid"
     end_offset: int = 0
     end_detail: str | None = None
+    drops_index: bool = False  # stopped at a first entry with a negative index (see FileFacts)
 
 
 def walk_headers(source, base: int, start: int, prev: tuple[int, int] | None, *,
@@ -264,8 +270,11 @@ def walk_headers(source, base: int, start: int, prev: tuple[int, int] | None, *,
         why = header_problem(m, size, p, blen, base + pos, left)
         if why is None and prev is not None and index != prev[0] + 1:
             why = f"index {index} does not follow {prev[0]}"
-        if why is None and term < (prev[1] if prev is not None else -1):
-            why = f"term {term} is lower than the previous entry's {prev[1] if prev else -1}"
+        if why is None and prev is not None and term < prev[1]:
+            why = f"term {term} is lower than the previous entry's {prev[1]}"
+        if why is None and prev is None:
+            why = first_entry_problem(index, term)
+            w.drops_index = why is not None and index < 0 and term >= -1
         if why is not None:
             w.end_detail = why
             return w
@@ -336,11 +345,18 @@ class FactsBuilder:
         self.first: tuple[int, int] | None = None
         self.last: tuple[int, int] | None = None
         self.mismatch: tuple[int, int, str] | None = None
+        self.bad_first: HeaderWalk | None = None  # the first entry fails the first-entry rules: the walk ends there
 
     def _take(self, idx: np.ndarray, term: np.ndarray, pos: np.ndarray, size: np.ndarray) -> None:
-        if not len(idx):
+        if not len(idx) or self.bad_first is not None:
             return
         if self.first is None:
+            # the scan (a reader's view) does not hold a file's first entry to recover()'s start values: checked here
+            why = first_entry_problem(int(idx[0]), int(term[0]))
+            if why is not None:
+                self.bad_first = HeaderWalk(end_offset=int(pos[0]) - self.base, end_detail=why,
+                                            drops_index=int(idx[0]) < 0 and int(term[0]) >= -1)
+                return
             self.first = (int(idx[0]), int(term[0]))
         self.last = (int(idx[-1]), int(term[-1]))
         self.entries += len(idx)
@@ -357,7 +373,9 @@ class FactsBuilder:
     def finish(self, source, end: SegmentEnd) -> DLedgerEnd:
         """The scan's end with the file's facts (reads byte 0's header and record, and the headers past the
         scan's end until DLedger's walk stops)."""
-        if self.limit is not None and end.file_offset >= self.limit:  # the run's cut: written since
+        if self.bad_first is not None:
+            tail = self.bad_first
+        elif self.limit is not None and end.file_offset >= self.limit:  # the run's cut: written since
             tail = HeaderWalk(end_kind="end_of_data", end_offset=end.file_offset,
                               end_detail="the run's cut: what was written after it is not read")
         else:
@@ -372,7 +390,8 @@ class FactsBuilder:
             head_index=_I64.unpack_from(head, 8)[0] if len(head) >= 16 else None,
             entries=self.entries, first=self.first, last=self.last,
             end_kind=tail.end_kind, end_offset=tail.end_offset, end_detail=tail.end_detail,
-            index_mismatch=self.mismatch, record_magic=magic, record_time=ts, from_offset=self.start)
+            index_mismatch=self.mismatch, record_magic=magic, record_time=ts, from_offset=self.start,
+            drops_index=tail.drops_index and self.last is None)
         return DLedgerEnd(**end.__dict__, facts=facts)
 
 

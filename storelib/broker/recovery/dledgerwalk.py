@@ -45,7 +45,7 @@ from storelib.broker.recovery.dledgerfacts import (
 )
 from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
 from storelib.errors import Finding, StoreError
-from storelib.format.dledger.entries import ENTRY_MAGIC, INDEX_UNIT_SIZE, EntryHeader
+from storelib.format.dledger.entries import ENTRY_MAGIC, FIRST_ENTRY, INDEX_UNIT_SIZE, EntryHeader
 from storelib.format.record import MAGIC_V1
 from storelib.scan.commitlog import Segment, offset_to_file_name
 from storelib.scan.recordbytes import check_at
@@ -163,6 +163,7 @@ class _Walk:
     stop: str | None = None
     stop_file: int | None = None
     mismatch: tuple[int, int, int, str] | None = None  # (index, file, file offset, why)
+    index_dropped: bool = False  # the first entry walked has a negative index: every index file goes
     walked: list[int] = field(default_factory=list)
 
 
@@ -186,7 +187,11 @@ def _header_walk(segs: tuple[Segment, ...], facts: list[FileFacts], start: int, 
             continue
         w.data_end = base + (S if f.end_kind == "blank" else f.end_offset)
         w.stop = None if f.end_kind in ("blank", "end_of_data") else f.end_detail
+        if w.last is not None and w.stop and FIRST_ENTRY in w.stop and f.entries == 0:  # a file's own first-entry rule
+            w.stop = (f"the first entry (index {f.head_index}) does not follow index {w.last[0]} / term {w.last[1]} "
+                      f"of the previous file ({w.stop})")
         w.stop_file = i
+        w.index_dropped = w.last is None and f.drops_index
         return w
     return w  # pragma: no cover - the last file always returns
 
@@ -407,7 +412,10 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
             "recover() stops the JVM (System.exit(-1)) instead of truncating")
     index: IndexFiles = inp.dledger_index or IndexFiles()
     rewrite = w.mismatch[0] if w.mismatch is not None else None
-    idx_del, idx_new = index_changes(index, rewrite, end_index, begin, True)
+    if w.index_dropped:  # truncateOffset(index * 32 < 0) in recover()'s catch; rebuildWithPos then fails
+        idx_del, idx_new = [f.base for f in index.files], []
+    else:
+        idx_del, idx_new = index_changes(index, rewrite, end_index, begin, True)
     committed, cpos, cnote, fail = _committed(plan, facts, w, begin, end_index, set(idx_del))
     load_failure = load_failure or fail
     data_delete = tuple(s.base for s in segs if s.base > w.data_end)

