@@ -123,3 +123,38 @@ def test_a_negative_first_index_deletes_every_index_file_and_never_raises(tmp_pa
     bad = [f for f in json.loads(out)["findings"] if f["kind"] == "dledger_bad_entry"]
     assert [(f["file"], f["offset"], f["severity"]) for f in bad] == [("dledger-n0/data/00000000000000000000", 0,
                                                                        "critical")]
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. the index file size DLedger is configured with
+
+
+def test_a_short_only_index_file_stops_dledgers_load(tmp_path):
+    """The only index file cut to the 3392 bytes of its units: DLedgerConfig fixes the index file size (160 MiB on
+    every RocketMQ broker; the generator's 16 KiB, a power of two, reads as configured), MmapFileList.doLoad
+    rejects any other size and DLedgerMmapFileStore.load calls System.exit(-1)."""
+    root = _gen(tmp_path, "t6", 100)
+    idx = root / "dledger-n0" / "index" / f"{0:020d}"
+    assert _plan(root)["dledger"]["load_failure"] is None
+    n = len(_entries(root))
+    with open(idx, "r+b") as f:
+        f.truncate(32 * n)
+    doc = _plan(root)
+    assert "System.exit(-1)" in doc["dledger"]["load_failure"] and doc["commitlog"]["supported"] is False
+    f = next(f for f in doc["findings"] if f["kind"] == "dledger_load_fails")
+    assert (f["file"], f["offset"]) == ("dledger-n0/index/00000000000000000000", 32 * n)
+
+
+def test_short_later_index_files_are_judged_by_the_files_spacing(tmp_path):
+    """Three index files 16 KiB apart (the spacing checkSelf requires), the last two cut to 4000 bytes: those two
+    fail the load, though 4000 is now the most common size."""
+    root = _gen(tmp_path, "t6b", 1100)
+    files = sorted((root / "dledger-n0" / "index").iterdir())
+    assert len(files) == 3
+    for p in files[1:]:
+        with open(p, "r+b") as f:
+            f.truncate(4000)
+    doc = _plan(root)
+    bad = [(f["file"], f["offset"]) for f in doc["findings"] if f["kind"] == "dledger_load_fails"]
+    assert bad == [(f"dledger-n0/index/{p.name}", 4000) for p in files[1:]]
+    assert doc["dledger"]["load_failure"].startswith("4000 bytes, not the 16384")
