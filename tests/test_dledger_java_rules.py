@@ -158,3 +158,39 @@ def test_short_later_index_files_are_judged_by_the_files_spacing(tmp_path):
     bad = [(f["file"], f["offset"]) for f in doc["findings"] if f["kind"] == "dledger_load_fails"]
     assert bad == [(f"dledger-n0/index/{p.name}", 4000) for p in files[1:]]
     assert doc["dledger"]["load_failure"].startswith("4000 bytes, not the 16384")
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. the reput's "[BUG]" drift in DLedger mode
+
+
+def test_a_length_mismatch_record_drifts_the_reput_into_the_next_file_which_is_never_dispatched(tmp_path):
+    """propertiesLength lowered by 10 in file 1: the check fails with size TOTALSIZE + 48 (DLedgerCommitLog
+    :358-364), doReput adds it without moving readSize (4.9.8 DefaultMessageStore :2061-2073), the next check
+    fails and ``+= result.getSize() - readSize`` lands one entry size into file 2, inside its first entry:
+    nothing of file 2 is dispatched, and the plan counts it lost."""
+    from storelib.broker.recovery.walk import rebuild_target
+
+    root = _gen(tmp_path, "t8", 900)
+    ents = _entries(root)
+    files = sorted({p - p % SEG for _, p, _ in ents})
+    victim = [e for e in ents if files[1] <= e[1] < files[2]][1]
+    path, off = _data(root, victim[1])
+    b = path.read_bytes()
+    rec = off + BODY_OFFSET
+    blen = struct.unpack_from(">i", b, rec + 84)[0]
+    pl_at = rec + 88 + blen + 1 + b[rec + 88 + blen]
+    plen = struct.unpack_from(">h", b, pl_at)[0]
+    _patch(path, pl_at, struct.pack(">h", plen - 10))
+    res = rebuild_target(_store(root))
+    got = [(d.base, d.start, d.end) for d in res.dispatch if d.base in files[1:4]]
+    assert got[0] == (files[1], 0, victim[1] - files[1]) and all(d[0] != files[2] for d in got)
+    assert any(d[0] == files[3] for d in got)
+    drift = next(f for f in res.findings if f.kind == "reput_drift_skip")
+    assert drift.extra["next"] == files[2] + victim[2]  # file 2 + TOTALSIZE + 48
+    starts2 = [p - files[2] for _, p, _ in ents if files[2] <= p < files[3]]
+    assert victim[2] not in starts2
+    doc = _plan(root)
+    assert [files[2], 0, "reput_drift_skips_file"] in [list(x) for x in doc["dledger"]["reput_skips"]]
+    in12 = [e for e in ents if files[1] <= e[1] < files[3] and e[1] > victim[1]]
+    assert doc["lost"]["totals"]["intact"] == len(in12)

@@ -43,6 +43,7 @@ from storelib.broker.recovery.dledgerfacts import (
     list_index_files,
     walk_headers,
 )
+from storelib.broker.recovery.reputpath import ReputPath, one_buffer, read_length
 from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
 from storelib.errors import Finding, StoreError
 from storelib.format.dledger.entries import ENTRY_MAGIC, FIRST_ENTRY, INDEX_UNIT_SIZE, EntryHeader
@@ -330,19 +331,45 @@ def reput_ranges(plan: WalkPlan, outcomes: Mapping[int, SegmentOutcome], data_en
                                  "the rest of the file"))
             pos = end_buf if end_buf < base + S else base + S
             continue
+        reason, size = outcomes[i].reason, outcomes[i].size
         if rel > e:
-            e, kind = _scan_end_from(plan, seg, rel)
+            e, kind, reason, size = _scan_end_from(plan, seg, rel)
         stop = min(e, end_buf - base)
         if stop > rel:
             out.append(DispatchRange(base, seg.name, rel, stop, None, by))
         pos = base + max(stop, rel)
         if pos >= end_buf:
             continue
-        pos = base + S if kind == "blank" else end_buf  # a failing record: the rest of the buffer is skipped
+        if kind == "blank":
+            pos = base + S
+        elif reason == "length_mismatch" and (size or 0) > 0:  # "[BUG]" in doReput: reputpath's drift
+            rp = ReputPath()
+            pos, _ = one_buffer(plan, i, stop, end_buf - base, {}, None, _reput_scan(plan),
+                                lambda k, at: read_length(plan, k, at), True, rp, BODY_OFFSET, by)
+            out += rp.dispatch
+            found += rp.findings
+        else:
+            pos = end_buf  # a failing record: the rest of the buffer is skipped
     return out, found
 
 
-def _scan_end_from(plan: WalkPlan, seg: Segment, rel: int) -> tuple[int, str]:
+def _reput_scan(plan: WalkPlan):
+    """reputpath's ``scan_from`` over DLedger data files: where a record scan from any offset ends."""
+    def scan(i: int, at: int, end: int | None) -> SegmentEnd:
+        from storelib.scan.scanner import SegmentScan
+
+        seg = plan.segments[i]
+        with seg.open() as src:
+            sc = SegmentScan(src, seg.display, seg.base, at, end, verify_crc=False, with_properties=False,
+                             columns=["phy_offset"], dledger=True, line=plan.inputs.line)
+            for _ in sc:
+                pass
+        assert sc.end is not None
+        return sc.end
+    return scan
+
+
+def _scan_end_from(plan: WalkPlan, seg: Segment, rel: int) -> tuple[int, str, str | None, int | None]:
     """Where the record scan of ``seg`` from entry start ``rel`` ends (the reput starting past a bad record)."""
     from storelib.scan.scanner import SegmentScan
 
@@ -352,7 +379,7 @@ def _scan_end_from(plan: WalkPlan, seg: Segment, rel: int) -> tuple[int, str]:
         for _ in scan:
             pass
     assert scan.end is not None
-    return scan.end.file_offset, scan.end.kind
+    return scan.end.file_offset, scan.end.kind, scan.end.reason, scan.end.size
 
 
 def outcomes_by_file(plan: WalkPlan, result: RecoveryResult) -> dict[int, SegmentOutcome]:
@@ -424,16 +451,18 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
     kept = [i for i, s in enumerate(segs) if s.base not in data_delete]
     min_offset = segs[kept[0]].base if kept else 0
     max_offset = cpos if cpos > 0 else (min_offset if min_offset > 0 else 0)
-    dispatch, abn, cq_cut = [], None, w.data_end
+    dispatch, abn, cq_cut, life = [], None, w.data_end, []
     if not inp.dledger_startup:
-        dispatch, more = reput_ranges(plan, outcomes, w.data_end, min_offset, w.last_end)
-        found += more
+        dispatch, life = reput_ranges(plan, outcomes, w.data_end, min_offset, w.last_end)
+        found += life
+    elif any(o.reason == "length_mismatch" and (o.size or 0) > 0 for o in outcomes.values()):
+        life = reput_ranges(plan, outcomes, w.data_end, min_offset, w.last_end)[1]  # what the drift skips
     elif inp.version == "5" and not inp.last_exit_ok:
         abn, dispatch = _abnormal_533(plan, facts, outcomes, kept, found)
         cq_cut = abn.process_offset
     skips = tuple((segs[i].base, o.end_offset, "reput_skips_rest_of_file") for i, o in outcomes.items()
                   if o.end_kind == "invalid" and i in kept and segs[i].base + o.end_offset < w.data_end
-                  and o.end_offset < (facts[i].end_offset if facts[i].from_offset >= 0 else S))
+                  and o.end_offset < (facts[i].end_offset if facts[i].from_offset >= 0 else S)) + _drift_skips(segs, life, S)
     failure = None
     if w.stop is not None and w.stop_file is not None:
         sf = segs[w.stop_file]
@@ -468,6 +497,19 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
         segments=tuple(outcomes[i] for i in sorted(outcomes)), delete_segments=data_delete, truncate=truncate,
         cq_max_phy_offset=inp.cq_max_phy_offset, truncate_consume_queues=truncate_cq, dispatch=tuple(dispatch),
         supported=supported, findings=tuple(found), dledger=dl, cq_truncate_offset=cq_cut if truncate_cq else None)
+
+
+def _drift_skips(segs: tuple[Segment, ...], found: list[Finding], S: int) -> tuple[tuple[int, int, str], ...]:
+    """Files a reput's "[BUG]" drift never dispatches: those it jumps over, and the one it lands in the middle
+    of an entry of (it reads nothing there and skips the rest)."""
+    inside = {f.file for f in found if f.kind == "reput_inside_entry"}
+    out = []
+    for f in found:
+        if f.kind == "reput_drift_skip":
+            nxt, src = f.extra["next"], f.extra["phy_offset"] - f.extra["phy_offset"] % S
+            out += [(s.base, 0, "reput_drift_skips_file") for s in segs if src < s.base and (
+                s.base + S <= nxt or (s.base <= nxt and s.display in inside))]
+    return tuple(out)
 
 
 def _bytes_after(segs: tuple[Segment, ...], at: int, S: int) -> int:

@@ -23,6 +23,13 @@ body skipped by position, bounded by the buffer, so BODYLENGTH > TOTALSIZE is a 
 recovery), over the buffer only: a record running past the read position fails there (-1), even one a
 drifted read finds straddling processOffset.
 
+In DLedger mode (``head`` = 48) each check first reads the entry header: DLedgerCommitLog's check
+(4.9.8 ``:342-364``) returns ``size = TOTALSIZE + 48`` for a mismatch and leaves the buffer after the
+header and the record's fields, so the drift is the same and the skipped sizes count 48 more each; the
+check after the fields reads the middle of the next entry and fails, and the master's
+``+= result.getSize() - readSize`` lands ``sum(TOTALSIZE + 48)`` past the buffer's end, usually inside an
+entry of the next file, which is then skipped too (:func:`storelib.broker.recovery.dledgerwalk.reput_ranges`).
+
 5.3.3 never meets such a record offline: its recovery dispatches itself and stops at it (the truncation
 point), so its reput starts past it, and ``rebuild --incremental`` dispatches only what recovery checked.
 Its doReput differs in what only a running broker meets: ``reputFromOffset + size > getReputEndOffset()``
@@ -107,17 +114,17 @@ def reput_path(plan: WalkPlan, end_of: Callable[[int], SegmentEnd], process_offs
             break
         seg = segs[i]
         lim = min(S, seg.file_size, process_offset - seg.base)  # the file's read position
-        R, go_on = _one_buffer(plan, i, R - seg.base, lim, starts, end_of, scan_from, length_of, master, out)
+        R, go_on = one_buffer(plan, i, R - seg.base, lim, starts, end_of, scan_from, length_of, master, out)
         if not go_on:
             break
     out.end = R
     return out
 
 
-def _one_buffer(plan: WalkPlan, i: int, pos: int, lim: int, starts: dict, end_of, scan_from: ScanFrom,
-                length_of, master: bool, out: ReputPath) -> tuple[int, bool]:
+def one_buffer(plan: WalkPlan, i: int, pos: int, lim: int, starts: dict, end_of, scan_from: ScanFrom,
+               length_of, master: bool, out: ReputPath, head: int = 0, by: str = "reput") -> tuple[int, bool]:
     """One getData buffer ``[pos, lim)`` of segment ``i``: its dispatch ranges, and (reputFromOffset after
-    it, whether doReput goes on)."""
+    it, whether doReput goes on). ``head``: bytes before each record (48: a DLedger entry header)."""
     S = plan.inputs.segment_size
     seg = plan.segments[i]
     t = starts.get(i)
@@ -130,12 +137,12 @@ def _one_buffer(plan: WalkPlan, i: int, pos: int, lim: int, starts: dict, end_of
                                                e.detail, e.size, e.records))
         stop = min(e.file_offset, lim)
         if stop > at:
-            out.dispatch.append(DispatchRange(seg.base, seg.name, at, stop, None, "reput"))
+            out.dispatch.append(DispatchRange(seg.base, seg.name, at, stop, None, by))
         if e.kind == "blank" and stop < lim:
             x = seg.base + stop + drift
             return x + S - x % S, True  # rollNextFile(reputFromOffset)
         if e.kind == "invalid" and e.size is not None and e.size > 0 and stop < lim:
-            L = length_of(i, stop)
+            L = length_of(i, stop + head)
             if L is None:  # cannot happen for a mismatch the scan reported; say so rather than guess
                 out.findings.append(Finding("reput_unfollowed", "critical", e.file, stop, "no field length"))
                 out.supported = False
@@ -144,10 +151,10 @@ def _one_buffer(plan: WalkPlan, i: int, pos: int, lim: int, starts: dict, end_of
                 "reput_length_mismatch", "critical", e.file, stop,
                 f"{e.detail}: {mismatch_note('4', e.size, L)}",
                 {"phy_offset": seg.base + stop, "total_size": e.size, "read_length": L,
-                 "reput_from_after": seg.base + stop + drift + e.size}))
+                 "reput_from_after": seg.base + stop + drift + e.size + head}))
             drift += e.size - L
-            skipped += e.size
-            at = stop + L
+            skipped += e.size + head
+            at = stop + head + L
             continue
         if stop >= lim and not skipped:  # readSize reached the buffer's size: the next buffer
             return seg.base + lim, True
