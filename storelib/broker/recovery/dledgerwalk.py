@@ -29,7 +29,6 @@ keeps, each file until its first bad record (the reput skips the rest of that fi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -43,10 +42,11 @@ from storelib.broker.recovery.dledgerfacts import (
     list_index_files,
     walk_headers,
 )
-from storelib.broker.recovery.reputpath import ReputPath, one_buffer, read_length
+from storelib.broker.recovery.reputpath import drift_skips, reput_ranges
+from storelib.broker.recovery.reputpath import outcomes_by_file as outcomes_by_file  # startup's import
 from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
 from storelib.errors import Finding, StoreError
-from storelib.format.dledger.entries import ENTRY_MAGIC, FIRST_ENTRY, INDEX_UNIT_SIZE, EntryHeader
+from storelib.format.dledger.entries import FIRST_ENTRY, INDEX_UNIT_SIZE
 from storelib.format.record import MAGIC_V1
 from storelib.scan.commitlog import Segment, offset_to_file_name
 from storelib.scan.recordbytes import check_at
@@ -293,110 +293,6 @@ def _entry_end(plan: WalkPlan, facts: list[FileFacts], w: _Walk, c: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# what the reput dispatches
-
-
-def reput_ranges(plan: WalkPlan, outcomes: Mapping[int, SegmentOutcome], data_end: int, lo: int, hi: int,
-                 by: str = "reput") -> tuple[list[DispatchRange], list[Finding]]:
-    """The reput over the data files from ``lo`` to ``hi`` (getData: up to the file's wrote position and
-    the committed position): good entries are dispatched, a -1 filler rolls to the next file, a bad record
-    skips the rest of the file's buffer ([BUG] in doReput). ``outcomes``: each file's record scan from
-    byte 0 (a start past a file's scan end is scanned from there)."""
-    S = plan.inputs.segment_size
-    files = {s.base: (i, s) for i, s in enumerate(plan.segments)}
-    out: list[DispatchRange] = []
-    found: list[Finding] = []
-    pos = lo
-    while pos < hi:
-        base = pos - pos % S
-        if base not in files or files[base][0] not in outcomes:
-            break
-        i, seg = files[base]
-        wrote = data_end - base if base <= data_end < base + S else S
-        end_buf = min(base + wrote, hi)
-        if pos >= end_buf:
-            break
-        rel = pos - base
-        e, kind = outcomes[i].end_offset, outcomes[i].end_kind
-        try:
-            inside = rel != e and not _entry_at(seg, rel)
-        except StoreError:
-            if seg.loc.local and not os.path.exists(seg.loc.path):  # DLedger's cleaner deleted it since its scan
-                pos = base + S
-                continue
-            raise
-        if inside:
-            found.append(Finding("reput_inside_entry", "warning", seg.display, rel,
-                                 f"the reput starts at {pos}, where no entry starts: it reads no record there and skips "
-                                 "the rest of the file"))
-            pos = end_buf if end_buf < base + S else base + S
-            continue
-        reason, size = outcomes[i].reason, outcomes[i].size
-        if rel > e:
-            e, kind, reason, size = _scan_end_from(plan, seg, rel)
-        stop = min(e, end_buf - base)
-        if stop > rel:
-            out.append(DispatchRange(base, seg.name, rel, stop, None, by))
-        pos = base + max(stop, rel)
-        if pos >= end_buf:
-            continue
-        if kind == "blank":
-            pos = base + S
-        elif reason == "length_mismatch" and (size or 0) > 0:  # "[BUG]" in doReput: reputpath's drift
-            rp = ReputPath()
-            pos, _ = one_buffer(plan, i, stop, end_buf - base, {}, None, _reput_scan(plan),
-                                lambda k, at: read_length(plan, k, at), True, rp, BODY_OFFSET, by)
-            out += rp.dispatch
-            found += rp.findings
-        else:
-            pos = end_buf  # a failing record: the rest of the buffer is skipped
-    return out, found
-
-
-def _reput_scan(plan: WalkPlan):
-    """reputpath's ``scan_from`` over DLedger data files: where a record scan from any offset ends."""
-    def scan(i: int, at: int, end: int | None) -> SegmentEnd:
-        from storelib.scan.scanner import SegmentScan
-
-        seg = plan.segments[i]
-        with seg.open() as src:
-            sc = SegmentScan(src, seg.display, seg.base, at, end, verify_crc=False, with_properties=False,
-                             columns=["phy_offset"], dledger=True, line=plan.inputs.line)
-            for _ in sc:
-                pass
-        assert sc.end is not None
-        return sc.end
-    return scan
-
-
-def _scan_end_from(plan: WalkPlan, seg: Segment, rel: int) -> tuple[int, str, str | None, int | None]:
-    """Where the record scan of ``seg`` from entry start ``rel`` ends (the reput starting past a bad record)."""
-    from storelib.scan.scanner import SegmentScan
-
-    with seg.open() as src:
-        scan = SegmentScan(src, seg.display, seg.base, rel, verify_crc=False, with_properties=False,
-                           columns=["phy_offset"], dledger=True, line=plan.inputs.line)
-        for _ in scan:
-            pass
-    assert scan.end is not None
-    return scan.end.file_offset, scan.end.kind, scan.end.reason, scan.end.size
-
-
-def outcomes_by_file(plan: WalkPlan, result: RecoveryResult) -> dict[int, SegmentOutcome]:
-    """The walk's record-scan outcomes keyed by data file index (for :func:`reput_ranges`)."""
-    at = {s.base: i for i, s in enumerate(plan.segments)}
-    return {at[o.base]: o for o in result.segments if o.base in at}
-
-
-def _entry_at(seg: Segment, rel: int) -> bool:
-    """Does an entry written at file offset ``rel`` start there (magic 1, its pos field = its offset)?"""
-    with seg.open() as src:
-        head = bytes(src.read(rel, BODY_OFFSET))
-    if len(head) < BODY_OFFSET:
-        return False
-    h = EntryHeader.from_bytes(head)
-    return h.magic == ENTRY_MAGIC and h.pos == seg.base + rel
-# ---------------------------------------------------------------------------------------------
 # plan and finish (called by storelib.broker.recovery.walk in DLedger mode)
 
 
@@ -462,7 +358,7 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
         cq_cut = abn.process_offset
     skips = tuple((segs[i].base, o.end_offset, "reput_skips_rest_of_file") for i, o in outcomes.items()
                   if o.end_kind == "invalid" and i in kept and segs[i].base + o.end_offset < w.data_end
-                  and o.end_offset < (facts[i].end_offset if facts[i].from_offset >= 0 else S)) + _drift_skips(segs, life, S)
+                  and o.end_offset < (facts[i].end_offset if facts[i].from_offset >= 0 else S)) + drift_skips(segs, life, S)
     failure = None
     if w.stop is not None and w.stop_file is not None:
         sf = segs[w.stop_file]
@@ -497,19 +393,6 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
         segments=tuple(outcomes[i] for i in sorted(outcomes)), delete_segments=data_delete, truncate=truncate,
         cq_max_phy_offset=inp.cq_max_phy_offset, truncate_consume_queues=truncate_cq, dispatch=tuple(dispatch),
         supported=supported, findings=tuple(found), dledger=dl, cq_truncate_offset=cq_cut if truncate_cq else None)
-
-
-def _drift_skips(segs: tuple[Segment, ...], found: list[Finding], S: int) -> tuple[tuple[int, int, str], ...]:
-    """Files a reput's "[BUG]" drift never dispatches: those it jumps over, and the one it lands in the middle
-    of an entry of (it reads nothing there and skips the rest)."""
-    inside = {f.file for f in found if f.kind == "reput_inside_entry"}
-    out = []
-    for f in found:
-        if f.kind == "reput_drift_skip":
-            nxt, src = f.extra["next"], f.extra["phy_offset"] - f.extra["phy_offset"] % S
-            out += [(s.base, 0, "reput_drift_skips_file") for s in segs if src < s.base and (
-                s.base + S <= nxt or (s.base <= nxt and s.display in inside))]
-    return tuple(out)
 
 
 def _bytes_after(segs: tuple[Segment, ...], at: int, S: int) -> int:
