@@ -194,3 +194,20 @@ def test_a_length_mismatch_record_drifts_the_reput_into_the_next_file_which_is_n
     assert [files[2], 0, "reput_drift_skips_file"] in [list(x) for x in doc["dledger"]["reput_skips"]]
     in12 = [e for e in ents if files[1] <= e[1] < files[3] and e[1] > victim[1]]
     assert doc["lost"]["totals"]["intact"] == len(in12)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. a committed unit in a missing index file
+
+
+def test_a_committed_unit_in_a_missing_index_file_fails_the_load(tmp_path):
+    """committedIndex 300 whose unit lies in the deleted first index file: updateCommittedIndex ->
+    getEntryPosAndSize finds no file (:566-567), DISK_ERROR, and 4.9.8 DefaultMessageStore.load catches it and
+    fails (:212, :221-223): not a committed position read from zeros."""
+    root = _gen(tmp_path, "t4", 900)
+    n = len(_entries(root))
+    (root / "dledger-n0" / "checkpoint").write_text(f"committedIndex=300\nendIndex={n - 1}\n")
+    (root / "dledger-n0" / "index" / f"{0:020d}").unlink()
+    doc = _plan(root)
+    assert "dledger-n0/index/00000000000000000000 @ 9600" in doc["dledger"]["load_failure"]
+    assert doc["commitlog"]["supported"] is False and doc["dledger"]["committed_pos"] == -1

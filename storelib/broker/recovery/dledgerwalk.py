@@ -277,6 +277,12 @@ def _committed(plan: WalkPlan, facts: list[FileFacts], w: _Walk, begin: int, end
     if w.mismatch is not None and c >= w.mismatch[0]:  # a rewritten unit: the entry's own position and size
         return c, _entry_end(plan, facts, w, c), note, None
     u, have = index.units(c, 1)
+    if not have[0]:  # getEntryPosAndSize: getData returns null, PreConditions throws DISK_ERROR
+        at = c * INDEX_UNIT_SIZE
+        folder = index.files[0].folder if index.files else "index"
+        return -1, -1, note, (f"no index file holds committed entry {c}'s unit ({folder}/"
+                              f"{offset_to_file_name(at - at % F)} @ {at % F}): updateCommittedIndex fails with "
+                              "DISK_ERROR and the broker's load() fails (4.9.8 DefaultMessageStore.load :221-223)")
     return c, int(u[0]["pos"]) + int(u[0]["size"]), note + " (position and size from its index unit)", None
 
 
