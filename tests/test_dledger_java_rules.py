@@ -211,3 +211,36 @@ def test_a_committed_unit_in_a_missing_index_file_fails_the_load(tmp_path):
     doc = _plan(root)
     assert "dledger-n0/index/00000000000000000000 @ 9600" in doc["dledger"]["load_failure"]
     assert doc["commitlog"]["supported"] is False and doc["dledger"]["committed_pos"] == -1
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. a -1 magic mid-way through the last file
+
+
+def test_a_minus_one_magic_inside_the_last_file_ends_the_ledger_and_the_plan_counts_the_loss(tmp_path):
+    """DLedger takes a -1 magic for a blank filler (:211-216): in the last file that ends the ledger, processOffset
+    at the file's end, and the entries after it are dropped; the plan names the offset and counts them."""
+    root = _gen(tmp_path, "t10", 300)
+    ents = _entries(root)
+    last_base = ents[-1][1] - ents[-1][1] % SEG
+    inlast = [e for e in ents if e[1] >= last_base]
+    v = inlast[2]
+    path, off = _data(root, v[1])
+    _patch(path, off, struct.pack(">i", -1))
+    doc = _plan(root)
+    dl = doc["dledger"]
+    assert (dl["data_end"], dl["ledger_end_index"], dl["ledger_cut"]) == (last_base + SEG, v[0] - 1, v[1])
+    f = _kinds(doc)["dledger_data_truncated"]
+    assert (f["file"], f["offset"]) == (f"dledger-n0/data/{last_base:020d}", off)
+    assert doc["lost"]["totals"]["intact"] == len(inlast) - 3
+
+
+def test_a_blank_filler_at_the_end_of_the_last_file_drops_nothing(tmp_path):
+    """A genuine filler (its length the bytes left) in the last file is no loss."""
+    root = _gen(tmp_path, "t10b", 300)
+    ents = _entries(root)
+    end = ents[-1][1] + ents[-1][2]
+    path, off = _data(root, end)
+    _patch(path, off, struct.pack(">ii", -1, SEG - off))
+    doc = _plan(root)
+    assert doc["dledger"]["ledger_cut"] is None and "dledger_data_truncated" not in _kinds(doc)

@@ -29,6 +29,7 @@ from storelib.format.dledger.entries import (
     HEADER_SIZE,
     INDEX_UNIT_DT,
     INDEX_UNIT_SIZE,
+    NOT_A_FILLER,
     first_entry_problem,
     header_problem,
 )
@@ -269,6 +270,9 @@ def walk_headers(source, base: int, start: int, prev: tuple[int, int] | None, *,
         magic = _I32.unpack_from(buf, rel)[0]
         if magic == BLANK_MAGIC:
             w.end_kind, w.end_detail = "blank", f"blank filler, {left} bytes to the end of the file"
+            rest = _I32.unpack_from(buf, rel + 4)[0] if left >= 8 else left
+            if rest != left:  # the scanner's wording: a -1 magic that is no filler DLedger wrote
+                w.end_detail += f" ({NOT_A_FILLER} {rest}, {left} bytes are left)"
             return w
         if left < 8:
             w.end_detail = f"{left} bytes left in the file: reading the entry size underflows"

@@ -46,7 +46,7 @@ from storelib.broker.recovery.reputpath import drift_skips, reput_ranges
 from storelib.broker.recovery.reputpath import outcomes_by_file as outcomes_by_file  # startup's import
 from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
 from storelib.errors import Finding, StoreError
-from storelib.format.dledger.entries import FIRST_ENTRY, INDEX_UNIT_SIZE
+from storelib.format.dledger.entries import FIRST_ENTRY, INDEX_UNIT_SIZE, NOT_A_FILLER
 from storelib.format.record import MAGIC_V1
 from storelib.scan.commitlog import Segment, offset_to_file_name
 from storelib.scan.recordbytes import check_at
@@ -100,6 +100,7 @@ class DLedgerRecovery:
     abnormal_533: Abnormal533 | None = None
     cq_truncate_offset: int | None = None
     reput_skips: tuple[tuple[int, int, str], ...] = ()  # (file base, from, why) of records no reput dispatches
+    ledger_cut: int | None = None  # a -1 magic in the last file that is no filler: the ledger ends there
 
     def to_json(self) -> dict:
         d = dict(self.__dict__)
@@ -165,6 +166,7 @@ class _Walk:
     stop_file: int | None = None
     mismatch: tuple[int, int, int, str] | None = None  # (index, file, file offset, why)
     index_dropped: bool = False  # the first entry walked has a negative index: every index file goes
+    ledger_cut: int | None = None  # see DLedgerRecovery.ledger_cut
     walked: list[int] = field(default_factory=list)
 
 
@@ -186,6 +188,8 @@ def _header_walk(segs: tuple[Segment, ...], facts: list[FileFacts], start: int, 
             w.mismatch = (f.index_mismatch[0], i, f.index_mismatch[1], f.index_mismatch[2])
         if f.end_kind == "blank" and i + 1 < len(segs):
             continue
+        if f.end_kind == "blank" and NOT_A_FILLER in (f.end_detail or ""):  # :211-216: the last file, so the end
+            w.ledger_cut = base + f.end_offset
         w.data_end = base + (S if f.end_kind == "blank" else f.end_offset)
         w.stop = None if f.end_kind in ("blank", "end_of_data") else f.end_detail
         if w.last is not None and w.stop and FIRST_ENTRY in w.stop and f.entries == 0:  # a file's own first-entry rule
@@ -373,6 +377,12 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
         found.append(Finding("dledger_data_truncated", "critical", sf.display, w.data_end - sf.base,
                              f"DLedger's recovery ends the data here ({w.stop}): {_bytes_after(segs, w.data_end, S)} "
                              "bytes after it are dropped"))
+    if w.ledger_cut is not None:
+        sf = segs[w.stop_file or 0]
+        found.append(Finding("dledger_data_truncated", "critical", sf.display, w.ledger_cut - sf.base,
+                             "a -1 magic that is no blank filler in the last data file: DLedger's recovery takes it "
+                             "for one and ends the ledger here (processOffset is the file's end, DLedgerMmapFileStore "
+                             f":211-216): the entries in the {sf.base + S - w.ledger_cut} bytes after it are dropped"))
     if load_failure:
         found.append(Finding("dledger_broker_does_not_start", "critical", None, None, load_failure))
     files = tuple({"file": s.display, "base": s.base, "entries": facts[i].entries, "first": facts[i].first, "last": facts[i].last,
@@ -389,7 +399,7 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
         None if w.mismatch is None else (segs[w.mismatch[1]].base, w.mismatch[2]),
         (end_index + 1) * INDEX_UNIT_SIZE, tuple(offset_to_file_name(b) for b in idx_del),
         tuple(offset_to_file_name(b) for b in idx_new), tuple(offset_to_file_name(b) for b in data_delete),
-        load_failure, files, abn, cq_cut if inp.dledger_startup else None, skips)
+        load_failure, files, abn, cq_cut if inp.dledger_startup else None, skips, w.ledger_cut)
     truncate_cq = inp.dledger_startup and inp.cq_max_phy_offset >= cq_cut
     supported = load_failure is None and (abn is None or abn.supported)
     return RecoveryResult(
@@ -469,6 +479,9 @@ def lost_ranges(result: RecoveryResult, segs: tuple[Segment, ...] | list[Segment
     by_base = {s.base: s for s in segs}
     for base, off, why in dl.reput_skips:
         out.append((by_base[base], off, why))
+    if dl.ledger_cut is not None:  # one byte past the -1 magic (a lost scan stops at one): no entry starts there,
+        cut = dl.ledger_cut + 1     # so the scan resyncs on the next entry start
+        out += [(s, cut - s.base, "dledger_truncated") for s in segs if s.base <= cut < s.base + S]
     for s in segs:
         if s.base + S > dl.data_end:
             out.append((s, max(0, dl.data_end - s.base), "dledger_truncated"))

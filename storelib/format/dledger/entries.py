@@ -101,6 +101,7 @@ def header_problem(magic: int, size: int, pos: int, body_len: int, abs_pos: int,
 
 
 FIRST_ENTRY = "of the first entry walked"  # in first_entry_problem's reasons
+NOT_A_FILLER = "its length field says"  # in the reason of a -1 magic whose length is not the bytes left
 
 
 def first_entry_problem(index: int, term: int) -> str | None:
@@ -206,7 +207,7 @@ def index_unit_problem(unit: np.void | tuple, header: EntryHeader, abs_pos: int)
 
 __all__ = [
     "BLANK_MAGIC", "BODY_OFFSET", "DATA_DIR", "DEFAULT_DATA_FILE_SIZE", "DEFAULT_INDEX_FILE_SIZE", "DIR_PREFIX",
-    "ENTRY_HEADER_DT", "ENTRY_MAGIC", "FIRST_ENTRY", "HEADER_SIZE", "INDEX_DIR", "INDEX_UNIT_DT", "INDEX_UNIT_SIZE",
+    "ENTRY_HEADER_DT", "ENTRY_MAGIC", "FIRST_ENTRY", "NOT_A_FILLER", "HEADER_SIZE", "INDEX_DIR", "INDEX_UNIT_DT", "INDEX_UNIT_SIZE",
     "MIN_BLANK_LEN", "POS_OFFSET", "EntryHeader", "blank_filler", "decode_entry_headers", "decode_index_units",
     "dledger_dir_name", "encode_entry", "encode_entry_headers", "encode_index_unit", "encode_index_units",
     "entry_size", "first_entry_problem", "header_problem", "index_unit_problem", "needs_blank", "read_blank",
