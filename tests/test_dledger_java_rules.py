@@ -244,3 +244,25 @@ def test_a_blank_filler_at_the_end_of_the_last_file_drops_nothing(tmp_path):
     _patch(path, off, struct.pack(">ii", -1, SEG - off))
     doc = _plan(root)
     assert doc["dledger"]["ledger_cut"] is None and "dledger_data_truncated" not in _kinds(doc)
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. DLedger's checkpoint and currterm through IOUtils.string2Properties
+
+
+def test_a_malformed_escape_in_dledgers_checkpoint_reads_as_no_checkpoint(tmp_path):
+    """string2Properties catches Properties.load's exception and returns null (IOUtils :147-156): loadCheckPoint
+    gives null, recover() returns with committedIndex -1 (:315-317); currterm likewise keeps term 0."""
+    from storelib.broker.settings.dledgerlayout import read_dledger_state
+    from storelib.fileio.bytesource import resolve as res
+
+    root = _gen(tmp_path, "t5", 100, committed_lag=5)
+    (root / "dledger-n0" / "checkpoint").write_bytes(b"committedIndex=100\nendIndex=105\njunk=\\u00zz\n")
+    (root / "dledger-n0" / "currterm").write_bytes(b"currTerm=3\nbad=\\u12\n")
+    doc = _plan(root)
+    dl = doc["dledger"]
+    assert (dl["committed_index"], dl["load_failure"], doc["commitlog"]["supported"]) == (-1, None, True)
+    f = _kinds(doc)["dledger_checkpoint_unreadable"]
+    assert f["file"] == "dledger-n0/checkpoint" and "line 3" in f["detail"]
+    st = read_dledger_state(res(str(root / "dledger-n0")), "dledger-n0")
+    assert st.currterm.curr_term is None and "keeps term 0" in st.currterm.problem
