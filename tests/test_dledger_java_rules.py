@@ -266,3 +266,18 @@ def test_a_malformed_escape_in_dledgers_checkpoint_reads_as_no_checkpoint(tmp_pa
     assert f["file"] == "dledger-n0/checkpoint" and "line 3" in f["detail"]
     st = read_dledger_state(res(str(root / "dledger-n0")), "dledger-n0")
     assert st.currterm.curr_term is None and "keeps term 0" in st.currterm.problem
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. index files without data files
+
+
+def test_index_files_without_data_files_are_cut_to_the_first(tmp_path):
+    """recover() with no data file: indexFileList.truncateOffset(0) (:144-149) deletes every index file but the
+    one at offset 0."""
+    root = _gen(tmp_path, "t7", 900)
+    idx = sorted(p.name for p in (root / "dledger-n0" / "index").iterdir())
+    assert len(idx) == 2
+    for p in (root / "dledger-n0" / "data").iterdir():
+        p.unlink()
+    assert _plan(root)["dledger"]["index_delete"] == tuple(idx[1:])

@@ -327,9 +327,11 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
     outcomes = {i: SegmentOutcome(seg.base, seg.name, 0, inp.dledger_crc, e.kind, e.file_offset, e.reason,
                                   e.detail, e.size, e.records) for i, seg in enumerate(segs) if (e := ends.get(i))}
     load_failure = next((f.detail for f in found if f.kind == "dledger_load_fails"), None)
-    if n == 0:
+    if n == 0:  # recover() :144-149: the index list's truncateOffset(0) keeps file 0 only
+        gone = index_changes(inp.dledger_index or IndexFiles(), None, -1, -1, False)[0]
         dl = DLedgerRecovery(None, "no data files", 0, 0, None, -1, -1, -1, inp.dledger_committed_index, -1, -1,
-                             "the ledger is empty", 0, 0, None, None, None, 0, (), (), (), load_failure)
+                             "the ledger is empty", 0, 0, None, None, None, 0,
+                             tuple(offset_to_file_name(b) for b in gone), (), (), load_failure)
         return RecoveryResult(inp.version, dledger_mode(inp), 0, None, "no data files", None, False, 0, None, (),
                               (), None, inp.cq_max_phy_offset, False, (), load_failure is None, tuple(found),
                               dledger=dl)
