@@ -60,8 +60,11 @@ class DLedgerGen:
         for name in ("term", "committed_lag", "undispatched", "torn_at"):
             if getattr(self, name) < 0:
                 raise StoreError(None, None, "bad_value", f"{name} must not be negative")
-        if self.index_file_size <= 0 or self.index_file_size % INDEX_UNIT_SIZE:
-            raise StoreError(None, None, "bad_value", "the index file size must be a positive multiple of 32")
+        F = self.index_file_size
+        if F != DEFAULT_INDEX_FILE_SIZE and (F < INDEX_UNIT_SIZE or F & (F - 1)):
+            # what rmqstore reads back as a configured size (dledgerfacts.configured_index_size)
+            raise StoreError(None, None, "bad_value", "the index file size must be DLedger's 160 MiB or a power "
+                                                      "of two >= 32")
 
     @property
     def is_crash(self) -> bool:

@@ -29,6 +29,8 @@ from storelib.format.dledger.entries import (
     HEADER_SIZE,
     INDEX_UNIT_DT,
     INDEX_UNIT_SIZE,
+    NOT_A_FILLER,
+    first_entry_problem,
     header_problem,
 )
 from storelib.format.record import BORNHOST_V6_FLAG
@@ -86,9 +88,24 @@ class IndexFiles:
         return out, have
 
 
+def configured_index_size(files: list[Segment]) -> int:
+    """DLedgerConfig.mappedFileSizeForEntryIndex of the node that wrote ``files``: 160 MiB on every RocketMQ
+    broker (neither 4.9.8 nor 5.3.3 sets it), so a file of another size stops its load. rmqstore's generator
+    and test writers configure smaller power-of-two sizes: the spacing of the files' names (checkSelf's rule),
+    else their common size, is taken when it is such a size; anything else reads as 160 MiB."""
+    def ok(n: int) -> bool:
+        return n == DEFAULT_INDEX_FILE_SIZE or (n >= INDEX_UNIT_SIZE and n & (n - 1) == 0)
+
+    gaps = {b.base - a.base for a, b in zip(files, files[1:])}
+    if len(gaps) == 1 and ok(g := gaps.pop()):
+        return g
+    sizes = [f.file_size for f in files if ok(f.file_size)]
+    return max(set(sizes), key=sizes.count) if sizes else DEFAULT_INDEX_FILE_SIZE
+
+
 def list_index_files(loc: Location, folder: str, file_size: int | None = None) -> IndexFiles:
-    """``dledger-<id>/index`` as MmapFileList.load reads it: every file, by name; the size is the files' own
-    (DLedger's 160 MiB unless a generator chose another). What would make DLedger's load fail is a finding."""
+    """``dledger-<id>/index`` as MmapFileList.load reads it: every file, by name, each of the configured size
+    (:func:`configured_index_size` unless ``file_size`` says). What would make DLedger's load fail is a finding."""
     found: list[Finding] = []
     files: list[Segment] = []
     try:
@@ -106,8 +123,7 @@ def list_index_files(loc: Location, folder: str, file_size: int | None = None) -
         files.append(Segment(int(info.base_name), info.base_name, loc.join(info.base_name), int(info.size or 0),
                              None, folder))
     files.sort(key=lambda s: s.base)
-    sizes = [f.file_size for f in files if f.file_size > 0]
-    F = file_size or (max(set(sizes), key=sizes.count) if sizes else DEFAULT_INDEX_FILE_SIZE)
+    F = file_size or configured_index_size(files)
     return IndexFiles(tuple(files), F, tuple(found) + tuple(_list_problems(files, F, "index file")))
 
 
@@ -117,9 +133,9 @@ def _list_problems(files: list[Segment] | tuple[Segment, ...], F: int, what: str
     out = []
     for i, f in enumerate(files):
         if f.file_size != F:
-            out.append(Finding("dledger_load_fails", "critical", f.display, None,
-                               f"{f.file_size} bytes, not the {F} of every other {what}: DLedger's load stops the "
-                               "JVM (System.exit(-1))", {"size": f.file_size, "expected": F}))
+            out.append(Finding("dledger_load_fails", "critical", f.display, min(f.file_size, F),
+                               f"{f.file_size} bytes, not the {F} every {what} must have (MmapFileList.doLoad): "
+                               "DLedger's load stops the JVM (System.exit(-1))", {"size": f.file_size, "expected": F}))
         if i and f.base - files[i - 1].base != F:
             out.append(Finding("dledger_load_fails", "critical", f.display, None,
                                f"follows {files[i - 1].name} at {f.base - files[i - 1].base} bytes, not {F}: "
@@ -149,7 +165,9 @@ class FileFacts:
     where it stops and why (``blank``, ``end_of_data``, ``invalid``); ``index_mismatch``: (index, file
     offset, why) of the first accepted entry whose index unit differs; ``record_magic``/``record_time``:
     the record at byte 48 (5.3.3's isMmapFileMatchedRecover); ``from_offset``: where the facts begin (0
-    unless the task scanned a tail only: then they are partial)."""
+    unless the task scanned a tail only: then they are partial); ``drops_index``: the walk stops at this
+    file's first entry, whose negative index deletes every index file if it is the first entry recover()
+    walks (:func:`storelib.format.dledger.entries.first_entry_problem`)."""
 
     start_problem: str | None
     head_index: int | None
@@ -163,6 +181,7 @@ class FileFacts:
     record_magic: int | None
     record_time: int | None
     from_offset: int = 0
+    drops_index: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -201,7 +220,8 @@ def join_ends(head: SegmentEnd, tail: SegmentEnd) -> SegmentEnd:
     if h is None or t is None or h.from_offset != 0 or t.from_offset != h.end_offset or h.end_kind != "end_of_data":
         return tail
     facts = replace(t, entries=h.entries + t.entries, first=h.first or t.first, last=t.last or h.last,
-                    index_mismatch=h.index_mismatch or t.index_mismatch, from_offset=0)
+                    index_mismatch=h.index_mismatch or t.index_mismatch, from_offset=0,
+                    drops_index=t.drops_index and h.last is None)
     return replace(tail, facts=facts)
 
 
@@ -225,6 +245,7 @@ class HeaderWalk:
     end_kind: str = "invalid"
     end_offset: int = 0
     end_detail: str | None = None
+    drops_index: bool = False  # stopped at a first entry with a negative index (see FileFacts)
 
 
 def walk_headers(source, base: int, start: int, prev: tuple[int, int] | None, *,
@@ -249,6 +270,9 @@ def walk_headers(source, base: int, start: int, prev: tuple[int, int] | None, *,
         magic = _I32.unpack_from(buf, rel)[0]
         if magic == BLANK_MAGIC:
             w.end_kind, w.end_detail = "blank", f"blank filler, {left} bytes to the end of the file"
+            rest = _I32.unpack_from(buf, rel + 4)[0] if left >= 8 else left
+            if rest != left:  # the scanner's wording: a -1 magic that is no filler DLedger wrote
+                w.end_detail += f" ({NOT_A_FILLER} {rest}, {left} bytes are left)"
             return w
         if left < 8:
             w.end_detail = f"{left} bytes left in the file: reading the entry size underflows"
@@ -264,8 +288,11 @@ def walk_headers(source, base: int, start: int, prev: tuple[int, int] | None, *,
         why = header_problem(m, size, p, blen, base + pos, left)
         if why is None and prev is not None and index != prev[0] + 1:
             why = f"index {index} does not follow {prev[0]}"
-        if why is None and term < (prev[1] if prev is not None else -1):
-            why = f"term {term} is lower than the previous entry's {prev[1] if prev else -1}"
+        if why is None and prev is not None and term < prev[1]:
+            why = f"term {term} is lower than the previous entry's {prev[1]}"
+        if why is None and prev is None:
+            why = first_entry_problem(index, term)
+            w.drops_index = why is not None and index < 0 and term >= -1
         if why is not None:
             w.end_detail = why
             return w
@@ -336,11 +363,18 @@ class FactsBuilder:
         self.first: tuple[int, int] | None = None
         self.last: tuple[int, int] | None = None
         self.mismatch: tuple[int, int, str] | None = None
+        self.bad_first: HeaderWalk | None = None  # the first entry fails the first-entry rules: the walk ends there
 
     def _take(self, idx: np.ndarray, term: np.ndarray, pos: np.ndarray, size: np.ndarray) -> None:
-        if not len(idx):
+        if not len(idx) or self.bad_first is not None:
             return
         if self.first is None:
+            # the scan (a reader's view) does not hold a file's first entry to recover()'s start values: checked here
+            why = first_entry_problem(int(idx[0]), int(term[0]))
+            if why is not None:
+                self.bad_first = HeaderWalk(end_offset=int(pos[0]) - self.base, end_detail=why,
+                                            drops_index=int(idx[0]) < 0 and int(term[0]) >= -1)
+                return
             self.first = (int(idx[0]), int(term[0]))
         self.last = (int(idx[-1]), int(term[-1]))
         self.entries += len(idx)
@@ -357,7 +391,9 @@ class FactsBuilder:
     def finish(self, source, end: SegmentEnd) -> DLedgerEnd:
         """The scan's end with the file's facts (reads byte 0's header and record, and the headers past the
         scan's end until DLedger's walk stops)."""
-        if self.limit is not None and end.file_offset >= self.limit:  # the run's cut: written since
+        if self.bad_first is not None:
+            tail = self.bad_first
+        elif self.limit is not None and end.file_offset >= self.limit:  # the run's cut: written since
             tail = HeaderWalk(end_kind="end_of_data", end_offset=end.file_offset,
                               end_detail="the run's cut: what was written after it is not read")
         else:
@@ -372,7 +408,8 @@ class FactsBuilder:
             head_index=_I64.unpack_from(head, 8)[0] if len(head) >= 16 else None,
             entries=self.entries, first=self.first, last=self.last,
             end_kind=tail.end_kind, end_offset=tail.end_offset, end_detail=tail.end_detail,
-            index_mismatch=self.mismatch, record_magic=magic, record_time=ts, from_offset=self.start)
+            index_mismatch=self.mismatch, record_magic=magic, record_time=ts, from_offset=self.start,
+            drops_index=tail.drops_index and self.last is None)
         return DLedgerEnd(**end.__dict__, facts=facts)
 
 
@@ -399,5 +436,5 @@ def _record_probe(head: bytes) -> tuple[int | None, int | None]:
 
 
 __all__ = ["FACT_COLUMNS", "DLedgerEnd", "FactsBuilder", "FileFacts", "HeaderWalk", "IndexFiles",
-           "data_list_problems", "end_from_dict", "join_ends", "list_index_files", "start_problem", "unit_mismatches",
+           "configured_index_size", "data_list_problems", "end_from_dict", "join_ends", "list_index_files", "start_problem", "unit_mismatches",
            "walk_headers"]

@@ -29,7 +29,6 @@ keeps, each file until its first bad record (the reput skips the rest of that fi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -43,9 +42,11 @@ from storelib.broker.recovery.dledgerfacts import (
     list_index_files,
     walk_headers,
 )
+from storelib.broker.recovery.reputpath import drift_skips, reput_ranges
+from storelib.broker.recovery.reputpath import outcomes_by_file as outcomes_by_file  # startup's import
 from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
 from storelib.errors import Finding, StoreError
-from storelib.format.dledger.entries import ENTRY_MAGIC, INDEX_UNIT_SIZE, EntryHeader
+from storelib.format.dledger.entries import FIRST_ENTRY, INDEX_UNIT_SIZE, NOT_A_FILLER
 from storelib.format.record import MAGIC_V1
 from storelib.scan.commitlog import Segment, offset_to_file_name
 from storelib.scan.recordbytes import check_at
@@ -99,6 +100,7 @@ class DLedgerRecovery:
     abnormal_533: Abnormal533 | None = None
     cq_truncate_offset: int | None = None
     reput_skips: tuple[tuple[int, int, str], ...] = ()  # (file base, from, why) of records no reput dispatches
+    ledger_cut: int | None = None  # a -1 magic in the last file that is no filler: the ledger ends there
 
     def to_json(self) -> dict:
         d = dict(self.__dict__)
@@ -163,6 +165,8 @@ class _Walk:
     stop: str | None = None
     stop_file: int | None = None
     mismatch: tuple[int, int, int, str] | None = None  # (index, file, file offset, why)
+    index_dropped: bool = False  # the first entry walked has a negative index: every index file goes
+    ledger_cut: int | None = None  # see DLedgerRecovery.ledger_cut
     walked: list[int] = field(default_factory=list)
 
 
@@ -184,9 +188,15 @@ def _header_walk(segs: tuple[Segment, ...], facts: list[FileFacts], start: int, 
             w.mismatch = (f.index_mismatch[0], i, f.index_mismatch[1], f.index_mismatch[2])
         if f.end_kind == "blank" and i + 1 < len(segs):
             continue
+        if f.end_kind == "blank" and NOT_A_FILLER in (f.end_detail or ""):  # :211-216: the last file, so the end
+            w.ledger_cut = base + f.end_offset
         w.data_end = base + (S if f.end_kind == "blank" else f.end_offset)
         w.stop = None if f.end_kind in ("blank", "end_of_data") else f.end_detail
+        if w.last is not None and w.stop and FIRST_ENTRY in w.stop and f.entries == 0:  # a file's own first-entry rule
+            w.stop = (f"the first entry (index {f.head_index}) does not follow index {w.last[0]} / term {w.last[1]} "
+                      f"of the previous file ({w.stop})")
         w.stop_file = i
+        w.index_dropped = w.last is None and f.drops_index
         return w
     return w  # pragma: no cover - the last file always returns
 
@@ -271,6 +281,12 @@ def _committed(plan: WalkPlan, facts: list[FileFacts], w: _Walk, begin: int, end
     if w.mismatch is not None and c >= w.mismatch[0]:  # a rewritten unit: the entry's own position and size
         return c, _entry_end(plan, facts, w, c), note, None
     u, have = index.units(c, 1)
+    if not have[0]:  # getEntryPosAndSize: getData returns null, PreConditions throws DISK_ERROR
+        at = c * INDEX_UNIT_SIZE
+        folder = index.files[0].folder if index.files else "index"
+        return -1, -1, note, (f"no index file holds committed entry {c}'s unit ({folder}/"
+                              f"{offset_to_file_name(at - at % F)} @ {at % F}): updateCommittedIndex fails with "
+                              "DISK_ERROR and the broker's load() fails (4.9.8 DefaultMessageStore.load :221-223)")
     return c, int(u[0]["pos"]) + int(u[0]["size"]), note + " (position and size from its index unit)", None
 
 
@@ -286,84 +302,6 @@ def _entry_end(plan: WalkPlan, facts: list[FileFacts], w: _Walk, c: int) -> int:
     raise StoreError(None, None, "internal", f"entry {c} is not in the walked files")
 
 
-# ---------------------------------------------------------------------------------------------
-# what the reput dispatches
-
-
-def reput_ranges(plan: WalkPlan, outcomes: Mapping[int, SegmentOutcome], data_end: int, lo: int, hi: int,
-                 by: str = "reput") -> tuple[list[DispatchRange], list[Finding]]:
-    """The reput over the data files from ``lo`` to ``hi`` (getData: up to the file's wrote position and
-    the committed position): good entries are dispatched, a -1 filler rolls to the next file, a bad record
-    skips the rest of the file's buffer ([BUG] in doReput). ``outcomes``: each file's record scan from
-    byte 0 (a start past a file's scan end is scanned from there)."""
-    S = plan.inputs.segment_size
-    files = {s.base: (i, s) for i, s in enumerate(plan.segments)}
-    out: list[DispatchRange] = []
-    found: list[Finding] = []
-    pos = lo
-    while pos < hi:
-        base = pos - pos % S
-        if base not in files or files[base][0] not in outcomes:
-            break
-        i, seg = files[base]
-        wrote = data_end - base if base <= data_end < base + S else S
-        end_buf = min(base + wrote, hi)
-        if pos >= end_buf:
-            break
-        rel = pos - base
-        e, kind = outcomes[i].end_offset, outcomes[i].end_kind
-        try:
-            inside = rel != e and not _entry_at(seg, rel)
-        except StoreError:
-            if seg.loc.local and not os.path.exists(seg.loc.path):  # DLedger's cleaner deleted it since its scan
-                pos = base + S
-                continue
-            raise
-        if inside:
-            found.append(Finding("reput_inside_entry", "warning", seg.display, rel,
-                                 f"the reput starts at {pos}, where no entry starts: it reads no record there and skips "
-                                 "the rest of the file"))
-            pos = end_buf if end_buf < base + S else base + S
-            continue
-        if rel > e:
-            e, kind = _scan_end_from(plan, seg, rel)
-        stop = min(e, end_buf - base)
-        if stop > rel:
-            out.append(DispatchRange(base, seg.name, rel, stop, None, by))
-        pos = base + max(stop, rel)
-        if pos >= end_buf:
-            continue
-        pos = base + S if kind == "blank" else end_buf  # a failing record: the rest of the buffer is skipped
-    return out, found
-
-
-def _scan_end_from(plan: WalkPlan, seg: Segment, rel: int) -> tuple[int, str]:
-    """Where the record scan of ``seg`` from entry start ``rel`` ends (the reput starting past a bad record)."""
-    from storelib.scan.scanner import SegmentScan
-
-    with seg.open() as src:
-        scan = SegmentScan(src, seg.display, seg.base, rel, verify_crc=False, with_properties=False,
-                           columns=["phy_offset"], dledger=True, line=plan.inputs.line)
-        for _ in scan:
-            pass
-    assert scan.end is not None
-    return scan.end.file_offset, scan.end.kind
-
-
-def outcomes_by_file(plan: WalkPlan, result: RecoveryResult) -> dict[int, SegmentOutcome]:
-    """The walk's record-scan outcomes keyed by data file index (for :func:`reput_ranges`)."""
-    at = {s.base: i for i, s in enumerate(plan.segments)}
-    return {at[o.base]: o for o in result.segments if o.base in at}
-
-
-def _entry_at(seg: Segment, rel: int) -> bool:
-    """Does an entry written at file offset ``rel`` start there (magic 1, its pos field = its offset)?"""
-    with seg.open() as src:
-        head = bytes(src.read(rel, BODY_OFFSET))
-    if len(head) < BODY_OFFSET:
-        return False
-    h = EntryHeader.from_bytes(head)
-    return h.magic == ENTRY_MAGIC and h.pos == seg.base + rel
 # ---------------------------------------------------------------------------------------------
 # plan and finish (called by storelib.broker.recovery.walk in DLedger mode)
 
@@ -389,9 +327,11 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
     outcomes = {i: SegmentOutcome(seg.base, seg.name, 0, inp.dledger_crc, e.kind, e.file_offset, e.reason,
                                   e.detail, e.size, e.records) for i, seg in enumerate(segs) if (e := ends.get(i))}
     load_failure = next((f.detail for f in found if f.kind == "dledger_load_fails"), None)
-    if n == 0:
+    if n == 0:  # recover() :144-149: the index list's truncateOffset(0) keeps file 0 only
+        gone = index_changes(inp.dledger_index or IndexFiles(), None, -1, -1, False)[0]
         dl = DLedgerRecovery(None, "no data files", 0, 0, None, -1, -1, -1, inp.dledger_committed_index, -1, -1,
-                             "the ledger is empty", 0, 0, None, None, None, 0, (), (), (), load_failure)
+                             "the ledger is empty", 0, 0, None, None, None, 0,
+                             tuple(offset_to_file_name(b) for b in gone), (), (), load_failure)
         return RecoveryResult(inp.version, dledger_mode(inp), 0, None, "no data files", None, False, 0, None, (),
                               (), None, inp.cq_max_phy_offset, False, (), load_failure is None, tuple(found),
                               dledger=dl)
@@ -407,7 +347,10 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
             "recover() stops the JVM (System.exit(-1)) instead of truncating")
     index: IndexFiles = inp.dledger_index or IndexFiles()
     rewrite = w.mismatch[0] if w.mismatch is not None else None
-    idx_del, idx_new = index_changes(index, rewrite, end_index, begin, True)
+    if w.index_dropped:  # truncateOffset(index * 32 < 0) in recover()'s catch; rebuildWithPos then fails
+        idx_del, idx_new = [f.base for f in index.files], []
+    else:
+        idx_del, idx_new = index_changes(index, rewrite, end_index, begin, True)
     committed, cpos, cnote, fail = _committed(plan, facts, w, begin, end_index, set(idx_del))
     load_failure = load_failure or fail
     data_delete = tuple(s.base for s in segs if s.base > w.data_end)
@@ -416,16 +359,18 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
     kept = [i for i, s in enumerate(segs) if s.base not in data_delete]
     min_offset = segs[kept[0]].base if kept else 0
     max_offset = cpos if cpos > 0 else (min_offset if min_offset > 0 else 0)
-    dispatch, abn, cq_cut = [], None, w.data_end
+    dispatch, abn, cq_cut, life = [], None, w.data_end, []
     if not inp.dledger_startup:
-        dispatch, more = reput_ranges(plan, outcomes, w.data_end, min_offset, w.last_end)
-        found += more
+        dispatch, life = reput_ranges(plan, outcomes, w.data_end, min_offset, w.last_end)
+        found += life
+    elif any(o.reason == "length_mismatch" and (o.size or 0) > 0 for o in outcomes.values()):
+        life = reput_ranges(plan, outcomes, w.data_end, min_offset, w.last_end)[1]  # what the drift skips
     elif inp.version == "5" and not inp.last_exit_ok:
         abn, dispatch = _abnormal_533(plan, facts, outcomes, kept, found)
         cq_cut = abn.process_offset
     skips = tuple((segs[i].base, o.end_offset, "reput_skips_rest_of_file") for i, o in outcomes.items()
                   if o.end_kind == "invalid" and i in kept and segs[i].base + o.end_offset < w.data_end
-                  and o.end_offset < (facts[i].end_offset if facts[i].from_offset >= 0 else S))
+                  and o.end_offset < (facts[i].end_offset if facts[i].from_offset >= 0 else S)) + drift_skips(segs, life, S)
     failure = None
     if w.stop is not None and w.stop_file is not None:
         sf = segs[w.stop_file]
@@ -434,6 +379,12 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
         found.append(Finding("dledger_data_truncated", "critical", sf.display, w.data_end - sf.base,
                              f"DLedger's recovery ends the data here ({w.stop}): {_bytes_after(segs, w.data_end, S)} "
                              "bytes after it are dropped"))
+    if w.ledger_cut is not None:
+        sf = segs[w.stop_file or 0]
+        found.append(Finding("dledger_data_truncated", "critical", sf.display, w.ledger_cut - sf.base,
+                             "a -1 magic that is no blank filler in the last data file: DLedger's recovery takes it "
+                             "for one and ends the ledger here (processOffset is the file's end, DLedgerMmapFileStore "
+                             f":211-216): the entries in the {sf.base + S - w.ledger_cut} bytes after it are dropped"))
     if load_failure:
         found.append(Finding("dledger_broker_does_not_start", "critical", None, None, load_failure))
     files = tuple({"file": s.display, "base": s.base, "entries": facts[i].entries, "first": facts[i].first, "last": facts[i].last,
@@ -450,7 +401,7 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
         None if w.mismatch is None else (segs[w.mismatch[1]].base, w.mismatch[2]),
         (end_index + 1) * INDEX_UNIT_SIZE, tuple(offset_to_file_name(b) for b in idx_del),
         tuple(offset_to_file_name(b) for b in idx_new), tuple(offset_to_file_name(b) for b in data_delete),
-        load_failure, files, abn, cq_cut if inp.dledger_startup else None, skips)
+        load_failure, files, abn, cq_cut if inp.dledger_startup else None, skips, w.ledger_cut)
     truncate_cq = inp.dledger_startup and inp.cq_max_phy_offset >= cq_cut
     supported = load_failure is None and (abn is None or abn.supported)
     return RecoveryResult(
@@ -530,6 +481,9 @@ def lost_ranges(result: RecoveryResult, segs: tuple[Segment, ...] | list[Segment
     by_base = {s.base: s for s in segs}
     for base, off, why in dl.reput_skips:
         out.append((by_base[base], off, why))
+    if dl.ledger_cut is not None:  # one byte past the -1 magic (a lost scan stops at one): no entry starts there,
+        cut = dl.ledger_cut + 1     # so the scan resyncs on the next entry start
+        out += [(s, cut - s.base, "dledger_truncated") for s in segs if s.base <= cut < s.base + S]
     for s in segs:
         if s.base + S > dl.data_end:
             out.append((s, max(0, dl.data_end - s.base), "dledger_truncated"))

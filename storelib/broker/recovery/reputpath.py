@@ -23,6 +23,13 @@ body skipped by position, bounded by the buffer, so BODYLENGTH > TOTALSIZE is a 
 recovery), over the buffer only: a record running past the read position fails there (-1), even one a
 drifted read finds straddling processOffset.
 
+In DLedger mode (``head`` = 48) each check first reads the entry header: DLedgerCommitLog's check
+(4.9.8 ``:342-364``) returns ``size = TOTALSIZE + 48`` for a mismatch and leaves the buffer after the
+header and the record's fields, so the drift is the same and the skipped sizes count 48 more each; the
+check after the fields reads the middle of the next entry and fails, and the master's
+``+= result.getSize() - readSize`` lands ``sum(TOTALSIZE + 48)`` past the buffer's end, usually inside an
+entry of the next file, which is then skipped too (:func:`reput_ranges`).
+
 5.3.3 never meets such a record offline: its recovery dispatches itself and stops at it (the truncation
 point), so its reput starts past it, and ``rebuild --incremental`` dispatches only what recovery checked.
 Its doReput differs in what only a running broker meets: ``reputFromOffset + size > getReputEndOffset()``
@@ -36,11 +43,14 @@ store with an unrecovered mismatch below its end is the one place they could dif
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from storelib.broker.recovery.walkplan import DispatchRange, SegmentOutcome, WalkPlan
-from storelib.errors import Finding
+from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
+from storelib.errors import Finding, StoreError
+from storelib.format.dledger.entries import BODY_OFFSET, ENTRY_MAGIC, EntryHeader
+from storelib.scan.commitlog import Segment
 from storelib.scan.recordbytes import check_at
 from storelib.scan.scanner import SegmentEnd
 
@@ -107,17 +117,17 @@ def reput_path(plan: WalkPlan, end_of: Callable[[int], SegmentEnd], process_offs
             break
         seg = segs[i]
         lim = min(S, seg.file_size, process_offset - seg.base)  # the file's read position
-        R, go_on = _one_buffer(plan, i, R - seg.base, lim, starts, end_of, scan_from, length_of, master, out)
+        R, go_on = one_buffer(plan, i, R - seg.base, lim, starts, end_of, scan_from, length_of, master, out)
         if not go_on:
             break
     out.end = R
     return out
 
 
-def _one_buffer(plan: WalkPlan, i: int, pos: int, lim: int, starts: dict, end_of, scan_from: ScanFrom,
-                length_of, master: bool, out: ReputPath) -> tuple[int, bool]:
+def one_buffer(plan: WalkPlan, i: int, pos: int, lim: int, starts: dict, end_of, scan_from: ScanFrom,
+               length_of, master: bool, out: ReputPath, head: int = 0, by: str = "reput") -> tuple[int, bool]:
     """One getData buffer ``[pos, lim)`` of segment ``i``: its dispatch ranges, and (reputFromOffset after
-    it, whether doReput goes on)."""
+    it, whether doReput goes on). ``head``: bytes before each record (48: a DLedger entry header)."""
     S = plan.inputs.segment_size
     seg = plan.segments[i]
     t = starts.get(i)
@@ -130,12 +140,12 @@ def _one_buffer(plan: WalkPlan, i: int, pos: int, lim: int, starts: dict, end_of
                                                e.detail, e.size, e.records))
         stop = min(e.file_offset, lim)
         if stop > at:
-            out.dispatch.append(DispatchRange(seg.base, seg.name, at, stop, None, "reput"))
+            out.dispatch.append(DispatchRange(seg.base, seg.name, at, stop, None, by))
         if e.kind == "blank" and stop < lim:
             x = seg.base + stop + drift
             return x + S - x % S, True  # rollNextFile(reputFromOffset)
         if e.kind == "invalid" and e.size is not None and e.size > 0 and stop < lim:
-            L = length_of(i, stop)
+            L = length_of(i, stop + head)
             if L is None:  # cannot happen for a mismatch the scan reported; say so rather than guess
                 out.findings.append(Finding("reput_unfollowed", "critical", e.file, stop, "no field length"))
                 out.supported = False
@@ -144,10 +154,10 @@ def _one_buffer(plan: WalkPlan, i: int, pos: int, lim: int, starts: dict, end_of
                 "reput_length_mismatch", "critical", e.file, stop,
                 f"{e.detail}: {mismatch_note('4', e.size, L)}",
                 {"phy_offset": seg.base + stop, "total_size": e.size, "read_length": L,
-                 "reput_from_after": seg.base + stop + drift + e.size}))
+                 "reput_from_after": seg.base + stop + drift + e.size + head}))
             drift += e.size - L
-            skipped += e.size
-            at = stop + L
+            skipped += e.size + head
+            at = stop + head + L
             continue
         if stop >= lim and not skipped:  # readSize reached the buffer's size: the next buffer
             return seg.base + lim, True
@@ -177,3 +187,122 @@ def _unread_rest(file: str, e: SegmentEnd, file_size: int, phy: int) -> Finding:
                    f"{e.reason or 'invalid record'} ({e.detail or 'not a record'}): the reput dispatches none of the "
                    f"{left} bytes after it (a master skips to the next segment, a slave stops); the segment lies "
                    "before the recovery window, so no start-up reports it", {"bytes": left, "phy": phy})
+
+
+# ---------------------------------------------------------------------------------------------
+# DLedger mode: what the reput dispatches (storelib.broker.recovery.dledgerwalk's walk)
+
+
+def reput_ranges(plan: WalkPlan, outcomes: Mapping[int, SegmentOutcome], data_end: int, lo: int, hi: int,
+                 by: str = "reput") -> tuple[list[DispatchRange], list[Finding]]:
+    """The reput over the data files from ``lo`` to ``hi`` (getData: up to the file's wrote position and
+    the committed position): good entries are dispatched, a -1 filler rolls to the next file, a bad record
+    skips the rest of the file's buffer ([BUG] in doReput). ``outcomes``: each file's record scan from
+    byte 0 (a start past a file's scan end is scanned from there)."""
+    S = plan.inputs.segment_size
+    files = {s.base: (i, s) for i, s in enumerate(plan.segments)}
+    out: list[DispatchRange] = []
+    found: list[Finding] = []
+    pos = lo
+    while pos < hi:
+        base = pos - pos % S
+        if base not in files or files[base][0] not in outcomes:
+            break
+        i, seg = files[base]
+        wrote = data_end - base if base <= data_end < base + S else S
+        end_buf = min(base + wrote, hi)
+        if pos >= end_buf:
+            break
+        rel = pos - base
+        e, kind = outcomes[i].end_offset, outcomes[i].end_kind
+        try:
+            inside = rel != e and not _entry_at(seg, rel)
+        except StoreError:
+            if seg.loc.local and not os.path.exists(seg.loc.path):  # DLedger's cleaner deleted it since its scan
+                pos = base + S
+                continue
+            raise
+        if inside:
+            found.append(Finding("reput_inside_entry", "warning", seg.display, rel,
+                                 f"the reput starts at {pos}, where no entry starts: it reads no record there and skips "
+                                 "the rest of the file"))
+            pos = end_buf if end_buf < base + S else base + S
+            continue
+        reason, size = outcomes[i].reason, outcomes[i].size
+        if rel > e:
+            e, kind, reason, size = _scan_end_from(plan, seg, rel)
+        stop = min(e, end_buf - base)
+        if stop > rel:
+            out.append(DispatchRange(base, seg.name, rel, stop, None, by))
+        pos = base + max(stop, rel)
+        if pos >= end_buf:
+            continue
+        if kind == "blank":
+            pos = base + S
+        elif reason == "length_mismatch" and (size or 0) > 0:  # "[BUG]" in doReput: reputpath's drift
+            rp = ReputPath()
+            pos, _ = one_buffer(plan, i, stop, end_buf - base, {}, None, _reput_scan(plan),
+                                lambda k, at: read_length(plan, k, at), True, rp, BODY_OFFSET, by)
+            out += rp.dispatch
+            found += rp.findings
+        else:
+            pos = end_buf  # a failing record: the rest of the buffer is skipped
+    return out, found
+
+
+def _reput_scan(plan: WalkPlan):
+    """reputpath's ``scan_from`` over DLedger data files: where a record scan from any offset ends."""
+    def scan(i: int, at: int, end: int | None) -> SegmentEnd:
+        from storelib.scan.scanner import SegmentScan
+
+        seg = plan.segments[i]
+        with seg.open() as src:
+            sc = SegmentScan(src, seg.display, seg.base, at, end, verify_crc=False, with_properties=False,
+                             columns=["phy_offset"], dledger=True, line=plan.inputs.line)
+            for _ in sc:
+                pass
+        assert sc.end is not None
+        return sc.end
+    return scan
+
+
+def _scan_end_from(plan: WalkPlan, seg: Segment, rel: int) -> tuple[int, str, str | None, int | None]:
+    """Where the record scan of ``seg`` from entry start ``rel`` ends (the reput starting past a bad record)."""
+    from storelib.scan.scanner import SegmentScan
+
+    with seg.open() as src:
+        scan = SegmentScan(src, seg.display, seg.base, rel, verify_crc=False, with_properties=False,
+                           columns=["phy_offset"], dledger=True, line=plan.inputs.line)
+        for _ in scan:
+            pass
+    assert scan.end is not None
+    return scan.end.file_offset, scan.end.kind, scan.end.reason, scan.end.size
+
+
+def outcomes_by_file(plan: WalkPlan, result: RecoveryResult) -> dict[int, SegmentOutcome]:
+    """The walk's record-scan outcomes keyed by data file index (for :func:`reput_ranges`)."""
+    at = {s.base: i for i, s in enumerate(plan.segments)}
+    return {at[o.base]: o for o in result.segments if o.base in at}
+
+
+def _entry_at(seg: Segment, rel: int) -> bool:
+    """Does an entry written at file offset ``rel`` start there (magic 1, its pos field = its offset)?"""
+    with seg.open() as src:
+        head = bytes(src.read(rel, BODY_OFFSET))
+    if len(head) < BODY_OFFSET:
+        return False
+    h = EntryHeader.from_bytes(head)
+    return h.magic == ENTRY_MAGIC and h.pos == seg.base + rel
+
+
+def drift_skips(segs: tuple[Segment, ...], found: list[Finding], S: int) -> tuple[tuple[int, int, str], ...]:
+    """Files a reput's "[BUG]" drift never dispatches: those it jumps over, and the one it lands in the middle
+    of an entry of (it reads nothing there and skips the rest)."""
+    inside = {f.file for f in found if f.kind == "reput_inside_entry"}
+    out = []
+    for f in found:
+        if f.kind == "reput_drift_skip":
+            nxt, src = f.extra["next"], f.extra["phy_offset"] - f.extra["phy_offset"] % S
+            out += [(s.base, 0, "reput_drift_skips_file") for s in segs if src < s.base and (
+                s.base + S <= nxt or (s.base <= nxt and s.display in inside))]
+    return tuple(out)

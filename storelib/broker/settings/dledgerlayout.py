@@ -96,6 +96,9 @@ def read_dledger_state(dledger_dir: Location, shown: str) -> DLedgerState:
             findings.append(Finding("dledger_state_unreadable", "error" if name == "checkpoint" else "warning",
                                     f"{shown}/{name.replace('_bak', '.bak')}", e.offset, e.detail))
     cp = got["checkpoint"]
+    if cp is not None and cp.unreadable:
+        findings.append(Finding("dledger_checkpoint_unreadable", "warning", f"{shown}/{CHECKPOINT_FILE}", None,
+                                cp.unreadable))
     if cp is None and not findings:
         findings.append(Finding("dledger_checkpoint_missing", "warning", f"{shown}/{CHECKPOINT_FILE}", None,
                                 "no DLedger checkpoint: its load keeps committedIndex -1, so the broker's max "

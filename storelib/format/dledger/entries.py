@@ -100,6 +100,23 @@ def header_problem(magic: int, size: int, pos: int, body_len: int, abs_pos: int,
     return None
 
 
+FIRST_ENTRY = "of the first entry walked"  # in first_entry_problem's reasons
+NOT_A_FILLER = "its length field says"  # in the reason of a -1 magic whose length is not the bytes left
+
+
+def first_entry_problem(index: int, term: int) -> str | None:
+    """The rules only the first entry DLedger's recover() walks meets (0.3.1.2 DLedgerMmapFileStore :202-203,
+    :248, :252-273): it starts with lastEntryTerm = -1, so a term below -1 fails; a negative index makes the
+    index-unit lookup fail, and the catch block's truncateOffset below 0 deletes every index file before
+    rebuildWithPos fails, which ends the walk. Later entries meet both through the contiguity and term rules."""
+    if term < -1:
+        return f"term {term} {FIRST_ENTRY} is below -1 (recover() starts with lastEntryTerm = -1)"
+    if index < 0:
+        return (f"index {index} {FIRST_ENTRY} is negative: no index unit holds it; recover()'s catch "
+                "truncates the index list below 0 (every index file is deleted) and rebuildWithPos fails")
+    return None
+
+
 def encode_entry(body: bytes, index: int, term: int, pos: int, *, magic: int = ENTRY_MAGIC, channel: int = 0,
                  chain_crc: int = 0, body_crc: int = 0) -> bytes:
     """DLedgerEntryCoder.encode: one entry as appended at ``pos`` (chain/body CRCs are 0 in 0.3.1.2)."""
@@ -190,8 +207,8 @@ def index_unit_problem(unit: np.void | tuple, header: EntryHeader, abs_pos: int)
 
 __all__ = [
     "BLANK_MAGIC", "BODY_OFFSET", "DATA_DIR", "DEFAULT_DATA_FILE_SIZE", "DEFAULT_INDEX_FILE_SIZE", "DIR_PREFIX",
-    "ENTRY_HEADER_DT", "ENTRY_MAGIC", "HEADER_SIZE", "INDEX_DIR", "INDEX_UNIT_DT", "INDEX_UNIT_SIZE",
+    "ENTRY_HEADER_DT", "ENTRY_MAGIC", "FIRST_ENTRY", "NOT_A_FILLER", "HEADER_SIZE", "INDEX_DIR", "INDEX_UNIT_DT", "INDEX_UNIT_SIZE",
     "MIN_BLANK_LEN", "POS_OFFSET", "EntryHeader", "blank_filler", "decode_entry_headers", "decode_index_units",
     "dledger_dir_name", "encode_entry", "encode_entry_headers", "encode_index_unit", "encode_index_units",
-    "entry_size", "header_problem", "index_unit_problem", "needs_blank", "read_blank",
+    "entry_size", "first_entry_problem", "header_problem", "index_unit_problem", "needs_blank", "read_blank",
 ]

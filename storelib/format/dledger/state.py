@@ -51,9 +51,13 @@ def _java_trim(s: str) -> str:
     return s[i:j]
 
 
-def _props(data: bytes, file: str | None) -> dict[str, str]:
-    """Properties.load over the bytes (ISO-8859-1, as DLedger's string2Properties ends up reading them)."""
-    return {k: v for k, (v, _, _) in parse_properties_text(data.decode("latin-1"), file=file).items()}
+def _props(data: bytes, file: str | None) -> dict[str, str] | str:
+    """Properties.load over the bytes (ISO-8859-1, as DLedger's string2Properties ends up reading them), or
+    why it throws (a malformed \\uXXXX): string2Properties then returns null (IOUtils :147-156)."""
+    try:
+        return {k: v for k, (v, _, _) in parse_properties_text(data.decode("latin-1"), file=file).items()}
+    except StoreError as e:
+        return e.detail
 
 
 def _properties_text(pairs: list[tuple[str, object]]) -> str:
@@ -67,6 +71,7 @@ class DLedgerCheckpoint:
 
     committed_index: int | None
     end_index: int | None = None
+    unreadable: str | None = None  # Properties.load throws: loadCheckPoint returns null (committedIndex -1)
 
     @property
     def committed_or_minus_one(self) -> int:
@@ -87,6 +92,9 @@ class DLedgerCheckpoint:
         """DLedgerMmapFileStore.recover's read: ``Long.valueOf(committedIndex.trim())``; a value it cannot
         parse raises StoreError (``bad_value``), as the broker's load() fails there."""
         props = _props(data, file)
+        if isinstance(props, str):
+            return cls(None, None, f"{props}: Properties.load throws, loadCheckPoint returns null and recover() "
+                                   "keeps committedIndex -1")
         committed = None
         raw = props.get(COMMITTED_INDEX_KEY)
         if raw is not None and _java_trim(raw):
@@ -120,6 +128,8 @@ class CurrTerm:
     @classmethod
     def from_bytes(cls, data: bytes, file: str | None = CURRTERM_FILE) -> CurrTerm:
         props = _props(data, file)
+        if isinstance(props, str):
+            return cls(None, None, f"{props}: Properties.load throws, MemberState.loadTerm keeps term 0")
         if TERM_KEY in props:
             term = _java_long(props[TERM_KEY])
             if term is None:
