@@ -145,6 +145,16 @@ def test_a_short_only_index_file_stops_dledgers_load(tmp_path):
     assert (f["file"], f["offset"]) == ("dledger-n0/index/00000000000000000000", 32 * n)
 
 
+def test_recover_plan_exits_1_when_the_broker_would_not_start(tmp_path, capsys):
+    """Nothing to change, but DLedger's load exits (a short index file): `recover --plan` says so and exits 1."""
+    root = _gen(tmp_path, "t6c", 100)
+    idx = root / "dledger-n0" / "index" / f"{0:020d}"
+    with open(idx, "r+b") as f:
+        f.truncate(32 * len(_entries(root)))
+    rc, out, err = run_cli(capsys, "recover", root, "--plan", "--broker-version", "4")
+    assert rc == 1 and "THE BROKER DOES NOT START" in out and "Traceback" not in err
+
+
 def test_short_later_index_files_are_judged_by_the_files_spacing(tmp_path):
     """Three index files 16 KiB apart (the spacing checkSelf requires), the last two cut to 4000 bytes: those two
     fail the load, though 4000 is now the most common size."""

@@ -133,7 +133,8 @@ def _run_on(args: argparse.Namespace, store: Store, walk_runner: WalkRunner) -> 
         print("\n".join(summary_lines(plan)))
         if args.plan_file and args.plan_file != "-":
             print(f"plan written to {args.plan_file}")
-    return 1 if plan["changes"] else 0
+    # a broker that would not start is something to act on, like a change (exit 1), even with nothing to change
+    return 1 if plan["changes"] or (plan.get("dledger") or {}).get("load_failure") else 0
 
 
 def dledger_lines(dl: dict) -> list[str]:
