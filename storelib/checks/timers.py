@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.timer.timerchains import judge_chains
 from storelib.checks.logview import LogView
 from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
@@ -231,84 +232,6 @@ def _timercheck_ahead(cp: Any, log_end: int, facts: dict[tuple[str, int], dict],
                         f"{cl_max} messages in the commitlog"))
 
 
-CHAIN_KINDS = ("timerwheel_chain", "timerlog_bad_prev")  # the format reader's strict rules, re-judged below
-
-
-def _slot_verdict(slot: dict, units: dict[int, tuple[int, bool]], deleted_below: int) -> tuple[str, str]:
-    """One wheel slot judged as 5.3.3's broker reads it: ("ok" | "truncated" | "stale_num" | "broken", why).
-
-    dequeue (TimerMessageStore :917-962) walks prevPos from lastPos to -1 and stops where a timerlog file is
-    gone (getWholeBuffer null: the cleaner deletes files from the front, :486-488); doEnqueue counts a
-    unit +1 and a deletion marker (magic DELETE) -1 in num (:752-754, :773-774); the wheel goes to disk
-    every timerFlushIntervalMs and not at shutdown (:552, :1720) and recovery revises lastPos, never num
-    (TimerWheel.reviseSlot), so num may miss the newest units (never count units the chain lacks)."""
-    at, normal, marks, oldest = slot["last_pos"], 0, 0, None
-    while at != -1:
-        if at not in units:
-            if 0 <= at < deleted_below:
-                return "truncated", f"the chain runs into timerlog position {at}, in a file the broker deleted"
-            return "broken", f"the chain from lastPos {slot['last_pos']} reaches {at}, which is no timerlog unit"
-        prev, delete = units[at]
-        if prev >= at:  # a unit's prevPos is an earlier unit: a forward one could loop
-            return "broken", f"the chain from lastPos {slot['last_pos']} turns forward at {at} (prevPos {prev})"
-        marks, normal = marks + delete, normal + (not delete)
-        oldest, at = at, prev
-    num = slot["num"]
-    counted = f"{normal} unit(s) and {marks} deletion marker(s) (num {normal - marks} when every one is counted)"
-    if oldest != slot["first_pos"]:
-        return "broken", f"the chain from lastPos {slot['last_pos']} ends at {oldest}, not at firstPos {slot['first_pos']}"
-    if num == normal - marks:
-        return "ok", ""
-    if -marks <= num <= normal:
-        return "stale_num", f"num {num}, the chain holds {counted}"
-    return "broken", f"num {num} but the chain holds only {counted}"
-
-
-def _judge_chains(tl: TimerLog, wheel: pa.Table, found: list[Finding], last_read_ms: int | None) -> list[Finding]:
-    """The format reader's findings with its strict chain rules (chain length == num, prevPos an earlier
-    unit) replaced by the broker's (:func:`_slot_verdict`); the rules belong with the broker's timer code
-    (storelib.broker.timer) and live here until that code has them."""
-    kept = [f for f in found if f.kind not in CHAIN_KINDS]
-    u = tl.units
-    pos = u.column("pos").to_numpy()
-    prev = u.column("prev_pos").to_numpy()
-    units = dict(zip(pos.tolist(), zip(prev.tolist(), u.column("delete").to_pylist())))
-    deleted_below = min((f["base"] for f in tl.files), default=0)
-    known = np.isin(prev, pos) | (prev == -1) | ((prev >= 0) & (prev < deleted_below))
-    bad = np.flatnonzero(~known | ((prev >= pos) & (prev != -1)))
-    files, offs = u.column("file").to_pylist(), u.column("file_offset").to_numpy()
-    _each_into(kept, "timerlog_bad_prev", "error", [
-        (files[i], int(offs[i]), f"prevPos {int(prev[i])} is not an earlier unit of the timerlog", {})
-        for i in bad.tolist()])
-    verdicts: dict[str, list] = {"broken": [], "stale_num": [], "truncated": []}
-    for row in wheel.select(["index", "time_ms", "first_pos", "last_pos", "num", "file_offset"]).to_pylist():
-        kind, why = _slot_verdict(row, units, deleted_below)
-        if kind != "ok":
-            verdicts[kind].append(("timerwheel", row["file_offset"], f"slot {row['index']}: {why}",
-                                   {"slot_time_ms": row["time_ms"]}))
-    _each_into(kept, "timerwheel_chain", "error", verdicts["broken"])
-    _each_into(kept, "timerwheel_num_stale", "warning", [(f, o, d + ": the broker writes its wheel every "
-                                                          "timerFlushIntervalMs and not at shutdown, and its recovery "
-                                                          "revises lastPos but never num (TimerWheel.reviseSlot); "
-                                                          "delivery walks the chain; num only feeds the congestion "
-                                                          "check (isReject) and the dequeue-behind metric", e)
-                                                         for f, o, d, e in verdicts["stale_num"]])
-    trunc = verdicts["truncated"]
-    if trunc:
-        pending = sum(1 for *_, e in trunc if last_read_ms is not None and e["slot_time_ms"] >= last_read_ms)
-        kept.append(Finding("timerwheel_chain_truncated", "info", "timerwheel", trunc[0][1],
-                            f"{len(trunc)} slot(s) ({pending} not yet read) chain back into timerlog files before "
-                            f"{deleted_below}, which the broker deleted once their units' records left the commitlog "
-                            "(TimerMessageStore :486-488); its dequeue stops there", {"count": len(trunc)}))
-    return kept
-
-
-def _each_into(found: list[Finding], kind: str, severity: str, items: list[tuple[str, int | None, str, dict]]) -> None:
-    capped = Capped()
-    _each(capped, kind, severity, items)
-    found.extend(capped.items)
-
-
 def _settled_wheel_findings(wheel: pa.Table, wf: list[Finding], tl: TimerLog) -> list[Finding]:
     """A running broker appends a timer unit to the timerlog, then points its wheel slot at it
     (TimerMessageStore.doEnqueue, 5.3.3 :769 then :773): a wheel read after the timerlog may name units past the timerlog's last
@@ -414,7 +337,7 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
             None if live else read_timer_checkpoint(root))
     except StoreError as e:
         out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
-    judged = _judge_chains(tl, wheel, list(tl.findings) + wf, None if cp is None else cp.last_read_time_ms)
+    judged = judge_chains(tl, wheel, list(tl.findings) + wf, None if cp is None else cp.last_read_time_ms)
     for f in _settled_wheel_findings(wheel, judged, tl) if live else judged:
         out.add(f)
     u = tl.units

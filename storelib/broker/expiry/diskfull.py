@@ -23,6 +23,7 @@ together); the search for the next change starts after the run.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,42 +38,53 @@ DISK_CHECK_PERIOD_MS = 10_000
 
 
 class WriteClock:
-    """Time spent writing since the snapshot: the write position only moves while writes are accepted."""
+    """Time spent writing since the snapshot: the write position only moves while writes are accepted.
+
+    Pauses come in time order (a stop, then its resume), so each is kept with the pause time before it
+    and its start in writing time: both lookups are a bisection (a full disk that a cleaner frees again
+    and again over days makes tens of thousands of pauses, and the event search asks at every step)."""
 
     def __init__(self, t0: int):
         self.t0 = t0
-        self.pauses: list[tuple[int, float]] = []  # (from, to); to is inf while writes are refused
+        self.starts: list[int] = []  # each pause's start
+        self.ends: list[float] = []  # its end; inf while writes are refused
+        self.before: list[float] = []  # pause time before it
+        self.w_starts: list[float] = []  # its start in writing time (non-decreasing)
 
     @property
     def paused(self) -> bool:
-        return bool(self.pauses) and self.pauses[-1][1] == math.inf
+        return bool(self.ends) and self.ends[-1] == math.inf
 
     def writing_ms(self, t: float) -> float:
         """Milliseconds of writing between the snapshot and t."""
-        w = t - self.t0
-        for s, e in self.pauses:
-            if s >= t:
-                break
-            w -= min(e, t) - s
-        return w
+        k = bisect.bisect_left(self.starts, t)  # the pauses that started before t
+        if not k:
+            return t - self.t0
+        i = k - 1
+        return t - self.t0 - self.before[i] - (min(self.ends[i], t) - self.starts[i])
 
     def at_writing_ms(self, w: float) -> float:
         """The first time at which ``w`` ms of writing have passed since the snapshot (inf: never, writes stay
         refused)."""
-        t = self.t0 + w
-        for s, e in self.pauses:
-            if s >= t:
-                break
-            t += e - s
-        return t
+        k = bisect.bisect_left(self.w_starts, w)  # the pauses that come before w ms of writing
+        if not k:
+            return self.t0 + w
+        i = k - 1
+        return self.t0 + w + self.before[i] + (self.ends[i] - self.starts[i])
 
     def stop(self, t: int) -> None:
-        self.pauses.append((t, math.inf))
+        before = self.before[-1] + (self.ends[-1] - self.starts[-1]) if self.starts else 0.0
+        self.starts.append(t)
+        self.ends.append(math.inf)
+        self.before.append(before)
+        self.w_starts.append(t - self.t0 - before)
 
     def resume(self, t: int) -> None:
-        s, _ = self.pauses.pop()
-        if t > s:
-            self.pauses.append((s, t))
+        if t > self.starts[-1]:
+            self.ends[-1] = t
+        else:  # resumed where it stopped: no pause
+            for xs in (self.starts, self.ends, self.before, self.w_starts):
+                xs.pop()
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from storelib.broker.timer.timerchains import judge_chains
 from storelib.format.timerstore import (
     TIMER_TOPIC,
     TimerLog,
@@ -224,7 +225,9 @@ def timer_store_summary(store: Store) -> dict[str, Any]:
     pending = timers.filter(pc.equal(timers.column("state"), "pending"))
     counts = pc.value_counts(pc.drop_null(pending.column("real_topic")))  # one pass, no Python loop
     by_topic = dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()))
-    return {"log": log, "wheel": wheel, "timers": timers, "findings": [*log.findings, *wfind, *mfind],
+    # the wheel's chains as the broker reads them (the audit's judge), not the format reader's strict rules
+    found = judge_chains(log, wheel, [*log.findings, *wfind], None if cp is None else cp.last_read_time_ms)
+    return {"log": log, "wheel": wheel, "timers": timers, "findings": [*found, *mfind],
             "summary": {"timerlog_files": log.files, "timerlog_units": log.units.num_rows,
                         "wheel_slots_used": wheel.num_rows, "wheel_units": int(pc.sum(wheel.column("num")).as_py() or 0),
                         "timers": timers.num_rows, "pending": pending.num_rows,
