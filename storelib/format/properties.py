@@ -7,6 +7,7 @@ writers drop the final separator, 5.x (since 5.2.0) keep it.
 
 from __future__ import annotations
 
+import codecs
 import re
 from collections.abc import Iterable, Mapping
 
@@ -89,9 +90,30 @@ def java_int(text: str) -> int | None:
     return v if -(1 << 31) <= v < 1 << 31 else None
 
 
-def java_text(value: str) -> str:
-    """A value decoded with surrogateescape as Java's ``new String(bytes, UTF_8)`` has it (U+FFFD)."""
-    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+def _java_replace(exc: UnicodeError) -> tuple[str, int]:
+    """One U+FFFD per malformed sequence as Java's UTF-8 decoder counts them.
+
+    Python's "replace" already agrees (maximal subparts) except on ED A0..BF, a UTF-8-encoded
+    surrogate: Python rejects the ED alone, Java decodes ED xx yy and replaces the surrogate as one
+    (isMalformed3 does not look at ED's range), ED xx before a non-continuation byte as one
+    (malformed3: 2 bytes) and ED xx at the end of the input as one (the loop breaks).
+    """
+    if not isinstance(exc, UnicodeDecodeError):
+        raise exc
+    b, i = exc.object, exc.start
+    if b[i] == 0xED and i + 1 < len(b) and 0xA0 <= b[i + 1] <= 0xBF:
+        return "\ufffd", i + 3 if i + 2 < len(b) and 0x80 <= b[i + 2] <= 0xBF else i + 2
+    return "\ufffd", exc.end
+
+
+JAVA_REPLACE = "rmqstore-java-replace"  # the codecs error handler: bytes.decode("utf-8", JAVA_REPLACE)
+codecs.register_error(JAVA_REPLACE, _java_replace)
+
+
+def java_string(data: bytes | bytearray | memoryview) -> str:
+    """``new String(data, UTF_8)`` as the broker builds topics and properties: invalid bytes become
+    U+FFFD exactly where and as often as Java puts them (see :func:`_java_replace`)."""
+    return bytes(data).decode("utf-8", JAVA_REPLACE)
 
 
 def split_keys(keys: str | None) -> list[str]:

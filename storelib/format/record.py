@@ -26,7 +26,7 @@ from storelib.format.properties import (
     crc_expected,
     encode_properties,
     java_int,
-    java_text,
+    java_string,
     parse_properties,
 )
 
@@ -171,7 +171,7 @@ class Message:
     properties: dict[str, str] = field(default_factory=dict)
     body_crc: int | None = None  # None: computed on encode
     magic_version: int = 1
-    properties_raw: str | None = None  # exact text when decoded (keeps order and trailing separators)
+    properties_raw: str | None = None  # the text as read (Java's decode; keeps order and trailing separators)
 
     @property
     def tags(self) -> str | None:
@@ -335,7 +335,7 @@ def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_c
     p += tl
     if topic_len < 0 or topic_len > total or p + topic_len > n:
         raise ValueError(f"bad topic length {topic_len}")
-    topic = bytes(acc.take(p, p + topic_len)).decode("utf-8", "replace")
+    topic = java_string(acc.take(p, p + topic_len))
     p += topic_len
     props_len = _signed(acc.take(p, p + 2), 2, "properties length")
     p += 2
@@ -344,9 +344,9 @@ def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_c
     if props_len > 0:
         if props_len > total or p + props_len > n:
             raise ValueError(f"PROPERTIESLENGTH {props_len} runs past the record")
-        raw = bytes(acc.take(p, p + props_len)).decode("utf-8", "surrogateescape")
+        raw = java_string(acc.take(p, p + props_len))  # decoded before the split, as the broker does
         props = parse_properties(raw)
-    if topic == SCHEDULE_TOPIC and DELAY in props and java_int(java_text(props[DELAY])) is None:
+    if topic == SCHEDULE_TOPIC and DELAY in props and java_int(props[DELAY]) is None:
         raise ValueError(f"DELAY {props[DELAY]!r} is not a Java int")  # Integer.parseInt throws
     expect = record_length(sysf, body_len, topic_len, props_len, version)
     if expect != total:
@@ -362,7 +362,7 @@ def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_c
     msg._store_host_bytes = store_host  # type: ignore[attr-defined]
     prop_crc_ok = None
     if CRC32 in props:  # 5.3.3 forceVerifyPropCRC: the value as the broker reads it (crc_expected)
-        expected = crc_expected(java_text(props[CRC32]))
+        expected = crc_expected(props[CRC32])
         prop_crc_ok = expected >= 0 and expected == acc.crc(pos, pos + total - CRC32_RESERVED_LEN)
     return RecordCheck("message", total, None, msg, prop_crc_ok)
 
