@@ -80,14 +80,31 @@ def crc_expected(value: str) -> int:
     return e - (1 << 32) if e >= 1 << 31 else e
 
 
-def java_int(text: str) -> int | None:
+def java_int(text: str, bits: int = 32) -> int | None:
     """``Integer.parseInt(text)``, or None where it throws: an optional sign, then decimal digits
     (Unicode ones too, as Character.digit takes them, but none outside the BMP: Java sees two
-    surrogate units there), within the int range."""
+    surrogate units there), within the int range. ``bits`` 16 is ``Short.parseShort`` (parseInt, then
+    a range check), 64 ``Long.parseLong`` (the same rules over the long range)."""
     if not _JAVA_INT.fullmatch(text) or any(ord(c) > 0xFFFF for c in text):
         return None
     v = int(text)
-    return v if -(1 << 31) <= v < 1 << 31 else None
+    return v if -(1 << (bits - 1)) <= v < 1 << (bits - 1) else None
+
+
+def inner_batch_error(num: str | None, base: str | None) -> str | None:
+    """Why 5.3.3's setBatchSizeIfNeeded throws for these INNER_NUM/INNER_BASE values (None: it does not).
+
+    Only when both properties are present it does ``Long.parseLong(INNER_BASE)`` then
+    ``Short.parseShort(INNER_NUM)``, inside checkMessageAndReturnSize's try: a NumberFormatException
+    fails the record (-1). 4.9.8 has no such step.
+    """
+    if num is None or base is None:
+        return None
+    if java_int(base, 64) is None:
+        return f"INNER_BASE {base!r} is not a Java long"
+    if java_int(num, 16) is None:
+        return f"INNER_NUM {num!r} is not a Java short"
+    return None
 
 
 def _java_replace(exc: UnicodeError) -> tuple[str, int]:
