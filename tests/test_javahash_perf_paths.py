@@ -19,6 +19,7 @@ from storelib.format.javahash import (
     java_string_hash,
     utf16_lengths,
 )
+from storelib.format.properties import java_string
 
 ALPHABET = list("abcXYZ019 -_#") + ["é", "ß", "中", "😀", "\x00", "\x7f"]
 
@@ -133,19 +134,13 @@ def test_long_inputs_are_hashed_in_blocks_with_the_same_result(monkeypatch):
 
 
 def _bytes_check(rows: list[bytes]) -> None:
-    """java_hashes over raw UTF-8 (valid or not) == hashCode of what Python's decoder makes of it."""
+    """java_hashes over raw UTF-8 (valid or not) == hashCode and length of the String the broker's
+    decode (java_string) makes of it."""
     arr = pa.array(rows, pa.binary()).view(pa.string())
     h, n = java_hashes(arr)
-    text = [r.decode("utf-8", "replace") for r in rows]
+    text = [java_string(r) for r in rows]
     assert h.tolist() == [java_string_hash(t) for t in text]
-
-    def len16(r: bytes) -> int:
-        try:
-            return len(r.decode("utf-8").encode("utf-16-le")) // 2
-        except UnicodeDecodeError:  # lengths of invalid rows count lead bytes (4-byte leads twice)
-            return sum(((c & 0xC0) != 0x80) + (c >= 0xF0) for c in r)
-
-    assert n.tolist() == [len16(r) for r in rows]
+    assert n.tolist() == [len(t.encode("utf-16-le", "surrogatepass")) // 2 for t in text]
 
 
 def test_non_ascii_rows_decoded_column_wise_hash_like_java_for_every_utf8_length():
@@ -160,7 +155,7 @@ def test_non_ascii_rows_decoded_column_wise_hash_like_java_for_every_utf8_length
         _bytes_check([w.encode("utf-8") for w in bmp])
 
 
-def test_invalid_utf8_rows_fall_back_to_the_replacing_decoder():
+def test_invalid_utf8_rows_fall_back_to_the_brokers_decoder():
     good = ["abc", "中文", "😀x"]
     bad = [b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe0\x80\xaf", b"\xf0\x80\x80\xaf", b"\xff",
            b"\x80abc", b"ab\xe4\xb8", b"\xf5\x80\x80\x80"]

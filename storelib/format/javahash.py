@@ -8,13 +8,15 @@ inverse mod 2^32, so with one running sum over the whole buffer ``C[k] = sum_{j<
 row is ``(C[end] - C[start]) * 31^(end-1)``: one multiply by a contiguous power table and one cumsum
 per byte, two gathers and a multiply per row (no per-byte exponent gather). Rows with non-ASCII text
 (UTF-16 units differ from bytes) are recomputed exactly over their UTF-16 units, decoded column-wise
-when every such row is valid UTF-8 (else by Python's decoder, row by row).
+when every such row is valid UTF-8 (else by the broker's decode, row by row).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+
+from storelib.format.properties import java_string
 
 INT_MIN = -(2**31)
 _POW_CACHE: list[np.ndarray] = [np.ones(1, dtype=np.uint32)]
@@ -223,8 +225,8 @@ def _utf16_units(b: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndar
 def java_hashes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(``String.hashCode`` int32, ``String.length`` int64) of every string of ``arr`` in one pass.
 
-    Nulls give (0, 0). Rows with non-ASCII bytes are decoded (``errors="replace"``) and hashed over
-    their UTF-16 units; their lengths use :func:`utf16_lengths`' byte classification.
+    Nulls give (0, 0). Rows with non-ASCII bytes are hashed over their UTF-16 units; rows of invalid
+    UTF-8 (a binary array) as the broker's ``new String(bytes, UTF_8)`` has them (:func:`java_string`).
     """
     offsets, data, valid = _as_string_parts(arr)
     n = len(offsets) - 1
@@ -247,15 +249,12 @@ def java_hashes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
             units, uoff = fast
             h[rows] = hash_units(units, uoff)
             len16[rows] = np.diff(uoff)
-        else:  # some row is not valid UTF-8: Python's decoder (errors="replace") decides, row by row
-            enc = [bytes(seg[rel[r] : rel[r + 1]]).decode("utf-8", "replace").encode("utf-16-be", "surrogatepass")
-                   for r in rows.tolist()]
+        else:  # some row is not valid UTF-8: the broker's decode (java_string) decides, row by row
+            enc = [java_string(seg[rel[r] : rel[r + 1]]).encode("utf-16-be", "surrogatepass") for r in rows.tolist()]
             uoff = np.zeros(len(enc) + 1, np.int64)
             np.cumsum([len(e) // 2 for e in enc], out=uoff[1:])
             h[rows] = hash_units(np.frombuffer(b"".join(enc), dtype=">u2").astype(np.uint32), uoff)
-            unit = ((b & 0xC0) != 0x80).astype(np.int64) + (b >= 0xF0)
-            cu = np.r_[0, np.cumsum(unit)]
-            len16[rows] = cu[bounds[1:]] - cu[bounds[:-1]]
+            len16[rows] = np.diff(uoff)  # the decoded String's length (one unit per U+FFFD)
     if valid is not None:
         h[~valid] = 0
         len16[~valid] = 0

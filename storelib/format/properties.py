@@ -7,6 +7,7 @@ writers drop the final separator, 5.x (since 5.2.0) keep it.
 
 from __future__ import annotations
 
+import codecs
 import re
 from collections.abc import Iterable, Mapping
 
@@ -79,19 +80,57 @@ def crc_expected(value: str) -> int:
     return e - (1 << 32) if e >= 1 << 31 else e
 
 
-def java_int(text: str) -> int | None:
+def java_int(text: str, bits: int = 32) -> int | None:
     """``Integer.parseInt(text)``, or None where it throws: an optional sign, then decimal digits
     (Unicode ones too, as Character.digit takes them, but none outside the BMP: Java sees two
-    surrogate units there), within the int range."""
+    surrogate units there), within the int range. ``bits`` 16 is ``Short.parseShort`` (parseInt, then
+    a range check), 64 ``Long.parseLong`` (the same rules over the long range)."""
     if not _JAVA_INT.fullmatch(text) or any(ord(c) > 0xFFFF for c in text):
         return None
     v = int(text)
-    return v if -(1 << 31) <= v < 1 << 31 else None
+    return v if -(1 << (bits - 1)) <= v < 1 << (bits - 1) else None
 
 
-def java_text(value: str) -> str:
-    """A value decoded with surrogateescape as Java's ``new String(bytes, UTF_8)`` has it (U+FFFD)."""
-    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+def inner_batch_error(num: str | None, base: str | None) -> str | None:
+    """Why 5.3.3's setBatchSizeIfNeeded throws for these INNER_NUM/INNER_BASE values (None: it does not).
+
+    Only when both properties are present it does ``Long.parseLong(INNER_BASE)`` then
+    ``Short.parseShort(INNER_NUM)``, inside checkMessageAndReturnSize's try: a NumberFormatException
+    fails the record (-1). 4.9.8 has no such step.
+    """
+    if num is None or base is None:
+        return None
+    if java_int(base, 64) is None:
+        return f"INNER_BASE {base!r} is not a Java long"
+    if java_int(num, 16) is None:
+        return f"INNER_NUM {num!r} is not a Java short"
+    return None
+
+
+def _java_replace(exc: UnicodeError) -> tuple[str, int]:
+    """One U+FFFD per malformed sequence as Java's UTF-8 decoder counts them.
+
+    Python's "replace" already agrees (maximal subparts) except on ED A0..BF, a UTF-8-encoded
+    surrogate: Python rejects the ED alone, Java decodes ED xx yy and replaces the surrogate as one
+    (isMalformed3 does not look at ED's range), ED xx before a non-continuation byte as one
+    (malformed3: 2 bytes) and ED xx at the end of the input as one (the loop breaks).
+    """
+    if not isinstance(exc, UnicodeDecodeError):
+        raise exc
+    b, i = exc.object, exc.start
+    if b[i] == 0xED and i + 1 < len(b) and 0xA0 <= b[i + 1] <= 0xBF:
+        return "\ufffd", i + 3 if i + 2 < len(b) and 0x80 <= b[i + 2] <= 0xBF else i + 2
+    return "\ufffd", exc.end
+
+
+JAVA_REPLACE = "rmqstore-java-replace"  # the codecs error handler: bytes.decode("utf-8", JAVA_REPLACE)
+codecs.register_error(JAVA_REPLACE, _java_replace)
+
+
+def java_string(data: bytes | bytearray | memoryview) -> str:
+    """``new String(data, UTF_8)`` as the broker builds topics and properties: invalid bytes become
+    U+FFFD exactly where and as often as Java puts them (see :func:`_java_replace`)."""
+    return bytes(data).decode("utf-8", JAVA_REPLACE)
 
 
 def split_keys(keys: str | None) -> list[str]:

@@ -18,6 +18,8 @@ from storelib.format.properties import (
     CRC32,
     CRC32_RESERVED_LEN,
     DELAY,
+    INNER_BASE,
+    INNER_NUM,
     KEYS,
     PROPERTY_SEP,
     TAGS,
@@ -25,8 +27,9 @@ from storelib.format.properties import (
     crc_digits,
     crc_expected,
     encode_properties,
+    inner_batch_error,
     java_int,
-    java_text,
+    java_string,
     parse_properties,
 )
 
@@ -171,7 +174,7 @@ class Message:
     properties: dict[str, str] = field(default_factory=dict)
     body_crc: int | None = None  # None: computed on encode
     magic_version: int = 1
-    properties_raw: str | None = None  # exact text when decoded (keeps order and trailing separators)
+    properties_raw: str | None = None  # the text as read (Java's decode; keeps order and trailing separators)
 
     @property
     def tags(self) -> str | None:
@@ -256,11 +259,13 @@ def check_record(
     Mirrors CommitLog.checkMessageAndReturnSize (5.3.3; 4.9.8 has the same steps but the ``remaining``
     checks), step by step and in its order: every read the broker makes past a length it has not
     checked throws there (-1), the body CRC is checked before the topic is read, DELAY of a
-    SCHEDULE_TOPIC_XXXX record is an ``Integer.parseInt``, and only then the length. It reads no more
+    SCHEDULE_TOPIC_XXXX record is an ``Integer.parseInt``, and only then the length (on 5.3.3 followed by
+    setBatchSizeIfNeeded's parse of INNER_NUM/INNER_BASE, :func:`inner_batch_error`). It reads no more
     than the broker does: the fixed part and each length-prefixed field, never TOTALSIZE at once.
     ``line`` "4"/"5" applies what only that line does (:func:`message_magics`, :func:`blank_fits`, and
     5.3.3's ``remaining < totalSize - 4``: a TOTALSIZE past the segment's end is -1 there, where 4.9.8 reads
-    the fields and, when they fit, reports the length mismatch with that TOTALSIZE, as does an unknown line);
+    the fields and, when they fit, reports the length mismatch with that TOTALSIZE, as does an unknown line;
+    5.3.3's INNER_NUM/INNER_BASE parse, which an unknown line does not apply either);
     None when the line is not known. ``read_body`` False is the reput's call (``readBody=false``, never a CRC):
     the body is skipped by moving the position, bounded only by the buffer's end, not copied into
     ``new byte[totalSize]``, so a BODYLENGTH larger than TOTALSIZE is a length mismatch there, not -1.
@@ -287,7 +292,8 @@ def check_record(
         return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left "
                                           "(5.3.3 checks the size first: -1)")
     try:
-        chk = _check_fields(acc, head, pos, 2 if magic == MAGIC_V2 else 1, check_crc and read_body, read_body)
+        chk = _check_fields(acc, head, pos, 2 if magic == MAGIC_V2 else 1, check_crc and read_body, read_body,
+                            line)
     except (struct.error, IndexError, ValueError) as e:
         if total > left:  # a record cut by the segment's end: its field reads run out of bytes (-1)
             return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left ({e})")
@@ -303,7 +309,7 @@ def alloc_note(total: int) -> str:
 
 
 def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_crc: bool,
-                  read_body: bool = True) -> RecordCheck:
+                  read_body: bool = True, line: str | None = None) -> RecordCheck:
     """The steps after MAGIC (see :func:`check_record`); raises ValueError where the broker's read throws."""
     n = len(acc)
     (total, _magic, crc, qid, flag, qoff, phy, sysf, born_ts) = _HDR.unpack_from(head, 0)
@@ -335,7 +341,7 @@ def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_c
     p += tl
     if topic_len < 0 or topic_len > total or p + topic_len > n:
         raise ValueError(f"bad topic length {topic_len}")
-    topic = bytes(acc.take(p, p + topic_len)).decode("utf-8", "replace")
+    topic = java_string(acc.take(p, p + topic_len))
     p += topic_len
     props_len = _signed(acc.take(p, p + 2), 2, "properties length")
     p += 2
@@ -344,14 +350,16 @@ def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_c
     if props_len > 0:
         if props_len > total or p + props_len > n:
             raise ValueError(f"PROPERTIESLENGTH {props_len} runs past the record")
-        raw = bytes(acc.take(p, p + props_len)).decode("utf-8", "surrogateescape")
+        raw = java_string(acc.take(p, p + props_len))  # decoded before the split, as the broker does
         props = parse_properties(raw)
-    if topic == SCHEDULE_TOPIC and DELAY in props and java_int(java_text(props[DELAY])) is None:
+    if topic == SCHEDULE_TOPIC and DELAY in props and java_int(props[DELAY]) is None:
         raise ValueError(f"DELAY {props[DELAY]!r} is not a Java int")  # Integer.parseInt throws
     expect = record_length(sysf, body_len, topic_len, props_len, version)
     if expect != total:
         return RecordCheck("invalid", total, f"length_mismatch: TOTALSIZE {total}, fields add up to {expect}",
                            read_length=expect)
+    if line == "5" and (why := inner_batch_error(props.get(INNER_NUM), props.get(INNER_BASE))) is not None:
+        raise ValueError(why)  # setBatchSizeIfNeeded, after the length check (NumberFormatException: -1)
     body = bytes(acc.take(body_at, body_at + body_len)) if body_len > 0 else b""
     msg = Message(
         topic=topic, body=body, queue_id=qid, flag=flag, queue_offset=qoff, physical_offset=phy,
@@ -362,7 +370,7 @@ def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_c
     msg._store_host_bytes = store_host  # type: ignore[attr-defined]
     prop_crc_ok = None
     if CRC32 in props:  # 5.3.3 forceVerifyPropCRC: the value as the broker reads it (crc_expected)
-        expected = crc_expected(java_text(props[CRC32]))
+        expected = crc_expected(props[CRC32])
         prop_crc_ok = expected >= 0 and expected == acc.crc(pos, pos + total - CRC32_RESERVED_LEN)
     return RecordCheck("message", total, None, msg, prop_crc_ok)
 

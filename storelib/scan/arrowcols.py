@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storelib.format.javahash import java_hashes_repeated
+from storelib.format.properties import java_string
 from storelib.format.record import decode_host
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
@@ -209,7 +210,8 @@ def string_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 def as_utf8(binary: pa.Array) -> tuple[pa.Array, bool]:
     """(string array, clean) of a binary array: zero-copy when valid UTF-8 (ASCII checked with numpy).
 
-    Rows with invalid UTF-8 are decoded with U+FFFD replacement (as Java does); ``clean`` is False then.
+    Rows with invalid UTF-8 are decoded as the broker's ``new String(bytes, UTF_8)`` has them
+    (:func:`java_string`); ``clean`` is False then.
     """
     if len(binary) == 0:
         return binary.view(pa.string()), True
@@ -222,7 +224,7 @@ def as_utf8(binary: pa.Array) -> tuple[pa.Array, bool]:
         return s, True
     except pa.ArrowInvalid:
         raw = binary.to_pylist()
-        return pa.array([None if r is None else r.decode("utf-8", "replace") for r in raw], pa.string()), False
+        return pa.array([None if r is None else java_string(r) for r in raw], pa.string()), False
 
 
 HostCodes = tuple[np.ndarray, list[int]]

@@ -2,7 +2,7 @@
 
 The segment walk (:mod:`storelib.scan.scanner`) finds record starts; this validates the rest of each
 record as CommitLog.checkMessageAndReturnSize does (structure, body CRC, the DELAY of
-SCHEDULE_TOPIC_XXXX records) and builds only the requested columns, every field with numpy over
+SCHEDULE_TOPIC_XXXX records, on 5.3.3 INNER_NUM/INNER_BASE) and builds only the requested columns, every field with numpy over
 arrays of record offsets (the 88 fixed bytes of the common IPv4/IPv4 layout in one item gather).
 """
 
@@ -12,9 +12,18 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from storelib.format.crc import MASK, crc32_ranges
-from storelib.format.properties import CRC32, CRC32_RESERVED_LEN, crc_expected, java_int
+from storelib.format.properties import (
+    CRC32,
+    CRC32_RESERVED_LEN,
+    INNER_BASE,
+    INNER_NUM,
+    crc_expected,
+    inner_batch_error,
+    java_int,
+)
 from storelib.format.record import BORNHOST_V6_FLAG, MAGIC_V2, SCHEDULE_TOPIC, STOREHOST_V6_FLAG
 from storelib.scan.arrowcols import (
     as_utf8,
@@ -24,6 +33,7 @@ from storelib.scan.arrowcols import (
     host_codes,
     overlapping,
     rows_at,
+    string_parts,
     tags_codes,
     take_ranges,
 )
@@ -42,6 +52,7 @@ _TAIL_DT = {
 }
 _SCHED_B = np.frombuffer(SCHEDULE_TOPIC.encode(), np.uint8)
 _PROP_COLUMNS = frozenset({"tags", "keys", "uniq_key", "tags_code", "properties", "properties_raw", "prop_crc_ok"})
+_M01, _UM = np.frombuffer(b"M\x01UM", "<u2")  # INNER_NUM 0x01's aligned words (see _may_hold_inner_num)
 _POW10 = 10 ** np.arange(10, dtype=np.int64)  # __CRC32# digits: least significant first
 
 
@@ -132,6 +143,55 @@ class _Layout:
         self.ok = ok
 
 
+def _properties(raw_b: pa.Array, need: frozenset[str]) -> tuple[FastProperties | SplitProperties | PropertyColumns,
+                                                              pa.Array]:
+    """(the parser for the properties column's bytes, its text): the cheapest that serves ``need``."""
+    raw, clean = as_utf8(raw_b)
+    if not clean:
+        return PropertyColumns(raw), raw
+    if "properties" in need:  # every pair is parsed anyway: look names up in that parse
+        return SplitProperties(raw_b), raw
+    return FastProperties(raw_b), raw
+
+
+def _may_hold_inner_num(raw_b: pa.Array) -> bool:
+    """Could a row hold ``INNER_NUM`` 0x01? Its bytes put "M" 0x01 in an aligned 2-byte word when they
+    start at an even offset, "UM" at an odd one: one compare pass over the words (no separator search,
+    half the cost of :class:`FastProperties`); a hit only means the exact lookup runs."""
+    _, d = string_parts(raw_b)
+    w = d[: len(d) // 2 * 2].view("<u2")
+    return bool(((w == _M01) | (w == _UM)).any())
+
+
+def _first_bad_inner(props: FastProperties | SplitProperties | PropertyColumns, bad_row: int | None,
+                     why: tuple | None) -> tuple[int | None, tuple | None]:
+    """(first bad row, why) with 5.3.3's INNER_NUM/INNER_BASE parse (:func:`inner_batch_error`) added to
+    an earlier finding (a DELAY that is not an int); a record's DELAY is read first, so it wins a tie.
+    Costs one name lookup when no record holds INNER_NUM; the values are checked in Python only where
+    they are not plain short digit strings."""
+    if isinstance(props, PropertyColumns):
+        rows = np.flatnonzero(np.asarray(props.value(INNER_NUM).is_valid()))
+    else:
+        rows = props.value_span(INNER_NUM)[0]
+    if bad_row is not None:
+        rows = rows[rows <= bad_row]
+    if not len(rows):
+        return bad_row, why
+    take = pa.array(rows)
+    num, base = props.value(INNER_NUM).take(take), props.value(INNER_BASE).take(take)
+    plain = (np.asarray(pc.match_substring_regex(num, "^[0-9]{1,4}$").fill_null(True))
+             & np.asarray(pc.match_substring_regex(base, "^[0-9]{1,18}$").fill_null(True)))
+    check = np.flatnonzero(~plain)
+    for r, n, b in zip(rows[check].tolist(), num.take(pa.array(check)).to_pylist(),
+                       base.take(pa.array(check)).to_pylist()):
+        err = inner_batch_error(n, b)
+        if err is not None:
+            if bad_row is not None and r == bad_row:
+                return bad_row, why
+            return r, (r, "parse_error", err, None)
+    return bad_row, why
+
+
 class BatchDecoder:
     """Decode records at given view offsets into batches of ``schema``'s columns.
 
@@ -158,7 +218,7 @@ class BatchDecoder:
         """Decode records at view offsets ``st`` into one batch; returns (batch, first bad, crc bad rows).
 
         Only the requested columns are built; what decides validity (structure, CRC, the DELAY of
-        SCHEDULE_TOPIC_XXXX records) is always computed.
+        SCHEDULE_TOPIC_XXXX records, 5.3.3's INNER_NUM/INNER_BASE parse) is always computed.
         """
         if a is None or pbuf is None:
             a, pbuf = ViewCache().get(view)
@@ -185,25 +245,26 @@ class BatchDecoder:
         any_sched = bool(is_sched.any())
         props: FastProperties | SplitProperties | PropertyColumns | None = None
         raw = None
+        inner = self.line == "5"  # setBatchSizeIfNeeded parses INNER_NUM/INNER_BASE (5.3.3 only)
         if any_sched or need & _PROP_COLUMNS:
+            props, raw = _properties(take_ranges(pbuf, lay.p_props[sl], lay.plen[sl]), need)
+        elif inner:  # parsed only for the INNER check, and only when a row may hold INNER_NUM
             raw_b = take_ranges(pbuf, lay.p_props[sl], lay.plen[sl])
-            raw, clean = as_utf8(raw_b)
-            if not clean:
-                props = PropertyColumns(raw)
-            elif "properties" in need:  # every pair is parsed anyway: look names up in that parse
-                props = SplitProperties(raw_b)
-            else:
-                props = FastProperties(raw_b)
+            if _may_hold_inner_num(raw_b):
+                props, raw = _properties(raw_b, need)
         delay = None
         delay_col = pa.nulls(k, pa.int32())
+        bad_row, why = None, None
         if any_sched:
             assert props is not None
-            delay, delay_col, bad_delay, why = self._delays(props, is_sched, k)
-            if why is not None:  # the broker fails the whole record (NumberFormatException → -1)
-                if bad_delay == 0:
-                    return pa.RecordBatch.from_pylist([], schema=self.schema), why, crc_bad
-                batch, _, crc_bad2 = self.decode(view, view_base, st[:bad_delay], a, pbuf)
-                return batch, why, crc_bad2
+            delay, delay_col, bad_row, why = self._delays(props, is_sched, k)
+        if inner and props is not None:
+            bad_row, why = _first_bad_inner(props, bad_row, why)
+        if why is not None:  # the broker fails the whole record (NumberFormatException → -1)
+            if bad_row == 0:
+                return pa.RecordBatch.from_pylist([], schema=self.schema), why, crc_bad
+            batch, _, crc_bad2 = self.decode(view, view_base, st[:bad_row], a, pbuf)
+            return batch, why, crc_bad2
         cols = self._columns(view, view_base, st, a, pbuf, lay, k, crc_ok, props, raw, delay, delay_col)
         batch = pa.RecordBatch.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
         return batch, bad, crc_bad
