@@ -16,7 +16,7 @@ from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, data_ranges
 from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, LMQ_PREFIX, batch_cq_topics, list_queues
-from storelib.format.record import INNER_BATCH_FLAG
+from storelib.format.record import INNER_BATCH_FLAG, SCHEDULE_TOPIC
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.arrowcols import group_order
 
@@ -116,6 +116,9 @@ class CQLoad:
     cq_max_phy: int = -1
     live: bool = False  # read as at a live store's cut: clamped at its end, files the cleaner took left out
     vanished: list[str] = field(default_factory=list)  # CQ files deleted after the listing (live)
+    # where the records are and whose rules apply: a 4.9.8 delay unit's other tagsCode is read from its record
+    root: Location | None = None
+    settings: BrokerSettings | None = None
 
     def reput_from(self, log_min: int) -> int:
         """Where the broker's reput would start: past every unit. On a live store, whose queues are read one
@@ -131,6 +134,7 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, 
     ``queues``: only these, opened by the caller into ``res``; default: every queue directory,
     :func:`walk_queues`)."""
     res = res if res is not None else CQLoad()
+    res.root, res.settings = root, settings
     for topic, qid, cq in walk_queues(root, settings, res, cut) if queues is None else queues:
         try:
             ns, units, files = [], [], []
@@ -268,7 +272,7 @@ def check_queue_units(log: LogView, out: Capped, facts: dict, loaded: CQLoad) ->
     stats: dict[tuple[str, int], dict] = {}
     reput_from = loaded.reput_from(log.log_min)
     for (topic, qid), (n, u, files, cq_max, cq_min) in loaded.per_queue.items():
-        last_valid = _check_units(log, out, topic, qid, n, u, files)
+        last_valid = _check_units(log, out, topic, qid, n, u, files, loaded)
         fact = facts.get((topic, qid))
         lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from)
         stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": cq_min, "max_offset": cq_max,
@@ -279,7 +283,7 @@ def check_queue_units(log: LogView, out: Capped, facts: dict, loaded: CQLoad) ->
 
 
 def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, u: np.ndarray,
-                 files: list[tuple[int, str | None]]) -> int:
+                 files: list[tuple[int, str | None]], loaded: CQLoad | None = None) -> int:
     """One queue's units against the records: holes before the last valid unit, units pointing past the
     log or at no record start, units whose record disagrees. Returns the last valid unit's index (-1)."""
     from storelib.format.consumequeue import filler_mask
@@ -346,6 +350,9 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
             bad_qo = np.zeros(len(hit), bool) if copies else log.qoff[r] != n[hit]
             bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
         bad_tags = log.tags[r] != u["tags_code"][hit].astype(np.int64)
+        if topic == SCHEDULE_TOPIC and bad_tags.any() and loaded is not None:
+            j = np.flatnonzero(bad_tags)
+            bad_tags[j] = recovery_tags(loaded, log.phy[r[j]]) != u["tags_code"][hit[j]].astype(np.int64)
         bad = bad_size | bad_topic | bad_qo | bad_tags | bad_tran
         for j in np.flatnonzero(bad).tolist():
             k, rr = int(hit[j]), int(r[j])
@@ -365,6 +372,30 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
                             f"{topic}/{qid} offset {int(n[k])} → record at {int(phy[k])}: " + "; ".join(what),
                             {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "phy": int(phy[k])}))
     return last_valid
+
+
+def recovery_tags(loaded: CQLoad, phy: np.ndarray) -> np.ndarray:
+    """The tagsCode a 4.9.8 broker's abnormal recovery writes for the SCHEDULE_TOPIC_XXXX records at ``phy``
+    (the TAGS hash, or 0), where the delivery time is not the only right one: DefaultMessageStore.load
+    recovers (dispatching what the consume queues lack) before ScheduleMessageService.load fills the delay
+    table, so maxDelayLevel is still 0 and CommitLog.checkMessageAndReturnSize skips the delivery-time rule
+    (what ``recover`` models as ``delay_levels_quirk``). 5.x loads the delay table first: no second value
+    there (an impossible tagsCode, -1 << 63, for each record)."""
+    out = np.full(len(phy), np.iinfo(np.int64).min, np.int64)
+    s = loaded.settings
+    if s is None or loaded.root is None or s.version != "4" or not len(phy):
+        return out
+    from storelib.broker.settings.store import open_commitlog
+
+    cl = open_commitlog(loaded.root, s)
+    for i, p in enumerate(phy.tolist()):  # only units whose tagsCode is not the delivery time: few
+        try:
+            rec = cl.record_at(int(p), delay_levels_ms=[], verify_crc=False, with_properties=False,
+                               columns=["tags_code"])
+        except StoreError:
+            continue
+        out[i] = int(rec.column("tags_code")[0].as_py())
+    return out
 
 
 def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, last_valid: int,

@@ -1,0 +1,104 @@
+"""The audit judges consume queues by the broker's own rules (ConsumeQueue.putMessagePositionInfo and the
+start-up order of 4.9.8 and 5.3.3): what a broker really writes is no error, real damage still is, and
+every engine gives the same report."""
+
+from __future__ import annotations
+
+import struct
+from itertools import count
+from pathlib import Path
+
+import numpy as np
+
+from jobs.audit import audit_store
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.store import Store
+from storelib.broker.startup import recoverapply as ra
+from storelib.broker.writer.writer import StoreWriter
+from storelib.format.consumequeue import CQ_DTYPE
+from storelib.format.record import Message
+
+from .test_audit import _comparable
+from .test_audit_partitioned import _same
+
+SMALL = {"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 200}
+NOW = 1_800_000_000_000
+
+
+def _conf(root: Path, extra: str = "") -> str:
+    p = root / "broker.conf"
+    p.write_text("\n".join(f"{k}={v}" for k, v in SMALL.items()) + "\n" + extra)
+    return str(p)
+
+
+def _audit(root: Path, version: str, **kw) -> dict:
+    return audit_store(str(root), broker_conf=str(root / "broker.conf"), version=version, quiet=True, now_ms=NOW,
+                       **kw)
+
+
+def _serious(rep: dict) -> list[tuple[str, str | None, int | None]]:
+    return [(f["kind"], f["file"], f["offset"]) for f in rep["findings"]
+            if f["severity"] in ("warning", "error", "critical")]
+
+
+def _units(root: Path, topic: str, qid: int) -> tuple[Path, np.ndarray]:
+    f = root / "consumequeue" / topic / str(qid) / f"{0:020d}"
+    return f, np.frombuffer(f.read_bytes(), CQ_DTYPE)
+
+
+# --- A: 4.9.8 recovers before the delay table is loaded -----------------------------------------
+
+
+def _crashed_delay_store(root: Path, version: str = "4") -> Path:
+    """Three DELAY=3 messages dispatched, three more not, the abort file left (t_delay.py)."""
+    s = BrokerSettings.defaults(version).with_overrides(SMALL)
+    c = count(1_700_000_000_000, 10)
+    with StoreWriter(root, s, clock=lambda: next(c)) as w:
+        for _ in range(3):
+            w.append(Message("T", b"x" * 100, 0, properties={"TAGS": "a", "DELAY": "3"}))
+        w.dispatch()
+        for _ in range(3):
+            w.append(Message("T", b"x" * 100, 0, properties={"TAGS": "a", "DELAY": "3"}))
+        w.close(clean=False)
+    _conf(root)
+    return root
+
+
+def test_498_delay_units_written_by_an_abnormal_recovery_are_no_mismatch(tmp_path, monkeypatch):
+    root = _crashed_delay_store(tmp_path / "s")
+    ra.apply(Store(str(root), broker_conf=str(root / "broker.conf")), str(tmp_path / "bk"))
+    f, u = _units(root, "SCHEDULE_TOPIC_XXXX", 2)
+    assert u["tags_code"][3:6].tolist() == [97, 97, 97]  # the TAGS hash: what our recover (and 4.9.8) wrote
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    assert _serious(ref) == []
+    pool = _audit(root, "4", engine="pool", workers=2)
+    assert _comparable(pool) == _comparable(ref)
+
+
+def test_498_delay_unit_with_neither_tags_code_is_still_a_mismatch(tmp_path, monkeypatch):
+    root = _crashed_delay_store(tmp_path / "s")
+    ra.apply(Store(str(root), broker_conf=str(root / "broker.conf")), str(tmp_path / "bk"))
+    f, u = _units(root, "SCHEDULE_TOPIC_XXXX", 2)
+    b = bytearray(f.read_bytes())
+    b[4 * 20 + 12:4 * 20 + 20] = struct.pack(">q", 98)  # neither the delivery time nor the TAGS hash
+    f.write_bytes(bytes(b))
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    (m,) = [x for x in ref["findings"] if x["kind"] == "cq_entry_mismatch"]
+    assert (m["offset"], m["extra"]["queue_offset"]) == (80, 4) and "tagsCode 98" in m["detail"]
+
+
+def test_5x_delay_unit_with_the_tags_hash_is_a_mismatch(tmp_path):
+    """5.x loads the delay table before it recovers: only the delivery time is right."""
+    root = tmp_path / "s"
+    s = BrokerSettings.defaults("5").with_overrides(SMALL)
+    with StoreWriter(root, s, clock=lambda: 1_700_000_000_000) as w:
+        for _ in range(3):
+            w.append(Message("T", b"x" * 100, 0, properties={"TAGS": "a", "DELAY": "3"}))
+        w.close(clean=True)
+    _conf(root, "enabledAppendPropCRC=true\n")
+    f, u = _units(root, "SCHEDULE_TOPIC_XXXX", 2)
+    b = bytearray(f.read_bytes())
+    b[20 + 12:20 + 20] = struct.pack(">q", 97)
+    f.write_bytes(bytes(b))
+    rep = _audit(root, "5")
+    assert [(k, o) for k, _f, o in _serious(rep)] == [("cq_entry_mismatch", 20)]
