@@ -102,3 +102,91 @@ def test_5x_delay_unit_with_the_tags_hash_is_a_mismatch(tmp_path):
     f.write_bytes(bytes(b))
     rep = _audit(root, "5")
     assert [(k, o) for k, _f, o in _serious(rep)] == [("cq_entry_mismatch", 20)]
+
+
+# --- B: the writer puts a record in the queue's next unit whatever its QUEUEOFFSET --------------
+
+
+def _offsets_store(root: Path, mode: str) -> Path:
+    """Eight records of T/0 with their QUEUEOFFSETs rewritten (t_gap.py), dispatched by our rebuild (which is
+    putMessagePositionInfo): ``gap`` 0,1,2,5..9; ``zero`` 0,1,2,3,0,1,2,3."""
+    from storelib.broker.dispatch.dispatch import dispatch_store
+
+    s = BrokerSettings.defaults("4").with_overrides(SMALL)
+    c = count(1_700_000_000_000, 10)
+    with StoreWriter(root, s, clock=lambda: next(c)) as w:
+        res = [w.append(Message("T", b"x" * 100, 0, properties={"TAGS": "a"})) for _ in range(8)]
+        w.close(clean=True, dispatch=False)
+    seg = root / "commitlog" / f"{0:020d}"
+    b = bytearray(seg.read_bytes())
+    new = {"gap": [0, 1, 2, 5, 6, 7, 8, 9], "zero": [0, 1, 2, 3, 0, 1, 2, 3]}[mode]
+    for r, q in zip(res, new):
+        b[r.phy_offset + 20:r.phy_offset + 28] = struct.pack(">q", q)
+    seg.write_bytes(bytes(b))
+    dispatch_store(root, s)
+    _conf(root)
+    return root
+
+
+def test_queue_offset_jump_is_the_brokers_warning_and_its_units_are_no_mismatch(tmp_path, monkeypatch):
+    root = _offsets_store(tmp_path / "s", "gap")
+    _f, u = _units(root, "T", 0)
+    assert len(np.flatnonzero(u["size"] > 0)) == 8  # the records at slots 0..7, as the broker writes them
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    (gap,) = [f for f in ref["findings"] if f["severity"] != "info"]
+    assert (gap["kind"], gap["severity"], gap["file"], gap["offset"]) == \
+        ("queue_offset_gap", "warning", f"commitlog/{0:020d}", 594)
+    assert "order maybe wrong" in gap["detail"]
+    (q,) = ref["queues"] if isinstance(ref["queues"], list) else ref["queues"].values()
+    assert q["lag"] == 0
+
+
+def test_a_wrong_unit_after_a_queue_offset_jump_is_still_a_mismatch(tmp_path, monkeypatch):
+    root = _offsets_store(tmp_path / "s", "gap")
+    f, u = _units(root, "T", 0)
+    b = bytearray(f.read_bytes())
+    b[6 * 20:7 * 20], b[7 * 20:8 * 20] = b[7 * 20:8 * 20], b[6 * 20:7 * 20]  # the last two units swapped
+    f.write_bytes(bytes(b))
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    bad = [(x["kind"], x["offset"]) for x in ref["findings"] if x["severity"] == "error"]
+    assert bad == [("cq_entry_mismatch", 120), ("cq_entry_mismatch", 140)]
+    details = " ".join(x["detail"] for x in ref["findings"] if x["kind"] == "cq_entry_mismatch")
+    assert "QUEUEOFFSET 9 (the broker's writer puts it at 7)" in details
+
+
+def test_queue_offset_reset_to_zero_takes_the_next_unit(tmp_path, monkeypatch):
+    """QUEUEOFFSET 0 is written wherever the queue is (no repeat check); the later 1, 2, 3 are repeats the
+    writer drops: the reset stays an error (messages lost), its unit is no mismatch."""
+    root = _offsets_store(tmp_path / "s", "zero")
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    assert [(x["kind"], x["offset"]) for x in ref["findings"] if x["severity"] != "info"] == \
+        [("queue_offset_backwards", 792)]
+
+
+def _skipped_store(root: Path) -> tuple[Path, int]:
+    """A 4.9.8 master's reput skipped the rest of segment 0 after a record with a zeroed magic (t_skip.py)."""
+    from storelib.broker.dispatch.dispatch import dispatch_store
+
+    conf = {"mappedFileSizeCommitLog": 8192, "mappedFileSizeConsumeQueue": 200, "maxHashSlotNum": 16,
+            "maxIndexNum": 24}
+    s = BrokerSettings.defaults("4").with_overrides(conf)
+    with StoreWriter(root, s, clock=lambda: 1_700_000_000_000) as w:
+        res = [w.append(Message("T", b"x" * 1500, 0)) for _ in range(30)]
+        w.close(clean=True, dispatch=False)
+    seg0 = root / "commitlog" / f"{0:020d}"
+    b = bytearray(seg0.read_bytes())
+    b[res[1].phy_offset + 4:res[1].phy_offset + 8] = b"\0\0\0\0"
+    seg0.write_bytes(bytes(b))
+    assert [f.kind for f in dispatch_store(root, s).findings] == ["reput_skipped_rest_of_segment"]
+    (root / "broker.conf").write_text("\n".join(f"{k}={v}" for k, v in conf.items()))
+    return root, res[2].phy_offset  # the first record the reput skipped
+
+
+def test_498_reput_skip_leaves_the_rest_of_the_segment_undispatched_and_later_units_slide(tmp_path, monkeypatch):
+    root, first = _skipped_store(tmp_path / "s")
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    kinds = [(x["kind"], x["offset"]) for x in ref["findings"] if x["severity"] != "info"
+             and x["kind"].startswith(("cq_", "queue_"))]
+    assert kinds == [("cq_reput_skipped", first)]
+    assert "3 message(s) from queue offset 2" in [x for x in ref["findings"] if x["kind"] == "cq_reput_skipped"][0][
+        "detail"]

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue
-from storelib.checks.logview import LogView, queue_hint, queue_records_exactly, rel_path
+from storelib.broker.startup.cqrecovery import recovery_tags
+from storelib.checks.logview import LogView, is_member, queue_hint, queue_records_exactly, rel_path
 from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, data_ranges
@@ -77,11 +79,16 @@ def check_queue_offsets(log: LogView, out: Capped) -> dict[tuple[str, int], dict
 
 
 def gap_finding(topic: str, qid: int, before: int, after: int, phy: int, segment_size: int) -> Finding:
-    """The record at ``phy`` continues its queue at ``after`` where ``before + 1`` was due."""
+    """The record at ``phy`` continues its queue at ``after`` where ``before + 1`` was due. No message is
+    lost by it: the broker's CQ writer logs "[BUG]logic queue order maybe wrong" and writes the record at
+    the queue's next unit (ConsumeQueue.putMessagePositionInfo, 4.9.8 and 5.3.3), so from here on units sit
+    below their records' QUEUEOFFSETs (the consume-queue check expects them there: :func:`writer_slots`)."""
     S = segment_size
-    return Finding("queue_offset_gap", "error", f"commitlog/{phy // S * S:020d}", phy % S,
-                   f"{topic}/{qid}: QUEUEOFFSET jumps from {before} to {after} ({after - before - 1} offsets never "
-                   "written)", {"topic": topic, "queue_id": qid, "missing": after - before - 1, "phy": phy})
+    k = after - before - 1
+    return Finding("queue_offset_gap", "warning", f"commitlog/{phy // S * S:020d}", phy % S,
+                   f"{topic}/{qid}: QUEUEOFFSET jumps from {before} to {after} ({k} offsets never written); the "
+                   "broker logs \"[BUG]logic queue order maybe wrong\" and puts this record in the queue's next unit, "
+                   f"{k} below its QUEUEOFFSET", {"topic": topic, "queue_id": qid, "missing": k, "phy": phy})
 
 
 def queue_group_order(code: np.ndarray, topic_idx: np.ndarray, qid: np.ndarray, n_topics: int) -> np.ndarray:
@@ -272,9 +279,9 @@ def check_queue_units(log: LogView, out: Capped, facts: dict, loaded: CQLoad) ->
     stats: dict[tuple[str, int], dict] = {}
     reput_from = loaded.reput_from(log.log_min)
     for (topic, qid), (n, u, files, cq_max, cq_min) in loaded.per_queue.items():
-        last_valid = _check_units(log, out, topic, qid, n, u, files, loaded)
+        last_valid, slots = _check_units(log, out, topic, qid, n, u, files, loaded)
         fact = facts.get((topic, qid))
-        lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from)
+        lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from, slots)
         stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": cq_min, "max_offset": cq_max,
                                "raw_max_offset": int(n[last_valid]) + 1 if last_valid >= 0 else cq_max,
                                "cl_max_offset": fact["cl_max_offset"] if fact else None,
@@ -283,9 +290,10 @@ def check_queue_units(log: LogView, out: Capped, facts: dict, loaded: CQLoad) ->
 
 
 def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, u: np.ndarray,
-                 files: list[tuple[int, str | None]], loaded: CQLoad | None = None) -> int:
+                 files: list[tuple[int, str | None]], loaded: CQLoad | None = None) -> tuple[int, WriterSlots | None]:
     """One queue's units against the records: holes before the last valid unit, units pointing past the
-    log or at no record start, units whose record disagrees. Returns the last valid unit's index (-1)."""
+    log or at no record start, units whose record disagrees (a record's unit is at the slot the broker's
+    writer gives it: :func:`writer_slots`). Returns the last valid unit's index (-1) and those slots."""
     from storelib.format.consumequeue import filler_mask
 
     bases = np.array([b for b, _ in files], dtype=np.int64)
@@ -312,7 +320,11 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
                             "entries; the broker's queue ends here (recovery truncates it, later entries are lost)",
                             {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "count": ln}))
     chk = np.flatnonzero(valid & ~filler)
-    rows = queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
+    slots = None if topic.startswith(LMQ_PREFIX) else writer_slots(
+        log, log.queue_rows.get((topic, qid)), n, u, valid & ~filler,
+        loaded.settings.version if loaded is not None and loaded.settings is not None else None)
+    rows = None if slots is not None else queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk],
+                                                                n[chk])
     exact = rows is not None
     if rows is None:
         rows = log.lookup_field(phy[chk], queue_hint(log, (topic, qid), n[chk]))
@@ -347,12 +359,14 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
             # queue and offset are not its own (what lists it, INNER_MULTI_DISPATCH, is not read here)
             copies = topic.startswith(LMQ_PREFIX)
             bad_topic = np.zeros(len(hit), bool) if copies else (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
-            bad_qo = np.zeros(len(hit), bool) if copies else log.qoff[r] != n[hit]
+            bad_qo = np.zeros(len(hit), bool) if copies else (
+                log.qoff[r] if slots is None else slots.of_rows(r, log.qoff[r])) != n[hit]
             bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
         bad_tags = log.tags[r] != u["tags_code"][hit].astype(np.int64)
         if topic == SCHEDULE_TOPIC and bad_tags.any() and loaded is not None:
             j = np.flatnonzero(bad_tags)
-            bad_tags[j] = recovery_tags(loaded, log.phy[r[j]]) != u["tags_code"][hit[j]].astype(np.int64)
+            bad_tags[j] = recovery_tags(loaded.root, loaded.settings, log.phy[r[j]]) != \
+                u["tags_code"][hit[j]].astype(np.int64)
         bad = bad_size | bad_topic | bad_qo | bad_tags | bad_tran
         for j in np.flatnonzero(bad).tolist():
             k, rr = int(hit[j]), int(r[j])
@@ -362,7 +376,7 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
             if bad_topic[j]:
                 what.append(f"record is {log.topic_names[int(log.topic_idx[rr])]}/{int(log.qid[rr])}")
             if bad_qo[j]:
-                what.append(f"record QUEUEOFFSET {int(log.qoff[rr])}")
+                what.append(f"record QUEUEOFFSET {int(log.qoff[rr])}" + _slot_text(slots, rr))
             if bad_tags[j]:
                 what.append(f"tagsCode {int(u['tags_code'][k])} vs record {int(log.tags[rr])}")
             if bad_tran[j]:
@@ -371,43 +385,137 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
             out.add(Finding("cq_entry_mismatch", "error", f, off,
                             f"{topic}/{qid} offset {int(n[k])} → record at {int(phy[k])}: " + "; ".join(what),
                             {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "phy": int(phy[k])}))
-    return last_valid
+    return last_valid, slots
 
 
-def recovery_tags(loaded: CQLoad, phy: np.ndarray) -> np.ndarray:
-    """The tagsCode a 4.9.8 broker's abnormal recovery writes for the SCHEDULE_TOPIC_XXXX records at ``phy``
-    (the TAGS hash, or 0), where the delivery time is not the only right one: DefaultMessageStore.load
-    recovers (dispatching what the consume queues lack) before ScheduleMessageService.load fills the delay
-    table, so maxDelayLevel is still 0 and CommitLog.checkMessageAndReturnSize skips the delivery-time rule
-    (what ``recover`` models as ``delay_levels_quirk``). 5.x loads the delay table first: no second value
-    there (an impossible tagsCode, -1 << 63, for each record)."""
-    out = np.full(len(phy), np.iinfo(np.int64).min, np.int64)
-    s = loaded.settings
-    if s is None or loaded.root is None or s.version != "4" or not len(phy):
-        return out
-    from storelib.broker.settings.store import open_commitlog
+@dataclass
+class WriterSlots:
+    """Where the broker's CQ writer put a queue's records when slot and QUEUEOFFSET part. putMessagePositionInfo
+    (ConsumeQueue.java, 4.9.8 and 5.3.3) writes each unit at the queue's write position whatever the record's
+    QUEUEOFFSET (a jump is logged as "[BUG]logic queue order maybe wrong") and drops one below it unless it is
+    0 (a repeat); records it never got leave no slot: a 4.9.8 master's reput skips the rest of a segment after
+    a record it cannot decode (``skipped``), and a 5.3.3 normal start never dispatches the record starting at
+    the queues' max physical offset (``missing``, as any record with no unit whose slot a later record holds).
+    ``slot``: per record of ``recs`` (the queue's dispatchable rows, commitlog order) its unit's queue offset,
+    -1 for none."""
 
-    cl = open_commitlog(loaded.root, s)
-    for i, p in enumerate(phy.tolist()):  # only units whose tagsCode is not the delivery time: few
-        try:
-            rec = cl.record_at(int(p), delay_levels_ms=[], verify_crc=False, with_properties=False,
-                               columns=["tags_code"])
-        except StoreError:
-            continue
-        out[i] = int(rec.column("tags_code")[0].as_py())
-    return out
+    recs: np.ndarray
+    slot: np.ndarray
+    skipped: np.ndarray
+    missing: np.ndarray
+
+    def of_rows(self, rows: np.ndarray, default: np.ndarray) -> np.ndarray:
+        """The slot of each of ``rows`` (``default`` for a row that is not one of the queue's records)."""
+        if not len(self.recs):
+            return default
+        i = np.minimum(np.searchsorted(self.recs, rows), len(self.recs) - 1)
+        return np.where(self.recs[i] == rows, self.slot[i], default)
+
+
+def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.ndarray, ok: np.ndarray,
+                 version: str | None) -> WriterSlots | None:
+    """The broker's slots of a queue's records (:class:`WriterSlots`; ``ok``: its valid units that are not
+    fillers), None when each record's slot is its QUEUEOFFSET (offsets run on by one and the queue's first
+    and last units are theirs: every healthy queue, no model run). The writer is our rebuild's
+    (:func:`storelib.broker.dispatch.cqwriter.build_consume_queues`), started at the first record's unit (a
+    jump in records since expired shifts them all); a unit pointing into a lost region keeps its slot."""
+    if recs is None or not len(recs) or not len(n) or np.any(log.sysflag[recs] & INNER_BATCH_FLAG):
+        return None
+    qo, fld, uphy = log.qoff[recs], log.field[recs], u["phy_offset"].astype(np.int64)
+    k = min(int(np.searchsorted(n, qo[0])), len(n) - 1)  # a healthy queue: its unit at its QUEUEOFFSET
+    at = [k] if ok[k] and int(uphy[k]) == int(fld[0]) else np.flatnonzero(ok & (uphy == int(fld[0])))
+    anchor = int(n[at[0]]) if len(at) else int(qo[0])
+    last = len(ok) - 1 - int(ok[::-1].argmax()) if ok.any() else -1
+    j = int(np.searchsorted(qo, n[last])) if last >= 0 else 0
+    if anchor == int(qo[0]) and bool(np.all(np.diff(qo) == 1)) and (
+            last < 0 or j >= len(qo) or (qo[j] == n[last] and fld[j] == uphy[last])):
+        return None
+    has_unit = is_member(fld, np.sort(uphy[ok]))
+    skipped = np.zeros(len(recs), bool)
+    if version == "4" and len(log.lost):  # the rest of a segment after a record the reput cannot decode
+        p = log.phy[recs]
+        i = np.searchsorted(log.lost[:, 0], p, side="right") - 1
+        skipped = (i >= 0) & (log.lost[np.clip(i, 0, None), 0] // log.segment_size == p // log.segment_size)
+        skipped &= ~has_unit
+    gone = np.flatnonzero(ok & log.in_lost(uphy))  # records lost since: their units' slots stay theirs
+    slot = _writer(log, recs, ~skipped, uphy[gone], u["size"][gone], n[gone], anchor)
+    later = np.sort(fld[has_unit])
+    ui = np.minimum(np.searchsorted(n, slot), len(n) - 1)
+    missing = ~has_unit & ~skipped & (slot >= 0) & (n[ui] == slot) & ok[ui] & (uphy[ui] > fld) & \
+        is_member(uphy[ui], later)
+    if missing.any():
+        slot = _writer(log, recs, ~skipped & ~missing, uphy[gone], u["size"][gone], n[gone], anchor)
+    return WriterSlots(recs, slot, skipped, missing)
+
+
+def _writer(log: LogView, recs: np.ndarray, take: np.ndarray, gphy: np.ndarray, gsize: np.ndarray, gn: np.ndarray,
+            anchor: int) -> np.ndarray:
+    """The slot the broker's CQ writer gives each of ``recs`` (-1: none) when it gets those in ``take`` and,
+    in physical order among them, lost records at ``gphy`` with QUEUEOFFSETs ``gn``, the queue's write
+    position at ``anchor`` (a queue that already exists: no first-file fillers)."""
+    from storelib.broker.dispatch.cqwriter import QueueState, build_consume_queues
+    from storelib.format.consumequeue import DEFAULT_CQ_SEGMENT_SIZE as S  # slots run on across files
+
+    idx = np.flatnonzero(take)
+    rows = recs[idx]
+    P = np.r_[log.field[rows], gphy]
+    order = np.argsort(P, kind="stable")
+    col = lambda a, b: np.r_[a, b].astype(np.int64)[order]  # noqa: E731
+    table = pa.table({"physical_offset_field": P[order], "size": col(log.size[rows], gsize),
+                      "tags_code": np.zeros(len(P), np.int64), "queue_offset": col(log.qoff[rows], gn),
+                      "topic": pa.DictionaryArray.from_arrays(np.zeros(len(P), np.int32), ["q"]),
+                      "queue_id": np.zeros(len(P), np.int32), "tran_type": np.zeros(len(P), np.int8)})
+    cur = max(anchor, 0) * CQ_UNIT_SIZE
+    img = build_consume_queues(table, segment_size=S, state={("q", 0): QueueState(-1, cur - cur % S, cur % S)})
+    got = np.full(len(P), -1, np.int64)
+    if img:
+        got[order[img[("q", 0)].rows]] = img[("q", 0)].slots
+    slot = np.full(len(recs), -1, np.int64)
+    slot[idx] = got[:len(idx)]
+    return slot
+
+
+def _slot_text(slots: WriterSlots | None, row: int) -> str:
+    """Where the broker's writer puts the record of ``row`` when that is not its QUEUEOFFSET."""
+    if slots is None:
+        return ""
+    s = int(slots.of_rows(np.array([row]), np.array([-2]))[0])
+    return "" if s == -2 else " (the broker's writer gives it no unit)" if s < 0 else \
+        f" (the broker's writer puts it at {s})"
+
+
+def _unwritten_findings(log: LogView, out: Capped, topic: str, qid: int, slots: WriterSlots) -> None:
+    """A queue's records the broker never wrote a unit for while later ones took their slots: after a lost
+    region in their segment (``skipped``: a 4.9.8 master's reput, DefaultMessageStore.doReput, skips the rest
+    of a segment after a record it cannot decode; the broker's own doing, a warning), or anywhere else
+    (``missing``: lost to consumers, an error; 5.3.3 does it to the record starting at the queues' max
+    physical offset on a normal start, CommitLog.recoverNormally dispatching only records past it)."""
+    S = log.segment_size
+    for mask, kind, sev, why in (
+            (slots.skipped, "cq_reput_skipped", "warning", "they lie after a lost region in their segment: a "
+             "4.9.8 master's reput skips the rest of that segment"),
+            (slots.missing, "cq_entries_missing_for_messages", "error", "later messages of the queue hold their "
+             "slots: the broker never dispatches them again")):
+        if mask.any():
+            rows = slots.recs[mask]
+            p = int(log.phy[rows[0]])
+            out.add(Finding(kind, sev, f"commitlog/{p // S * S:020d}", p % S,
+                            f"{topic}/{qid}: {len(rows)} message(s) from queue offset {int(log.qoff[rows[0]])} "
+                            f"(phy {p}) have no CQ entry; {why}",
+                            {"topic": topic, "queue_id": qid, "count": len(rows), "phy": p}))
 
 
 def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, last_valid: int,
-                  fact: dict | None, reput_from: int) -> tuple[int, int]:
+                  fact: dict | None, reput_from: int, slots: WriterSlots | None = None) -> tuple[int, int]:
     """Records of the queue beyond its valid units (lag, or lost to the broker before the reput position)
-    and below its first file. Returns (lag messages, lag bytes)."""
+    and below its first file, by the slot the broker's writer gives each (``slots``; else its QUEUEOFFSET).
+    Returns (lag messages, lag bytes)."""
     tcode = log.topic_code.get(topic, -1)
     lag = 0
     behind_bytes = 0
     if fact is not None and tcode >= 0:
         recs = log.queue_rows[(topic, qid)]  # dispatchable records of the queue, commitlog order
-        qo = log.qoff[recs]
+        qo = log.qoff[recs] if slots is None else slots.slot
         last_n = int(n[last_valid]) if last_valid >= 0 else -1
         beyond = recs[qo > last_n]
         if len(beyond):
@@ -422,9 +530,11 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
                                 f"{len(b0)} messages from queue offset {int(log.qoff[b0[0]])} (phy {int(log.phy[b0[0]])})"
                                 f" have no CQ entry and lie before the reput position {reput_from}: the broker "
                                 "never dispatches them again", {"topic": topic, "queue_id": qid, "count": len(b0)}))
+        if slots is not None:
+            _unwritten_findings(log, out, topic, qid, slots)
         first_n = int(n[0]) if len(n) else None
         if first_n is not None:
-            before = recs[(qo < first_n) & (log.phy[recs] >= log.log_min)]
+            before = recs[(qo < first_n) & (log.phy[recs] >= log.log_min) & ((qo >= 0) | (slots is None))]
             if len(before):
                 out.add(Finding("cq_file_missing", "error", f"consumequeue/{topic}/{qid}", None,
                                 f"{len(before)} messages with queue offsets below {first_n} are in the commitlog but "

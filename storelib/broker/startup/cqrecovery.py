@@ -16,7 +16,9 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from storelib.broker.dispatch.cqwriter import QueueImage, QueueState
+from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, first_unit_from
+from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
 from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, file_name, parse_file_name, valid_mask
 from storelib.format.javahash import wrap64
@@ -205,3 +207,26 @@ class QueueReplay:
 
 
 __all__ = ["QueueReplay", "QueueReport"]
+
+
+def recovery_tags(root: Location | None, s: BrokerSettings | None, phy: np.ndarray) -> np.ndarray:
+    """The tagsCode a 4.9.8 broker's abnormal recovery writes for the SCHEDULE_TOPIC_XXXX records at ``phy``
+    (the TAGS hash, or 0), where the delivery time is not the only right one: DefaultMessageStore.load
+    recovers (dispatching what the consume queues lack) before ScheduleMessageService.load fills the delay
+    table, so maxDelayLevel is still 0 and CommitLog.checkMessageAndReturnSize skips the delivery-time rule
+    (the walk's ``delay_levels_quirk``: this is what our recovery writes). 5.x loads the delay table first: no second value
+    there (an impossible tagsCode, -1 << 63, for each record)."""
+    out = np.full(len(phy), np.iinfo(np.int64).min, np.int64)
+    if s is None or root is None or s.version != "4" or not len(phy):
+        return out
+    from storelib.broker.settings.store import open_commitlog
+
+    cl = open_commitlog(root, s)
+    for i, p in enumerate(phy.tolist()):  # only units whose tagsCode is not the delivery time: few
+        try:
+            rec = cl.record_at(int(p), delay_levels_ms=[], verify_crc=False, with_properties=False,
+                               columns=["tags_code"])
+        except StoreError:
+            continue
+        out[i] = int(rec.column("tags_code")[0].as_py())
+    return out
