@@ -190,3 +190,51 @@ def test_498_reput_skip_leaves_the_rest_of_the_segment_undispatched_and_later_un
     assert kinds == [("cq_reput_skipped", first)]
     assert "3 message(s) from queue offset 2" in [x for x in ref["findings"] if x["kind"] == "cq_reput_skipped"][0][
         "detail"]
+
+
+# --- C: a 5.3.3 normal start never dispatches the record at the queues' max physical offset -----
+
+
+def _lagging_store(root: Path, version: str) -> Path:
+    """Three records dispatched, three more not, a clean shutdown (t_lag5.py)."""
+    s = BrokerSettings.defaults(version).with_overrides(SMALL)
+    c = count(1_700_000_000_000, 10)
+    with StoreWriter(root, s, clock=lambda: next(c)) as w:
+        for _ in range(3):
+            w.append(Message("T", b"x" * 100, 0, properties={"TAGS": "a"}))
+        w.dispatch()
+        for _ in range(3):
+            w.append(Message("T", b"x" * 100, 0, properties={"TAGS": "a"}))
+        w.close(clean=True, dispatch=False)
+    _conf(root, "enabledAppendPropCRC=true\n" if version == "5" else "")
+    return root
+
+
+def test_5x_lag_finding_names_the_record_a_normal_start_never_dispatches(tmp_path, monkeypatch):
+    root = _lagging_store(tmp_path / "s", "5")
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="5")
+    (lag,) = [f for f in ref["findings"] if f["severity"] != "info"]
+    assert lag["kind"] == "queue_behind_commitlog" and lag["extra"]["never_dispatched"] == 597
+    assert "dispatches the 2 after phy 597" in lag["detail"] and "(queue offset 3) is never dispatched" in lag["detail"]
+    pool = _audit(root, "5", engine="pool", workers=2)
+    assert _comparable(pool) == _comparable(ref)
+
+
+def test_498_lag_finding_says_the_reput_dispatches_them_all(tmp_path, monkeypatch):
+    root = _lagging_store(tmp_path / "s", "4")
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    (lag,) = [f for f in ref["findings"] if f["severity"] != "info"]
+    assert "the broker dispatches them on start (reput from 594)" in lag["detail"]  # V1 records: 198 bytes
+    assert "never_dispatched" not in lag["extra"]
+
+
+def test_5x_after_recovery_the_skipped_record_is_the_one_named_missing(tmp_path, monkeypatch):
+    root = _lagging_store(tmp_path / "s", "5")
+    ra.apply(Store(str(root), broker_conf=str(root / "broker.conf")), str(tmp_path / "bk"))
+    _f, u = _units(root, "T", 0)
+    assert u["phy_offset"][:5].tolist() == [0, 199, 398, 796, 995]  # 597 never dispatched, as 5.3.3 does
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="5")
+    (m,) = [f for f in ref["findings"] if f["severity"] != "info"]
+    assert (m["kind"], m["severity"], m["file"], m["offset"]) == \
+        ("cq_entries_missing_for_messages", "error", f"commitlog/{0:020d}", 597)
+    assert "1 message(s) from queue offset 3 (phy 597)" in m["detail"]

@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue
-from storelib.broker.startup.cqrecovery import recovery_tags
+from storelib.broker.startup.cqrecovery import recovery_tags, writer_slots_of
 from storelib.checks.logview import LogView, is_member, queue_hint, queue_records_exactly, rel_path
 from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
@@ -133,6 +132,14 @@ class CQLoad:
         before which a message would be "never dispatched again" can be told, so it is the log's start."""
         return max(log_min, 0) if self.live else max(self.cq_max_phy, log_min, 0)
 
+    def never_dispatched(self) -> int:
+        """The position of the record a 5.3.3 broker's normal start never dispatches (-1: none): recovery
+        dispatches only records past the queues' max physical offset (CommitLog.recoverNormally, the recovery
+        walk's ``dispatch_after``) and the reput then starts at the log's end, so the one starting there is
+        skipped. 4.9.8 reputs from that offset; a live store's reput is simply running."""
+        s = self.settings
+        return self.cq_max_phy if s is not None and s.version == "5" and s.dledger is None and not self.live else -1
+
 
 def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, cut: StoreCut | None = None,
                         queues: Iterable[tuple[str, int, LoadedQueue]] | None = None, res: CQLoad | None = None
@@ -140,7 +147,7 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, 
     """Read every consume queue's units (one copy out of the mapped files) and offsets (as at ``cut``;
     ``queues``: only these, opened by the caller into ``res``; default: every queue directory,
     :func:`walk_queues`)."""
-    res = res if res is not None else CQLoad()
+    res = res if res is not None else CQLoad(root=root, settings=settings)
     res.root, res.settings = root, settings
     for topic, qid, cq in walk_queues(root, settings, res, cut) if queues is None else queues:
         try:
@@ -281,7 +288,8 @@ def check_queue_units(log: LogView, out: Capped, facts: dict, loaded: CQLoad) ->
     for (topic, qid), (n, u, files, cq_max, cq_min) in loaded.per_queue.items():
         last_valid, slots = _check_units(log, out, topic, qid, n, u, files, loaded)
         fact = facts.get((topic, qid))
-        lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from, slots)
+        lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from, slots,
+                                          loaded.never_dispatched())
         stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": cq_min, "max_offset": cq_max,
                                "raw_max_offset": int(n[last_valid]) + 1 if last_valid >= 0 else cq_max,
                                "cl_max_offset": fact["cl_max_offset"] if fact else None,
@@ -438,41 +446,15 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
         skipped = (i >= 0) & (log.lost[np.clip(i, 0, None), 0] // log.segment_size == p // log.segment_size)
         skipped &= ~has_unit
     gone = np.flatnonzero(ok & log.in_lost(uphy))  # records lost since: their units' slots stay theirs
-    slot = _writer(log, recs, ~skipped, uphy[gone], u["size"][gone], n[gone], anchor)
+    lost = (uphy[gone], u["size"][gone].astype(np.int64), n[gone])
+    slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped, lost, anchor)
     later = np.sort(fld[has_unit])
     ui = np.minimum(np.searchsorted(n, slot), len(n) - 1)
     missing = ~has_unit & ~skipped & (slot >= 0) & (n[ui] == slot) & ok[ui] & (uphy[ui] > fld) & \
         is_member(uphy[ui], later)
     if missing.any():
-        slot = _writer(log, recs, ~skipped & ~missing, uphy[gone], u["size"][gone], n[gone], anchor)
+        slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped & ~missing, lost, anchor)
     return WriterSlots(recs, slot, skipped, missing)
-
-
-def _writer(log: LogView, recs: np.ndarray, take: np.ndarray, gphy: np.ndarray, gsize: np.ndarray, gn: np.ndarray,
-            anchor: int) -> np.ndarray:
-    """The slot the broker's CQ writer gives each of ``recs`` (-1: none) when it gets those in ``take`` and,
-    in physical order among them, lost records at ``gphy`` with QUEUEOFFSETs ``gn``, the queue's write
-    position at ``anchor`` (a queue that already exists: no first-file fillers)."""
-    from storelib.broker.dispatch.cqwriter import QueueState, build_consume_queues
-    from storelib.format.consumequeue import DEFAULT_CQ_SEGMENT_SIZE as S  # slots run on across files
-
-    idx = np.flatnonzero(take)
-    rows = recs[idx]
-    P = np.r_[log.field[rows], gphy]
-    order = np.argsort(P, kind="stable")
-    col = lambda a, b: np.r_[a, b].astype(np.int64)[order]  # noqa: E731
-    table = pa.table({"physical_offset_field": P[order], "size": col(log.size[rows], gsize),
-                      "tags_code": np.zeros(len(P), np.int64), "queue_offset": col(log.qoff[rows], gn),
-                      "topic": pa.DictionaryArray.from_arrays(np.zeros(len(P), np.int32), ["q"]),
-                      "queue_id": np.zeros(len(P), np.int32), "tran_type": np.zeros(len(P), np.int8)})
-    cur = max(anchor, 0) * CQ_UNIT_SIZE
-    img = build_consume_queues(table, segment_size=S, state={("q", 0): QueueState(-1, cur - cur % S, cur % S)})
-    got = np.full(len(P), -1, np.int64)
-    if img:
-        got[order[img[("q", 0)].rows]] = img[("q", 0)].slots
-    slot = np.full(len(recs), -1, np.int64)
-    slot[idx] = got[:len(idx)]
-    return slot
 
 
 def _slot_text(slots: WriterSlots | None, row: int) -> str:
@@ -506,10 +488,11 @@ def _unwritten_findings(log: LogView, out: Capped, topic: str, qid: int, slots: 
 
 
 def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, last_valid: int,
-                  fact: dict | None, reput_from: int, slots: WriterSlots | None = None) -> tuple[int, int]:
+                  fact: dict | None, reput_from: int, slots: WriterSlots | None = None, never: int = -1
+                  ) -> tuple[int, int]:
     """Records of the queue beyond its valid units (lag, or lost to the broker before the reput position)
     and below its first file, by the slot the broker's writer gives each (``slots``; else its QUEUEOFFSET).
-    Returns (lag messages, lag bytes)."""
+    ``never``: :meth:`CQLoad.never_dispatched`. Returns (lag messages, lag bytes)."""
     tcode = log.topic_code.get(topic, -1)
     lag = 0
     behind_bytes = 0
@@ -523,7 +506,9 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
             lag = len(beyond)
             behind_bytes = int(log.size[beyond].sum())
             if after.all():
-                out.add(lag_finding(topic, qid, len(beyond), behind_bytes, int(log.qoff[beyond[0]]), reput_from))
+                at = np.flatnonzero(log.field[beyond] == never) if never >= 0 else []
+                out.add(lag_finding(topic, qid, len(beyond), behind_bytes, int(log.qoff[beyond[0]]), reput_from,
+                                    (never, int(log.qoff[beyond[at[0]]])) if len(at) else None))
             else:
                 b0 = beyond[~after]
                 out.add(Finding("cq_entries_missing_for_messages", "error", f"consumequeue/{topic}/{qid}", None,
@@ -543,12 +528,21 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
     return lag, behind_bytes
 
 
-def lag_finding(topic: str, qid: int, count: int, nbytes: int, first_offset: int, reput_from: int) -> Finding:
-    """A queue's messages past its last consume-queue unit, all after the reput position: dispatched on start."""
+def lag_finding(topic: str, qid: int, count: int, nbytes: int, first_offset: int, reput_from: int,
+                never: tuple[int, int] | None = None) -> Finding:
+    """A queue's messages past its last consume-queue unit, all after the reput position: dispatched on start,
+    but for ``never`` (position, queue offset), the one a 5.3.3 normal start skips
+    (:meth:`CQLoad.never_dispatched`)."""
+    how = f"the broker dispatches them on start (reput from {reput_from})"
+    if never is not None:
+        how = (f"a 5.x broker's normal start dispatches the {count - 1} after phy {never[0]} during recovery "
+               f"(CommitLog.recoverNormally: only records past the consume queues' max physical offset) and reputs "
+               f"from the log's end: the message at {never[0]} (queue offset {never[1]}) is never dispatched and "
+               "the later ones take its slot (an abnormal start dispatches all)")
     return Finding("queue_behind_commitlog", "warning", f"consumequeue/{topic}/{qid}", None,
                    f"{count} messages ({nbytes} bytes) from queue offset {first_offset} are not in the consume "
-                   f"queue yet; the broker dispatches them on start (reput from {reput_from})",
-                   {"topic": topic, "queue_id": qid, "count": count, "bytes": nbytes})
+                   f"queue yet; {how}", {"topic": topic, "queue_id": qid, "count": count, "bytes": nbytes,
+                                         **({"never_dispatched": never[0]} if never is not None else {})})
 
 
 def queues_without_cq(root: Location, segment_size: int, facts: dict, seen_queues: set, reput_from: int,

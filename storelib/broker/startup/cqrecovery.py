@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 
-from storelib.broker.dispatch.cqwriter import QueueImage, QueueState
+from storelib.broker.dispatch.cqwriter import QueueImage, QueueState, build_consume_queues
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, first_unit_from
 from storelib.errors import StoreError
@@ -230,3 +231,31 @@ def recovery_tags(root: Location | None, s: BrokerSettings | None, phy: np.ndarr
             continue
         out[i] = int(rec.column("tags_code")[0].as_py())
     return out
+
+
+def writer_slots_of(P: np.ndarray, Z: np.ndarray, N: np.ndarray, take: np.ndarray,
+                    lost: tuple[np.ndarray, np.ndarray, np.ndarray], anchor: int) -> np.ndarray:
+    """The queue offset of the unit the broker's CQ writer (:func:`build_consume_queues`, putMessagePositionInfo)
+    gives each of one queue's records (PHYSICALOFFSET fields ``P``, sizes ``Z``, QUEUEOFFSETs ``N``, in
+    commitlog order; -1: none) when it gets those in ``take`` and, in physical order among them, the ``lost``
+    records (fields, sizes, QUEUEOFFSETs) whose units are all that is left of them; the queue's write position
+    at ``anchor`` (a queue that already exists: no first-file fillers)."""
+    from storelib.format.consumequeue import DEFAULT_CQ_SEGMENT_SIZE as S  # slots run on across files
+
+    idx = np.flatnonzero(take)
+    allp = np.r_[P[idx], lost[0]].astype(np.int64)
+    order = np.argsort(allp, kind="stable")
+    col = lambda a, b: np.r_[a[idx], b].astype(np.int64)[order]  # noqa: E731
+    k = len(allp)
+    table = pa.table({"physical_offset_field": allp[order], "size": col(Z, lost[1]), "queue_offset": col(N, lost[2]),
+                      "tags_code": np.zeros(k, np.int64), "topic": pa.DictionaryArray.from_arrays(
+                          np.zeros(k, np.int32), ["q"]), "queue_id": np.zeros(k, np.int32),
+                      "tran_type": np.zeros(k, np.int8)})
+    cur = max(anchor, 0) * CQ_UNIT_SIZE
+    img = build_consume_queues(table, segment_size=S, state={("q", 0): QueueState(-1, cur - cur % S, cur % S)})
+    got = np.full(k, -1, np.int64)
+    if img:
+        got[order[img[("q", 0)].rows]] = img[("q", 0)].slots
+    slot = np.full(len(P), -1, np.int64)
+    slot[idx] = got[:len(idx)]
+    return slot
