@@ -238,3 +238,62 @@ def test_5x_after_recovery_the_skipped_record_is_the_one_named_missing(tmp_path,
     assert (m["kind"], m["severity"], m["file"], m["offset"]) == \
         ("cq_entries_missing_for_messages", "error", f"commitlog/{0:020d}", 597)
     assert "1 message(s) from queue offset 3 (phy 597)" in m["detail"]
+
+
+# --- D: 5.3.3's correctMinOffset sets a fully expired queue's min offset to its max ---------------
+
+
+def _expired_queue_store(root: Path, version: str) -> Path:
+    """Queue A's three records all in the first commitlog segment, which is then deleted (t_min.py)."""
+    import os
+
+    small = {"mappedFileSizeCommitLog": 4096, "mappedFileSizeConsumeQueue": 200}
+    s = BrokerSettings.defaults(version).with_overrides(small)
+    c = count(1_700_000_000_000, 10)
+    with StoreWriter(root, s, clock=lambda: next(c)) as w:
+        for _ in range(3):
+            w.append(Message("A", b"x" * 100, 0))
+        for _ in range(40):
+            w.append(Message("B", b"y" * 300, 0))
+        w.close(clean=True)
+    os.remove(root / "commitlog" / f"{0:020d}")
+    (root / "broker.conf").write_text("\n".join(f"{k}={v}" for k, v in small.items()) + "\n"
+                                      + ("enabledAppendPropCRC=true\n" if version == "5" else ""))
+    return root
+
+
+def _min_a(version: str, root: Path, monkeypatch) -> tuple[int, int, int]:
+    """Queue A's min offset as the audit (every path), ``info`` and the queue lookup's range see it."""
+    import pytest
+
+    from storelib.broker.index.lookup import lookup_queue
+    from storelib.broker.settings.storeinfo import collect
+    from storelib.errors import StoreError
+
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version=version)
+    (q,) = [q for q in ref["queues"] if q["topic"] == "A"]
+    store = Store(str(root), broker_conf=str(root / "broker.conf"))
+    assert store.settings.version == version
+    (i,) = [q for q in collect(store, scan=False)["queues"] if q["topic"] == "A"]
+    with pytest.raises(StoreError) as e:
+        lookup_queue(store, "A", 0, 3)
+    return q["min_offset"], i["cq_min_offset"], int(e.value.detail.split("[")[1].split(",")[0])
+
+
+def test_5x_fully_expired_queue_min_offset_is_its_max(tmp_path, monkeypatch):
+    assert _min_a("5", _expired_queue_store(tmp_path / "s", "5"), monkeypatch) == (3, 3, 3)
+
+
+def test_498_fully_expired_queue_min_offset_stays_0(tmp_path, monkeypatch):
+    assert _min_a("4", _expired_queue_store(tmp_path / "s", "4"), monkeypatch) == (0, 0, 0)
+
+
+def test_start_up_model_min_offset_follows_the_line(tmp_path):
+    """QueueReplay (recover's model of one queue) gives the line's correctMinOffset when told the line."""
+    from storelib.broker.settings.cqload import LoadedQueue, min_variant
+    from storelib.broker.startup.cqrecovery import QueueReplay
+
+    root = _expired_queue_store(tmp_path / "s", "5")
+    cq = LoadedQueue(root / "consumequeue" / "A" / "0", segment_size=200)
+    rep = QueueReplay("A", 0, Store(str(root), broker_conf=str(root / "broker.conf")).loc, 200, cq)
+    assert rep.min_offset(4096, min_variant("5")) == 3 and rep.min_offset(4096, min_variant("4")) == 0

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
-from storelib.broker.settings.cqload import LoadedQueue
+from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.startup.cqrecovery import recovery_tags, writer_slots_of
 from storelib.checks.logview import LogView, is_member, queue_hint, queue_records_exactly, rel_path
 from storelib.checks.segment import Capped
@@ -161,7 +161,7 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, 
             u = (np.array(units[0]) if len(units) == 1 else np.concatenate(units) if units
                  else np.zeros(0, CQ_DTYPE))
             cq_max, mpo = cq.max_offset(), cq.max_physic_offset()
-            cq_min = cq.min_offset(log_min) if cq.segments else 0
+            cq_min = cq.min_offset(log_min, variant=min_variant(settings.version)) if cq.segments else 0
         finally:
             cq.close()
         res.cq_max_phy = max(res.cq_max_phy, mpo)

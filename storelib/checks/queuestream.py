@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.broker.settings.brokerconf import BrokerSettings
-from storelib.broker.settings.cqload import LoadedQueue
+from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.checks.logcharts import TopicCodes
 from storelib.checks.logview import Unsettled
 from storelib.checks.queues import (
@@ -126,7 +126,7 @@ def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
             if p is not None and p["cq_min"] == p["units"]["first_n"] == st.first_n:
                 cq_min = p["cq_min"]  # correctMinOffset stopped at the first unit, which has not changed
             else:
-                cq_min = cq.min_offset(log_min) if cq.segments else 0
+                cq_min = cq.min_offset(log_min, variant=min_variant(settings.version)) if cq.segments else 0
         finally:
             cq.close()
         res.base.cq_max_phy = max(res.base.cq_max_phy, mpo)

@@ -169,23 +169,30 @@ class QueueReplay:
         st = self.state
         return 0 if st.last_base is None else (st.last_base + st.write_pos) // CQ_UNIT_SIZE
 
-    def min_offset(self, commitlog_min: int) -> int:
-        """correctMinOffset 4.9.8 on the final model (cqload.first_unit_from over the first segment's
-        written part); 0 when no unit qualifies, the value a starting broker holds."""
+    def min_offset(self, commitlog_min: int, variant: str = "4.9.8") -> int:
+        """correctMinOffset on the final model (cqload.first_unit_from over the first segment's written part);
+        0 when no unit qualifies, the value a starting broker holds. ``variant`` (cqload.min_variant): 5.x
+        sets a queue whose last unit is below ``commitlog_min`` to its max (all its units expired)."""
         if not self.model:
             return 0
+        if variant != "4.9.8" and self.state.last_base is not None and self.state.write_pos >= CQ_UNIT_SIZE:
+            last = self.model.get(self.state.last_base)
+            u = last.units(self.S)[self.state.write_pos // CQ_UNIT_SIZE - 1] if last is not None else None
+            if u is not None and int(u["phy_offset"]) < commitlog_min:
+                return self.max_offset()
         first = min(self.model)
         end = self.S if first != self.state.last_base else self.state.write_pos
         u = self.model[first].units(self.S)[: end // CQ_UNIT_SIZE]
         hit = first_unit_from(u, first, commitlog_min)
         return 0 if hit is None else hit // CQ_UNIT_SIZE
 
-    def finish(self, commitlog_min: int) -> QueueReport:
-        """Fill the report's final offsets (after every dispatch) and return it."""
+    def finish(self, commitlog_min: int, variant: str = "4.9.8") -> QueueReport:
+        """Fill the report's final offsets (after every dispatch) and return it (``variant``: the line's
+        correctMinOffset, :meth:`min_offset`)."""
         r = self.report
         r.final_max_offset = self.max_offset()
         r.final_max_phy_offset = self.state.max_physic_offset
-        r.final_min_offset = min(self.min_offset(commitlog_min), r.final_max_offset)
+        r.final_min_offset = min(self.min_offset(commitlog_min, variant), r.final_max_offset)
         return r
 
     def outputs(self) -> Iterable[tuple[str, bytes | None]]:
