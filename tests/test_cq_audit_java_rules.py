@@ -297,3 +297,33 @@ def test_start_up_model_min_offset_follows_the_line(tmp_path):
     cq = LoadedQueue(root / "consumequeue" / "A" / "0", segment_size=200)
     rep = QueueReplay("A", 0, Store(str(root), broker_conf=str(root / "broker.conf")).loc, 200, cq)
     assert rep.min_offset(4096, min_variant("5")) == 3 and rep.min_offset(4096, min_variant("4")) == 0
+
+
+# --- F: a negative QUEUEOFFSET starts a queue in a file with a negative name ----------------------
+
+
+def test_negative_queue_offset_rebuilds_into_the_negative_file_java_names_and_other_queues_go_on(tmp_path):
+    """putMessagePositionInfo creates the file at the negative offset (UtilAll.offset2FileName: NumberFormat,
+    a minus sign before 20 digits), drops that record as a repeat (its offset is below the file's start) and
+    writes the queue's later units into that file after a filler (t_neg.py). The rebuild used to stop for
+    every queue."""
+    from storelib.broker.dispatch.dispatch import dispatch_store
+
+    root = tmp_path / "s"
+    s = BrokerSettings.defaults("4").with_overrides(SMALL)
+    with StoreWriter(root, s, clock=lambda: 1_700_000_000_000) as w:
+        res = [w.append(Message("T", b"x" * 100, i % 2)) for i in range(6)]
+        w.close(clean=True, dispatch=False)
+    seg = root / "commitlog" / f"{0:020d}"
+    b = bytearray(seg.read_bytes())
+    b[res[0].phy_offset + 20:res[0].phy_offset + 28] = struct.pack(">q", -(1 << 56))
+    seg.write_bytes(bytes(b))
+    dispatch_store(root, s)
+    q0 = root / "consumequeue" / "T" / "0"
+    base = -(1 << 56) * 20 - (-(1 << 56) * 20 % -200)  # Java's expect - expect % S
+    assert [p.name for p in q0.iterdir()] == [f"-{-base:020d}"] == ["-01441151880758558600"]
+    u = np.frombuffer((q0 / f"-{-base:020d}").read_bytes(), CQ_DTYPE)
+    assert u[:3]["phy_offset"].tolist() == [0, res[2].phy_offset, res[4].phy_offset]
+    assert u[0]["size"] == 0x7FFFFFFF  # the filler fillPreBlank writes before queue offset 1
+    _f, u1 = _units(root, "T", 1)
+    assert u1[:3]["phy_offset"].tolist() == [res[1].phy_offset, res[3].phy_offset, res[5].phy_offset]
