@@ -327,3 +327,24 @@ def test_negative_queue_offset_rebuilds_into_the_negative_file_java_names_and_ot
     assert u[0]["size"] == 0x7FFFFFFF  # the filler fillPreBlank writes before queue offset 1
     _f, u1 = _units(root, "T", 1)
     assert u1[:3]["phy_offset"].tolist() == [res[1].phy_offset, res[3].phy_offset, res[5].phy_offset]
+
+
+def test_vectorised_writer_slots_are_the_rebuild_machines():
+    """The audit's numpy model of putMessagePositionInfo's slots (writer_slots_of) gives what the rebuild's
+    record-by-record machine (build_consume_queues) gives, on QUEUEOFFSETs that jump, repeat, reset to 0 and
+    go negative, from any write position."""
+    from storelib.broker.startup.cqrecovery import _machine_slots, writer_slots_of
+
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        k = int(rng.integers(1, 40))
+        steps = rng.choice([1, 1, 1, 2, 5, 0, -1, -3], size=k)
+        q = np.cumsum(steps) + int(rng.integers(0, 20))
+        q[rng.random(k) < 0.05] = 0
+        q[rng.random(k) < 0.03] = -(1 << 40)
+        P = np.cumsum(rng.integers(100, 300, size=k)).astype(np.int64)
+        Z = np.full(k, 90, np.int64)
+        anchor = int(rng.integers(0, 30))
+        none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        fast = writer_slots_of(P, Z, q, np.ones(k, bool), none, anchor)
+        assert fast.tolist() == _machine_slots(P, Z, q, anchor).tolist(), (trial, q.tolist(), anchor)

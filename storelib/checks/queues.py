@@ -328,11 +328,10 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
                             "entries; the broker's queue ends here (recovery truncates it, later entries are lost)",
                             {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "count": ln}))
     chk = np.flatnonzero(valid & ~filler)
-    slots = None if topic.startswith(LMQ_PREFIX) else writer_slots(
+    rows = queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
+    slots = None if rows is not None or topic.startswith(LMQ_PREFIX) else writer_slots(
         log, log.queue_rows.get((topic, qid)), n, u, valid & ~filler,
         loaded.settings.version if loaded is not None and loaded.settings is not None else None)
-    rows = None if slots is not None else queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk],
-                                                                n[chk])
     exact = rows is not None
     if rows is None:
         rows = log.lookup_field(phy[chk], queue_hint(log, (topic, qid), n[chk]))
@@ -438,7 +437,8 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
     if anchor == int(qo[0]) and bool(np.all(np.diff(qo) == 1)) and (
             last < 0 or j >= len(qo) or (qo[j] == n[last] and fld[j] == uphy[last])):
         return None
-    has_unit = is_member(fld, np.sort(uphy[ok]))
+    up = uphy[ok]
+    has_unit = is_member(fld, up if bool(np.all(up[1:] >= up[:-1])) else np.sort(up))  # units ascend: no sort
     skipped = np.zeros(len(recs), bool)
     if version == "4" and len(log.lost):  # the rest of a segment after a record the reput cannot decode
         p = log.phy[recs]
@@ -446,12 +446,13 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
         skipped = (i >= 0) & (log.lost[np.clip(i, 0, None), 0] // log.segment_size == p // log.segment_size)
         skipped &= ~has_unit
     gone = np.flatnonzero(ok & log.in_lost(uphy))  # records lost since: their units' slots stay theirs
-    lost = (uphy[gone], u["size"][gone].astype(np.int64), n[gone])
+    lost = (uphy[gone], n[gone])
     slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped, lost, anchor)
-    later = np.sort(fld[has_unit])
-    ui = np.minimum(np.searchsorted(n, slot), len(n) - 1)
-    missing = ~has_unit & ~skipped & (slot >= 0) & (n[ui] == slot) & ok[ui] & (uphy[ui] > fld) & \
-        is_member(uphy[ui], later)
+    missing = ~has_unit & ~skipped & (slot >= 0)  # no unit: missing when a later record of the queue has its slot
+    c = np.flatnonzero(missing)
+    if len(c):
+        ui = np.minimum(np.searchsorted(n, slot[c]), len(n) - 1)
+        missing[c] = (n[ui] == slot[c]) & ok[ui] & (uphy[ui] > fld[c]) & is_member(uphy[ui], np.sort(fld[has_unit]))
     if missing.any():
         slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped & ~missing, lost, anchor)
     return WriterSlots(recs, slot, skipped, missing)

@@ -241,28 +241,66 @@ def recovery_tags(root: Location | None, s: BrokerSettings | None, phy: np.ndarr
 
 
 def writer_slots_of(P: np.ndarray, Z: np.ndarray, N: np.ndarray, take: np.ndarray,
-                    lost: tuple[np.ndarray, np.ndarray, np.ndarray], anchor: int) -> np.ndarray:
-    """The queue offset of the unit the broker's CQ writer (:func:`build_consume_queues`, putMessagePositionInfo)
-    gives each of one queue's records (PHYSICALOFFSET fields ``P``, sizes ``Z``, QUEUEOFFSETs ``N``, in
-    commitlog order; -1: none) when it gets those in ``take`` and, in physical order among them, the ``lost``
-    records (fields, sizes, QUEUEOFFSETs) whose units are all that is left of them; the queue's write position
-    at ``anchor`` (a queue that already exists: no first-file fillers)."""
-    from storelib.format.consumequeue import DEFAULT_CQ_SEGMENT_SIZE as S  # slots run on across files
-
+                    lost: tuple[np.ndarray, np.ndarray], anchor: int) -> np.ndarray:
+    """The queue offset of the unit the broker's CQ writer (putMessagePositionInfo) gives each of one queue's
+    records (PHYSICALOFFSET fields ``P``, sizes ``Z``, QUEUEOFFSETs ``N``, in commitlog order; -1: none) when
+    it gets those in ``take`` and, in physical order among them, the ``lost`` records (fields, QUEUEOFFSETs)
+    whose units are all that is left of them; the queue's write position at ``anchor`` (a queue that already
+    exists: no first-file fillers). Vectorised (:func:`_slide_slots`) while each record ends past the one
+    before (a commitlog's order); else :func:`build_consume_queues`' own machine, record by record."""
     idx = np.flatnonzero(take)
     allp = np.r_[P[idx], lost[0]].astype(np.int64)
-    order = np.argsort(allp, kind="stable")
-    col = lambda a, b: np.r_[a[idx], b].astype(np.int64)[order]  # noqa: E731
-    k = len(allp)
-    table = pa.table({"physical_offset_field": allp[order], "size": col(Z, lost[1]), "queue_offset": col(N, lost[2]),
-                      "tags_code": np.zeros(k, np.int64), "topic": pa.DictionaryArray.from_arrays(
-                          np.zeros(k, np.int32), ["q"]), "queue_id": np.zeros(k, np.int32),
-                      "tran_type": np.zeros(k, np.int8)})
-    cur = max(anchor, 0) * CQ_UNIT_SIZE
-    img = build_consume_queues(table, segment_size=S, state={("q", 0): QueueState(-1, cur - cur % S, cur % S)})
+    order = np.argsort(allp, kind="stable") if len(lost[0]) else np.arange(len(allp))  # else: commitlog order
+    q = np.r_[N[idx], lost[1]].astype(np.int64)[order]
+    p = allp[order]
+    z = np.r_[Z[idx], np.ones(len(lost[0]), np.int64)].astype(np.int64)[order]  # a lost one: its own position
+    with np.errstate(over="ignore"):
+        ends = p + z
+    if len(p) < 2 or bool(np.all(ends[1:] > ends[:-1])):
+        got = _slide_slots(q, max(anchor, 0))
+    else:
+        got = _machine_slots(p, z, q, max(anchor, 0))
+    out = np.full(len(allp), -1, np.int64)
+    out[order] = got
+    slot = np.full(len(P), -1, np.int64)
+    slot[idx] = out[:len(idx)]
+    return slot
+
+
+def _slide_slots(q: np.ndarray, cur: int) -> np.ndarray:
+    """putMessagePositionInfo's slots for QUEUEOFFSETs ``q`` of records that each end past the one before,
+    the queue's write position at slot ``cur``: each goes to the write position (whatever its offset, which
+    the broker logs as "order maybe wrong" when it differs), unless its offset is not 0 and below the write
+    position (a repeat: -1). One numpy pass per run of repeats."""
+    k = len(q)
+    slot = np.full(k, -1, np.int64)
+    i = 0
+    while i < k:
+        rest = q[i:]
+        drop = (rest != 0) & (rest < cur + np.arange(k - i))
+        j = int(drop.argmax()) if drop.any() else k - i
+        slot[i:i + j] = cur + np.arange(j)
+        cur += j
+        i += j
+        if i < k:  # a run of repeats: the write position stays
+            rest = q[i:]
+            keep = (rest == 0) | (rest >= cur)
+            i += int(keep.argmax()) if keep.any() else k - i
+    return slot
+
+
+def _machine_slots(p: np.ndarray, z: np.ndarray, q: np.ndarray, cur: int) -> np.ndarray:
+    """The slots :func:`build_consume_queues` gives records that do not end in order (its record-by-record
+    machine; rare: damaged PHYSICALOFFSET fields)."""
+    from storelib.format.consumequeue import DEFAULT_CQ_SEGMENT_SIZE as S  # slots run on across files
+
+    k = len(p)
+    table = pa.table({"physical_offset_field": p, "size": z, "queue_offset": q, "tags_code": np.zeros(k, np.int64),
+                      "topic": pa.DictionaryArray.from_arrays(np.zeros(k, np.int32), ["q"]),
+                      "queue_id": np.zeros(k, np.int32), "tran_type": np.zeros(k, np.int8)})
+    b = cur * CQ_UNIT_SIZE
+    img = build_consume_queues(table, segment_size=S, state={("q", 0): QueueState(-1, b - b % S, b % S)})
     got = np.full(k, -1, np.int64)
     if img:
-        got[order[img[("q", 0)].rows]] = img[("q", 0)].slots
-    slot = np.full(len(P), -1, np.int64)
-    slot[idx] = got[:len(idx)]
-    return slot
+        got[img[("q", 0)].rows] = img[("q", 0)].slots
+    return got
