@@ -9,6 +9,7 @@ from itertools import count
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from jobs.audit import audit_store
 from storelib.broker.settings.brokerconf import BrokerSettings
@@ -163,13 +164,13 @@ def test_queue_offset_reset_to_zero_takes_the_next_unit(tmp_path, monkeypatch):
         [("queue_offset_backwards", 792)]
 
 
-def _skipped_store(root: Path) -> tuple[Path, int]:
-    """A 4.9.8 master's reput skipped the rest of segment 0 after a record with a zeroed magic (t_skip.py)."""
+def _skipped_store(root: Path, version: str = "4") -> tuple[Path, int]:
+    """A master's reput skipped the rest of segment 0 after a record with a zeroed magic (t_skip.py)."""
     from storelib.broker.dispatch.dispatch import dispatch_store
 
     conf = {"mappedFileSizeCommitLog": 8192, "mappedFileSizeConsumeQueue": 200, "maxHashSlotNum": 16,
             "maxIndexNum": 24}
-    s = BrokerSettings.defaults("4").with_overrides(conf)
+    s = BrokerSettings.defaults(version).with_overrides(conf)
     with StoreWriter(root, s, clock=lambda: 1_700_000_000_000) as w:
         res = [w.append(Message("T", b"x" * 1500, 0)) for _ in range(30)]
         w.close(clean=True, dispatch=False)
@@ -178,13 +179,18 @@ def _skipped_store(root: Path) -> tuple[Path, int]:
     b[res[1].phy_offset + 4:res[1].phy_offset + 8] = b"\0\0\0\0"
     seg0.write_bytes(bytes(b))
     assert [f.kind for f in dispatch_store(root, s).findings] == ["reput_skipped_rest_of_segment"]
-    (root / "broker.conf").write_text("\n".join(f"{k}={v}" for k, v in conf.items()))
+    (root / "broker.conf").write_text("\n".join(f"{k}={v}" for k, v in conf.items())
+                                      + ("\nenabledAppendPropCRC=true\n" if version == "5" else ""))
     return root, res[2].phy_offset  # the first record the reput skipped
 
 
-def test_498_reput_skip_leaves_the_rest_of_the_segment_undispatched_and_later_units_slide(tmp_path, monkeypatch):
-    root, first = _skipped_store(tmp_path / "s")
-    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+@pytest.mark.parametrize("version", ["4", "5"])
+def test_master_reput_skip_leaves_the_rest_of_the_segment_undispatched_and_later_units_slide(tmp_path, monkeypatch,
+                                                                                            version):
+    """DefaultMessageStore.doReput on a master (4.9.8 and 5.3.3) adds the rest of the buffer after a record it
+    cannot decode: those records get no unit (the broker's warning), later ones take their slots."""
+    root, first = _skipped_store(tmp_path / "s", version)
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version=version)
     kinds = [(x["kind"], x["offset"]) for x in ref["findings"] if x["severity"] != "info"
              and x["kind"].startswith(("cq_", "queue_"))]
     assert kinds == [("cq_reput_skipped", first)]
@@ -264,8 +270,6 @@ def _expired_queue_store(root: Path, version: str) -> Path:
 
 def _min_a(version: str, root: Path, monkeypatch) -> tuple[int, int, int]:
     """Queue A's min offset as the audit (every path), ``info`` and the queue lookup's range see it."""
-    import pytest
-
     from storelib.broker.index.lookup import lookup_queue
     from storelib.broker.settings.storeinfo import collect
     from storelib.errors import StoreError

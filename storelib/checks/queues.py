@@ -331,7 +331,8 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
     rows = queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
     slots = None if rows is not None or topic.startswith(LMQ_PREFIX) else writer_slots(
         log, log.queue_rows.get((topic, qid)), n, u, valid & ~filler,
-        loaded.settings.version if loaded is not None and loaded.settings is not None else None)
+        loaded is not None and loaded.settings is not None and (
+            loaded.settings.broker_id == 0 or loaded.settings.dledger is not None))
     exact = rows is not None
     if rows is None:
         rows = log.lookup_field(phy[chk], queue_hint(log, (topic, qid), n[chk]))
@@ -400,7 +401,7 @@ class WriterSlots:
     """Where the broker's CQ writer put a queue's records when slot and QUEUEOFFSET part. putMessagePositionInfo
     (ConsumeQueue.java, 4.9.8 and 5.3.3) writes each unit at the queue's write position whatever the record's
     QUEUEOFFSET (a jump is logged as "[BUG]logic queue order maybe wrong") and drops one below it unless it is
-    0 (a repeat); records it never got leave no slot: a 4.9.8 master's reput skips the rest of a segment after
+    0 (a repeat); records it never got leave no slot: a master's reput (both lines) skips the rest of a segment after
     a record it cannot decode (``skipped``), and a 5.3.3 normal start never dispatches the record starting at
     the queues' max physical offset (``missing``, as any record with no unit whose slot a later record holds).
     ``slot``: per record of ``recs`` (the queue's dispatchable rows, commitlog order) its unit's queue offset,
@@ -420,7 +421,7 @@ class WriterSlots:
 
 
 def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.ndarray, ok: np.ndarray,
-                 version: str | None) -> WriterSlots | None:
+                 master: bool) -> WriterSlots | None:
     """The broker's slots of a queue's records (:class:`WriterSlots`; ``ok``: its valid units that are not
     fillers), None when each record's slot is its QUEUEOFFSET (offsets run on by one and the queue's first
     and last units are theirs: every healthy queue, no model run). The writer is our rebuild's
@@ -440,7 +441,7 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
     up = uphy[ok]
     has_unit = is_member(fld, up if bool(np.all(up[1:] >= up[:-1])) else np.sort(up))  # units ascend: no sort
     skipped = np.zeros(len(recs), bool)
-    if version == "4" and len(log.lost):  # the rest of a segment after a record the reput cannot decode
+    if master and len(log.lost):  # the rest of a segment after a record the reput cannot decode
         p = log.phy[recs]
         i = np.searchsorted(log.lost[:, 0], p, side="right") - 1
         skipped = (i >= 0) & (log.lost[np.clip(i, 0, None), 0] // log.segment_size == p // log.segment_size)
@@ -469,14 +470,14 @@ def _slot_text(slots: WriterSlots | None, row: int) -> str:
 
 def _unwritten_findings(log: LogView, out: Capped, topic: str, qid: int, slots: WriterSlots) -> None:
     """A queue's records the broker never wrote a unit for while later ones took their slots: after a lost
-    region in their segment (``skipped``: a 4.9.8 master's reput, DefaultMessageStore.doReput, skips the rest
-    of a segment after a record it cannot decode; the broker's own doing, a warning), or anywhere else
+    region in their segment (``skipped``: a master's reput, DefaultMessageStore.doReput in 4.9.8 and 5.3.3,
+    skips the rest of a segment after a record it cannot decode; the broker's own doing, a warning), or anywhere else
     (``missing``: lost to consumers, an error; 5.3.3 does it to the record starting at the queues' max
     physical offset on a normal start, CommitLog.recoverNormally dispatching only records past it)."""
     S = log.segment_size
     for mask, kind, sev, why in (
             (slots.skipped, "cq_reput_skipped", "warning", "they lie after a lost region in their segment: a "
-             "4.9.8 master's reput skips the rest of that segment"),
+             "master's reput skips the rest of that segment"),
             (slots.missing, "cq_entries_missing_for_messages", "error", "later messages of the queue hold their "
              "slots: the broker never dispatches them again")):
         if mask.any():
