@@ -352,3 +352,19 @@ def test_vectorised_writer_slots_are_the_rebuild_machines():
         none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         fast = writer_slots_of(P, Z, q, np.ones(k, bool), none, anchor)
         assert fast.tolist() == _machine_slots(P, Z, q, anchor).tolist(), (trial, q.tolist(), anchor)
+
+
+def test_recovery_tags_scanned_by_segment_span_equal_one_by_one(tmp_path):
+    """Many delay units to check (a whole recovery's dispatch) are read by one scan per segment span: the same
+    tagsCodes as reading each record (the TAGS hash, no delay levels); a position with no record gets none."""
+    from storelib.broker.startup.cqrecovery import recovery_tags
+    from storelib.scan.commitlog import CommitLog
+
+    root = _crashed_delay_store(tmp_path / "s")
+    st = Store(str(root), broker_conf=str(root / "broker.conf"))
+    at = np.array([r["phy_offset"] for r in CommitLog(str(root / "commitlog"), 65536).read_table().to_pylist()])
+    many = np.r_[np.tile(at, 4), at[:1] + 1]
+    got = recovery_tags(st.loc, st.settings, many)
+    assert got[:-1].tolist() == [97] * 24 and got[-1] == np.iinfo(np.int64).min
+    assert recovery_tags(st.loc, st.settings, at).tolist() == [97] * 6
+    assert (recovery_tags(st.loc, BrokerSettings.defaults("5").with_overrides(SMALL), at) == np.iinfo(np.int64).min).all()

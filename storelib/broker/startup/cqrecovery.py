@@ -230,7 +230,11 @@ def recovery_tags(root: Location | None, s: BrokerSettings | None, phy: np.ndarr
     from storelib.broker.settings.store import open_commitlog
 
     cl = open_commitlog(root, s)
-    for i, p in enumerate(phy.tolist()):  # only units whose tagsCode is not the delivery time: few
+    if len(phy) > 16 and not cl.dledger:  # many (a whole recovery's dispatch): one scan per segment's span
+        _scan_tags(cl, phy, out)
+    for i, p in enumerate(phy.tolist()):  # those not found by a scan, one by one
+        if out[i] != np.iinfo(np.int64).min:
+            continue
         try:
             rec = cl.record_at(int(p), delay_levels_ms=[], verify_crc=False, with_properties=False,
                                columns=["tags_code"])
@@ -238,6 +242,36 @@ def recovery_tags(root: Location | None, s: BrokerSettings | None, phy: np.ndarr
             continue
         out[i] = int(rec.column("tags_code")[0].as_py())
     return out
+
+
+def _scan_tags(cl, phy: np.ndarray, out: np.ndarray) -> None:
+    """``out[i]``: the tagsCode of the record at ``phy[i]`` with no delay levels (what a 4.9.8 abnormal
+    recovery computes), each segment's span from the first to the last of them scanned once."""
+    from storelib.scan.scanner import SegmentScan
+
+    S = cl.segment_size
+    for base in np.unique(phy // S * S).tolist():
+        seg = cl.segment_for(int(base))
+        mine = (phy >= base) & (phy < base + S)
+        if seg is None:
+            continue
+        lo, hi = int(phy[mine].min()) - seg.base, int(phy[mine].max()) - seg.base + 1
+        src = seg.open()
+        try:
+            scan = SegmentScan(src, seg.display, seg.base, lo, hi, verify_crc=False, with_properties=False,
+                               delay_levels_ms=[], columns=["phy_offset", "tags_code"], **cl.scan_options())
+            got = [b for b in scan if b.num_rows]
+        except StoreError:
+            got = []
+        finally:
+            src.close()
+        if got:
+            at = np.concatenate([b.column("phy_offset").to_numpy() for b in got])
+            tags = np.concatenate([b.column("tags_code").to_numpy() for b in got])
+            i = np.flatnonzero(mine)
+            j = np.minimum(np.searchsorted(at, phy[i]), len(at) - 1)
+            hit = at[j] == phy[i]
+            out[i[hit]] = tags[j[hit]]
 
 
 def writer_slots_of(P: np.ndarray, Z: np.ndarray, N: np.ndarray, take: np.ndarray,
