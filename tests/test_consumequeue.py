@@ -147,8 +147,9 @@ def test_file_name_matches_tv4_offset2filename():
     assert file_name(1_073_741_824) == "00000000001073741824"
     assert file_name(6_000_000) == "00000000000006000000"
     assert file_name(123_456_789_012) == "00000000123456789012"
+    assert file_name(-1) == "-00000000000000000001"  # Java's NumberFormat: a sign before the 20 digits
     with pytest.raises(StoreError):
-        file_name(-1)
+        file_name(2**63)
 
 
 @pytest.mark.parametrize("name", ["0" * 19, "0" * 21, "０" * 20, "+" + "0" * 19, " " + "0" * 19,

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
-from storelib.broker.settings.cqload import LoadedQueue
-from storelib.checks.logview import LogView, queue_hint, queue_records_exactly, rel_path
+from storelib.broker.settings.cqload import LoadedQueue, min_variant
+from storelib.broker.startup.cqrecovery import recovery_tags, writer_slots_of
+from storelib.checks.logview import LogView, is_member, queue_hint, queue_records_exactly, rel_path
 from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, data_ranges
 from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, LMQ_PREFIX, batch_cq_topics, list_queues
-from storelib.format.record import INNER_BATCH_FLAG
+from storelib.format.record import INNER_BATCH_FLAG, SCHEDULE_TOPIC
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.arrowcols import group_order
 
@@ -77,11 +78,16 @@ def check_queue_offsets(log: LogView, out: Capped) -> dict[tuple[str, int], dict
 
 
 def gap_finding(topic: str, qid: int, before: int, after: int, phy: int, segment_size: int) -> Finding:
-    """The record at ``phy`` continues its queue at ``after`` where ``before + 1`` was due."""
+    """The record at ``phy`` continues its queue at ``after`` where ``before + 1`` was due. No message is
+    lost by it: the broker's CQ writer logs "[BUG]logic queue order maybe wrong" and writes the record at
+    the queue's next unit (ConsumeQueue.putMessagePositionInfo, 4.9.8 and 5.3.3), so from here on units sit
+    below their records' QUEUEOFFSETs (the consume-queue check expects them there: :func:`writer_slots`)."""
     S = segment_size
-    return Finding("queue_offset_gap", "error", f"commitlog/{phy // S * S:020d}", phy % S,
-                   f"{topic}/{qid}: QUEUEOFFSET jumps from {before} to {after} ({after - before - 1} offsets never "
-                   "written)", {"topic": topic, "queue_id": qid, "missing": after - before - 1, "phy": phy})
+    k = after - before - 1
+    return Finding("queue_offset_gap", "warning", f"commitlog/{phy // S * S:020d}", phy % S,
+                   f"{topic}/{qid}: QUEUEOFFSET jumps from {before} to {after} ({k} offsets never written); the "
+                   "broker logs \"[BUG]logic queue order maybe wrong\" and puts this record in the queue's next unit, "
+                   f"{k} below its QUEUEOFFSET", {"topic": topic, "queue_id": qid, "missing": k, "phy": phy})
 
 
 def queue_group_order(code: np.ndarray, topic_idx: np.ndarray, qid: np.ndarray, n_topics: int) -> np.ndarray:
@@ -116,12 +122,23 @@ class CQLoad:
     cq_max_phy: int = -1
     live: bool = False  # read as at a live store's cut: clamped at its end, files the cleaner took left out
     vanished: list[str] = field(default_factory=list)  # CQ files deleted after the listing (live)
+    # where the records are and whose rules apply: a 4.9.8 delay unit's other tagsCode is read from its record
+    root: Location | None = None
+    settings: BrokerSettings | None = None
 
     def reput_from(self, log_min: int) -> int:
         """Where the broker's reput would start: past every unit. On a live store, whose queues are read one
         after the other while the reput thread moves on, every queue's missing suffix is lag: no position
         before which a message would be "never dispatched again" can be told, so it is the log's start."""
         return max(log_min, 0) if self.live else max(self.cq_max_phy, log_min, 0)
+
+    def never_dispatched(self) -> int:
+        """The position of the record a 5.3.3 broker's normal start never dispatches (-1: none): recovery
+        dispatches only records past the queues' max physical offset (CommitLog.recoverNormally, the recovery
+        walk's ``dispatch_after``) and the reput then starts at the log's end, so the one starting there is
+        skipped. 4.9.8 reputs from that offset; a live store's reput is simply running."""
+        s = self.settings
+        return self.cq_max_phy if s is not None and s.version == "5" and s.dledger is None and not self.live else -1
 
 
 def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, cut: StoreCut | None = None,
@@ -130,7 +147,8 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, 
     """Read every consume queue's units (one copy out of the mapped files) and offsets (as at ``cut``;
     ``queues``: only these, opened by the caller into ``res``; default: every queue directory,
     :func:`walk_queues`)."""
-    res = res if res is not None else CQLoad()
+    res = res if res is not None else CQLoad(root=root, settings=settings)
+    res.root, res.settings = root, settings
     for topic, qid, cq in walk_queues(root, settings, res, cut) if queues is None else queues:
         try:
             ns, units, files = [], [], []
@@ -143,7 +161,7 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, 
             u = (np.array(units[0]) if len(units) == 1 else np.concatenate(units) if units
                  else np.zeros(0, CQ_DTYPE))
             cq_max, mpo = cq.max_offset(), cq.max_physic_offset()
-            cq_min = cq.min_offset(log_min) if cq.segments else 0
+            cq_min = cq.min_offset(log_min, variant=min_variant(settings.version)) if cq.segments else 0
         finally:
             cq.close()
         res.cq_max_phy = max(res.cq_max_phy, mpo)
@@ -268,9 +286,10 @@ def check_queue_units(log: LogView, out: Capped, facts: dict, loaded: CQLoad) ->
     stats: dict[tuple[str, int], dict] = {}
     reput_from = loaded.reput_from(log.log_min)
     for (topic, qid), (n, u, files, cq_max, cq_min) in loaded.per_queue.items():
-        last_valid = _check_units(log, out, topic, qid, n, u, files)
+        last_valid, slots = _check_units(log, out, topic, qid, n, u, files, loaded)
         fact = facts.get((topic, qid))
-        lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from)
+        lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from, slots,
+                                          loaded.never_dispatched())
         stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": cq_min, "max_offset": cq_max,
                                "raw_max_offset": int(n[last_valid]) + 1 if last_valid >= 0 else cq_max,
                                "cl_max_offset": fact["cl_max_offset"] if fact else None,
@@ -279,9 +298,10 @@ def check_queue_units(log: LogView, out: Capped, facts: dict, loaded: CQLoad) ->
 
 
 def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, u: np.ndarray,
-                 files: list[tuple[int, str | None]]) -> int:
+                 files: list[tuple[int, str | None]], loaded: CQLoad | None = None) -> tuple[int, WriterSlots | None]:
     """One queue's units against the records: holes before the last valid unit, units pointing past the
-    log or at no record start, units whose record disagrees. Returns the last valid unit's index (-1)."""
+    log or at no record start, units whose record disagrees (a record's unit is at the slot the broker's
+    writer gives it: :func:`writer_slots`). Returns the last valid unit's index (-1) and those slots."""
     from storelib.format.consumequeue import filler_mask
 
     bases = np.array([b for b, _ in files], dtype=np.int64)
@@ -309,6 +329,10 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
                             {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "count": ln}))
     chk = np.flatnonzero(valid & ~filler)
     rows = queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
+    slots = None if rows is not None or topic.startswith(LMQ_PREFIX) else writer_slots(
+        log, log.queue_rows.get((topic, qid)), n, u, valid & ~filler,
+        loaded is not None and loaded.settings is not None and (
+            loaded.settings.broker_id == 0 or loaded.settings.dledger is not None))
     exact = rows is not None
     if rows is None:
         rows = log.lookup_field(phy[chk], queue_hint(log, (topic, qid), n[chk]))
@@ -343,9 +367,14 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
             # queue and offset are not its own (what lists it, INNER_MULTI_DISPATCH, is not read here)
             copies = topic.startswith(LMQ_PREFIX)
             bad_topic = np.zeros(len(hit), bool) if copies else (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
-            bad_qo = np.zeros(len(hit), bool) if copies else log.qoff[r] != n[hit]
+            bad_qo = np.zeros(len(hit), bool) if copies else (
+                log.qoff[r] if slots is None else slots.of_rows(r, log.qoff[r])) != n[hit]
             bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
         bad_tags = log.tags[r] != u["tags_code"][hit].astype(np.int64)
+        if topic == SCHEDULE_TOPIC and bad_tags.any() and loaded is not None:
+            j = np.flatnonzero(bad_tags)
+            bad_tags[j] = recovery_tags(loaded.root, loaded.settings, log.phy[r[j]]) != \
+                u["tags_code"][hit[j]].astype(np.int64)
         bad = bad_size | bad_topic | bad_qo | bad_tags | bad_tran
         for j in np.flatnonzero(bad).tolist():
             k, rr = int(hit[j]), int(r[j])
@@ -355,7 +384,7 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
             if bad_topic[j]:
                 what.append(f"record is {log.topic_names[int(log.topic_idx[rr])]}/{int(log.qid[rr])}")
             if bad_qo[j]:
-                what.append(f"record QUEUEOFFSET {int(log.qoff[rr])}")
+                what.append(f"record QUEUEOFFSET {int(log.qoff[rr])}" + _slot_text(slots, rr))
             if bad_tags[j]:
                 what.append(f"tagsCode {int(u['tags_code'][k])} vs record {int(log.tags[rr])}")
             if bad_tran[j]:
@@ -364,19 +393,114 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
             out.add(Finding("cq_entry_mismatch", "error", f, off,
                             f"{topic}/{qid} offset {int(n[k])} → record at {int(phy[k])}: " + "; ".join(what),
                             {"topic": topic, "queue_id": qid, "queue_offset": int(n[k]), "phy": int(phy[k])}))
-    return last_valid
+    return last_valid, slots
+
+
+@dataclass
+class WriterSlots:
+    """Where the broker's CQ writer put a queue's records when slot and QUEUEOFFSET part. putMessagePositionInfo
+    (ConsumeQueue.java, 4.9.8 and 5.3.3) writes each unit at the queue's write position whatever the record's
+    QUEUEOFFSET (a jump is logged as "[BUG]logic queue order maybe wrong") and drops one below it unless it is
+    0 (a repeat); records it never got leave no slot: a master's reput (both lines) skips the rest of a segment after
+    a record it cannot decode (``skipped``), and a 5.3.3 normal start never dispatches the record starting at
+    the queues' max physical offset (``missing``, as any record with no unit whose slot a later record holds).
+    ``slot``: per record of ``recs`` (the queue's dispatchable rows, commitlog order) its unit's queue offset,
+    -1 for none."""
+
+    recs: np.ndarray
+    slot: np.ndarray
+    skipped: np.ndarray
+    missing: np.ndarray
+
+    def of_rows(self, rows: np.ndarray, default: np.ndarray) -> np.ndarray:
+        """The slot of each of ``rows`` (``default`` for a row that is not one of the queue's records)."""
+        if not len(self.recs):
+            return default
+        i = np.minimum(np.searchsorted(self.recs, rows), len(self.recs) - 1)
+        return np.where(self.recs[i] == rows, self.slot[i], default)
+
+
+def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.ndarray, ok: np.ndarray,
+                 master: bool) -> WriterSlots | None:
+    """The broker's slots of a queue's records (:class:`WriterSlots`; ``ok``: its valid units that are not
+    fillers), None when each record's slot is its QUEUEOFFSET (offsets run on by one and the queue's first
+    and last units are theirs: every healthy queue, no model run). The writer is our rebuild's
+    (:func:`storelib.broker.dispatch.cqwriter.build_consume_queues`), started at the first record's unit (a
+    jump in records since expired shifts them all); a unit pointing into a lost region keeps its slot."""
+    if recs is None or not len(recs) or not len(n) or np.any(log.sysflag[recs] & INNER_BATCH_FLAG):
+        return None
+    qo, fld, uphy = log.qoff[recs], log.field[recs], u["phy_offset"].astype(np.int64)
+    k = min(int(np.searchsorted(n, qo[0])), len(n) - 1)  # a healthy queue: its unit at its QUEUEOFFSET
+    at = [k] if ok[k] and int(uphy[k]) == int(fld[0]) else np.flatnonzero(ok & (uphy == int(fld[0])))
+    anchor = int(n[at[0]]) if len(at) else int(qo[0])
+    last = len(ok) - 1 - int(ok[::-1].argmax()) if ok.any() else -1
+    j = int(np.searchsorted(qo, n[last])) if last >= 0 else 0
+    if anchor == int(qo[0]) and bool(np.all(np.diff(qo) == 1)) and (
+            last < 0 or j >= len(qo) or (qo[j] == n[last] and fld[j] == uphy[last])):
+        return None
+    up = uphy[ok]
+    has_unit = is_member(fld, up if bool(np.all(up[1:] >= up[:-1])) else np.sort(up))  # units ascend: no sort
+    skipped = np.zeros(len(recs), bool)
+    if master and len(log.lost):  # the rest of a segment after a record the reput cannot decode
+        p = log.phy[recs]
+        i = np.searchsorted(log.lost[:, 0], p, side="right") - 1
+        skipped = (i >= 0) & (log.lost[np.clip(i, 0, None), 0] // log.segment_size == p // log.segment_size)
+        skipped &= ~has_unit
+    gone = np.flatnonzero(ok & log.in_lost(uphy))  # records lost since: their units' slots stay theirs
+    lost = (uphy[gone], n[gone])
+    slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped, lost, anchor)
+    missing = ~has_unit & ~skipped & (slot >= 0)  # no unit: missing when a later record of the queue has its slot
+    c = np.flatnonzero(missing)
+    if len(c):
+        ui = np.minimum(np.searchsorted(n, slot[c]), len(n) - 1)
+        missing[c] = (n[ui] == slot[c]) & ok[ui] & (uphy[ui] > fld[c]) & is_member(uphy[ui], np.sort(fld[has_unit]))
+    if missing.any():
+        slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped & ~missing, lost, anchor)
+    return WriterSlots(recs, slot, skipped, missing)
+
+
+def _slot_text(slots: WriterSlots | None, row: int) -> str:
+    """Where the broker's writer puts the record of ``row`` when that is not its QUEUEOFFSET."""
+    if slots is None:
+        return ""
+    s = int(slots.of_rows(np.array([row]), np.array([-2]))[0])
+    return "" if s == -2 else " (the broker's writer gives it no unit)" if s < 0 else \
+        f" (the broker's writer puts it at {s})"
+
+
+def _unwritten_findings(log: LogView, out: Capped, topic: str, qid: int, slots: WriterSlots) -> None:
+    """A queue's records the broker never wrote a unit for while later ones took their slots: after a lost
+    region in their segment (``skipped``: a master's reput, DefaultMessageStore.doReput in 4.9.8 and 5.3.3,
+    skips the rest of a segment after a record it cannot decode; the broker's own doing, a warning), or anywhere else
+    (``missing``: lost to consumers, an error; 5.3.3 does it to the record starting at the queues' max
+    physical offset on a normal start, CommitLog.recoverNormally dispatching only records past it)."""
+    S = log.segment_size
+    for mask, kind, sev, why in (
+            (slots.skipped, "cq_reput_skipped", "warning", "they lie after a lost region in their segment: a "
+             "master's reput skips the rest of that segment"),
+            (slots.missing, "cq_entries_missing_for_messages", "error", "later messages of the queue hold their "
+             "slots: the broker never dispatches them again")):
+        if mask.any():
+            rows = slots.recs[mask]
+            p = int(log.phy[rows[0]])
+            out.add(Finding(kind, sev, f"commitlog/{p // S * S:020d}", p % S,
+                            f"{topic}/{qid}: {len(rows)} message(s) from queue offset {int(log.qoff[rows[0]])} "
+                            f"(phy {p}) have no CQ entry; {why}",
+                            {"topic": topic, "queue_id": qid, "count": len(rows), "phy": p}))
 
 
 def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, last_valid: int,
-                  fact: dict | None, reput_from: int) -> tuple[int, int]:
+                  fact: dict | None, reput_from: int, slots: WriterSlots | None = None, never: int = -1
+                  ) -> tuple[int, int]:
     """Records of the queue beyond its valid units (lag, or lost to the broker before the reput position)
-    and below its first file. Returns (lag messages, lag bytes)."""
+    and below its first file, by the slot the broker's writer gives each (``slots``; else its QUEUEOFFSET).
+    ``never``: :meth:`CQLoad.never_dispatched`. Returns (lag messages, lag bytes)."""
     tcode = log.topic_code.get(topic, -1)
     lag = 0
     behind_bytes = 0
     if fact is not None and tcode >= 0:
         recs = log.queue_rows[(topic, qid)]  # dispatchable records of the queue, commitlog order
-        qo = log.qoff[recs]
+        qo = log.qoff[recs] if slots is None else slots.slot
         last_n = int(n[last_valid]) if last_valid >= 0 else -1
         beyond = recs[qo > last_n]
         if len(beyond):
@@ -384,16 +508,20 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
             lag = len(beyond)
             behind_bytes = int(log.size[beyond].sum())
             if after.all():
-                out.add(lag_finding(topic, qid, len(beyond), behind_bytes, int(log.qoff[beyond[0]]), reput_from))
+                at = np.flatnonzero(log.field[beyond] == never) if never >= 0 else []
+                out.add(lag_finding(topic, qid, len(beyond), behind_bytes, int(log.qoff[beyond[0]]), reput_from,
+                                    (never, int(log.qoff[beyond[at[0]]])) if len(at) else None))
             else:
                 b0 = beyond[~after]
                 out.add(Finding("cq_entries_missing_for_messages", "error", f"consumequeue/{topic}/{qid}", None,
                                 f"{len(b0)} messages from queue offset {int(log.qoff[b0[0]])} (phy {int(log.phy[b0[0]])})"
                                 f" have no CQ entry and lie before the reput position {reput_from}: the broker "
                                 "never dispatches them again", {"topic": topic, "queue_id": qid, "count": len(b0)}))
+        if slots is not None:
+            _unwritten_findings(log, out, topic, qid, slots)
         first_n = int(n[0]) if len(n) else None
         if first_n is not None:
-            before = recs[(qo < first_n) & (log.phy[recs] >= log.log_min)]
+            before = recs[(qo < first_n) & (log.phy[recs] >= log.log_min) & ((qo >= 0) | (slots is None))]
             if len(before):
                 out.add(Finding("cq_file_missing", "error", f"consumequeue/{topic}/{qid}", None,
                                 f"{len(before)} messages with queue offsets below {first_n} are in the commitlog but "
@@ -402,12 +530,21 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
     return lag, behind_bytes
 
 
-def lag_finding(topic: str, qid: int, count: int, nbytes: int, first_offset: int, reput_from: int) -> Finding:
-    """A queue's messages past its last consume-queue unit, all after the reput position: dispatched on start."""
+def lag_finding(topic: str, qid: int, count: int, nbytes: int, first_offset: int, reput_from: int,
+                never: tuple[int, int] | None = None) -> Finding:
+    """A queue's messages past its last consume-queue unit, all after the reput position: dispatched on start,
+    but for ``never`` (position, queue offset), the one a 5.3.3 normal start skips
+    (:meth:`CQLoad.never_dispatched`)."""
+    how = f"the broker dispatches them on start (reput from {reput_from})"
+    if never is not None:
+        how = (f"a 5.x broker's normal start dispatches the {count - 1} after phy {never[0]} during recovery "
+               f"(CommitLog.recoverNormally: only records past the consume queues' max physical offset) and reputs "
+               f"from the log's end: the message at {never[0]} (queue offset {never[1]}) is never dispatched and "
+               "the later ones take its slot (an abnormal start dispatches all)")
     return Finding("queue_behind_commitlog", "warning", f"consumequeue/{topic}/{qid}", None,
                    f"{count} messages ({nbytes} bytes) from queue offset {first_offset} are not in the consume "
-                   f"queue yet; the broker dispatches them on start (reput from {reput_from})",
-                   {"topic": topic, "queue_id": qid, "count": count, "bytes": nbytes})
+                   f"queue yet; {how}", {"topic": topic, "queue_id": qid, "count": count, "bytes": nbytes,
+                                         **({"never_dispatched": never[0]} if never is not None else {})})
 
 
 def queues_without_cq(root: Location, segment_size: int, facts: dict, seen_queues: set, reput_from: int,

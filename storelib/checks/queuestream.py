@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from storelib.broker.settings.brokerconf import BrokerSettings
-from storelib.broker.settings.cqload import LoadedQueue
+from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.checks.logcharts import TopicCodes
 from storelib.checks.logview import Unsettled
 from storelib.checks.queues import (
@@ -104,6 +104,7 @@ def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
     live store's, the queues read as at it (:func:`storelib.checks.queues.walk_queues`). ``queues``: only
     these, opened by the caller (default: every queue directory)."""
     res = QueueMetaLoad(log_min=log_min)
+    res.base.root, res.base.settings = root, settings
     for topic, qid, cq in walk_queues(root, settings, res.base, cut) if queues is None else queues:
         p = (prev or {}).get(_queue_key(topic, qid))
         try:
@@ -125,7 +126,7 @@ def load_queue_meta(root: Location, settings: BrokerSettings, log_min: int,
             if p is not None and p["cq_min"] == p["units"]["first_n"] == st.first_n:
                 cq_min = p["cq_min"]  # correctMinOffset stopped at the first unit, which has not changed
             else:
-                cq_min = cq.min_offset(log_min) if cq.segments else 0
+                cq_min = cq.min_offset(log_min, variant=min_variant(settings.version)) if cq.segments else 0
         finally:
             cq.close()
         res.base.cq_max_phy = max(res.base.cq_max_phy, mpo)
@@ -199,6 +200,7 @@ class _Tail:
     lag: int = 0
     lag_bytes: int = 0
     lag_first: int | None = None  # queue offset of the first record past the last valid unit
+    never: tuple[int, int] | None = None  # the lagging record a 5.3.3 normal start skips (position, queue offset)
     lag_recs: list[np.ndarray] = field(default_factory=list)  # those records (qoff, phy, size, tags), kept while
     # few (:data:`LAG_KEEP`): a later run checks them again against the units written since
 
@@ -225,6 +227,7 @@ class QueueStream:
         self.segment_size = segment_size
         self.out = out  # the queue-offset findings (gaps), in the whole view's order
         self.reput_from = meta.base.reput_from(log_min)
+        self.never = meta.base.never_dispatched()  # the record a 5.3.3 normal start skips (-1: none)
         self._codes = codes if codes is not None else TopicCodes()  # may be shared with the report's series
         self.tails: dict[tuple[int, int], _Tail] = {}
         self.last_phy = -1
@@ -331,6 +334,9 @@ class QueueStream:
             t.lag_bytes += int(size[k:].sum())
             if t.lag_first is None:
                 t.lag_first = int(qq[k])
+            if self.never >= int(phy[k]) and t.never is None:
+                at = np.flatnonzero(phy[k:] == self.never)
+                t.never = (self.never, int(qq[k + at[0]])) if len(at) else None
             self.lag_kept += len(qq) - k
             if self.lag_kept <= LAG_KEEP:
                 t.lag_recs.append(np.stack([qq[k:], phy[k:], size[k:], tags[k:]]).astype(np.int64))
@@ -451,7 +457,7 @@ class QueueStream:
                 raise Unsettled(f"consume queue {topic}/{qid} holds units no record accounts for")
             fact = facts.get((topic, qid))
             if t is not None and t.lag:
-                out.add(lag_finding(topic, qid, t.lag, t.lag_bytes, t.lag_first, self.reput_from))
+                out.add(lag_finding(topic, qid, t.lag, t.lag_bytes, t.lag_first, self.reput_from, t.never))
             stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": m.cq_min, "max_offset": m.cq_max,
                                    "raw_max_offset": m.units.last_valid + 1 if m.units.last_valid >= 0 else m.cq_max,
                                    "cl_max_offset": fact["cl_max_offset"] if fact else None,

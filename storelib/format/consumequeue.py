@@ -45,10 +45,12 @@ _ROCKSDB_NAMES = re.compile(r"^(CURRENT|IDENTITY|LOCK|MANIFEST-\d+|OPTIONS-\d+|\
 
 
 def file_name(offset: int) -> str:
-    """UtilAll.offset2FileName: the segment's first logical byte offset, 20 zero-padded digits."""
-    if not 0 <= offset < 10**20:
-        raise StoreError(None, offset, "bad_offset", f"segment offset {offset} cannot be a 20-digit file name")
-    return f"{offset:020d}"
+    """UtilAll.offset2FileName: the segment's first logical byte offset, 20 zero-padded digits. A negative
+    offset (a record's corrupt negative QUEUEOFFSET starts a new queue: ConsumeQueue.putMessagePositionInfo
+    creates the file at it) is what Java's NumberFormat makes of it, a minus sign before the 20 digits."""
+    if not -(2**63) <= offset < 2**63:
+        raise StoreError(None, offset, "bad_offset", f"segment offset {offset} is not a Java long")
+    return f"{offset:020d}" if offset >= 0 else f"-{-offset:020d}"
 
 
 def parse_file_name(name: str) -> int | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from storelib.broker.settings.cqload import LoadedQueue
+from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.errors import Finding, StoreError
 from storelib.format.consumequeue import CQ_UNIT_SIZE
 from storelib.format.javahash import index_hash
@@ -36,7 +36,7 @@ def lookup_queue(store: Store, topic: str, queue_id: int, queue_offset: int) -> 
     try:
         if not cq.segments:
             raise StoreError(where, None, "no_queue", "no ConsumeQueue files for this queue")
-        lo = cq.min_offset(store.commitlog.min_offset)
+        lo = cq.min_offset(store.commitlog.min_offset, variant=min_variant(store.settings.version))
         hi = cq.max_offset()
         if not lo <= queue_offset < hi:
             raise StoreError(where, queue_offset * CQ_UNIT_SIZE, "offset_out_of_range",

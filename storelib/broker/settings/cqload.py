@@ -47,6 +47,13 @@ def first_unit_from(units: np.ndarray, base: int, commitlog_min_offset: int) -> 
     return base + int(hit[0]) * CQ_UNIT_SIZE if len(hit) else None
 
 
+def min_variant(version: str) -> str:
+    """The :meth:`LoadedQueue.min_offset` variant of a broker line ("4" or "5"): 5.3.3's correctMinOffset (run
+    at start-up, ConsumeQueueStore.recoverOffsetTable) sets a queue whose last unit is below the commitlog's
+    min offset to its max; 4.9.8's leaves it at 0."""
+    return "5.x" if version == "5" else "4.9.8"
+
+
 class LoadedQueue(ConsumeQueue):
     """One ``consumequeue/<topic>/<queueId>`` directory as a started broker holds it (read-only)."""
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from storelib.broker.settings.cqload import LoadedQueue
+from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
 from storelib.errors import Finding, StoreError
@@ -229,7 +229,8 @@ def _queue_rows(store: Store, stats: dict, findings: list[Finding], out: dict[st
                          phy_limit=cl.cut_end)
         try:
             findings.extend(cq.findings)
-            q = {"topic": topic, "queue_id": qid, "cq_min_offset": cq.min_offset(cl.min_offset) if cq.segments else 0,
+            q = {"topic": topic, "queue_id": qid, "cq_min_offset": cq.min_offset(
+                     cl.min_offset, variant=min_variant(store.settings.version)) if cq.segments else 0,
                  "cq_max_offset": cq.max_offset() if cq.segments else 0}
         finally:
             cq.close()

@@ -13,10 +13,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 
-from storelib.broker.dispatch.cqwriter import QueueImage, QueueState
+from storelib.broker.dispatch.cqwriter import QueueImage, QueueState, build_consume_queues
+from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, first_unit_from
+from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
 from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, file_name, parse_file_name, valid_mask
 from storelib.format.javahash import wrap64
@@ -166,23 +169,30 @@ class QueueReplay:
         st = self.state
         return 0 if st.last_base is None else (st.last_base + st.write_pos) // CQ_UNIT_SIZE
 
-    def min_offset(self, commitlog_min: int) -> int:
-        """correctMinOffset 4.9.8 on the final model (cqload.first_unit_from over the first segment's
-        written part); 0 when no unit qualifies, the value a starting broker holds."""
+    def min_offset(self, commitlog_min: int, variant: str = "4.9.8") -> int:
+        """correctMinOffset on the final model (cqload.first_unit_from over the first segment's written part);
+        0 when no unit qualifies, the value a starting broker holds. ``variant`` (cqload.min_variant): 5.x
+        sets a queue whose last unit is below ``commitlog_min`` to its max (all its units expired)."""
         if not self.model:
             return 0
+        if variant != "4.9.8" and self.state.last_base is not None and self.state.write_pos >= CQ_UNIT_SIZE:
+            last = self.model.get(self.state.last_base)
+            u = last.units(self.S)[self.state.write_pos // CQ_UNIT_SIZE - 1] if last is not None else None
+            if u is not None and int(u["phy_offset"]) < commitlog_min:
+                return self.max_offset()
         first = min(self.model)
         end = self.S if first != self.state.last_base else self.state.write_pos
         u = self.model[first].units(self.S)[: end // CQ_UNIT_SIZE]
         hit = first_unit_from(u, first, commitlog_min)
         return 0 if hit is None else hit // CQ_UNIT_SIZE
 
-    def finish(self, commitlog_min: int) -> QueueReport:
-        """Fill the report's final offsets (after every dispatch) and return it."""
+    def finish(self, commitlog_min: int, variant: str = "4.9.8") -> QueueReport:
+        """Fill the report's final offsets (after every dispatch) and return it (``variant``: the line's
+        correctMinOffset, :meth:`min_offset`)."""
         r = self.report
         r.final_max_offset = self.max_offset()
         r.final_max_phy_offset = self.state.max_physic_offset
-        r.final_min_offset = min(self.min_offset(commitlog_min), r.final_max_offset)
+        r.final_min_offset = min(self.min_offset(commitlog_min, variant), r.final_max_offset)
         return r
 
     def outputs(self) -> Iterable[tuple[str, bytes | None]]:
@@ -205,3 +215,126 @@ class QueueReplay:
 
 
 __all__ = ["QueueReplay", "QueueReport"]
+
+
+def recovery_tags(root: Location | None, s: BrokerSettings | None, phy: np.ndarray) -> np.ndarray:
+    """The tagsCode a 4.9.8 broker's abnormal recovery writes for the SCHEDULE_TOPIC_XXXX records at ``phy``
+    (the TAGS hash, or 0), where the delivery time is not the only right one: DefaultMessageStore.load
+    recovers (dispatching what the consume queues lack) before ScheduleMessageService.load fills the delay
+    table, so maxDelayLevel is still 0 and CommitLog.checkMessageAndReturnSize skips the delivery-time rule
+    (the walk's ``delay_levels_quirk``: this is what our recovery writes). 5.x loads the delay table first: no second value
+    there (an impossible tagsCode, -1 << 63, for each record)."""
+    out = np.full(len(phy), np.iinfo(np.int64).min, np.int64)
+    if s is None or root is None or s.version != "4" or not len(phy):
+        return out
+    from storelib.broker.settings.store import open_commitlog
+
+    cl = open_commitlog(root, s)
+    if len(phy) > 16 and not cl.dledger:  # many (a whole recovery's dispatch): one scan per segment's span
+        _scan_tags(cl, phy, out)
+    for i, p in enumerate(phy.tolist()):  # those not found by a scan, one by one
+        if out[i] != np.iinfo(np.int64).min:
+            continue
+        try:
+            rec = cl.record_at(int(p), delay_levels_ms=[], verify_crc=False, with_properties=False,
+                               columns=["tags_code"])
+        except StoreError:
+            continue
+        out[i] = int(rec.column("tags_code")[0].as_py())
+    return out
+
+
+def _scan_tags(cl, phy: np.ndarray, out: np.ndarray) -> None:
+    """``out[i]``: the tagsCode of the record at ``phy[i]`` with no delay levels (what a 4.9.8 abnormal
+    recovery computes), each segment's span from the first to the last of them scanned once."""
+    from storelib.scan.scanner import SegmentScan
+
+    S = cl.segment_size
+    for base in np.unique(phy // S * S).tolist():
+        seg = cl.segment_for(int(base))
+        mine = (phy >= base) & (phy < base + S)
+        if seg is None:
+            continue
+        lo, hi = int(phy[mine].min()) - seg.base, int(phy[mine].max()) - seg.base + 1
+        src = seg.open()
+        try:
+            scan = SegmentScan(src, seg.display, seg.base, lo, hi, verify_crc=False, with_properties=False,
+                               delay_levels_ms=[], columns=["phy_offset", "tags_code"], **cl.scan_options())
+            got = [b for b in scan if b.num_rows]
+        except StoreError:
+            got = []
+        finally:
+            src.close()
+        if got:
+            at = np.concatenate([b.column("phy_offset").to_numpy() for b in got])
+            tags = np.concatenate([b.column("tags_code").to_numpy() for b in got])
+            i = np.flatnonzero(mine)
+            j = np.minimum(np.searchsorted(at, phy[i]), len(at) - 1)
+            hit = at[j] == phy[i]
+            out[i[hit]] = tags[j[hit]]
+
+
+def writer_slots_of(P: np.ndarray, Z: np.ndarray, N: np.ndarray, take: np.ndarray,
+                    lost: tuple[np.ndarray, np.ndarray], anchor: int) -> np.ndarray:
+    """The queue offset of the unit the broker's CQ writer (putMessagePositionInfo) gives each of one queue's
+    records (PHYSICALOFFSET fields ``P``, sizes ``Z``, QUEUEOFFSETs ``N``, in commitlog order; -1: none) when
+    it gets those in ``take`` and, in physical order among them, the ``lost`` records (fields, QUEUEOFFSETs)
+    whose units are all that is left of them; the queue's write position at ``anchor`` (a queue that already
+    exists: no first-file fillers). Vectorised (:func:`_slide_slots`) while each record ends past the one
+    before (a commitlog's order); else :func:`build_consume_queues`' own machine, record by record."""
+    idx = np.flatnonzero(take)
+    allp = np.r_[P[idx], lost[0]].astype(np.int64)
+    order = np.argsort(allp, kind="stable") if len(lost[0]) else np.arange(len(allp))  # else: commitlog order
+    q = np.r_[N[idx], lost[1]].astype(np.int64)[order]
+    p = allp[order]
+    z = np.r_[Z[idx], np.ones(len(lost[0]), np.int64)].astype(np.int64)[order]  # a lost one: its own position
+    with np.errstate(over="ignore"):
+        ends = p + z
+    if len(p) < 2 or bool(np.all(ends[1:] > ends[:-1])):
+        got = _slide_slots(q, max(anchor, 0))
+    else:
+        got = _machine_slots(p, z, q, max(anchor, 0))
+    out = np.full(len(allp), -1, np.int64)
+    out[order] = got
+    slot = np.full(len(P), -1, np.int64)
+    slot[idx] = out[:len(idx)]
+    return slot
+
+
+def _slide_slots(q: np.ndarray, cur: int) -> np.ndarray:
+    """putMessagePositionInfo's slots for QUEUEOFFSETs ``q`` of records that each end past the one before,
+    the queue's write position at slot ``cur``: each goes to the write position (whatever its offset, which
+    the broker logs as "order maybe wrong" when it differs), unless its offset is not 0 and below the write
+    position (a repeat: -1). One numpy pass per run of repeats."""
+    k = len(q)
+    slot = np.full(k, -1, np.int64)
+    i = 0
+    while i < k:
+        rest = q[i:]
+        drop = (rest != 0) & (rest < cur + np.arange(k - i))
+        j = int(drop.argmax()) if drop.any() else k - i
+        slot[i:i + j] = cur + np.arange(j)
+        cur += j
+        i += j
+        if i < k:  # a run of repeats: the write position stays
+            rest = q[i:]
+            keep = (rest == 0) | (rest >= cur)
+            i += int(keep.argmax()) if keep.any() else k - i
+    return slot
+
+
+def _machine_slots(p: np.ndarray, z: np.ndarray, q: np.ndarray, cur: int) -> np.ndarray:
+    """The slots :func:`build_consume_queues` gives records that do not end in order (its record-by-record
+    machine; rare: damaged PHYSICALOFFSET fields)."""
+    from storelib.format.consumequeue import DEFAULT_CQ_SEGMENT_SIZE as S  # slots run on across files
+
+    k = len(p)
+    table = pa.table({"physical_offset_field": p, "size": z, "queue_offset": q, "tags_code": np.zeros(k, np.int64),
+                      "topic": pa.DictionaryArray.from_arrays(np.zeros(k, np.int32), ["q"]),
+                      "queue_id": np.zeros(k, np.int32), "tran_type": np.zeros(k, np.int8)})
+    b = cur * CQ_UNIT_SIZE
+    img = build_consume_queues(table, segment_size=S, state={("q", 0): QueueState(-1, b - b % S, b % S)})
+    got = np.full(k, -1, np.int64)
+    if img:
+        got[img[("q", 0)].rows] = img[("q", 0)].slots
+    return got

@@ -173,6 +173,7 @@ def _group_meta(ctx: CrossContext, task: QueueGroupTask, root: Location) -> Queu
     meta = QueueMetaLoad()
     meta.base.failed = task.listing_failed
     meta.base.cq_max_phy = ctx.cq_max_phy
+    meta.base.root, meta.base.settings = root, ctx.settings
     meta.base.live = ctx.cut is not None and ctx.cut.live
     for q in task.queues:
         cq = LoadedQueue(root.join("consumequeue", q["topic"], q["dirname"]),
