@@ -322,9 +322,9 @@ def test_no_consume_queue_falls_back_to_a_commitlog_scan(store):
 def _ticking(policy, snap, model):
     """The broker's literal schedule: every tick run, no skipping, a tick that passed during a long run
     starting when it ends (the oracle for the event jumps)."""
-    from storelib.broker.expiry.cleaner import _Sim
+    from storelib.broker.expiry.cleaner import CleanerSim
 
-    sim = _Sim(policy, snap, model)
+    sim = CleanerSim(policy, snap, model)
     sim._sample(sim.start)
     for k in range(sim.kmax + 1):
         t = max(sim.tick(k), sim.busy_until)

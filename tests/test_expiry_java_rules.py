@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from storelib.broker.expiry.cleaner import _Sim, simulate
+from storelib.broker.expiry.cleaner import CleanerSim, simulate
 from storelib.broker.expiry.diskfull import check
 from storelib.broker.expiry.expiry import HOUR_ERROR, Policy, TimeModel, load_snapshot
 from storelib.broker.settings.store import Store, with_dledger
@@ -81,7 +81,7 @@ def _literal(pol, snap, model):
     """The broker's schedule tick by tick (the oracle for the event jumps): every cleaner tick (a late one when
     the previous run ends), and on 4.9.8 the 10-s disk check from 1 s after the start; a check is taken
     before a cleaner tick of the same time, after a run that ends then, and not during a run."""
-    sim = _Sim(pol, snap, model)
+    sim = CleanerSim(pol, snap, model)
     sim._sample(sim.start)
     checks = list(range(sim.start + 1000, sim.until + 1, 10_000)) if pol.version == "4" else []
     ci = 0
@@ -177,7 +177,7 @@ def test_dledger_marks_its_disk_full_even_in_an_hour_whose_deletewhen_throws(tmp
 def _dledger_literal(pol, snap, model):
     """DLedger's CleanSpaceService run by run (the oracle): doWork, then 100 ms after it returns, or 200 ms
     after a deleteWhen that throws (its catch sleeps 200); the broker's queue cleaner before each run."""
-    sim = _Sim(pol, snap, model)
+    sim = CleanerSim(pol, snap, model)
     sim._sample(sim.start)
     t = sim.start
     while t <= sim.until:

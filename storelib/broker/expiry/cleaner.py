@@ -43,7 +43,7 @@ from storelib.units import parse_zone
 # the simulation
 
 
-class _Sim(GroupLosses):
+class CleanerSim(GroupLosses):
     """One policy over one snapshot; state advanced tick by tick, jumping over idle ticks."""
 
     def __init__(self, policy: Policy, snap: StoreSnapshot, model: TimeModel):
@@ -554,14 +554,14 @@ class _Sim(GroupLosses):
 
 def simulate(policy: Policy, snap: StoreSnapshot, model: TimeModel | None = None) -> dict[str, Any]:
     """Run one policy over one snapshot: deletion timeline, disk usage and per-group losses (JSON-ready)."""
-    sim = _Sim(policy, snap, model or TimeModel())
+    sim = CleanerSim(policy, snap, model or TimeModel())
     sim.run()
     return sim.result()
 
 
 def describe(snap: StoreSnapshot, model: TimeModel | None = None, policy: Policy | None = None) -> dict[str, Any]:
     """The simulation's assumptions for one store (snapshot and time model), for the report."""
-    sim = _Sim(policy or Policy.from_settings("describe", BrokerSettings()), snap, model or TimeModel())
+    sim = CleanerSim(policy or Policy.from_settings("describe", BrokerSettings()), snap, model or TimeModel())
     return {
         "store": snap.name, "snapshot_ms": sim.t_snap, "start_ms": sim.start, "until_ms": sim.until,
         "horizon_source": sim.horizon_source,

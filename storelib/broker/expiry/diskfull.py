@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from storelib.broker.expiry.expiry import HOUR_ERROR
 
 if TYPE_CHECKING:
-    from storelib.broker.expiry.cleaner import _Sim
+    from storelib.broker.expiry.cleaner import CleanerSim
 
 DISK_CHECK_DELAY_MS = 1000  # 4.9.8 diskCheckScheduledExecutorService: scheduleAtFixedRate(isSpaceFull, 1 s, 10 s)
 DISK_CHECK_PERIOD_MS = 10_000
@@ -100,7 +100,7 @@ class Checker:
     skip_error_hours: bool = False
 
 
-def checkers(sim: _Sim) -> list[Checker]:
+def checkers(sim: CleanerSim) -> list[Checker]:
     """The checks that run in this simulation (see the module docstring)."""
     p = sim.p
     out = []
@@ -115,7 +115,7 @@ def checkers(sim: _Sim) -> list[Checker]:
     return out
 
 
-def first_change(sim: _Sim, c: Checker, now: int, limit: int) -> int | None:
+def first_change(sim: CleanerSim, c: Checker, now: int, limit: int) -> int | None:
     """The first time in [now, limit] on ``c``'s grid at which it changes its flag. The ratio only grows
     while writes go on and stays put while they are refused (between deletions), so the condition, once
     true, stays true: a binary search, then the first hour in which the check runs."""
@@ -147,7 +147,7 @@ def first_change(sim: _Sim, c: Checker, now: int, limit: int) -> int | None:
     return t
 
 
-def set_flag(sim: _Sim, flag: str, value: bool, t: int) -> None:
+def set_flag(sim: CleanerSim, flag: str, value: bool, t: int) -> None:
     """Set one flag at t; writes stop when the first flag goes up and resume when the last comes down."""
     was = any(sim.flags.values())
     sim.flags[flag] = value
@@ -163,7 +163,7 @@ def set_flag(sim: _Sim, flag: str, value: bool, t: int) -> None:
         sim.refusals[-1]["to_ms"] = int(t)
 
 
-def check(sim: _Sim, flag: str, phys: float | None, full_above: float, ok_at_most: float, t: int) -> None:
+def check(sim: CleanerSim, flag: str, phys: float | None, full_above: float, ok_at_most: float, t: int) -> None:
     """A processed run's own check of the disk (its ratio at t)."""
     if phys is None:
         return
@@ -173,7 +173,7 @@ def check(sim: _Sim, flag: str, phys: float | None, full_above: float, ok_at_mos
         set_flag(sim, flag, False, t)
 
 
-def apply_next_change(sim: _Sim, now: int, limit: int) -> int | None:
+def apply_next_change(sim: CleanerSim, now: int, limit: int) -> int | None:
     """Apply the first flag change of any check in [now, limit] (before the cleaner event at ``limit``);
     its time, or None when there is none."""
     if sim.p.disk_capacity is None:
@@ -190,7 +190,7 @@ def apply_next_change(sim: _Sim, now: int, limit: int) -> int | None:
     return t
 
 
-def refusal_summary(sim: _Sim) -> dict[str, int | None]:
+def refusal_summary(sim: CleanerSim) -> dict[str, int | None]:
     """When writes were first refused and for how long in all (ms, to the simulation's end)."""
     total = sum((sim.until if r["to_ms"] is None else r["to_ms"]) - r["from_ms"] for r in sim.refusals)
     return {"writes_refused_ms": sim.refusals[0]["from_ms"] if sim.refusals else None,

@@ -60,7 +60,7 @@ from storelib.broker.recovery.walk import (
     serial_walk,
     store_inputs,
 )
-from storelib.broker.settings.cqload import LoadedQueue
+from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.store import Store
 from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
 from storelib.broker.startup.dledgerstartup import DLedgerChanges, dledger_changes, reput_start
@@ -289,7 +289,8 @@ def _finish_queues(store: Store, queues: dict[tuple[str, int], QueueReplay], com
     after every dispatch, once."""
     remaining = [s for s in store.commitlog.segments if s.name not in commitlog_delete]
     commitlog_min = remaining[0].base if remaining else 0
-    return [queues[key].finish(commitlog_min) for key in sorted(queues)]
+    variant = min_variant(store.settings.version)  # 5.x: a queue whose every unit expired starts at its max
+    return [queues[key].finish(commitlog_min, variant) for key in sorted(queues)]
 
 
 def _checkpoint_before(store: Store, findings: list[Finding]) -> Checkpoint:

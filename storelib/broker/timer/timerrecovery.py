@@ -199,7 +199,7 @@ def _queue_offset(root: Location, files: list[tuple[int, str, int]], process_off
 def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: CommitLog, now_ms: int
                         ) -> TimerRecovery | None:
     """The timer store's start-up (module docstring), read-only; None for a store without one."""
-    from storelib.broker.settings.cqload import LoadedQueue
+    from storelib.broker.settings.cqload import LoadedQueue, min_variant
 
     files = list_timerlog_files(root)
     if not files:
@@ -233,7 +233,7 @@ def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: Com
                 source += ", bounded by a missing timercheck's masterTimerQueueOffset 0"
             queue_offset = min(queue_offset, cp.master_timer_queue_offset)
             if cq is not None:
-                lo, hi = cq.min_offset(commitlog.min_offset), cq.max_offset()
+                lo, hi = cq.min_offset(commitlog.min_offset, variant=min_variant(settings.version)), cq.max_offset()
                 queue_offset = max(lo, min(queue_offset, hi))
         finally:
             if cq is not None:
