@@ -124,3 +124,17 @@ def test_commit_writes_the_replacement_javas_end_transaction_writes(tmp_path):
     size = struct.unpack_from(">i", seg, commit.phy_offset)[0]
     rec = seg[commit.phy_offset : commit.phy_offset + size]
     assert b"K\xef\xbf\xbd\x01v\xef\xbf\xbd" in rec and b"\xff" not in rec and b"\xfe" not in rec
+
+
+def test_config_json_with_surrogate_bytes_reads_as_the_brokers_file2string(tmp_path):
+    """config/*.json is read by MixAll.file2String (new String(data, UTF-8)): a topic name holding a UTF-8
+    encoded surrogate (ED A0 80) is one U+FFFD in the broker's table, not three."""
+    from storelib.format.configjson import load_config
+
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "topics.json").write_bytes(b'{"topicConfigTable":{"a\xed\xa0\x80b":{"topicName":"a\xed\xa0\x80b",'
+                                      b'"readQueueNums":4,"writeQueueNums":4,"perm":6}}}')
+    ld = load_config(str(tmp_path), "topics.json")
+    assert list(ld.data["topicConfigTable"]) == ["a\ufffdb"]
+    assert [f.kind for f in ld.findings] == ["config_not_utf8"]

@@ -125,9 +125,10 @@ def check_configs(root: Location, out: Capped) -> dict[str, Any]:
         if ld.source == "file" and present[1]:
             try:
                 from storelib.format.fastjson import parse_fastjson
+                from storelib.format.properties import java_string
 
                 raw = read_small(Location(loc.fs, loc.path + ".bak", loc.local))
-                bak = parse_fastjson(raw.decode("utf-8", "replace")) if raw else None
+                bak = parse_fastjson(java_string(raw)) if raw else None
             except StoreError:
                 bak = None
             if bak is not None and ld.data is not None:

@@ -24,6 +24,7 @@ from storelib.fileio.smallfile_io import (
     write_file_fsync,
 )
 from storelib.format.fastjson import dump_fastjson, parse_fastjson
+from storelib.format.properties import java_string
 
 CONFIG_DIR = "config"
 TOPICS = "topics.json"
@@ -66,7 +67,7 @@ def _decode(raw: bytes, path: str, findings: list[Finding]) -> str:
                 "not valid UTF-8; decoded with replacement characters as the JVM would",
             )
         )
-        return raw.decode("utf-8", "replace")
+        return java_string(raw)  # MixAll.file2String: new String(data, UTF-8)
 
 
 def _try(loc: Location, findings: list[Finding]) -> tuple[str, dict | None, StoreError | None, bytes | None]:

@@ -93,6 +93,7 @@ def _count_by(table: pa.Table, col: str) -> dict[str, int]:
 def _parse_candidate(path: str) -> tuple[str, dict | None, Any]:
     """('ok'|'salvaged'|'missing'|'empty'|'bad', data, detail) for one config text."""
     from storelib.format.fastjson import parse_fastjson, salvage_prefix_detail
+    from storelib.format.properties import java_string
 
     try:
         with open(path, "rb") as f:
@@ -101,7 +102,7 @@ def _parse_candidate(path: str) -> tuple[str, dict | None, Any]:
         return "missing", None, None
     if not raw.strip(b"\x00 \t\r\n"):
         return "empty", None, None
-    text = raw.decode("utf-8", "replace")
+    text = java_string(raw)  # as the broker reads it (MixAll.file2String: new String(data, UTF-8))
     try:
         return "ok", parse_fastjson(text, file=path), None
     except StoreError as e:
