@@ -29,20 +29,23 @@ CONF = {"mappedFileSizeCommitLog": 8192, "mappedFileSizeConsumeQueue": 200, "max
 NOW = 1_800_000_000_000
 
 
-def _skipped_store(root: Path, version: str = "4", keys: str = "k{i}", extra: str = "") -> tuple[Path, list[int], dict]:
-    """30 keyed messages, record 1's magic zeroed, then dispatched as a master (t_skip.py): the reput skips
-    records 2..4, the rest of segment 0. Returns the store, the records' positions and every record's keys
+def _skipped_store(root: Path, version: str = "4", keys: str = "k{i}", extra: str = "", bad: tuple[int, ...] = (1,)
+                   ) -> tuple[Path, list[int], dict]:
+    """30 keyed messages (five a segment), record 1's magic zeroed (and those of ``bad``), then dispatched as a
+    master (t_skip.py): the reput skips records 2..4, the rest of segment 0. Returns the store, the records' positions and every record's keys
     (as the index builder takes them, read before the damage)."""
     s = BrokerSettings.defaults(version).with_overrides(CONF)
     with StoreWriter(root, s, clock=lambda: 1_700_000_000_000) as w:
         res = [w.append(Message("T", b"x" * 1500, 0, properties={"KEYS": keys.format(i=i)})) for i in range(30)]
         w.close(clean=True, dispatch=False)
     rows = index_key_rows(CommitLog(str(root / "commitlog"), CONF["mappedFileSizeCommitLog"]).read_table())
-    seg0 = root / "commitlog" / f"{0:020d}"
-    b = bytearray(seg0.read_bytes())
-    b[res[1].phy_offset + 4:res[1].phy_offset + 8] = b"\0\0\0\0"
-    seg0.write_bytes(bytes(b))
-    assert [f.kind for f in dispatch_store(root, s).findings] == ["reput_skipped_rest_of_segment"]
+    S = CONF["mappedFileSizeCommitLog"]
+    for k in bad:
+        seg = root / "commitlog" / f"{res[k].phy_offset // S * S:020d}"
+        b = bytearray(seg.read_bytes())
+        b[res[k].phy_offset % S + 4:res[k].phy_offset % S + 8] = b"\0\0\0\0"
+        seg.write_bytes(bytes(b))
+    assert [f.kind for f in dispatch_store(root, s).findings] == ["reput_skipped_rest_of_segment"] * len(bad)
     (root / "broker.conf").write_text("\n".join(f"{k}={v}" for k, v in CONF.items()) + "\n"
                                       + ("enabledAppendPropCRC=true\n" if version == "5" else "") + extra)
     return root, [r.phy_offset for r in res], rows
@@ -65,6 +68,16 @@ def test_keys_of_messages_a_masters_reput_skipped_are_one_warning_not_key_missin
     # the consume-queue audit says the same of the same records
     assert [(x["kind"], x["offset"]) for x in ref["findings"] if x["kind"] == "cq_reput_skipped"] == \
         [("cq_reput_skipped", phy[2])]
+
+
+def test_each_segment_the_reput_skipped_is_its_own_warning_at_its_first_skipped_message(tmp_path, monkeypatch):
+    """Records 1 and 6 undecodable: the reput skips 2..4 in segment 0 and 7..9 in segment 1, one warning each,
+    whether the keys are judged all at once or a segment (and part of one) at a time."""
+    root, phy, _ = _skipped_store(tmp_path / "s", bad=(1, 6))
+    S = CONF["mappedFileSizeCommitLog"]
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    assert _index(ref) == [("index_reput_skipped", "warning", f"commitlog/{p // S * S:020d}", p % S)
+                           for p in (phy[2], phy[7])]
 
 
 def test_a_slaves_reput_stops_there_so_its_missing_keys_stay_errors(tmp_path, monkeypatch):

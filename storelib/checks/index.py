@@ -378,7 +378,7 @@ def missing_key_findings(mphy: np.ndarray, mhash: np.ndarray, real: np.ndarray, 
     sk = np.flatnonzero(skipped)
     heads: dict[int, tuple[int, int]] = {}
     if len(sk):
-        segs, first, keys = np.unique(mphy[sk] // S, return_index=True, return_counts=True)
+        _segs, first, keys = np.unique(mphy[sk] // S, return_index=True, return_counts=True)
         msgs = np.unique(np.unique(mphy[sk]) // S, return_counts=True)[1]
         heads = {int(sk[f]): (int(k), int(m)) for f, k, m in zip(first, keys, msgs)}
     for j in np.sort(np.r_[np.flatnonzero(real), np.fromiter(heads, np.int64, len(heads))]).tolist():
