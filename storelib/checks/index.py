@@ -19,6 +19,7 @@ from storelib.checks.logview import (
     run_of,
     searchsorted_repeats,
 )
+from storelib.checks.queues import reput_master, reput_skipped_at
 from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
@@ -234,7 +235,7 @@ def check_index(root: Location, log: LogView | None, settings: BrokerSettings, o
             keys.behind(max_end_phy - 1 if loaded.live else max_end_phy, out)
         else:
             _keys_findable(log, k_ if k_ is not None else key_codes(log), keys, all_codes, wrong_phy, info,
-                           max_end_phy, out, loaded.live)
+                           max_end_phy, out, loaded.live, reput_master(settings))
     info["max_end_phy"] = max_end_phy
     return info
 
@@ -320,9 +321,11 @@ def entries_fingerprint(ent: np.ndarray, n: int) -> list[int]:
 
 
 def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[np.ndarray],
-                   wrong_phy: list[np.ndarray], info: dict, max_end_phy: int, out: Capped, live: bool = False) -> None:
+                   wrong_phy: list[np.ndarray], info: dict, max_end_phy: int, out: Capped, live: bool = False,
+                   master: bool = False) -> None:
     """Every record key is some entry's (by code): keys not indexed yet after the last indexed message, or
-    missing for good (explained by lost data, expiry or an entry with the wrong hash, or not)."""
+    missing for good (explained by lost data, expiry or an entry with the wrong hash, the broker's reput
+    skipping their messages on a ``master``, or not)."""
     kphy, khash, kcode, kpos = k_.kphy, k_.khash, k_.kcode, k_.kpos
     # the files whose entries were the keys' sequence: their codes are those keys' codes
     all_codes.extend(np.sort(k_.kcode[a:b]) for a, b in keys.spans)
@@ -344,8 +347,57 @@ def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[
         behind, real = split_missing(mphy, explained, max_end_phy, live)
         if behind.any():
             out.add(behind_finding(int(behind.sum()), max_end_phy))
-        for j in np.flatnonzero(real).tolist():
-            out.add(key_missing_finding(int(mphy[j]), int(khash[missing[j]]), first_begin, log.segment_size))
+        skipped = reput_skipped_keys(kphy, missing, real, kcode >= 0, log.lost, log.segment_size, master)
+        missing_key_findings(mphy, khash[missing], real & ~skipped, skipped, first_begin, log.segment_size, out)
+
+
+def reput_skipped_keys(kphy: np.ndarray, missing: np.ndarray, real: np.ndarray, known: np.ndarray,
+                       lost: np.ndarray, segment_size: int, master: bool) -> np.ndarray:
+    """Of the keys missing for good (``real``, per key of ``missing``), those of messages the broker's reput
+    never dispatched, so IndexService.buildIndex (a dispatcher of that reput) never indexed them: after a lost
+    region in their segment on a master (:func:`storelib.checks.queues.reput_skipped_at`, the consume-queue
+    audit's cq_reput_skipped), and none of their keys indexed (a message with one was dispatched).
+    ``kphy``: every key's message position; ``known``: the keys whose message was found."""
+    if not master or not len(lost) or not real.any():
+        return np.zeros(len(missing), bool)
+    mphy = kphy[missing]
+    skipped = real & reput_skipped_at(lost, mphy, segment_size)
+    if skipped.any():
+        kept = known.copy()
+        kept[missing] = False
+        skipped &= ~is_member(mphy, np.sort(kphy[kept]))
+    return skipped
+
+
+def missing_key_findings(mphy: np.ndarray, mhash: np.ndarray, real: np.ndarray, skipped: np.ndarray,
+                         first_begin: int, segment_size: int, out: Capped) -> None:
+    """The keys missing for good, in key order: each ``real`` one an index_key_missing; those a master's reput
+    ``skipped`` one warning per commitlog segment, where its first one is (the same whichever path counts
+    them, a segment's keys at a time or all at once)."""
+    S = segment_size
+    sk = np.flatnonzero(skipped)
+    heads: dict[int, tuple[int, int]] = {}
+    if len(sk):
+        _segs, first, keys = np.unique(mphy[sk] // S, return_index=True, return_counts=True)
+        msgs = np.unique(np.unique(mphy[sk]) // S, return_counts=True)[1]
+        heads = {int(sk[f]): (int(k), int(m)) for f, k, m in zip(first, keys, msgs)}
+    for j in np.sort(np.r_[np.flatnonzero(real), np.fromiter(heads, np.int64, len(heads))]).tolist():
+        if j in heads:
+            out.add(reput_skipped_finding(int(mphy[j]), *heads[j], S))
+        else:
+            out.add(key_missing_finding(int(mphy[j]), int(mhash[j]), first_begin, S))
+
+
+def reput_skipped_finding(p: int, keys: int, messages: int, segment_size: int) -> Finding:
+    """``keys`` keys of ``messages`` messages from the one at ``p`` that a master's reput skipped: after a
+    record it cannot decode (size <= 0) DefaultMessageStore.doReput adds the rest of its buffer to
+    reputFromOffset (4.9.8 and 5.3.3), so neither the consume queue nor the index dispatcher gets them."""
+    S = segment_size
+    return Finding("index_reput_skipped", "warning", f"{_KEY_SEGMENT}{p // S * S:020d}", p % S,
+                   f"{keys} key(s) of {messages} message(s) from the one at {p} are in no index file; they lie after "
+                   "a lost region in their segment: a master's reput skips the rest of that segment, so the broker "
+                   "never indexes them (a query by key cannot find them)",
+                   {"phy": p, "count": keys, "messages": messages})
 
 
 def split_missing(mphy: np.ndarray, explained: np.ndarray, max_end_phy: int, live: bool = False

@@ -331,8 +331,7 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
     rows = queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
     slots = None if rows is not None or topic.startswith(LMQ_PREFIX) else writer_slots(
         log, log.queue_rows.get((topic, qid)), n, u, valid & ~filler,
-        loaded is not None and loaded.settings is not None and (
-            loaded.settings.broker_id == 0 or loaded.settings.dledger is not None))
+        reput_master(loaded.settings if loaded is not None else None))
     exact = rows is not None
     if rows is None:
         rows = log.lookup_field(phy[chk], queue_hint(log, (topic, qid), n[chk]))
@@ -442,10 +441,7 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
     has_unit = is_member(fld, up if bool(np.all(up[1:] >= up[:-1])) else np.sort(up))  # units ascend: no sort
     skipped = np.zeros(len(recs), bool)
     if master and len(log.lost):  # the rest of a segment after a record the reput cannot decode
-        p = log.phy[recs]
-        i = np.searchsorted(log.lost[:, 0], p, side="right") - 1
-        skipped = (i >= 0) & (log.lost[np.clip(i, 0, None), 0] // log.segment_size == p // log.segment_size)
-        skipped &= ~has_unit
+        skipped = reput_skipped_at(log.lost, log.phy[recs], log.segment_size) & ~has_unit
     gone = np.flatnonzero(ok & log.in_lost(uphy))  # records lost since: their units' slots stay theirs
     lost = (uphy[gone], n[gone])
     slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped, lost, anchor)
@@ -457,6 +453,20 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
     if missing.any():
         slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped & ~missing, lost, anchor)
     return WriterSlots(recs, slot, skipped, missing)
+
+
+def reput_master(settings: BrokerSettings | None) -> bool:
+    """Does the broker's reput skip the rest of a segment after a record it cannot decode? A master's does
+    (brokerId 0, or DLedger: DefaultMessageStore.doReput, 4.9.8 and 5.3.3), a slave's stops and retries."""
+    return settings is not None and (settings.broker_id == 0 or settings.dledger is not None)
+
+
+def reput_skipped_at(lost: np.ndarray, phy: np.ndarray, segment_size: int) -> np.ndarray:
+    """Which records at ``phy`` a master's reput skips: those after the start of a lost region (``lost``,
+    sorted (k, 2) [start, end) ranges) in their segment. Shared by the consume-queue and index audits, as
+    both are dispatchers of that one reput (DefaultMessageStore.doDispatch)."""
+    i = np.searchsorted(lost[:, 0], phy, side="right") - 1
+    return (i >= 0) & (lost[np.clip(i, 0, None), 0] // segment_size == phy // segment_size)
 
 
 def _slot_text(slots: WriterSlots | None, row: int) -> str:

@@ -27,12 +27,14 @@ from storelib.checks.index import (
     index_gone,
     index_open_error,
     key_codes,
-    key_missing_finding,
+    missing_key_findings,
     proven_chains,
+    reput_skipped_keys,
     split_missing,
 )
 from storelib.checks.indexgrowth import grown_file_clean
 from storelib.checks.logview import Unsettled, is_member
+from storelib.checks.queues import reput_master
 from storelib.checks.segment import Capped
 from storelib.checks.tables import KEY_SCHEMA, RECORD_SCHEMA, TableRef, TableSink
 from storelib.checks.tasks.context import CrossContext, subset_view
@@ -317,7 +319,8 @@ def coverage_task(ctx: CrossContext, task: CoverageTask) -> dict[str, Any]:
     have = np.sort(np.concatenate([((t.column("pos").to_numpy() - task.base) << 31) | t.column("key_hash").to_numpy()
                                    for t in pairs])) if pairs else np.zeros(0, np.int64)
     kcode = ((kphy - task.base) << 31) | khash
-    missing = np.flatnonzero(~is_member(kcode, have) & (khash >= 0))
+    known = khash >= 0
+    missing = np.flatnonzero(~is_member(kcode, have) & known)
     out = Capped()
     behind_n = 0
     if len(missing):
@@ -332,8 +335,9 @@ def coverage_task(ctx: CrossContext, task: CoverageTask) -> dict[str, Any]:
             explained |= is_member(mphy, np.sort(np.concatenate(wrongs)))
         behind, real = split_missing(mphy, explained, task.max_end_phy, ctx.cut is not None and ctx.cut.live)
         behind_n = int(behind.sum())
-        for j in np.flatnonzero(real).tolist():
-            out.add(key_missing_finding(int(mphy[j]), int(khash[missing[j]]), task.first_begin, ctx.segment_size))
+        # (the segment's keys only: whether a message was dispatched needs no other segment's)
+        skipped = reput_skipped_keys(kphy, missing, real, known, lost, ctx.segment_size, reput_master(ctx.settings))
+        missing_key_findings(mphy, khash[missing], real & ~skipped, skipped, task.first_begin, ctx.segment_size, out)
     return {"base": task.base, "behind": behind_n, "found": out.to_json()}
 
 
