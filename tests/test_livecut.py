@@ -275,6 +275,20 @@ def test_judge_live_folds_lag_and_the_markers_of_a_running_broker():
     assert judge_live(fs, _S()) == fs  # at rest: nothing changes
 
 
+def test_judge_live_calls_a_running_dledger_nodes_missing_checkpoint_progress_wherever_it_comes_from():
+    """DLedger rewrites its checkpoint by delete and rename: a live audit may find no file. The store's commitlog
+    findings carry that finding too (not only the DLedger checks, which demote it): it is info however it comes."""
+    from storelib.checks.livejudge import dledger_progress, judge_live
+
+    class _S:
+        cut = StoreCut(0, LiveBroker(9, "lock held by pid 9"), 1000)
+
+    missing = Finding("dledger_checkpoint_missing", "warning", "dledger-n0/checkpoint", None, "no DLedger checkpoint")
+    out = judge_live([missing, *dledger_progress([missing])], _S())
+    assert [(f.kind, f.severity) for f in out] == [("dledger_checkpoint_missing", "info")] * 2
+    assert out[0].detail == out[1].detail  # demoted once, not twice
+
+
 def _big_segment(tmp_path, n=1500):
     from storelib.broker.settings.brokerconf import BrokerSettings
 

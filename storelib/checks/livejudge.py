@@ -100,6 +100,8 @@ def judge_live(findings: list[Finding], store: Store, max_lag: int | None = None
         if f.kind == "index_behind_commitlog":
             keys += int((f.extra or {}).get("count", 0))
             continue
+        if f.kind in DLEDGER_PROGRESS and f.severity != "info":  # the store's own copy (its commitlog's findings)
+            f = dledger_progress([f])[0]
         out.append(f)
     if expired:
         out.append(Finding("expired_during_run", "info", "commitlog", None,
