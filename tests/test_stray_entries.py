@@ -153,3 +153,6 @@ def test_consume_queue_stray_files_stop_the_broker(tmp_path, capsys, version):
     rep = audit_store(root, broker_conf=conf, version=version, quiet=True)
     hits = {f["file"]: f["severity"] for f in rep["findings"] if f["kind"] == LOAD_FAILS}
     assert hits == {"consumequeue/T/1/00000000000000000000.tmp": "critical", "consumequeue/T/1/copy": "critical"}
+    steps = [s["command"] for s in rep["damage"]["next"]]  # move it out; no rebuild is offered for it
+    assert steps[0] == f"mv {root}/consumequeue/T/1/00000000000000000000.tmp MOVED_DIR/"
+    assert not any("rebuild" in c for c in steps)

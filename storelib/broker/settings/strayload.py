@@ -45,12 +45,12 @@ def _entry(name: str, length: int, is_dir: bool, last: bool, size: int, v5: bool
     rule = "MappedFileQueue.doLoad " + ("(5.3.3 :246-281)" if v5 else "(4.9.8 :158-183)")
     if is_dir:
         if v5:
-            return "stray_entry_skipped", "info", f"a sub-directory: 5.3.3's {rule} skips it (isDirectory: continue)"
-        return (LOAD_FAILS, "critical", f"a sub-directory: 4.9.8's {rule} requires every entry to be "
+            return "stray_entry_skipped", "info", f"a sub-directory: {rule} skips it (isDirectory: continue)"
+        return (LOAD_FAILS, "critical", f"a sub-directory: {rule} requires every entry to be "
                 "exactly the mapped file size, and a directory's File.length() is not: the load fails and the "
                 "broker does not start")
     if v5 and length == 0 and last:
-        return ("stray_entry_deleted", "warning", f"zero-length and the last entry: 5.3.3's {rule} deletes it "
+        return ("stray_entry_deleted", "warning", f"zero-length and the last entry: {rule} deletes it "
                 "at start-up (this plan does not)")
     if length != size:
         return (LOAD_FAILS, "critical", f"{length} bytes, not the mapped file size {size}: {rule} fails the "
