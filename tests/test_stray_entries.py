@@ -156,3 +156,16 @@ def test_consume_queue_stray_files_stop_the_broker(tmp_path, capsys, version):
     steps = [s["command"] for s in rep["damage"]["next"]]  # move it out; no rebuild is offered for it
     assert steps[0] == f"mv {root}/consumequeue/T/1/00000000000000000000.tmp MOVED_DIR/"
     assert not any("rebuild" in c for c in steps)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_consume_queue_zero_length_last_file_before_a_directory(tmp_path, version):
+    """A queue directory as commitlog/: 5.3.3 does not delete a zero-length file a directory sorts after."""
+    root, conf = _store(tmp_path, version)
+    q = tmp_path / "store" / "consumequeue" / "T" / "0"
+    last = max(int(p.name) for p in q.iterdir())
+    (q / f"{last + CQS:020d}").write_bytes(b"")
+    (q / "zz").mkdir()
+    failed = _failed(_plan(root, conf, version))
+    assert failed == ({f"{root}/consumequeue/T/0/{last + CQS:020d}": LOAD_FAILS} if version == "5"
+                      else {f"{root}/consumequeue/T/0/zz": LOAD_FAILS})
