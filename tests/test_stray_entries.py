@@ -108,8 +108,8 @@ def test_zero_length_last_segment_before_a_later_sorting_directory(tmp_path, ver
     failed = _failed(_plan(root, conf, version))
     if version == "5":
         assert failed == {f"commitlog/{last + S:020d}": LOAD_FAILS}
-    else:  # 4.9.8 fails on the directory (its zero-length last file is a finding of its own)
-        assert failed == {"commitlog/zz": LOAD_FAILS}
+    else:  # 4.9.8 fails on the zero-length file (the first it meets) and would on the directory
+        assert failed == {f"commitlog/{last + S:020d}": "empty_last_segment", "commitlog/zz": LOAD_FAILS}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -167,5 +167,22 @@ def test_consume_queue_zero_length_last_file_before_a_directory(tmp_path, versio
     (q / f"{last + CQS:020d}").write_bytes(b"")
     (q / "zz").mkdir()
     failed = _failed(_plan(root, conf, version))
-    assert failed == ({f"{root}/consumequeue/T/0/{last + CQS:020d}": LOAD_FAILS} if version == "5"
-                      else {f"{root}/consumequeue/T/0/zz": LOAD_FAILS})
+    seg = f"{root}/consumequeue/T/0/{last + CQS:020d}"
+    assert failed == ({seg: LOAD_FAILS} if version == "5"
+                      else {seg: "empty_last_segment", f"{root}/consumequeue/T/0/zz": LOAD_FAILS})
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_segment_of_the_wrong_length_fails_the_load(tmp_path, capsys, version):
+    """Not a stray entry, the same rule: doLoad's length check (the readers already said "refuses to load")."""
+    root, conf = _store(tmp_path, version)
+    cl = tmp_path / "store" / "commitlog"
+    first = min(cl.iterdir())
+    first.write_bytes(first.read_bytes()[:S // 2])
+    q = tmp_path / "store" / "consumequeue" / "T" / "1"
+    cq = min(q.iterdir())
+    cq.write_bytes(cq.read_bytes()[:100])
+    failed = _failed(_plan(root, conf, version))
+    assert failed == {f"commitlog/{first.name}": "wrong_segment_size", str(cq): "short_segment"}
+    rc, out, _ = run_cli(capsys, "recover", root, "--broker-conf", conf, "--broker-version", version, "--plan")
+    assert rc == 1 and f"THE BROKER DOES NOT START: commitlog/{first.name}" in out

@@ -215,7 +215,7 @@ def summary_lines(plan: dict) -> list[str]:
                        f" (-{q['entries_truncated']} +{q['entries_added']})")
     failed = plan.get("load_failures") or []
     for f in failed:
-        head = "THE BROKER DOES NOT START" if f["kind"] == "broker_load_fails" else "NOT MODELLED"
+        head = "NOT MODELLED" if f["kind"] == "stray_segment_loaded" else "THE BROKER DOES NOT START"
         out.append(f"  {head}: {f['file']}: {f['detail']}")
     for f in plan["findings"]:
         if f in failed:

@@ -27,6 +27,9 @@ from storelib.format.consumequeue import ConsumeQueue
 
 LOAD_FAILS = "broker_load_fails"  # the broker's load fails on this entry: it does not start
 STRAY_LOADED = "stray_segment_loaded"  # the broker maps this entry as a segment the readers do not model
+# the readers' findings of a segment of the wrong length (doLoad's length check fails the load); a zero-length
+# last file only fails 4.9.8's (5.3.3 deletes it)
+SIZE_FAILS = frozenset({"wrong_segment_size", "short_segment", "long_segment"})
 READER_SKIPS = frozenset({"unexpected_directory", "bad_segment_name", "bad_file_name"})  # the readers' notes
 _LONG = re.compile(r"[+-]?\d+")  # Long.parseLong's form (Character.digit takes any Unicode decimal digit)
 _SEGMENT = re.compile(r"[0-9]{20}")
@@ -108,3 +111,10 @@ def version_of(settings_version: object) -> str:
 def judge_queue(cq: ConsumeQueue, version: str) -> None:
     """A queue directory's findings as the broker's load judges its stray entries (in place)."""
     cq.findings = judge_listing(cq.findings, cq.listed, cq.segment_size, version, lambda n: cq.loc.join(n).path)
+
+
+def fails_load(f: Finding, version: str) -> bool:
+    """Whether ``f`` names an entry of a mapped-file directory the broker's load fails on (or maps beyond the
+    model): a stray entry, a segment of the wrong length, 4.9.8's zero-length last file."""
+    return f.kind in (LOAD_FAILS, STRAY_LOADED) or f.kind in SIZE_FAILS or (
+        f.kind == "empty_last_segment" and version == "4")

@@ -62,7 +62,7 @@ from storelib.broker.recovery.walk import (
 )
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.store import Store
-from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED, judge_queue
+from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED, fails_load, judge_queue
 from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
 from storelib.broker.startup.dledgerstartup import DLedgerChanges, dledger_changes, reput_start
 from storelib.broker.timer.timerrecovery import TimerRecovery, plan_timer_recovery
@@ -137,9 +137,14 @@ class Simulation:
 
     @property
     def load_failures(self) -> list[Finding]:
-        """Entries the broker's load fails on (it does not start) or maps beyond this model
-        (:mod:`storelib.broker.settings.strayload`): this start-up is then not what the broker does."""
-        return [f for f in self.findings if f.kind in (LOAD_FAILS, STRAY_LOADED)]
+        """Entries the broker's load fails on (it does not start: stray entries, segments of the wrong length) or
+        maps beyond this model (:mod:`storelib.broker.settings.strayload`): this start-up is then not what the
+        broker does. DLedger's own load rules are its walk's (``load_failure``)."""
+        out: dict[str | None, Finding] = {}  # one per entry (the reader and the walk both size a segment)
+        for f in self.findings:
+            if f.kind in (LOAD_FAILS, STRAY_LOADED) or (self.walk.dledger is None and fails_load(f, self.version)):
+                out.setdefault(f.file, f)
+        return list(out.values())
 
     @property
     def commitlog_folder(self) -> str:
