@@ -134,7 +134,7 @@ def _run_on(args: argparse.Namespace, store: Store, walk_runner: WalkRunner) -> 
         if args.plan_file and args.plan_file != "-":
             print(f"plan written to {args.plan_file}")
     # a broker that would not start is something to act on, like a change (exit 1), even with nothing to change
-    return 1 if plan["changes"] or (plan.get("dledger") or {}).get("load_failure") else 0
+    return 1 if plan["changes"] or (plan.get("dledger") or {}).get("load_failure") or plan.get("load_failures") else 0
 
 
 def dledger_lines(dl: dict) -> list[str]:
@@ -213,7 +213,13 @@ def summary_lines(plan: dict) -> list[str]:
         if q["entries_truncated"] or q["entries_added"] or q["files_deleted_on_load"]:
             out.append(f"  {q['topic']}/{q['queue_id']}: max {q['recovered_max_offset']} -> {q['final_max_offset']}"
                        f" (-{q['entries_truncated']} +{q['entries_added']})")
+    failed = plan.get("load_failures") or []
+    for f in failed:
+        head = "NOT MODELLED" if f["kind"] == "stray_segment_loaded" else "THE BROKER DOES NOT START"
+        out.append(f"  {head}: {f['file']}: {f['detail']}")
     for f in plan["findings"]:
+        if f in failed:
+            continue
         if f["severity"] in ("error", "critical") or (f.get("extra") or {}).get("supported") is False:
             out.append(f"  [{f['severity']}] {f['file'] or '<store>'}: {f['kind']}: {f['detail']}")
     return out

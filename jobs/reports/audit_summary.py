@@ -10,6 +10,7 @@ import textwrap
 from typing import Any
 
 from storelib.broker.settings.store import Store
+from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED
 from storelib.checks.segment import SEVERITY_RANK
 from storelib.errors import StoreError
 
@@ -112,9 +113,11 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
     (``simulate(records=False)``): nothing it prices needs the queue and index models.
     """
     serious = [f for f in report["findings"] if SEVERITY_RANK.get(f["severity"], 0) >= SEVERITY_RANK["error"]]
+    stray = [f["file"] for f in serious if f["kind"] in (LOAD_FAILS, STRAY_LOADED)]  # the broker does not load
+    serious = [f for f in serious if f["kind"] not in (LOAD_FAILS, STRAY_LOADED)]
     log_damage = any(f["kind"] in COMMITLOG_DAMAGE for f in serious)
     derived = any((f["file"] or "").startswith(DERIVED_DAMAGE_PREFIXES) for f in serious)
-    if not (log_damage or derived):
+    if not (log_damage or derived or stray):
         return None
     from storelib.broker.startup.startup import simulate
     from storelib.broker.startup.startuplost import scan_lost
@@ -130,6 +133,11 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
         return {"error": str(e), "next": [{"command": f"rmqstore recover {quoted}",
                                            "why": "preview what a broker start-up would do"}]}
     steps: list[dict[str, str]] = []
+    if stray:
+        where = stray[0] if stray[0].startswith("/") else f"{store.uri.rstrip('/')}/{stray[0]}"
+        steps.append({"command": f"mv {shlex.quote(where)} MOVED_DIR/",
+                      "why": f"the broker's load fails on {len(stray)} stray entr(ies) of a mapped-file directory "
+                             f"(first: {stray[0]}): move them out before it starts; recover --apply refuses until then"})
     if totals["messages"]:
         steps.append({"command": f"rmqstore recover {quoted} --salvage SALVAGE_DIR",
                       "why": f"export the {totals['messages']} message(s) a start-up would drop "

@@ -11,6 +11,7 @@ import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
+from storelib.broker.settings.strayload import judge_queue, version_of
 from storelib.broker.startup.cqrecovery import recovery_tags, writer_slots_of
 from storelib.checks.logview import LogView, is_member, queue_hint, queue_records_exactly, rel_path
 from storelib.checks.segment import Capped
@@ -215,6 +216,7 @@ def open_queue(root: Location, settings: BrokerSettings, topic: str, qid: int, l
     limit = cut.commitlog_end if cut is not None and cut.live else None
     cq = LoadedQueue(loc, segment_size=settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid,
                      phy_limit=limit)
+    judge_queue(cq, version_of(settings.version))
     for f in cq.findings:
         f.file = rel_path(root.path, f.file)
         res.findings.append(f)

@@ -303,12 +303,14 @@ class ConsumeQueue:
         for info in infos:
             if info.type == pafs.FileType.Directory:
                 self.findings.append(Finding("unexpected_directory", "info", info.path, None,
-                                             "sub-directory in a queue directory (skipped)"))
+                                             "sub-directory in a queue directory: not read here "
+                                             "(whether the broker's load accepts it: the audit and recover --plan)"))
                 continue
             base = parse_file_name(info.base_name)
             if base is None:
                 self.findings.append(Finding("bad_file_name", "warning", info.path, None,
-                                             "not a 20-digit segment name (skipped)"))
+                                             "not a 20-digit segment name: not read here (whether the "
+                                             "broker's load accepts it: the audit and recover --plan)"))
                 continue
             segs.append(CQSegment(info.base_name, base, int(info.size or 0), self.loc.join(info.base_name)))
         segs.sort(key=lambda s: s.base)

@@ -121,17 +121,21 @@ class CommitLog:
             self.findings.append(Finding("no_commitlog_dir", "error", f, None,
                                          f"no {f}/ directory: not a broker store root (or the wrong path)"))
         infos = list_files(self.loc)
+        # every entry as listed, [name, size, is a directory]: the broker's load judges them all, strays included
+        self.listed: list[list] = [[i.base_name, int(i.size or 0), i.type == pafs.FileType.Directory] for i in infos]
         if kind == pafs.FileType.Directory and not any(i.type == pafs.FileType.File for i in infos):
             self.findings.append(Finding("no_commitlog_segments", "warning", f, None,
                                          f"{f}/ holds no segment files: the store has no messages"))
         for info in infos:
             if info.type == pafs.FileType.Directory:
                 self.findings.append(Finding("unexpected_directory", "info", f"{f}/{info.base_name}", None,
-                                             f"sub-directory in {f}/ (skipped, as a 5.x broker does)"))
+                                             f"sub-directory in {f}/: not read here (whether the broker's "
+                                             "load accepts it: the audit and recover --plan)"))
                 continue
             if not _NAME.match(info.base_name):
                 self.findings.append(Finding("bad_segment_name", "warning", f"{f}/{info.base_name}", None,
-                                             "not a 20-digit segment name; ignored"))
+                                             "not a 20-digit segment name: not read here (whether the "
+                                             "broker's load accepts it: the audit and recover --plan)"))
                 continue
             mtime = int(info.mtime.timestamp() * 1000) if info.mtime is not None else None
             self.segments.append(Segment(int(info.base_name), info.base_name, self.loc.join(info.base_name),

@@ -29,6 +29,7 @@ from storelib.broker.settings.storeroot import (
     commitlog_head_finding,
     require_store_root,
 )
+from storelib.broker.settings.strayload import judge_listing, version_of
 from storelib.errors import Finding, StoreLayoutError
 from storelib.fileio.bytesource import Location, resolve
 from storelib.format.indexdir import IndexFileRef, list_index_files
@@ -296,6 +297,9 @@ class Store:
         cl = open_commitlog(self.loc, self.settings, st.committed_index if st is not None else None)
         if st is not None:
             cl.findings[:0] = st.findings
+        else:  # MappedFileQueue.doLoad's verdict on the entries the reader skips (DLedger's own: dledgerfacts)
+            cl.findings = judge_listing(cl.findings, cl.listed, cl.segment_size,
+                                        version_of(self.settings.version), lambda n: f"{cl.folder}/{n}")
         size = cl.segment_size
         source = self.settings.source or ""
         if INFERRED_NOTE in source:

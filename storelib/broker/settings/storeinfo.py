@@ -13,6 +13,7 @@ import pyarrow as pa
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
+from storelib.broker.settings.strayload import judge_queue, version_of
 from storelib.errors import Finding, StoreError
 from storelib.format.checkpoint import as_broker_reads, read_checkpoint_as_broker
 from storelib.format.configjson import consumer_offsets, load_config
@@ -228,6 +229,7 @@ def _queue_rows(store: Store, stats: dict, findings: list[Finding], out: dict[st
         cq = LoadedQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid,
                          phy_limit=cl.cut_end)
         try:
+            judge_queue(cq, version_of(store.settings.version))
             findings.extend(cq.findings)
             q = {"topic": topic, "queue_id": qid, "cq_min_offset": cq.min_offset(
                      cl.min_offset, variant=min_variant(store.settings.version)) if cq.segments else 0,

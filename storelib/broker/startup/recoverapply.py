@@ -333,6 +333,12 @@ def apply(store: Store, backup_dir: str | os.PathLike, *, version: str | None = 
                 raise StoreError(store.uri, None, "unsupported",
                                  "the broker's recovery cannot be reproduced exactly here (see the plan's findings); "
                                  "use --force to apply anyway")
+            if sim.load_failures and not force:  # the broker does not start (or loads files not modelled)
+                f = sim.load_failures[0]
+                raise StoreError(f.file, None, "unsupported",
+                                 f"{f.detail}; a start-up the broker does not make is not applied "
+                                 f"({len(sim.load_failures)} such entr(ies), see the plan); use --force to apply "
+                                 "anyway")
             unmodelled = next((f for f in sim.findings if f.kind == "cq_unreproduced"), None)
             if unmodelled is not None and not force:  # the plan's own finding says what and why
                 raise StoreError(store.uri, None, "unsupported", f"{unmodelled.detail}; use --force to apply anyway")

@@ -65,6 +65,9 @@ def plan_document(sim: Simulation, *, lost: bool = True) -> dict:
         "timer_store": sim.timer.to_json() if sim.timer is not None else None,
         "dledger": _dledger_doc(sim),
         "findings": [f.to_dict() for f in sim.findings],
+        # the broker's load fails on these entries (it does not start) or maps files this model does not read
+        "load_failures": [f.to_dict() for f in sim.load_failures],
+        "supported": sim.walk.supported and not sim.load_failures,
     }
     plan["changes"] = bool(
         plan["commitlog"]["delete_segments"] or sim.commitlog_zero_from or queues_doc["files"] or sim.index_delete

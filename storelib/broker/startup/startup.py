@@ -62,6 +62,7 @@ from storelib.broker.recovery.walk import (
 )
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.store import Store
+from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED, fails_load, judge_queue
 from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
 from storelib.broker.startup.dledgerstartup import DLedgerChanges, dledger_changes, reput_start
 from storelib.broker.timer.timerrecovery import TimerRecovery, plan_timer_recovery
@@ -133,6 +134,17 @@ class Simulation:
     complete_index: bool
     findings: list[Finding]
     dledger: DLedgerChanges | None = None  # a DLedger-mode store: DLedger's own file changes
+
+    @property
+    def load_failures(self) -> list[Finding]:
+        """Entries the broker's load fails on (it does not start: stray entries, segments of the wrong length) or
+        maps beyond this model (:mod:`storelib.broker.settings.strayload`): this start-up is then not what the
+        broker does. DLedger's own load rules are its walk's (``load_failure``)."""
+        out: dict[str | None, Finding] = {}  # one per entry (the reader and the walk both size a segment)
+        for f in self.findings:
+            if f.kind in (LOAD_FAILS, STRAY_LOADED) or (self.walk.dledger is None and fails_load(f, self.version)):
+                out.setdefault(f.file, f)
+        return list(out.values())
 
     @property
     def commitlog_folder(self) -> str:
@@ -220,7 +232,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     refs = store.index_files(findings)
     index_files = index_on_load(refs, abort.last_exit_ok, cp)
     index_delete = [f.name for f in index_files if f.delete]
-    queues = _load_queues(store, findings)
+    queues = _load_queues(store, findings, version)
     cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1])
 
     # §8.3/8.4 the commitlog walk
@@ -317,8 +329,9 @@ def index_on_load(refs: list[IndexFileRef], last_exit_ok: bool, cp: Checkpoint) 
     return out
 
 
-def _load_queues(store: Store, findings: list[Finding]) -> dict[tuple[str, int], QueueReplay]:
-    """§8.2 ConsumeQueue.recover per queue: a model of each queue as the start-up loads it."""
+def _load_queues(store: Store, findings: list[Finding], version: str) -> dict[tuple[str, int], QueueReplay]:
+    """§8.2 ConsumeQueue.recover per queue: a model of each queue as the start-up loads it (and what the
+    load says of each queue directory's stray entries)."""
     Scq = int(store.settings.mapped_file_size_consume_queue)
     queues: dict[tuple[str, int], QueueReplay] = {}
     try:
@@ -332,6 +345,7 @@ def _load_queues(store: Store, findings: list[Finding]) -> dict[tuple[str, int],
         raise
     for topic, qid, loc in listed:
         with LoadedQueue(loc, segment_size=Scq, topic=topic, queue_id=qid, phy_limit=store.cq_limit) as cq:
+            judge_queue(cq, version)
             findings.extend(cq.findings)
             queues[(topic, qid)] = QueueReplay(topic, qid, store.loc, Scq, cq)
     return queues
