@@ -25,10 +25,11 @@ SHARED = Path(os.environ.get("RMQSTORE_SHARED", REPO.parent / "shared"))
 SAMPLES = SHARED / "samples"
 SAMPLE_NAMES = {"4.9.8": "rocketmq-4.9.8-small", "5.3.3": "rocketmq-5.3.3-small",
                 "dledger": "rocketmq-4.9.8-dledger-small", "dledger-crashed": "rocketmq-4.9.8-dledger-crashed-small",
-                "dledger-group": "rocketmq-4.9.8-dledger-group-small"}
+                "dledger-group": "rocketmq-4.9.8-dledger-group-small", "timer": "rocketmq-5.3.3-timer-small"}
 
 
-def _extract(version: str, dest: Path) -> Path:
+def extract_sample(version: str, dest: Path) -> Path:
+    """The sample ``version`` (a SAMPLE_NAMES key) extracted under ``dest``: its root."""
     name = SAMPLE_NAMES[version]
     with tarfile.open(SAMPLES / f"{name}.tar.gz") as tf:
         tf.extractall(dest, filter="data")
@@ -45,31 +46,31 @@ def samples_dir() -> Path:
 @pytest.fixture(scope="session")
 def sample_498(tmp_path_factory, samples_dir) -> Path:
     """Read-only extracted 4.9.8 sample (``store/``, ``expected/``). Copy it before modifying."""
-    return _extract("4.9.8", tmp_path_factory.mktemp("s498"))
+    return extract_sample("4.9.8", tmp_path_factory.mktemp("s498"))
 
 
 @pytest.fixture(scope="session")
 def sample_533(tmp_path_factory, samples_dir) -> Path:
     """Read-only extracted 5.3.3 sample (``store/``, ``expected/``). Copy it before modifying."""
-    return _extract("5.3.3", tmp_path_factory.mktemp("s533"))
+    return extract_sample("5.3.3", tmp_path_factory.mktemp("s533"))
 
 
 @pytest.fixture(scope="session")
 def sample_dledger(tmp_path_factory, samples_dir) -> Path:
     """Read-only extracted clean DLedger sample (4.9.8 over DLedger 0.3.1.2). Copy it before modifying."""
-    return _extract("dledger", tmp_path_factory.mktemp("sdl"))
+    return extract_sample("dledger", tmp_path_factory.mktemp("sdl"))
 
 
 @pytest.fixture(scope="session")
 def sample_dledger_crashed(tmp_path_factory, samples_dir) -> Path:
     """Read-only extracted crashed DLedger sample (JVM halted mid-write). Copy it before modifying."""
-    return _extract("dledger-crashed", tmp_path_factory.mktemp("sdlc"))
+    return extract_sample("dledger-crashed", tmp_path_factory.mktemp("sdlc"))
 
 
 @pytest.fixture(scope="session")
 def sample_dledger_group(tmp_path_factory, samples_dir) -> Path:
     """Read-only extracted three-node DLedger group (store-n0/1/2, expected/rejoin.json). Copy it before modifying."""
-    return _extract("dledger-group", tmp_path_factory.mktemp("sdlg"))
+    return extract_sample("dledger-group", tmp_path_factory.mktemp("sdlg"))
 
 
 @pytest.fixture(params=["dledger", "dledger-crashed"])

@@ -13,7 +13,7 @@ import pytest
 from storelib.fileio.bytesource import resolve
 from storelib.format.timerstore import SLOT_SIZE, read_timerlog, slot_index
 from tests import timer_java_stores as J
-from tests.conftest import SAMPLES
+from tests.conftest import extract_sample
 
 NOW = 1_800_000_000_000
 OUTLIVING_IN_SAMPLE = 75  # the sample's pending timers due after fileReservedTime (its export says so)
@@ -21,12 +21,7 @@ OUTLIVING_IN_SAMPLE = 75  # the sample's pending timers due after fileReservedTi
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory) -> Path:
-    import tarfile
-
-    dest = tmp_path_factory.mktemp("timer-java")
-    with tarfile.open(SAMPLES / "rocketmq-5.3.3-timer-small.tar.gz") as tf:
-        tf.extractall(dest, filter="data")
-    return dest / "rocketmq-5.3.3-timer-small"
+    return extract_sample("timer", tmp_path_factory.mktemp("timer-java"))
 
 
 def _audit(store: Path, **kw) -> dict:

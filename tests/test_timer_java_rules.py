@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tarfile
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -19,7 +18,7 @@ from storelib.broker.timer.timermsg import store_timers
 from storelib.fileio.bytesource import resolve
 from storelib.format.record import Message
 from storelib.format.timerstore import TIMER_TOPIC, read_timer_checkpoint, read_timerlog, read_wheel
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, extract_sample
 from tests.timer_java_oracle import java_enqueue, requests_of
 
 CONF = SAMPLES / "rocketmq-5.3.3-timer-small.broker.conf"
@@ -27,10 +26,7 @@ CONF = SAMPLES / "rocketmq-5.3.3-timer-small.broker.conf"
 
 @pytest.fixture(scope="module")
 def timer_sample(tmp_path_factory) -> Path:
-    dest = tmp_path_factory.mktemp("timer")
-    with tarfile.open(SAMPLES / "rocketmq-5.3.3-timer-small.tar.gz") as tf:
-        tf.extractall(dest, filter="data")
-    return dest / "rocketmq-5.3.3-timer-small" / "store"
+    return extract_sample("timer", tmp_path_factory.mktemp("timer")) / "store"
 
 
 @pytest.fixture

@@ -23,17 +23,12 @@ from storelib.format.timerstore import (
     read_timerlog,
     read_wheel,
 )
-from tests.conftest import SAMPLES
+from tests.conftest import extract_sample
 
 
 @pytest.fixture(scope="module")
 def timer_sample(tmp_path_factory) -> Path:
-    import tarfile
-
-    dest = tmp_path_factory.mktemp("timer")
-    with tarfile.open(SAMPLES / "rocketmq-5.3.3-timer-small.tar.gz") as tf:
-        tf.extractall(dest, filter="data")
-    return dest / "rocketmq-5.3.3-timer-small"
+    return extract_sample("timer", tmp_path_factory.mktemp("timer"))
 
 
 def expected(sample: Path, name: str):

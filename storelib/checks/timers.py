@@ -80,10 +80,7 @@ def _deliver_times(root: Location, log: LogView, u: Any, slot: np.ndarray, last_
     cl = CommitLog(root.join("commitlog"), log.segment_size)
     py = u.column("offset_py").to_numpy()
     for i in rolled[:MAX_ROLLED_READS].tolist():
-        try:
-            props = dict(cl.record_at(int(py[i])).column("properties")[0].as_py() or [])
-        except (StoreError, IndexError):
-            continue
+        props = _props_at(cl, py[i])  # {} when unreadable: the slot time stays
         try:
             due[i] = max(due[i], int(props.get("TIMER_OUT_MS", due[i])))
         except ValueError:
@@ -109,11 +106,7 @@ def _check_deliver_times(root: Location, log: LogView, u: Any, hit_rows: tuple, 
     cl = CommitLog(root.join("commitlog"), log.segment_size)
     bad = []
     for i in cand:
-        try:
-            props = dict(cl.record_at(int(py[i])).column("properties")[0].as_py() or [])
-        except (StoreError, IndexError):
-            continue
-        out_ms = props.get("TIMER_OUT_MS")
+        out_ms = _props_at(cl, py[i]).get("TIMER_OUT_MS")  # None when unreadable: not checked
         if out_ms is not None and out_ms.lstrip("-").isdigit() and int(out_ms) != int(slot[i]):
             bad.append((files[i], int(offs[i]), f"slot time {int(slot[i])} but its record's TIMER_OUT_MS is {out_ms}: "
                         "the timer fires at the wrong time", {"offset_py": int(py[i])}))
