@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from storelib.broker.recovery.reputpath import reput_skips_rest
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.strayload import judge_queue, version_of
@@ -458,9 +459,8 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
 
 
 def reput_master(settings: BrokerSettings | None) -> bool:
-    """Does the broker's reput skip the rest of a segment after a record it cannot decode? A master's does
-    (brokerId 0, or DLedger: DefaultMessageStore.doReput, 4.9.8 and 5.3.3), a slave's stops and retries."""
-    return settings is not None and (settings.broker_id == 0 or settings.dledger is not None)
+    """:func:`storelib.broker.recovery.reputpath.reput_skips_rest` for these settings (False without any)."""
+    return settings is not None and reput_skips_rest(settings.broker_id, settings.dledger is not None)
 
 
 def reput_skipped_at(lost: np.ndarray, phy: np.ndarray, segment_size: int) -> np.ndarray:

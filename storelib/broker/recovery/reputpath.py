@@ -57,6 +57,12 @@ from storelib.scan.scanner import SegmentEnd
 ScanFrom = Callable[[int, int, int | None], SegmentEnd]  # (segment index, file offset, readable end) -> its end
 
 
+def reput_skips_rest(broker_id: int, dledger: bool) -> bool:
+    """Does the broker's reput skip the rest of a buffer after a record it cannot decode? A master's does
+    (brokerId 0, or DLedger: DefaultMessageStore.doReput, 4.9.8 and 5.3.3); a slave's stops and retries."""
+    return broker_id == 0 or dledger
+
+
 def mismatch_note(version: str, size: int | None = None, read_length: int | None = None) -> str:
     """What the broker's recovery and reput each do with a length-mismatch record (TOTALSIZE ``size``, its
     fields ``read_length`` bytes, when known), in words an operator can act on."""
@@ -103,7 +109,7 @@ def reput_path(plan: WalkPlan, end_of: Callable[[int], SegmentEnd], process_offs
     S = plan.inputs.segment_size
     segs = plan.segments
     starts = {t.index: t for t in plan.tasks}
-    master = plan.inputs.broker_id == 0 or plan.inputs.dledger
+    master = reput_skips_rest(plan.inputs.broker_id, plan.inputs.dledger)
     length_of = length_of or (lambda i, pos: read_length(plan, i, pos))
     out = ReputPath(end=plan.reput_from or 0)
     R = out.end
