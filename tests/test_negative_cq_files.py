@@ -25,8 +25,9 @@ from storelib.format import consumequeue as cqfile
 from storelib.format.consumequeue import ConsumeQueue, parse_file_name
 from storelib.format.record import Message
 
+from .test_audit_partitioned import NOW, _same
+
 SMALL = {"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 200}
-NOW = 1_800_000_000_000
 
 
 def _rebuilt_store(root: Path, version: str, first_qo: int) -> tuple[Path, list[int]]:
@@ -58,14 +59,17 @@ FIRST = -(1 << 56) // 10 * 10
 
 @pytest.mark.parametrize("version", ["4", "5"])
 @pytest.mark.parametrize("first_qo", [DROPPED, FIRST])
-def test_rebuilt_store_with_negative_queue_offset_audits_without_false_missing_entries(tmp_path, version, first_qo):
+def test_rebuilt_store_with_negative_queue_offset_audits_without_false_missing_entries(tmp_path, monkeypatch,
+                                                                                     version, first_qo):
     """The audit reads the negative-named file the rebuild wrote: no stray_segment_loaded, no missing entries,
-    no mismatch; only the QUEUEOFFSET jump the broker logs."""
+    no mismatch; only the QUEUEOFFSET jump the broker logs; the partitioned audit says the same."""
     root, _phy = _rebuilt_store(tmp_path / "s", version, first_qo)
     (name,) = [p.name for p in (root / "consumequeue" / "T" / "0").iterdir()]
     assert name.startswith("-") and len(name) == 21
     rep = audit_store(str(root), broker_conf=str(root / "broker.conf"), version=version, quiet=True, now_ms=NOW)
     assert _serious(rep) == [("queue_offset_gap", f"commitlog/{0:020d}")]
+    _ref, parted = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version=version)
+    assert _serious(parted) == _serious(rep)
 
 
 def test_info_lookup_and_data_source_see_the_negative_file_units(tmp_path):
