@@ -88,7 +88,7 @@ def read_queues(opts: CQReadOptions, queues: list[tuple[str, int]]) -> Iterator[
         cq = LoadedQueue(root.join("consumequeue", topic, str(qid)), segment_size=seg_size, topic=topic,
                          queue_id=qid, phy_limit=limit)
         try:
-            for first, units in cq.entries(0):
+            for first, units in cq.entries():  # from the first file (a negative name: negative offsets)
                 n = len(units)
                 if not n:
                     continue

@@ -239,9 +239,9 @@ def queue_files(cq: LoadedQueue, rootp: str) -> Iterator[tuple[int, str | None, 
     """A queue's files in order: (logical byte base, display path, units as mapped). The queue's last file
     is preallocated: its units after the last one with a size are invalid and after every valid unit, so
     no check looks at them (its first unit stays: the queue's first offset)."""
-    for i, seg in enumerate(cq.segments):
+    for i, seg in enumerate(segs := cq.by_offset()):  # by offset, as the checks index units
         u = cq.read_units(seg)
-        if i == len(cq.segments) - 1:
+        if i == len(segs) - 1:
             keep = _units_before_invalid_tail(u, seg.loc.path if seg.loc.local else None)
             u = u[:max(keep, 1 if i == 0 else 0)]
         yield seg.base, rel_path(rootp, seg.path), u
@@ -334,7 +334,7 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
     rows = queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
     slots = None if rows is not None or topic.startswith(LMQ_PREFIX) else writer_slots(
         log, log.queue_rows.get((topic, qid)), n, u, valid & ~filler,
-        reput_master(loaded.settings if loaded is not None else None))
+        reput_master(s := loaded.settings if loaded is not None else None), s and s.mapped_file_size_consume_queue)
     exact = rows is not None
     if rows is None:
         rows = log.lookup_field(phy[chk], queue_hint(log, (topic, qid), n[chk]))
@@ -423,18 +423,19 @@ class WriterSlots:
 
 
 def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.ndarray, ok: np.ndarray,
-                 master: bool) -> WriterSlots | None:
+                 master: bool, segment_size: int | None = None) -> WriterSlots | None:
     """The broker's slots of a queue's records (:class:`WriterSlots`; ``ok``: its valid units that are not
-    fillers), None when each record's slot is its QUEUEOFFSET (offsets run on by one and the queue's first
-    and last units are theirs: every healthy queue, no model run). The writer is our rebuild's
-    (:func:`storelib.broker.dispatch.cqwriter.build_consume_queues`), started at the first record's unit (a
-    jump in records since expired shifts them all); a unit pointing into a lost region keeps its slot."""
+    fillers), None when each record's slot is its QUEUEOFFSET (offsets run on by one, the first and last units
+    theirs: every healthy queue). The writer is our rebuild's (cqwriter.build_consume_queues), started at the
+    first record's unit (records since expired shift them all), or new (None) when that record has none and a
+    file has a negative name (the record created the queue there); a unit in a lost region keeps its slot."""
     if recs is None or not len(recs) or not len(n) or np.any(log.sysflag[recs] & INNER_BATCH_FLAG):
         return None
     qo, fld, uphy = log.qoff[recs], log.field[recs], u["phy_offset"].astype(np.int64)
     k = min(int(np.searchsorted(n, qo[0])), len(n) - 1)  # a healthy queue: its unit at its QUEUEOFFSET
     at = [k] if ok[k] and int(uphy[k]) == int(fld[0]) else np.flatnonzero(ok & (uphy == int(fld[0])))
     anchor = int(n[at[0]]) if len(at) else int(qo[0])
+    start = anchor if len(at) else None if anchor < 0 and int(n[0]) < 0 else max(anchor, 0)
     last = len(ok) - 1 - int(ok[::-1].argmax()) if ok.any() else -1
     j = int(np.searchsorted(qo, n[last])) if last >= 0 else 0
     if anchor == int(qo[0]) and bool(np.all(np.diff(qo) == 1)) and (
@@ -447,14 +448,14 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
         skipped = reput_skipped_at(log.lost, log.phy[recs], log.segment_size) & ~has_unit
     gone = np.flatnonzero(ok & log.in_lost(uphy))  # records lost since: their units' slots stay theirs
     lost = (uphy[gone], n[gone])
-    slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped, lost, anchor)
+    slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped, lost, start, segment_size)
     missing = ~has_unit & ~skipped & (slot >= 0)  # no unit: missing when a later record of the queue has its slot
     c = np.flatnonzero(missing)
     if len(c):
         ui = np.minimum(np.searchsorted(n, slot[c]), len(n) - 1)
         missing[c] = (n[ui] == slot[c]) & ok[ui] & (uphy[ui] > fld[c]) & is_member(uphy[ui], np.sort(fld[has_unit]))
     if missing.any():
-        slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped & ~missing, lost, anchor)
+        slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped & ~missing, lost, start, segment_size)
     return WriterSlots(recs, slot, skipped, missing)
 
 
@@ -514,7 +515,7 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
         recs = log.queue_rows[(topic, qid)]  # dispatchable records of the queue, commitlog order
         qo = log.qoff[recs] if slots is None else slots.slot
         last_n = int(n[last_valid]) if last_valid >= 0 else -1
-        beyond = recs[qo > last_n]
+        beyond = recs[(qo > last_n) if slots is None else (qo > last_n) & (qo != -1)]  # -1: the writer drops it
         if len(beyond):
             after = log.phy[beyond] >= reput_from
             lag = len(beyond)

@@ -54,10 +54,32 @@ def file_name(offset: int) -> str:
 
 
 def parse_file_name(name: str) -> int | None:
-    """The offset a segment name stands for; None unless exactly 20 ASCII digits."""
-    if len(name) != 20 or not all("0" <= c <= "9" for c in name):
+    """The offset a CQ file's name stands for, for the names the broker writes (UtilAll.offset2FileName, 4.9.8
+    UtilAll.java:87-93, 5.3.3 :107-113: NumberFormat, 20 integer digits, a minus sign before a negative
+    offset) and its load maps at ``Long.parseLong(name)`` (MappedFile.init, 4.9.8 MappedFile.java:166, 5.3.3
+    DefaultMappedFile.java:161): 20 ASCII digits, or ``-`` and 20 digits down to Long.MIN_VALUE. None for any
+    other name: one Long.parseLong takes in another form (``+1``, ``7``, ``-000..0``) is mapped by the broker
+    too, but not read here (the audit names it: strayload's stray_segment_loaded)."""
+    digits = name[1:] if name[:1] == "-" else name
+    if len(digits) != 20 or not all("0" <= c <= "9" for c in digits):
         return None
-    return int(name)
+    v = int(name)
+    return v if digits is name or -(2**63) <= v < 0 else None
+
+
+def broker_order(name: str) -> bytes:
+    """Sort key of a directory's entry names as MappedFileQueue.doLoad orders them (4.9.8
+    MappedFileQueue.java:160, 5.3.3 :248: ``Comparator.comparing(File::getName)``, String.compareTo over UTF-16
+    code units): a negative name (``-``) sorts before every 20-digit one, and negative names by their digits,
+    so a queue's negative files come nearest-zero first, the reverse of their offsets."""
+    return name.encode("utf-16-be", "surrogatepass")
+
+
+def list_segment_names(names: Sequence[str]) -> list[tuple[str, int]]:
+    """(name, offset) of the CQ files among ``names`` (:func:`parse_file_name`) in the broker's load order
+    (:func:`broker_order`): the one listing rule of every reader of a queue directory."""
+    got = [(n, parse_file_name(n)) for n in sorted(names, key=broker_order)]
+    return [(n, b) for n, b in got if b is not None]
 
 
 def cq_file_size(configured: int) -> int:
@@ -155,7 +177,7 @@ def _list(loc: Location) -> list[pafs.FileInfo]:
         infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True, recursive=False))
     except (OSError, pa.ArrowException) as e:
         raise StoreError(loc.path, None, "unreadable", f"cannot list directory: {e}") from e
-    return sorted(infos, key=lambda i: i.base_name)
+    return sorted(infos, key=lambda i: broker_order(i.base_name))
 
 
 def as_location(where: Location | str | os.PathLike) -> Location:
@@ -298,22 +320,24 @@ class ConsumeQueue:
             infos = _list(self.loc)
         else:
             infos = [pafs.FileInfo(self.loc.join(str(n)).path, pafs.FileType.Directory if d else pafs.FileType.File,
-                                   size=None if d else int(z)) for n, z, d in sorted(listing, key=lambda e: str(e[0]))]
+                                   size=None if d else int(z)) for n, z, d in sorted(listing, key=lambda e: broker_order(str(e[0])))]
         self.listed = [[i.base_name, int(i.size or 0), i.type == pafs.FileType.Directory] for i in infos]
-        for info in infos:
+        files = [i for i in infos if i.type != pafs.FileType.Directory]
+        bases = dict(list_segment_names([i.base_name for i in files]))
+        for info in infos:  # in the broker's load order (doLoad), which every later step follows
             if info.type == pafs.FileType.Directory:
                 self.findings.append(Finding("unexpected_directory", "info", info.path, None,
                                              "sub-directory in a queue directory: not read here "
                                              "(whether the broker's load accepts it: the audit and recover --plan)"))
                 continue
-            base = parse_file_name(info.base_name)
+            base = bases.get(info.base_name)
             if base is None:
                 self.findings.append(Finding("bad_file_name", "warning", info.path, None,
-                                             "not a 20-digit segment name: not read here (whether the "
-                                             "broker's load accepts it: the audit and recover --plan)"))
+                                             "not a segment name the broker writes (20 digits, or a minus sign "
+                                             "and 20): not read here (whether the broker's load accepts it: the "
+                                             "audit and recover --plan)"))
                 continue
             segs.append(CQSegment(info.base_name, base, int(info.size or 0), self.loc.join(info.base_name)))
-        segs.sort(key=lambda s: s.base)
         if segs and segs[-1].size == 0:
             if self.phy_limit is None:  # on a live store: a file the broker is creating (opened, not mapped yet)
                 self.findings.append(Finding("empty_last_segment", "warning", segs[-1].path, 0,
@@ -450,12 +474,18 @@ class ConsumeQueue:
             raw, delay = now, min(delay * 2, 0.1)
         return np.frombuffer(raw, CQ_DTYPE)
 
+    def by_offset(self) -> list[CQSegment]:
+        """:attr:`segments` (the broker's load order) by offset: the two differ only when a queue has several
+        negative files (:func:`broker_order`)."""
+        return sorted(self.segments, key=lambda s: s.base)
+
     def segment_for(self, byte_offset: int) -> CQSegment | None:
         """The segment holding logical byte offset ``byte_offset`` (by name), if present."""
-        i = bisect.bisect_right([s.base for s in self.segments], byte_offset) - 1
+        segs = self.by_offset()
+        i = bisect.bisect_right([s.base for s in segs], byte_offset) - 1
         if i < 0:
             return None
-        s = self.segments[i]
+        s = segs[i]
         return s if byte_offset < s.base + self.segment_size else None
 
     def entry(self, n: int) -> tuple[int, int, int] | None:
@@ -464,8 +494,6 @@ class ConsumeQueue:
         Raw read: the unit may be invalid, a filler or stale data past the queue's end; compare with
         ``LoadedQueue.min_offset``/``max_offset`` for the broker's view (store-algorithms §10.2).
         """
-        if n < 0:
-            return None
         seg = self.segment_for(n * CQ_UNIT_SIZE)
         if seg is None:
             return None
@@ -474,9 +502,11 @@ class ConsumeQueue:
             return None
         return int(u["phy_offset"][0]), int(u["size"][0]), int(u["tags_code"][0])
 
-    def entries(self, start: int = 0, end: int | None = None, *, chunk_entries: int = 65536,
+    def entries(self, start: int | None = None, end: int | None = None, *, chunk_entries: int = 65536,
                 ) -> Iterator[tuple[int, np.ndarray]]:
-        """Yield (logical offset of the first unit, CQ_DTYPE chunk) over logical offsets [start, end).
+        """Yield (logical offset of the first unit, CQ_DTYPE chunk) over logical offsets [start, end), ascending.
+
+        ``start`` defaults to the first file's first unit (negative in a file with a negative name).
 
         ``end`` defaults to every unit on disk (the broker's end is ``LoadedQueue.max_offset()``); past
         the queue's end the units are stale or zeros.
@@ -485,9 +515,11 @@ class ConsumeQueue:
         """
         if end is None:
             end = max((s.base // CQ_UNIT_SIZE + self.readable_units(s) for s in self.segments), default=0)
+        if start is None:
+            start = min((s.base // CQ_UNIT_SIZE for s in self.segments), default=0)
         chunk_entries = max(1, int(chunk_entries))
         S = self.segment_size
-        for seg in self.segments:
+        for seg in self.by_offset():
             lo_n = seg.base // CQ_UNIT_SIZE
             hi_n = lo_n + self.readable_units(seg)
             a, b = max(start, lo_n), min(end, hi_n, lo_n + S // CQ_UNIT_SIZE)

@@ -41,6 +41,11 @@ def lookup_queue(store: Store, topic: str, queue_id: int, queue_offset: int) -> 
         if not lo <= queue_offset < hi:
             raise StoreError(where, queue_offset * CQ_UNIT_SIZE, "offset_out_of_range",
                              f"queue offset {queue_offset} outside [{lo}, {hi})")
+        if queue_offset < 0 and queue_offset * CQ_UNIT_SIZE % cq.segment_size:  # in a file with a negative name
+            raise StoreError(where, queue_offset * CQ_UNIT_SIZE, "offset_found_null",
+                             "getIndexBuffer (4.9.8 ConsumeQueue.java:544-554, 5.3.3 :864-874) reads the file at "
+                             "(int) (offset % mappedFileSize), negative here (Java's remainder): the broker finds "
+                             "no entry; of a file with a negative name it serves the first unit only")
         e = cq.entry(queue_offset)
         if e is None:
             raise StoreError(where, queue_offset * CQ_UNIT_SIZE, "offset_found_null", "no CQ file holds this entry")

@@ -108,7 +108,7 @@ class LoadedQueue(ConsumeQueue):
         """maxPhysicOffset after recovery: phy + size of the last valid unit scanned, -1 if none."""
         return self.recover().max_physic_offset
 
-    def entries(self, start: int = 0, end: int | None = None, *, chunk_entries: int = 65536,
+    def entries(self, start: int | None = None, end: int | None = None, *, chunk_entries: int = 65536,
                 ) -> Iterator[tuple[int, np.ndarray]]:
         """:meth:`ConsumeQueue.entries`, ending by default where the broker's queue ends (``max_offset``)."""
         return super().entries(start, self.max_offset() if end is None else end, chunk_entries=chunk_entries)

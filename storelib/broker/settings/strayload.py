@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from storelib.errors import Finding
-from storelib.format.consumequeue import ConsumeQueue
+from storelib.format.consumequeue import ConsumeQueue, parse_file_name
 
 LOAD_FAILS = "broker_load_fails"  # the broker's load fails on this entry: it does not start
 STRAY_LOADED = "stray_segment_loaded"  # the broker maps this entry as a segment the readers do not model
@@ -67,18 +67,29 @@ def _entry(name: str, length: int, is_dir: bool, last: bool, size: int, v5: bool
             f"the segment at offset {off}, which this model does not read")
 
 
-def load_findings(listed: Sequence[Sequence], size: int, version: str, path: Callable[[str], str]
-                  ) -> list[Finding]:
+def _twenty_digits(name: str) -> bool:
+    """The commitlog reader's segment names."""
+    return bool(_SEGMENT.fullmatch(name))
+
+
+def _cq_segment(name: str) -> bool:
+    """The consume-queue reader's segment names (20 digits, or a negative offset's)."""
+    return parse_file_name(name) is not None
+
+
+def load_findings(listed: Sequence[Sequence], size: int, version: str, path: Callable[[str], str],
+                  read: Callable[[str], bool] = _twenty_digits) -> list[Finding]:
     """What the broker's load says of a directory's stray entries (``listed``: [name, length, is a directory],
-    sorted by name; ``path``: an entry's name as findings name it): besides each stray entry, a 5.3.3
-    zero-length last segment that a later-sorting stray entry follows (not deleted: the load fails)."""
+    sorted by name; ``path``: an entry's name as findings name it; ``read``: the names its reader reads as
+    segments, not stray): besides each stray entry, a 5.3.3 zero-length last segment that a later-sorting
+    stray entry follows (not deleted: the load fails)."""
     v5 = version == "5"
     n = len(listed)
     out: list[Finding] = []
-    segs = [i for i, (name, _z, d) in enumerate(listed) if not d and _SEGMENT.fullmatch(str(name))]
+    segs = [i for i, (name, _z, d) in enumerate(listed) if not d and read(str(name))]
     for i, (name, length, is_dir) in enumerate(listed):
         name, length = str(name), int(length or 0)
-        if not is_dir and _SEGMENT.fullmatch(name):
+        if not is_dir and read(name):
             if java_long(name) is None and length == size:  # 20 digits past Long.MAX_VALUE
                 out.append(Finding(LOAD_FAILS, "critical", path(name), None,
                                    "Long.parseLong fails on this 20-digit name (past Long.MAX_VALUE): "
@@ -98,9 +109,9 @@ def load_findings(listed: Sequence[Sequence], size: int, version: str, path: Cal
 
 
 def judge_listing(findings: list[Finding], listed: Sequence[Sequence], size: int, version: str,
-                  path: Callable[[str], str]) -> list[Finding]:
+                  path: Callable[[str], str], read: Callable[[str], bool] = _twenty_digits) -> list[Finding]:
     """``findings`` with the readers' notes on stray entries replaced by what the broker's load does."""
-    return [f for f in findings if f.kind not in READER_SKIPS] + load_findings(listed, size, version, path)
+    return [f for f in findings if f.kind not in READER_SKIPS] + load_findings(listed, size, version, path, read)
 
 
 def version_of(settings_version: object) -> str:
@@ -110,7 +121,8 @@ def version_of(settings_version: object) -> str:
 
 def judge_queue(cq: ConsumeQueue, version: str) -> None:
     """A queue directory's findings as the broker's load judges its stray entries (in place)."""
-    cq.findings = judge_listing(cq.findings, cq.listed, cq.segment_size, version, lambda n: cq.loc.join(n).path)
+    cq.findings = judge_listing(cq.findings, cq.listed, cq.segment_size, version, lambda n: cq.loc.join(n).path,
+                                _cq_segment)  # the CQ reader also reads a negative offset's name
 
 
 def fails_load(f: Finding, version: str) -> bool:

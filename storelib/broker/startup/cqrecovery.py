@@ -21,7 +21,14 @@ from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, first_unit_from
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
-from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, file_name, parse_file_name, valid_mask
+from storelib.format.consumequeue import (
+    CQ_DTYPE,
+    CQ_UNIT_SIZE,
+    DEFAULT_CQ_SEGMENT_SIZE,
+    file_name,
+    list_segment_names,
+    valid_mask,
+)
 from storelib.format.javahash import wrap64
 
 
@@ -93,10 +100,10 @@ class QueueReplay:
         self.fs = None if qloc.local else qloc.fs  # a remote store (plan only) is read through its fs
         self.dir = qloc.path
         self.disk: dict[int, str] = {}
-        for info in qloc.fs.get_file_info(pafs.FileSelector(qloc.path, allow_not_found=True)):
-            b = parse_file_name(info.base_name)
-            if b is not None and info.type == pafs.FileType.File:
-                self.disk[b] = info.path
+        files = {i.base_name: i.path for i in qloc.fs.get_file_info(pafs.FileSelector(qloc.path, allow_not_found=True))
+                 if i.type == pafs.FileType.File}
+        for name, b in list_segment_names(list(files)):
+            self.disk[b] = files[name]
         self.model: dict[int, _Seg] = {}
         if cq is not None:
             rec = cq.recover()
@@ -275,13 +282,17 @@ def _scan_tags(cl, phy: np.ndarray, out: np.ndarray) -> None:
 
 
 def writer_slots_of(P: np.ndarray, Z: np.ndarray, N: np.ndarray, take: np.ndarray,
-                    lost: tuple[np.ndarray, np.ndarray], anchor: int) -> np.ndarray:
+                    lost: tuple[np.ndarray, np.ndarray], anchor: int | None,
+                    segment_size: int | None = None) -> np.ndarray:
     """The queue offset of the unit the broker's CQ writer (putMessagePositionInfo) gives each of one queue's
     records (PHYSICALOFFSET fields ``P``, sizes ``Z``, QUEUEOFFSETs ``N``, in commitlog order; -1: none) when
     it gets those in ``take`` and, in physical order among them, the ``lost`` records (fields, QUEUEOFFSETs)
     whose units are all that is left of them; the queue's write position at ``anchor`` (a queue that already
-    exists: no first-file fillers). Vectorised (:func:`_slide_slots`) while each record ends past the one
-    before (a commitlog's order); else :func:`build_consume_queues`' own machine, record by record."""
+    exists: no first-file fillers; None: the queue is new and its first record creates it, as a negative
+    QUEUEOFFSET does at a negative offset in files of ``segment_size`` (default: the broker's):
+    ConsumeQueue.putMessagePositionInfo 4.9.8 :478-530, 5.3.3 :787-844; the machine runs from an empty queue).
+    Vectorised (:func:`_slide_slots`) while each record ends past the one before (a commitlog's order); else
+    :func:`build_consume_queues`' own machine, record by record."""
     idx = np.flatnonzero(take)
     allp = np.r_[P[idx], lost[0]].astype(np.int64)
     order = np.argsort(allp, kind="stable") if len(lost[0]) else np.arange(len(allp))  # else: commitlog order
@@ -290,10 +301,12 @@ def writer_slots_of(P: np.ndarray, Z: np.ndarray, N: np.ndarray, take: np.ndarra
     z = np.r_[Z[idx], np.ones(len(lost[0]), np.int64)].astype(np.int64)[order]  # a lost one: its own position
     with np.errstate(over="ignore"):
         ends = p + z
-    if len(p) < 2 or bool(np.all(ends[1:] > ends[:-1])):
-        got = _slide_slots(q, max(anchor, 0))
+    if anchor is None:
+        got = _machine_slots(p, z, q, None, segment_size or DEFAULT_CQ_SEGMENT_SIZE)
+    elif len(p) < 2 or bool(np.all(ends[1:] > ends[:-1])):
+        got = _slide_slots(q, anchor)
     else:
-        got = _machine_slots(p, z, q, max(anchor, 0))
+        got = _machine_slots(p, z, q, anchor)
     out = np.full(len(allp), -1, np.int64)
     out[order] = got
     slot = np.full(len(P), -1, np.int64)
@@ -323,17 +336,18 @@ def _slide_slots(q: np.ndarray, cur: int) -> np.ndarray:
     return slot
 
 
-def _machine_slots(p: np.ndarray, z: np.ndarray, q: np.ndarray, cur: int) -> np.ndarray:
+def _machine_slots(p: np.ndarray, z: np.ndarray, q: np.ndarray, cur: int | None,
+                   S: int = DEFAULT_CQ_SEGMENT_SIZE) -> np.ndarray:
     """The slots :func:`build_consume_queues` gives records that do not end in order (its record-by-record
-    machine; rare: damaged PHYSICALOFFSET fields)."""
-    from storelib.format.consumequeue import DEFAULT_CQ_SEGMENT_SIZE as S  # slots run on across files
-
+    machine; rare: damaged PHYSICALOFFSET fields), the queue's write position at slot ``cur`` (slots run on
+    across files of any size ``S``), or a new queue (``cur`` None: its files' size ``S`` places them)."""
     k = len(p)
     table = pa.table({"physical_offset_field": p, "size": z, "queue_offset": q, "tags_code": np.zeros(k, np.int64),
                       "topic": pa.DictionaryArray.from_arrays(np.zeros(k, np.int32), ["q"]),
                       "queue_id": np.zeros(k, np.int32), "tran_type": np.zeros(k, np.int8)})
-    b = cur * CQ_UNIT_SIZE
-    img = build_consume_queues(table, segment_size=S, state={("q", 0): QueueState(-1, b - b % S, b % S)})
+    b = 0 if cur is None else cur * CQ_UNIT_SIZE
+    img = build_consume_queues(table, segment_size=S, state=None if cur is None else
+                               {("q", 0): QueueState(-1, b - b % S, b % S)})
     got = np.full(k, -1, np.int64)
     if img:
         got[img[("q", 0)].rows] = img[("q", 0)].slots
