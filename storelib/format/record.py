@@ -288,6 +288,8 @@ def check_record(
         return RecordCheck("invalid", -1, f"bad_magic: {magic_text(magic, line)}")
     if total < 0:  # new byte[totalSize] throws NegativeArraySizeException (-1)
         return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} is negative")
+    if allocation_fails(total, left, line):  # nothing of that size is read or allocated here
+        return RecordCheck("invalid", -1, f"{OOM_REASON}: {oom_note(total)}")
     if total > left and line == "5":  # 5.3.3: remaining < totalSize - 4, before the magic (-1)
         return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left "
                                           "(5.3.3 checks the size first: -1)")
@@ -301,6 +303,32 @@ def check_record(
     if chk.kind == "invalid" and chk.size > 0 and total > left:  # 4.9.8 reads the fields whatever TOTALSIZE says
         chk.reason = f"{chk.reason}; it runs {total - left} bytes past the end of the segment. {alloc_note(total)}"
     return chk
+
+
+# The largest ``new byte[n]`` a 64-bit HotSpot JVM makes: arrayOopDesc::max_array_length(T_BYTE) is
+# max_jint minus the 2-word array header (compressed class pointers, the default below a 32 GiB heap).
+# Any larger n throws OutOfMemoryError("Requested array size exceeds VM limit") whatever the heap. Below
+# it the broker's default heap (runbroker.sh, both lines: -Xms8g -Xmx8g, G1 with 16 MiB regions) holds
+# the array at start-up, when the heap is almost empty: the assumption behind taking this as the limit.
+JVM_MAX_BYTE_ARRAY = 2**31 - 3
+OOM_REASON = "out_of_memory"  # a scan's end reason where the line's check throws OutOfMemoryError
+OOM_KIND = "broker_out_of_memory"  # the finding: the broker does not start (recovery) / its reput dies
+
+
+def allocation_fails(total: int, left: int, line: str | None) -> bool:
+    """Does the line's check of a message with TOTALSIZE ``total`` (``left`` bytes before the segment's end)
+    throw OutOfMemoryError at ``new byte[totalSize]`` (CommitLog.checkMessageAndReturnSize: 4.9.8
+    CommitLog.java:306, 5.3.3 :462), right after the magic? 4.9.8 allocates whatever TOTALSIZE says (and an
+    unknown line reads as it does); 5.3.3 first fails (-1) a TOTALSIZE past what is left (:443), so only a
+    segment of 2 GiB could get it there."""
+    return total > JVM_MAX_BYTE_ARRAY and (line != "5" or total <= left)
+
+
+def oom_note(total: int) -> str:
+    """What the broker does with such a record (the detail of a scan's ``out_of_memory`` end)."""
+    return (f"TOTALSIZE {total}: the broker's check first allocates new byte[{total}], past the JVM's largest array "
+            f"({JVM_MAX_BYTE_ARRAY} bytes on 64-bit HotSpot): OutOfMemoryError, an Error that neither the check's "
+            "catch (Exception) nor DefaultMessageStore.load's (4.9.8 :221, 5.3.3 :371) takes")
 
 
 def alloc_note(total: int) -> str:
