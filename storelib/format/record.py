@@ -126,19 +126,38 @@ def _split_host(host: str) -> tuple[str, int]:
     return addr, int(port)
 
 
+V4_MAPPED_PREFIX = bytes(10) + b"\xff\xff"  # ::ffff:a.b.c.d
+
+
+def v4_mapped(host: bytes) -> bool:
+    """Is a 20-byte host field an IPv4-mapped IPv6 address? ``InetAddress.getByAddress(byte[16])`` returns an
+    Inet4Address for those (IPAddressUtil.convertFromIPv4MappedAddress: ten zero bytes, then 0xFFFF), so
+    MessageDecoder.decode (4.9.8 :323/:334, 5.3.3 :483/:494) holds such a host as IPv4."""
+    return len(host) == 20 and host[:12] == V4_MAPPED_PREFIX
+
+
 def decode_host(b: bytes | memoryview) -> str:
-    """8 or 20 host bytes → ``"ip:port"``; IPv6 as ``"[addr]:port"`` with Java's uncompressed address text."""
+    """8 or 20 host bytes → ``"ip:port"`` as the broker's MessageExt holds it: IPv6 as ``"[addr]:port"`` with
+    Inet6Address.getHostAddress's uncompressed text, an IPv4-mapped one as the IPv4 ``"a.b.c.d:port"``."""
     b = bytes(b)
     port = _I32.unpack_from(b, len(b) - 4)[0]
-    if len(b) == 8:
-        return f"{b[0]}.{b[1]}.{b[2]}.{b[3]}:{port}"
+    if len(b) == 8 or v4_mapped(b):
+        return f"{b[-8]}.{b[-7]}.{b[-6]}.{b[-5]}:{port}"
     groups = struct.unpack(">8H", b[:16])
     return "[" + ":".join(f"{g:x}" for g in groups) + f"]:{port}"  # Java getHostAddress style
 
 
 def offset_msg_id(store_host_bytes: bytes, phy_offset: int) -> str:
-    """Offset message id: hex of store address ‖ port ‖ PHYSICALOFFSET (MessageDecoder.createMessageId)."""
-    return (bytes(store_host_bytes) + _I64.pack(phy_offset)).hex().upper()
+    """Offset message id as MessageDecoder.decode makes it: hex of store address ‖ port ‖ PHYSICALOFFSET.
+
+    The id's buffer is sized by the record's STOREHOST flag (4.9.8 :379, 5.3.3 :555: 28 bytes for an IPv6
+    field) but filled from MessageExt.getStoreHostBytes, which writes 4 address bytes for the Inet4Address of
+    an IPv4-mapped field; createMessageId (4.9.8 :65-73) then hexes the whole 28-byte array: the IPv4 id's 16
+    bytes and 12 zero bytes (56 digits)."""
+    b = bytes(store_host_bytes)
+    if v4_mapped(b):
+        return (b[12:] + _I64.pack(phy_offset) + bytes(12)).hex().upper()
+    return (b + _I64.pack(phy_offset)).hex().upper()
 
 
 def decode_msg_id(msg_id: str) -> tuple[str, int]:
