@@ -122,7 +122,11 @@ def test_the_audit_says_the_broker_does_not_start_at_a_totalsize_past_the_jvm_ar
     root = five.write(tmp_path / "store")
     rc, out, _ = run_cli(capsys, "audit", root, "--quiet", "--json", "--broker-version", "4",
                          "--set", f"mappedFileSizeCommitLog={S}")
-    found = [f for f in json.loads(out)["findings"] if f["kind"] == "broker_out_of_memory"]
+    report = json.loads(out)
+    found = [f for f in report["findings"] if f["kind"] == "broker_out_of_memory"]
     assert rc == 1 and [(f["severity"], f["file"], f["offset"]) for f in found] == [
         ("critical", SEG3, bad.file_offset)]
     assert "the broker does not start" in found[0]["detail"]
+    # what to run next: the plain --apply refuses a start-up the broker does not make; --force truncates there
+    apply = [s for s in report["damage"]["next"] if "--apply" in s["command"]]
+    assert len(apply) == 1 and "--force" in apply[0]["command"] and f"{SEG3} @ {bad.file_offset}" in apply[0]["why"]
