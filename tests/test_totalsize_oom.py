@@ -19,7 +19,9 @@ import pytest
 from storelib.broker.recovery.walk import RecoveryInputs, recovery_walk
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
-from storelib.format.record import JVM_MAX_BYTE_ARRAY, check_record, encode_message
+from storelib.format.dledger.entries import BODY_OFFSET, encode_entry
+from storelib.format.record import JVM_MAX_BYTE_ARRAY, Message, check_record, encode_message
+from storelib.scan.scanner import scan_buffer
 from tests.conftest import run_cli
 from tests.rebuild_storegen import CraftedStore, msg
 
@@ -130,3 +132,14 @@ def test_the_audit_says_the_broker_does_not_start_at_a_totalsize_past_the_jvm_ar
     # what to run next: the plain --apply refuses a start-up the broker does not make; --force truncates there
     apply = [s for s in report["damage"]["next"] if "--apply" in s["command"]]
     assert len(apply) == 1 and "--force" in apply[0]["command"] and f"{SEG3} @ {bad.file_offset}" in apply[0]["why"]
+
+
+@pytest.mark.parametrize("line", [None, "4"])
+def test_dledger_catches_the_out_of_memory_of_a_totalsize_past_the_jvm_array_limit(line):
+    """DLedgerCommitLog.checkMessageAndReturnSize wraps the check in catch (Throwable) (4.9.8 :366): -1 there,
+    not the length mismatch an allocatable TOTALSIZE is, and not a broker that does not start."""
+    rec = bytearray(encode_message(Message(topic="T", body=b"abc", physical_offset=BODY_OFFSET)))
+    rec[0:4] = struct.pack(">i", 2**31 - 1)
+    t, end = scan_buffer(encode_entry(bytes(rec), 0, 0, 0) + bytes(200), dledger=True, line=line)
+    assert t.num_rows == 0 and (end.kind, end.reason, end.size) == ("invalid", "bad_size", None)
+    assert "catches Throwable" in end.detail
