@@ -189,3 +189,38 @@ def test_commit_log_dirs_default_and_multi_path():
     assert s.commit_log_dirs == ["/data/store/commitlog"]
     s = s.with_overrides({"storePathCommitLog": "/d1/commitlog,/d2/commitlog"})
     assert s.commit_log_dirs == ["/d1/commitlog", "/d2/commitlog"]
+
+
+def test_broker_conf_bytes_are_iso_8859_1_as_properties_load_reads_them(tmp_path):
+    """BrokerStartup loads broker.conf with Properties.load(InputStream) (4.9.8 :119-121, 5.3.3 :296-299): one
+    char per byte. UTF-8 text is read as its ISO-8859-1 chars, as the broker has it; \\uXXXX is the way to
+    write other chars; a byte offset is still where the line starts."""
+    conf = tmp_path / "broker.conf"
+    conf.write_bytes(b"brokerName=broker-\xc3\xa9\nbrokerClusterName=c-\\u00e9\nmaxHashSlotNum=x\n")  # valid UTF-8
+    with pytest.raises(StoreError) as ei:
+        load_broker_conf(conf)
+    assert ei.value.offset == conf.read_bytes().index(b"maxHashSlotNum") and "line 3" in ei.value.detail
+    conf.write_bytes(conf.read_bytes().replace(b"maxHashSlotNum=x\n", b""))
+    s = load_broker_conf(conf)
+    assert s.extra["brokerName"] == "broker-\u00c3\u00a9"  # the two UTF-8 bytes of é, one char each
+    assert s.extra["brokerClusterName"] == "c-\u00e9"
+
+
+def test_a_utf8_bom_is_part_of_the_first_key_so_the_broker_ignores_that_setting(tmp_path):
+    conf = tmp_path / "broker.conf"
+    conf.write_bytes(b"\xef\xbb\xbfmappedFileSizeCommitLog=4096\nmaxHashSlotNum=100\n")
+    s = load_broker_conf(conf)
+    assert s.mapped_file_size_commit_log == 1 << 30 and s.max_hash_slot_num == 100
+    unknown = [f for f in s.conf_findings if f.kind == "broker_conf_unknown_key"]
+    assert [(f.offset, f.extra["key"], f.extra["suggestion"]) for f in unknown] == [
+        (0, "\u00ef\u00bb\u00bfmappedFileSizeCommitLog", "mappedFileSizeCommitLog")]
+
+
+def test_a_line_end_with_nothing_read_after_a_lone_backslash_ends_no_line():
+    """Java 8's LineReader: a line end reached with nothing read (len == 0) starts over, even after a continued
+    lone backslash: no empty key. A continued line is not a new line, so '#' there is text."""
+    def props(text: str) -> dict[str, str]:
+        return {k: v[0] for k, v in parse_properties_text(text).items()}
+
+    assert props("\\\n\nk=v\n  \\\n   \n\\\n#x=y\n") == {"k": "v", "#x": "y"}
+    assert props("k=v\n\\") == props("k=v\n\\\n") == {"k": "v", "": ""}  # the file ends: an empty line

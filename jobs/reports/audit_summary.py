@@ -13,6 +13,7 @@ from storelib.broker.settings.store import Store
 from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED
 from storelib.checks.segment import SEVERITY_RANK
 from storelib.errors import StoreError
+from storelib.format.record import OOM_KIND
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_FAILED = 0, 1, 2
 
@@ -142,7 +143,13 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
         steps.append({"command": f"rmqstore recover {quoted} --salvage SALVAGE_DIR",
                       "why": f"export the {totals['messages']} message(s) a start-up would drop "
                              f"({totals['intact']} intact) before anything changes"})
-    if log_damage:
+    oom = [f for f in sim.load_failures if f.kind == OOM_KIND]  # the only load failure a truncation ends
+    if log_damage and oom and len(oom) == len(sim.load_failures):
+        steps.append({"command": f"rmqstore recover {quoted} --apply --force --backup BACKUP_DIR",
+                      "why": f"the broker does not start on the record at {oom[0].file} @ {oom[0].offset} (an "
+                             "OutOfMemoryError): truncate the log there and re-dispatch, keeping a backup; "
+                             "rmqstore recover without --apply previews it"})
+    elif log_damage:
         steps.append({"command": f"rmqstore recover {quoted} --apply --backup BACKUP_DIR",
                       "why": "do what the broker's start-up would (truncate, re-dispatch), keeping a backup; "
                              "rmqstore recover without --apply previews it"})

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.broker.recovery.reputpath import mismatch_note
+from storelib.broker.recovery.reputpath import stop_detail
 from storelib.broker.recovery.resync import LostRegion, find_next_record, lost_region
 from storelib.checks.dledger import PartFacts, PartWalk, dledger_after_end, join_part_ends
 from storelib.checks.tables import (
@@ -369,9 +369,7 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
                 break
             # invalid record: report it and resynchronise
             reason = end.reason or "invalid"
-            detail = end.detail or ""
-            if reason == "length_mismatch":  # what recovery and the reput each do with it
-                detail += "; " + mismatch_note("5" if opts.line == "5" else "4", end.size)
+            detail = stop_detail(end, opts.line, display, found.add)  # what recovery and the reput each do with it
             region, r = lost_region(view, display, task.base, end.file_offset, reason, detail)
             regions.append(region)
             if r.kind == "message":

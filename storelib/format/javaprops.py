@@ -13,6 +13,14 @@ from storelib.errors import StoreError
 _WS = " \t\f"
 
 
+def properties_text(data: bytes) -> str:
+    """The text ``Properties.load(InputStream)`` reads from ``data``: one ISO-8859-1 char per byte (its
+    LineReader's ``(char) (0xff & b)``), so a char offset is a byte offset and UTF-8 bytes become one char
+    each, as the broker has them. Both lines load broker.conf that way (BrokerStartup: 4.9.8 :119-121,
+    5.3.3 SystemConfigFileHelper.loadConfig :296-299); non-ASCII text belongs in ``\\uXXXX`` escapes."""
+    return data.decode("latin-1")
+
+
 def _unescape(s: str, file: str | None, line: int, offset: int | None) -> str:
     if "\\" not in s:
         return s
@@ -41,7 +49,14 @@ def _unescape(s: str, file: str | None, line: int, offset: int | None) -> str:
 
 
 def _logical_lines(text: str) -> list[tuple[str, int, int]]:
-    """(logical line, 1-based line number, char offset of its start) per Properties.load rules."""
+    """(logical line, 1-based line number, char offset of its start) per Properties.load rules.
+
+    Java 8's LineReader.readLine (the broker's JDK; 9+ differs only where noted): leading blanks of every
+    natural line dropped, blank lines skipped, ``#``/``!`` first on a line a comment (never continued; a
+    continued line is not a new line, so a ``#`` there is text: 9+ takes it as a comment when nothing was
+    read before it), an odd run of trailing backslashes continues the line. A line end (or the file's end)
+    reached with nothing read, after a lone backslash line, ends nothing: reading starts over as on a new line.
+    """
     natural = [(m.group(1), m.start()) for m in re.finditer(r"([^\r\n]*)(?:\r\n|\r|\n|$)", text)]
     if natural and natural[-1][1] == len(text) and natural[-1][0] == "":
         natural.pop()  # the empty match at end of text
@@ -57,9 +72,14 @@ def _logical_lines(text: str) -> list[tuple[str, int, int]]:
             buf = buf[:-1]
             if i >= len(natural):
                 break
-            buf += natural[i][0].lstrip(_WS)
+            more = natural[i][0].lstrip(_WS)
             i += 1
-        out.append((buf, first + 1, start))
+            if not buf and not more:  # a line end with nothing read (len == 0): no line, as on a new one
+                buf = None
+                break
+            buf += more
+        if buf is not None:
+            out.append((buf, first + 1, start))
     return out
 
 

@@ -126,19 +126,38 @@ def _split_host(host: str) -> tuple[str, int]:
     return addr, int(port)
 
 
+V4_MAPPED_PREFIX = bytes(10) + b"\xff\xff"  # ::ffff:a.b.c.d
+
+
+def v4_mapped(host: bytes) -> bool:
+    """Is a 20-byte host field an IPv4-mapped IPv6 address? ``InetAddress.getByAddress(byte[16])`` returns an
+    Inet4Address for those (IPAddressUtil.convertFromIPv4MappedAddress: ten zero bytes, then 0xFFFF), so
+    MessageDecoder.decode (4.9.8 :323/:334, 5.3.3 :483/:494) holds such a host as IPv4."""
+    return len(host) == 20 and host[:12] == V4_MAPPED_PREFIX
+
+
 def decode_host(b: bytes | memoryview) -> str:
-    """8 or 20 host bytes → ``"ip:port"``; IPv6 as ``"[addr]:port"`` with Java's uncompressed address text."""
+    """8 or 20 host bytes → ``"ip:port"`` as the broker's MessageExt holds it: IPv6 as ``"[addr]:port"`` with
+    Inet6Address.getHostAddress's uncompressed text, an IPv4-mapped one as the IPv4 ``"a.b.c.d:port"``."""
     b = bytes(b)
     port = _I32.unpack_from(b, len(b) - 4)[0]
-    if len(b) == 8:
-        return f"{b[0]}.{b[1]}.{b[2]}.{b[3]}:{port}"
+    if len(b) == 8 or v4_mapped(b):
+        return f"{b[-8]}.{b[-7]}.{b[-6]}.{b[-5]}:{port}"
     groups = struct.unpack(">8H", b[:16])
     return "[" + ":".join(f"{g:x}" for g in groups) + f"]:{port}"  # Java getHostAddress style
 
 
 def offset_msg_id(store_host_bytes: bytes, phy_offset: int) -> str:
-    """Offset message id: hex of store address ‖ port ‖ PHYSICALOFFSET (MessageDecoder.createMessageId)."""
-    return (bytes(store_host_bytes) + _I64.pack(phy_offset)).hex().upper()
+    """Offset message id as MessageDecoder.decode makes it: hex of store address ‖ port ‖ PHYSICALOFFSET.
+
+    The id's buffer is sized by the record's STOREHOST flag (4.9.8 :379, 5.3.3 :555: 28 bytes for an IPv6
+    field) but filled from MessageExt.getStoreHostBytes, which writes 4 address bytes for the Inet4Address of
+    an IPv4-mapped field; createMessageId (4.9.8 :65-73) then hexes the whole 28-byte array: the IPv4 id's 16
+    bytes and 12 zero bytes (56 digits)."""
+    b = bytes(store_host_bytes)
+    if v4_mapped(b):
+        return (b[12:] + _I64.pack(phy_offset) + bytes(12)).hex().upper()
+    return (b + _I64.pack(phy_offset)).hex().upper()
 
 
 def decode_msg_id(msg_id: str) -> tuple[str, int]:
@@ -288,6 +307,8 @@ def check_record(
         return RecordCheck("invalid", -1, f"bad_magic: {magic_text(magic, line)}")
     if total < 0:  # new byte[totalSize] throws NegativeArraySizeException (-1)
         return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} is negative")
+    if allocation_fails(total, left, line):  # nothing of that size is read or allocated here
+        return RecordCheck("invalid", -1, f"{OOM_REASON}: {oom_note(total)}")
     if total > left and line == "5":  # 5.3.3: remaining < totalSize - 4, before the magic (-1)
         return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left "
                                           "(5.3.3 checks the size first: -1)")
@@ -301,6 +322,32 @@ def check_record(
     if chk.kind == "invalid" and chk.size > 0 and total > left:  # 4.9.8 reads the fields whatever TOTALSIZE says
         chk.reason = f"{chk.reason}; it runs {total - left} bytes past the end of the segment. {alloc_note(total)}"
     return chk
+
+
+# The largest ``new byte[n]`` a 64-bit HotSpot JVM makes: arrayOopDesc::max_array_length(T_BYTE) is
+# max_jint minus the 2-word array header (compressed class pointers, the default below a 32 GiB heap).
+# Any larger n throws OutOfMemoryError("Requested array size exceeds VM limit") whatever the heap. Below
+# it the broker's default heap (runbroker.sh, both lines: -Xms8g -Xmx8g, G1 with 16 MiB regions) holds
+# the array at start-up, when the heap is almost empty: the assumption behind taking this as the limit.
+JVM_MAX_BYTE_ARRAY = 2**31 - 3
+OOM_REASON = "out_of_memory"  # a scan's end reason where the line's check throws OutOfMemoryError
+OOM_KIND = "broker_out_of_memory"  # the finding: the broker does not start (recovery) / its reput dies
+
+
+def allocation_fails(total: int, left: int, line: str | None) -> bool:
+    """Does the line's check of a message with TOTALSIZE ``total`` (``left`` bytes before the segment's end)
+    throw OutOfMemoryError at ``new byte[totalSize]`` (CommitLog.checkMessageAndReturnSize: 4.9.8
+    CommitLog.java:306, 5.3.3 :462), right after the magic? 4.9.8 allocates whatever TOTALSIZE says (and an
+    unknown line reads as it does); 5.3.3 first fails (-1) a TOTALSIZE past what is left (:443), so only a
+    segment of 2 GiB could get it there."""
+    return total > JVM_MAX_BYTE_ARRAY and (line != "5" or total <= left)
+
+
+def oom_note(total: int) -> str:
+    """What the broker does with such a record (the detail of a scan's ``out_of_memory`` end)."""
+    return (f"TOTALSIZE {total}: the broker's check first allocates new byte[{total}], past the JVM's largest array "
+            f"({JVM_MAX_BYTE_ARRAY} bytes on 64-bit HotSpot): OutOfMemoryError, an Error that neither the check's "
+            "catch (Exception) nor DefaultMessageStore.load's (4.9.8 :221, 5.3.3 :371) takes")
 
 
 def alloc_note(total: int) -> str:

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from storelib.format.javahash import java_hashes_repeated
 from storelib.format.properties import java_string
-from storelib.format.record import decode_host
+from storelib.format.record import V4_MAPPED_PREFIX, decode_host
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 _HEX2 = np.array([ord("0123456789ABCDEF"[i >> 4]) | ord("0123456789ABCDEF"[i & 15]) << 8 for i in range(256)],
@@ -101,20 +101,32 @@ def view_array(a: np.ndarray, buf, starts: np.ndarray, lens: np.ndarray) -> pa.A
 
 
 def msg_id_strings(a: np.ndarray, p_sh: np.ndarray, v6: np.ndarray, phy_pos: np.ndarray) -> pa.Array:
-    """Offset msgIds: upper-case hex of store host bytes ‖ PHYSICALOFFSET field, column-wise."""
+    """Offset msgIds (:func:`storelib.format.record.offset_msg_id`), column-wise: upper-case hex of store host
+    bytes ‖ PHYSICALOFFSET field; an IPv4-mapped IPv6 host gives the IPv4 id's 16 bytes and 12 zero bytes."""
     n = len(p_sh)
-    raw = np.concatenate([rows_at(a, p_sh, 8), rows_at(a, phy_pos, 8)], axis=1)
-    txt = np.empty((n, 32), dtype=np.uint8)
+    if not v6.any():
+        raw = np.concatenate([rows_at(a, p_sh, 8), rows_at(a, phy_pos, 8)], axis=1)
+    else:
+        raw = np.zeros((n, 28), np.uint8)
+        four = np.flatnonzero(~v6)
+        raw[four, :8], raw[four, 8:16] = rows_at(a, p_sh[four], 8), rows_at(a, phy_pos[four], 8)
+        six = np.flatnonzero(v6)
+        host, phy = rows_at(a, p_sh[six], 20), rows_at(a, phy_pos[six], 8)
+        mapped = (host[:, :12] == np.frombuffer(V4_MAPPED_PREFIX, np.uint8)).all(axis=1)
+        m, f = six[mapped], six[~mapped]
+        raw[m, :8], raw[m, 8:16] = host[mapped, 12:], phy[mapped]
+        raw[f, :20], raw[f, 20:] = host[~mapped], phy[~mapped]
+    width = 2 * raw.shape[1]
+    txt = np.empty((n, width), dtype=np.uint8)
     txt[:, 0::2] = _HEX[raw >> 4]
     txt[:, 1::2] = _HEX[raw & 15]
-    offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
-    out = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(txt)])
-    if v6.any():
-        rows = np.flatnonzero(v6)
-        vals = [(a[p : p + 20].tobytes() + a[q : q + 8].tobytes()).hex().upper()
-                for p, q in zip(p_sh[rows].tolist(), phy_pos[rows].tolist())]
-        out = pc.replace_with_mask(out, pa.array(v6), pa.array(vals, pa.string()))
-    return out
+    if width == 32:
+        offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(txt)])
+    lens = np.where(v6, 56, 32)  # an IPv4 host's id is 32 digits: the first 32 of its row
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    data = txt[np.arange(56) < lens[:, None]]
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def host_strings(a: np.ndarray, starts: np.ndarray, v6: np.ndarray) -> pa.Array:

@@ -29,9 +29,11 @@ from storelib.format.record import (
     LINES,
     MAGIC_V1,
     MAGIC_V2,
+    allocation_fails,
     blank_fits,
     magic_text,
     message_magics,
+    oom_note,
     oversized_blank,
 )
 from storelib.scan.arrowcols import overlapping
@@ -434,6 +436,9 @@ class SegmentScan:
         if rmag not in self._magics:
             return "invalid", ("bad_magic", f"the entry's record has magic {magic_text(rmag, self.line)}, TOTALSIZE "
                                f"{rtot}", None), 0
+        if allocation_fails(rtot, left - BODY_OFFSET, self.line):  # DLedgerCommitLog's check catches Throwable
+            return "invalid", ("bad_size", f"{oom_note(rtot)}, but DLedgerCommitLog's check catches Throwable "
+                               "(4.9.8 :366, 5.3.3 :518): -1", None), 0
         if rtot != blen:
             return "invalid", ("length_mismatch", f"record TOTALSIZE {rtot} != the entry's body length {blen}",
                                rtot if rtot > 0 else None), 0

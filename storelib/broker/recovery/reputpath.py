@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
 from storelib.errors import Finding, StoreError
 from storelib.format.dledger.entries import BODY_OFFSET, ENTRY_MAGIC, EntryHeader
+from storelib.format.record import OOM_KIND, OOM_REASON
 from storelib.scan.commitlog import Segment
 from storelib.scan.recordbytes import check_at
 from storelib.scan.scanner import SegmentEnd
@@ -76,10 +77,28 @@ def mismatch_note(version: str, size: int | None = None, read_length: int | None
             f"{total} while it reads on after {fields}, so where it goes next is off by the difference "
             "(rmqstore's recover and rebuild follow it)")
     if size is None or size >= 1 << 26:
-        out += (f"; 4.9.8 first allocates new byte[{'TOTALSIZE' if size is None else size}]: an OutOfMemoryError if "
-                "the heap cannot hold it, an Error neither catches: at recovery the broker exits at start-up "
-                "(BrokerStartup: exit -1), in the reput the thread dies and nothing more is dispatched until a restart")
+        out += (f"; 4.9.8 first allocates new byte[{'TOTALSIZE' if size is None else size}]: the default heap "
+                "(runbroker.sh -Xmx8g) holds it, a heap that cannot throws OutOfMemoryError, an Error neither "
+                "catches: at recovery the broker exits at start-up (BrokerStartup: exit -1), in the reput the "
+                "thread dies and nothing more is dispatched until a restart")
     return out
+
+
+def stop_detail(end: SegmentEnd, line: str | None, file: str, add: Callable[[Finding], None]) -> str:
+    """An audit's detail of the invalid record a segment scan ends at (``end``), with what the broker's recovery and
+    reput each do with it (a length mismatch: :func:`mismatch_note`); a record whose check throws
+    OutOfMemoryError is also given to ``add`` as a critical finding: the broker does not start if its recovery
+    reaches it (the audit does not place the recovery's window; ``recover --plan`` does)."""
+    detail = end.detail or ""
+    if end.reason == "length_mismatch":
+        return detail + "; " + mismatch_note("5" if line == "5" else "4", end.size)
+    if end.reason == OOM_REASON:
+        add(Finding(OOM_KIND, "critical", file, end.file_offset,
+                    f"{detail}; a recovery that reaches it (normal or abnormal) throws it out of "
+                    "DefaultMessageStore.load: "
+                    "the broker does not start (BrokerStartup exits -1) and truncates nothing; a 4.9.8 reput that "
+                    "reads it ends its thread"))
+    return detail
 
 
 def read_length(plan: WalkPlan, index: int, pos: int) -> int | None:
@@ -147,6 +166,13 @@ def one_buffer(plan: WalkPlan, i: int, pos: int, lim: int, starts: dict, end_of,
         stop = min(e.file_offset, lim)
         if stop > at:
             out.dispatch.append(DispatchRange(seg.base, seg.name, at, stop, None, by))
+        if e.reason == OOM_REASON and stop < lim:  # run() catches Exception only (4.9.8 :2122): the thread ends
+            out.findings.append(Finding(
+                "reput_out_of_memory", "critical", e.file, stop,
+                f"{e.detail}; 4.9.8's reput reads it after the start-up: the Error ends the reput thread at "
+                f"reputFromOffset {seg.base + stop + drift}, nothing after it is dispatched until a restart "
+                "(which stops there again)", {"phy_offset": seg.base + stop}))
+            return seg.base + stop + drift, False
         if e.kind == "blank" and stop < lim:
             x = seg.base + stop + drift
             return x + S - x % S, True  # rollNextFile(reputFromOffset)

@@ -45,7 +45,7 @@ from storelib.errors import Finding, StoreError
 from storelib.fileio.prefix import prefix
 from storelib.format.checkpoint import Checkpoint
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVELS_MS
-from storelib.format.record import BORNHOST_V6_FLAG, message_magics
+from storelib.format.record import BORNHOST_V6_FLAG, OOM_KIND, OOM_REASON, message_magics
 from storelib.scan.commitlog import Segment
 from storelib.scan.scanner import SegmentEnd
 
@@ -260,6 +260,8 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
         return ends[i]
 
     outcomes, process_offset, failure, last_walked = _window_walk(plan, end_of)
+    if failure is not None and failure.reason == OOM_REASON:
+        found.append(_start_fails(plan, failure))
     supported = True
     reput_outcomes: list[SegmentOutcome] = []
     dispatch: list[DispatchRange] = []
@@ -286,6 +288,17 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
         truncate_consume_queues=n > 0 and inp.cq_max_phy_offset >= process_offset,
         dispatch=tuple(dispatch), supported=supported, findings=tuple(found), delay_levels_quirk=quirk,
     )
+
+
+def _start_fails(plan: WalkPlan, failure: SegmentOutcome) -> Finding:
+    """The recovery reaches a record whose check throws OutOfMemoryError: the Error leaves recoverNormally /
+    recoverAbnormally and DefaultMessageStore.load; BrokerStartup.createBrokerController's catch (Throwable)
+    prints it and exits -1 (BrokerStartup.java: 4.9.8 :246-248, 5.3.3 :255-257). Nothing is truncated: the broker does not start while this record is in its window."""
+    seg = next(s for s in plan.segments if s.base == failure.base)
+    return Finding(OOM_KIND, "critical", seg.display, failure.end_offset,
+                   f"{failure.detail}; the {plan.mode} recovery reaches it at physical offset "
+                   f"{failure.base + failure.end_offset}: the broker does not start (it exits at start-up every "
+                   "time, and truncates nothing)", {"phy_offset": failure.base + failure.end_offset})
 
 
 def _window_walk(plan: WalkPlan, end_of: Callable[[int], SegmentEnd]

@@ -6,9 +6,9 @@ getter rules (CQ size rounding, ratio clamps), is what makes offline results mat
 
 Deliberate differences from the broker, for operators' sake: values are trimmed (Java keeps trailing
 blanks, which makes its ``Integer.parseInt`` fail), an invalid number raises StoreError naming file and
-line (the broker silently keeps the default), and the file is decoded as UTF-8 when it is valid UTF-8
-(``Properties.load`` reads ISO-8859-1). Booleans follow ``Boolean.parseBoolean``: only "true"
-(any case) is true.
+line (the broker silently keeps the default). The file is read as the broker's ``Properties.load(InputStream)``
+reads it: ISO-8859-1, ``\\uXXXX`` escapes (:func:`storelib.format.javaprops.properties_text`). Booleans follow
+``Boolean.parseBoolean``: only "true" (any case) is true.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from storelib.fileio.smallfile_io import PathOrLocation, as_location, read_small
 from storelib.format.consumequeue import CQ_UNIT_SIZE
 from storelib.format.delaylevel import DEFAULT_DELAY_LEVEL, parse_delay_levels
 from storelib.format.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, IndexGeometry
-from storelib.format.javaprops import parse_properties_text
+from storelib.format.javaprops import parse_properties_text, properties_text
 from storelib.format.timerstore import snap_timer_precision
 
 if TYPE_CHECKING:
@@ -431,13 +431,6 @@ def _ratio(
     return min(clamp[1], max(clamp[0], value))
 
 
-def _decode(data: bytes) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data.decode("latin-1")
-
-
 def load_broker_conf(where: PathOrLocation, version: str = "4") -> BrokerSettings:
     """Read a broker.conf (local path, URI or Location) into BrokerSettings for ``version``."""
     return load_conf_over(where, BrokerSettings.defaults(version))
@@ -450,11 +443,8 @@ def load_conf_over(where: PathOrLocation, base: BrokerSettings, what: str = "bro
     data = read_small(loc, 16 * 1024 * 1024)
     if data is None:
         raise StoreError(loc.path, None, "missing", f"no such {what}")
-    text = _decode(data)
-    parsed = parse_properties_text(text, file=loc.path)
-    items: dict[str, tuple[Any, int | None, int | None]] = {}
-    for key, (value, line, off) in parsed.items():
-        items[key] = (value, line, len(text[:off].encode("utf-8")) if off else 0)
+    text = properties_text(data)  # one char per byte: a line's char offset is its byte offset
+    items: dict[str, tuple[Any, int | None, int | None]] = dict(parse_properties_text(text, file=loc.path))
     settings = _build(base, items, loc.path)
     return dataclasses.replace(settings, conf_findings=tuple(conf_findings(loc.path, text, items)))
 

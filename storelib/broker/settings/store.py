@@ -157,10 +157,10 @@ def _conf_keys(broker_conf: str | None) -> set[str]:
     if not broker_conf:
         return set()
     from storelib.fileio.smallfile_io import as_location, read_small
-    from storelib.format.javaprops import parse_properties_text
+    from storelib.format.javaprops import parse_properties_text, properties_text
 
     data = read_small(as_location(broker_conf))
-    return set(parse_properties_text(data.decode("utf-8", "replace"))) if data else set()
+    return set(parse_properties_text(properties_text(data))) if data else set()
 
 
 def _segment_file_size(loc: Location) -> int | None:

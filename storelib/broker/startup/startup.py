@@ -74,6 +74,7 @@ from storelib.format.consumequeue import list_queues
 from storelib.format.indexdir import IndexFileRef
 from storelib.format.indexfile import HEADER_SIZE, IndexHeader
 from storelib.format.markers import AbortState, LockState, abort_state, lock_state
+from storelib.format.record import OOM_KIND
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.commitlog import Segment
 from storelib.scan.scanner import SegmentScan
@@ -137,12 +138,14 @@ class Simulation:
 
     @property
     def load_failures(self) -> list[Finding]:
-        """Entries the broker's load fails on (it does not start: stray entries, segments of the wrong length) or
-        maps beyond this model (:mod:`storelib.broker.settings.strayload`): this start-up is then not what the
-        broker does. DLedger's own load rules are its walk's (``load_failure``)."""
+        """Entries the broker's load fails on (it does not start: stray entries, segments of the wrong length, a
+        record whose check throws OutOfMemoryError in the recovery's window) or maps beyond this model
+        (:mod:`storelib.broker.settings.strayload`): this start-up is then not what the broker does.
+        DLedger's own load rules are its walk's (``load_failure``)."""
         out: dict[str | None, Finding] = {}  # one per entry (the reader and the walk both size a segment)
         for f in self.findings:
-            if f.kind in (LOAD_FAILS, STRAY_LOADED) or (self.walk.dledger is None and fails_load(f, self.version)):
+            if f.kind in (LOAD_FAILS, STRAY_LOADED, OOM_KIND) or (self.walk.dledger is None
+                                                                  and fails_load(f, self.version)):
                 out.setdefault(f.file, f)
         return list(out.values())
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from storelib.errors import StoreError
 from storelib.fileio.bytesource import Location
 from storelib.fileio.smallfile_io import PathOrLocation, as_location, atomic_write, local_path, read_small
-from storelib.format.javaprops import parse_properties_text
+from storelib.format.javaprops import parse_properties_text, properties_text
 
 CHECKPOINT_FILE = "checkpoint"
 CURRTERM_FILE = "currterm"
@@ -55,7 +55,7 @@ def _props(data: bytes, file: str | None) -> dict[str, str] | str:
     """Properties.load over the bytes (ISO-8859-1, as DLedger's string2Properties ends up reading them), or
     why it throws (a malformed \\uXXXX): string2Properties then returns null (IOUtils :147-156)."""
     try:
-        return {k: v for k, (v, _, _) in parse_properties_text(data.decode("latin-1"), file=file).items()}
+        return {k: v for k, (v, _, _) in parse_properties_text(properties_text(data), file=file).items()}
     except StoreError as e:
         return e.detail
 
