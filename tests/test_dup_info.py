@@ -12,6 +12,8 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from jobs.audit import audit_store
 from jobs.reports.audit_summary import COMMITLOG_DAMAGE
@@ -223,3 +225,23 @@ def test_gen_dup_info_writes_a_store_that_recovers_whole_with_duplication_enable
             assert len(values) >= 300 and all(dup_info_error(v) is None for v in values)
     # without DUP_INFO the walk ends at the first record of its window (the last segment: CQ max in it)
     assert ends[True][1] is None and ends[False][1] == "dup_info" and ends[False][0] < ends[True][0]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.none(), st.text(alphabet="_a\u00e9", max_size=5)), min_size=1, max_size=12),
+       st.sampled_from([64, 300, 4 << 20]), st.sampled_from(COLUMN_SETS))
+def test_the_batch_decoder_and_the_scalar_check_judge_every_dup_info_alike(values, window, cols):
+    buf = _segment([_dup(v, KEYS=f"k{i}") for i, v in enumerate(values)])
+    pos, starts = 0, []
+    while (chk := check_record(buf, pos, line="5", dup_info=True)).kind == "message":
+        starts.append(pos)
+        pos += chk.size
+    t, end = scan_buffer(buf, line="5", columns=list(dict.fromkeys(["phy_offset", *cols])), window=window,
+                         dup_info=True)
+    assert t.column("phy_offset").to_pylist() == starts
+    # the records before the first whose value fails Java's rule (an empty value is no property at all)
+    assert len(starts) == next((i for i, v in enumerate(values) if dup_info_error(v or None)), len(values))
+    if chk.kind == "blank":
+        assert (end.kind, end.reason) == ("blank", None)
+    else:
+        assert (end.kind, end.reason, end.detail) == ("invalid", "dup_info", chk.reason.removeprefix("dup_info: "))
