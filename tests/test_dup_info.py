@@ -245,3 +245,17 @@ def test_the_batch_decoder_and_the_scalar_check_judge_every_dup_info_alike(value
         assert (end.kind, end.reason) == ("blank", None)
     else:
         assert (end.kind, end.reason, end.detail) == ("invalid", "dup_info", chk.reason.removeprefix("dup_info: "))
+
+
+def test_a_normal_start_that_walks_no_valid_record_keeps_the_checkpoints_confirm_offset(tmp_path):
+    """recoverNormally starts lastValidMsgPhyOffset at getConfirmOffset(), with duplicationEnable the value loaded
+    from the checkpoint (CommitLog.java:347, 669-670), and sets it back when no record of the window is valid
+    (:397); the reput then starts and ends there."""
+    root, conf, placed = _store(tmp_path, True, "missing", k=54)
+    assert placed[54].file_offset == 0 and placed[54].segment == 3  # the window's first record fails
+    last = placed[-1].msg.store_timestamp
+    write_checkpoint(root, Checkpoint(last, last, 0, 0, 777))
+    plan = plan_document(simulate(Store(root, load_broker_conf(conf, "5"))), lost=False)
+    assert plan["commitlog"]["process_offset"] == placed[54].phy
+    assert plan["checkpoint_after"]["confirm_phy_offset"] == 777
+    assert (plan["dispatch"]["reput"]["from"], plan["dispatch"]["reput"]["to"]) == (777, 777)

@@ -270,8 +270,10 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     else:
         lost_ranges = _lost_ranges(segs, P, reput_walk, S)
         new_cp = _checkpoint_after(store, cp, version, P, segs) if records else cp
-        if version == "5" and inputs.duplication_enable:  # reputFrom = end = the confirm offset recovery set
-            reput.start = reput.end = new_cp.confirm_phy_offset  # (DefaultMessageStore.java:416, 2855-2856)
+        if version == "5" and inputs.duplication_enable:  # getConfirmOffset() is the field (CommitLog.java:669)
+            if records and wplan.mode == "normal" and not any(o.records for o in walk.segments):
+                new_cp = replace(new_cp, confirm_phy_offset=cp.confirm_phy_offset)  # no record walked: it stays
+            reput.start = reput.end = new_cp.confirm_phy_offset  # reputFrom = end (DefaultMessageStore.java:416, 2855)
     cp_bytes = _checkpoint_image(store, new_cp, version) if records else None
     timer = plan_timer_recovery(store.loc, settings, store.commitlog, int(time.time() * 1000)) \
         if records and version == "5" and store.exists("timerlog") else None
