@@ -56,6 +56,7 @@ from jobs.engines.schedulers import (
 from jobs.liveread import drop_budget, read_budget
 from jobs.reports.audit_report import add_dledger, build_report, jsonable, render_html
 from jobs.reports.audit_summary import EXIT_FAILED, damage_cost, exit_code, summary_text
+from storelib.broker.recovery.walkplan import RecoveryInputs
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
 from storelib.checks.auditstate import load_state, merge_appended, plan, save_state
@@ -150,6 +151,7 @@ def _audit(store_uri: str, since: str | None, state: dict[str, Any], *, broker_c
     tasks = cut_tasks(store, tasks)
     opts = AuditOptions(delay_levels_ms=list(store.delay_levels_ms),
                         broker_version=str(settings.version), line=settings.scan_line, verify_crc=verify_crc,
+                        dup_info=RecoveryInputs.from_settings(settings, dledger=store.dledger is not None).dup_info,
                         fs_options=fs_options, dledger=store.dledger is not None)
     own_engine: Engine | None = None
     budget: tuple[float | None, str | None] = (None, None)

@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delay-ratio", type=_ratio, default=0.02, help="share of delayed messages")
     p.add_argument("--compressed-ratio", type=_ratio, default=0.01, help="share of compressed bodies (default 0.01)")
     p.add_argument("--no-dispatch", action="store_true", help="write the commitlog only (no CQ / index)")
+    p.add_argument("--dup-info", action="store_true",
+                   help="every record carries a DUP_INFO property (5.3.3's recovery requires it with duplicationEnable)")
     p.add_argument("--timers", type=int, default=0, metavar="N",
                    help="--version 5: also N timer messages (TIMER_DELAY_SEC from seconds to 5 days) and the timer "
                         "store as 5.3.3 leaves it: the due ones delivered, the rest pending")
@@ -87,7 +89,7 @@ def run_args(args: argparse.Namespace) -> int:
     cfg = GenConfig(messages=args.messages, size=args.size, topics=args.topics, queues=args.queues,
                     seed=args.seed, version=args.version, ipv6_ratio=args.ipv6_ratio, tx_ratio=args.tx_ratio,
                     delay_ratio=args.delay_ratio, compressed_ratio=args.compressed_ratio,
-                    topic_names=tuple(args.topic_names))
+                    topic_names=tuple(args.topic_names), dup_info=args.dup_info)
     big = (args.size or 0) >= 64 << 20 or (args.messages or 0) >= 50_000
     prog = Progress("gen", total=args.size, force=big)
     last = [0]

@@ -85,6 +85,7 @@ class AuditOptions:
     delay_levels_ms: list[int] = field(default_factory=lambda: list(DEFAULT_DELAY_LEVELS_MS))
     broker_version: str = "4"
     line: str | None = None  # the settings' scan_line: the line whose record check applies (None: not told)
+    dup_info: bool = False  # 5.3.3 duplicationEnable: recovery's DUP_INFO check (RecoveryInputs.dup_info)
     verify_crc: bool = True
     fs_options: dict[str, Any] = field(default_factory=dict)
     groups: int = 1  # queue groups the record tables are laid out by (:func:`storelib.checks.tables.group_sort`)
@@ -325,8 +326,8 @@ def audit_part(task: SegmentTask, opts: AuditOptions, sink: TableSink | None = N
         while pos < stop:
             scan = SegmentScan(src, display, task.base, pos, None if task.end is None and task.limit is None else stop,
                                verify_crc=opts.verify_crc, with_properties=False, delay_levels_ms=opts.delay_levels_ms,
-                               columns=SCAN_COLUMNS if facts is None else facts.columns(SCAN_COLUMNS),
-                               line=audit_scan_line(opts), dledger=opts.dledger, batch_rows=TASK_BATCH_ROWS)
+                               columns=SCAN_COLUMNS if facts is None else facts.columns(SCAN_COLUMNS), line=audit_scan_line(opts),
+                               dup_info=opts.dup_info, dledger=opts.dledger, batch_rows=TASK_BATCH_ROWS)
             for batch in scan if facts is None else facts.feed(scan, SCAN_COLUMNS):
                 _check_batch(batch, task, opts, display, found, bad_rows, rec_parts, key_parts)
                 pacer.took(_batch_bytes(batch))

@@ -28,6 +28,7 @@ INNER_BASE = "INNER_BASE"
 INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
 INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
 CRC32 = "__CRC32#"
+DUP_INFO = "DUP_INFO"  # MessageConst.DUP_INFO (5.3.3 common/.../MessageConst.java:47)
 CRC32_RESERVED_LEN = 20
 _JAVA_INT = re.compile(r"[+-]?\d+")
 
@@ -104,6 +105,20 @@ def inner_batch_error(num: str | None, base: str | None) -> str | None:
         return f"INNER_BASE {base!r} is not a Java long"
     if java_int(num, 16) is None:
         return f"INNER_NUM {num!r} is not a Java short"
+    return None
+
+
+def dup_info_error(value: str | None) -> str | None:
+    """Why 5.3.3's recovery check fails a record with duplicationEnable for this DUP_INFO value (None: it
+    passes). CommitLog.checkMessageAndReturnSize (5.3.3 CommitLog.java:540-545), inside ``propertiesLength >
+    0``: a missing value or ``dupInfo.split("_").length != 2`` returns -1; nothing is parsed. Java's split
+    drops trailing empty strings ("a_b__" has 2 parts, "_b" 2, "a_" 1, "_" 0), so the value passes exactly
+    when, without its trailing "_", it holds one "_" (:func:`storelib.scan.batchdecode` applies the same
+    rule column-wise)."""
+    if value is None:
+        return "DUP_INFO missing (duplicationEnable)"
+    if value.rstrip("_").count("_") != 1:
+        return f"DUP_INFO {value!r} does not split into 2 parts on '_' (duplicationEnable)"
     return None
 
 

@@ -18,6 +18,7 @@ from storelib.format.properties import (
     CRC32,
     CRC32_RESERVED_LEN,
     DELAY,
+    DUP_INFO,
     INNER_BASE,
     INNER_NUM,
     KEYS,
@@ -26,6 +27,7 @@ from storelib.format.properties import (
     UNIQ_KEY,
     crc_digits,
     crc_expected,
+    dup_info_error,
     encode_properties,
     inner_batch_error,
     java_int,
@@ -272,6 +274,7 @@ def check_record(
     file_offset: int | None = None,
     line: str | None = None,
     read_body: bool = True,
+    dup_info: bool = False,
 ) -> RecordCheck:
     """Validate and decode the record at ``pos`` of ``buf`` (which ends where the segment ends).
 
@@ -288,6 +291,8 @@ def check_record(
     None when the line is not known. ``read_body`` False is the reput's call (``readBody=false``, never a CRC):
     the body is skipped by moving the position, bounded only by the buffer's end, not copied into
     ``new byte[totalSize]``, so a BODYLENGTH larger than TOTALSIZE is a length mismatch there, not -1.
+    ``dup_info``: 5.3.3 recovery's checkDupInfo (duplicationEnable): a record with properties whose DUP_INFO
+    fails :func:`dup_info_error` is -1, checked right after the properties are parsed (before DELAY).
     ``file``/``file_offset`` name the record in errors raised by callers.
     """
     acc: RecordBytes = buf if hasattr(buf, "crc") else BufferBytes(buf)  # type: ignore[assignment,arg-type]
@@ -314,7 +319,7 @@ def check_record(
                                           "(5.3.3 checks the size first: -1)")
     try:
         chk = _check_fields(acc, head, pos, 2 if magic == MAGIC_V2 else 1, check_crc and read_body, read_body,
-                            line)
+                            line, dup_info)
     except (struct.error, IndexError, ValueError) as e:
         if total > left:  # a record cut by the segment's end: its field reads run out of bytes (-1)
             return RecordCheck("invalid", -1, f"bad_size: TOTALSIZE {total} exceeds the {left} bytes left ({e})")
@@ -356,7 +361,7 @@ def alloc_note(total: int) -> str:
 
 
 def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_crc: bool,
-                  read_body: bool = True, line: str | None = None) -> RecordCheck:
+                  read_body: bool = True, line: str | None = None, dup_info: bool = False) -> RecordCheck:
     """The steps after MAGIC (see :func:`check_record`); raises ValueError where the broker's read throws."""
     n = len(acc)
     (total, _magic, crc, qid, flag, qoff, phy, sysf, born_ts) = _HDR.unpack_from(head, 0)
@@ -399,6 +404,8 @@ def _check_fields(acc: RecordBytes, head: bytes, pos: int, version: int, check_c
             raise ValueError(f"PROPERTIESLENGTH {props_len} runs past the record")
         raw = java_string(acc.take(p, p + props_len))  # decoded before the split, as the broker does
         props = parse_properties(raw)
+        if dup_info and (why := dup_info_error(props.get(DUP_INFO))) is not None:
+            return RecordCheck("invalid", -1, f"dup_info: {why}")  # CommitLog.java:540-545, before DELAY
     if topic == SCHEDULE_TOPIC and DELAY in props and java_int(props[DELAY]) is None:
         raise ValueError(f"DELAY {props[DELAY]!r} is not a Java int")  # Integer.parseInt throws
     expect = record_length(sysf, body_len, topic_len, props_len, version)

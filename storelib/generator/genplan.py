@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.writer.writer import OP_REMOVE_TAG, java_hashmap_order
-from storelib.format.properties import NAME_VALUE_SEP, PROPERTY_SEP
+from storelib.format.properties import DUP_INFO, NAME_VALUE_SEP, PROPERTY_SEP
 from storelib.format.record import (
     BORNHOST_V6_FLAG,
     COMPRESSED_FLAG,
@@ -36,7 +36,7 @@ IPV6_HOSTS = ["[1050:0:0:0:5:600:300c:326b]", "[0:0:0:0:0:0:0:1]", "[fe80:0:0:0:
               "[2001:db8:0:0:0:8a2e:370:7334]"]
 # the order properties are put into the map (client, then broker); ties in a HashMap bucket keep it
 PROP_UNIVERSE = ["KEYS", "TAGS", "DELAY", "UNIQ_KEY", "WAIT", "CLUSTER", "TRAN_MSG", "PGROUP", "REAL_TOPIC",
-                 "REAL_QID"]
+                 "REAL_QID", DUP_INFO]
 PROP_ORDER = java_hashmap_order(PROP_UNIVERSE)  # ≤ 12 names: capacity 16 for every subset
 CLUSTER_NAME = "DefaultCluster"
 BROKER_ADDED = ("REAL_TOPIC", "REAL_QID", "TRAN_MSG", "PGROUP")
@@ -72,6 +72,8 @@ class GenConfig:
     chunk_ops: int = 65536
     consumer_groups: int = 2
     topic_names: tuple[str, ...] = ()  # user topics by name (any string the store can hold), else generated
+    dup_info: bool = False  # every record carries DUP_INFO "<send number>_<queue id>", which 5.3.3's
+    # recovery requires with duplicationEnable (CommitLog.java:540-545); the StoreWriter replay does not
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,6 +272,8 @@ class Generator:
         tx = pa.array((rtype == HALF) | (rtype == COMMIT))
         cols["TRAN_MSG"] = pc.if_else(tx, pa.scalar("true"), null)
         cols["PGROUP"] = pc.if_else(tx, pa.scalar(PRODUCER_GROUP), null)
+        cols[DUP_INFO] = pa.array(np.char.add(np.char.add((self.ops + op_of).astype(str), "_"), q_rec.astype(str))
+                                  ) if self.cfg.dup_info else pa.nulls(len(rtype), pa.string())
         real = pa.array(((rtype == NORMAL) & (d_rec > 0)) | tx)
         cols["REAL_TOPIC"] = pc.if_else(real, pc.take(self.topic_str, pa.array(t_rec)), null)
         cols["REAL_QID"] = pc.if_else(real, pa.array(q_rec.astype(str)), null)

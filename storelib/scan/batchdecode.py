@@ -18,9 +18,11 @@ from storelib.format.crc import MASK, crc32_ranges
 from storelib.format.properties import (
     CRC32,
     CRC32_RESERVED_LEN,
+    DUP_INFO,
     INNER_BASE,
     INNER_NUM,
     crc_expected,
+    dup_info_error,
     inner_batch_error,
     java_int,
 )
@@ -192,18 +194,36 @@ def _first_bad_inner(props: FastProperties | SplitProperties | PropertyColumns, 
     return bad_row, why
 
 
+def _first_bad_dup(props: FastProperties | SplitProperties | PropertyColumns, plen: np.ndarray,
+                   bad_row: int | None, why: tuple | None) -> tuple[int | None, tuple | None]:
+    """(first bad row, why) with 5.3.3 recovery's DUP_INFO check (duplicationEnable, CommitLog.java:540-545,
+    :func:`dup_info_error`): a row with properties whose DUP_INFO, without its trailing "_", does not hold
+    exactly one "_". The check runs before DELAY and INNER_NUM are parsed, so it wins a tie."""
+    v = props.value(DUP_INFO)
+    parts = pc.count_substring(pc.utf8_rtrim(v, characters="_"), "_")
+    ok = np.asarray(pc.equal(parts, 1).fill_null(False)) | (plen <= 0)
+    rows = np.flatnonzero(~ok)
+    if not len(rows) or (bad_row is not None and rows[0] > bad_row):
+        return bad_row, why
+    r = int(rows[0])
+    return r, (r, "dup_info", dup_info_error(v[r].as_py()), None)
+
+
 class BatchDecoder:
     """Decode records at given view offsets into batches of ``schema``'s columns.
 
     ``source``/``base``: the segment's ByteSource and physical base offset. ``verify_crc`` computes
     ``crc_ok``; ``stop_on_crc`` additionally ends the batch at the first mismatch (broker recovery).
     ``line``: the broker line whose check classifies a bad record (the walk has already judged the magics);
-    ``read_body`` False: the reput's check classifies it (readBody=false).
+    ``read_body`` False: the reput's check classifies it (readBody=false). ``dup_info``: 5.3.3 recovery's
+    checkDupInfo (:func:`_first_bad_dup`); nothing is paid when it is off.
     """
 
     def __init__(self, source, base: int, schema: pa.Schema, *, verify_crc: bool, stop_on_crc: bool,
-                 delay_levels_ms: Sequence[int], line: str | None = None, read_body: bool = True):
+                 delay_levels_ms: Sequence[int], line: str | None = None, read_body: bool = True,
+                 dup_info: bool = False):
         self.source = source
+        self.dup_info = dup_info
         self.line = line
         self.read_body = read_body
         self.base = base
@@ -260,6 +280,10 @@ class BatchDecoder:
             delay, delay_col, bad_row, why = self._delays(props, is_sched, k)
         if inner and props is not None:
             bad_row, why = _first_bad_inner(props, bad_row, why)
+        if self.dup_info and k:
+            if props is None:
+                props, raw = _properties(take_ranges(pbuf, lay.p_props[sl], lay.plen[sl]), need)
+            bad_row, why = _first_bad_dup(props, lay.plen[sl], bad_row, why)
         if why is not None:  # the broker fails the whole record (NumberFormatException → -1)
             if bad_row == 0:
                 return pa.RecordBatch.from_pylist([], schema=self.schema), why, crc_bad
@@ -433,4 +457,5 @@ class BatchDecoder:
     def _classify(self, view_base: int, rel: int, k: int):
         """Re-check the first structurally bad record with the scalar validator (the broker's outcome:
         reason and size), over the whole segment: its field reads may run past the record and the view."""
-        return (k, *outcome(check_at(self.source, view_base + rel, self.stop_on_crc, self.line, self.read_body)))
+        return (k, *outcome(check_at(self.source, view_base + rel, self.stop_on_crc, self.line, self.read_body,
+                                     self.dup_info)))

@@ -63,12 +63,14 @@ class SourceBytes:
         return value & MASK
 
 
-def check_at(source, pos: int, check_crc: bool, line: str | None = None, read_body: bool = True) -> RecordCheck:
+def check_at(source, pos: int, check_crc: bool, line: str | None = None, read_body: bool = True,
+             dup_info: bool = False) -> RecordCheck:
     """The scalar check of the record at file offset ``pos`` of ``source``, over the whole segment
     (a local mapping as it is, a ranged source in small reads), by ``line``'s rules (``read_body``
-    False: the reput's, see :func:`storelib.format.record.check_record`)."""
+    False: the reput's, see :func:`storelib.format.record.check_record`; ``dup_info``: 5.3.3 recovery's
+    checkDupInfo)."""
     data = source.view() if isinstance(source, LocalSource) else SourceBytes(source)
-    return check_record(data, pos, check_crc=check_crc, line=line, read_body=read_body)
+    return check_record(data, pos, check_crc=check_crc, line=line, read_body=read_body, dup_info=dup_info)
 
 
 def outcome(chk: RecordCheck) -> tuple[str, str, int | None]:

@@ -178,7 +178,8 @@ class SegmentScan:
     record is an illegal magic), "5" (5.3.3: a blank record longer than the rest of the file is -1), or
     None when the line is not known (4.9.8's blank rule; V2 taken, as only 5.x writes it). ``read_body``
     False: records are judged as the reput reads them (``readBody=false``: a BODYLENGTH past TOTALSIZE
-    is a length mismatch, not -1); True as recovery and every reader of messages do.
+    is a length mismatch, not -1); True as recovery and every reader of messages do. ``dup_info``: 5.3.3
+    recovery's checkDupInfo (duplicationEnable): a record with properties but no well-formed DUP_INFO is -1.
     """
 
     def __init__(
@@ -202,6 +203,7 @@ class SegmentScan:
         prev_entry: tuple[int, int] | None = None,
         line: str | None = None,
         read_body: bool = True,
+        dup_info: bool = False,
     ):
         if line is not None and line not in LINES:
             raise ValueError(f"line must be one of {LINES} or None, not {line!r}")
@@ -224,6 +226,7 @@ class SegmentScan:
         self.end: SegmentEnd | None = None
         self.line = line
         self.read_body = read_body
+        self.dup_info = dup_info
         self._magics = message_magics(line)
         self._v2 = MAGIC_V2 in self._magics
         self._chain = ChainRun(self._v2)
@@ -249,7 +252,7 @@ class SegmentScan:
         schema = pa.schema([f for f in self.schema if f.name not in DLEDGER_NAMES]) if dl else self.schema
         decoder = BatchDecoder(self.source, self.base, schema, verify_crc=self.verify_crc,
                                stop_on_crc=self.stop_on_crc, delay_levels_ms=self.delay_levels_ms, line=self.line,
-                               read_body=self.read_body)
+                               read_body=self.read_body, dup_info=self.dup_info)
         walk = self._walk_dledger if dl else self._walk
         head = BODY_OFFSET if dl else 0
         while True:
@@ -284,7 +287,8 @@ class SegmentScan:
                     # longer than a window (a valid record, or a damaged TOTALSIZE): the broker's check
                     # first, which reads the record's own lengths in small reads; only a record that
                     # passes it is read whole
-                    chk = check_at(self.source, pos + head, self.stop_on_crc, self.line, self.read_body)  # an entry's record
+                    chk = check_at(self.source, pos + head, self.stop_on_crc, self.line, self.read_body,
+                                   self.dup_info)  # an entry's record
                     if chk.kind != "message":
                         reason, detail, size = outcome(chk)
                         self.end = SegmentEnd("invalid", self.file, pos, self.base + pos, reason, detail, size,
@@ -511,7 +515,8 @@ class SegmentScan:
                 return None, None, starts, pos, (0 if len(starts) else total)
             # too small to be a record, or past the segment: the broker's outcome (-1, or TOTALSIZE for a
             # length mismatch), by the scalar check
-            return "invalid", outcome(check_at(self.source, pos, self.stop_on_crc, self.line, self.read_body)), starts, pos, 0
+            chk = check_at(self.source, pos, self.stop_on_crc, self.line, self.read_body, self.dup_info)
+            return "invalid", outcome(chk), starts, pos, 0
         if magic == BLANK_MAGIC:
             if blank_fits(total, left, self.line):
                 return "blank", f"blank record, TOTALSIZE {total}", starts, pos, 0

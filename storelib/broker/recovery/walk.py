@@ -188,6 +188,7 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     scan_kw.setdefault("line", plan.inputs.line)
     # recovery reads the window with readBody=true; the reput (segments before it, a DLedger log) with false
     scan_kw.setdefault("read_body", task.crc and not plan.inputs.dledger)
+    scan_kw.setdefault("dup_info", plan.inputs.dup_info and task.crc)  # recovery's check, never the reput's
     seg = plan.segments[task.index]
     facts = cols = None
     if seg.dledger:  # the entry columns feed the file's DLedger facts, then are dropped if not asked for
@@ -275,7 +276,15 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
             seg = segs[i]
             stop = min(e.file_offset, process_offset - seg.base)
             if stop > 0:
-                dispatch.append(DispatchRange(seg.base, seg.name, 0, stop, plan.dispatch_after, "recovery"))
+                dispatch.append(DispatchRange(seg.base, seg.name, 0, stop, plan.dispatch_after, "recovery",
+                                              inp.confirm_bound))
+        bound = inp.confirm_bound
+        if bound is not None and bound < process_offset:
+            found.append(Finding(
+                "recovery_unconfirmed", "info", "checkpoint", 32,
+                f"duplicationEnable: the abnormal recovery dispatches only records ending at or before the "
+                f"checkpoint's confirmPhyOffset {bound}; those after it, up to processOffset {process_offset}, "
+                "get no consume-queue entry at start-up (the reput starts and ends at the confirm offset recovery sets)"))
     delete, truncate = _truncation(plan, process_offset)
     quirk = inp.version == "4" and plan.mode == "abnormal"
     return RecoveryResult(

@@ -44,11 +44,28 @@ class RecoveryInputs:
     dledger_startup: bool = False  # a DLedger start-up (recover), not the lifetime walk (rebuild, export)
     dledger_index: IndexFiles | None = None  # DLedger's index file list
     dledger_load_findings: tuple[Finding, ...] = ()  # what makes DLedger's load fail
+    duplication_enable: bool = False  # MessageStoreConfig.duplicationEnable
 
     @property
     def line(self) -> str | None:
         """The line whose record check the walk's scans apply (BrokerLine.scan_line: None when not told)."""
         return self.version if self.version_told else None
+
+    @property
+    def dup_info(self) -> bool:
+        """Does the recovery walk check DUP_INFO (5.3.3 CommitLog.recoverNormally/recoverAbnormally pass
+        duplicationEnable as checkDupInfo, CommitLog.java:329/715; 4.9.8 has no such check)? DLedger mode's
+        own walk is not modelled with it."""
+        return self.duplication_enable and self.version == "5" and not self.dledger
+
+    @property
+    def confirm_bound(self) -> int | None:
+        """5.3.3 abnormal recovery with duplicationEnable dispatches only records whose PHYSICALOFFSET +
+        TOTALSIZE <= getConfirmOffset() (CommitLog.java:751-753): the field loaded from the checkpoint's
+        confirmPhyOffset (DefaultMessageStore.java:388, before recover); None when nothing bounds it."""
+        if self.duplication_enable and self.version == "5" and not self.dledger and not self.last_exit_ok:
+            return self.checkpoint.confirm_phy_offset
+        return None
 
     @property
     def dledger_crc(self) -> bool:
@@ -70,6 +87,7 @@ class RecoveryInputs:
             message_index_enable=bool(settings.message_index_enable),
             message_index_safe=bool(settings.message_index_safe),
             broker_id=int(settings.broker_id),
+            duplication_enable=bool(settings.duplication_enable),
         )
         base.update(kw)
         return cls(**base)
@@ -142,6 +160,8 @@ class DispatchRange:
 
     ``after``: only records whose PHYSICALOFFSET field is strictly greater (5.x normal recovery), or
     None. ``by``: ``reput`` or ``recovery`` (who dispatches them; the same records either way).
+    ``confirm``: only records whose PHYSICALOFFSET field + TOTALSIZE <= it (5.3.3 abnormal recovery with
+    duplicationEnable: :attr:`RecoveryInputs.confirm_bound`), or None.
     """
 
     base: int
@@ -150,6 +170,7 @@ class DispatchRange:
     end: int
     after: int | None
     by: str
+    confirm: int | None = None
 
     @property
     def phy_start(self) -> int:

@@ -156,7 +156,8 @@ class Simulation:
 
 
 def _read_ranges(store: Store, ranges: Iterable[DispatchRange], delay_levels: list[int]) -> pa.Table:
-    """The dispatch columns of every record in ``ranges`` (PHYSICALOFFSET filter for 5.x ``after``)."""
+    """The dispatch columns of every record in ``ranges`` (PHYSICALOFFSET filters for 5.x ``after`` and
+    ``confirm``)."""
     by_base = {s.base: s for s in store.commitlog.segments}
     batches: list[pa.RecordBatch] = []
     opts = store.commitlog.scan_options()
@@ -168,6 +169,9 @@ def _read_ranges(store: Store, ranges: Iterable[DispatchRange], delay_levels: li
             for b in scan:
                 if d.after is not None and b.num_rows:
                     b = b.filter(pc.greater(b.column("physical_offset_field"), d.after))
+                if d.confirm is not None and b.num_rows:  # 5.3.3 abnormal, duplicationEnable (CommitLog.java:752)
+                    end = pc.add(b.column("physical_offset_field"), b.column("size").cast(pa.int64()))
+                    b = b.filter(pc.less_equal(end, d.confirm))
                 if b.num_rows:
                     batches.append(b)
     if not batches:
@@ -269,6 +273,10 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     else:
         lost_ranges = _lost_ranges(segs, P, reput_walk, S)
         new_cp = _checkpoint_after(store, cp, version, P, segs) if records else cp
+        if version == "5" and inputs.duplication_enable:  # getConfirmOffset() is the field (CommitLog.java:669)
+            if records and wplan.mode == "normal" and not any(o.records for o in walk.segments):
+                new_cp = replace(new_cp, confirm_phy_offset=cp.confirm_phy_offset)  # no record walked: it stays
+            reput.start = reput.end = new_cp.confirm_phy_offset  # reputFrom = end (DefaultMessageStore.java:416, 2855)
     cp_bytes = _checkpoint_image(store, new_cp, version) if records else None
     timer = plan_timer_recovery(store.loc, settings, store.commitlog, int(time.time() * 1000)) \
         if records and version == "5" and store.exists("timerlog") else None
