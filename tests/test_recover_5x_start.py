@@ -4,6 +4,11 @@ no valid record, and batchconsumequeue/ (loaded, recovered and truncated by the 
 
 from __future__ import annotations
 
+import json
+import shutil
+
+import numpy as np
+
 from storelib.broker.dispatch.dispatch import dispatch_store
 from storelib.broker.settings.brokerconf import load_broker_conf
 from storelib.broker.settings.store import Store
@@ -144,3 +149,77 @@ def test_5x_confirm_offset_of_a_normal_window_without_a_valid_record_is_the_flus
     _, _, sync = _normal_last_segment_first_record_corrupt(tmp_path, "sync", {"flushDiskType": "SYNC_FLUSH"})
     # SYNC_FLUSH -> getFlushedWhere(), still 0 before recovery sets it
     assert _plan(sync)["checkpoint_after"]["confirm_phy_offset"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# batchconsumequeue/: loaded, recovered and truncated by 5.3.3, modelled and never written here
+
+BCQ_FILE = 46 * 40
+# BatchConsumeQueue.java:49-63, written here independently of the reader
+BCQ_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8"), ("time", ">i8"), ("base", ">i8"),
+                      ("batch", ">i2"), ("compacted", ">i4"), ("reserved", ">i4")])
+
+
+def _batch_store(tmp_path, name: str, *, batch_cq: bool = True, beyond: bool = False):
+    """Topic T in consume queues that end at ``mid`` (the records after it are not dispatched yet), topic B in a
+    BatchConsumeQueue holding every B record (``beyond``: and one unit past the log's end)."""
+    cs = CraftedStore(S)
+    i = 0
+    while cs.seg_index < 3:
+        cs.append(msg("B" if i % 4 == 3 else "T", 0, body=bytes([65 + i % 26]) * 300, keys=f"k{i}", uniq=f"U{i:06d}"))
+        i += 1
+    b_recs = [p for p in cs.placed if p.msg.topic == "B"]
+    mid = next(p for p in cs.placed if p.segment == 1 and p.msg.topic == "T").phy
+    store = _store(tmp_path, cs, name=name, conf={"mapperFileSizeBatchConsumeQueue": BCQ_FILE}, dispatch_to=mid)
+    root = tmp_path / name
+    shutil.rmtree(root / "consumequeue" / "B", ignore_errors=True)
+    units = np.zeros(BCQ_FILE // 46, dtype=BCQ_DTYPE)
+    for k, p in enumerate(b_recs):
+        units[k] = (p.phy, p.size, 0, p.msg.store_timestamp, k, 1, 0, 0)
+    if beyond:
+        units[len(b_recs)] = (10 * S, 300, 0, 0, len(b_recs), 1, 0, 0)
+    (root / "batchconsumequeue" / "B" / "0").mkdir(parents=True)
+    (root / "batchconsumequeue" / "B" / "0" / f"{0:020d}").write_bytes(units.tobytes())
+    (root / "config").mkdir(exist_ok=True)
+    attrs = {"queue.type": "BatchCQ"} if batch_cq else {}
+    (root / "config" / "topics.json").write_text(json.dumps({"topicConfigTable": {
+        "T": {"topicName": "T"}, "B": {"topicName": "B", "attributes": attrs}}}))
+    return cs, b_recs, mid, Store(str(root), store.settings)
+
+
+def test_5x_batch_consume_queue_max_counts_in_the_recovery_window_and_its_records_get_no_cq_entry(tmp_path):
+    cs, b_recs, mid, store = _batch_store(tmp_path, "b")
+    plan = _plan(store)
+    bmax = b_recs[-1].phy  # BatchConsumeQueue.getMaxPhysicOffset: the last unit's phyOffset (a record's start)
+    assert plan["consume_queues"]["max_phy_offset"] == bmax > mid
+    assert plan["commitlog"]["start_base"] == bmax - bmax % S
+    # 5.x normal recovery dispatches only PHYSICALOFFSET > maxPhyOffsetOfConsumeQueue: T's records between the
+    # consume queues' end and the batch queue's max are not dispatched by this start
+    assert plan["dispatch"]["recovery_records"] == sum(1 for p in cs.placed if p.phy > bmax)
+    [bq] = plan["consume_queues"]["batch_queues"]
+    assert bq["path"] == "batchconsumequeue/B/0" and bq["units"] == len(b_recs) and bq["max_physic_offset"] == bmax
+    assert [q["topic"] for q in plan["consume_queues"]["queues"]] == ["T"]  # no consumequeue/B is planned
+    assert not any("/B/" in f["path"] for f in plan["consume_queues"]["files"])
+    assert any(f["kind"] == "batch_consume_queue" for f in plan["findings"])
+    assert plan["load_failures"] == []
+
+
+def test_5x_batch_consume_queue_ahead_of_the_log_truncates_every_queue_and_is_reported_not_written(tmp_path):
+    cs, b_recs, _, store = _batch_store(tmp_path, "b", beyond=True)
+    before = (tmp_path / "b" / "batchconsumequeue" / "B" / "0" / f"{0:020d}").read_bytes()
+    plan = _plan(store)
+    assert plan["consume_queues"]["max_phy_offset"] == 10 * S
+    assert plan["consume_queues"]["truncate_at_process_offset"] is True
+    [bq] = plan["consume_queues"]["batch_queues"]
+    assert bq["truncate"] == {"max_physic_offset": b_recs[-1].phy, "units_dropped": 1, "files_deleted": []}
+    assert bq["supported"] is False
+    f = next(f for f in plan["findings"] if f["kind"] == "batch_consume_queue")
+    assert f["severity"] == "warning" and "never writes batch consume queues" in f["detail"]
+    assert (tmp_path / "b" / "batchconsumequeue" / "B" / "0" / f"{0:020d}").read_bytes() == before
+
+
+def test_5x_batch_consume_queue_of_a_topic_not_configured_batch_fails_the_broker_load(tmp_path):
+    _, _, _, store = _batch_store(tmp_path, "b", batch_cq=False)
+    plan = _plan(store)
+    assert [f["file"] for f in plan["load_failures"]] == ["batchconsumequeue/B/0"]
+    assert plan["supported"] is False

@@ -69,6 +69,9 @@ from storelib.broker.startup.checkpointafter import checkpoint_after, checkpoint
 from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
 from storelib.broker.startup.dledgerstartup import DLedgerChanges, dledger_changes, reput_start
 from storelib.broker.startup.startup5x import (
+    BatchTopics,
+    batch_ignored,
+    batch_topics,
     confirm_without_record,
     never_reput,
     recheck_finding,
@@ -144,6 +147,7 @@ class Simulation:
     complete_index: bool
     findings: list[Finding]
     dledger: DLedgerChanges | None = None  # a DLedger-mode store: DLedger's own file changes
+    batch: BatchTopics | None = None  # 5.3.3's BatchConsumeQueues (modelled, never written)
 
     @property
     def load_failures(self) -> list[Finding]:
@@ -221,7 +225,11 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     index_files = index_on_load(refs, abort.last_exit_ok, cp)
     index_delete = [f.name for f in index_files if f.delete]
     queues = _load_queues(store, findings, version)
-    cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1])
+    # 5.3.3 loads and recovers its BatchConsumeQueues beside them (startup5x); 4.9.8 never reads them
+    batch = batch_topics(store.loc, settings, {t for t, _ in queues}, findings) if version == "5" else None
+    findings.extend(batch_ignored(store.loc) if version == "4" else [])
+    cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1]
+                 + [q.max_physic_offset for q in (batch.queues if batch else [])])
 
     # §8.3/8.4 the commitlog walk
     inputs = store_inputs(store, version=version, last_exit_ok=abort.last_exit_ok, cq_max_phy_offset=cq_max,
@@ -234,9 +242,10 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     P = walk.process_offset
     segs = list(wplan.segments)
 
-    t_rec = _recovery_dispatch(store, walk, segs, queues, findings, records)
+    t_rec = _recovery_dispatch(store, walk, segs, queues, findings, records, batch)
     reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema, walk_runner,
-                                      records)
+                                      records, batch)
+    findings.extend(batch.findings() if batch is not None else [])
     unmodelled = store.cq_unmodelled() if t_rec.num_rows + t_rep.num_rows else None
     if unmodelled is not None:
         findings.append(Finding("cq_unreproduced", "warning", "consumequeue", None,
@@ -268,7 +277,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
         checkpoint_after=new_cp, inputs=inputs, index_files=index_files, reput=reput,
         recovery_records=t_rec.num_rows, reput_records=t_rep.num_rows, index_keys_added=keys_added,
         index_keys_extra=keys_extra, index_extra_records=t_extra.num_rows, complete_index=complete_index,
-        findings=findings, dledger=changes)
+        findings=findings, dledger=changes, batch=batch)
 
 
 def _unread_before(store: Store, wplan: WalkPlan) -> list[Finding]:
@@ -342,31 +351,37 @@ def _load_queues(store: Store, findings: list[Finding], version: str) -> dict[tu
 
 def _recovery_dispatch(store: Store, walk: RecoveryResult, segs: list[Segment],
                        queues: dict[tuple[str, int], QueueReplay], findings: list[Finding],
-                       records: bool = True) -> pa.Table:
-    """Records dispatched during recovery (abnormal both versions; 5.x normal) into the queue models, then
-    the CQ truncation at processOffset; the records dispatched (none read when not ``records``)."""
+                       records: bool = True, batch: BatchTopics | None = None) -> pa.Table:
+    """Records dispatched during recovery (abnormal both versions; 5.x normal) into the queue models (``batch``:
+    5.3.3's BatchCQ topics, kept out), then the CQ truncation at processOffset; the records dispatched (none read
+    when not ``records``)."""
     delay_levels = list(store.settings.delay_levels_ms)
     rec_ranges = [d for d in walk.dispatch if d.by == "recovery"] if records else []
     t_rec = _read_ranges(store, rec_ranges, [] if walk.delay_levels_quirk else delay_levels)
-    _cq_dispatch(queues, t_rec, store.loc, int(store.settings.mapped_file_size_consume_queue), "recovery", findings)
+    _cq_dispatch(queues, t_rec, store.loc, int(store.settings.mapped_file_size_consume_queue), "recovery", findings,
+                 batch)
     if not segs:
         for q in queues.values():
             q.destroy()
+        if batch is not None:
+            batch.destroyed = True
     elif walk.truncate_consume_queues:
         cut = walk.process_offset if walk.cq_truncate_offset is None else walk.cq_truncate_offset
         for q in queues.values():
             q.truncate(cut)
+        if batch is not None:
+            batch.truncate(cut)
     return t_rec
 
 
 def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
            queues: dict[tuple[str, int], QueueReplay], findings: list[Finding], schema: pa.Schema,
-           walk_runner: WalkRunner = serial_walk, records: bool = True, extra_maxes: list[int] | None = None
+           walk_runner: WalkRunner = serial_walk, records: bool = True, batch: BatchTopics | None = None
            ) -> tuple[Reput, pa.Table, RecoveryResult | None]:
     """4.9.8 reput (§8.9; 5.3.3 with recheckReputOffsetFromCq) from the queues' maxPhysicOffset after recovery
-    (``extra_maxes``: the BatchConsumeQueues'), into the queue models; (where it ran, the records dispatched, the
+    (``batch``: with the BatchConsumeQueues'), into the queue models; (where it ran, the records dispatched, the
     reput's walk or None). Not ``records``: where it starts and its walk (on ``walk_runner``) only."""
-    extra_maxes = extra_maxes or []
+    extra_maxes = batch.maxes() if batch is not None else []
     P = walk.process_offset
     segs = list(wplan.segments)
     delay_levels = list(store.settings.delay_levels_ms)
@@ -384,7 +399,7 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
             findings.extend(more)
             t_rep = _read_ranges(store, reput.ranges, delay_levels)
             _cq_dispatch(queues, t_rep, store.loc, int(store.settings.mapped_file_size_consume_queue), "reput",
-                         findings)
+                         findings, batch)
         else:
             reput.start = P
         return reput, t_rep, None
@@ -411,7 +426,8 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
         reput.ranges = rr
         findings.extend(f for f in reput_walk.findings if f.kind.startswith("reput"))
         t_rep = _read_ranges(store, rr if records else [], delay_levels)
-        _cq_dispatch(queues, t_rep, store.loc, int(store.settings.mapped_file_size_consume_queue), "reput", findings)
+        _cq_dispatch(queues, t_rep, store.loc, int(store.settings.mapped_file_size_consume_queue), "reput", findings,
+                     batch)
     elif reput_from > P:
         findings.append(Finding("reput_from_beyond_end", "warning", None, None,
                                 f"the consume queues' maxPhysicOffset {reput_from} is past processOffset {P}: "
@@ -533,8 +549,11 @@ def _has_nonzero(seg: Segment, pos: int) -> bool:
 
 
 def _cq_dispatch(queues: dict[tuple[str, int], QueueReplay], table: pa.Table, root: Location, S: int,
-                 by: str, findings: list[Finding]) -> None:
-    """Dispatch ``table`` into the queue models; a topic that cannot be a directory is a finding, never a path."""
+                 by: str, findings: list[Finding], batch: BatchTopics | None = None) -> None:
+    """Dispatch ``table`` into the queue models; a topic that cannot be a directory is a finding, never a path;
+    records of 5.3.3's BatchCQ topics go to their BatchConsumeQueue (``batch`` counts them, nothing is written)."""
+    if batch is not None:
+        table = batch.take(table)
     if table.num_rows == 0:
         return
     states = {k: q.state for k, q in queues.items()}
