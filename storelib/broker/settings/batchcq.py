@@ -4,8 +4,8 @@ A 5.3.3 store keeps the queues of a topic whose ``queue.type`` attribute is ``Ba
 (BatchConsumeQueue.java:49-63: phyOffset 8, size 4, tagsCode 8, storeTime 8, msgBaseOffset 8, batchSize 2,
 compactedOffset 4, reserved 4). At start-up the broker:
 
-* loads them beside the consume queues (ConsumeQueueStore.java:67-72, :204-233): each queue directory of each
-  topic; ``queueTypeShouldBe`` (:262-270) throws, and the load fails (the broker does not start), when the
+* loads them beside the consume queues (ConsumeQueueStore.java:68-72, :204-233): each queue directory of each
+  topic; ``queueTypeShouldBe`` (:259-267) throws, and the load fails (the broker does not start), when the
   topic's config (config/topics.json, attribute ``queue.type``, default SimpleCQ: QueueTypeUtils.java:33-50)
   is not BatchCQ, and the same for a ``consumequeue/`` topic configured BatchCQ; each directory is a
   MappedFileQueue of ``mapperFileSizeBatchConsumeQueue`` files (MappedFileQueue.doLoad: a zero-length last

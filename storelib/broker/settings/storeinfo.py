@@ -223,8 +223,9 @@ def _queue_rows(store: Store, stats: dict, findings: list[Finding], out: dict[st
     if batch:
         out["batch_consume_queue_topics"] = batch
         findings.append(Finding("batch_consume_queue", "warning", "batchconsumequeue", None,
-                                f"{len(batch)} topic(s) keep 5.x BatchConsumeQueue files, which rmqstore does not "
-                                f"read: {', '.join(sorted(batch)[:5])}"))
+                                f"{len(batch)} topic(s) keep 5.x BatchConsumeQueue files, which rmqstore neither "
+                                "lists nor writes (a 5.3.3 start loads, recovers and may truncate them: recover "
+                                f"--plan models that): {', '.join(sorted(batch)[:5])}"))
     for topic, qid, loc in listed:
         cq = LoadedQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid,
                          phy_limit=cl.cut_end)

@@ -391,7 +391,7 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
     if walk.dledger is not None:  # 4.9.8 (5.3.3 with recheckReputOffsetFromCq): from the queues to the committed
         # position; 5.3.3: from the committed position (DefaultMessageStore.start)
         if (version == "4" or recheck_on(store.settings, version)) and segs:
-            reput.start = reput_start(walk, [q.state.max_physic_offset for q in queues.values()])
+            reput.start = reput_start(walk, [q.state.max_physic_offset for q in queues.values()] + extra_maxes)
             if not records:  # DLedger's lost data does not depend on the reput
                 return reput, t_rep, None
             outcomes = outcomes_by_file(wplan, walk)

@@ -68,7 +68,7 @@ def confirm_without_record(settings: BrokerSettings, wplan: WalkPlan, walk: Reco
 
 def recheck_reput_start(queue_maxes: list[int], min_offset: int) -> int:
     """doRecheckReputOffsetFromCq's reput start: the largest queue maxPhysicOffset (``queue_maxes``, after
-    recovery and truncation), at least the commitlog's min offset and 0 (DefaultMessageStore.java:451-469)."""
+    recovery and truncation), at least the commitlog's min offset and 0 (DefaultMessageStore.java:449-475)."""
     return max([min_offset, *queue_maxes, 0])
 
 
