@@ -410,7 +410,8 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
     reput_from = recheck_reput_start([q.state.max_physic_offset for q in queues.values()] + extra_maxes, segs[0].base)
     if version == "5" and not recheck:  # DefaultMessageStore.start: from the confirm offset, the log's end
         reput.start = P
-        if walk.window_start is not None and reput_from < walk.window_start:  # what recheck would re-dispatch
+        # what recheck would re-dispatch, when records are read (an audit's damage price does not walk it)
+        if records and walk.window_start is not None and reput_from < walk.window_start:
             p2 = replace(wplan, reput_from=reput_from)
             gap = [d for d in finish_walk(p2, walk_runner(p2, delay_levels)).dispatch
                    if d.by == "reput" and d.phy_start < walk.window_start]
