@@ -12,6 +12,7 @@ import numpy as np
 from storelib.broker.dispatch.dispatch import dispatch_store
 from storelib.broker.settings.brokerconf import load_broker_conf
 from storelib.broker.settings.store import Store
+from storelib.broker.settings.storeinfo import collect
 from storelib.broker.startup import recoveryplan as recover_plan
 from storelib.broker.startup.startup import simulate
 from storelib.format.checkpoint import Checkpoint, write_checkpoint
@@ -218,8 +219,10 @@ def test_5x_batch_consume_queue_ahead_of_the_log_truncates_every_queue_and_is_re
     assert (tmp_path / "b" / "batchconsumequeue" / "B" / "0" / f"{0:020d}").read_bytes() == before
 
 
-def test_5x_batch_consume_queue_of_a_topic_not_configured_batch_fails_the_broker_load(tmp_path):
+def test_5x_batch_consume_queue_of_a_topic_not_configured_batch_fails_the_broker_load_in_plan_and_info(tmp_path):
     _, _, _, store = _batch_store(tmp_path, "b", batch_cq=False)
     plan = _plan(store)
     assert [f["file"] for f in plan["load_failures"]] == ["batchconsumequeue/B/0"]
     assert plan["supported"] is False
+    info = collect(store, scan=False)
+    assert [f["file"] for f in info["findings"] if f["kind"] == "broker_load_fails"] == ["batchconsumequeue/B/0"]

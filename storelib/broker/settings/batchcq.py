@@ -45,44 +45,73 @@ BCQ_DTYPE = np.dtype([("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8
                       ("reserved", ">i4")])
 assert BCQ_DTYPE.itemsize == BCQ_UNIT_SIZE
 DEFAULT_BCQ_FILE_SIZE = 300_000 * BCQ_UNIT_SIZE  # MessageStoreConfig.java:118
-_LONG = re.compile(r"[+-]?\d+")
+_LONG = re.compile(r"[+-]?\d+")  # Long.parseLong / Integer.parseInt's form (ASCII digits here)
 
 
 @dataclass
 class BatchQueue:
-    """One BatchConsumeQueue directory after load and recover: its files (name, base, units), where the valid
-    units end (file index, unit count), its max physical offset, and the files recover deletes."""
+    """One BatchConsumeQueue directory after load and recover: its files (name, base, location; units read
+    when needed), where the valid units end (file index, unit count), its max physical offset, and the files
+    recover deletes."""
 
     topic: str
     queue_id: int
     path: str
-    files: list[tuple[str, int, np.ndarray]] = field(default_factory=list)
+    file_size: int
+    files: list[tuple[str, int, Location]] = field(default_factory=list)
     end: tuple[int, int] = (0, 0)
     max_physic_offset: int = -1
     deleted_on_recover: list[str] = field(default_factory=list)
+    _read: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def units_of(self, i: int) -> np.ndarray:
+        """The units of file ``i`` (read once)."""
+        if i not in self._read:
+            self._read[i] = _read_units(self.files[i][2], self.file_size)
+        return self._read[i]
 
     @property
     def units(self) -> int:
         """Valid units after recover: the files before the end's (whole) and the end file's valid ones."""
         i, k = self.end
-        return sum(len(u) for _, _, u in self.files[:i]) + k if self.files else 0
+        return i * (self.file_size // BCQ_UNIT_SIZE) + k if self.files else 0
+
+    def recover(self) -> None:
+        """BatchConsumeQueue.recover (:211-262): from the third-last file, while files are whole and valid."""
+        if not self.files:
+            return
+        full = self.file_size // BCQ_UNIT_SIZE
+        index = max(0, len(self.files) - 3)
+        while True:
+            u = self.units_of(index)
+            k = 0
+            while k < len(u) and _valid(u[k]):
+                k += 1
+            if k:
+                self.max_physic_offset = int(u[k - 1]["phy_offset"])
+            if k == full and full * BCQ_UNIT_SIZE == self.file_size and index + 1 < len(self.files):
+                index += 1
+                continue
+            break
+        self.end = (index, k)
+        self.deleted_on_recover = [n for n, _, _ in self.files[index + 1:]]
 
     def truncate(self, phy: int) -> tuple[int, int, list[str]]:
         """truncateDirtyLogicFiles(``phy``) computed, not done: (its max physical offset after, units dropped,
         files deleted). The last file is re-read from its first unit, whose validity is not checked."""
-        files = list(self.files[: self.end[0] + 1])
+        last = self.end[0] if self.files else -1
         max_phy, deleted, kept = phy - 1, [], 0
-        while files:
-            name, _, u = files[-1]
+        while last >= 0:
+            u = self.units_of(last)
             if len(u) == 0 or int(u[0]["phy_offset"]) >= phy:
-                deleted.append(name)
-                files.pop()
+                deleted.append(self.files[last][0])
+                last -= 1
                 continue
             k = 1
             while k < len(u) and _valid(u[k]) and int(u[k]["phy_offset"]) < phy:
                 k += 1
             max_phy = int(u[k - 1]["phy_offset"])
-            kept = sum(len(v) for _, _, v in files[:-1]) + k
+            kept = last * (self.file_size // BCQ_UNIT_SIZE) + k
             break
         return max_phy, max(self.units - kept, 0), deleted
 
@@ -118,16 +147,16 @@ def store_topics(root: Location) -> dict[str, TopicConfig]:
 
 
 def load_batch_queues(root: Location, file_size: int, topics: Mapping[str, TopicConfig],
-                      findings: list[Finding]) -> list[BatchQueue]:
-    """Every ``batchconsumequeue/<topic>/<queueId>`` as 5.3.3 loads and recovers it (module docstring); what
-    fails the load becomes a ``broker_load_fails`` finding."""
+                      findings: list[Finding], *, recover: bool = True) -> list[BatchQueue]:
+    """Every ``batchconsumequeue/<topic>/<queueId>`` as 5.3.3 loads (and with ``recover``, recovers) it (module
+    docstring); what fails the load becomes a ``broker_load_fails`` finding (the load stops at the first)."""
     out: list[BatchQueue] = []
     for t in _list(root.join("batchconsumequeue")):
         if t.type != pafs.FileType.Directory:
             continue
         for qd in _list(root.join("batchconsumequeue", t.base_name)):
             if qd.type != pafs.FileType.Directory or not _LONG.fullmatch(qd.base_name):
-                continue  # ConsumeQueueStore.loadConsumeQueues: a name that is no int is skipped
+                continue  # ConsumeQueueStore.loadConsumeQueues: a name Integer.parseInt rejects is skipped
             rel = f"batchconsumequeue/{t.base_name}/{qd.base_name}"
             qt = queue_type(topics, t.base_name)
             if qt != "BatchCQ":
@@ -139,6 +168,8 @@ def load_batch_queues(root: Location, file_size: int, topics: Mapping[str, Topic
                           int(qd.base_name), file_size, findings)
             if q is None:
                 return out
+            if recover:
+                q.recover()
             out.append(q)
     return out
 
@@ -152,9 +183,9 @@ def simple_queue_type_fails(topics: Mapping[str, TopicConfig], cq_topics: set[st
 
 
 def _load_one(loc: Location, rel: str, topic: str, qid: int, S: int, findings: list[Finding]) -> BatchQueue | None:
-    """MappedFileQueue.doLoad then BatchConsumeQueue.recover of one directory (None: the load fails)."""
+    """MappedFileQueue.doLoad of one directory (None: the load fails)."""
     entries = [e for e in _list(loc) if e.type != pafs.FileType.Directory]
-    q = BatchQueue(topic, qid, rel)
+    q = BatchQueue(topic, qid, rel, S)
     for i, e in enumerate(entries):
         size = int(e.size or 0)
         if size == 0 and i == len(entries) - 1:
@@ -167,22 +198,13 @@ def _load_one(loc: Location, rel: str, topic: str, qid: int, S: int, findings: l
             findings.append(Finding(LOAD_FAILS, "critical", f"{rel}/{e.base_name}", None,
                                     "not a number: DefaultMappedFile's Long.parseLong throws, the load fails"))
             return None
-        q.files.append((e.base_name, int(e.base_name), _read_units(loc.join(e.base_name), size)))
-    if not q.files:
-        return q
-    full = S // BCQ_UNIT_SIZE
-    index = max(0, len(q.files) - 3)
-    while True:
-        u = q.files[index][2]
-        k = 0
-        while k < len(u) and _valid(u[k]):
-            k += 1
-        if k:
-            q.max_physic_offset = int(u[k - 1]["phy_offset"])
-        if k == full and full * BCQ_UNIT_SIZE == S and index + 1 < len(q.files):
-            index += 1
-            continue
-        break
-    q.end = (index, k)
-    q.deleted_on_recover = [n for n, _, _ in q.files[index + 1:]]
+        q.files.append((e.base_name, int(e.base_name), loc.join(e.base_name)))
     return q
+
+
+def batch_load_failures(root: Location, file_size: int | None, cq_topics: set[str]) -> list[Finding]:
+    """What of ``batchconsumequeue/`` and the topics' queue types fails 5.3.3's load (no unit is read)."""
+    topics = store_topics(root)
+    out = simple_queue_type_fails(topics, cq_topics)
+    load_batch_queues(root, int(file_size or DEFAULT_BCQ_FILE_SIZE), topics, out, recover=False)
+    return out
