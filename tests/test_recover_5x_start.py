@@ -95,6 +95,7 @@ def test_5x_default_reput_starts_at_the_log_end_and_says_what_nothing_dispatches
     f = _kinds(plan)["records_never_dispatched"]
     last_before = max(p.phy + p.size for p in cs.placed if p.phy < 2 * S)
     assert f["extra"]["from"] == 0 and f["extra"]["to"] == 2 * S
+    assert (f["file"], f["offset"]) == (f"commitlog/{0:020d}", 0)
     assert f["extra"]["bytes"] == sum(p.size for p in cs.placed if p.phy < 2 * S) and last_before <= 2 * S
     assert "reput_rechecked_from_cq" not in _kinds(plan)
 

@@ -20,7 +20,8 @@ end after recovery (processOffset), so by default a start-up re-dispatches nothi
 BatchConsumeQueues, after recovery and truncateDirtyLogicFiles), raised to the commitlog's min offset (and to
 0), and waits until the reput reaches the confirm offset: records from there to processOffset are dispatched
 again (those the queues already hold are skipped by the queue writers), and a start past processOffset
-dispatches nothing until the log grows past it. 4.9.8 always starts its reput that way (4.9.8 DefaultMessageStore.java:252-277).
+dispatches nothing until the log grows past it. 4.9.8 always starts its reput that way (4.9.8
+DefaultMessageStore.java:252-277).
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def never_reput(reput_from: int, window_start: int, gap: list[DispatchRange]) ->
         return []
     n = sum(b - a for a, b in ranges)
     first = ranges[0][0]
-    return [Finding("records_never_dispatched", "warning", None, first,
+    head = next(d for d in gap if d.phy_start == first)
+    return [Finding("records_never_dispatched", "warning", f"commitlog/{head.name}", first - head.base,
                     f"{n} bytes of records in [{first}, {window_start}) lie after the consume queues' max physical "
                     f"offset {reput_from} and before the recovery window: 5.3.3's recovery does not read them and its "
                     "reput starts at the log's end, so no consume queue or index entry is made for them "
