@@ -418,8 +418,6 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
             findings.extend(never_reput(reput_from, walk.window_start, gap))
         return reput, t_rep, reput_walk
     reput.start = reput_from  # 4.9.8, and 5.3.3's doRecheckReputOffsetFromCq (startup5x)
-    if recheck:
-        findings.append(recheck_finding(reput_from, P))
     if reput_from < P:
         p2 = replace(wplan, reput_from=reput_from)
         reput_walk = finish_walk(p2, walk_runner(p2, delay_levels))
@@ -433,6 +431,8 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
         findings.append(Finding("reput_from_beyond_end", "warning", None, None,
                                 f"the consume queues' maxPhysicOffset {reput_from} is past processOffset {P}: "
                                 "reput dispatches nothing until the commitlog grows past it"))
+    if recheck:
+        findings.append(recheck_finding(reput_from, P, reput.ranges))
     return reput, t_rep, reput_walk
 
 

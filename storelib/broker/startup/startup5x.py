@@ -78,10 +78,12 @@ def recheck_on(settings: BrokerSettings, version: str) -> bool:
     return version == "5" and bool(settings.recheck_reput_offset_from_cq)
 
 
-def recheck_finding(reput_from: int, process_offset: int) -> Finding:
-    """What recheckReputOffsetFromCq makes this start-up's reput do, said once."""
+def recheck_finding(reput_from: int, process_offset: int, ranges: list[DispatchRange]) -> Finding:
+    """What recheckReputOffsetFromCq makes this start-up's reput do (``ranges``: what it reads), said once."""
     what = (f"re-dispatches the records in [{reput_from}, {process_offset}) before the broker serves (records the "
-            "queues already hold are skipped by the queue writers)" if reput_from < process_offset else
+            "queues already hold are skipped by the queue writers)" if ranges else
+            f"reads [{reput_from}, {process_offset}), where it finds no record to dispatch"
+            if reput_from < process_offset else
             "has nothing to re-dispatch" if reput_from == process_offset else
             f"starts past the log's end {process_offset}: it dispatches nothing until the commitlog grows past "
             f"{reput_from}, and records appended before that are never dispatched")
