@@ -592,9 +592,10 @@ def queues_without_cq(root: Location, segment_size: int, facts: dict, seen_queue
     for topic, n in sorted(batch_msgs.items()):
         out.add(Finding("batch_consume_queue", "warning", f"batchconsumequeue/{topic}", None,
                         f"topic {escape_topic(topic)} keeps its queues as 5.x BatchConsumeQueue files "
-                        f"({len(batch[topic])} queue(s)), which rmqstore does not read: its {n} messages are not "
-                        "cross-checked against a consume queue", {"topic": topic, "queues": batch[topic],
-                                                                  "messages": n, "supported": False}))
+                        f"({len(batch[topic])} queue(s)), which rmqstore does not audit: its {n} messages are not "
+                        "cross-checked against a consume queue (a 5.3.3 start loads and recovers them, and their max "
+                        "physical offset helps pick its recovery window: recover --plan models it)",
+                        {"topic": topic, "queues": batch[topic], "messages": n, "supported": False}))
     S = segment_size
     for topic, (n, first) in sorted(unsafe.items()):
         out.add(unsafe_topic_finding(topic, f"commitlog/{first - first % S:020d}", first % S, n, first))

@@ -37,8 +37,10 @@ stops the loop without moving (a record, or a drifted mismatch, reaching past th
 retried every 1 ms until the log grows past it), the inner loop also stops once reputFromOffset reaches the end (no reading on after a
 drift past it), and ``run()``'s ``catch (Throwable)`` only logs (an OutOfMemoryError of ``new
 byte[totalSize]`` is retried forever; 4.9.8 catches Exception, so the Error ends its reput thread). None of these changes what
-an offline walk of a 5.3.3 store dispatches; this module follows 4.9.8's loop (``dispatch_store`` on a 5.x
-store with an unrecovered mismatch below its end is the one place they could differ).
+an offline walk of a 5.3.3 store dispatches; this module follows 4.9.8's loop, also for 5.3.3's reput moved
+by ``recheckReputOffsetFromCq`` to the queues' end (:mod:`storelib.broker.startup.startup5x`), which can read
+segments before the recovery window as 4.9.8's does (``dispatch_store`` on a 5.x store with an unrecovered
+mismatch below its end, and such a rechecked reput meeting one, are where the two loops could differ).
 """
 
 from __future__ import annotations
@@ -70,10 +72,12 @@ def mismatch_note(version: str, size: int | None = None, read_length: int | None
     out = ("the broker's recovery (normal or abnormal) stops here: processOffset is this record, the segment is "
            "cut here and every later segment deleted")
     if version != "4":
-        return out + "; 5.3.3's reput never reads it (recovery dispatches up to it and the reput starts after)"
+        return out + ("; 5.3.3's reput never reads it (recovery dispatches up to it and the reput starts after; "
+                      "with recheckReputOffsetFromCq it may, as 4.9.8's does, when it lies before the window)")
     total = f"TOTALSIZE {size}" if size is not None else "its TOTALSIZE"
     fields = f"its {read_length} bytes of fields" if read_length is not None else "its fields"
-    out += (f"; a 4.9.8 reput that reads it (a segment before the recovery window) skips it: reputFromOffset += "
+    out += (f"; a 4.9.8 reput (or 5.3.3's with recheckReputOffsetFromCq) that reads it (a segment before the "
+            f"recovery window) skips it: reputFromOffset += "
             f"{total} while it reads on after {fields}, so where it goes next is off by the difference "
             "(rmqstore's recover and rebuild follow it)")
     if size is None or size >= 1 << 26:

@@ -151,6 +151,7 @@ _KEYS: tuple[tuple[str, str, str, Any, Any, bool], ...] = (
     ("dLegerPeers", "d_leger_peers", "str", None, None, True),
     ("storePathDLedgerCommitLog", "store_path_d_ledger_commit_log", "str", None, None, True),
     ("duplicationEnable", "duplication_enable", "bool", False, False, True),
+    ("recheckReputOffsetFromCq", "recheck_reput_offset_from_cq", "bool", False, False, False),
     ("enableMultiDispatch", "enable_multi_dispatch", "bool", False, False, True),
     ("enableLmq", "enable_lmq", "bool", False, False, True),
     ("enableCompaction", "enable_compaction", "bool", False, True, False),
@@ -254,6 +255,7 @@ class BrokerSettings:
     d_leger_peers: str | None = None
     store_path_d_ledger_commit_log: str | None = None
     duplication_enable: bool = False
+    recheck_reput_offset_from_cq: bool = False  # 5.3.3 DefaultMessageStore.doRecheckReputOffsetFromCq
     enable_multi_dispatch: bool = False
     enable_lmq: bool = False
     enable_compaction: bool = False

@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from storelib.broker.settings.batchcq import batch_load_failures
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
@@ -223,8 +224,12 @@ def _queue_rows(store: Store, stats: dict, findings: list[Finding], out: dict[st
     if batch:
         out["batch_consume_queue_topics"] = batch
         findings.append(Finding("batch_consume_queue", "warning", "batchconsumequeue", None,
-                                f"{len(batch)} topic(s) keep 5.x BatchConsumeQueue files, which rmqstore does not "
-                                f"read: {', '.join(sorted(batch)[:5])}"))
+                                f"{len(batch)} topic(s) keep 5.x BatchConsumeQueue files, which rmqstore neither "
+                                "lists nor writes (a 5.3.3 start loads, recovers and may truncate them: recover "
+                                f"--plan models that): {', '.join(sorted(batch)[:5])}"))
+    if str(store.settings.version).startswith("5"):  # queueTypeShouldBe, a batch file of the wrong length
+        findings.extend(batch_load_failures(store.loc, store.settings.mapper_file_size_batch_consume_queue,
+                                            {t for t, _, _ in listed}))
     for topic, qid, loc in listed:
         cq = LoadedQueue(loc, segment_size=store.settings.mapped_file_size_consume_queue, topic=topic, queue_id=qid,
                          phy_limit=cl.cut_end)

@@ -13,6 +13,7 @@ import numpy as np
 from storelib.broker.recovery.dledgerfacts import IndexFiles, walk_headers
 from storelib.broker.recovery.walk import RecoveryResult
 from storelib.broker.settings.store import Store
+from storelib.broker.startup.startup5x import recheck_reput_start
 from storelib.errors import StoreError
 from storelib.format.dledger.entries import INDEX_UNIT_SIZE, encode_index_units
 from storelib.scan.commitlog import offset_to_file_name
@@ -38,10 +39,11 @@ class DLedgerChanges:
 
 
 def reput_start(walk: RecoveryResult, queue_max_physic: list[int]) -> int:
-    """4.9.8 start(): the reput from max(commitlog min offset, every queue's maxPhysicOffset), at least 0."""
+    """4.9.8 start() (5.3.3 doRecheckReputOffsetFromCq): the reput from max(commitlog min offset, every queue's
+    maxPhysicOffset), at least 0 (:func:`storelib.broker.startup.startup5x.recheck_reput_start`)."""
     dl = walk.dledger
     assert dl is not None
-    return max([dl.min_offset, 0] + queue_max_physic)
+    return recheck_reput_start(queue_max_physic, dl.min_offset)
 
 
 def dledger_changes(store: Store, walk: RecoveryResult, index: IndexFiles | None) -> DLedgerChanges:

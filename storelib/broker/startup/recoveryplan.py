@@ -162,6 +162,7 @@ def _consume_queue_doc(sim: Simulation, walk: RecoveryResult) -> dict[str, Any]:
         "max_phy_offset": walk.cq_max_phy_offset,
         "truncate_at_process_offset": walk.truncate_consume_queues,
         "queues": qreps,
+        "batch_queues": sim.batch.docs() if sim.batch is not None else [],  # 5.3.3's, modelled, never written
         "files": files,
         "totals": {
             "queues": len(qreps),

@@ -13,7 +13,8 @@ the broker's order, on in-memory models of the files it changes:
    (the broker's CQ writer, ``build_consume_queues``) and the index (``build_index_files``);
 5. truncateDirtyLogicFiles(processOffset) per queue when maxPhyOffsetOfConsumeQueue >= processOffset
    (§8.6, including the "first entry only" rule and the provisional maxPhysicOffset of emptied queues);
-6. 4.9.8: the reput from max(maxPhysicOffset over queues, commitlog min offset) (§8.9) — same writers;
+6. 4.9.8 (5.3.3 with recheckReputOffsetFromCq: :mod:`storelib.broker.startup.startup5x`): the reput from
+   max(maxPhysicOffset over queues, commitlog min offset) (§8.9) — same writers; 5.3.3 by default from processOffset;
 7. lost messages: where the data a start-up drops begins (after processOffset; 4.9.8 reput skipping the
    rest of a segment after an undecodable record); the records themselves are scanned by
    :mod:`storelib.broker.startup.startuplost`.
@@ -21,7 +22,8 @@ the broker's order, on in-memory models of the files it changes:
 The checkpoint is rewritten so it never claims more than the store holds: physicMsgTimestamp = store
 time of the last valid record, logicsMsgTimestamp = store time of the last record with a CQ entry in
 that segment (else min(old, physic)), indexMsgTimestamp = min(old, physic); 5.x also sets
-confirmPhyOffset to the start of the last valid record (as its recovery does); bytes 24.. are kept
+confirmPhyOffset to the start of the last valid record of the recovery window, or what its recovery starts
+from when the window holds none (:mod:`storelib.broker.startup.checkpointafter`); bytes 24.. are kept
 for 4.9.8 (it never writes them).
 
 A DLedger-mode store follows its own start-up (:mod:`storelib.broker.recovery.dledgerwalk`: DLedger's load
@@ -63,13 +65,24 @@ from storelib.broker.recovery.walk import (
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.store import Store
 from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED, fails_load, judge_queue
+from storelib.broker.startup.checkpointafter import checkpoint_after, checkpoint_image
 from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
 from storelib.broker.startup.dledgerstartup import DLedgerChanges, dledger_changes, reput_start
+from storelib.broker.startup.startup5x import (
+    BatchTopics,
+    batch_ignored,
+    batch_topics,
+    confirm_without_record,
+    never_reput,
+    recheck_finding,
+    recheck_on,
+    recheck_reput_start,
+    window_has_record,
+)
 from storelib.broker.timer.timerrecovery import TimerRecovery, plan_timer_recovery
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
-from storelib.fileio.smallfile_io import read_small
-from storelib.format.checkpoint import CHECKPOINT_SIZE, Checkpoint, as_broker_reads, read_checkpoint_as_broker
+from storelib.format.checkpoint import Checkpoint, as_broker_reads, read_checkpoint_as_broker
 from storelib.format.consumequeue import list_queues
 from storelib.format.indexdir import IndexFileRef
 from storelib.format.indexfile import HEADER_SIZE, IndexHeader
@@ -135,6 +148,7 @@ class Simulation:
     complete_index: bool
     findings: list[Finding]
     dledger: DLedgerChanges | None = None  # a DLedger-mode store: DLedger's own file changes
+    batch: BatchTopics | None = None  # 5.3.3's BatchConsumeQueues (modelled, never written)
 
     @property
     def load_failures(self) -> list[Finding]:
@@ -183,28 +197,6 @@ def _read_ranges(store: Store, ranges: Iterable[DispatchRange], delay_levels: li
     return pa.Table.from_batches(batches)
 
 
-def _last_records(store: Store, P: int) -> tuple[int, int, int] | None:
-    """(start, store time, store time of the last CQ-able record or 0) of the last record before P."""
-    segs = [s for s in store.commitlog.segments if s.base < P and s.file_size > 0]
-    opts = store.commitlog.scan_options()
-    for seg in reversed(segs):
-        with seg.open() as src:
-            scan = SegmentScan(src, seg.display, seg.base, 0, P - seg.base, verify_crc=False, with_properties=False,
-                               columns=["phy_offset", "store_timestamp", "tran_type"], **opts)
-            last = None
-            last_cq = 0
-            for b in scan:
-                if b.num_rows:
-                    last = (int(b.column("phy_offset")[-1].as_py()), int(b.column("store_timestamp")[-1].as_py()))
-                    tt = np.asarray(b.column("tran_type"))
-                    cq = np.flatnonzero((tt == 0) | (tt == 2))
-                    if len(cq):
-                        last_cq = int(b.column("store_timestamp")[int(cq[-1])].as_py())
-            if last is not None:
-                return last[0], last[1], last_cq
-    return None
-
-
 def _index_header(ref: IndexFileRef) -> IndexHeader | None:
     try:
         with ref.loc.fs.open_input_file(ref.loc.path) as f:
@@ -240,7 +232,11 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     index_files = index_on_load(refs, abort.last_exit_ok, cp)
     index_delete = [f.name for f in index_files if f.delete]
     queues = _load_queues(store, findings, version)
-    cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1])
+    # 5.3.3 loads and recovers its BatchConsumeQueues beside them (startup5x); 4.9.8 never reads them
+    batch = batch_topics(store.loc, settings, {t for t, _ in queues}, findings) if version == "5" else None
+    findings.extend(batch_ignored(store.loc) if version == "4" else [])
+    cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1]
+                 + [q.max_physic_offset for q in (batch.queues if batch else [])])
 
     # §8.3/8.4 the commitlog walk
     inputs = store_inputs(store, version=version, last_exit_ok=abort.last_exit_ok, cq_max_phy_offset=cq_max,
@@ -253,9 +249,10 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     P = walk.process_offset
     segs = list(wplan.segments)
 
-    t_rec = _recovery_dispatch(store, walk, segs, queues, findings, records)
+    t_rec = _recovery_dispatch(store, walk, segs, queues, findings, records, batch)
     reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema, walk_runner,
-                                      records)
+                                      records, batch)
+    findings.extend(batch.findings() if batch is not None else [])
     unmodelled = store.cq_unmodelled() if t_rec.num_rows + t_rep.num_rows else None
     if unmodelled is not None:
         findings.append(Finding("cq_unreproduced", "warning", "consumequeue", None,
@@ -269,15 +266,14 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     S = store.commitlog.segment_size
     if walk.dledger is not None:  # what DLedger drops and what no reput dispatches; its data end for the checkpoint
         lost_ranges = dledger_lost_ranges(walk, segs, S)
-        new_cp = _checkpoint_after(store, cp, "4", walk.dledger.data_end, segs) if records else cp
+        new_cp = checkpoint_after(store, cp, "4", walk.dledger.data_end, segs) if records else cp
     else:
         lost_ranges = _lost_ranges(segs, P, reput_walk, S)
-        new_cp = _checkpoint_after(store, cp, version, P, segs) if records else cp
-        if version == "5" and inputs.duplication_enable:  # getConfirmOffset() is the field (CommitLog.java:669)
-            if records and wplan.mode == "normal" and not any(o.records for o in walk.segments):
-                new_cp = replace(new_cp, confirm_phy_offset=cp.confirm_phy_offset)  # no record walked: it stays
+        confirm = None if window_has_record(walk) else confirm_without_record(settings, wplan, walk, cp)
+        new_cp = checkpoint_after(store, cp, version, P, segs, confirm) if records else cp
+        if version == "5" and inputs.duplication_enable and not recheck_on(settings, version):
             reput.start = reput.end = new_cp.confirm_phy_offset  # reputFrom = end (DefaultMessageStore.java:416, 2855)
-    cp_bytes = _checkpoint_image(store, new_cp, version) if records else None
+    cp_bytes = checkpoint_image(store, new_cp, version) if records else None
     timer = plan_timer_recovery(store.loc, settings, store.commitlog, int(time.time() * 1000)) \
         if records and version == "5" and store.exists("timerlog") else None
     changes = None
@@ -290,7 +286,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
         checkpoint_after=new_cp, inputs=inputs, index_files=index_files, reput=reput,
         recovery_records=t_rec.num_rows, reput_records=t_rep.num_rows, index_keys_added=keys_added,
         index_keys_extra=keys_extra, index_extra_records=t_extra.num_rows, complete_index=complete_index,
-        findings=findings, dledger=changes)
+        findings=findings, dledger=changes, batch=batch)
 
 
 def _unread_before(store: Store, wplan: WalkPlan) -> list[Finding]:
@@ -364,30 +360,37 @@ def _load_queues(store: Store, findings: list[Finding], version: str) -> dict[tu
 
 def _recovery_dispatch(store: Store, walk: RecoveryResult, segs: list[Segment],
                        queues: dict[tuple[str, int], QueueReplay], findings: list[Finding],
-                       records: bool = True) -> pa.Table:
-    """Records dispatched during recovery (abnormal both versions; 5.x normal) into the queue models, then
-    the CQ truncation at processOffset; the records dispatched (none read when not ``records``)."""
+                       records: bool = True, batch: BatchTopics | None = None) -> pa.Table:
+    """Records dispatched during recovery (abnormal both versions; 5.x normal) into the queue models (``batch``:
+    5.3.3's BatchCQ topics, kept out), then the CQ truncation at processOffset; the records dispatched (none read
+    when not ``records``)."""
     delay_levels = list(store.settings.delay_levels_ms)
     rec_ranges = [d for d in walk.dispatch if d.by == "recovery"] if records else []
     t_rec = _read_ranges(store, rec_ranges, [] if walk.delay_levels_quirk else delay_levels)
-    _cq_dispatch(queues, t_rec, store.loc, int(store.settings.mapped_file_size_consume_queue), "recovery", findings)
+    _cq_dispatch(queues, t_rec, store.loc, int(store.settings.mapped_file_size_consume_queue), "recovery", findings,
+                 batch)
     if not segs:
         for q in queues.values():
             q.destroy()
+        if batch is not None:
+            batch.destroyed = True
     elif walk.truncate_consume_queues:
         cut = walk.process_offset if walk.cq_truncate_offset is None else walk.cq_truncate_offset
         for q in queues.values():
             q.truncate(cut)
+        if batch is not None:
+            batch.truncate(cut)
     return t_rec
 
 
 def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
            queues: dict[tuple[str, int], QueueReplay], findings: list[Finding], schema: pa.Schema,
-           walk_runner: WalkRunner = serial_walk, records: bool = True
+           walk_runner: WalkRunner = serial_walk, records: bool = True, batch: BatchTopics | None = None
            ) -> tuple[Reput, pa.Table, RecoveryResult | None]:
-    """4.9.8 reput (§8.9) from the queues' maxPhysicOffset after recovery, into the queue models;
-    (where it ran, the records dispatched, the reput's walk or None). Not ``records``: where it starts and
-    its walk (on ``walk_runner``) only, no record read here."""
+    """4.9.8 reput (§8.9; 5.3.3 with recheckReputOffsetFromCq) from the queues' maxPhysicOffset after recovery
+    (``batch``: with the BatchConsumeQueues'), into the queue models; (where it ran, the records dispatched, the
+    reput's walk or None). Not ``records``: where it starts and its walk (on ``walk_runner``) only."""
+    extra_maxes = batch.maxes() if batch is not None else []
     P = walk.process_offset
     segs = list(wplan.segments)
     delay_levels = list(store.settings.delay_levels_ms)
@@ -396,9 +399,8 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
     reput_walk = None
     if walk.dledger is not None:  # 4.9.8 (5.3.3 with recheckReputOffsetFromCq): from the queues to the committed
         # position; 5.3.3: from the committed position (DefaultMessageStore.start)
-        recheck = str(store.settings.extra.get("recheckReputOffsetFromCq", "")).strip().lower() == "true"
-        if (version == "4" or recheck) and segs:
-            reput.start = reput_start(walk, [q.state.max_physic_offset for q in queues.values()])
+        if (version == "4" or recheck_on(store.settings, version)) and segs:
+            reput.start = reput_start(walk, [q.state.max_physic_offset for q in queues.values()] + extra_maxes)
             if not records:  # DLedger's lost data does not depend on the reput
                 return reput, t_rep, None
             outcomes = outcomes_by_file(wplan, walk)
@@ -406,28 +408,40 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
             findings.extend(more)
             t_rep = _read_ranges(store, reput.ranges, delay_levels)
             _cq_dispatch(queues, t_rep, store.loc, int(store.settings.mapped_file_size_consume_queue), "reput",
-                         findings)
+                         findings, batch)
         else:
             reput.start = P
         return reput, t_rep, None
-    if version == "4" and segs:
-        reput_from = max([q.state.max_physic_offset for q in queues.values()] + [segs[0].base, 0])
-        reput.start = reput_from
-        if reput_from < P:
-            p2 = replace(wplan, reput_from=reput_from)
-            reput_walk = finish_walk(p2, walk_runner(p2, delay_levels))
-            rr = [d for d in reput_walk.dispatch if d.by == "reput"]
-            reput.ranges = rr
-            findings.extend(f for f in reput_walk.findings if f.kind.startswith("reput"))
-            t_rep = _read_ranges(store, rr if records else [], delay_levels)
-            _cq_dispatch(queues, t_rep, store.loc, int(store.settings.mapped_file_size_consume_queue), "reput",
-                         findings)
-        elif reput_from > P:
-            findings.append(Finding("reput_from_beyond_end", "warning", None, None,
-                                    f"the consume queues' maxPhysicOffset {reput_from} is past processOffset {P}: "
-                                    "reput dispatches nothing until the commitlog grows past it"))
-    if version == "5":
+    recheck = recheck_on(store.settings, version)
+    if not segs:
+        reput.start = P if version == "5" else None
+        return reput, t_rep, reput_walk
+    reput_from = recheck_reput_start([q.state.max_physic_offset for q in queues.values()] + extra_maxes, segs[0].base)
+    if version == "5" and not recheck:  # DefaultMessageStore.start: from the confirm offset, the log's end
         reput.start = P
+        # what recheck would re-dispatch, when records are read (an audit's damage price does not walk it)
+        if records and walk.window_start is not None and reput_from < walk.window_start:
+            p2 = replace(wplan, reput_from=reput_from)
+            gap = [d for d in finish_walk(p2, walk_runner(p2, delay_levels)).dispatch
+                   if d.by == "reput" and d.phy_start < walk.window_start]
+            findings.extend(never_reput(reput_from, walk.window_start, gap))
+        return reput, t_rep, reput_walk
+    reput.start = reput_from  # 4.9.8, and 5.3.3's doRecheckReputOffsetFromCq (startup5x)
+    if reput_from < P:
+        p2 = replace(wplan, reput_from=reput_from)
+        reput_walk = finish_walk(p2, walk_runner(p2, delay_levels))
+        rr = [d for d in reput_walk.dispatch if d.by == "reput"]
+        reput.ranges = rr
+        findings.extend(f for f in reput_walk.findings if f.kind.startswith("reput"))
+        t_rep = _read_ranges(store, rr if records else [], delay_levels)
+        _cq_dispatch(queues, t_rep, store.loc, int(store.settings.mapped_file_size_consume_queue), "reput", findings,
+                     batch)
+    elif reput_from > P:
+        findings.append(Finding("reput_from_beyond_end", "warning", None, None,
+                                f"the consume queues' maxPhysicOffset {reput_from} is past processOffset {P}: "
+                                "reput dispatches nothing until the commitlog grows past it"))
+    if recheck:
+        findings.append(recheck_finding(reput_from, P, reput.ranges))
     return reput, t_rep, reput_walk
 
 
@@ -531,20 +545,6 @@ def _reput_gaps(segs: list[Segment], reput_walk: RecoveryResult, P: int, S: int)
     return out
 
 
-def _checkpoint_after(store: Store, cp: Checkpoint, version: str, P: int, segs: list[Segment]) -> Checkpoint:
-    """The checkpoint rewritten to claim no more than the store holds after the start-up."""
-    last = _last_records(store, P) if segs else None
-    if last is None:
-        return replace(cp, physic_msg_timestamp=0, logics_msg_timestamp=0, index_msg_timestamp=0)
-    start, t_last, t_cq = last
-    new_cp = replace(cp, physic_msg_timestamp=t_last,
-                     logics_msg_timestamp=t_cq if t_cq else min(cp.logics_msg_timestamp, t_last),
-                     index_msg_timestamp=min(cp.index_msg_timestamp, t_last))
-    if version == "5":
-        new_cp = replace(new_cp, confirm_phy_offset=start)
-    return new_cp
-
-
 def _has_nonzero(seg: Segment, pos: int) -> bool:
     """Any non-zero byte from ``pos`` to the end of the segment (local mmap or ranged remote reads)."""
     with seg.open() as src:
@@ -558,20 +558,12 @@ def _has_nonzero(seg: Segment, pos: int) -> bool:
         return False
 
 
-def _checkpoint_image(store: Store, cp: Checkpoint, version: str) -> bytes:
-    """The new 4096-byte checkpoint: fields patched into the existing page (4.9.8 keeps bytes 24..)."""
-    old = read_small(store.path("checkpoint"), 1 << 20)
-    page = bytearray(old[:CHECKPOINT_SIZE]) if old else bytearray(CHECKPOINT_SIZE)
-    if len(page) < CHECKPOINT_SIZE:
-        page += bytes(CHECKPOINT_SIZE - len(page))
-    n = 40 if version == "5" else 24
-    page[:n] = cp.to_bytes()[:n]
-    return bytes(page)
-
-
 def _cq_dispatch(queues: dict[tuple[str, int], QueueReplay], table: pa.Table, root: Location, S: int,
-                 by: str, findings: list[Finding]) -> None:
-    """Dispatch ``table`` into the queue models; a topic that cannot be a directory is a finding, never a path."""
+                 by: str, findings: list[Finding], batch: BatchTopics | None = None) -> None:
+    """Dispatch ``table`` into the queue models; a topic that cannot be a directory is a finding, never a path;
+    records of 5.3.3's BatchCQ topics go to their BatchConsumeQueue (``batch`` counts them, nothing is written)."""
+    if batch is not None:
+        table = batch.take(table)
     if table.num_rows == 0:
         return
     states = {k: q.state for k, q in queues.items()}

@@ -1,0 +1,207 @@
+"""What a 5.3.3 start-up of a default (non-DLedger) store does besides the walk: the checkpoint's confirmPhyOffset
+after recovery, where the reput starts (``recheckReputOffsetFromCq``), and its BatchConsumeQueues
+(:class:`BatchTopics`, :mod:`storelib.broker.settings.batchcq`).
+
+confirmPhyOffset: CommitLog.recoverNormally / recoverAbnormally end (outside controller mode) with
+``setConfirmOffset(lastValidMsgPhyOffset)`` (5.3.3 CommitLog.java:397, :806), which StoreCheckpoint keeps.
+``lastValidMsgPhyOffset`` is the *start* of the last valid record of the window (:354, :748), and when the
+window holds none, its initial value: normal recovery ``getConfirmOffset()`` (:347, :655-673): with
+duplicationEnable the field loadCheckPoint set from the checkpoint (DefaultMessageStore.java:388); else
+``isSyncDiskFlush() ? getFlushedWhere() : getMaxOffset()``, i.e. 0 (MappedFileQueue.java:52, before recovery
+sets it) or the end of the last loaded file (each file's wrote position is its size after load,
+MappedFileQueue.java:271); abnormal recovery the window's first file base (:737). No commitlog file: neither
+sets it (the checkpoint's stays). enableControllerMode (confirm clamped, computed by the HA service) is not
+modelled.
+
+The reput: DefaultMessageStore.start (5.3.3 :416) starts it at ``commitLog.getConfirmOffset()``, the log's
+end after recovery (processOffset), so by default a start-up re-dispatches nothing. With
+``recheckReputOffsetFromCq`` (MessageStoreConfig.java:266, default false) ``doRecheckReputOffsetFromCq``
+(:438-489) moves it to the largest ``getMaxPhysicOffset()`` over every loaded queue (consume queues and
+BatchConsumeQueues, after recovery and truncateDirtyLogicFiles), raised to the commitlog's min offset (and to
+0), and waits until the reput reaches the confirm offset: records from there to processOffset are dispatched
+again (those the queues already hold are skipped by the queue writers), and a start past processOffset
+dispatches nothing until the log grows past it. 4.9.8 always starts its reput that way (4.9.8
+DefaultMessageStore.java:252-277).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, WalkPlan
+from storelib.broker.settings.batchcq import (
+    DEFAULT_BCQ_FILE_SIZE,
+    BatchQueue,
+    load_batch_queues,
+    queue_type,
+    simple_queue_type_fails,
+    store_topics,
+)
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.errors import Finding
+from storelib.fileio.bytesource import Location
+from storelib.format.checkpoint import Checkpoint
+from storelib.format.consumequeue import batch_cq_topics
+
+
+def window_has_record(walk: RecoveryResult) -> bool:
+    """Did the recovery window (the CRC-checked walk) read at least one valid record?"""
+    return any(o.crc_checked and o.records > 0 for o in walk.segments)
+
+
+def confirm_without_record(settings: BrokerSettings, wplan: WalkPlan, walk: RecoveryResult,
+                           cp: Checkpoint) -> int:
+    """confirmPhyOffset after a 5.3.3 recovery whose window held no valid record (module docstring)."""
+    segs = wplan.segments
+    if not segs:  # recover*'s else branch: setConfirmOffset is never called
+        return cp.confirm_phy_offset
+    if walk.mode == "abnormal":
+        return segs[wplan.start_index].base
+    if settings.duplication_enable:
+        return cp.confirm_phy_offset
+    if str(settings.flush_disk_type).strip() == "SYNC_FLUSH":
+        return 0
+    return segs[-1].base + wplan.inputs.segment_size
+
+
+def recheck_reput_start(queue_maxes: list[int], min_offset: int) -> int:
+    """doRecheckReputOffsetFromCq's reput start: the largest queue maxPhysicOffset (``queue_maxes``, after
+    recovery and truncation), at least the commitlog's min offset and 0 (DefaultMessageStore.java:449-475)."""
+    return max([min_offset, *queue_maxes, 0])
+
+
+def recheck_on(settings: BrokerSettings, version: str) -> bool:
+    """Does this start-up move the reput to the queues' end (5.3.3 with recheckReputOffsetFromCq)?"""
+    return version == "5" and bool(settings.recheck_reput_offset_from_cq)
+
+
+def recheck_finding(reput_from: int, process_offset: int, ranges: list[DispatchRange]) -> Finding:
+    """What recheckReputOffsetFromCq makes this start-up's reput do (``ranges``: what it reads), said once."""
+    what = (f"re-dispatches the records in [{reput_from}, {process_offset}) before the broker serves (records the "
+            "queues already hold are skipped by the queue writers)" if ranges else
+            f"reads [{reput_from}, {process_offset}), where it finds no record to dispatch"
+            if reput_from < process_offset else
+            "has nothing to re-dispatch" if reput_from == process_offset else
+            f"starts past the log's end {process_offset}: it dispatches nothing until the commitlog grows past "
+            f"{reput_from}, and records appended before that are never dispatched")
+    return Finding("reput_rechecked_from_cq", "info", None, None,
+                   f"recheckReputOffsetFromCq=true: 5.3.3 moves the reput from the confirm offset {process_offset} to "
+                   f"the queues' max physical offset {reput_from} (DefaultMessageStore.doRecheckReputOffsetFromCq) and "
+                   f"{what}", {"reput_from": reput_from, "process_offset": process_offset})
+
+
+def never_reput(reput_from: int, window_start: int, gap: list[DispatchRange]) -> list[Finding]:
+    """5.3.3 without recheckReputOffsetFromCq: the records between the queues' end and the recovery window
+    (``gap``: the ranges a reput from ``reput_from`` would read there) are dispatched by nothing."""
+    ranges = [(d.phy_start, min(d.phy_end, window_start)) for d in gap if d.phy_start < min(d.phy_end, window_start)]
+    if not ranges:
+        return []
+    n = sum(b - a for a, b in ranges)
+    first = ranges[0][0]
+    head = next(d for d in gap if d.phy_start == first)
+    return [Finding("records_never_dispatched", "warning", f"commitlog/{head.name}", first - head.base,
+                    f"{n} bytes of records in [{first}, {window_start}) lie after the consume queues' max physical "
+                    f"offset {reput_from} and before the recovery window: 5.3.3's recovery does not read them and its "
+                    "reput starts at the log's end, so no consume queue or index entry is made for them "
+                    "(recheckReputOffsetFromCq=true would re-dispatch them)",
+                    {"from": first, "to": window_start, "bytes": n, "reput_from": reput_from})]
+
+
+@dataclass
+class BatchTopics:
+    """A 5.3.3 start-up's BatchConsumeQueues (:mod:`storelib.broker.settings.batchcq`): the queues loaded, the
+    BatchCQ topics (loaded, or configured so: findOrCreateConsumeQueue makes a BatchConsumeQueue for them), the
+    records dispatched to them (kept out of the consume-queue models) and their truncation at processOffset."""
+
+    topics: frozenset[str]
+    queues: list[BatchQueue]
+    dispatched: dict[str, int] = field(default_factory=dict)
+    dispatched_max: int = -1  # the last dispatched record's start: a BatchConsumeQueue's max physical offset
+    truncated: dict[str, tuple[int, int, list[str]]] = field(default_factory=dict)  # by path
+    destroyed: bool = False  # no commitlog file: ConsumeQueueStore.destroy takes them too
+
+    def take(self, table: pa.Table) -> pa.Table:
+        """``table`` without the records of BatchCQ topics, which are counted."""
+        if not self.topics or table.num_rows == 0:
+            return table
+        mask = pc.fill_null(pc.is_in(table.column("topic"), value_set=pa.array(sorted(self.topics))), False)
+        hit = table.filter(mask)
+        if hit.num_rows:
+            for t in hit.column("topic").to_pylist():
+                self.dispatched[t] = self.dispatched.get(t, 0) + 1
+            self.dispatched_max = max(self.dispatched_max, int(pc.max(hit.column("phy_offset")).as_py()))
+        return table.filter(pc.invert(mask))
+
+    def truncate(self, phy: int) -> None:
+        """truncateDirtyLogicFiles(``phy``) over every BatchConsumeQueue (computed, never written)."""
+        self.truncated = {q.path: q.truncate(phy) for q in self.queues}
+
+    def maxes(self) -> list[int]:
+        """Their getMaxPhysicOffset after recovery and truncation (doRecheckReputOffsetFromCq counts them)."""
+        if self.destroyed:
+            return []
+        out = [self.truncated[q.path][0] if q.path in self.truncated else q.max_physic_offset for q in self.queues]
+        return out + ([self.dispatched_max] if self.dispatched_max >= 0 else [])
+
+    def docs(self) -> list[dict]:
+        """Each BatchConsumeQueue as this start-up leaves it (the plan's ``consume_queues.batch_queues``)."""
+        out = []
+        for q in self.queues:
+            max_after, dropped, gone = self.truncated.get(q.path, (q.max_physic_offset, 0, []))
+            out.append({"path": q.path, "topic": q.topic, "queue_id": q.queue_id, "units": q.units,
+                        "max_physic_offset": q.max_physic_offset, "deleted_on_recover": q.deleted_on_recover,
+                        "destroyed": self.destroyed,
+                        "truncate": {"max_physic_offset": max_after, "units_dropped": dropped, "files_deleted": gone}
+                        if q.path in self.truncated else None,
+                        "supported": not (q.deleted_on_recover or dropped or gone or self.destroyed)})
+        return out
+
+    def findings(self) -> list[Finding]:
+        """What the start-up does to each BatchConsumeQueue, which rmqstore leaves as it is."""
+        out = []
+        for d in self.docs():
+            does = [f"loads and recovers it: {d['units']} valid unit(s) from its third-last file, max physical "
+                    f"offset {d['max_physic_offset']} (counted in maxPhyOffsetOfConsumeQueue, which picks the "
+                    "recovery window)"]
+            if d["deleted_on_recover"]:
+                does.append(f"deletes {', '.join(d['deleted_on_recover'])} after its end")
+            t = d["truncate"]
+            if d["destroyed"]:
+                does.append("destroys it with every queue (no commitlog file)")
+            elif t and (t["units_dropped"] or t["files_deleted"]):
+                does.append(f"truncateDirtyLogicFiles drops {t['units_dropped']} unit(s) at or past processOffset"
+                            + (f" (deleting {', '.join(t['files_deleted'])})" if t["files_deleted"] else "")
+                            + f"; its max becomes {t['max_physic_offset']}")
+            out.append(Finding("batch_consume_queue", "info" if d["supported"] else "warning", d["path"], None,
+                               f"5.3.3 {'; '.join(does)}. rmqstore models these offsets but never writes batch "
+                               "consume queues: recover --apply leaves the files as they are", d))
+        for t, n in sorted(self.dispatched.items()):
+            out.append(Finding("batch_consume_queue_dispatch", "warning", f"batchconsumequeue/{t}", None,
+                               f"{n} record(s) of BatchCQ topic {t!r} dispatched by this start-up go to its "
+                               "BatchConsumeQueue, which rmqstore does not write: no consume-queue entry is planned "
+                               "for them (their index entries are)", {"topic": t, "records": n, "supported": False}))
+        return out
+
+
+def batch_topics(root: Location, settings: BrokerSettings, cq_topics: set[str], findings: list[Finding]
+                 ) -> BatchTopics | None:
+    """5.3.3's BatchConsumeQueues and BatchCQ topics of the store at ``root`` (None when it has neither), and
+    what fails the load on them (queueTypeShouldBe, a file of the wrong length) into ``findings``."""
+    topics = store_topics(root)
+    findings.extend(simple_queue_type_fails(topics, cq_topics))
+    size = settings.mapper_file_size_batch_consume_queue or DEFAULT_BCQ_FILE_SIZE
+    queues = load_batch_queues(root, int(size), topics, findings)
+    names = {q.topic for q in queues} | {t for t in topics if queue_type(topics, t) == "BatchCQ"}
+    return BatchTopics(frozenset(names), queues) if names else None
+
+
+def batch_ignored(root: Location) -> list[Finding]:
+    """4.9.8 has no BatchConsumeQueue: a ``batchconsumequeue/`` directory is never read by its start-up."""
+    topics = batch_cq_topics(root)
+    return [Finding("batch_consume_queue", "info", "batchconsumequeue", None,
+                    f"{len(topics)} topic(s) have 5.x BatchConsumeQueue files, which 4.9.8 never reads: its start-up "
+                    "ignores them (their records get consume-queue entries if dispatched)",
+                    {"topics": sorted(topics)})] if topics else []
