@@ -235,6 +235,21 @@ def test_498_lag_finding_says_the_reput_dispatches_them_all(tmp_path, monkeypatc
     assert "never_dispatched" not in lag["extra"]
 
 
+@pytest.mark.parametrize("version", ["4", "5"])
+def test_the_record_the_lag_finding_says_is_never_dispatched_is_the_one_the_recovery_walk_skips(tmp_path, version):
+    """One rule (walkplan.recovery_dispatch_after) for the audit's never_dispatched and the start-up walk's
+    dispatch bound: 5.3.3 dispatches only records strictly above the queues' max physical offset, so the one
+    starting there is never dispatched; 4.9.8 reputs from it (no bound, nothing skipped)."""
+    from storelib.broker.startup.startup import simulate
+    from storelib.checks.queues import load_consume_queues
+
+    root = _lagging_store(tmp_path / "s", version)
+    store = Store(str(root), broker_conf=str(root / "broker.conf"))
+    never = load_consume_queues(store.loc, store.settings, 0).never_dispatched()
+    bounds = {d.after for d in simulate(store).walk.dispatch}
+    assert (never, bounds) == ((597, {597}) if version == "5" else (-1, {None}))
+
+
 def test_5x_after_recovery_the_skipped_record_is_the_one_named_missing(tmp_path, monkeypatch):
     root = _lagging_store(tmp_path / "s", "5")
     ra.apply(Store(str(root), broker_conf=str(root / "broker.conf")), str(tmp_path / "bk"))

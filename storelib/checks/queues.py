@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from storelib.broker.recovery.reputpath import reput_skips_rest
+from storelib.broker.recovery.walkplan import recovery_dispatch_after
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.strayload import judge_queue, version_of
@@ -135,12 +136,12 @@ class CQLoad:
         return max(log_min, 0) if self.live else max(self.cq_max_phy, log_min, 0)
 
     def never_dispatched(self) -> int:
-        """The position of the record a 5.3.3 broker's normal start never dispatches (-1: none): recovery
-        dispatches only records past the queues' max physical offset (CommitLog.recoverNormally, the recovery
-        walk's ``dispatch_after``) and the reput then starts at the log's end, so the one starting there is
-        skipped. 4.9.8 reputs from that offset; a live store's reput is simply running."""
+        """The record a normal start never dispatches (-1: none): at the offset 5.3.3's recovery dispatches only
+        records above (walkplan.recovery_dispatch_after; 4.9.8 reputs from it; a live store's reput runs)."""
         s = self.settings
-        return self.cq_max_phy if s is not None and s.version == "5" and s.dledger is None and not self.live else -1
+        after = None if s is None or self.live else recovery_dispatch_after(
+            s.version, s.dledger is not None, True, self.cq_max_phy)
+        return -1 if after is None else after
 
 
 def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, cut: StoreCut | None = None,
