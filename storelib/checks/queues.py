@@ -20,7 +20,7 @@ from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, data_ranges
 from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, LMQ_PREFIX, batch_cq_topics, list_queues
-from storelib.format.record import INNER_BATCH_FLAG, SCHEDULE_TOPIC
+from storelib.format.record import INNER_BATCH_FLAG, SCHEDULE_TOPIC, gets_cq_unit
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.arrowcols import group_order
 
@@ -33,7 +33,7 @@ def check_queue_offsets(log: LogView, out: Capped) -> dict[tuple[str, int], dict
 
     Returns per-queue facts: min/max queue offset and message count in the commitlog.
     """
-    disp = np.flatnonzero((log.tran == 0) | (log.tran == 2))
+    disp = np.flatnonzero(gets_cq_unit(log.tran))
     facts: dict[tuple[str, int], dict] = {}
     if not len(disp):
         return facts
@@ -372,7 +372,7 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
             bad_topic = np.zeros(len(hit), bool) if copies else (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
             bad_qo = np.zeros(len(hit), bool) if copies else (
                 log.qoff[r] if slots is None else slots.of_rows(r, log.qoff[r])) != n[hit]
-            bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
+            bad_tran = ~gets_cq_unit(log.tran[r])
         bad_tags = log.tags[r] != u["tags_code"][hit].astype(np.int64)
         if topic == SCHEDULE_TOPIC and bad_tags.any() and loaded is not None:
             j = np.flatnonzero(bad_tags)

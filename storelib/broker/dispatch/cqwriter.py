@@ -31,6 +31,7 @@ from storelib.format.consumequeue import (  # the readers' constants and helpers
     make_units,
 )
 from storelib.format.javahash import jrem, wrap64
+from storelib.format.record import gets_cq_unit
 from storelib.format.topicname import unsafe_reason
 
 # ---------------------------------------------------------------------------------------------
@@ -187,8 +188,7 @@ def slide_slots(q: np.ndarray, cur: int) -> np.ndarray:
     one before (no duplicate), the write position at slot ``cur`` (no first-file fillers), in numpy: each
     goes to the write position (a slide when its offset differs), unless its offset is not 0 and its unit's
     offset, a Java long (wraps), is below the write position's (a repeat: -1). putMessagePositionInfo, 4.9.8
-    and 5.3.3. One pass per run of repeats. The dispatch fast path (:func:`_fast_image`) and the audit's
-    writer model (storelib.broker.startup.cqrecovery) both use it."""
+    and 5.3.3. Used by the dispatch fast path (:func:`_fast_image`) and the audit (cqrecovery)."""
     k = len(q)
     slot = np.full(k, -1, np.int64)
     with np.errstate(over="ignore"):
@@ -278,7 +278,7 @@ def _grouped(records: pa.Table | pa.RecordBatch) -> _Grouped | None:
     """The NOT/COMMIT records grouped by queue, stable (None: there are none)."""
     cols = {name: _column(records, name) for name in _REQUIRED}
     tt = _np(cols["tran_type"], np.int64)
-    keep = np.flatnonzero((tt == 0) | (tt == 2))
+    keep = np.flatnonzero(gets_cq_unit(tt))
     if len(keep) == 0:
         return None
     every = len(keep) == len(tt)

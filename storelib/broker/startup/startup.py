@@ -74,6 +74,7 @@ from storelib.format.consumequeue import list_queues
 from storelib.format.indexdir import IndexFileRef
 from storelib.format.indexfile import HEADER_SIZE, IndexHeader
 from storelib.format.markers import AbortState, LockState, abort_state, lock_state
+from storelib.format.record import gets_cq_unit
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.commitlog import Segment
 from storelib.scan.scanner import SegmentScan
@@ -190,7 +191,7 @@ def _last_records(store: Store, P: int) -> tuple[int, int, int] | None:
                 if b.num_rows:
                     last = (int(b.column("phy_offset")[-1].as_py()), int(b.column("store_timestamp")[-1].as_py()))
                     tt = np.asarray(b.column("tran_type"))
-                    cq = np.flatnonzero((tt == 0) | (tt == 2))
+                    cq = np.flatnonzero(gets_cq_unit(tt))
                     if len(cq):
                         last_cq = int(b.column("store_timestamp")[int(cq[-1])].as_py())
             if last is not None:
