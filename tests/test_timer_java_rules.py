@@ -110,6 +110,20 @@ def test_a_marker_in_another_slot_deletes_nothing(copy):
     assert states[target["timer_phy_offset"]] == "pending"
 
 
+def test_timer_out_ms_is_floored_as_the_put_hook_floors_it_for_timers_and_recalls():
+    """HookUtils.transformTimerMessage (5.3.3 :200-205): a due time on the precision goes one precision earlier,
+    any other is floored; the generator's timers and recall markers take it from timermsg.timer_out_ms."""
+    from storelib.broker.timer.timermsg import timer_out_ms
+    from storelib.generator.timergen import deliver_ms, recall_marker
+
+    assert [timer_out_ms(t, 1000) for t in (5000, 5001, 5999)] == [4000, 5000, 5000]
+    assert timer_out_ms(5200, 200) == 5000 and timer_out_ms(5150, 200) == 5000
+    assert deliver_ms(1_700_000_000_000, 5, 1000) == 1_700_000_004_000
+    target = Message(topic=TIMER_TOPIC, queue_id=0, body=b"", properties={
+        "REAL_TOPIC": "T", "UNIQ_KEY": "K", "TIMER_OUT_MS": "1700000004999"})
+    assert recall_marker(target, 1_700_000_000_000, 1000).properties["TIMER_OUT_MS"] == "1700000004000"
+
+
 def test_rebuild_enqueues_a_recall_with_magic_delete_and_takes_it_off_its_slots_num(copy, tmp_path):
     target, due = _recalled(copy)
     out = resolve(str(_rebuild(copy, tmp_path / "out")))

@@ -95,6 +95,13 @@ def scan_timer_rows(store: Store) -> tuple[list[dict], list[dict]]:
     return enq, dlv
 
 
+def timer_out_ms(deliver_ms: int, precision_ms: int) -> int:
+    """TIMER_OUT_MS the broker's put hook writes for a message due at ``deliver_ms``: floored to the
+    precision, and one precision earlier when already on it (HookUtils.transformTimerMessage, 5.3.3
+    :200-205; a recall's marker goes through the same hook)."""
+    return deliver_ms - precision_ms if deliver_ms % precision_ms == 0 else deliver_ms // precision_ms * precision_ms
+
+
 def delete_key(real_topic: str | None, uniq_key: str | None) -> str:
     """The key a recall's TIMER_DEL_UNIQKEY names its target by: real topic + "+" + UNIQ_KEY
     (TimerMessageStore.buildDeleteKey, 5.3.3 :1930-1932; a missing part reads "None" here, "null" in Java)."""
@@ -266,5 +273,5 @@ def timer_store_summary(store: Store) -> dict[str, Any]:
                         "timercheck": None if cp is None else cp.__dict__, "precision_ms": precision}}
 
 
-__all__ = ["DEL_KEY", "PENDING_STATES", "TIMER_SCHEMA", "Recalls", "delete_key", "deliver_histogram", "scan_timer_rows", "store_timers", "timer_losses", "timer_messages",
+__all__ = ["DEL_KEY", "PENDING_STATES", "TIMER_SCHEMA", "Recalls", "delete_key", "deliver_histogram", "scan_timer_rows", "store_timers", "timer_losses", "timer_messages", "timer_out_ms",
            "timer_store_summary"]
