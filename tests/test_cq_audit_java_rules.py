@@ -9,6 +9,7 @@ from itertools import count
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from jobs.audit import audit_store
@@ -234,6 +235,21 @@ def test_498_lag_finding_says_the_reput_dispatches_them_all(tmp_path, monkeypatc
     assert "never_dispatched" not in lag["extra"]
 
 
+@pytest.mark.parametrize("version", ["4", "5"])
+def test_the_record_the_lag_finding_says_is_never_dispatched_is_the_one_the_recovery_walk_skips(tmp_path, version):
+    """One rule (walkplan.recovery_dispatch_after) for the audit's never_dispatched and the start-up walk's
+    dispatch bound: 5.3.3 dispatches only records strictly above the queues' max physical offset, so the one
+    starting there is never dispatched; 4.9.8 reputs from it (no bound, nothing skipped)."""
+    from storelib.broker.startup.startup import simulate
+    from storelib.checks.queues import load_consume_queues
+
+    root = _lagging_store(tmp_path / "s", version)
+    store = Store(str(root), broker_conf=str(root / "broker.conf"))
+    never = load_consume_queues(store.loc, store.settings, 0).never_dispatched()
+    bounds = {d.after for d in simulate(store).walk.dispatch}
+    assert (never, bounds) == ((597, {597}) if version == "5" else (-1, {None}))
+
+
 def test_5x_after_recovery_the_skipped_record_is_the_one_named_missing(tmp_path, monkeypatch):
     root = _lagging_store(tmp_path / "s", "5")
     ra.apply(Store(str(root), broker_conf=str(root / "broker.conf")), str(tmp_path / "bk"))
@@ -352,6 +368,43 @@ def test_vectorised_writer_slots_are_the_rebuild_machines():
         none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         fast = writer_slots_of(P, Z, q, np.ones(k, bool), none, anchor)
         assert fast.tolist() == _machine_slots(P, Z, q, anchor).tolist(), (trial, q.tolist(), anchor)
+
+
+def test_a_queue_offset_whose_unit_offset_wraps_is_placed_where_the_broker_puts_it():
+    """putMessagePositionInfo compares QUEUEOFFSET * 20 as a Java long: an offset 2^62 away from the write
+    position's wraps onto it (no repeat), one just past +2^62 wraps below it (a repeat). The audit's model
+    (writer_slots_of) gives what the rebuild's machine gives."""
+    from storelib.broker.startup.cqrecovery import _machine_slots, writer_slots_of
+
+    none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    for q, anchor, want in (([0, 1, 2 - (1 << 62)], 0, [0, 1, 2]), ([5, (1 << 62) + 1, 6], 5, [5, -1, 6])):
+        q = np.array(q, np.int64)
+        P, Z = 1000 * np.arange(1, len(q) + 1, dtype=np.int64), np.full(len(q), 90, np.int64)
+        assert _machine_slots(P, Z, q, anchor).tolist() == want
+        assert writer_slots_of(P, Z, q, np.ones(len(q), bool), none, anchor).tolist() == want
+
+
+def test_the_dispatch_fast_path_gives_the_slots_of_the_writers_model():
+    """The CQ writer's vectorised fast path (whole queues whose records each go to the next slot) and its
+    record-by-record machine both give slide_slots' slots, for new and continued queues."""
+    from storelib.broker.dispatch.cqwriter import QueueState, build_consume_queues, slide_slots
+
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        k = int(rng.integers(1, 30))
+        start = int(rng.integers(0, 50))
+        q = start + np.arange(k, dtype=np.int64)
+        if trial % 2:  # jumps, repeats and resets: the machine
+            q = np.cumsum(rng.choice([1, 1, 2, 0, -2], size=k)) + start
+        q[rng.random(k) < 0.1] = 0
+        table = pa.table({"physical_offset_field": 100 * np.arange(1, k + 1), "size": np.full(k, 90),
+                          "queue_offset": q, "tags_code": np.zeros(k, np.int64), "topic": ["T"] * k,
+                          "queue_id": np.zeros(k, np.int32), "tran_type": np.zeros(k, np.int8)})
+        new = trial % 4 < 2 and q[0] >= 0
+        cur = int(q[0]) if new else start
+        state = {} if new else {("T", 0): QueueState(-1, cur * 20 - cur * 20 % 200, cur * 20 % 200)}
+        img = build_consume_queues(table, segment_size=200, state=state)[("T", 0)]
+        assert img.slots.tolist() == slide_slots(q, cur).tolist(), (trial, q.tolist(), cur)
 
 
 def test_recovery_tags_scanned_by_segment_span_equal_one_by_one(tmp_path):

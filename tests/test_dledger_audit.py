@@ -19,9 +19,7 @@ from storelib.generator.gen import generate
 from storelib.generator.genplan import GenConfig
 
 from .conftest import run_cli
-
-SEG = 64 * 1024
-IDX = 16 * 1024
+from .dledger_files import IDX, SEG, data_file_at, dledger_entries, gen_dledger, patch_bytes
 
 
 def _audit(capsys, root: Path, *extra) -> tuple[int, dict]:
@@ -36,32 +34,12 @@ def _bad(rep: dict, level: str = "warning") -> list[dict]:
 
 
 def _gen(tmp_path: Path, n: int = 900, version: str = "4", **kw) -> Path:
-    out = tmp_path / "s"
-    s = BrokerSettings.defaults(version).with_overrides({"mappedFileSizeCommitLog": SEG, "maxHashSlotNum": 500,
-                                                         "maxIndexNum": 4000})
-    generate(out, GenConfig(messages=n, seed=3, version=version), s, dispatch=True,
-             dledger=DLedgerGen(index_file_size=IDX, **kw))
-    return out
+    return gen_dledger(tmp_path, "s", n, version, seed=3, **kw)
 
 
 def _entries(root: Path) -> list[tuple[int, int, int]]:
-    from storelib.broker.settings.store import Store, load_settings
-    from storelib.fileio.bytesource import resolve
-
-    loc = resolve(str(root))
-    t = Store(loc, load_settings(None, None, None, loc)).commitlog.read_table(with_properties=False)
-    return list(zip(t.column("dledger_index").to_pylist(), t.column("dledger_pos").to_pylist(),
-                    t.column("size").to_pylist()))
-
-
-def _patch(path: Path, at: int, data: bytes) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        f.write(data)
-
-
-def _data(root: Path, pos: int) -> tuple[Path, int]:
-    return root / "dledger-n0" / "data" / f"{pos - pos % SEG:020d}", pos % SEG
+    """(index, pos, record size) of every entry."""
+    return [(i, p, z - BODY_OFFSET) for i, p, z in dledger_entries(root)]
 
 
 def test_the_clean_sample_audits_clean(sample_dledger, capsys):
@@ -101,8 +79,8 @@ def test_a_bad_entry_header_where_dledgers_walk_ends_is_critical_and_named(tmp_p
     ents = _entries(root)
     files = sorted({p - p % SEG for _, p, _ in ents})
     victim = [e for e in ents if files[-2] <= e[1] < files[-1]][3]  # inside the walked files
-    path, off = _data(root, victim[1])
-    _patch(path, off + 24, struct.pack(">q", victim[1] + 7))  # its pos field
+    path, off = data_file_at(root, victim[1])
+    patch_bytes(path, off + 24, struct.pack(">q", victim[1] + 7))  # its pos field
     rc, rep = _audit(capsys, root)
     bad = [f for f in rep["findings"] if f["kind"] == "dledger_bad_entry"]
     assert rc == 1 and len(bad) == 1
@@ -116,7 +94,7 @@ def test_an_index_unit_that_differs_is_named_in_the_index_file(tmp_path, capsys)
     ents = _entries(root)
     k = len(ents) - 20
     at = k * INDEX_UNIT_SIZE
-    _patch(root / "dledger-n0" / "index" / f"{at - at % IDX:020d}", at % IDX + 24, struct.pack(">q", 9))  # its term
+    patch_bytes(root / "dledger-n0" / "index" / f"{at - at % IDX:020d}", at % IDX + 24, struct.pack(">q", 9))  # its term
     rc, rep = _audit(capsys, root)
     mm = [f for f in rep["findings"] if f["kind"] == "dledger_index_unit_mismatch"]
     assert rc == 1 and len(mm) == 1 and mm[0]["extra"]["entry_index"] == k
@@ -134,9 +112,9 @@ def test_a_body_crc_inside_an_entry_is_reported_in_dledger_terms(tmp_path, capsy
     k = next(i for i in range(100, t.num_rows) if t.column("sys_flag")[i].as_py() & 0x30 == 0
              and t.column("body_len")[i].as_py() > 8)
     pos = t.column("dledger_pos")[k].as_py()
-    path, off = _data(root, pos)
+    path, off = data_file_at(root, pos)
     body = off + BODY_OFFSET + 88  # IPv4 hosts: the body starts 88 bytes into the record
-    _patch(path, body + 2, bytes([path.read_bytes()[body + 2] ^ 0xFF]))
+    patch_bytes(path, body + 2, bytes([path.read_bytes()[body + 2] ^ 0xFF]))
     rc, rep = _audit(capsys, root)
     crc = [f for f in rep["findings"] if f["kind"] == "body_crc_mismatch"]
     assert rc == 1 and len(crc) == 1 and crc[0]["file"].startswith("dledger-n0/data/")
@@ -153,7 +131,7 @@ def test_a_consume_queue_unit_must_point_at_entry_pos_plus_48(tmp_path, capsys):
 
     unit = np.frombuffer(first, CQ_DTYPE).copy()
     unit["phy_offset"] -= BODY_OFFSET  # the entry's pos, not its record
-    _patch(cq, 0, unit.tobytes())
+    patch_bytes(cq, 0, unit.tobytes())
     rc, rep = _audit(capsys, root)
     got = [f for f in _bad(rep, "error") if (f["file"] or "").startswith("consumequeue/")]
     assert rc == 1 and got, _bad(rep)
@@ -236,7 +214,7 @@ def test_since_carries_each_data_files_dledger_facts_and_reports_the_same(tmp_pa
     assert _comparable(second) == _comparable(first)
     ents = _entries(root)
     at = 3 * INDEX_UNIT_SIZE  # entry 3's unit, in the first data file
-    _patch(root / "dledger-n0" / "index" / f"{at - at % IDX:020d}", at % IDX + 24, struct.pack(">q", 9))
+    patch_bytes(root / "dledger-n0" / "index" / f"{at - at % IDX:020d}", at % IDX + 24, struct.pack(">q", 9))
     third = audit_store(str(root), quiet=True, since=state)
     assert third["dledger"]["files_walked"] == 1, third["dledger"]
     mm = [f for f in third["findings"] if f["kind"] == "dledger_index_unit_mismatch"]
@@ -265,11 +243,11 @@ def test_a_live_dledger_store_is_read_as_at_one_cut(tmp_path, capsys):
     root = _gen(tmp_path)
     idx, pos, size = _entries(root)[-1]
     end = pos + BODY_OFFSET + size
-    path, off = _data(root, pos)
+    path, off = data_file_at(root, pos)
     entry = bytearray(path.read_bytes()[off:off + BODY_OFFSET + size])
     assert off + 2 * len(entry) + 8 < SEG, "the next entry must fit the file"
     entry[8:16], entry[24:32] = struct.pack(">q", idx + 1), struct.pack(">q", end)
-    _patch(path, end % SEG, bytes(entry[:BODY_OFFSET + size // 2]))  # DLedger's put, half done
+    patch_bytes(path, end % SEG, bytes(entry[:BODY_OFFSET + size // 2]))  # DLedger's put, half done
     rc0, at_rest = _audit(capsys, root)
     assert any(f["offset"] == end % SEG for f in _bad(at_rest)), _bad(at_rest)  # at rest: the torn entry
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(root / "lock")], stdin=subprocess.PIPE,
@@ -314,8 +292,8 @@ def test_the_damage_price_reads_no_data_file_in_the_driver(tmp_path, sample_dled
     ents = _entries(root)
     files = sorted({p - p % SEG for _, p, _ in ents})
     victim = [e for e in ents if files[-2] <= e[1] < files[-1]][3]
-    path, off = _data(root, victim[1])
-    _patch(path, off + 24, struct.pack(">q", victim[1] + 7))  # DLedger's data ends here: the rest is lost
+    path, off = data_file_at(root, victim[1])
+    patch_bytes(path, off + 24, struct.pack(">q", victim[1] + 7))  # DLedger's data ends here: the rest is lost
     driver, real_open, real_cost = os.getpid(), commitlog.Segment.open, audit_mod.damage_cost
     reads: list[str] = []
 
@@ -362,8 +340,8 @@ def test_each_entry_header_rule_where_dledgers_walk_ends_is_critical_and_named(t
     ents = _entries(root)
     files = sorted({p - p % SEG for _, p, _ in ents})
     victim = [e for e in ents if files[-2] <= e[1] < files[-1]][3]
-    path, off = _data(root, victim[1])
-    _patch(path, off + at, struct.pack(fmt, value))
+    path, off = data_file_at(root, victim[1])
+    patch_bytes(path, off + at, struct.pack(fmt, value))
     rc, rep = _audit(capsys, root)
     bad = [f for f in rep["findings"] if f["kind"] == "dledger_bad_entry"]
     assert rc == 1 and len(bad) == 1, (what, _bad(rep))
@@ -381,7 +359,7 @@ def test_an_index_file_entry_must_point_at_entry_pos_plus_48(tmp_path, capsys):
     at = 40 + 4 * 500 + 20 * 5 + 4  # entry 5's phyOffset (header, 500 slots, 20-byte entries)
     phy = struct.unpack_from(">q", idx.read_bytes(), at)[0]
     assert any(p + BODY_OFFSET == phy for _, p, _ in _entries(root))
-    _patch(idx, at, struct.pack(">q", phy - BODY_OFFSET))
+    patch_bytes(idx, at, struct.pack(">q", phy - BODY_OFFSET))
     rc, rep = _audit(capsys, root)
     got = [f for f in _bad(rep, "error") if f["file"] == f"index/{idx.name}"]
     assert rc == 1 and got, _bad(rep)
@@ -396,18 +374,18 @@ def _damaged(tmp_path: Path, how: str) -> Path:
     ents = _entries(root)
     files = sorted({p - p % SEG for _, p, _ in ents})
     inner = [e for e in ents if files[-2] <= e[1] < files[-1]]
-    path, off = _data(root, inner[3][1])
+    path, off = data_file_at(root, inner[3][1])
     if how == "header":
-        _patch(path, off + 24, struct.pack(">q", inner[3][1] + 7))
+        patch_bytes(path, off + 24, struct.pack(">q", inner[3][1] + 7))
     elif how == "record":  # the record's magic inside a good entry: the reput skips the rest of the file
-        _patch(path, off + BODY_OFFSET + 4, b"\0\0\0\0")
+        patch_bytes(path, off + BODY_OFFSET + 4, b"\0\0\0\0")
     elif how == "body_crc":
-        _patch(path, off + BODY_OFFSET + 88 + 2, b"\xff\xfe")
+        patch_bytes(path, off + BODY_OFFSET + 88 + 2, b"\xff\xfe")
     elif how == "unit":
         at = inner[5][0] * INDEX_UNIT_SIZE
-        _patch(root / "dledger-n0" / "index" / f"{at - at % IDX:020d}", at % IDX + 24, struct.pack(">q", 9))
+        patch_bytes(root / "dledger-n0" / "index" / f"{at - at % IDX:020d}", at % IDX + 24, struct.pack(">q", 9))
     elif how == "index_gap":  # an entry index that does not follow, at a part's first entry as much as inside
-        _patch(path, off + 8, struct.pack(">q", 10 ** 6))
+        patch_bytes(path, off + 8, struct.pack(">q", 10 ** 6))
     return root
 
 

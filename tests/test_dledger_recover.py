@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
 from storelib.broker.startup.recoverapply import apply, restore
 from storelib.broker.startup.recoveryplan import plan_document
@@ -23,23 +22,18 @@ from storelib.broker.startup.salvage import salvage
 from storelib.broker.startup.startup import simulate
 from storelib.format.consumequeue import CQ_DTYPE
 from storelib.format.dledger.entries import BODY_OFFSET, INDEX_UNIT_SIZE, decode_index_units
-from storelib.generator.dledgergen import DLedgerGen
-from storelib.generator.gen import generate
-from storelib.generator.genplan import GenConfig
 
 from .conftest import run_cli
-
-SEG = 64 * 1024
-IDX = 16 * 1024
-
-
-def _store(root: Path) -> Store:
-    """The store as the command opens it (settings and geometry inferred from its files)."""
-    from storelib.broker.settings.store import load_settings
-    from storelib.fileio.bytesource import resolve
-
-    loc = resolve(str(root))
-    return Store(loc, load_settings(None, None, None, loc))
+from .dledger_files import (
+    IDX,
+    SEG,
+    data_file_at,
+    dledger_entries,
+    gen_dledger,
+    index_unit_at,
+    open_store,
+    patch_bytes,
+)
 
 
 def _sha(p: Path) -> str:
@@ -50,41 +44,8 @@ def _tree(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): _sha(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _gen(tmp_path: Path, name: str = "s", n: int = 600, version: str = "4", **kw) -> Path:
-    out = tmp_path / name
-    s = BrokerSettings.defaults(version).with_overrides({"mappedFileSizeCommitLog": SEG, "maxHashSlotNum": 500,
-                                                         "maxIndexNum": 4000})
-    generate(out, GenConfig(messages=n, seed=5, version=version), s, dispatch=True,
-             dledger=DLedgerGen(index_file_size=IDX, **kw))
-    return out
-
-
-def _entries(root: Path, node: str = "n0") -> list[tuple[int, int, int]]:
-    """(index, pos, entry size) of every entry the scan reads, in order."""
-    t = _store(root).commitlog.read_table(with_properties=False)
-    return list(zip(t.column("dledger_index").to_pylist(), t.column("dledger_pos").to_pylist(),
-                    [s + BODY_OFFSET for s in t.column("size").to_pylist()]))
-
-
-def _data(root: Path, pos: int) -> tuple[Path, int]:
-    base = pos - pos % SEG
-    return root / "dledger-n0" / "data" / f"{base:020d}", pos - base
-
-
-def _patch(path: Path, at: int, data: bytes) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        f.write(data)
-
-
-def _unit(root: Path, index: int) -> tuple[Path, int]:
-    """The index file and offset of entry ``index``'s unit."""
-    at = index * INDEX_UNIT_SIZE
-    return root / "dledger-n0" / "index" / f"{at - at % IDX:020d}", at % IDX
-
-
 def _plan(root: Path, version: str | None = None, **kw) -> dict:
-    return plan_document(simulate(_store(root), version, **kw))
+    return plan_document(simulate(open_store(root), version, **kw))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,7 +89,7 @@ def test_the_crashed_sample_plan_is_the_brokers_load_field_by_field(sample_dledg
     # once DLedger commits again the reput dispatches the two entries afterStart shows in two queues
     ar = dl["after_recommit"]
     assert (ar["from"], ar["to"]) == (2096059, rec["afterStart"]["dledger"]["committedPos"])
-    t = _store(root).commitlog.read_table(from_offset=ar["from"], to_offset=ar["to"], with_properties=False)
+    t = open_store(root).commitlog.read_table(from_offset=ar["from"], to_offset=ar["to"], with_properties=False)
     got = {f"{tp}/{q}": p + s for tp, q, p, s in zip(t.column("topic").to_pylist(), t.column("queue_id").to_pylist(),
                                                      t.column("phy_offset").to_pylist(), t.column("size").to_pylist())}
     assert got == {k: v["afterStart"]["maxPhysicOffset"] for k, v in rec["afterStart"]["queuesChangedByStart"].items()}
@@ -166,7 +127,7 @@ def test_apply_on_the_crashed_sample_re_indexes_what_the_broker_loses_and_restor
     new_index = [k for k in after if k.startswith("index/")]
     assert changed == {"abort", "checkpoint", "index/20261126194122348", *new_index}
     # the broker loses every key of the deleted file (#7477); the apply re-adds them from the entries it kept
-    store = _store(root)
+    store = open_store(root)
     from storelib.broker.index.lookup import key_candidates
 
     t = store.commitlog.read_table(with_properties=False, to_offset=2096059)
@@ -180,12 +141,12 @@ def test_apply_on_the_crashed_sample_re_indexes_what_the_broker_loses_and_restor
 
 
 def test_broker_exact_index_deletes_the_index_file_and_writes_none(tmp_path, sample_dledger_crashed):
-    sim = simulate(_store(sample_dledger_crashed / "store"), complete_index=False)
+    sim = simulate(open_store(sample_dledger_crashed / "store"), complete_index=False)
     assert sim.index_delete == ["20261126194122348"] and sim.index_images == [] and sim.index_keys_added == 0
 
 
 def test_salvage_exports_the_uncommitted_entries_of_the_crashed_sample(tmp_path, sample_dledger_crashed):
-    rep = salvage(simulate(_store(sample_dledger_crashed / "store")), tmp_path / "out")
+    rep = salvage(simulate(open_store(sample_dledger_crashed / "store")), tmp_path / "out")
     assert rep["by_why"] == {"uncommitted": 1718 - 1005} and rep["messages"] == 713
     rows = [json.loads(x) for x in (tmp_path / "out" / "messages.jsonl").read_text().splitlines()]
     exp = {m["dledgerIndex"]: m for m in
@@ -199,8 +160,8 @@ def test_salvage_exports_the_uncommitted_entries_of_the_crashed_sample(tmp_path,
 
 
 def test_a_torn_last_entry_is_kept_by_dledger_and_its_index_unit_rewritten(tmp_path):
-    root = _gen(tmp_path, committed_lag=20, undispatched=3, torn_at=60)
-    ents = _entries(root)
+    root = gen_dledger(tmp_path, committed_lag=20, undispatched=3, torn_at=60)
+    ents = dledger_entries(root)
     torn = ents[-1][0] + 1  # the scan stops at the torn entry; DLedger's header walk keeps it
     plan = _plan(root, "4")
     dl = plan["dledger"]
@@ -208,13 +169,13 @@ def test_a_torn_last_entry_is_kept_by_dledger_and_its_index_unit_rewritten(tmp_p
     assert "magic 0 != entry magic 1" in dl["index_rewrite_why"]
     assert dl["committed_index"] == torn - 20 and plan["commitlog"]["process_offset"] == dl["committed_pos"]
     assert [x[2] for x in dl["reput_skips"]] == ["reput_skips_rest_of_file"]
-    res = apply(_store(root), tmp_path / "bk")
+    res = apply(open_store(root), tmp_path / "bk")
     assert res.file_changes >= 3
-    path, at = _unit(root, torn)
+    path, at = index_unit_at(root, torn)
     with open(path, "rb") as f:
         f.seek(at)
         u = decode_index_units(f.read(32))[0]
-    p, off = _data(root, ents[-1][1] + ents[-1][2])
+    p, off = data_file_at(root, ents[-1][1] + ents[-1][2])
     head = p.read_bytes()[off: off + 48]
     assert (int(u["magic"]), int(u["index"]), int(u["pos"]), int(u["size"])) == \
         (1, torn, ents[-1][1] + ents[-1][2], struct.unpack_from(">i", head, 4)[0])
@@ -226,14 +187,14 @@ def test_a_torn_last_entry_is_kept_by_dledger_and_its_index_unit_rewritten(tmp_p
 
 
 def test_a_term_that_goes_down_in_a_later_file_ends_dledgers_data_and_salvage_keeps_the_entries(tmp_path):
-    root = _gen(tmp_path, n=900)
-    ents = _entries(root)
+    root = gen_dledger(tmp_path, n=900)
+    ents = dledger_entries(root)
     files = sorted({p - p % SEG for _, p, _ in ents})
     assert len(files) >= 4
     # the first entry of the second-last file claims term -5: the walk, from the third-last, stops there
     cut = files[-2]
-    path, _ = _data(root, cut)
-    _patch(path, 16, struct.pack(">q", -5))
+    path, _ = data_file_at(root, cut)
+    patch_bytes(path, 16, struct.pack(">q", -5))
     plan = _plan(root, "4")
     dl = plan["dledger"]
     last_before = max(i for i, p, _ in ents if p < cut)
@@ -246,20 +207,20 @@ def test_a_term_that_goes_down_in_a_later_file_ends_dledgers_data_and_salvage_ke
     assert dl["index_end"] == (last_before + 1) * INDEX_UNIT_SIZE
     dropped = [i for i, p, _ in ents if p >= cut]
     assert plan["lost"]["totals"]["messages"] == len(dropped)
-    rep = salvage(simulate(_store(root), "4"), tmp_path / "salv")
+    rep = salvage(simulate(open_store(root), "4"), tmp_path / "salv")
     assert rep["by_why"] == {"dledger_truncated": len(dropped)}
 
 
 def test_the_start_file_is_the_third_last_unless_its_first_entry_disagrees_with_the_index(tmp_path):
-    root = _gen(tmp_path, n=900)
-    ents = _entries(root)
+    root = gen_dledger(tmp_path, n=900)
+    ents = dledger_entries(root)
     files = sorted({p - p % SEG for _, p, _ in ents})
     n = len(files)
     assert _plan(root, "4")["dledger"]["start_file"].endswith(f"{files[n - 3]:020d}")
     # the third-last file's first unit says another size: recover() tries the file before it
     first = next(i for i, p, _ in ents if p == files[n - 3])
-    path, at = _unit(root, first)
-    _patch(path, at + 12, struct.pack(">i", 7))
+    path, at = index_unit_at(root, first)
+    patch_bytes(path, at + 12, struct.pack(">i", 7))
     dl = _plan(root, "4")["dledger"]
     assert dl["start_file"].endswith(f"{files[n - 4]:020d}") and "index unit size 7" in dl["start_reason"]
     # that unit is walked and found wrong, so the index is rewritten from there; data is untouched
@@ -267,12 +228,12 @@ def test_the_start_file_is_the_third_last_unless_its_first_entry_disagrees_with_
 
 
 def test_a_missing_last_index_file_is_made_again_from_the_entries(tmp_path):
-    root = _gen(tmp_path, n=900)
+    root = gen_dledger(tmp_path, n=900)
     idx = sorted((root / "dledger-n0" / "index").iterdir())
     assert len(idx) >= 2
     last = idx[-1]
     last.unlink()
-    ents = _entries(root)
+    ents = dledger_entries(root)
     first_missing = int(last.name) // INDEX_UNIT_SIZE
     dl = _plan(root, "4")["dledger"]
     # the walk's comparison fails at the first unit no file holds: the list ends exactly there, so recover()
@@ -280,7 +241,7 @@ def test_a_missing_last_index_file_is_made_again_from_the_entries(tmp_path):
     assert dl["index_rewrite_from"] == first_missing and "no index file holds" in dl["index_rewrite_why"]
     assert list(dl["index_delete"]) == [] and list(dl["index_create"]) == [last.name]
     assert dl["committed_index"] == ents[-1][0]  # the committed entry is the last: no unit read needed
-    res = apply(_store(root), tmp_path / "bk")
+    res = apply(open_store(root), tmp_path / "bk")
     assert res.file_changes and last.stat().st_size == IDX
     units = decode_index_units(last.read_bytes())
     k = len(ents) - first_missing
@@ -315,27 +276,27 @@ def test_index_list_changes_follow_mmapfilelist(tmp_path):
 
 
 def test_dledger_stops_the_jvm_when_its_data_ends_more_than_a_file_below_the_last(tmp_path):
-    root = _gen(tmp_path, n=900)
-    ents = _entries(root)
+    root = gen_dledger(tmp_path, n=900)
+    ents = dledger_entries(root)
     files = sorted({p - p % SEG for _, p, _ in ents})
     # every file's first unit wrong from the third-last down to file 1: the walk starts at file 0 ...
     for b in files[1: len(files) - 2]:
-        path, at = _unit(root, next(i for i, p, _ in ents if p == b))
-        _patch(path, at, struct.pack(">i", 9))
+        path, at = index_unit_at(root, next(i for i, p, _ in ents if p == b))
+        patch_bytes(path, at, struct.pack(">i", 9))
     # ... and the second entry of file 0 has a bad pos field: its data would end in file 0
-    _patch(_data(root, ents[1][1])[0], ents[1][1] + 24, struct.pack(">q", 12345))
+    patch_bytes(data_file_at(root, ents[1][1])[0], ents[1][1] + 24, struct.pack(">q", 12345))
     plan = _plan(root, "4")
     dl = plan["dledger"]
     assert dl["data_end"] == ents[1][1] and "System.exit(-1)" in dl["load_failure"]
     assert not plan["commitlog"]["supported"]
     with pytest.raises(Exception, match="cannot be reproduced"):
-        apply(_store(root), tmp_path / "bk")
+        apply(open_store(root), tmp_path / "bk")
 
 
 def test_5x_abnormal_recovery_redispatches_and_cuts_the_queues_at_9084s_short_offset(tmp_path):
     for n in range(900, 1300, 23):  # a store whose last file holds enough entries for the short offset to bite
-        root = _gen(tmp_path, f"s{n}", n=n, version="5", committed_lag=10, crashed=True)
-        ents = _entries(root)
+        root = gen_dledger(tmp_path, f"s{n}", n=n, version="5", committed_lag=10, crashed=True)
+        ents = dledger_entries(root)
         last_file = ents[-1][1] - ents[-1][1] % SEG
         in_last = [e for e in ents if e[1] >= last_file]
         true_end = ents[-1][1] + ents[-1][2]
@@ -361,11 +322,11 @@ def test_5x_abnormal_recovery_redispatches_and_cuts_the_queues_at_9084s_short_of
 
 
 def test_498_abnormal_recovery_of_the_same_store_dispatches_nothing_and_keeps_the_queues(tmp_path):
-    root = _gen(tmp_path, n=900, version="4", committed_lag=10, undispatched=4, crashed=True)
+    root = gen_dledger(tmp_path, n=900, version="4", committed_lag=10, undispatched=4, crashed=True)
     plan = _plan(root, "4")
     dl = plan["dledger"]
     assert dl["abnormal_533"] is None and plan["dispatch"]["recovery_records"] == 0
-    ents = _entries(root)
+    ents = dledger_entries(root)
     cq_end = ents[-5][1] + ents[-5][2]
     # reput from the consume queues' end, which is past the committed position: nothing until a re-commit
     assert plan["dispatch"]["reput"]["from"] == cq_end > plan["commitlog"]["process_offset"]
@@ -374,13 +335,13 @@ def test_498_abnormal_recovery_of_the_same_store_dispatches_nothing_and_keeps_th
 
 
 def test_a_bad_record_inside_a_good_entry_is_kept_by_dledger_and_skipped_by_the_reput(tmp_path):
-    root = _gen(tmp_path, n=900)
-    ents = _entries(root)
+    root = gen_dledger(tmp_path, n=900)
+    ents = dledger_entries(root)
     files = sorted({p - p % SEG for _, p, _ in ents})
     victim = [e for e in ents if files[1] <= e[1] < files[2]][1]
     nxt = ents[ents.index(victim) + 1]
-    path, off = _data(root, victim[1])
-    _patch(path, off + BODY_OFFSET + 4, b"\0\0\0\0")  # the record's magic: the header still passes
+    path, off = data_file_at(root, victim[1])
+    patch_bytes(path, off + BODY_OFFSET + 4, b"\0\0\0\0")  # the record's magic: the header still passes
     plan = _plan(root, "4")
     dl = plan["dledger"]
     assert dl["data_end"] == ents[-1][1] + ents[-1][2] and dl["stop"] is None  # DLedger keeps everything
@@ -388,7 +349,7 @@ def test_a_bad_record_inside_a_good_entry_is_kept_by_dledger_and_skipped_by_the_
     # the lifetime walk (rebuild) dispatches file 1 up to the bad record, then every later file
     from storelib.broker.recovery.walk import rebuild_target
 
-    res = rebuild_target(_store(root))
+    res = rebuild_target(open_store(root))
     got = [(d.base, d.start, d.end) for d in res.dispatch]
     assert (files[1], 0, victim[1] - files[1]) in got and any(d[0] == files[2] for d in got)
     lost = [m for m in plan["lost"]["messages"] if m["why"] == "reput_skips_rest_of_file"]
@@ -396,7 +357,7 @@ def test_a_bad_record_inside_a_good_entry_is_kept_by_dledger_and_skipped_by_the_
 
 
 def test_a_missing_or_unparseable_checkpoint_decides_the_committed_position(tmp_path):
-    root = _gen(tmp_path, n=300, committed_lag=5)
+    root = gen_dledger(tmp_path, n=300, committed_lag=5)
     (root / "dledger-n0" / "checkpoint").unlink()
     dl = _plan(root, "4")["dledger"]
     assert dl["committed_index"] == -1 and dl["committed_pos"] == -1
@@ -407,9 +368,9 @@ def test_a_missing_or_unparseable_checkpoint_decides_the_committed_position(tmp_
 
 
 def test_533_reputs_from_the_committed_position_unless_recheck_reput_offset_from_cq(tmp_path):
-    root = _gen(tmp_path, n=600, version="5", undispatched=6)
+    root = gen_dledger(tmp_path, n=600, version="5", undispatched=6)
     (root / "abort").unlink()  # a clean shutdown before the reput caught up
-    ents = _entries(root)
+    ents = dledger_entries(root)
     cq_end = ents[-7][1] + ents[-7][2]
     plan = _plan(root, "5")
     # 5.3.3 start(): reputFromOffset = getConfirmOffset() = the committed position (the data's end here)
@@ -427,9 +388,9 @@ def test_533_reputs_from_the_committed_position_unless_recheck_reput_offset_from
 
 
 def test_498_reput_from_past_a_bad_record_scans_on_and_from_inside_an_entry_skips_the_file(tmp_path):
-    root = _gen(tmp_path, n=900, version="4", undispatched=5)
+    root = gen_dledger(tmp_path, n=900, version="4", undispatched=5)
     (root / "abort").unlink()  # a clean stop before the reput caught up: no index file is deleted
-    ents = _entries(root)
+    ents = dledger_entries(root)
     last_file = ents[-1][1] - ents[-1][1] % SEG
     in_last = [e for e in ents if e[1] >= last_file]
     assert len(in_last) > 7
@@ -437,8 +398,8 @@ def test_498_reput_from_past_a_bad_record_scans_on_and_from_inside_an_entry_skip
     # a record damaged before that point (its entry header intact): the scan of the file stops there, the
     # reput, starting after it, reads on
     victim = in_last[1]
-    path, off = _data(root, victim[1])
-    _patch(path, off + BODY_OFFSET + 4, b"\0\0\0\0")
+    path, off = data_file_at(root, victim[1])
+    patch_bytes(path, off + BODY_OFFSET + 4, b"\0\0\0\0")
     plan = _plan(root, "4")
     assert plan["dispatch"]["reput"]["from"] == r and plan["dispatch"]["reput_records"] == 5
     assert [(d["from"], d["to"]) for d in plan["dispatch"]["reput"]["ranges"]] == [(r, ents[-1][1] + ents[-1][2])]
@@ -479,8 +440,8 @@ def test_533_abnormal_recovery_starts_at_the_newest_file_older_than_the_checkpoi
     from there; with forceVerifyPropCRC its walk stops at the first record (DLedger records carry no
     __CRC32#): processOffset is that file's start, while DLedger's own header walk (the data's end) is
     unchanged."""
-    root = _gen(tmp_path, n=900, version="5", committed_lag=10, crashed=True)
-    t = _store(root).commitlog.read_table(with_properties=False)
+    root = gen_dledger(tmp_path, n=900, version="5", committed_lag=10, crashed=True)
+    t = open_store(root).commitlog.read_table(with_properties=False)
     pos, ts = t.column("dledger_pos").to_pylist(), t.column("store_timestamp").to_pylist()
     files = sorted({p - p % SEG for p in pos})
     first_time = [next(tm for p, tm in zip(pos, ts) if p == b) for b in files]
@@ -511,16 +472,16 @@ def test_533_abnormal_recovery_starts_at_the_newest_file_older_than_the_checkpoi
 def test_533_abnormal_recovery_past_a_damaged_header_is_named_and_not_applied(tmp_path):
     """5.3.3's own walk reads records, not entry headers: past a header DLedger rejects whose record is intact it
     reads on, which rmqstore does not replay: the plan says so, and apply refuses."""
-    root = _gen(tmp_path, n=900, version="5", committed_lag=10, crashed=True)
-    ents = _entries(root)
+    root = gen_dledger(tmp_path, n=900, version="5", committed_lag=10, crashed=True)
+    ents = dledger_entries(root)
     files = sorted({p - p % SEG for _, p, _ in ents})
     victim = [e for e in ents if files[-2] <= e[1] < files[-1]][3]
-    path, off = _data(root, victim[1])
-    _patch(path, off + 24, struct.pack(">q", victim[1] + 7))  # its pos field: DLedger's data ends here
+    path, off = data_file_at(root, victim[1])
+    patch_bytes(path, off + 24, struct.pack(">q", victim[1] + 7))  # its pos field: DLedger's data ends here
     plan = _plan(root, "5")
     assert plan["dledger"]["data_end"] == victim[1] and plan["dledger"]["abnormal_533"]["supported"] is False
     named = [f for f in plan["findings"] if f["kind"] == "dledger_533_reads_past_entry"]
     assert len(named) == 1 and named[0]["file"] == f"dledger-n0/data/{files[-2]:020d}" and named[0]["offset"] == off
     assert not plan["commitlog"]["supported"]
     with pytest.raises(Exception, match="cannot be reproduced"):
-        apply(_store(root), tmp_path / "bk")
+        apply(open_store(root), tmp_path / "bk")

@@ -138,6 +138,20 @@ def test_the_schedule_topic_and_the_default_delay_levels_are_defined_once():
     assert tables == []  # the table is parsed from messageDelayLevel's default text, once
 
 
+def test_which_transaction_types_get_a_consume_queue_unit_is_written_once():
+    """CommitLogDispatcherBuildConsumeQueue's NOT/COMMIT rule is format.record.gets_cq_unit, which every
+    dispatcher model (dispatch, rebuild, writer, start-up, expiry, the audits) calls instead of restating it."""
+    import re
+
+    from storelib.format.record import gets_cq_unit
+
+    restated = re.compile(r"([\w.\[\]]+) == 0\) \| \(\1 == 2\)")
+    where = [str(path.relative_to(REPO)) for top in ("storelib", "jobs", "datasources")
+             for path in sorted((REPO / top).rglob("*.py")) if restated.search(path.read_text())]
+    assert where == ["storelib/format/record.py"]
+    assert [bool(gets_cq_unit(t)) for t in range(4)] == [True, False, True, False]  # NOT, PREPARED, COMMIT, ROLLBACK
+
+
 def test_format_reads_consume_queue_files_and_the_broker_room_loads_them():
     """ConsumeQueue.recover and correctMinOffset are start-up rules: broker/settings/cqload, not format/."""
     from storelib.broker.settings.cqload import LoadedQueue

@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pyarrow.compute as pc
 import pytest
 
 from jobs.cli import main
+from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store, load_settings
 from storelib.broker.timer.timermsg import store_timers
 from storelib.fileio.bytesource import resolve
@@ -107,6 +110,20 @@ def test_a_marker_in_another_slot_deletes_nothing(copy):
     assert states[target["timer_phy_offset"]] == "pending"
 
 
+def test_timer_out_ms_is_floored_as_the_put_hook_floors_it_for_timers_and_recalls():
+    """HookUtils.transformTimerMessage (5.3.3 :200-205): a due time on the precision goes one precision earlier,
+    any other is floored; the generator's timers and recall markers take it from timermsg.timer_out_ms."""
+    from storelib.broker.timer.timermsg import timer_out_ms
+    from storelib.generator.timergen import deliver_ms, recall_marker
+
+    assert [timer_out_ms(t, 1000) for t in (5000, 5001, 5999)] == [4000, 5000, 5000]
+    assert timer_out_ms(5200, 200) == 5000 and timer_out_ms(5150, 200) == 5000
+    assert deliver_ms(1_700_000_000_000, 5, 1000) == 1_700_000_004_000
+    target = Message(topic=TIMER_TOPIC, queue_id=0, body=b"", properties={
+        "REAL_TOPIC": "T", "UNIQ_KEY": "K", "TIMER_OUT_MS": "1700000004999"})
+    assert recall_marker(target, 1_700_000_000_000, 1000).properties["TIMER_OUT_MS"] == "1700000004000"
+
+
 def test_rebuild_enqueues_a_recall_with_magic_delete_and_takes_it_off_its_slots_num(copy, tmp_path):
     target, due = _recalled(copy)
     out = resolve(str(_rebuild(copy, tmp_path / "out")))
@@ -126,16 +143,22 @@ def test_rebuild_enqueues_a_recall_with_magic_delete_and_takes_it_off_its_slots_
     assert wheel.select(["index", "time_ms", "first_pos", "last_pos", "num", "magic"]).to_pylist() == js.to_pylist()
 
 
-def test_generated_recalls_are_written_as_the_broker_does(tmp_path):
+def _with_recalls(root: Path) -> tuple[BrokerSettings, Any]:
+    """A generated 5.x store with 40 timers, 3 of them recalled (markers enqueued as the broker does):
+    (its settings, add_timer_messages' result)."""
     from storelib.generator.timergen import add_timer_messages
 
-    root = tmp_path / "store"
     assert main(["gen", str(root), "--messages", "50", "--version", "5", "--segment-size", "1MB", "--seed", "5",
                  "--set", "mappedFileSizeTimerLog=4096"]) == 0
     settings = load_settings(None, "5", {"mappedFileSizeTimerLog": "4096"}, resolve(str(root)))
     start = 1_795_000_000_000
-    res = add_timer_messages(str(root), settings, count=40, seed=7, start_ms=start, now_ms=start + 40 * 500 + 120_000,
-                             recalls=3)
+    return settings, add_timer_messages(str(root), settings, count=40, seed=7, start_ms=start,
+                                        now_ms=start + 40 * 500 + 120_000, recalls=3)
+
+
+def test_generated_recalls_are_written_as_the_broker_does(tmp_path):
+    root = tmp_path / "store"
+    settings, res = _with_recalls(root)
     timers = store_timers(Store(resolve(str(root)), settings))
     states = timers.column("state").to_pylist()
     assert states.count("deleted") == 3 and states.count("delete_marker") == 3
@@ -147,6 +170,25 @@ def test_generated_recalls_are_written_as_the_broker_does(tmp_path):
     assert not findings and log.units.num_rows == 43
     assert sum(log.units.column("delete").to_pylist()) == 3
     assert sum(wheel.column("num").to_pylist()) == 40 - 3
+
+
+def test_the_timer_audit_and_the_timer_listing_delete_the_same_recalled_timers(tmp_path):
+    """One recall rule (timermsg.Recalls) for both readers: the timerlog units the audit counts as never
+    delivering (the markers and the units they delete, checks.timers) point at exactly the records the
+    listing calls delete_marker or deleted (timer_messages)."""
+    from storelib.checks.timers import _deleted_units, _deliver_times
+
+    root = tmp_path / "store"
+    settings, _ = _with_recalls(root)
+    loc = resolve(str(root))
+    timers = store_timers(Store(loc, settings))
+    gone = {phy for phy, state in zip(timers.column("timer_phy_offset").to_pylist(), timers.column("state").to_pylist())
+            if state in ("deleted", "delete_marker")}
+    units = read_timerlog(loc, 4096).units
+    log = SimpleNamespace(segment_size=settings.mapped_file_size_commit_log)
+    due = _deliver_times(loc, log, units, units.column("slot_time_ms").to_numpy(), 0)  # every rolled one's too
+    dead = _deleted_units(loc, log, units, due, 1000)
+    assert len(gone) == 6 and set(units.column("offset_py").to_numpy()[dead].tolist()) == gone
 
 
 # ------------------------------------------------------------------------------------------------
@@ -301,15 +343,8 @@ def test_the_rebuilt_flush_position_is_the_last_units_end(n, flushed):
 
 
 def test_timers_command_lists_recalled_timers_and_their_markers_by_state(tmp_path, capsys):
-    from storelib.generator.timergen import add_timer_messages
-
     root = tmp_path / "store"
-    assert main(["gen", str(root), "--messages", "50", "--version", "5", "--segment-size", "1MB", "--seed", "5",
-                 "--set", "mappedFileSizeTimerLog=4096"]) == 0
-    settings = load_settings(None, "5", {"mappedFileSizeTimerLog": "4096"}, resolve(str(root)))
-    start = 1_795_000_000_000
-    add_timer_messages(str(root), settings, count=40, seed=7, start_ms=start, now_ms=start + 40 * 500 + 120_000,
-                       recalls=3)
+    _with_recalls(root)
     capsys.readouterr()
     conf = ["--broker-version", "5", "--set", "mappedFileSizeTimerLog=4096"]
     rows = {}

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from storelib.broker.recovery.reputpath import reput_skips_rest
+from storelib.broker.recovery.walkplan import recovery_dispatch_after
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.strayload import judge_queue, version_of
@@ -19,7 +20,7 @@ from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location, data_ranges
 from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, LMQ_PREFIX, batch_cq_topics, list_queues
-from storelib.format.record import INNER_BATCH_FLAG, SCHEDULE_TOPIC
+from storelib.format.record import INNER_BATCH_FLAG, SCHEDULE_TOPIC, gets_cq_unit
 from storelib.format.topicname import escape_topic, unsafe_reason, unsafe_topic_finding
 from storelib.scan.arrowcols import group_order
 
@@ -32,7 +33,7 @@ def check_queue_offsets(log: LogView, out: Capped) -> dict[tuple[str, int], dict
 
     Returns per-queue facts: min/max queue offset and message count in the commitlog.
     """
-    disp = np.flatnonzero((log.tran == 0) | (log.tran == 2))
+    disp = np.flatnonzero(gets_cq_unit(log.tran))
     facts: dict[tuple[str, int], dict] = {}
     if not len(disp):
         return facts
@@ -135,12 +136,12 @@ class CQLoad:
         return max(log_min, 0) if self.live else max(self.cq_max_phy, log_min, 0)
 
     def never_dispatched(self) -> int:
-        """The position of the record a 5.3.3 broker's normal start never dispatches (-1: none): recovery
-        dispatches only records past the queues' max physical offset (CommitLog.recoverNormally, the recovery
-        walk's ``dispatch_after``) and the reput then starts at the log's end, so the one starting there is
-        skipped. 4.9.8 reputs from that offset; a live store's reput is simply running."""
+        """The record a normal start never dispatches (-1: none): at the offset 5.3.3's recovery dispatches only
+        records above (walkplan.recovery_dispatch_after; 4.9.8 reputs from it; a live store's reput runs)."""
         s = self.settings
-        return self.cq_max_phy if s is not None and s.version == "5" and s.dledger is None and not self.live else -1
+        after = None if s is None or self.live else recovery_dispatch_after(
+            s.version, s.dledger is not None, True, self.cq_max_phy)
+        return -1 if after is None else after
 
 
 def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, cut: StoreCut | None = None,
@@ -371,7 +372,7 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
             bad_topic = np.zeros(len(hit), bool) if copies else (log.topic_idx[r] != tcode) | (log.qid[r] != qid)
             bad_qo = np.zeros(len(hit), bool) if copies else (
                 log.qoff[r] if slots is None else slots.of_rows(r, log.qoff[r])) != n[hit]
-            bad_tran = ~((log.tran[r] == 0) | (log.tran[r] == 2))
+            bad_tran = ~gets_cq_unit(log.tran[r])
         bad_tags = log.tags[r] != u["tags_code"][hit].astype(np.int64)
         if topic == SCHEDULE_TOPIC and bad_tags.any() and loaded is not None:
             j = np.flatnonzero(bad_tags)

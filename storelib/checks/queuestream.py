@@ -34,7 +34,7 @@ from storelib.fileio.bytesource import Location
 from storelib.fileio.sampledcrc import sampled_crc
 from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, filler_mask
 from storelib.format.javahash import wrap64
-from storelib.format.record import INNER_BATCH_FLAG
+from storelib.format.record import INNER_BATCH_FLAG, gets_cq_unit
 
 if TYPE_CHECKING:
     from storelib.broker.settings.livecut import StoreCut
@@ -261,7 +261,7 @@ class QueueStream:
         self.last_phy = int(phy[-1])
         self.log_end = int(phy[-1] + size[-1])
         tran = col("tran_type")
-        disp = np.flatnonzero((tran == 0) | (tran == 2))
+        disp = np.flatnonzero(gets_cq_unit(tran))
         if not len(disp):
             return
         if np.any(col("sys_flag")[disp] & INNER_BATCH_FLAG):

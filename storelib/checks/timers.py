@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.timer.timerchains import judge_chains
+from storelib.broker.timer.timermsg import DEL_KEY, Recalls
 from storelib.checks.logview import LogView
 from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
@@ -241,11 +242,11 @@ MAX_DELETE_READS = 10_000  # records read to match deletion markers with their t
 
 
 def _deleted_units(root: Location, log: LogView, u: Any, due: np.ndarray, precision: int) -> np.ndarray:
-    """Units that will never deliver a message: deletion markers (magic DELETE) and the units they delete.
-
-    A marker carries TIMER_DEL_UNIQKEY = REAL_TOPIC + "+" + UNIQ_KEY of its target; the broker's dequeue of
-    a slot drops the units of that slot whose key it names (TimerMessageStore :1618-1623, 5.3.3), and puts
-    no message out for the marker itself; a rolled unit meets its marker in the slot of its deliver time."""
+    """Units that will never deliver a message: deletion markers (magic DELETE) and the units they delete,
+    by the one recall rule (:class:`storelib.broker.timer.timermsg.Recalls`: a marker's TIMER_DEL_UNIQKEY
+    names its target, met in the slot of both deliver times; a rolled unit meets its marker in the slot of
+    its deliver time). The broker puts no message out for the marker itself. Only units of a marker's slot
+    and real-topic hash are read (a marker's REAL_TOPIC is its target's)."""
     from storelib.scan.commitlog import CommitLog
 
     dead = u.column("delete").to_numpy(zero_copy_only=False).copy()
@@ -256,17 +257,21 @@ def _deleted_units(root: Location, log: LogView, u: Any, due: np.ndarray, precis
     py = u.column("offset_py").to_numpy()
     hashes = u.column("hash_real_topic").to_numpy()
     tick = due // precision
-    reads = 0
+    recalls = Recalls(precision)
+    keyed = []
     for m in marks.tolist():
-        key = _props_at(cl, py[m]).get("TIMER_DEL_UNIQKEY")
-        if key is None:
-            continue
+        key = _props_at(cl, py[m]).get(DEL_KEY)
+        if key is not None:
+            recalls.mark(key, int(due[m]))
+            keyed.append(m)
+    reads = 0
+    for m in keyed:
         for i in np.flatnonzero(~dead & (tick == tick[m]) & (hashes == hashes[m])).tolist():
             reads += 1
             if reads > MAX_DELETE_READS:
                 return dead
             props = _props_at(cl, py[i])
-            if f"{props.get('REAL_TOPIC')}+{props.get('UNIQ_KEY')}" == key:
+            if recalls.deletes(props.get("REAL_TOPIC"), props.get("UNIQ_KEY"), int(due[i])):
                 dead[i] = True
     return dead
 

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
-from storelib.broker.timer.timermsg import store_timers
+from storelib.broker.timer.timermsg import store_timers, timer_out_ms
 from storelib.broker.timer.timerrebuild import enqueue_units, rebuilt_checkpoint
 from storelib.broker.writer.writer import StoreWriter
 from storelib.fileio.bytesource import resolve
@@ -53,8 +53,7 @@ class TimerGenResult:
 
 def deliver_ms(now_ms: int, delay_s: int, precision_ms: int) -> int:
     """TIMER_OUT_MS for a TIMER_DELAY_SEC message put at ``now_ms`` (transformTimerMessage)."""
-    due = now_ms + delay_s * 1000
-    return due - precision_ms if due % precision_ms == 0 else due // precision_ms * precision_ms
+    return timer_out_ms(now_ms + delay_s * 1000, precision_ms)
 
 
 def recall_marker(target: Message, now_ms: int, precision_ms: int) -> Message:
@@ -63,7 +62,7 @@ def recall_marker(target: Message, now_ms: int, precision_ms: int) -> Message:
     p = target.properties
     topic, uniq = p["REAL_TOPIC"], p["UNIQ_KEY"]
     deliver = int(p["TIMER_OUT_MS"]) + 1
-    out = deliver - precision_ms if deliver % precision_ms == 0 else deliver // precision_ms * precision_ms
+    out = timer_out_ms(deliver, precision_ms)
     props = {"TIMER_DEL_UNIQKEY": f"{topic}+{uniq}", "UNIQ_KEY": uniq, "TIMER_DELIVER_MS": str(deliver),
              "BORN_TIMESTAMP": str(now_ms), "TRACE_CONTEXT": "", "PGROUP": "recall_group", "TAGS": "_RECALL_TAG_",
              "TIMER_OUT_MS": str(out), "REAL_TOPIC": topic, "REAL_QID": "0"}

@@ -31,6 +31,7 @@ from storelib.format.consumequeue import (  # the readers' constants and helpers
     make_units,
 )
 from storelib.format.javahash import jrem, wrap64
+from storelib.format.record import gets_cq_unit
 from storelib.format.topicname import unsafe_reason
 
 # ---------------------------------------------------------------------------------------------
@@ -182,6 +183,29 @@ class _Machine:
         return QueueState(self.max_phy, self.last_base, self.wpos, self.first_create, self.min_logic, backing)
 
 
+def slide_slots(q: np.ndarray, cur: int) -> np.ndarray:
+    """The slots (-1: none) :class:`_Machine` gives records with QUEUEOFFSETs ``q`` that each end past the
+    one before (no duplicate), the write position at slot ``cur`` (no first-file fillers), in numpy: each
+    goes to the write position (a slide when its offset differs), unless its offset is not 0 and its unit's
+    offset, a Java long (wraps), is below the write position's (a repeat: -1). putMessagePositionInfo, 4.9.8
+    and 5.3.3. Used by the dispatch fast path (:func:`_fast_image`) and the audit (cqrecovery)."""
+    k = len(q)
+    slot = np.full(k, -1, np.int64)
+    with np.errstate(over="ignore"):
+        expect = np.where(np.asarray(q) == 0, np.iinfo(np.int64).max, np.asarray(q, np.int64) * CQ_UNIT_SIZE)
+    i = 0
+    while i < k:
+        drop = expect[i:] < (cur + np.arange(k - i)) * CQ_UNIT_SIZE  # offset 0 (max here): never a repeat
+        j = int(drop.argmax()) if drop.any() else k - i
+        slot[i:i + j] = cur + np.arange(j)
+        cur += j
+        i += j
+        if i < k:  # a run of repeats: the write position stays
+            keep = expect[i:] >= cur * CQ_UNIT_SIZE
+            i += int(keep.argmax()) if keep.any() else k - i
+    return slot
+
+
 def _group_order(tidx: np.ndarray, qu: np.ndarray, code: np.ndarray) -> np.ndarray:
     """The stable order of rows by ``code`` = (topic index << 32) | unsigned queue id.
 
@@ -254,7 +278,7 @@ def _grouped(records: pa.Table | pa.RecordBatch) -> _Grouped | None:
     """The NOT/COMMIT records grouped by queue, stable (None: there are none)."""
     cols = {name: _column(records, name) for name in _REQUIRED}
     tt = _np(cols["tran_type"], np.int64)
-    keep = np.flatnonzero((tt == 0) | (tt == 2))
+    keep = np.flatnonzero(gets_cq_unit(tt))
     if len(keep) == 0:
         return None
     every = len(keep) == len(tt)
@@ -345,7 +369,7 @@ def _machine_image(gr: _Grouped, a: int, b: int, st: QueueState, key: tuple[str,
 def _fast_image(gr: _Grouped, a: int, b: int, st: QueueState, key: tuple[str, int], c0: int, S: int,
                 units_all: np.ndarray) -> QueueImage:
     """One queue's image when every record goes to the next slot (column slices, fillers before a new
-    queue's first unit)."""
+    queue's first unit); the slots are :func:`slide_slots`' (no repeat nor slide: :func:`_irregular`)."""
     prefix = st.backing
     k = b - a
     if st.last_base is None:
@@ -367,7 +391,7 @@ def _fast_image(gr: _Grouped, a: int, b: int, st: QueueState, key: tuple[str, in
                            prefix if last_base == st.last_base else None)
     return QueueImage(key[0], key[1], start, ents, list(range(base0, last_base + 1, S)), new_state,
                       prefix if st.last_base is not None and base0 == st.last_base else None,
-                      gr.rows_s[a:b], (c0 // CQ_UNIT_SIZE) + np.arange(k, dtype=np.int64))
+                      gr.rows_s[a:b], slide_slots(gr.N[a:b], c0 // CQ_UNIT_SIZE))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -503,7 +527,6 @@ def _write_queue_image_local(image: QueueImage, out_dir: str, segment_size: int)
             f.truncate(S)
         written.append(target)
     return written
-
 
 
 _ZEROS = memoryview(bytes(1 << 20))

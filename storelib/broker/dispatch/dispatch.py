@@ -81,7 +81,7 @@ from storelib.format.dledger.entries import BLANK_MAGIC as DL_BLANK
 from storelib.format.dledger.entries import BODY_OFFSET
 from storelib.format.indexdir import list_index_files
 from storelib.format.indexfile import IndexGeometry, IndexHeader
-from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2
+from storelib.format.record import BLANK_MAGIC, MAGIC_V1, MAGIC_V2, gets_cq_unit
 from storelib.format.topicname import unsafe_reason, unsafe_topic_finding
 from storelib.scan.commitlog import CommitLog, Segment
 from storelib.scan.recordbytes import check_at
@@ -199,7 +199,7 @@ class _Dispatcher:
         ts = batch.column("store_timestamp")
         r.last_store_timestamp = int(ts[-1].as_py())
         tt = np.asarray(batch.column("tran_type"))
-        cq_rows = np.flatnonzero((tt == 0) | (tt == 2))
+        cq_rows = np.flatnonzero(gets_cq_unit(tt))
         r.cq_records += len(cq_rows)
         if len(cq_rows):
             r.last_cq_store_timestamp = int(ts[int(cq_rows[-1])].as_py())

@@ -30,6 +30,7 @@ from storelib.fileio.bytesource import Location, open_source, read_ipc_file, res
 from storelib.fileio.memory import keep_freed_memory
 from storelib.format.indexfile import IndexGeometry
 from storelib.format.javahash import java_hash_array
+from storelib.format.record import gets_cq_unit
 from storelib.format.topicname import unsafe_reason, unsafe_topic_finding
 from storelib.scan.arrowcols import with_topic_codes
 from storelib.scan.commitlog import Split
@@ -158,7 +159,7 @@ def _write_cq_parts(ctx: RebuildContext, unit: int, cq_tables: list[pa.Table]) -
         return parts, 0, []
     t = pa.concat_tables(cq_tables)
     tt = np.asarray(t.column("tran_type"))
-    keep = np.flatnonzero((tt == 0) | (tt == 2))
+    keep = np.flatnonzero(gets_cq_unit(tt))
     if len(keep) < t.num_rows:
         t = t.take(pa.array(keep))
     if not t.num_rows:

@@ -64,6 +64,7 @@ import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.errors import Finding, StoreError
+from storelib.format.record import gets_cq_unit
 from storelib.units import parse_time_ms, parse_zone
 
 if TYPE_CHECKING:
@@ -311,7 +312,7 @@ def _queue_arrays(store: Store, findings: list[Finding]):
     cols: dict[str, list] = {k: [] for k in ("topic", "queue_id", "queue_offset", "phy_offset", "size")}
     for batch in store.scan(verify_crc=False, with_properties=False):
         tt = batch.column("tran_type").to_numpy(zero_copy_only=False)
-        keep = np.flatnonzero((tt == 0) | (tt == 2))
+        keep = np.flatnonzero(gets_cq_unit(tt))
         for k in cols:
             cols[k].append(batch.column(k).take(keep).to_numpy(zero_copy_only=False))
     if not cols["topic"] or not sum(len(c) for c in cols["topic"]):

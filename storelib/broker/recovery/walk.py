@@ -40,6 +40,7 @@ from storelib.broker.recovery.walkplan import (
     SegmentOutcome,
     SegmentTask,
     WalkPlan,
+    recovery_dispatch_after,
 )
 from storelib.errors import Finding, StoreError
 from storelib.fileio.prefix import prefix
@@ -118,7 +119,7 @@ def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
     segs, found = loaded_segments(segments, inputs.version, inputs.segment_size)
     n = len(segs)
     cq_max = inputs.cq_max_phy_offset
-    reput_from = dispatch_after = None
+    reput_from = None
     if inputs.last_exit_ok:
         mode = "normal"
         if inputs.version == "4":
@@ -133,7 +134,6 @@ def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
                     start = i
                     why = f"normal 5.x: last segment with base <= CQ max physical offset {cq_max}"
                     break
-            dispatch_after = cq_max
     else:
         mode = "abnormal"
         cp = inputs.checkpoint
@@ -155,6 +155,7 @@ def plan_recovery(inputs: RecoveryInputs, segments: Iterable[Segment],
                 start = i
                 why = f"abnormal: last segment whose first record has {rule} (store time {ts})"
                 break
+    dispatch_after = recovery_dispatch_after(inputs.version, inputs.dledger, mode == "normal", cq_max)
     return WalkPlan(inputs, tuple(segs), mode, start, why, reput_from, dispatch_after, tuple(found))
 
 

@@ -130,7 +130,7 @@ class WalkPlan:
     start_index: int  # first segment of the CRC window (recovery start segment)
     start_reason: str
     reput_from: int | None  # 4.9.8 normal: where reput starts (segments before the window); else None
-    dispatch_after: int | None  # 5.x normal: only records whose PHYSICALOFFSET field > this are dispatched
+    dispatch_after: int | None  # only records whose PHYSICALOFFSET field > this are dispatched (recovery_dispatch_after)
     findings: tuple[Finding, ...] = ()
 
     @property
@@ -152,6 +152,16 @@ class WalkPlan:
     def prop_crc(self) -> bool:
         """5.x ``forceVerifyPropCRC``: the window checks the ``__CRC32#`` property instead of the body CRC."""
         return self.inputs.version == "5" and self.inputs.force_verify_prop_crc
+
+
+def recovery_dispatch_after(version: str, dledger: bool, normal: bool, cq_max_phy_offset: int) -> int | None:
+    """The PHYSICALOFFSET a start-up's recovery dispatches only records strictly above (None: all it walks).
+
+    5.3.3's normal recovery of a default store: CommitLog.recoverNormally :351 (``doDispatch =
+    commitLogOffset > maxPhyOffsetOfConsumeQueue``), its reput then starting at the log's end. 4.9.8's
+    normal start reputs from that offset instead; abnormal recovery re-dispatches every valid record;
+    DLedger's walk is its own (dledgerwalk)."""
+    return cq_max_phy_offset if version == "5" and normal and not dledger else None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import numpy as np
 from storelib.broker.settings.store import Store
 from storelib.fileio.smallfile_io import read_small
 from storelib.format.checkpoint import CHECKPOINT_SIZE, Checkpoint
+from storelib.format.record import gets_cq_unit
 from storelib.scan.commitlog import Segment
 from storelib.scan.scanner import SegmentScan
 
@@ -29,7 +30,7 @@ def last_records(store: Store, P: int) -> tuple[int, int, int] | None:
                 if b.num_rows:
                     last = (int(b.column("phy_offset")[-1].as_py()), int(b.column("store_timestamp")[-1].as_py()))
                     tt = np.asarray(b.column("tran_type"))
-                    cq = np.flatnonzero((tt == 0) | (tt == 2))
+                    cq = np.flatnonzero(gets_cq_unit(tt))
                     if len(cq):
                         last_cq = int(b.column("store_timestamp")[int(cq[-1])].as_py())
             if last is not None:

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from storelib.broker.dispatch.cqwriter import QueueImage, QueueState, build_consume_queues
+from storelib.broker.dispatch.cqwriter import QueueImage, QueueState, build_consume_queues, slide_slots
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, first_unit_from
 from storelib.errors import StoreError
@@ -291,8 +291,8 @@ def writer_slots_of(P: np.ndarray, Z: np.ndarray, N: np.ndarray, take: np.ndarra
     exists: no first-file fillers; None: the queue is new and its first record creates it, as a negative
     QUEUEOFFSET does at a negative offset in files of ``segment_size`` (default: the broker's):
     ConsumeQueue.putMessagePositionInfo 4.9.8 :478-530, 5.3.3 :787-844; the machine runs from an empty queue).
-    Vectorised (:func:`_slide_slots`) while each record ends past the one before (a commitlog's order); else
-    :func:`build_consume_queues`' own machine, record by record."""
+    Vectorised (the writer's own model, :func:`slide_slots`) while each record ends past the one before (a
+    commitlog's order); else :func:`build_consume_queues`' own machine, record by record."""
     idx = np.flatnonzero(take)
     allp = np.r_[P[idx], lost[0]].astype(np.int64)
     order = np.argsort(allp, kind="stable") if len(lost[0]) else np.arange(len(allp))  # else: commitlog order
@@ -304,35 +304,13 @@ def writer_slots_of(P: np.ndarray, Z: np.ndarray, N: np.ndarray, take: np.ndarra
     if anchor is None:
         got = _machine_slots(p, z, q, None, segment_size or DEFAULT_CQ_SEGMENT_SIZE)
     elif len(p) < 2 or bool(np.all(ends[1:] > ends[:-1])):
-        got = _slide_slots(q, anchor)
+        got = slide_slots(q, anchor)
     else:
         got = _machine_slots(p, z, q, anchor)
     out = np.full(len(allp), -1, np.int64)
     out[order] = got
     slot = np.full(len(P), -1, np.int64)
     slot[idx] = out[:len(idx)]
-    return slot
-
-
-def _slide_slots(q: np.ndarray, cur: int) -> np.ndarray:
-    """putMessagePositionInfo's slots for QUEUEOFFSETs ``q`` of records that each end past the one before,
-    the queue's write position at slot ``cur``: each goes to the write position (whatever its offset, which
-    the broker logs as "order maybe wrong" when it differs), unless its offset is not 0 and below the write
-    position (a repeat: -1). One numpy pass per run of repeats."""
-    k = len(q)
-    slot = np.full(k, -1, np.int64)
-    i = 0
-    while i < k:
-        rest = q[i:]
-        drop = (rest != 0) & (rest < cur + np.arange(k - i))
-        j = int(drop.argmax()) if drop.any() else k - i
-        slot[i:i + j] = cur + np.arange(j)
-        cur += j
-        i += j
-        if i < k:  # a run of repeats: the write position stays
-            rest = q[i:]
-            keep = (rest == 0) | (rest >= cur)
-            i += int(keep.argmax()) if keep.any() else k - i
     return slot
 
 

@@ -95,15 +95,50 @@ def scan_timer_rows(store: Store) -> tuple[list[dict], list[dict]]:
     return enq, dlv
 
 
-def _state(r: dict, delivered: bool, markers: dict[str, set[int]], precision_ms: int) -> str:
+def timer_out_ms(deliver_ms: int, precision_ms: int) -> int:
+    """TIMER_OUT_MS the broker's put hook writes for a message due at ``deliver_ms``: floored to the
+    precision, and one precision earlier when already on it (HookUtils.transformTimerMessage, 5.3.3
+    :200-205; a recall's marker goes through the same hook)."""
+    return deliver_ms - precision_ms if deliver_ms % precision_ms == 0 else deliver_ms // precision_ms * precision_ms
+
+
+def delete_key(real_topic: str | None, uniq_key: str | None) -> str:
+    """The key a recall's TIMER_DEL_UNIQKEY names its target by: real topic + "+" + UNIQ_KEY
+    (TimerMessageStore.buildDeleteKey, 5.3.3 :1930-1932; a missing part reads "None" here, "null" in Java)."""
+    return f"{real_topic}+{uniq_key}"
+
+
+class Recalls:
+    """What the recall markers of a timer store delete: the one rule of TIMER_DEL_UNIQKEY.
+
+    The broker's dequeue of a slot reads the slot's markers first and collects their keys (5.3.3
+    TimerMessageStore.dequeue :955-959, :980-986; DequeueGetService :1592-1606), then drops every message of
+    that slot whose :func:`delete_key` is among them (:1618-1623). A marker and its target meet when both
+    are due in the same slot: the same deliver time // precision. Used by :func:`timer_messages` (states)
+    and the timer audit (``storelib.checks.timers``: which units never deliver)."""
+
+    def __init__(self, precision_ms: int) -> None:
+        self.precision_ms = int(precision_ms)
+        self.slots: dict[str, set[int]] = {}  # delete key -> slots (deliver time // precision) holding a marker
+
+    def mark(self, del_key: str, due_ms: int) -> None:
+        """A marker carrying ``del_key``, due at ``due_ms``."""
+        self.slots.setdefault(del_key, set()).add(int(due_ms) // self.precision_ms)
+
+    def deletes(self, real_topic: str | None, uniq_key: str | None, due_ms: int | None) -> bool:
+        """Does a marker delete the message of ``real_topic``/``uniq_key`` due at ``due_ms`` (None: never)?"""
+        return due_ms is not None and int(due_ms) // self.precision_ms in self.slots.get(
+            delete_key(real_topic, uniq_key), ())
+
+
+def _state(r: dict, delivered: bool, recalls: Recalls) -> str:
     """pending / delivered / deleted (a marker shares its slot) / delete_marker(_late) (module docstring)."""
     if r["del_key"] is not None:
         return "delete_marker_late" if delivered else "delete_marker"
     if delivered:
         return "delivered"
-    due = _int(r["out"]) or _int(r["deliver"])
-    key = f"{r['real_topic']}+{r['uniq_key']}"
-    return "deleted" if due is not None and due // precision_ms in markers.get(key, ()) else "pending"
+    return "deleted" if recalls.deletes(r["real_topic"], r["uniq_key"], _int(r["out"]) or _int(r["deliver"])) \
+        else "pending"
 
 
 def timer_messages(store: Store, log: TimerLog, precision_ms: int = 1000) -> pa.Table:
@@ -113,16 +148,16 @@ def timer_messages(store: Store, log: TimerLog, precision_ms: int = 1000) -> pa.
     for r in dlv:
         delivered.setdefault(r["uniq_key"], []).append(r)
     latest: dict[str, dict] = {}
-    markers: dict[str, set[int]] = {}  # delete key -> slot times (out / precision) holding a marker
+    recalls = Recalls(precision_ms)
     for r in enq:  # commitlog order: a re-put (roll) replaces the earlier record
         if r["del_key"] is not None:  # shares the target's UNIQ_KEY: kept apart, by what it deletes
             latest[f"del:{r['del_key']}"] = r
             due = _int(r["out"]) or _int(r["deliver"])
             if due is not None:
-                markers.setdefault(r["del_key"], set()).add(due // precision_ms)
+                recalls.mark(r["del_key"], due)
         else:
             latest[r["uniq_key"] or f"@{r['phy_offset']}"] = r
-    targets = {f"{r['real_topic']}+{r['uniq_key']}": bool(delivered.get(r["uniq_key"])) for r in latest.values()
+    targets = {delete_key(r["real_topic"], r["uniq_key"]): bool(delivered.get(r["uniq_key"])) for r in latest.values()
                if r["del_key"] is None}  # delete key -> delivered
     units = log.units
     by_py: dict[int, list[int]] = {}
@@ -144,7 +179,7 @@ def timer_messages(store: Store, log: TimerLog, precision_ms: int = 1000) -> pa.
         first = d[0] if d else {}
         st = slot_time.get(r["phy_offset"])
         rows.append({
-            "uniq_key": r["uniq_key"], "state": _state(r, was_delivered, markers, precision_ms),
+            "uniq_key": r["uniq_key"], "state": _state(r, was_delivered, recalls),
             "real_topic": r["real_topic"],
             "real_queue_id": _int(r["real_qid"]), "deliver_time_ms": _int(r["out"]) or _int(r["deliver"]),
             "timer_phy_offset": r["phy_offset"], "timer_size": r["size"], "timer_queue_offset": r["queue_offset"],
@@ -238,5 +273,5 @@ def timer_store_summary(store: Store) -> dict[str, Any]:
                         "timercheck": None if cp is None else cp.__dict__, "precision_ms": precision}}
 
 
-__all__ = ["DEL_KEY", "PENDING_STATES", "TIMER_SCHEMA", "deliver_histogram", "scan_timer_rows", "store_timers", "timer_losses", "timer_messages",
+__all__ = ["DEL_KEY", "PENDING_STATES", "TIMER_SCHEMA", "Recalls", "delete_key", "deliver_histogram", "scan_timer_rows", "store_timers", "timer_losses", "timer_messages", "timer_out_ms",
            "timer_store_summary"]

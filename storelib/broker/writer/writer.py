@@ -78,6 +78,7 @@ from storelib.format.record import (
     Message,
     blank_record,
     encode_message,
+    gets_cq_unit,
     offset_msg_id,
 )
 from storelib.scan.commitlog import CommitLog, offset_to_file_name
@@ -257,7 +258,7 @@ class StoreWriter:
             if self.dl is not None:
                 self.dl.next_index = int(batch.column("dledger_index")[-1].as_py()) + 1
             tt = np.asarray(batch.column("tran_type"))
-            keep = np.flatnonzero((tt == 0) | (tt == 2))
+            keep = np.flatnonzero(gets_cq_unit(tt))
             if not len(keep):
                 continue
             b = batch.take(keep)
