@@ -10,6 +10,7 @@ from jobs.audit import audit_store
 from storelib.broker.dispatch.dispatch import dispatch_store
 from storelib.broker.settings.brokerconf import load_broker_conf
 from storelib.broker.settings.store import Store
+from storelib.broker.settings.storeinfo import collect
 from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED, java_long
 from storelib.broker.startup import recoverapply as ra
 from storelib.broker.startup.recoveryplan import plan_document
@@ -186,3 +187,22 @@ def test_segment_of_the_wrong_length_fails_the_load(tmp_path, capsys, version):
     assert failed == {f"commitlog/{first.name}": "wrong_segment_size", str(cq): "short_segment"}
     rc, out, _ = run_cli(capsys, "recover", root, "--broker-conf", conf, "--broker-version", version, "--plan")
     assert rc == 1 and f"THE BROKER DOES NOT START: commitlog/{first.name}" in out
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_consume_queue_zero_length_last_file_is_critical_on_4_9_8(tmp_path, version):
+    """4.9.8's doLoad holds every file to the mapped size (:163-167): the audit and info say the broker does
+    not start; 5.3.3 deletes the file (:256-260): a warning."""
+    root, conf = _store(tmp_path, version)
+    q = tmp_path / "store" / "consumequeue" / "T" / "0"
+    last = max(int(p.name) for p in q.iterdir())
+    (q / f"{last + CQS:020d}").write_bytes(b"")
+    rel = f"consumequeue/T/0/{last + CQS:020d}"
+    rep = audit_store(root, broker_conf=conf, version=version, quiet=True)
+    hits = {f["severity"] for f in rep["findings"] if f["file"] == rel and f["kind"] == "empty_last_segment"}
+    assert hits == ({"critical"} if version == "4" else {"warning"})
+    info = collect(Store(root, load_broker_conf(conf, version)), scan=False)
+    sev = {f["severity"] for f in info["findings"] if f["kind"] == "empty_last_segment"}
+    assert sev == ({"critical"} if version == "4" else {"warning"})
+    failed = _failed(_plan(root, conf, version))
+    assert failed == ({f"{root}/{rel}": "empty_last_segment"} if version == "4" else {})
