@@ -15,6 +15,7 @@ The readers keep reading what they can; the broker does not. MappedFileQueue.doL
 
 A failed load: the broker does not start. :func:`judge_listing` turns the readers' notes on such entries
 into findings of what the broker does (``broker_load_fails``, critical, naming the entry and the rule).
+The store's other directories (index/, the 5.x timer store, batchconsumequeue/): :mod:`storeloads`.
 """
 
 from __future__ import annotations
