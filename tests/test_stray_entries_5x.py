@@ -11,8 +11,10 @@ from storelib.broker.settings.brokerconf import load_broker_conf
 from storelib.broker.settings.store import Store
 from storelib.broker.settings.storeinfo import collect
 from storelib.broker.settings.strayload import LOAD_FAILS
+from storelib.broker.startup import recoverapply as ra
 from storelib.broker.startup.recoveryplan import plan_document
 from storelib.broker.startup.startup import simulate
+from storelib.errors import StoreError
 from tests.conftest import SAMPLES, extract_sample, run_cli
 
 CONF = str(SAMPLES / "rocketmq-5.3.3-timer-small.broker.conf")
@@ -51,6 +53,9 @@ def test_timerlog_stray_entries_are_judged_as_its_mapped_file_queue_loads_them(t
     assert rc == 1 and "THE BROKER DOES NOT START: timerlog/00000000000000000000.bak" in out
     rep = audit_store(str(timer_root), broker_conf=CONF, version="5", quiet=True)
     assert _hits(rep["findings"], "timerlog/00000000000000000000.bak") == [(LOAD_FAILS, "critical")]
+    assert rep["damage"]["next"][0]["command"] == f"mv {timer_root}/timerlog/00000000000000000000.bak MOVED_DIR/"
+    with pytest.raises(StoreError, match="use --force"):
+        ra.apply(Store(str(timer_root), load_broker_conf(CONF, "5")), str(timer_root.parent / "bk"))
     info = collect(Store(str(timer_root), load_broker_conf(CONF, "5")), scan=False)
     assert _hits(info["findings"], "timerlog/00000000000000000000.bak") == [(LOAD_FAILS, "critical")]
     assert info["timer_store"]["timerlog_files"] == 3  # the reader reads around them as before
@@ -77,6 +82,9 @@ def test_timerwheel_of_a_wrong_length_fails_the_load_and_an_empty_one_is_grown(t
     rep = audit_store(str(timer_root), broker_conf=CONF, version="5", quiet=True)
     sev = "critical" if kind == LOAD_FAILS else "info"
     assert _hits(rep["findings"], "timerwheel") == [(kind, sev)]
+    if kind == LOAD_FAILS:  # the broker's own file: not moved out (an empty wheel would lose the timers)
+        steps = [s["command"] for s in rep["damage"]["next"]]
+        assert not any(c.startswith("mv ") for c in steps) and any(c.startswith("rmqstore recover") for c in steps)
 
 
 def test_timercheck_directory_fails_the_load(timer_root):

@@ -38,6 +38,7 @@ from typing import Any
 
 from storelib.broker.settings.strayload import (
     LOAD_FAILS,
+    OWN_FILE,
     dir_listing,
     java_long,
     mapped_dir_findings,
@@ -120,7 +121,7 @@ def _single_file(root: Location, rel: str, what: str, want: int | None) -> list[
                         "(TimerWheel :67), an empty wheel")]
     return [Finding(LOAD_FAILS, "critical", rel, None, f"{size} bytes, neither 0 nor {want}: {what} throws "
                     "\"Timer wheel length\" (TimerWheel :62-66); BrokerController.initializeMessageStore fails "
-                    "(5.3.3 :853-856) and the broker does not start", {"supported": False})]
+                    "(5.3.3 :853-856) and the broker does not start", dict(OWN_FILE))]
 
 
 def timer_load_findings(root: Location, settings: Any) -> list[Finding]:

@@ -31,6 +31,8 @@ from storelib.fileio.bytesource import Location
 from storelib.format.consumequeue import ConsumeQueue
 
 LOAD_FAILS = "broker_load_fails"  # the broker's load fails on this entry: it does not start
+OWN_FILE = {"supported": False, "own_file": True}  # a LOAD_FAILS on one of the broker's own files (not a stray
+# entry to move out: a segment of the wrong length, the 5.x timerwheel)
 STRAY_LOADED = "stray_segment_loaded"  # the broker maps this entry as a segment the readers do not model
 # the readers' findings of a segment of the wrong length (doLoad's length check fails the load); a zero-length
 # last file only fails 4.9.8's (5.3.3 deletes it)
@@ -121,7 +123,7 @@ def mapped_dir_findings(listed: Sequence[Sequence], size: int, version: str, pat
         else:
             out.append(Finding(LOAD_FAILS, "critical", path(name), None,
                                f"{length} bytes, not the mapped file size {size}: {rule} fails the load (length "
-                               "not matched) and the broker does not start", {"supported": False}))
+                               "not matched) and the broker does not start", dict(OWN_FILE)))
     return out
 
 
