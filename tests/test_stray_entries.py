@@ -240,6 +240,8 @@ def test_index_numeric_directory_stops_4_9_8_index_load_and_fails_5_3_3_load(tmp
     rc, out, _ = run_cli(capsys, "recover", root, "--broker-conf", conf, "--broker-version", version, "--plan")
     rep = audit_store(root, broker_conf=conf, version=version, quiet=True)
     got = _index_findings(rep["findings"], "00000000000000000")
+    driver = audit_store(root, broker_conf=conf, version=version, quiet=True, cross="driver")
+    assert _index_findings(driver["findings"], "00000000000000000") == got
     if version == "5":
         assert _failed(plan) == {"index/00000000000000000": LOAD_FAILS} and plan["supported"] is False
         assert rc == 1 and "THE BROKER DOES NOT START: index/00000000000000000" in out
