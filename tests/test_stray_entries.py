@@ -249,6 +249,7 @@ def test_index_numeric_directory_stops_4_9_8_index_load_and_fails_5_3_3_load(tmp
     else:
         assert plan.get("load_failures") == [] and rc == 0
         assert _index_findings(plan["findings"], "00000000000000000") == [("index_load_stops", "error")]
+        assert plan["index"]["files"] == []  # the load returned before every index file: none loaded
         assert got == [("index_load_stops", "error")]
 
 

@@ -99,6 +99,13 @@ def judge_index(findings: list[Finding], index_names: Iterable[str], version: st
     findings[:] = [f for f in findings if f.kind != INDEX_STRAY] + judged
 
 
+def index_loaded(refs: list[Any], findings: list[Finding]) -> list[Any]:
+    """The index files 4.9.8's IndexService.load reaches (those sorting before an ``index_load_stops`` entry:
+    it returned there, :78-80, so the broker neither loads nor deletes the later ones)."""
+    stop = next((str(f.file)[len("index/"):] for f in findings if f.kind == "index_load_stops"), None)
+    return refs if stop is None else [r for r in refs if r.name < stop]
+
+
 def timer_judged(settings: Any) -> bool:
     """Whether the broker loads a timer store: 5.x with timerWheelEnable."""
     return version_of(settings.version) == "5" and bool(getattr(settings, "timer_wheel_enable", True))
@@ -175,5 +182,5 @@ def without_timer_reader_sizes(findings: list[Finding], settings: Any) -> list[F
     return [f for f in findings if f.kind not in TIMER_READER_SIZES]
 
 
-__all__ = ["bcq_load_findings", "judge_index", "store_load_findings", "timer_fails", "timer_judged",
+__all__ = ["bcq_load_findings", "index_loaded", "judge_index", "store_load_findings", "timer_fails", "timer_judged",
            "timer_load_findings", "without_timer_reader_sizes"]
