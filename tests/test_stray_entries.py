@@ -10,6 +10,7 @@ from jobs.audit import audit_store
 from storelib.broker.dispatch.dispatch import dispatch_store
 from storelib.broker.settings.brokerconf import load_broker_conf
 from storelib.broker.settings.store import Store
+from storelib.broker.settings.storeinfo import collect
 from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED, java_long
 from storelib.broker.startup import recoverapply as ra
 from storelib.broker.startup.recoveryplan import plan_document
@@ -186,3 +187,79 @@ def test_segment_of_the_wrong_length_fails_the_load(tmp_path, capsys, version):
     assert failed == {f"commitlog/{first.name}": "wrong_segment_size", str(cq): "short_segment"}
     rc, out, _ = run_cli(capsys, "recover", root, "--broker-conf", conf, "--broker-version", version, "--plan")
     assert rc == 1 and f"THE BROKER DOES NOT START: commitlog/{first.name}" in out
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_consume_queue_zero_length_last_file_is_critical_on_4_9_8(tmp_path, version):
+    """4.9.8's doLoad holds every file to the mapped size (:163-167): the audit and info say the broker does
+    not start; 5.3.3 deletes the file (:256-260): a warning."""
+    root, conf = _store(tmp_path, version)
+    q = tmp_path / "store" / "consumequeue" / "T" / "0"
+    last = max(int(p.name) for p in q.iterdir())
+    (q / f"{last + CQS:020d}").write_bytes(b"")
+    rel = f"consumequeue/T/0/{last + CQS:020d}"
+    rep = audit_store(root, broker_conf=conf, version=version, quiet=True)
+    hits = {f["severity"] for f in rep["findings"] if f["file"] == rel and f["kind"] == "empty_last_segment"}
+    assert hits == ({"critical"} if version == "4" else {"warning"})
+    info = collect(Store(root, load_broker_conf(conf, version)), scan=False)
+    sev = {f["severity"] for f in info["findings"] if f["kind"] == "empty_last_segment"}
+    assert sev == ({"critical"} if version == "4" else {"warning"})
+    failed = _failed(_plan(root, conf, version))
+    assert failed == ({f"{root}/{rel}": "empty_last_segment"} if version == "4" else {})
+
+
+def _index_findings(findings: list[dict], name: str) -> list[tuple[str, str]]:
+    return [(f["kind"], f["severity"]) for f in findings if f["file"] == f"index/{name}"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_index_entries_with_non_numeric_names_are_skipped_by_the_broker(tmp_path, version):
+    """IndexService.load catches MappedFile.init's NumberFormatException (4.9.8 :81-83, 5.3.3 :82-84): skipped."""
+    root, conf = _store(tmp_path, version)
+    idx = tmp_path / "store" / "index"
+    before = len(collect(Store(root, load_broker_conf(conf, version)), scan=False)["index_files"])
+    (idx / "backup").mkdir()
+    (idx / "notes.txt").write_bytes(b"x" * 10)
+    plan = _plan(root, conf, version)
+    assert plan.get("load_failures") == [] and plan["supported"] is True
+    assert _index_findings(plan["findings"], "backup") == [("stray_entry_skipped", "info")]
+    rep = audit_store(root, broker_conf=conf, version=version, quiet=True)
+    assert _index_findings(rep["findings"], "notes.txt") == [("stray_entry_skipped", "info")]
+    info = collect(Store(root, load_broker_conf(conf, version)), scan=False)
+    assert _index_findings(info["findings"], "backup") == [("stray_entry_skipped", "info")]
+    assert len(info["index_files"]) == before  # the readers read around them as before
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_index_numeric_directory_stops_4_9_8_index_load_and_fails_5_3_3_load(tmp_path, capsys, version):
+    """A directory fails MappedFile.init's RandomAccessFile (an IOException): IndexService.load returns false;
+    4.9.8's DefaultMessageStore.load ignores it (:210), 5.3.3's fails on it (:362)."""
+    root, conf = _store(tmp_path, version)
+    (tmp_path / "store" / "index" / "00000000000000000").mkdir()  # sorts before every index file
+    plan = _plan(root, conf, version)
+    rc, out, _ = run_cli(capsys, "recover", root, "--broker-conf", conf, "--broker-version", version, "--plan")
+    rep = audit_store(root, broker_conf=conf, version=version, quiet=True)
+    got = _index_findings(rep["findings"], "00000000000000000")
+    driver = audit_store(root, broker_conf=conf, version=version, quiet=True, cross="driver")
+    assert _index_findings(driver["findings"], "00000000000000000") == got
+    if version == "5":
+        assert _failed(plan) == {"index/00000000000000000": LOAD_FAILS} and plan["supported"] is False
+        assert rc == 1 and "THE BROKER DOES NOT START: index/00000000000000000" in out
+        assert got == [(LOAD_FAILS, "critical")]
+    else:
+        assert plan.get("load_failures") == [] and rc == 0
+        assert _index_findings(plan["findings"], "00000000000000000") == [("index_load_stops", "error")]
+        assert plan["index"]["files"] == []  # the load returned before every index file: none loaded
+        assert got == [("index_load_stops", "error")]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_index_file_with_a_numeric_short_name_is_loaded_as_an_index_file(tmp_path, version):
+    """Long.parseLong takes "1": IndexService.load maps it at the configured size (a stray index file)."""
+    root, conf = _store(tmp_path, version)
+    (tmp_path / "store" / "index" / "1").write_bytes(b"\0" * 100)
+    plan = _plan(root, conf, version)
+    assert plan.get("load_failures") == []
+    assert _index_findings(plan["findings"], "1") == [("stray_index_loaded", "warning")]
+    rep = audit_store(root, broker_conf=conf, version=version, quiet=True)
+    assert _index_findings(rep["findings"], "1") == [("stray_index_loaded", "warning")]

@@ -114,11 +114,13 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
     (``simulate(records=False)``): nothing it prices needs the queue and index models.
     """
     serious = [f for f in report["findings"] if SEVERITY_RANK.get(f["severity"], 0) >= SEVERITY_RANK["error"]]
-    stray = [f["file"] for f in serious if f["kind"] in (LOAD_FAILS, STRAY_LOADED)]  # the broker does not load
+    fails = [f for f in serious if f["kind"] in (LOAD_FAILS, STRAY_LOADED)]  # the broker does not load
+    stray = [f["file"] for f in fails if not (f.get("extra") or {}).get("own_file")]  # entries to move out
+    own = [f["file"] for f in fails if (f.get("extra") or {}).get("own_file")]  # its own file, mis-sized
     serious = [f for f in serious if f["kind"] not in (LOAD_FAILS, STRAY_LOADED)]
     log_damage = any(f["kind"] in COMMITLOG_DAMAGE for f in serious)
     derived = any((f["file"] or "").startswith(DERIVED_DAMAGE_PREFIXES) for f in serious)
-    if not (log_damage or derived or stray):
+    if not (log_damage or derived or stray or own):
         return None
     from storelib.broker.startup.startup import simulate
     from storelib.broker.startup.startuplost import scan_lost
@@ -139,6 +141,11 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
         steps.append({"command": f"mv {shlex.quote(where)} MOVED_DIR/",
                       "why": f"the broker's load fails on {len(stray)} stray entr(ies) of a mapped-file directory "
                              f"(first: {stray[0]}): move them out before it starts; recover --apply refuses until then"})
+    if own:
+        steps.append({"command": f"rmqstore recover {quoted}",
+                      "why": f"the broker's load fails on {len(own)} of its own file(s) of the wrong length (first: "
+                             f"{own[0]}): it does not start until they are restored or replaced by hand; recover "
+                             "--apply refuses until then"})
     if totals["messages"]:
         steps.append({"command": f"rmqstore recover {quoted} --salvage SALVAGE_DIR",
                       "why": f"export the {totals['messages']} message(s) a start-up would drop "

@@ -17,6 +17,7 @@ from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.livecut import StoreCut
 from storelib.broker.settings.store import Store
+from storelib.broker.settings.storeloads import store_load_findings
 from storelib.checks.crossstream import CrossResults, lost_ranges, preloaded, streamable, streamed_checks
 from storelib.checks.index import check_index, load_index_files
 from storelib.checks.livejudge import judge_live
@@ -98,7 +99,7 @@ def run_cross_checks(store: Store, results: list[SegmentResult], settings: Broke
 def store_findings(store: Store, results: list[SegmentResult], settings: BrokerSettings, out: Capped) -> None:
     """The store's and the segments' findings into ``out``."""
     cl = store.commitlog
-    for f in [*cl.findings, *store.findings]:
+    for f in [*cl.findings, *store.findings, *store_load_findings(store.loc, settings)]:
         out.add(f)
     seg_findings = [Finding.from_dict(fd) for r in results for fd in r.findings]
     for f in merge_v2_findings(seg_findings, settings.line):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.strayload import version_of
 from storelib.checks.indexgrowth import grown_file_clean, slots_crc
 from storelib.checks.keystream import KeyStream, behind_finding
 from storelib.checks.logview import (
@@ -57,7 +58,7 @@ def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str
     of entries are not validated again (their findings are replayed, :func:`check_index`). ``cut``: a live
     store's, whose files are read as they stood at it; files the cleaner deleted since are said once."""
     res = IndexLoad(live=cut is not None and cut.live)
-    refs = index_refs_at(root, res.findings, cut)
+    refs = index_refs_at(root, res.findings, cut, version_of(settings.version))
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
     for ref in refs:
         size_note = ref.size_finding(g)
@@ -81,12 +82,17 @@ def load_index_files(root: Location, settings: BrokerSettings, carried: dict[str
     return res
 
 
-def index_refs_at(root: Location, findings: list[Finding], cut: StoreCut | None) -> list[IndexFileRef]:
+def index_refs_at(root: Location, findings: list[Finding], cut: StoreCut | None, version: str | None = None
+                  ) -> list[IndexFileRef]:
     """The index files, the listing's findings into ``findings``; a live store's as at its ``cut`` (files
-    created since left out, those the cleaner deleted since said once)."""
+    created since left out, those the cleaner deleted since said once). With the broker line's ``version``,
+    the entries the listing skips are judged as IndexService.load meets them (:func:`judge_index`)."""
+    from storelib.broker.settings.storeloads import judge_index
     from storelib.format.indexdir import list_index_files
 
     refs = list_index_files(root, findings)
+    if version is not None:
+        judge_index(findings, [r.name for r in refs], version)
     if cut is not None:
         listed = {r.name for r in refs}
         gone = [n for n, _ in cut.index_headers if n not in listed]

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.storeloads import without_timer_reader_sizes
 from storelib.broker.timer.timerchains import judge_chains
 from storelib.broker.timer.timermsg import DEL_KEY, Recalls
 from storelib.checks.logview import LogView
@@ -335,7 +336,8 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
             None if live else read_timer_checkpoint(root))
     except StoreError as e:
         out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
-    judged = judge_chains(tl, wheel, list(tl.findings) + wf, None if cp is None else cp.last_read_time_ms)
+    judged = judge_chains(tl, wheel, without_timer_reader_sizes(list(tl.findings) + wf, settings),
+                          None if cp is None else cp.last_read_time_ms)
     for f in _settled_wheel_findings(wheel, judged, tl) if live else judged:
         out.add(f)
     u = tl.units

@@ -98,7 +98,9 @@ def list_index_files(store_root: Location | str | os.PathLike, findings: list[Fi
             if findings is not None:
                 what = "directory" if info.type == pafs.FileType.Directory else "file"
                 findings.append(Finding("foreign_index_file", "warning", f"index/{name}", None,
-                                        f"{what} name is not yyyyMMddHHmmssSSS; ignored"))
+                                        f"{what} name is not yyyyMMddHHmmssSSS; ignored",
+                                        {"directory": info.type == pafs.FileType.Directory,
+                                         "size": int(info.size or 0)}))
             continue
         out.append(IndexFileRef(name, Location(root.fs, info.path, root.local, root.mapped), int(info.size or 0)))
     out.sort(key=lambda r: r.name)

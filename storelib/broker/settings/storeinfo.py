@@ -14,6 +14,7 @@ from storelib.broker.settings.batchcq import batch_load_failures
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
+from storelib.broker.settings.storeloads import judge_index, store_load_findings, without_timer_reader_sizes
 from storelib.broker.settings.strayload import judge_queue, version_of
 from storelib.errors import Finding, StoreError
 from storelib.format.checkpoint import as_broker_reads, read_checkpoint_as_broker
@@ -100,7 +101,7 @@ def collect(store: Store, scan: bool = True, on_segment: OnSegment = None) -> di
     """Everything ``rmqstore info`` reports, as plain data; ``on_segment(segments scanned, records)`` as the
     scan goes."""
     cl = store.commitlog
-    findings: list[Finding] = [*cl.findings, *store.findings]
+    findings: list[Finding] = [*cl.findings, *store.findings, *store_load_findings(store.loc, store.settings)]
     out: dict[str, Any] = {"store": store.uri, "local": store.local}
     line = store.settings.line
     out["broker_line"] = line.to_json() if line else None
@@ -258,6 +259,7 @@ def _index_rows(store: Store, findings: list[Finding]) -> list[dict[str, Any]]:
     geom = store.settings.index_geometry
     idx, gone = [], []
     refs = list_index_files(store.loc, findings)
+    judge_index(findings, [r.name for r in refs], version_of(store.settings.version))
     for ref in store.cut.index_refs(refs) if store.cut is not None else refs:
         note = ref.size_finding(geom)
         if note is not None:
@@ -316,7 +318,7 @@ def _timer_summary(store: Store, findings: list[Finding]) -> dict | None:
     except StoreError as e:
         findings.append(Finding(e.kind, "error", e.file, e.offset, e.detail))
         return None
-    findings.extend(log.findings)
+    findings.extend(without_timer_reader_sizes(log.findings, store.settings))
     pending, mf = read_timer_metrics(store.loc)
     findings.extend(mf)
     return {"timerlog_files": len(log.files), "timerlog_units": log.units.num_rows, "pending_by_topic": pending}

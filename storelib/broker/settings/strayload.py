@@ -15,17 +15,24 @@ The readers keep reading what they can; the broker does not. MappedFileQueue.doL
 
 A failed load: the broker does not start. :func:`judge_listing` turns the readers' notes on such entries
 into findings of what the broker does (``broker_load_fails``, critical, naming the entry and the rule).
+The store's other directories (index/, the 5.x timer store, batchconsumequeue/): :mod:`storeloads`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 
-from storelib.errors import Finding
+import pyarrow.fs as pafs
+
+from storelib.errors import Finding, StoreError
+from storelib.fileio.bytesource import Location
 from storelib.format.consumequeue import ConsumeQueue, parse_file_name
 
 LOAD_FAILS = "broker_load_fails"  # the broker's load fails on this entry: it does not start
+OWN_FILE = {"supported": False, "own_file": True}  # a LOAD_FAILS on one of the broker's own files (not a stray
+# entry to move out: a segment of the wrong length, the 5.x timerwheel)
 STRAY_LOADED = "stray_segment_loaded"  # the broker maps this entry as a segment the readers do not model
 # the readers' findings of a segment of the wrong length (doLoad's length check fails the load); a zero-length
 # last file only fails 4.9.8's (5.3.3 deletes it)
@@ -108,10 +115,57 @@ def load_findings(listed: Sequence[Sequence], size: int, version: str, path: Cal
     return out
 
 
+def mapped_dir_findings(listed: Sequence[Sequence], size: int, version: str, path: Callable[[str], str]
+                        ) -> list[Finding]:
+    """doLoad's verdict on EVERY entry of a mapped-file directory no reader of ours models as one (5.x
+    ``timerlog/``, a ``batchconsumequeue/`` queue): the stray entries' (:func:`load_findings`) and each 20-digit
+    file's length, which doLoad holds to the mapped file size (4.9.8 :163-167, 5.3.3 :262-266) but for 5.3.3's
+    zero-length last of all entries, deleted (:256-260)."""
+    out = load_findings(listed, size, version, path)
+    judged = {f.file for f in out}
+    rule = "MappedFileQueue.doLoad " + ("(5.3.3 :246-281)" if version == "5" else "(4.9.8 :158-183)")
+    for i, (name, length, is_dir) in enumerate(listed):
+        name, length = str(name), int(length or 0)
+        if is_dir or not _SEGMENT.fullmatch(name) or length == size or path(name) in judged:
+            continue
+        if version == "5" and length == 0 and i == len(listed) - 1:
+            out.append(Finding("empty_last_segment", "warning", path(name), None,
+                               f"zero-length and the last entry: {rule} deletes it at start-up"))
+        else:
+            out.append(Finding(LOAD_FAILS, "critical", path(name), None,
+                               f"{length} bytes, not the mapped file size {size}: {rule} fails the load (length "
+                               "not matched) and the broker does not start", dict(OWN_FILE)))
+    return out
+
+
+def dir_listing(loc: Location) -> list[list]:
+    """A directory's entries as File.listFiles gives them to doLoad: [name, length, is a directory], sorted by
+    name (empty when the directory is absent: listFiles is null and the load passes)."""
+    try:
+        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
+    except OSError as e:
+        raise StoreError(loc.path, None, "unreadable", f"cannot list: {e}") from e
+    return sorted(([i.base_name, int(i.size or 0), i.type == pafs.FileType.Directory] for i in infos),
+                  key=lambda e: e[0])
+
+
+def _graded(f: Finding, version: str) -> Finding:
+    """A reader's finding as the line's load grades it: 4.9.8's doLoad fails on a zero-length last file like
+    on any length but the mapped size (:163-167; 5.3.3 deletes it, :256-260)."""
+    if f.kind == "empty_last_segment" and version == "4":
+        return dataclasses.replace(f, severity="critical", detail="zero-length last segment: 4.9.8's "
+                                   "MappedFileQueue.doLoad fails the load on any file whose length is not the "
+                                   "mapped file size (:163-167): the broker does not start",
+                                   extra={**f.extra, "supported": False})
+    return f
+
+
 def judge_listing(findings: list[Finding], listed: Sequence[Sequence], size: int, version: str,
                   path: Callable[[str], str], read: Callable[[str], bool] = _twenty_digits) -> list[Finding]:
-    """``findings`` with the readers' notes on stray entries replaced by what the broker's load does."""
-    return [f for f in findings if f.kind not in READER_SKIPS] + load_findings(listed, size, version, path, read)
+    """``findings`` with the readers' notes on stray entries replaced by what the broker's load does (and a
+    zero-length last segment graded as the line's load treats it)."""
+    return [_graded(f, version) for f in findings if f.kind not in READER_SKIPS] + \
+        load_findings(listed, size, version, path, read)
 
 
 def version_of(settings_version: object) -> str:

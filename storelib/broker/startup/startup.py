@@ -64,6 +64,7 @@ from storelib.broker.recovery.walk import (
 )
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.store import Store
+from storelib.broker.settings.storeloads import index_loaded, judge_index, store_load_findings, timer_fails
 from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED, fails_load, judge_queue
 from storelib.broker.startup.checkpointafter import checkpoint_after, checkpoint_image
 from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
@@ -229,6 +230,10 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     lock = lock_state(store.loc)
     cp = _checkpoint_before(store, findings)
     refs = store.index_files(findings)
+    judge_index(findings, [r.name for r in refs], version)
+    refs = index_loaded(refs, findings)
+    loads = store_load_findings(store.loc, settings)  # the 5.x timer store, batchconsumequeue/
+    findings.extend(loads)
     index_files = index_on_load(refs, abort.last_exit_ok, cp)
     index_delete = [f.name for f in index_files if f.delete]
     queues = _load_queues(store, findings, version)
@@ -275,7 +280,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
             reput.start = reput.end = new_cp.confirm_phy_offset  # reputFrom = end (DefaultMessageStore.java:416, 2855)
     cp_bytes = checkpoint_image(store, new_cp, version) if records else None
     timer = plan_timer_recovery(store.loc, settings, store.commitlog, int(time.time() * 1000)) \
-        if records and version == "5" and store.exists("timerlog") else None
+        if records and version == "5" and store.exists("timerlog") and not timer_fails(loads) else None
     changes = None
     if walk.dledger is not None:
         changes = dledger_changes(store, walk, inputs.dledger_index) if records else DLedgerChanges(

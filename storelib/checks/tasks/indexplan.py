@@ -18,6 +18,7 @@ import numpy as np
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.livecut import StoreCut
+from storelib.broker.settings.strayload import version_of
 from storelib.checks.index import (
     abnormal_start_note,
     add_validate_findings,
@@ -100,7 +101,7 @@ def index_plan(ctx: CrossContext, settings: BrokerSettings, cp: Checkpoint | Non
     checked = {r["name"]: r for r in structures or () if "err" not in r}
     root = ctx.root()
     found: list[Finding] = []
-    refs = index_refs_at(root, found, ctx.cut)
+    refs = index_refs_at(root, found, ctx.cut, version_of(settings.version))
     live = ctx.cut is not None and ctx.cut.live
     g = IndexGeometry(settings.max_hash_slot_num, settings.max_index_num)
     sources = _key_sources(ctx, carry)
