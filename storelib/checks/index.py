@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from storelib.broker.recovery.reputpath import reput_skipped_at
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.strayload import version_of
 from storelib.checks.indexgrowth import grown_file_clean, slots_crc
@@ -20,7 +21,7 @@ from storelib.checks.logview import (
     run_of,
     searchsorted_repeats,
 )
-from storelib.checks.queues import reput_master, reput_skipped_at
+from storelib.checks.queues import reput_master
 from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
 from storelib.fileio.bytesource import Location
@@ -361,7 +362,7 @@ def reput_skipped_keys(kphy: np.ndarray, missing: np.ndarray, real: np.ndarray, 
                        lost: np.ndarray, segment_size: int, master: bool) -> np.ndarray:
     """Of the keys missing for good (``real``, per key of ``missing``), those of messages the broker's reput
     never dispatched, so IndexService.buildIndex (a dispatcher of that reput) never indexed them: after a lost
-    region in their segment on a master (:func:`storelib.checks.queues.reput_skipped_at`, the consume-queue
+    region in their segment on a master (:func:`storelib.broker.recovery.reputpath.reput_skipped_at`, the consume-queue
     audit's cq_reput_skipped), and none of their keys indexed (a message with one was dispatched).
     ``kphy``: every key's message position; ``known``: the keys whose message was found."""
     if not master or not len(lost) or not real.any():

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from storelib.broker.recovery.reputpath import reput_skips_rest
+from storelib.broker.recovery.reputpath import reput_skipped_at, reput_skips_rest
 from storelib.broker.recovery.walkplan import recovery_dispatch_after
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
@@ -463,14 +463,6 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
 def reput_master(settings: BrokerSettings | None) -> bool:
     """:func:`storelib.broker.recovery.reputpath.reput_skips_rest` for these settings (False without any)."""
     return settings is not None and reput_skips_rest(settings.broker_id, settings.dledger is not None)
-
-
-def reput_skipped_at(lost: np.ndarray, phy: np.ndarray, segment_size: int) -> np.ndarray:
-    """Which records at ``phy`` a master's reput skips: those after the start of a lost region (``lost``,
-    sorted (k, 2) [start, end) ranges) in their segment. Shared by the consume-queue and index audits, as
-    both are dispatchers of that one reput (DefaultMessageStore.doDispatch)."""
-    i = np.searchsorted(lost[:, 0], phy, side="right") - 1
-    return (i >= 0) & (lost[np.clip(i, 0, None), 0] // segment_size == phy // segment_size)
 
 
 def _slot_text(slots: WriterSlots | None, row: int) -> str:

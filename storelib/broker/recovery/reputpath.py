@@ -49,6 +49,8 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
 from storelib.errors import Finding, StoreError
 from storelib.format.dledger.entries import BODY_OFFSET, ENTRY_MAGIC, EntryHeader
@@ -342,3 +344,11 @@ def drift_skips(segs: tuple[Segment, ...], found: list[Finding], S: int) -> tupl
             out += [(s.base, 0, "reput_drift_skips_file") for s in segs if src < s.base and (
                 s.base + S <= nxt or (s.base <= nxt and s.display in inside))]
     return tuple(out)
+
+
+def reput_skipped_at(lost: np.ndarray, phy: np.ndarray, segment_size: int) -> np.ndarray:
+    """Which records at ``phy`` a master's reput skips: those after the start of a lost region (``lost``,
+    sorted (k, 2) [start, end) ranges) in their segment. Shared by the consume-queue and index audits, as
+    both are dispatchers of that one reput (DefaultMessageStore.doDispatch)."""
+    i = np.searchsorted(lost[:, 0], phy, side="right") - 1
+    return (i >= 0) & (lost[np.clip(i, 0, None), 0] // segment_size == phy // segment_size)
