@@ -17,8 +17,16 @@ from tests.conftest import run_cli as cli
 def batch_store(tmp_path, sample_498) -> Path:
     root = tmp_path / "store"
     shutil.copytree(sample_498 / "store", root)
-    (root / "batchconsumequeue").mkdir()
-    shutil.move(root / "consumequeue" / "OrderEvents", root / "batchconsumequeue" / "OrderEvents")
+    # as 5.3.3 keeps such a topic: configured BatchCQ (queueTypeShouldBe), each queue's files of the batch
+    # consume queue's mapped size (doLoad); here empty ones (sparse zeros: no unit written yet)
+    shutil.rmtree(root / "consumequeue" / "OrderEvents")
+    for q in range(4):
+        d = root / "batchconsumequeue" / "OrderEvents" / str(q)
+        d.mkdir(parents=True)
+        with open(d / f"{0:020d}", "wb") as f:
+            f.truncate(46 * 300000)  # mapperFileSizeBatchConsumeQueue's default
+    (root / "config" / "topics.json").write_text(json.dumps({"topicConfigTable": {
+        "OrderEvents": {"topicName": "OrderEvents", "attributes": {"queue.type": "BatchCQ"}}}}))
     return root
 
 

@@ -4,6 +4,8 @@ MappedFileQueue, the TimerWheel and TimerCheckpoint constructors) and batchconsu
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from jobs.audit import audit_store
@@ -94,6 +96,14 @@ def test_timercheck_directory_fails_the_load(timer_root):
     assert _failed(_plan(timer_root)) == {"config/timercheck": LOAD_FAILS}
 
 
+def _configure_batch_topic(root, topic: str) -> None:
+    """``topic`` with queue.type BatchCQ in config/topics.json, as 5.3.3 keeps a batch topic."""
+    p = root / "config" / "topics.json"
+    d = json.loads(p.read_text()) if p.exists() else {"topicConfigTable": {}}
+    d["topicConfigTable"][topic] = {"topicName": topic, "attributes": {"queue.type": "BatchCQ"}}
+    p.write_text(json.dumps(d))
+
+
 def test_batch_consume_queue_directory_is_loaded_with_do_load_rules(timer_root):
     """ConsumeQueueStore.load loads batchconsumequeue/<topic>/<int queueId> with MappedFileQueue.doLoad."""
     q = timer_root / "batchconsumequeue" / "B" / "0"
@@ -103,6 +113,7 @@ def test_batch_consume_queue_directory_is_loaded_with_do_load_rules(timer_root):
     (q / "00000000000000000460").write_bytes(b"")  # zero-length and last of all: deleted
     (timer_root / "batchconsumequeue" / "B" / "x").mkdir()  # Integer.parseInt fails: not a queue
     (timer_root / "batchconsumequeue" / "B" / "x" / "junk").write_bytes(b"1")
+    _configure_batch_topic(timer_root, "B")  # else queueTypeShouldBe fails the load on B's queue as well
     plan = _plan(timer_root)
     assert _failed(plan) == {"batchconsumequeue/B/0/00000000000000000000": LOAD_FAILS}
     assert _hits(plan["findings"], "batchconsumequeue/B/0/.old") == [("stray_entry_skipped", "info")]
