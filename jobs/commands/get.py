@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import tzinfo
 from typing import TYPE_CHECKING
 
 from jobs.common import add_store_args, open_store, time_arg
@@ -12,6 +13,7 @@ from storelib.errors import StoreError
 from storelib.format.record import decode_msg_id
 from storelib.format.uniqkey import decode_uniq_key
 from storelib.scan.messagecols import row_to_json
+from storelib.units import LOCAL, parse_zone
 
 if TYPE_CHECKING:
     from storelib.broker.settings.store import Store
@@ -37,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--end", "--end-ms", dest="end_ms", type=time_arg, default=2**63 - 1, metavar="TIME",
                    help="--key: latest store time (epoch ms or ISO-8601)")
     p.add_argument("--with-body", action="store_true", help="include the body as base64")
+    p.add_argument("--tz", default=LOCAL, metavar="ZONE",
+                   help="the producer's time zone, for the UNIQ_KEY's creation time (default: this host's, as "
+                        "a JVM here decoding the id would; e.g. Asia/Shanghai, UTC, +08:00)")
 
 
 def lookup(store: Store, args: argparse.Namespace) -> list[dict]:
@@ -68,20 +73,24 @@ def lookup(store: Store, args: argparse.Namespace) -> list[dict]:
     return [row_to_json(r, args.with_body) for r in rows]
 
 
-def with_uniq_key_info(row: dict) -> dict:
-    """Add the decoded client message id (client IP, pid, approximate creation time) when it has one."""
+def with_uniq_key_info(row: dict, tz: tzinfo) -> dict:
+    """Add the decoded client message id (client IP, pid, counter, creation time) when it is one.
+
+    ``created_ms`` is getNearlyTimeFromID as a JVM of zone ``tz`` would compute it when the message was
+    stored (MessageClientIDSetter :63-88 reads the clock; the store time is the offline stand-in)."""
     k = decode_uniq_key(row["uniq_key"]) if row.get("uniq_key") else None
     if k is not None:
         row["uniq_key_decoded"] = {"client_ip": k.client_ip, "pid": k.pid, "counter": k.counter,
-                                   "created_ms": k.created_ms(row["store_timestamp"])}
+                                   "created_ms": k.created_ms(row["store_timestamp"], tz)}
     return row
 
 
 def run_args(args: argparse.Namespace) -> int:
+    tz = parse_zone(args.tz)  # a bad --tz stops here (ValueError: the CLI prints it)
     store = open_store(args)
     store.require_records("get")
     try:
-        rows = [with_uniq_key_info(r) for r in lookup(store, args)]
+        rows = [with_uniq_key_info(r, tz) for r in lookup(store, args)]
     except StoreError as e:
         if e.kind != "expired":  # (a live store: the message's segment expired, during the run or before)
             raise
