@@ -9,6 +9,7 @@ import shutil
 
 import numpy as np
 
+from jobs.audit import audit_store
 from storelib.broker.dispatch.dispatch import dispatch_store
 from storelib.broker.settings.brokerconf import load_broker_conf
 from storelib.broker.settings.store import Store
@@ -227,3 +228,24 @@ def test_5x_batch_consume_queue_of_a_topic_not_configured_batch_fails_the_broker
     assert plan["supported"] is False
     info = collect(store, scan=False)
     assert [f["file"] for f in info["findings"] if f["kind"] == "broker_load_fails"] == ["batchconsumequeue/B/0"]
+    rep = audit_store(str(tmp_path / "b"), broker_conf=str(tmp_path / "b.conf"), version="5", quiet=True,
+                      cross="driver")
+    assert [f["file"] for f in rep["findings"] if f["kind"] == "broker_load_fails"] == ["batchconsumequeue/B/0"]
+
+
+def test_5x_consume_queue_topic_configured_batch_fails_the_broker_load_in_plan_audit_and_info(tmp_path):
+    # queueTypeShouldBe (ConsumeQueueStore.java:259-267) the other way: consumequeue/T of a topic that is BatchCQ
+    _, _, _, store = _batch_store(tmp_path, "b")
+    root = tmp_path / "b"
+    (root / "config" / "topics.json").write_text(json.dumps({"topicConfigTable": {
+        "T": {"topicName": "T", "attributes": {"queue.type": "BatchCQ"}},
+        "B": {"topicName": "B", "attributes": {"queue.type": "BatchCQ"}}}}))
+    plan = _plan(store)
+    assert [f["file"] for f in plan["load_failures"]] == ["consumequeue/T"]
+    info = collect(store, scan=False)
+    assert [f["file"] for f in info["findings"] if f["kind"] == "broker_load_fails"] == ["consumequeue/T"]
+    for cross in ("tasks", "driver"):
+        rep = audit_store(str(root), broker_conf=str(tmp_path / "b.conf"), version="5", quiet=True, cross=cross)
+        got = [f for f in rep["findings"] if f["kind"] == "broker_load_fails"]
+        assert [(f["file"], f["severity"]) for f in got] == [("consumequeue/T", "critical")], cross
+        assert "queueTypeShouldBe" in got[0]["detail"]
