@@ -109,7 +109,7 @@ def index_loaded(refs: list[Any], findings: list[Finding]) -> list[Any]:
 def broker_index_refs(refs: list[Any], findings: list[Finding], version: str) -> list[Any]:
     """The index files IndexService.load keeps (:func:`index_loaded`), the reader's notes on the entries it skips
     judged as the load meets them (:func:`judge_index`): what the plan, ``expire`` and the key lookups take
-    (the cleaner, IndexService.deleteExpiredFile, and queryOffset walk the loaded list only)."""
+    (IndexService.deleteExpiredFile and queryOffset walk the loaded list only: 4.9.8 :90-141, :157-199)."""
     judge_index(findings, [r.name for r in refs], version)
     return index_loaded(refs, findings)
 

@@ -239,7 +239,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     batch = batch_topics(store.loc, settings, {t for t, _ in queues}, findings) if version == "5" else None
     findings.extend(batch_ignored(store.loc) if version == "4" else [])
     cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1]
-                 + [q.max_physic_offset for q in (batch.queues if batch else [])])
+                 + [batch.loaded_max() if batch else -1])
 
     # §8.3/8.4 the commitlog walk
     inputs = store_inputs(store, version=version, last_exit_ok=abort.last_exit_ok, cq_max_phy_offset=cq_max,
