@@ -9,6 +9,7 @@ import shutil
 
 import numpy as np
 
+from jobs.audit import audit_store
 from storelib.broker.dispatch.dispatch import dispatch_store
 from storelib.broker.settings.brokerconf import load_broker_conf
 from storelib.broker.settings.store import Store
@@ -227,3 +228,72 @@ def test_5x_batch_consume_queue_of_a_topic_not_configured_batch_fails_the_broker
     assert plan["supported"] is False
     info = collect(store, scan=False)
     assert [f["file"] for f in info["findings"] if f["kind"] == "broker_load_fails"] == ["batchconsumequeue/B/0"]
+    rep = audit_store(str(tmp_path / "b"), broker_conf=str(tmp_path / "b.conf"), version="5", quiet=True,
+                      cross="driver")
+    assert [f["file"] for f in rep["findings"] if f["kind"] == "broker_load_fails"] == ["batchconsumequeue/B/0"]
+
+
+def test_5x_consume_queue_topic_configured_batch_fails_the_broker_load_in_plan_audit_and_info(tmp_path):
+    # queueTypeShouldBe (ConsumeQueueStore.java:259-267) the other way: consumequeue/T of a topic that is BatchCQ
+    _, _, _, store = _batch_store(tmp_path, "b")
+    root = tmp_path / "b"
+    (root / "config" / "topics.json").write_text(json.dumps({"topicConfigTable": {
+        "T": {"topicName": "T", "attributes": {"queue.type": "BatchCQ"}},
+        "B": {"topicName": "B", "attributes": {"queue.type": "BatchCQ"}}}}))
+    plan = _plan(store)
+    assert [f["file"] for f in plan["load_failures"]] == ["consumequeue/T"]
+    info = collect(store, scan=False)
+    assert [f["file"] for f in info["findings"] if f["kind"] == "broker_load_fails"] == ["consumequeue/T"]
+    for cross in ("tasks", "driver"):
+        rep = audit_store(str(root), broker_conf=str(tmp_path / "b.conf"), version="5", quiet=True, cross=cross)
+        got = [f for f in rep["findings"] if f["kind"] == "broker_load_fails"]
+        assert [(f["file"], f["severity"]) for f in got] == [("consumequeue/T", "critical")], cross
+        assert "queueTypeShouldBe" in got[0]["detail"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the audit's lag judgement on the plan's rules (storelib.broker.startup.lagdispatch)
+
+def _audits(tmp_path, name: str) -> list[dict]:
+    """The audit's findings, the partitioned tasks' and the driver's."""
+    return [audit_store(str(tmp_path / name), broker_conf=str(tmp_path / f"{name}.conf"), version="5", quiet=True,
+                        cross=cross)["findings"] for cross in ("tasks", "driver")]
+
+
+def _queue_findings(findings: list[dict], topic: str, qid: int) -> list[dict]:
+    return [f for f in findings if f["file"] == f"consumequeue/{topic}/{qid}" and f["severity"] != "info"]
+
+
+def test_audit_lag_finding_follows_recheck_reput_offset_from_cq_as_the_plan_does(tmp_path):
+    cs = _crafted(2)
+    prev = cs.append(msg("T", 0, body=b"Y" * 300, keys="ky", uniq="UY"))
+    last = cs.append(msg("T", 1, body=b"Z" * 300, keys="kz", uniq="UZ"))
+    assert prev.phy % S > 0 and last.segment == prev.segment  # the queues end where each starts
+    cases = {"off": (last, {}), "on": (last, {"recheckReputOffsetFromCq": "true"}),
+             "later": (prev, {"recheckReputOffsetFromCq": "true"})}
+    for name, (skipped, conf) in cases.items():
+        plan = _plan(_store(tmp_path, cs, name=name, dispatch_to=skipped.phy, conf=conf))
+        redispatched = plan["dispatch"]["reput_records"] == 1
+        # "on": nothing past the skipped record, the rechecked reput reads it; "later": the recovery dispatches
+        # the last record, the reput starts past it
+        assert redispatched == (name == "on")
+        for findings in _audits(tmp_path, name):
+            [lag] = _queue_findings(findings, "T", skipped.msg.queue_id)
+            assert lag["kind"] == "queue_behind_commitlog"
+            if redispatched:
+                assert "never_dispatched" not in lag["extra"] and "dispatches them on start" in lag["detail"]
+            else:
+                assert lag["extra"]["never_dispatched"] == skipped.phy, name
+
+
+def test_audit_counts_the_batch_consume_queues_max_in_the_reput_position_as_the_plan_does(tmp_path):
+    cs, b_recs, mid, store = _batch_store(tmp_path, "b")
+    bmax = b_recs[-1].phy
+    plan = _plan(store)
+    assert plan["dispatch"]["recovery_records"] == sum(1 for p in cs.placed if p.phy > bmax)
+    skipped = [p for p in cs.placed if p.msg.topic == "T" and mid <= p.phy < bmax]
+    for findings in _audits(tmp_path, "b"):
+        # T's records up to the batch queue's max: 5.3.3's recovery skips them, its reput starts past them
+        [f] = _queue_findings(findings, "T", 0)
+        assert f["kind"] == "cq_entries_missing_for_messages" and f["extra"]["count"] == len(skipped)
+        assert f"(phy {skipped[0].phy})" in f["detail"] and f"reput position {bmax}" in f["detail"]

@@ -263,3 +263,29 @@ def test_index_file_with_a_numeric_short_name_is_loaded_as_an_index_file(tmp_pat
     assert _index_findings(plan["findings"], "1") == [("stray_index_loaded", "warning")]
     rep = audit_store(root, broker_conf=conf, version=version, quiet=True)
     assert _index_findings(rep["findings"], "1") == [("stray_index_loaded", "warning")]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_expire_and_key_lookups_judge_index_entries_as_index_service_load_does(tmp_path, capsys, version):
+    """``expire`` and ``get --key`` say what IndexService.load does with the entries the index reader skips (not
+    the reader's raw note), and take only the index files it keeps (the cleaner and queryOffset walk that list)."""
+    from storelib.broker.expiry.expiry import load_snapshot
+    from storelib.broker.index.lookup import lookup_key
+
+    root, conf = _store(tmp_path, version)
+    (tmp_path / "store" / "index" / "backup").mkdir()
+    store = Store(root, load_broker_conf(conf, version))
+    snap = load_snapshot(store)
+    assert _index_findings([f.to_dict() for f in snap.findings], "backup") == [("stray_entry_skipped", "info")]
+    assert snap.index_files and [r["uniq_key"] for r in lookup_key(store, "T", "k1")] == ["U000001"]
+    assert _index_findings([f.to_dict() for f in store.findings], "backup") == [("stray_entry_skipped", "info")]
+    rc, _, err = run_cli(capsys, "get", root, "--broker-conf", conf, "--broker-version", version, "--key", "k1",
+                         "--topic", "T")
+    assert rc == 0 and "index/backup" in err and "foreign_index_file" not in err
+    if version == "4":  # a numeric directory sorting first: 4.9.8's IndexService.load returns there, loading none
+        (tmp_path / "store" / "index" / "00000000000000000").mkdir()
+        store = Store(root, load_broker_conf(conf, version))
+        snap = load_snapshot(store)
+        assert _index_findings([f.to_dict() for f in snap.findings], "00000000000000000") == \
+            [("index_load_stops", "error")]
+        assert snap.index_files == [] and lookup_key(store, "T", "k1") == []

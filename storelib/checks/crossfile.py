@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from storelib.broker.settings.batchcq import batch_load_failures
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.livecut import StoreCut
 from storelib.broker.settings.store import Store
 from storelib.broker.settings.storeloads import store_load_findings
+from storelib.broker.settings.strayload import version_of
 from storelib.checks.crossstream import CrossResults, lost_ranges, preloaded, streamable, streamed_checks
 from storelib.checks.index import check_index, load_index_files
 from storelib.checks.livejudge import judge_live
@@ -99,7 +101,12 @@ def run_cross_checks(store: Store, results: list[SegmentResult], settings: Broke
 def store_findings(store: Store, results: list[SegmentResult], settings: BrokerSettings, out: Capped) -> None:
     """The store's and the segments' findings into ``out``."""
     cl = store.commitlog
-    for f in [*cl.findings, *store.findings, *store_load_findings(store.loc, settings)]:
+    loads = store_load_findings(store.loc, settings)
+    if version_of(settings.version) == "5":  # queueTypeShouldBe both ways, as info and the plan say it
+        seen = {(f.kind, f.file) for f in loads}
+        loads += [f for f in batch_load_failures(store.loc, settings.mapper_file_size_batch_consume_queue)
+                  if (f.kind, f.file) not in seen]
+    for f in [*cl.findings, *store.findings, *loads]:
         out.add(f)
     seg_findings = [Finding.from_dict(fd) for r in results for fd in r.findings]
     for f in merge_v2_findings(seg_findings, settings.line):

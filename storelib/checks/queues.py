@@ -15,6 +15,8 @@ from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.strayload import judge_queue, version_of
 from storelib.broker.startup.cqrecovery import recovery_tags, writer_slots_of
+from storelib.broker.startup.lagdispatch import lag_finding, stays_undispatched
+from storelib.broker.startup.startup5x import batch_max_physic_offset
 from storelib.checks.logview import LogView, is_member, queue_hint, queue_records_exactly, rel_path
 from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
@@ -136,12 +138,20 @@ class CQLoad:
         return max(log_min, 0) if self.live else max(self.cq_max_phy, log_min, 0)
 
     def never_dispatched(self) -> int:
-        """The record a normal start never dispatches (-1: none): at the offset 5.3.3's recovery dispatches only
-        records above (walkplan.recovery_dispatch_after; 4.9.8 reputs from it; a live store's reput runs)."""
+        """The record a normal start skips (-1: none): at the offset 5.3.3's recovery dispatches only records
+        above (walkplan.recovery_dispatch_after; 4.9.8 reputs from it; a live store's reput runs); whether its
+        reput reads it after all: :func:`storelib.broker.startup.lagdispatch.stays_undispatched`."""
         s = self.settings
         after = None if s is None or self.live else recovery_dispatch_after(
-            s.version, s.dledger is not None, True, self.cq_max_phy)
+            version_of(s.version), s.dledger is not None, True, self.cq_max_phy)
         return -1 if after is None else after
+
+    def never_in(self, log: LogView) -> int:
+        """:meth:`never_dispatched` when the start does not re-dispatch it either (its record in ``log``)."""
+        at = self.never_dispatched()
+        r = int(log.lookup_field(np.array([at], np.int64))[0]) if at >= 0 else -1
+        return at if r < 0 or stays_undispatched(self.settings, self.cq_max_phy, log.log_min,
+                                                 int(log.phy[r]) + int(log.size[r]), log.log_end, log.lost) else -1
 
 
 def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, cut: StoreCut | None = None,
@@ -182,6 +192,8 @@ def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad, cut: Stor
     for topic, qid, loc in queue_listing(root, res, cut) or []:
         yield topic, qid, open_queue(root, settings, topic, qid, loc, res, cut)
     vanished_finding(res)
+    if not res.live:  # 5.3.3's BatchConsumeQueues count in maxPhyOffsetOfConsumeQueue (the plan's rule)
+        res.cq_max_phy = max(res.cq_max_phy, batch_max_physic_offset(root, settings))
 
 
 def queue_listing(root: Location, res: CQLoad, cut: StoreCut | None = None
@@ -289,11 +301,11 @@ def check_queue_units(log: LogView, out: Capped, facts: dict, loaded: CQLoad) ->
     reput position). A queue group's task runs this over its own queues."""
     stats: dict[tuple[str, int], dict] = {}
     reput_from = loaded.reput_from(log.log_min)
+    never = loaded.never_in(log)
     for (topic, qid), (n, u, files, cq_max, cq_min) in loaded.per_queue.items():
         last_valid, slots = _check_units(log, out, topic, qid, n, u, files, loaded)
         fact = facts.get((topic, qid))
-        lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from, slots,
-                                          loaded.never_dispatched())
+        lag, behind_bytes = _message_side(log, out, topic, qid, n, last_valid, fact, reput_from, slots, never)
         stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": cq_min, "max_offset": cq_max,
                                "raw_max_offset": int(n[last_valid]) + 1 if last_valid >= 0 else cq_max,
                                "cl_max_offset": fact["cl_max_offset"] if fact else None,
@@ -500,7 +512,7 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
                   ) -> tuple[int, int]:
     """Records of the queue beyond its valid units (lag, or lost to the broker before the reput position)
     and below its first file, by the slot the broker's writer gives each (``slots``; else its QUEUEOFFSET).
-    ``never``: :meth:`CQLoad.never_dispatched`. Returns (lag messages, lag bytes)."""
+    ``never``: :meth:`CQLoad.never_in`. Returns (lag messages, lag bytes)."""
     tcode = log.topic_code.get(topic, -1)
     lag = 0
     behind_bytes = 0
@@ -534,23 +546,6 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
                                 "no CQ file holds their entries", {"topic": topic, "queue_id": qid,
                                                                     "last_phy": int(log.phy[before[-1]])}))
     return lag, behind_bytes
-
-
-def lag_finding(topic: str, qid: int, count: int, nbytes: int, first_offset: int, reput_from: int,
-                never: tuple[int, int] | None = None) -> Finding:
-    """A queue's messages past its last consume-queue unit, all after the reput position: dispatched on start,
-    but for ``never`` (position, queue offset), the one a 5.3.3 normal start skips
-    (:meth:`CQLoad.never_dispatched`)."""
-    how = f"the broker dispatches them on start (reput from {reput_from})"
-    if never is not None:
-        how = (f"a 5.x broker's normal start dispatches the {count - 1} after phy {never[0]} during recovery "
-               f"(CommitLog.recoverNormally: only records past the consume queues' max physical offset) and reputs "
-               f"from the log's end: the message at {never[0]} (queue offset {never[1]}) is never dispatched and "
-               "the later ones take its slot (an abnormal start dispatches all)")
-    return Finding("queue_behind_commitlog", "warning", f"consumequeue/{topic}/{qid}", None,
-                   f"{count} messages ({nbytes} bytes) from queue offset {first_offset} are not in the consume "
-                   f"queue yet; {how}", {"topic": topic, "queue_id": qid, "count": count, "bytes": nbytes,
-                                         **({"never_dispatched": never[0]} if never is not None else {})})
 
 
 def queues_without_cq(root: Location, segment_size: int, facts: dict, seen_queues: set, reput_from: int,

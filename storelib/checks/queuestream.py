@@ -18,12 +18,12 @@ import pyarrow as pa
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
+from storelib.broker.startup.lagdispatch import lag_finding, stays_undispatched
 from storelib.checks.logcharts import TopicCodes
 from storelib.checks.logview import Unsettled
 from storelib.checks.queues import (
     CQLoad,
     gap_finding,
-    lag_finding,
     queue_files,
     queue_group_order,
     queues_without_cq,
@@ -228,6 +228,8 @@ class QueueStream:
         self.out = out  # the queue-offset findings (gaps), in the whole view's order
         self.reput_from = meta.base.reput_from(log_min)
         self.never = meta.base.never_dispatched()  # the record a 5.3.3 normal start skips (-1: none)
+        self.never_end: int | None = None  # where that record ends, once fed
+        self.store_end: int | None = None  # the log's end when these records are not all of it (a queue group's)
         self._codes = codes if codes is not None else TopicCodes()  # may be shared with the report's series
         self.tails: dict[tuple[int, int], _Tail] = {}
         self.last_phy = -1
@@ -337,6 +339,8 @@ class QueueStream:
             if self.never >= int(phy[k]) and t.never is None:
                 at = np.flatnonzero(phy[k:] == self.never)
                 t.never = (self.never, int(qq[k + at[0]])) if len(at) else None
+                if len(at):
+                    self.never_end = self.never + int(size[k + at[0]])
             self.lag_kept += len(qq) - k
             if self.lag_kept <= LAG_KEEP:
                 t.lag_recs.append(np.stack([qq[k:], phy[k:], size[k:], tags[k:]]).astype(np.int64))
@@ -450,6 +454,9 @@ class QueueStream:
     def finish_queues(self, facts: dict, out: Capped) -> dict:
         """:meth:`finish` for the queues that have consume-queue files (a queue group's task runs this)."""
         stats: dict[tuple[str, int], dict] = {}
+        end = max(self.store_end or 0, self.log_end or 0)
+        skips = self.never_end is not None and stays_undispatched(self.meta.base.settings, self.meta.base.cq_max_phy,
+                                                                  self.log_min, self.never_end, end)
         for (topic, qid), m in self.meta.queues.items():
             tc = self.topic_code.get(topic)
             t = self.tails.get((tc, qid)) if tc is not None else None
@@ -457,7 +464,8 @@ class QueueStream:
                 raise Unsettled(f"consume queue {topic}/{qid} holds units no record accounts for")
             fact = facts.get((topic, qid))
             if t is not None and t.lag:
-                out.add(lag_finding(topic, qid, t.lag, t.lag_bytes, t.lag_first, self.reput_from, t.never))
+                out.add(lag_finding(topic, qid, t.lag, t.lag_bytes, t.lag_first, self.reput_from,
+                                    t.never if skips else None))
             stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": m.cq_min, "max_offset": m.cq_max,
                                    "raw_max_offset": m.units.last_valid + 1 if m.units.last_valid >= 0 else m.cq_max,
                                    "cl_max_offset": fact["cl_max_offset"] if fact else None,

@@ -461,13 +461,16 @@ def _segment_mtimes(cl, segs: list, all_phy: np.ndarray, bases: np.ndarray, mtim
 
 
 def _index_file_ends(store: Store, findings: list[Finding]) -> list[tuple[str, int, int]]:
-    """(name, endPhyOffset, size) of every readable index file: what decides when the cleaner deletes it."""
+    """(name, endPhyOffset, size) of every readable index file IndexService.load keeps: what decides when the
+    cleaner (deleteExpiredFile, over the loaded list) deletes it; the entries the reader skips judged as the
+    load meets them (:func:`storelib.broker.settings.storeloads.broker_index_refs`)."""
+    from storelib.broker.settings.storeloads import broker_index_refs
+    from storelib.broker.settings.strayload import version_of
     from storelib.fileio.bytesource import open_source
     from storelib.format.indexfile import IndexHeader
 
-    # index files
     idx_files = []
-    for ref in store.index_files(findings):
+    for ref in broker_index_refs(store.index_files(findings), findings, version_of(store.settings.version)):
         try:
             head = open_source(ref.loc, ref.size)
             try:

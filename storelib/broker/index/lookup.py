@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
+from storelib.broker.settings.storeloads import broker_index_refs
+from storelib.broker.settings.strayload import version_of
 from storelib.errors import Finding, StoreError
 from storelib.format.consumequeue import CQ_UNIT_SIZE
 from storelib.format.javahash import index_hash
@@ -63,11 +65,16 @@ def lookup_queue(store: Store, topic: str, queue_id: int, queue_offset: int) -> 
 
 
 def key_candidates(store: Store, topic: str, key: str, begin_ms: int = 0, end_ms: int = LONG_MAX) -> list[int]:
-    """Physical offsets whose index entries hash like ``topic#key`` (unconfirmed), ascending, unique."""
+    """Physical offsets whose index entries hash like ``topic#key`` (unconfirmed), ascending, unique, from the
+    index files IndexService.load keeps (queryOffset walks that list); what the load does with the entries the
+    reader skips is said in ``store.findings`` (:func:`storelib.broker.settings.storeloads.broker_index_refs`)."""
     h = index_hash(f"{topic}#{key}")
     geom = store.settings.index_geometry
     found: set[int] = set()
-    for ref in reversed(store.index_files()):
+    said: list[Finding] = []
+    refs = broker_index_refs(store.index_files(said), said, version_of(store.settings.version))
+    store.findings.extend(said)
+    for ref in reversed(refs):
         f = ref.open(geom, strict=False, broker_size=True)
         try:
             found.update(f.query_hash(h, begin_ms, end_ms))

@@ -202,9 +202,23 @@ def _load_one(loc: Location, rel: str, topic: str, qid: int, S: int, findings: l
     return q
 
 
-def batch_load_failures(root: Location, file_size: int | None, cq_topics: set[str]) -> list[Finding]:
-    """What of ``batchconsumequeue/`` and the topics' queue types fails 5.3.3's load (no unit is read)."""
+def batch_typed_cq_topics(root: Location, topics: Mapping[str, TopicConfig]) -> set[str]:
+    """The topics configured BatchCQ that have a ``consumequeue/<topic>/<queueId>`` directory (what
+    loadConsumeQueues meets, :204-237): the only ones :func:`simple_queue_type_fails` can name, found without
+    listing every consume-queue topic."""
+    out = set()
+    for t in topics:
+        if queue_type(topics, t) == "BatchCQ" and any(
+                q.type == pafs.FileType.Directory and _LONG.fullmatch(q.base_name)
+                for q in _list(root.join("consumequeue", t))):
+            out.add(t)
+    return out
+
+
+def batch_load_failures(root: Location, file_size: int | None, cq_topics: set[str] | None = None) -> list[Finding]:
+    """What of ``batchconsumequeue/`` and the topics' queue types fails 5.3.3's load (no unit is read);
+    ``cq_topics``: the consume-queue topics listed (None: :func:`batch_typed_cq_topics`)."""
     topics = store_topics(root)
-    out = simple_queue_type_fails(topics, cq_topics)
+    out = simple_queue_type_fails(topics, batch_typed_cq_topics(root, topics) if cq_topics is None else cq_topics)
     load_batch_queues(root, int(file_size or DEFAULT_BCQ_FILE_SIZE), topics, out, recover=False)
     return out

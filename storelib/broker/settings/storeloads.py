@@ -106,6 +106,14 @@ def index_loaded(refs: list[Any], findings: list[Finding]) -> list[Any]:
     return refs if stop is None else [r for r in refs if r.name < stop]
 
 
+def broker_index_refs(refs: list[Any], findings: list[Finding], version: str) -> list[Any]:
+    """The index files IndexService.load keeps (:func:`index_loaded`), the reader's notes on the entries it skips
+    judged as the load meets them (:func:`judge_index`): what the plan, ``expire`` and the key lookups take
+    (IndexService.deleteExpiredFile and queryOffset walk the loaded list only: 4.9.8 :90-141, :157-199)."""
+    judge_index(findings, [r.name for r in refs], version)
+    return index_loaded(refs, findings)
+
+
 def timer_judged(settings: Any) -> bool:
     """Whether the broker loads a timer store: 5.x with timerWheelEnable."""
     return version_of(settings.version) == "5" and bool(getattr(settings, "timer_wheel_enable", True))
@@ -182,5 +190,5 @@ def without_timer_reader_sizes(findings: list[Finding], settings: Any) -> list[F
     return [f for f in findings if f.kind not in TIMER_READER_SIZES]
 
 
-__all__ = ["bcq_load_findings", "index_loaded", "judge_index", "store_load_findings", "timer_fails", "timer_judged",
-           "timer_load_findings", "without_timer_reader_sizes"]
+__all__ = ["bcq_load_findings", "broker_index_refs", "index_loaded", "judge_index", "store_load_findings", "timer_fails",
+           "timer_judged", "timer_load_findings", "without_timer_reader_sizes"]

@@ -64,7 +64,7 @@ from storelib.broker.recovery.walk import (
 )
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.store import Store
-from storelib.broker.settings.storeloads import index_loaded, judge_index, store_load_findings, timer_fails
+from storelib.broker.settings.storeloads import broker_index_refs, store_load_findings, timer_fails
 from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED, fails_load, judge_queue
 from storelib.broker.startup.checkpointafter import checkpoint_after, checkpoint_image
 from storelib.broker.startup.cqrecovery import QueueReplay, QueueReport
@@ -229,9 +229,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
         findings.append(Finding("abort_unusual", "warning", "abort", None, abort.unusual))
     lock = lock_state(store.loc)
     cp = _checkpoint_before(store, findings)
-    refs = store.index_files(findings)
-    judge_index(findings, [r.name for r in refs], version)
-    refs = index_loaded(refs, findings)
+    refs = broker_index_refs(store.index_files(findings), findings, version)
     loads = store_load_findings(store.loc, settings)  # the 5.x timer store, batchconsumequeue/
     findings.extend(loads)
     index_files = index_on_load(refs, abort.last_exit_ok, cp)
@@ -241,7 +239,7 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
     batch = batch_topics(store.loc, settings, {t for t, _ in queues}, findings) if version == "5" else None
     findings.extend(batch_ignored(store.loc) if version == "4" else [])
     cq_max = max([q.report.recovered_max_phy_offset for q in queues.values()] + [-1]
-                 + [q.max_physic_offset for q in (batch.queues if batch else [])])
+                 + [batch.loaded_max() if batch else -1])
 
     # §8.3/8.4 the commitlog walk
     inputs = store_inputs(store, version=version, last_exit_ok=abort.last_exit_ok, cq_max_phy_offset=cq_max,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, WalkPlan
+from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, WalkPlan, recovery_dispatch_after
 from storelib.broker.settings.batchcq import (
     DEFAULT_BCQ_FILE_SIZE,
     BatchQueue,
@@ -41,6 +41,7 @@ from storelib.broker.settings.batchcq import (
     store_topics,
 )
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.strayload import version_of
 from storelib.errors import Finding
 from storelib.fileio.bytesource import Location
 from storelib.format.checkpoint import Checkpoint
@@ -71,6 +72,33 @@ def recheck_reput_start(queue_maxes: list[int], min_offset: int) -> int:
     """doRecheckReputOffsetFromCq's reput start: the largest queue maxPhysicOffset (``queue_maxes``, after
     recovery and truncation), at least the commitlog's min offset and 0 (DefaultMessageStore.java:449-475)."""
     return max([min_offset, *queue_maxes, 0])
+
+
+def never_dispatched_at(settings: BrokerSettings, version: str, cq_max: int, recovery_max: int, min_offset: int) -> int:
+    """The PHYSICALOFFSET of the record a normal start of a default store never dispatches (-1: none).
+
+    5.3.3's recoverNormally dispatches only records past maxPhyOffsetOfConsumeQueue ``cq_max`` (consume and batch
+    queues: :func:`storelib.broker.recovery.walkplan.recovery_dispatch_after`), so the record starting there
+    is skipped, and its reput starts at the log's end. With recheckReputOffsetFromCq the reput starts at
+    :func:`recheck_reput_start` over the queues after recovery: ``cq_max`` and ``recovery_max``, the largest
+    max physical offset the recovery's dispatch gives a queue (-1: it dispatches none); it reads that record
+    only when nothing past it was dispatched (DefaultMessageStore.java:438-489). 4.9.8 reputs from ``cq_max``."""
+    after = recovery_dispatch_after(version, settings.dledger is not None, True, cq_max)
+    if after is None:
+        return -1
+    if recheck_on(settings, version) and recheck_reput_start([cq_max, recovery_max], min_offset) <= after:
+        return -1
+    return after
+
+
+def batch_max_physic_offset(root: Location, settings: BrokerSettings) -> int:
+    """The BatchConsumeQueues' share of a 5.3.3 start's maxPhyOffsetOfConsumeQueue (-1: none, or 4.9.8, which
+    never reads them): :meth:`BatchTopics.loaded_max` of :func:`batch_topics` (what fails their load is the
+    plan's and the audit's load findings)."""
+    if version_of(settings.version) != "5":
+        return -1
+    batch = batch_topics(root, settings, set(), [])
+    return batch.loaded_max() if batch is not None else -1
 
 
 def recheck_on(settings: BrokerSettings, version: str) -> bool:
@@ -138,6 +166,11 @@ class BatchTopics:
     def truncate(self, phy: int) -> None:
         """truncateDirtyLogicFiles(``phy``) over every BatchConsumeQueue (computed, never written)."""
         self.truncated = {q.path: q.truncate(phy) for q in self.queues}
+
+    def loaded_max(self) -> int:
+        """Their largest getMaxPhysicOffset after load and recover (-1: none): counted in
+        maxPhyOffsetOfConsumeQueue (ConsumeQueueStore.java:294-302), which picks the recovery window."""
+        return max([q.max_physic_offset for q in self.queues] + [-1])
 
     def maxes(self) -> list[int]:
         """Their getMaxPhysicOffset after recovery and truncation (doRecheckReputOffsetFromCq counts them)."""

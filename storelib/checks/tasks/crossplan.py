@@ -20,6 +20,7 @@ import numpy as np
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
+from storelib.broker.startup.startup5x import batch_max_physic_offset
 from storelib.checks.crossfile import store_findings, unsealed_segments
 from storelib.checks.crossstream import CrossResults, lost_ranges
 from storelib.checks.index import index_refs_at
@@ -163,7 +164,9 @@ def cross_context(store: Store, settings: BrokerSettings, results: list[SegmentR
                         max((r.rec_end for r in with_recs), default=cl.min_offset), cl.segment_size,
                         tuple((int(a), int(b)) for a, b in lost_ranges(store, results)),
                         any(p.n_misplaced for p in parts), min(lo, default=None), max(hi, default=None), parts,
-                        cq_max_phy, sink, snapshots, resumed, cut)
+                        cq_max_phy if cut is not None and cut.live
+                        else max(cq_max_phy, batch_max_physic_offset(store.loc, settings)),  # the plan's rule
+                        sink, snapshots, resumed, cut)
 
 
 def partitioned_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, ctx: CrossContext,

@@ -213,6 +213,7 @@ def _streamed(ctx: CrossContext, task: QueueGroupTask, res: QueueGroupResult) ->
     try:
         offsets = ByQueue()
         qs = QueueStream(meta, ctx.log_min, ctx.segment_size, offsets, codes=charts.codes)
+        qs.store_end = ctx.log_end  # the whole log's (a later record of another group moves the queues' end)
         if task.resume is not None:
             qs.resume(task.resume)
             res.expired = qs.expired
