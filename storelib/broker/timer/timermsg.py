@@ -29,7 +29,7 @@ from storelib.format.timerstore import (
     TIMER_TOPIC,
     TimerLog,
     precision_of,
-    read_timer_checkpoint,
+    read_timer_checkpoint_as_broker,
     read_timer_metrics,
     read_timerlog,
     read_wheel,
@@ -260,7 +260,7 @@ def timer_store_summary(store: Store) -> dict[str, Any]:
     precision = precision_of(s)
     log = read_timerlog(store.loc, s.mapped_file_size_timer_log)
     wheel, wfind = read_wheel(store.loc, log, precision)
-    cp = read_timer_checkpoint(store.loc)
+    cp, short = read_timer_checkpoint_as_broker(store.loc)
     metrics, mfind = read_timer_metrics(store.loc)
     timers = timer_messages(store, log, precision)
     pending = timers.filter(pc.equal(timers.column("state"), "pending"))
@@ -268,7 +268,7 @@ def timer_store_summary(store: Store) -> dict[str, Any]:
     by_topic = dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()))
     # the wheel's chains as the broker reads them (the audit's judge), not the format reader's strict rules
     found = judge_chains(log, wheel, [*log.findings, *wfind], None if cp is None else cp.last_read_time_ms)
-    return {"log": log, "wheel": wheel, "timers": timers, "findings": [*found, *mfind],
+    return {"log": log, "wheel": wheel, "timers": timers, "findings": [*found, *mfind, *filter(None, [short])],
             "summary": {"timerlog_files": log.files, "timerlog_units": log.units.num_rows,
                         "wheel_slots_used": wheel.num_rows, "wheel_units": int(pc.sum(wheel.column("num")).as_py() or 0),
                         "timers": timers.num_rows, "pending": pending.num_rows,
