@@ -5,6 +5,7 @@ real 5.3.3 sample changed the way the broker would (tests/timer_java_stores.py).
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -240,3 +241,29 @@ def test_every_engine_reports_the_same_on_the_java_timer_stores(sample, tmp_path
             rep = _audit(store, **kw)
             assert rep["run"]["cross_check_mode"].startswith("partitioned"), (name, kw)
             assert (rep["findings"], rep["timer_store"]) == (ref["findings"], ref["timer_store"]), (name, kw)
+
+
+
+def test_the_audit_never_counts_a_timer_without_uniq_key_as_recalled(sample, tmp_path):
+    """DequeueGetService skips the delete check for a message without UNIQ_KEY (5.3.3 TimerMessageStore
+    :1610-1619), so markers naming it REAL_TOPIC+"None" or +"null" leave it pending: the audit counts it
+    among the timers outliving retention (it is rolled)."""
+    store = J.copy_store(sample, tmp_path / "s")
+    J.with_keyless_recall(store)
+    [f] = [f for f in _audit(store)["findings"] if f["kind"] == "timer_outlives_retention"]
+    assert f["extra"]["count"] == OUTLIVING_IN_SAMPLE + 1
+
+
+def test_the_timers_listing_never_calls_a_timer_without_uniq_key_deleted(sample, tmp_path, capsys):
+    """The same rule in ``rmqstore timers --state``: the keyless timer is pending, its markers are markers."""
+    from jobs.cli import main
+
+    store = J.copy_store(sample, tmp_path / "s")
+    made = J.with_keyless_recall(store)
+    capsys.readouterr()
+    rows = {}
+    for state in ("deleted", "delete_marker", "pending"):
+        assert main(["timers", str(store), "--state", state, "--format", "jsonl"]) == 0
+        rows[state] = {r["timer_phy_offset"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows["deleted"] == {} and sorted(rows["delete_marker"]) == made["markers"]
+    assert rows["pending"][made["keyless_py"]]["uniq_key"] is None

@@ -170,17 +170,12 @@ def test_chains_that_loop_or_leave_the_timerlog_are_findings_not_hangs(copy):
     assert wheel.num_rows == 78 and any(f.kind == "timerwheel_chain" for f in findings)
 
 
-def test_a_slot_outside_the_wheel_and_a_short_checkpoint_are_clear(copy):
+def test_a_slot_outside_the_wheel_is_clear(copy):
     with open(copy / "timerwheel", "r+b") as f:
         f.truncate(1000)
     root = resolve(str(copy))
     _, findings = read_wheel(root, read_timerlog(root, 8192), 1000)
     assert findings[0].kind == "timerwheel_size"
-    (copy / "config" / "timercheck").write_bytes(b"\0" * 10)
-    from storelib.errors import StoreError
-
-    with pytest.raises(StoreError, match="truncated"):
-        read_timer_checkpoint(root)
 
 
 # ------------------------------------------------------------------------------------------------

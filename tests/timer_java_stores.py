@@ -98,6 +98,32 @@ def with_deletion_marker(store: Path, rolled: bool = False) -> dict:
     return {"target_py": target["offset_py"], "marker_py": phy, "marker_pos": units.column("pos")[-1].as_py()}
 
 
+def with_keyless_recall(store: Path) -> dict:
+    """A rolled pending timer record without UNIQ_KEY (a copy of a sample timer's properties minus it) and two
+    recall markers due when it is, naming it the two ways a missing key can be spelled (REAL_TOPIC + "+None",
+    + "+null"), all enqueued as 5.3.3 does. The dequeue never deletes a message without UNIQ_KEY
+    (TimerMessageStore :1610-1619). Returns the keyless record's and the markers' commitlog offsets."""
+    reqs = _requests(store)
+    last_ms = max(r["write_ms"] for r in reqs) + 1000
+    target = next(r for r in reqs if r["due"] - last_ms >= WINDOW * PRECISION)
+    tp = _props(store, target["offset_py"])
+    base = {"TIMER_OUT_MS": tp["TIMER_OUT_MS"], "REAL_TOPIC": tp["REAL_TOPIC"], "REAL_QID": tp["REAL_QID"],
+            "TIMER_DELIVER_MS": tp["TIMER_OUT_MS"], "WAIT": "true"}
+    out: dict = {"markers": []}
+    for i, key in enumerate([None, f"{tp['REAL_TOPIC']}+None", f"{tp['REAL_TOPIC']}+null"]):
+        props = dict(base) if key is None else {**base, "TIMER_DEL_UNIQKEY": key,
+                                                "UNIQ_KEY": f"C0A8000110925F3759DF7E40DEADBE{i:02X}"}
+        phy, size = _append_timer_record(store, props, last_ms)
+        reqs.append({"write_ms": last_ms // 1000 * 1000, "due": target["due"], "offset_py": phy, "size_py": size,
+                     "hash": target["hash"], **({} if key is None else {"delete": True})})
+        if key is None:
+            out["keyless_py"] = phy
+        else:
+            out["markers"].append(phy)
+    _rewrite(store, reqs, queue_offsets=3)
+    return out
+
+
 def with_direct_put(store: Path, due_past: bool = True) -> int:
     """A timer record whose deliver time had already passed when the timer store read it: 5.3.3 puts it
     straight out with no unit (putMessageToTimerWheel :1370-1372); a later timer record gets its unit as

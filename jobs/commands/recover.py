@@ -209,6 +209,7 @@ def summary_lines(plan: dict) -> list[str]:
         out.append(f"timer store: timerlog ends at {ts['process_offset']} ({len(ts['delete_files'])} file(s) deleted), "
                    f"{ts['slots_rewritten']} wheel slot(s) rewritten, the timer topic read from offset "
                    f"{ts['queue_offset']} ({ts['queue_offset_source']})")
+        out += [f"  [{f['severity']}] {f['file']}: {f['kind']}: {f['detail']}" for f in ts["findings"]]
     for q in cq["queues"]:
         if q["entries_truncated"] or q["entries_added"] or q["files_deleted_on_load"]:
             out.append(f"  {q['topic']}/{q['queue_id']}: max {q['recovered_max_offset']} -> {q['final_max_offset']}"

@@ -39,10 +39,10 @@ from storelib.format.timerstore import (
     TIMER_TOPIC,
     TimerLog,
     precision_of,
-    read_timer_checkpoint,
+    read_timer_checkpoint_as_broker,
     read_timerlog,
     read_wheel,
-    timer_checkpoint_of,
+    timer_checkpoint_as_broker,
 )
 
 SHOWN = 10  # findings of one kind listed one by one; the rest are counted in the last
@@ -330,12 +330,14 @@ def check_timer_store(root: Location, log: LogView, settings: BrokerSettings, ou
         out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
         return None
     wheel, wf = read_wheel(root, tl, precision)
-    cp = None
+    cp, short = None, None
     try:
-        cp = timer_checkpoint_of(cut.timercheck) if live and cut.timercheck is not None else (
-            None if live else read_timer_checkpoint(root))
+        cp, short = timer_checkpoint_as_broker(cut.timercheck) if live and cut.timercheck is not None else (
+            (None, None) if live else read_timer_checkpoint_as_broker(root))
     except StoreError as e:
         out.add(Finding(e.kind, "error", e.file, e.offset, e.detail))
+    if short is not None:
+        out.add(short)
     judged = judge_chains(tl, wheel, without_timer_reader_sizes(list(tl.findings) + wf, settings),
                           None if cp is None else cp.last_read_time_ms)
     for f in _settled_wheel_findings(wheel, judged, tl) if live else judged:

@@ -13,7 +13,8 @@ TimerMessageStore; store-format §9):
 * timerwheel: 7 x 86 400 x 2 slots of 32 bytes: time / precisionMs i64, firstPos i64, lastPos i64, num i32,
   magic i32; slot index = time / precisionMs mod slots. Slots are not cleared after delivery.
 * timercheck: 4096 bytes, big-endian longs: lastReadTimeMs, lastTimerLogFlushPos, lastTimerQueueOffset,
-  masterTimerQueueOffset, dataVersion (stateVersion, timestamp, counter).
+  masterTimerQueueOffset, dataVersion (stateVersion, timestamp, counter); a shorter file reads as zeros past
+  its end (the broker's map grows it), a longer one by its first 56 bytes.
 
 A timer message is the broker's rewrite of a message with ``TIMER_DELIVER_MS``/``TIMER_DELAY_SEC``:
 stored under ``rmq_sys_wheel_timer`` queue 0 with ``REAL_TOPIC``/``REAL_QID`` and ``TIMER_OUT_MS``; when
@@ -42,6 +43,9 @@ MAGIC_DEFAULT, MAGIC_ROLL, MAGIC_DELETE = 1, 2, 4
 SLOTS_TOTAL = 7 * 86_400  # TIMER_WHEEL_TTL_DAY x DAY_SECS; the file holds twice as many
 SLOT_SIZE = 32
 CHECKPOINT_SIZE = 4096
+TIMERCHECK_FIELDS = 56  # seven longs
+TIMERCHECK_JAVA_NAMES = ("lastReadTimeMs", "lastTimerLogFlushPos", "lastTimerQueueOffset", "masterTimerQueueOffset",
+                         "dataVersion.stateVersion", "dataVersion.timestamp", "dataVersion.counter")
 DEFAULT_TIMERLOG_FILE_SIZE = 100 * 1024 * 1024
 DEFAULT_PRECISION_MS = 1000
 MAX_TIMERLOG_FILES = 100_000  # a listing bound (a 1 TB timerlog of 100 MiB files is 10 000)
@@ -304,23 +308,46 @@ class TimerCheckpoint:
 
 
 def read_timer_checkpoint(root: Location) -> TimerCheckpoint | None:
-    """``config/timercheck`` (None when absent; StoreError when too short to hold its fields)."""
+    """``config/timercheck`` as the broker reads it (None when absent; :func:`timer_checkpoint_as_broker`)."""
+    return read_timer_checkpoint_as_broker(root)[0]
+
+
+def read_timer_checkpoint_as_broker(root: Location) -> tuple[TimerCheckpoint | None, Finding | None]:
+    """:func:`timer_checkpoint_as_broker` of a store root's ``config/timercheck`` (None, None when absent;
+    StoreError when it is not a file)."""
     loc = root.join("config", "timercheck")
     info = root.fs.get_file_info(loc.path)
     if info.type.name == "NotFound":
-        return None
+        return None, None
+    if info.type.name != "File":  # TimerCheckpoint's RandomAccessFile throws FileNotFoundException (the load fails)
+        raise StoreError("config/timercheck", None, "unreadable", f"a {info.type.name.lower()}, not a file")
     size = int(info.size or 0)
-    if size < 56:
-        raise StoreError("config/timercheck", None, "truncated", f"{size} bytes, fewer than the 56 its fields need")
+    if size == 0:
+        return timer_checkpoint_as_broker(b"")
     with open_source(loc, size) as src:
-        return timer_checkpoint_of(bytes(src.read(0, 56)))
+        return timer_checkpoint_as_broker(bytes(src.read(0, min(size, TIMERCHECK_FIELDS))), size)
 
 
-def timer_checkpoint_of(raw: bytes) -> TimerCheckpoint:
-    """``config/timercheck``'s fields from its bytes (StoreError when too short to hold them)."""
-    if len(raw) < 56:
-        raise StoreError("config/timercheck", None, "truncated", f"{len(raw)} bytes, fewer than the 56 its fields need")
-    return TimerCheckpoint(*struct.unpack(">7q", raw[:56]))
+def timer_checkpoint_as_broker(data: bytes, size: int | None = None) -> tuple[TimerCheckpoint, Finding | None]:
+    """The fields TimerCheckpoint's constructor reads from a file holding ``data`` (``size``: the file's size
+    when ``data`` is only its head), and a warning when the file is too short to hold them.
+
+    5.3.3 TimerCheckpoint :56-71 opens the file read-write and maps 4096 bytes (OS_PAGE_SIZE), which grows a
+    shorter file with zeros, then reads its seven longs at 0..48 (the buffer's position stays 0, so
+    ``hasRemaining`` is always true and the data version is read too): a short or empty file reads its bytes
+    then zeros (a field cut across reads its bytes as the high ones) and the broker starts. A file longer
+    than 4096 bytes is neither truncated nor read past its first 56 bytes: no finding."""
+    size = len(data) if size is None else size
+    cp = TimerCheckpoint(*struct.unpack(">7q", bytes(data[:TIMERCHECK_FIELDS]).ljust(TIMERCHECK_FIELDS, b"\0")))
+    if size >= TIMERCHECK_FIELDS:
+        return cp, None
+    cut = [n + (" (its first bytes kept)" if 8 * i < size else "") for i, n in enumerate(TIMERCHECK_JAVA_NAMES)
+           if 8 * i + 8 > size]
+    return cp, Finding("timercheck_short", "warning", "config/timercheck", size,
+                       f"timercheck is {size} bytes, fewer than the {TIMERCHECK_FIELDS} its fields need: the broker "
+                       f"maps {CHECKPOINT_SIZE} bytes read-write (TimerCheckpoint :58), which extends it with zeros, "
+                       f"and starts from what it reads; bytes {size}-{TIMERCHECK_FIELDS - 1} read as zero: {', '.join(cut)}",
+                       {"size": size, "fields_cut": [c.split(" ")[0] for c in cut]})
 
 
 def read_timer_metrics(root: Location) -> tuple[dict[str, int], list[Finding]]:
@@ -434,6 +461,7 @@ def write_timer_store(root: str, units: pa.Table, slots: pa.Table, cp: TimerChec
 
 
 __all__ = ["BLANK_MAGIC", "MAGIC_DEFAULT", "MAGIC_DELETE", "MAGIC_ROLL", "SLOTS_TOTAL", "TIMER_TOPIC", "TimerCheckpoint",
-           "TimerLog", "UNIT_SIZE", "read_timer_checkpoint", "read_timer_metrics", "read_timerlog", "read_wheel",
+           "TimerLog", "UNIT_SIZE", "read_timer_checkpoint", "read_timer_checkpoint_as_broker", "timer_checkpoint_as_broker",
+           "read_timer_metrics", "read_timerlog", "read_wheel",
            "slot_index", "snap_timer_precision", "encode_timer_checkpoint", "encode_timer_metrics", "encode_units", "encode_wheel",
            "timerlog_images", "write_timer_store"]

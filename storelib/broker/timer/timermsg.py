@@ -29,7 +29,7 @@ from storelib.format.timerstore import (
     TIMER_TOPIC,
     TimerLog,
     precision_of,
-    read_timer_checkpoint,
+    read_timer_checkpoint_as_broker,
     read_timer_metrics,
     read_timerlog,
     read_wheel,
@@ -102,10 +102,15 @@ def timer_out_ms(deliver_ms: int, precision_ms: int) -> int:
     return deliver_ms - precision_ms if deliver_ms % precision_ms == 0 else deliver_ms // precision_ms * precision_ms
 
 
-def delete_key(real_topic: str | None, uniq_key: str | None) -> str:
-    """The key a recall's TIMER_DEL_UNIQKEY names its target by: real topic + "+" + UNIQ_KEY
-    (TimerMessageStore.buildDeleteKey, 5.3.3 :1930-1932; a missing part reads "None" here, "null" in Java)."""
-    return f"{real_topic}+{uniq_key}"
+def delete_key(real_topic: str | None, uniq_key: str | None) -> str | None:
+    """The key the dequeue looks a message up by among its slot's TIMER_DEL_UNIQKEYs: real topic + "+" +
+    UNIQ_KEY (TimerMessageStore.buildDeleteKey, 5.3.3 :1930-1932; a missing REAL_TOPIC concatenates as "null",
+    getRealTopic :1171-1176). None for a message without UNIQ_KEY (getUniqID reads the property, null when
+    absent): DequeueGetService tests ``null != uniqueKey`` before building the key (:1610-1619), so no marker
+    deletes such a message, whatever its TIMER_DEL_UNIQKEY says."""
+    if uniq_key is None:
+        return None
+    return f"{'null' if real_topic is None else real_topic}+{uniq_key}"
 
 
 class Recalls:
@@ -126,9 +131,10 @@ class Recalls:
         self.slots.setdefault(del_key, set()).add(int(due_ms) // self.precision_ms)
 
     def deletes(self, real_topic: str | None, uniq_key: str | None, due_ms: int | None) -> bool:
-        """Does a marker delete the message of ``real_topic``/``uniq_key`` due at ``due_ms`` (None: never)?"""
-        return due_ms is not None and int(due_ms) // self.precision_ms in self.slots.get(
-            delete_key(real_topic, uniq_key), ())
+        """Does a marker delete the message of ``real_topic``/``uniq_key`` due at ``due_ms`` (None: never;
+        no UNIQ_KEY: never, :func:`delete_key`)?"""
+        key = delete_key(real_topic, uniq_key)
+        return key is not None and due_ms is not None and int(due_ms) // self.precision_ms in self.slots.get(key, ())
 
 
 def _state(r: dict, delivered: bool, recalls: Recalls) -> str:
@@ -158,7 +164,7 @@ def timer_messages(store: Store, log: TimerLog, precision_ms: int = 1000) -> pa.
         else:
             latest[r["uniq_key"] or f"@{r['phy_offset']}"] = r
     targets = {delete_key(r["real_topic"], r["uniq_key"]): bool(delivered.get(r["uniq_key"])) for r in latest.values()
-               if r["del_key"] is None}  # delete key -> delivered
+               if r["del_key"] is None and r["uniq_key"] is not None}  # delete key -> delivered (no key: no target)
     units = log.units
     by_py: dict[int, list[int]] = {}
     slot_time: dict[int, tuple[int, bool]] = {}
@@ -254,7 +260,7 @@ def timer_store_summary(store: Store) -> dict[str, Any]:
     precision = precision_of(s)
     log = read_timerlog(store.loc, s.mapped_file_size_timer_log)
     wheel, wfind = read_wheel(store.loc, log, precision)
-    cp = read_timer_checkpoint(store.loc)
+    cp, short = read_timer_checkpoint_as_broker(store.loc)
     metrics, mfind = read_timer_metrics(store.loc)
     timers = timer_messages(store, log, precision)
     pending = timers.filter(pc.equal(timers.column("state"), "pending"))
@@ -262,7 +268,7 @@ def timer_store_summary(store: Store) -> dict[str, Any]:
     by_topic = dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()))
     # the wheel's chains as the broker reads them (the audit's judge), not the format reader's strict rules
     found = judge_chains(log, wheel, [*log.findings, *wfind], None if cp is None else cp.last_read_time_ms)
-    return {"log": log, "wheel": wheel, "timers": timers, "findings": [*found, *mfind],
+    return {"log": log, "wheel": wheel, "timers": timers, "findings": [*found, *mfind, *filter(None, [short])],
             "summary": {"timerlog_files": log.files, "timerlog_units": log.units.num_rows,
                         "wheel_slots_used": wheel.num_rows, "wheel_units": int(pc.sum(wheel.column("num")).as_py() or 0),
                         "timers": timers.num_rows, "pending": pending.num_rows,

@@ -19,7 +19,9 @@ Without ``config/timercheck`` the broker starts all the same (BrokerController :
 TimerCheckpoint fields start at 0, TimerCheckpoint :58-60): the walk starts at the first timerlog file,
 the queue offset is min(x, 0) raised to the timer queue's min offset, so the whole timer queue is read
 and enqueued again (records already enqueued or delivered, twice), and the read time is now - 7 days +
-60 slots. The plan says so in a ``timercheck_missing`` finding.
+60 slots. The plan says so in a ``timercheck_missing`` finding. A timercheck shorter than its 56 bytes of
+fields is read the same way past its end (TimerCheckpoint :58 maps 4096 bytes, zeros beyond the file): the
+plan works from those values and says so in a ``timercheck_short`` finding.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from storelib.format.timerstore import (
     TimerCheckpoint,
     list_timerlog_files,
     precision_of,
-    read_timer_checkpoint,
+    read_timer_checkpoint_as_broker,
     slot_index,
 )
 
@@ -204,9 +206,11 @@ def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: Com
     files = list_timerlog_files(root)
     if not files:
         return None
-    cp = read_timer_checkpoint(root)
-    findings = []
+    cp, short = read_timer_checkpoint_as_broker(root)
+    findings = [] if short is None else [short]
+    zero_master = short is not None and "masterTimerQueueOffset" in short.extra["fields_cut"]
     if cp is None:
+        zero_master = True
         cp = TimerCheckpoint(0, 0, 0, 0, 0, 0, 0)
         findings.append(Finding("timercheck_missing", "warning", "config/timercheck", None,
                                 "no timer checkpoint: the broker starts from zeros (TimerCheckpoint), walks the "
@@ -229,8 +233,9 @@ def plan_timer_recovery(root: Location, settings: BrokerSettings, commitlog: Com
             q = _queue_offset(root, files, process, commitlog, cq)
             queue_offset, source = (q + 1, "the last unit's record") if q != -1 else \
                 (cp.last_timer_queue_offset, "timercheck lastTimerQueueOffset")
-            if findings:
-                source += ", bounded by a missing timercheck's masterTimerQueueOffset 0"
+            if zero_master and queue_offset > cp.master_timer_queue_offset:
+                source += (f", bounded by masterTimerQueueOffset {cp.master_timer_queue_offset} read "
+                           + ("as 0 from a missing timercheck" if short is None else "past a short timercheck's end"))
             queue_offset = min(queue_offset, cp.master_timer_queue_offset)
             if cq is not None:
                 lo, hi = cq.min_offset(commitlog.min_offset, variant=min_variant(settings.version)), cq.max_offset()
