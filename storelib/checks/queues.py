@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from storelib.broker.recovery.reputpath import reput_skipped_at, reput_skips_rest
+from storelib.broker.recovery.reputpath import SKIP_WHY, reput_skipped_at, reput_skips_rest
 from storelib.broker.recovery.walkplan import recovery_dispatch_after
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
@@ -439,14 +439,14 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
     start = anchor if len(at) else None if anchor < 0 and int(n[0]) < 0 else max(anchor, 0)
     last = len(ok) - 1 - int(ok[::-1].argmax()) if ok.any() else -1
     j = int(np.searchsorted(qo, n[last])) if last >= 0 else 0
+    sk = reput_skipped_at(log.lost, log.phy[recs], log.segment_size, log.gaps, master)  # never read by the reput
     if anchor == int(qo[0]) and bool(np.all(np.diff(qo) == 1)) and (
-            last < 0 or j >= len(qo) or (qo[j] == n[last] and fld[j] == uphy[last])):
+            last < 0 or j >= len(qo) or (qo[j] == n[last] and fld[j] == uphy[last])) and \
+            not sk[j + 1 if last >= 0 else 0:].any():  # (such records past the last unit are no lag)
         return None
     up = uphy[ok]
     has_unit = is_member(fld, up if bool(np.all(up[1:] >= up[:-1])) else np.sort(up))  # units ascend: no sort
-    skipped = np.zeros(len(recs), bool)
-    if master and len(log.lost):  # the rest of a segment after a record the reput cannot decode
-        skipped = reput_skipped_at(log.lost, log.phy[recs], log.segment_size) & ~has_unit
+    skipped = sk & ~has_unit  # records the reput never dispatches (after a lost region, or a missing segment)
     gone = np.flatnonzero(ok & log.in_lost(uphy))  # records lost since: their units' slots stay theirs
     lost = (uphy[gone], n[gone])
     slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped, lost, start, segment_size)
@@ -482,8 +482,7 @@ def _unwritten_findings(log: LogView, out: Capped, topic: str, qid: int, slots: 
     physical offset on a normal start, CommitLog.recoverNormally dispatching only records past it)."""
     S = log.segment_size
     for mask, kind, sev, why in (
-            (slots.skipped, "cq_reput_skipped", "warning", "they lie after a lost region in their segment: a "
-             "master's reput skips the rest of that segment"),
+            (slots.skipped, "cq_reput_skipped", "warning", SKIP_WHY),
             (slots.missing, "cq_entries_missing_for_messages", "error", "later messages of the queue hold their "
              "slots: the broker never dispatches them again")):
         if mask.any():
@@ -492,7 +491,8 @@ def _unwritten_findings(log: LogView, out: Capped, topic: str, qid: int, slots: 
             out.add(Finding(kind, sev, f"commitlog/{p // S * S:020d}", p % S,
                             f"{topic}/{qid}: {len(rows)} message(s) from queue offset {int(log.qoff[rows[0]])} "
                             f"(phy {p}) have no CQ entry; {why}",
-                            {"topic": topic, "queue_id": qid, "count": len(rows), "phy": p}))
+                            {"topic": topic, "queue_id": qid, "count": len(rows), "phy": p,
+                             "last_phy": int(log.phy[rows[-1]])}))
 
 
 def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, last_valid: int,

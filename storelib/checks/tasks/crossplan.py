@@ -21,7 +21,7 @@ from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
 from storelib.checks.crossfile import store_findings, unsealed_segments
-from storelib.checks.crossstream import CrossResults, lost_ranges
+from storelib.checks.crossstream import CrossResults, lost_ranges, missing_ranges
 from storelib.checks.index import index_refs_at
 from storelib.checks.livejudge import judge_live
 from storelib.checks.logcharts import SizeHistogram, TrafficSeries
@@ -163,7 +163,8 @@ def cross_context(store: Store, settings: BrokerSettings, results: list[SegmentR
                         max((r.rec_end for r in with_recs), default=cl.min_offset), cl.segment_size,
                         tuple((int(a), int(b)) for a, b in lost_ranges(store, results)),
                         any(p.n_misplaced for p in parts), min(lo, default=None), max(hi, default=None), parts,
-                        cq_max_phy, sink, snapshots, resumed, cut)
+                        cq_max_phy, sink, snapshots, resumed, cut,
+                        gaps=tuple((int(a), int(b)) for a, b in missing_ranges(store)))
 
 
 def partitioned_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, ctx: CrossContext,
