@@ -191,3 +191,28 @@ def test_a_lost_region_running_into_later_files_skips_each_of_them_to_its_end():
     gap = np.array([[200, 300]], dtype=np.int64)  # no file: every reput stops there
     assert reput_skipped_at(np.array([[200, 300]]), phy, S, gap, master=False).tolist() == [
         False, False, True, True, True, True]
+
+
+def test_a_segment_missing_below_what_was_dispatched_leaves_the_lag_after_it_lag(tmp_path, monkeypatch):
+    """Segment 2 went after the reput had passed it (units and index entries point past it): the reput starts
+    from the queues' max physical offset (DefaultMessageStore.start), after the gap, so the last three records,
+    in no consume queue or index file yet, are lag the broker dispatches on start, as without the gap."""
+    S = CONF["mappedFileSizeCommitLog"]
+    root = tmp_path / "s"
+    s = BrokerSettings.defaults("4").with_overrides(CONF)
+    with StoreWriter(root, s, clock=lambda: 1_700_000_000_000) as w:
+        res = [w.append(Message("T", b"x" * 1500, 0, properties={"KEYS": f"k{i}"})) for i in range(30)]
+        w.close(clean=True, dispatch=True)
+    rows = index_key_rows(CommitLog(str(root / "commitlog"), S).read_table())
+    (root / "commitlog" / f"{2 * S:020d}").unlink()
+    cq = root / "consumequeue" / "T" / "0" / f"{400:020d}"  # units 20..29: the last three not written yet
+    cq.write_bytes(cq.read_bytes()[:140] + bytes(60))
+    shutil.rmtree(root / "index")
+    (root / "index").mkdir()
+    keep = rows["phy_offset"] < res[27].phy_offset
+    for im in build_index_files({k: v[keep] for k, v in rows.items()},
+                                geometry=IndexGeometry(CONF["maxHashSlotNum"], CONF["maxIndexNum"])):
+        im.write(root / "index" / im.name)
+    (root / "broker.conf").write_text("\n".join(f"{k}={v}" for k, v in CONF.items()) + "\n")
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    assert [k for k, *_ in _serious(ref)] == ["missing_segment", "queue_behind_commitlog", "index_behind_commitlog"]

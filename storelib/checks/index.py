@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from storelib.broker.recovery.reputpath import SKIP_WHY, reput_skipped_at
+from storelib.broker.recovery.reputpath import SKIP_WHY, reput_skipped_at, stopping_gaps
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.strayload import version_of
 from storelib.checks.indexgrowth import grown_file_clean, slots_crc
@@ -353,7 +353,7 @@ def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[
             explained |= is_member(mphy, np.sort(wp))
         behind, real = split_missing(mphy, explained, max_end_phy, live)
         skipped = reput_skipped_keys(kphy, missing, real | behind, kcode >= 0, log.lost, log.segment_size, master,
-                                     log.gaps)
+                                     stopping_gaps(log.gaps, max_end_phy))
         behind &= ~skipped  # the reput never reads them: not "not indexed yet"
         if behind.any():
             out.add(behind_finding(int(behind.sum()), max_end_phy))

@@ -352,6 +352,15 @@ SKIP_WHY = ("they lie after a lost region the broker's reput does not read past:
             "segment such a region reaches into, and every reput stops at a missing segment")
 
 
+def stopping_gaps(gaps: np.ndarray | None, reached: int) -> np.ndarray | None:
+    """Of the missing-segment ranges ``gaps``, those a reput whose dispatcher's output reaches ``reached`` (the
+    consume queues' max physical offset, the last indexed message) can be stuck at: those starting at or after
+    it. A reput stuck at a gap dispatched nothing past it; output past a gap's start says the reput went past
+    before the segment went (or started after it: DefaultMessageStore.start sets reputFromOffset from the queues'
+    max physical offset), so the records after it are lag or missing as anywhere else, not that gap's doing."""
+    return None if gaps is None else gaps[gaps[:, 0] >= reached]
+
+
 def reput_skipped_at(lost: np.ndarray, phy: np.ndarray, segment_size: int, gaps: np.ndarray | None = None,
                      master: bool = True) -> np.ndarray:
     """Which records at ``phy`` a broker's reput that read up to them never dispatches. Shared by the consume-queue
@@ -363,7 +372,8 @@ def reput_skipped_at(lost: np.ndarray, phy: np.ndarray, segment_size: int, gaps:
     files makes the reput start each of them (the next file start) inside unreadable bytes, which skips each
     such file's records up to its end too: a record is skipped when the last region starting at or before it
     reaches into its segment. A slave stops at the region (it retries the offset): nothing is skipped.
-    ``gaps``: [start, end) ranges no segment file holds (missing segments, part of ``lost``): getData finds no
+    ``gaps``: [start, end) ranges no segment file holds (missing segments, part of ``lost``; those the reput can
+    be stuck at: :func:`stopping_gaps`): getData finds no
     file there and returns null (MappedFileQueue.findMappedFileByOffset, 4.9.8 :476-518, 5.3.3 :671-713),
     so doReput stops (4.9.8 DefaultMessageStore.java:2080-2082, 5.3.3 :2873-2875) and retries the gap's start every 1 ms, while
     isCommitLogAvailable (reputFromOffset < the max offset) stays true: a master's or a slave's reput never
