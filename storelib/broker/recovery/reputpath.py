@@ -357,7 +357,8 @@ def stopping_gaps(gaps: np.ndarray | None, reached: int) -> np.ndarray | None:
     consume queues' max physical offset, the last indexed message) can be stuck at: those starting at or after
     it. A reput stuck at a gap dispatched nothing past it; output past a gap's start says the reput went past
     before the segment went (or started after it: DefaultMessageStore.start sets reputFromOffset from the queues'
-    max physical offset), so the records after it are lag or missing as anywhere else, not that gap's doing."""
+    max physical offset, 4.9.8 :252-276; 5.3.3 from the confirm offset, :416, or the queues' with
+    recheckReputOffsetFromCq, :455-475), so the records after it are lag or missing as anywhere else."""
     return None if gaps is None else gaps[gaps[:, 0] >= reached]
 
 
