@@ -369,7 +369,9 @@ def reput_skipped_at(lost: np.ndarray, phy: np.ndarray, segment_size: int, gaps:
 
     ``lost``: sorted (k, 2) [start, end) ranges of unreadable bytes. On a master, a record at a region's start
     fails the check (size -1) and doReput adds the rest of the buffer (4.9.8 DefaultMessageStore.java:2063-2074,
-    5.3.3 :2916-2927), to the file's end, so the rest of that segment is skipped; a region running on into later
+    5.3.3 :2916-2927), to the file's end, so the rest of that segment is skipped (in the last file the end is
+    its read position, the log's max offset: isCommitLogAvailable turns false and the loop waits there for new
+    records, so the skipped ones stay skipped); a region running on into later
     files makes the reput start each of them (the next file start) inside unreadable bytes, which skips each
     such file's records up to its end too: a record is skipped when the last region starting at or before it
     reaches into its segment. A slave stops at the region (it retries the offset): nothing is skipped.
