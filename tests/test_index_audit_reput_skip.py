@@ -116,3 +116,103 @@ def test_pool_and_spark_judge_the_skip_as_the_driver(tmp_path, spark):
     assert pool["run"]["cross_check_mode"].startswith("partitioned")
     assert dist["run"]["cross_check_mode"].startswith("partitioned")
     assert _comparable(pool) == _comparable(ref) and _comparable(dist) == _comparable(ref)
+
+
+def _serious(rep: dict) -> list[tuple[str, str, str, int | None]]:
+    """Every finding about the log's records, queues and index that is not info: (kind, severity, file, offset)."""
+    return [(f["kind"], f["severity"], f["file"], f["offset"]) for f in rep["findings"]
+            if f["severity"] not in ("info", "ok") and f["kind"] != "corrupt_region"]
+
+
+@pytest.mark.parametrize("other_topic", [False, True])
+def test_keys_the_reput_skipped_after_the_last_indexed_message_are_skipped_not_behind(tmp_path, monkeypatch,
+                                                                                       other_topic):
+    """Record 26 (the last segment's second) undecodable: the reput never dispatches 27..29, which lie after the
+    last indexed message (25). Both audits call them the reput's skip, not lag: the index not "not indexed yet"
+    (index_behind_commitlog), the consume queue not "dispatched on start" (queue_behind_commitlog), also when
+    the bad record is another queue's, so the queue's offsets run on without a jump."""
+    S = CONF["mappedFileSizeCommitLog"]
+    root = tmp_path / "s"
+    s = BrokerSettings.defaults("4").with_overrides(CONF)
+    with StoreWriter(root, s, clock=lambda: 1_700_000_000_000) as w:
+        res = [w.append(Message("U" if other_topic and i == 26 else "T", b"x" * 1500, 0,
+                                properties={"KEYS": f"k{i}"})) for i in range(30)]
+        w.close(clean=True, dispatch=False)
+    p = res[26].phy_offset
+    seg = root / "commitlog" / f"{p // S * S:020d}"
+    b = bytearray(seg.read_bytes())
+    b[p % S + 4:p % S + 8] = b"\0\0\0\0"
+    seg.write_bytes(bytes(b))
+    dispatch_store(root, s)  # the recovery window's last segment: dispatched up to the bad record
+    (root / "broker.conf").write_text("\n".join(f"{k}={v}" for k, v in CONF.items()) + "\n")
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    first = res[27].phy_offset
+    place = (f"commitlog/{first // S * S:020d}", first % S)
+    assert _serious(ref) == [("cq_reput_skipped", "warning", *place), ("index_reput_skipped", "warning", *place)]
+    f = next(x for x in ref["findings"] if x["kind"] == "index_reput_skipped")
+    assert f["extra"] == {"phy": first, "count": 3, "messages": 3}
+
+
+@pytest.mark.parametrize("slave", [False, True])
+def test_no_reput_reads_past_a_missing_segment_so_every_later_segment_is_its_skip(tmp_path, monkeypatch, slave):
+    """Segment 2 deleted before the reput reached it: getData finds no file (findMappedFileByOffset null), so
+    doReput stops there and retries it, a master's as a slave's; segments 3..5 are never dispatched. Both
+    audits say so (one consume-queue warning for the queue, one index warning per segment), not lag the broker
+    dispatches on start nor keys not indexed yet."""
+    S = CONF["mappedFileSizeCommitLog"]
+    root = tmp_path / "s"
+    s = BrokerSettings.defaults("4").with_overrides(CONF)
+    with StoreWriter(root, s, clock=lambda: 1_700_000_000_000) as w:
+        res = [w.append(Message("T", b"x" * 1500, 0, properties={"KEYS": f"k{i}"})) for i in range(30)]
+        w.close(clean=True, dispatch=False)
+    (root / "commitlog" / f"{2 * S:020d}").unlink()
+    assert [f.kind for f in dispatch_store(root, s).findings] == ["reput_gap"]
+    (root / "broker.conf").write_text("\n".join(f"{k}={v}" for k, v in CONF.items()) + "\n"
+                                      + ("brokerId=1\nbrokerRole=SLAVE\n" if slave else ""))
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    assert _serious(ref) == [("missing_segment", "critical", f"commitlog/{3 * S:020d}", None),
+                             ("cq_reput_skipped", "warning", f"commitlog/{3 * S:020d}", 0)] + [
+        ("index_reput_skipped", "warning", f"commitlog/{k * S:020d}", 0) for k in (3, 4, 5)]
+    f = next(x for x in ref["findings"] if x["kind"] == "cq_reput_skipped")
+    assert f["extra"]["count"] == 15 and f["extra"]["last_phy"] == res[-1].phy_offset
+
+
+def test_a_lost_region_running_into_later_files_skips_each_of_them_to_its_end():
+    """A master's reput leaves a file at unreadable bytes for the next file's start (the rest of the buffer); a
+    region running on into later files makes it start each of them inside it, so each file's records after the
+    region are skipped as well, up to that file's end; a file the region ends before is read from its start."""
+    from storelib.broker.recovery.reputpath import reput_skipped_at
+
+    S = 100
+    lost = np.array([[150, 330]], dtype=np.int64)  # from file 1 into file 3
+    phy = np.array([50, 120, 340, 380, 400, 450], dtype=np.int64)
+    assert reput_skipped_at(lost, phy, S).tolist() == [False, False, True, True, False, False]
+    assert not reput_skipped_at(lost, phy, S, master=False).any()  # a slave stops at it (retries)
+    gap = np.array([[200, 300]], dtype=np.int64)  # no file: every reput stops there
+    assert reput_skipped_at(np.array([[200, 300]]), phy, S, gap, master=False).tolist() == [
+        False, False, True, True, True, True]
+
+
+def test_a_segment_missing_below_what_was_dispatched_leaves_the_lag_after_it_lag(tmp_path, monkeypatch):
+    """Segment 2 went after the reput had passed it (units and index entries point past it): the reput starts
+    from the queues' max physical offset (DefaultMessageStore.start), after the gap, so the last three records,
+    in no consume queue or index file yet, are lag the broker dispatches on start, as without the gap."""
+    S = CONF["mappedFileSizeCommitLog"]
+    root = tmp_path / "s"
+    s = BrokerSettings.defaults("4").with_overrides(CONF)
+    with StoreWriter(root, s, clock=lambda: 1_700_000_000_000) as w:
+        res = [w.append(Message("T", b"x" * 1500, 0, properties={"KEYS": f"k{i}"})) for i in range(30)]
+        w.close(clean=True, dispatch=True)
+    rows = index_key_rows(CommitLog(str(root / "commitlog"), S).read_table())
+    (root / "commitlog" / f"{2 * S:020d}").unlink()
+    cq = root / "consumequeue" / "T" / "0" / f"{400:020d}"  # units 20..29: the last three not written yet
+    cq.write_bytes(cq.read_bytes()[:140] + bytes(60))
+    shutil.rmtree(root / "index")
+    (root / "index").mkdir()
+    keep = rows["phy_offset"] < res[27].phy_offset
+    for im in build_index_files({k: v[keep] for k, v in rows.items()},
+                                geometry=IndexGeometry(CONF["maxHashSlotNum"], CONF["maxIndexNum"])):
+        im.write(root / "index" / im.name)
+    (root / "broker.conf").write_text("\n".join(f"{k}={v}" for k, v in CONF.items()) + "\n")
+    ref, _ = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"), version="4")
+    assert [k for k, *_ in _serious(ref)] == ["missing_segment", "queue_behind_commitlog", "index_behind_commitlog"]

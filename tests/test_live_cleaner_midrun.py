@@ -268,3 +268,40 @@ def test_an_index_unit_file_dledgers_cleaner_deletes_before_the_since_fingerprin
     for rep in (first, second):
         assert rep["live"]["live"]
     assert not [f for f in second["findings"] if f["severity"] not in ("info", "ok")], second["findings"]
+
+
+def test_reput_skip_warnings_of_a_segment_the_cleaner_deletes_mid_run_expire(tmp_path, monkeypatch):
+    """The reput skipped the rest of segment 0 after an undecodable record (both audits warn: cq_reput_skipped,
+    index_reput_skipped); the cleaner deletes segment 0 after the audit read the segments. Those warnings are
+    about expired records, as the other findings of a vanished segment are: dropped, counted in the one note;
+    a capped summary of them is its segment's, not a later one's."""
+    import storelib.checks.tasks.crossplan as crossplan
+    from jobs.audit import audit_store
+    from storelib.checks.livejudge import expired_count
+
+    from .test_index_audit_reput_skip import CONF, _skipped_store
+
+    root, phy, _ = _skipped_store(tmp_path / "s")
+    seg0 = root / "commitlog" / f"{0:020d}"
+    at_rest = audit_store(str(root), broker_conf=str(root / "broker.conf"), version="4", quiet=True,
+                          engine="local")
+    assert {"cq_reput_skipped", "index_reput_skipped"} <= {f["kind"] for f in at_rest["findings"]}
+    monkeypatch.setattr(livecut, "live_broker", lambda loc: LiveBroker(4242, "test"))
+    plan = crossplan.index_plan
+
+    def cleaner_then_index_plan(*a, **kw):
+        seg0.unlink()
+        return plan(*a, **kw)
+
+    monkeypatch.setattr(crossplan, "index_plan", cleaner_then_index_plan)
+    rep = audit_store(str(root), broker_conf=str(root / "broker.conf"), version="4", quiet=True, engine="local")
+    assert rep["live"]["live"] and not seg0.exists()
+    kinds = {f["kind"] for f in rep["findings"]}
+    assert not kinds & {"cq_reput_skipped", "index_reput_skipped"}, rep["findings"]
+    said = [f for f in rep["findings"] if f["kind"] == "expired_during_run" and f["file"] == "commitlog"
+            and "consume-queue or index" in f["detail"]]
+    assert len(said) == 1 and said[0]["extra"]["count"] == 2, rep["findings"]
+    S = CONF["mappedFileSizeCommitLog"]
+    for kind in ("cq_reput_skipped", "index_reput_skipped"):
+        more = Finding(kind, "warning", f"commitlog/{S:020d}", None, "", {"more": 7, "total": 57})
+        assert expired_count(more, 2 * S, S) == 7 and expired_count(more, S, S) == 0

@@ -20,7 +20,14 @@ from storelib.broker.settings.livecut import StoreCut
 from storelib.broker.settings.store import Store
 from storelib.broker.settings.storeloads import store_load_findings
 from storelib.broker.settings.strayload import version_of
-from storelib.checks.crossstream import CrossResults, lost_ranges, preloaded, streamable, streamed_checks
+from storelib.checks.crossstream import (
+    CrossResults,
+    lost_ranges,
+    missing_ranges,
+    preloaded,
+    streamable,
+    streamed_checks,
+)
 from storelib.checks.index import check_index, load_index_files
 from storelib.checks.livejudge import judge_live
 from storelib.checks.logcharts import view_charts
@@ -136,7 +143,7 @@ def _record_view(store: Store, results: list[SegmentResult]) -> LogView:
     phy = recs.column("phy_offset").to_numpy()
     size = recs.column("size").to_numpy().astype(np.int64)
     log_end = int((phy + size).max()) if len(phy) else cl.min_offset
-    return LogView(recs, keys, lost_arr, cl.min_offset, log_end, cl.segment_size)
+    return LogView(recs, keys, lost_arr, cl.min_offset, log_end, cl.segment_size, missing_ranges(store))
 
 
 def unsealed_segments(results: list[SegmentResult], out: Capped) -> None:

@@ -49,6 +49,13 @@ def lost_ranges(store: Store, results: list[SegmentResult]) -> np.ndarray:
     return np.array(sorted(lost), dtype=np.int64).reshape(-1, 2)
 
 
+def missing_ranges(store: Store) -> np.ndarray:
+    """The lost ranges no segment file holds (missing segments), sorted: the reput cannot read past them
+    (:func:`storelib.broker.recovery.reputpath.reput_skipped_at`), unlike the corrupt bytes of a file."""
+    gaps = [(f.extra["from"], f.extra["to"]) for f in store.commitlog.findings if f.kind == "missing_segment"]
+    return np.array(sorted(gaps), dtype=np.int64).reshape(-1, 2)
+
+
 def streamable(store: Store, results: list[SegmentResult]) -> bool:
     """Can the streamed checks settle this store? Not with lost ranges: what they explain needs the whole
     view."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from storelib.broker.recovery.reputpath import reput_skipped_at
+from storelib.broker.recovery.reputpath import SKIP_WHY, reput_skipped_at, stopping_gaps
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.strayload import version_of
 from storelib.checks.indexgrowth import grown_file_clean, slots_crc
@@ -352,23 +352,27 @@ def _keys_findable(log: LogView, k_: KeyCodes, keys: KeyStream, all_codes: list[
             wp = np.concatenate(wrong_phy)
             explained |= is_member(mphy, np.sort(wp))
         behind, real = split_missing(mphy, explained, max_end_phy, live)
+        skipped = reput_skipped_keys(kphy, missing, real | behind, kcode >= 0, log.lost, log.segment_size, master,
+                                     stopping_gaps(log.gaps, max_end_phy))
+        behind &= ~skipped  # the reput never reads them: not "not indexed yet"
         if behind.any():
             out.add(behind_finding(int(behind.sum()), max_end_phy))
-        skipped = reput_skipped_keys(kphy, missing, real, kcode >= 0, log.lost, log.segment_size, master)
         missing_key_findings(mphy, khash[missing], real & ~skipped, skipped, first_begin, log.segment_size, out)
 
 
 def reput_skipped_keys(kphy: np.ndarray, missing: np.ndarray, real: np.ndarray, known: np.ndarray,
-                       lost: np.ndarray, segment_size: int, master: bool) -> np.ndarray:
-    """Of the keys missing for good (``real``, per key of ``missing``), those of messages the broker's reput
-    never dispatched, so IndexService.buildIndex (a dispatcher of that reput) never indexed them: after a lost
-    region in their segment on a master (:func:`storelib.broker.recovery.reputpath.reput_skipped_at`, the consume-queue
-    audit's cq_reput_skipped), and none of their keys indexed (a message with one was dispatched).
+                       lost: np.ndarray, segment_size: int, master: bool, gaps: np.ndarray | None = None
+                       ) -> np.ndarray:
+    """Of the keys no index file holds that no lost data, expiry or wrong entry explains (``real``, per key of
+    ``missing``: missing for good or after the last indexed message alike), those of messages the broker's reput
+    never dispatched, so IndexService.buildIndex (a dispatcher of that reput) never indexed them: where
+    :func:`storelib.broker.recovery.reputpath.reput_skipped_at` says (the consume-queue audit's
+    cq_reput_skipped), and none of their keys indexed (a message with one was dispatched).
     ``kphy``: every key's message position; ``known``: the keys whose message was found."""
-    if not master or not len(lost) or not real.any():
+    if not (master and len(lost)) and (gaps is None or not len(gaps)) or not real.any():
         return np.zeros(len(missing), bool)
     mphy = kphy[missing]
-    skipped = real & reput_skipped_at(lost, mphy, segment_size)
+    skipped = real & reput_skipped_at(lost, mphy, segment_size, gaps, master)
     if skipped.any():
         kept = known.copy()
         kept[missing] = False
@@ -401,9 +405,8 @@ def reput_skipped_finding(p: int, keys: int, messages: int, segment_size: int) -
     reputFromOffset (4.9.8 and 5.3.3), so neither the consume queue nor the index dispatcher gets them."""
     S = segment_size
     return Finding("index_reput_skipped", "warning", f"{_KEY_SEGMENT}{p // S * S:020d}", p % S,
-                   f"{keys} key(s) of {messages} message(s) from the one at {p} are in no index file; they lie after "
-                   "a lost region in their segment: a master's reput skips the rest of that segment, so the broker "
-                   "never indexes them (a query by key cannot find them)",
+                   f"{keys} key(s) of {messages} message(s) from the one at {p} are in no index file; {SKIP_WHY}, "
+                   "so the broker never indexes them (a query by key cannot find them)",
                    {"phy": p, "count": keys, "messages": messages})
 
 

@@ -56,18 +56,22 @@ DLEDGER_PROGRESS = {
 
 # findings about records the cleaner may have taken (with their consume-queue and index files) while the
 # checks ran, and where their extra says the record's position
-EXPIRABLE = {"cq_file_missing": "last_phy", "index_key_missing": "phy"}
+EXPIRABLE = {"cq_file_missing": "last_phy", "index_key_missing": "phy", "index_reput_skipped": "phy",
+             "cq_reput_skipped": "last_phy"}
+# of those, the kinds filed under their records' commitlog segment (commitlog/<base>): a capped summary of them
+# is about that segment's records (a skip warning: the reput-skipped records of that segment, or from it)
+BY_SEGMENT = frozenset({"index_key_missing", "index_reput_skipped", "cq_reput_skipped"})
 
 
 def expired_count(f: Finding, first_now: int, segment_size: int) -> int:
     """How many of the findings ``f`` stands for are about records below ``first_now`` (the commitlog's first
     offset now): a listed one by its record's position (EXPIRABLE); the summary of a kind's findings past the
     cap (:meth:`storelib.checks.segment.Capped.done`: "N more ... in this file", no position) by the file they
-    share, which for index_key_missing is the commitlog segment of their records
+    share, which for index_key_missing and the reput-skip warnings is the commitlog segment of their (first) records
     (:func:`storelib.checks.index.key_missing_segment`): all N when that segment is wholly below it, else 0."""
     ex = f.extra or {}
     if "more" in ex:
-        base = key_missing_segment(f.file) if f.kind == "index_key_missing" else None
+        base = key_missing_segment(f.file) if f.kind in BY_SEGMENT else None
         return int(ex["more"]) if base is not None and base + segment_size <= first_now else 0
     at = ex.get(EXPIRABLE.get(f.kind, ""))
     return 1 if at is not None and int(at) < first_now else 0

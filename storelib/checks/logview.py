@@ -44,6 +44,7 @@ class LogView:
     log_min: int
     log_end: int  # physical end of the last valid record
     segment_size: int = 1 << 30
+    gaps: np.ndarray | None = None  # the lost ranges no segment file holds (missing segments)
 
     def __post_init__(self) -> None:
         r = self.records

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from storelib.broker.recovery.reputpath import reput_skipped_at, reput_skips_rest
+from storelib.broker.recovery.reputpath import SKIP_WHY, reput_skipped_at, reput_skips_rest, stopping_gaps
 from storelib.broker.recovery.walkplan import recovery_dispatch_after
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
@@ -347,7 +347,8 @@ def _check_units(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray,
     rows = queue_records_exactly(log, log.queue_rows.get((topic, qid)), phy[chk], n[chk])
     slots = None if rows is not None or topic.startswith(LMQ_PREFIX) else writer_slots(
         log, log.queue_rows.get((topic, qid)), n, u, valid & ~filler,
-        reput_master(s := loaded.settings if loaded is not None else None), s and s.mapped_file_size_consume_queue)
+        reput_master(s := loaded.settings if loaded is not None else None), s and s.mapped_file_size_consume_queue,
+        stopping_gaps(log.gaps, loaded.cq_max_phy if loaded is not None else -1))
     exact = rows is not None
     if rows is None:
         rows = log.lookup_field(phy[chk], queue_hint(log, (topic, qid), n[chk]))
@@ -436,12 +437,13 @@ class WriterSlots:
 
 
 def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.ndarray, ok: np.ndarray,
-                 master: bool, segment_size: int | None = None) -> WriterSlots | None:
+                 master: bool, segment_size: int | None = None, gaps: np.ndarray | None = None) -> WriterSlots | None:
     """The broker's slots of a queue's records (:class:`WriterSlots`; ``ok``: its valid units that are not
     fillers), None when each record's slot is its QUEUEOFFSET (offsets run on by one, the first and last units
     theirs: every healthy queue). The writer is our rebuild's (cqwriter.build_consume_queues), started at the
     first record's unit (records since expired shift them all), or new (None) when that record has none and a
-    file has a negative name (the record created the queue there); a unit in a lost region keeps its slot."""
+    file has a negative name (the record created the queue there); a unit in a lost region keeps its slot.
+    ``gaps``: the missing segments the reput stops at (:func:`~storelib.broker.recovery.reputpath.stopping_gaps`)."""
     if recs is None or not len(recs) or not len(n) or np.any(log.sysflag[recs] & INNER_BATCH_FLAG):
         return None
     qo, fld, uphy = log.qoff[recs], log.field[recs], u["phy_offset"].astype(np.int64)
@@ -451,14 +453,14 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
     start = anchor if len(at) else None if anchor < 0 and int(n[0]) < 0 else max(anchor, 0)
     last = len(ok) - 1 - int(ok[::-1].argmax()) if ok.any() else -1
     j = int(np.searchsorted(qo, n[last])) if last >= 0 else 0
+    sk = reput_skipped_at(log.lost, log.phy[recs], log.segment_size, gaps, master)  # never read by the reput
     if anchor == int(qo[0]) and bool(np.all(np.diff(qo) == 1)) and (
-            last < 0 or j >= len(qo) or (qo[j] == n[last] and fld[j] == uphy[last])):
+            last < 0 or j >= len(qo) or (qo[j] == n[last] and fld[j] == uphy[last])) and \
+            not sk[j + 1 if last >= 0 else 0:].any():  # (such records past the last unit are no lag)
         return None
     up = uphy[ok]
     has_unit = is_member(fld, up if bool(np.all(up[1:] >= up[:-1])) else np.sort(up))  # units ascend: no sort
-    skipped = np.zeros(len(recs), bool)
-    if master and len(log.lost):  # the rest of a segment after a record the reput cannot decode
-        skipped = reput_skipped_at(log.lost, log.phy[recs], log.segment_size) & ~has_unit
+    skipped = sk & ~has_unit  # records the reput never dispatches (after a lost region, or a missing segment)
     gone = np.flatnonzero(ok & log.in_lost(uphy))  # records lost since: their units' slots stay theirs
     lost = (uphy[gone], n[gone])
     slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped, lost, start, segment_size)
@@ -494,8 +496,7 @@ def _unwritten_findings(log: LogView, out: Capped, topic: str, qid: int, slots: 
     physical offset on a normal start, CommitLog.recoverNormally dispatching only records past it)."""
     S = log.segment_size
     for mask, kind, sev, why in (
-            (slots.skipped, "cq_reput_skipped", "warning", "they lie after a lost region in their segment: a "
-             "master's reput skips the rest of that segment"),
+            (slots.skipped, "cq_reput_skipped", "warning", SKIP_WHY),
             (slots.missing, "cq_entries_missing_for_messages", "error", "later messages of the queue hold their "
              "slots: the broker never dispatches them again")):
         if mask.any():
@@ -504,7 +505,8 @@ def _unwritten_findings(log: LogView, out: Capped, topic: str, qid: int, slots: 
             out.add(Finding(kind, sev, f"commitlog/{p // S * S:020d}", p % S,
                             f"{topic}/{qid}: {len(rows)} message(s) from queue offset {int(log.qoff[rows[0]])} "
                             f"(phy {p}) have no CQ entry; {why}",
-                            {"topic": topic, "queue_id": qid, "count": len(rows), "phy": p}))
+                            {"topic": topic, "queue_id": qid, "count": len(rows), "phy": p,
+                             "last_phy": int(log.phy[rows[-1]])}))
 
 
 def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray, last_valid: int,

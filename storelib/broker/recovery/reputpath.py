@@ -346,9 +346,45 @@ def drift_skips(segs: tuple[Segment, ...], found: list[Finding], S: int) -> tupl
     return tuple(out)
 
 
-def reput_skipped_at(lost: np.ndarray, phy: np.ndarray, segment_size: int) -> np.ndarray:
-    """Which records at ``phy`` a master's reput skips: those after the start of a lost region (``lost``,
-    sorted (k, 2) [start, end) ranges) in their segment. Shared by the consume-queue and index audits, as
-    both are dispatchers of that one reput (DefaultMessageStore.doDispatch)."""
-    i = np.searchsorted(lost[:, 0], phy, side="right") - 1
-    return (i >= 0) & (lost[np.clip(i, 0, None), 0] // segment_size == phy // segment_size)
+# why the audits' reput-skip warnings (cq_reput_skipped, index_reput_skipped) say the broker never dispatches
+# their records (:func:`reput_skipped_at`)
+SKIP_WHY = ("they lie after a lost region the broker's reput does not read past: a master's skips the rest of each "
+            "segment such a region reaches into, and every reput stops at a missing segment")
+
+
+def stopping_gaps(gaps: np.ndarray | None, reached: int) -> np.ndarray | None:
+    """Of the missing-segment ranges ``gaps``, those a reput whose dispatcher's output reaches ``reached`` (the
+    consume queues' max physical offset, the last indexed message) can be stuck at: those starting at or after
+    it. A reput stuck at a gap dispatched nothing past it; output past a gap's start says the reput went past
+    before the segment went (or started after it: DefaultMessageStore.start sets reputFromOffset from the queues'
+    max physical offset, 4.9.8 :252-276; 5.3.3 from the confirm offset, :416, or the queues' with
+    recheckReputOffsetFromCq, :455-475), so the records after it are lag or missing as anywhere else."""
+    return None if gaps is None else gaps[gaps[:, 0] >= reached]
+
+
+def reput_skipped_at(lost: np.ndarray, phy: np.ndarray, segment_size: int, gaps: np.ndarray | None = None,
+                     master: bool = True) -> np.ndarray:
+    """Which records at ``phy`` a broker's reput that read up to them never dispatches. Shared by the consume-queue
+    and index audits, as both are dispatchers of that one reput (DefaultMessageStore.doDispatch).
+
+    ``lost``: sorted (k, 2) [start, end) ranges of unreadable bytes. On a master, a record at a region's start
+    fails the check (size -1) and doReput adds the rest of the buffer (4.9.8 DefaultMessageStore.java:2063-2074,
+    5.3.3 :2916-2927), to the file's end, so the rest of that segment is skipped (in the last file the end is
+    its read position, the log's max offset: isCommitLogAvailable turns false and the loop waits there for new
+    records, so the skipped ones stay skipped); a region running on into later
+    files makes the reput start each of them (the next file start) inside unreadable bytes, which skips each
+    such file's records up to its end too: a record is skipped when the last region starting at or before it
+    reaches into its segment. A slave stops at the region (it retries the offset): nothing is skipped.
+    ``gaps``: [start, end) ranges no segment file holds (missing segments, part of ``lost``; those the reput can
+    be stuck at: :func:`stopping_gaps`): getData finds no
+    file there and returns null (MappedFileQueue.findMappedFileByOffset, 4.9.8 :476-518, 5.3.3 :671-713),
+    so doReput stops (4.9.8 DefaultMessageStore.java:2080-2082, 5.3.3 :2873-2875) and retries the gap's start every 1 ms, while
+    isCommitLogAvailable (reputFromOffset < the max offset) stays true: a master's or a slave's reput never
+    dispatches a record after a gap."""
+    out = np.zeros(len(phy), bool)
+    if master and len(lost):
+        i = np.searchsorted(lost[:, 0], phy, side="right") - 1
+        out = (i >= 0) & (lost[np.clip(i, 0, None), 1] > phy - phy % segment_size)
+    if gaps is not None and len(gaps):
+        out |= phy >= int(gaps[:, 0].min())
+    return out

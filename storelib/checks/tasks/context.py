@@ -42,6 +42,7 @@ class CrossContext:
     resumed: bool = False  # going on from an earlier run: ``parts`` are only what was audited since
     cut: Any = None  # the extents a run reads up to (a live store), carried for the checks that need it
     parts_file: str | None = None  # ``part_list`` written once in the work dir (:meth:`for_tasks`)
+    gaps: tuple[tuple[int, int], ...] = ()  # the lost ranges no segment file holds (missing segments)
 
     @property
     def parts(self) -> tuple[PartRef, ...]:
@@ -79,6 +80,9 @@ class CrossContext:
 
     def lost_array(self) -> np.ndarray:
         return np.array(sorted(self.lost), dtype=np.int64).reshape(-1, 2)
+
+    def gaps_array(self) -> np.ndarray:
+        return np.array(sorted(self.gaps), dtype=np.int64).reshape(-1, 2)
 
     @property
     def streamable(self) -> bool:
@@ -217,5 +221,5 @@ def subset_view(ctx: CrossContext, own: pa.Table, wanted: np.ndarray, with_keys:
     recs = allr.take(order[first])
     positions = ps[first]
     keys = keys_of(ctx, positions) if with_keys else KEY_SCHEMA.empty_table()
-    view = LogView(recs, keys, ctx.lost_array(), ctx.log_min, ctx.log_end, ctx.segment_size)
+    view = LogView(recs, keys, ctx.lost_array(), ctx.log_min, ctx.log_end, ctx.segment_size, ctx.gaps_array())
     return SubsetView(view, positions, {"own": own.num_rows, "misplaced": mis.num_rows, "looked_up": looked.num_rows})

@@ -22,7 +22,7 @@ from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
 from storelib.broker.startup.startup5x import batch_max_physic_offset
 from storelib.checks.crossfile import store_findings, unsealed_segments
-from storelib.checks.crossstream import CrossResults, lost_ranges
+from storelib.checks.crossstream import CrossResults, lost_ranges, missing_ranges
 from storelib.checks.index import index_refs_at
 from storelib.checks.livejudge import judge_live
 from storelib.checks.logcharts import SizeHistogram, TrafficSeries
@@ -166,7 +166,8 @@ def cross_context(store: Store, settings: BrokerSettings, results: list[SegmentR
                         any(p.n_misplaced for p in parts), min(lo, default=None), max(hi, default=None), parts,
                         cq_max_phy if cut is not None and cut.live
                         else max(cq_max_phy, batch_max_physic_offset(store.loc, settings)),  # the plan's rule
-                        sink, snapshots, resumed, cut)
+                        sink, snapshots, resumed, cut,
+                        gaps=tuple((int(a), int(b)) for a, b in missing_ranges(store)))
 
 
 def partitioned_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, ctx: CrossContext,

@@ -320,8 +320,10 @@ def _keys_findable(ctx: CrossContext, plan: IndexPlan, results: list[dict], info
 
     after = _next_key(plan, results, tail) if not looked else None
     live = ctx.cut is not None and ctx.cut.live  # the cut may fall between two keys of one record
-    if after is not None and (after >= max_end_phy if live else after > max_end_phy):
-        out.add(behind_finding(total - matched, max_end_phy))  # after every indexed message: all behind
+    if after is not None and (after >= max_end_phy if live else after > max_end_phy) and not ctx.lost:
+        # after every indexed message: all behind (with lost ranges, the reput may never read some of them:
+        # the coverage tasks tell them apart, as the whole view does)
+        out.add(behind_finding(total - matched, max_end_phy))
         return
     if plan.key_base or any(e.carried for e in plan.files):
         raise Unsettled("a key at or before the last indexed message is in no index file")

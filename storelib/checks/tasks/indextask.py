@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from storelib.broker.recovery.reputpath import stopping_gaps
 from storelib.checks.index import (
     add_validate_findings,
     broken_chains,
@@ -334,9 +335,10 @@ def coverage_task(ctx: CrossContext, task: CoverageTask) -> dict[str, Any]:
         if wrongs:
             explained |= is_member(mphy, np.sort(np.concatenate(wrongs)))
         behind, real = split_missing(mphy, explained, task.max_end_phy, ctx.cut is not None and ctx.cut.live)
-        behind_n = int(behind.sum())
         # (the segment's keys only: whether a message was dispatched needs no other segment's)
-        skipped = reput_skipped_keys(kphy, missing, real, known, lost, ctx.segment_size, reput_master(ctx.settings))
+        skipped = reput_skipped_keys(kphy, missing, real | behind, known, lost, ctx.segment_size,
+                                     reput_master(ctx.settings), stopping_gaps(ctx.gaps_array(), task.max_end_phy))
+        behind_n = int((behind & ~skipped).sum())  # the reput never reads the skipped: not "not indexed yet"
         missing_key_findings(mphy, khash[missing], real & ~skipped, skipped, task.first_begin, ctx.segment_size, out)
     return {"base": task.base, "behind": behind_n, "found": out.to_json()}
 
