@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from storelib.broker.recovery.dledgerfacts import IndexFiles
+from storelib.broker.settings.brokerconf import duplication_dispatches_nothing
 from storelib.errors import Finding
 from storelib.format.checkpoint import Checkpoint
 from storelib.scan.commitlog import Segment
@@ -57,6 +58,12 @@ class RecoveryInputs:
         duplicationEnable as checkDupInfo, CommitLog.java:329/715; 4.9.8 has no such check)? DLedger mode's
         own walk is not modelled with it."""
         return self.duplication_enable and self.version == "5" and not self.dledger
+
+    @property
+    def dispatches_nothing(self) -> bool:
+        """4.9.8 with duplicationEnable: neither its recovery nor its reput dispatches a record (its confirm
+        offset stays -1: :func:`duplication_dispatches_nothing`)."""
+        return duplication_dispatches_nothing(self.version, self.duplication_enable, self.dledger)
 
     @property
     def confirm_bound(self) -> int | None:
@@ -132,6 +139,9 @@ class WalkPlan:
     reput_from: int | None  # 4.9.8 normal: where reput starts (segments before the window); else None
     dispatch_after: int | None  # only records whose PHYSICALOFFSET field > this are dispatched (recovery_dispatch_after)
     findings: tuple[Finding, ...] = ()
+    # where the reput's dispatch ends when not at processOffset: 5.3.3's getReputEndOffset() is the confirm offset
+    # with duplicationEnable (DefaultMessageStore.java:2855-2857), a record reaching past it is not dispatched (:2885)
+    reput_end: int | None = None
 
     @property
     def tasks(self) -> list[SegmentTask]:
