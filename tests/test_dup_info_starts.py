@@ -11,10 +11,12 @@ import os
 
 import numpy as np
 
+from jobs.common import load_settings
 from storelib.broker.settings.brokerconf import load_broker_conf
 from storelib.broker.settings.store import Store
 from storelib.broker.startup.recoveryplan import plan_document
 from storelib.broker.startup.startup import simulate
+from storelib.fileio.bytesource import resolve
 from storelib.format.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from tests.conftest import run_cli
 
@@ -137,3 +139,52 @@ def test_5_3_3_recheck_with_duplication_waits_forever_for_a_confirm_offset_past_
         if recheck:
             assert waits[0]["extra"] == {"reput_from": 0, "waits_for": 10 * SEG}
             assert plan["dispatch"]["reput"]["to"] == P
+
+
+def _dledger_plan(root: str, version: str, dup: bool) -> dict:
+    settings = load_settings(None, version, {"duplicationEnable": str(dup).lower(), "mappedFileSizeCommitLog": SEG},
+                             resolve(root))
+    return plan_document(simulate(Store(resolve(root), settings), version), lost=False)
+
+
+def test_5_3_3_dledger_abnormal_recovery_checks_dup_info_and_keeps_dledgers_own_facts(tmp_path, capsys):
+    """dledgerRecoverAbnormally passes checkDupInfo to its record check (DLedgerCommitLog.java:319/348): without
+    DUP_INFO its walk ends at the first record (processOffset 0: the consume queues are cut there), while
+    DLedger's load and recover (data end, committed position), which read entry headers, are unchanged."""
+    root = _gen(capsys, tmp_path / "s", "5", "--dledger", "--crashed")
+    on, off = _dledger_plan(root, "5", True), _dledger_plan(root, "5", False)
+    for k in ("data_end", "last_entry_end", "committed_pos", "max_offset"):
+        assert on["dledger"][k] == off["dledger"][k], k
+    facts = [[{k: v for k, v in f.items() if not k.startswith("records_end")} for f in p["dledger"]["files"]]
+             for p in (on, off)]
+    assert facts[0] == facts[1] and on["dledger"]["files"][0]["records_end_reason"] == "dup_info"
+    assert off["dispatch"]["recovery_records"] >= 300 and on["dispatch"]["recovery_records"] == 0
+    assert (on["dledger"]["abnormal_533"]["records"], on["dledger"]["abnormal_533"]["process_offset"]) == (0, 0)
+    assert on["commitlog"]["process_offset"] == off["commitlog"]["process_offset"] > 0
+    normal = _gen(capsys, tmp_path / "n", "5", "--dledger")  # normal recovery walks no record: no check
+    assert _dledger_plan(normal, "5", True)["dledger"] == _dledger_plan(normal, "5", False)["dledger"]
+
+
+def test_5_3_3_dledger_abnormal_recovery_with_duplication_dispatches_only_below_the_committed_position(
+        tmp_path, capsys):
+    # commitLogOffset < getConfirmOffset() = DLedger's max offset, its committed position (:354-356, :175-177)
+    root = _gen(capsys, tmp_path / "s", "5", "--dledger", "--crashed", "--dup-info", "--dledger-committed-lag", "5")
+    on, off = _dledger_plan(root, "5", True), _dledger_plan(root, "5", False)
+    assert on["dledger"]["abnormal_533"]["records"] == off["dledger"]["abnormal_533"]["records"]
+    assert off["dispatch"]["recovery_records"] - on["dispatch"]["recovery_records"] == 5
+    committed = on["dledger"]["max_offset"]
+    assert {r["only_physical_offset_below"] for r in on["dispatch"]["recovery"]} == {committed}
+    assert "recovery_uncommitted_not_dispatched" in _kinds(on) and "recovery_uncommitted_not_dispatched" not in _kinds(off)
+
+
+def test_4_9_8_dledger_duplication_enable_changes_nothing(tmp_path, capsys):
+    # 4.9.8 DLedgerCommitLog.getConfirmOffset is getMaxOffset (:172-174) and its recovery checks no DUP_INFO
+    root = _gen(capsys, tmp_path / "s", "4", "--dledger", "--crashed", "--dledger-undispatched", "5")
+    on, off = _dledger_plan(root, "4", True), _dledger_plan(root, "4", False)
+    assert on["dispatch"] == off["dispatch"] and on["dispatch"]["reput_records"] > 0
+    assert on["findings"] == off["findings"]
+    out = tmp_path / "out"  # and the rebuild, which refuses 4.9.8's duplicationEnable outside DLedger mode, runs
+    rc, _, err = run_cli(capsys, "rebuild", root, "--out", out, "--broker-version", "4", "--engine", "local",
+                         "--set", "duplicationEnable=true", "--set", f"mappedFileSizeCommitLog={SEG}")
+    assert rc == 0, err
+    assert _cq_entries(out) > 0

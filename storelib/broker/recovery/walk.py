@@ -189,7 +189,8 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     scan_kw.setdefault("line", plan.inputs.line)
     # recovery reads the window with readBody=true; the reput (segments before it, a DLedger log) with false
     scan_kw.setdefault("read_body", task.crc and not plan.inputs.dledger)
-    scan_kw.setdefault("dup_info", plan.inputs.dup_info and task.crc)  # recovery's check, never the reput's
+    # recovery's check, never the reput's: a default store's window; every file of 5.3.3's DLedger abnormal walk
+    scan_kw.setdefault("dup_info", plan.inputs.dup_info and (task.crc or plan.inputs.dledger))
     seg = plan.segments[task.index]
     facts = cols = None
     if seg.dledger:  # the entry columns feed the file's DLedger facts, then are dropped if not asked for

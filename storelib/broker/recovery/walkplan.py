@@ -55,9 +55,12 @@ class RecoveryInputs:
     @property
     def dup_info(self) -> bool:
         """Does the recovery walk check DUP_INFO (5.3.3 CommitLog.recoverNormally/recoverAbnormally pass
-        duplicationEnable as checkDupInfo, CommitLog.java:329/715; 4.9.8 has no such check)? DLedger mode's
-        own walk is not modelled with it."""
-        return self.duplication_enable and self.version == "5" and not self.dledger
+        duplicationEnable as checkDupInfo, CommitLog.java:329/715; 4.9.8 has no such check)? In DLedger mode only
+        5.3.3's abnormal start-up walks records with it (dledgerRecoverAbnormally, DLedgerCommitLog.java:319/348;
+        its normal recovery walks no record, a lifetime walk is the reput's, which never checks it)."""
+        if self.dledger:
+            return self.duplication_enable and self.version == "5" and self.dledger_startup and not self.last_exit_ok
+        return self.duplication_enable and self.version == "5"
 
     @property
     def dispatches_nothing(self) -> bool:
@@ -181,7 +184,9 @@ class DispatchRange:
     ``after``: only records whose PHYSICALOFFSET field is strictly greater (5.x normal recovery), or
     None. ``by``: ``reput`` or ``recovery`` (who dispatches them; the same records either way).
     ``confirm``: only records whose PHYSICALOFFSET field + TOTALSIZE <= it (5.3.3 abnormal recovery with
-    duplicationEnable: :attr:`RecoveryInputs.confirm_bound`), or None.
+    duplicationEnable: :attr:`RecoveryInputs.confirm_bound`), or None. ``below``: only records whose
+    PHYSICALOFFSET field < it (5.3.3's DLedger abnormal recovery with duplicationEnable: ``commitLogOffset <
+    getConfirmOffset()``, DLedger's max offset, DLedgerCommitLog.java:354-356, :175-177), or None.
     """
 
     base: int
@@ -191,6 +196,7 @@ class DispatchRange:
     after: int | None
     by: str
     confirm: int | None = None
+    below: int | None = None  # only records whose PHYSICALOFFSET field < it (DLedger 5.3.3 abnormal, duplication)
 
     @property
     def phy_start(self) -> int:

@@ -185,6 +185,8 @@ def _read_ranges(store: Store, ranges: Iterable[DispatchRange], delay_levels: li
             for b in scan:
                 if d.after is not None and b.num_rows:
                     b = b.filter(pc.greater(b.column("physical_offset_field"), d.after))
+                if d.below is not None and b.num_rows:  # 5.3.3 DLedger abnormal, duplicationEnable (:354-356)
+                    b = b.filter(pc.less(b.column("physical_offset_field"), d.below))
                 if d.confirm is not None and b.num_rows:  # 5.3.3 abnormal, duplicationEnable (CommitLog.java:752)
                     end = pc.add(b.column("physical_offset_field"), b.column("size").cast(pa.int64()))
                     b = b.filter(pc.less_equal(end, d.confirm))
@@ -254,12 +256,9 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
         findings.extend(_unread_before(store, wplan))
     P = walk.process_offset
     segs = list(wplan.segments)
-    new_cp = cp
-    if walk.dledger is None and records:  # the confirm offset recovery sets: 5.3.3's reput end with duplication
-        confirm = None if window_has_record(walk) else confirm_without_record(settings, wplan, walk, cp)
-        new_cp = checkpoint_after(store, cp, version, P, segs, confirm)
+    new_cp = checkpoint_after(store, cp, version, P, segs, None if window_has_record(walk) else confirm_without_record(
+        settings, wplan, walk, cp)) if walk.dledger is None and records else cp  # 5.3.3's reput end with duplication
     dup5 = version == "5" and inputs.duplication_enable and walk.dledger is None and records
-
     t_rec = _recovery_dispatch(store, walk, segs, queues, findings, records, batch)
     reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema, walk_runner,
                                       records, batch, new_cp.confirm_phy_offset if dup5 else None)
@@ -398,9 +397,9 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
            confirm: int | None = None) -> tuple[Reput, pa.Table, RecoveryResult | None]:
     """4.9.8 reput (§8.9; 5.3.3 with recheckReputOffsetFromCq) from the queues' maxPhysicOffset after recovery
     (``batch``: with the BatchConsumeQueues'), into the queue models; (where it ran, the records dispatched, the
-    reput's walk or None). Not ``records``: where it starts and its walk (on ``walk_runner``) only.
-    ``confirm``: 5.3.3 with duplicationEnable, the confirm offset recovery set, where the reput's dispatch ends
-    (getReputEndOffset, DefaultMessageStore.java:2855-2857). 4.9.8 with duplicationEnable dispatches nothing."""
+    reput's walk or None). Not ``records``: where it starts and its walk (on ``walk_runner``) only. ``confirm``: 5.3.3
+    with duplicationEnable, the confirm offset recovery set, where the reput's dispatch ends (getReputEndOffset,
+    DefaultMessageStore.java:2855-2857). 4.9.8 with duplicationEnable dispatches nothing."""
     extra_maxes = batch.maxes() if batch is not None else []
     P = walk.process_offset
     segs = list(wplan.segments)
@@ -443,7 +442,7 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
         return reput, t_rep, reput_walk
     reput.start = reput_from  # 4.9.8, and 5.3.3's doRecheckReputOffsetFromCq (startup5x)
     end = P if confirm is None else min(P, confirm)  # 5.3.3 duplicationEnable: up to the confirm offset
-    if confirm is not None:
+    if confirm is not None:  # and the wait for the confirm offset (doRecheckReputOffsetFromCq)
         reput.end = max(reput_from, end)
         findings.extend(start_waits_forever("5", reput_from, confirm, P))
     if reput_from < end:
