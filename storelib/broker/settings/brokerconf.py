@@ -363,9 +363,9 @@ class BrokerSettings:
                              "duplicationEnable=true on 4.9.8: the broker dispatches nothing, ever (its confirm offset "
                              "stays -1: the reput stops at once and an abnormal recovery dispatches no record, "
                              "DefaultMessageStore.java:2017-2020, CommitLog.java:500-502), so the consume queues and "
-                             "index it would hold after a start on rebuilt files are empty and its start-up waits "
-                             "forever for the reput; nothing is written. Set duplicationEnable=false (or --set "
-                             "duplicationEnable=false) to rebuild what a broker without it dispatches")
+                             "index it holds after a start on rebuilt files are empty and its start-up waits forever "
+                             "for the reput; nothing is written. Set duplicationEnable=false (--set "
+                             "duplicationEnable=false) to write what a broker without it dispatches")
         key = self.cq_unreproduced_setting if "consumequeue" in what else None
         if key is not None:
             raise StoreError(None, None, "unsupported",
