@@ -315,7 +315,8 @@ def _nothing_dispatched(plan: WalkPlan, process_offset: int) -> Finding:
     return Finding("duplication_dispatches_nothing", "critical", "broker.conf", None,
                    f"duplicationEnable=true on 4.9.8: nothing in 4.9.8 sets the commitlog's confirm offset, which "
                    f"stays -1 (CommitLog.java:74), so {who}: no record up to processOffset {process_offset} gets a "
-                   "consume-queue or index entry at this start-up or ever after",
+                   "consume-queue or index entry at this start-up or ever after (rebuild refuses such settings: "
+                   "it would write empty files)",
                    {"process_offset": process_offset})
 
 

@@ -364,7 +364,8 @@ class BrokerSettings:
                              "stays -1: the reput stops at once and an abnormal recovery dispatches no record, "
                              "DefaultMessageStore.java:2017-2020, CommitLog.java:500-502), so the consume queues and "
                              "index it holds after a start on rebuilt files are empty and its start-up waits forever "
-                             "for the reput; nothing is written. Set duplicationEnable=false (--set "
+                             "for the reput; nothing is written (empty files would pass for a rebuild that lost every "
+                             "entry). Set duplicationEnable=false (--set "
                              "duplicationEnable=false) to write what a broker without it dispatches")
         key = self.cq_unreproduced_setting if "consumequeue" in what else None
         if key is not None:
