@@ -366,10 +366,11 @@ def finish_dledger(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryRe
     elif any(o.reason == "length_mismatch" and (o.size or 0) > 0 for o in outcomes.values()):
         life = reput_ranges(plan, outcomes, w.data_end, min_offset, w.last_end)[1]  # what the drift skips
     elif inp.version == "5" and not inp.last_exit_ok:
-        abn, dispatch = _abnormal_533(plan, facts, outcomes, kept, found)
+        abn, dispatch = _abnormal_533(plan, facts, outcomes, kept, found,
+                                      max_offset if inp.duplication_enable else None)
         cq_cut = abn.process_offset
     skips = tuple((segs[i].base, o.end_offset, "reput_skips_rest_of_file") for i, o in outcomes.items()
-                  if o.end_kind == "invalid" and i in kept and segs[i].base + o.end_offset < w.data_end
+                  if o.end_kind == "invalid" and o.reason != "dup_info" and i in kept and segs[i].base + o.end_offset < w.data_end
                   and o.end_offset < (facts[i].end_offset if facts[i].from_offset >= 0 else S)) + drift_skips(segs, life, S)
     failure = None
     if w.stop is not None and w.stop_file is not None:
@@ -418,9 +419,12 @@ def _bytes_after(segs: tuple[Segment, ...], at: int, S: int) -> int:
 
 
 def _abnormal_533(plan: WalkPlan, facts: list[FileFacts], outcomes: Mapping[int, SegmentOutcome], kept: list[int],
-                  found: list[Finding]) -> tuple[Abnormal533, list[DispatchRange]]:
+                  found: list[Finding], below: int | None = None) -> tuple[Abnormal533, list[DispatchRange]]:
     """dledgerRecoverAbnormally's own walk (5.3.3): the start file by isMmapFileMatchedRecover, every valid
-    record re-dispatched file by file, and its processOffset summing record sizes only (#9084)."""
+    record re-dispatched file by file, and its processOffset summing record sizes only (#9084). With
+    duplicationEnable (``below``: DLedger's max offset) the walk's record check also fails a record without a
+    well-formed DUP_INFO (checkDupInfo, DLedgerCommitLog.java:319/348: the scans' ``dup_info``) and only records
+    whose commitLogOffset < getConfirmOffset() = getMaxOffset() are dispatched (:354-356, :175-177, :151-159)."""
     inp = plan.inputs
     cp = inp.checkpoint
     if inp.message_index_enable and inp.message_index_safe:
@@ -446,7 +450,7 @@ def _abnormal_533(plan: WalkPlan, facts: list[FileFacts], outcomes: Mapping[int,
             break
         records += o.records
         if o.end_offset > 0:
-            dispatch.append(DispatchRange(seg.base, seg.name, 0, o.end_offset, None, "recovery"))
+            dispatch.append(DispatchRange(seg.base, seg.name, 0, o.end_offset, None, "recovery", below=below))
         if o.end_kind != "blank" or k + 1 >= len(kept):
             break
     seg, o = plan.segments[last], outcomes.get(last)
@@ -459,6 +463,12 @@ def _abnormal_533(plan: WalkPlan, facts: list[FileFacts], outcomes: Mapping[int,
                 found.append(Finding("dledger_533_reads_past_entry", "critical", seg.display, e,
                                      "5.3.3's abnormal recovery reads records, not entry headers: it goes on past this "
                                      "damaged header (its record is intact), which rmqstore does not replay"))
+    if below is not None and dispatch and dispatch[-1].phy_end > below:
+        found.append(Finding("recovery_uncommitted_not_dispatched", "info", plan.segments[kept[s]].display, None,
+                             "duplicationEnable: 5.3.3's DLedger abnormal recovery dispatches only records whose "
+                             f"commitLogOffset is below DLedger's max offset {below} (its committed position, "
+                             "DLedgerCommitLog.java:354-356, :175-177); the records it walks after that get no "
+                             "consume-queue or index entry at start-up", {"below": below}))
     return Abnormal533(plan.segments[kept[s]].display, why, tuple(walked), records,
                        seg.base + e - BODY_OFFSET * recs, seg.base + e, supported), dispatch
 

@@ -189,7 +189,8 @@ def iter_task(plan: WalkPlan, task: SegmentTask, source, *, delay_levels_ms: lis
     scan_kw.setdefault("line", plan.inputs.line)
     # recovery reads the window with readBody=true; the reput (segments before it, a DLedger log) with false
     scan_kw.setdefault("read_body", task.crc and not plan.inputs.dledger)
-    scan_kw.setdefault("dup_info", plan.inputs.dup_info and task.crc)  # recovery's check, never the reput's
+    # recovery's check, never the reput's: a default store's window; every file of 5.3.3's DLedger abnormal walk
+    scan_kw.setdefault("dup_info", plan.inputs.dup_info and (task.crc or plan.inputs.dledger))
     seg = plan.segments[task.index]
     facts = cols = None
     if seg.dledger:  # the entry columns feed the file's DLedger facts, then are dropped if not asked for
@@ -267,8 +268,11 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
     supported = True
     reput_outcomes: list[SegmentOutcome] = []
     dispatch: list[DispatchRange] = []
-    if n and plan.reput_from is not None:  # 4.9.8 normal: reput from reput_from to process_offset
-        path = reput_path(plan, end_of, process_offset, _reput_scan(plan))
+    if n and inp.dispatches_nothing:  # 4.9.8, duplicationEnable: confirmOffset -1, nothing is dispatched
+        found.append(_nothing_dispatched(plan, process_offset))
+    elif n and plan.reput_from is not None:  # 4.9.8 normal: reput from reput_from to process_offset
+        end = process_offset if plan.reput_end is None else min(process_offset, plan.reput_end)
+        path = reput_path(plan, end_of, end, _reput_scan(plan))
         dispatch, reput_outcomes, supported = path.dispatch, path.outcomes, path.supported
         found += path.findings
     elif n:  # recovery dispatches (5.x normal, abnormal): valid window records
@@ -298,6 +302,22 @@ def finish_walk(plan: WalkPlan, ends: Mapping[int, SegmentEnd]) -> RecoveryResul
         truncate_consume_queues=n > 0 and inp.cq_max_phy_offset >= process_offset,
         dispatch=tuple(dispatch), supported=supported, findings=tuple(found), delay_levels_quirk=quirk,
     )
+
+
+def _nothing_dispatched(plan: WalkPlan, process_offset: int) -> Finding:
+    """4.9.8 with duplicationEnable (RecoveryInputs.dispatches_nothing): what its recovery or reput would have
+    dispatched, it does not."""
+    who = ("its reput breaks before the first record (duplicationEnable and reputFromOffset >= getConfirmOffset() "
+           "= -1, DefaultMessageStore.java:2017-2020)" if plan.mode == "normal" else
+           "its abnormal recovery dispatches only records with commitLogOffset < getConfirmOffset() = -1, none "
+           "(CommitLog.java:500-502), and its reput then breaks before the first record "
+           "(DefaultMessageStore.java:2017-2020)")
+    return Finding("duplication_dispatches_nothing", "critical", "broker.conf", None,
+                   f"duplicationEnable=true on 4.9.8: nothing in 4.9.8 sets the commitlog's confirm offset, which "
+                   f"stays -1 (CommitLog.java:74), so {who}: no record up to processOffset {process_offset} gets a "
+                   "consume-queue or index entry at this start-up or ever after (rebuild refuses such settings: "
+                   "it would write empty files)",
+                   {"process_offset": process_offset})
 
 
 def _start_fails(plan: WalkPlan, failure: SegmentOutcome) -> Finding:

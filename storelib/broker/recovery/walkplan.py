@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from storelib.broker.recovery.dledgerfacts import IndexFiles
+from storelib.broker.settings.brokerconf import duplication_dispatches_nothing
 from storelib.errors import Finding
 from storelib.format.checkpoint import Checkpoint
 from storelib.scan.commitlog import Segment
@@ -54,9 +55,18 @@ class RecoveryInputs:
     @property
     def dup_info(self) -> bool:
         """Does the recovery walk check DUP_INFO (5.3.3 CommitLog.recoverNormally/recoverAbnormally pass
-        duplicationEnable as checkDupInfo, CommitLog.java:329/715; 4.9.8 has no such check)? DLedger mode's
-        own walk is not modelled with it."""
-        return self.duplication_enable and self.version == "5" and not self.dledger
+        duplicationEnable as checkDupInfo, CommitLog.java:329/715; 4.9.8 has no such check)? In DLedger mode only
+        5.3.3's abnormal start-up walks records with it (dledgerRecoverAbnormally, DLedgerCommitLog.java:319/348;
+        its normal recovery walks no record, a lifetime walk is the reput's, which never checks it)."""
+        if self.dledger:
+            return self.duplication_enable and self.version == "5" and self.dledger_startup and not self.last_exit_ok
+        return self.duplication_enable and self.version == "5"
+
+    @property
+    def dispatches_nothing(self) -> bool:
+        """4.9.8 with duplicationEnable: neither its recovery nor its reput dispatches a record (its confirm
+        offset stays -1: :func:`duplication_dispatches_nothing`)."""
+        return duplication_dispatches_nothing(self.version, self.duplication_enable, self.dledger)
 
     @property
     def confirm_bound(self) -> int | None:
@@ -132,6 +142,9 @@ class WalkPlan:
     reput_from: int | None  # 4.9.8 normal: where reput starts (segments before the window); else None
     dispatch_after: int | None  # only records whose PHYSICALOFFSET field > this are dispatched (recovery_dispatch_after)
     findings: tuple[Finding, ...] = ()
+    # where the reput's dispatch ends when not at processOffset: 5.3.3's getReputEndOffset() is the confirm offset
+    # with duplicationEnable (DefaultMessageStore.java:2855-2857), a record reaching past it is not dispatched (:2885)
+    reput_end: int | None = None
 
     @property
     def tasks(self) -> list[SegmentTask]:
@@ -171,7 +184,9 @@ class DispatchRange:
     ``after``: only records whose PHYSICALOFFSET field is strictly greater (5.x normal recovery), or
     None. ``by``: ``reput`` or ``recovery`` (who dispatches them; the same records either way).
     ``confirm``: only records whose PHYSICALOFFSET field + TOTALSIZE <= it (5.3.3 abnormal recovery with
-    duplicationEnable: :attr:`RecoveryInputs.confirm_bound`), or None.
+    duplicationEnable: :attr:`RecoveryInputs.confirm_bound`), or None. ``below``: only records whose
+    PHYSICALOFFSET field < it (5.3.3's DLedger abnormal recovery with duplicationEnable: ``commitLogOffset <
+    getConfirmOffset()``, DLedger's max offset, DLedgerCommitLog.java:354-356, :175-177), or None.
     """
 
     base: int
@@ -181,6 +196,7 @@ class DispatchRange:
     after: int | None
     by: str
     confirm: int | None = None
+    below: int | None = None  # only records whose PHYSICALOFFSET field < it (DLedger 5.3.3 abnormal, duplication)
 
     @property
     def phy_start(self) -> int:

@@ -195,6 +195,17 @@ CQ_UNREPRODUCED = {
 }
 
 
+def duplication_dispatches_nothing(version: str, duplication_enable: bool, dledger: bool) -> bool:
+    """Does this broker dispatch nothing at all? 4.9.8 with duplicationEnable outside DLedger mode: nothing in
+    4.9.8 ever sets CommitLog.confirmOffset (-1, CommitLog.java:74; setConfirmOffset :462 has no caller but
+    the plugin pass-through), so the reput breaks before its first record (``reputFromOffset >=
+    getConfirmOffset()``, DefaultMessageStore.java:2017-2020) and abnormal recovery dispatches only records
+    with ``commitLogOffset < -1`` (CommitLog.java:500-502): none. DLedger mode's getConfirmOffset is the log's
+    max offset (DLedgerCommitLog.java:172-174): there the setting changes nothing. 5.3.3 sets the confirm
+    offset in recovery (its own rules: RecoveryInputs.confirm_bound, startup5x)."""
+    return duplication_enable and str(version).startswith("4") and not dledger
+
+
 @dataclass(frozen=True)
 class BrokerSettings:
     """Store-relevant MessageStoreConfig/BrokerConfig values, raw as configured.
@@ -341,7 +352,21 @@ class BrokerSettings:
 
     def require_reproducible(self, what: Iterable[str]) -> None:
         """Refuse, before anything is written, consume queues (``"consumequeue"`` in ``what``) that would
-        not be the broker's (:attr:`cq_unreproduced`); every dispatch of ours, on every engine, asks this."""
+        not be the broker's (:attr:`cq_unreproduced`), and any consume queue or index under 4.9.8's
+        duplicationEnable, where the broker dispatches nothing (:func:`duplication_dispatches_nothing`): empty
+        files would be a rebuild that loses every entry while saying it succeeded. Every dispatch of ours, on
+        every engine, asks this."""
+        what = tuple(what)
+        if duplication_dispatches_nothing(str(self.version), bool(self.duplication_enable),
+                                          bool(self.enable_dleger_commit_log)) and set(what) & {"consumequeue", "index"}:
+            raise StoreError(self.source, None, "unsupported",
+                             "duplicationEnable=true on 4.9.8: the broker dispatches nothing, ever (its confirm offset "
+                             "stays -1: the reput stops at once and an abnormal recovery dispatches no record, "
+                             "DefaultMessageStore.java:2017-2020, CommitLog.java:500-502), so the consume queues and "
+                             "index it holds after a start on rebuilt files are empty and its start-up waits forever "
+                             "for the reput; nothing is written (empty files would pass for a rebuild that lost every "
+                             "entry). Set duplicationEnable=false (--set "
+                             "duplicationEnable=false) to write what a broker without it dispatches")
         key = self.cq_unreproduced_setting if "consumequeue" in what else None
         if key is not None:
             raise StoreError(None, None, "unsupported",

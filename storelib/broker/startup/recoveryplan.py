@@ -177,7 +177,8 @@ def _consume_queue_doc(sim: Simulation, walk: RecoveryResult) -> dict[str, Any]:
 def _range_dict(d: DispatchRange) -> dict:
     """A dispatched range in the plan."""
     return {"segment": d.name, "from": d.phy_start, "to": d.phy_end, "by": d.by,
-            "only_physical_offset_above": d.after, "only_ending_at_or_before": d.confirm}
+            "only_physical_offset_above": d.after, "only_ending_at_or_before": d.confirm,
+            "only_physical_offset_below": d.below}
 
 
 def _reput_doc(r: Reput) -> dict[str, Any]:

@@ -78,6 +78,7 @@ from storelib.broker.startup.startup5x import (
     recheck_finding,
     recheck_on,
     recheck_reput_start,
+    start_waits_forever,
     window_has_record,
 )
 from storelib.broker.timer.timerrecovery import TimerRecovery, plan_timer_recovery
@@ -184,6 +185,8 @@ def _read_ranges(store: Store, ranges: Iterable[DispatchRange], delay_levels: li
             for b in scan:
                 if d.after is not None and b.num_rows:
                     b = b.filter(pc.greater(b.column("physical_offset_field"), d.after))
+                if d.below is not None and b.num_rows:  # 5.3.3 DLedger abnormal, duplicationEnable (:354-356)
+                    b = b.filter(pc.less(b.column("physical_offset_field"), d.below))
                 if d.confirm is not None and b.num_rows:  # 5.3.3 abnormal, duplicationEnable (CommitLog.java:752)
                     end = pc.add(b.column("physical_offset_field"), b.column("size").cast(pa.int64()))
                     b = b.filter(pc.less_equal(end, d.confirm))
@@ -251,10 +254,12 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
         findings.extend(_unread_before(store, wplan))
     P = walk.process_offset
     segs = list(wplan.segments)
-
+    new_cp = checkpoint_after(store, cp, version, P, segs, None if window_has_record(walk) else confirm_without_record(
+        settings, wplan, walk, cp)) if walk.dledger is None and records else cp  # 5.3.3's reput end with duplication
+    dup5 = version == "5" and inputs.duplication_enable and walk.dledger is None and records
     t_rec = _recovery_dispatch(store, walk, segs, queues, findings, records, batch)
     reput, t_rep, reput_walk = _reput(store, version, wplan, walk, queues, findings, t_rec.schema, walk_runner,
-                                      records, batch)
+                                      records, batch, new_cp.confirm_phy_offset if dup5 else None)
     findings.extend(batch.findings() if batch is not None else [])
     unmodelled = store.cq_unmodelled() if t_rec.num_rows + t_rep.num_rows else None
     if unmodelled is not None:
@@ -272,8 +277,6 @@ def simulate(store: Store, version: str | None = None, *, complete_index: bool =
         new_cp = checkpoint_after(store, cp, "4", walk.dledger.data_end, segs) if records else cp
     else:
         lost_ranges = _lost_ranges(segs, P, reput_walk, S)
-        confirm = None if window_has_record(walk) else confirm_without_record(settings, wplan, walk, cp)
-        new_cp = checkpoint_after(store, cp, version, P, segs, confirm) if records else cp
         if version == "5" and inputs.duplication_enable and not recheck_on(settings, version):
             reput.start = reput.end = new_cp.confirm_phy_offset  # reputFrom = end (DefaultMessageStore.java:416, 2855)
     cp_bytes = checkpoint_image(store, new_cp, version) if records else None
@@ -388,11 +391,13 @@ def _recovery_dispatch(store: Store, walk: RecoveryResult, segs: list[Segment],
 
 def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
            queues: dict[tuple[str, int], QueueReplay], findings: list[Finding], schema: pa.Schema,
-           walk_runner: WalkRunner = serial_walk, records: bool = True, batch: BatchTopics | None = None
-           ) -> tuple[Reput, pa.Table, RecoveryResult | None]:
+           walk_runner: WalkRunner = serial_walk, records: bool = True, batch: BatchTopics | None = None,
+           confirm: int | None = None) -> tuple[Reput, pa.Table, RecoveryResult | None]:
     """4.9.8 reput (§8.9; 5.3.3 with recheckReputOffsetFromCq) from the queues' maxPhysicOffset after recovery
     (``batch``: with the BatchConsumeQueues'), into the queue models; (where it ran, the records dispatched, the
-    reput's walk or None). Not ``records``: where it starts and its walk (on ``walk_runner``) only."""
+    reput's walk or None). Not ``records``: where it starts and its walk (on ``walk_runner``) only. ``confirm``: 5.3.3
+    with duplicationEnable, the confirm offset recovery set, where the reput's dispatch ends (getReputEndOffset,
+    DefaultMessageStore.java:2855-2857). 4.9.8 with duplicationEnable dispatches nothing."""
     extra_maxes = batch.maxes() if batch is not None else []
     P = walk.process_offset
     segs = list(wplan.segments)
@@ -420,6 +425,10 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
         reput.start = P if version == "5" else None
         return reput, t_rep, reput_walk
     reput_from = recheck_reput_start([q.state.max_physic_offset for q in queues.values()] + extra_maxes, segs[0].base)
+    if wplan.inputs.dispatches_nothing:  # 4.9.8 duplicationEnable: the reput breaks at once, and start() waits
+        reput.start = reput.end = reput_from
+        findings.extend(start_waits_forever("4", reput_from, P, P))
+        return reput, t_rep, reput_walk
     if version == "5" and not recheck:  # DefaultMessageStore.start: from the confirm offset, the log's end
         reput.start = P
         # what recheck would re-dispatch, when records are read (an audit's damage price does not walk it)
@@ -430,8 +439,12 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
             findings.extend(never_reput(reput_from, walk.window_start, gap))
         return reput, t_rep, reput_walk
     reput.start = reput_from  # 4.9.8, and 5.3.3's doRecheckReputOffsetFromCq (startup5x)
-    if reput_from < P:
-        p2 = replace(wplan, reput_from=reput_from)
+    end = P if confirm is None else min(P, confirm)  # 5.3.3 duplicationEnable: up to the confirm offset
+    if confirm is not None:  # and the wait for the confirm offset (doRecheckReputOffsetFromCq)
+        reput.end = max(reput_from, end)
+        findings.extend(start_waits_forever("5", reput_from, confirm, P))
+    if reput_from < end:
+        p2 = replace(wplan, reput_from=reput_from, reput_end=confirm)
         reput_walk = finish_walk(p2, walk_runner(p2, delay_levels))
         rr = [d for d in reput_walk.dispatch if d.by == "reput"]
         reput.ranges = rr
@@ -439,12 +452,13 @@ def _reput(store: Store, version: str, wplan: WalkPlan, walk: RecoveryResult,
         t_rep = _read_ranges(store, rr if records else [], delay_levels)
         _cq_dispatch(queues, t_rep, store.loc, int(store.settings.mapped_file_size_consume_queue), "reput", findings,
                      batch)
-    elif reput_from > P:
+    elif reput_from > P and confirm is None:
         findings.append(Finding("reput_from_beyond_end", "warning", None, None,
                                 f"the consume queues' maxPhysicOffset {reput_from} is past processOffset {P}: "
                                 "reput dispatches nothing until the commitlog grows past it"))
     if recheck:
-        findings.append(recheck_finding(reput_from, P, reput.ranges))
+        findings.append(recheck_finding(reput_from, P if confirm is None else confirm, reput.ranges,
+                                        confirm is not None))
     return reput, t_rep, reput_walk
 
 

@@ -106,19 +106,44 @@ def recheck_on(settings: BrokerSettings, version: str) -> bool:
     return version == "5" and bool(settings.recheck_reput_offset_from_cq)
 
 
-def recheck_finding(reput_from: int, process_offset: int, ranges: list[DispatchRange]) -> Finding:
-    """What recheckReputOffsetFromCq makes this start-up's reput do (``ranges``: what it reads), said once."""
+def recheck_finding(reput_from: int, process_offset: int, ranges: list[DispatchRange], dup: bool = False) -> Finding:
+    """What recheckReputOffsetFromCq makes this start-up's reput do (``ranges``: what it reads), said once.
+    ``dup``: duplicationEnable, ``process_offset`` is then the confirm offset recovery set (the reput's end)."""
+    end = "the confirm offset" if dup else "the log's end"
     what = (f"re-dispatches the records in [{reput_from}, {process_offset}) before the broker serves (records the "
             "queues already hold are skipped by the queue writers)" if ranges else
             f"reads [{reput_from}, {process_offset}), where it finds no record to dispatch"
             if reput_from < process_offset else
             "has nothing to re-dispatch" if reput_from == process_offset else
-            f"starts past the log's end {process_offset}: it dispatches nothing until the commitlog grows past "
-            f"{reput_from}, and records appended before that are never dispatched")
+            f"starts past {end} {process_offset}: it dispatches nothing until "
+            f"{'the confirm offset' if dup else 'the commitlog'} grows past {reput_from}, and records appended "
+            "before that are never dispatched")
+    if dup:
+        what += (" (duplicationEnable: the reput ends at the confirm offset, the start of the last valid record, "
+                 "getReputEndOffset, DefaultMessageStore.java:2855-2857, 2885; that record is not dispatched)")
     return Finding("reput_rechecked_from_cq", "info", None, None,
                    f"recheckReputOffsetFromCq=true: 5.3.3 moves the reput from the confirm offset {process_offset} to "
                    f"the queues' max physical offset {reput_from} (DefaultMessageStore.doRecheckReputOffsetFromCq) and "
                    f"{what}", {"reput_from": reput_from, "process_offset": process_offset})
+
+
+def start_waits_forever(version: str, reput_from: int, target: int, process_offset: int) -> list[Finding]:
+    """The start-up's wait for the reput (``dispatchBehindBytes() <= 0``) that never ends. 4.9.8 start()
+    (DefaultMessageStore.java:284-290) waits for ``commitLog.getMaxOffset() - reputFromOffset`` (:2001-2003), its
+    ``target`` processOffset, which a reput under duplicationEnable never moves toward. 5.3.3
+    doRecheckReputOffsetFromCq (:480-487) waits for ``getConfirmOffset() - reputFromOffset`` (:2838-2840) with
+    duplicationEnable ``target`` the confirm offset, which the reput cannot reach when it lies past the log's end
+    (getData returns nothing there). (A confirm offset inside a record, which the reput stops before, is not
+    judged here.)"""
+    if reput_from >= target or (version == "5" and target <= process_offset):
+        return []
+    how = ("its reput dispatches nothing (duplicationEnable: the confirm offset stays -1)" if version == "4" else
+           f"its reput cannot read past the log's end {process_offset} (duplicationEnable: the confirm offset "
+           f"{target} kept from the checkpoint is past it)")
+    return [Finding("start_waits_for_reput", "critical", None, None,
+                    f"the broker's start-up never returns: it waits until the reput (at {reput_from}) reaches "
+                    f"{target} and {how}; it logs 'Try to finish doing reput the messages fall behind during the "
+                    "starting' every second and never serves", {"reput_from": reput_from, "waits_for": target})]
 
 
 def never_reput(reput_from: int, window_start: int, gap: list[DispatchRange]) -> list[Finding]:
