@@ -37,11 +37,13 @@ the run was triggered by the deleteWhen hour, "space" when past it but triggered
 "manual" when past it in a run triggered only by an admin request, "forced" when it was not past it
 and went because cleanImmediately (cleanFileForciblyEnable and a ratio above the forcible/warning
 level). Files of one run are ``deleteCommitLogFilesInterval`` (100 ms) apart, as the cleaner sleeps
-between them; CQ and index files deleted in the same tick carry the time the commit-log cleaner
-finished and its last reason ("startup" for the first run's catch-up when nothing was deleted). Both
-versions clean the commit log then the queues on each tick (4.9.8: one task; 5.x: two executors on the
-same schedule, differences #30). Every destroy succeeds (no reader holds a file offline), so the
-hanged-file retry never has work.
+between them. The queue cleaner (:mod:`storelib.broker.expiry.queueclean`) sleeps
+``deleteConsumeQueueFilesInterval`` (100 ms) after each queue that deleted, the index files going after the
+last sleep; its files carry the reason of the commit-log deletion whose min offset it acted on ("startup"
+for the first run's catch-up). 4.9.8 runs it in the clean task after the commit-log cleaner (its sleeps
+lengthen the run); 5.x on its own executor on the same ticks, at once with the commit-log cleaner, seeing
+the files deleted before it starts (differences #30). Every destroy succeeds (no reader holds a file
+offline), so the hanged-file retry never has work.
 
 A DLedger-mode store (``StoreSnapshot.dledger``) keeps its data files under DLedger's own cleaner
 (DLedgerMmapFileStore.CleanSpaceService, both lines over DLedger 0.3.1.2; the broker's commit-log cleaner
@@ -51,7 +53,8 @@ diskMaxUsedSpaceRatio (as a Java float), ignores the age above ``dledger.disk.ra
 least 0.50) with cleanFileForciblyEnable, at most 10 files a run 100 ms apart, never the last; an admin's
 manual delete reaches only the broker's cleaner, so it deletes nothing. Writes are refused (DISK_FULL)
 above that ratio + 0.05 (at most 0.95), set at every run, also in an hour whose deleteWhen throws. The broker's queue cleaner still runs on its own ticks and
-deletes consume-queue and index files below the first data file's start (docs/dledger.md).
+deletes consume-queue and index files below the first data file's start as it is when the run starts
+(docs/dledger.md).
 """
 
 from __future__ import annotations
@@ -163,6 +166,7 @@ class Policy:
     clean_file_forcibly_enable: bool
     clean_resource_interval: int
     delete_commit_log_files_interval: int
+    delete_consume_queue_files_interval: int
     delete_file_batch_max: int
     replicas_per_disk_partition: int
     logical_force_threshold: float
@@ -211,7 +215,8 @@ class Policy:
             disk_max_used_space_ratio=s.disk_max_used_space_ratio, warn_ratio=s.disk_space_warning_ratio,
             force_ratio=s.disk_space_force_ratio, clean_file_forcibly_enable=s.clean_file_forcibly_enable,
             clean_resource_interval=s.clean_resource_interval,
-            delete_commit_log_files_interval=s.delete_commit_log_files_interval, delete_file_batch_max=batch,
+            delete_commit_log_files_interval=s.delete_commit_log_files_interval,
+            delete_consume_queue_files_interval=s.delete_consume_queue_files_interval, delete_file_batch_max=batch,
             replicas_per_disk_partition=s.replicas_per_disk_partition,
             logical_force_threshold=0.8 if logical is None else logical, disk_capacity=disk_capacity,
             disk_other_used=disk_other_used, tz=tz, manual_deletes=tuple(sorted(manual_deletes)),
