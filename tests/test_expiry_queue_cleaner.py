@@ -92,3 +92,40 @@ def test_a_533_queue_run_during_a_long_commit_log_run_sees_the_files_deleted_so_
           if d["kind"] == "consumequeue"]
     assert cq == [(61_000, k) for k in range(10)] + [(62_000, k) for k in range(10, 21)] + \
         [(63_000, k) for k in range(21, 30)]
+
+
+@pytest.fixture
+def indexed(tmp_path):
+    """test_expiry.py's store (segments 0-3 full, the write position 18384 in segment 4) with index headers
+    that hold 3 + 3 + 2 entries over commit-log bytes 0..16384: one entry per 2048 bytes; maxIndexNum 4, so
+    the last file (indexCount 3) is full 2048 bytes on (20432) and each new one holds 3 entries, 6144 bytes."""
+    from storelib.format.indexfile import IndexHeader
+
+    root = tmp_path / "store"
+    msgs = [Msg("T", 0, T0 + (m // 4) * H + (m % 4) * MIN) for m in range(18)]
+    st = build_store(root, msgs, offsets={"T@g": {0: 0}}, index_ends=[5000, 13000, 16384])
+    for f, (begin, end, count) in zip(sorted((root / "index").iterdir()), [(0, 5000, 4), (6000, 13000, 4),
+                                                                          (14000, 16384, 3)]):
+        raw = f.read_bytes()
+        f.write_bytes(IndexHeader(T0, T0, begin, end, 4, count).to_bytes() + raw[40:])
+    return root, st
+
+
+def test_the_index_files_the_broker_creates_while_writing_are_deleted_by_the_min_offset(indexed):
+    # 10 bytes/s from 04:01:00: new index files start at 20432 (+204.8 s) and 26576 (+819.2 s); segment 4
+    # goes at the +210 s tick (M 20480 passes the old last file's end, 20432, now that a newer one exists),
+    # segment 6 at +1030 s (M 28672 passes the first new file's end, 26576; after the queue's 100-ms sleep);
+    # the second new one stays. The new file is named by its creation time (04:01:00 + 204.8 s)
+    root, st = indexed
+    st = st.with_overrides({"fileReservedTime": 0, "deleteWhen": "04"})
+    snap = load_snapshot(Store(resolve(str(root)), st))
+    t = snap.last_store_ms
+    assert snap.index_per_byte == 8 / 16384 and snap.index_last_count == 3
+    model = TimeModel(ingest_bytes_per_s=10, consumption_msgs_per_s=0, until_ms=t + 1200_000)
+    sim = CleanerSim(Policy.from_settings("p", st), snap, model)
+    assert [sim.index_bytes(t + s * 1000) for s in (204, 205, 819, 820)] == [3 * 136, 4 * 136, 4 * 136, 5 * 136]
+    res = simulate(Policy.from_settings("p", st), snap, model)
+    idx = [(d["time_ms"] - t, d["file"]) for d in res["deletions"] if d["kind"] == "index"]
+    assert idx == [(60_400, "index/20240101000000000"), (60_400, "index/20240101000000001"),
+                   (210_000, "index/20240101000000002"), (1030_100, "index/20240101040424800")]
+    assert res["summary"]["index_created"] == 2

@@ -221,7 +221,7 @@ class CleanerSim(GroupLosses, QueueCleaning):
         if self.s.cq_files:
             units = self.n0 + math.floor((max(self.W(t), self.W0) - self.W0) * self.mpb_total) - self.cq_base_sum
             cq = CQ_UNIT * max(0, units)
-        store = cl + cq + self.idx_bytes
+        store = cl + cq + self.index_bytes(t)
         return self.p.disk_other_used + store, store
 
     def phys(self, t: int) -> float:
@@ -499,6 +499,7 @@ class CleanerSim(GroupLosses, QueueCleaning):
             "commitlog_deleted": len(cl),
             "consumequeue_deleted": sum(1 for d in self.deletions if d["kind"] == "consumequeue"),
             "index_deleted": sum(1 for d in self.deletions if d["kind"] == "index"),
+            "index_created": self.index_created(self.W(self.until)),
             "by_reason": {r: sum(1 for d in cl if d["reason"] == r) for r in ("time", "space", "forced", "manual")},
             "first_deletion_ms": cl[0]["time_ms"] if cl else None,
             "lost_messages": int(self.lost_msgs.sum()), "lost_bytes": int(self.lost_bytes.sum()),

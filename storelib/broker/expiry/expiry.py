@@ -26,7 +26,8 @@ Model (all stated in the report, see :func:`simulate`):
   new minimum offset resumes there (the broker corrects OFFSET_TOO_SMALL to the min offset);
 * disk: one partition of ``disk_capacity`` bytes holding ``disk_other_used`` bytes of other data plus
   the store's written bytes (commitlog from min offset to the write position, 20 bytes per live CQ
-  unit, live index files) — block usage of sparse, mmap-written files. Without a capacity no disk
+  unit, live index files, with the ones the broker creates as it goes on writing at the observed
+  index entries per byte) — block usage of sparse, mmap-written files. Without a capacity no disk
   pressure is modelled (ratios are reported as null);
 * writes stop while the disk is marked full (above the warning ratio; DLedger: above its full ratio) and
   resume when a check finds it below the mark again (:mod:`storelib.broker.expiry.diskfull`): the report's
@@ -268,6 +269,11 @@ class StoreSnapshot:
     groups: list[tuple[str, str, int, int]]  # (group, topic, queue_id, committed offset)
     findings: list[Finding] = field(default_factory=list)
     dledger: bool = False  # a DLedger-mode store: its data files go by DLedger's cleaner
+    # the index as the simulated broker goes on writing it (storelib.broker.expiry.queueclean)
+    index_per_byte: float = 0.0  # observed index entries per commit-log byte (0: no new index files)
+    index_last_count: int = 1  # the last index file's indexCount (as loaded)
+    index_num: int = 0  # maxIndexNum: a file is full at indexCount >= maxIndexNum
+    index_file_size: int = 0  # bytes of a new index file
     log_folder: str = "commitlog"  # the segments' folder as shown (dledger-<id>/data)
 
     @property
@@ -404,7 +410,7 @@ def load_snapshot(store: Store, *, mtimes: str = "auto", tolerance_ms: int = MTI
         else:
             below[:, i] = mx
 
-    idx_files = _index_file_ends(store, findings)
+    idx_files, idx_rate, idx_count = _index_file_ends(store, findings)
 
     # consumer groups
     cfg = load_config(store.loc, "consumerOffset.json")
@@ -422,7 +428,9 @@ def load_snapshot(store: Store, *, mtimes: str = "auto", tolerance_ms: int = MTI
         q_mean_size=np.array(q_mean, np.float64),
         cq_entries_per_file=store.settings.mapped_file_size_consume_queue // CQ_UNIT, key=key, cum_size=cum,
         bounds=bounds, below=below, index_files=idx_files, cq_files=source == "consumequeue", groups=groups,
-        findings=findings, dledger=store.dledger is not None, log_folder=cl.folder)
+        findings=findings, dledger=store.dledger is not None, log_folder=cl.folder, index_per_byte=idx_rate,
+        index_last_count=idx_count, index_num=int(store.settings.max_index_num),
+        index_file_size=int(store.settings.index_file_size))
 
 
 def _segment_mtimes(cl, segs: list, all_phy: np.ndarray, bases: np.ndarray, mtimes: str, tolerance_ms: int,
@@ -465,18 +473,22 @@ def _segment_mtimes(cl, segs: list, all_phy: np.ndarray, bases: np.ndarray, mtim
     return mt, src
 
 
-def _index_file_ends(store: Store, findings: list[Finding]) -> list[tuple[str, int, int]]:
-    """(name, endPhyOffset, size) of every readable index file: what decides when the cleaner deletes it."""
+def _index_file_ends(store: Store, findings: list[Finding]) -> tuple[list[tuple[str, int, int]], float, int]:
+    """(name, endPhyOffset, size) of every readable index file: what decides when the cleaner deletes it; the
+    entries per commit-log byte they hold (indexCount - 1 each, over the bytes from the first file's
+    beginPhyOffset to the last one's endPhyOffset); the last file's indexCount."""
     from storelib.fileio.bytesource import open_source
     from storelib.format.indexfile import IndexHeader
 
     # index files
     idx_files = []
+    heads: list[IndexHeader] = []
     for ref in store.index_files(findings):
         try:
             head = open_source(ref.loc, ref.size)
             try:
-                end_phy = IndexHeader.from_bytes(bytes(head.read(0, 40)), f"index/{ref.name}").end_phy_offset
+                header = IndexHeader.from_bytes(bytes(head.read(0, 40)), f"index/{ref.name}")
+                end_phy = header.end_phy_offset
             finally:
                 head.close()
         except (StoreError, OSError) as e:
@@ -484,4 +496,10 @@ def _index_file_ends(store: Store, findings: list[Finding]) -> list[tuple[str, i
                                     f"header unreadable ({e}); the file is left out of the simulation"))
             continue
         idx_files.append((ref.name, int(end_phy), int(ref.size)))
-    return idx_files
+        heads.append(header)
+    if not heads:
+        return idx_files, 0.0, 1
+    entries = sum(h.loaded_index_count - 1 for h in heads)
+    span = heads[-1].end_phy_offset - min(h.begin_phy_offset for h in heads if h.loaded_index_count > 1) \
+        if entries else 0
+    return idx_files, (entries / span if span > 0 else 0.0), heads[-1].loaded_index_count

@@ -23,6 +23,17 @@ When it runs:
   delays the next one the same way;
 * DLedger mode (either version): the broker's commit-log cleaner deletes nothing, so the queue cleaner reads
   DLedger's min offset on the broker's clean ticks, as in 5.3.3.
+
+Index files written during the simulation: the broker indexes each message as it dispatches it
+(IndexService.buildIndex); a file is full at indexCount >= maxIndexNum (IndexFile.isWriteFull,
+IndexFile.java:105-107; indexCount starts at 1, so a file holds maxIndexNum - 1 entries) and the next key
+creates a new one (getAndCreateLastIndexFile, IndexService.java:292-330 in 4.9.8), named by its creation
+time in the JVM's zone. With the snapshot's observed entries per commit-log byte, the last file fills at a
+known write position and each new one spans (maxIndexNum - 1) / rate bytes; its endPhyOffset is taken as
+that position (the last indexed message starts just before it). IndexService.deleteExpiredFile
+(IndexService.java:90-121, the same in 5.3.3) deletes, when the first file's endPhyOffset is below M,
+the files in order whose endPhyOffset is below M, never the last one. A new file counts its whole size on
+the disk from its creation, as the existing ones do (mmap'd files).
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import math
 import numpy as np
 
 from storelib.broker.expiry.expiry import CQ_UNIT
+from storelib.format.indexdir import index_file_name
 from storelib.scan.commitlog import offset_to_file_name
 
 
@@ -59,6 +71,23 @@ class QueueCleaning:
         self.mv_t: list[float] = [-math.inf]
         self.mv_m: list[int] = [min_offset]
         self.mv_r: list[str] = ["startup"]
+        # index files created while the simulation writes: new file j >= 1 starts when the write position
+        # passes ix_fill + (j - 1) * ix_span and ends (is full) at ix_fill + j * ix_span
+        n = snap.index_num
+        self.ix_on = bool(snap.index_files) and snap.index_per_byte > 0 and n > 1 and snap.index_file_size > 0
+        self.ix_span = (n - 1) / snap.index_per_byte if self.ix_on else math.inf
+        self.ix_fill = self.W0 + max(0, n - snap.index_last_count) / snap.index_per_byte if self.ix_on else math.inf
+        self.ix_gone = 0  # new files deleted (the first ones)
+
+    def index_created(self, w: float) -> int:
+        """How many new index files the broker has created by write position w."""
+        if w <= self.ix_fill:
+            return 0
+        return int(math.ceil((w - self.ix_fill) / self.ix_span))
+
+    def index_bytes(self, t: int) -> int:
+        """Bytes of the live index files at t."""
+        return self.idx_bytes + self.s.index_file_size * (self.index_created(self.W(t)) - self.ix_gone)
 
     def _min_moved(self, t: int, m: int, reason: str) -> None:
         """The commit log's min offset became ``m`` at t (a file deleted)."""
@@ -110,14 +139,31 @@ class QueueCleaning:
                 t += max(0, self.q_interval)
             self.cq_k = new_k
             self.cq_base_sum = int((self.cq_k * self.E).sum())
+        self._clean_index(t, M, reason)
+        return t
+
+    def _clean_index(self, t: int, M: int, reason: str) -> None:
+        """IndexService.deleteExpiredFile(M) at t: the snapshot's files, then the ones created since."""
         files = self.s.index_files
-        if self.idx_first < len(files) and files[self.idx_first][1] < M:
-            while self.idx_first < len(files) - 1 and files[self.idx_first][1] < M:
-                name, _end, size = files[self.idx_first]
-                self.deletions.append({"time_ms": t, "file": "index/" + name, "kind": "index", "reason": reason})
+        made = self.index_created(self.W(t))
+        last = len(files) + made - 1  # the last file (never deleted): existing ones first, then the new
+        i = self.idx_first + self.ix_gone
+        while i < last:
+            end = files[i][1] if i < len(files) - 1 else self.ix_fill + (i - len(files) + 1) * self.ix_span
+            if not end < M:
+                break
+            if i < len(files):
+                name, size = files[i][0], files[i][2]
                 self.idx_bytes -= size
                 self.idx_first += 1
-        return t
+            else:
+                j = i - len(files) + 1  # new file j was created when the write position passed its start
+                start = self.ix_fill + (j - 1) * self.ix_span
+                name = index_file_name(int(self.clock.at_writing_ms(math.ceil((start - self.W0) * 1000.0 / self.R))),
+                                       self.zone)
+                self.ix_gone += 1
+            self.deletions.append({"time_ms": t, "file": "index/" + name, "kind": "index", "reason": reason})
+            i += 1
 
 
 __all__ = ["QueueCleaning"]
