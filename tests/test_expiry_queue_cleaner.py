@@ -129,3 +129,23 @@ def test_the_index_files_the_broker_creates_while_writing_are_deleted_by_the_min
     assert idx == [(60_400, "index/20240101000000000"), (60_400, "index/20240101000000001"),
                    (210_000, "index/20240101000000002"), (1030_100, "index/20240101040424800")]
     assert res["summary"]["index_created"] == 2
+
+
+def test_the_533_logical_ratio_counts_whole_mapped_files(tmp_path):
+    # replicasPerDiskPartition 2 on a 54000-byte disk: partitionLogicalSize 27000. The store's written bytes
+    # (18384 commit log + 360 CQ + 408 index = 19152) are 0.709 of it, but getMajorFileSize counts whole files:
+    # 5 x 4096 + 5 CQ files x 80 + 3 index files x 136 = 21288, 0.788 > 0.75: the expired segments go for
+    # space at the first tick (04:02:00), not at the 05:00 deleteWhen hour; segment 3 then waits for 05:00
+    root = tmp_path / "store"
+    msgs = [Msg("T", 0, T0 + (m // 4) * H + (m % 4) * MIN) for m in range(18)]
+    st = build_store(root, msgs, offsets={"T@g": {0: 0}}, index_ends=[5000, 13000, 18384])
+    st = dataclasses.replace(st, version="5").with_overrides(
+        {"fileReservedTime": 1, "deleteWhen": "05", "replicasPerDiskPartition": 2})
+    snap = load_snapshot(Store(resolve(str(root)), st))
+    sim = CleanerSim(Policy.from_settings("p", st, disk_capacity=54_000), snap, STATIC)
+    assert sim.major_file_size(snap.last_store_ms) == 21_288
+    res = simulate(Policy.from_settings("p", st, disk_capacity=54_000), snap, STATIC)
+    got = [(d["time_ms"] - T0, int(d["file"].rsplit("/", 1)[1]) // 4096, d["reason"]) for d in res["deletions"]
+           if d["kind"] == "commitlog"]
+    tick = 4 * H + 2 * MIN
+    assert got == [(tick, 0, "space"), (tick + 100, 1, "space"), (tick + 200, 2, "space"), (5 * H, 3, "time")]

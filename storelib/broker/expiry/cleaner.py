@@ -224,6 +224,19 @@ class CleanerSim(GroupLosses, QueueCleaning):
         store = cl + cq + self.index_bytes(t)
         return self.p.disk_other_used + store, store
 
+    def major_file_size(self, t: int) -> int:
+        """5.3.3 getMajorFileSize (DefaultMessageStore.java:557-574), which isSpaceToDelete divides by the
+        partition's total space / replicasPerDiskPartition (:2413-2415): whole mapped files, not written
+        bytes — the commit log's files times its file size (MappedFileQueue.java:888-890), every queue's CQ
+        files times theirs (ConsumeQueueStore.java:584-592; no CQ ext) and the index files times the first
+        one's size (IndexService.java:91-97)."""
+        total = self.S * (self.newest(t) - self.i0 + 1)
+        if self.s.cq_files and len(self.cq_k):
+            mx = self.max_offsets(t)
+            last_k = np.where(mx > 0, (mx - 1) // self.E, self.cq_k)  # the file holding the queue's last unit
+            total += CQ_UNIT * self.E * int(np.maximum(last_k - self.cq_k + 1, 1).sum())
+        return total + self.index_total_size(t)
+
     def phys(self, t: int) -> float:
         """The partition's used ratio at t as Java computes it (ceil to a whole percent); needs a capacity."""
         return -(-100 * self.used(t)[0] // self.p.disk_capacity) / 100
@@ -250,7 +263,9 @@ class CleanerSim(GroupLosses, QueueCleaning):
             return phys, True, True
         if p.replicas_per_disk_partition <= 1:
             return phys, phys > ratio, False
-        logical = store / (p.disk_capacity / p.replicas_per_disk_partition)
+        share = p.disk_capacity // p.replicas_per_disk_partition  # partitionLogicalSize: a long division
+        major = self.major_file_size(t)
+        logical = major / share if share else (math.inf if major else math.nan)  # Java's double division
         if logical > p.logical_force_threshold:
             return phys, True, True
         return phys, logical > ratio, False

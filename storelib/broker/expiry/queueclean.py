@@ -111,6 +111,13 @@ class QueueCleaning:
             j = max(j, int((c - self.q_T0) // self.q_P) + 1)  # the first tick after the move
         return self.q_T0 + j * self.q_P, j
 
+    def index_total_size(self, t: int) -> int:
+        """5.3.3 IndexService.getTotalSize at t: the first live file's size times the number of files."""
+        files = self.s.index_files
+        n = len(files) - self.idx_first + self.index_created(self.W(t)) - self.ix_gone
+        first = files[self.idx_first][2] if self.idx_first < len(files) else self.s.index_file_size
+        return n * first if n > 0 else 0
+
     def _queue_runs(self, upto: int) -> None:
         """Every queue-cleaner run (own schedule) that starts at or before ``upto`` and has work."""
         while (nxt := self.next_queue_run()) is not None and nxt[0] <= min(upto, self.until):
