@@ -149,3 +149,25 @@ def test_the_533_logical_ratio_counts_whole_mapped_files(tmp_path):
            if d["kind"] == "commitlog"]
     tick = 4 * H + 2 * MIN
     assert got == [(tick, 0, "space"), (tick + 100, 1, "space"), (tick + 200, 2, "space"), (5 * H, 3, "time")]
+
+
+@pytest.mark.parametrize("version,over", [
+    ("4", {"fileReservedTime": 0, "deleteWhen": "04;05", "cleanResourceInterval": 1000}),
+    ("5", {"fileReservedTime": 0, "deleteWhen": "04;05", "cleanResourceInterval": 1000}),
+    ("5", {"fileReservedTime": 1, "deleteWhen": "09", "replicasPerDiskPartition": 2, "cleanFileForciblyEnable": "false"}),
+])
+def test_the_event_jumps_match_the_literal_schedule_with_queue_sleeps_new_index_files_and_whole_files(
+        indexed, version, over):
+    # the queue cleaner's own runs, its sleeps, the index files created on the way and 5.x's logical ratio
+    # (all new here) against every tick run in turn
+    from tests.test_expiry_java_rules import _literal
+
+    root, st = indexed
+    st = dataclasses.replace(st, version=version).with_overrides(over)
+    snap = load_snapshot(Store(resolve(str(root)), st))
+    pol = Policy.from_settings("p", st, disk_capacity=60_000)
+    model = TimeModel(ingest_bytes_per_s=10, consumption_msgs_per_s=0, until_ms=snap.last_store_ms + 2 * H)
+    got, want = simulate(pol, snap, model), _literal(pol, snap, model)
+    assert got["deletions"] == want["deletions"] and got["summary"] == want["summary"]
+    assert got["write_refusals"] == want["write_refusals"]
+    assert got["summary"]["index_created"] > 1 and got["summary"]["index_deleted"] > 3
