@@ -60,12 +60,14 @@ def test_dledger_keeps_files_an_hour_longer_and_deletes_on_its_own_100ms_grid(ds
     assert cl(res) == [(at(4, 1), data(0), "time"), (at(4, 1, ms=100), data(1), "time"),
                        (at(4, 1, ms=200), data(2), "time"), (at(4, 3, 1), data(3), "time")]
     assert res["summary"]["cleaner"] == "dledger"
-    # the broker's queue cleaner follows the new min offset on its own ticks (04:02:00 + k * 10 s)
+    # the broker's queue cleaner follows the new min offset on its own ticks (04:02:00 + k * 10 s), the index
+    # files after the 100-ms sleep that follows a queue that deleted (deleteConsumeQueueFilesInterval)
     rest = [(d["time_ms"], d["file"]) for d in res["deletions"] if d["kind"] != "commitlog"]
     assert rest == [(at(4, 2), "consumequeue/T/0/00000000000000000000"),
                     (at(4, 2), "consumequeue/T/0/00000000000000000080"),
-                    (at(4, 2), "consumequeue/T/0/00000000000000000160"), (at(4, 2), "index/20240101000000000"),
-                    (at(4, 3, 10), "consumequeue/T/0/00000000000000000240"), (at(4, 3, 10), "index/20240101000000001")]
+                    (at(4, 2), "consumequeue/T/0/00000000000000000160"), (at(4, 2, ms=100), "index/20240101000000000"),
+                    (at(4, 3, 10), "consumequeue/T/0/00000000000000000240"),
+                    (at(4, 3, 10, ms=100), "index/20240101000000001")]
 
 
 def test_manual_deletes_do_nothing_in_dledger_mode(dstore):

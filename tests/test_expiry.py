@@ -132,9 +132,10 @@ def test_consume_queue_and_index_files_follow_the_new_min_offset(store):
     # after 04:03:10, M = 16384: CQ file 3 (offsets 12..15) and index file 2 (13000 < M) go; CQ file 4
     # holds the queue's last entry and stays
     t2 = at(4, 3, 10)
+    # the queue that deleted is followed by deleteConsumeQueueFilesInterval (100 ms), then the index files
     assert rest == [(t1, "consumequeue/T/0/00000000000000000000"), (t1, "consumequeue/T/0/00000000000000000080"),
-                    (t1, "consumequeue/T/0/00000000000000000160"), (t1, "index/20240101000000000"),
-                    (t2, "consumequeue/T/0/00000000000000000240"), (t2, "index/20240101000000001")]
+                    (t1, "consumequeue/T/0/00000000000000000160"), (t1 + 100, "index/20240101000000000"),
+                    (t2, "consumequeue/T/0/00000000000000000240"), (t2 + 100, "index/20240101000000001")]
 
 
 def test_lagging_group_loses_an_exact_offset_range_and_an_up_to_date_group_nothing(store):

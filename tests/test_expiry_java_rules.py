@@ -181,10 +181,10 @@ def _dledger_literal(pol, snap, model):
     sim._sample(sim.start)
     t = sim.start
     while t <= sim.until:
-        sim._queue_ticks(t)
+        sim._queue_runs(t)
         end = sim._dledger_tick(t)
         t = t + 200 if sim.table[sim.hour(t)] == HOUR_ERROR else (t if end is None else end) + 100
-    sim._queue_ticks(sim.until)
+    sim._queue_runs(sim.until)
     sim._sample(sim.until)
     return sim.result()
 

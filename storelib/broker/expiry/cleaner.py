@@ -35,6 +35,7 @@ from storelib.broker.expiry.expiry import (  # the inputs and the broker's const
     hour_table,
 )
 from storelib.broker.expiry.losses import GroupLosses
+from storelib.broker.expiry.queueclean import QueueCleaning
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.scan.commitlog import offset_to_file_name
 from storelib.units import parse_zone
@@ -43,7 +44,7 @@ from storelib.units import parse_zone
 # the simulation
 
 
-class CleanerSim(GroupLosses):
+class CleanerSim(GroupLosses, QueueCleaning):
     """One policy over one snapshot; state advanced tick by tick, jumping over idle ticks."""
 
     def __init__(self, policy: Policy, snap: StoreSnapshot, model: TimeModel):
@@ -102,14 +103,10 @@ class CleanerSim(GroupLosses):
         observed_bytes = snap.write_pos - snap.first_phy
         self.mpb = (snap.q_count / observed_bytes) if observed_bytes > 0 else np.zeros(len(snap.q_count))
         self.bound_row = {int(b): i for i, b in enumerate(snap.bounds)}
-        self.E = snap.cq_entries_per_file
-        self.cq_k = snap.q_first_cq_seg.copy()
         self.n0 = int(snap.q_max_offset.sum())
         self.mpb_total = float(self.mpb.sum())
-        self.cq_base_sum = int((self.cq_k * self.E).sum())
-        self.idx_first = 0
-        self.idx_bytes = sum(f[2] for f in snap.index_files)
-        self.last_phys_min = 0
+        q_anchor, q_period = (self.broker_T0, self.broker_P) if self.dl else (self.T0, self.P)
+        self._init_queue_cleaner(self.dl or policy.version != "4", q_anchor, q_period)
         self.i0 = 0  # first live segment
         self.manual_count = 0
         self.manual_pending = [t for t in policy.manual_deletes]
@@ -160,8 +157,6 @@ class CleanerSim(GroupLosses):
         force = f32(policy.dledger_force_ratio)
         self.dl_force = float(max(force, f32(0.5)))
         self.dl_full = float(min(f32(force + f32(0.05)), f32(0.95)))
-        self.changed_at: int | None = None  # when the data's min offset last moved (the queue cleaner follows)
-        self.last_reason: str | None = None
 
     # -- geometry over time -----------------------------------------------------------------
     def base(self, i: int) -> int:
@@ -226,8 +221,21 @@ class CleanerSim(GroupLosses):
         if self.s.cq_files:
             units = self.n0 + math.floor((max(self.W(t), self.W0) - self.W0) * self.mpb_total) - self.cq_base_sum
             cq = CQ_UNIT * max(0, units)
-        store = cl + cq + self.idx_bytes
+        store = cl + cq + self.index_bytes(t)
         return self.p.disk_other_used + store, store
+
+    def major_file_size(self, t: int) -> int:
+        """5.3.3 getMajorFileSize (DefaultMessageStore.java:557-574), which isSpaceToDelete divides by the
+        partition's total space / replicasPerDiskPartition (:2413-2415): whole mapped files, not written
+        bytes — the commit log's files times its file size (MappedFileQueue.java:888-890), every queue's CQ
+        files times theirs (ConsumeQueueStore.java:584-592; no CQ ext) and the index files times the first
+        one's size (IndexService.java:91-97)."""
+        total = self.S * (self.newest(t) - self.i0 + 1)
+        if self.s.cq_files and len(self.cq_k):
+            mx = self.max_offsets(t)
+            last_k = np.where(mx > 0, (mx - 1) // self.E, self.cq_k)  # the file holding the queue's last unit
+            total += CQ_UNIT * self.E * int(np.maximum(last_k - self.cq_k + 1, 1).sum())
+        return total + self.index_total_size(t)
 
     def phys(self, t: int) -> float:
         """The partition's used ratio at t as Java computes it (ceil to a whole percent); needs a capacity."""
@@ -255,7 +263,9 @@ class CleanerSim(GroupLosses):
             return phys, True, True
         if p.replicas_per_disk_partition <= 1:
             return phys, phys > ratio, False
-        logical = store / (p.disk_capacity / p.replicas_per_disk_partition)
+        share = p.disk_capacity // p.replicas_per_disk_partition  # partitionLogicalSize: a long division
+        major = self.major_file_size(t)
+        logical = major / share if share else (math.inf if major else math.nan)  # Java's double division
         if logical > p.logical_force_threshold:
             return phys, True, True
         return phys, logical > ratio, False
@@ -307,7 +317,7 @@ class CleanerSim(GroupLosses):
         if k > self.kmax:
             return None
         cands: list[int] = []
-        if not self.dl and (self.manual_count > 0 or self.base(self.i0) > self.last_phys_min):
+        if not self.dl and (self.manual_count > 0 or (not self.q_own and self.base(self.i0) > self.last_phys_min)):
             return k
         if self.manual_pending and not self.dl:  # DLedger: a manual delete reaches only the broker's idle cleaner
             cands.append(max(k, self.k_at(self.manual_pending[0])))
@@ -351,12 +361,16 @@ class CleanerSim(GroupLosses):
             boundary = self.dl and ke is None and self.seg_next <= self.until  # DLedger's spacing changes there
             if boundary:
                 t_ev = self.seg_next
-            changed = apply_next_change(self, now, t_ev)
+            nq = self.next_queue_run() if self.q_own else None
+            t_q = nq[0] if nq is not None and nq[0] <= min(t_ev, self.until) else None  # its own runs come first
+            changed = apply_next_change(self, now, t_ev if t_q is None else t_q)
             if changed is not None:  # writes stop or resume first: the cleaner's future changes
                 now = changed
                 continue
-            if self.dl:  # the broker's queue cleaner runs on its own ticks between DLedger's
-                self._queue_ticks(t_ev)
+            if t_q is not None:
+                self._queue_runs(t_q)
+                now = max(now, t_q)
+                continue
             if boundary:
                 self._reanchor(t_ev)
                 k, now = 0, t_ev
@@ -400,18 +414,6 @@ class CleanerSim(GroupLosses):
         self.seg_next = t + -(-(end - t) // self.P) * self.P  # the grid's first run in the other kind
         self.kmax = (min(self.until, self.seg_next - 1) - t) // self.P if self.until >= t else -1
 
-    def _queue_ticks(self, upto: int) -> None:
-        """The broker's queue cleaner (CleanConsumeQueueService) in DLedger mode: at its first tick after the
-        data's min offset moved (or its first tick at all), CQ and index files below it go."""
-        M = self.base(self.i0)
-        if M <= self.last_phys_min:
-            return
-        since = self.start if self.changed_at is None else self.changed_at
-        tb = self.broker_T0 + max(0, -(-(since - self.broker_T0) // self.broker_P)) * self.broker_P
-        if tb <= min(upto, self.until):
-            self.last_phys_min = M
-            self._clean_queues(tb, M, self.last_reason or "startup")
-
     def _dledger_tick(self, T: int) -> int | None:
         """One CleanSpaceService.doWork at T (a bad deleteWhen throws: nothing that run); the time its
         last deletion happened, or None when it deleted nothing."""
@@ -427,7 +429,6 @@ class CleanerSim(GroupLosses):
         t_last, reason = self._delete_commitlog(T, time_up, space, force)
         if len(self.deletions) == before:
             return None
-        self.changed_at, self.last_reason = t_last, reason
         self._sample(T, phys, used=pre)
         self._sample(t_last)
         return t_last
@@ -437,6 +438,8 @@ class CleanerSim(GroupLosses):
         while self.manual_pending and self.manual_pending[0] <= T:
             self.manual_pending.pop(0)
             self.manual_count = MANUAL_DELETE_RUNS
+        if self.q_own:  # 5.x: the queue cleaner's own runs up to now
+            self._queue_runs(T)
         outcome = self.table[self.hour(T)]
         moved_by: str | None = None
         t_last = T
@@ -452,14 +455,15 @@ class CleanerSim(GroupLosses):
                     self.manual_count -= 1
                 pre = self.used(T)
                 t_last, moved_by = self._delete_commitlog(T, time_up, space, clean_imm)
+        end = t_last
         M = self.base(self.i0)
-        if M > self.last_phys_min:
+        if not self.q_own and M > self.last_phys_min:  # 4.9.8: the queue cleaner in the same task, after it
             self.last_phys_min = M
-            self._clean_queues(t_last, M, moved_by or "startup")
+            end = self._clean_queues(t_last, M, moved_by or "startup")
         if len(self.deletions) > before:
             self._sample(T, phys, used=pre)
             self._sample(t_last)
-        self.busy_until = t_last
+        self.busy_until = end
 
     def _delete_commitlog(self, T: int, time_up: bool, space: bool, clean_imm: bool) -> tuple[int, str | None]:
         """MappedFileQueue.deleteExpiredFileByTime on the segment list as it is at tick T."""
@@ -478,34 +482,13 @@ class CleanerSim(GroupLosses):
                                    "kind": "commitlog", "reason": reason})
             n += 1
             self.i0 = i + 1
+            self._min_moved(now, self.base(self.i0), reason)
             if n >= self.batch:
                 break
             if self.interval > 0 and i + 1 < last:
                 now += self.interval
             i += 1
         return now, reason
-
-    def _clean_queues(self, t: int, M: int, reason: str) -> None:
-        """CleanConsumeQueueService: CQ files whose last unit is below M, then index files."""
-        if self.s.cq_files and len(self.cq_k):
-            below = self._below(M)
-            mx = self.max_offsets(t)
-            last_k = np.where(mx > 0, (mx - 1) // self.E, self.cq_k)  # CQ file holding the last entry
-            new_k = np.maximum(self.cq_k, np.minimum(last_k, below // self.E))
-            for qi in np.flatnonzero(new_k > self.cq_k):
-                d = f"consumequeue/{self.s.q_topic[qi]}/{int(self.s.q_id[qi])}/"
-                for kk in range(int(self.cq_k[qi]), int(new_k[qi])):
-                    self.deletions.append({"time_ms": t, "file": d + offset_to_file_name(kk * self.E * CQ_UNIT),
-                                           "kind": "consumequeue", "reason": reason})
-            self.cq_k = new_k
-            self.cq_base_sum = int((self.cq_k * self.E).sum())
-        files = self.s.index_files
-        if self.idx_first < len(files) and files[self.idx_first][1] < M:
-            while self.idx_first < len(files) - 1 and files[self.idx_first][1] < M:
-                name, _end, size = files[self.idx_first]
-                self.deletions.append({"time_ms": t, "file": "index/" + name, "kind": "index", "reason": reason})
-                self.idx_bytes -= size
-                self.idx_first += 1
 
     def _sample(self, t: int, phys: float | None = None, used: tuple[int, int] | None = None) -> None:
         used, store = used or self.used(t)
@@ -531,6 +514,7 @@ class CleanerSim(GroupLosses):
             "commitlog_deleted": len(cl),
             "consumequeue_deleted": sum(1 for d in self.deletions if d["kind"] == "consumequeue"),
             "index_deleted": sum(1 for d in self.deletions if d["kind"] == "index"),
+            "index_created": self.index_created(self.W(self.until)),
             "by_reason": {r: sum(1 for d in cl if d["reason"] == r) for r in ("time", "space", "forced", "manual")},
             "first_deletion_ms": cl[0]["time_ms"] if cl else None,
             "lost_messages": int(self.lost_msgs.sum()), "lost_bytes": int(self.lost_bytes.sum()),

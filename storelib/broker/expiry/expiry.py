@@ -26,7 +26,8 @@ Model (all stated in the report, see :func:`simulate`):
   new minimum offset resumes there (the broker corrects OFFSET_TOO_SMALL to the min offset);
 * disk: one partition of ``disk_capacity`` bytes holding ``disk_other_used`` bytes of other data plus
   the store's written bytes (commitlog from min offset to the write position, 20 bytes per live CQ
-  unit, live index files) — block usage of sparse, mmap-written files. Without a capacity no disk
+  unit, live index files, with the ones the broker creates as it goes on writing at the observed
+  index entries per byte) — block usage of sparse, mmap-written files. Without a capacity no disk
   pressure is modelled (ratios are reported as null);
 * writes stop while the disk is marked full (above the warning ratio; DLedger: above its full ratio) and
   resume when a check finds it below the mark again (:mod:`storelib.broker.expiry.diskfull`): the report's
@@ -37,11 +38,13 @@ the run was triggered by the deleteWhen hour, "space" when past it but triggered
 "manual" when past it in a run triggered only by an admin request, "forced" when it was not past it
 and went because cleanImmediately (cleanFileForciblyEnable and a ratio above the forcible/warning
 level). Files of one run are ``deleteCommitLogFilesInterval`` (100 ms) apart, as the cleaner sleeps
-between them; CQ and index files deleted in the same tick carry the time the commit-log cleaner
-finished and its last reason ("startup" for the first run's catch-up when nothing was deleted). Both
-versions clean the commit log then the queues on each tick (4.9.8: one task; 5.x: two executors on the
-same schedule, differences #30). Every destroy succeeds (no reader holds a file offline), so the
-hanged-file retry never has work.
+between them. The queue cleaner (:mod:`storelib.broker.expiry.queueclean`) sleeps
+``deleteConsumeQueueFilesInterval`` (100 ms) after each queue that deleted, the index files going after the
+last sleep; its files carry the reason of the commit-log deletion whose min offset it acted on ("startup"
+for the first run's catch-up). 4.9.8 runs it in the clean task after the commit-log cleaner (its sleeps
+lengthen the run); 5.x on its own executor on the same ticks, at once with the commit-log cleaner, seeing
+the files deleted before it starts (differences #30). Every destroy succeeds (no reader holds a file
+offline), so the hanged-file retry never has work.
 
 A DLedger-mode store (``StoreSnapshot.dledger``) keeps its data files under DLedger's own cleaner
 (DLedgerMmapFileStore.CleanSpaceService, both lines over DLedger 0.3.1.2; the broker's commit-log cleaner
@@ -51,7 +54,8 @@ diskMaxUsedSpaceRatio (as a Java float), ignores the age above ``dledger.disk.ra
 least 0.50) with cleanFileForciblyEnable, at most 10 files a run 100 ms apart, never the last; an admin's
 manual delete reaches only the broker's cleaner, so it deletes nothing. Writes are refused (DISK_FULL)
 above that ratio + 0.05 (at most 0.95), set at every run, also in an hour whose deleteWhen throws. The broker's queue cleaner still runs on its own ticks and
-deletes consume-queue and index files below the first data file's start (docs/dledger.md).
+deletes consume-queue and index files below the first data file's start as it is when the run starts
+(docs/dledger.md).
 """
 
 from __future__ import annotations
@@ -163,6 +167,7 @@ class Policy:
     clean_file_forcibly_enable: bool
     clean_resource_interval: int
     delete_commit_log_files_interval: int
+    delete_consume_queue_files_interval: int
     delete_file_batch_max: int
     replicas_per_disk_partition: int
     logical_force_threshold: float
@@ -211,7 +216,8 @@ class Policy:
             disk_max_used_space_ratio=s.disk_max_used_space_ratio, warn_ratio=s.disk_space_warning_ratio,
             force_ratio=s.disk_space_force_ratio, clean_file_forcibly_enable=s.clean_file_forcibly_enable,
             clean_resource_interval=s.clean_resource_interval,
-            delete_commit_log_files_interval=s.delete_commit_log_files_interval, delete_file_batch_max=batch,
+            delete_commit_log_files_interval=s.delete_commit_log_files_interval,
+            delete_consume_queue_files_interval=s.delete_consume_queue_files_interval, delete_file_batch_max=batch,
             replicas_per_disk_partition=s.replicas_per_disk_partition,
             logical_force_threshold=0.8 if logical is None else logical, disk_capacity=disk_capacity,
             disk_other_used=disk_other_used, tz=tz, manual_deletes=tuple(sorted(manual_deletes)),
@@ -263,6 +269,11 @@ class StoreSnapshot:
     groups: list[tuple[str, str, int, int]]  # (group, topic, queue_id, committed offset)
     findings: list[Finding] = field(default_factory=list)
     dledger: bool = False  # a DLedger-mode store: its data files go by DLedger's cleaner
+    # the index as the simulated broker goes on writing it (storelib.broker.expiry.queueclean)
+    index_per_byte: float = 0.0  # observed index entries per commit-log byte (0: no new index files)
+    index_last_count: int = 1  # the last index file's indexCount (as loaded)
+    index_num: int = 0  # maxIndexNum: a file is full at indexCount >= maxIndexNum
+    index_file_size: int = 0  # bytes of a new index file
     log_folder: str = "commitlog"  # the segments' folder as shown (dledger-<id>/data)
 
     @property
@@ -399,7 +410,7 @@ def load_snapshot(store: Store, *, mtimes: str = "auto", tolerance_ms: int = MTI
         else:
             below[:, i] = mx
 
-    idx_files = _index_file_ends(store, findings)
+    idx_files, idx_rate, idx_count = _index_file_ends(store, findings)
 
     # consumer groups
     cfg = load_config(store.loc, "consumerOffset.json")
@@ -417,7 +428,9 @@ def load_snapshot(store: Store, *, mtimes: str = "auto", tolerance_ms: int = MTI
         q_mean_size=np.array(q_mean, np.float64),
         cq_entries_per_file=store.settings.mapped_file_size_consume_queue // CQ_UNIT, key=key, cum_size=cum,
         bounds=bounds, below=below, index_files=idx_files, cq_files=source == "consumequeue", groups=groups,
-        findings=findings, dledger=store.dledger is not None, log_folder=cl.folder)
+        findings=findings, dledger=store.dledger is not None, log_folder=cl.folder, index_per_byte=idx_rate,
+        index_last_count=idx_count, index_num=int(store.settings.max_index_num),
+        index_file_size=int(store.settings.index_file_size))
 
 
 def _segment_mtimes(cl, segs: list, all_phy: np.ndarray, bases: np.ndarray, mtimes: str, tolerance_ms: int,
@@ -460,21 +473,25 @@ def _segment_mtimes(cl, segs: list, all_phy: np.ndarray, bases: np.ndarray, mtim
     return mt, src
 
 
-def _index_file_ends(store: Store, findings: list[Finding]) -> list[tuple[str, int, int]]:
+def _index_file_ends(store: Store, findings: list[Finding]) -> tuple[list[tuple[str, int, int]], float, int]:
     """(name, endPhyOffset, size) of every readable index file IndexService.load keeps: what decides when the
     cleaner (deleteExpiredFile, over the loaded list) deletes it; the entries the reader skips judged as the
-    load meets them (:func:`storelib.broker.settings.storeloads.broker_index_refs`)."""
+    load meets them (:func:`storelib.broker.settings.storeloads.broker_index_refs`); the entries per commit-log
+    byte they hold (indexCount - 1 each, over the bytes from the first file's beginPhyOffset to the last one's
+    endPhyOffset); the last file's indexCount."""
     from storelib.broker.settings.storeloads import broker_index_refs
     from storelib.broker.settings.strayload import version_of
     from storelib.fileio.bytesource import open_source
     from storelib.format.indexfile import IndexHeader
 
     idx_files = []
+    heads: list[IndexHeader] = []
     for ref in broker_index_refs(store.index_files(findings), findings, version_of(store.settings.version)):
         try:
             head = open_source(ref.loc, ref.size)
             try:
-                end_phy = IndexHeader.from_bytes(bytes(head.read(0, 40)), f"index/{ref.name}").end_phy_offset
+                header = IndexHeader.from_bytes(bytes(head.read(0, 40)), f"index/{ref.name}")
+                end_phy = header.end_phy_offset
             finally:
                 head.close()
         except (StoreError, OSError) as e:
@@ -482,4 +499,10 @@ def _index_file_ends(store: Store, findings: list[Finding]) -> list[tuple[str, i
                                     f"header unreadable ({e}); the file is left out of the simulation"))
             continue
         idx_files.append((ref.name, int(end_phy), int(ref.size)))
-    return idx_files
+        heads.append(header)
+    if not heads:
+        return idx_files, 0.0, 1
+    entries = sum(h.loaded_index_count - 1 for h in heads)
+    span = heads[-1].end_phy_offset - min(h.begin_phy_offset for h in heads if h.loaded_index_count > 1) \
+        if entries else 0
+    return idx_files, (entries / span if span > 0 else 0.0), heads[-1].loaded_index_count
