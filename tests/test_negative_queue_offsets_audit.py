@@ -1,0 +1,109 @@
+"""Queues whose QUEUEOFFSETs are negative, audited: the writer's slot model tells a unit at queue offset -1
+from a record it drops (NO_SLOT), and the streamed checks settle such a queue themselves (no valid unit is
+None, not -1), with the report of the whole view and of the partitioned tasks."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+
+import storelib.checks.crossfile as crossfile
+from jobs.audit import audit_store
+from jobs.cli import main
+from storelib.broker.dispatch.cqwriter import NO_SLOT
+from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.startup.cqrecovery import writer_slots_of
+from storelib.broker.writer.writer import StoreWriter
+from storelib.format.consumequeue import CQ_UNIT_SIZE
+from storelib.format.record import Message
+
+from .test_audit import _comparable
+from .test_audit_partitioned import NOW, _same
+
+SMALL = {"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 200}  # ten units a file
+FAR = -(1 << 56) // 10 * 10  # a file start far below 0
+
+
+def queue_with_offsets(root: Path, qos: list[int], version: str = "4") -> Path:
+    """Messages of queue T/0 whose QUEUEOFFSETs are patched to ``qos``, the consume queue rebuilt by
+    ``rmqstore rebuild --in-place`` (the broker's dispatch)."""
+    s = BrokerSettings.defaults(version).with_overrides(SMALL)
+    with StoreWriter(root, s, clock=lambda: 1_700_000_000_000) as w:
+        res = [w.append(Message("T", b"x" * 100, 0)) for _ in qos]
+        w.close(clean=True, dispatch=False)
+    (root / "broker.conf").write_text("".join(f"{k}={v}\n" for k, v in SMALL.items()))
+    seg = root / "commitlog" / f"{0:020d}"
+    b = bytearray(seg.read_bytes())
+    for r, q in zip(res, qos):
+        b[r.phy_offset + 20:r.phy_offset + 28] = struct.pack(">q", q)
+    seg.write_bytes(bytes(b))
+    assert main(["rebuild", str(root), "--in-place", "--broker-conf", str(root / "broker.conf"),
+                 "--broker-version", version, "--quiet"]) == 0
+    return root
+
+
+def zero_units_from(root: Path, keep: int) -> None:
+    """Every unit of T/0 after its first ``keep`` zeroed (the reput had not written them yet)."""
+    files = sorted((root / "consumequeue" / "T" / "0").iterdir(), key=lambda p: int(p.name))
+    seen = 0
+    for f in files:
+        b = bytearray(f.read_bytes())
+        for j in range(len(b) // CQ_UNIT_SIZE):
+            if seen >= keep:
+                b[j * CQ_UNIT_SIZE:(j + 1) * CQ_UNIT_SIZE] = bytes(CQ_UNIT_SIZE)
+            seen += 1
+        f.write_bytes(bytes(b))
+
+
+def streamed_and_whole(root: Path, monkeypatch) -> tuple[dict, dict]:
+    kw = {"broker_conf": str(root / "broker.conf"), "quiet": True, "now_ms": NOW, "cross": "driver"}
+    streamed = audit_store(str(root), **kw)
+    with monkeypatch.context() as m:
+        m.setattr(crossfile, "streamable", lambda store, results: False)
+        whole = audit_store(str(root), **kw)
+    return streamed, whole
+
+
+def lag(rep: dict) -> list[tuple[str, int]]:
+    return [(f["file"], f["extra"]["count"]) for f in rep["findings"] if f["kind"] == "queue_behind_commitlog"]
+
+
+def test_writer_slots_tell_a_unit_at_queue_offset_minus_1_from_a_dropped_record():
+    """A new queue whose first QUEUEOFFSET, -11, is not a file start: putMessagePositionInfo creates the file at
+    -10 (Java's remainder rounds toward 0), drops -11 as a repeat and writes -10..-2 in place and the jump to 7
+    at -1 (4.9.8 ConsumeQueue.java :478-530): the dropped one is NO_SLOT, the slid one -1."""
+    q = np.array([-11, *range(-10, -1), 7], np.int64)
+    P = 1000 * np.arange(1, len(q) + 1, dtype=np.int64)
+    none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    got = writer_slots_of(P, np.full(len(q), 90, np.int64), q, np.ones(len(q), bool), none, None, 200)
+    assert got.tolist() == [NO_SLOT, *range(-10, -1), -1]
+    assert got[0] != got[-1]  # "dropped" is no unit's queue offset
+
+
+def test_record_the_writer_puts_at_queue_offset_minus_1_lags_when_its_unit_is_not_written(tmp_path, monkeypatch):
+    """QUEUEOFFSETs -10..-2 then 7: the broker writes 7's unit at -1. With that unit not written yet the record
+    is lag (the whole view used to take its slot -1 for "dropped" and say nothing); every audit says so."""
+    root = queue_with_offsets(tmp_path / "s", [*range(-10, -1), 7])
+    zero_units_from(root, 9)
+    streamed, whole = streamed_and_whole(root, monkeypatch)
+    assert whole["run"]["cross_check_mode"].startswith("whole view")
+    assert lag(whole) == [("consumequeue/T/0", 1)]
+    assert _comparable(streamed) == _comparable(whole)
+    _same(root, monkeypatch, broker_conf=str(root / "broker.conf"))
+
+
+def test_streamed_audit_settles_negative_queue_without_a_unit_yet(tmp_path, monkeypatch):
+    """Queues of negative QUEUEOFFSETs (ending at -1, or far below 0) whose files hold no valid unit yet: the
+    streamed checks take them as all lag (they used to read "no unit" as a unit at -1, find it differs and
+    hand the store to the whole view), with the whole view's and the partitioned audit's report."""
+    for name, qos in (("minus1", list(range(-10, 0))), ("far", [FAR, FAR + 1, FAR + 2])):
+        root = queue_with_offsets(tmp_path / name, qos)
+        zero_units_from(root, 0)
+        streamed, whole = streamed_and_whole(root, monkeypatch)
+        assert streamed["run"]["cross_check_mode"] == "streamed", name
+        assert lag(streamed) == [("consumequeue/T/0", len(qos))], name
+        assert _comparable(streamed) == _comparable(whole), name
+        ref, parted = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"))
+        assert "(0 by the whole view" in parted["run"]["cross_check_mode"], name
