@@ -8,15 +8,21 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import storelib.checks.crossfile as crossfile
 from jobs.audit import audit_store
 from jobs.cli import main
 from storelib.broker.dispatch.cqwriter import NO_SLOT
+from storelib.broker.index.lookup import lookup_queue
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.cqload import LoadedQueue
+from storelib.broker.settings.store import Store
+from storelib.broker.settings.storeinfo import collect
 from storelib.broker.startup.cqrecovery import writer_slots_of
 from storelib.broker.writer.writer import StoreWriter
-from storelib.format.consumequeue import CQ_UNIT_SIZE
+from storelib.errors import StoreError
+from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, file_name
 from storelib.format.record import Message
 
 from .test_audit import _comparable
@@ -107,3 +113,45 @@ def test_streamed_audit_settles_negative_queue_without_a_unit_yet(tmp_path, monk
         assert _comparable(streamed) == _comparable(whole), name
         ref, parted = _same(root, monkeypatch, broker_conf=str(root / "broker.conf"))
         assert "(0 by the whole view" in parted["run"]["cross_check_mode"], name
+
+
+# --- several negative files: the order the broker maps them in ------------------------------------------------
+
+
+def test_audit_and_info_say_the_broker_never_serves_a_negative_file_below_the_first_one_mapped(tmp_path,
+                                                                                           monkeypatch):
+    """QUEUEOFFSETs -20..1: the rebuild writes -400, -200 and 0 (putMessagePositionInfo rolls on from -400);
+    doLoad maps -200 first, so the broker's queue (4.9.8 correctMinOffset over that file) starts at -10, a lookup
+    below it is out of range and findMappedFileByOffset finds no file below -200: the audit names -400 as
+    never served, not as a gap or overlap of the file sequence, in every mode."""
+    root = queue_with_offsets(tmp_path / "s", list(range(-20, 2)))
+    streamed, whole = streamed_and_whole(root, monkeypatch)
+    assert streamed["run"]["cross_check_mode"] == "streamed"
+    serious = [(f["kind"], f["file"].rsplit("/", 1)[-1]) for f in whole["findings"] if f["severity"] != "info"]
+    assert serious == [("negative_file_unreachable", "-00000000000000000400")]
+    assert _comparable(streamed) == _comparable(whole)
+    _same(root, monkeypatch, broker_conf=str(root / "broker.conf"))
+    store = Store(str(root), broker_conf=str(root / "broker.conf"))
+    (q0,) = [q for q in collect(store, scan=False)["queues"] if q["topic"] == "T"]
+    assert (q0["cq_min_offset"], q0["cq_max_offset"]) == (-10, 2)
+    with pytest.raises(StoreError) as e:
+        lookup_queue(store, "T", 0, -20)
+    assert e.value.kind == "offset_out_of_range"
+
+
+def test_recovery_ending_in_the_lower_negative_file_deletes_the_first_one_mapped(tmp_path):
+    """-200 full, -400 with three valid units, then 0: ConsumeQueue.recover walks the files in load order
+    (-200, -400, 0), ends at -340 and truncateDirtyFiles (4.9.8 MappedFileQueue.java:105-123) deletes every file
+    starting above it, -200 and 0 included: -400 is then the first file mapped and served, no file is out of
+    reach and the sequence (by offset) has no gap."""
+    d = tmp_path / "q"
+    d.mkdir()
+    units = np.zeros(10, CQ_DTYPE)
+    for base, valid in ((-400, 3), (-200, 10), (0, 10)):
+        units["phy_offset"], units["size"] = 1000 + base + np.arange(10), np.where(np.arange(10) < valid, 50, 0)
+        (d / file_name(base)).write_bytes(units.tobytes())
+    cq = LoadedQueue(d, segment_size=200)
+    assert cq.recover().end == -340
+    gone = [f.file.rsplit("/", 1)[-1] for f in cq.findings if f.kind == "segment_after_end"]
+    assert gone == [file_name(-200), file_name(0)]
+    assert [f.kind for f in cq.findings if f.severity == "error"] == []
