@@ -19,10 +19,10 @@ from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue
 from storelib.broker.settings.store import Store
 from storelib.broker.settings.storeinfo import collect
-from storelib.broker.startup.cqrecovery import writer_slots_of
+from storelib.broker.startup.cqrecovery import QueueReplay, writer_slots_of
 from storelib.broker.writer.writer import StoreWriter
 from storelib.errors import StoreError
-from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, file_name
+from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, as_location, file_name
 from storelib.format.record import Message
 
 from .test_audit import _comparable
@@ -155,3 +155,27 @@ def test_recovery_ending_in_the_lower_negative_file_deletes_the_first_one_mapped
     gone = [f.file.rsplit("/", 1)[-1] for f in cq.findings if f.kind == "segment_after_end"]
     assert gone == [file_name(-200), file_name(0)]
     assert [f.kind for f in cq.findings if f.severity == "error"] == []
+
+
+def _negative_files(root: Path, bases: tuple[int, ...]) -> LoadedQueue:
+    """Full files of T/0 at ``bases`` (units pointing at 1000 + their queue offset), in a store at ``root``."""
+    d = root / "consumequeue" / "T" / "0"
+    d.mkdir(parents=True)
+    units = np.zeros(10, CQ_DTYPE)
+    for base in bases:
+        units["phy_offset"], units["size"] = 1000 + base // CQ_UNIT_SIZE + np.arange(10), 1
+        (d / file_name(base)).write_bytes(units.tobytes())
+    return LoadedQueue(d, segment_size=200)
+
+
+def test_start_up_replay_takes_first_and_last_mapped_file_in_load_order(tmp_path):
+    """recover --plan's queue model keeps the broker's mappedFiles list order: correctMinOffset reads the first
+    file of the list (4.9.8 ConsumeQueue.java:343-344: -200, not -400), truncateDirtyLogicFiles the last
+    (:228-235: -400 when no file 0 follows), so the min is -10 and a truncation that keeps every unit ends the
+    queue at -400's end, -10 (getMaxOffset: the last file's start + its write position)."""
+    loc = as_location(str(tmp_path / "a"))
+    replay = QueueReplay("T", 0, loc, 200, _negative_files(tmp_path / "a", (-400, -200, 0)))
+    assert replay.finish(0).final_min_offset == -10
+    replay = QueueReplay("T", 0, as_location(str(tmp_path / "b")), 200, _negative_files(tmp_path / "b", (-400, -200)))
+    replay.truncate(1 << 40)
+    assert replay.max_offset() == -10

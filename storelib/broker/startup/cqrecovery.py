@@ -110,7 +110,8 @@ class QueueReplay:
                  if i.type == pafs.FileType.File}
         for name, b in list_segment_names(list(files)):
             self.disk[b] = files[name]
-        self.model: dict[int, _Seg] = {}
+        self.model: dict[int, _Seg] = {}  # the broker's mappedFiles list, in its order (several negative files
+        # load nearest-zero first, new files go last): its first and last are getFirst/LastMappedFile's
         if cq is not None:
             rec = cq.recover()
             for seg, _ in rec.segments:
@@ -152,7 +153,7 @@ class QueueReplay:
         state = QueueState(max_physic_offset=P)
         deleted: list[str] = []
         while self.model:
-            last = max(self.model)
+            last = next(reversed(self.model))  # getLastMappedFile, deleteLastMappedFile: the list's last
             u = self.model[last].units(S)
             if int(u["phy_offset"][0]) >= P:
                 del self.model[last]
@@ -193,7 +194,7 @@ class QueueReplay:
             u = last.units(self.S)[self.state.write_pos // CQ_UNIT_SIZE - 1] if last is not None else None
             if u is not None and int(u["phy_offset"]) < commitlog_min:
                 return self.max_offset()
-        first = min(self.model)
+        first = next(iter(self.model))  # correctMinOffset's getFirstMappedFile: the list's first
         end = self.S if first != self.state.last_base else self.state.write_pos
         u = self.model[first].units(self.S)[: end // CQ_UNIT_SIZE]
         hit = first_unit_from(u, first, commitlog_min)
