@@ -132,8 +132,10 @@ def test_audit_and_info_say_the_broker_never_serves_a_negative_file_below_the_fi
     assert _comparable(streamed) == _comparable(whole)
     _same(root, monkeypatch, broker_conf=str(root / "broker.conf"))
     store = Store(str(root), broker_conf=str(root / "broker.conf"))
-    (q0,) = [q for q in collect(store, scan=False)["queues"] if q["topic"] == "T"]
+    info = collect(store, scan=False)
+    (q0,) = [q for q in info["queues"] if q["topic"] == "T"]
     assert (q0["cq_min_offset"], q0["cq_max_offset"]) == (-10, 2)
+    assert [f["kind"] for f in info["findings"] if f["severity"] == "error"] == ["negative_file_unreachable"]
     with pytest.raises(StoreError) as e:
         lookup_queue(store, "T", 0, -20)
     assert e.value.kind == "offset_out_of_range"
