@@ -21,6 +21,7 @@ from storelib.broker.settings.store import Store
 from storelib.broker.settings.storeinfo import collect
 from storelib.broker.startup.cqrecovery import QueueReplay, writer_slots_of
 from storelib.broker.writer.writer import StoreWriter
+from storelib.checks.queuestream import load_queue_meta, queue_meta_snapshot
 from storelib.errors import StoreError
 from storelib.format.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, as_location, file_name
 from storelib.format.record import Message
@@ -181,3 +182,16 @@ def test_start_up_replay_takes_first_and_last_mapped_file_in_load_order(tmp_path
     replay = QueueReplay("T", 0, as_location(str(tmp_path / "b")), 200, _negative_files(tmp_path / "b", (-400, -200)))
     replay.truncate(1 << 40)
     assert replay.max_offset() == -10
+
+
+def test_negative_queue_summary_is_carried_to_the_next_incremental_run(tmp_path):
+    """A queue whose last valid unit is at -1 (or further below 0) has one: its summary goes into the state, so
+    ``audit --since`` does not read its units again (a last valid -1 used to read as "none": not carried)."""
+    for name, qos in (("minus1", list(range(-10, 0))), ("far", [FAR, FAR + 1, FAR + 2])):
+        root = queue_with_offsets(tmp_path / name, qos)
+        meta = load_queue_meta(as_location(str(root)), BrokerSettings.defaults("4").with_overrides(SMALL), 0)
+        try:
+            snap = queue_meta_snapshot(meta)
+        finally:
+            meta.close()
+        assert snap["0/T"]["units"]["last_valid"] == qos[-1], name
