@@ -451,7 +451,7 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
     gone = np.flatnonzero(ok & log.in_lost(uphy))  # records lost since: their units' slots stay theirs
     lost = (uphy[gone], n[gone])
     slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped, lost, start, segment_size)
-    missing = ~has_unit & ~skipped & (slot != NO_SLOT)  # no unit: missing when a later record of the queue has its slot
+    missing = ~has_unit & ~skipped & (slot != NO_SLOT)  # no unit: missing when a later record has its slot
     c = np.flatnonzero(missing)
     if len(c):
         ui = np.minimum(np.searchsorted(n, slot[c]), len(n) - 1)
@@ -507,8 +507,9 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
     if fact is not None and tcode >= 0:
         recs = log.queue_rows[(topic, qid)]  # dispatchable records of the queue, commitlog order
         qo = log.qoff[recs] if slots is None else slots.slot
-        last_n = int(n[last_valid]) if last_valid >= 0 else NO_SLOT  # NO_SLOT (a record the writer drops): never
-        beyond = recs[qo > last_n]  # beyond; with no valid unit every other record is
+        # no valid unit: every record is beyond it but those the writer drops (NO_SLOT, never above it)
+        last_n = int(n[last_valid]) if last_valid >= 0 else NO_SLOT
+        beyond = recs[qo > last_n]
         if len(beyond):
             after = log.phy[beyond] >= reput_from
             lag = len(beyond)

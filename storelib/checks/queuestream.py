@@ -461,7 +461,8 @@ class QueueStream:
             if t is not None and t.lag:
                 out.add(lag_finding(topic, qid, t.lag, t.lag_bytes, t.lag_first, self.reput_from, t.never))
             stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": m.cq_min, "max_offset": m.cq_max,
-                                   "raw_max_offset": m.cq_max if m.units.last_valid is None else m.units.last_valid + 1,
+                                   "raw_max_offset": m.cq_max if m.units.last_valid is None
+                                   else m.units.last_valid + 1,
                                    "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                    "messages": fact["messages"] if fact else 0,
                                    "lag": t.lag if t else 0, "lag_bytes": t.lag_bytes if t else 0}

@@ -34,8 +34,8 @@ from storelib.format.javahash import jrem, wrap64
 from storelib.format.record import gets_cq_unit
 from storelib.format.topicname import unsafe_reason
 
-# the broker's CQ writer. NO_SLOT: "no unit" for a record it drops; no unit has it (a unit's queue offset is
-NO_SLOT = np.iinfo(np.int64).min  # its Java long byte offset / 20), while -1 is one once QUEUEOFFSETs go negative
+# the broker's CQ writer; NO_SLOT: the slot of a record it drops (no unit has it; -1 can be a unit's)
+NO_SLOT = np.iinfo(np.int64).min
 
 
 @dataclass(frozen=True)

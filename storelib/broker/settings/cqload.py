@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -61,11 +62,11 @@ class LoadedQueue(ConsumeQueue):
 
     _recovery: CQRecovery | None = None
 
-    def __init__(self, loc: Location | str | os.PathLike, **kw) -> None:
+    def __init__(self, loc: Location | str | os.PathLike, **kw: Any) -> None:
         """:class:`ConsumeQueue`'s files (same arguments), and the negative files the broker never serves."""
         super().__init__(loc, **kw)
         segs = self.segments
-        if any(s.base < segs[0].base for s in segs[1:]):  # several negative files: doLoad maps them nearest 0 first
+        if any(s.base < segs[0].base for s in segs[1:]):  # negative files: doLoad maps them nearest 0 first
             end = self._recovery_end()[0]
             kept = [s for s in segs if s.base <= end]  # truncateDirtyFiles deletes the files that start past it
             for s in kept[1:]:

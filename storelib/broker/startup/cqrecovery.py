@@ -292,8 +292,8 @@ def writer_slots_of(P: np.ndarray, Z: np.ndarray, N: np.ndarray, take: np.ndarra
                     lost: tuple[np.ndarray, np.ndarray], anchor: int | None,
                     segment_size: int | None = None) -> np.ndarray:
     """The queue offset of the unit the broker's CQ writer (putMessagePositionInfo) gives each of one queue's
-    records (PHYSICALOFFSET fields ``P``, sizes ``Z``, QUEUEOFFSETs ``N``, in commitlog order; NO_SLOT: none) when
-    it gets those in ``take`` and, in physical order among them, the ``lost`` records (fields, QUEUEOFFSETs)
+    records (PHYSICALOFFSET fields ``P``, sizes ``Z``, QUEUEOFFSETs ``N``, in commitlog order; NO_SLOT: none)
+    when it gets those in ``take`` and, in physical order among them, the ``lost`` records (fields, QUEUEOFFSETs)
     whose units are all that is left of them; the queue's write position at ``anchor`` (a queue that already
     exists: no first-file fillers; None: the queue is new and its first record creates it, as a negative
     QUEUEOFFSET does at a negative offset in files of ``segment_size`` (default: the broker's):
