@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storelib.broker.dispatch.cqwriter import (
+    NO_SLOT,
     QueueState,
     build_consume_queues,
     write_consume_queues,
@@ -338,7 +339,7 @@ def test_gap_in_queue_offsets_slides_later_entries_down(tmp_path):
 def test_duplicate_physical_end_is_skipped_without_writing(tmp_path):
     rows = [(0, 10, 1, 0), (10, 10, 2, 1), (5, 15, 9, 2), (2, 3, 9, 2), (20, 10, 3, 2)]
     img = build_and_write(rows, 2000, tmp_path)
-    assert img.slots.tolist() == [0, 1, -1, -1, 2]
+    assert img.slots.tolist() == [0, 1, NO_SLOT, NO_SLOT, 2]
     assert img.skipped_duplicates == 2
     assert img.state.max_physic_offset == 30
 
@@ -346,7 +347,7 @@ def test_duplicate_physical_end_is_skipped_without_writing(tmp_path):
 def test_queue_offset_behind_write_position_is_dropped_as_repeat(tmp_path):
     rows = [(0, 10, 1, 0), (10, 10, 2, 1), (20, 10, 3, 2), (30, 10, 4, 1), (40, 10, 5, 3)]
     img = build_and_write(rows, 2000, tmp_path)
-    assert img.slots.tolist() == [0, 1, 2, -1, 3]
+    assert img.slots.tolist() == [0, 1, 2, NO_SLOT, 3]
     assert img.skipped_repeats == 1
     assert img.state.max_physic_offset == 50  # the dropped repeat did not move maxPhysicOffset
 
@@ -361,7 +362,7 @@ def test_offset_zero_is_appended_at_current_position_of_non_empty_queue(tmp_path
 def test_offset_zero_after_fillers_is_written_without_order_check(tmp_path):
     rows = [(0, 10, 1, 3), (10, 10, 2, 0), (20, 10, 3, 2)]
     img = build_and_write(rows, 2000, tmp_path)
-    assert img.slots.tolist() == [3, 4, -1]  # n=2 expects slot 2 < current 5 → repeat
+    assert img.slots.tolist() == [3, 4, NO_SLOT]  # n=2 expects slot 2 < current 5 → repeat
     data = (tmp_path / "00000000000000000000").read_bytes()
     assert data[:60] == FILLER_BYTES * 3 and data[60:100] == unit(0, 10, 1) + unit(10, 10, 2)
 

@@ -374,10 +374,11 @@ def test_a_queue_offset_whose_unit_offset_wraps_is_placed_where_the_broker_puts_
     """putMessagePositionInfo compares QUEUEOFFSET * 20 as a Java long: an offset 2^62 away from the write
     position's wraps onto it (no repeat), one just past +2^62 wraps below it (a repeat). The audit's model
     (writer_slots_of) gives what the rebuild's machine gives."""
+    from storelib.broker.dispatch.cqwriter import NO_SLOT
     from storelib.broker.startup.cqrecovery import _machine_slots, writer_slots_of
 
     none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    for q, anchor, want in (([0, 1, 2 - (1 << 62)], 0, [0, 1, 2]), ([5, (1 << 62) + 1, 6], 5, [5, -1, 6])):
+    for q, anchor, want in (([0, 1, 2 - (1 << 62)], 0, [0, 1, 2]), ([5, (1 << 62) + 1, 6], 5, [5, NO_SLOT, 6])):
         q = np.array(q, np.int64)
         P, Z = 1000 * np.arange(1, len(q) + 1, dtype=np.int64), np.full(len(q), 90, np.int64)
         assert _machine_slots(P, Z, q, anchor).tolist() == want

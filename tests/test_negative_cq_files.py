@@ -16,13 +16,14 @@ from jobs.audit import audit_store
 from jobs.cli import main
 from storelib.broker.index.lookup import lookup_queue
 from storelib.broker.settings.brokerconf import BrokerSettings
+from storelib.broker.settings.cqload import LoadedQueue
 from storelib.broker.settings.store import Store
 from storelib.broker.settings.storeinfo import collect
 from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED, judge_queue
 from storelib.broker.writer.writer import StoreWriter
 from storelib.errors import StoreError
 from storelib.format import consumequeue as cqfile
-from storelib.format.consumequeue import ConsumeQueue, parse_file_name
+from storelib.format.consumequeue import parse_file_name
 from storelib.format.record import Message
 
 from .test_audit_partitioned import NOW, _same
@@ -122,11 +123,12 @@ def test_listing_follows_doload_name_order_negative_names_first_nearest_zero_fir
                                          ("00000000000000000000", 0), ("00000000000000000200", 200)]
 
 
-def test_queue_reads_negative_files_in_load_order_and_names_the_broken_sequence(tmp_path):
+def test_queue_reads_negative_files_in_load_order_and_names_the_unreachable_one(tmp_path):
     """Two negative files (a queue that filled its first one): the broker maps them nearest-zero first, so
-    its file sequence breaks (checkSelf's damage); the reader keeps that order, says so, and still finds every
-    unit by offset. A right-sized file with another name Long.parseLong takes stays the stray the broker maps
-    beyond this model; one it cannot parse fails the load."""
+    the lower one lies below the first mapped file, where findMappedFileByOffset finds nothing; the reader keeps
+    that order, names that file (no gap nor overlap: by offset the files run on), and still finds every unit by
+    offset. A right-sized file with another name Long.parseLong takes stays the stray the broker maps beyond
+    this model; one it cannot parse fails the load."""
     d = tmp_path / "q"
     d.mkdir()
     units = np.zeros(10, [("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
@@ -136,12 +138,13 @@ def test_queue_reads_negative_files_in_load_order_and_names_the_broken_sequence(
         (d / (f"{base:020d}" if base >= 0 else f"-{-base:020d}")).write_bytes(units.tobytes())
     for stray in ("+00000000000000000200", "-00000000000000000000", "-09223372036854775809"):
         (d / stray).write_bytes(units.tobytes())
-    cq = ConsumeQueue(d, segment_size=200)
+    cq = LoadedQueue(d, segment_size=200)
     assert [s.base for s in cq.segments] == [-200, -400, 0]
     assert [s.base for s in cq.by_offset()] == [-400, -200, 0]
     assert cq.entry(-20)[0] == 1000 - 400 and cq.entry(-1)[0] == 1009 - 200 and cq.entry(0)[0] == 1000
     assert [(first, len(u)) for first, u in cq.entries()] == [(-20, 10), (-10, 10), (0, 10)]
-    assert any(f.kind == "segment_overlap" and f.file.endswith("-00000000000000000400") for f in cq.findings)
+    assert [(f.kind, f.file.rsplit("/", 1)[-1]) for f in cq.findings if f.severity == "error"] == [
+        ("negative_file_unreachable", "-00000000000000000400")]
     judge_queue(cq, "4")
     strays = {f.file.rsplit("/", 1)[-1]: f.kind for f in cq.findings if f.kind in (LOAD_FAILS, STRAY_LOADED)}
     assert strays == {"+00000000000000000200": STRAY_LOADED, "-00000000000000000000": STRAY_LOADED,

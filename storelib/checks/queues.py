@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from storelib.broker.dispatch.cqwriter import NO_SLOT
 from storelib.broker.recovery.reputpath import SKIP_WHY, reput_skipped_at, reput_skips_rest, stopping_gaps
 from storelib.broker.recovery.walkplan import recovery_dispatch_after
 from storelib.broker.settings.brokerconf import BrokerSettings
@@ -421,7 +422,7 @@ class WriterSlots:
     a record it cannot decode (``skipped``), and a 5.3.3 normal start never dispatches the record starting at
     the queues' max physical offset (``missing``, as any record with no unit whose slot a later record holds).
     ``slot``: per record of ``recs`` (the queue's dispatchable rows, commitlog order) its unit's queue offset,
-    -1 for none."""
+    NO_SLOT for none (-1 is a unit's once QUEUEOFFSETs go negative)."""
 
     recs: np.ndarray
     slot: np.ndarray
@@ -464,7 +465,7 @@ def writer_slots(log: LogView, recs: np.ndarray | None, n: np.ndarray, u: np.nda
     gone = np.flatnonzero(ok & log.in_lost(uphy))  # records lost since: their units' slots stay theirs
     lost = (uphy[gone], n[gone])
     slot = writer_slots_of(log.field[recs], log.size[recs], qo, ~skipped, lost, start, segment_size)
-    missing = ~has_unit & ~skipped & (slot >= 0)  # no unit: missing when a later record of the queue has its slot
+    missing = ~has_unit & ~skipped & (slot != NO_SLOT)  # no unit: missing when a later record has its slot
     c = np.flatnonzero(missing)
     if len(c):
         ui = np.minimum(np.searchsorted(n, slot[c]), len(n) - 1)
@@ -481,11 +482,10 @@ def reput_master(settings: BrokerSettings | None) -> bool:
 
 def _slot_text(slots: WriterSlots | None, row: int) -> str:
     """Where the broker's writer puts the record of ``row`` when that is not its QUEUEOFFSET."""
-    if slots is None:
+    if slots is None or not is_member(np.array([row]), slots.recs)[0]:
         return ""
-    s = int(slots.of_rows(np.array([row]), np.array([-2]))[0])
-    return "" if s == -2 else " (the broker's writer gives it no unit)" if s < 0 else \
-        f" (the broker's writer puts it at {s})"
+    s = int(slots.of_rows(np.array([row]), np.array([NO_SLOT]))[0])
+    return " (the broker's writer gives it no unit)" if s == NO_SLOT else f" (the broker's writer puts it at {s})"
 
 
 def _unwritten_findings(log: LogView, out: Capped, topic: str, qid: int, slots: WriterSlots) -> None:
@@ -521,8 +521,9 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
     if fact is not None and tcode >= 0:
         recs = log.queue_rows[(topic, qid)]  # dispatchable records of the queue, commitlog order
         qo = log.qoff[recs] if slots is None else slots.slot
-        last_n = int(n[last_valid]) if last_valid >= 0 else -1
-        beyond = recs[(qo > last_n) if slots is None else (qo > last_n) & (qo != -1)]  # -1: the writer drops it
+        # no valid unit: every record is beyond it but those the writer drops (NO_SLOT, never above it)
+        last_n = int(n[last_valid]) if last_valid >= 0 else NO_SLOT
+        beyond = recs[qo > last_n]
         if len(beyond):
             after = log.phy[beyond] >= reput_from
             lag = len(beyond)
@@ -541,7 +542,7 @@ def _message_side(log: LogView, out: Capped, topic: str, qid: int, n: np.ndarray
             _unwritten_findings(log, out, topic, qid, slots)
         first_n = int(n[0]) if len(n) else None
         if first_n is not None:
-            before = recs[(qo < first_n) & (log.phy[recs] >= log.log_min) & ((qo >= 0) | (slots is None))]
+            before = recs[(qo < first_n) & (log.phy[recs] >= log.log_min) & ((qo != NO_SLOT) | (slots is None))]
             if len(before):
                 out.add(Finding("cq_file_missing", "error", f"consumequeue/{topic}/{qid}", None,
                                 f"{len(before)} messages with queue offsets below {first_n} are in the commitlog but "

@@ -45,7 +45,8 @@ class UnitStats:
     """A queue's units summarised as they are read in order (a file's units at a time)."""
 
     first_n: int | None = None  # queue offset of its first unit (None: no unit)
-    last_valid: int = -1  # queue offset of its last valid unit (-1: none)
+    last_valid: int | None = None  # queue offset of its last valid unit (None: none; a negative QUEUEOFFSET
+    # starts a queue below 0, so any int may be one: ConsumeQueue.putMessagePositionInfo, 4.9.8 :478-530)
     holes: int = 0  # invalid units before the last valid one
     pending: int = 0  # invalid units after the last valid one so far
     checked: int = 0  # valid units that are not fillers (what the checks compare)
@@ -179,7 +180,7 @@ def queue_meta_snapshot(meta: QueueMetaLoad) -> dict[str, dict]:
     out = {}
     for (topic, qid), m in meta.queues.items():
         u = m.units
-        if u.first_n is None or u.last_valid < 0 or u.holes:
+        if u.first_n is None or u.last_valid is None or u.holes:
             continue
         out[_queue_key(topic, qid)] = {"units": {**asdict(u), "pending": 0}, "cq_min": m.cq_min,
                                        "fp": _units_fingerprint(m.cq, u.first_n, u.last_valid),
@@ -315,7 +316,8 @@ class QueueStream:
         q0 = int(qq[0])
         if m.units.first_n is not None and q0 < m.units.first_n:
             raise Unsettled("records below a queue's first unit")
-        k = int(np.searchsorted(qq, m.units.last_valid, side="right"))  # records that have a unit
+        last = m.units.last_valid
+        k = 0 if last is None else int(np.searchsorted(qq, last, side="right"))  # records that have a unit
         if k:
             u = _read_units(m.cq, q0, int(qq[k - 1]) - q0 + 1)
             touched.append(m.cq)
@@ -467,7 +469,8 @@ class QueueStream:
                 out.add(lag_finding(topic, qid, t.lag, t.lag_bytes, t.lag_first, self.reput_from,
                                     t.never if skips else None))
             stats[(topic, qid)] = {"topic": topic, "queue_id": qid, "min_offset": m.cq_min, "max_offset": m.cq_max,
-                                   "raw_max_offset": m.units.last_valid + 1 if m.units.last_valid >= 0 else m.cq_max,
+                                   "raw_max_offset": m.cq_max if m.units.last_valid is None
+                                   else m.units.last_valid + 1,
                                    "cl_max_offset": fact["cl_max_offset"] if fact else None,
                                    "messages": fact["messages"] if fact else 0,
                                    "lag": t.lag if t else 0, "lag_bytes": t.lag_bytes if t else 0}

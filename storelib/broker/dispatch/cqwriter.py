@@ -34,8 +34,8 @@ from storelib.format.javahash import jrem, wrap64
 from storelib.format.record import gets_cq_unit
 from storelib.format.topicname import unsafe_reason
 
-# ---------------------------------------------------------------------------------------------
-# the broker's CQ writer
+# the broker's CQ writer; NO_SLOT: the slot of a record it drops (no unit has it; -1 can be a unit's)
+NO_SLOT = np.iinfo(np.int64).min
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class QueueImage:
     included); ``segment_bases`` the segments created or written (a created segment may stay empty);
     ``prefix`` the existing file whose bytes precede ``start`` in the first of them (continuation).
     ``rows`` are the input row numbers of this queue in dispatch order and ``slots`` the logical offset
-    each was written at (-1: skipped as duplicate or repeat). ``state`` continues a later build.
+    each was written at (:data:`NO_SLOT`: skipped as duplicate or repeat). ``state`` continues a later build.
     """
 
     topic: str
@@ -157,7 +157,7 @@ class _Machine:
         end = wrap64(p + z)
         if end <= self.max_phy:
             self.dups += 1
-            return -1
+            return NO_SLOT
         expect = wrap64(n * CQ_UNIT_SIZE)
         S = self.S
         if self.last_base is None:
@@ -173,7 +173,7 @@ class _Machine:
             cur = self.last_base + self.wpos
             if expect < cur:
                 self.repeats += 1
-                return -1
+                return NO_SLOT
             if expect != cur:
                 self.slides += 1
         self.max_phy = end
@@ -184,13 +184,13 @@ class _Machine:
 
 
 def slide_slots(q: np.ndarray, cur: int) -> np.ndarray:
-    """The slots (-1: none) :class:`_Machine` gives records with QUEUEOFFSETs ``q`` that each end past the
-    one before (no duplicate), the write position at slot ``cur`` (no first-file fillers), in numpy: each
-    goes to the write position (a slide when its offset differs), unless its offset is not 0 and its unit's
-    offset, a Java long (wraps), is below the write position's (a repeat: -1). putMessagePositionInfo, 4.9.8
-    and 5.3.3. Used by the dispatch fast path (:func:`_fast_image`) and the audit (cqrecovery)."""
+    """The slots (:data:`NO_SLOT`: none) :class:`_Machine` gives records with QUEUEOFFSETs ``q`` that each end
+    past the one before (no duplicate), the write position at slot ``cur`` (no first-file fillers), in numpy:
+    each goes to the write position (a slide when its offset differs), unless its offset is not 0 and its unit's
+    offset, a Java long (wraps), is below the write position's (a repeat). putMessagePositionInfo, 4.9.8 and
+    5.3.3. Used by the dispatch fast path (:func:`_fast_image`) and the audit (cqrecovery)."""
     k = len(q)
-    slot = np.full(k, -1, np.int64)
+    slot = np.full(k, NO_SLOT, np.int64)
     with np.errstate(over="ignore"):
         expect = np.where(np.asarray(q) == 0, np.iinfo(np.int64).max, np.asarray(q, np.int64) * CQ_UNIT_SIZE)
     i = 0
@@ -394,7 +394,6 @@ def _fast_image(gr: _Grouped, a: int, b: int, st: QueueState, key: tuple[str, in
                       gr.rows_s[a:b], slide_slots(gr.N[a:b], c0 // CQ_UNIT_SIZE))
 
 
-# ---------------------------------------------------------------------------------------------
 # writing
 
 

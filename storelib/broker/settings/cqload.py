@@ -9,12 +9,15 @@ lookups, the audit, the data source) and the start-up replay all ask it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from storelib.errors import Finding
+from storelib.fileio.bytesource import Location
 from storelib.format.consumequeue import (
     CQ_UNIT_SIZE,
     ConsumeQueue,
@@ -59,19 +62,22 @@ class LoadedQueue(ConsumeQueue):
 
     _recovery: CQRecovery | None = None
 
-    def recover(self) -> CQRecovery:
-        """ConsumeQueue.recover (store-algorithms §8.2): scan from the third-last segment.
+    def __init__(self, loc: Location | str | os.PathLike, **kw: Any) -> None:
+        """:class:`ConsumeQueue`'s files (same arguments), and the negative files the broker never serves."""
+        super().__init__(loc, **kw)
+        segs = self.segments
+        if any(s.base < segs[0].base for s in segs[1:]):  # negative files: doLoad maps them nearest 0 first
+            end = self._recovery_end()[0]
+            kept = [s for s in segs if s.base <= end]  # truncateDirtyFiles deletes the files that start past it
+            for s in kept[1:]:
+                if s.base < kept[0].base:
+                    self.findings.append(_unserved(kept[0], s, self.segment_size))
 
-        Units are valid while ``phyOffset >= 0 && size > 0``; the end is the position after the last
-        valid unit. Segments after the end are the ones the broker would delete (reported).
-        """
-        if self._recovery is not None:
-            return self._recovery
+    def _recovery_end(self) -> tuple[int, int]:
+        """ConsumeQueue.recover's walk of :attr:`segments` (the load order) from the third-last (4.9.8
+        ConsumeQueue.java:92-149): the logical byte offset after the last valid unit, and that unit's end (-1)."""
         S = self.segment_size
         segs = self.segments
-        if not segs:
-            self._recovery = CQRecovery(0, -1, ())
-            return self._recovery
         index = max(0, len(segs) - 3)
         max_phy = -1
         while True:
@@ -85,8 +91,22 @@ class LoadedQueue(ConsumeQueue):
             if pos == S and index + 1 < len(segs):
                 index += 1
                 continue
-            break
-        end = seg.base + pos
+            return seg.base + pos, max_phy
+
+    def recover(self) -> CQRecovery:
+        """ConsumeQueue.recover (store-algorithms §8.2): scan from the third-last segment.
+
+        Units are valid while ``phyOffset >= 0 && size > 0``; the end is the position after the last
+        valid unit. Segments after the end are the ones the broker would delete (reported).
+        """
+        if self._recovery is not None:
+            return self._recovery
+        S = self.segment_size
+        segs = self.segments
+        if not segs:
+            self._recovery = CQRecovery(0, -1, ())
+            return self._recovery
+        end, max_phy = self._recovery_end()
         kept: list[tuple[CQSegment, int]] = []
         for s in segs:
             if s.base + S <= end:
@@ -175,3 +195,15 @@ class LoadedQueue(ConsumeQueue):
                 min_logic = first.base + start + i
                 break
         return min_logic // CQ_UNIT_SIZE
+
+
+def _unserved(first: CQSegment, seg: CQSegment, S: int) -> Finding:
+    """A negative file below the first one the broker maps (after recovery): findMappedFileByOffset looks only
+    from that file's start to the last one's end (4.9.8 MappedFileQueue.java:476-518, 5.3.3 :671-713: "Offset
+    not matched" below it) and correctMinOffset reads that first file, so no unit of ``seg`` is ever served."""
+    lo = seg.base // CQ_UNIT_SIZE
+    return Finding("negative_file_unreachable", "error", seg.path, None,
+                   f"the broker maps {first.name} first (doLoad sorts by name: negative files nearest zero first) "
+                   f"and finds no file below its start {first.base} (findMappedFileByOffset: \"Offset not "
+                   f"matched\"; correctMinOffset reads that file): it never serves this file's units (queue "
+                   f"offsets {lo}..{lo + S // CQ_UNIT_SIZE - 1})", {"first_mapped": first.base, "base": seg.base})

@@ -16,7 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from storelib.broker.dispatch.cqwriter import QueueImage, QueueState, build_consume_queues, slide_slots
+from storelib.broker.dispatch.cqwriter import (
+    NO_SLOT,
+    QueueImage,
+    QueueState,
+    build_consume_queues,
+    slide_slots,
+)
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, first_unit_from
 from storelib.errors import StoreError
@@ -104,7 +110,8 @@ class QueueReplay:
                  if i.type == pafs.FileType.File}
         for name, b in list_segment_names(list(files)):
             self.disk[b] = files[name]
-        self.model: dict[int, _Seg] = {}
+        self.model: dict[int, _Seg] = {}  # the broker's mappedFiles list, in its order (several negative files
+        # load nearest-zero first, new files go last): its first and last are getFirst/LastMappedFile's
         if cq is not None:
             rec = cq.recover()
             for seg, _ in rec.segments:
@@ -130,7 +137,7 @@ class QueueReplay:
                 self.model[base].overlays.append((lo - base, ents[(lo - img.start) // CQ_UNIT_SIZE:
                                                                   (hi - img.start) // CQ_UNIT_SIZE].copy()))
         self.state = replace(img.state, backing=None)
-        written = img.slots[img.slots >= 0]
+        written = img.slots[img.slots != NO_SLOT]
         if len(written):
             self.report.entries_added += len(written)
             first = int(written.min())
@@ -146,7 +153,7 @@ class QueueReplay:
         state = QueueState(max_physic_offset=P)
         deleted: list[str] = []
         while self.model:
-            last = max(self.model)
+            last = next(reversed(self.model))  # getLastMappedFile, deleteLastMappedFile: the list's last
             u = self.model[last].units(S)
             if int(u["phy_offset"][0]) >= P:
                 del self.model[last]
@@ -187,7 +194,7 @@ class QueueReplay:
             u = last.units(self.S)[self.state.write_pos // CQ_UNIT_SIZE - 1] if last is not None else None
             if u is not None and int(u["phy_offset"]) < commitlog_min:
                 return self.max_offset()
-        first = min(self.model)
+        first = next(iter(self.model))  # correctMinOffset's getFirstMappedFile: the list's first
         end = self.S if first != self.state.last_base else self.state.write_pos
         u = self.model[first].units(self.S)[: end // CQ_UNIT_SIZE]
         hit = first_unit_from(u, first, commitlog_min)
@@ -285,8 +292,8 @@ def writer_slots_of(P: np.ndarray, Z: np.ndarray, N: np.ndarray, take: np.ndarra
                     lost: tuple[np.ndarray, np.ndarray], anchor: int | None,
                     segment_size: int | None = None) -> np.ndarray:
     """The queue offset of the unit the broker's CQ writer (putMessagePositionInfo) gives each of one queue's
-    records (PHYSICALOFFSET fields ``P``, sizes ``Z``, QUEUEOFFSETs ``N``, in commitlog order; -1: none) when
-    it gets those in ``take`` and, in physical order among them, the ``lost`` records (fields, QUEUEOFFSETs)
+    records (PHYSICALOFFSET fields ``P``, sizes ``Z``, QUEUEOFFSETs ``N``, in commitlog order; NO_SLOT: none)
+    when it gets those in ``take`` and, in physical order among them, the ``lost`` records (fields, QUEUEOFFSETs)
     whose units are all that is left of them; the queue's write position at ``anchor`` (a queue that already
     exists: no first-file fillers; None: the queue is new and its first record creates it, as a negative
     QUEUEOFFSET does at a negative offset in files of ``segment_size`` (default: the broker's):
@@ -307,9 +314,9 @@ def writer_slots_of(P: np.ndarray, Z: np.ndarray, N: np.ndarray, take: np.ndarra
         got = slide_slots(q, anchor)
     else:
         got = _machine_slots(p, z, q, anchor)
-    out = np.full(len(allp), -1, np.int64)
+    out = np.full(len(allp), NO_SLOT, np.int64)
     out[order] = got
-    slot = np.full(len(P), -1, np.int64)
+    slot = np.full(len(P), NO_SLOT, np.int64)
     slot[idx] = out[:len(idx)]
     return slot
 
@@ -326,7 +333,7 @@ def _machine_slots(p: np.ndarray, z: np.ndarray, q: np.ndarray, cur: int | None,
     b = 0 if cur is None else cur * CQ_UNIT_SIZE
     img = build_consume_queues(table, segment_size=S, state=None if cur is None else
                                {("q", 0): QueueState(-1, b - b % S, b % S)})
-    got = np.full(k, -1, np.int64)
+    got = np.full(k, NO_SLOT, np.int64)
     if img:
         got[img[("q", 0)].rows] = img[("q", 0)].slots
     return got
