@@ -3,6 +3,7 @@ checkpoint a broker leaves after continuing a store (StoreCheckpoint)."""
 
 from __future__ import annotations
 
+import struct
 from datetime import datetime, timezone
 
 import numpy as np
@@ -10,6 +11,9 @@ import pyarrow.compute as pc
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
+from storelib.broker.writer.writer import StoreWriter
+from storelib.format.checkpoint import read_checkpoint
+from storelib.format.record import Message
 from storelib.format.uniqkey import create_uniq_id, month_start_ms, read_uniq_key
 from storelib.generator.gen import generate
 from storelib.generator.genplan import GenConfig, Generator, utc_month_start
@@ -86,3 +90,84 @@ def test_generated_timer_uniq_keys_decode_to_the_born_time(tmp_path):
     for u, b, st in zip(t.column("uniq_key").to_pylist(), t.column("born_timestamp").to_pylist(),
                         t.column("store_timestamp").to_pylist()):
         assert read_uniq_key(u).created_ms(st + 1) == b
+
+
+# -- the checkpoint after StoreWriter continued a store --------------------------------------------------
+
+def _ticks(start: int):
+    t = [start]
+
+    def tick() -> int:
+        t[0] += 7
+        return t[0]
+    return tick
+
+
+def _first_session(root, version: str) -> list:
+    with StoreWriter(root, BrokerSettings.defaults(version), clock=_ticks(1_700_000_000_000)) as w:
+        return [w.append(Message("T", b"x" * (100 + i), i % 3, properties={"KEYS": f"k{i}"})) for i in range(20)]
+
+
+def _plant(root, head: bytes, tail: bytes = b"") -> bytes:
+    """Overwrite the checkpoint's first bytes with ``head`` and put recognisable bytes after the fields."""
+    path = root / "checkpoint"
+    page = bytearray(path.read_bytes())
+    page[:len(head)] = head
+    page[40:48] = b"NOTMINE!"
+    page[4000:4004] = b"KEEP"
+    path.write_bytes(bytes(page) + tail)
+    return bytes(page)
+
+
+def test_continued_5x_store_checkpoint_confirms_the_last_message_recovery_found(tmp_path):
+    first = _first_session(tmp_path, "5")
+    _plant(tmp_path, struct.pack(">qqqqq", 11, 12, 13, 777, 999))
+    with StoreWriter(tmp_path, BrokerSettings.defaults("5"), clock=_ticks(1_700_000_100_000)) as w:
+        more = [w.append(Message("T", b"y" * 50, 1)) for _ in range(5)]
+    data = (tmp_path / "checkpoint").read_bytes()
+    cp = read_checkpoint(tmp_path)
+    assert cp.confirm_phy_offset == first[-1].phy_offset  # recoverNormally: lastValidMsgPhyOffset, a start offset
+    assert cp.master_flushed_offset == 777  # only HA sets it
+    assert cp.physic_msg_timestamp == cp.logics_msg_timestamp == more[-1].store_timestamp
+    assert cp.index_msg_timestamp == 13  # no index file filled up
+    assert data[40:48] == b"NOTMINE!" and data[4000:4004] == b"KEEP" and len(data) == 4096
+
+
+def test_continued_4x_store_checkpoint_keeps_bytes_the_broker_never_writes(tmp_path):
+    _first_session(tmp_path, "4")
+    planted = _plant(tmp_path, struct.pack(">qqqqq", 11, 12, 13, 777, 999), tail=b"past the page")
+    with StoreWriter(tmp_path, BrokerSettings.defaults("4"), clock=_ticks(1_700_000_100_000)) as w:
+        last = [w.append(Message("T", b"y" * 50, 1)) for _ in range(5)][-1]
+    data = (tmp_path / "checkpoint").read_bytes()
+    assert struct.unpack_from(">qq", data, 0) == (last.store_timestamp, last.store_timestamp)
+    assert data[16:] == planted[16:] + b"past the page"  # 4.9.8 flushes bytes 0-23 only
+
+
+def test_a_session_that_appends_nothing_leaves_the_checkpoint_timestamps_as_loaded(tmp_path):
+    first = _first_session(tmp_path, "5")
+    _plant(tmp_path, struct.pack(">qqqqq", 11, 12, 13, 777, 999))
+    StoreWriter(tmp_path, BrokerSettings.defaults("5")).close()
+    cp = read_checkpoint(tmp_path)
+    assert (cp.physic_msg_timestamp, cp.logics_msg_timestamp, cp.index_msg_timestamp) == (11, 12, 13)
+    assert (cp.master_flushed_offset, cp.confirm_phy_offset) == (777, first[-1].phy_offset)
+
+
+def test_a_crashed_session_keeps_the_loaded_logics_timestamp(tmp_path):
+    _first_session(tmp_path, "4")
+    _plant(tmp_path, struct.pack(">qqq", 11, 12, 13))
+    w = StoreWriter(tmp_path, BrokerSettings.defaults("4"), clock=_ticks(1_700_000_100_000))
+    last = w.append(Message("T", b"y" * 50, 1))
+    w.close(clean=False)
+    cp = read_checkpoint(tmp_path)
+    assert (cp.physic_msg_timestamp, cp.logics_msg_timestamp, cp.index_msg_timestamp) == (last.store_timestamp, 12, 13)
+
+
+def test_a_continued_5x_dledger_store_keeps_the_loaded_confirm_offset(tmp_path):
+    s = BrokerSettings.defaults("5")
+    with StoreWriter(tmp_path, s, clock=_ticks(1_700_000_000_000), dledger_self_id="n0") as w:
+        w.append(Message("T", b"x" * 100, 0))
+    _plant(tmp_path, struct.pack(">qqqqq", 11, 12, 13, 777, 999))
+    with StoreWriter(tmp_path, s, clock=_ticks(1_700_000_100_000), dledger_self_id="n0") as w:
+        w.append(Message("T", b"y" * 50, 1))
+    cp = read_checkpoint(tmp_path)
+    assert (cp.master_flushed_offset, cp.confirm_phy_offset) == (777, 999)  # DLedgerCommitLog.setConfirmOffset logs only
