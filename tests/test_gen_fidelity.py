@@ -171,3 +171,15 @@ def test_a_continued_5x_dledger_store_keeps_the_loaded_confirm_offset(tmp_path):
         w.append(Message("T", b"y" * 50, 1))
     cp = read_checkpoint(tmp_path)
     assert (cp.master_flushed_offset, cp.confirm_phy_offset) == (777, 999)  # DLedgerCommitLog.setConfirmOffset logs only
+
+
+def test_a_crashed_dledger_session_leaves_physic_to_the_consume_queue_put(tmp_path):
+    s = BrokerSettings.defaults("4")
+    with StoreWriter(tmp_path, s, clock=_ticks(1_700_000_000_000), dledger_self_id="n0") as w:
+        w.append(Message("T", b"x" * 100, 0))
+    _plant(tmp_path, struct.pack(">qqq", 11, 12, 13))
+    w = StoreWriter(tmp_path, s, clock=_ticks(1_700_000_100_000), dledger_self_id="n0")
+    w.append(Message("T", b"y" * 50, 1))
+    w.close(clean=False)  # nothing dispatched: DLedgerCommitLog has no flush service to set physic
+    cp = read_checkpoint(tmp_path)
+    assert (cp.physic_msg_timestamp, cp.logics_msg_timestamp, cp.index_msg_timestamp) == (11, 12, 13)

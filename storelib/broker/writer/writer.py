@@ -226,7 +226,7 @@ class StoreWriter:
         self._pos = 0  # write position in the current segment
         self._buf = bytearray()  # bytes not yet written, starting at _buf_pos
         self._buf_pos = 0
-        self.ckpt = CheckpointSession.load(self.root, self.v5)  # StoreCheckpoint's constructor
+        self.ckpt = CheckpointSession.load(self.root, self.v5, self.dl is not None)  # StoreCheckpoint's constructor
         self._recover()
         self.clock = clock if clock is not None else MonotonicClock(self.last_store_timestamp)
         write_abort(self.root, os.getpid() if self.v5 else None)
@@ -278,8 +278,7 @@ class StoreWriter:
                 q = c & 0xFFFFFFFF
                 last[(names[c >> 32], q - 2**32 if q >= 2**31 else q)] = int(qoff[r]) + 1
         self.queue_table = last
-        self.ckpt.recovered(last_phy, dledger=self.dl is not None,
-                            controller=str(self.settings.extra.get("enableControllerMode", "")).strip().lower() == "true")
+        self.ckpt.recovered(last_phy, self.settings.extra)
         S = self.segment_size
         e = ends[-1] if ends else None
         if e is None:
@@ -415,7 +414,7 @@ class StoreWriter:
                                     topic, qid, tx >> 2))
         self.queue_table.update(offsets)
         self.last_store_timestamp = max(self.last_store_timestamp, ts)
-        self.ckpt.physic = ts  # the commit log flush's storeTimestamp: the last record's
+        self.ckpt.appended(ts)
         if len(self._buf) > (4 << 20):
             self._flush_buf()
         return out
@@ -544,8 +543,7 @@ class StoreWriter:
         res = dispatch_store(self.root, self.settings, from_offset=self.reput_offset, **kw)
         self.reput_offset = res.end_offset
         self.last_dispatch = res
-        self.ckpt.logics = res.last_cq_store_timestamp or self.ckpt.logics
-        self.ckpt.index = res.index_msg_timestamp or self.ckpt.index
+        self.ckpt.dispatched(res.last_cq_store_timestamp, res.index_msg_timestamp)
         return res
 
     @property
@@ -568,8 +566,8 @@ class StoreWriter:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
-        if clean and not dispatch and self.ckpt.physic is not None:
-            self.ckpt.logics = self.ckpt.physic  # the broker's reput would have dispatched everything
+        if clean and not dispatch and self.ckpt.last_append is not None:
+            self.ckpt.dispatched(self.ckpt.last_append)  # the broker's reput would have dispatched everything
         self.ckpt.write(self.root)  # the fields this session set, every other byte as found
         if clean:
             remove_abort(self.root)
