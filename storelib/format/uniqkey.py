@@ -87,6 +87,22 @@ class UniqKey:
         return start_ms + self.span_ms
 
 
+def month_start_ms(ms: int, tz: tzinfo = timezone.utc) -> int:
+    """setStartTime's startTime (MessageClientIDSetter :50-58): 00:00 on the first of ``ms``'s month in ``tz``."""
+    wall = datetime.fromtimestamp(ms / 1000, tz).replace(tzinfo=None)
+    return java_wall_ms(wall.replace(day=1, hour=0, minute=0, second=0, microsecond=0), tz)
+
+
+def create_uniq_id(fixed: str, now_ms: int, start_ms: int, counter: int) -> str:
+    """createUniqID's text (:114-131) in a JVM whose prefix is ``fixed`` (hex of ip ‖ pid ‖ class-loader hash),
+    at ``now_ms`` with the JVM's ``startTime`` and COUNTER value: ``(int)`` of the difference, 0 for one
+    above -1e6 below 0 (NTP), then the counter's low 16 bits (UtilAll.writeInt/writeShort, 4.9.8 :265-277)."""
+    diff = (now_ms - start_ms + 2**31) % 2**32 - 2**31
+    if -1_000_000 < diff < 0:
+        diff = 0
+    return f"{fixed.upper()}{diff & 0xFFFFFFFF:08X}{counter & 0xFFFF:04X}"
+
+
 def read_uniq_key(text: str) -> UniqKey:
     """Every MessageClientIDSetter reader on ``text`` (garbage where Java reads garbage); never raises."""
     b = java_hex_bytes(text) or b""

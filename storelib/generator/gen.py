@@ -1,7 +1,8 @@
 """Synthetic, realistic broker stores, fast: records are encoded column-wise, never one by one.
 
 A store has several topics and queues, tags (unicode, empty, ``||``), keys (none, one, several,
-empty tokens, unicode, huge), UNIQ_KEY in the MessageClientIDSetter layout, a body size mix, some IPv6
+empty tokens, unicode, huge), UNIQ_KEY as MessageClientIDSetter writes it (a UTC producer JVM: its time
+decodes to the born time), a body size mix, some IPv6
 born hosts, transactions (half message + commit/rollback op records), delayed messages (rewritten to
 ``SCHEDULE_TOPIC_XXXX``), compressed bodies (zlib/lz4/zstd with their SYSFLAG bits), 5.x V2 topics and
 ``__CRC32#`` properties, ``config/topics.json`` and ``consumerOffset.json``.

@@ -218,7 +218,7 @@ class Generator:
         tags = pc.take(tag_flat, pa.array(tag_idx))
         tags = pc.if_else(pa.array(rng.random(n_ops) < 0.05), pa.scalar(None, pa.string()), tags)
         keys = self._keys(n_ops)
-        uniq = self._uniq(n_ops, store_ts[np.cumsum(per_op) - per_op])
+        uniq = self._uniq(n_ops, born_op)
 
         # record columns
         t_rec = topic[op_of]
@@ -327,7 +327,15 @@ class Generator:
         return out
 
     def _uniq(self, n: int, ts: np.ndarray) -> pa.Array:
-        """UNIQ_KEY = hex(ip 4 | pid 2 | classloader hash 4 | ms since the producer's start 4 | counter 2)."""
+        """UNIQ_KEY as MessageClientIDSetter.createUniqID (4.9.8 = 5.3.3 :114-131) writes it at ``ts`` (the born
+        time: the producer sets the id just before stamping the born time) in a producer JVM per fixed prefix
+        ip 4 | pid 2 | class-loader hash 4 (:33-48): then ``(int)(now - startTime)`` (4) and the JVM-wide
+        counter's low 16 bits (2; UtilAll.writeShort keeps ``value >>> 12..0``).
+
+        startTime is 00:00 on the first of the month (the producer's zone: UTC here) of the id's time: a JVM
+        moves it to the current month on the first id at or after the next month (:50-61, :117-120), and ids
+        made in time order never see a later month's start (so the NTP clamp at :122-125 never applies).
+        The counter runs in plan order, which threads racing between :117 and :129 can give."""
         p = self.rng.integers(0, len(self.producers), n)
         raw = np.empty((n, 16), dtype=np.uint8)
         raw[:, :10] = self.producers[p]
@@ -337,9 +345,14 @@ class Generator:
             c = int(m.sum())
             counter[m] = self.uniq_counter[i] + np.arange(c)
             self.uniq_counter[i] += c
-        raw[:, 10:14] = be_bytes((ts - self.cfg.start_ms + 86_400_000) & 0x7FFFFFFF, 4)
-        raw[:, 14:16] = be_bytes(counter & 0x7FFF, 2)
+        raw[:, 10:14] = be_bytes((ts - utc_month_start(ts)) & 0xFFFFFFFF, 4)  # < 31 days: fits the int
+        raw[:, 14:16] = be_bytes(counter & 0xFFFF, 2)
         return _hex(raw)
+
+
+def utc_month_start(ms: np.ndarray) -> np.ndarray:
+    """Epoch ms of 00:00 UTC on the first of each time's month (setStartTime's Calendar in a UTC JVM)."""
+    return ms.astype("datetime64[ms]").astype("datetime64[M]").astype("datetime64[ms]").astype(np.int64)
 
 
 def _compress(raw: bytes, kind: int) -> bytes:

@@ -39,6 +39,7 @@ from storelib.format.timerstore import (
     timerlog_file_size,
     write_timer_store,
 )
+from storelib.format.uniqkey import create_uniq_id, month_start_ms
 
 REAL_TOPICS = ("CouponExpiry", "ShipmentTracking")
 
@@ -99,12 +100,17 @@ def add_timer_messages(root: str | os.PathLike, settings: BrokerSettings, *, cou
             delay = rnd.choice([rnd.randint(1, 30), rnd.randint(60, 3_600), rnd.randint(3_600, max_delay_s)])
             out = deliver_ms(clock[0], delay, precision)
             topic, qid = rnd.choice(topics), rnd.randrange(queues)
-            uniq = f"C0A80{rnd.randrange(16):01X}{rnd.randrange(256):02X}10925F3759DF7E40{i:08X}"
-            props = {"CLUSTER": "DefaultCluster", "KEYS": f"ORD{rnd.randrange(10**6):06d}", "TAGS": "timer",
+            fixed = f"C0A80{rnd.randrange(16):01X}{rnd.randrange(256):02X}10925F3759DF"  # ip, pid, loader hash
+            keys = f"ORD{rnd.randrange(10**6):06d}"
+            body = rnd.randbytes(rnd.randint(50, 400))
+            born = clock[0] - rnd.randint(1, 20)
+            # born times only grow, so each producer JVM's startTime is the UTC month of this born time
+            uniq = create_uniq_id(fixed, born, month_start_ms(born), i)
+            props = {"CLUSTER": "DefaultCluster", "KEYS": keys, "TAGS": "timer",
                      "TIMER_DELAY_SEC": str(delay), "UNIQ_KEY": uniq, "WAIT": "true", "TIMER_OUT_MS": str(out),
                      "REAL_TOPIC": topic, "REAL_QID": str(qid)}
-            msg = Message(topic=TIMER_TOPIC, queue_id=0, body=rnd.randbytes(rnd.randint(50, 400)),
-                          born_timestamp=clock[0] - rnd.randint(1, 20), born_host=f"192.168.{rnd.randrange(5)}.{rnd.randrange(1, 30)}:{rnd.randrange(40000, 60000)}",
+            msg = Message(topic=TIMER_TOPIC, queue_id=0, body=body, born_timestamp=born,
+                          born_host=f"192.168.{rnd.randrange(5)}.{rnd.randrange(1, 30)}:{rnd.randrange(40000, 60000)}",
                           properties=props)
             w.append(msg)
             sent.append((out, msg, clock[0]))

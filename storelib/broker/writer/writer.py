@@ -23,7 +23,8 @@ byte-identity check use it. Rules (store-algorithms §2.1–2.3, store-format §
 Opening an existing store appends to it (that is the only way this module ever writes into a store it
 did not create): the topic-queue table and write position are recovered from a scan (like
 recoverTopicQueueTable). Segment files are created full size through a temp file + rename and then
-written in place only by this writer, which holds the store's ``lock`` while open.
+written in place only by this writer, which holds the store's ``lock`` while open. The checkpoint
+is the one that broker session leaves (:mod:`storelib.broker.writer.session`).
 
 DLedger mode (``dledger_self_id``): records go into ``dledger-<selfId>/data`` as entries (one per
 message, batches included), each entry's index unit into ``index/``, a shutdown writes DLedger's
@@ -46,6 +47,7 @@ import pyarrow.compute as pc
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.writer.dledgerwriter import DLedgerAppender
+from storelib.broker.writer.session import CheckpointSession
 from storelib.errors import StoreError
 from storelib.format.crc import body_crc
 from storelib.format.dledger.entries import BODY_OFFSET
@@ -224,6 +226,7 @@ class StoreWriter:
         self._pos = 0  # write position in the current segment
         self._buf = bytearray()  # bytes not yet written, starting at _buf_pos
         self._buf_pos = 0
+        self.ckpt = CheckpointSession.load(self.root, self.v5, self.dl is not None)  # StoreCheckpoint's constructor
         self._recover()
         self.clock = clock if clock is not None else MonotonicClock(self.last_store_timestamp)
         write_abort(self.root, os.getpid() if self.v5 else None)
@@ -246,15 +249,17 @@ class StoreWriter:
             raise StoreError(bad[0].file, bad[0].offset, "unsupported",
                              f"cannot append to this commitlog: {bad[0].detail}")
         ends: list = []
-        cols = ["topic", "queue_id", "queue_offset", "tran_type", "store_timestamp"]
+        cols = ["topic", "queue_id", "queue_offset", "tran_type", "store_timestamp", "phy_offset"]
         if self.dl is not None:
             cols.append("dledger_index")
         last: dict[tuple[str, int], int] = {}
+        last_phy = None  # start offset of the last valid message (recovery's lastValidMsgPhyOffset)
         for batch in cl.scan(ends=ends, verify_crc=False, with_properties=False, columns=cols):
             if batch.num_rows == 0:
                 continue
             ts = np.asarray(batch.column("store_timestamp"))
             self.last_store_timestamp = max(self.last_store_timestamp, int(ts.max()))
+            last_phy = int(batch.column("phy_offset")[-1].as_py())
             if self.dl is not None:
                 self.dl.next_index = int(batch.column("dledger_index")[-1].as_py()) + 1
             tt = np.asarray(batch.column("tran_type"))
@@ -273,6 +278,7 @@ class StoreWriter:
                 q = c & 0xFFFFFFFF
                 last[(names[c >> 32], q - 2**32 if q >= 2**31 else q)] = int(qoff[r]) + 1
         self.queue_table = last
+        self.ckpt.recovered(last_phy, self.settings.extra)
         S = self.segment_size
         e = ends[-1] if ends else None
         if e is None:
@@ -408,6 +414,7 @@ class StoreWriter:
                                     topic, qid, tx >> 2))
         self.queue_table.update(offsets)
         self.last_store_timestamp = max(self.last_store_timestamp, ts)
+        self.ckpt.appended(ts)
         if len(self._buf) > (4 << 20):
             self._flush_buf()
         return out
@@ -536,6 +543,7 @@ class StoreWriter:
         res = dispatch_store(self.root, self.settings, from_offset=self.reput_offset, **kw)
         self.reput_offset = res.end_offset
         self.last_dispatch = res
+        self.ckpt.dispatched(res.last_cq_store_timestamp, res.index_msg_timestamp)
         return res
 
     @property
@@ -551,8 +559,6 @@ class StoreWriter:
         """
         if self.closed:
             return
-        from storelib.format.checkpoint import Checkpoint, write_checkpoint
-
         self._flush_buf()
         if clean and dispatch and (self.reput_offset is None or self.reput_offset < self.write_offset):
             self.dispatch()
@@ -560,12 +566,9 @@ class StoreWriter:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
-        d = self.last_dispatch
-        logics = d.last_cq_store_timestamp if d is not None and d.last_cq_store_timestamp else 0
-        if clean:
-            logics = self.last_store_timestamp
-        index_ts = d.index_msg_timestamp if d is not None else 0
-        write_checkpoint(self.root, Checkpoint(self.last_store_timestamp, logics, index_ts))
+        if clean and not dispatch and self.ckpt.last_append is not None:
+            self.ckpt.dispatched(self.ckpt.last_append)  # the broker's reput would have dispatched everything
+        self.ckpt.write(self.root)  # the fields this session set, every other byte as found
         if clean:
             remove_abort(self.root)
         if self.dl is not None:
