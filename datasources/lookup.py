@@ -24,7 +24,9 @@ from .options import StoreOpen
 def open_store(store: str, **options: Any) -> Store:
     """The store facade with the data sources' options (settings loaded and detected like the CLI's)."""
     so = StoreOpen.parse({**options, "path": store})
-    return Store(so.location(), so.settings(), uri=store)
+    st = Store(so.location(), so.settings(), uri=store)
+    st.require_one_log("lookup")  # a mixed DLedger store: the old log's messages are not read
+    return st
 
 
 def _table(rows: list[dict[str, Any]], with_body: bool, st: Store) -> pa.Table:

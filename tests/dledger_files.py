@@ -28,6 +28,22 @@ def gen_dledger(tmp_path: Path, name: str = "s", n: int = 600, version: str = "4
     return out
 
 
+def gen_mixed(tmp_path: Path, n_old: int = 200, n_new: int = 300, dledger_data: bool = True) -> Path:
+    """A "mixed" store: a default-mode store's ``commitlog/`` (``n_old`` messages) copied beside a DLedger
+    node's files (``n_new`` entries; ``dledger_data=False`` leaves ``dledger-n0/data`` empty, as a broker
+    switched to DLedger mode finds it at its first start)."""
+    import shutil
+
+    root = gen_dledger(tmp_path, "mixed", n=n_new)
+    s = BrokerSettings.defaults("4").with_overrides({"mappedFileSizeCommitLog": SEG})
+    generate(tmp_path / "old", GenConfig(messages=n_old, seed=3, version="4"), s, dispatch=True)
+    shutil.copytree(tmp_path / "old" / "commitlog", root / "commitlog")
+    if not dledger_data:
+        for f in (root / "dledger-n0" / "data").iterdir():
+            f.unlink()
+    return root
+
+
 def open_store(root: Path) -> Store:
     """The store as the command opens it (settings and geometry inferred from its files)."""
     loc = resolve(str(root))

@@ -88,7 +88,7 @@ def with_uniq_key_info(row: dict, tz: tzinfo) -> dict:
 def run_args(args: argparse.Namespace) -> int:
     tz = parse_zone(args.tz)  # a bad --tz stops here (ValueError: the CLI prints it)
     store = open_store(args)
-    store.require_records("get")
+    store.require_records("get", one_log=True)
     try:
         rows = [with_uniq_key_info(r, tz) for r in lookup(store, args)]
     except StoreError as e:

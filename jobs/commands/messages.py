@@ -98,7 +98,7 @@ def _filtered(store: Store, args: argparse.Namespace, left: int | None, progress
 
 def run_args(args: argparse.Namespace) -> int:
     store = open_store(args)
-    store.require_records("messages")
+    store.require_records("messages", one_log=True)
     if args.format == "parquet":
         import pyarrow.parquet as pq
 

@@ -318,11 +318,19 @@ class Store:
         kw.setdefault("delay_levels_ms", self.delay_levels_ms)
         return self.commitlog.scan(**kw)
 
-    def require_records(self, what: str) -> None:
-        """Fail (one line) where a command would otherwise print nothing for a commitlog that is not one."""
+    def require_records(self, what: str, *, one_log: bool = False) -> None:
+        """Fail (one line) where a command would otherwise print nothing for a commitlog that is not one
+        (``one_log``: or read only the DLedger part of a mixed store, :meth:`require_one_log`)."""
+        if one_log:
+            self.require_one_log(what)
         for f in self.findings:
             if f.kind == "commitlog_head_not_a_record" and not any_segment_starts_with_record(self.loc):
                 raise NotAStoreError(f.file, f.offset, "not_a_commitlog", f"{what}: {f.detail}")
+
+    def require_one_log(self, what: str) -> None:
+        """Fail (one line) where a command would read only the DLedger part of a mixed store (dledgerlayout)."""
+        if self.dledger is not None:
+            self.dledger.refuse_mixed(what)
 
     def require_local(self, what: str) -> str:
         """The local root path, or a clear error for operations that modify a store in place."""

@@ -1,0 +1,80 @@
+"""A store switched from default mode to DLedger mode keeps its old ``commitlog/`` beside the DLedger data
+(4.9.8/5.3.3 DLedgerCommitLog.recover: offsets below ``dividedCommitlogOffset`` are served from the old
+log). rmqstore names such a "mixed" store in ``info``, the audit and ``recover``'s plan, and the commands
+that would read only one of the two logs refuse in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from datasources.commitlog_reader import open_commitlog
+from datasources.lookup import find_by_offset
+from datasources.options import StoreOpen
+from storelib.broker.settings.store import load_settings
+from storelib.errors import StoreError
+from storelib.fileio.bytesource import resolve
+
+from .conftest import run_cli
+from .dledger_files import SEG, gen_mixed
+
+MIXED = "dledger_mixed_commitlog"
+
+
+def test_the_layout_reads_a_mixed_store_in_dledger_mode_with_the_old_log_and_divided_offset(tmp_path):
+    root = gen_mixed(tmp_path)
+    s = load_settings(None, None, None, resolve(str(root)))
+    assert s.dledger is not None and "beside commitlog segments" in s.dledger.reason
+    old = s.dledger.old
+    assert (old.first, old.end, old.count) == (0, 4 * SEG, 4)
+    assert old.dledger_first == 0 and old.divided == 0  # the first DLedger data file's offset (:275)
+    [f] = [f for f in s.dledger.findings if f.kind == MIXED]
+    assert f.offset == 0 and "past the divided offset" in f.detail and "DLedgerCommitLog.java:275" in f.detail
+    assert load_settings(None, None, {"enableDLegerCommitLog": "false"}, resolve(str(root))).dledger is None
+
+
+def test_with_no_dledger_data_yet_the_divided_offset_is_the_end_of_the_last_old_segment(tmp_path):
+    root = gen_mixed(tmp_path, dledger_data=False)
+    s = load_settings(None, None, {"enableDLegerCommitLog": "true"}, resolve(str(root)))
+    old = s.dledger.old
+    assert old.dledger_first is None and old.divided == old.end == 4 * SEG  # fileFromOffset + fileSize (:309)
+    [f] = [f for f in s.dledger.findings if f.kind == MIXED]
+    assert "seals that segment with a blank record" in f.detail and "past the divided offset" not in f.detail
+
+
+def test_info_audit_and_the_recover_plan_name_the_mixed_store(tmp_path, capsys):
+    root = gen_mixed(tmp_path)
+    rc, out, err = run_cli(capsys, "info", root)
+    assert MIXED in out and "mixed store: commitlog/ keeps 4 default-mode segment(s)" in out
+    rc, out, err = run_cli(capsys, "audit", root, "--engine", "local", "--json", "--report-dir", tmp_path / "rep")
+    assert MIXED in [f["kind"] for f in json.loads(out)["findings"]]
+    rc, out, err = run_cli(capsys, "recover", root, "--json")
+    plan = json.loads(out)
+    assert MIXED in [f["kind"] for f in plan["findings"]] and plan["supported"] is False
+    rc, out, err = run_cli(capsys, "recover", root)
+    assert MIXED in out and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["messages"], ["get", "--offset", "0"], ["export", "--out", "{tmp}/exp"], ["rebuild", "--out", "{tmp}/rb"],
+    ["expiry"], ["timers"], ["recover", "--apply", "--backup", "{tmp}/bk"], ["recover", "--salvage", "{tmp}/sv"],
+])
+def test_commands_that_read_one_log_refuse_a_mixed_store_in_one_line(tmp_path, capsys, argv):
+    root = gen_mixed(tmp_path)
+    before = sorted((p, os.path.getsize(p)) for p in map(str, root.rglob("*")) if os.path.isfile(p))
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    rc, out, err = run_cli(capsys, args[0], root, *args[1:])
+    assert rc != 0 and "mixed_dledger_store" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "enableDLegerCommitLog=false" in err
+    assert sorted((p, os.path.getsize(p)) for p in map(str, root.rglob("*")) if os.path.isfile(p)) == before
+
+
+def test_the_data_sources_refuse_a_mixed_store_and_read_the_old_log_when_told_default_mode(tmp_path):
+    root = gen_mixed(tmp_path)
+    with pytest.raises(StoreError, match="mixed store"):
+        find_by_offset(str(root), 0)
+    with pytest.raises(StoreError, match="mixed store"):
+        open_commitlog(StoreOpen.parse({"path": str(root)}))
+    assert find_by_offset(str(root), 0, **{"set.enableDLegerCommitLog": "false"}).num_rows == 1
