@@ -18,21 +18,33 @@ from storelib.errors import StoreError
 from storelib.fileio.bytesource import resolve
 
 from .conftest import run_cli
-from .dledger_files import SEG, gen_mixed
+from .dledger_files import SEG, dledger_entries, gen_mixed
 
 MIXED = "dledger_mixed_commitlog"
 
 
-def test_the_layout_reads_a_mixed_store_in_dledger_mode_with_the_old_log_and_divided_offset(tmp_path):
-    root = gen_mixed(tmp_path)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_layout_reads_a_mixed_store_in_dledger_mode_with_the_old_log_and_divided_offset(tmp_path, overlap):
+    root = gen_mixed(tmp_path, overlap=overlap)
     s = load_settings(None, None, None, resolve(str(root)))
     assert s.dledger is not None and "beside commitlog segments" in s.dledger.reason
     old = s.dledger.old
     assert (old.first, old.end, old.count) == (0, 4 * SEG, 4)
-    assert old.dledger_first == 0 and old.divided == 0  # the first DLedger data file's offset (:275)
+    divided = 0 if overlap else 4 * SEG
+    assert old.dledger_first == divided and old.divided == divided  # the first DLedger data file's offset (:275)
     [f] = [f for f in s.dledger.findings if f.kind == MIXED]
-    assert f.offset == 0 and "past the divided offset" in f.detail and "DLedgerCommitLog.java:275" in f.detail
+    assert f.offset == divided and "DLedgerCommitLog.java:275" in f.detail
+    assert ("past the divided offset" in f.detail) == overlap  # an overlap: the old bytes above it are never read
     assert load_settings(None, None, {"enableDLegerCommitLog": "false"}, resolve(str(root))).dledger is None
+
+
+def test_the_generator_starts_a_switched_nodes_dledger_data_at_the_old_logs_end(tmp_path, capsys):
+    root = gen_mixed(tmp_path)
+    assert min(p.name for p in (root / "dledger-n0" / "data").iterdir()) == f"{4 * SEG:020d}"
+    assert dledger_entries(root)[0][:2] == (0, 4 * SEG)  # entry 0 at the divided offset (DLedgerCommitLog.java:320)
+    rc, out, err = run_cli(capsys, "audit", root, "--engine", "local", "--json", "--report-dir", tmp_path / "rep")
+    assert [f["kind"] for f in json.loads(out)["findings"] if f["severity"] in ("warning", "error", "critical")] \
+        == [MIXED]  # the DLedger part reads clean: its offsets are the broker's
 
 
 def test_with_no_dledger_data_yet_the_divided_offset_is_the_end_of_the_last_old_segment(tmp_path):
