@@ -60,6 +60,12 @@ def test_info_audit_and_the_recover_plan_name_the_mixed_store(tmp_path, capsys):
     root = gen_mixed(tmp_path)
     rc, out, err = run_cli(capsys, "info", root)
     assert MIXED in out and "mixed store: commitlog/ keeps 4 default-mode segment(s)" in out
+    info = json.loads(run_cli(capsys, "info", root, "--json")[1])
+    old_rows = [json.loads(x) for x in run_cli(capsys, "messages", tmp_path / "old")[1].splitlines()]
+    segs = {d["name"]: d for d in info["segments"]}  # the old log's segments first, each with its own scan's end
+    assert [n for n in segs if n.startswith("commitlog/")] == [f"commitlog/{i * SEG:020d}" for i in range(4)]
+    assert sum(d["records"] for n, d in segs.items() if n.startswith("commitlog/")) == len(old_rows)
+    assert info["messages"] == len(old_rows) + len(dledger_entries(root))
     rc, out, err = run_cli(capsys, "audit", root, "--engine", "local", "--json", "--report-dir", tmp_path / "rep")
     assert MIXED in [f["kind"] for f in json.loads(out)["findings"]]
     rc, out, err = run_cli(capsys, "recover", root, "--json")
@@ -70,7 +76,7 @@ def test_info_audit_and_the_recover_plan_name_the_mixed_store(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [
-    ["messages"], ["get", "--offset", "0"], ["export", "--out", "{tmp}/exp"], ["rebuild", "--out", "{tmp}/rb"],
+    ["get", "--offset", "0"], ["export", "--out", "{tmp}/exp"], ["rebuild", "--out", "{tmp}/rb"],
     ["expiry"], ["timers"], ["recover", "--apply", "--backup", "{tmp}/bk"], ["recover", "--salvage", "{tmp}/sv"],
 ])
 def test_commands_that_read_one_log_refuse_a_mixed_store_in_one_line(tmp_path, capsys, argv):
@@ -90,3 +96,20 @@ def test_the_data_sources_refuse_a_mixed_store_and_read_the_old_log_when_told_de
     with pytest.raises(StoreError, match="mixed store"):
         open_commitlog(StoreOpen.parse({"path": str(root)}))
     assert find_by_offset(str(root), 0, **{"set.enableDLegerCommitLog": "false"}).num_rows == 1
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_messages_reads_the_old_log_below_the_divided_offset_and_dledger_from_it(tmp_path, capsys, overlap):
+    root = gen_mixed(tmp_path, overlap=overlap)
+    divided = 0 if overlap else 4 * SEG
+    rows = [json.loads(line) for line in run_cli(capsys, "messages", root)[1].splitlines()]
+    old = [json.loads(line) for line in run_cli(capsys, "messages", tmp_path / "old")[1].splitlines()]
+    entries = dledger_entries(root)
+    want_old = [r["phy_offset"] for r in old if r["phy_offset"] < divided]  # getData below the divided offset
+    assert [r["phy_offset"] for r in rows] == want_old + [pos + 48 for _, pos, _ in entries]
+    assert all(r["dledger_index"] is None for r in rows[:len(want_old)])
+    assert [r["dledger_index"] for r in rows[len(want_old):]] == [i for i, _, _ in entries]
+    assert len(want_old) == (0 if overlap else len(old))
+    rc, out, err = run_cli(capsys, "messages", root, "--from-offset", divided - 1 if divided else 0, "--limit", 2,
+                           "--format", "parquet", "--out", tmp_path / "m.parquet")
+    assert rc == 0 and "wrote 2 messages" in err

@@ -313,9 +313,23 @@ class Store:
 
         return list(self.settings.delay_levels_ms)
 
+    @cached_property
+    def old_commitlog(self) -> CommitLog | None:
+        """A mixed store's default-mode ``commitlog/`` (dledgerlayout.OldCommitLog); None otherwise."""
+        if self.dledger is None or self.dledger.old is None:
+            return None
+        return CommitLog(self.loc.join("commitlog"), int(self.settings.mapped_file_size_commit_log),
+                         line=self.settings.scan_line)
+
     def scan(self, **kw):
-        """Every valid record in commitlog order as Arrow batches (see CommitLog.scan)."""
+        """Every valid record in commitlog order as Arrow batches (see CommitLog.scan); a mixed store's old
+        log below the divided offset, then DLedger's (storelib.broker.settings.mixedlog)."""
         kw.setdefault("delay_levels_ms", self.delay_levels_ms)
+        old = self.old_commitlog
+        if old is not None and self.dledger is not None and self.dledger.old is not None:
+            from storelib.broker.settings.mixedlog import mixed_scan
+
+            return mixed_scan(old, self.commitlog, self.dledger.old.divided, **kw)
         return self.commitlog.scan(**kw)
 
     def require_records(self, what: str, *, one_log: bool = False) -> None:
