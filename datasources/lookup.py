@@ -24,9 +24,7 @@ from .options import StoreOpen
 def open_store(store: str, **options: Any) -> Store:
     """The store facade with the data sources' options (settings loaded and detected like the CLI's)."""
     so = StoreOpen.parse({**options, "path": store})
-    st = Store(so.location(), so.settings(), uri=store)
-    st.require_one_log("lookup")  # a mixed DLedger store: the old log's messages are not read
-    return st
+    return Store(so.location(), so.settings(), uri=store)
 
 
 def _table(rows: list[dict[str, Any]], with_body: bool, st: Store) -> pa.Table:
@@ -59,7 +57,7 @@ def find_by_key(store: str, topic: str, key: str, *, begin: Any = 0, end: Any = 
 def find_by_offset(store: str, phy_offset: int, *, with_body: bool = False, **options: Any) -> pa.Table:
     """The record at a physical commitlog offset (one row)."""
     st = open_store(store, **options)
-    row = st.commitlog.record_at(int(phy_offset), with_body=with_body, delay_levels_ms=st.delay_levels_ms).to_pylist()
+    row = st.record_at(int(phy_offset), with_body=with_body, delay_levels_ms=st.delay_levels_ms).to_pylist()
     return _table(row, with_body, st)
 
 

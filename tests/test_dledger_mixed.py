@@ -76,7 +76,7 @@ def test_info_audit_and_the_recover_plan_name_the_mixed_store(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [
-    ["get", "--offset", "0"], ["export", "--out", "{tmp}/exp"], ["rebuild", "--out", "{tmp}/rb"],
+    ["export", "--out", "{tmp}/exp"], ["rebuild", "--out", "{tmp}/rb"],
     ["expiry"], ["timers"], ["recover", "--apply", "--backup", "{tmp}/bk"], ["recover", "--salvage", "{tmp}/sv"],
 ])
 def test_commands_that_read_one_log_refuse_a_mixed_store_in_one_line(tmp_path, capsys, argv):
@@ -89,13 +89,26 @@ def test_commands_that_read_one_log_refuse_a_mixed_store_in_one_line(tmp_path, c
     assert sorted((p, os.path.getsize(p)) for p in map(str, root.rglob("*")) if os.path.isfile(p)) == before
 
 
-def test_the_data_sources_refuse_a_mixed_store_and_read_the_old_log_when_told_default_mode(tmp_path):
+def test_the_commitlog_data_source_refuses_a_mixed_store_and_reads_the_old_log_when_told_default_mode(tmp_path):
     root = gen_mixed(tmp_path)
     with pytest.raises(StoreError, match="mixed store"):
-        find_by_offset(str(root), 0)
-    with pytest.raises(StoreError, match="mixed store"):
         open_commitlog(StoreOpen.parse({"path": str(root)}))
-    assert find_by_offset(str(root), 0, **{"set.enableDLegerCommitLog": "false"}).num_rows == 1
+    assert open_commitlog(StoreOpen.parse({"path": str(root), "set.enableDLegerCommitLog": "false"})).dledger is False
+
+
+def test_get_and_the_lookup_source_read_each_offset_from_the_log_the_broker_reads_it_from(tmp_path, capsys):
+    root = gen_mixed(tmp_path)
+    divided = 4 * SEG
+    first_old = json.loads(run_cli(capsys, "messages", tmp_path / "old", "--limit", 1)[1])
+    rc, out, err = run_cli(capsys, "get", root, "--offset", 0)  # below the divided offset: the old log (:664-676)
+    got = json.loads(out.splitlines()[0])
+    assert rc == 0 and got["phy_offset"] == 0 and got["uniq_key"] == first_old["uniq_key"]
+    assert got.get("dledger_index") is None
+    got = json.loads(run_cli(capsys, "get", root, "--offset", divided + 48)[1].splitlines()[0])
+    assert got["phy_offset"] == divided + 48 and got["dledger_index"] == 0  # DLedger's entry 0
+    t = find_by_offset(str(root), 0)
+    assert t.num_rows == 1 and t.column("uniq_key")[0].as_py() == first_old["uniq_key"]
+    assert find_by_offset(str(root), divided + 48).column("dledger_index")[0].as_py() == 0
 
 
 @pytest.mark.parametrize("overlap", [False, True])

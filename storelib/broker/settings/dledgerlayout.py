@@ -70,7 +70,7 @@ class DLedgerLayout:
             raise StoreError("commitlog", None, "mixed_dledger_store",
                              f"{what}: mixed store: commitlog/ keeps {self.old.count} default-mode segment(s) "
                              f"beside DLedger data {self.data}, and the broker serves offsets below "
-                             f"{self.old.divided} from them; only `messages` joins the two logs so far (read the old "
+                             f"{self.old.divided} from them; only info, messages and get join the two logs so far (read the old "
                              f"log alone with --set enableDLegerCommitLog=false)")
 
 
@@ -212,8 +212,8 @@ def mixed_finding(old: OldCommitLog, data: str) -> Finding:
                    f"offsets below the divided offset {old.divided} ({start}) from the old log (getData/getMessage "
                    ":244-269, :664-676) and the rest from DLedger, reports the old log's first offset as the min "
                    "offset (:163-169), turns DLedger's file deletion off while old files are left (:278-280, "
-                   ":192-207) and deletes the old files by the usual expiry, the last one too (:208-219); `messages` "
-                   "reads both parts so; the audit and this plan model the DLedger part only, and get, export, "
+                   ":192-207) and deletes the old files by the usual expiry, the last one too (:208-219); info, messages "
+                   "and get read both parts so; the audit and this plan model the DLedger part only, and export, "
                    f"rebuild, expiry, timers and recover --apply/--salvage refuse{gap}",
                    {**old.to_json(), "supported": False})
 

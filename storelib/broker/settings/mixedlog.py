@@ -47,4 +47,13 @@ def mixed_scan(old: CommitLog, new: CommitLog, divided: int, *, from_offset: int
             yield pa.RecordBatch.from_arrays(b.columns, schema=_nullable(b.schema))
 
 
-__all__ = ["mixed_scan"]
+def mixed_record_at(old: CommitLog, new: CommitLog, divided: int, phy_offset: int, **kw) -> pa.RecordBatch:
+    """The record at ``phy_offset``: the old log's below ``divided`` (getMessage, 4.9.8 :664-676), else
+    DLedger's; one row of the joined scan's schema."""
+    if phy_offset < divided:
+        return _old_rows(old.record_at(phy_offset, **kw), None)
+    b = new.record_at(phy_offset, **kw)
+    return pa.RecordBatch.from_arrays(b.columns, schema=_nullable(b.schema))
+
+
+__all__ = ["mixed_record_at", "mixed_scan"]

@@ -332,6 +332,23 @@ class Store:
             return mixed_scan(old, self.commitlog, self.dledger.old.divided, **kw)
         return self.commitlog.scan(**kw)
 
+    def record_at(self, phy_offset: int, **kw):
+        """The record at a physical offset as the broker's getMessage finds it (a mixed store: the old log
+        below the divided offset, storelib.broker.settings.mixedlog); a one-row batch."""
+        old = self.old_commitlog
+        if old is not None and self.dledger is not None and self.dledger.old is not None:
+            from storelib.broker.settings.mixedlog import mixed_record_at
+
+            return mixed_record_at(old, self.commitlog, self.dledger.old.divided, phy_offset, **kw)
+        return self.commitlog.record_at(phy_offset, **kw)
+
+    @property
+    def min_offset(self) -> int:
+        """The broker's min physical offset: a mixed store's old log's while it has files (4.9.8
+        DLedgerCommitLog.java:163-169), else the commitlog's first segment's."""
+        old = self.old_commitlog
+        return old.min_offset if old is not None and old.segments else self.commitlog.min_offset
+
     def require_records(self, what: str, *, one_log: bool = False) -> None:
         """Fail (one line) where a command would otherwise print nothing for a commitlog that is not one
         (``one_log``: or read only the DLedger part of a mixed store, :meth:`require_one_log`)."""
