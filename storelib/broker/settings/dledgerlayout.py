@@ -213,7 +213,7 @@ def mixed_finding(old: OldCommitLog, data: str) -> Finding:
                    ":244-269, :664-676) and the rest from DLedger, reports the old log's first offset as the min "
                    "offset (:163-169), turns DLedger's file deletion off while old files are left (:278-280, "
                    ":192-207) and deletes the old files by the usual expiry, the last one too (:208-219); info, messages "
-                   "and get read both parts so; the audit and this plan model the DLedger part only, and export, "
+                   "and get read both parts so; the audit and recover --plan model the DLedger part only; export, "
                    f"rebuild, expiry, timers and recover --apply/--salvage refuse{gap}",
                    {**old.to_json(), "supported": False})
 
