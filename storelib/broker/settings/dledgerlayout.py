@@ -211,7 +211,7 @@ def mixed_finding(old: OldCommitLog, data: str) -> Finding:
                    f"beside the DLedger data {data}; the broker (4.9.8/5.3.3 DLedgerCommitLog) serves physical "
                    f"offsets below the divided offset {old.divided} ({start}) from the old log (getData/getMessage "
                    ":244-269, :664-676) and the rest from DLedger, reports the old log's first offset as the min "
-                   "offset (:163-169), turns DLedger's file deletion off while old files are left (:278-280, "
+                   "offset (:163-169), turns DLedger's file deletion off while old files are left (:276-279, "
                    ":192-207) and deletes the old files by the usual expiry, the last one too (:208-219); info, messages "
                    "and get read both parts so; the audit and recover --plan model the DLedger part only; export, "
                    f"rebuild, expiry, timers and recover --apply/--salvage refuse{gap}",
