@@ -208,7 +208,9 @@ def open_commitlog(store: StoreOpen) -> CommitLog:
 def _commitlog(store: StoreOpen) -> CommitLog:
     from storelib.broker.settings.store import Store
 
-    return Store(store.location(), store.settings(), uri=store.path).commitlog
+    st = Store(store.location(), store.settings(), uri=store.path)
+    st.require_one_log("the commitlog data source")  # a mixed DLedger store: one line, not half the messages
+    return st.commitlog
 
 
 def plan(opts: MessageReadOptions, pushed: list[Pred] = ()) -> list[Split]:

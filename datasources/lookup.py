@@ -57,7 +57,7 @@ def find_by_key(store: str, topic: str, key: str, *, begin: Any = 0, end: Any = 
 def find_by_offset(store: str, phy_offset: int, *, with_body: bool = False, **options: Any) -> pa.Table:
     """The record at a physical commitlog offset (one row)."""
     st = open_store(store, **options)
-    row = st.commitlog.record_at(int(phy_offset), with_body=with_body, delay_levels_ms=st.delay_levels_ms).to_pylist()
+    row = st.record_at(int(phy_offset), with_body=with_body, delay_levels_ms=st.delay_levels_ms).to_pylist()
     return _table(row, with_body, st)
 
 

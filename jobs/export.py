@@ -126,7 +126,7 @@ def _export(cfg: ExportConfig, spark: Any = None, engine: Engine | None = None) 
     root = resolve(cfg.store, **cfg.fs_options)
     settings = load_settings(cfg.broker_conf, cfg.broker_version, cfg.overrides, root)
     store = Store(root, settings, uri=cfg.store)
-    store.require_records("export")
+    store.require_records("export", one_log=True)
     cut = store.take_cut()
     if cut.live:
         if cfg.expect_stopped:

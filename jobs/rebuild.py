@@ -136,7 +136,7 @@ def rebuild(cfg: RebuildConfig, spark=None, engine: Engine | None = None) -> dic
     root = resolve(cfg.store, **cfg.fs_options)
     settings = load_settings(cfg, root)
     store = Store(root, settings)
-    store.require_records("rebuild")
+    store.require_records("rebuild", one_log=True)
     layout_notes = cq_layout_notes(root, what, cfg.in_place)
     out = _destination(cfg, store, root)
     segs = store.commitlog.segments

@@ -28,6 +28,25 @@ def gen_dledger(tmp_path: Path, name: str = "s", n: int = 600, version: str = "4
     return out
 
 
+def gen_mixed(tmp_path: Path, n_old: int = 200, n_new: int = 300, dledger_data: bool = True,
+              overlap: bool = False) -> Path:
+    """A "mixed" store: a default-mode store's ``commitlog/`` (``n_old`` messages) beside a DLedger node whose
+    first data file starts where the old log ends, as the switched broker creates it (DLedgerCommitLog.java:309-320;
+    ``overlap``: at 0 instead, over the old log's offsets; ``dledger_data=False``: ``dledger-n0/data`` left empty,
+    as the broker finds it at its first start in DLedger mode)."""
+    import shutil
+
+    s = BrokerSettings.defaults("4").with_overrides({"mappedFileSizeCommitLog": SEG})
+    generate(tmp_path / "old", GenConfig(messages=n_old, seed=3, version="4"), s, dispatch=True)
+    end = SEG * len([p for p in (tmp_path / "old" / "commitlog").iterdir() if p.stat().st_size])
+    root = gen_dledger(tmp_path, "mixed", n=n_new, data_start=0 if overlap else end)
+    shutil.copytree(tmp_path / "old" / "commitlog", root / "commitlog")
+    if not dledger_data:
+        for f in (root / "dledger-n0" / "data").iterdir():
+            f.unlink()
+    return root
+
+
 def open_store(root: Path) -> Store:
     """The store as the command opens it (settings and geometry inferred from its files)."""
     loc = resolve(str(root))

@@ -76,12 +76,17 @@ def test_store_path_dledger_commitlog_is_mapped_onto_the_copy(tmp_path, sample_d
         _settings(root, str(conf))
 
 
-def test_a_store_with_commitlog_segments_stays_a_default_store(tmp_path, sample_498, sample_dledger):
+def test_commitlog_segments_beside_dledger_data_are_a_mixed_dledger_store(tmp_path, sample_498, sample_dledger):
     root = tmp_path / "store"
     shutil.copytree(sample_498 / "store", root)
     shutil.copytree(sample_dledger / "store" / "dledger-n0", root / "dledger-n0")
-    assert _settings(root).dledger is None
+    mixed = _settings(root).dledger  # a broker switched to DLedger mode keeps its old commitlog/ (test_dledger_mixed)
+    assert mixed.self_id == "n0" and mixed.old is not None and "beside commitlog segments" in mixed.reason
     assert _settings(root, enableDLegerCommitLog="true").dledger.self_id == "n0"
+    assert _settings(root, enableDLegerCommitLog="false").dledger is None
+    shutil.rmtree(root / "dledger-n0" / "data")  # no DLedger data: the folders alone leave a default store
+    (root / "dledger-n0" / "data").mkdir()
+    assert _settings(root).dledger is None
 
 
 def test_the_facade_reads_dledger_state_and_scans_the_node(dledger_sample):

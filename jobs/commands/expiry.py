@@ -103,7 +103,7 @@ def run_args(args: argparse.Namespace) -> int:
     base, policies = build_policies(args)
     model = time_model(args)
     store = Store(args.store, base, **fs_options(args))
-    store.require_records("expiry")
+    store.require_records("expiry", one_log=True)
     cut = store.take_cut()
     if cut.live:
         print(f"rmqstore expiry: {cut.describe()}: the what-if starts from the store as read at the cut",

@@ -46,16 +46,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def lookup(store: Store, args: argparse.Namespace) -> list[dict]:
     """The matching records as JSON-ready dicts (several for --key)."""
-    cl = store.commitlog
     kw = {"with_body": args.with_body, "delay_levels_ms": store.delay_levels_ms}
     if args.offset is not None:
-        return [row_to_json(cl.record_at(args.offset, **kw).to_pylist()[0], args.with_body)]
+        return [row_to_json(store.record_at(args.offset, **kw).to_pylist()[0], args.with_body)]
     if args.msg_id is not None:
         try:
             _, phy = decode_msg_id(args.msg_id)
         except ValueError as e:
             raise StoreError(None, None, "bad_msg_id", str(e)) from e
-        return [row_to_json(cl.record_at(phy, **kw).to_pylist()[0], args.with_body)]
+        return [row_to_json(store.record_at(phy, **kw).to_pylist()[0], args.with_body)]
     if args.queue is not None:
         from storelib.broker.index.lookup import lookup_queue
 
@@ -64,7 +63,7 @@ def lookup(store: Store, args: argparse.Namespace) -> list[dict]:
         if not topic:
             raise StoreError(None, None, "bad_argument", "--queue needs TOPIC:QUEUE_ID:QUEUE_OFFSET")
         phy = lookup_queue(store, topic, int(qid), int(rest))
-        return [row_to_json(cl.record_at(phy, **kw).to_pylist()[0], args.with_body)]
+        return [row_to_json(store.record_at(phy, **kw).to_pylist()[0], args.with_body)]
     if not args.topic:
         raise StoreError(None, None, "bad_argument", "--key needs --topic")
     from storelib.broker.index.lookup import lookup_key
@@ -88,7 +87,7 @@ def with_uniq_key_info(row: dict, tz: tzinfo) -> dict:
 def run_args(args: argparse.Namespace) -> int:
     tz = parse_zone(args.tz)  # a bad --tz stops here (ValueError: the CLI prints it)
     store = open_store(args)
-    store.require_records("get")
+    store.require_records("get")  # a mixed store: both logs (Store.record_at)
     try:
         rows = [with_uniq_key_info(r, tz) for r in lookup(store, args)]
     except StoreError as e:

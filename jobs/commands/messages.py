@@ -65,7 +65,7 @@ def filtered_batches(store: Store, args: argparse.Namespace) -> Iterator[pa.Reco
             print(f"rmqstore messages: {len(f.extra['segments'])} segment(s) expired during the run (the broker's "
                   f"cleaner deleted them after this run listed them; first: {f.file}): not listed", file=sys.stderr)
     # bytes the scan could not read as records (a segment of random bytes, a torn record): named, not passed
-    sizes = {s.display: s.file_size for s in store.commitlog.segments}
+    sizes = {s.display: s.file_size for cl in (store.commitlog, store.old_commitlog) if cl for s in cl.segments}
     name_unread("messages", [f for f in store.findings if f.kind == "commitlog_head_not_a_record"]
                 + unread_ends([e for e in ends if not (e.file_offset == 0 and _head_named(store, e.file))], sizes))
 
@@ -98,7 +98,7 @@ def _filtered(store: Store, args: argparse.Namespace, left: int | None, progress
 
 def run_args(args: argparse.Namespace) -> int:
     store = open_store(args)
-    store.require_records("messages")
+    store.require_records("messages")  # a mixed store: both logs (Store.scan)
     if args.format == "parquet":
         import pyarrow.parquet as pq
 

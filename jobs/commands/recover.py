@@ -74,6 +74,8 @@ def run_args(args: argparse.Namespace) -> int:
         raise StoreError(None, None, "bad_args", "--apply needs --backup DIR")
     store = _open(args)
     store.require_records("recover")
+    if args.apply or args.salvage:  # the plan names a mixed store with a finding; changing it needs both logs
+        store.require_one_log("recover --apply" if args.apply else "recover --salvage")
     segs = store.commitlog.segments
     engine = make_engine(resolve_engine_name(args.engine, master=args.master, segments=len(segs),
                                              store_bytes=sum(x.file_size for x in segs)),

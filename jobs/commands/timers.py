@@ -55,7 +55,7 @@ def _filtered(timers: pa.Table, args: argparse.Namespace) -> pa.Table:
 
 def run_args(args: argparse.Namespace) -> int:
     store = open_store(args)
-    store.require_records("timers")
+    store.require_records("timers", one_log=True)
     if not store.exists("timerlog") and not store.exists("timerwheel"):
         print(f"rmqstore timers: {args.store} has no timer store (timerlog/, timerwheel): a 4.x store, or a 5.x "
               "broker with timerWheelEnable=false; timer topic records are still listed", file=sys.stderr)

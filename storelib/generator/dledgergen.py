@@ -53,11 +53,13 @@ class DLedgerGen:
     torn_at: int = 0
     crashed: bool = False
     index_file_size: int = DEFAULT_INDEX_FILE_SIZE
+    data_start: int = 0  # the first data file's offset: a broker switched from default mode starts DLedger at the
+    # old log's end (4.9.8 DLedgerCommitLog.java:309-320), a multiple of the data file size
 
     def __post_init__(self) -> None:
         if not self.self_id or "/" in self.self_id or self.self_id in (".", ".."):
             raise StoreError(None, None, "bad_value", f"bad DLedger self id {self.self_id!r}")
-        for name in ("term", "committed_lag", "undispatched", "torn_at"):
+        for name in ("term", "committed_lag", "undispatched", "torn_at", "data_start"):
             if getattr(self, name) < 0:
                 raise StoreError(None, None, "bad_value", f"{name} must not be negative")
         F = self.index_file_size

@@ -352,7 +352,10 @@ def generate(out: str | os.PathLike, cfg: GenConfig, settings: BrokerSettings | 
     files = DLedgerFiles(stage, dledger) if dledger is not None else None
     lay = FileLayout(stage, g.S, files)
     os.makedirs(lay.dir, exist_ok=True)
-    lay.open_file(0)
+    lay.base = dledger.data_start if dledger is not None else 0  # a switched broker's DLedger starts past its old log
+    if lay.base % g.S:
+        raise StoreError(None, None, "bad_value", f"the DLedger data start {lay.base} is not a multiple of {g.S}")
+    lay.open_file(lay.base)
     res = GenResult(out)
     counts = np.zeros(4, dtype=np.int64)
     tail_ts = np.zeros(0, np.int64)  # the last records' store times (the last dispatched one's is the checkpoint's)

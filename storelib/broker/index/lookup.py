@@ -38,7 +38,7 @@ def lookup_queue(store: Store, topic: str, queue_id: int, queue_offset: int) -> 
     try:
         if not cq.segments:
             raise StoreError(where, None, "no_queue", "no ConsumeQueue files for this queue")
-        lo = cq.min_offset(store.commitlog.min_offset, variant=min_variant(store.settings.version))
+        lo = cq.min_offset(store.min_offset, variant=min_variant(store.settings.version))
         hi = cq.max_offset()
         if not lo <= queue_offset < hi:
             raise StoreError(where, queue_offset * CQ_UNIT_SIZE, "offset_out_of_range",
@@ -97,7 +97,7 @@ def lookup_key(store: Store, topic: str, key: str, begin_ms: int = 0, end_ms: in
     rows = []
     for phy in key_candidates(store, topic, key, lo, hi):
         try:
-            row = store.commitlog.record_at(phy, with_body=with_body, delay_levels_ms=store.delay_levels_ms).to_pylist()[0]
+            row = store.record_at(phy, with_body=with_body, delay_levels_ms=store.delay_levels_ms).to_pylist()[0]
         except StoreError:
             continue  # data expired or corrupt: the broker skips it too
         if row["topic"] != topic or not begin_ms <= row["store_timestamp"] <= end_ms:

@@ -5,8 +5,13 @@ DLedger, whose files are under ``<storePathRootDir>/dledger-<dLegerSelfId>/`` (d
 ``storePathDLedgerCommitLog`` moves it; index, checkpoint and currterm stay). The signals, strongest
 first: ``--dledger-self-id`` (= ``dLegerSelfId``), broker.conf/``--set`` ``enableDLegerCommitLog``,
 ``dLegerSelfId`` or ``storePathDLedgerCommitLog``, then the layout itself (``dledger-*/`` folders and no
-commitlog segments). A root holding several nodes' folders (a group copied together) needs the node
-named. ``enableDLegerCommitLog=false`` given explicitly turns DLedger mode off whatever the files say.
+commitlog segments, or DLedger data beside them: a "mixed" store). A root holding several nodes' folders
+(a group copied together) needs the node named. ``enableDLegerCommitLog=false`` given explicitly turns
+DLedger mode off whatever the files say.
+
+A mixed store: a broker switched from default mode to DLedger mode keeps its old ``commitlog/``, and
+DLedgerCommitLog serves the physical offsets below its ``dividedCommitlogOffset`` from it (see
+:func:`mixed_finding`); :class:`OldCommitLog` records where that old log is.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class DLedgerLayout:
     data: str  # "dledger-n0/data", or the storePathDLedgerCommitLog directory
     reason: str
     findings: tuple[Finding, ...] = ()
+    old: OldCommitLog | None = None  # a mixed store's default-mode commitlog/ (None: no segments there)
 
     @property
     def index(self) -> str:
@@ -55,7 +61,37 @@ class DLedgerLayout:
 
     def to_json(self) -> dict:
         return {"self_id": self.self_id, "dir": self.dir, "data": self.data, "index": self.index,
-                "reason": self.reason, "findings": [f.to_dict() for f in self.findings]}
+                "reason": self.reason, "findings": [f.to_dict() for f in self.findings],
+                "old_commitlog": None if self.old is None else self.old.to_json()}
+
+    def refuse_mixed(self, what: str) -> None:
+        """Fail (one line) for a command that would read only the DLedger part of a mixed store."""
+        if self.old is not None:
+            raise StoreError("commitlog", None, "mixed_dledger_store",
+                             f"{what}: mixed store: commitlog/ keeps {self.old.count} default-mode segment(s) "
+                             f"beside DLedger data {self.data}, and the broker serves offsets below "
+                             f"{self.old.divided} from them; only info, messages and get join the two logs so far (read the old "
+                             f"log alone with --set enableDLegerCommitLog=false)")
+
+
+@dataclass(frozen=True)
+class OldCommitLog:
+    """The default-mode segments of a mixed store and the divided offset the broker computes from them.
+
+    ``divided``: 4.9.8 DLedgerCommitLog.recover (DLedgerCommitLog.java:271-322; 5.3.3 :291-427) takes
+    the first DLedger data file's offset when DLedger holds files (:275; 5.3.3 :295/:323), else the end of
+    the last old segment (fileFromOffset + file size, :309; 5.3.3 setRecoverPosition :414), where DLedger's
+    first data file is then created (:320; 5.3.3 :425)."""
+
+    first: int  # the first old segment's offset
+    end: int  # the last old segment's offset + its file size
+    count: int
+    divided: int
+    dledger_first: int | None  # the first DLedger data file's offset (None: no data file yet)
+
+    def to_json(self) -> dict:
+        return {"first": self.first, "end": self.end, "segments": self.count, "divided_offset": self.divided,
+                "dledger_first": self.dledger_first}
 
 
 @dataclass(frozen=True)
@@ -133,13 +169,53 @@ def dledger_dirs(root: Location) -> list[str]:
     return sorted(out)
 
 
-def has_commitlog_segments(root: Location) -> bool:
-    cl = root.join("commitlog")
+def _segment_files(folder: Location) -> list[tuple[int, int]]:
+    """(offset from the name, size) of the folder's non-empty 20-digit files, in offset order."""
     try:
-        infos = cl.fs.get_file_info(pafs.FileSelector(cl.path, allow_not_found=True))
+        infos = folder.fs.get_file_info(pafs.FileSelector(folder.path, allow_not_found=True))
     except OSError:
-        return False
-    return any(i.type == pafs.FileType.File and _SEGMENT.match(i.base_name) and (i.size or 0) > 0 for i in infos)
+        return []
+    return sorted((int(i.base_name), int(i.size or 0)) for i in infos
+                  if i.type == pafs.FileType.File and _SEGMENT.match(i.base_name) and (i.size or 0) > 0)
+
+
+def has_commitlog_segments(root: Location) -> bool:
+    return bool(_segment_files(root.join("commitlog")))
+
+
+def old_commitlog(root: Location, data: Location) -> OldCommitLog | None:
+    """The mixed store's old segments and divided offset (None when ``commitlog/`` holds no segments)."""
+    old = _segment_files(root.join("commitlog"))
+    if not old:
+        return None
+    new = _segment_files(data)
+    end = old[-1][0] + old[-1][1]
+    first = new[0][0] if new else None
+    return OldCommitLog(old[0][0], end, len(old), end if first is None else first, first)
+
+
+def mixed_finding(old: OldCommitLog, data: str) -> Finding:
+    """What the broker does with a mixed store's old commitlog (4.9.8 DLedgerCommitLog.java lines; 5.3.3
+    keeps the same rules: getMinOffset :162, deleteExpiredFile :195, getData :248-290, getMessage :801)."""
+    gap = ""
+    if old.end > old.divided:
+        gap = (f"; the old segments end at {old.end}, past the divided offset: their bytes at and above "
+               f"{old.divided} are never read: DLedger's entries own those offsets")
+    elif old.end < old.divided:
+        gap = f"; nothing lies between the old log's end {old.end} and {old.divided}"
+    start = ("the first DLedger data file's offset, recover DLedgerCommitLog.java:275" if old.dledger_first
+             is not None else "the end of the last old segment: with no DLedger data yet the broker's next start "
+             "seals that segment with a blank record and creates DLedger's first file there (:288-321)")
+    return Finding("dledger_mixed_commitlog", "warning", "commitlog", old.divided,
+                   f"mixed store: commitlog/ keeps {old.count} default-mode segment(s) ({old.first}..{old.end}) "
+                   f"beside the DLedger data {data}; the broker (4.9.8/5.3.3 DLedgerCommitLog) serves physical "
+                   f"offsets below the divided offset {old.divided} ({start}) from the old log (getData/getMessage "
+                   ":244-269, :664-676) and the rest from DLedger, reports the old log's first offset as the min "
+                   "offset (:163-169), turns DLedger's file deletion off while old files are left (:276-279, "
+                   ":192-207) and deletes the old files by the usual expiry, the last one too (:208-219); info, messages "
+                   "and get read both parts so; the audit and recover --plan model the DLedger part only; export, "
+                   f"rebuild, expiry, timers and recover --apply/--salvage refuse{gap}",
+                   {**old.to_json(), "supported": False})
 
 
 def detect_dledger(root: Location | None, settings: BrokerSettings, explicit: set[str]) -> DLedgerLayout | None:
@@ -156,8 +232,13 @@ def detect_dledger(root: Location | None, settings: BrokerSettings, explicit: se
     said = [k for k in DLEDGER_KEYS if _value(settings, k)]  # their defaults are unset: any value was given
     if said:
         reason = "broker.conf/--set " + ", ".join(f"{k}={_value(settings, k)}" for k in said)
-    elif not dirs or root is None or has_commitlog_segments(root):
+    elif not dirs or root is None:
         return None
+    elif has_commitlog_segments(root):
+        if not any(_segment_files(root.join(d, DATA_DIR)) for d in dirs):
+            return None
+        reason = (f"the store holds DLedger data in {', '.join(d + '/' for d in dirs)} beside commitlog segments: a "
+                  "broker switched to DLedger mode (--set enableDLegerCommitLog=false reads commitlog/ alone)")
     else:
         reason = f"the store holds {', '.join(d + '/' for d in dirs)} and no commitlog segments"
     if root is None:
@@ -176,7 +257,11 @@ def detect_dledger(root: Location | None, settings: BrokerSettings, explicit: se
         have = f" (there is {', '.join(dirs)})" if dirs else ""
         raise StoreError(root.path, None, "no_dledger_dir", f"DLedger node {sid}: no {d}/ folder here{have}")
     data, findings = _data_dir(root, settings, d, spath)
-    return DLedgerLayout(sid, d, data, reason, tuple(findings))
+    old = old_commitlog(root, Location(root.fs, data, root.local) if data.startswith("/")
+                        else root.join(*data.split("/")))
+    if old is not None:
+        findings.append(mixed_finding(old, data))
+    return DLedgerLayout(sid, d, data, reason, tuple(findings), old)
 
 
 def _value(settings: BrokerSettings, key: str) -> str:
@@ -209,5 +294,5 @@ def _data_dir(root: Location, settings: BrokerSettings, d: str, spath: str | Non
                                               f"{default}/ either")
 
 
-__all__ = ["DLEDGER_KEYS", "DLedgerLayout", "DLedgerState", "detect_dledger", "dledger_dirs",
-           "has_commitlog_segments", "read_dledger_state"]
+__all__ = ["DLEDGER_KEYS", "DLedgerLayout", "DLedgerState", "OldCommitLog", "detect_dledger", "dledger_dirs",
+           "has_commitlog_segments", "mixed_finding", "old_commitlog", "read_dledger_state"]

@@ -313,16 +313,55 @@ class Store:
 
         return list(self.settings.delay_levels_ms)
 
+    @cached_property
+    def old_commitlog(self) -> CommitLog | None:
+        """A mixed store's default-mode ``commitlog/`` (dledgerlayout.OldCommitLog); None otherwise."""
+        if self.dledger is None or self.dledger.old is None:
+            return None
+        return CommitLog(self.loc.join("commitlog"), int(self.settings.mapped_file_size_commit_log),
+                         line=self.settings.scan_line)
+
     def scan(self, **kw):
-        """Every valid record in commitlog order as Arrow batches (see CommitLog.scan)."""
+        """Every valid record in commitlog order as Arrow batches (see CommitLog.scan); a mixed store's old
+        log below the divided offset, then DLedger's (storelib.broker.settings.mixedlog)."""
         kw.setdefault("delay_levels_ms", self.delay_levels_ms)
+        old = self.old_commitlog
+        if old is not None and self.dledger is not None and self.dledger.old is not None:
+            from storelib.broker.settings.mixedlog import mixed_scan
+
+            return mixed_scan(old, self.commitlog, self.dledger.old.divided, **kw)
         return self.commitlog.scan(**kw)
 
-    def require_records(self, what: str) -> None:
-        """Fail (one line) where a command would otherwise print nothing for a commitlog that is not one."""
+    def record_at(self, phy_offset: int, **kw):
+        """The record at a physical offset as the broker's getMessage finds it (a mixed store: the old log
+        below the divided offset, storelib.broker.settings.mixedlog); a one-row batch."""
+        old = self.old_commitlog
+        if old is not None and self.dledger is not None and self.dledger.old is not None:
+            from storelib.broker.settings.mixedlog import mixed_record_at
+
+            return mixed_record_at(old, self.commitlog, self.dledger.old.divided, phy_offset, **kw)
+        return self.commitlog.record_at(phy_offset, **kw)
+
+    @property
+    def min_offset(self) -> int:
+        """The broker's min physical offset: a mixed store's old log's while it has files (4.9.8
+        DLedgerCommitLog.java:163-169), else the commitlog's first segment's."""
+        old = self.old_commitlog
+        return old.min_offset if old is not None and old.segments else self.commitlog.min_offset
+
+    def require_records(self, what: str, *, one_log: bool = False) -> None:
+        """Fail (one line) where a command would otherwise print nothing for a commitlog that is not one
+        (``one_log``: or read only the DLedger part of a mixed store, :meth:`require_one_log`)."""
+        if one_log:
+            self.require_one_log(what)
         for f in self.findings:
             if f.kind == "commitlog_head_not_a_record" and not any_segment_starts_with_record(self.loc):
                 raise NotAStoreError(f.file, f.offset, "not_a_commitlog", f"{what}: {f.detail}")
+
+    def require_one_log(self, what: str) -> None:
+        """Fail (one line) where a command would read only the DLedger part of a mixed store (dledgerlayout)."""
+        if self.dledger is not None:
+            self.dledger.refuse_mixed(what)
 
     def require_local(self, what: str) -> str:
         """The local root path, or a clear error for operations that modify a store in place."""

@@ -41,6 +41,8 @@ class _LedgerStats:
         self.unc_queues: dict[str, int] = {}
 
     def add(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows and batch.column("dledger_index").null_count:  # a mixed store's old log: no entries
+            batch = batch.filter(batch.column("dledger_index").is_valid())
         if not batch.num_rows:
             return
         idx = batch.column("dledger_index").to_numpy()
@@ -108,17 +110,21 @@ def collect(store: Store, scan: bool = True, on_segment: OnSegment = None) -> di
     if line and line.conflict:
         findings.append(Finding("broker_line_conflict", "warning", None, None, line.conflict))
     out["segment_size"] = cl.segment_size
-    out["segments"] = [{"name": s.name, "base": s.base, "size": s.file_size, "mtime_ms": s.mtime_ms} for s in cl.segments]
+    old = store.old_commitlog  # a mixed store's default-mode segments, listed first (storelib.broker.settings.mixedlog)
+    out["segments"] = [{"name": f"commitlog/{s.name}", "base": s.base, "size": s.file_size, "mtime_ms": s.mtime_ms,
+                        "old_log": True} for s in (old.segments if old is not None else [])]
+    out["segments"] += [{"name": s.name, "base": s.base, "size": s.file_size, "mtime_ms": s.mtime_ms} for s in cl.segments]
     stats: dict = {}
     st = store.dledger_state
     ledger = _LedgerStats(st.committed_index if st is not None else None) if store.dledger is not None else None
     if scan:
         stats, ends = _queue_stats(store, on_segment, ledger)
-        for seg, e in zip([s for s in cl.segments if s.file_size], ends):
-            for d in out["segments"]:
-                if d["name"] == seg.name:
-                    d.update({"records": e["records"], "end": e["kind"], "end_offset": e["file_offset"],
-                              "reason": e["reason"]})
+        rows = {d["name"]: d for d in out["segments"]}
+        for e in ends:  # each scanned segment's end, by its file (a mixed store's old segments: commitlog/<name>)
+            d = rows.get(e["file"]) or rows.get(e["file"].rsplit("/", 1)[-1])
+            if d is not None:
+                d.update({"records": e["records"], "end": e["kind"], "end_offset": e["file_offset"],
+                          "reason": e["reason"]})
             if e["kind"] == "invalid":
                 findings.append(Finding(e["reason"] or "invalid_record", "error", e["file"], e["file_offset"],
                                         e["detail"] or ""))

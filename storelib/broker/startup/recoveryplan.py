@@ -67,13 +67,18 @@ def plan_document(sim: Simulation, *, lost: bool = True) -> dict:
         "findings": [f.to_dict() for f in sim.findings],
         # the broker's load fails on these entries (it does not start) or maps files this model does not read
         "load_failures": [f.to_dict() for f in sim.load_failures],
-        "supported": sim.walk.supported and not sim.load_failures,
+        "supported": sim.walk.supported and not sim.load_failures and not _mixed(sim),
     }
     plan["changes"] = bool(
         plan["commitlog"]["delete_segments"] or sim.commitlog_zero_from or queues_doc["files"] or sim.index_delete
         or sim.index_images or abort.exists or (lost_doc and lost_doc["totals"]["messages"])
         or (sim.timer is not None and sim.timer.changes_anything()) or (sim.dledger is not None and sim.dledger.any))
     return plan
+
+
+def _mixed(sim: Simulation) -> bool:
+    """A mixed store: the plan models the DLedger part only (dledgerlayout.mixed_finding)."""
+    return sim.store.dledger is not None and sim.store.dledger.old is not None
 
 
 def _dledger_doc(sim: Simulation) -> dict[str, Any] | None:
