@@ -78,3 +78,28 @@ def test_cq_able_ends_of_any_split_of_the_log_tell_the_same_recovery_max():
         for end in (10, 20, 30, 40, 60, 70, 80):
             assert recovery_max_past(end, 80, lost, parts) == recovery_max_past(end, 80, lost, whole)
     assert [recovery_max_past(e, 80, lost, whole) for e in (10, 30, 40, 60, 70)] == [40, 40, -1, 70, -1]
+
+
+def test_incremental_audit_judges_the_skipped_record_again_when_a_unit_record_follows(tmp_path, monkeypatch):
+    """``audit --since``: a record another queue group gets after the PREPARED tail makes the recovery raise
+    a queue's max past the skipped record, so the lagging group's carried verdict is judged again."""
+    import jobs.engines.audit_tasks as audit_tasks
+    from jobs.audit import audit_store
+
+    monkeypatch.setattr(audit_tasks, "cross_groups", lambda eng, tasks, in_memory: 8)
+    half = "RMQ_SYS_TRANS_HALF_TOPIC"
+    cs, skipped, _ = _tail_store(tmp_path, "s", [(half, 4), (half, 4)])
+    root, kw = tmp_path / "s", {"broker_conf": str(tmp_path / "s.conf"), "version": "5", "quiet": True}
+    state = str(tmp_path / "state.json")
+
+    def never(rep: dict) -> list:
+        return [f["extra"].get("never_dispatched") for f in _queue_findings(rep["findings"], "T", 1)]
+
+    assert never(audit_store(str(root), since=state, **kw)) == [None]
+    p = cs.append(msg("U", 0, body=b"N" * 200, uniq="N1"))  # appended to the file, not dispatched
+    with open(sorted((root / "commitlog").iterdir())[-1], "r+b") as f:
+        f.seek(p.phy % S)
+        f.write(bytes(cs.segments[p.segment][p.phy % S:p.phy % S + p.size]))
+    inc = audit_store(str(root), since=state, **kw)
+    assert "incremental" in inc["run"]["cross_check_mode"]
+    assert never(inc) == never(audit_store(str(root), **kw)) == [skipped.phy]

@@ -151,7 +151,7 @@ class CQLoad:
         at, ends = self.never_dispatched(), self.cq_ends or cq_able_ends(log.phy, log.size, log.tran)
         r = int(log.lookup_field(np.array([at], np.int64))[0]) if at >= 0 else -1
         return at if r < 0 or stays_undispatched(self.settings, self.cq_max_phy, log.log_min,
-                                                 int(log.phy[r]) + int(log.size[r]), log.log_end, log.lost, ends) else -1
+                                                 int(log.phy[r] + log.size[r]), log.log_end, log.lost, ends) else -1
 
 
 def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, cut: StoreCut | None = None,
