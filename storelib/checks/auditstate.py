@@ -91,6 +91,7 @@ def merge_appended(old: SegmentResult, new: SegmentResult) -> SegmentResult:
     out.last_ts = max(ts) if ts else None
     out.seconds = new.seconds
     out.rec_end = max(old.rec_end, new.rec_end)
+    out.cq_ends = None if old.cq_ends is None or new.cq_ends is None else old.cq_ends + new.cq_ends
     out._parts = new._parts  # the new part's tables: what the cross-file tasks read of the segment
     return out
 

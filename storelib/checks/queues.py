@@ -16,7 +16,7 @@ from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.strayload import judge_queue, version_of
 from storelib.broker.startup.cqrecovery import recovery_tags, writer_slots_of
-from storelib.broker.startup.lagdispatch import lag_finding, stays_undispatched
+from storelib.broker.startup.lagdispatch import cq_able_ends, lag_finding, stays_undispatched
 from storelib.broker.startup.startup5x import batch_max_physic_offset
 from storelib.checks.logview import LogView, is_member, queue_hint, queue_records_exactly, rel_path
 from storelib.checks.segment import Capped
@@ -33,9 +33,7 @@ if TYPE_CHECKING:
 
 def check_queue_offsets(log: LogView, out: Capped) -> dict[tuple[str, int], dict]:
     """Per (topic, queue): QUEUEOFFSETs of dispatchable records contiguous and unique, in commitlog order.
-
-    Returns per-queue facts: min/max queue offset and message count in the commitlog.
-    """
+    Returns per-queue facts: min/max queue offset and message count in the commitlog."""
     disp = np.flatnonzero(gets_cq_unit(log.tran))
     facts: dict[tuple[str, int], dict] = {}
     if not len(disp):
@@ -131,6 +129,7 @@ class CQLoad:
     # where the records are and whose rules apply: a 4.9.8 delay unit's other tagsCode is read from its record
     root: Location | None = None
     settings: BrokerSettings | None = None
+    cq_ends: list[int] | None = None  # lagdispatch.cq_able_ends of the whole log (a task's view holds part of it)
 
     def reput_from(self, log_min: int) -> int:
         """Where the broker's reput would start: past every unit. On a live store, whose queues are read one
@@ -139,20 +138,20 @@ class CQLoad:
         return max(log_min, 0) if self.live else max(self.cq_max_phy, log_min, 0)
 
     def never_dispatched(self) -> int:
-        """The record a normal start skips (-1: none): at the offset 5.3.3's recovery dispatches only records
-        above (walkplan.recovery_dispatch_after; 4.9.8 reputs from it; a live store's reput runs); whether its
-        reput reads it after all: :func:`storelib.broker.startup.lagdispatch.stays_undispatched`."""
+        """The record a normal start skips (-1: none): where 5.3.3's recovery dispatches only records above
+        (walkplan.recovery_dispatch_after; 4.9.8 reputs from it; a live store's reput runs): :meth:`never_in`."""
         s = self.settings
         after = None if s is None or self.live else recovery_dispatch_after(
             version_of(s.version), s.dledger is not None, True, self.cq_max_phy)
         return -1 if after is None else after
 
     def never_in(self, log: LogView) -> int:
-        """:meth:`never_dispatched` when the start does not re-dispatch it either (its record in ``log``)."""
-        at = self.never_dispatched()
+        """:meth:`never_dispatched` when the start does not re-dispatch it either (its record in ``log``):
+        :func:`storelib.broker.startup.lagdispatch.stays_undispatched`, on :attr:`cq_ends` or ``log``'s."""
+        at, ends = self.never_dispatched(), self.cq_ends or cq_able_ends(log.phy, log.size, log.tran)
         r = int(log.lookup_field(np.array([at], np.int64))[0]) if at >= 0 else -1
         return at if r < 0 or stays_undispatched(self.settings, self.cq_max_phy, log.log_min,
-                                                 int(log.phy[r]) + int(log.size[r]), log.log_end, log.lost) else -1
+                                                 int(log.phy[r] + log.size[r]), log.log_end, log.lost, ends) else -1
 
 
 def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, cut: StoreCut | None = None,

@@ -231,6 +231,8 @@ class QueueStream:
         self.never = meta.base.never_dispatched()  # the record a 5.3.3 normal start skips (-1: none)
         self.never_end: int | None = None  # where that record ends, once fed
         self.store_end: int | None = None  # the log's end when these records are not all of it (a queue group's)
+        self.cq_end: int | None = -1  # end of the last record fed that gets a unit (None: an old carry's, unknown)
+        self.cq_ends: list[int] | None = None  # cq_able_ends of the whole log when not all of it is fed here
         self._codes = codes if codes is not None else TopicCodes()  # may be shared with the report's series
         self.tails: dict[tuple[int, int], _Tail] = {}
         self.last_phy = -1
@@ -267,6 +269,8 @@ class QueueStream:
         disp = np.flatnonzero(gets_cq_unit(tran))
         if not len(disp):
             return
+        if self.cq_end is not None:  # no lost range in a streamed store: one run (lagdispatch.cq_able_ends)
+            self.cq_end = int(phy[disp[-1]] + size[disp[-1]])
         if np.any(col("sys_flag")[disp] & INNER_BATCH_FLAG):
             raise Unsettled("inner-batch records (queue offsets advance by the batch)")
         qid = col("queue_id")[disp]
@@ -364,7 +368,7 @@ class QueueStream:
         """What a later run needs to go on from the end of this log (None: too much lag to carry)."""
         if self.lag_kept > LAG_KEEP:
             return None
-        return {"topics": self.topic_names, "last_phy": self.last_phy, "log_end": self.log_end,
+        return {"topics": self.topic_names, "last_phy": self.last_phy, "log_end": self.log_end, "cq_end": self.cq_end,
                 "tails": [[tc, qid, *t.to_json()] for (tc, qid), t in self.tails.items()],
                 "gaps": self.out.to_json(), "log_min": self.log_min}
 
@@ -373,7 +377,7 @@ class QueueStream:
         the log's first offset moved: :meth:`_expire`), and the lagging records checked again against the
         units the broker may have written for them since."""
         self._codes.reset(snap["topics"])
-        self.last_phy, self.log_end = snap["last_phy"], snap["log_end"]
+        self.last_phy, self.log_end, self.cq_end = snap["last_phy"], snap["log_end"], snap.get("cq_end")
         self.out.replay_json(snap["gaps"])
         moved = self.log_min > snap.get("log_min", self.log_min)
         self.expired = 0  # records of the carried tails that the cleaner deleted since
@@ -457,8 +461,10 @@ class QueueStream:
         """:meth:`finish` for the queues that have consume-queue files (a queue group's task runs this)."""
         stats: dict[tuple[str, int], dict] = {}
         end = max(self.store_end or 0, self.log_end or 0)
+        ends = self.cq_ends if self.cq_ends is not None else None if self.cq_end is None else \
+            [self.cq_end] if self.cq_end >= 0 else []
         skips = self.never_end is not None and stays_undispatched(self.meta.base.settings, self.meta.base.cq_max_phy,
-                                                                  self.log_min, self.never_end, end)
+                                                                  self.log_min, self.never_end, end, None, ends)
         for (topic, qid), m in self.meta.queues.items():
             tc = self.topic_code.get(topic)
             t = self.tails.get((tc, qid)) if tc is not None else None

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from storelib.broker.recovery.reputpath import stop_detail
 from storelib.broker.recovery.resync import LostRegion, find_next_record, lost_region
+from storelib.broker.startup.lagdispatch import cq_able_ends
 from storelib.checks.dledger import PartFacts, PartWalk, dledger_after_end, join_part_ends
 from storelib.checks.tables import (
     KEY_SCHEMA,
@@ -53,10 +54,7 @@ MAX_PER_KIND = 50  # findings of one kind per file before they are summarised
 SCAN_COLUMNS = ["phy_offset", "size", "magic_version", "crc_ok", "queue_id", "queue_offset", "physical_offset_field",
                 "sys_flag", "tran_type", "store_timestamp", "topic", "keys", "uniq_key", "tags_code", "prop_crc_ok"]
 
-
-# --------------------------------------------------------------------------------------------------
-# per-segment work
-# --------------------------------------------------------------------------------------------------
+# per-segment work ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -115,6 +113,7 @@ class SegmentResult:
     last_ts: int | None = None
     seconds: float = 0.0
     rec_end: int = -1  # end of its last valid record (-1: none); the whole view's log end is their max
+    cq_ends: list[int] | None = None  # lagdispatch.cq_able_ends of its records (None: an older state's, unknown)
 
     # The tables may instead be held in memory (``_tables``, a class-level default, not a dataclass field,
     # so ``asdict`` and the state file never see them): in-process parts and per-task table files skip an
@@ -257,6 +256,7 @@ class PartResult:
     phy_lo: int = -1  # position of the first record and end of the last (-1: no record)
     dledger_end: dict | None = None  # DLedger's walk end of this part (AuditOptions.dledger_walk)
     phy_hi: int = -1
+    cq_ends: list[int] = field(default_factory=list)  # lagdispatch.cq_able_ends of its records
     bytes_valid: int = 0
     first_ts: int | None = None
     last_ts: int | None = None
@@ -410,6 +410,7 @@ def _keep_tables(res: PartResult, task: SegmentTask, opts: AuditOptions, sink: T
     if recs.num_rows:
         phy = recs.column("phy_offset")
         res.phy_lo, res.phy_hi = int(phy[0].as_py()), int(phy[-1].as_py()) + int(recs.column("size")[-1].as_py())
+        res.cq_ends = cq_able_ends(*(recs.column(c).to_numpy() for c in ("phy_offset", "size", "tran_type")))
         res.bytes_valid = int(pc.sum(recs.column("size")).as_py())
         ts = recs.column("store_timestamp")
         res.first_ts, res.last_ts = int(pc.min(ts).as_py()), int(pc.max(ts).as_py())
@@ -496,6 +497,7 @@ def finish_segment(task: SegmentTask, parts: list[PartResult]) -> SegmentResult:
     lasts = [p.last_ts for p in parts if p.last_ts is not None]
     res.first_ts, res.last_ts = min(firsts, default=None), max(lasts, default=None)
     res.rec_end = max((p.phy_hi for p in parts if p.n_records), default=-1)
+    res.cq_ends = [e for p in parts for e in p.cq_ends]
     res.crc_errors = len(bad_rows)
     res.crc_bytes = sum(size for _, size, _ in bad_rows)
     res.findings = [f.to_dict() for f in found.done()]

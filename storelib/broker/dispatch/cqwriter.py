@@ -66,7 +66,7 @@ class QueueState:
         rec = cq.recover()
         if not rec.segments:
             return cls()
-        last, wpos = rec.segments[-1]
+        last, wpos = rec.segments[-1][0], rec.wrote  # negative in a negative file (cqload.write_position)
         return cls(max_physic_offset=rec.max_physic_offset, last_base=last.base, write_pos=wpos,
                    first_create=False, min_logic_offset=0, backing=last.loc)
 

@@ -25,7 +25,7 @@ from storelib.format.consumequeue import (
     first_invalid,
     units_before_hole,
 )
-from storelib.format.javahash import wrap64
+from storelib.format.javahash import jrem, wrap64
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,40 @@ class CQRecovery:
 
     ``end``: logical byte offset after the last valid unit; ``max_physic_offset``: end (phy + size)
     of that unit, -1 if none was scanned; ``segments``: the segments kept (later ones are deleted by
-    the broker) with their write positions.
+    the broker) with the bytes of each up to the end; ``wrote``: the write position of the last one
+    (getLastMappedFile) as the broker holds it (:func:`write_position`; negative in a negative file).
     """
 
     end: int
     max_physic_offset: int
     segments: tuple[tuple[CQSegment, int], ...]
+    wrote: int = 0
+
+
+def write_position(base: int, end: int, S: int) -> int:
+    """A kept file's write position after ConsumeQueue.recover ends the queue at ``end``: a file ending at or
+    before it keeps the load's (the file size: MappedFileQueue.load, 4.9.8 :172, 5.3.3 :271); the one holding
+    it gets ``(int) (end % S)`` from truncateDirtyFiles (4.9.8 MappedFileQueue.java:112-114, 5.3.3 :200-202),
+    Java's remainder, which has the dividend's sign: in a negative file, unless ``end`` is its start, that is
+    ``end - base - S`` (below 0). truncateDirtyLogicFiles sets it again from 0 (cqrecovery.QueueReplay.truncate)."""
+    return S if base + S <= end else jrem(end, S)
+
+
+def max_bytes_after_recover(bases: list[int], end: int, S: int) -> int:
+    """getMaxOffset after ConsumeQueue.recover ended at ``end``: the last file of the mappedFiles list
+    (``bases`` in load order; truncateDirtyFiles deleted those starting past ``end``) at its start plus its
+    :func:`write_position` (4.9.8 MappedFileQueue.java:316-320, 5.3.3 :445-449). Where that position is
+    negative, appendMessage's write fails inside its catch and only moves the position on (4.9.8
+    MappedFile.java:244-256, 5.3.3 DefaultMappedFile :342-358): the units from there up to the file's start
+    are never written (the writer's machine clips them: cqrecovery.QueueReplay.put)."""
+    kept = [b for b in bases if b <= end]
+    return kept[-1] + write_position(kept[-1], end, S) if kept else 0
+
+
+def max_offset_after_recover(bases: list[int], end: int, S: int) -> int:
+    """getMaxOffsetInQueue after recovery: :func:`max_bytes_after_recover` over 20, a Java long division."""
+    n = max_bytes_after_recover(bases, end, S)
+    return -(-n // CQ_UNIT_SIZE) if n < 0 else n // CQ_UNIT_SIZE
 
 
 def first_unit_from(units: np.ndarray, base: int, commitlog_min_offset: int) -> int | None:
@@ -117,12 +145,21 @@ class LoadedQueue(ConsumeQueue):
                 self.findings.append(Finding("segment_after_end", "warning", s.path, 0,
                                              f"queue ends at logical byte {end}; the broker deletes this file "
                                              "on recovery"))
-        self._recovery = CQRecovery(end, max_phy, tuple(kept))
+        self._recovery = CQRecovery(end, max_phy, tuple(kept), write_position(kept[-1][0].base, end, S))
         return self._recovery
 
-    def max_offset(self) -> int:
-        """getMaxOffsetInQueue after recovery: logical offset one past the last valid unit (fillers count)."""
-        return self.recover().end // CQ_UNIT_SIZE
+    def max_offset(self, *, truncated: bool = True) -> int:
+        """getMaxOffsetInQueue after recovery: one past the last valid unit (fillers count), as a start whose
+        truncateDirtyLogicFiles runs leaves it (maxPhyOffsetOfConsumeQueue >= processOffset, CommitLog
+        .recoverNormally 4.9.8 :259-263, 5.3.3 :400-404; recoverAbnormally :537-541, :809-813: it counts the
+        last file's write position again from 0), what a store whose queues hold its last record gets, and
+        what :meth:`min_offset` assumes too. ``truncated=False``: right after ConsumeQueue.recover
+        (:func:`max_offset_after_recover`: the list's last file, a negative write position in a negative
+        file), what a start without that truncation serves (the start-up replay's model)."""
+        rec = self.recover()
+        if truncated:
+            return rec.end // CQ_UNIT_SIZE
+        return max_offset_after_recover([s.base for s in self.segments], rec.end, self.segment_size)
 
     def max_physic_offset(self) -> int:
         """maxPhysicOffset after recovery: phy + size of the last valid unit scanned, -1 if none."""

@@ -117,7 +117,7 @@ class QueueReplay:
             for seg, _ in rec.segments:
                 self.model[seg.base] = _Seg(seg.path, fs=self.fs)
             self.state = replace(QueueState.from_existing(cq), backing=None)
-            self.report = QueueReport(topic, qid, rec.end // CQ_UNIT_SIZE, rec.max_physic_offset)
+            self.report = QueueReport(topic, qid, cq.max_offset(truncated=False), rec.max_physic_offset)
             self.report.files_deleted_on_load = sorted(file_name(b) for b in self.disk if b not in self.model)
         else:
             self.state = QueueState()
@@ -179,7 +179,8 @@ class QueueReplay:
 
     # -- results --------------------------------------------------------------------------------
     def max_offset(self) -> int:
-        """getMaxOffsetInQueue of the model: one past the last unit written."""
+        """getMaxOffsetInQueue of the model: the last file's start plus its write position, which recover can
+        leave negative in a negative file (cqload.write_position) until truncate sets it again from 0."""
         st = self.state
         return 0 if st.last_base is None else (st.last_base + st.write_pos) // CQ_UNIT_SIZE
 
@@ -195,7 +196,7 @@ class QueueReplay:
             if u is not None and int(u["phy_offset"]) < commitlog_min:
                 return self.max_offset()
         first = next(iter(self.model))  # correctMinOffset's getFirstMappedFile: the list's first
-        end = self.S if first != self.state.last_base else self.state.write_pos
+        end = self.S if first != self.state.last_base else max(0, self.state.write_pos)  # selectMappedBuffer(0)
         u = self.model[first].units(self.S)[: end // CQ_UNIT_SIZE]
         hit = first_unit_from(u, first, commitlog_min)
         return 0 if hit is None else hit // CQ_UNIT_SIZE
@@ -216,7 +217,7 @@ class QueueReplay:
         for base in sorted(self.model):
             seg = self.model[base]
             u = seg.units(S)
-            if base == last:
+            if base == last and self.state.write_pos >= 0:  # negative: the broker wrote nothing into the file
                 u[self.state.write_pos // CQ_UNIT_SIZE:] = np.zeros(1, dtype=CQ_DTYPE)
             data = u.tobytes()
             path = self.disk.get(base)

@@ -7,9 +7,11 @@ and, its reput starting at the log's end, never dispatched, unless recheckReputO
 to the queues' end and nothing later was dispatched (DefaultMessageStore.java:438-489). 4.9.8 reputs from the
 queues' end; an abnormal start re-dispatches every valid record of its window.
 
-The audit reads no start-up: it takes the records the recovery would dispatch past that record as the valid
-data after it, up to the log's end or the first lost range (:func:`recovery_max_past`); trailing records no queue
-gets (PREPARED/ROLLBACK transaction records) count there too (not modelled).
+The audit reads no start-up: the recovery dispatches the valid records after that record up to the log's end
+or the first lost range, and of those only NOT and COMMIT transaction records raise a queue's max physical
+offset (CommitLogDispatcherBuildConsumeQueue.dispatch, DefaultMessageStore 5.3.3 :2174-2189); a tail of
+PREPARED/ROLLBACK records moves no queue (:func:`recovery_max_past`). Each audit path tells that from the same
+summary, the end of the last such record of every run of contiguous records (:func:`cq_able_ends`).
 """
 
 from __future__ import annotations
@@ -20,27 +22,48 @@ from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.strayload import version_of
 from storelib.broker.startup.startup5x import never_dispatched_at
 from storelib.errors import Finding
+from storelib.format.record import gets_cq_unit
 
 
-def recovery_max_past(record_end: int, log_end: int, lost: np.ndarray | None) -> int:
+def cq_able_ends(phy: np.ndarray, size: np.ndarray, tran: np.ndarray) -> list[int]:
+    """For each run of contiguous records (``phy`` ascending; a lost range breaks a run), the end of its last
+    record the consume-queue dispatcher writes a unit for (runs without one: none). Small (one per lost
+    range), so a segment task carries it; the concatenation over any split of the log tells
+    :func:`recovery_max_past` the same."""
+    if not len(phy):
+        return []
+    end = phy.astype(np.int64) + size.astype(np.int64)
+    run = np.r_[0, np.cumsum(end[:-1] != phy[1:])]  # run number of each record
+    rows = np.flatnonzero(gets_cq_unit(tran))
+    if not len(rows):
+        return []
+    last = rows[np.r_[run[rows][1:] != run[rows][:-1], True]]  # last CQ-able row of each run
+    return end[last].tolist()
+
+
+def recovery_max_past(record_end: int, log_end: int, lost: np.ndarray | None,
+                      cq_ends: list[int] | None = None) -> int:
     """The largest max physical offset a recovery's dispatch gives a queue past a record ending at
-    ``record_end``, as far as the audit sees it: the end of the valid data after it (the log's end ``log_end``,
-    or the first ``lost`` range's start past it, where the recovery stops); -1 when nothing follows."""
+    ``record_end``: the end of the last CQ-able record (``cq_ends``: :func:`cq_able_ends` of the log) before
+    the recovery stops (the log's end ``log_end``, or the first ``lost`` range's start past it); -1 when it
+    dispatches none. ``cq_ends`` None (an older audit state's segments): every valid record counts."""
     stop = log_end
     if lost is not None and len(lost):
         starts = lost[:, 0][lost[:, 0] >= record_end]
         stop = min(stop, int(starts.min())) if len(starts) else stop
+    if cq_ends is not None:
+        stop = max([e for e in cq_ends if e <= stop], default=-1)
     return stop if stop > record_end else -1
 
 
 def stays_undispatched(settings: BrokerSettings | None, cq_max: int, log_min: int, record_end: int, log_end: int,
-                       lost: np.ndarray | None = None) -> bool:
+                       lost: np.ndarray | None = None, cq_ends: list[int] | None = None) -> bool:
     """Is the record at ``cq_max`` (ending at ``record_end``), which 5.3.3's normal recovery skips, never
     dispatched by this start either (the module docstring)?"""
     if settings is None:
         return False
     return never_dispatched_at(settings, version_of(settings.version), cq_max,
-                               recovery_max_past(record_end, log_end, lost), log_min) >= 0
+                               recovery_max_past(record_end, log_end, lost, cq_ends), log_min) >= 0
 
 
 def lag_finding(topic: str, qid: int, count: int, nbytes: int, first_offset: int, reput_from: int,

@@ -94,7 +94,8 @@ def schedule_groups(ctx: CrossContext, candidates: list[QueueGroupTask], carry: 
     kept: dict[int, QueueGroupResult] = {}
     out = []
     carried = carry["queue_groups"]
-    reput_moved = max(ctx.cq_max_phy, ctx.log_min, 0) != max(carry["cq_max_phy"], carry["log_min"], 0)
+    reput_moved = max(ctx.cq_max_phy, ctx.log_min, 0) != max(carry["cq_max_phy"], carry["log_min"], 0) \
+        or carry.get("cq_end") != max(ctx.cq_ends, default=-1)  # a later unit record: lagdispatch's verdict
     expired = moved(carry, ctx.log_min)
     by_group = {t.group: t for t in candidates}
     for g in sorted({*by_group, *(int(k) for k in carried)}):
@@ -146,5 +147,6 @@ def new_carry(ctx: CrossContext, groups: dict[int, QueueGroupResult], snaps: dic
                    "metas": next(([_unlisted(q) for q in m["queues"]] for m in metas if m["group"] == g), [])}
           for g, r in groups.items()}
     return {"kind": CARRY_KIND, "groups": ctx.groups, "log_min": ctx.log_min, "segment_size": ctx.segment_size,
-            "cq_max_phy": ctx.cq_max_phy, "queue_groups": qg, "cq": {k: v for m in metas for k, v in m["snap"].items()},
+            "cq_max_phy": ctx.cq_max_phy, "cq_end": max(ctx.cq_ends, default=-1), "queue_groups": qg,
+            "cq": {k: v for m in metas for k, v in m["snap"].items()},
             "index": index["index"], "keys": index["keys"], "timers": timers}

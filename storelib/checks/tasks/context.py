@@ -43,6 +43,7 @@ class CrossContext:
     cut: Any = None  # the extents a run reads up to (a live store), carried for the checks that need it
     parts_file: str | None = None  # ``part_list`` written once in the work dir (:meth:`for_tasks`)
     gaps: tuple[tuple[int, int], ...] = ()  # the lost ranges no segment file holds (missing segments)
+    cq_ends: tuple[int, ...] = ()  # lagdispatch.cq_able_ends of the whole log (:func:`log_cq_ends`)
 
     @property
     def parts(self) -> tuple[PartRef, ...]:

@@ -167,7 +167,14 @@ def cross_context(store: Store, settings: BrokerSettings, results: list[SegmentR
                         cq_max_phy if cut is not None and cut.live
                         else max(cq_max_phy, batch_max_physic_offset(store.loc, settings)),  # the plan's rule
                         sink, snapshots, resumed, cut,
-                        gaps=tuple((int(a), int(b)) for a, b in missing_ranges(store)))
+                        gaps=tuple((int(a), int(b)) for a, b in missing_ranges(store)), cq_ends=log_cq_ends(results))
+
+
+def log_cq_ends(results: list[SegmentResult]) -> tuple[int, ...]:
+    """:func:`storelib.broker.startup.lagdispatch.cq_able_ends` of the whole log from the segments'. A segment
+    of an older audit state has none: every valid record counts there (each run's end, as before)."""
+    return tuple(sorted(e for r in results if r.records for e in (
+        r.cq_ends if r.cq_ends is not None else [r.base + g["start"] for g in r.regions] + [r.rec_end])))
 
 
 def partitioned_checks(store: Store, results: list[SegmentResult], settings: BrokerSettings, ctx: CrossContext,

@@ -214,6 +214,7 @@ def _streamed(ctx: CrossContext, task: QueueGroupTask, res: QueueGroupResult) ->
         offsets = ByQueue()
         qs = QueueStream(meta, ctx.log_min, ctx.segment_size, offsets, codes=charts.codes)
         qs.store_end = ctx.log_end  # the whole log's (a later record of another group moves the queues' end)
+        qs.cq_ends = list(ctx.cq_ends)  # and which of them raise a queue's max (lagdispatch.recovery_max_past)
         if task.resume is not None:
             qs.resume(task.resume)
             res.expired = qs.expired
@@ -284,7 +285,7 @@ def _group_units(ctx: CrossContext, task: QueueGroupTask, root: Location) -> CQL
         loaded.failed = True
         return loaded
 
-    loaded = CQLoad()
+    loaded = CQLoad(cq_ends=list(ctx.cq_ends))  # the view holds the group's records only
     loaded.live = ctx.cut is not None and ctx.cut.live
 
     def opened() -> Iterator[tuple[str, int, LoadedQueue]]:
