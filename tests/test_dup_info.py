@@ -24,10 +24,11 @@ from storelib.broker.startup.recoveryplan import plan_document
 from storelib.broker.startup.startup import simulate
 from storelib.format.checkpoint import Checkpoint, write_checkpoint
 from storelib.format.properties import dup_info_error
-from storelib.format.record import Message, blank_record, check_record, encode_message
+from storelib.format.record import Message, check_record, encode_message
 from storelib.scan.scanner import scan_buffer
 from tests.conftest import run_cli
 from tests.rebuild_storegen import CraftedStore, msg
+from tests.test_inner_batch_parse import segment_of
 
 COLUMN_SETS = [["phy_offset"], ["phy_offset", "tags", "keys", "uniq_key", "tags_code"], ["properties"],
                ["properties_raw", "tags"]]
@@ -35,15 +36,6 @@ S = 8192
 CONF = {"mappedFileSizeCommitLog": S, "mappedFileSizeConsumeQueue": 20 * 40, "maxHashSlotNum": 16,
         "maxIndexNum": 64}
 BAD = {"missing": None, "one_part": "7_", "three_parts": "7_0_1", "underscore_only": "_"}
-
-
-def _segment(msgs: list[Message], size: int = 8192) -> bytes:
-    out = bytearray()
-    for m in msgs:
-        m.physical_offset = len(out)
-        out += encode_message(m, trailing_sep=True)
-    out += blank_record(size - len(out))
-    return bytes(out) + bytes(size - len(out))
 
 
 def _dup(value: str | None, **extra: str) -> Message:
@@ -64,7 +56,7 @@ def test_dup_info_passes_exactly_when_java_split_gives_two_parts(value, ok):
 @pytest.mark.parametrize("bad", list(BAD))
 def test_missing_or_malformed_dup_info_fails_the_record_when_duplication_is_enabled(bad):
     first = _dup("1_0")
-    buf = _segment([first, _dup(BAD[bad]), _dup("3_0")])
+    buf = segment_of([first, _dup(BAD[bad]), _dup("3_0")])
     second = len(encode_message(first, trailing_sep=True))
     chk = check_record(buf, second, line="5", dup_info=True)
     assert (chk.kind, chk.size) == ("invalid", -1) and chk.reason.startswith("dup_info: DUP_INFO")
@@ -77,7 +69,7 @@ def test_missing_or_malformed_dup_info_fails_the_record_when_duplication_is_enab
 
 def test_a_record_without_properties_is_not_checked():
     # the check sits inside ``propertiesLength > 0`` (CommitLog.java:533-545): a record without any passes
-    buf = _segment([Message(topic="T", body=b"x"), _dup("1_0"), _dup(None)])
+    buf = segment_of([Message(topic="T", body=b"x"), _dup("1_0"), _dup(None)])
     assert check_record(buf, 0, line="5", dup_info=True).kind == "message"
     t, end = scan_buffer(buf, line="5", columns=["phy_offset"], dup_info=True)
     assert (t.num_rows, end.reason) == (2, "dup_info")
@@ -85,9 +77,9 @@ def test_a_record_without_properties_is_not_checked():
 
 def test_dup_info_is_checked_before_delay_and_the_length():
     sched = Message(topic="SCHEDULE_TOPIC_XXXX", body=b"x", properties={"DELAY": "three", "TAGS": "a"})
-    t, end = scan_buffer(_segment([sched]), line="5", columns=["phy_offset"], dup_info=True)
+    t, end = scan_buffer(segment_of([sched]), line="5", columns=["phy_offset"], dup_info=True)
     assert (t.num_rows, end.reason) == (0, "dup_info")
-    buf = bytearray(_segment([_dup("x"), _dup("2_0")]))
+    buf = bytearray(segment_of([_dup("x"), _dup("2_0")]))
     buf[0:4] = (int.from_bytes(buf[0:4], "big") + 4).to_bytes(4, "big")  # TOTALSIZE 4 more than the fields
     assert check_record(bytes(buf), 0, line="5").reason.startswith("length_mismatch")
     chk = check_record(bytes(buf), 0, line="5", dup_info=True)  # DUP_INFO fails before the length: -1
@@ -98,7 +90,7 @@ def test_dup_info_is_checked_before_delay_and_the_length():
 
 def test_replaced_property_text_is_checked_too():
     raw = "TAGS\x01\udcff\x02DUP_INFO\x017\x02"  # a raw FF byte: the column-wise parser for replaced text
-    buf = _segment([_dup("1_0"), Message(topic="T", body=b"x", properties_raw=raw)])
+    buf = segment_of([_dup("1_0"), Message(topic="T", body=b"x", properties_raw=raw)])
     for cols in COLUMN_SETS:
         t, end = scan_buffer(buf, line="5", columns=cols, dup_info=True)
         assert (t.num_rows, end.reason) == (1, "dup_info"), cols
@@ -231,7 +223,7 @@ def test_gen_dup_info_writes_a_store_that_recovers_whole_with_duplication_enable
 @given(st.lists(st.one_of(st.none(), st.text(alphabet="_a\u00e9", max_size=5)), min_size=1, max_size=12),
        st.sampled_from([64, 300, 4 << 20]), st.sampled_from(COLUMN_SETS))
 def test_the_batch_decoder_and_the_scalar_check_judge_every_dup_info_alike(values, window, cols):
-    buf = _segment([_dup(v, KEYS=f"k{i}") for i, v in enumerate(values)])
+    buf = segment_of([_dup(v, KEYS=f"k{i}") for i, v in enumerate(values)])
     pos, starts = 0, []
     while (chk := check_record(buf, pos, line="5", dup_info=True)).kind == "message":
         starts.append(pos)

@@ -15,7 +15,8 @@ COLUMN_SETS = [["phy_offset"], ["phy_offset", "tags", "keys", "uniq_key", "tags_
                ["properties_raw", "tags"]]
 
 
-def _segment(msgs: list[Message], size: int = 8192) -> bytes:
+def segment_of(msgs: list[Message], size: int = 8192) -> bytes:
+    """One segment of ``size`` bytes holding ``msgs`` (their offsets set), then a blank record."""
     out = bytearray()
     for m in msgs:
         m.physical_offset = len(out)
@@ -42,7 +43,7 @@ def test_java_short_and_long_parse_like_the_jdk(text, short, long_):
 @pytest.mark.parametrize("num,base", [("x", "0"), ("40000", "0"), ("1", "1.5"), ("1", "99999999999999999999"),
                                       ("1", " 0")])
 def test_unparsable_inner_values_fail_the_record_on_5_3_3(num, base):
-    buf = _segment([_inner("1", "0"), _inner(num, base), Message(topic="T", body=b"z")])
+    buf = segment_of([_inner("1", "0"), _inner(num, base), Message(topic="T", body=b"z")])
     second = len(encode_message(_inner("1", "0"), trailing_sep=True))
     chk = check_record(buf, second, line="5")
     assert (chk.kind, chk.size) == ("invalid", -1) and chk.reason.startswith("parse_error: INNER_")
@@ -54,7 +55,7 @@ def test_unparsable_inner_values_fail_the_record_on_5_3_3(num, base):
 
 @pytest.mark.parametrize("line", ["4", None])
 def test_4_9_8_and_an_unknown_line_do_not_parse_inner_values(line):
-    buf = _segment([_inner("x", "0"), Message(topic="T", body=b"z")])
+    buf = segment_of([_inner("x", "0"), Message(topic="T", body=b"z")])
     assert check_record(buf, 0, line=line).kind == "message"
     assert scan_buffer(buf, line=line, columns=["phy_offset", "tags"])[0].num_rows == 2
 
@@ -63,7 +64,7 @@ def test_4_9_8_and_an_unknown_line_do_not_parse_inner_values(line):
                                    {"INNER_NUM": "+7", "INNER_BASE": "-1"},
                                    {"INNER_NUM": "\u0661", "INNER_BASE": "9223372036854775807"}])
 def test_parsable_or_single_inner_values_are_accepted(props):  # an empty value is no pair at all
-    buf = _segment([Message(topic="T", body=b"x", properties=dict(props)), Message(topic="T", body=b"z")])
+    buf = segment_of([Message(topic="T", body=b"x", properties=dict(props)), Message(topic="T", body=b"z")])
     assert check_record(buf, 0, line="5").kind == "message"
     for cols in COLUMN_SETS:
         assert scan_buffer(buf, line="5", columns=cols)[0].num_rows == 2
@@ -71,7 +72,7 @@ def test_parsable_or_single_inner_values_are_accepted(props):  # an empty value 
 
 def test_replaced_property_text_is_parsed_too():
     raw = "TAGS\x01\udcff\x02INNER_NUM\x01x\x02INNER_BASE\x010\x02"  # a raw FF byte: the column-wise parser
-    buf = _segment([Message(topic="T", body=b"y"), Message(topic="T", body=b"x", properties_raw=raw)])
+    buf = segment_of([Message(topic="T", body=b"y"), Message(topic="T", body=b"x", properties_raw=raw)])
     for cols in COLUMN_SETS:
         t, end = scan_buffer(buf, line="5", columns=cols)
         assert (t.num_rows, end.reason) == (1, "parse_error")
@@ -80,10 +81,10 @@ def test_replaced_property_text_is_parsed_too():
 def test_a_bad_delay_is_reported_before_bad_inner_values_of_the_same_record():
     sched = Message(topic="SCHEDULE_TOPIC_XXXX", body=b"x",
                     properties={"DELAY": "three", "INNER_NUM": "x", "INNER_BASE": "0"})
-    t, end = scan_buffer(_segment([sched]), line="5", columns=["phy_offset"])
+    t, end = scan_buffer(segment_of([sched]), line="5", columns=["phy_offset"])
     assert (t.num_rows, end.reason) == (0, "parse_error") and end.detail.startswith("DELAY")
     later = Message(topic="SCHEDULE_TOPIC_XXXX", body=b"x", properties={"DELAY": "three"})
-    t, end = scan_buffer(_segment([_inner("x", "0"), later]), line="5", columns=["phy_offset"])
+    t, end = scan_buffer(segment_of([_inner("x", "0"), later]), line="5", columns=["phy_offset"])
     assert (t.num_rows, end.reason) == (0, "parse_error") and end.detail.startswith("INNER_NUM")
 
 
@@ -92,8 +93,8 @@ def test_inner_values_are_found_at_any_byte_offset_when_no_property_column_is_as
     """Without property columns the batch decoder first tests the bytes cheaply (aligned 2-byte words):
     an INNER_NUM at an even or an odd offset of the properties column must still be parsed."""
     first = Message(topic="T", body=b"y", properties={"A": "x" * (pad + 1)})
-    buf = _segment([first, _inner("x", "0"), Message(topic="T", body=b"z")])
+    buf = segment_of([first, _inner("x", "0"), Message(topic="T", body=b"z")])
     t, end = scan_buffer(buf, line="5", columns=["phy_offset", "size"])
     assert (t.num_rows, end.reason) == (1, "parse_error")
-    plain = _segment([first, Message(topic="T", body=b"x", properties={"NUM": "SUM", "XUM": "M"})])
+    plain = segment_of([first, Message(topic="T", body=b"x", properties={"NUM": "SUM", "XUM": "M"})])
     assert scan_buffer(plain, line="5", columns=["phy_offset"])[0].num_rows == 2  # a prefilter hit, no INNER_NUM

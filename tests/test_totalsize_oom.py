@@ -24,6 +24,7 @@ from storelib.format.record import JVM_MAX_BYTE_ARRAY, Message, check_record, en
 from storelib.scan.scanner import scan_buffer
 from tests.conftest import run_cli
 from tests.rebuild_storegen import CraftedStore, msg
+from tests.test_totalsize_mismatch import five_segments
 
 S = 8192
 SEG3 = f"commitlog/{3 * S:020d}"
@@ -31,12 +32,7 @@ SEG3 = f"commitlog/{3 * S:020d}"
 
 @pytest.fixture
 def five() -> CraftedStore:
-    """Segments 0..3 end with blanks, 4 is partly written (4.9.8 normal: window from segment 2)."""
-    cs = CraftedStore(S)
-    i = 0
-    while cs.append(msg("T", i % 3, body=b"x" * 300, keys=f"k{i}")).segment < 4:
-        i += 1
-    return cs
+    return five_segments()
 
 
 def _set_total(cs: CraftedStore, p, total: int) -> None:
