@@ -20,6 +20,7 @@ from jobs.common import add_fs_args, add_settings_args, name_unread, open_store,
 from jobs.engines.schedulers import add_engine_args, make_engine, resolve_engine_name, walk_on
 from storelib.broker.recovery.walk import WalkRunner
 from storelib.broker.settings.store import Store
+from storelib.broker.settings.strayload import STRAY_LOADED
 from storelib.errors import StoreError
 
 EXAMPLE = """examples:
@@ -218,7 +219,7 @@ def summary_lines(plan: dict) -> list[str]:
                        f" (-{q['entries_truncated']} +{q['entries_added']})")
     failed = plan.get("load_failures") or []
     for f in failed:
-        head = "NOT MODELLED" if f["kind"] == "stray_segment_loaded" else "THE BROKER DOES NOT START"
+        head = "NOT MODELLED" if f["kind"] == STRAY_LOADED else "THE BROKER DOES NOT START"
         out.append(f"  {head}: {f['file']}: {f['detail']}")
     for f in plan["findings"]:
         if f in failed:

@@ -17,7 +17,7 @@ from storelib.broker.settings.cqload import LoadedQueue, min_variant
 from storelib.broker.settings.strayload import judge_queue, version_of
 from storelib.broker.startup.cqrecovery import recovery_tags, writer_slots_of
 from storelib.broker.startup.lagdispatch import cq_able_ends, lag_finding, stays_undispatched
-from storelib.broker.startup.startup5x import batch_max_physic_offset
+from storelib.broker.startup.startup5x import consume_queue_max_phy
 from storelib.checks.logview import LogView, is_member, queue_hint, queue_records_exactly, rel_path
 from storelib.checks.segment import Capped
 from storelib.errors import Finding, StoreError
@@ -148,8 +148,11 @@ class CQLoad:
     def never_in(self, log: LogView) -> int:
         """:meth:`never_dispatched` when the start does not re-dispatch it either (its record in ``log``):
         :func:`storelib.broker.startup.lagdispatch.stays_undispatched`, on :attr:`cq_ends` or ``log``'s."""
-        at, ends = self.never_dispatched(), self.cq_ends or cq_able_ends(log.phy, log.size, log.tran)
-        r = int(log.lookup_field(np.array([at], np.int64))[0]) if at >= 0 else -1
+        at = self.never_dispatched()
+        if at < 0:
+            return -1
+        ends = self.cq_ends or cq_able_ends(log.phy, log.size, log.tran)
+        r = int(log.lookup_field(np.array([at], np.int64))[0])
         return at if r < 0 or stays_undispatched(self.settings, self.cq_max_phy, log.log_min,
                                                  int(log.phy[r] + log.size[r]), log.log_end, log.lost, ends) else -1
 
@@ -160,7 +163,7 @@ def load_consume_queues(root: Location, settings: BrokerSettings, log_min: int, 
     """Read every consume queue's units (one copy out of the mapped files) and offsets (as at ``cut``;
     ``queues``: only these, opened by the caller into ``res``; default: every queue directory,
     :func:`walk_queues`)."""
-    res = res if res is not None else CQLoad(root=root, settings=settings)
+    res = res if res is not None else CQLoad()
     res.root, res.settings = root, settings
     for topic, qid, cq in walk_queues(root, settings, res, cut) if queues is None else queues:
         try:
@@ -192,8 +195,7 @@ def walk_queues(root: Location, settings: BrokerSettings, res: CQLoad, cut: Stor
     for topic, qid, loc in queue_listing(root, res, cut) or []:
         yield topic, qid, open_queue(root, settings, topic, qid, loc, res, cut)
     vanished_finding(res)
-    if not res.live:  # 5.3.3's BatchConsumeQueues count in maxPhyOffsetOfConsumeQueue (the plan's rule)
-        res.cq_max_phy = max(res.cq_max_phy, batch_max_physic_offset(root, settings))
+    res.cq_max_phy = consume_queue_max_phy(root, settings, res.cq_max_phy, res.live)
 
 
 def queue_listing(root: Location, res: CQLoad, cut: StoreCut | None = None

@@ -136,6 +136,8 @@ def _check_lost_records(root: Location, log: LogView, timer_code: int, u: Any, r
         return
     phy, qoff = log.phy[rows], log.qoff[rows]
     missing = rows[(phy >= int(unit_py.min())) & (qoff < read_queue_offset) & ~np.isin(phy, unit_py)]
+    if not len(missing):  # every record has its unit: nothing to read
+        return
     order = np.argsort(unit_py, kind="stable")
     py_sorted, written = unit_py[order], u.column("curr_write_ms").to_numpy()[order]
     cl = CommitLog(root.join("commitlog"), log.segment_size)

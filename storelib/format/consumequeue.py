@@ -312,6 +312,9 @@ class ConsumeQueue:
         self.segments: list[CQSegment] = self._discover(listing)
         if phy_limit is not None:  # open them now: an open file outlives its deletion by the cleaner
             self.segments = [seg for seg in self.segments if self._opened(seg)]
+        # by offset, sorted once: segment_for runs per unit read (the list is never changed after this)
+        self._by_offset = sorted(self.segments, key=lambda s: s.base)
+        self._bases = [s.base for s in self._by_offset]
 
     def _discover(self, listing: Sequence[Sequence] | None) -> list[CQSegment]:
         S = self.segment_size
@@ -486,15 +489,14 @@ class ConsumeQueue:
     def by_offset(self) -> list[CQSegment]:
         """:attr:`segments` (the broker's load order) by offset: the two differ only when a queue has several
         negative files (:func:`broker_order`)."""
-        return sorted(self.segments, key=lambda s: s.base)
+        return list(self._by_offset)
 
     def segment_for(self, byte_offset: int) -> CQSegment | None:
         """The segment holding logical byte offset ``byte_offset`` (by name), if present."""
-        segs = self.by_offset()
-        i = bisect.bisect_right([s.base for s in segs], byte_offset) - 1
+        i = bisect.bisect_right(self._bases, byte_offset) - 1
         if i < 0:
             return None
-        s = segs[i]
+        s = self._by_offset[i]
         return s if byte_offset < s.base + self.segment_size else None
 
     def entry(self, n: int) -> tuple[int, int, int] | None:

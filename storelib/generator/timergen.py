@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.store import Store
-from storelib.broker.timer.timermsg import store_timers, timer_out_ms
+from storelib.broker.timer.timermsg import delete_key, store_timers, timer_out_ms
 from storelib.broker.timer.timerrebuild import enqueue_units, rebuilt_checkpoint
 from storelib.broker.writer.writer import StoreWriter
 from storelib.fileio.bytesource import resolve
@@ -64,7 +64,7 @@ def recall_marker(target: Message, now_ms: int, precision_ms: int) -> Message:
     topic, uniq = p["REAL_TOPIC"], p["UNIQ_KEY"]
     deliver = int(p["TIMER_OUT_MS"]) + 1
     out = timer_out_ms(deliver, precision_ms)
-    props = {"TIMER_DEL_UNIQKEY": f"{topic}+{uniq}", "UNIQ_KEY": uniq, "TIMER_DELIVER_MS": str(deliver),
+    props = {"TIMER_DEL_UNIQKEY": delete_key(topic, uniq), "UNIQ_KEY": uniq, "TIMER_DELIVER_MS": str(deliver),
              "BORN_TIMESTAMP": str(now_ms), "TRACE_CONTEXT": "", "PGROUP": "recall_group", "TAGS": "_RECALL_TAG_",
              "TIMER_OUT_MS": str(out), "REAL_TOPIC": topic, "REAL_QID": "0"}
     return Message(topic=TIMER_TOPIC, queue_id=0, body=b"0", born_timestamp=now_ms, born_host=target.born_host,

@@ -268,9 +268,9 @@ class BatchDecoder:
         inner = self.line == "5"  # setBatchSizeIfNeeded parses INNER_NUM/INNER_BASE (5.3.3 only)
         if any_sched or need & _PROP_COLUMNS:
             props, raw = _properties(take_ranges(pbuf, lay.p_props[sl], lay.plen[sl]), need)
-        elif inner:  # parsed only for the INNER check, and only when a row may hold INNER_NUM
+        elif inner:  # parsed for the DUP_INFO check, else only when a row may hold INNER_NUM
             raw_b = take_ranges(pbuf, lay.p_props[sl], lay.plen[sl])
-            if _may_hold_inner_num(raw_b):
+            if self.dup_info or _may_hold_inner_num(raw_b):
                 props, raw = _properties(raw_b, need)
         delay = None
         delay_col = pa.nulls(k, pa.int32())

@@ -479,14 +479,12 @@ def _index_file_ends(store: Store, findings: list[Finding]) -> tuple[list[tuple[
     load meets them (:func:`storelib.broker.settings.storeloads.broker_index_refs`); the entries per commit-log
     byte they hold (indexCount - 1 each, over the bytes from the first file's beginPhyOffset to the last one's
     endPhyOffset); the last file's indexCount."""
-    from storelib.broker.settings.storeloads import broker_index_refs
-    from storelib.broker.settings.strayload import version_of
     from storelib.fileio.bytesource import open_source
     from storelib.format.indexfile import IndexHeader
 
     idx_files = []
     heads: list[IndexHeader] = []
-    for ref in broker_index_refs(store.index_files(findings), findings, version_of(store.settings.version)):
+    for ref in store.loaded_index_files(findings):
         try:
             head = open_source(ref.loc, ref.size)
             try:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from storelib.broker.settings.cqload import LoadedQueue, min_variant
-from storelib.broker.settings.storeloads import broker_index_refs
-from storelib.broker.settings.strayload import version_of
 from storelib.errors import Finding, StoreError
 from storelib.format.consumequeue import CQ_UNIT_SIZE
 from storelib.format.javahash import index_hash
@@ -72,7 +70,7 @@ def key_candidates(store: Store, topic: str, key: str, begin_ms: int = 0, end_ms
     geom = store.settings.index_geometry
     found: set[int] = set()
     said: list[Finding] = []
-    refs = broker_index_refs(store.index_files(said), said, version_of(store.settings.version))
+    refs = store.loaded_index_files(said)
     store.findings.extend(said)
     for ref in reversed(refs):
         f = ref.open(geom, strict=False, broker_size=True)

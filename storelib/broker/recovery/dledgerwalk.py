@@ -43,7 +43,6 @@ from storelib.broker.recovery.dledgerfacts import (
     walk_headers,
 )
 from storelib.broker.recovery.reputpath import drift_skips, reput_ranges
-from storelib.broker.recovery.reputpath import outcomes_by_file as outcomes_by_file  # startup's import
 from storelib.broker.recovery.walkplan import DispatchRange, RecoveryResult, SegmentOutcome, WalkPlan
 from storelib.errors import Finding, StoreError
 from storelib.format.dledger.entries import FIRST_ENTRY, INDEX_UNIT_SIZE, NOT_A_FILLER

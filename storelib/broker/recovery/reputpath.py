@@ -268,7 +268,8 @@ def reput_ranges(plan: WalkPlan, outcomes: Mapping[int, SegmentOutcome], data_en
             continue
         reason, size = outcomes[i].reason, outcomes[i].size
         if rel > e:
-            e, kind, reason, size = _scan_end_from(plan, seg, rel)
+            se = _reput_scan(plan)(i, rel, None)
+            e, kind, reason, size = se.file_offset, se.kind, se.reason, se.size
         stop = min(e, end_buf - base)
         if stop > rel:
             out.append(DispatchRange(base, seg.name, rel, stop, None, by))
@@ -302,19 +303,6 @@ def _reput_scan(plan: WalkPlan):
         assert sc.end is not None
         return sc.end
     return scan
-
-
-def _scan_end_from(plan: WalkPlan, seg: Segment, rel: int) -> tuple[int, str, str | None, int | None]:
-    """Where the record scan of ``seg`` from entry start ``rel`` ends (the reput starting past a bad record)."""
-    from storelib.scan.scanner import SegmentScan
-
-    with seg.open() as src:
-        scan = SegmentScan(src, seg.display, seg.base, rel, verify_crc=False, with_properties=False,
-                           columns=["phy_offset"], dledger=True, line=plan.inputs.line)
-        for _ in scan:
-            pass
-    assert scan.end is not None
-    return scan.end.file_offset, scan.end.kind, scan.end.reason, scan.end.size
 
 
 def outcomes_by_file(plan: WalkPlan, result: RecoveryResult) -> dict[int, SegmentOutcome]:

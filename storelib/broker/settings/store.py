@@ -240,6 +240,13 @@ class Store:
         refs = list_index_files(self.loc, findings)
         return self.cut.index_refs(refs) if self.cut is not None else refs
 
+    def loaded_index_files(self, findings: list[Finding]) -> list[IndexFileRef]:
+        """:meth:`index_files` as IndexService.load keeps them (what the reader skips judged into ``findings``:
+        :func:`storelib.broker.settings.storeloads.broker_index_refs`): what the cleaner and key queries use."""
+        from storelib.broker.settings.storeloads import broker_index_refs
+
+        return broker_index_refs(self.index_files(findings), findings, version_of(self.settings.version))
+
     def checkpoint_bytes(self) -> bytes | None:
         """The checkpoint file's bytes: as the cut read them on a live store (first, before the data)."""
         from storelib.fileio.smallfile_io import read_small

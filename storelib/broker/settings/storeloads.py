@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from storelib.broker.settings.batchcq import DEFAULT_BCQ_FILE_SIZE
 from storelib.broker.settings.strayload import (
     LOAD_FAILS,
     OWN_FILE,
@@ -51,7 +52,6 @@ from storelib.format.timerstore import SLOT_SIZE, SLOTS_TOTAL, timerlog_file_siz
 
 INDEX_STRAY = "foreign_index_file"  # the index reader's note on an entry it skips
 TIMER_READER_SIZES = ("timerlog_file_size", "timerwheel_size")  # the timer reader's notes these findings restate
-BCQ_DEFAULT_SIZE = 300_000 * 46  # MessageStoreConfig :118 (BatchConsumeQueue.CQ_STORE_UNIT_SIZE 46)
 _LOAD = "IndexService.load (4.9.8 :57-88, 5.3.3 :58-89)"
 
 
@@ -159,7 +159,7 @@ def bcq_load_findings(root: Location, settings: Any) -> list[Finding]:
     """What 5.3.3's ConsumeQueueStore.load says of each batchconsumequeue/<topic>/<queueId> directory."""
     if version_of(settings.version) != "5" or getattr(settings, "store_type", "default") != "default":
         return []
-    size = int(getattr(settings, "mapper_file_size_batch_consume_queue", None) or BCQ_DEFAULT_SIZE)
+    size = int(getattr(settings, "mapper_file_size_batch_consume_queue", None) or DEFAULT_BCQ_FILE_SIZE)
     out: list[Finding] = []
     for topic, _z, t_dir in dir_listing(root.join("batchconsumequeue")):
         if not t_dir:

@@ -50,7 +50,7 @@ from storelib.broker.dispatch.cqwriter import build_consume_queues
 from storelib.broker.dispatch.dispatch import DISPATCH_COLUMNS
 from storelib.broker.index.indexbuild import IndexImage, IndexState, index_dispatched
 from storelib.broker.recovery.dledgerwalk import lost_ranges as dledger_lost_ranges
-from storelib.broker.recovery.dledgerwalk import outcomes_by_file, reput_ranges
+from storelib.broker.recovery.reputpath import outcomes_by_file, reput_ranges
 from storelib.broker.recovery.walk import (
     DispatchRange,
     RecoveryInputs,

@@ -91,14 +91,15 @@ def never_dispatched_at(settings: BrokerSettings, version: str, cq_max: int, rec
     return after
 
 
-def batch_max_physic_offset(root: Location, settings: BrokerSettings) -> int:
-    """The BatchConsumeQueues' share of a 5.3.3 start's maxPhyOffsetOfConsumeQueue (-1: none, or 4.9.8, which
-    never reads them): :meth:`BatchTopics.loaded_max` of :func:`batch_topics` (what fails their load is the
-    plan's and the audit's load findings)."""
-    if version_of(settings.version) != "5":
-        return -1
+def consume_queue_max_phy(root: Location, settings: BrokerSettings, cq_max: int, live: bool) -> int:
+    """maxPhyOffsetOfConsumeQueue as a 5.3.3 start takes it: the consume queues' ``cq_max`` with the
+    BatchConsumeQueues' :meth:`BatchTopics.loaded_max` (ConsumeQueueStore :294-302; what fails their load is
+    the plan's and the audit's load findings). 4.9.8 never reads them; a live store (``live``: no start is
+    modelled) keeps the consume queues' alone."""
+    if live or version_of(settings.version) != "5":
+        return cq_max
     batch = batch_topics(root, settings, set(), [])
-    return batch.loaded_max() if batch is not None else -1
+    return max(cq_max, batch.loaded_max() if batch is not None else -1)
 
 
 def recheck_on(settings: BrokerSettings, version: str) -> bool:

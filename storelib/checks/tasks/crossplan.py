@@ -20,7 +20,7 @@ import numpy as np
 from storelib.broker.settings.brokerconf import BrokerSettings
 from storelib.broker.settings.geometry import fold_geometry_findings
 from storelib.broker.settings.store import Store
-from storelib.broker.startup.startup5x import batch_max_physic_offset
+from storelib.broker.startup.startup5x import consume_queue_max_phy
 from storelib.checks.crossfile import store_findings, unsealed_segments
 from storelib.checks.crossstream import CrossResults, lost_ranges, missing_ranges
 from storelib.checks.index import index_refs_at
@@ -164,8 +164,7 @@ def cross_context(store: Store, settings: BrokerSettings, results: list[SegmentR
                         max((r.rec_end for r in with_recs), default=cl.min_offset), cl.segment_size,
                         tuple((int(a), int(b)) for a, b in lost_ranges(store, results)),
                         any(p.n_misplaced for p in parts), min(lo, default=None), max(hi, default=None), parts,
-                        cq_max_phy if cut is not None and cut.live
-                        else max(cq_max_phy, batch_max_physic_offset(store.loc, settings)),  # the plan's rule
+                        consume_queue_max_phy(store.loc, settings, cq_max_phy, cut is not None and cut.live),
                         sink, snapshots, resumed, cut,
                         gaps=tuple((int(a), int(b)) for a, b in missing_ranges(store)), cq_ends=log_cq_ends(results))
 
