@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from storelib.broker.recovery.dledgerfacts import valid_index_size
 from storelib.errors import StoreError
 from storelib.format.dledger.entries import (
     DATA_DIR,
@@ -62,9 +63,7 @@ class DLedgerGen:
         for name in ("term", "committed_lag", "undispatched", "torn_at", "data_start"):
             if getattr(self, name) < 0:
                 raise StoreError(None, None, "bad_value", f"{name} must not be negative")
-        F = self.index_file_size
-        if F != DEFAULT_INDEX_FILE_SIZE and (F < INDEX_UNIT_SIZE or F & (F - 1)):
-            # what rmqstore reads back as a configured size (dledgerfacts.configured_index_size)
+        if not valid_index_size(self.index_file_size):  # what rmqstore reads back as a configured size
             raise StoreError(None, None, "bad_value", "the index file size must be DLedger's 160 MiB or a power "
                                                       "of two >= 32")
 

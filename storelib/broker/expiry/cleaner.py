@@ -232,8 +232,7 @@ class CleanerSim(GroupLosses, QueueCleaning):
         one's size (IndexService.java:91-97)."""
         total = self.S * (self.newest(t) - self.i0 + 1)
         if self.s.cq_files and len(self.cq_k):
-            mx = self.max_offsets(t)
-            last_k = np.where(mx > 0, (mx - 1) // self.E, self.cq_k)  # the file holding the queue's last unit
+            last_k = self.last_cq_files(t)
             total += CQ_UNIT * self.E * int(np.maximum(last_k - self.cq_k + 1, 1).sum())
         return total + self.index_total_size(t)
 

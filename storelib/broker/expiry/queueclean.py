@@ -130,13 +130,17 @@ class QueueCleaning:
                 self.q_busy = self._clean_queues(s, self.mv_m[i], self.mv_r[i])
                 self._sample(s)
 
+    def last_cq_files(self, t: int) -> np.ndarray:
+        """Each queue's CQ file (index) holding its last unit at t (an empty queue: its first file)."""
+        mx = self.max_offsets(t)
+        return np.where(mx > 0, (mx - 1) // self.E, self.cq_k)
+
     def _clean_queues(self, t: int, M: int, reason: str) -> int:
         """One run that acts on min offset M from t: CQ files whose last unit is below M, each deleting queue
         followed by a sleep, then index files; the time the run ends."""
         if self.s.cq_files and len(self.cq_k):
             below = self._below(M)
-            mx = self.max_offsets(t)
-            last_k = np.where(mx > 0, (mx - 1) // self.E, self.cq_k)  # CQ file holding the last entry
+            last_k = self.last_cq_files(t)
             new_k = np.maximum(self.cq_k, np.minimum(last_k, below // self.E))
             for qi in np.flatnonzero(new_k > self.cq_k):
                 d = f"consumequeue/{self.s.q_topic[qi]}/{int(self.s.q_id[qi])}/"

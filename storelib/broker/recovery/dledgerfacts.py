@@ -30,6 +30,7 @@ from storelib.format.dledger.entries import (
     INDEX_UNIT_DT,
     INDEX_UNIT_SIZE,
     NOT_A_FILLER,
+    first_entry_drops_index,
     first_entry_problem,
     header_problem,
 )
@@ -88,14 +89,18 @@ class IndexFiles:
         return out, have
 
 
+def valid_index_size(n: int) -> bool:
+    """An index file size a DLedger node of ours can be configured with (DLedger's 160 MiB, or a power of two
+    of at least one unit): what :func:`configured_index_size` reads back, and the generator accepts."""
+    return n == DEFAULT_INDEX_FILE_SIZE or (n >= INDEX_UNIT_SIZE and n & (n - 1) == 0)
+
+
 def configured_index_size(files: list[Segment]) -> int:
     """DLedgerConfig.mappedFileSizeForEntryIndex of the node that wrote ``files``: 160 MiB on every RocketMQ
     broker (neither 4.9.8 nor 5.3.3 sets it), so a file of another size stops its load. rmqstore's generator
     and test writers configure smaller power-of-two sizes: the spacing of the files' names (checkSelf's rule),
     else their common size, is taken when it is such a size; anything else reads as 160 MiB."""
-    def ok(n: int) -> bool:
-        return n == DEFAULT_INDEX_FILE_SIZE or (n >= INDEX_UNIT_SIZE and n & (n - 1) == 0)
-
+    ok = valid_index_size
     gaps = {b.base - a.base for a, b in zip(files, files[1:])}
     if len(gaps) == 1 and ok(g := gaps.pop()):
         return g
@@ -292,7 +297,7 @@ def walk_headers(source, base: int, start: int, prev: tuple[int, int] | None, *,
             why = f"term {term} is lower than the previous entry's {prev[1]}"
         if why is None and prev is None:
             why = first_entry_problem(index, term)
-            w.drops_index = why is not None and index < 0 and term >= -1
+            w.drops_index = why is not None and first_entry_drops_index(index, term)
         if why is not None:
             w.end_detail = why
             return w
@@ -373,7 +378,7 @@ class FactsBuilder:
             why = first_entry_problem(int(idx[0]), int(term[0]))
             if why is not None:
                 self.bad_first = HeaderWalk(end_offset=int(pos[0]) - self.base, end_detail=why,
-                                            drops_index=int(idx[0]) < 0 and int(term[0]) >= -1)
+                                            drops_index=first_entry_drops_index(int(idx[0]), int(term[0])))
                 return
             self.first = (int(idx[0]), int(term[0]))
         self.last = (int(idx[-1]), int(term[-1]))

@@ -117,6 +117,12 @@ def first_entry_problem(index: int, term: int) -> str | None:
     return None
 
 
+def first_entry_drops_index(index: int, term: int) -> bool:
+    """Does the first entry's failure delete every index file (:func:`first_entry_problem`: a negative index
+    with a term recover() accepts)?"""
+    return index < 0 and term >= -1
+
+
 def encode_entry(body: bytes, index: int, term: int, pos: int, *, magic: int = ENTRY_MAGIC, channel: int = 0,
                  chain_crc: int = 0, body_crc: int = 0) -> bytes:
     """DLedgerEntryCoder.encode: one entry as appended at ``pos`` (chain/body CRCs are 0 in 0.3.1.2)."""
