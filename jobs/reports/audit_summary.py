@@ -13,7 +13,6 @@ from storelib.broker.settings.store import Store
 from storelib.broker.settings.strayload import LOAD_FAILS, STRAY_LOADED
 from storelib.checks.segment import SEVERITY_RANK
 from storelib.errors import StoreError
-from storelib.format.record import OOM_KIND
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_FAILED = 0, 1, 2
 
@@ -123,7 +122,7 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
     if not (log_damage or derived or stray or own):
         return None
     from storelib.broker.startup.startup import simulate
-    from storelib.broker.startup.startuplost import scan_lost
+    from storelib.broker.startup.startuplost import scan_lost, truncation_failures
 
     quoted = " ".join(shlex.quote(a) for a in [store.uri, *(same_args or [])])  # the audit's own settings
     if not quiet:
@@ -150,8 +149,8 @@ def damage_cost(store: Store, report: dict[str, Any], quiet: bool = True,
         steps.append({"command": f"rmqstore recover {quoted} --salvage SALVAGE_DIR",
                       "why": f"export the {totals['messages']} message(s) a start-up would drop "
                              f"({totals['intact']} intact) before anything changes"})
-    oom = [f for f in sim.load_failures if f.kind == OOM_KIND]  # the only load failure a truncation ends
-    if log_damage and oom and len(oom) == len(sim.load_failures):
+    oom = truncation_failures(sim)
+    if log_damage and oom:
         steps.append({"command": f"rmqstore recover {quoted} --apply --force --backup BACKUP_DIR",
                       "why": f"the broker does not start on the record at {oom[0].file} @ {oom[0].offset} (an "
                              "OutOfMemoryError): truncate the log there and re-dispatch, keeping a backup; "

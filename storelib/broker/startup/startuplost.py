@@ -20,7 +20,9 @@ import pyarrow.compute as pc
 
 from storelib.broker.recovery.resync import find_next_record, lost_region
 from storelib.broker.startup.startup import Simulation
+from storelib.errors import Finding
 from storelib.fileio.bytesource import LocalSource
+from storelib.format.record import OOM_KIND
 from storelib.scan.commitlog import Segment, offset_to_file_name
 from storelib.scan.scanner import SegmentScan
 from storelib.scan.splits import find_entry_start
@@ -217,3 +219,11 @@ def scan_lost(sim: Simulation, *, with_body: bool = False, run: TaskMap = _seria
                    "by_topic": dict(sorted(by_topic.items()))},
     }
 
+
+def truncation_failures(sim: Simulation) -> list[Finding]:
+    """``sim``'s load failures when a truncation of the log ends all of them (else empty): a record whose
+    check throws OutOfMemoryError is the only one it ends (its bytes go with the cut; stray entries and files
+    of the wrong length stay)."""
+    fails = sim.load_failures
+    oom = [f for f in fails if f.kind == OOM_KIND]
+    return oom if oom and len(oom) == len(fails) else []
